@@ -1,0 +1,138 @@
+"""The ``overlap`` backend: Inductor's ``compile_fx`` with our pass pipeline as post-grad pass.
+
+``OVERLAP_INDUCTOR=0`` swaps Inductor's codegen for running the (rewritten) ATen graph as is:
+AOTAutograd with Inductor's decompositions and partitioner, our pipeline on each graph.
+``OVERLAP_DISABLE=1`` is plain ``compile_fx``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import logging
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import debug
+from .config import ConfigError, OverlapConfig
+from .passes import GraphReport, PassContext, build_manager
+
+log = logging.getLogger("overlap_backend")
+
+# The kind of graph Inductor is compiling right now; set around compile_fx_inner, read by the
+# post-grad pass (Inductor does not tell post-grad passes whether a graph is a backward one).
+_graph_kind: contextvars.ContextVar[str | None] = contextvars.ContextVar("overlap_graph_kind", default=None)
+_graph_counter = itertools.count()
+
+# Every graph report of this process, in compile order (tests and the demo read it).
+REPORTS: list[GraphReport] = []
+
+
+def _guess_kind(graph: torch.fx.Graph) -> str:
+    names = [n.name for n in graph.nodes if n.op == "placeholder"]
+    if any(n.startswith("tangents") for n in names):
+        return "backward"
+    return "forward" if names and all(n.startswith("primals") for n in names) else "inference"
+
+
+class OverlapBackend:
+    """A ``torch.compile`` backend callable bound to one :class:`OverlapConfig`."""
+
+    def __init__(self, config: OverlapConfig):
+        from . import runtime
+
+        if config.lowering == "symm" and "symm" not in runtime.available():
+            raise ConfigError(
+                "OVERLAP_LOWERING=symm: the symm lowering is not available in this version; "
+                f"allowed now: auto, {', '.join(runtime.available())}"
+            )
+        self.config = config
+        self.manager = build_manager(config.passes)
+        self.reports: list[GraphReport] = []
+
+    # ------------------------------------------------------------------ the pipeline itself
+    def run_pipeline(self, graph: torch.fx.Graph, kind: str | None = None) -> GraphReport:
+        kind = kind or _graph_kind.get() or _guess_kind(graph)
+        report = GraphReport(id=f"{next(_graph_counter):03d}_{kind}", kind=kind)
+        dumper = debug.GraphDumper(self.config.debug_dir, report.id) if self.config.debug_dir else None
+        self.manager.run(graph, PassContext(self.config, kind), report, observer=dumper)
+        if dumper is not None:
+            dumper.finish()
+        self.reports.append(report)
+        REPORTS.append(report)
+        debug.record(self.config.debug_dir, report)
+        return report
+
+    def _post_grad_pass(self, graph: torch.fx.Graph) -> None:
+        self.run_pipeline(graph)
+
+    # ------------------------------------------------------------------ backend entry point
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        from torch._inductor.compile_fx import compile_fx
+
+        if self.config.disable:
+            return compile_fx(gm, example_inputs)
+        # Our pass has side effects (reports, dumps) and is not keyed into Inductor's caches.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            if not self.config.inductor:
+                return self._compile_without_inductor(gm, example_inputs)
+            return compile_fx(
+                gm,
+                example_inputs,
+                inner_compile=_kind_tracking_inner_compile,
+                config_patches={"post_grad_custom_post_pass": self._post_grad_pass, "fx_graph_cache": False},
+            )
+
+    def _compile_without_inductor(self, gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._inductor.decomposition import select_decomp_table
+
+        def compiler(kind: str):
+            def compile_graph(graph_module: torch.fx.GraphModule, inputs):
+                self.run_pipeline(graph_module.graph, kind)
+                graph_module.recompile()
+                return make_boxed_func(graph_module.forward)
+
+            return compile_graph
+
+        return aot_autograd(
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=select_decomp_table(),
+            partition_fn=min_cut_rematerialization_partition,
+        )(gm, example_inputs)
+
+
+def _kind_tracking_inner_compile(gm, example_inputs, *args, **kwargs):
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    if kwargs.get("is_backward"):
+        kind = "backward"
+    elif kwargs.get("is_inference"):
+        kind = "inference"
+    else:
+        kind = "forward"
+    token = _graph_kind.set(kind)
+    try:
+        return compile_fx_inner(gm, example_inputs, *args, **kwargs)
+    finally:
+        _graph_kind.reset(token)
+
+
+def make_backend(config: OverlapConfig | None = None, **overrides: Any) -> OverlapBackend:
+    """A backend for ``torch.compile(backend=...)``.
+
+    ``config`` (explicit) or the ``OVERLAP_*`` environment, then ``overrides`` (e.g.
+    ``passes=["ag_mm"], lowering="p2p"``) on top.
+    """
+    config = config.replace(**overrides) if config is not None else OverlapConfig.from_env(**overrides)
+    return OverlapBackend(config)
+
+
+def overlap(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+    """The backend registered as ``"overlap"``: reads the environment at each compile."""
+    return make_backend()(gm, example_inputs)

@@ -1,0 +1,151 @@
+"""Configuration of the overlap backend.
+
+Every field of :class:`OverlapConfig` has one ``OVERLAP_*`` environment variable, parsed here and
+nowhere else. Precedence: explicit argument (``make_backend(**overrides)``) > environment > default.
+A bad value raises :class:`ConfigError` naming the variable (or argument) and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Passes in the order the pass manager runs them. A pass name that later issues add (moe,
+# cta_pipeline) becomes valid when its module registers it in passes/__init__.py.
+DEFAULT_PASS_ORDER = ("ag_mm", "mm_rs", "mm_ar")
+
+LOWERINGS = ("auto", "symm", "p2p")
+
+
+class ConfigError(ValueError):
+    """A configuration value is not one of the allowed values."""
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; allowed: 1, 0, true, false, yes, no, on, off")
+
+
+def _parse_passes(name: str, raw: str | Sequence[str]) -> tuple[str, ...]:
+    from .passes import available_passes
+
+    allowed = available_passes()
+    if isinstance(raw, str):
+        items = [p.strip() for p in raw.split(",") if p.strip()]
+        if raw.strip().lower() in ("all", "default"):
+            return tuple(allowed)
+    else:
+        items = [str(p).strip() for p in raw]
+    unknown = [p for p in items if p not in allowed]
+    if unknown:
+        raise ConfigError(
+            f"{name}: unknown pass(es) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(allowed)} (comma-separated), or 'all'"
+        )
+    seen: list[str] = []
+    for p in items:
+        if p not in seen:
+            seen.append(p)
+    # The manager runs passes in its own fixed order whatever order the user listed them in.
+    return tuple(p for p in allowed if p in seen)
+
+
+def _parse_lowering(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in LOWERINGS:
+        raise ConfigError(f"{name}={raw!r} is not a lowering; allowed: {', '.join(LOWERINGS)}")
+    return value
+
+
+def _parse_min_numel(name: str, raw: str | int) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer >= 0") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} is negative; allowed: an integer >= 0")
+    return value
+
+
+def _parse_debug_dir(name: str, raw: str | os.PathLike | None) -> str | None:
+    if raw is None:
+        return None
+    value = os.fspath(raw).strip()
+    return value or None
+
+
+@dataclass(frozen=True)
+class OverlapConfig:
+    """What the backend does. Build it with :meth:`from_env` (or ``make_backend(**overrides)``)."""
+
+    disable: bool = False
+    """``OVERLAP_DISABLE``: behave exactly like plain Inductor."""
+
+    passes: tuple[str, ...] = DEFAULT_PASS_ORDER
+    """``OVERLAP_PASSES``: comma-separated passes that run, e.g. ``ag_mm,mm_rs``."""
+
+    lowering: str = "auto"
+    """``OVERLAP_LOWERING``: ``auto`` | ``symm`` | ``p2p``; how rewritten ops run."""
+
+    inductor: bool = True
+    """``OVERLAP_INDUCTOR``: ``0`` runs the rewritten ATen graph without Inductor codegen."""
+
+    debug_dir: str | None = None
+    """``OVERLAP_DEBUG_DIR``: where graph-diff dumps and ``summary.json`` go (off when unset)."""
+
+    min_numel: int = 0
+    """``OVERLAP_MIN_NUMEL``: leave a match alone when its matmul output has fewer elements
+    (decomposing a tiny GEMM costs more launches than the overlap can win)."""
+
+    _ENV = {
+        "disable": ("OVERLAP_DISABLE", _parse_bool),
+        "passes": ("OVERLAP_PASSES", _parse_passes),
+        "lowering": ("OVERLAP_LOWERING", _parse_lowering),
+        "inductor": ("OVERLAP_INDUCTOR", _parse_bool),
+        "debug_dir": ("OVERLAP_DEBUG_DIR", _parse_debug_dir),
+        "min_numel": ("OVERLAP_MIN_NUMEL", _parse_min_numel),
+    }
+
+    @classmethod
+    def env_vars(cls) -> dict[str, str]:
+        """Field name -> environment variable."""
+        return {f: var for f, (var, _) in cls._ENV.items()}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OverlapConfig:
+        """Defaults, then ``environ`` (``os.environ`` by default), then ``overrides``."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for fname, (var, parse) in cls._ENV.items():
+            if var in environ:
+                values[fname] = parse(var, environ[var])
+        return dataclasses.replace(cls(**values), **_parse_overrides(overrides))
+
+    def replace(self, **overrides: Any) -> OverlapConfig:
+        return dataclasses.replace(self, **_parse_overrides(overrides))
+
+
+def _parse_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {f.name for f in dataclasses.fields(OverlapConfig)}
+    parsed: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in fields:
+            raise ConfigError(f"unknown option {key!r}; allowed: {', '.join(sorted(fields))}")
+        _, parse = OverlapConfig._ENV[key]
+        if isinstance(value, bool) and parse is _parse_bool:
+            parsed[key] = value
+        elif parse is _parse_bool:
+            parsed[key] = _parse_bool(key, str(value))
+        else:
+            parsed[key] = parse(key, value)
+    return parsed
+
+
+__all__ = ["OverlapConfig", "ConfigError", "DEFAULT_PASS_ORDER", "LOWERINGS"]

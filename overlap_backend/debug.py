@@ -1,0 +1,94 @@
+"""Graph-diff dumps (``OVERLAP_DEBUG_DIR``).
+
+Layout, per process (rank R of the default group, 0 when torch.distributed is not initialised)::
+
+    <dir>/rank<R>/summary.json                  {"graphs": [{"id", "kind", "matches": [...]}]}
+    <dir>/rank<R>/<graph-id>/00_before.py        the post-grad graph as our pipeline received it
+    <dir>/rank<R>/<graph-id>/NN_after_<pass>.py  after each pass
+    <dir>/rank<R>/<graph-id>/NN_<pass>.diff      unified diff, for each pass that changed something
+    <dir>/rank<R>/<graph-id>/diff.html           side-by-side diff, before vs after all passes
+
+``<graph-id>`` is ``<counter>_<kind>``, the counter counting graphs compiled in this process.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch.fx
+
+from .passes.manager import GraphReport
+
+log = logging.getLogger("overlap_backend")
+
+_lock = threading.Lock()
+_summaries: dict[Path, list[GraphReport]] = {}
+
+
+def graph_source(graph: torch.fx.Graph) -> str:
+    try:
+        return graph.python_code(root_module="self").src.strip() + "\n"
+    except Exception:  # noqa: BLE001 - a graph that cannot codegen is still worth dumping
+        return str(graph) + "\n"
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def rank_dir(debug_dir: str | os.PathLike) -> Path:
+    return Path(debug_dir) / f"rank{_rank()}"
+
+
+class GraphDumper:
+    """Observer for :class:`PassManager`: writes the graph before and after each pass."""
+
+    def __init__(self, debug_dir: str | os.PathLike, graph_id: str):
+        self.dir = rank_dir(debug_dir) / graph_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.step = 0
+        self.first = self.last = ""
+
+    def before(self, graph: torch.fx.Graph) -> None:
+        self.first = self.last = graph_source(graph)
+        (self.dir / "00_before.py").write_text(self.first)
+
+    def after_pass(self, pass_name: str, graph: torch.fx.Graph) -> None:
+        self.step += 1
+        src = graph_source(graph)
+        (self.dir / f"{self.step:02d}_after_{pass_name}.py").write_text(src)
+        if src != self.last:
+            diff = difflib.unified_diff(
+                self.last.splitlines(keepends=True), src.splitlines(keepends=True),
+                fromfile=f"before_{pass_name}", tofile=f"after_{pass_name}",
+            )
+            (self.dir / f"{self.step:02d}_{pass_name}.diff").write_text("".join(diff))
+        self.last = src
+
+    def finish(self) -> None:
+        html = difflib.HtmlDiff(wrapcolumn=110).make_file(
+            self.first.splitlines(), self.last.splitlines(), "before passes", "after passes", context=True
+        )
+        (self.dir / "diff.html").write_text(html)
+
+
+def record(debug_dir: str | os.PathLike | None, report: GraphReport) -> None:
+    """Add ``report`` to this process's summary.json (rewritten whole, so it is always valid)."""
+    if debug_dir is None:
+        return
+    path = rank_dir(debug_dir)
+    with _lock:
+        reports = _summaries.setdefault(path.resolve(), [])
+        reports.append(report)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / "summary.json.tmp"
+        tmp.write_text(json.dumps({"graphs": [r.to_json() for r in reports]}, indent=2))
+        os.replace(tmp, path / "summary.json")
+    log.debug("overlap_backend: wrote %s", path / "summary.json")

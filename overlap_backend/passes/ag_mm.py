@@ -1,0 +1,102 @@
+"""Pass ``ag_mm``: all-gather → (reshape) → matmul(s)  ⇒  ``torch.ops.overlap.ag_mm``.
+
+Matches every all-gather (dim 0, or split/cat and slice/cat forms for other dims) whose gathered
+value is the left operand of one or more ``mm``/``addmm`` (directly, or through a reshape that
+flattens the leading dims: the ``reshape → mm → reshape`` form of 3-D activations). All those
+matmuls, e.g. Q, K and V projections, become one op that gathers step by step.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from . import common
+from .common import Matmul, Rejected
+from .manager import OverlapPass
+
+
+@dataclass
+class AgMmMatch:
+    gather: common.AllGather
+    matmuls: list[Matmul]
+    # reshape nodes between the gathered value and a matmul (erased when dead)
+    flatten_nodes: list[torch.fx.Node]
+
+
+def find_consumer_matmuls(result: torch.fx.Node) -> tuple[list[Matmul], list[torch.fx.Node]]:
+    """Matmuls whose left operand is ``result`` or its flatten to 2-D."""
+    matmuls, flattens = [], []
+    for user in result.users:
+        if (mm := common.as_matmul(user)) is not None and mm.a is result:
+            matmuls.append(mm)
+        elif common.is_flatten_to_2d(user):
+            found = [mm for u in user.users if (mm := common.as_matmul(u)) is not None and mm.a is user]
+            if found:
+                matmuls.extend(found)
+                flattens.append(user)
+    return matmuls, flattens
+
+
+class AgMmPass(OverlapPass):
+    name = "ag_mm"
+
+    def find(self, graph):
+        matches = []
+        for ag in common.find_all_gathers(graph):
+            matmuls, flattens = find_consumer_matmuls(ag.result)
+            matches.append(AgMmMatch(ag, matmuls, flattens))
+        return matches
+
+    def describe(self, m: AgMmMatch):
+        return [n.name for n in m.gather.nodes] + [mm.node.name for mm in m.matmuls]
+
+    def check(self, m: AgMmMatch) -> str:
+        ag = m.gather
+        if not m.matmuls:
+            raise Rejected("no matmul takes the gathered tensor as its left operand")
+        common.require_group(ag.group_name, ag.group_size)
+        common.require_static(ag.shard, ag.result)
+        common.require_dtype(ag.shard, *[mm.b for mm in m.matmuls])
+        shard = common.val(ag.shard)
+        if not 0 <= ag.gather_dim % max(shard.dim(), 1) < shard.dim():
+            raise Rejected(f"gather dim {ag.gather_dim} out of range for shard of rank {shard.dim()}")
+        gathered = ag.result
+        for mm in m.matmuls:
+            if gathered in common.ancestors(mm.b) or (mm.bias is not None and gathered in common.ancestors(mm.bias)):
+                raise Rejected(f"{mm.node.name}: the weight operand depends on the gathered tensor")
+            if common.val(mm.b).dim() != 2:
+                raise Rejected(f"{mm.node.name}: weight is not 2-D")
+            common.require_bias_vector(mm)
+        common.require_min_numel(self.ctx, max(common.val(mm.node).numel() for mm in m.matmuls))
+        return common.choose_lowering(self.ctx)
+
+    def rewrite(self, m: AgMmMatch, lowering: str) -> None:
+        ag = m.gather
+        graph = ag.result.graph
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        first_user = min(ag.result.users, key=order.__getitem__)
+        weights = [mm.b for mm in m.matmuls]
+        biases = [mm.bias for mm in m.matmuls]
+        with graph.inserting_before(first_user):
+            fused = common.call(
+                graph,
+                torch.ops.overlap.ag_mm.default,
+                (ag.shard, weights, biases, ag.gather_dim, ag.group_name, lowering, True),
+            )
+            gathered = common.call(graph, operator.getitem, (fused, 0))
+            outs = common.call(graph, operator.getitem, (fused, 1))
+            out_nodes = [common.call(graph, operator.getitem, (outs, i)) for i in range(len(m.matmuls))]
+        common.hoist_before(fused, [n for n in weights + biases if n is not None])
+        for mm, out in zip(m.matmuls, out_nodes):
+            mm.node.replace_all_uses_with(out)
+        ag.result.replace_all_uses_with(gathered)
+        common.erase_dead([mm.node for mm in m.matmuls] + m.flatten_nodes + list(reversed(ag.nodes)))
+        if not gathered.users:
+            # Nothing else reads the gathered tensor: the op need not assemble it.
+            graph.erase_node(gathered)
+            fused.update_arg(6, False)
+            common.set_fake_value(fused)

@@ -1,0 +1,428 @@
+"""Matching helpers shared by the passes: collectives, matmuls, preconditions, node surgery.
+
+Everything named ``find_*`` / ``match_*`` only looks at the graph. The collective patterns are
+written with Inductor's own matcher (``torch._inductor.pattern_matcher``); the slice/cat forms
+that AOTAutograd's backward produces are matched by hand (a variable-length list of slices of one
+node is not expressible with ``ListOf`` alone).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, Ignored, KeywordArg, ListOf, Match
+
+from .manager import Rejected
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+
+RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
+SPLITS = (aten.split.Tensor, aten.split.sizes, aten.split_with_sizes.default)
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+REDUCE_OPS = ("sum", "avg", "product", "min", "max")
+
+
+def val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def arg(node: torch.fx.Node, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+# ------------------------------------------------------------------------------- collectives
+def _wait_of(collective_pattern):
+    return CallFunction(c10d.wait_tensor.default, collective_pattern)
+
+
+def _all_gather(shard):
+    return _wait_of(
+        CallFunction(c10d.all_gather_into_tensor.default, shard, KeywordArg("group_size"), KeywordArg("group_name"))
+    )
+
+
+# funcol.all_gather_tensor(x, gather_dim=0): wait(all_gather_into_tensor(x))
+_AG_DIM0 = _all_gather(KeywordArg("shard"))
+# gather_dim > 0: the dim-0 gather is split into ws chunks that are concatenated along gather_dim.
+_AG_SPLIT_CAT = CallFunction(
+    aten.cat.default,
+    ListOf(
+        CallFunction(
+            operator.getitem,
+            CallFunction(SPLITS, _all_gather(KeywordArg("shard")), Ignored(), _users=MULTIPLE),
+            Ignored(),
+        )
+    ),
+    KeywordArg("gather_dim"),
+)
+
+
+def _reduce_scatter(inp, users: int):
+    return _wait_of(
+        CallFunction(
+            c10d.reduce_scatter_tensor.default,
+            inp,
+            KeywordArg("reduce_op"),
+            KeywordArg("group_size"),
+            KeywordArg("group_name"),
+            _users=users,
+        )
+    )
+
+
+def _rs_split_cat(users: int):
+    # scatter_dim > 0: chunks along scatter_dim are concatenated along dim 0 before the scatter.
+    return _reduce_scatter(
+        CallFunction(
+            aten.cat.default,
+            ListOf(
+                CallFunction(
+                    operator.getitem,
+                    CallFunction(SPLITS, KeywordArg("input"), Ignored(), KeywordArg("scatter_dim"), _users=MULTIPLE),
+                    Ignored(),
+                )
+            ),
+        ),
+        users,
+    )
+
+
+# Two users of the reduce_scatter node happen when its result is also saved for backward.
+_RS_PATTERNS = [
+    (_rs_split_cat(1), True),
+    (_rs_split_cat(2), True),
+    (_reduce_scatter(KeywordArg("input"), 1), False),
+    (_reduce_scatter(KeywordArg("input"), 2), False),
+]
+
+_ALL_REDUCE = _wait_of(
+    CallFunction(c10d.all_reduce.default, KeywordArg("input"), KeywordArg("reduce_op"), KeywordArg("group_name"))
+)
+
+
+@dataclass
+class AllGather:
+    nodes: list[torch.fx.Node]  # every node of the gather, collective first
+    shard: torch.fx.Node
+    collective: torch.fx.Node
+    result: torch.fx.Node  # the node whose value is the gathered tensor
+    gather_dim: int
+    group_size: int
+    group_name: str
+
+
+@dataclass
+class ReduceScatter:
+    nodes: list[torch.fx.Node]
+    input: torch.fx.Node  # the tensor that is reduce-scattered, before any split/cat
+    collective: torch.fx.Node
+    wait: torch.fx.Node
+    scatter_dim: int
+    reduce_op: str
+    group_size: int
+    group_name: str
+
+
+@dataclass
+class AllReduce:
+    nodes: list[torch.fx.Node]
+    input: torch.fx.Node
+    collective: torch.fx.Node
+    wait: torch.fx.Node
+    reduce_op: str
+    group_name: str
+
+
+def _from_match(m: Match) -> list[torch.fx.Node]:
+    return [n for n in m.nodes if isinstance(n, torch.fx.Node)]
+
+
+def _match_slice_cat_all_gather(node: torch.fx.Node) -> AllGather | None:
+    """``cat([slice(wait(ag), 0, i*s, (i+1)*s) for i], gather_dim)``, as AOT backward emits it."""
+    if node.target is not aten.cat.default:
+        return None
+    inputs = arg(node, 0, "tensors")
+    gather_dim = arg(node, 1, "dim", 0)
+    if not isinstance(inputs, (list, tuple)) or not inputs or not isinstance(gather_dim, int):
+        return None
+    wait = None
+    for inp in inputs:
+        if not (isinstance(inp, torch.fx.Node) and inp.target is aten.slice.Tensor and arg(inp, 1, "dim", 0) == 0):
+            return None
+        src = inp.args[0]
+        if not (isinstance(src, torch.fx.Node) and src.target is c10d.wait_tensor.default):
+            return None
+        if wait is not None and src is not wait:
+            return None
+        wait = src
+    ag = wait.args[0]
+    if not (isinstance(ag, torch.fx.Node) and ag.target is c10d.all_gather_into_tensor.default):
+        return None
+    return AllGather(
+        nodes=[ag, wait, *inputs, node],
+        shard=ag.args[0],
+        collective=ag,
+        result=node,
+        gather_dim=gather_dim,
+        group_size=arg(ag, 1, "group_size"),
+        group_name=arg(ag, 2, "group_name"),
+    )
+
+
+def find_all_gathers(graph: torch.fx.Graph) -> list[AllGather]:
+    """Every all-gather in ``graph`` with the node that holds its gathered value."""
+    found: dict[torch.fx.Node, AllGather] = {}
+    # Walk backwards so that the longer (split/cat) form claims its collective before the dim-0 form.
+    for node in reversed(graph.nodes):
+        if node.target is aten.cat.default:
+            ag = _match_slice_cat_all_gather(node)
+            if ag is None and (m := _AG_SPLIT_CAT.match(node)):
+                nodes = _from_match(m)
+                coll = next(n for n in nodes if n.target is c10d.all_gather_into_tensor.default)
+                ag = AllGather(
+                    nodes=nodes, shard=m.kwargs["shard"], collective=coll, result=node,
+                    gather_dim=m.kwargs["gather_dim"], group_size=m.kwargs["group_size"],
+                    group_name=m.kwargs["group_name"],
+                )
+            if ag is not None and ag.collective not in found:
+                found[ag.collective] = ag
+        elif node.target is c10d.wait_tensor.default and (m := _AG_DIM0.match(node)):
+            coll = node.args[0]
+            if coll not in found:
+                found[coll] = AllGather(
+                    nodes=_from_match(m), shard=m.kwargs["shard"], collective=coll, result=node,
+                    gather_dim=0, group_size=m.kwargs["group_size"], group_name=m.kwargs["group_name"],
+                )
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return sorted(found.values(), key=lambda ag: order[ag.collective])
+
+
+def _match_slice_cat_reduce_scatter(wait: torch.fx.Node) -> ReduceScatter | None:
+    """``reduce_scatter(cat([slice(x, d, ...) for i]))``, as AOT backward emits it."""
+    rs = wait.args[0]
+    if not (isinstance(rs, torch.fx.Node) and rs.target is c10d.reduce_scatter_tensor.default):
+        return None
+    cat = rs.args[0]
+    if not (isinstance(cat, torch.fx.Node) and cat.target is aten.cat.default and arg(cat, 1, "dim", 0) == 0):
+        return None
+    src, dim = None, None
+    for inp in cat.args[0]:
+        if not (isinstance(inp, torch.fx.Node) and inp.target is aten.slice.Tensor):
+            return None
+        if src is not None and (inp.args[0] is not src or arg(inp, 1, "dim", 0) != dim):
+            return None
+        src, dim = inp.args[0], arg(inp, 1, "dim", 0)
+    if src is None:
+        return None
+    return ReduceScatter(
+        nodes=[*cat.args[0], cat, rs, wait], input=src, collective=rs, wait=wait, scatter_dim=dim,
+        reduce_op=arg(rs, 1, "reduce_op"), group_size=arg(rs, 2, "group_size"), group_name=arg(rs, 3, "group_name"),
+    )
+
+
+def find_reduce_scatters(graph: torch.fx.Graph) -> list[ReduceScatter]:
+    found = []
+    for node in graph.nodes:
+        if node.target is not c10d.wait_tensor.default:
+            continue
+        rs = _match_slice_cat_reduce_scatter(node)
+        if rs is None:
+            for pattern, has_split in _RS_PATTERNS:
+                if m := pattern.match(node):
+                    nodes = _from_match(m)
+                    coll = next(n for n in nodes if n.target is c10d.reduce_scatter_tensor.default)
+                    rs = ReduceScatter(
+                        nodes=nodes, input=m.kwargs["input"], collective=coll, wait=node,
+                        scatter_dim=m.kwargs["scatter_dim"] if has_split else 0, reduce_op=m.kwargs["reduce_op"],
+                        group_size=m.kwargs["group_size"], group_name=m.kwargs["group_name"],
+                    )
+                    break
+        if rs is not None:
+            found.append(rs)
+    return found
+
+
+def find_all_reduces(graph: torch.fx.Graph) -> list[AllReduce]:
+    found = []
+    for node in graph.nodes:
+        if node.target is c10d.wait_tensor.default and (m := _ALL_REDUCE.match(node)):
+            found.append(
+                AllReduce(
+                    nodes=_from_match(m), input=m.kwargs["input"], collective=node.args[0], wait=node,
+                    reduce_op=m.kwargs["reduce_op"], group_name=m.kwargs["group_name"],
+                )
+            )
+    return found
+
+
+# ----------------------------------------------------------------------------------- matmuls
+@dataclass
+class Matmul:
+    """``mm(a, b)`` or ``addmm(bias, a, b)`` (beta = alpha = 1)."""
+
+    node: torch.fx.Node
+    a: torch.fx.Node
+    b: torch.fx.Node
+    bias: torch.fx.Node | None
+
+
+def as_matmul(node: Any) -> Matmul | None:
+    if not isinstance(node, torch.fx.Node):
+        return None
+    if node.target is aten.mm.default:
+        return Matmul(node, node.args[0], node.args[1], None)
+    if node.target is aten.addmm.default:
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            return None
+        return Matmul(node, node.args[1], node.args[2], node.args[0])
+    return None
+
+
+def is_flatten_to_2d(node: torch.fx.Node) -> bool:
+    """A reshape of an N-D tensor to ``[prod(leading dims), last dim]``."""
+    if node.target not in RESHAPES:
+        return False
+    src, out = val(node.args[0]), val(node)
+    if src is None or out is None or out.dim() != 2:
+        return False
+    return tuple(out.shape) == (src.numel() // src.shape[-1], src.shape[-1]) if src.dim() >= 1 else False
+
+
+def producer_matmul(node: torch.fx.Node) -> tuple[Matmul | None, torch.fx.Node | None]:
+    """The matmul whose result ``node`` is, possibly through one reshape; and that reshape."""
+    if (mm := as_matmul(node)) is not None:
+        return mm, None
+    if node.target in RESHAPES and (mm := as_matmul(node.args[0])) is not None:
+        return mm, node
+    return None, None
+
+
+# ----------------------------------------------------------------------------- preconditions
+def ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+    seen: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        for inp in n.all_input_nodes:
+            if inp not in seen:
+                seen.add(inp)
+                stack.append(inp)
+    return seen
+
+
+def require_group(group_name: Any, group_size: int | None = None) -> int:
+    """The size of the (resolvable) group ``group_name``; :class:`Rejected` otherwise."""
+    if not isinstance(group_name, str):
+        raise Rejected(f"group name {group_name!r} is not a constant string")
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        group = _resolve_process_group(group_name)
+    except Exception as e:  # noqa: BLE001 - any failure means we do not know the group
+        raise Rejected(f"process group {group_name!r} is unknown in this process ({type(e).__name__})") from None
+    size = group.size()
+    if group_size is not None and size != group_size:
+        raise Rejected(f"group {group_name!r} has {size} ranks but the collective says {group_size}")
+    if size < 2:
+        raise Rejected(f"group {group_name!r} has {size} rank: nothing to overlap")
+    return size
+
+
+def require_dtype(*nodes: torch.fx.Node) -> torch.dtype:
+    dtypes = set()
+    for n in nodes:
+        v = val(n)
+        if not isinstance(v, torch.Tensor):
+            raise Rejected(f"no tensor metadata on {n.name}")
+        dtypes.add(v.dtype)
+    if len(dtypes) != 1:
+        raise Rejected(f"mixed dtypes {sorted(map(str, dtypes))}")
+    (dtype,) = dtypes
+    if dtype not in SUPPORTED_DTYPES:
+        raise Rejected(f"dtype {dtype} not supported (supported: {', '.join(map(str, SUPPORTED_DTYPES))})")
+    return dtype
+
+
+def require_static(*nodes: torch.fx.Node) -> None:
+    for n in nodes:
+        v = val(n)
+        if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape):
+            raise Rejected(f"symbolic shape {tuple(v.shape)} on {n.name} (dynamic shapes are not supported yet)")
+
+
+def require_bias_vector(mm: Matmul) -> None:
+    if mm.bias is None:
+        return
+    b, out = val(mm.bias), val(mm.node)
+    if b is None or b.dim() != 1 or b.shape[0] != out.shape[1]:
+        raise Rejected(f"addmm bias {mm.bias.name} is not a [N] vector")
+
+
+def require_min_numel(ctx, numel: int) -> None:
+    if numel < ctx.config.min_numel:
+        raise Rejected(f"matmul output has {numel} elements < OVERLAP_MIN_NUMEL={ctx.config.min_numel}")
+
+
+def choose_lowering(ctx) -> str:
+    """The lowering for a match; depends only on config (identical on every rank)."""
+    # ``auto`` would take ``symm`` for single-node CUDA groups once that lowering exists; the
+    # backend refuses an explicit ``symm`` request up front while it does not.
+    return "p2p" if ctx.config.lowering == "auto" else ctx.config.lowering
+
+
+# ---------------------------------------------------------------------------- node surgery
+def set_fake_value(node: torch.fx.Node) -> None:
+    """Fill ``node.meta['val']`` by running its target on the inputs' fake values."""
+    from torch._guards import detect_fake_mode
+
+    vals = [val(n) for n in node.all_input_nodes]
+    fake_mode = detect_fake_mode(vals)
+    if fake_mode is None or any(v is None for v in vals):
+        return
+
+    def to_val(a):
+        return val(a) if isinstance(a, torch.fx.Node) else a
+
+    args = torch.fx.node.map_aggregate(node.args, to_val)
+    kwargs = torch.fx.node.map_aggregate(node.kwargs, to_val)
+    with fake_mode:
+        node.meta["val"] = node.target(*args, **kwargs)
+
+
+def call(graph: torch.fx.Graph, target, args, kwargs=None) -> torch.fx.Node:
+    node = graph.call_function(target, tuple(args), kwargs or {})
+    set_fake_value(node)
+    return node
+
+
+def erase_dead(nodes: list[torch.fx.Node]) -> None:
+    """Erase the nodes of a replaced match that nothing uses any more (users before inputs)."""
+    changed = True
+    pending = [n for n in nodes if n.graph is not None]
+    while changed:
+        changed = False
+        for n in list(pending):
+            if len(n.users) == 0:
+                n.graph.erase_node(n)
+                pending.remove(n)
+                changed = True
+
+
+def hoist_before(anchor: torch.fx.Node, roots: list[torch.fx.Node]) -> None:
+    """Move the ancestors of ``roots`` that come after ``anchor`` to just before it, in order.
+
+    Only valid when none of them depends on a node at or after ``anchor`` that is not moved; the
+    passes check that the weights do not depend on the collective before calling this.
+    """
+    graph = anchor.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    late = {n for r in roots for n in (ancestors(r) | {r}) if order[n] > order[anchor] and n.op != "placeholder"}
+    for n in sorted(late, key=order.__getitem__):
+        anchor.prepend(n)

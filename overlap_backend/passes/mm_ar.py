@@ -1,0 +1,71 @@
+"""Pass ``mm_ar``: matmul → (reshape) → all-reduce  ⇒  ``torch.ops.overlap.mm_ar`` (→ reshape).
+
+The row-parallel projection of inference tensor parallelism: ``mm``/``addmm`` whose result (or its
+reshape to N-D) is all-reduced and feeds nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from . import common
+from .common import Matmul, Rejected
+from .manager import OverlapPass
+
+
+@dataclass
+class MmArMatch:
+    reduce: common.AllReduce
+    matmul: Matmul | None
+    reshape: torch.fx.Node | None
+
+
+class MmArPass(OverlapPass):
+    name = "mm_ar"
+
+    def find(self, graph):
+        return [MmArMatch(ar, *common.producer_matmul(ar.input)) for ar in common.find_all_reduces(graph)]
+
+    def describe(self, m: MmArMatch):
+        pre = ([m.matmul.node] if m.matmul else []) + ([m.reshape] if m.reshape is not None else [])
+        return [n.name for n in pre + m.reduce.nodes]
+
+    def check(self, m: MmArMatch) -> str:
+        ar, mm = m.reduce, m.matmul
+        if mm is None:
+            raise Rejected(f"the all-reduced tensor {ar.input.name} is not produced by a matmul")
+        ws = common.require_group(ar.group_name)
+        if ar.reduce_op not in common.REDUCE_OPS:
+            raise Rejected(f"reduce op {ar.reduce_op!r} not supported")
+        common.require_static(mm.a, mm.b, ar.input)
+        common.require_dtype(mm.a, mm.b)
+        common.require_bias_vector(mm)
+        produced = [mm.node] + ([m.reshape] if m.reshape is not None else [])
+        for node in produced:
+            others = [u for u in node.users if u not in ar.nodes and u not in produced]
+            if others:
+                raise Rejected(f"{node.name} is also used by {[u.name for u in others]}")
+        out = common.val(mm.node)
+        if out.shape[0] < ws:
+            raise Rejected(f"{out.shape[0]} rows < {ws} ranks: too few rows to split")
+        common.require_min_numel(self.ctx, math.prod(out.shape))
+        return common.choose_lowering(self.ctx)
+
+    def rewrite(self, m: MmArMatch, lowering: str) -> None:
+        ar, mm = m.reduce, m.matmul
+        graph = ar.wait.graph
+        with graph.inserting_before(ar.wait):
+            result = common.call(
+                graph, torch.ops.overlap.mm_ar.default, (mm.a, mm.b, mm.bias, ar.reduce_op, ar.group_name, lowering)
+            )
+            if m.reshape is not None:
+                shape = list(common.val(m.reshape).shape)
+                result = common.call(graph, torch.ops.aten.reshape.default, (result, shape))
+        ar.wait.replace_all_uses_with(result)
+        ar.collective.replace_all_uses_with(result, delete_user_cb=lambda user: user is not ar.wait)
+        nodes = list(reversed(ar.nodes)) + ([m.reshape] if m.reshape is not None else []) + [mm.node]
+        common.erase_dead(nodes)

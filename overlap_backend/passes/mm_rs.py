@@ -1,0 +1,73 @@
+"""Pass ``mm_rs``: matmul → (reshape) → reduce-scatter  ⇒  ``torch.ops.overlap.mm_rs``.
+
+Matches every reduce-scatter (dim 0, or split/cat and slice/cat forms for other dims) whose input
+is an ``mm``/``addmm``, directly or through one reshape (``mm → reshape`` of 3-D activations), and
+whose matmul result feeds nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from . import common
+from .common import Matmul, Rejected
+from .manager import OverlapPass
+
+
+@dataclass
+class MmRsMatch:
+    scatter: common.ReduceScatter
+    matmul: Matmul | None
+    reshape: torch.fx.Node | None
+
+
+class MmRsPass(OverlapPass):
+    name = "mm_rs"
+
+    def find(self, graph):
+        return [MmRsMatch(rs, *common.producer_matmul(rs.input)) for rs in common.find_reduce_scatters(graph)]
+
+    def describe(self, m: MmRsMatch):
+        pre = ([m.matmul.node] if m.matmul else []) + ([m.reshape] if m.reshape is not None else [])
+        return [n.name for n in pre + m.scatter.nodes]
+
+    def check(self, m: MmRsMatch) -> str:
+        rs, mm = m.scatter, m.matmul
+        if mm is None:
+            raise Rejected(f"the reduce-scattered tensor {rs.input.name} is not produced by a matmul")
+        ws = common.require_group(rs.group_name, rs.group_size)
+        if rs.reduce_op not in common.REDUCE_OPS:
+            raise Rejected(f"reduce op {rs.reduce_op!r} not supported")
+        common.require_static(mm.a, mm.b, rs.input)
+        common.require_dtype(mm.a, mm.b)
+        common.require_bias_vector(mm)
+        produced = [mm.node] + ([m.reshape] if m.reshape is not None else [])
+        for node in produced:
+            others = [u for u in node.users if u not in rs.nodes and u not in produced]
+            if others:
+                raise Rejected(f"{node.name} is also used by {[u.name for u in others]}")
+        out_shape = common.val(rs.input).shape
+        if out_shape[rs.scatter_dim % len(out_shape)] % ws:
+            raise Rejected(f"scatter dim of {tuple(out_shape)} not divisible by {ws}")
+        common.require_min_numel(self.ctx, math.prod(out_shape))
+        return common.choose_lowering(self.ctx)
+
+    def rewrite(self, m: MmRsMatch, lowering: str) -> None:
+        rs, mm = m.scatter, m.matmul
+        graph = rs.wait.graph
+        out_shape = list(common.val(rs.input).shape)
+        with graph.inserting_before(rs.wait):
+            fused = common.call(
+                graph,
+                torch.ops.overlap.mm_rs.default,
+                (mm.a, mm.b, mm.bias, out_shape, rs.scatter_dim, rs.reduce_op, rs.group_name, lowering),
+            )
+        rs.wait.replace_all_uses_with(fused)
+        # The un-waited collective can also be an output (saved for backward): same value.
+        rs.collective.replace_all_uses_with(fused, delete_user_cb=lambda user: user is not rs.wait)
+        nodes = list(reversed(rs.nodes)) + ([m.reshape] if m.reshape is not None else []) + [mm.node]
+        common.erase_dead(nodes)

@@ -1,0 +1,249 @@
+"""The portable ``p2p`` lowering: CommFuse decomposition over torch.distributed point-to-point.
+
+Runs wherever torch.distributed P2P runs (NCCL, gloo; one node or many). Every op is a ring over
+the process group: rank r sends to r+1 and receives from r-1.
+
+- ``ag_mm``: step s computes on the chunk that arrived at step s-1 (step 0: the local shard) while
+  the next chunk is in flight; ws compute steps, ws-1 transfers, none after the last compute.
+- ``mm_rs``: partial products travel the ring and accumulate. At step s rank r computes its partial
+  for chunk (r-s-1) mod ws while the accumulator for that chunk (summed by the ranks before it)
+  arrives; its own chunk is computed last, so nothing is communicated after the final compute.
+- ``mm_ar``: the ``mm_rs`` decomposition over row chunks, then an all-gather of the reduced chunks.
+
+On CUDA the transfers are issued from a dedicated high-priority communication stream; the compute
+stream waits on a transfer (``Work.wait``) only right before it reads the received chunk. On gloo
+the transfers are asynchronous work objects that progress while this thread computes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import cache
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from .lowering import register
+
+_REDUCE_INPLACE = {
+    "sum": lambda acc, x: acc.add_(x),
+    "avg": lambda acc, x: acc.add_(x),
+    "product": lambda acc, x: acc.mul_(x),
+    "min": lambda acc, x: torch.minimum(acc, x, out=acc),
+    "max": lambda acc, x: torch.maximum(acc, x, out=acc),
+}
+
+
+@cache
+def _comm_stream(device_index: int) -> torch.cuda.Stream:
+    # Highest priority so that a transfer's launch is not queued behind a long GEMM's blocks.
+    return torch.cuda.Stream(device=device_index, priority=-1)
+
+
+class Ring:
+    """The ring neighbours of this rank in ``group_name`` and the transfers between them."""
+
+    def __init__(self, group_name: str):
+        self.group = _resolve_process_group(group_name)
+        self.size = self.group.size()
+        self.rank = self.group.rank()
+        if self.size < 1 or self.rank < 0:
+            raise RuntimeError(f"overlap p2p: this process is not a member of group {group_name!r}")
+        self.next = (self.rank + 1) % self.size
+        self.prev = (self.rank - 1) % self.size
+
+    def shift(self, send: Tensor | None, recv: Tensor | None) -> list[dist.Work]:
+        """Start sending ``send`` to the next rank and receiving ``recv`` from the previous one."""
+        ops = []
+        if send is not None:
+            ops.append(dist.P2POp(dist.isend, send, group=self.group, group_peer=self.next))
+        if recv is not None:
+            ops.append(dist.P2POp(dist.irecv, recv, group=self.group, group_peer=self.prev))
+        if not ops:
+            return []
+        tensor = ops[0].tensor
+        if tensor.is_cuda:
+            stream = _comm_stream(tensor.device.index)
+            # The chunk to send was produced on the compute stream.
+            stream.wait_stream(torch.cuda.current_stream(tensor.device))
+            with torch.cuda.stream(stream):
+                return list(dist.batch_isend_irecv(ops))
+        return list(dist.batch_isend_irecv(ops))
+
+    @staticmethod
+    def wait(works: Sequence[dist.Work]) -> None:
+        # On CUDA this makes the current (compute) stream wait; the host does not block.
+        for w in works:
+            w.wait()
+
+
+def _check_2d(name: str, t: Tensor) -> None:
+    if t.dim() != 2:
+        raise ValueError(f"overlap p2p: {name} must be 2-D, got shape {tuple(t.shape)}")
+
+
+def _mm(a: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.mm(a, w) if bias is None else torch.addmm(bias, a, w)
+
+
+# ----------------------------------------------------------------------------------------- ag_mm
+@register("p2p", "ag_mm")
+def ag_mm(
+    shard: Tensor,
+    weights: list[Tensor],
+    biases: list[Tensor | None],
+    gather_dim: int,
+    group_name: str,
+    return_gathered: bool,
+) -> tuple[Tensor, list[Tensor]]:
+    ring = Ring(group_name)
+    ws, r = ring.size, ring.rank
+    shard = shard.contiguous()
+    dim = gather_dim % shard.dim()
+    k = shard.shape[-1]
+    contraction_split = dim == shard.dim() - 1
+    gshape = list(shard.shape)
+    gshape[dim] *= ws
+    for w in weights:
+        _check_2d("weight", w)
+        if w.shape[0] != gshape[-1]:
+            raise ValueError(f"overlap p2p ag_mm: weight {tuple(w.shape)} does not match gathered K={gshape[-1]}")
+    # chunks[c] receives rank c's shard.
+    chunks = shard.new_empty((ws, *shard.shape))
+    chunks[r].copy_(shard)
+
+    rows = math.prod(gshape[:-1])
+    outs = [shard.new_empty((rows, w.shape[1])) for w in weights]
+    step_len = shard.shape[dim]
+
+    def compute(c: int, first: bool) -> None:
+        a = chunks[c]
+        for i, (w, out) in enumerate(zip(weights, outs)):
+            bias = biases[i] if biases else None
+            if contraction_split:
+                # G[:, c*k:(c+1)*k] @ W[c*k:(c+1)*k]: partial products summed over the chunks.
+                wk = w[c * k : (c + 1) * k]
+                if first:
+                    out.copy_(_mm(a.reshape(-1, k), wk, bias))
+                else:
+                    out.addmm_(a.reshape(-1, k), wk)
+            else:
+                out_nd = out.view(*gshape[:-1], w.shape[1])
+                dst = out_nd.narrow(dim, c * step_len, step_len)
+                res = _mm(a.reshape(-1, k), w, bias)
+                dst.copy_(res.view(dst.shape))
+
+    for step in range(ws):
+        c = (r - step) % ws
+        works = []
+        if step < ws - 1:
+            # Forward chunk c to the next rank and take chunk c-1 from the previous one while we
+            # compute on chunk c.
+            works = ring.shift(chunks[c], chunks[(c - 1) % ws])
+        compute(c, first=step == 0)
+        ring.wait(works)
+
+    if not return_gathered:
+        gathered = shard.new_empty((0,))
+    elif dim == 0:
+        gathered = chunks.view(gshape)
+    else:
+        gathered = torch.cat(chunks.unbind(0), dim=dim)
+    return gathered, outs
+
+
+# ----------------------------------------------------------------------------------------- mm_rs
+def _reduce_scatter_matmul(
+    ring: Ring,
+    partial,
+    chunk_shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+    reduce_op: str,
+) -> Tensor:
+    """Ring reduce-scatter of ``partial(c)`` (this rank's contribution to chunk c), own chunk last."""
+    if reduce_op not in _REDUCE_INPLACE:
+        raise ValueError(f"overlap p2p: unsupported reduce_op {reduce_op!r}; allowed: {', '.join(_REDUCE_INPLACE)}")
+    combine = _REDUCE_INPLACE[reduce_op]
+    ws, r = ring.size, ring.rank
+    acc = partial((r - 1) % ws).contiguous()
+    for step in range(1, ws):
+        c = (r - step - 1) % ws
+        incoming = torch.empty(chunk_shape, dtype=dtype, device=device)
+        works = ring.shift(acc, incoming)
+        mine = partial(c).contiguous()  # overlaps the transfer of the accumulator for chunk c
+        ring.wait(works)
+        acc = combine(mine, incoming)
+    if reduce_op == "avg":
+        acc = acc.div_(ws)
+    return acc
+
+
+@register("p2p", "mm_rs")
+def mm_rs(
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None,
+    out_shape: list[int],
+    scatter_dim: int,
+    reduce_op: str,
+    group_name: str,
+) -> Tensor:
+    ring = Ring(group_name)
+    ws = ring.size
+    _check_2d("a", a)
+    _check_2d("b", b)
+    out_shape = list(out_shape)
+    dim = scatter_dim % len(out_shape)
+    if math.prod(out_shape[:-1]) != a.shape[0] or out_shape[-1] != b.shape[1]:
+        raise ValueError(f"overlap p2p mm_rs: out_shape {out_shape} does not match a@b {a.shape[0]}x{b.shape[1]}")
+    if out_shape[dim] % ws:
+        raise ValueError(f"overlap p2p mm_rs: dim {dim} of {out_shape} is not divisible by the group size {ws}")
+    step_len = out_shape[dim] // ws
+    chunk_shape = list(out_shape)
+    chunk_shape[dim] = step_len
+    last = dim == len(out_shape) - 1
+    a_nd = a.view(*out_shape[:-1], a.shape[1])
+
+    def partial(c: int) -> Tensor:
+        lo, hi = c * step_len, (c + 1) * step_len
+        if last:
+            return _mm(a, b[:, lo:hi], None if bias is None else bias[..., lo:hi]).view(chunk_shape)
+        rows = a_nd.narrow(dim, lo, step_len).reshape(-1, a.shape[1])
+        return _mm(rows, b, bias).view(chunk_shape)
+
+    dtype = torch.result_type(a, b)
+    return _reduce_scatter_matmul(ring, partial, chunk_shape, dtype, a.device, reduce_op)
+
+
+# ----------------------------------------------------------------------------------------- mm_ar
+@register("p2p", "mm_ar")
+def mm_ar(
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None,
+    reduce_op: str,
+    group_name: str,
+) -> Tensor:
+    ring = Ring(group_name)
+    ws = ring.size
+    _check_2d("a", a)
+    _check_2d("b", b)
+    m, n = a.shape[0], b.shape[1]
+    step_len = -(-m // ws)  # row chunks of equal length; the last ones are zero-padded
+    dtype = torch.result_type(a, b)
+
+    def partial(c: int) -> Tensor:
+        lo, hi = min(c * step_len, m), min((c + 1) * step_len, m)
+        res = _mm(a[lo:hi], b, bias)
+        if hi - lo < step_len:
+            res = torch.cat([res, res.new_zeros((step_len - (hi - lo), n))])
+        return res
+
+    mine = _reduce_scatter_matmul(ring, partial, (step_len, n), dtype, a.device, reduce_op)
+    full = torch.empty((ws * step_len, n), dtype=dtype, device=a.device)
+    dist.all_gather_into_tensor(full, mine, group=ring.group)
+    return full[:m] if ws * step_len != m else full
