@@ -21,7 +21,7 @@ from datetime import timedelta
 _RANK_ENV = {"OMP_NUM_THREADS": "1", "OVERLAP_INDUCTOR": "0"}
 
 
-def _worker(fn, rank, world_size, store_path, results, env, args):
+def _worker(fn, rank, world_size, store_path, results, env, backend, args):
     os.environ.update(env)
     try:
         import torch
@@ -29,7 +29,13 @@ def _worker(fn, rank, world_size, store_path, results, env, args):
 
         torch.set_num_threads(1)
         store = dist.FileStore(store_path, world_size)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+        kwargs = {}
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            kwargs["device_id"] = torch.device("cuda", rank)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=120), **kwargs
+        )
         try:
             out = fn(rank, world_size, *args)
         finally:
@@ -39,15 +45,20 @@ def _worker(fn, rank, world_size, store_path, results, env, args):
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(fn, world_size: int, *args, timeout: float = 300, env: dict | None = None) -> list:
-    """``[fn(0, world_size, *args), ..., fn(world_size - 1, ...)]``, each run in its own process."""
+def run_ranks(
+    fn, world_size: int, *args, timeout: float = 300, env: dict | None = None, backend: str = "gloo"
+) -> list:
+    """``[fn(0, world_size, *args), ..., fn(world_size - 1, ...)]``, each run in its own process.
+
+    ``backend="nccl"`` puts rank r on GPU r.
+    """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     full_env = {**_RANK_ENV, **(env or {})}
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_worker, args=(fn, r, world_size, store_path, results, full_env, args), daemon=True)
+            ctx.Process(target=_worker, args=(fn, r, world_size, store_path, results, full_env, backend, args), daemon=True)
             for r in range(world_size)
         ]
         for p in procs:
