@@ -426,3 +426,31 @@ def hoist_before(anchor: torch.fx.Node, roots: list[torch.fx.Node]) -> None:
     late = {n for r in roots for n in (ancestors(r) | {r}) if order[n] > order[anchor] and n.op != "placeholder"}
     for n in sorted(late, key=order.__getitem__):
         anchor.prepend(n)
+
+
+def forward_collective_copies(graph: torch.fx.Graph) -> int:
+    """Replace ``copy(dst, wait_tensor(c))`` by ``wait_tensor(c)`` where ``dst`` has the same
+    shape, dtype and strides; returns how many. Functionalized in-place c10d calls
+    (``dist.all_reduce(t)``, ``dist.all_gather_into_tensor(out, x)``) take that form, and the extra
+    use of ``dst`` would otherwise hide the matmul or the gathered value from the passes.
+    """
+    count = 0
+    for node in list(graph.nodes):
+        if node.target is not aten.copy.default or len(node.args) < 2:
+            continue
+        dst, src = node.args[0], node.args[1]
+        if not (isinstance(src, torch.fx.Node) and src.target is c10d.wait_tensor.default):
+            continue
+        dv, sv = val(dst), val(src)
+        if not (isinstance(dv, torch.Tensor) and isinstance(sv, torch.Tensor)):
+            continue
+        if (dv.shape, dv.dtype, dv.stride(), dv.device) != (sv.shape, sv.dtype, sv.stride(), sv.device):
+            continue
+        if dst.op == "placeholder":
+            continue  # the mutation of a graph input is written back through this value
+        node.replace_all_uses_with(src)
+        graph.erase_node(node)
+        if not dst.users and dst.target in (aten.empty.memory_format, aten.empty_strided.default):
+            graph.erase_node(dst)
+        count += 1
+    return count

@@ -97,8 +97,12 @@ class PassManager:
         self.passes = passes
 
     def run(self, graph: torch.fx.Graph, ctx: PassContext, report: GraphReport, observer=None) -> None:
+        from .common import forward_collective_copies
+
         if observer is not None:
             observer.before(graph)
+        if forward_collective_copies(graph) and observer is not None:
+            observer.after_pass("normalize", graph)
         for pass_cls in self.passes:
             records = pass_cls(ctx).run(graph)
             report.matches.extend(records)

@@ -1,0 +1,106 @@
+"""Config parsing, precedence, bad values, OVERLAP_DISABLE and backend registration."""
+
+import importlib.metadata
+
+import pytest
+import torch
+
+import overlap_backend
+from overlap_backend import ConfigError, OverlapConfig, make_backend
+
+
+def test_defaults(clean_env):
+    cfg = OverlapConfig.from_env()
+    assert cfg == OverlapConfig()
+    assert cfg.passes == ("ag_mm", "mm_rs", "mm_ar")
+    assert cfg.lowering == "auto" and cfg.inductor and not cfg.disable and cfg.debug_dir is None
+
+
+def test_every_field_has_an_env_var():
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(OverlapConfig)}
+    env = OverlapConfig.env_vars()
+    assert set(env) == fields
+    assert all(v.startswith("OVERLAP_") for v in env.values())
+
+
+def test_env_values_parsed(clean_env, tmp_path):
+    clean_env.setenv("OVERLAP_DISABLE", "1")
+    clean_env.setenv("OVERLAP_PASSES", "mm_rs, ag_mm")
+    clean_env.setenv("OVERLAP_LOWERING", "P2P")
+    clean_env.setenv("OVERLAP_INDUCTOR", "0")
+    clean_env.setenv("OVERLAP_DEBUG_DIR", str(tmp_path))
+    clean_env.setenv("OVERLAP_MIN_NUMEL", "4096")
+    cfg = OverlapConfig.from_env()
+    # passes run in the manager's order, whatever order they were listed in
+    assert cfg == OverlapConfig(True, ("ag_mm", "mm_rs"), "p2p", False, str(tmp_path), 4096)
+
+
+def test_explicit_argument_beats_env(clean_env):
+    clean_env.setenv("OVERLAP_PASSES", "ag_mm")
+    clean_env.setenv("OVERLAP_INDUCTOR", "0")
+    backend = make_backend(passes=["mm_ar"])
+    assert backend.config.passes == ("mm_ar",)
+    assert backend.config.inductor is False  # from the environment
+    explicit = make_backend(OverlapConfig(), passes="mm_rs")
+    assert explicit.config.passes == ("mm_rs",) and explicit.config.inductor is True
+
+
+@pytest.mark.parametrize(
+    "var, value, allowed",
+    [
+        ("OVERLAP_DISABLE", "maybe", "allowed: 1, 0"),
+        ("OVERLAP_INDUCTOR", "2", "allowed: 1, 0"),
+        ("OVERLAP_PASSES", "ag_mm,bogus", "allowed: ag_mm, mm_rs, mm_ar"),
+        ("OVERLAP_LOWERING", "nvshmem", "allowed: auto, symm, p2p"),
+        ("OVERLAP_MIN_NUMEL", "-3", "allowed: an integer >= 0"),
+        ("OVERLAP_MIN_NUMEL", "lots", "allowed: an integer >= 0"),
+    ],
+)
+def test_bad_env_value_names_variable_and_allowed(clean_env, var, value, allowed):
+    clean_env.setenv(var, value)
+    with pytest.raises(ConfigError) as err:
+        OverlapConfig.from_env()
+    assert var in str(err.value) and allowed in str(err.value)
+
+
+def test_bad_override_names_option():
+    with pytest.raises(ConfigError, match="unknown option 'pases'"):
+        make_backend(pases=["ag_mm"])
+    with pytest.raises(ConfigError, match="lowering"):
+        make_backend(lowering="fast")
+
+
+def test_symm_refused_while_unavailable(clean_env):
+    with pytest.raises(ConfigError, match="OVERLAP_LOWERING=symm.*allowed now: auto, p2p"):
+        make_backend(lowering="symm")
+
+
+def test_backend_registered_by_name_and_entry_point():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("overlap") is overlap_backend.overlap
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    assert any(ep.name == "overlap" and ep.value == "overlap_backend.backend:overlap" for ep in eps)
+
+
+def test_disable_is_plain_inductor(clean_env, monkeypatch):
+    """OVERLAP_DISABLE=1 hands the graph to compile_fx untouched: no patches, no pipeline."""
+    import torch._inductor.compile_fx as cfx
+
+    calls = []
+
+    def spy(gm, example_inputs, **kwargs):
+        calls.append(kwargs)
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", spy)
+    clean_env.setenv("OVERLAP_DISABLE", "1")
+    torch._dynamo.reset()
+    backend = make_backend()
+    fn = torch.compile(lambda x: torch.relu(x) + 1, backend=backend)
+    x = torch.randn(8)
+    torch.testing.assert_close(fn(x), torch.relu(x) + 1)
+    assert calls == [{}] and backend.reports == []
+    torch._dynamo.reset()

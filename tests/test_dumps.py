@@ -1,0 +1,52 @@
+"""OVERLAP_DEBUG_DIR: graph before/after each pass, diffs, HTML diff, summary.json."""
+
+import json
+
+import torch
+import torch.distributed._functional_collectives as funcol
+
+from overlap_backend import make_backend
+
+all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
+
+
+def test_dump_layout_and_summary(fake_pg, clean_env, tmp_path):
+    clean_env.setenv("OVERLAP_DEBUG_DIR", str(tmp_path))
+
+    def f(x, w, v):
+        a = all_gather(x, 0, fake_pg) @ w  # rewritten by ag_mm
+        b = funcol.reduce_scatter_tensor(v * 2, "sum", 0, fake_pg)  # seen by mm_rs, not a matmul
+        return a, b
+
+    backend = make_backend(inductor=False)
+    torch.compile(f, backend=backend)(torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8))
+
+    rank_dir = tmp_path / "rank1"  # the fake group makes this process rank 1
+    summary = json.loads((rank_dir / "summary.json").read_text())
+    (graph,) = summary["graphs"]
+    assert graph["kind"] == "inference" and graph["id"] == backend.reports[0].id
+    by_pass = {m["pass"]: m for m in graph["matches"]}
+    assert set(by_pass) == {"ag_mm", "mm_rs"}
+    assert by_pass["ag_mm"]["applied"] is True and by_pass["ag_mm"]["lowering"] == "p2p"
+    assert "all_gather_into_tensor" in by_pass["ag_mm"]["nodes"] and "mm" in by_pass["ag_mm"]["nodes"]
+    assert by_pass["mm_rs"]["applied"] is False and "not produced by a matmul" in by_pass["mm_rs"]["reason"]
+    assert set(by_pass["mm_rs"]) == {"pass", "applied", "lowering", "nodes", "reason"}
+
+    gdir = rank_dir / graph["id"]
+    files = sorted(p.name for p in gdir.iterdir())
+    assert files == [
+        "00_before.py", "01_after_ag_mm.py", "01_ag_mm.diff", "02_after_mm_rs.py", "03_after_mm_ar.py", "diff.html",
+    ]
+    before = (gdir / "00_before.py").read_text()
+    assert "all_gather_into_tensor" in before and "overlap.ag_mm" not in before
+    diff = (gdir / "01_ag_mm.diff").read_text()
+    assert "+" in diff and "torch.ops.overlap.ag_mm.default" in diff and "-" in diff
+    assert "torch.ops.aten.mm.default" in diff  # the removed matmul shows on a '-' line
+    assert "<table" in (gdir / "diff.html").read_text()
+
+
+def test_no_dump_without_debug_dir(fake_pg, clean_env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    backend = make_backend(inductor=False)
+    torch.compile(lambda x, w: all_gather(x, 0, fake_pg) @ w, backend=backend)(torch.randn(4, 8), torch.randn(8, 8))
+    assert backend.reports and list(tmp_path.iterdir()) == []

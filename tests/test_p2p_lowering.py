@@ -1,0 +1,140 @@
+"""The p2p lowering against the plain collectives + matmul, on gloo ranks, random shapes.
+
+Hypothesis draws the shapes inside every rank with ``derandomize=True`` and no shrinking, so all
+ranks draw the same sequence of examples and stay in lockstep through the collectives.
+"""
+
+import pytest
+
+from dist_harness import run_ranks
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def ops_vs_collectives_worker(rank, ws, max_examples):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    import overlap_backend  # noqa: F401  registers torch.ops.overlap
+
+    group = dist.group.WORLD
+    name = group.group_name
+    all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
+    reduce_scatter = getattr(funcol, "reduce_scatter_single", funcol.reduce_scatter_tensor)
+    failures = []
+    cfg = settings(
+        max_examples=max_examples, derandomize=True, database=None, deadline=None,
+        phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+    )
+
+    def fresh(*shape, seed):
+        # Same full tensor on every rank (a collective's inputs differ per rank through the rank index).
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+    @cfg
+    @given(
+        lead=st.lists(st.integers(1, 5), min_size=0, max_size=2),
+        rows=st.integers(1, 7), k=st.integers(1, 9), ns=st.lists(st.integers(1, 11), min_size=1, max_size=3),
+        gather_dim=st.integers(0, 3), bias=st.booleans(), seed=st.integers(0, 2**16),
+    )
+    def check_ag_mm(lead, rows, k, ns, gather_dim, bias, seed):
+        shape = [*lead, rows, k]
+        gdim = gather_dim % len(shape)
+        full_shape = list(shape)
+        full_shape[gdim] *= ws
+        full = fresh(*full_shape, seed=seed)
+        shard = full.chunk(ws, dim=gdim)[rank].contiguous()
+        kk = full_shape[-1]
+        weights = [fresh(kk, n, seed=seed + 1 + i) for i, n in enumerate(ns)]
+        biases = [fresh(n, seed=seed + 7 + i) if bias and i % 2 == 0 else None for i, n in enumerate(ns)]
+        gathered, outs = torch.ops.overlap.ag_mm(shard, weights, biases, gdim, name, "p2p", True)
+        ref_g = all_gather(shard, gdim, group)
+        assert torch.equal(gathered, ref_g), "gathered tensor differs"
+        for w, b, out in zip(weights, biases, outs):
+            ref = ref_g.reshape(-1, kk) @ w + (0 if b is None else b)
+            err = _rel(out, ref)
+            if not err <= 1e-5:
+                failures.append(("ag_mm", shape, gdim, err))
+
+    @cfg
+    @given(
+        lead=st.lists(st.integers(1, 4), min_size=0, max_size=2), rows=st.integers(1, 4), k=st.integers(1, 9),
+        n=st.integers(1, 4), scatter_dim=st.integers(0, 3), bias=st.booleans(),
+        reduce_op=st.sampled_from(["sum", "avg", "max", "min"]), seed=st.integers(0, 2**16),
+    )
+    def check_mm_rs(lead, rows, k, n, scatter_dim, bias, reduce_op, seed):
+        out_shape = [*lead, rows, n]
+        sdim = scatter_dim % len(out_shape)
+        out_shape[sdim] *= ws  # divisible by construction
+        m = 1
+        for s in out_shape[:-1]:
+            m *= s
+        a = fresh(ws, m, k, seed=seed)[rank]
+        b = fresh(ws, k, out_shape[-1], seed=seed + 1)[rank]
+        bv = fresh(ws, out_shape[-1], seed=seed + 2)[rank] if bias else None
+        got = torch.ops.overlap.mm_rs(a, b, bv, out_shape, sdim, reduce_op, name, "p2p")
+        full = (a @ b + (0 if bv is None else bv)).view(out_shape)
+        ref = reduce_scatter(full, reduce_op, sdim, group)
+        err = _rel(got, ref)
+        if not (got.shape == ref.shape and err <= 1e-5):
+            failures.append(("mm_rs", out_shape, sdim, reduce_op, err))
+
+    @cfg
+    @given(m=st.integers(ws, 13), k=st.integers(1, 9), n=st.integers(1, 9), bias=st.booleans(), seed=st.integers(0, 2**16))
+    def check_mm_ar(m, k, n, bias, seed):
+        a = fresh(ws, m, k, seed=seed)[rank]
+        b = fresh(ws, k, n, seed=seed + 1)[rank]
+        bv = fresh(ws, n, seed=seed + 2)[rank] if bias else None
+        got = torch.ops.overlap.mm_ar(a, b, bv, "sum", name, "p2p")
+        ref = funcol.all_reduce(a @ b + (0 if bv is None else bv), "sum", group)
+        err = _rel(got, ref)
+        if not (got.shape == ref.shape and err <= 1e-5):
+            failures.append(("mm_ar", m, k, n, err))
+
+    check_ag_mm()
+    check_mm_rs()
+    check_mm_ar()
+    return failures
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_p2p_ops_match_collectives(ws):
+    per_rank = run_ranks(ops_vs_collectives_worker, ws, 25, timeout=500)
+    assert per_rank == [[]] * ws, per_rank
+
+
+def bad_input_worker(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    import overlap_backend  # noqa: F401
+
+    name = dist.group.WORLD.group_name
+    errors = []
+    for call in (
+        lambda: torch.ops.overlap.ag_mm(torch.randn(4, 8), [torch.randn(9, 3)], [None], 0, name, "p2p", False),
+        lambda: torch.ops.overlap.mm_rs(torch.randn(6, 8), torch.randn(8, 4), None, [6, 4], 0, "sum", name, "p2p"),
+        lambda: torch.ops.overlap.mm_ar(torch.randn(4, 8), torch.randn(8, 4), None, "sum", name, "symm"),
+    ):
+        try:
+            call()
+            errors.append("no error")
+        except Exception as e:  # noqa: BLE001
+            errors.append(str(e))
+    return errors
+
+
+@pytest.mark.timeout(300)
+def test_bad_inputs_raise_clear_errors():
+    # ws=4: 6 rows do not split 4 ways. Errors are raised before any communication (no hang).
+    errors = run_ranks(bad_input_worker, 4, timeout=200)[0]
+    assert "does not match gathered K" in errors[0]
+    assert "not divisible by the group size 4" in errors[1]
+    assert "has no 'symm' lowering" in errors[2]
