@@ -85,8 +85,10 @@ def _check_2d(name: str, t: Tensor) -> None:
         raise ValueError(f"overlap p2p: {name} must be 2-D, got shape {tuple(t.shape)}")
 
 
-def _mm(a: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
-    return torch.mm(a, w) if bias is None else torch.addmm(bias, a, w)
+def _mm(a: Tensor, w: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
+    if bias is None:
+        return torch.mm(a, w, out=out)
+    return torch.addmm(bias, a, w, out=out)
 
 
 # ----------------------------------------------------------------------------------------- ag_mm
@@ -133,8 +135,10 @@ def ag_mm(
             else:
                 out_nd = out.view(*gshape[:-1], w.shape[1])
                 dst = out_nd.narrow(dim, c * step_len, step_len)
-                res = _mm(a.reshape(-1, k), w, bias)
-                dst.copy_(res.view(dst.shape))
+                if dst.is_contiguous():  # gather dim 0 (or leading dims of size 1): write in place
+                    _mm(a.reshape(-1, k), w, bias, out=dst.view(-1, w.shape[1]))
+                else:
+                    dst.copy_(_mm(a.reshape(-1, k), w, bias).view(dst.shape))
 
     for step in range(ws):
         c = (r - step) % ws
