@@ -1,0 +1,225 @@
+"""Shared helpers of the benchmarks: safe environment, process group, timing, machine info, tables.
+
+Timing follows ``triton.testing.do_bench``: warm-up, then timed repetitions bracketed by CUDA
+events, median. Collective benchmarks add what one process cannot see alone: every rank runs the
+same number of repetitions (agreed through an all-reduce), the ranks meet at a barrier before each
+measurement, and the reported time is the maximum over ranks of each rank's median.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+# NVLink multicast stays off on the shared GPU machines (a program using it can take the host's GPUs
+# out of service). Set before torch/NCCL read them; the values are the ones those machines carry.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+os.environ.update(SAFE_ENV)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- process group
+def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
+    """Join the torchrun process group: NCCL with one GPU per rank, or gloo on the CPU."""
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", device_id=device, timeout=timedelta(seconds=180))
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=180))
+    return rank, world_size, device
+
+
+def group_name(group=None) -> str:
+    return (group or dist.group.WORLD).group_name
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def allreduce_max(values: Sequence[float], device: torch.device) -> list[float]:
+    """Element-wise maximum over ranks (NaN stands for 'missing' and wins)."""
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    nan = torch.isnan(t).to(torch.float64)
+    t = torch.nan_to_num(t, nan=-math.inf)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(nan, op=dist.ReduceOp.MAX)
+    t[nan > 0] = math.nan
+    return t.tolist()
+
+
+# ----------------------------------------------------------------------------- timing
+class Timing:
+    """``bench(fn)``: max over ranks of each rank's median time of ``fn`` in ms (do_bench style)."""
+
+    def __init__(self, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0,
+                 min_reps: int = 20, max_reps: int = 200, min_warmup: int = 3):
+        self.device = device
+        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+        self.min_reps, self.max_reps, self.min_warmup = min_reps, max_reps, min_warmup
+
+    def _elapsed_ms(self, fn: Callable[[], object], n: int) -> list[float]:
+        if self.device.type == "cuda":
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            for s, e in zip(starts, ends):
+                s.record()
+                fn()
+                e.record()
+            torch.cuda.synchronize(self.device)
+            return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    def bench(self, fn: Callable[[], object]) -> tuple[float, int]:
+        """(max over ranks of the per-rank median in ms, number of timed repetitions)."""
+        # Estimate, then agree on the counts: every rank must call fn (a collective) equally often.
+        fn()
+        synchronize(self.device)
+        dist.barrier()
+        est = statistics.median(self._elapsed_ms(fn, 5))
+        est = allreduce_max([est], self.device)[0]
+        est = max(est, 1e-3)
+        n_warmup = max(self.min_warmup, math.ceil(self.warmup_ms / est))
+        n_reps = min(self.max_reps, max(self.min_reps, math.ceil(self.rep_ms / est)))
+        for _ in range(n_warmup):
+            fn()
+        synchronize(self.device)
+        dist.barrier()
+        synchronize(self.device)
+        median = statistics.median(self._elapsed_ms(fn, n_reps))
+        return allreduce_max([median], self.device)[0], n_reps
+
+
+# ----------------------------------------------------------------------------- numerics
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (inf when out has a NaN/inf or the shapes differ)."""
+    if out.shape != ref.shape:
+        return math.inf
+    out64, ref64 = out.double(), ref.double()
+    if not torch.isfinite(out64).all():
+        return math.inf
+    den = ref64.norm().item()
+    return (out64 - ref64).norm().item() / (den if den > 0 else 1.0)
+
+
+# ----------------------------------------------------------------------------- machine info
+def machine_info(device: torch.device, world_size: int) -> dict:
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "world_size": world_size,
+        "device": device.type,
+        "command": command_line(world_size),
+        "env": {k: os.environ.get(k) for k in (*SAFE_ENV, "CUDA_VISIBLE_DEVICES")},
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception as e:  # noqa: BLE001
+        info["triton"] = f"n/a ({type(e).__name__})"
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["gpu_count_visible"] = torch.cuda.device_count()
+        info["cuda"] = torch.version.cuda
+        try:
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception as e:  # noqa: BLE001
+            info["nccl"] = f"n/a ({type(e).__name__})"
+    else:
+        info["gpu"] = "none (CPU, gloo)"
+        info["gpu_count_visible"] = 0
+    return info
+
+
+def command_line(world_size: int) -> str:
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), os.getcwd())
+    args = " ".join(shlex.quote(a) for a in sys.argv[1:])
+    prefix = ""
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        prefix = f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} "
+    return f"{prefix}torchrun --nproc-per-node={world_size} {script} {args}".rstrip()
+
+
+def info_markdown(info: dict) -> str:
+    lines = [
+        f"- date (UTC): {info['date']}",
+        f"- machine: {info['host']}; {info['gpu_count_visible']} × {info['gpu']} visible, world size {info['world_size']}",
+        f"- torch {info['torch']} (CUDA {info.get('cuda', 'n/a')}), triton {info['triton']}, "
+        f"NCCL {info.get('nccl', 'n/a')}, python {info['python']}",
+        f"- env: {', '.join(f'{k}={v}' for k, v in info['env'].items())}",
+        f"- command: `{info['command']}`",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- tables
+def fmt_ms(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{v:.3f}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    def line(r):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
+
+
+def write_json(path: Path, data: object) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def print_versions() -> None:
+    """What bench/run_device.sh prints first: python, torch, CUDA, triton, NCCL, GPUs, safety env."""
+    print("python", platform.python_version(), sys.executable)
+    print("torch", torch.__version__, "CUDA", torch.version.cuda)
+    try:
+        import triton
+
+        print("triton", triton.__version__)
+    except Exception as e:  # noqa: BLE001
+        print("triton n/a:", e)
+    if torch.cuda.is_available():
+        print("NCCL", ".".join(map(str, torch.cuda.nccl.version())))
+        n = torch.cuda.device_count()
+        print("GPUs", n, [torch.cuda.get_device_name(i) for i in range(n)])
+    else:
+        print("CUDA is not available")
+    print("NCCL available:", dist.is_nccl_available())
+    for k in (*SAFE_ENV, "CUDA_VISIBLE_DEVICES", "PYTHONPATH"):
+        print(f"{k}={os.environ.get(k)}")
+
+
+if __name__ == "__main__":
+    print_versions()

@@ -1,0 +1,456 @@
+"""GPU tests (marker ``gpu``): the ``p2p`` lowering of the overlap ops on 2 and 4 GPUs with NCCL.
+
+Run on the device machine with ``python -m pytest -q -m gpu tests/test_gpu.py`` (bench/run_device.sh
+does); where fewer GPUs are visible every test skips. Each test spawns one process per GPU through
+``dist_harness.run_ranks(..., backend="nccl")``, so every worker is a module-level function; the
+workers take the device type so that the same code can be exercised on gloo/CPU.
+
+What is checked, for world sizes 2 and 4:
+
+- numerics of ``ag_mm`` / ``mm_rs`` / ``mm_ar`` (lowering ``p2p``) against the NCCL collective and a
+  float32 matmul on fresh random data, in bf16, fp16 and fp32: sizes that are not multiples of 128,
+  3-D inputs gathered/scattered along dim 1, gathers along the last (contraction) dim, biases,
+  several weights, ``avg``; relative error <= 1e-2 (bf16, fp16) / 1e-4 (fp32), NaN never passes;
+- 100 back-to-back calls of each op with the same inputs give bit-identical results, and 20
+  back-to-back calls on different inputs each give their own right answer (no stale buffers);
+- two process groups at once: a subgroup (pairs of ranks on 4 GPUs, a second communicator over the
+  same ranks on 2) on a side stream interleaved with the world group on the default stream;
+- a compiled tensor-parallel block (all-gather -> two matmuls -> gelu -> matmul -> reduce-scatter) and
+  a row-parallel MLP (matmul -> all-reduce) through ``make_backend(lowering="p2p")`` with Inductor,
+  forward and backward against eager (bf16, 1e-2), with the backend's reports showing the rewrites.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+
+# NVLink multicast stays off on the GPU machines; spawned ranks inherit this environment.
+os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+try:
+    from dist_harness import run_ranks
+except ImportError:  # imported as tests.test_gpu
+    from tests.dist_harness import run_ranks
+
+pytestmark = pytest.mark.gpu
+
+WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4], ids=["ws2", "ws4"])
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _tol(dtype: torch.dtype) -> float:
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 1e-2
+
+
+def _need_gpus(ws: int) -> None:
+    if not torch.cuda.is_available() or torch.cuda.device_count() < ws:
+        pytest.skip(f"needs {ws} CUDA GPUs, found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available():
+        pytest.skip("torch was built without NCCL")
+
+
+def _run(fn, ws: int, *args, timeout: float = 150, env: dict | None = None):
+    return run_ranks(fn, ws, "cuda", *args, timeout=timeout, env=env, backend="nccl")
+
+
+# ============================================================================ helpers (in ranks)
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if tuple(out.shape) != tuple(ref.shape):
+        return math.inf
+    out64, ref64 = out.detach().double(), ref.detach().double()
+    if not torch.isfinite(out64).all():
+        return math.inf
+    den = ref64.norm().item()
+    return (out64 - ref64).norm().item() / (den if den > 0 else 1.0)
+
+
+def _randn(*shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(shape, device=device) * scale).to(dtype)
+
+
+def _gather_ref(shard: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """all_gather along ``dim`` through NCCL (exact: a copy)."""
+    import torch.distributed as dist
+
+    ws = group.size()
+    flat = shard.new_empty((ws * shard.shape[0], *shard.shape[1:]))
+    dist.all_gather_into_tensor(flat, shard.contiguous(), group=group)
+    return torch.cat(flat.chunk(ws, 0), dim=dim)
+
+
+def _all_reduce_ref(t: torch.Tensor, group) -> torch.Tensor:
+    import torch.distributed as dist
+
+    t = t.clone()
+    dist.all_reduce(t, group=group)
+    return t
+
+
+def _stream(device: str, stream):
+    return torch.cuda.stream(stream) if device == "cuda" else contextlib.nullcontext()
+
+
+def _setup_rank(rank: int, device: str) -> None:
+    import warnings
+
+    # dist.all_gather_into_tensor and funcol's *_tensor_autograd are used on purpose (they exist on
+    # every torch this runs on); their deprecation notices are noise.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    torch.manual_seed(1000 + rank)
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 references and fp32 cases stay fp32
+        torch.backends.cudnn.allow_tf32 = False
+    import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
+
+
+# ---- one case per op: run ours, build the reference, return the relative error (and a label)
+def _case_ag_mm(group, dtype, device, lead, k, ns, dim, with_bias, return_gathered=True):
+    ws = group.size()
+    shard = _randn(*lead, k, dtype=dtype, device=device)
+    d = dim % shard.dim()  # the op takes negative dims as they come
+    K = k * ws if d == shard.dim() - 1 else k
+    weights = [_randn(K, n, dtype=dtype, device=device, scale=K**-0.5) for n in ns]
+    biases = [_randn(n, dtype=dtype, device=device) if with_bias and i == 0 else None for i, n in enumerate(ns)]
+    gathered, outs = torch.ops.overlap.ag_mm(shard, weights, biases, dim, group.group_name, "p2p", return_gathered)
+    G = _gather_ref(shard, d, group)
+    errs = []
+    if return_gathered and not torch.equal(gathered, G):
+        errs.append(math.inf)
+    if len(outs) != len(weights):
+        return math.inf
+    G2 = G.float().reshape(-1, G.shape[-1])
+    for w, b, out in zip(weights, biases, outs):
+        ref = G2 @ w.float() + (b.float() if b is not None else 0)
+        errs.append(_rel_err(out, ref))
+    return max(errs)
+
+
+def _case_mm_rs(group, dtype, device, lead, k, n, dim, with_bias, reduce_op="sum"):
+    ws, r = group.size(), group.rank()
+    out_shape = [*lead, n]
+    m = math.prod(lead)
+    a = _randn(m, k, dtype=dtype, device=device)
+    b = _randn(k, n, dtype=dtype, device=device, scale=k**-0.5)
+    bias = _randn(n, dtype=dtype, device=device) if with_bias else None
+    out = torch.ops.overlap.mm_rs(a, b, bias, out_shape, dim, reduce_op, group.group_name, "p2p")
+    c = a.float() @ b.float() + (bias.float() if bias is not None else 0)
+    full = _all_reduce_ref(c.view(out_shape), group)
+    if reduce_op == "avg":
+        full = full / ws
+    ref = full.chunk(ws, dim=dim % len(out_shape))[r]
+    return _rel_err(out, ref)
+
+
+def _case_mm_ar(group, dtype, device, m, k, n, with_bias):
+    a = _randn(m, k, dtype=dtype, device=device)
+    b = _randn(k, n, dtype=dtype, device=device, scale=k**-0.5)
+    bias = _randn(n, dtype=dtype, device=device) if with_bias else None
+    out = torch.ops.overlap.mm_ar(a, b, bias, "sum", group.group_name, "p2p")
+    ref = _all_reduce_ref(a.float() @ b.float() + (bias.float() if bias is not None else 0), group)
+    return _rel_err(out, ref)
+
+
+def _cases(ws: int):
+    """(label, case function, kwargs): sizes deliberately not multiples of 128."""
+    return [
+        ("ag_mm 2-D dim0, 2 weights, bias", _case_ag_mm, dict(lead=(37,), k=100, ns=(130, 70), dim=0, with_bias=True)),
+        ("ag_mm 3-D dim1", _case_ag_mm, dict(lead=(3, 11), k=96, ns=(50,), dim=1, with_bias=False)),
+        ("ag_mm gather last dim, bias", _case_ag_mm, dict(lead=(45,), k=36, ns=(66,), dim=-1, with_bias=True)),
+        ("ag_mm 3-D dim0, no gathered", _case_ag_mm,
+         dict(lead=(5, 7), k=40, ns=(24, 24, 8), dim=0, with_bias=False, return_gathered=False)),
+        ("mm_rs 2-D dim0, bias", _case_mm_rs, dict(lead=(ws * 45,), k=77, n=130, dim=0, with_bias=True)),
+        ("mm_rs 3-D dim1", _case_mm_rs, dict(lead=(3, ws * 7), k=50, n=90, dim=1, with_bias=False)),
+        ("mm_rs scatter last dim, bias", _case_mm_rs, dict(lead=(33,), k=40, n=ws * 30, dim=-1, with_bias=True)),
+        ("mm_rs 3-D dim0 avg", _case_mm_rs, dict(lead=(ws * 5, 3), k=24, n=20, dim=0, with_bias=False, reduce_op="avg")),
+        ("mm_ar rows not divisible, bias", _case_mm_ar, dict(m=91, k=66, n=150, with_bias=True)),
+        ("mm_ar fewer rows than ranks", _case_mm_ar, dict(m=3, k=20, n=17, with_bias=False)),
+        ("mm_ar aligned", _case_mm_ar, dict(m=256, k=128, n=192, with_bias=False)),
+    ]
+
+
+# ============================================================================ workers
+def numerics_worker(rank: int, ws: int, device: str):
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    group = dist.group.WORLD
+    results, bad = [], []
+    for dtype in DTYPES:
+        for label, case, kwargs in _cases(ws):
+            err = case(group, dtype, device, **kwargs)
+            results.append((label, str(dtype), err))
+            if not err <= _tol(dtype):
+                bad.append(f"rank {rank}: {label} {dtype}: rel err {err:.3e} > {_tol(dtype):g}")
+    assert not bad, "\n".join(bad)
+    return results
+
+
+def repeat_worker(rank: int, ws: int, device: str, calls: int = 100, distinct: int = 20):
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    group = dist.group.WORLD
+    gn = group.group_name
+    dtype = torch.bfloat16
+    tol = _tol(dtype)
+    shard = _randn(40, 96, dtype=dtype, device=device)
+    w = _randn(96, 130, dtype=dtype, device=device, scale=96**-0.5)
+    a_rs = _randn(ws * 24, 72, dtype=dtype, device=device)
+    b_rs = _randn(72, 100, dtype=dtype, device=device, scale=72**-0.5)
+    a_ar = _randn(50, 64, dtype=dtype, device=device)
+    b_ar = _randn(64, 90, dtype=dtype, device=device, scale=64**-0.5)
+    ops = {
+        "ag_mm": lambda s: torch.ops.overlap.ag_mm(s, [w], [None], 0, gn, "p2p", False)[1][0],
+        "mm_rs": lambda a: torch.ops.overlap.mm_rs(a, b_rs, None, [a.shape[0], 100], 0, "sum", gn, "p2p"),
+        "mm_ar": lambda a: torch.ops.overlap.mm_ar(a, b_ar, None, "sum", gn, "p2p"),
+    }
+
+    def ref(name, x):
+        if name == "ag_mm":
+            return _gather_ref(x, 0, group).float() @ w.float()
+        if name == "mm_rs":
+            return _all_reduce_ref(x.float() @ b_rs.float(), group).chunk(ws)[rank]
+        return _all_reduce_ref(x.float() @ b_ar.float(), group)
+
+    bad, summary = [], {}
+    for name, x in (("ag_mm", shard), ("mm_rs", a_rs), ("mm_ar", a_ar)):
+        op = ops[name]
+        # Same inputs, back to back with no host synchronisation: bit-identical results.
+        outs = [op(x) for _ in range(calls)]
+        differ = [i for i, o in enumerate(outs) if not torch.equal(o, outs[0])]
+        err0 = _rel_err(outs[0], ref(name, x))
+        if differ:
+            bad.append(f"rank {rank}: {name}: calls {differ[:10]} differ from call 0 (of {calls})")
+        if not err0 <= tol:
+            bad.append(f"rank {rank}: {name}: rel err {err0:.3e}")
+        # Different inputs, back to back: each result matches its own inputs.
+        xs = [torch.randn_like(x, dtype=torch.float32).to(dtype) for _ in range(distinct)]
+        outs = [op(xi) for xi in xs]
+        errs = [_rel_err(o, ref(name, xi)) for o, xi in zip(outs, xs)]
+        if not max(errs) <= tol:
+            bad.append(f"rank {rank}: {name}: distinct inputs, rel errs {[f'{e:.1e}' for e in errs]}")
+        summary[name] = (len(differ), err0, max(errs))
+    assert not bad, "\n".join(bad)
+    return summary
+
+
+def two_groups_worker(rank: int, ws: int, device: str, iters: int = 10):
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    world = dist.group.WORLD
+    if ws >= 4 and ws % 2 == 0:
+        pairs = [dist.new_group([i, i + 1]) for i in range(0, ws, 2)]  # every rank creates every group
+        sub = pairs[rank // 2]
+    else:
+        sub = dist.new_group(list(range(ws)))  # a second communicator over the same ranks
+    dtype = torch.bfloat16
+    side = torch.cuda.Stream() if device == "cuda" else None
+    sws = sub.size()
+
+    shard = _randn(33, 80, dtype=dtype, device=device)
+    w = _randn(80, 120, dtype=dtype, device=device, scale=80**-0.5)
+    a_rs = _randn(ws * 19, 56, dtype=dtype, device=device)
+    b_rs = _randn(56, 72, dtype=dtype, device=device, scale=56**-0.5)
+    a_ar = _randn(61, 48, dtype=dtype, device=device)
+    b_ar = _randn(48, 88, dtype=dtype, device=device, scale=48**-0.5)
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream())
+
+    sub_ag, world_rs, sub_ar, world_ag = [], [], [], []
+    for _ in range(iters):
+        with _stream(device, side):
+            sub_ag.append(torch.ops.overlap.ag_mm(shard, [w], [None], 0, sub.group_name, "p2p", False)[1][0])
+        world_rs.append(torch.ops.overlap.mm_rs(a_rs, b_rs, None, [ws * 19, 72], 0, "sum", world.group_name, "p2p"))
+        with _stream(device, side):
+            sub_ar.append(torch.ops.overlap.mm_ar(a_ar, b_ar, None, "sum", sub.group_name, "p2p"))
+        world_ag.append(torch.ops.overlap.ag_mm(shard, [w], [None], 0, world.group_name, "p2p", False)[1][0])
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+    refs = {
+        "sub ag_mm": (_gather_ref(shard, 0, sub).float() @ w.float(), sub_ag),
+        "world mm_rs": (_all_reduce_ref(a_rs.float() @ b_rs.float(), world).chunk(ws)[rank], world_rs),
+        "sub mm_ar": (_all_reduce_ref(a_ar.float() @ b_ar.float(), sub), sub_ar),
+        "world ag_mm": (_gather_ref(shard, 0, world).float() @ w.float(), world_ag),
+    }
+    bad, summary = [], {}
+    for name, (ref, outs) in refs.items():
+        errs = [_rel_err(o, ref) for o in outs]
+        summary[name] = max(errs)
+        if not max(errs) <= _tol(dtype):
+            bad.append(f"rank {rank}: {name} (subgroup size {sws}): rel errs {[f'{e:.1e}' for e in errs]}")
+    assert not bad, "\n".join(bad)
+    return summary
+
+
+# ---- the compiled models (written with funcol, as a user would)
+class _AllReduceSum(torch.autograd.Function):
+    """funcol all-reduce whose backward is the identity (Megatron's row-parallel convention);
+    written out so that eager and compiled agree on every torch version."""
+
+    @staticmethod
+    def forward(ctx, x, group_name):
+        import torch.distributed._functional_collectives as funcol
+
+        return funcol.wait_tensor(funcol.all_reduce(x, "sum", group_name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class TPBlock(torch.nn.Module):
+    """Sequence-parallel block: all-gather(seq) -> x@Wq, x@Wk -> gelu(q)*k -> @Wo -> reduce-scatter(seq)."""
+
+    def __init__(self, hidden: int, ffn: int, group_name: str, dtype, device):
+        super().__init__()
+        self.group_name = group_name
+
+        def p(*shape, fan_in):
+            return torch.nn.Parameter(_randn(*shape, dtype=dtype, device=device, scale=fan_in**-0.5))
+
+        self.wq = p(hidden, ffn, fan_in=hidden)
+        self.wk = p(hidden, ffn, fan_in=hidden)
+        self.wo = p(ffn, hidden, fan_in=ffn)
+
+    def forward(self, x):  # x: [batch, seq / ws, hidden]
+        import torch.distributed._functional_collectives as funcol
+
+        g = funcol.all_gather_tensor_autograd(x, 1, self.group_name)
+        h = torch.nn.functional.gelu(g @ self.wq) * (g @ self.wk)
+        return funcol.reduce_scatter_tensor_autograd(h @ self.wo, "sum", 1, self.group_name)
+
+
+class RowParallelMLP(torch.nn.Module):
+    """Inference-TP MLP: gelu(x @ W1) @ W2 -> all-reduce; x replicated, W1/W2 sharded."""
+
+    def __init__(self, hidden: int, ffn: int, group_name: str, dtype, device):
+        super().__init__()
+        self.group_name = group_name
+        self.w1 = torch.nn.Parameter(_randn(hidden, ffn, dtype=dtype, device=device, scale=hidden**-0.5))
+        self.w2 = torch.nn.Parameter(_randn(ffn, hidden, dtype=dtype, device=device, scale=ffn**-0.5))
+
+    def forward(self, x):  # x: [tokens, hidden]
+        return _AllReduceSum.apply(torch.nn.functional.gelu(x @ self.w1) @ self.w2, self.group_name)
+
+
+def _compare_fwd_bwd(eager, compiled, make_input, dtype, steps: int = 2) -> dict[str, float]:
+    """Max relative error per tensor (output, input grad, parameter grads) over ``steps`` steps."""
+    errs: dict[str, float] = {}
+    for _ in range(steps):
+        x = make_input()
+        xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ye, yc = eager(xe), compiled(xc)
+        dy = torch.randn_like(ye, dtype=torch.float32)
+        (ye.float() * dy).sum().backward()
+        (yc.float() * dy).sum().backward()
+        pairs = {"out": (yc, ye), "x.grad": (xc.grad, xe.grad)}
+        for (name, pe), (_, pc) in zip(eager.named_parameters(), compiled.named_parameters()):
+            pairs[f"{name}.grad"] = (pc.grad, pe.grad)
+        for name, (c, e) in pairs.items():
+            err = math.inf if c is None or e is None else _rel_err(c, e)
+            errs[name] = max(errs.get(name, 0.0), err)
+        for p in (*eager.parameters(), *compiled.parameters()):
+            p.grad = None
+    return errs
+
+
+def compiled_worker(rank: int, ws: int, device: str, inductor: bool = True):
+    import copy
+
+    import torch.distributed as dist
+
+    # Per-rank compile caches: ranks compile the same kernels at the same time.
+    cache = tempfile.mkdtemp(prefix=f"overlap_gpu_test_r{rank}_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    _setup_rank(rank, device)
+    import overlap_backend
+
+    gn = dist.group.WORLD.group_name
+    dtype = torch.bfloat16
+    tol = _tol(dtype)
+    out: dict[str, object] = {}
+    bad = []
+    models = {
+        # batch 2, sequence 6 per rank, hidden 96, ffn 160 per rank: not multiples of 128
+        "tp_block": (TPBlock(96, 160, gn, dtype, device), lambda: _randn(2, 6, 96, dtype=dtype, device=device),
+                     {"ag_mm", "mm_rs"}),
+        "row_parallel_mlp": (RowParallelMLP(96, 144, gn, dtype, device),
+                             lambda: _replicated_input(40, 96, dtype, device), {"mm_ar"}),
+    }
+    for name, (model, make_input, expected) in models.items():
+        torch._dynamo.reset()
+        backend = overlap_backend.make_backend(lowering="p2p", inductor=inductor)
+        compiled = torch.compile(copy.deepcopy(model), backend=backend)
+        errs = _compare_fwd_bwd(model, compiled, make_input, dtype)
+        applied = sorted({(r.kind, m.pass_name) for r in backend.reports for m in r.matches if m.applied})
+        rejected = [(r.kind, m.pass_name, m.reason) for r in backend.reports for m in r.matches if not m.applied]
+        out[name] = {"errs": errs, "applied": applied, "rejected": rejected}
+        for t, e in errs.items():
+            if not e <= tol:
+                bad.append(f"rank {rank}: {name}: {t} rel err {e:.3e} > {tol:g} (compiled vs eager)")
+        missing = {p for p in expected if ("forward", p) not in applied}
+        if missing:
+            bad.append(f"rank {rank}: {name}: no applied {sorted(missing)} in the forward graph; "
+                       f"applied {applied}, rejected {rejected}")
+    assert not bad, "\n".join(bad)
+    return out
+
+
+def _replicated_input(tokens: int, hidden: int, dtype, device):
+    import torch.distributed as dist
+
+    x = _randn(tokens, hidden, dtype=dtype, device=device)
+    dist.broadcast(x, src=0)  # the row-parallel MLP's input is the same on every rank
+    return x
+
+
+# ============================================================================ tests
+@WORLD_SIZES
+@pytest.mark.timeout(200)
+def test_ops_numerics(ws):
+    _need_gpus(ws)
+    results = _run(numerics_worker, ws)
+    worst: dict[tuple[str, str], float] = {}
+    for per_rank in results:
+        for label, dtype, err in per_rank:
+            worst[(label, dtype)] = max(worst.get((label, dtype), 0.0), err)
+    for (label, dtype), err in worst.items():
+        print(f"ws={ws} {label} {dtype}: max rel err {err:.2e}")
+
+
+@WORLD_SIZES
+@pytest.mark.timeout(200)
+def test_repeated_calls(ws):
+    _need_gpus(ws)
+    for rank, summary in enumerate(_run(repeat_worker, ws)):
+        print(f"ws={ws} rank {rank}: {summary}")
+
+
+@WORLD_SIZES
+@pytest.mark.timeout(200)
+def test_two_groups_at_once(ws):
+    _need_gpus(ws)
+    for rank, summary in enumerate(_run(two_groups_worker, ws)):
+        print(f"ws={ws} rank {rank}: {summary}")
+
+
+@WORLD_SIZES
+@pytest.mark.timeout(300)
+def test_compiled_tp_models(ws):
+    _need_gpus(ws)
+    env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    results = _run(compiled_worker, ws, timeout=280, env=env)
+    for name, res in results[0].items():
+        print(f"ws={ws} {name}: errs {res['errs']}\n  applied {res['applied']}\n  rejected {res['rejected']}")
