@@ -66,7 +66,9 @@ def _parse_lowering(name: str, raw: str) -> str:
 
 def _parse_min_numel(name: str, raw: str | int) -> int:
     try:
-        value = int(raw)
+        value = int(raw) if not isinstance(raw, float) else raw
+        if isinstance(value, float):
+            raise ValueError
     except (TypeError, ValueError):
         raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer >= 0") from None
     if value < 0:
@@ -112,6 +114,14 @@ class OverlapConfig:
         "debug_dir": ("OVERLAP_DEBUG_DIR", _parse_debug_dir),
         "min_numel": ("OVERLAP_MIN_NUMEL", _parse_min_numel),
     }
+
+    def __post_init__(self):
+        # A config built directly is held to the same rules as one parsed from the environment.
+        if self.lowering not in LOWERINGS:
+            raise ConfigError(f"lowering={self.lowering!r}; allowed: {', '.join(LOWERINGS)}")
+        _parse_passes("passes", self.passes)
+        if not isinstance(self.min_numel, int) or self.min_numel < 0:
+            raise ConfigError(f"min_numel={self.min_numel!r}; allowed: an integer >= 0")
 
     @classmethod
     def env_vars(cls) -> dict[str, str]:

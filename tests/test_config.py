@@ -104,3 +104,12 @@ def test_disable_is_plain_inductor(clean_env, monkeypatch):
     torch.testing.assert_close(fn(x), torch.relu(x) + 1)
     assert calls == [{}] and backend.reports == []
     torch._dynamo.reset()
+
+
+def test_direct_config_validated():
+    with pytest.raises(ConfigError, match="lowering='xyz'"):
+        OverlapConfig(lowering="xyz")
+    with pytest.raises(ConfigError, match="unknown pass"):
+        OverlapConfig(passes=("ag_mm", "moe"))
+    with pytest.raises(ConfigError, match="min_numel"):
+        make_backend(min_numel=2.5)

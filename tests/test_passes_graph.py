@@ -256,3 +256,55 @@ def test_backward_graph_rewritten(fake_pg, capture):
     bw = be.graphs[[r.kind for r in be.reports].index("backward")]
     only(bw, torch.ops.overlap.mm_rs.default)
     assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+# ------------------------------------------------------------------- chains and odd layouts
+def test_chained_all_reduces_both_rewritten(fake_pg, capture):
+    def f(x, w1, w2):
+        return funcol.all_reduce(funcol.all_reduce(x @ w1, "sum", fake_pg) @ w2, "sum", fake_pg)
+
+    be, out = compile_and_run(f, torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 8))
+    assert len(applied(be, "mm_ar")) == 2 and out.shape == (8, 8)
+    assert sum(t is torch.ops.overlap.mm_ar.default for t in targets(be.graphs[0])) == 2
+
+
+def test_chained_reduce_scatters_both_rewritten(fake_pg, capture):
+    def f(x, w1, w2):
+        return reduce_scatter(reduce_scatter(x @ w1, "sum", 0, fake_pg) @ w2, "sum", 0, fake_pg)
+
+    be, out = compile_and_run(f, torch.randn(64, 16), torch.randn(16, 16), torch.randn(16, 8))
+    assert len(applied(be, "mm_rs")) == 2 and out.shape == (4, 8)
+
+
+def test_gathered_value_as_weight_of_another_gather(fake_pg, capture):
+    def f(x, y, w):
+        g1 = all_gather(x, 0, fake_pg)  # [16, 16]
+        g2 = all_gather(y, 0, fake_pg)  # [8, 16]
+        return g1 @ w, g2 @ g1
+
+    be, (a, b) = compile_and_run(f, torch.randn(4, 16), torch.randn(2, 16), torch.randn(16, 8))
+    assert len(applied(be, "ag_mm")) == 2 and a.shape == (16, 8) and b.shape == (8, 16)
+
+
+def test_reordered_chunks_rejected(fake_pg, capture):
+    """A cat that does not put rank r's chunk r-th is not an all_gather along that dim."""
+
+    def f(x, w):
+        g = torch.ops._c10d_functional.wait_tensor(
+            torch.ops._c10d_functional.all_gather_into_tensor(x, WS, fake_pg.group_name)
+        )
+        pieces = list(g.split(2))
+        return torch.cat(pieces[::-1], dim=1) @ w
+
+    be, _ = compile_and_run(f, torch.randn(2, 8), torch.randn(8 * WS, 4))
+    (rej,) = rejected(be, "ag_mm")
+    assert "out of rank order" in rej.reason
+
+
+def test_rs_through_flattening_reshape_rejected(fake_pg, capture):
+    def f(a, b):
+        return reduce_scatter((a @ b).view(-1), "sum", 0, fake_pg)
+
+    be, out = compile_and_run(f, torch.randn(4, 8), torch.randn(8, 6))
+    (rej,) = rejected(be, "mm_rs")
+    assert "does not keep the matmul's rows" in rej.reason and out.shape == (6,)

@@ -51,6 +51,9 @@ class AgMmPass(OverlapPass):
             matches.append(AgMmMatch(ag, matmuls, flattens))
         return matches
 
+    def key(self, m):
+        return m.gather.collective
+
     def describe(self, m: AgMmMatch):
         return [n.name for n in m.gather.nodes] + [mm.node.name for mm in m.matmuls]
 
@@ -58,12 +61,14 @@ class AgMmPass(OverlapPass):
         ag = m.gather
         if not m.matmuls:
             raise Rejected("no matmul takes the gathered tensor as its left operand")
-        common.require_group(ag.group_name, ag.group_size)
+        ws = common.require_group(ag.group_name, ag.group_size)
         common.require_static(ag.shard, ag.result)
         common.require_dtype(ag.shard, *[mm.b for mm in m.matmuls])
         shard = common.val(ag.shard)
-        if not 0 <= ag.gather_dim % max(shard.dim(), 1) < shard.dim():
+        if not -shard.dim() <= ag.gather_dim < shard.dim():
             raise Rejected(f"gather dim {ag.gather_dim} out of range for shard of rank {shard.dim()}")
+        if err := common.gather_layout_error(ag, ws):
+            raise Rejected(err)
         gathered = ag.result
         for mm in m.matmuls:
             if gathered in common.ancestors(mm.b) or (mm.bias is not None and gathered in common.ancestors(mm.bias)):

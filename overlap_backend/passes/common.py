@@ -454,3 +454,61 @@ def forward_collective_copies(graph: torch.fx.Graph) -> int:
             graph.erase_node(dst)
         count += 1
     return count
+
+
+# ---------------------------------------------------------------------- chunk layout checks
+def _piece_error(piece: Any, index: int, src: torch.fx.Node, dim: int, size: int, count: int) -> str | None:
+    """Is ``piece`` the ``index``-th of ``count`` equal chunks of ``src`` along ``dim``?"""
+    if not isinstance(piece, torch.fx.Node):
+        return "a piece is not a graph value"
+    if piece.target is operator.getitem:
+        split, idx = piece.args
+        if split.args[0] is not src or arg(split, 2, "dim", 0) != dim:
+            return "pieces are not a split of one tensor along the collective's dim"
+        sizes = split.args[1]
+        sizes = [sizes] * count if isinstance(sizes, int) else list(sizes)
+        if len(sizes) < count or any(s != size for s in sizes[:count]) or val(src).shape[dim] != size * count:
+            return f"split sizes {split.args[1]} are not {count} chunks of {size}"
+        if idx != index:
+            return f"piece {index} of the cat is chunk {idx}: chunks out of rank order"
+        return None
+    if piece.target is aten.slice.Tensor:
+        d, start, end = arg(piece, 1, "dim", 0), arg(piece, 2, "start", 0), arg(piece, 3, "end", None)
+        step = arg(piece, 4, "step", 1)
+        if piece.args[0] is not src or d != dim or step != 1:
+            return "pieces are not slices of one tensor along the collective's dim"
+        if (start, end) != (index * size, (index + 1) * size):
+            return f"piece {index} is rows [{start}:{end}], not chunk {index} of size {size}"
+        return None
+    return f"piece {piece.name} is neither a split chunk nor a slice"
+
+
+def gather_layout_error(ag: AllGather, ws: int) -> str | None:
+    """Why the split/cat around a dim-0 gather does not re-assemble ``all_gather(shard, gather_dim)``."""
+    if ag.result.target is c10d.wait_tensor.default:
+        return None
+    pieces = ag.result.args[0]
+    if len(pieces) != ws:
+        return f"the gathered tensor is re-assembled from {len(pieces)} pieces, the group has {ws} ranks"
+    wait = next(n for n in ag.nodes if n.target is c10d.wait_tensor.default)
+    size = val(ag.shard).shape[0]
+    for i, piece in enumerate(pieces):
+        if err := _piece_error(piece, i, wait, 0, size, ws):
+            return err
+    return None
+
+
+def scatter_layout_error(rs: ReduceScatter, ws: int) -> str | None:
+    """Why the split/cat before a dim-0 reduce-scatter is not ``reduce_scatter(x, scatter_dim)``."""
+    cat = rs.collective.args[0]
+    if cat is rs.input:
+        return None
+    pieces = cat.args[0]
+    if len(pieces) != ws:
+        return f"the scattered tensor is assembled from {len(pieces)} pieces, the group has {ws} ranks"
+    dim = rs.scatter_dim % val(rs.input).dim()
+    size = val(rs.input).shape[dim] // ws
+    for i, piece in enumerate(pieces):
+        if err := _piece_error(piece, i, rs.input, dim, size, ws):
+            return err
+    return None

@@ -64,9 +64,20 @@ class OverlapPass(abc.ABC):
     def describe(self, match: Any) -> list[str]:
         """Names of the matched nodes, for the report."""
 
+    @abc.abstractmethod
+    def key(self, match: Any) -> torch.fx.Node:
+        """The node that identifies ``match`` across re-finds (its collective)."""
+
     def run(self, graph: torch.fx.Graph) -> list[MatchRecord]:
         records = []
-        for match in self.find(graph):
+        seen: set[torch.fx.Node] = set()
+        while True:
+            # Find again after every rewrite: a rewrite erases nodes that a later match (a chain
+            # such as all_reduce(all_reduce(x @ w1) @ w2)) would otherwise still hold.
+            match = next((m for m in self.find(graph) if self.key(m) not in seen), None)
+            if match is None:
+                break
+            seen.add(self.key(match))
             nodes = self.describe(match)
             try:
                 lowering = self.check(match)
@@ -74,9 +85,8 @@ class OverlapPass(abc.ABC):
                 records.append(MatchRecord(self.name, False, None, nodes, str(e)))
                 continue
             self.rewrite(match, lowering)
-            records.append(MatchRecord(self.name, True, lowering, nodes, "rewritten"))
-        if records:
             graph.lint()
+            records.append(MatchRecord(self.name, True, lowering, nodes, "rewritten"))
         return records
 
 
@@ -101,7 +111,7 @@ class PassManager:
 
         if observer is not None:
             observer.before(graph)
-        if forward_collective_copies(graph) and observer is not None:
+        if self.passes and forward_collective_copies(graph) and observer is not None:
             observer.after_pass("normalize", graph)
         for pass_cls in self.passes:
             records = pass_cls(ctx).run(graph)

@@ -30,6 +30,9 @@ class MmArPass(OverlapPass):
     def find(self, graph):
         return [MmArMatch(ar, *common.producer_matmul(ar.input)) for ar in common.find_all_reduces(graph)]
 
+    def key(self, m):
+        return m.reduce.collective
+
     def describe(self, m: MmArMatch):
         pre = ([m.matmul.node] if m.matmul else []) + ([m.reshape] if m.reshape is not None else [])
         return [n.name for n in pre + m.reduce.nodes]

@@ -31,6 +31,9 @@ class MmRsPass(OverlapPass):
     def find(self, graph):
         return [MmRsMatch(rs, *common.producer_matmul(rs.input)) for rs in common.find_reduce_scatters(graph)]
 
+    def key(self, m):
+        return m.scatter.collective
+
     def describe(self, m: MmRsMatch):
         pre = ([m.matmul.node] if m.matmul else []) + ([m.reshape] if m.reshape is not None else [])
         return [n.name for n in pre + m.scatter.nodes]
@@ -42,7 +45,12 @@ class MmRsPass(OverlapPass):
         ws = common.require_group(rs.group_name, rs.group_size)
         if rs.reduce_op not in common.REDUCE_OPS:
             raise Rejected(f"reduce op {rs.reduce_op!r} not supported")
+        if err := common.scatter_layout_error(rs, ws):
+            raise Rejected(err)
         common.require_static(mm.a, mm.b, rs.input)
+        out_shape, mm_shape = common.val(rs.input).shape, common.val(mm.node).shape
+        if out_shape[-1] != mm_shape[1] or math.prod(out_shape[:-1]) != mm_shape[0]:
+            raise Rejected(f"reshape {tuple(mm_shape)} -> {tuple(out_shape)} does not keep the matmul's rows and columns")
         common.require_dtype(mm.a, mm.b)
         common.require_bias_vector(mm)
         produced = [mm.node] + ([m.reshape] if m.reshape is not None else [])
