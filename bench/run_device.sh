@@ -33,10 +33,11 @@ mkdir -p "$OUT"
 RESULTS="$(mktemp -d)/results"
 mkdir -p "$RESULTS"
 
-# Stage limits in seconds (each also gets 5 s to die after SIGTERM): 45 + 225 + 2*110 + 4*5 = 510 s.
-LIMIT_INFO=45
-LIMIT_TESTS=225
-LIMIT_BENCH=110
+# Stage limits in seconds (each also gets 5 s to die after SIGTERM): 30 + 210 + 90 + 2*100 + 5*5 = 555 s.
+LIMIT_INFO=30
+LIMIT_TESTS=210
+LIMIT_BENCH=100
+LIMIT_DEMO=90
 
 FAILED=()
 SKIPPED=()
@@ -75,6 +76,9 @@ main() {
   [ "$MODE" = quick ] && select=(-k ws2)
   stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest -x -q -rA -p no:cacheprovider -m gpu tests/test_gpu.py "${@}" 2>&1 | tee "$OUT_LOG"' \
     "$PY" "${select[@]}"
+
+  # The main job on every GPU (NCCL), Inductor on, default GPU sizes.
+  [ "$ngpu" -ge 2 ] && stage demo "$LIMIT_DEMO" "$PY" -m overlap_backend.demo --steps 10
 
   local quick=()
   [ "$MODE" = quick ] && quick=(--quick)
