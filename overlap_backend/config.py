@@ -76,6 +76,16 @@ def _parse_min_numel(name: str, raw: str | int) -> int:
     return value
 
 
+def _parse_timeout(name: str, raw: str | float | int) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={raw!r} is not a number; allowed: seconds > 0") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{name}={raw!r}; allowed: seconds > 0 (finite)")
+    return value
+
+
 def _parse_debug_dir(name: str, raw: str | os.PathLike | None) -> str | None:
     if raw is None:
         return None
@@ -106,6 +116,10 @@ class OverlapConfig:
     """``OVERLAP_MIN_NUMEL``: leave a match alone when its matmul output has fewer elements
     (decomposing a tiny GEMM costs more launches than the overlap can win)."""
 
+    timeout_s: float = 60.0
+    """``OVERLAP_TIMEOUT_S``: how long a ``symm`` kernel waits for a peer's flag before it gives up
+    and the host raises an error naming the op, rank and flag (a dead or diverged peer)."""
+
     _ENV = {
         "disable": ("OVERLAP_DISABLE", _parse_bool),
         "passes": ("OVERLAP_PASSES", _parse_passes),
@@ -113,6 +127,7 @@ class OverlapConfig:
         "inductor": ("OVERLAP_INDUCTOR", _parse_bool),
         "debug_dir": ("OVERLAP_DEBUG_DIR", _parse_debug_dir),
         "min_numel": ("OVERLAP_MIN_NUMEL", _parse_min_numel),
+        "timeout_s": ("OVERLAP_TIMEOUT_S", _parse_timeout),
     }
 
     def __post_init__(self):
@@ -122,6 +137,7 @@ class OverlapConfig:
         _parse_passes("passes", self.passes)
         if not isinstance(self.min_numel, int) or self.min_numel < 0:
             raise ConfigError(f"min_numel={self.min_numel!r}; allowed: an integer >= 0")
+        _parse_timeout("timeout_s", self.timeout_s)
 
     @classmethod
     def env_vars(cls) -> dict[str, str]:

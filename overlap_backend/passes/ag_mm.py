@@ -77,7 +77,7 @@ class AgMmPass(OverlapPass):
                 raise Rejected(f"{mm.node.name}: weight is not 2-D")
             common.require_bias_vector(mm)
         common.require_min_numel(self.ctx, max(common.val(mm.node).numel() for mm in m.matmuls))
-        return common.choose_lowering(self.ctx)
+        return common.choose_lowering(self.ctx, ag.group_name)
 
     def rewrite(self, m: AgMmMatch, lowering: str) -> None:
         ag = m.gather

@@ -370,11 +370,19 @@ def require_min_numel(ctx, numel: int) -> None:
         raise Rejected(f"matmul output has {numel} elements < OVERLAP_MIN_NUMEL={ctx.config.min_numel}")
 
 
-def choose_lowering(ctx) -> str:
-    """The lowering for a match; depends only on config (identical on every rank)."""
-    # ``auto`` would take ``symm`` for single-node CUDA groups once that lowering exists; the
-    # backend refuses an explicit ``symm`` request up front while it does not.
-    return "p2p" if ctx.config.lowering == "auto" else ctx.config.lowering
+def choose_lowering(ctx, group_name: str) -> str:
+    """The lowering for a match, identical on every rank of the group.
+
+    ``auto`` takes ``symm`` when every rank of the group is a CUDA process on this node with peer
+    access (``runtime.symm.group_support`` agrees on that with one collective per group, cached),
+    else ``p2p``. An explicit choice is kept; ``symm`` falls back to ``p2p`` at run time, on every
+    rank at once, where its setup fails.
+    """
+    if ctx.config.lowering != "auto":
+        return ctx.config.lowering
+    from ..runtime import symm
+
+    return "symm" if symm.group_support(group_name) is None else "p2p"
 
 
 # ---------------------------------------------------------------------------- node surgery

@@ -56,7 +56,7 @@ class MmArPass(OverlapPass):
         if out.shape[0] < ws:
             raise Rejected(f"{out.shape[0]} rows < {ws} ranks: too few rows to split")
         common.require_min_numel(self.ctx, math.prod(out.shape))
-        return common.choose_lowering(self.ctx)
+        return common.choose_lowering(self.ctx, ar.group_name)
 
     def rewrite(self, m: MmArMatch, lowering: str) -> None:
         ar, mm = m.reduce, m.matmul

@@ -62,7 +62,7 @@ class MmRsPass(OverlapPass):
         if out_shape[rs.scatter_dim % len(out_shape)] % ws:
             raise Rejected(f"scatter dim of {tuple(out_shape)} not divisible by {ws}")
         common.require_min_numel(self.ctx, math.prod(out_shape))
-        return common.choose_lowering(self.ctx)
+        return common.choose_lowering(self.ctx, rs.group_name)
 
     def rewrite(self, m: MmRsMatch, lowering: str) -> None:
         rs, mm = m.scatter, m.matmul

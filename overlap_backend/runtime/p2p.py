@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import cache
 
 import torch
 import torch.distributed as dist
@@ -27,6 +26,7 @@ from torch import Tensor
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from .lowering import register
+from .streams import P2P_RING, comm_stream
 
 _REDUCE_INPLACE = {
     "sum": lambda acc, x: acc.add_(x),
@@ -35,12 +35,6 @@ _REDUCE_INPLACE = {
     "min": lambda acc, x: torch.minimum(acc, x, out=acc),
     "max": lambda acc, x: torch.maximum(acc, x, out=acc),
 }
-
-
-@cache
-def _comm_stream(device_index: int) -> torch.cuda.Stream:
-    # Highest priority so that a transfer's launch is not queued behind a long GEMM's blocks.
-    return torch.cuda.Stream(device=device_index, priority=-1)
 
 
 class Ring:
@@ -66,7 +60,7 @@ class Ring:
             return []
         tensor = ops[0].tensor
         if tensor.is_cuda:
-            stream = _comm_stream(tensor.device.index)
+            stream = comm_stream(tensor.device.index, P2P_RING)
             # The chunk to send was produced on the compute stream.
             stream.wait_stream(torch.cuda.current_stream(tensor.device))
             with torch.cuda.stream(stream):

@@ -1,0 +1,74 @@
+"""``ag_mm`` consumer: a persistent GEMM over the gathered rows that waits, per chunk, for its data.
+
+Tile order: the local shard's tiles first (read straight from the shard), then chunk rank+1,
+rank+2, ... in the order the copy engines deliver them into this rank's receive buffer
+(``buf[ws, rows, K]``). Before its first tile of a remote chunk a CTA waits for that chunk's flag
+(acquire, system scope, bounded). The wait sits in the outer (tile) loop, which is not software
+pipelined: a pipelined loop could issue the next tile's loads before the wait.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .flags import OP_AG_MM, wait_flag
+from .tiles import add_bias, b_descriptor, global_row, grouped_tile, mainloop, store_rows
+
+
+@triton.jit
+def ag_mm_kernel(
+    shard_ptr, buf_ptr, b_ptr, bias_ptr, out_ptr,
+    flags_ptr, epoch, status_ptr, timeout_ns,
+    rank, rows, run, N, K,
+    WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr,
+):
+    tiles_m = tl.cdiv(rows, BM)
+    tiles_n = tl.cdiv(N, BN)
+    tiles_per_chunk = tiles_m * tiles_n
+    shard_desc = tl.make_tensor_descriptor(shard_ptr, shape=[rows, K], strides=[K, 1], block_shape=[BM, BK])
+    buf_desc = tl.make_tensor_descriptor(buf_ptr, shape=[WS * rows, K], strides=[K, 1], block_shape=[BM, BK])
+    b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
+    waited_pos = 0  # arrival positions [1, waited_pos] are known to be here
+    for tile in range(tl.program_id(0), WS * tiles_per_chunk, tl.num_programs(0)):
+        pos = tile // tiles_per_chunk
+        chunk = (rank + pos) % WS
+        pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        if pos == 0:
+            acc = mainloop(shard_desc, pid_m * BM, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
+        else:
+            if pos > waited_pos:
+                wait_flag(flags_ptr + chunk, epoch, status_ptr, OP_AG_MM, rank, chunk, timeout_ns, TIMED)
+                waited_pos = pos
+            acc = mainloop(buf_desc, chunk * rows + pid_m * BM, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR,
+                           PRECISION)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+        store_rows(out_ptr, global_row(offs_m, chunk, run, WS), offs_m < rows, offs_n, N, N, acc)
+
+
+def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, config, num_sms,
+           timed=True):
+    """out[G rows, N] = G @ b (+ bias), G = the gathered shards (own: ``shard``, others: ``buf``).
+
+    ``shard``: [rows, K] contiguous; ``buf``: [ws, rows, K] (this rank's receive buffer; slot
+    ``rank`` unused); ``b``: [K, N], contiguous or the transpose of a contiguous [N, K];
+    ``flags``: ws int32 flags, flag c >= epoch once chunk c is in ``buf``.
+    """
+    rows, K = shard.shape
+    N = b.shape[1]
+    BM, BN, BK, GROUP_M, stages, warps = config
+    grid = (min(num_sms, ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
+    b_kmajor = b.stride(0) == 1 and b.stride(1) == K
+    ag_mm_kernel[grid](
+        shard, buf, b.t() if b_kmajor else b, bias if bias is not None else out, out,
+        flags, epoch, status, timeout_ns,
+        rank, rows, run, N, K,
+        WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor,
+        HAS_BIAS=bias is not None, PRECISION="ieee" if shard.dtype == torch.float32 else None,
+        TIMED=timed, num_stages=stages, num_warps=warps,
+    )
+    return out

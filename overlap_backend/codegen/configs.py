@@ -1,0 +1,110 @@
+"""Block configurations of the tile kernels, autotuned once per shape and cached (memory + disk).
+
+A config is ``(BM, BN, BK, GROUP_M, num_stages, num_warps)``. The first candidate is the one
+measured at ~cuBLAS speed on H200 (DESIGN.md: BM=128 BN=256 BK=64, 3 stages, 8 warps). Tuning
+times each candidate on the real problem with every flag already raised (epoch 0), so the numbers
+are the GEMM's own; the winner only changes this rank's kernel, never what is communicated, so
+ranks may pick differently. Disk cache: ``$XDG_CACHE_HOME/overlap_backend/tiles.json`` (or
+``~/.cache``), keyed by GPU name, Triton version, kernel and shape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("overlap_backend.codegen")
+
+Config = tuple[int, int, int, int, int, int]
+
+CANDIDATES_16BIT: tuple[Config, ...] = (
+    (128, 256, 64, 8, 3, 8),
+    (128, 128, 64, 8, 4, 8),
+    (128, 128, 64, 8, 4, 4),
+    (64, 256, 64, 8, 4, 4),
+)
+CANDIDATES_32BIT: tuple[Config, ...] = (
+    (128, 128, 32, 8, 3, 8),
+    (64, 128, 32, 8, 3, 4),
+)
+
+_lock = threading.Lock()
+_memory: dict[str, Config] = {}
+_disk_loaded = False
+
+
+def candidates(dtype: torch.dtype, row_multiple: int | None = None) -> list[Config]:
+    """Candidates for ``dtype``; with ``row_multiple``, only those whose BM divides it (tiles that
+    must not straddle two runs of rows)."""
+    cands = CANDIDATES_32BIT if dtype == torch.float32 else CANDIDATES_16BIT
+    if row_multiple is not None:
+        cands = tuple(c for c in cands if row_multiple % c[0] == 0)
+    return list(cands)
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "overlap_backend" / "tiles.json"
+
+
+def _device_key() -> str:
+    import triton
+
+    return f"{torch.cuda.get_device_name()}|triton {triton.__version__}"
+
+
+def _load_disk() -> None:
+    global _disk_loaded
+    if _disk_loaded:
+        return
+    _disk_loaded = True
+    try:
+        data = json.loads(_cache_file().read_text())
+        _memory.update({k: tuple(v) for k, v in data.items()})
+    except (OSError, ValueError):
+        pass
+
+
+def _save_disk() -> None:
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(_memory, indent=0, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only home is no reason to fail
+        log.debug("overlap: cannot write the tile-config cache %s: %s", path, e)
+
+
+def pick(kernel: str, shape_key: tuple, cands: list[Config], time_ms: Callable[[Config], float]) -> Config:
+    """The fastest of ``cands`` for this kernel and shape (``time_ms(config)`` measures one)."""
+    if not cands:
+        raise ValueError(f"no block configuration fits {kernel} {shape_key}")
+    if len(cands) == 1:
+        return cands[0]
+    key = f"{_device_key()}|{kernel}|{shape_key}"
+    with _lock:
+        _load_disk()
+        if key in _memory and tuple(_memory[key]) in cands:
+            return tuple(_memory[key])
+    timings = {}
+    for cfg in cands:
+        try:
+            timings[cfg] = time_ms(cfg)
+        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: not a candidate here
+            log.debug("overlap: config %s of %s failed: %s", cfg, kernel, e)
+    if not timings:
+        raise RuntimeError(f"every block configuration of {kernel} failed for {shape_key}")
+    best = min(timings, key=timings.get)
+    log.info("overlap: %s %s -> %s (%s)", kernel, shape_key, best,
+             ", ".join(f"{c}: {t:.3f} ms" for c, t in timings.items()))
+    with _lock:
+        _memory[key] = best
+        _save_disk()
+    return best

@@ -1,0 +1,82 @@
+"""Flag waits and signals used inside the tile kernels, and the status word they report through.
+
+A flag is an int32 in (local or peer) device memory. Writers store the call's *epoch* (a counter the
+host increments per op call, identical on every rank), readers wait for ``flag >= epoch``: no reset
+is ever needed and nothing synchronises with the host between calls.
+
+Every wait is bounded. On timeout the first waiting CTA claims the status word (``status[0]``) and
+writes ``[1, op, rank, flag index, value seen, epoch expected]``; every other waiting CTA sees the
+claimed word and stops waiting too. The kernel then finishes (its output is garbage) instead of
+trapping, which would kill the CUDA context; the host turns the word into an exception
+(``runtime.symm.check_status``).
+"""
+
+import triton
+import triton.language as tl
+
+STATUS_WORDS = 8
+# Op codes in the status word (constexpr globals so that kernels can use them).
+OP_AG_MM = tl.constexpr(1)
+OP_MM_RS = tl.constexpr(2)
+OP_MM_AR = tl.constexpr(3)
+OP_AR_ONESHOT = tl.constexpr(4)
+OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)"}
+
+
+@triton.jit
+def _now_ns(TIMED: tl.constexpr):
+    if TIMED:
+        t = tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
+    else:
+        t = tl.full([], 0, tl.int64)
+    return t
+
+
+@triton.jit
+def wait_flag(flag_ptr, epoch, status_ptr, op_code, rank, flag_index, timeout_ns, TIMED: tl.constexpr):
+    """Spin until ``*flag_ptr >= epoch`` (acquire, system scope) or the wait is given up.
+
+    ``TIMED`` measures the timeout with ``%globaltimer`` (GPU); without it (interpreter) the bound
+    is ``timeout_ns // 1000`` polls. Returns 1 when the flag was seen, 0 when the wait gave up.
+    """
+    seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    if seen < epoch:
+        start = _now_ns(TIMED)
+        polls = 0
+        failed = tl.load(status_ptr, volatile=True) != 0
+        while (seen < epoch) & (failed == 0):
+            seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+            polls += 1
+            if TIMED:
+                expired = _now_ns(TIMED) - start > timeout_ns
+            else:
+                expired = polls > timeout_ns // 1000
+            if expired & (seen < epoch):
+                if tl.atomic_cas(status_ptr, 0, 1, sem="relaxed", scope="sys") == 0:
+                    tl.store(status_ptr + 1, op_code)
+                    tl.store(status_ptr + 2, rank)
+                    tl.store(status_ptr + 3, flag_index)
+                    tl.store(status_ptr + 4, seen)
+                    tl.store(status_ptr + 5, epoch)
+            failed = tl.load(status_ptr, volatile=True) != 0
+    return (seen >= epoch).to(tl.int32)
+
+
+@triton.jit
+def signal_flag(flag_ptr, epoch):
+    """``*flag_ptr = epoch`` after every store this CTA made before (caller: ``tl.debug_barrier()``
+    first, so that all threads' stores are ordered before this release)."""
+    tl.atomic_xchg(flag_ptr, epoch, sem="release", scope="sys")
+
+
+@triton.jit
+def count_tile_done(counter_ptr, done_flag_ptr, tiles_in_chunk, epoch):
+    """One more finished tile of a chunk; the CTA that finishes the chunk resets its counter (for the
+    next call) and raises the chunk's flag to ``epoch``."""
+    tl.debug_barrier()  # every thread's stores of this tile happen before the release below
+    old = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if old == tiles_in_chunk - 1:
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        signal_flag(done_flag_ptr, epoch)

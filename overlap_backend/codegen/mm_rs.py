@@ -1,0 +1,98 @@
+"""``mm_rs`` / ``mm_ar`` producer: a persistent GEMM that computes the chunks other ranks own first
+and its own chunk last, reducing the partials that arrived meanwhile in its own tiles' epilogue.
+
+Tile order, per round (``mm_rs`` has one round; ``mm_ar`` splits M into rounds so that the
+all-gather of round t overlaps the GEMM of round t+1): chunk rank+1, rank+2, ..., then rank.
+
+- A remote chunk c: each tile (with bias) goes to ``stage[round, c]`` in the output dtype; the CTA
+  that finishes the chunk raises ``done[round, c]`` (release). The copy engine waits for that flag,
+  copies the chunk into rank c's ``recv[round, rank]`` and raises rank c's ``recv_flags[round, rank]``.
+- The own chunk: each tile waits for ``recv_flags[round, p]`` of every peer p (bounded, acquire),
+  adds those partials to its accumulator in float32 and stores the sum into ``out``. With
+  ``WRITE_GATHER`` (``mm_ar``) it also stores into ``gather[round, rank]`` and counts the tile, so
+  that the copy engine pushes the reduced chunk to every peer as soon as it is complete.
+
+Rows: local row i of chunk c of round t is A row ``t * ws * rows + global_row(i, c, run, ws)``;
+the own chunk's row i goes to ``out`` row ``t * out_round_stride + out_offset + i`` (< out_rows).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .flags import OP_MM_AR, OP_MM_RS, count_tile_done, wait_flag
+from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, mainloop, store_rows
+
+
+@triton.jit
+def mm_rs_kernel(
+    a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
+    counters_ptr, done_ptr, recv_flags_ptr, epoch, status_ptr, timeout_ns,
+    rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out_rows,
+    WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr,
+):
+    OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
+    tiles_m = tl.cdiv(rows, BM)
+    tiles_n = tl.cdiv(N, BN)
+    tiles_per_chunk = tiles_m * tiles_n
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
+    b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
+    waited_round = -1  # this CTA has seen every peer's partial of rounds <= waited_round
+    for tile in range(tl.program_id(0), rounds * WS * tiles_per_chunk, tl.num_programs(0)):
+        rnd = tile // (WS * tiles_per_chunk)
+        pos = (tile // tiles_per_chunk) % WS
+        chunk = (rank + 1 + pos) % WS  # pos WS-1 is this rank's own chunk
+        pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
+        a_row = rnd * WS * rows + global_row(pid_m * BM, chunk, run, WS)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        in_chunk = offs_m < rows
+        acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+        slot = rnd * WS + chunk
+        if pos < WS - 1:
+            store_rows(stage_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
+            count_tile_done(counters_ptr + slot, done_ptr + slot, tiles_per_chunk, epoch)
+        else:
+            if rnd > waited_round:
+                for p in range(1, WS):
+                    peer = (rank + p) % WS
+                    wait_flag(recv_flags_ptr + rnd * WS + peer, epoch, status_ptr, OP, rank,
+                              rnd * WS + peer, timeout_ns, TIMED)
+                waited_round = rnd
+            for p in range(1, WS):
+                peer = (rank + p) % WS
+                part = load_rows(recv_ptr, (rnd * WS + peer) * rows + offs_m, in_chunk, offs_n, N, N)
+                acc += part.to(tl.float32)
+            if AVERAGE:
+                acc = acc / WS
+            out_row = rnd * out_round_stride + out_offset + offs_m
+            store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, acc)
+            if WRITE_GATHER:
+                store_rows(gather_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
+                count_tile_done(counters_ptr + slot, done_ptr + slot, tiles_per_chunk, epoch)
+
+
+def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, epoch, status, timeout_ns,
+           rank, ws, rows, run, rounds, out_round_stride, out_offset, average, config, num_sms, timed=True):
+    """See the module docstring. ``stage``/``recv``/``gather``: [rounds * ws * rows, N];
+    ``counters``/``done``/``recv_flags``: rounds * ws int32 each; ``gather`` None for ``mm_rs``."""
+    M, K = a.shape
+    N = b.shape[1]
+    BM, BN, BK, GROUP_M, stages, warps = config
+    grid = (min(num_sms, rounds * ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
+    b_kmajor = b.stride(0) == 1 and b.stride(1) == K
+    mm_rs_kernel[grid](
+        a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv,
+        gather if gather is not None else out, out,
+        counters, done, recv_flags, epoch, status, timeout_ns,
+        rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out.shape[0],
+        WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
+        AVERAGE=average, WRITE_GATHER=gather is not None,
+        PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed,
+        num_stages=stages, num_warps=warps,
+    )
+    return out

@@ -1,0 +1,167 @@
+"""The few CUDA driver/runtime calls the ``symm`` lowering makes, through cuda-python.
+
+Imported lazily: machines without cuda-python (the CPU CI) never load it. Every call checks its
+status and raises :class:`CudaError` naming the call. Pointers are plain ``int`` device addresses;
+streams are ``torch.cuda.Stream`` objects (their ``cuda_stream`` handle is passed on).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+
+import torch
+
+
+class CudaError(RuntimeError):
+    """A CUDA call made by the symm runtime failed."""
+
+
+@cache
+def _bindings():
+    """(driver, runtime) modules: cuda-bindings >= 12.6 layout first, then the older cuda-python one."""
+    try:
+        from cuda.bindings import driver, runtime
+    except ImportError:
+        from cuda import cuda as driver, cudart as runtime  # type: ignore[no-redef]
+    return driver, runtime
+
+
+def import_error() -> str | None:
+    """Why cuda-python cannot be used here (None when it can)."""
+    try:
+        _bindings()
+    except ImportError as e:
+        return f"cuda-python is not installed ({e}); pip install 'overlap_backend[cuda]'"
+    return None
+
+
+def _check(name: str, result):
+    """Raise on a failed status; return the call's outputs (none, one, or a tuple)."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise CudaError(f"{name} failed: {_error_text(err)}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def _error_text(err) -> str:
+    driver, runtime = _bindings()
+    try:
+        if isinstance(err, runtime.cudaError_t):
+            text = runtime.cudaGetErrorString(err)[1]
+        else:
+            text = driver.cuGetErrorString(err)[1]
+        text = text.decode() if isinstance(text, bytes) else str(text)
+    except Exception:  # noqa: BLE001 - the name below is enough
+        text = ""
+    return f"{getattr(err, 'name', err)} {text}".strip()
+
+
+def _stream_handle(stream: torch.cuda.Stream):
+    driver, _ = _bindings()
+    return driver.CUstream(stream.cuda_stream)
+
+
+# ---------------------------------------------------------------------------------------- memory
+def malloc(nbytes: int) -> int:
+    """A device allocation of its own (so that an IPC handle names exactly this buffer)."""
+    _, runtime = _bindings()
+    return int(_check("cudaMalloc", runtime.cudaMalloc(nbytes)))
+
+
+def free(ptr: int) -> None:
+    _, runtime = _bindings()
+    _check("cudaFree", runtime.cudaFree(ptr))
+
+
+def memset(ptr: int, value: int, nbytes: int) -> None:
+    _, runtime = _bindings()
+    _check("cudaMemset", runtime.cudaMemset(ptr, value, nbytes))
+
+
+def ipc_handle(ptr: int) -> bytes:
+    _, runtime = _bindings()
+    handle = _check("cudaIpcGetMemHandle", runtime.cudaIpcGetMemHandle(ptr))
+    return bytes(handle.reserved)
+
+
+def ipc_open(handle: bytes) -> int:
+    _, runtime = _bindings()
+    h = runtime.cudaIpcMemHandle_t()
+    h.reserved = handle
+    flags = runtime.cudaIpcMemLazyEnablePeerAccess
+    return int(_check("cudaIpcOpenMemHandle", runtime.cudaIpcOpenMemHandle(h, flags)))
+
+
+def ipc_close(ptr: int) -> None:
+    _, runtime = _bindings()
+    _check("cudaIpcCloseMemHandle", runtime.cudaIpcCloseMemHandle(ptr))
+
+
+def host_alloc_mapped(nbytes: int) -> int:
+    """Pinned host memory the GPU can write and the host can read without a synchronisation."""
+    _, runtime = _bindings()
+    ptr = int(_check("cudaHostAlloc", runtime.cudaHostAlloc(nbytes, runtime.cudaHostAllocMapped)))
+    ctypes.memset(ptr, 0, nbytes)
+    return ptr
+
+
+def host_free(ptr: int) -> None:
+    _, runtime = _bindings()
+    _check("cudaFreeHost", runtime.cudaFreeHost(ptr))
+
+
+def can_access_peer(device: int, peer: int) -> bool:
+    _, runtime = _bindings()
+    return bool(_check("cudaDeviceCanAccessPeer", runtime.cudaDeviceCanAccessPeer(device, peer)))
+
+
+# ------------------------------------------------------------------------------- stream operations
+def memcpy_async(dst: int, src: int, nbytes: int, stream: torch.cuda.Stream) -> None:
+    """Device-to-device copy (peer addresses included) on ``stream``: the copy engine does it."""
+    driver, _ = _bindings()
+    _check("cuMemcpyAsync", driver.cuMemcpyAsync(dst, src, nbytes, _stream_handle(stream)))
+
+
+def write_value32(addr: int, value: int, stream: torch.cuda.Stream) -> None:
+    """``*addr = value`` once all earlier work on ``stream`` is done (with a memory barrier, so the
+    data written before is visible to whoever sees the value)."""
+    driver, _ = _bindings()
+    flags = driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+    _check("cuStreamWriteValue32", driver.cuStreamWriteValue32(_stream_handle(stream), addr, value, flags))
+
+
+def wait_value32(addr: int, value: int, stream: torch.cuda.Stream) -> None:
+    """Later work on ``stream`` waits until ``*addr >= value`` (unsigned)."""
+    driver, _ = _bindings()
+    flags = driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+    _check("cuStreamWaitValue32", driver.cuStreamWaitValue32(_stream_handle(stream), addr, value, flags))
+
+
+class DevicePointer:
+    """What Triton needs to take a raw address as a pointer argument."""
+
+    def __init__(self, ptr: int, dtype: torch.dtype):
+        self.ptr = ptr
+        self.dtype = dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _CudaArray:
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+def as_tensor(ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor viewing ``nbytes`` at ``ptr`` (not owning it)."""
+    return torch.as_tensor(_CudaArray(ptr, nbytes), device=device)

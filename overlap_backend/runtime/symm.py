@@ -1,0 +1,406 @@
+"""The ``symm`` lowering: symmetric peer buffers, epoch flags, copy-engine pushes, Triton tile kernels.
+
+For a process group whose ranks are CUDA processes on one node with peer access. Per group, every
+rank allocates (``cudaMalloc``, an allocation of its own) one *data* buffer and one *flag* buffer and
+maps every peer's through legacy IPC handles (exchanged with ``all_gather_object``); a pinned,
+device-mapped *status* word reports kernel timeouts. No multicast object is ever created.
+
+One op call, on every rank (``epoch`` = the group's call counter, identical on every rank):
+
+1. ``begin``: write ``READY[rank] = epoch`` into every peer's flags (from the compute stream, so
+   after this rank's previous use of its buffers): peers may now push into this rank's buffers.
+2. Copy-engine pushes on a high-priority stream: wait ``READY[peer] >= epoch`` (``cuStreamWaitValue32``),
+   ``cuMemcpyAsync`` into the peer's data buffer, ``cuStreamWriteValue32`` the peer's arrival flag.
+3. The Triton kernel on the compute stream waits for arrival flags per chunk (bounded spin).
+4. ``end``: the compute stream waits for the side streams.
+
+Flags are only ever raised to the current epoch (compare ``>=``), so nothing is reset between calls
+and the host never synchronises. A kernel that times out leaves a word in the status buffer which
+the next op call (or :func:`check_status`) raises as :class:`SymmTimeoutError`.
+
+Falls back to the ``p2p`` lowering, on every rank of the group at once, for what the kernels do not
+cover (see ``_unsupported_*``) and when setting up the buffers fails (reason logged).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import math
+import socket
+import threading
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from . import cuda as _cuda
+from .lowering import implementation, register
+from .streams import SYMM_COPY_OUT, SYMM_PUSH, comm_stream
+
+log = logging.getLogger("overlap_backend.symm")
+
+WS_MAX = 8  # ranks of one node
+ROUNDS_MAX = 16  # mm_ar rounds
+_SLOTS = ROUNDS_MAX * WS_MAX
+
+# Flag buffer layout, in int32 words. "Arrived" flags are written by peers, the others locally.
+READY = 0  # [p]: rank p's buffers are free for this call (p wrote its epoch here)
+AG_ARRIVED = 16  # [p]: rank p's shard is in this rank's ag_mm receive buffer
+RS_ARRIVED = AG_ARRIVED + WS_MAX  # [round * ws + p]: rank p's partial of this rank's chunk arrived
+GATHERED = RS_ARRIVED + _SLOTS  # [round * ws + p]: rank p's reduced chunk arrived (mm_ar)
+DONE = GATHERED + _SLOTS  # [round * ws + c]: this rank finished computing chunk c (local)
+COUNTERS = DONE + _SLOTS  # [round * ws + c]: tiles of chunk c finished so far (local)
+FLAG_WORDS = COUNTERS + _SLOTS
+
+ONESHOT_MAX_BYTES = 4 << 20  # mm_ar: one-shot (push the whole partial) up to this partial size
+AR_ROWS_PER_CHUNK = 256  # mm_ar: rows per chunk and round, so that the last round's gather is short
+
+
+class SymmUnavailable(RuntimeError):
+    """Symmetric memory cannot be set up for a group (the op falls back to ``p2p``)."""
+
+
+class SymmTimeoutError(RuntimeError):
+    """A kernel gave up waiting for a peer's flag."""
+
+
+# ------------------------------------------------------------------------------------ support
+_support: dict[str, str | None] = {}
+_support_lock = threading.Lock()
+
+
+def _local_problem() -> str | None:
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    if (why := _cuda.import_error()) is not None:
+        return why
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        return f"Triton is not installed ({e})"
+    if torch.cuda.get_device_capability() < (9, 0):
+        return f"{torch.cuda.get_device_name()} is not Hopper or newer (TMA tile kernels)"
+    return None
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def group_support(group_name: str) -> str | None:
+    """None when ``symm`` can run on this group, else why not. The same answer on every rank: for
+    NCCL groups it is agreed with collectives (once per group, cached), so call it at the same
+    point on every rank (the passes do: compile time)."""
+    with _support_lock:
+        if group_name in _support:
+            return _support[group_name]
+    group = _resolve_process_group(group_name)
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" not in backend:
+        why = f"group backend is {backend!r}, not NCCL"
+    elif group.size() > WS_MAX:
+        why = f"group of {group.size()} ranks > {WS_MAX} (one node)"
+    else:
+        why = _agree_support(group)
+    with _support_lock:
+        _support[group_name] = why
+    return why
+
+
+def _agree_support(group) -> str | None:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # the passes may run under a fake mode; this needs real tensors
+        local = _local_problem()
+        device = torch.cuda.current_device() if local is None else -1
+        infos = [None] * group.size()
+        dist.all_gather_object(infos, (socket.gethostname(), _boot_id(), device, local), group=group)
+        for rank, (_, _, _, why) in enumerate(infos):
+            if why is not None:
+                return f"rank {rank}: {why}"
+        if len({(h, b) for h, b, _, _ in infos}) > 1:
+            return "the group spans several nodes"
+        no_peer = [
+            info[2] for info in infos if info[2] != device and not _cuda.can_access_peer(device, info[2])
+        ]
+        verdicts = [None] * group.size()
+        dist.all_gather_object(verdicts, no_peer, group=group)
+        for rank, bad in enumerate(verdicts):
+            if bad:
+                return f"rank {rank} (cuda:{infos[rank][2]}) has no peer access to cuda:{bad}"
+    return None
+
+
+# -------------------------------------------------------------------------------- group state
+class _Mapped:
+    """One symmetric allocation: this rank's pointer and every peer's, mapped here."""
+
+    def __init__(self, group, nbytes: int):
+        self.nbytes = nbytes
+        self.group = group
+        self.rank = group.rank()
+        self.local = 0
+        self.ptrs: list[int] = []
+        try:
+            self.local = _cuda.malloc(nbytes)
+            _cuda.memset(self.local, 0, nbytes)
+            handle, why = _cuda.ipc_handle(self.local), None
+        except Exception as e:  # noqa: BLE001 - reported to every rank below
+            handle, why = None, f"{type(e).__name__}: {e}"
+        handles = _agree(group, handle, why, f"allocating {nbytes} bytes")
+        opened, why = [], None
+        try:
+            for p, h in enumerate(handles):
+                opened.append(self.local if p == self.rank else _cuda.ipc_open(h))
+        except Exception as e:  # noqa: BLE001
+            why = f"{type(e).__name__}: {e}"
+        self.ptrs = opened
+        try:
+            _agree(group, None, why, "mapping the peers' buffers")
+        except SymmUnavailable:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        self.close_peers()
+        self.free_local()
+
+    def close_peers(self) -> None:
+        for p, ptr in enumerate(self.ptrs):
+            if p != self.rank and ptr:
+                try:
+                    _cuda.ipc_close(ptr)
+                except _cuda.CudaError as e:
+                    log.debug("overlap symm: closing a peer mapping: %s", e)
+        self.ptrs = []
+
+    def free_local(self) -> None:
+        if self.local:
+            _cuda.free(self.local)
+            self.local = 0
+
+
+def _agree(group, value, why: str | None, what: str):
+    """all_gather ``(value, why)``; raise SymmUnavailable on every rank if any rank failed."""
+    gathered = [None] * group.size()
+    dist.all_gather_object(gathered, (value, why), group=group)
+    failures = [f"rank {r}: {w}" for r, (_, w) in enumerate(gathered) if w is not None]
+    if failures:
+        raise SymmUnavailable(f"{what} failed: " + "; ".join(failures))
+    return [v for v, _ in gathered]
+
+
+class GroupState:
+    """Symmetric buffers, flags, status word, streams and epoch of one process group."""
+
+    def __init__(self, group_name: str, device: torch.device):
+        from ..config import OverlapConfig
+
+        self.group_name = group_name
+        self.group = _resolve_process_group(group_name)
+        self.ws = self.group.size()
+        self.rank = self.group.rank()
+        self.device = device
+        self.timeout_ns = int(OverlapConfig.from_env().timeout_s * 1e9)
+        self.epoch = 0
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.push_stream = comm_stream(device.index, SYMM_PUSH)
+        self.copy_stream = comm_stream(device.index, SYMM_COPY_OUT)
+        self.status_ptr = _cuda.host_alloc_mapped(4 * 8)
+        self.status = (ctypes.c_int32 * 8).from_address(self.status_ptr)
+        self.flags = _Mapped(self.group, 4 * FLAG_WORDS)
+        self.data: _Mapped | None = None
+        self._ready_waited: set[int] = set()
+
+    # ------------------------------------------------------------------ pointers for the kernels
+    def status_arg(self) -> _cuda.DevicePointer:
+        return _cuda.DevicePointer(self.status_ptr, torch.int32)
+
+    def flag_arg(self, index: int) -> _cuda.DevicePointer:
+        return _cuda.DevicePointer(self.flags.local + 4 * index, torch.int32)
+
+    def flag_addr(self, index: int, rank: int | None = None) -> int:
+        return self.flags.ptrs[self.rank if rank is None else rank] + 4 * index
+
+    def data_view(self, dtype: torch.dtype, shape, offset_bytes: int = 0) -> Tensor:
+        """A tensor over this rank's data buffer (valid until the buffer grows)."""
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if self.data is None or offset_bytes + nbytes > self.data.nbytes:
+            raise RuntimeError("overlap symm: data buffer too small (ensure_data first)")
+        whole = _cuda.as_tensor(self.data.local + offset_bytes, nbytes, self.device)
+        return whole.view(dtype).view(shape)
+
+    def data_addr(self, rank: int, offset_bytes: int) -> int:
+        return self.data.ptrs[rank] + offset_bytes
+
+    # -------------------------------------------------------------------------- buffer lifetime
+    def ensure_data(self, nbytes: int) -> None:
+        """Grow the data buffer to at least ``nbytes`` (collective: every rank asks for the same size,
+        since sizes follow from shapes)."""
+        if self.data is not None and self.data.nbytes >= nbytes:
+            return
+        size = max(nbytes, 2 * self.data.nbytes if self.data is not None else 0, 1 << 20)
+        size = -(-size // (2 << 20)) * (2 << 20)
+        if self.data is not None:
+            # Every push into the old buffer was awaited by its owner's kernels before this call.
+            torch.cuda.synchronize(self.device)
+            old, self.data = self.data, None
+            old.close_peers()
+            _agree(self.group, None, None, "growing the data buffer")  # every peer closed its mapping
+            old.free_local()
+        self.data = _Mapped(self.group, size)
+        log.info("overlap symm: group %s rank %d data buffer %d MiB", self.group_name, self.rank, size >> 20)
+
+    def release(self) -> None:
+        if self.data is not None:
+            self.data.release()
+            self.data = None
+        self.flags.release()
+        if self.status_ptr:
+            _cuda.host_free(self.status_ptr)
+            self.status_ptr = 0
+
+    # ---------------------------------------------------------------------------------- one call
+    def check_status(self) -> None:
+        if self.status[0] != 0:
+            from ..codegen.flags import OP_NAMES
+
+            _, op, rank, flag, seen, epoch = list(self.status)[:6]
+            raise SymmTimeoutError(
+                f"overlap symm: {OP_NAMES.get(op, op)} on rank {rank} of group {self.group_name!r} waited "
+                f"{self.timeout_ns / 1e9:g} s (OVERLAP_TIMEOUT_S) for flag {flag}: it read {seen}, expected "
+                f">= {epoch}. A peer died, diverged (different op order) or is far behind; its output is garbage."
+            )
+
+    def begin(self, compute: torch.cuda.Stream) -> int:
+        """Start a call: new epoch; tell every peer this rank's buffers are free (after everything
+        already queued on ``compute``)."""
+        self.check_status()
+        self.epoch += 1
+        if self.epoch >= 2**31 - 1:
+            raise RuntimeError("overlap symm: epoch counter exhausted (2^31 calls on one group)")
+        for p in range(self.ws):
+            if p != self.rank:
+                _cuda.write_value32(self.flag_addr(READY + self.rank, p), self.epoch, compute)
+        self.push_stream.wait_stream(compute)
+        self.copy_stream.wait_stream(compute)
+        self._ready_waited.clear()
+        return self.epoch
+
+    def push(self, peer: int, dst_offset: int, src_ptr: int, nbytes: int, flag: int) -> None:
+        """Copy ``nbytes`` at ``src_ptr`` into ``peer``'s data buffer at ``dst_offset`` with the copy
+        engine, then raise ``peer``'s flag ``flag`` to the epoch (push stream)."""
+        stream = self.push_stream
+        if peer not in self._ready_waited:
+            _cuda.wait_value32(self.flag_addr(READY + peer), self.epoch, stream)
+            self._ready_waited.add(peer)
+        if nbytes:
+            _cuda.memcpy_async(self.data_addr(peer, dst_offset), src_ptr, nbytes, stream)
+        _cuda.write_value32(self.flag_addr(flag, peer), self.epoch, stream)
+
+    def end(self, compute: torch.cuda.Stream) -> None:
+        compute.wait_stream(self.push_stream)
+        compute.wait_stream(self.copy_stream)
+
+
+_states: dict[tuple[str, int], GroupState] = {}
+_fallback: dict[str, str] = {}  # group name -> why symm could not be set up
+_states_lock = threading.Lock()
+
+
+def state(group_name: str, device: torch.device) -> GroupState | None:
+    """The group's state, set up on first use (collective); None where setup failed on any rank."""
+    key = (group_name, device.index)
+    if group_name in _fallback:
+        return None
+    st = _states.get(key)
+    if st is not None:
+        return st
+    why = group_support(group_name)
+    if why is None:
+        try:
+            with torch.cuda.device(device):
+                st = GroupState(group_name, device)
+        except SymmUnavailable as e:
+            why = str(e)
+    if why is not None:
+        _fallback[group_name] = why
+        log.warning("overlap symm: group %r uses the p2p lowering: %s", group_name, why)
+        return None
+    with _states_lock:
+        _states[key] = st
+    return st
+
+
+def check_status() -> None:
+    """Raise :class:`SymmTimeoutError` if a kernel of any group timed out (after a synchronize, this
+    covers every call made so far)."""
+    for st in list(_states.values()):
+        st.check_status()
+
+
+def release_all() -> None:
+    """Free every group's buffers (at exit; call it yourself before destroying process groups)."""
+    with _states_lock:
+        states = list(_states.values())
+        _states.clear()
+    if states and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    for st in states:
+        try:
+            st.release()
+        except Exception as e:  # noqa: BLE001 - at exit the context may be gone already
+            log.debug("overlap symm: release: %s", e)
+
+
+atexit.register(release_all)
+
+
+def _on_group_destroyed() -> None:
+    """Hook for ``dist.destroy_process_group``: drop states whose group no longer exists."""
+    dead = [k for k in _states if not _group_alive(k[0])]
+    for k in dead:
+        st = _states.pop(k)
+        torch.cuda.synchronize(st.device)
+        st.release()
+    for name in [g for g in _support if not _group_alive(g)]:
+        _support.pop(name, None)
+        _fallback.pop(name, None)
+
+
+def _group_alive(group_name: str) -> bool:
+    try:
+        _resolve_process_group(group_name)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _install_destroy_hook() -> None:
+    original = dist.destroy_process_group
+    if getattr(original, "_overlap_hooked", False):
+        return
+
+    def destroy_process_group(group=None):
+        if group is None:
+            release_all()
+            _support.clear()
+            _fallback.clear()
+            return original(group)
+        result = original(group)
+        _on_group_destroyed()
+        return result
+
+    destroy_process_group._overlap_hooked = True
+    destroy_process_group.__wrapped__ = original
+    dist.destroy_process_group = destroy_process_group
+
+
+_install_destroy_hook()

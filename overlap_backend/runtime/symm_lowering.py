@@ -1,0 +1,321 @@
+"""The ``symm`` implementations of ``overlap::ag_mm``, ``mm_rs`` and ``mm_ar`` (see ``symm.py``).
+
+- ``ag_mm``: every rank pushes its shard into each peer's receive buffer with the copy engine
+  (to rank-1 first, so that rank q receives chunk q+1, q+2, ... in that order, one sender at a time)
+  while the persistent GEMM starts on the local shard and takes each chunk as its flag rises.
+- ``mm_rs``: the persistent GEMM computes the chunks other ranks own first; as each completes, the
+  copy engine pushes it into its owner's receive buffer; the own chunk comes last and its epilogue
+  adds the partials that arrived meanwhile (in float32): no communication after the last tile.
+- ``mm_ar``: the same reduce-scatter over ``rounds`` row blocks; each round's reduced chunk is pushed
+  to every peer while the next round computes, and copied out of the receive buffer on arrival.
+  Up to ``ONESHOT_MAX_BYTES`` of partial: one-shot (cuBLAS partial, pushed whole to every peer,
+  summed by one small kernel).
+
+What the kernels do not cover falls back to ``p2p`` (the decision depends only on shapes, dtypes
+and the op's arguments, so it is the same on every rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch import Tensor
+
+from . import cuda as _cuda
+from . import symm
+from .lowering import implementation, register
+
+log = logging.getLogger("overlap_backend.symm")
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_logged: set[tuple[str, str]] = set()
+_allocator_set = False
+
+
+def _p2p(op: str, why: str, *args):
+    if (op, why) not in _logged:
+        _logged.add((op, why))
+        log.info("overlap symm: %s runs on p2p: %s", op, why)
+    return implementation("p2p", op)(*args)
+
+
+def _kernels():
+    global _allocator_set
+    from ..codegen import ag_mm, configs, mm_rs, reduce
+
+    if not _allocator_set:
+        import triton
+
+        # Device-side TMA descriptors need a little global scratch per launch.
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _allocator_set = True
+    return ag_mm, mm_rs, reduce, configs
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """Contiguous, 16-byte aligned (TMA needs both)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _weight(b: Tensor) -> Tensor:
+    """``b`` [K, N] as the kernels read it: row-major, or the transpose of a row-major [N, K]."""
+    kmajor = b.stride(0) == 1 and b.stride(1) == b.shape[0]
+    if not (kmajor or b.is_contiguous()) or b.data_ptr() % 16:
+        b = b.contiguous()
+        if b.data_ptr() % 16:
+            b = b.clone()
+    return b
+
+
+def _tma_problem(dtype: torch.dtype, *inner_dims: int) -> str | None:
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (kernels: {', '.join(map(str, DTYPES))})"
+    es = torch.empty((), dtype=dtype).element_size()
+    for d in inner_dims:
+        if (d * es) % 16:
+            return f"a row of {d} {dtype} elements is not a multiple of 16 bytes (TMA)"
+    return None
+
+
+def _tune(kernel: str, key: tuple, cands, run) -> tuple:
+    """Pick a block config by timing ``run(config)`` with every flag already raised (epoch 0)."""
+    import triton.testing
+
+    _, _, _, configs = _kernels()
+    return configs.pick(kernel, key, cands, lambda cfg: triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=20))
+
+
+# ------------------------------------------------------------------------------------- ag_mm
+def _ag_mm_problem(shard, weights, biases, gather_dim) -> str | None:
+    if shard.device.type != "cuda":
+        return "not a CUDA tensor"
+    if gather_dim % shard.dim() == shard.dim() - 1:
+        return "gather along the contraction dim"
+    for w in weights:
+        if w.dim() != 2 or w.dtype != shard.dtype:
+            return f"weight {tuple(w.shape)} {w.dtype} is not a 2-D {shard.dtype} matrix"
+        if why := _tma_problem(shard.dtype, shard.shape[-1], w.shape[1]):
+            return why
+    for bias in biases:
+        if bias is not None and bias.dim() != 1:
+            return "bias is not a vector"
+    return None
+
+
+@register("symm", "ag_mm")
+def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
+    args = (shard, weights, biases, gather_dim, group_name, return_gathered)
+    why = _ag_mm_problem(shard, weights, biases, gather_dim)
+    st = None if why else symm.state(group_name, shard.device)
+    if st is None:
+        return _p2p("ag_mm", why or symm._fallback.get(group_name, "setup failed"), *args)
+    ag_kernel, _, _, configs = _kernels()
+    ws, r = st.ws, st.rank
+    shard = _aligned(shard)
+    dim = gather_dim % shard.dim()
+    K = shard.shape[-1]
+    rows = shard.numel() // K
+    run = math.prod(shard.shape[dim:-1])
+    outer = rows // run if run else 0
+    chunk_bytes = rows * K * shard.element_size()
+    st.ensure_data(ws * chunk_bytes)
+    buf = st.data_view(shard.dtype, (ws, rows, K))
+    shard2d = shard.view(rows, K)
+    weights = [_weight(w) for w in weights]
+    biases = [b.contiguous() if b is not None else None for b in (biases or [None] * len(weights))]
+    gshape = list(shard.shape)
+    gshape[dim] *= ws
+    outs = [shard.new_empty((ws * rows, w.shape[1])) for w in weights]
+    gathered = shard.new_empty(gshape) if return_gathered else shard.new_empty((0,))
+    flags, status = st.flag_arg(symm.AG_ARRIVED), st.status_arg()
+
+    def launch(i, cfg, epoch):
+        ag_kernel.launch(shard2d, buf, weights[i], biases[i], outs[i], flags, epoch, status, st.timeout_ns,
+                         r, ws, run, cfg, st.num_sms)
+
+    cfgs = [
+        _tune("ag_mm", (rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1), configs.candidates(shard.dtype),
+              lambda cfg, i=i: launch(i, cfg, 0))
+        for i, w in enumerate(weights)
+    ]
+
+    compute = torch.cuda.current_stream(shard.device)
+    epoch = st.begin(compute)
+    for j in range(ws - 1):
+        st.push((r - 1 - j) % ws, r * chunk_bytes, shard2d.data_ptr(), chunk_bytes, symm.AG_ARRIVED + r)
+    for i, cfg in enumerate(cfgs):
+        launch(i, cfg, epoch)
+    if return_gathered and rows:
+        gview = gathered.view(outer, ws, run, K)
+        with torch.cuda.stream(st.copy_stream):
+            gview[:, r].copy_(shard2d.view(outer, run, K))
+            for j in range(1, ws):
+                c = (r + j) % ws
+                _cuda.wait_value32(st.flag_addr(symm.AG_ARRIVED + c), epoch, st.copy_stream)
+                gview[:, c].copy_(buf[c].view(outer, run, K))
+    st.end(compute)
+    return gathered, outs
+
+
+# ------------------------------------------------------------------------------------- mm_rs
+def _mm_problem(a, b, bias, reduce_op) -> str | None:
+    if a.device.type != "cuda":
+        return "not a CUDA tensor"
+    if reduce_op not in ("sum", "avg"):
+        return f"reduce_op {reduce_op!r} (kernels: sum, avg)"
+    if a.dim() != 2 or b.dim() != 2 or a.dtype != b.dtype:
+        return f"operands {tuple(a.shape)} {a.dtype} @ {tuple(b.shape)} {b.dtype}"
+    if bias is not None and bias.dim() != 1:
+        return "bias is not a vector"
+    return _tma_problem(a.dtype, a.shape[1], b.shape[1])
+
+
+@register("symm", "mm_rs")
+def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
+    args = (a, b, bias, out_shape, scatter_dim, reduce_op, group_name)
+    out_shape = list(out_shape)
+    dim = scatter_dim % len(out_shape)
+    why = _mm_problem(a, b, bias, reduce_op)
+    if why is None and dim == len(out_shape) - 1:
+        why = "scatter along the output's columns"
+    _, rs_kernel, _, configs = _kernels() if why is None else (None,) * 4
+    st = None
+    if why is None:
+        ws = _resolve_size(group_name)
+        seg = out_shape[dim] // ws
+        run = seg * math.prod(out_shape[dim + 1 : -1])
+        outer = math.prod(out_shape[:dim])
+        cands = configs.candidates(a.dtype, None if outer == 1 else run)
+        if not cands:
+            why = f"runs of {run} rows are not a multiple of any block height"
+        else:
+            st = symm.state(group_name, a.device)
+    if st is None:
+        return _p2p("mm_rs", why or symm._fallback.get(group_name, "setup failed"), *args)
+    ws, r = st.ws, st.rank
+    a, b = _aligned(a), _weight(b)
+    bias = bias.contiguous() if bias is not None else None
+    N = b.shape[1]
+    rows = outer * run
+    chunk_bytes = rows * N * a.element_size()
+    st.ensure_data(ws * chunk_bytes)
+    recv = st.data_view(a.dtype, (ws * rows, N))
+    stage = a.new_empty((ws * rows, N))
+    out = a.new_empty((rows, N))
+    average = reduce_op == "avg"
+    status = st.status_arg()
+
+    def launch(cfg, epoch):
+        rs_kernel.launch(a, b, bias, stage, recv, None, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
+                         st.flag_arg(symm.RS_ARRIVED), epoch, status, st.timeout_ns, r, ws, rows, run, 1, 0, 0,
+                         average, cfg, st.num_sms)
+
+    cfg = _tune("mm_rs", (a.shape[0], N, a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0),
+                cands, lambda cfg: launch(cfg, 0))
+    compute = torch.cuda.current_stream(a.device)
+    epoch = st.begin(compute)
+    launch(cfg, epoch)
+    for pos in range(ws - 1):
+        c = (r + 1 + pos) % ws
+        _cuda.wait_value32(st.flag_addr(symm.DONE + c), epoch, st.push_stream)
+        st.push(c, r * chunk_bytes, stage[c * rows].data_ptr() if rows else 0, chunk_bytes, symm.RS_ARRIVED + r)
+    st.end(compute)
+    chunk_shape = list(out_shape)
+    chunk_shape[dim] = seg
+    return out.view(chunk_shape)
+
+
+def _resolve_size(group_name: str) -> int:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name).size()
+
+
+# ------------------------------------------------------------------------------------- mm_ar
+def ar_rounds(m: int, ws: int) -> int:
+    """Row blocks of ``mm_ar``: enough that the last round's all-gather is short, chunks of at least
+    ``AR_ROWS_PER_CHUNK`` rows so that each stays an efficient GEMM."""
+    return max(1, min(symm.ROUNDS_MAX, m // (ws * symm.AR_ROWS_PER_CHUNK)))
+
+
+@register("symm", "mm_ar")
+def mm_ar(a, b, bias, reduce_op, group_name):
+    args = (a, b, bias, reduce_op, group_name)
+    why = _mm_problem(a, b, bias, reduce_op)
+    st = None if why else symm.state(group_name, a.device)
+    if st is None:
+        return _p2p("mm_ar", why or symm._fallback.get(group_name, "setup failed"), *args)
+    ws, r = st.ws, st.rank
+    a, b = _aligned(a), _weight(b)
+    bias = bias.contiguous() if bias is not None else None
+    M, N = a.shape[0], b.shape[1]
+    es = a.element_size()
+    if M * N * es <= symm.ONESHOT_MAX_BYTES:
+        return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg")
+    _, rs_kernel, _, configs = _kernels()
+    rounds = ar_rounds(M, ws)
+    rows = -(-M // (rounds * ws))
+    slot_bytes = rows * N * es
+    region = rounds * ws * slot_bytes
+    st.ensure_data(2 * region)
+    recv = st.data_view(a.dtype, (rounds * ws * rows, N))
+    gather = st.data_view(a.dtype, (rounds * ws * rows, N), region)
+    stage = a.new_empty((rounds * ws * rows, N))
+    out = a.new_empty((M, N))
+    status = st.status_arg()
+
+    def launch(cfg, epoch):
+        rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
+                         st.flag_arg(symm.RS_ARRIVED), epoch, status, st.timeout_ns, r, ws, rows, rows, rounds,
+                         ws * rows, r * rows, reduce_op == "avg", cfg, st.num_sms)
+
+    cfg = _tune("mm_ar", (M, N, a.shape[1], str(a.dtype), b.stride(0) == 1), configs.candidates(a.dtype),
+                lambda cfg: launch(cfg, 0))
+    compute = torch.cuda.current_stream(a.device)
+    epoch = st.begin(compute)
+    launch(cfg, epoch)
+    gather_base = st.data_addr(r, region)
+    for rnd in range(rounds):
+        for pos in range(ws - 1):
+            c = (r + 1 + pos) % ws
+            slot = rnd * ws + c
+            _cuda.wait_value32(st.flag_addr(symm.DONE + slot), epoch, st.push_stream)
+            st.push(c, (rnd * ws + r) * slot_bytes, stage[slot * rows].data_ptr(), slot_bytes,
+                    symm.RS_ARRIVED + rnd * ws + r)
+        own = rnd * ws + r
+        _cuda.wait_value32(st.flag_addr(symm.DONE + own), epoch, st.push_stream)
+        for j in range(1, ws):
+            q = (r - j) % ws
+            st.push(q, region + own * slot_bytes, gather_base + own * slot_bytes, slot_bytes, symm.GATHERED + own)
+        for j in range(1, ws):
+            q = (r + j) % ws
+            lo = (rnd * ws + q) * rows
+            hi = min(lo + rows, M)
+            _cuda.wait_value32(st.flag_addr(symm.GATHERED + rnd * ws + q), epoch, st.copy_stream)
+            if hi > lo:
+                _cuda.memcpy_async(out[lo].data_ptr(), gather_base + (rnd * ws + q) * slot_bytes,
+                                   (hi - lo) * N * es, st.copy_stream)
+    st.end(compute)
+    return out
+
+
+def _mm_ar_oneshot(st, a, b, bias, average):
+    _, _, reduce_kernel, _ = _kernels()
+    ws, r = st.ws, st.rank
+    M, N = a.shape[0], b.shape[1]
+    partial = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+    nbytes = M * N * a.element_size()
+    st.ensure_data(ws * nbytes)
+    recv = st.data_view(a.dtype, (ws * M, N))
+    out = a.new_empty((M, N))
+    compute = torch.cuda.current_stream(a.device)
+    epoch = st.begin(compute)
+    for j in range(1, ws):
+        st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, symm.RS_ARRIVED + r)
+    reduce_kernel.launch(partial, recv, out, st.flag_arg(symm.RS_ARRIVED), epoch, st.status_arg(), st.timeout_ns,
+                         r, ws, average)
+    st.end(compute)
+    return out
