@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=tuple(DTYPES), help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--steps", type=int, help="timed steps (default: 20 on GPU, 5 on CPU)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing each variant")
-    p.add_argument("--lowering", choices=("auto", "p2p"), default=None,
+    p.add_argument("--lowering", choices=("auto", "symm", "p2p"), default=None,
                    help="lowering of the rewritten ops (default: OVERLAP_LOWERING or auto)")
     p.add_argument("--no-inductor", action="store_true",
                    help="run the overlap backend's rewritten graphs without Inductor codegen (fast)")

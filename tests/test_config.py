@@ -72,9 +72,14 @@ def test_bad_override_names_option():
         make_backend(lowering="fast")
 
 
-def test_symm_refused_while_unavailable(clean_env):
-    with pytest.raises(ConfigError, match="OVERLAP_LOWERING=symm.*allowed now: auto, p2p"):
-        make_backend(lowering="symm")
+def test_symm_accepted_and_timeout_parsed(clean_env):
+    assert make_backend(lowering="symm").config.lowering == "symm"
+    clean_env.setenv("OVERLAP_TIMEOUT_S", "2.5")
+    assert OverlapConfig.from_env().timeout_s == 2.5
+    for bad in ("0", "-1", "inf", "soon"):
+        clean_env.setenv("OVERLAP_TIMEOUT_S", bad)
+        with pytest.raises(ConfigError, match="OVERLAP_TIMEOUT_S"):
+            OverlapConfig.from_env()
 
 
 def test_backend_registered_by_name_and_entry_point():

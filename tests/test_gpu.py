@@ -112,14 +112,14 @@ def _setup_rank(rank: int, device: str) -> None:
 
 
 # ---- one case per op: run ours, build the reference, return the relative error (and a label)
-def _case_ag_mm(group, dtype, device, lead, k, ns, dim, with_bias, return_gathered=True):
+def _case_ag_mm(group, dtype, device, lowering, lead, k, ns, dim, with_bias, return_gathered=True):
     ws = group.size()
     shard = _randn(*lead, k, dtype=dtype, device=device)
     d = dim % shard.dim()  # the op takes negative dims as they come
     K = k * ws if d == shard.dim() - 1 else k
     weights = [_randn(K, n, dtype=dtype, device=device, scale=K**-0.5) for n in ns]
     biases = [_randn(n, dtype=dtype, device=device) if with_bias and i == 0 else None for i, n in enumerate(ns)]
-    gathered, outs = torch.ops.overlap.ag_mm(shard, weights, biases, dim, group.group_name, "p2p", return_gathered)
+    gathered, outs = torch.ops.overlap.ag_mm(shard, weights, biases, dim, group.group_name, lowering, return_gathered)
     G = _gather_ref(shard, d, group)
     errs = []
     if return_gathered and not torch.equal(gathered, G):
@@ -133,14 +133,14 @@ def _case_ag_mm(group, dtype, device, lead, k, ns, dim, with_bias, return_gather
     return max(errs)
 
 
-def _case_mm_rs(group, dtype, device, lead, k, n, dim, with_bias, reduce_op="sum"):
+def _case_mm_rs(group, dtype, device, lowering, lead, k, n, dim, with_bias, reduce_op="sum"):
     ws, r = group.size(), group.rank()
     out_shape = [*lead, n]
     m = math.prod(lead)
     a = _randn(m, k, dtype=dtype, device=device)
     b = _randn(k, n, dtype=dtype, device=device, scale=k**-0.5)
     bias = _randn(n, dtype=dtype, device=device) if with_bias else None
-    out = torch.ops.overlap.mm_rs(a, b, bias, out_shape, dim, reduce_op, group.group_name, "p2p")
+    out = torch.ops.overlap.mm_rs(a, b, bias, out_shape, dim, reduce_op, group.group_name, lowering)
     c = a.float() @ b.float() + (bias.float() if bias is not None else 0)
     full = _all_reduce_ref(c.view(out_shape), group)
     if reduce_op == "avg":
@@ -149,17 +149,21 @@ def _case_mm_rs(group, dtype, device, lead, k, n, dim, with_bias, reduce_op="sum
     return _rel_err(out, ref)
 
 
-def _case_mm_ar(group, dtype, device, m, k, n, with_bias):
+def _case_mm_ar(group, dtype, device, lowering, m, k, n, with_bias, reduce_op="sum"):
     a = _randn(m, k, dtype=dtype, device=device)
     b = _randn(k, n, dtype=dtype, device=device, scale=k**-0.5)
     bias = _randn(n, dtype=dtype, device=device) if with_bias else None
-    out = torch.ops.overlap.mm_ar(a, b, bias, "sum", group.group_name, "p2p")
+    out = torch.ops.overlap.mm_ar(a, b, bias, reduce_op, group.group_name, lowering)
     ref = _all_reduce_ref(a.float() @ b.float() + (bias.float() if bias is not None else 0), group)
+    if reduce_op == "avg":
+        ref = ref / group.size()
     return _rel_err(out, ref)
 
 
-def _cases(ws: int):
+def _cases(ws: int, lowering: str = "p2p"):
     """(label, case function, kwargs): sizes deliberately not multiples of 128."""
+    if lowering == "symm":
+        return _symm_cases(ws)
     return [
         ("ag_mm 2-D dim0, 2 weights, bias", _case_ag_mm, dict(lead=(37,), k=100, ns=(130, 70), dim=0, with_bias=True)),
         ("ag_mm 3-D dim1", _case_ag_mm, dict(lead=(3, 11), k=96, ns=(50,), dim=1, with_bias=False)),
@@ -176,16 +180,55 @@ def _cases(ws: int):
     ]
 
 
+def _symm_cases(ws: int):
+    """Cases the symm kernels take (rows of 16-byte multiples; tiles not filled), plus a few that
+    fall back to p2p. ``symm`` counts the cases that must run on the kernels."""
+    return [
+        ("ag_mm 2-D dim0, 2 weights, bias", _case_ag_mm, dict(lead=(37,), k=136, ns=(200, 72), dim=0, with_bias=True)),
+        ("ag_mm 3-D dim1", _case_ag_mm, dict(lead=(3, 11), k=96, ns=(56,), dim=1, with_bias=False)),
+        ("ag_mm one row per rank, no gathered", _case_ag_mm,
+         dict(lead=(1,), k=64, ns=(24,), dim=0, with_bias=False, return_gathered=False)),
+        ("ag_mm 512 rows, K 1024", _case_ag_mm, dict(lead=(512,), k=1024, ns=(384,), dim=0, with_bias=True)),
+        ("mm_rs 2-D dim0, bias", _case_mm_rs, dict(lead=(ws * 45,), k=72, n=136, dim=0, with_bias=True)),
+        ("mm_rs 3-D dim1, runs of 64", _case_mm_rs, dict(lead=(2, ws * 64), k=56, n=96, dim=1, with_bias=False)),
+        ("mm_rs avg, 1000 rows per rank", _case_mm_rs,
+         dict(lead=(ws * 1000,), k=256, n=264, dim=0, with_bias=False, reduce_op="avg")),
+        ("mm_ar one-shot, bias", _case_mm_ar, dict(m=91, k=64, n=152, with_bias=True)),
+        ("mm_ar one-shot, fewer rows than ranks", _case_mm_ar, dict(m=3, k=24, n=16, with_bias=False)),
+        ("mm_ar rounds, rows not divisible, bias", _case_mm_ar, dict(m=2100, k=136, n=1032, with_bias=True)),
+        ("mm_ar rounds avg", _case_mm_ar, dict(m=ws * 1024, k=64, n=1024, with_bias=False, reduce_op="avg")),
+        # fall back to p2p: contraction-dim gather, unaligned K, runs of 7 rows
+        ("fallback: ag_mm gather last dim", _case_ag_mm, dict(lead=(45,), k=40, ns=(64,), dim=-1, with_bias=True)),
+        ("fallback: mm_rs unaligned K", _case_mm_rs, dict(lead=(ws * 9,), k=77, n=64, dim=0, with_bias=False)),
+        ("fallback: mm_rs runs of 7", _case_mm_rs, dict(lead=(3, ws * 7), k=48, n=40, dim=1, with_bias=False)),
+    ]
+
+
+SYMM_CASES_ON_KERNELS = 11  # the first 11 of _symm_cases
+
+
+def _paths() -> dict:
+    from overlap_backend.runtime import symm_lowering
+
+    return dict(symm_lowering.PATHS)
+
+
 # ============================================================================ workers
-def numerics_worker(rank: int, ws: int, device: str):
+def numerics_worker(rank: int, ws: int, device: str, lowering: str = "p2p"):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
     group = dist.group.WORLD
     results, bad = [], []
     for dtype in DTYPES:
-        for label, case, kwargs in _cases(ws):
-            err = case(group, dtype, device, **kwargs)
+        for label, case, kwargs in _cases(ws, lowering):
+            before = _paths()
+            err = case(group, dtype, device, lowering, **kwargs)
+            after = _paths()
+            took = sorted(k for k in after if after[k] != before.get(k, 0))
+            label = f"{label} [{','.join(took) or lowering}]"
+            if lowering == "symm" and not label.startswith("fallback") and not any(":symm" in k for k in took):
+                bad.append(f"rank {rank}: {label} {dtype}: did not run on the symm kernels ({took})")
             results.append((label, str(dtype), err))
             if not err <= _tol(dtype):
                 bad.append(f"rank {rank}: {label} {dtype}: rel err {err:.3e} > {_tol(dtype):g}")
@@ -193,7 +236,7 @@ def numerics_worker(rank: int, ws: int, device: str):
     return results
 
 
-def repeat_worker(rank: int, ws: int, device: str, calls: int = 100, distinct: int = 20):
+def repeat_worker(rank: int, ws: int, device: str, calls: int = 100, distinct: int = 20, lowering: str = "p2p"):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
@@ -202,15 +245,19 @@ def repeat_worker(rank: int, ws: int, device: str, calls: int = 100, distinct: i
     dtype = torch.bfloat16
     tol = _tol(dtype)
     shard = _randn(40, 96, dtype=dtype, device=device)
-    w = _randn(96, 130, dtype=dtype, device=device, scale=96**-0.5)
+    w = _randn(96, 136, dtype=dtype, device=device, scale=96**-0.5)
     a_rs = _randn(ws * 24, 72, dtype=dtype, device=device)
-    b_rs = _randn(72, 100, dtype=dtype, device=device, scale=72**-0.5)
+    b_rs = _randn(72, 104, dtype=dtype, device=device, scale=72**-0.5)
     a_ar = _randn(50, 64, dtype=dtype, device=device)
-    b_ar = _randn(64, 90, dtype=dtype, device=device, scale=64**-0.5)
+    b_ar = _randn(64, 96, dtype=dtype, device=device, scale=64**-0.5)
+    a_ar2 = _randn(2100, 64, dtype=dtype, device=device)  # symm: rounds, not one-shot
+    b_ar2 = _randn(64, 1024, dtype=dtype, device=device, scale=64**-0.5)
+    low = lowering
     ops = {
-        "ag_mm": lambda s: torch.ops.overlap.ag_mm(s, [w], [None], 0, gn, "p2p", False)[1][0],
-        "mm_rs": lambda a: torch.ops.overlap.mm_rs(a, b_rs, None, [a.shape[0], 100], 0, "sum", gn, "p2p"),
-        "mm_ar": lambda a: torch.ops.overlap.mm_ar(a, b_ar, None, "sum", gn, "p2p"),
+        "ag_mm": lambda s: torch.ops.overlap.ag_mm(s, [w], [None], 0, gn, low, False)[1][0],
+        "mm_rs": lambda a: torch.ops.overlap.mm_rs(a, b_rs, None, [a.shape[0], 104], 0, "sum", gn, low),
+        "mm_ar": lambda a: torch.ops.overlap.mm_ar(a, b_ar, None, "sum", gn, low),
+        "mm_ar_rounds": lambda a: torch.ops.overlap.mm_ar(a, b_ar2, None, "sum", gn, low),
     }
 
     def ref(name, x):
@@ -218,10 +265,12 @@ def repeat_worker(rank: int, ws: int, device: str, calls: int = 100, distinct: i
             return _gather_ref(x, 0, group).float() @ w.float()
         if name == "mm_rs":
             return _all_reduce_ref(x.float() @ b_rs.float(), group).chunk(ws)[rank]
+        if name == "mm_ar_rounds":
+            return _all_reduce_ref(x.float() @ b_ar2.float(), group)
         return _all_reduce_ref(x.float() @ b_ar.float(), group)
 
     bad, summary = [], {}
-    for name, x in (("ag_mm", shard), ("mm_rs", a_rs), ("mm_ar", a_ar)):
+    for name, x in (("ag_mm", shard), ("mm_rs", a_rs), ("mm_ar", a_ar), ("mm_ar_rounds", a_ar2)):
         op = ops[name]
         # Same inputs, back to back with no host synchronisation: bit-identical results.
         outs = [op(x) for _ in range(calls)]
@@ -238,11 +287,14 @@ def repeat_worker(rank: int, ws: int, device: str, calls: int = 100, distinct: i
         if not max(errs) <= tol:
             bad.append(f"rank {rank}: {name}: distinct inputs, rel errs {[f'{e:.1e}' for e in errs]}")
         summary[name] = (len(differ), err0, max(errs))
+    summary["paths"] = _paths()
+    if lowering == "symm" and not all(summary["paths"].get(f"{op}:symm", 0) for op in ("ag_mm", "mm_rs", "mm_ar")):
+        bad.append(f"rank {rank}: not every op ran on the symm kernels: {summary['paths']}")
     assert not bad, "\n".join(bad)
     return summary
 
 
-def two_groups_worker(rank: int, ws: int, device: str, iters: int = 10):
+def two_groups_worker(rank: int, ws: int, device: str, iters: int = 10, lowering: str = "p2p"):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
@@ -268,11 +320,11 @@ def two_groups_worker(rank: int, ws: int, device: str, iters: int = 10):
     sub_ag, world_rs, sub_ar, world_ag = [], [], [], []
     for _ in range(iters):
         with _stream(device, side):
-            sub_ag.append(torch.ops.overlap.ag_mm(shard, [w], [None], 0, sub.group_name, "p2p", False)[1][0])
-        world_rs.append(torch.ops.overlap.mm_rs(a_rs, b_rs, None, [ws * 19, 72], 0, "sum", world.group_name, "p2p"))
+            sub_ag.append(torch.ops.overlap.ag_mm(shard, [w], [None], 0, sub.group_name, lowering, False)[1][0])
+        world_rs.append(torch.ops.overlap.mm_rs(a_rs, b_rs, None, [ws * 19, 72], 0, "sum", world.group_name, lowering))
         with _stream(device, side):
-            sub_ar.append(torch.ops.overlap.mm_ar(a_ar, b_ar, None, "sum", sub.group_name, "p2p"))
-        world_ag.append(torch.ops.overlap.ag_mm(shard, [w], [None], 0, world.group_name, "p2p", False)[1][0])
+            sub_ar.append(torch.ops.overlap.mm_ar(a_ar, b_ar, None, "sum", sub.group_name, lowering))
+        world_ag.append(torch.ops.overlap.ag_mm(shard, [w], [None], 0, world.group_name, lowering, False)[1][0])
     if side is not None:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
@@ -289,6 +341,7 @@ def two_groups_worker(rank: int, ws: int, device: str, iters: int = 10):
         summary[name] = max(errs)
         if not max(errs) <= _tol(dtype):
             bad.append(f"rank {rank}: {name} (subgroup size {sws}): rel errs {[f'{e:.1e}' for e in errs]}")
+    summary["paths"] = _paths()
     assert not bad, "\n".join(bad)
     return summary
 
@@ -365,7 +418,7 @@ def _compare_fwd_bwd(eager, compiled, make_input, dtype, steps: int = 2) -> dict
     return errs
 
 
-def compiled_worker(rank: int, ws: int, device: str, inductor: bool = True):
+def compiled_worker(rank: int, ws: int, device: str, inductor: bool = True, lowering: str = "p2p"):
     import copy
 
     import torch.distributed as dist
@@ -382,16 +435,18 @@ def compiled_worker(rank: int, ws: int, device: str, inductor: bool = True):
     tol = _tol(dtype)
     out: dict[str, object] = {}
     bad = []
+    # p2p: batch 2, sequence 6 per rank, hidden 96, ffn 160 per rank (not multiples of 128);
+    # symm: sequence 64 per rank so that the reduce-scatter's runs of rows fit a block height.
+    seq = 64 if lowering == "symm" else 6
     models = {
-        # batch 2, sequence 6 per rank, hidden 96, ffn 160 per rank: not multiples of 128
-        "tp_block": (TPBlock(96, 160, gn, dtype, device), lambda: _randn(2, 6, 96, dtype=dtype, device=device),
+        "tp_block": (TPBlock(96, 160, gn, dtype, device), lambda: _randn(2, seq, 96, dtype=dtype, device=device),
                      {"ag_mm", "mm_rs"}),
         "row_parallel_mlp": (RowParallelMLP(96, 144, gn, dtype, device),
                              lambda: _replicated_input(40, 96, dtype, device), {"mm_ar"}),
     }
     for name, (model, make_input, expected) in models.items():
         torch._dynamo.reset()
-        backend = overlap_backend.make_backend(lowering="p2p", inductor=inductor)
+        backend = overlap_backend.make_backend(lowering=lowering, inductor=inductor)
         compiled = torch.compile(copy.deepcopy(model), backend=backend)
         errs = _compare_fwd_bwd(model, compiled, make_input, dtype)
         applied = sorted({(r.kind, m.pass_name) for r in backend.reports for m in r.matches if m.applied})
@@ -404,6 +459,11 @@ def compiled_worker(rank: int, ws: int, device: str, inductor: bool = True):
         if missing:
             bad.append(f"rank {rank}: {name}: no applied {sorted(missing)} in the forward graph; "
                        f"applied {applied}, rejected {rejected}")
+    out["paths"] = _paths()
+    if lowering == "symm":
+        off = [op for op in ("ag_mm", "mm_rs", "mm_ar") if not out["paths"].get(f"{op}:symm")]
+        if off:
+            bad.append(f"rank {rank}: {off} never ran on the symm kernels: {out['paths']}")
     assert not bad, "\n".join(bad)
     return out
 
@@ -417,40 +477,109 @@ def _replicated_input(tokens: int, hidden: int, dtype, device):
 
 
 # ============================================================================ tests
+LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm"])
+
+
+@LOWERINGS
 @WORLD_SIZES
-@pytest.mark.timeout(200)
-def test_ops_numerics(ws):
+@pytest.mark.timeout(300)
+def test_ops_numerics(ws, lowering):
     _need_gpus(ws)
-    results = _run(numerics_worker, ws)
+    results = _run(numerics_worker, ws, lowering, timeout=280)
     worst: dict[tuple[str, str], float] = {}
     for per_rank in results:
         for label, dtype, err in per_rank:
             worst[(label, dtype)] = max(worst.get((label, dtype), 0.0), err)
     for (label, dtype), err in worst.items():
-        print(f"ws={ws} {label} {dtype}: max rel err {err:.2e}")
+        print(f"ws={ws} {lowering} {label} {dtype}: max rel err {err:.2e}")
 
 
+@LOWERINGS
 @WORLD_SIZES
 @pytest.mark.timeout(200)
-def test_repeated_calls(ws):
+def test_repeated_calls(ws, lowering):
     _need_gpus(ws)
-    for rank, summary in enumerate(_run(repeat_worker, ws)):
-        print(f"ws={ws} rank {rank}: {summary}")
+    for rank, summary in enumerate(_run(repeat_entry, ws, lowering)):
+        print(f"ws={ws} {lowering} rank {rank}: {summary}")
 
 
+def repeat_entry(rank: int, ws: int, device: str, lowering: str):
+    return repeat_worker(rank, ws, device, lowering=lowering)
+
+
+def two_groups_entry(rank: int, ws: int, device: str, lowering: str):
+    return two_groups_worker(rank, ws, device, lowering=lowering)
+
+
+def compiled_entry(rank: int, ws: int, device: str, lowering: str):
+    return compiled_worker(rank, ws, device, lowering=lowering)
+
+
+@LOWERINGS
 @WORLD_SIZES
 @pytest.mark.timeout(200)
-def test_two_groups_at_once(ws):
+def test_two_groups_at_once(ws, lowering):
     _need_gpus(ws)
-    for rank, summary in enumerate(_run(two_groups_worker, ws)):
-        print(f"ws={ws} rank {rank}: {summary}")
+    for rank, summary in enumerate(_run(two_groups_entry, ws, lowering)):
+        print(f"ws={ws} {lowering} rank {rank}: {summary}")
 
 
+@LOWERINGS
 @WORLD_SIZES
 @pytest.mark.timeout(300)
-def test_compiled_tp_models(ws):
+def test_compiled_tp_models(ws, lowering):
     _need_gpus(ws)
     env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-    results = _run(compiled_worker, ws, timeout=280, env=env)
+    results = _run(compiled_entry, ws, lowering, timeout=280, env=env)
     for name, res in results[0].items():
-        print(f"ws={ws} {name}: errs {res['errs']}\n  applied {res['applied']}\n  rejected {res['rejected']}")
+        if name == "paths":
+            print(f"ws={ws} {lowering} paths: {res}")
+            continue
+        print(f"ws={ws} {lowering} {name}: errs {res['errs']}\n  applied {res['applied']}\n  rejected {res['rejected']}")
+
+
+def late_peer_worker(rank: int, ws: int, device: str):
+    """Rank 1 calls ag_mm 3 s after rank 0, whose kernel gives up after 1 s: rank 0 gets a
+    SymmTimeoutError naming the op, its rank and the flag; rank 1's result is still right."""
+    import time
+
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    from overlap_backend.runtime import symm
+
+    group = dist.group.WORLD
+    dtype = torch.bfloat16
+    shard = _randn(64, 128, dtype=dtype, device=device)
+    w = _randn(128, 256, dtype=dtype, device=device, scale=128**-0.5)
+    ref = _gather_ref(shard, 0, group).float() @ w.float()
+    # Set up buffers and compile/tune the kernel first, so that the only delay is the sleep below.
+    torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 1:
+        time.sleep(3.0)
+    out = torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)[1][0]
+    torch.cuda.synchronize()
+    if rank == 0:
+        try:
+            symm.check_status()
+        except symm.SymmTimeoutError as e:
+            msg = str(e)
+            assert "ag_mm" in msg and "rank 0" in msg and "flag 1" in msg, msg
+            try:
+                torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)
+            except symm.SymmTimeoutError:
+                return msg
+            raise AssertionError("the next call after a timeout did not raise")
+        raise AssertionError("rank 0 did not time out although rank 1 was 3 s late")
+    err = _rel_err(out, ref)
+    assert err <= _tol(dtype), err
+    return f"late rank's result ok (rel err {err:.1e})"
+
+
+@pytest.mark.timeout(200)
+def test_symm_timeout_names_op_rank_flag():
+    _need_gpus(2)
+    results = _run(late_peer_worker, 2, env={"OVERLAP_TIMEOUT_S": "1"})
+    print(results)

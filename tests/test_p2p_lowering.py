@@ -121,7 +121,7 @@ def bad_input_worker(rank, ws):
     for call in (
         lambda: torch.ops.overlap.ag_mm(torch.randn(4, 8), [torch.randn(9, 3)], [None], 0, name, "p2p", False),
         lambda: torch.ops.overlap.mm_rs(torch.randn(6, 8), torch.randn(8, 4), None, [6, 4], 0, "sum", name, "p2p"),
-        lambda: torch.ops.overlap.mm_ar(torch.randn(4, 8), torch.randn(8, 4), None, "sum", name, "symm"),
+        lambda: torch.ops.overlap.mm_ar(torch.randn(4, 8), torch.randn(8, 4), None, "sum", name, "nvshmem"),
     ):
         try:
             call()
@@ -131,10 +131,35 @@ def bad_input_worker(rank, ws):
     return errors
 
 
+def symm_on_gloo_worker(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    import overlap_backend  # noqa: F401
+    from overlap_backend.runtime import symm, symm_lowering
+
+    torch.manual_seed(rank)
+    name = dist.group.WORLD.group_name
+    a, b = torch.randn(8, 16), torch.randn(16, 12)
+    out = torch.ops.overlap.mm_ar(a, b, None, "sum", name, "symm")
+    ref = a @ b
+    dist.all_reduce(ref)
+    return torch.allclose(out, ref, atol=1e-5), dict(symm_lowering.PATHS), symm.group_support(name)
+
+
 @pytest.mark.timeout(300)
 def test_bad_inputs_raise_clear_errors():
     # ws=4: 6 rows do not split 4 ways. Errors are raised before any communication (no hang).
     errors = run_ranks(bad_input_worker, 4, timeout=200)[0]
     assert "does not match gathered K" in errors[0]
     assert "not divisible by the group size 4" in errors[1]
-    assert "has no 'symm' lowering" in errors[2]
+    assert "has no 'nvshmem' lowering" in errors[2] and "p2p, symm" in errors[2]
+
+
+@pytest.mark.timeout(300)
+def test_symm_on_gloo_falls_back_to_p2p():
+    # A symm op on a CPU/gloo group runs on p2p, with the same result, on every rank.
+    for ok, paths, why in run_ranks(symm_on_gloo_worker, 2, timeout=200):
+        assert ok
+        assert paths == {"mm_ar:p2p": 1}
+        assert "not NCCL" in why

@@ -18,7 +18,7 @@ from .tiles import add_bias, b_descriptor, global_row, grouped_tile, mainloop, s
 @triton.jit
 def ag_mm_kernel(
     shard_ptr, buf_ptr, b_ptr, bias_ptr, out_ptr,
-    flags_ptr, epoch, status_ptr, timeout_ns,
+    flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, rows, run, N, K,
     WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -40,7 +40,7 @@ def ag_mm_kernel(
             acc = mainloop(shard_desc, pid_m * BM, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
         else:
             if pos > waited_pos:
-                wait_flag(flags_ptr + chunk, epoch, status_ptr, OP_AG_MM, rank, chunk, timeout_ns, TIMED)
+                wait_flag(flags_ptr + chunk, epoch, claim_ptr, report_ptr, OP_AG_MM, rank, chunk, timeout_ns, TIMED)
                 waited_pos = pos
             acc = mainloop(buf_desc, chunk * rows + pid_m * BM, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR,
                            PRECISION)
@@ -65,7 +65,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     ag_mm_kernel[grid](
         shard, buf, b.t() if b_kmajor else b, bias if bias is not None else out, out,
-        flags, epoch, status, timeout_ns,
+        flags, epoch, *status, timeout_ns,
         rank, rows, run, N, K,
         WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor,
         HAS_BIAS=bias is not None, PRECISION="ieee" if shard.dtype == torch.float32 else None,

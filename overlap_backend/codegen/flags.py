@@ -4,9 +4,10 @@ A flag is an int32 in (local or peer) device memory. Writers store the call's *e
 host increments per op call, identical on every rank), readers wait for ``flag >= epoch``: no reset
 is ever needed and nothing synchronises with the host between calls.
 
-Every wait is bounded. On timeout the first waiting CTA claims the status word (``status[0]``) and
-writes ``[1, op, rank, flag index, value seen, epoch expected]``; every other waiting CTA sees the
-claimed word and stops waiting too. The kernel then finishes (its output is garbage) instead of
+Every wait is bounded. On timeout the first waiting CTA claims the *claim word* (device memory,
+atomic) and writes ``[1, op, rank, flag index, value seen, epoch expected]`` into the *report*
+(pinned host memory mapped into the device: the host reads it without synchronising; no atomics
+there, PCIe may not support them); every other waiting CTA sees the claimed word and stops waiting. The kernel then finishes (its output is garbage) instead of
 trapping, which would kill the CUDA context; the host turns the word into an exception
 (``runtime.symm.check_status``).
 """
@@ -35,7 +36,7 @@ def _now_ns(TIMED: tl.constexpr):
 
 
 @triton.jit
-def wait_flag(flag_ptr, epoch, status_ptr, op_code, rank, flag_index, timeout_ns, TIMED: tl.constexpr):
+def wait_flag(flag_ptr, epoch, claim_ptr, report_ptr, op_code, rank, flag_index, timeout_ns, TIMED: tl.constexpr):
     """Spin until ``*flag_ptr >= epoch`` (acquire, system scope) or the wait is given up.
 
     ``TIMED`` measures the timeout with ``%globaltimer`` (GPU); without it (interpreter) the bound
@@ -45,7 +46,7 @@ def wait_flag(flag_ptr, epoch, status_ptr, op_code, rank, flag_index, timeout_ns
     if seen < epoch:
         start = _now_ns(TIMED)
         polls = 0
-        failed = tl.load(status_ptr, volatile=True) != 0
+        failed = tl.load(claim_ptr, volatile=True) != 0
         while (seen < epoch) & (failed == 0):
             seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
             polls += 1
@@ -54,13 +55,14 @@ def wait_flag(flag_ptr, epoch, status_ptr, op_code, rank, flag_index, timeout_ns
             else:
                 expired = polls > timeout_ns // 1000
             if expired & (seen < epoch):
-                if tl.atomic_cas(status_ptr, 0, 1, sem="relaxed", scope="sys") == 0:
-                    tl.store(status_ptr + 1, op_code)
-                    tl.store(status_ptr + 2, rank)
-                    tl.store(status_ptr + 3, flag_index)
-                    tl.store(status_ptr + 4, seen)
-                    tl.store(status_ptr + 5, epoch)
-            failed = tl.load(status_ptr, volatile=True) != 0
+                if tl.atomic_cas(claim_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
+                    tl.store(report_ptr + 1, op_code)
+                    tl.store(report_ptr + 2, rank)
+                    tl.store(report_ptr + 3, flag_index)
+                    tl.store(report_ptr + 4, seen)
+                    tl.store(report_ptr + 5, epoch)
+                    tl.store(report_ptr, 1)  # last: the host reads word 0 first
+            failed = tl.load(claim_ptr, volatile=True) != 0
     return (seen >= epoch).to(tl.int32)
 
 

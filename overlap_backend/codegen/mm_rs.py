@@ -12,6 +12,10 @@ all-gather of round t overlaps the GEMM of round t+1): chunk rank+1, rank+2, ...
   ``WRITE_GATHER`` (``mm_ar``) it also stores into ``gather[round, rank]`` and counts the tile, so
   that the copy engine pushes the reduced chunk to every peer as soon as it is complete.
 
+Tiles are handed out in that order by an atomic counter (not by CTA index): a CTA that is not
+resident (SMs busy with other work) then holds no tile that a peer's spinning CTA depends on, so
+waits across GPUs cannot form a cycle. The CTA that draws the last ticket resets the counter.
+
 Rows: local row i of chunk c of round t is A row ``t * ws * rows + global_row(i, c, run, ws)``;
 the own chunk's row i goes to ``out`` row ``t * out_round_stride + out_offset + i`` (< out_rows).
 """
@@ -27,7 +31,7 @@ from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, 
 @triton.jit
 def mm_rs_kernel(
     a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
-    counters_ptr, done_ptr, recv_flags_ptr, epoch, status_ptr, timeout_ns,
+    counters_ptr, done_ptr, recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out_rows,
     WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
@@ -40,7 +44,9 @@ def mm_rs_kernel(
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
     waited_round = -1  # this CTA has seen every peer's partial of rounds <= waited_round
-    for tile in range(tl.program_id(0), rounds * WS * tiles_per_chunk, tl.num_programs(0)):
+    num_tiles = rounds * WS * tiles_per_chunk
+    tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
+    while tile < num_tiles:
         rnd = tile // (WS * tiles_per_chunk)
         pos = (tile // tiles_per_chunk) % WS
         chunk = (rank + 1 + pos) % WS  # pos WS-1 is this rank's own chunk
@@ -60,7 +66,7 @@ def mm_rs_kernel(
             if rnd > waited_round:
                 for p in range(1, WS):
                     peer = (rank + p) % WS
-                    wait_flag(recv_flags_ptr + rnd * WS + peer, epoch, status_ptr, OP, rank,
+                    wait_flag(recv_flags_ptr + rnd * WS + peer, epoch, claim_ptr, report_ptr, OP, rank,
                               rnd * WS + peer, timeout_ns, TIMED)
                 waited_round = rnd
             for p in range(1, WS):
@@ -74,12 +80,16 @@ def mm_rs_kernel(
             if WRITE_GATHER:
                 store_rows(gather_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
                 count_tile_done(counters_ptr + slot, done_ptr + slot, tiles_per_chunk, epoch)
+        tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
+    if tile == num_tiles + tl.num_programs(0) - 1:  # every CTA drew its last ticket: reset for the next call
+        tl.atomic_xchg(tile_ticket_ptr, 0, sem="relaxed", scope="gpu")
 
 
-def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, epoch, status, timeout_ns,
+def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns,
            rank, ws, rows, run, rounds, out_round_stride, out_offset, average, config, num_sms, timed=True):
     """See the module docstring. ``stage``/``recv``/``gather``: [rounds * ws * rows, N];
-    ``counters``/``done``/``recv_flags``: rounds * ws int32 each; ``gather`` None for ``mm_rs``."""
+    ``counters``/``done``/``recv_flags``: rounds * ws int32 each; ``ticket``: one int32 (0 between
+    calls); ``gather`` None for ``mm_rs``; ``status``: (claim word, report) pointers."""
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -88,7 +98,7 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, epo
     mm_rs_kernel[grid](
         a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv,
         gather if gather is not None else out, out,
-        counters, done, recv_flags, epoch, status, timeout_ns,
+        counters, done, recv_flags, ticket, epoch, *status, timeout_ns,
         rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out.shape[0],
         WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
         AVERAGE=average, WRITE_GATHER=gather is not None,

@@ -10,7 +10,7 @@ from .tiles import load_rows, store_rows
 
 @triton.jit
 def oneshot_sum_kernel(
-    own_ptr, recv_ptr, out_ptr, recv_flags_ptr, epoch, status_ptr, timeout_ns,
+    own_ptr, recv_ptr, out_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, M, N,
     WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, AVERAGE: tl.constexpr, TIMED: tl.constexpr,
 ):
@@ -20,7 +20,7 @@ def oneshot_sum_kernel(
     acc = load_rows(own_ptr, offs_m, rows_ok, offs_n, N, N).to(tl.float32)
     for p in range(1, WS):
         peer = (rank + p) % WS
-        wait_flag(recv_flags_ptr + peer, epoch, status_ptr, OP_AR_ONESHOT, rank, peer, timeout_ns, TIMED)
+        wait_flag(recv_flags_ptr + peer, epoch, claim_ptr, report_ptr, OP_AR_ONESHOT, rank, peer, timeout_ns, TIMED)
         acc += load_rows(recv_ptr, peer * M + offs_m, rows_ok, offs_n, N, N).to(tl.float32)
     if AVERAGE:
         acc = acc / WS
@@ -33,7 +33,7 @@ def launch(own, recv, out, recv_flags, epoch, status, timeout_ns, rank, ws, aver
     BM, BN = 32, 256
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
     oneshot_sum_kernel[grid](
-        own, recv, out, recv_flags, epoch, status, timeout_ns, rank, M, N,
+        own, recv, out, recv_flags, epoch, *status, timeout_ns, rank, M, N,
         WS=ws, BM=BM, BN=BN, AVERAGE=average, TIMED=timed, num_warps=4,
     )
     return out

@@ -37,7 +37,6 @@ from torch import Tensor
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from . import cuda as _cuda
-from .lowering import implementation, register
 from .streams import SYMM_COPY_OUT, SYMM_PUSH, comm_stream
 
 log = logging.getLogger("overlap_backend.symm")
@@ -53,7 +52,9 @@ RS_ARRIVED = AG_ARRIVED + WS_MAX  # [round * ws + p]: rank p's partial of this r
 GATHERED = RS_ARRIVED + _SLOTS  # [round * ws + p]: rank p's reduced chunk arrived (mm_ar)
 DONE = GATHERED + _SLOTS  # [round * ws + c]: this rank finished computing chunk c (local)
 COUNTERS = DONE + _SLOTS  # [round * ws + c]: tiles of chunk c finished so far (local)
-FLAG_WORDS = COUNTERS + _SLOTS
+CLAIM = COUNTERS + _SLOTS  # a kernel timed out (local; the report itself is in pinned host memory)
+TICKET = CLAIM + 1  # mm_rs/mm_ar tile tickets (local; 0 between calls)
+FLAG_WORDS = TICKET + 1
 
 ONESHOT_MAX_BYTES = 4 << 20  # mm_ar: one-shot (push the whole partial) up to this partial size
 AR_ROWS_PER_CHUNK = 256  # mm_ar: rows per chunk and round, so that the last round's gather is short
@@ -220,8 +221,9 @@ class GroupState:
         self._ready_waited: set[int] = set()
 
     # ------------------------------------------------------------------ pointers for the kernels
-    def status_arg(self) -> _cuda.DevicePointer:
-        return _cuda.DevicePointer(self.status_ptr, torch.int32)
+    def status_arg(self) -> tuple[_cuda.DevicePointer, _cuda.DevicePointer]:
+        """(claim word, report) for the kernels' bounded waits (see codegen/flags.py)."""
+        return self.flag_arg(CLAIM), _cuda.DevicePointer(self.status_ptr, torch.int32)
 
     def flag_arg(self, index: int) -> _cuda.DevicePointer:
         return _cuda.DevicePointer(self.flags.local + 4 * index, torch.int32)
@@ -270,14 +272,7 @@ class GroupState:
     # ---------------------------------------------------------------------------------- one call
     def check_status(self) -> None:
         if self.status[0] != 0:
-            from ..codegen.flags import OP_NAMES
-
-            _, op, rank, flag, seen, epoch = list(self.status)[:6]
-            raise SymmTimeoutError(
-                f"overlap symm: {OP_NAMES.get(op, op)} on rank {rank} of group {self.group_name!r} waited "
-                f"{self.timeout_ns / 1e9:g} s (OVERLAP_TIMEOUT_S) for flag {flag}: it read {seen}, expected "
-                f">= {epoch}. A peer died, diverged (different op order) or is far behind; its output is garbage."
-            )
+            raise status_error(list(self.status), self.group_name, self.timeout_ns / 1e9)
 
     def begin(self, compute: torch.cuda.Stream) -> int:
         """Start a call: new epoch; tell every peer this rank's buffers are free (after everything
@@ -308,6 +303,27 @@ class GroupState:
     def end(self, compute: torch.cuda.Stream) -> None:
         compute.wait_stream(self.push_stream)
         compute.wait_stream(self.copy_stream)
+
+
+def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError | None:
+    """The exception that a kernel's status words ``[1, op, rank, flag, seen, epoch, ...]`` stand for."""
+    if not words[0]:
+        return None
+    from ..codegen.flags import OP_AG_MM, OP_NAMES
+
+    _, op, rank, flag, seen, epoch = (int(w) for w in words[:6])
+    ws = _resolve_process_group(group_name).size() if group_name else 0
+    if op == OP_AG_MM.value:
+        what = f"rank {flag}'s shard"
+    elif ws:
+        what = f"rank {flag % ws}'s partial of round {flag // ws}"
+    else:
+        what = f"slot {flag}"
+    return SymmTimeoutError(
+        f"overlap symm: {OP_NAMES.get(op, op)} on rank {rank} of group {group_name!r} waited {timeout_s:g} s "
+        f"(OVERLAP_TIMEOUT_S) for flag {flag} ({what} to arrive): it read {seen}, expected >= {epoch}. "
+        "A peer died, diverged (ran other ops) or is far behind; this call's output is garbage."
+    )
 
 
 _states: dict[tuple[str, int], GroupState] = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 
 import torch
 from torch import Tensor
@@ -31,10 +32,12 @@ log = logging.getLogger("overlap_backend.symm")
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _logged: set[tuple[str, str]] = set()
+PATHS: Counter = Counter()  # "op:symm" / "op:p2p" calls of this process (tests check the path taken)
 _allocator_set = False
 
 
 def _p2p(op: str, why: str, *args):
+    PATHS[f"{op}:p2p"] += 1
     if (op, why) not in _logged:
         _logged.add((op, why))
         log.info("overlap symm: %s runs on p2p: %s", op, why)
@@ -112,6 +115,7 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
     st = None if why else symm.state(group_name, shard.device)
     if st is None:
         return _p2p("ag_mm", why or symm._fallback.get(group_name, "setup failed"), *args)
+    PATHS["ag_mm:symm"] += 1
     ag_kernel, _, _, configs = _kernels()
     ws, r = st.ws, st.rank
     shard = _aligned(shard)
@@ -195,6 +199,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
             st = symm.state(group_name, a.device)
     if st is None:
         return _p2p("mm_rs", why or symm._fallback.get(group_name, "setup failed"), *args)
+    PATHS["mm_rs:symm"] += 1
     ws, r = st.ws, st.rank
     a, b = _aligned(a), _weight(b)
     bias = bias.contiguous() if bias is not None else None
@@ -210,7 +215,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
 
     def launch(cfg, epoch):
         rs_kernel.launch(a, b, bias, stage, recv, None, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
-                         st.flag_arg(symm.RS_ARRIVED), epoch, status, st.timeout_ns, r, ws, rows, run, 1, 0, 0,
+                         st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, status, st.timeout_ns, r, ws, rows, run, 1, 0, 0,
                          average, cfg, st.num_sms)
 
     cfg = _tune("mm_rs", (a.shape[0], N, a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0),
@@ -248,6 +253,7 @@ def mm_ar(a, b, bias, reduce_op, group_name):
     st = None if why else symm.state(group_name, a.device)
     if st is None:
         return _p2p("mm_ar", why or symm._fallback.get(group_name, "setup failed"), *args)
+    PATHS["mm_ar:symm"] += 1
     ws, r = st.ws, st.rank
     a, b = _aligned(a), _weight(b)
     bias = bias.contiguous() if bias is not None else None
@@ -269,7 +275,7 @@ def mm_ar(a, b, bias, reduce_op, group_name):
 
     def launch(cfg, epoch):
         rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
-                         st.flag_arg(symm.RS_ARRIVED), epoch, status, st.timeout_ns, r, ws, rows, rows, rounds,
+                         st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, status, st.timeout_ns, r, ws, rows, rows, rounds,
                          ws * rows, r * rows, reduce_op == "avg", cfg, st.num_sms)
 
     cfg = _tune("mm_ar", (M, N, a.shape[1], str(a.dtype), b.stride(0) == 1), configs.candidates(a.dtype),
@@ -303,6 +309,7 @@ def mm_ar(a, b, bias, reduce_op, group_name):
 
 
 def _mm_ar_oneshot(st, a, b, bias, average):
+    PATHS["mm_ar:oneshot"] += 1
     _, _, reduce_kernel, _ = _kernels()
     ws, r = st.ws, st.rank
     M, N = a.shape[0], b.shape[1]

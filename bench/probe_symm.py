@@ -1,0 +1,135 @@
+"""Probe of the symm lowering's parts on N GPUs (explains the benchmark's numbers; not a test).
+
+    torchrun --nproc-per-node=N bench/probe_symm.py [--quick]
+
+Per DESIGN.md shape, bf16, CUDA events, median of 30 after warm-up, max over ranks:
+
+- ``kernel/cuBLAS``: our tile kernel with every flag already raised (no communication) vs
+  ``torch.mm`` on the same problem: how close the persistent TMA GEMM is to cuBLAS;
+- ``push GB/s``: the copy-engine pushes of one call alone (bytes received per rank / time);
+- ``op``: the whole symm op, and ``max(mm, NCCL)`` for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import overlap_backend  # noqa: E402,F401
+from overlap_backend.runtime import symm, symm_lowering  # noqa: E402
+from overlap_backend.codegen import configs  # noqa: E402
+
+
+def med_ms(fn, n=30, warm=5):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        dist.barrier()
+        torch.cuda.synchronize()
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    local = times[len(times) // 2]
+    t = torch.tensor([local], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    rank, ws, device = common.init_distributed("cuda")
+    gn = common.group_name()
+    dt = torch.bfloat16
+    ag_shapes = [(4096, 8192, 7168), (8192, 8192, 7168), (16384, 8192, 2048), (512, 8192, 7168)]
+    rs_shapes = [(4096, 7168, 8192), (8192, 7168, 8192), (16384, 2048, 8192), (512, 7168, 8192)]
+    ar_shapes = [(128, 7168, 8192), (1024, 7168, 8192), (4096, 7168, 8192), (8192, 7168, 8192)]
+    if args.quick:
+        ag_shapes, rs_shapes, ar_shapes = ag_shapes[:1], rs_shapes[:1], ar_shapes[:2]
+    lines = [f"probe_symm ws={ws} {torch.cuda.get_device_name()} torch {torch.__version__}"]
+    ag_kernel, rs_kernel, _, _ = symm_lowering._kernels()
+    claim = torch.zeros(1, dtype=torch.int32, device=device)
+    report = torch.zeros(8, dtype=torch.int32, device=device)
+    nsm = torch.cuda.get_device_properties(device).multi_processor_count
+
+    for M, K, N in ag_shapes:
+        rows = M // ws
+        shard = torch.randn(rows, K, device=device, dtype=dt)
+        w = (torch.randn(N, K, device=device, dtype=dt) * K**-0.5).t()  # nn.Linear layout
+        G = torch.randn(M, K, device=device, dtype=dt)
+        buf = G.view(ws, rows, K)
+        out = torch.empty(M, N, device=device, dtype=dt)
+        flags = torch.zeros(ws, dtype=torch.int32, device=device)
+        cfg_times = {}
+        for cfg in configs.candidates(dt):
+            cfg_times[cfg] = med_ms(lambda cfg=cfg: ag_kernel.launch(shard, buf, w, None, out, flags, 0, (claim, report),
+                                                                     10**9, rank, ws, rows, cfg, nsm), n=10)
+        best = min(cfg_times, key=cfg_times.get)
+        t_kernel = cfg_times[best]
+        t_mm = med_ms(lambda: torch.mm(G, w))
+        flat = torch.empty(M, K, device=device, dtype=dt)
+        t_ag = med_ms(lambda: dist.all_gather_into_tensor(flat, shard))
+        t_op = med_ms(lambda: torch.ops.overlap.ag_mm(shard, [w], [None], 0, gn, "symm", False))
+        st = symm.state(gn, device)
+        chunk = rows * K * 2
+
+        def pushes():
+            compute = torch.cuda.current_stream()
+            st.begin(compute)
+            for j in range(ws - 1):
+                st.push((rank - 1 - j) % ws, rank * chunk, shard.data_ptr(), chunk, symm.AG_ARRIVED + rank)
+            st.end(compute)
+
+        t_push = med_ms(pushes)
+        lines.append(
+            f"ag_mm M={M} K={K} N={N}: kernel {t_kernel:.3f} ({best}) cuBLAS {t_mm:.3f} ratio {t_kernel / t_mm:.2f} | "
+            f"NCCL ag {t_ag:.3f} CE push {t_push:.3f} ({(ws - 1) * chunk / t_push / 1e6:.0f} GB/s recv) | "
+            f"op {t_op:.3f} max(mm,ag) {max(t_mm, t_ag):.3f} -> {t_op / max(t_mm, t_ag):.2f}x | "
+            f"configs {', '.join(f'{c[:2]}/{c[4]}st/{c[5]}w {t:.3f}' for c, t in cfg_times.items())}"
+        )
+        print(lines[-1], flush=True) if rank == 0 else None
+
+    for M, K, N in rs_shapes:
+        a = torch.randn(M, K // ws, device=device, dtype=dt)
+        b = (torch.randn(N, K // ws, device=device, dtype=dt) * (K / ws) ** -0.5).t()
+        t_mm = med_ms(lambda: torch.mm(a, b))
+        c = torch.mm(a, b)
+        o = torch.empty(M // ws, N, device=device, dtype=dt)
+        t_rs = med_ms(lambda: dist.reduce_scatter_tensor(o, c))
+        t_op = med_ms(lambda: torch.ops.overlap.mm_rs(a, b, None, [M, N], 0, "sum", gn, "symm"))
+        lines.append(f"mm_rs M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL rs {t_rs:.3f} op {t_op:.3f} "
+                     f"-> {t_op / max(t_mm, t_rs):.2f}x of max")
+        print(lines[-1], flush=True) if rank == 0 else None
+
+    for M, K, N in ar_shapes:
+        a = torch.randn(M, K, device=device, dtype=dt)
+        b = (torch.randn(N, K, device=device, dtype=dt) * K**-0.5).t()
+        t_mm = med_ms(lambda: torch.mm(a, b))
+        c = torch.mm(a, b)
+        t_ar = med_ms(lambda: dist.all_reduce(c))
+        t_op = med_ms(lambda: torch.ops.overlap.mm_ar(a, b, None, "sum", gn, "symm"))
+        lines.append(f"mm_ar M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL ar {t_ar:.3f} op {t_op:.3f} "
+                     f"-> {t_op / max(t_mm, t_ar):.2f}x of max (rounds {symm_lowering.ar_rounds(M, ws)})")
+        print(lines[-1], flush=True) if rank == 0 else None
+    dist.barrier()
+    symm.release_all()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""The symm lowering's Triton tile kernels under ``TRITON_INTERPRET=1`` (CPU), one rank at a time.
+
+Each test plays rank ``r`` of a ``ws``-rank group: what the peers would have delivered is written
+into the receive buffers beforehand and the arrival flags are pre-set to the epoch, so the kernel
+runs straight through; outputs are poisoned with NaN first. Checked against float32 references:
+tile maths and row maps (shapes that do not fill a tile, runs of rows), tile order (which chunks a
+kernel reads from the shard vs the buffer, which it stages for the copy engine), the chunk counters
+and done flags (reset / raised to the epoch), and the bounded wait: a flag below the epoch makes the
+kernel give up and leave a status word that the host turns into an error naming op, rank and flag.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+# The kernels must be built in interpreter mode: set it before (re)loading their modules.
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+_MODULES = ["flags", "tiles", "ag_mm", "mm_rs", "reduce"]
+for _name in _MODULES:
+    _full = f"overlap_backend.codegen.{_name}"
+    if _full in sys.modules:
+        importlib.reload(sys.modules[_full])
+from overlap_backend.codegen import ag_mm, mm_rs, reduce  # noqa: E402
+from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
+
+CFG = (16, 16, 16, 2, 1, 1)  # BM, BN, BK, GROUP_M, stages, warps: small tiles, many of them
+EPOCH = 5
+SLOW = settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(autouse=True)
+def _cpu_allocator():
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
+
+
+def _status():
+    """(claim word, report): both plain CPU tensors here."""
+    return torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+
+
+def _chunk(t, c, outer, ws, run):
+    """Rows of chunk c of a [outer * ws * run, N] matrix, chunk-major ([outer * run, N])."""
+    return t.reshape(outer, ws, run, -1)[:, c].reshape(outer * run, -1)
+
+
+# ------------------------------------------------------------------------------------ ag_mm
+def _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor, flags=None, timeout_ns=10**6):
+    rows = outer * run
+    shards = [torch.randn(outer, run, K) for _ in range(ws)]
+    G = torch.cat(shards, dim=1).reshape(-1, K)  # gathered along the run dim
+    w = torch.randn(N, K).t() if kmajor else torch.randn(K, N)
+    b = torch.randn(N) if bias else None
+    buf = torch.stack([s.reshape(rows, K) for s in shards])
+    buf[r] = float("nan")  # the own chunk must come from the shard, never the buffer
+    out = torch.full((ws * rows, N), float("nan"))
+    flags = torch.full((ws,), EPOCH, dtype=torch.int32) if flags is None else flags
+    status = _status()
+    ag_mm.launch(shards[r].reshape(rows, K).contiguous(), buf, w, b, out, flags, EPOCH, status, timeout_ns,
+                 r, ws, run, CFG, 3, timed=False)
+    ref = G @ w + (b if b is not None else 0)
+    return out, ref, status
+
+
+@pytest.mark.parametrize("ws,r,outer,run,K,N,bias,kmajor", [
+    (2, 0, 1, 5, 32, 24, True, True),      # rows < BM, N not a multiple of BN
+    (3, 2, 2, 7, 16, 40, False, False),    # [B, S, K] gathered along S: runs of 7 rows
+    (4, 1, 1, 33, 48, 16, True, False),    # rows over two tiles
+])
+def test_ag_mm_matches_gathered_matmul(ws, r, outer, run, K, N, bias, kmajor):
+    out, ref, status = _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor)
+    assert status[1].tolist() == [0] * 8
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@SLOW
+@given(ws=st.integers(2, 4), data=st.data())
+def test_ag_mm_random_shapes(ws, data):
+    r = data.draw(st.integers(0, ws - 1))
+    outer, run = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 20))
+    K, N = 16 * data.draw(st.integers(1, 3)), 4 * data.draw(st.integers(1, 10))  # TMA: 16-byte rows
+    out, ref, status = _run_ag_mm(ws, r, outer, run, K, N, data.draw(st.booleans()), data.draw(st.booleans()))
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_ag_mm_wait_gives_up_and_reports():
+    ws, r = 3, 0
+    flags = torch.tensor([EPOCH, EPOCH, EPOCH - 1], dtype=torch.int32)  # rank 2's shard never arrives
+    out, ref, status = _run_ag_mm(ws, r, 1, 20, 16, 16, False, False, flags=flags, timeout_ns=30_000)
+    claim, report = status
+    assert claim.item() == 1 and report.tolist()[:6] == [1, 1, r, 2, EPOCH - 1, EPOCH]
+    # chunks that did arrive are still right; the missing one's rows are whatever was in the buffer
+    rows = 20
+    torch.testing.assert_close(out[: 2 * rows], ref[: 2 * rows], atol=1e-4, rtol=1e-4)
+    err = status_error(report.tolist(), "", 2.0)
+    assert isinstance(err, SymmTimeoutError)
+    assert "ag_mm on rank 0" in str(err) and "flag 2 (rank 2's shard" in str(err) and "read 4, expected >= 5" in str(err)
+    assert status_error([0] * 8, "", 2.0) is None
+
+
+# ------------------------------------------------------------------------------------ mm_rs
+def _run_mm_rs(ws, r, outer, run, K, N, bias, average):
+    rows = outer * run
+    M = ws * rows
+    A = [torch.randn(M, K) for _ in range(ws)]
+    B = [torch.randn(K, N) for _ in range(ws)]
+    b = torch.randn(N) if bias else None
+    C = [a @ w + (b if b is not None else 0) for a, w in zip(A, B)]  # every rank's partial
+    recv = torch.full((ws * rows, N), float("nan"))
+    for p in range(ws):
+        if p != r:
+            recv[p * rows:(p + 1) * rows] = _chunk(C[p], r, outer, ws, run)
+    stage = torch.full((ws * rows, N), float("nan"))
+    out = torch.full((rows, N), float("nan"))
+    counters = torch.zeros(ws, dtype=torch.int32)
+    done = torch.zeros(ws, dtype=torch.int32)
+    rflags = torch.full((ws,), EPOCH, dtype=torch.int32)
+    status = _status()
+    ticket = torch.zeros(1, dtype=torch.int32)
+    mm_rs.launch(A[r], B[r], b, stage, recv, None, out, counters, done, rflags, ticket, EPOCH, status, 10**6,
+                 r, ws, rows, run, 1, 0, 0, average, CFG, 4, timed=False)
+    assert ticket.item() == 0, "the tile ticket counter is reset for the next call"
+    ref = sum(_chunk(c, r, outer, ws, run) for c in C) / (ws if average else 1)
+    return out, ref, stage, C[r], counters, done, status
+
+
+@pytest.mark.parametrize("ws,r,outer,run,K,N,bias,average", [
+    (2, 1, 1, 9, 32, 20, True, False),
+    (3, 0, 2, 16, 16, 40, False, True),   # runs of 16 rows (BM divides the run)
+    (4, 3, 1, 40, 48, 16, True, False),
+])
+def test_mm_rs_stages_remote_chunks_and_reduces_own(ws, r, outer, run, K, N, bias, average):
+    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, outer, run, K, N, bias, average)
+    rows = outer * run
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    for c in range(ws):
+        if c != r:  # what the copy engine ships to rank c: this rank's partial of chunk c
+            torch.testing.assert_close(stage[c * rows:(c + 1) * rows], _chunk(mine, c, outer, ws, run), atol=1e-4, rtol=1e-4)
+    assert torch.isnan(stage[r * rows:(r + 1) * rows]).all(), "the own chunk must not be staged"
+    assert counters.tolist() == [0] * ws, "tile counters are reset for the next call"
+    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws)]
+
+
+@SLOW
+@given(ws=st.integers(2, 4), data=st.data())
+def test_mm_rs_random_shapes(ws, data):
+    r = data.draw(st.integers(0, ws - 1))
+    outer = data.draw(st.integers(1, 2))
+    run = 16 * data.draw(st.integers(1, 2)) if outer > 1 else data.draw(st.integers(1, 24))
+    out, ref, *_, status = _run_mm_rs(ws, r, outer, run, 16 * data.draw(st.integers(1, 2)),
+                                      4 * data.draw(st.integers(1, 10)), data.draw(st.booleans()), False)
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------------ mm_ar
+@pytest.mark.parametrize("ws,r,M,rounds", [(3, 2, 90, 2), (2, 0, 64, 3), (4, 1, 13, 1)])
+def test_mm_ar_rounds_reduce_and_gather_own_chunks(ws, r, M, rounds):
+    K, N = 32, 24
+    rows = -(-M // (rounds * ws))
+    padded = rounds * ws * rows
+    A = [torch.randn(M, K) for _ in range(ws)]
+    B = torch.randn(K, N)
+    C = [torch.cat([a @ B, torch.zeros(padded - M, N)]) for a in A]
+    recv = torch.full((padded, N), float("nan"))
+    for rnd in range(rounds):
+        for p in range(ws):
+            if p != r:
+                src = (rnd * ws + r) * rows
+                recv[(rnd * ws + p) * rows:(rnd * ws + p + 1) * rows] = C[p][src:src + rows]
+    gather = torch.full((padded, N), float("nan"))
+    out = torch.full((M, N), float("nan"))
+    counters = torch.zeros(rounds * ws, dtype=torch.int32)
+    done = torch.zeros(rounds * ws, dtype=torch.int32)
+    status = _status()
+    mm_rs.launch(A[r], B, None, torch.empty(padded, N), recv, gather, out, counters, done,
+                 torch.full((rounds * ws,), EPOCH, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), EPOCH,
+                 status, 10**6,
+                 r, ws, rows, rows, rounds, ws * rows, r * rows, False, CFG, 4, timed=False)
+    ref = sum(C)
+    assert status[1][0] == 0
+    own_rows = torch.zeros(M, dtype=torch.bool)
+    for rnd in range(rounds):
+        lo = (rnd * ws + r) * rows
+        hi = min(lo + rows, M)
+        own_rows[lo:hi] = True
+        torch.testing.assert_close(gather[lo:lo + rows][: max(hi - lo, 0)], ref[lo:hi], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out[own_rows], ref[:M][own_rows], atol=1e-4, rtol=1e-4)
+    assert torch.isnan(out[~own_rows]).all(), "other ranks' rows arrive by copy, not from this kernel"
+    assert done.tolist() == [EPOCH] * (rounds * ws), "every chunk, own included (all-gather), is signalled"
+    assert counters.tolist() == [0] * (rounds * ws)
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_oneshot_sum(average):
+    ws, r, M, N = 3, 1, 9, 300
+    parts = [torch.randn(M, N) for _ in range(ws)]
+    recv = torch.cat(parts)
+    recv[r * M:(r + 1) * M] = float("nan")
+    out = torch.full((M, N), float("nan"))
+    status = _status()
+    reduce.launch(parts[r], recv, out, torch.full((ws,), EPOCH, dtype=torch.int32), EPOCH, status, 10**6,
+                  r, ws, average, timed=False)
+    torch.testing.assert_close(out, sum(parts) / (ws if average else 1), atol=1e-5, rtol=1e-5)
+    assert status[1][0] == 0
