@@ -35,15 +35,17 @@ def ag_mm_kernel(
         pos = tile // tiles_per_chunk
         chunk = (rank + pos) % WS
         pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
         if pos == 0:
-            acc = mainloop(shard_desc, pid_m * BM, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
+            a_desc = shard_desc
+            a_row = pid_m * BM
         else:
             if pos > waited_pos:
                 wait_flag(flags_ptr + chunk, epoch, claim_ptr, report_ptr, OP_AG_MM, rank, chunk, timeout_ns, TIMED)
                 waited_pos = pos
-            acc = mainloop(buf_desc, chunk * rows + pid_m * BM, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR,
-                           PRECISION)
+            a_desc = buf_desc
+            a_row = chunk * rows + pid_m * BM
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)

@@ -93,14 +93,16 @@ def pick(kernel: str, shape_key: tuple, cands: list[Config], time_ms: Callable[[
         _load_disk()
         if key in _memory and tuple(_memory[key]) in cands:
             return tuple(_memory[key])
-    timings = {}
+    timings, errors = {}, {}
     for cfg in cands:
         try:
             timings[cfg] = time_ms(cfg)
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: not a candidate here
-            log.debug("overlap: config %s of %s failed: %s", cfg, kernel, e)
+            errors[cfg] = f"{type(e).__name__}: {e}"
+            log.info("overlap: config %s of %s failed: %s", cfg, kernel, errors[cfg])
     if not timings:
-        raise RuntimeError(f"every block configuration of {kernel} failed for {shape_key}")
+        detail = "; ".join(f"{c}: {e[:400]}" for c, e in errors.items())
+        raise RuntimeError(f"every block configuration of {kernel} failed for {shape_key}: {detail}")
     best = min(timings, key=timings.get)
     log.info("overlap: %s %s -> %s (%s)", kernel, shape_key, best,
              ", ".join(f"{c}: {t:.3f} ms" for c, t in timings.items()))

@@ -59,9 +59,17 @@ def _error_text(err) -> str:
     return f"{getattr(err, 'name', err)} {text}".strip()
 
 
+_handles: dict[int, object] = {}
+
+
 def _stream_handle(stream: torch.cuda.Stream):
-    driver, _ = _bindings()
-    return driver.CUstream(stream.cuda_stream)
+    # Building the binding's handle object costs more than the call it is for: keep one per stream.
+    key = stream.cuda_stream
+    handle = _handles.get(key)
+    if handle is None:
+        driver, _ = _bindings()
+        handle = _handles[key] = driver.CUstream(key)
+    return handle
 
 
 # ---------------------------------------------------------------------------------------- memory

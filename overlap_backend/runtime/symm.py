@@ -57,7 +57,8 @@ TICKET = CLAIM + 1  # mm_rs/mm_ar tile tickets (local; 0 between calls)
 FLAG_WORDS = TICKET + 1
 
 ONESHOT_MAX_BYTES = 4 << 20  # mm_ar: one-shot (push the whole partial) up to this partial size
-AR_ROWS_PER_CHUNK = 256  # mm_ar: rows per chunk and round, so that the last round's gather is short
+AR_ROWS_PER_CHUNK = 512  # mm_ar: at least this many rows per chunk and round (an efficient GEMM)...
+AR_MAX_ROUNDS = 4  # ...and at most this many rounds (each costs ~3 host calls per peer)
 
 
 class SymmUnavailable(RuntimeError):
@@ -219,25 +220,36 @@ class GroupState:
         self.flags = _Mapped(self.group, 4 * FLAG_WORDS)
         self.data: _Mapped | None = None
         self._ready_waited: set[int] = set()
+        self._views: dict[tuple, Tensor] = {}
+        self._flag_args: dict[int, _cuda.DevicePointer] = {}
+        self._status_arg = (self.flag_arg(CLAIM), _cuda.DevicePointer(self.status_ptr, torch.int32))
 
     # ------------------------------------------------------------------ pointers for the kernels
     def status_arg(self) -> tuple[_cuda.DevicePointer, _cuda.DevicePointer]:
         """(claim word, report) for the kernels' bounded waits (see codegen/flags.py)."""
-        return self.flag_arg(CLAIM), _cuda.DevicePointer(self.status_ptr, torch.int32)
+        return self._status_arg
 
     def flag_arg(self, index: int) -> _cuda.DevicePointer:
-        return _cuda.DevicePointer(self.flags.local + 4 * index, torch.int32)
+        arg = self._flag_args.get(index)
+        if arg is None:
+            arg = self._flag_args[index] = _cuda.DevicePointer(self.flags.local + 4 * index, torch.int32)
+        return arg
 
     def flag_addr(self, index: int, rank: int | None = None) -> int:
         return self.flags.ptrs[self.rank if rank is None else rank] + 4 * index
 
     def data_view(self, dtype: torch.dtype, shape, offset_bytes: int = 0) -> Tensor:
         """A tensor over this rank's data buffer (valid until the buffer grows)."""
+        key = (dtype, tuple(shape), offset_bytes)
+        view = self._views.get(key)
+        if view is not None:
+            return view
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         if self.data is None or offset_bytes + nbytes > self.data.nbytes:
             raise RuntimeError("overlap symm: data buffer too small (ensure_data first)")
         whole = _cuda.as_tensor(self.data.local + offset_bytes, nbytes, self.device)
-        return whole.view(dtype).view(shape)
+        view = self._views[key] = whole.view(dtype).view(shape)
+        return view
 
     def data_addr(self, rank: int, offset_bytes: int) -> int:
         return self.data.ptrs[rank] + offset_bytes
@@ -254,6 +266,7 @@ class GroupState:
             # Every push into the old buffer was awaited by its owner's kernels before this call.
             torch.cuda.synchronize(self.device)
             old, self.data = self.data, None
+            self._views.clear()
             old.close_peers()
             _agree(self.group, None, None, "growing the data buffer")  # every peer closed its mapping
             old.free_local()

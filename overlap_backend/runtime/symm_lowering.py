@@ -32,8 +32,8 @@ log = logging.getLogger("overlap_backend.symm")
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _logged: set[tuple[str, str]] = set()
+_picked: dict[tuple, tuple] = {}  # (kernel, shape key) -> block config, without configs.pick's lookups
 PATHS: Counter = Counter()  # "op:symm" / "op:p2p" calls of this process (tests check the path taken)
-_allocator_set = False
 
 
 def _p2p(op: str, why: str, *args):
@@ -44,16 +44,19 @@ def _p2p(op: str, why: str, *args):
     return implementation("p2p", op)(*args)
 
 
+def _scratch(size: int, align: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _kernels():
-    global _allocator_set
+    import triton
+
     from ..codegen import ag_mm, configs, mm_rs, reduce
 
-    if not _allocator_set:
-        import triton
-
-        # Device-side TMA descriptors need a little global scratch per launch.
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _allocator_set = True
+    # Device-side TMA descriptors need a little global scratch per launch. Triton keeps its
+    # allocator in a context variable, which autograd's backward thread does not inherit: set it
+    # on every call (a context-variable write).
+    triton.set_allocator(_scratch)
     return ag_mm, mm_rs, reduce, configs
 
 
@@ -85,10 +88,14 @@ def _tma_problem(dtype: torch.dtype, *inner_dims: int) -> str | None:
 
 def _tune(kernel: str, key: tuple, cands, run) -> tuple:
     """Pick a block config by timing ``run(config)`` with every flag already raised (epoch 0)."""
-    import triton.testing
+    cfg = _picked.get((kernel, key))
+    if cfg is None:
+        import triton.testing
 
-    _, _, _, configs = _kernels()
-    return configs.pick(kernel, key, cands, lambda cfg: triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=20))
+        _, _, _, configs = _kernels()
+        cfg = configs.pick(kernel, key, cands, lambda c: triton.testing.do_bench(lambda: run(c), warmup=5, rep=20))
+        _picked[(kernel, key)] = cfg
+    return cfg
 
 
 # ------------------------------------------------------------------------------------- ag_mm
@@ -243,7 +250,7 @@ def _resolve_size(group_name: str) -> int:
 def ar_rounds(m: int, ws: int) -> int:
     """Row blocks of ``mm_ar``: enough that the last round's all-gather is short, chunks of at least
     ``AR_ROWS_PER_CHUNK`` rows so that each stays an efficient GEMM."""
-    return max(1, min(symm.ROUNDS_MAX, m // (ws * symm.AR_ROWS_PER_CHUNK)))
+    return max(1, min(symm.AR_MAX_ROUNDS, m // (ws * symm.AR_ROWS_PER_CHUNK)))
 
 
 @register("symm", "mm_ar")
