@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
 # The one script to run on the GPU machine (2 or 4 GPUs), from anywhere inside the repo copy:
 #
-#   bash bench/run_device.sh          # GPU tests (ws 2 and 4), then the benchmark at ws=2 and ws=4
-#   bash bench/run_device.sh quick    # smoke run: ws=2 tests only, benchmark with --quick
+#   bash bench/run_device.sh          # GPU tests (ws 2 and 4), then the benchmarks at ws=4 and ws=2
+#   bash bench/run_device.sh quick    # smoke run: ws=2 tests only, benchmarks with --quick
+#   bash bench/run_device.sh bench    # the benchmarks only (no GPU tests)
 #
 # Nothing is installed: PYTHONPATH points at the repo. NVLink multicast stays off (the three
-# variables below). Every stage runs under `timeout`, so the whole script ends within 8.5 minutes;
-# a failing stage does not stop the next ones, but the exit status is 1 if any stage failed.
+# variables below). Every stage runs under `timeout`: its own cap, cut to what is left of a
+# DEADLINE for the whole script (default 540 s), so the script ends within ~9 minutes; a stage with
+# less than 20 s left is not started. A failing stage does not stop the next ones, but the exit
+# status is 1 if any stage failed or was not started.
 #
-# Writes to $OUT (default ./device_out), 4 files:
+# Stages, in priority order: versions; GPU tests; collective benchmark ws=4 (with profiler traces of
+# the M=4096 rows); block benchmark ws=4 (with traces); collective benchmark ws=2; block benchmark
+# ws=2. RUN_DEMO=1 adds `python -m overlap_backend.demo` after the tests (bench_block.py measures the
+# same block at the same sizes, so it is off by default to fit the time).
+#
+# Writes to $OUT (default ./device_out), 5 files:
 #   run_device.log        everything this script printed
 #   gpu_tests.log         the pytest run
-#   bench_summary.md      every benchmark table (<suite>_ws<N>.md concatenated, ws=2 first)
-#   bench_results.tar.gz  the <suite>_ws<N>.md/.json files themselves: tar -xzf ... -C bench/results
+#   bench_summary.md      every benchmark table (<suite>_ws<N>.md and block_ws<N>.md, ws=2 first)
+#   bench_results.tar.gz  the .md/.json files themselves: tar -xzf ... -C bench/results/<run>
+#   traces.tar.gz         torch.profiler traces (Chrome/Perfetto JSON) of ranks 0 and 1 at ws=4
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 MODE="${1:-full}"
 case "$MODE" in
-  full | quick) ;;
-  *) echo "usage: bash bench/run_device.sh [quick]" >&2; exit 2 ;;
+  full | quick | bench) ;;
+  *) echo "usage: bash bench/run_device.sh [quick|bench]" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -30,23 +39,40 @@ PY="${PYTHON:-python3}"
 command -v "$PY" >/dev/null || PY=python
 OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
-RESULTS="$(mktemp -d)/results"
-mkdir -p "$RESULTS"
+OUT="$(cd "$OUT" && pwd)"
+WORK="$(mktemp -d)"
+RESULTS="$WORK/results"
+TRACES="$WORK/traces"
+mkdir -p "$RESULTS" "$TRACES"
 
-# Stage limits in seconds (each also gets 5 s to die after SIGTERM): 30 + 210 + 90 + 2*100 + 5*5 = 555 s.
-LIMIT_INFO=30
-LIMIT_TESTS=210
-LIMIT_BENCH=100
-LIMIT_DEMO=90
+# Whole-script deadline and per-stage caps in seconds (each stage also gets 5 s to die after SIGTERM).
+# Typical (4×H200): versions ~8, tests ~150-200, collective bench ~40-90 per ws, block bench ~60 per ws.
+DEADLINE="${DEADLINE:-540}"
+RESERVE=15 # kept for packaging the results at the end
+MIN_STAGE=20
+LIMIT_INFO="${LIMIT_INFO:-30}"
+LIMIT_TESTS="${LIMIT_TESTS:-210}"
+LIMIT_BENCH="${LIMIT_BENCH:-150}"
+LIMIT_BLOCK="${LIMIT_BLOCK:-120}"
+LIMIT_DEMO="${LIMIT_DEMO:-90}"
+TRACES_MAX_BYTES=$((15 * 1024 * 1024))
 
 FAILED=()
 SKIPPED=()
 T0=$SECONDS
 
-stage() { # stage NAME LIMIT CMD... : run CMD under timeout, record a failure, never abort
-  local name=$1 limit=$2
+stage() { # stage NAME CAP CMD... : run CMD under timeout, record a failure, never abort
+  local name=$1 cap=$2
   shift 2
   echo
+  local left=$((DEADLINE - RESERVE - 5 - (SECONDS - T0)))
+  local limit=$cap
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt "$MIN_STAGE" ]; then
+    echo "=== [t=$((SECONDS - T0))s] $name: NOT STARTED, ${left}s left of the ${DEADLINE}s deadline"
+    FAILED+=("$name (not started: no time left)")
+    return 0
+  fi
   local cmd="$*"
   [ ${#cmd} -gt 240 ] && cmd="${cmd:0:240}..."
   echo "=== [t=$((SECONDS - T0))s] $name (limit ${limit}s): ${cmd//$'\n'/ }"
@@ -59,45 +85,33 @@ stage() { # stage NAME LIMIT CMD... : run CMD under timeout, record a failure, n
   return 0
 }
 
-
-main() {
-  echo "run_device.sh $MODE: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), repo $PWD, git $(git rev-parse --short HEAD 2>/dev/null || echo n/a)"
-  nvidia-smi -L || true
-  nvidia-smi topo -m || true
-  stage versions "$LIMIT_INFO" "$PY" -m bench.common
-
-  local ngpu
-  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-  [ -z "$ngpu" ] || [ "$ngpu" -eq 0 ] && ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-  echo "GPUs seen: $ngpu"
-  [ "$ngpu" -eq 0 ] && FAILED+=("no GPU visible")
-
-  local select=()
-  [ "$MODE" = quick ] && select=(-k ws2)
-  stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest -x -q -rA -p no:cacheprovider -m gpu tests/test_gpu.py "${@}" 2>&1 | tee "$OUT_LOG"' \
-    "$PY" "${select[@]}"
-
-  # The main job on every GPU (NCCL), Inductor on, default GPU sizes.
-  [ "$ngpu" -ge 2 ] && stage demo "$LIMIT_DEMO" "$PY" -m overlap_backend.demo --steps 10
-
-  local quick=()
+benchmarks() { # benchmarks N : the collective and block benchmarks on GPUs 0..N-1
+  local n=$1
+  if [ "$NGPU" -lt "$n" ]; then
+    echo "=== bench_ws$n, block_ws$n: skipped, $NGPU GPU(s)"
+    SKIPPED+=("bench_ws$n" "block_ws$n")
+    return 0
+  fi
+  local devs quick=() trace=() trace_block=()
+  devs=$(seq -s, 0 $((n - 1)))
   [ "$MODE" = quick ] && quick=(--quick)
-  for n in 2 4; do
-    if [ "$ngpu" -lt "$n" ]; then
-      echo "=== bench_ws$n: skipped, $ngpu GPU(s)"
-      SKIPPED+=("bench_ws$n")
-      continue
-    fi
-    local devs
-    devs=$(seq -s, 0 $((n - 1)))
-    stage "bench_ws$n" "$LIMIT_BENCH" env CUDA_VISIBLE_DEVICES="$devs" \
-      "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-      bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --out-dir "$RESULTS" "${quick[@]}"
-  done
+  if [ "$n" -eq 4 ]; then # traces at ws=4 only (ranks 0 and 1), collective bench: M=4096 rows only
+    trace=(--trace "$TRACES" --trace-m 4096)
+    trace_block=(--trace "$TRACES")
+  fi
+  stage "bench_ws$n" "$LIMIT_BENCH" env CUDA_VISIBLE_DEVICES="$devs" \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+    bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --lowerings p2p,symm --out-dir "$RESULTS" \
+    "${quick[@]}" "${trace[@]}"
+  stage "block_ws$n" "$LIMIT_BLOCK" env CUDA_VISIBLE_DEVICES="$devs" \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+    bench/bench_block.py --out-dir "$RESULTS" "${quick[@]}" "${trace_block[@]}"
+}
 
+package() {
   if compgen -G "$RESULTS/*.md" >/dev/null; then
     for n in 2 4; do
-      for s in ag_mm mm_rs mm_ar; do
+      for s in ag_mm mm_rs mm_ar block; do
         [ -f "$RESULTS/${s}_ws$n.md" ] && { cat "$RESULTS/${s}_ws$n.md"; echo; }
       done
     done >"$OUT/bench_summary.md"
@@ -106,6 +120,50 @@ main() {
   else
     echo "no benchmark results were written"
   fi
+  if compgen -G "$TRACES/*.json" >/dev/null; then
+    tar -czf "$OUT/traces.tar.gz" -C "$TRACES" .
+    if [ "$(stat -c %s "$OUT/traces.tar.gz")" -gt "$TRACES_MAX_BYTES" ]; then
+      echo "traces.tar.gz over $((TRACES_MAX_BYTES >> 20)) MiB: keeping the collective-benchmark traces only"
+      (cd "$TRACES" && ls | grep -v '^block_' | tar -czf "$OUT/traces.tar.gz" -T -)
+    fi
+    if [ "$(stat -c %s "$OUT/traces.tar.gz")" -gt "$TRACES_MAX_BYTES" ]; then
+      echo "traces.tar.gz still over $((TRACES_MAX_BYTES >> 20)) MiB: not kept"
+      rm -f "$OUT/traces.tar.gz"
+    else
+      echo "traces: $(ls "$TRACES" | wc -l) files, traces.tar.gz $(($(stat -c %s "$OUT/traces.tar.gz") >> 10)) KiB"
+    fi
+  else
+    echo "no profiler traces were written"
+  fi
+}
+
+main() {
+  echo "run_device.sh $MODE: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), repo $PWD, git $(git rev-parse --short HEAD 2>/dev/null || echo n/a), deadline ${DEADLINE}s"
+  nvidia-smi -L || true
+  nvidia-smi topo -m || true
+  stage versions "$LIMIT_INFO" "$PY" -m bench.common
+
+  NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  [ -z "$NGPU" ] || [ "$NGPU" -eq 0 ] && NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  echo "GPUs seen: $NGPU"
+  [ "$NGPU" -eq 0 ] && FAILED+=("no GPU visible")
+
+  if [ "$MODE" != bench ]; then
+    local select=()
+    [ "$MODE" = quick ] && select=(-k ws2)
+    stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest -x -q -rA -p no:cacheprovider -m gpu tests/test_gpu.py "${@}" 2>&1 | tee "$OUT_LOG"' \
+      "$PY" "${select[@]}"
+  fi
+
+  # The demo (every GPU, NCCL, Inductor on, default GPU sizes): opt-in, bench_block.py covers it.
+  [ "${RUN_DEMO:-0}" = 1 ] && [ "$NGPU" -ge 2 ] && stage demo "$LIMIT_DEMO" "$PY" -m overlap_backend.demo --steps 10
+
+  # ws=4 first: the design's numbers are 4-GPU ones, and a late stage is the one cut by the deadline.
+  benchmarks 4
+  benchmarks 2
+
+  echo
+  package
 
   echo
   echo "=== run_device.sh $MODE done in $((SECONDS - T0))s"
@@ -120,4 +178,6 @@ main() {
 
 export OUT_LOG="$OUT/gpu_tests.log"
 main 2>&1 | tee "$OUT/run_device.log"
-exit "${PIPESTATUS[0]}"
+status=${PIPESTATUS[0]}
+rm -rf "$WORK"
+exit "$status"
