@@ -32,6 +32,7 @@ from overlap_backend.codegen import ag_mm, mm_rs, reduce  # noqa: E402
 from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
 
 CFG = (16, 16, 16, 2, 1, 1)  # BM, BN, BK, GROUP_M, stages, warps: small tiles, many of them
+BAND = 16  # rows per band here (on GPU a multiple of 1024): chunks of more rows travel in several bands
 EPOCH = 5
 SLOW = settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
@@ -61,10 +62,11 @@ def _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor, flags=None, timeout_ns=10*
     buf = torch.stack([s.reshape(rows, K) for s in shards])
     buf[r] = float("nan")  # the own chunk must come from the shard, never the buffer
     out = torch.full((ws * rows, N), float("nan"))
-    flags = torch.full((ws,), EPOCH, dtype=torch.int32) if flags is None else flags
+    nbands = -(-rows // BAND)
+    flags = torch.full((ws * nbands,), EPOCH, dtype=torch.int32) if flags is None else flags
     status = _status()
     ag_mm.launch(shards[r].reshape(rows, K).contiguous(), buf, w, b, out, flags, EPOCH, status, timeout_ns,
-                 r, ws, run, CFG, 3, timed=False)
+                 r, ws, run, BAND, CFG, 3, timed=False)
     ref = G @ w + (b if b is not None else 0)
     return out, ref, status
 
@@ -92,17 +94,17 @@ def test_ag_mm_random_shapes(ws, data):
 
 
 def test_ag_mm_wait_gives_up_and_reports():
-    ws, r = 3, 0
-    flags = torch.tensor([EPOCH, EPOCH, EPOCH - 1], dtype=torch.int32)  # rank 2's shard never arrives
-    out, ref, status = _run_ag_mm(ws, r, 1, 20, 16, 16, False, False, flags=flags, timeout_ns=30_000)
+    ws, r, rows = 3, 0, 20  # two bands per chunk: rows 0-15 and 16-19
+    flags = torch.full((ws * 2,), EPOCH, dtype=torch.int32)
+    flags[2 * 2 + 1] = EPOCH - 1  # the second band of rank 2's shard never arrives
+    out, ref, status = _run_ag_mm(ws, r, 1, rows, 16, 16, False, False, flags=flags, timeout_ns=30_000)
     claim, report = status
-    assert claim.item() == 1 and report.tolist()[:6] == [1, 1, r, 2, EPOCH - 1, EPOCH]
-    # chunks that did arrive are still right; the missing one's rows are whatever was in the buffer
-    rows = 20
-    torch.testing.assert_close(out[: 2 * rows], ref[: 2 * rows], atol=1e-4, rtol=1e-4)
+    assert claim.item() == 1 and report.tolist()[:6] == [1, 1, r, 5, EPOCH - 1, EPOCH]
+    # what did arrive is still right (the first band of rank 2's shard too)
+    torch.testing.assert_close(out[: 2 * rows + 16], ref[: 2 * rows + 16], atol=1e-4, rtol=1e-4)
     err = status_error(report.tolist(), "", 2.0)
     assert isinstance(err, SymmTimeoutError)
-    assert "ag_mm on rank 0" in str(err) and "flag 2 (rank 2's shard" in str(err) and "read 4, expected >= 5" in str(err)
+    assert "ag_mm on rank 0" in str(err) and "flag 5" in str(err) and "read 4, expected >= 5" in str(err)
     assert status_error([0] * 8, "", 2.0) is None
 
 
@@ -120,13 +122,14 @@ def _run_mm_rs(ws, r, outer, run, K, N, bias, average):
             recv[p * rows:(p + 1) * rows] = _chunk(C[p], r, outer, ws, run)
     stage = torch.full((ws * rows, N), float("nan"))
     out = torch.full((rows, N), float("nan"))
-    counters = torch.zeros(ws, dtype=torch.int32)
-    done = torch.zeros(ws, dtype=torch.int32)
-    rflags = torch.full((ws,), EPOCH, dtype=torch.int32)
+    nb = -(-rows // BAND)
+    counters = torch.zeros(ws * nb, dtype=torch.int32)
+    done = torch.zeros(ws * nb, dtype=torch.int32)
+    rflags = torch.full((ws * nb,), EPOCH, dtype=torch.int32)
     status = _status()
     ticket = torch.zeros(1, dtype=torch.int32)
     mm_rs.launch(A[r], B[r], b, stage, recv, None, out, counters, done, rflags, ticket, EPOCH, status, 10**6,
-                 r, ws, rows, run, 1, 0, 0, average, CFG, 4, timed=False)
+                 r, ws, rows, run, 1, 0, 0, average, BAND, CFG, 4, timed=False)
     assert ticket.item() == 0, "the tile ticket counter is reset for the next call"
     ref = sum(_chunk(c, r, outer, ws, run) for c in C) / (ws if average else 1)
     return out, ref, stage, C[r], counters, done, status
@@ -146,8 +149,9 @@ def test_mm_rs_stages_remote_chunks_and_reduces_own(ws, r, outer, run, K, N, bia
         if c != r:  # what the copy engine ships to rank c: this rank's partial of chunk c
             torch.testing.assert_close(stage[c * rows:(c + 1) * rows], _chunk(mine, c, outer, ws, run), atol=1e-4, rtol=1e-4)
     assert torch.isnan(stage[r * rows:(r + 1) * rows]).all(), "the own chunk must not be staged"
-    assert counters.tolist() == [0] * ws, "tile counters are reset for the next call"
-    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws)]
+    nb = -(-rows // BAND)
+    assert counters.tolist() == [0] * (ws * nb), "tile counters are reset for the next call"
+    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
 
 
 @SLOW
@@ -163,7 +167,7 @@ def test_mm_rs_random_shapes(ws, data):
 
 
 # ------------------------------------------------------------------------------------ mm_ar
-@pytest.mark.parametrize("ws,r,M,rounds", [(3, 2, 90, 2), (2, 0, 64, 3), (4, 1, 13, 1)])
+@pytest.mark.parametrize("ws,r,M,rounds", [(3, 2, 90, 2), (2, 0, 64, 3), (4, 1, 13, 1), (2, 1, 150, 2)])
 def test_mm_ar_rounds_reduce_and_gather_own_chunks(ws, r, M, rounds):
     K, N = 32, 24
     rows = -(-M // (rounds * ws))
@@ -179,13 +183,14 @@ def test_mm_ar_rounds_reduce_and_gather_own_chunks(ws, r, M, rounds):
                 recv[(rnd * ws + p) * rows:(rnd * ws + p + 1) * rows] = C[p][src:src + rows]
     gather = torch.full((padded, N), float("nan"))
     out = torch.full((M, N), float("nan"))
-    counters = torch.zeros(rounds * ws, dtype=torch.int32)
-    done = torch.zeros(rounds * ws, dtype=torch.int32)
+    nb = -(-rows // BAND)
+    counters = torch.zeros(rounds * ws * nb, dtype=torch.int32)
+    done = torch.zeros(rounds * ws * nb, dtype=torch.int32)
     status = _status()
     mm_rs.launch(A[r], B, None, torch.empty(padded, N), recv, gather, out, counters, done,
-                 torch.full((rounds * ws,), EPOCH, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), EPOCH,
+                 torch.full((rounds * ws * nb,), EPOCH, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), EPOCH,
                  status, 10**6,
-                 r, ws, rows, rows, rounds, ws * rows, r * rows, False, CFG, 4, timed=False)
+                 r, ws, rows, rows, rounds, ws * rows, r * rows, False, BAND, CFG, 4, timed=False)
     ref = sum(C)
     assert status[1][0] == 0
     own_rows = torch.zeros(M, dtype=torch.bool)
@@ -196,8 +201,8 @@ def test_mm_ar_rounds_reduce_and_gather_own_chunks(ws, r, M, rounds):
         torch.testing.assert_close(gather[lo:lo + rows][: max(hi - lo, 0)], ref[lo:hi], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(out[own_rows], ref[:M][own_rows], atol=1e-4, rtol=1e-4)
     assert torch.isnan(out[~own_rows]).all(), "other ranks' rows arrive by copy, not from this kernel"
-    assert done.tolist() == [EPOCH] * (rounds * ws), "every chunk, own included (all-gather), is signalled"
-    assert counters.tolist() == [0] * (rounds * ws)
+    assert done.tolist() == [EPOCH] * (rounds * ws * nb), "every band, own included (all-gather), is signalled"
+    assert counters.tolist() == [0] * (rounds * ws * nb)
 
 
 @pytest.mark.parametrize("average", [False, True])

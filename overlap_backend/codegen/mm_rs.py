@@ -4,13 +4,17 @@ and its own chunk last, reducing the partials that arrived meanwhile in its own 
 Tile order, per round (``mm_rs`` has one round; ``mm_ar`` splits M into rounds so that the
 all-gather of round t overlaps the GEMM of round t+1): chunk rank+1, rank+2, ..., then rank.
 
+Chunks travel in *bands* of ``band_rows`` rows (a multiple of every block height, the same on
+every rank); flags and counters are per (round, chunk, band): index ``(round * ws + c) * nbands + b``.
+
 - A remote chunk c: each tile (with bias) goes to ``stage[round, c]`` in the output dtype; the CTA
-  that finishes the chunk raises ``done[round, c]`` (release). The copy engine waits for that flag,
-  copies the chunk into rank c's ``recv[round, rank]`` and raises rank c's ``recv_flags[round, rank]``.
-- The own chunk: each tile waits for ``recv_flags[round, p]`` of every peer p (bounded, acquire),
-  adds those partials to its accumulator in float32 and stores the sum into ``out``. With
+  that finishes a band raises ``done[round, c, band]`` (release). The copy engine waits for that
+  flag, copies the band into rank c's ``recv[round, rank]`` and raises rank c's
+  ``recv_flags[round, rank, band]``: the transfer of a chunk starts with its first band.
+- The own chunk: each tile waits for ``recv_flags[round, p, band]`` of every peer p (bounded,
+  acquire), adds those partials to its accumulator in float32 and stores the sum into ``out``. With
   ``WRITE_GATHER`` (``mm_ar``) it also stores into ``gather[round, rank]`` and counts the tile, so
-  that the copy engine pushes the reduced chunk to every peer as soon as it is complete.
+  that the copy engine pushes each reduced band to every peer as soon as it is complete.
 
 Tiles are handed out in that order by an atomic counter (not by CTA index): a CTA that is not
 resident (SMs busy with other work) then holds no tile that a peer's spinning CTA depends on, so
@@ -32,7 +36,7 @@ from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, 
 def mm_rs_kernel(
     a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
     counters_ptr, done_ptr, recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-    rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out_rows,
+    rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out_rows, band_rows, nbands,
     WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr,
@@ -43,7 +47,8 @@ def mm_rs_kernel(
     tiles_per_chunk = tiles_m * tiles_n
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
-    waited_round = -1  # this CTA has seen every peer's partial of rounds <= waited_round
+    band_tile_rows = band_rows // BM
+    waited = -1  # this CTA has seen every peer's partial of (round, band) keys <= waited
     num_tiles = rounds * WS * tiles_per_chunk
     tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     while tile < num_tiles:
@@ -59,16 +64,19 @@ def mm_rs_kernel(
         in_chunk = offs_m < rows
         acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
         slot = rnd * WS + chunk
+        band = pid_m // band_tile_rows
+        tiles_in_band = tl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n
         if pos < WS - 1:
             store_rows(stage_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
-            count_tile_done(counters_ptr + slot, done_ptr + slot, tiles_per_chunk, epoch)
+            count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band, tiles_in_band, epoch)
         else:
-            if rnd > waited_round:
+            key = rnd * nbands + band
+            if key > waited:  # a CTA's own tiles come in increasing (round, band) order
                 for p in range(1, WS):
                     peer = (rank + p) % WS
-                    wait_flag(recv_flags_ptr + rnd * WS + peer, epoch, claim_ptr, report_ptr, OP, rank,
-                              rnd * WS + peer, timeout_ns, TIMED)
-                waited_round = rnd
+                    flag = (rnd * WS + peer) * nbands + band
+                    wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP, rank, flag, timeout_ns, TIMED)
+                waited = key
             for p in range(1, WS):
                 peer = (rank + p) % WS
                 part = load_rows(recv_ptr, (rnd * WS + peer) * rows + offs_m, in_chunk, offs_n, N, N)
@@ -79,27 +87,32 @@ def mm_rs_kernel(
             store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, acc)
             if WRITE_GATHER:
                 store_rows(gather_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
-                count_tile_done(counters_ptr + slot, done_ptr + slot, tiles_per_chunk, epoch)
+                count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band, tiles_in_band,
+                                epoch)
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if tile == num_tiles + tl.num_programs(0) - 1:  # every CTA drew its last ticket: reset for the next call
         tl.atomic_xchg(tile_ticket_ptr, 0, sem="relaxed", scope="gpu")
 
 
 def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns,
-           rank, ws, rows, run, rounds, out_round_stride, out_offset, average, config, num_sms, timed=True):
+           rank, ws, rows, run, rounds, out_round_stride, out_offset, average, band_rows, config, num_sms,
+           timed=True):
     """See the module docstring. ``stage``/``recv``/``gather``: [rounds * ws * rows, N];
-    ``counters``/``done``/``recv_flags``: rounds * ws int32 each; ``ticket``: one int32 (0 between
+    ``counters``/``done``/``recv_flags``: rounds * ws * nbands int32 each (nbands = rows / band_rows
+    rounded up; ``band_rows`` % BM == 0); ``ticket``: one int32 (0 between
     calls); ``gather`` None for ``mm_rs``; ``status``: (claim word, report) pointers."""
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
+    assert band_rows % BM == 0, (band_rows, BM)
     grid = (min(num_sms, rounds * ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     mm_rs_kernel[grid](
         a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv,
         gather if gather is not None else out, out,
         counters, done, recv_flags, ticket, epoch, *status, timeout_ns,
-        rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out.shape[0],
+        rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out.shape[0], band_rows,
+        max(1, triton.cdiv(rows, band_rows)),
         WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed,

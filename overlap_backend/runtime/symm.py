@@ -42,23 +42,36 @@ from .streams import SYMM_COPY_OUT, SYMM_PUSH, comm_stream
 log = logging.getLogger("overlap_backend.symm")
 
 WS_MAX = 8  # ranks of one node
-ROUNDS_MAX = 16  # mm_ar rounds
-_SLOTS = ROUNDS_MAX * WS_MAX
+AR_ROWS_PER_CHUNK = 512  # mm_ar: at least this many rows per chunk and round (an efficient GEMM)...
+AR_MAX_ROUNDS = 4  # ...and at most this many rounds (each costs ~3 host calls per peer and band)
+ONESHOT_MAX_BYTES = 4 << 20  # mm_ar: one-shot (push the whole partial) up to this partial size
+BAND_ROWS_MIN = 1024  # chunks travel in bands of at least this many rows (a multiple of every BM)...
+MAX_BANDS = 8  # ...and at most this many bands per chunk
+_SLOTS = AR_MAX_ROUNDS * WS_MAX * MAX_BANDS
 
 # Flag buffer layout, in int32 words. "Arrived" flags are written by peers, the others locally.
 READY = 0  # [p]: rank p's buffers are free for this call (p wrote its epoch here)
-AG_ARRIVED = 16  # [p]: rank p's shard is in this rank's ag_mm receive buffer
-RS_ARRIVED = AG_ARRIVED + WS_MAX  # [round * ws + p]: rank p's partial of this rank's chunk arrived
-GATHERED = RS_ARRIVED + _SLOTS  # [round * ws + p]: rank p's reduced chunk arrived (mm_ar)
-DONE = GATHERED + _SLOTS  # [round * ws + c]: this rank finished computing chunk c (local)
-COUNTERS = DONE + _SLOTS  # [round * ws + c]: tiles of chunk c finished so far (local)
+AG_ARRIVED = 16  # [p * nbands + b]: band b of rank p's shard is in this rank's ag_mm receive buffer
+RS_ARRIVED = AG_ARRIVED + WS_MAX * MAX_BANDS  # [(round * ws + p) * nbands + b]: rank p's partial arrived
+GATHERED = RS_ARRIVED + _SLOTS  # [(round * ws + p) * nbands + b]: rank p's reduced band arrived (mm_ar)
+DONE = GATHERED + _SLOTS  # [(round * ws + c) * nbands + b]: this rank finished that band of chunk c (local)
+COUNTERS = DONE + _SLOTS  # same index: tiles of that band finished so far (local)
 CLAIM = COUNTERS + _SLOTS  # a kernel timed out (local; the report itself is in pinned host memory)
 TICKET = CLAIM + 1  # mm_rs/mm_ar tile tickets (local; 0 between calls)
 FLAG_WORDS = TICKET + 1
 
-ONESHOT_MAX_BYTES = 4 << 20  # mm_ar: one-shot (push the whole partial) up to this partial size
-AR_ROWS_PER_CHUNK = 512  # mm_ar: at least this many rows per chunk and round (an efficient GEMM)...
-AR_MAX_ROUNDS = 4  # ...and at most this many rounds (each costs ~3 host calls per peer)
+
+def band_rows(rows: int) -> int:
+    """Rows per band of a chunk of ``rows`` rows: depends only on ``rows``, so every rank agrees,
+    and a multiple of 1024 (so of every block height); at most MAX_BANDS bands."""
+    per = max(BAND_ROWS_MIN, -(-rows // MAX_BANDS))
+    return -(-per // BAND_ROWS_MIN) * BAND_ROWS_MIN
+
+
+def bands(rows: int) -> list[tuple[int, int]]:
+    """(first row, row count) of each band of a chunk of ``rows`` rows (one empty band if rows == 0)."""
+    step = band_rows(rows)
+    return [(lo, min(step, rows - lo)) for lo in range(0, rows, step)] or [(0, 0)]
 
 
 class SymmUnavailable(RuntimeError):

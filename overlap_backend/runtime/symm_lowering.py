@@ -143,9 +143,11 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
     gathered = shard.new_empty(gshape) if return_gathered else shard.new_empty((0,))
     flags, status = st.flag_arg(symm.AG_ARRIVED), st.status_arg()
 
+    band_rows = symm.band_rows(rows)
+
     def launch(i, cfg, epoch):
         ag_kernel.launch(shard2d, buf, weights[i], biases[i], outs[i], flags, epoch, status, st.timeout_ns,
-                         r, ws, run, cfg, st.num_sms)
+                         r, ws, run, band_rows, cfg, st.num_sms)
 
     cfgs = [
         _tune("ag_mm", (rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1), configs.candidates(shard.dtype),
@@ -155,8 +157,12 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
 
     compute = torch.cuda.current_stream(shard.device)
     epoch = st.begin(compute)
+    row_bytes = K * shard.element_size()
+    nbands = len(symm.bands(rows))
     for j in range(ws - 1):
-        st.push((r - 1 - j) % ws, r * chunk_bytes, shard2d.data_ptr(), chunk_bytes, symm.AG_ARRIVED + r)
+        for b, (lo, n) in enumerate(symm.bands(rows)):
+            st.push((r - 1 - j) % ws, r * chunk_bytes + lo * row_bytes, shard2d.data_ptr() + lo * row_bytes,
+                    n * row_bytes, symm.AG_ARRIVED + r * nbands + b)
     for i, cfg in enumerate(cfgs):
         launch(i, cfg, epoch)
     if return_gathered and rows:
@@ -165,7 +171,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
             gview[:, r].copy_(shard2d.view(outer, run, K))
             for j in range(1, ws):
                 c = (r + j) % ws
-                _cuda.wait_value32(st.flag_addr(symm.AG_ARRIVED + c), epoch, st.copy_stream)
+                # bands are pushed in order on one stream: the last band's flag covers the chunk
+                _cuda.wait_value32(st.flag_addr(symm.AG_ARRIVED + c * nbands + nbands - 1), epoch, st.copy_stream)
                 gview[:, c].copy_(buf[c].view(outer, run, K))
     st.end(compute)
     return gathered, outs
@@ -223,17 +230,22 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
     def launch(cfg, epoch):
         rs_kernel.launch(a, b, bias, stage, recv, None, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
                          st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, status, st.timeout_ns, r, ws, rows, run, 1, 0, 0,
-                         average, cfg, st.num_sms)
+                         average, symm.band_rows(rows), cfg, st.num_sms)
 
     cfg = _tune("mm_rs", (a.shape[0], N, a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0),
                 cands, lambda cfg: launch(cfg, 0))
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute)
     launch(cfg, epoch)
+    row_bytes = N * a.element_size()
+    band_list = symm.bands(rows)
+    nb = len(band_list)
     for pos in range(ws - 1):
         c = (r + 1 + pos) % ws
-        _cuda.wait_value32(st.flag_addr(symm.DONE + c), epoch, st.push_stream)
-        st.push(c, r * chunk_bytes, stage[c * rows].data_ptr() if rows else 0, chunk_bytes, symm.RS_ARRIVED + r)
+        for b, (lo, n) in enumerate(band_list):
+            _cuda.wait_value32(st.flag_addr(symm.DONE + c * nb + b), epoch, st.push_stream)
+            st.push(c, r * chunk_bytes + lo * row_bytes, stage.data_ptr() + (c * rows + lo) * row_bytes, n * row_bytes,
+                    symm.RS_ARRIVED + r * nb + b)
     st.end(compute)
     chunk_shape = list(out_shape)
     chunk_shape[dim] = seg
@@ -283,7 +295,7 @@ def mm_ar(a, b, bias, reduce_op, group_name):
     def launch(cfg, epoch):
         rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
                          st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, status, st.timeout_ns, r, ws, rows, rows, rounds,
-                         ws * rows, r * rows, reduce_op == "avg", cfg, st.num_sms)
+                         ws * rows, r * rows, reduce_op == "avg", symm.band_rows(rows), cfg, st.num_sms)
 
     cfg = _tune("mm_ar", (M, N, a.shape[1], str(a.dtype), b.stride(0) == 1), configs.candidates(a.dtype),
                 lambda cfg: launch(cfg, 0))
@@ -291,26 +303,32 @@ def mm_ar(a, b, bias, reduce_op, group_name):
     epoch = st.begin(compute)
     launch(cfg, epoch)
     gather_base = st.data_addr(r, region)
+    row_bytes = N * es
+    band_list = symm.bands(rows)
+    nb = len(band_list)
     for rnd in range(rounds):
-        for pos in range(ws - 1):
+        for pos in range(ws - 1):  # reduce-scatter: this rank's partials of the chunks peers own
             c = (r + 1 + pos) % ws
             slot = rnd * ws + c
-            _cuda.wait_value32(st.flag_addr(symm.DONE + slot), epoch, st.push_stream)
-            st.push(c, (rnd * ws + r) * slot_bytes, stage[slot * rows].data_ptr(), slot_bytes,
-                    symm.RS_ARRIVED + rnd * ws + r)
+            for b, (lo, n) in enumerate(band_list):
+                _cuda.wait_value32(st.flag_addr(symm.DONE + slot * nb + b), epoch, st.push_stream)
+                st.push(c, (rnd * ws + r) * slot_bytes + lo * row_bytes, stage.data_ptr() + (slot * rows + lo) * row_bytes,
+                        n * row_bytes, symm.RS_ARRIVED + (rnd * ws + r) * nb + b)
         own = rnd * ws + r
-        _cuda.wait_value32(st.flag_addr(symm.DONE + own), epoch, st.push_stream)
-        for j in range(1, ws):
-            q = (r - j) % ws
-            st.push(q, region + own * slot_bytes, gather_base + own * slot_bytes, slot_bytes, symm.GATHERED + own)
-        for j in range(1, ws):
+        for b, (lo, n) in enumerate(band_list):  # all-gather: this rank's reduced bands, to every peer
+            _cuda.wait_value32(st.flag_addr(symm.DONE + own * nb + b), epoch, st.push_stream)
+            for j in range(1, ws):
+                st.push((r - j) % ws, region + own * slot_bytes + lo * row_bytes,
+                        gather_base + own * slot_bytes + lo * row_bytes, n * row_bytes, symm.GATHERED + own * nb + b)
+        for j in range(1, ws):  # copy the peers' reduced bands out of the receive buffer
             q = (r + j) % ws
-            lo = (rnd * ws + q) * rows
-            hi = min(lo + rows, M)
-            _cuda.wait_value32(st.flag_addr(symm.GATHERED + rnd * ws + q), epoch, st.copy_stream)
-            if hi > lo:
-                _cuda.memcpy_async(out[lo].data_ptr(), gather_base + (rnd * ws + q) * slot_bytes,
-                                   (hi - lo) * N * es, st.copy_stream)
+            for b, (lo, n) in enumerate(band_list):
+                first = (rnd * ws + q) * rows + lo
+                count = min(n, M - first)
+                _cuda.wait_value32(st.flag_addr(symm.GATHERED + (rnd * ws + q) * nb + b), epoch, st.copy_stream)
+                if count > 0:
+                    _cuda.memcpy_async(out[first].data_ptr(), gather_base + (rnd * ws + q) * slot_bytes + lo * row_bytes,
+                                       count * row_bytes, st.copy_stream)
     st.end(compute)
     return out
 
