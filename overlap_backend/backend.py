@@ -16,7 +16,7 @@ import torch
 import torch.fx
 
 from . import debug
-from .config import ConfigError, OverlapConfig
+from .config import OverlapConfig
 from .passes import GraphReport, PassContext, build_manager
 
 log = logging.getLogger("overlap_backend")
@@ -41,13 +41,6 @@ class OverlapBackend:
     """A ``torch.compile`` backend callable bound to one :class:`OverlapConfig`."""
 
     def __init__(self, config: OverlapConfig):
-        from . import runtime
-
-        if config.lowering == "symm" and "symm" not in runtime.available():
-            raise ConfigError(
-                "OVERLAP_LOWERING=symm: the symm lowering is not available in this version; "
-                f"allowed now: auto, {', '.join(runtime.available())}"
-            )
         self.config = config
         self.manager = build_manager(config.passes)
         self.reports: list[GraphReport] = []
