@@ -109,6 +109,9 @@ def _setup_rank(rank: int, device: str) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 references and fp32 cases stay fp32
         torch.backends.cudnn.allow_tf32 = False
     import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
+    from overlap_backend.codegen import configs
+
+    configs.AUTOTUNE = False  # numerics do not depend on the block config; one compile per variant
 
 
 # ---- one case per op: run ours, build the reference, return the relative error (and a label)

@@ -31,7 +31,8 @@ for _name in _MODULES:
 from overlap_backend.codegen import ag_mm, mm_rs, reduce  # noqa: E402
 from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
 
-CFG = (16, 16, 16, 2, 1, 1)  # BM, BN, BK, GROUP_M, stages, warps: small tiles, many of them
+CFG = (16, 16, 16, 2, 1, 1, False)  # BM, BN, BK, GROUP_M, stages, warps, TMA store: small tiles, many
+CFG_TMA_STORE = CFG[:6] + (True,)
 BAND = 16  # rows per band here (on GPU a multiple of 1024): chunks of more rows travel in several bands
 EPOCH = 5
 SLOW = settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -53,7 +54,7 @@ def _chunk(t, c, outer, ws, run):
 
 
 # ------------------------------------------------------------------------------------ ag_mm
-def _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor, flags=None, timeout_ns=10**6):
+def _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor, flags=None, timeout_ns=10**6, cfg=CFG):
     rows = outer * run
     shards = [torch.randn(outer, run, K) for _ in range(ws)]
     G = torch.cat(shards, dim=1).reshape(-1, K)  # gathered along the run dim
@@ -66,7 +67,7 @@ def _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor, flags=None, timeout_ns=10*
     flags = torch.full((ws * nbands,), EPOCH, dtype=torch.int32) if flags is None else flags
     status = _status()
     ag_mm.launch(shards[r].reshape(rows, K).contiguous(), buf, w, b, out, flags, EPOCH, status, timeout_ns,
-                 r, ws, run, BAND, CFG, 3, timed=False)
+                 r, ws, run, BAND, cfg, 3, timed=False)
     ref = G @ w + (b if b is not None else 0)
     return out, ref, status
 
@@ -79,6 +80,14 @@ def _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor, flags=None, timeout_ns=10*
 def test_ag_mm_matches_gathered_matmul(ws, r, outer, run, K, N, bias, kmajor):
     out, ref, status = _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor)
     assert status[1].tolist() == [0] * 8
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("ws,r,rows,N", [(2, 1, 32, 24), (4, 2, 48, 40)])
+def test_ag_mm_tma_store_epilogue(ws, r, rows, N):
+    # rows a multiple of BM and chunks contiguous: the epilogue stores whole tiles with TMA
+    out, ref, status = _run_ag_mm(ws, r, 1, rows, 32, N, True, True, cfg=CFG_TMA_STORE)
+    assert status[1][0] == 0
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 

@@ -23,7 +23,7 @@ def ag_mm_kernel(
     rank, rows, run, N, K, band_rows, nbands,
     WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PRECISION: tl.constexpr, TIMED: tl.constexpr,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr, TMA_STORE: tl.constexpr,
 ):
     tiles_m = tl.cdiv(rows, BM)
     tiles_n = tl.cdiv(N, BN)
@@ -31,6 +31,8 @@ def ag_mm_kernel(
     shard_desc = tl.make_tensor_descriptor(shard_ptr, shape=[rows, K], strides=[K, 1], block_shape=[BM, BK])
     buf_desc = tl.make_tensor_descriptor(buf_ptr, shape=[WS * rows, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
+    if TMA_STORE:  # chunks are contiguous blocks of rows and BM divides them: tiles never straddle two
+        out_desc = tl.make_tensor_descriptor(out_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
     waited = nbands - 1  # bands are known here up to this (position, band) key: position 0 is local
     for tile in range(tl.program_id(0), WS * tiles_per_chunk, tl.num_programs(0)):
         pos = tile // tiles_per_chunk
@@ -53,7 +55,10 @@ def ag_mm_kernel(
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
-        store_rows(out_ptr, global_row(offs_m, chunk, run, WS), offs_m < rows, offs_n, N, N, acc)
+        if TMA_STORE:
+            out_desc.store([chunk * rows + pid_m * BM, pid_n * BN], acc.to(out_ptr.dtype.element_ty))
+        else:
+            store_rows(out_ptr, global_row(offs_m, chunk, run, WS), offs_m < rows, offs_n, N, N, acc)
 
 
 def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, band_rows, config, num_sms,
@@ -67,8 +72,9 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     """
     rows, K = shard.shape
     N = b.shape[1]
-    BM, BN, BK, GROUP_M, stages, warps = config
+    BM, BN, BK, GROUP_M, stages, warps, tma_store = config
     assert band_rows % BM == 0, (band_rows, BM)
+    assert not tma_store or (run == rows and rows % BM == 0), (tma_store, run, rows, BM)
     grid = (min(num_sms, ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     ag_mm_kernel[grid](
@@ -77,6 +83,6 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
         rank, rows, run, N, K, band_rows, max(1, triton.cdiv(rows, band_rows)),
         WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor,
         HAS_BIAS=bias is not None, PRECISION="ieee" if shard.dtype == torch.float32 else None,
-        TIMED=timed, num_stages=stages, num_warps=warps,
+        TIMED=timed, TMA_STORE=tma_store, num_stages=stages, num_warps=warps,
     )
     return out

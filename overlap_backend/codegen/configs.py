@@ -1,6 +1,7 @@
 """Block configurations of the tile kernels, autotuned once per shape and cached (memory + disk).
 
-A config is ``(BM, BN, BK, GROUP_M, num_stages, num_warps)``. The first candidate is the one
+A config is ``(BM, BN, BK, GROUP_M, num_stages, num_warps, tma_store)``; ``tma_store`` (an
+asynchronous TMA epilogue store) only where the kernel can use it (``tma_store_ok``). The first candidate is the one
 measured at ~cuBLAS speed on H200 (DESIGN.md: BM=128 BN=256 BK=64, 3 stages, 8 warps). Tuning
 times each candidate on the real problem with every flag already raised (epoch 0), so the numbers
 are the GEMM's own; the winner only changes this rank's kernel, never what is communicated, so
@@ -21,31 +22,37 @@ import torch
 
 log = logging.getLogger("overlap_backend.codegen")
 
-Config = tuple[int, int, int, int, int, int]
+Config = tuple[int, int, int, int, int, int, bool]
 
 CANDIDATES_16BIT: tuple[Config, ...] = (
-    (128, 256, 64, 8, 3, 8),
-    (128, 128, 64, 8, 4, 8),
-    (128, 128, 64, 8, 4, 4),
-    (64, 256, 64, 8, 4, 4),
+    (128, 256, 64, 8, 3, 8, False),
+    (128, 128, 64, 8, 4, 8, False),
+    (128, 128, 64, 8, 4, 4, False),
+    (64, 256, 64, 8, 4, 4, False),
 )
 CANDIDATES_32BIT: tuple[Config, ...] = (
-    (128, 128, 32, 8, 3, 8),
-    (64, 128, 32, 8, 3, 4),
+    (128, 128, 32, 8, 3, 8, False),
+    (64, 128, 32, 8, 3, 4, False),
 )
+TMA_STORE_VARIANTS = 2  # the first this many candidates are also tried with a TMA-store epilogue
+
+AUTOTUNE = True  # False: take the first fitting candidate (tests: one compile per kernel variant)
 
 _lock = threading.Lock()
 _memory: dict[str, Config] = {}
 _disk_loaded = False
 
 
-def candidates(dtype: torch.dtype, row_multiple: int | None = None) -> list[Config]:
+def candidates(dtype: torch.dtype, row_multiple: int | None = None, tma_store_rows: int | None = None) -> list[Config]:
     """Candidates for ``dtype``; with ``row_multiple``, only those whose BM divides it (tiles that
-    must not straddle two runs of rows)."""
-    cands = CANDIDATES_32BIT if dtype == torch.float32 else CANDIDATES_16BIT
+    must not straddle two runs of rows); with ``tma_store_rows``, also TMA-store variants of the
+    first candidates whose BM divides it (tiles that must not straddle two chunks)."""
+    cands = list(CANDIDATES_32BIT if dtype == torch.float32 else CANDIDATES_16BIT)
     if row_multiple is not None:
-        cands = tuple(c for c in cands if row_multiple % c[0] == 0)
-    return list(cands)
+        cands = [c for c in cands if row_multiple % c[0] == 0]
+    if tma_store_rows:
+        cands += [(*c[:6], True) for c in cands[:TMA_STORE_VARIANTS] if tma_store_rows % c[0] == 0]
+    return cands
 
 
 def _cache_file() -> Path:
@@ -86,7 +93,7 @@ def pick(kernel: str, shape_key: tuple, cands: list[Config], time_ms: Callable[[
     """The fastest of ``cands`` for this kernel and shape (``time_ms(config)`` measures one)."""
     if not cands:
         raise ValueError(f"no block configuration fits {kernel} {shape_key}")
-    if len(cands) == 1:
+    if len(cands) == 1 or not AUTOTUNE:
         return cands[0]
     key = f"{_device_key()}|{kernel}|{shape_key}"
     with _lock:

@@ -150,7 +150,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
                          r, ws, run, band_rows, cfg, st.num_sms)
 
     cfgs = [
-        _tune("ag_mm", (rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1), configs.candidates(shard.dtype),
+        _tune("ag_mm", (rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows),
+              configs.candidates(shard.dtype, tma_store_rows=rows if run == rows else None),
               lambda cfg, i=i: launch(i, cfg, 0))
         for i, w in enumerate(weights)
     ]
