@@ -1,7 +1,16 @@
 import os
 import sys
 
-import pytest
+# Triton decides at import time whether its own library functions (tl.cdiv, ...) run under the
+# interpreter, and any test module may import it (through torch._inductor) before the tile-kernel
+# tests run: where there is no GPU, turn the interpreter on before anything imports Triton.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
 
 # Tests import the harness as a plain module; spawned ranks import it the same way.
 sys.path.insert(0, os.path.dirname(__file__))
