@@ -74,6 +74,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, tma_store = config
     assert band_rows % BM == 0, (band_rows, BM)
+    GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     assert not tma_store or (run == rows and rows % BM == 0), (tma_store, run, rows, BM)
     grid = (min(num_sms, ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K

@@ -105,6 +105,7 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, _ = config  # no TMA-store epilogue: stores are signalled
     assert band_rows % BM == 0, (band_rows, BM)
+    GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     grid = (min(num_sms, rounds * ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     mm_rs_kernel[grid](

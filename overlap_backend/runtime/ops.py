@@ -123,3 +123,69 @@ def _group_size(group_name: str) -> int:
 
 
 OPS = {"ag_mm": ag_mm, "mm_rs": mm_rs, "mm_ar": mm_ar}
+
+
+# --------------------------------------------------------------------------------- moe_experts
+MOE_SAVED = ("recv", "xg", "gate", "up", "act")
+
+
+@torch.library.custom_op("overlap::moe_experts", mutates_args=())
+def moe_experts(
+    x: Tensor,
+    send_splits: list[int],
+    recv_splits: list[int],
+    rows: Tensor,
+    offsets: Optional[Tensor],
+    group_sizes: list[int],
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+    group_name: str,
+    lowering: str,
+    saved: list[bool],
+) -> tuple[Tensor, list[Tensor]]:
+    """Expert-parallel MoE block: dispatch all-to-all, SwiGLU experts, combine all-to-all.
+
+    ``x`` ``[N_send, H]``: this rank's token rows, ``send_splits[d]`` of them for rank ``d``, in rank
+    order. ``w_gate``/``w_up`` ``[E, H, F]``, ``w_down`` ``[E, F, H]``: this rank's ``E`` experts; their
+    dtype is the compute dtype ``cd``. Semantics::
+
+        R   = all_to_all_single(x, recv_splits, send_splits)        # [N_recv, H] received rows
+        Xg[j] = R[rows[j]].to(cd), or 0 where rows[j] < 0            # [M, H] expert-grouped rows
+        expert e owns grouped rows ends[e-1] <= j < ends[e]          # ends = offsets, or cumsum(group_sizes)
+        G = Xg @ w_gate[e],  U = Xg @ w_up[e],  A = silu(G) * U,  Y = A @ w_down[e]   (rows of expert e;
+                                                                     rows past ends[-1]: all 0)
+        Yr[rows[j]] = Y[j].to(x.dtype); received rows no j points at are 0   # rows[] distinct
+        out = all_to_all_single(Yr, send_splits, recv_splits)       # [N_send, H], same order as x
+
+    ``offsets`` is ``torch._grouped_mm``'s ``offs`` (int32 cumulative ends, on the device); when it
+    is None, ``group_sizes`` (ints, possibly unbacked SymInts) gives the rows of each expert.
+    ``saved[i]`` asks for ``MOE_SAVED[i]`` = ``R``, ``Xg``, ``G``, ``U``, ``A`` in ``saved_values[i]``
+    (what a training forward keeps for backward); unrequested ones are empty tensors.
+    Returns ``(out, saved_values)``.
+    """
+    impl = _lowering.implementation(lowering, "moe_experts")
+    return impl(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
+
+
+@moe_experts.register_fake
+def _(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, lowering, saved):
+    h, f, m = x.shape[-1], w_gate.shape[-1], rows.shape[0]
+    cd = w_gate.dtype
+    shapes = {
+        "recv": ((sum(recv_splits), h), x.dtype),
+        "xg": ((m, h), cd),
+        "gate": ((m, f), cd),
+        "up": ((m, f), cd),
+        "act": ((m, f), cd),
+    }
+    if len(saved) != len(MOE_SAVED):
+        raise ValueError(f"overlap::moe_experts: saved has {len(saved)} flags, expected {len(MOE_SAVED)} {MOE_SAVED}")
+    values = []
+    for name, want in zip(MOE_SAVED, saved):
+        shape, dtype = shapes[name] if want else ((0,), x.dtype)
+        values.append(x.new_empty(shape, dtype=dtype))
+    return x.new_empty(x.shape), values
+
+
+OPS["moe_experts"] = moe_experts

@@ -45,7 +45,7 @@ WS_MAX = 8  # ranks of one node
 AR_ROWS_PER_CHUNK = 512  # mm_ar: at least this many rows per chunk and round (an efficient GEMM)...
 AR_MAX_ROUNDS = 4  # ...and at most this many rounds (each costs ~3 host calls per peer and band)
 ONESHOT_MAX_BYTES = 4 << 20  # mm_ar: one-shot (push the whole partial) up to this partial size
-BAND_ROWS_MIN = 1024  # chunks travel in bands of at least this many rows (a multiple of every BM)...
+BAND_ROWS_MIN = 512  # chunks travel in bands of at least this many rows (a multiple of every BM)...
 MAX_BANDS = 8  # ...and at most this many bands per chunk
 _SLOTS = AR_MAX_ROUNDS * WS_MAX * MAX_BANDS
 
@@ -63,7 +63,7 @@ FLAG_WORDS = TICKET + 1
 
 def band_rows(rows: int) -> int:
     """Rows per band of a chunk of ``rows`` rows: depends only on ``rows``, so every rank agrees,
-    and a multiple of 1024 (so of every block height); at most MAX_BANDS bands."""
+    and a multiple of BAND_ROWS_MIN (so of every block height); at most MAX_BANDS bands."""
     per = max(BAND_ROWS_MIN, -(-rows // MAX_BANDS))
     return -(-per // BAND_ROWS_MIN) * BAND_ROWS_MIN
 

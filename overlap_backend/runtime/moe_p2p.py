@@ -1,0 +1,221 @@
+"""The ``p2p`` lowering of ``overlap::moe_experts``: per-destination chunking of the expert work.
+
+The rows this rank received from source rank ``s`` must go back to ``s`` once the experts have
+run on them, so the expert work is cut by source ("destination" of the combine):
+
+- **dispatch**: ``ws - 1`` shift steps posted at once: step ``i`` sends ``x``'s chunk for rank
+  ``r - i`` and receives the chunk of rank ``r + i``. Every rank posts them in the same order, so
+  the pairing is deadlock-free on NCCL (one communication stream) and on gloo.
+- **experts and combine**: for ``i = 1 … ws-1`` the rows of source ``r + i`` are computed as soon
+  as their dispatch step has arrived (later steps are still in flight), then sent straight back
+  (combine step ``i``: to ``r + i``, receiving this rank's results from ``r - i``) while the next
+  source's rows are computed. The own rows come last: the last combine transfer overlaps them, and
+  nothing but a wait follows the last GEMM.
+
+Which grouped row belongs to which source and expert is worked out once per call (one host read of a
+``[ws, E]`` count table; on CUDA that is one synchronisation). Within a chunk each expert's rows are
+one GEMM each (``torch._grouped_mm`` for bfloat16 on CUDA, a loop of ``mm`` otherwise).
+
+On CUDA the transfers are issued from the high-priority communication stream of ``runtime/p2p.py``
+(``streams.comm_stream``); the compute stream waits for a dispatch chunk only right before it reads
+it. On gloo they are asynchronous work objects that progress while this thread computes. gloo
+matches messages by tag: dispatch and combine use distinct tags.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from .lowering import register
+from .ops import MOE_SAVED
+from .p2p import Ring
+from .streams import P2P_RING, comm_stream
+
+_TAG_DISPATCH, _TAG_COMBINE = 0x40E1, 0x40E2
+
+
+def _start(ops: list[dist.P2POp]) -> list[dist.Work]:
+    """Start ``ops`` (one batch); on CUDA from the communication stream, after the compute stream."""
+    if not ops:
+        return []
+    tensor = ops[0].tensor
+    if tensor.is_cuda:
+        stream = comm_stream(tensor.device.index, P2P_RING)
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(stream):
+            return list(dist.batch_isend_irecv(ops))
+    return list(dist.batch_isend_irecv(ops))
+
+
+def _prefix(sizes: list[int]) -> list[int]:
+    out = [0]
+    for s in sizes:
+        out.append(out[-1] + int(s))
+    return out
+
+
+def _check(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, ws, rank) -> None:
+    def fail(msg: str):
+        raise ValueError(f"overlap p2p moe_experts: {msg}")
+
+    if x.dim() != 2 or rows.dim() != 1:
+        fail(f"x must be 2-D and rows 1-D, got {tuple(x.shape)} and {tuple(rows.shape)}")
+    if len(send_splits) != ws or len(recv_splits) != ws:
+        fail(f"{len(send_splits)} send / {len(recv_splits)} recv splits for a group of {ws} ranks")
+    if any(s < 0 for s in list(send_splits) + list(recv_splits)):
+        fail(f"negative split sizes {list(send_splits)} / {list(recv_splits)}")
+    if sum(send_splits) != x.shape[0]:
+        fail(f"send_splits {list(send_splits)} do not add up to the {x.shape[0]} rows of x")
+    if send_splits[rank] != recv_splits[rank]:
+        fail(f"rank {rank} sends itself {send_splits[rank]} rows but receives {recv_splits[rank]}")
+    if w_gate.dim() != 3 or w_up.shape != w_gate.shape or w_down.shape != (w_gate.shape[0], w_gate.shape[2], w_gate.shape[1]):
+        fail(f"weights {tuple(w_gate.shape)}, {tuple(w_up.shape)}, {tuple(w_down.shape)} are not [E, H, F] x2, [E, F, H]")
+    if w_gate.shape[1] != x.shape[1]:
+        fail(f"w_gate {tuple(w_gate.shape)} does not take rows of width {x.shape[1]}")
+    if not (w_up.dtype == w_down.dtype == w_gate.dtype):
+        fail(f"weights of different dtypes {w_gate.dtype}, {w_up.dtype}, {w_down.dtype}")
+    experts = w_gate.shape[0]
+    if offsets is None and len(group_sizes) != experts:
+        fail(f"{len(group_sizes)} group sizes for {experts} experts")
+    if offsets is not None and tuple(offsets.shape) != (experts,):
+        fail(f"offsets of shape {tuple(offsets.shape)} for {experts} experts")
+
+
+def _experts(xs: Tensor, counts: list[int], w_gate: Tensor, w_up: Tensor, w_down: Tensor):
+    """SwiGLU of expert ``e`` on the ``counts[e]`` consecutive rows of ``xs`` that follow expert e-1's."""
+    n, f = xs.shape[0], w_gate.shape[2]
+    if xs.is_cuda and xs.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
+        offs = torch.tensor(_prefix(counts)[1:], dtype=torch.int32, device=xs.device)
+        g = torch._grouped_mm(xs, w_gate, offs=offs)
+        u = torch._grouped_mm(xs, w_up, offs=offs)
+        a = F.silu(g) * u
+        return g, u, a, torch._grouped_mm(a, w_down, offs=offs)
+    g, u = xs.new_empty((n, f)), xs.new_empty((n, f))
+    y = xs.new_empty((n, w_down.shape[2]))
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            rows = slice(start, start + c)
+            torch.mm(xs[rows], w_gate[e], out=g[rows])
+            torch.mm(xs[rows], w_up[e], out=u[rows])
+        start += c
+    a = F.silu(g) * u
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            torch.mm(a[start : start + c], w_down[e], out=y[start : start + c])
+        start += c
+    return g, u, a, y
+
+
+@register("p2p", "moe_experts")
+def moe_experts(
+    x: Tensor,
+    send_splits: list[int],
+    recv_splits: list[int],
+    rows: Tensor,
+    offsets: Tensor | None,
+    group_sizes: list[int],
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+    group_name: str,
+    saved: list[bool],
+) -> tuple[Tensor, list[Tensor]]:
+    group = _resolve_process_group(group_name)
+    ws, r = group.size(), group.rank()
+    if r < 0:
+        raise RuntimeError(f"overlap p2p: this process is not a member of group {group_name!r}")
+    send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
+    _check(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, ws, r)
+    x = x.contiguous()
+    experts, h, f = w_gate.shape
+    cd, dev = w_gate.dtype, x.device
+    send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
+
+    # Dispatch: ws - 1 shift steps, all posted now (same order on every rank).
+    recv = x.new_empty((recv_off[-1], h))
+    recv[recv_off[r] : recv_off[r + 1]].copy_(x[send_off[r] : send_off[r + 1]])
+    arrived: dict[int, list[dist.Work]] = {}
+    for i in range(1, ws):
+        dst, src = (r - i) % ws, (r + i) % ws
+        ops = []
+        if send_splits[dst]:
+            chunk = x[send_off[dst] : send_off[dst + 1]]
+            ops.append(dist.P2POp(dist.isend, chunk, group=group, group_peer=dst, tag=_TAG_DISPATCH))
+        if recv_splits[src]:
+            chunk = recv[recv_off[src] : recv_off[src + 1]]
+            ops.append(dist.P2POp(dist.irecv, chunk, group=group, group_peer=src, tag=_TAG_DISPATCH))
+        arrived[src] = _start(ops)
+
+    # Grouped row j: expert expert_of[j], source rank source[j]; sorted by (source, expert).
+    m = rows.shape[0]
+    rows = rows.to(device=dev, dtype=torch.long)
+    if offsets is not None:
+        ends = offsets.to(device=dev, dtype=torch.long)
+    else:
+        ends = torch.tensor(_prefix(group_sizes)[1:], dtype=torch.long, device=dev)
+    j = torch.arange(m, device=dev)
+    expert_of = torch.searchsorted(ends, j, right=True)
+    source = torch.searchsorted(torch.tensor(recv_off[1:], dtype=torch.long, device=dev), rows, right=True)
+    valid = (rows >= 0) & (expert_of < experts)
+    key = torch.where(valid, source * experts + expert_of, ws * experts)
+    key, order = torch.sort(key, stable=True)
+    counts = torch.bincount(key, minlength=ws * experts + 1)[: ws * experts].view(ws, experts).tolist()
+    starts = _prefix([sum(c) for c in counts])
+
+    want = dict(zip(MOE_SAVED, saved))
+    keep = {
+        "xg": x.new_zeros((m, h), dtype=cd) if want["xg"] else None,
+        "gate": x.new_zeros((m, f), dtype=cd) if want["gate"] else None,
+        "up": x.new_zeros((m, f), dtype=cd) if want["up"] else None,
+        "act": x.new_zeros((m, f), dtype=cd) if want["act"] else None,
+    }
+    y_recv = x.new_zeros((recv_off[-1], h))
+    out = x.new_empty(x.shape)
+    combine: list[dist.Work] = []
+
+    def compute(src: int) -> None:
+        js = order[starts[src] : starts[src + 1]]
+        if js.numel() == 0:
+            return
+        src_rows = rows[js]
+        xs = recv.index_select(0, src_rows).to(cd)
+        g, u, a, y = _experts(xs, counts[src], w_gate, w_up, w_down)
+        y_recv.index_copy_(0, src_rows, y.to(x.dtype))
+        for name, value in (("xg", xs), ("gate", g), ("up", u), ("act", a)):
+            if keep[name] is not None:
+                keep[name].index_copy_(0, js, value)
+
+    # Remote sources first: compute the rows of r + i, send them back while computing the next.
+    for i in range(1, ws):
+        src, dst = (r + i) % ws, (r - i) % ws
+        Ring.wait(arrived.pop(src))
+        compute(src)
+        ops = []
+        if recv_splits[src]:
+            chunk = y_recv[recv_off[src] : recv_off[src + 1]]
+            ops.append(dist.P2POp(dist.isend, chunk, group=group, group_peer=src, tag=_TAG_COMBINE))
+        if send_splits[dst]:
+            chunk = out[send_off[dst] : send_off[dst + 1]]
+            ops.append(dist.P2POp(dist.irecv, chunk, group=group, group_peer=dst, tag=_TAG_COMBINE))
+        combine.extend(_start(ops))
+    compute(r)  # own rows last: the last combine transfer overlaps them
+    if keep["xg"] is not None:
+        # Grouped rows past the last expert's end are gathered (Xg) but belong to no expert.
+        idle = torch.nonzero((rows >= 0) & (expert_of >= experts)).view(-1)
+        keep["xg"].index_copy_(0, idle, recv.index_select(0, rows[idle]).to(cd))
+    out[send_off[r] : send_off[r + 1]].copy_(y_recv[recv_off[r] : recv_off[r + 1]])
+    Ring.wait(combine)
+
+    values = []
+    for name in MOE_SAVED:
+        if name == "recv":
+            values.append(recv if want["recv"] else x.new_empty((0,)))
+        else:
+            values.append(keep[name] if keep[name] is not None else x.new_empty((0,)))
+    return out, values
