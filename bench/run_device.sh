@@ -4,6 +4,7 @@
 #   bash bench/run_device.sh          # GPU tests (ws 2 and 4), then the benchmarks at ws=4 and ws=2
 #   bash bench/run_device.sh quick    # smoke run: ws=2 tests only, benchmarks with --quick
 #   bash bench/run_device.sh bench    # the benchmarks only (no GPU tests)
+#   TESTS_K="ws4 or timeout" bash bench/run_device.sh   # a pytest -k selection of the GPU tests
 #
 # Nothing is installed: PYTHONPATH points at the repo. NVLink multicast stays off (the three
 # variables below). Every stage runs under `timeout`: its own cap, cut to what is left of a
@@ -151,7 +152,8 @@ main() {
   if [ "$MODE" != bench ]; then
     local select=()
     [ "$MODE" = quick ] && select=(-k ws2)
-    stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest -x -q -rA -p no:cacheprovider -m gpu tests/test_gpu.py "${@}" 2>&1 | tee "$OUT_LOG"' \
+    [ -n "${TESTS_K:-}" ] && select=(-k "$TESTS_K") # e.g. TESTS_K="ws4 or timeout"
+    stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest -q -rA -p no:cacheprovider -m gpu tests/test_gpu.py "${@}" 2>&1 | tee "$OUT_LOG"' \
       "$PY" "${select[@]}"
   fi
 
