@@ -77,6 +77,15 @@ def host_us(fn, n=20):
 TIMING = None
 
 
+def with_transport(transport, fn):
+    """Run ``fn`` with mm_rs / mm_ar shipping partials by ``transport`` ("ce" or "peer")."""
+    saved, symm_lowering.TRANSPORT = symm_lowering.TRANSPORT, transport
+    try:
+        return fn()
+    finally:
+        symm_lowering.TRANSPORT = saved
+
+
 def main():
     global TIMING
     p = argparse.ArgumentParser()
@@ -146,6 +155,7 @@ def main():
         t_rs = med_ms(lambda: dist.reduce_scatter_tensor(o, c))
         op = lambda: torch.ops.overlap.mm_rs(a, b, None, [M, N], 0, "sum", gn, "symm")  # noqa: E731
         t_op, t_b2b, t_host = med_ms(op), b2b_ms(op), host_us(op)
+        t_peer = with_transport("peer", lambda: b2b_ms(op))
         rows = M // ws
         stage = torch.empty(M, N, device=device, dtype=dt)
         recv = torch.randn(M, N, device=device, dtype=dt)
@@ -160,7 +170,7 @@ def main():
         best = min(kt, key=kt.get)
         lines.append(f"mm_rs M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL rs {t_rs:.3f} kernel {kt[best]:.3f} ({best}) "
                      f"ratio {kt[best] / t_mm:.2f} | op {t_op:.3f} (back-to-back {t_b2b:.3f}, host {t_host:.0f} us) "
-                     f"-> {t_b2b / max(t_mm, t_rs):.2f}x of max")
+                     f"-> {t_b2b / max(t_mm, t_rs):.2f}x of max | peer-store transport {t_peer:.3f}")
         print(lines[-1], flush=True) if rank == 0 else None
 
     for M, K, N in ar_shapes:
@@ -171,9 +181,10 @@ def main():
         t_ar = med_ms(lambda: dist.all_reduce(c))
         op = lambda: torch.ops.overlap.mm_ar(a, b, None, "sum", gn, "symm")  # noqa: E731
         t_op, t_b2b, t_host = med_ms(op), b2b_ms(op), host_us(op)
+        t_peer = with_transport("peer", lambda: b2b_ms(op))
         lines.append(f"mm_ar M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL ar {t_ar:.3f} op {t_op:.3f} "
                      f"(back-to-back {t_b2b:.3f}, host {t_host:.0f} us) -> {t_b2b / max(t_mm, t_ar):.2f}x of max "
-                     f"(rounds {symm_lowering.ar_rounds(M, ws)})")
+                     f"(rounds {symm_lowering.ar_rounds(M, ws)}) | peer-store transport {t_peer:.3f}")
         print(lines[-1], flush=True) if rank == 0 else None
     # Where the host time of a decode-size call goes (rank 0's profile).
     import cProfile

@@ -210,6 +210,15 @@ def _symm_cases(ws: int):
 SYMM_CASES_ON_KERNELS = 11  # the first 11 of _symm_cases
 
 
+def _use_lowering(lowering: str) -> str:
+    """The op's lowering argument for a test's lowering id; ``symm-peer`` is ``symm`` with the
+    reduce-scatter partials shipped by peer stores from the kernel instead of the copy engine."""
+    from overlap_backend.runtime import symm_lowering
+
+    symm_lowering.TRANSPORT = "peer" if lowering == "symm-peer" else "ce"
+    return "symm" if lowering == "symm-peer" else lowering
+
+
 def _paths() -> dict:
     from overlap_backend.runtime import symm_lowering
 
@@ -221,6 +230,7 @@ def numerics_worker(rank: int, ws: int, device: str, lowering: str = "p2p"):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
+    lowering = _use_lowering(lowering)
     group = dist.group.WORLD
     results, bad = [], []
     for dtype in DTYPES:
@@ -243,6 +253,7 @@ def repeat_worker(rank: int, ws: int, device: str, calls: int = 100, distinct: i
     import torch.distributed as dist
 
     _setup_rank(rank, device)
+    lowering = _use_lowering(lowering)
     group = dist.group.WORLD
     gn = group.group_name
     dtype = torch.bfloat16
@@ -481,9 +492,11 @@ def _replicated_input(tokens: int, hidden: int, dtype, device):
 
 # ============================================================================ tests
 LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm"])
+# symm-peer: mm_rs / mm_ar ship partials with peer stores from the kernel (symm_lowering.TRANSPORT)
+OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer"])
 
 
-@LOWERINGS
+@OP_LOWERINGS
 @WORLD_SIZES
 @pytest.mark.timeout(300)
 def test_ops_numerics(ws, lowering):
@@ -497,7 +510,7 @@ def test_ops_numerics(ws, lowering):
         print(f"ws={ws} {lowering} {label} {dtype}: max rel err {err:.2e}")
 
 
-@LOWERINGS
+@OP_LOWERINGS
 @WORLD_SIZES
 @pytest.mark.timeout(200)
 def test_repeated_calls(ws, lowering):

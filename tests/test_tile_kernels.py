@@ -221,3 +221,59 @@ def test_oneshot_sum(average):
                   r, ws, average, timed=False)
     torch.testing.assert_close(out, sum(parts) / (ws if average else 1), atol=1e-5, rtol=1e-5)
     assert status[1][0] == 0
+
+
+# ------------------------------------------------------------------- mm_rs / mm_ar, peer stores
+@pytest.mark.parametrize("ws,r,M,rounds,gather", [(3, 1, 96, 1, False), (2, 0, 150, 2, True), (4, 3, 64, 1, True)])
+def test_peer_store_transport(ws, r, M, rounds, gather):
+    """PEER_STORE: remote partials land in their owners' receive buffers and raise the owners' flags;
+    with gather (mm_ar) the reduced bands land in every peer's gather buffer, flagged there."""
+    K, N = 32, 24
+    rows = -(-M // (rounds * ws))
+    padded = rounds * ws * rows
+    nb = -(-rows // BAND)
+    A = [torch.randn(M, K) for _ in range(ws)]
+    B = torch.randn(K, N)
+    C = [torch.cat([a @ B, torch.zeros(padded - M, N)]) for a in A]
+    total = sum(C)
+    # every rank's data buffer: receive region, then gather region; every rank's flag buffer
+    data = [torch.full((2 * padded, N), float("nan")) for _ in range(ws)]
+    RS_WORD, AG_WORD = 0, rounds * ws * nb
+    flags = [torch.zeros(2 * rounds * ws * nb, dtype=torch.int32) for _ in range(ws)]
+    for rnd in range(rounds):  # what the peers shipped to this rank, already here
+        for p in range(ws):
+            if p != r:
+                src = (rnd * ws + r) * rows
+                data[r][(rnd * ws + p) * rows:(rnd * ws + p + 1) * rows] = C[p][src:src + rows]
+                flags[r][RS_WORD + (rnd * ws + p) * nb:(rnd * ws + p + 1) * nb] = EPOCH
+    peer = dict(data=torch.tensor([d.data_ptr() for d in data], dtype=torch.int64),
+                flags=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
+                ready=torch.full((ws,), EPOCH, dtype=torch.int32), gather_offset=padded * N * 4,
+                rs_flag_word=RS_WORD, ag_flag_word=AG_WORD)
+    out = torch.full((M, N) if gather else (rows, N), float("nan"))
+    counters = torch.zeros(rounds * ws * nb, dtype=torch.int32)
+    status = _status()
+    mm_rs.launch(A[r], B, None, None, data[r][:padded], data[r][padded:] if gather else None, out, counters,
+                 torch.zeros_like(counters), flags[r][RS_WORD:], torch.zeros(1, dtype=torch.int32), EPOCH, status,
+                 10**6, r, ws, rows, rows, rounds, ws * rows if gather else 0, r * rows if gather else 0, False, BAND,
+                 CFG, 4, timed=False, peer=peer)
+    assert status[1][0] == 0 and counters.tolist() == [0] * len(counters)
+    for rnd in range(rounds):
+        own = rnd * ws + r
+        lo = own * rows
+        valid = max(min(rows, M - lo), 0)
+        if gather:
+            torch.testing.assert_close(out[lo:lo + valid], total[lo:lo + valid], atol=1e-4, rtol=1e-4)
+        else:
+            torch.testing.assert_close(out, total[lo:lo + rows], atol=1e-4, rtol=1e-4)
+        for c in range(ws):
+            if c == r:
+                continue
+            src = (rnd * ws + c) * rows  # this rank's partial of the rows rank c owns in this round
+            got = data[c][(rnd * ws + r) * rows:(rnd * ws + r + 1) * rows]
+            torch.testing.assert_close(got, C[r][src:src + rows], atol=1e-4, rtol=1e-4)
+            assert flags[c][RS_WORD + own * nb:RS_WORD + (own + 1) * nb].tolist() == [EPOCH] * nb
+            if gather:
+                torch.testing.assert_close(data[c][padded + lo:padded + lo + valid], total[lo:lo + valid],
+                                           atol=1e-4, rtol=1e-4)
+                assert flags[c][AG_WORD + own * nb:AG_WORD + (own + 1) * nb].tolist() == [EPOCH] * nb

@@ -22,6 +22,7 @@ OP_MM_RS = tl.constexpr(2)
 OP_MM_AR = tl.constexpr(3)
 OP_AR_ONESHOT = tl.constexpr(4)
 OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)"}
+READY_FLAG_BASE = tl.constexpr(1000)  # status flag index 1000 + p: the wait for rank p's READY
 
 
 @triton.jit
@@ -74,11 +75,37 @@ def signal_flag(flag_ptr, epoch):
 
 
 @triton.jit
-def count_tile_done(counter_ptr, done_flag_ptr, tiles_in_chunk, epoch):
-    """One more finished tile of a chunk; the CTA that finishes the chunk resets its counter (for the
-    next call) and raises the chunk's flag to ``epoch``."""
+def _count(counter_ptr, SYS: tl.constexpr):
+    """Count one finished tile (acq_rel: the tile's stores, and every earlier counted tile's, are
+    ordered before whatever the last counter does next). System scope when the stores went to a
+    peer's memory."""
     tl.debug_barrier()  # every thread's stores of this tile happen before the release below
-    old = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if SYS:
+        old = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="sys")
+    else:
+        old = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    return old
+
+
+@triton.jit
+def count_tile_done(counter_ptr, done_flag_ptr, tiles_in_chunk, epoch, SYS: tl.constexpr = False):
+    """One more finished tile of a chunk (or band); the CTA that finishes it resets its counter (for
+    the next call) and raises its flag (local, or a peer's) to ``epoch``."""
+    old = _count(counter_ptr, SYS)
     if old == tiles_in_chunk - 1:
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
         signal_flag(done_flag_ptr, epoch)
+
+
+@triton.jit
+def count_tile_done_to_peers(counter_ptr, peer_flags_ptr, flag_word, tiles_in_chunk, epoch, rank,
+                             WS: tl.constexpr):
+    """As ``count_tile_done`` for tiles stored into every peer's memory: the last tile raises word
+    ``flag_word`` of every peer's flag buffer (``peer_flags_ptr``: their base addresses)."""
+    old = _count(counter_ptr, True)
+    if old == tiles_in_chunk - 1:
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        for p in range(1, WS):
+            peer = (rank + p) % WS
+            flags = tl.load(peer_flags_ptr + peer).to(tl.pointer_type(tl.int32))
+            signal_flag(flags + flag_word, epoch)

@@ -16,6 +16,11 @@ every rank); flags and counters are per (round, chunk, band): index ``(round * w
   ``WRITE_GATHER`` (``mm_ar``) it also stores into ``gather[round, rank]`` and counts the tile, so
   that the copy engine pushes each reduced band to every peer as soon as it is complete.
 
+``PEER_STORE`` ships with the SMs instead of the copy engine: a remote tile is stored straight into
+its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY``), and the last
+tile of a band raises the owner's flag itself (system-scope release); with ``WRITE_GATHER`` the
+reduced tiles go into every peer's gather buffer the same way. No staging, no host-issued copies.
+
 Tiles are handed out in that order by an atomic counter (not by CTA index): a CTA that is not
 resident (SMs busy with other work) then holds no tile that a peer's spinning CTA depends on, so
 waits across GPUs cannot form a cycle. The CTA that draws the last ticket resets the counter.
@@ -28,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .flags import OP_MM_AR, OP_MM_RS, count_tile_done, wait_flag
+from .flags import OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, count_tile_done, count_tile_done_to_peers, wait_flag
 from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, mainloop, store_rows
 
 
@@ -37,9 +42,10 @@ def mm_rs_kernel(
     a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
     counters_ptr, done_ptr, recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out_rows, band_rows, nbands,
+    peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word, ag_flag_word,
     WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
-    PRECISION: tl.constexpr, TIMED: tl.constexpr,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_m = tl.cdiv(rows, BM)
@@ -49,6 +55,7 @@ def mm_rs_kernel(
     b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
     band_tile_rows = band_rows // BM
     waited = -1  # this CTA has seen every peer's partial of (round, band) keys <= waited
+    ready_seen = 0  # PEER_STORE: bit p set once rank p's READY was seen by this CTA
     num_tiles = rounds * WS * tiles_per_chunk
     tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     while tile < num_tiles:
@@ -67,8 +74,19 @@ def mm_rs_kernel(
         band = pid_m // band_tile_rows
         tiles_in_band = tl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n
         if pos < WS - 1:
-            store_rows(stage_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
-            count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band, tiles_in_band, epoch)
+            if PEER_STORE:
+                ready_seen = _wait_ready(ready_seen, chunk, ready_ptr, epoch, claim_ptr, report_ptr, OP, rank,
+                                         timeout_ns, TIMED)
+                owner_recv = tl.load(peer_data_ptr + chunk).to(tl.pointer_type(out_ptr.dtype.element_ty))
+                store_rows(owner_recv, (rnd * WS + rank) * rows + offs_m, in_chunk, offs_n, N, N, acc)
+                owner_flags = tl.load(peer_flags_ptr + chunk).to(tl.pointer_type(tl.int32))
+                count_tile_done(counters_ptr + slot * nbands + band,
+                                owner_flags + rs_flag_word + (rnd * WS + rank) * nbands + band, tiles_in_band, epoch,
+                                SYS=True)
+            else:
+                store_rows(stage_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
+                count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band, tiles_in_band,
+                                epoch)
         else:
             key = rnd * nbands + band
             if key > waited:  # a CTA's own tiles come in increasing (round, band) order
@@ -86,21 +104,48 @@ def mm_rs_kernel(
             out_row = rnd * out_round_stride + out_offset + offs_m
             store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, acc)
             if WRITE_GATHER:
-                store_rows(gather_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
-                count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band, tiles_in_band,
-                                epoch)
+                if PEER_STORE:
+                    for p in range(1, WS):
+                        peer = (rank + p) % WS
+                        ready_seen = _wait_ready(ready_seen, peer, ready_ptr, epoch, claim_ptr, report_ptr, OP, rank,
+                                                 timeout_ns, TIMED)
+                        base = tl.load(peer_data_ptr + peer) + gather_offset
+                        store_rows(base.to(tl.pointer_type(out_ptr.dtype.element_ty)), slot * rows + offs_m, in_chunk,
+                                   offs_n, N, N, acc)
+                    count_tile_done_to_peers(counters_ptr + slot * nbands + band, peer_flags_ptr,
+                                             ag_flag_word + slot * nbands + band, tiles_in_band, epoch, rank, WS)
+                else:
+                    store_rows(gather_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
+                    count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band,
+                                    tiles_in_band, epoch)
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if tile == num_tiles + tl.num_programs(0) - 1:  # every CTA drew its last ticket: reset for the next call
         tl.atomic_xchg(tile_ticket_ptr, 0, sem="relaxed", scope="gpu")
 
 
+@triton.jit
+def _wait_ready(ready_seen, peer, ready_ptr, epoch, claim_ptr, report_ptr, OP: tl.constexpr, rank, timeout_ns,
+                TIMED: tl.constexpr):
+    """Before this CTA's first store into ``peer``'s buffers: wait until ``peer`` started this call
+    (its READY flag), i.e. finished reading them in its previous one."""
+    if ((ready_seen >> peer) & 1) == 0:
+        wait_flag(ready_ptr + peer, epoch, claim_ptr, report_ptr, OP, rank, READY_FLAG_BASE + peer, timeout_ns, TIMED)
+        ready_seen = ready_seen | (1 << peer)
+    return ready_seen
+
+
 def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns,
            rank, ws, rows, run, rounds, out_round_stride, out_offset, average, band_rows, config, num_sms,
-           timed=True):
+           timed=True, peer=None):
     """See the module docstring. ``stage``/``recv``/``gather``: [rounds * ws * rows, N];
     ``counters``/``done``/``recv_flags``: rounds * ws * nbands int32 each (nbands = rows / band_rows
     rounded up; ``band_rows`` % BM == 0); ``ticket``: one int32 (0 between
-    calls); ``gather`` None for ``mm_rs``; ``status``: (claim word, report) pointers."""
+    calls); ``gather`` None for ``mm_rs``; ``status``: (claim word, report) pointers.
+
+    ``peer``: None (copy-engine transport: stage, the host pushes) or a dict for PEER_STORE with
+    ``data`` / ``flags`` (int64 tensors: every rank's data / flag buffer address), ``ready`` (this
+    rank's READY flags), ``gather_offset`` (bytes from a data buffer to its gather region),
+    ``rs_flag_word`` / ``ag_flag_word`` (word index of the receive / gather flags in a flag buffer)."""
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, _ = config  # no TMA-store epilogue: stores are signalled
@@ -114,9 +159,11 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         counters, done, recv_flags, ticket, epoch, *status, timeout_ns,
         rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out.shape[0], band_rows,
         max(1, triton.cdiv(rows, band_rows)),
+        *((peer["data"], peer["flags"], peer["ready"], peer["gather_offset"], peer["rs_flag_word"],
+           peer["ag_flag_word"]) if peer is not None else (counters, counters, counters, 0, 0, 0)),
         WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
         AVERAGE=average, WRITE_GATHER=gather is not None,
-        PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed,
+        PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
         num_stages=stages, num_warps=warps,
     )
     return out

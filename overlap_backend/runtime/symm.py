@@ -234,6 +234,7 @@ class GroupState:
         self.data: _Mapped | None = None
         self._ready_waited: set[int] = set()
         self._views: dict[tuple, Tensor] = {}
+        self._peer_tables: tuple | None = None
         self._flag_args: dict[int, _cuda.DevicePointer] = {}
         self._status_arg = (self.flag_arg(CLAIM), _cuda.DevicePointer(self.status_ptr, torch.int32))
 
@@ -266,6 +267,15 @@ class GroupState:
 
     def data_addr(self, rank: int, offset_bytes: int) -> int:
         return self.data.ptrs[rank] + offset_bytes
+
+    def peer_tables(self) -> tuple[Tensor, Tensor]:
+        """(every rank's data buffer address, every rank's flag buffer address) as int64 device
+        tensors, for kernels that store into peers' memory."""
+        key = self.data.local if self.data is not None else 0
+        if self._peer_tables is None or self._peer_tables[0] != key:
+            to_dev = lambda ptrs: torch.tensor(ptrs, dtype=torch.int64, device=self.device)  # noqa: E731
+            self._peer_tables = (key, to_dev(self.data.ptrs), to_dev(self.flags.ptrs))
+        return self._peer_tables[1], self._peer_tables[2]
 
     # -------------------------------------------------------------------------- buffer lifetime
     def ensure_data(self, nbytes: int) -> None:
@@ -339,7 +349,9 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
 
     _, op, rank, flag, seen, epoch = (int(w) for w in words[:6])
     ws = _resolve_process_group(group_name).size() if group_name else 0
-    if op == OP_AG_MM.value:
+    if flag >= 1000:
+        what = f"rank {flag - 1000} to start this call (its READY flag)"
+    elif op == OP_AG_MM.value:
         what = f"rank {flag}'s shard"
     elif ws:
         what = f"rank {flag % ws}'s partial of round {flag // ws}"

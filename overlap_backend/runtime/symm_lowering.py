@@ -32,6 +32,10 @@ log = logging.getLogger("overlap_backend.symm")
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _logged: set[tuple[str, str]] = set()
+# How mm_rs / mm_ar ship partials and reduced chunks: "ce" (the copy engine: stage, then the host
+# queues cuMemcpyAsync per band) or "peer" (the kernel's epilogue stores into the owner's buffer and
+# raises its flag). The same on every rank (a module setting, not a tuning result); bench/ compares.
+TRANSPORT = "ce"
 _picked: dict[tuple, tuple] = {}  # (kernel, shape key) -> block config, without configs.pick's lookups
 PATHS: Counter = Counter()  # "op:symm" / "op:p2p" calls of this process (tests check the path taken)
 
@@ -223,25 +227,28 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
     chunk_bytes = rows * N * a.element_size()
     st.ensure_data(ws * chunk_bytes)
     recv = st.data_view(a.dtype, (ws * rows, N))
-    stage = a.new_empty((ws * rows, N))
+    peer = _peer_args(st, 0) if TRANSPORT == "peer" else None
     out = a.new_empty((rows, N))
+    stage = a.new_empty((ws * rows, N)) if peer is None else out
     average = reduce_op == "avg"
     status = st.status_arg()
 
-    def launch(cfg, epoch):
+    def launch(cfg, epoch, peer, stage):
         rs_kernel.launch(a, b, bias, stage, recv, None, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
                          st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, status, st.timeout_ns, r, ws, rows, run, 1, 0, 0,
-                         average, symm.band_rows(rows), cfg, st.num_sms)
+                         average, symm.band_rows(rows), cfg, st.num_sms, peer=peer)
 
+    # Tuning runs without communication: with the local staging transport even when peer stores are
+    # on (a peer-store run at epoch 0 would write into peers' buffers while they may be reading them).
     cfg = _tune("mm_rs", (a.shape[0], N, a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0),
-                cands, lambda cfg: launch(cfg, 0))
+                cands, lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute)
-    launch(cfg, epoch)
+    launch(cfg, epoch, peer, stage)
     row_bytes = N * a.element_size()
     band_list = symm.bands(rows)
     nb = len(band_list)
-    for pos in range(ws - 1):
+    for pos in range(ws - 1 if peer is None else 0):
         c = (r + 1 + pos) % ws
         for b, (lo, n) in enumerate(band_list):
             _cuda.wait_value32(st.flag_addr(symm.DONE + c * nb + b), epoch, st.push_stream)
@@ -289,26 +296,27 @@ def mm_ar(a, b, bias, reduce_op, group_name):
     st.ensure_data(2 * region)
     recv = st.data_view(a.dtype, (rounds * ws * rows, N))
     gather = st.data_view(a.dtype, (rounds * ws * rows, N), region)
-    stage = a.new_empty((rounds * ws * rows, N))
+    peer = _peer_args(st, region) if TRANSPORT == "peer" else None
     out = a.new_empty((M, N))
+    stage = a.new_empty((rounds * ws * rows, N)) if peer is None else out
     status = st.status_arg()
 
-    def launch(cfg, epoch):
+    def launch(cfg, epoch, peer, stage):
         rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
                          st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, status, st.timeout_ns, r, ws, rows, rows, rounds,
-                         ws * rows, r * rows, reduce_op == "avg", symm.band_rows(rows), cfg, st.num_sms)
+                         ws * rows, r * rows, reduce_op == "avg", symm.band_rows(rows), cfg, st.num_sms, peer=peer)
 
     cfg = _tune("mm_ar", (M, N, a.shape[1], str(a.dtype), b.stride(0) == 1), configs.candidates(a.dtype),
-                lambda cfg: launch(cfg, 0))
+                lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute)
-    launch(cfg, epoch)
+    launch(cfg, epoch, peer, stage)
     gather_base = st.data_addr(r, region)
     row_bytes = N * es
     band_list = symm.bands(rows)
     nb = len(band_list)
     for rnd in range(rounds):
-        for pos in range(ws - 1):  # reduce-scatter: this rank's partials of the chunks peers own
+        for pos in range(ws - 1 if peer is None else 0):  # reduce-scatter: this rank's partials of the chunks peers own
             c = (r + 1 + pos) % ws
             slot = rnd * ws + c
             for b, (lo, n) in enumerate(band_list):
@@ -316,7 +324,7 @@ def mm_ar(a, b, bias, reduce_op, group_name):
                 st.push(c, (rnd * ws + r) * slot_bytes + lo * row_bytes, stage.data_ptr() + (slot * rows + lo) * row_bytes,
                         n * row_bytes, symm.RS_ARRIVED + (rnd * ws + r) * nb + b)
         own = rnd * ws + r
-        for b, (lo, n) in enumerate(band_list):  # all-gather: this rank's reduced bands, to every peer
+        for b, (lo, n) in enumerate(band_list if peer is None else ()):  # all-gather: reduced bands, to every peer
             _cuda.wait_value32(st.flag_addr(symm.DONE + own * nb + b), epoch, st.push_stream)
             for j in range(1, ws):
                 st.push((r - j) % ws, region + own * slot_bytes + lo * row_bytes,
@@ -332,6 +340,12 @@ def mm_ar(a, b, bias, reduce_op, group_name):
                                        count * row_bytes, st.copy_stream)
     st.end(compute)
     return out
+
+
+def _peer_args(st, gather_offset: int) -> dict:
+    data, flags = st.peer_tables()
+    return dict(data=data, flags=flags, ready=st.flag_arg(symm.READY), gather_offset=gather_offset,
+                rs_flag_word=symm.RS_ARRIVED, ag_flag_word=symm.GATHERED)
 
 
 def _mm_ar_oneshot(st, a, b, bias, average):

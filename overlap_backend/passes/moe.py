@@ -1,0 +1,811 @@
+"""Pass ``moe``: dispatch all-to-all → SwiGLU expert GEMMs → combine all-to-all  ⇒  ``overlap.moe_experts``.
+
+What an expert-parallel MoE layer looks like in a post-grad graph, in the three forms users write::
+
+    R  = wait(all_to_all_single(x, recv_splits, send_splits, group))         # dispatch
+    X  = <row moves of R>             view / permute / clone / cast, gather R[P], scatter into zeros
+    G  = X @ Wg,  U = X @ Wu,  A = silu(G) * U,  D = A @ Wd                  # bmm | _grouped_mm | loop of mm
+    Y  = <the inverse row moves of D>
+    out = wait(all_to_all_single(Y, send_splits, recv_splits, group))      # combine: splits swapped
+
+The row moves between R and the GEMMs are replayed on row ids (``arange(N)``) to give the op its
+``rows`` index: grouped row ``j`` is received row ``rows[j]``. The moves after the GEMMs must undo
+them: index moves pair up (a gather by ``P`` with a scatter by the same ``P`` node; a scatter by
+``(e, slot)`` with a gather by the same nodes), and the static view/permute moves between them are
+checked to compose to the identity by running them on concrete row ids. Whatever the index values
+are, the op then computes exactly what the graph did (up to the documented cases where the graph's
+own result is undefined: duplicate scatter indices, rows of an ``empty`` no index writes).
+
+Values of the matched region that the rest of the graph still reads (what a training forward saves
+for backward: the grouped input, G, U, A, and views of them) are taken from the op's ``saved``
+outputs or recomputed from them by copying the cheap nodes in between; the down projection's output
+and what follows it may not be read elsewhere.
+
+Matching only looks (``find_moe``); ``check`` judges; ``rewrite`` replaces. Backward graphs hold
+the same all-to-all pair around the expert gradients: they are reported, not rewritten.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg
+
+from . import common
+from .common import RESHAPES, Rejected, arg, val
+from .manager import OverlapPass
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+c10d = torch.ops._c10d_functional
+
+GEMMS = (aten.bmm.default, aten._grouped_mm.default, aten.mm.default)
+CASTS = (prims.convert_element_type.default,)
+FILLS = (aten.full.default, aten.zeros.default, aten.empty.memory_format, aten.empty.default)
+SAVED = ("recv", "xg", "gate", "up", "act")  # = runtime.ops.MOE_SAVED (the runtime is not imported here)
+
+# wait_tensor(all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)); the
+# collective may also be read by sym_size (the received row count, saved for backward).
+_A2A = CallFunction(
+    c10d.wait_tensor.default,
+    CallFunction(
+        c10d.all_to_all_single.default,
+        KeywordArg("input"), KeywordArg("output_splits"), KeywordArg("input_splits"), KeywordArg("group_name"),
+        _users=MULTIPLE,
+    ),
+)
+
+
+def _silu_patterns():
+    g = KeywordArg("g")
+    return [
+        CallFunction(aten.silu.default, g),
+        # x / (1 + exp(-x)): Inductor's decomposition
+        CallFunction(
+            aten.div.Tensor, g,
+            CallFunction(aten.add.Tensor, CallFunction(aten.exp.default, CallFunction(aten.neg.default, g, _users=MULTIPLE), _users=MULTIPLE), 1, _users=MULTIPLE),
+        ),
+        CallFunction(aten.mul.Tensor, g, CallFunction(aten.sigmoid.default, g, _users=MULTIPLE)),
+        CallFunction(aten.mul.Tensor, CallFunction(aten.sigmoid.default, g, _users=MULTIPLE), g),
+    ]
+
+
+_SILU = _silu_patterns()
+
+
+class _NoMatch(Exception):
+    """The structure is not the MoE block; the message says where it differs."""
+
+
+# ------------------------------------------------------------------------------ the match
+@dataclass
+class AllToAll:
+    collective: torch.fx.Node
+    wait: torch.fx.Node
+    input: torch.fx.Node
+    output_splits: list
+    input_splits: list
+    group_name: str
+
+
+@dataclass
+class Step:
+    """One row move: ``kind`` in view | permute | clone | cast | gather | scatter."""
+
+    node: torch.fx.Node
+    kind: str
+    src: torch.fx.Node  # the moved tensor
+    index: list | None = None  # gather/scatter index nodes
+    base: torch.fx.Node | None = None  # scatter: the tensor written into
+
+
+@dataclass
+class Experts:
+    form: str  # "bmm" | "grouped_mm" | "loop"
+    grouped: torch.fx.Node  # the grouped rows: GEMM input (bmm, grouped_mm) or the tensor the loop splits
+    gate: list[torch.fx.Node]  # per GEMM group: one node, or one per expert (loop)
+    up: list[torch.fx.Node]
+    act: list[torch.fx.Node]
+    down: list[torch.fx.Node]
+    w_gate: list[torch.fx.Node]
+    w_up: list[torch.fx.Node]
+    w_down: list[torch.fx.Node]
+    down_out: torch.fx.Node  # the experts' output, rows in grouped order (D, or the loop's cat)
+    offsets: torch.fx.Node | None = None  # grouped_mm offs
+    group_sizes: list | None = None  # rows per expert (bmm, loop)
+    inner: list[torch.fx.Node] = field(default_factory=list)  # silu / cast / piece nodes in between
+    pieces: list[torch.fx.Node] = field(default_factory=list)  # loop: each expert's input rows
+    split: torch.fx.Node | None = None  # loop: the split node the pieces come from
+
+
+@dataclass
+class MoeMatch:
+    combine: AllToAll
+    dispatch: AllToAll | None = None
+    experts: Experts | None = None
+    in_steps: list[Step] = field(default_factory=list)  # R → grouped
+    out_steps: list[Step] = field(default_factory=list)  # grouped (down_out) → combine input
+    failure: str | None = None
+
+
+# ------------------------------------------------------------------------------ matching
+def find_all_to_alls(graph: torch.fx.Graph) -> list[AllToAll]:
+    found = []
+    for node in graph.nodes:
+        if node.target is c10d.wait_tensor.default and (m := _A2A.match(node)):
+            found.append(
+                AllToAll(
+                    collective=node.args[0], wait=node, input=m.kwargs["input"],
+                    output_splits=list(m.kwargs["output_splits"]), input_splits=list(m.kwargs["input_splits"]),
+                    group_name=m.kwargs["group_name"],
+                )
+            )
+    return found
+
+
+def _is_a2a_wait(node: Any) -> bool:
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.target is c10d.wait_tensor.default
+        and isinstance(node.args[0], torch.fx.Node)
+        and node.args[0].target is c10d.all_to_all_single.default
+    )
+
+
+def _row_step(node: torch.fx.Node, scatter_accumulate_ok: bool = False) -> Step | None:
+    """``node`` as a row move, or None."""
+    t = node.target
+    if t in RESHAPES:
+        return Step(node, "view", node.args[0])
+    if t is aten.permute.default:
+        return Step(node, "permute", node.args[0])
+    if t is aten.clone.default:
+        return Step(node, "clone", node.args[0])
+    if t in CASTS:
+        return Step(node, "cast", node.args[0])
+    if t is aten.index.Tensor:
+        return Step(node, "gather", node.args[0], index=list(node.args[1]))
+    if t is aten.index_put.default:
+        accumulate = arg(node, 3, "accumulate", False)
+        if accumulate and not scatter_accumulate_ok:
+            return None
+        return Step(node, "scatter", node.args[2], index=list(node.args[1]), base=node.args[0])
+    return None
+
+
+def _reaches_gemm(node: torch.fx.Node) -> bool:
+    """Is ``node`` computed from a GEMM through row moves (or sums/concatenations of them)?
+
+    Decides which all-to-alls are reported as candidates: the combine of an expert block, forward
+    or backward; not, e.g., the next layer's dispatch.
+    """
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if not isinstance(n, torch.fx.Node) or n in seen:
+            continue
+        seen.add(n)
+        if n.target in GEMMS:
+            return True
+        if (step := _row_step(n, scatter_accumulate_ok=True)) is not None:
+            stack.append(step.src)
+        elif n.target in (aten.add.Tensor, aten.cat.default, aten.stack.default):
+            stack.extend(n.all_input_nodes)
+    return False
+
+
+def _walk_out(y: torch.fx.Node) -> tuple[list[Step], torch.fx.Node]:
+    """The row moves from the experts' output to the combine input ``y`` (in that order)."""
+    steps, n = [], y
+    while True:
+        if n.target in GEMMS or n.target in (aten.cat.default, aten.stack.default):
+            return list(reversed(steps)), n
+        if n.target is aten.index_put.default and arg(n, 3, "accumulate", False):
+            raise _NoMatch(f"the combined rows are scattered with accumulate=True ({n.name})")
+        step = _row_step(n)
+        if step is None:
+            raise _NoMatch(f"the combined tensor is computed by {_what(n)}, not moved rows of expert GEMMs")
+        steps.append(step)
+        n = step.src
+
+
+def _walk_in(x: torch.fx.Node) -> tuple[list[Step], torch.fx.Node]:
+    """The row moves from a received all-to-all output to the grouped rows ``x`` (in that order)."""
+    steps, n = [], x
+    while not _is_a2a_wait(n):
+        step = _row_step(n)
+        if step is None:
+            raise _NoMatch(f"the experts' input is computed by {_what(n)}, not moved rows of an all_to_all_single")
+        steps.append(step)
+        n = step.src
+    return list(reversed(steps)), n
+
+
+def _what(n: Any) -> str:
+    if not isinstance(n, torch.fx.Node):
+        return repr(n)
+    return f"{getattr(n.target, '__name__', n.target)} ({n.name})" if n.op == "call_function" else f"{n.op} {n.name}"
+
+
+def _strip_cast(n: Any) -> tuple[Any, list[torch.fx.Node]]:
+    if isinstance(n, torch.fx.Node) and n.target in CASTS:
+        return n.args[0], [n]
+    return n, []
+
+
+def _silu_of(n: torch.fx.Node) -> tuple[torch.fx.Node, list[torch.fx.Node]] | None:
+    """``n = silu(g)`` (optionally upcast inside and cast back outside): ``(g, nodes)``."""
+    inner, outer = _strip_cast(n)
+    if not isinstance(inner, torch.fx.Node):
+        return None
+    for pattern in _SILU:
+        if m := pattern.match(inner):
+            g, upcast = _strip_cast(m.kwargs["g"])
+            nodes = outer + [x for x in m.nodes if isinstance(x, torch.fx.Node)] + upcast
+            return g, nodes
+    return None
+
+
+def _gemm(n: Any, kind) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None]:
+    """``n = kind(a, b[, offs])``: ``(a, b, offs)``."""
+    if not (isinstance(n, torch.fx.Node) and n.target is kind):
+        raise _NoMatch(f"expected a {kind.__name__} where {_what(n)} is")
+    a, b = n.args[0], n.args[1]
+    offs = arg(n, 2, "offs") if kind is aten._grouped_mm.default else None
+    if kind is aten._grouped_mm.default and (arg(n, 3, "bias") is not None or arg(n, 4, "out_dtype") is not None):
+        raise _NoMatch(f"{n.name}: grouped GEMM with a bias or an out_dtype")
+    return a, b, offs
+
+
+def _swiglu(down: torch.fx.Node, kind):
+    """``down = kind(silu(gate) * up, w_down)`` with gate/up ``kind(x, w)`` of one ``x``."""
+    act, w_down, offs = _gemm(down, kind)
+    if not (isinstance(act, torch.fx.Node) and act.target is aten.mul.Tensor):
+        raise _NoMatch(f"the down projection {down.name} does not read silu(gate) * up but {_what(act)}")
+    for s, u in ((act.args[0], act.args[1]), (act.args[1], act.args[0])):
+        if isinstance(s, torch.fx.Node) and (silu := _silu_of(s)) is not None:
+            gate, silu_nodes = silu
+            break
+    else:
+        raise _NoMatch(f"{act.name} is not silu(gate) * up")
+    x, w_gate, offs_g = _gemm(gate, kind)
+    x_u, w_up, offs_u = _gemm(u, kind)
+    if x_u is not x:
+        raise _NoMatch(f"gate {gate.name} and up {u.name} projections read different inputs")
+    if kind is aten._grouped_mm.default and not (offs is offs_g is offs_u and isinstance(offs, torch.fx.Node)):
+        raise _NoMatch("the three grouped GEMMs do not share one offs tensor")
+    return dict(x=x, gate=gate, up=u, act=act, w_gate=w_gate, w_up=w_up, w_down=w_down, offs=offs, inner=silu_nodes)
+
+
+def _piece(x: torch.fx.Node) -> tuple[torch.fx.Node, Any, list[torch.fx.Node], Any]:
+    """A loop expert's input rows: ``(base, index, nodes, split)`` for ``select(base, 0, i)`` or
+    ``getitem(split(base, sizes), i)`` (after an optional cast)."""
+    n, casts = _strip_cast(x)
+    if isinstance(n, torch.fx.Node) and n.target is aten.select.int and arg(n, 1, "dim") == 0:
+        return n.args[0], arg(n, 2, "index"), casts + [n], None
+    if isinstance(n, torch.fx.Node) and n.target is operator.getitem:
+        split = n.args[0]
+        if isinstance(split, torch.fx.Node) and split.target in common.SPLITS and arg(split, 2, "dim", 0) == 0:
+            return split.args[0], n.args[1], casts + [n], split
+    raise _NoMatch(f"a loop expert's input {_what(x)} is not a select or split piece of one tensor")
+
+
+def _match_experts(d: torch.fx.Node) -> Experts:
+    if d.target in (aten.bmm.default, aten._grouped_mm.default):
+        form = "bmm" if d.target is aten.bmm.default else "grouped_mm"
+        s = _swiglu(d, d.target)
+        sizes = None
+        if form == "bmm":
+            shape = val(s["x"]).shape
+            sizes = [shape[1]] * shape[0]
+        return Experts(
+            form=form, grouped=s["x"], gate=[s["gate"]], up=[s["up"]], act=[s["act"]], down=[d],
+            w_gate=[s["w_gate"]], w_up=[s["w_up"]], w_down=[s["w_down"]], down_out=d,
+            offsets=s["offs"], group_sizes=sizes, inner=s["inner"],
+        )
+    if d.target is aten.mm.default:
+        raise _NoMatch(f"a single mm ({d.name}) produces the combined rows, not a group of experts")
+    # loop: cat/stack of one SwiGLU of mm per expert
+    if arg(d, 1, "dim", 0) != 0:
+        raise _NoMatch(f"the experts' outputs are concatenated along dim {arg(d, 1, 'dim', 0)}, not 0")
+    outs = list(d.args[0])
+    per = [_swiglu(o, aten.mm.default) for o in outs]
+    pieces = [_piece(p["x"]) for p in per]
+    base, split = pieces[0][0], pieces[0][3]
+    for i, (b, idx, _, sp) in enumerate(pieces):
+        if b is not base or sp is not split:
+            raise _NoMatch("the loop's experts read pieces of different tensors")
+        if idx != i:
+            raise _NoMatch(f"the loop's expert {i} reads piece {idx}: pieces out of order")
+    bshape = val(base).shape
+    if split is None:
+        if len(bshape) != 3 or bshape[0] != len(per):
+            raise _NoMatch(f"the loop selects {len(per)} experts from a tensor of shape {tuple(bshape)}")
+        sizes = [bshape[1]] * len(per)
+    elif split.target is aten.split.Tensor:
+        size = split.args[1]
+        if not isinstance(size, int) or bshape[0] != size * len(per):
+            raise _NoMatch(f"the loop splits {tuple(bshape)} into chunks of {size}, not {len(per)} equal pieces")
+        sizes = [size] * len(per)
+    else:
+        sizes = list(split.args[1])
+        if len(sizes) != len(per):
+            raise _NoMatch(f"the loop runs {len(per)} experts on {len(sizes)} pieces")
+    if d.target is aten.stack.default and split is not None:
+        raise _NoMatch("the loop stacks experts of different row counts")
+    inner = [n for p, pc in zip(per, pieces) for n in p["inner"] + pc[2]] + ([split] if split is not None else [])
+    return Experts(
+        form="loop", grouped=base, gate=[p["gate"] for p in per], up=[p["up"] for p in per],
+        act=[p["act"] for p in per], down=outs, w_gate=[p["w_gate"] for p in per],
+        w_up=[p["w_up"] for p in per], w_down=[p["w_down"] for p in per], down_out=d,
+        group_sizes=sizes, inner=inner, pieces=[p["x"] for p in per], split=split,
+    )
+
+
+def find_moe(graph: torch.fx.Graph) -> list[MoeMatch]:
+    """Every all-to-all whose input comes from GEMMs, with the MoE block around it (or why not)."""
+    a2as = find_all_to_alls(graph)
+    by_wait = {a.wait: a for a in a2as}
+    matches = []
+    for combine in a2as:
+        if not _reaches_gemm(combine.input):
+            continue
+        m = MoeMatch(combine)
+        try:
+            m.out_steps, down_out = _walk_out(combine.input)
+            m.experts = _match_experts(down_out)
+            m.in_steps, recv = _walk_in(m.experts.grouped)
+            m.dispatch = by_wait[recv]
+        except _NoMatch as e:
+            m.failure = str(e)
+        matches.append(m)
+    return matches
+
+
+# --------------------------------------------------------------------- layout checks
+def _shape(n: torch.fx.Node) -> tuple:
+    return tuple(val(n).shape)
+
+
+def _static(shape) -> bool:
+    return all(isinstance(s, int) for s in shape)
+
+
+def _keeps_rows(step: Step) -> str | None:
+    """Why ``step`` does not move whole rows (the last dim stays the row's width), or None."""
+    src, out = _shape(step.src), _shape(step.node)
+    if step.kind in ("view",):
+        if not src or not out or src[-1] != out[-1]:
+            return f"{step.node.name} reshapes {src} -> {out}: the row width changes"
+    elif step.kind == "permute":
+        dims = list(step.node.args[1])
+        if dims[-1] % len(dims) != len(dims) - 1:
+            return f"{step.node.name} permutes the row width away from the last dim"
+    elif step.kind in ("gather", "scatter"):
+        index = step.index
+        if not index or any(not isinstance(i, torch.fx.Node) for i in index):
+            return f"{step.node.name} indexes with {index} (only index tensors on the leading dims are understood)"
+        ishapes = {_shape(i) for i in index}
+        if len(ishapes) != 1 or len(next(iter(ishapes))) != 1:
+            return f"{step.node.name} indexes with tensors of shapes {sorted(ishapes)} (only equal 1-D ones)"
+        moved = step.base if step.kind == "scatter" else step.src
+        if len(index) >= len(_shape(moved)):
+            return f"{step.node.name} indexes into the row width"
+        if step.kind == "scatter" and step.base.target not in FILLS:
+            return f"{step.node.name} scatters into {_what(step.base)}, not a fresh tensor"
+    return None
+
+
+def _replay(steps: list[Step], ids: torch.Tensor) -> torch.Tensor:
+    """Run static view/permute/clone/cast steps on concrete row ids (last dim 1)."""
+    for s in steps:
+        if s.kind == "view":
+            ids = ids.reshape(list(_shape(s.node)[:-1]) + [1])
+        elif s.kind == "permute":
+            ids = ids.permute(list(s.node.args[1]))
+    return ids
+
+
+def _segments(steps: list[Step]) -> tuple[list[list[Step]], list[Step]]:
+    segs, idx, cur = [], [], []
+    for s in steps:
+        if s.kind in ("gather", "scatter"):
+            segs.append(cur)
+            idx.append(s)
+            cur = []
+        elif s.kind != "cast":
+            cur.append(s)
+    segs.append(cur)
+    return segs, idx
+
+
+def _noop(s: Step) -> bool:
+    if s.kind == "clone":
+        return True
+    if s.kind == "permute":
+        return list(s.node.args[1]) == list(range(len(s.node.args[1])))
+    return _shape(s.src) == _shape(s.node)
+
+
+def layout_error(m: MoeMatch) -> str | None:
+    """Why the moves after the experts do not undo the moves before them, or None."""
+    for s in m.in_steps + m.out_steps:
+        if err := _keeps_rows(s):
+            return err
+        if s.kind == "scatter" and s in m.in_steps and not _zero_fill(s.base):
+            return f"{s.node.name}: the padded expert input is not zero-filled"
+    in_segs, in_idx = _segments(m.in_steps)
+    out_segs, out_idx = _segments(m.out_steps)
+    if len(in_idx) != len(out_idx):
+        return f"{len(in_idx)} index moves before the experts but {len(out_idx)} after them"
+    k = len(in_idx)
+    for i, a in enumerate(in_idx):
+        b = out_idx[k - 1 - i]
+        if {a.kind, b.kind} != {"gather", "scatter"} or len(a.index) != len(b.index) or any(
+            x is not y for x, y in zip(a.index, b.index)
+        ):
+            return f"{b.node.name} does not undo {a.node.name} (a gather and a scatter by the same index nodes)"
+    # Segment i before the experts is undone by segment k - i after them.
+    entering = [m.dispatch.wait] + [s.node for s in in_idx]
+    for i in range(k + 1):
+        seg_in, seg_out = in_segs[i], out_segs[k - i]
+        start = _shape(entering[i])
+        shapes = [start] + [_shape(s.node) for s in seg_in + seg_out]
+        if not all(_static(sh) for sh in shapes):
+            if not all(_noop(s) for s in seg_in + seg_out):
+                return "row moves with symbolic shapes between the index moves (only no-op views are understood)"
+            continue
+        ids = torch.arange(int(torch.tensor(start[:-1]).prod()) if len(start) > 1 else 1).reshape(list(start[:-1]) + [1])
+        grouped = _replay(seg_in, ids)
+        if i == k:  # the experts keep the grouped rows in order; the output may be shaped otherwise
+            out_start = _shape(m.experts.down_out)
+            if grouped.numel() != int(torch.tensor(out_start[:-1]).prod()):
+                return f"the experts' output {out_start} does not have the grouped rows' count"
+            grouped = grouped.reshape(list(out_start[:-1]) + [1])
+        else:
+            grouped = grouped.reshape(list(_shape(out_idx[k - 1 - i].node)[:-1]) + [1])
+        back = _replay(seg_out, grouped)
+        if tuple(back.shape) != tuple(ids.shape) or not torch.equal(back, ids):
+            names = [s.node.name for s in seg_in + seg_out]
+            return f"the row moves {names} after the experts do not undo those before them"
+    return None
+
+
+def _zero_fill(base: torch.fx.Node) -> bool:
+    if base.target is aten.zeros.default:
+        return True
+    return base.target is aten.full.default and base.args[1] == 0
+
+
+# ------------------------------------------------------------------------------ the pass
+@dataclass
+class _Region:
+    nodes: set  # every node between the dispatch and the combine, both included
+    dying: set  # region nodes plus what only they use (fills, sym_size)
+    outside: dict  # region node -> its users outside ``dying``
+    known: set  # nodes the structural match accounts for
+
+
+class MoePass(OverlapPass):
+    name = "moe"
+
+    def find(self, graph):
+        return find_moe(graph)
+
+    def key(self, m: MoeMatch):
+        return m.combine.collective
+
+    def describe(self, m: MoeMatch):
+        nodes = []
+        if m.dispatch is not None:
+            nodes += [m.dispatch.collective, m.dispatch.wait]
+        if m.experts is not None:
+            e = m.experts
+            nodes += [n for group in (e.gate, e.up, e.down) for n in group]
+        nodes += [m.combine.collective, m.combine.wait]
+        return [n.name for n in nodes]
+
+    # ---------------------------------------------------------------------------- check
+    def check(self, m: MoeMatch) -> str:
+        if m.failure is not None:
+            raise Rejected(self._reason(m.failure))
+        d, c, e = m.dispatch, m.combine, m.experts
+        if d.group_name != c.group_name:
+            raise Rejected(f"dispatch and combine run on different groups {d.group_name!r}, {c.group_name!r}")
+        ws = common.require_group(c.group_name)
+        for name, splits in (("dispatch", d.output_splits), ("dispatch", d.input_splits)):
+            if len(splits) != ws:
+                raise Rejected(f"the {name} has {len(splits)} splits for a group of {ws} ranks")
+        if not (_same(c.output_splits, d.input_splits) and _same(c.input_splits, d.output_splits)):
+            raise Rejected("the combine's split sizes are not the dispatch's, swapped")
+        self._check_dtypes(m)
+        self._check_weights(m)
+        if err := layout_error(m):
+            raise Rejected(err)
+        region = self._region(m)
+        extra = region.nodes - region.known
+        if extra:
+            raise Rejected(f"the region between the all-to-alls also computes {sorted(n.name for n in extra)}")
+        self._plan_outside(m, region)  # raises Rejected for values that cannot be provided
+        for n in self._op_inputs(m):
+            if n in region.nodes or d.wait in common.ancestors(n):
+                raise Rejected(f"{n.name} (an input of the expert block) depends on the dispatched rows")
+        out = _shape(e.down_out)
+        if _static(out):
+            common.require_min_numel(self.ctx, int(torch.tensor(out).prod()))
+        lowering = common.choose_lowering(self.ctx, c.group_name)
+        from ..runtime import available
+
+        return lowering if lowering in available("moe_experts") else "p2p"
+
+    def _reason(self, why: str) -> str:
+        if self.ctx.graph_kind == "backward":
+            return f"{why} (backward graph: the expert gradients between the all-to-alls are not rewritten)"
+        return why
+
+    def _check_dtypes(self, m: MoeMatch) -> None:
+        e = m.experts
+        xdtype = val(m.dispatch.input).dtype
+        cd = val(e.gate[0]).dtype
+        common.require_dtype(m.dispatch.input, m.dispatch.wait, m.combine.input)
+        common.require_dtype(*e.gate, *e.up, *e.act, *e.down, *e.w_gate, *e.w_up, *e.w_down,
+                             *(e.pieces or [e.grouped]))
+        if val(e.down_out).dtype not in (cd,) and e.form != "loop":
+            raise Rejected(f"the experts' output {e.down_out.name} is {val(e.down_out).dtype}, not {cd}")
+        for s in m.in_steps + m.out_steps:
+            if s.kind == "cast" and val(s.node).dtype not in (cd, xdtype):
+                raise Rejected(f"{s.node.name} casts rows to {val(s.node).dtype} (compute {cd}, tokens {xdtype})")
+        if xdtype != val(m.combine.input).dtype:
+            raise Rejected(f"the combine sends {val(m.combine.input).dtype} rows, the dispatch {xdtype}")
+
+    def _check_weights(self, m: MoeMatch) -> None:
+        e = m.experts
+        h = _shape(m.dispatch.wait)[-1]
+        if e.form == "loop":
+            shapes = {(_shape(g), _shape(u), _shape(w)) for g, u, w in zip(e.w_gate, e.w_up, e.w_down)}
+            if len(shapes) != 1:
+                raise Rejected(f"the loop's experts have weights of different shapes {sorted(shapes)}")
+            (g, u, w), experts = next(iter(shapes)), len(e.w_gate)
+            g, u, w = (experts, *g), (experts, *u), (experts, *w)
+        else:
+            g, u, w = _shape(e.w_gate[0]), _shape(e.w_up[0]), _shape(e.w_down[0])
+        if len(g) != 3 or g != u or w != (g[0], g[2], g[1]) or g[1] != h:
+            raise Rejected(f"expert weights {g}, {u}, {w} are not [E, {h}, F], [E, {h}, F], [E, F, {h}]")
+        if e.form == "grouped_mm" and _shape(e.offsets) != (g[0],):
+            raise Rejected(f"grouped GEMM offs of shape {_shape(e.offsets)} for {g[0]} experts")
+        if e.form == "bmm" and _shape(e.grouped)[0] != g[0]:
+            raise Rejected(f"bmm over {_shape(e.grouped)[0]} groups but {g[0]} experts")
+
+    # ----------------------------------------------------------------------- the region
+    def _region(self, m: MoeMatch) -> _Region:
+        d, c, e = m.dispatch, m.combine, m.experts
+        up_from_combine = common.ancestors(c.wait) | {c.wait}
+        nodes, stack = set(), [d.collective]
+        while stack:
+            n = stack.pop()
+            if n in nodes or n not in up_from_combine:
+                continue
+            nodes.add(n)
+            stack.extend(n.users)
+        known = {d.collective, d.wait, c.collective, c.wait, e.down_out}
+        known |= {s.node for s in m.in_steps + m.out_steps}
+        known |= {n for group in (e.gate, e.up, e.act, e.down, e.inner, e.pieces) for n in group}
+        bases = {s.base for s in m.in_steps + m.out_steps if s.base is not None}
+        dying = set(nodes) | bases
+        changed = True
+        while changed:  # sym_size of region nodes feeding only the fills, etc.
+            changed = False
+            for n in list(dying):
+                for u in n.users:
+                    if u not in dying and u.users and all(x in dying for x in u.users):
+                        dying.add(u)
+                        changed = True
+        # sym_size nodes feeding a fill of the region are region nodes the match accounts for
+        known |= {n for n in nodes if n.target is aten.sym_size.int and all(u in dying for u in n.users)}
+        known |= {n for n in nodes if n in dying and n.target in FILLS}
+        outside = {}
+        for n in nodes:
+            users = [u for u in n.users if u not in dying]
+            if users:
+                outside[n] = users
+        return _Region(nodes, dying, outside, known)
+
+    def _roles(self, m: MoeMatch) -> dict:
+        """Region node -> (saved value, expert index or None) for the values the op can hand out."""
+        e = m.experts
+        roles = {m.dispatch.wait: ("recv", None)}
+        cd = val(e.gate[0]).dtype
+        if val(e.grouped).dtype == cd:
+            roles[e.grouped] = ("xg", None)
+        for name, group in (("gate", e.gate), ("up", e.up), ("act", e.act)):
+            for i, n in enumerate(group):
+                roles[n] = (name, i if e.form == "loop" else None)
+        if e.form == "loop":
+            for i, p in enumerate(e.pieces):
+                if val(p).dtype == cd:
+                    roles.setdefault(p, ("xg", i))
+        return roles
+
+    def _plan_outside(self, m: MoeMatch, region: _Region) -> set[str]:
+        """The saved values the op must return; :class:`Rejected` when a read value cannot be provided."""
+        roles = self._roles(m)
+        d, c = m.dispatch, m.combine
+        forbidden = {m.experts.down_out, *m.experts.down, c.collective, *(s.node for s in m.out_steps)}
+        need: set[str] = set()
+
+        def visit(n: torch.fx.Node, seen: set) -> None:
+            if n in roles:
+                need.add(roles[n][0])
+                return
+            if n not in region.nodes or n in seen:
+                return
+            if n in forbidden or n is d.collective:
+                raise Rejected(f"{n.name} (after the expert GEMMs) is also read outside the expert block")
+            seen.add(n)
+            for inp in n.all_input_nodes:
+                visit(inp, seen)
+
+        for n, users in region.outside.items():
+            if n is c.wait:
+                continue
+            if n in (d.collective, c.collective):
+                bad = [u.name for u in users if not _is_row_count(u)]
+                if bad:
+                    raise Rejected(f"the all-to-all {n.name} is also read by {bad}")
+                continue
+            if n in forbidden:
+                raise Rejected(f"{n.name} (the experts' output) is also used by {[u.name for u in users]}")
+            visit(n, set())
+        return need
+
+    def _op_inputs(self, m: MoeMatch) -> list[torch.fx.Node]:
+        e = m.experts
+        nodes = [m.dispatch.input] + [x for x in m.dispatch.output_splits + m.dispatch.input_splits]
+        nodes += [i for s in m.in_steps for i in (s.index or [])]
+        nodes += [s.base for s in m.in_steps if s.base is not None]
+        nodes += e.w_gate + e.w_up + e.w_down + ([e.offsets] if e.offsets is not None else [])
+        nodes += list(e.group_sizes or [])
+        return [n for n in nodes if isinstance(n, torch.fx.Node)]
+
+    # -------------------------------------------------------------------------- rewrite
+    def rewrite(self, m: MoeMatch, lowering: str) -> None:
+        d, c, e = m.dispatch, m.combine, m.experts
+        graph = c.wait.graph
+        region = self._region(m)
+        need = self._plan_outside(m, region)
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        readers = [u for n, users in region.outside.items() if n not in (d.collective, c.collective) for u in users]
+        anchor = min([c.wait] + readers, key=order.__getitem__)
+        common.hoist_before(anchor, self._op_inputs(m))
+        fake = _Fake(d.wait)
+        with graph.inserting_before(anchor):
+            rows = self._rows(graph, fake, m)
+            w_gate, w_up, w_down = (self._stacked(graph, fake, ws) for ws in (e.w_gate, e.w_up, e.w_down))
+            saved = [name in need for name in SAVED]
+            op = fake.call(
+                graph, torch.ops.overlap.moe_experts.default,
+                (d.input, list(d.input_splits), list(d.output_splits), rows, e.offsets,
+                 [] if e.offsets is not None else list(e.group_sizes), w_gate, w_up, w_down,
+                 c.group_name, lowering, saved),
+            )
+            out = fake.call(graph, operator.getitem, (op, 0))
+            values = fake.call(graph, operator.getitem, (op, 1))
+            provided = {name: fake.call(graph, operator.getitem, (values, i)) for i, name in enumerate(SAVED) if saved[i]}
+            self._provide_outside(graph, fake, m, region, provided)
+        c.wait.replace_all_uses_with(out)
+        for coll, splits in ((d.collective, d.output_splits), (c.collective, c.input_splits)):
+            for u in list(coll.users):
+                if _is_row_count(u):
+                    with graph.inserting_before(u):
+                        u.replace_all_uses_with(_total(graph, fake, splits))
+                    graph.erase_node(u)
+        common.erase_dead(sorted(region.dying | set(e.w_gate + e.w_up + e.w_down), key=lambda n: -order[n]))
+
+    def _rows(self, graph, fake, m: MoeMatch) -> torch.fx.Node:
+        """``rows``: the in-chain row moves replayed on ``arange(N_recv)``."""
+        recv = val(m.dispatch.wait)
+        n = _total(graph, fake, m.dispatch.output_splits)
+        ids = fake.call(graph, aten.arange.default, (n,), dict(dtype=torch.int64, device=recv.device))
+        ids = fake.call(graph, aten.reshape.default, (ids, [n, 1]))
+        for s in m.in_steps:
+            if s.kind == "view":
+                shape = list(s.node.args[1])
+                ids = fake.call(graph, aten.reshape.default, (ids, shape[:-1] + [1]))
+            elif s.kind == "permute":
+                ids = fake.call(graph, aten.permute.default, (ids, list(s.node.args[1])))
+            elif s.kind == "gather":
+                ids = fake.call(graph, aten.index.Tensor, (ids, s.index))
+            elif s.kind == "scatter":
+                shape = list(s.base.args[0])
+                base = fake.call(graph, aten.full.default, (shape[:-1] + [1], -1), dict(dtype=torch.int64, device=recv.device))
+                ids = fake.call(graph, aten.index_put.default, (base, s.index, ids))
+        return fake.call(graph, aten.reshape.default, (ids, [-1]))
+
+    def _stacked(self, graph, fake, weights: list[torch.fx.Node]) -> torch.fx.Node:
+        if len(weights) == 1 and val(weights[0]).dim() == 3:
+            return weights[0]
+        bases = {w.args[0] for w in weights if w.target is aten.select.int and arg(w, 1, "dim") == 0}
+        if len(bases) == 1 and all(arg(w, 2, "index") == i for i, w in enumerate(weights)):
+            (base,) = bases
+            if all(w.target is aten.select.int for w in weights) and val(base).shape[0] == len(weights):
+                return base
+        return fake.call(graph, aten.stack.default, (list(weights),))
+
+    def _provide_outside(self, graph, fake, m: MoeMatch, region: _Region, provided: dict) -> None:
+        """Point every outside reader of a region value at the op's saved values (or a copy of the
+        cheap nodes between them)."""
+        roles = self._roles(m)
+        e = m.experts
+        cache: dict[torch.fx.Node, torch.fx.Node] = {}
+
+        def flat_to(flat: torch.fx.Node, like: torch.fx.Node, expert: int | None) -> torch.fx.Node:
+            if expert is None:
+                if _shape(like) == _shape(flat):
+                    return flat
+                return fake.call(graph, aten.reshape.default, (flat, list(_shape(like))))
+            if e.split is not None:
+                parts = fake.call(graph, aten.split_with_sizes.default, (flat, list(e.group_sizes)))
+                return fake.call(graph, operator.getitem, (parts, expert))
+            per = fake.call(graph, aten.reshape.default, (flat, [len(e.gate), e.group_sizes[0], _shape(flat)[-1]]))
+            return fake.call(graph, aten.select.int, (per, 0, expert))
+
+        def get(n: torch.fx.Node) -> torch.fx.Node:
+            if n in cache:
+                return cache[n]
+            if n in roles:
+                name, expert = roles[n]
+                new = flat_to(provided[name], n, expert)
+            elif n in region.nodes:
+                new = graph.node_copy(n, lambda x: get(x) if x in region.nodes else x)
+                new.meta = dict(n.meta)
+            else:
+                return n
+            cache[n] = new
+            return new
+
+        c = m.combine
+        for n, users in region.outside.items():
+            if n in (c.wait, c.collective, m.dispatch.collective):
+                continue
+            new = get(n)
+            for u in users:
+                u.replace_input_with(n, new)
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x is y or (isinstance(x, int) and isinstance(y, int) and x == y) for x, y in zip(a, b))
+
+
+def _is_row_count(node: torch.fx.Node) -> bool:
+    return node.target is aten.sym_size.int and arg(node, 1, "dim") == 0
+
+
+def _total(graph, fake, splits: list):
+    if all(isinstance(s, int) for s in splits):
+        return sum(splits)
+    return fake.call(graph, torch.sym_sum, (list(splits),))
+
+
+class _Fake:
+    """Creates nodes with ``meta['val']`` computed under the graph's fake mode."""
+
+    def __init__(self, like: torch.fx.Node):
+        from torch._guards import detect_fake_mode
+
+        self.mode = detect_fake_mode([val(like)])
+
+    def call(self, graph, target, args, kwargs=None) -> torch.fx.Node:
+        node = graph.call_function(target, tuple(args), kwargs or {})
+
+        def to_val(a):
+            return val(a) if isinstance(a, torch.fx.Node) else a
+
+        a = torch.fx.node.map_aggregate(node.args, to_val)
+        k = torch.fx.node.map_aggregate(node.kwargs, to_val)
+        with self.mode:
+            node.meta["val"] = target(*a, **k)
+        return node
