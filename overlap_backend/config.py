@@ -15,7 +15,7 @@ from typing import Any
 
 # Passes in the order the pass manager runs them. A pass name that later issues add (moe,
 # cta_pipeline) becomes valid when its module registers it in passes/__init__.py.
-DEFAULT_PASS_ORDER = ("ag_mm", "mm_rs", "mm_ar")
+DEFAULT_PASS_ORDER = ("ag_mm", "mm_rs", "mm_ar", "moe")
 
 LOWERINGS = ("auto", "symm", "p2p")
 

@@ -200,7 +200,7 @@ class MoELayer(nn.Module):
         send_splits = counts.view(ws, el).sum(1).tolist()
         recv_splits = counts_recv.view(ws, el).sum(1).tolist()
         for s in send_splits + recv_splits:
-            torch._check_is_size(s)
+            torch._check(s >= 0)
             torch._check(s <= tokens * self.top_k)
         torch._check(sum(send_splits) == x_sorted.shape[0])
         recv = _all_to_all(x_sorted, recv_splits, send_splits, self.group)  # [N_recv, H] source-major
@@ -218,7 +218,7 @@ class MoELayer(nn.Module):
         elif self.expert_form == "loop":
             sizes = per_expert.tolist()
             for s in sizes:
-                torch._check_is_size(s)
+                torch._check(s >= 0)
             torch._check(sum(sizes) == n_recv)
             pieces = xg.split(sizes)
             yg = torch.cat([swiglu(p, self.w_gate[i], self.w_up[i], self.w_down[i]) for i, p in enumerate(pieces)])

@@ -12,7 +12,7 @@ from overlap_backend import ConfigError, OverlapConfig, make_backend
 def test_defaults(clean_env):
     cfg = OverlapConfig.from_env()
     assert cfg == OverlapConfig()
-    assert cfg.passes == ("ag_mm", "mm_rs", "mm_ar")
+    assert cfg.passes == ("ag_mm", "mm_rs", "mm_ar", "moe")
     assert cfg.lowering == "auto" and cfg.inductor and not cfg.disable and cfg.debug_dir is None
 
 
@@ -115,6 +115,6 @@ def test_direct_config_validated():
     with pytest.raises(ConfigError, match="lowering='xyz'"):
         OverlapConfig(lowering="xyz")
     with pytest.raises(ConfigError, match="unknown pass"):
-        OverlapConfig(passes=("ag_mm", "moe"))
+        OverlapConfig(passes=("ag_mm", "cta_pipeline"))
     with pytest.raises(ConfigError, match="min_numel"):
         make_backend(min_numel=2.5)

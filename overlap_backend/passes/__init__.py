@@ -9,10 +9,11 @@ def _registry() -> dict[str, type[OverlapPass]]:
     from .ag_mm import AgMmPass
     from .mm_ar import MmArPass
     from .mm_rs import MmRsPass
+    from .moe import MoePass
 
     # Order matters: an all-gather feeding a matmul whose result is reduce-scattered is claimed by
     # ag_mm first (the gather is on the critical path of both).
-    return {p.name: p for p in (AgMmPass, MmRsPass, MmArPass)}
+    return {p.name: p for p in (AgMmPass, MmRsPass, MmArPass, MoePass)}
 
 
 def available_passes() -> tuple[str, ...]:

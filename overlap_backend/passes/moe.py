@@ -27,6 +27,7 @@ the same all-to-all pair around the expert gradients: they are reported, not rew
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,8 @@ from typing import Any
 import torch
 import torch.fx
 from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import common
 from .common import RESHAPES, Rejected, arg, val
@@ -45,7 +48,7 @@ c10d = torch.ops._c10d_functional
 
 GEMMS = (aten.bmm.default, aten._grouped_mm.default, aten.mm.default)
 CASTS = (prims.convert_element_type.default,)
-FILLS = (aten.full.default, aten.zeros.default, aten.empty.memory_format, aten.empty.default)
+FILLS = (aten.full.default, aten.zeros.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_empty.default)
 SAVED = ("recv", "xg", "gate", "up", "act")  # = runtime.ops.MOE_SAVED (the runtime is not imported here)
 
 # wait_tensor(all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)); the
@@ -177,6 +180,12 @@ def _row_step(node: torch.fx.Node, scatter_accumulate_ok: bool = False) -> Step 
     return None
 
 
+# How backward graphs assemble per-expert gradients (and the loop form its outputs).
+_GRADIENT_JOINS = (
+    aten.add.Tensor, aten.cat.default, aten.stack.default, aten.select_scatter.default, aten.slice_scatter.default,
+)
+
+
 def _reaches_gemm(node: torch.fx.Node) -> bool:
     """Is ``node`` computed from a GEMM through row moves (or sums/concatenations of them)?
 
@@ -193,7 +202,7 @@ def _reaches_gemm(node: torch.fx.Node) -> bool:
             return True
         if (step := _row_step(n, scatter_accumulate_ok=True)) is not None:
             stack.append(step.src)
-        elif n.target in (aten.add.Tensor, aten.cat.default, aten.stack.default):
+        elif n.target in _GRADIENT_JOINS:
             stack.extend(n.all_input_nodes)
     return False
 
@@ -323,12 +332,12 @@ def _match_experts(d: torch.fx.Node) -> Experts:
             raise _NoMatch(f"the loop's expert {i} reads piece {idx}: pieces out of order")
     bshape = val(base).shape
     if split is None:
-        if len(bshape) != 3 or bshape[0] != len(per):
+        if len(bshape) != 3 or not _eq(bshape[0], len(per)):
             raise _NoMatch(f"the loop selects {len(per)} experts from a tensor of shape {tuple(bshape)}")
         sizes = [bshape[1]] * len(per)
     elif split.target is aten.split.Tensor:
         size = split.args[1]
-        if not isinstance(size, int) or bshape[0] != size * len(per):
+        if not isinstance(size, int) or not _eq(bshape[0], size * len(per)):
             raise _NoMatch(f"the loop splits {tuple(bshape)} into chunks of {size}, not {len(per)} equal pieces")
         sizes = [size] * len(per)
     else:
@@ -375,11 +384,22 @@ def _static(shape) -> bool:
     return all(isinstance(s, int) for s in shape)
 
 
+def _eq(a, b) -> bool:
+    """``a == b`` for sizes that may be SymInts, without guarding (unknown counts as unequal)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return statically_known_true(a == b)
+
+
+def _shape_eq(a, b) -> bool:
+    return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b))
+
+
 def _keeps_rows(step: Step) -> str | None:
     """Why ``step`` does not move whole rows (the last dim stays the row's width), or None."""
     src, out = _shape(step.src), _shape(step.node)
     if step.kind in ("view",):
-        if not src or not out or src[-1] != out[-1]:
+        if not src or not out or not _eq(src[-1], out[-1]):
             return f"{step.node.name} reshapes {src} -> {out}: the row width changes"
     elif step.kind == "permute":
         dims = list(step.node.args[1])
@@ -389,9 +409,9 @@ def _keeps_rows(step: Step) -> str | None:
         index = step.index
         if not index or any(not isinstance(i, torch.fx.Node) for i in index):
             return f"{step.node.name} indexes with {index} (only index tensors on the leading dims are understood)"
-        ishapes = {_shape(i) for i in index}
-        if len(ishapes) != 1 or len(next(iter(ishapes))) != 1:
-            return f"{step.node.name} indexes with tensors of shapes {sorted(ishapes)} (only equal 1-D ones)"
+        ishapes = [_shape(i) for i in index]
+        if any(len(sh) != 1 or not _shape_eq(sh, ishapes[0]) for sh in ishapes):
+            return f"{step.node.name} indexes with tensors of shapes {ishapes} (only equal 1-D ones)"
         moved = step.base if step.kind == "scatter" else step.src
         if len(index) >= len(_shape(moved)):
             return f"{step.node.name} indexes into the row width"
@@ -428,7 +448,7 @@ def _noop(s: Step) -> bool:
         return True
     if s.kind == "permute":
         return list(s.node.args[1]) == list(range(len(s.node.args[1])))
-    return _shape(s.src) == _shape(s.node)
+    return _shape_eq(_shape(s.src), _shape(s.node))
 
 
 def layout_error(m: MoeMatch) -> str | None:
@@ -459,19 +479,27 @@ def layout_error(m: MoeMatch) -> str | None:
             if not all(_noop(s) for s in seg_in + seg_out):
                 return "row moves with symbolic shapes between the index moves (only no-op views are understood)"
             continue
-        ids = torch.arange(int(torch.tensor(start[:-1]).prod()) if len(start) > 1 else 1).reshape(list(start[:-1]) + [1])
-        grouped = _replay(seg_in, ids)
-        if i == k:  # the experts keep the grouped rows in order; the output may be shaped otherwise
-            out_start = _shape(m.experts.down_out)
-            if grouped.numel() != int(torch.tensor(out_start[:-1]).prod()):
-                return f"the experts' output {out_start} does not have the grouped rows' count"
-            grouped = grouped.reshape(list(out_start[:-1]) + [1])
-        else:
-            grouped = grouped.reshape(list(_shape(out_idx[k - 1 - i].node)[:-1]) + [1])
-        back = _replay(seg_out, grouped)
-        if tuple(back.shape) != tuple(ids.shape) or not torch.equal(back, ids):
-            names = [s.node.name for s in seg_in + seg_out]
-            return f"the row moves {names} after the experts do not undo those before them"
+        with unset_fake_temporarily():  # concrete ids, also when called under the graph's fake mode
+            err = _segment_error(m, i, k, start, seg_in, seg_out, out_idx)
+        if err:
+            return err
+    return None
+
+
+def _segment_error(m, i, k, start, seg_in, seg_out, out_idx) -> str | None:
+    """Does segment ``i`` before the experts, then segment ``k - i`` after them, give back the rows
+    that entered it? (Between them, the inner index moves and the experts keep each row in place.)"""
+    ids = torch.arange(math.prod(start[:-1])).reshape(list(start[:-1]) + [1])
+    moved = _replay(seg_in, ids)
+    # where segment k - i starts: the experts' output, or the index move that undoes in_idx[i]
+    resume = m.experts.down_out if i == k else out_idx[k - 1 - i].node
+    resume_shape = list(_shape(resume)[:-1])
+    if moved.numel() != math.prod(resume_shape):
+        return f"{resume.name} holds {math.prod(resume_shape)} rows where {moved.numel()} went in"
+    back = _replay(seg_out, moved.reshape(resume_shape + [1]))
+    if tuple(back.shape) != tuple(ids.shape) or not torch.equal(back, ids):
+        names = [s.node.name for s in seg_in + seg_out]
+        return f"the row moves {names} after the experts do not undo those before them"
     return None
 
 
@@ -536,7 +564,7 @@ class MoePass(OverlapPass):
                 raise Rejected(f"{n.name} (an input of the expert block) depends on the dispatched rows")
         out = _shape(e.down_out)
         if _static(out):
-            common.require_min_numel(self.ctx, int(torch.tensor(out).prod()))
+            common.require_min_numel(self.ctx, math.prod(out))
         lowering = common.choose_lowering(self.ctx, c.group_name)
         from ..runtime import available
 
@@ -573,11 +601,11 @@ class MoePass(OverlapPass):
             g, u, w = (experts, *g), (experts, *u), (experts, *w)
         else:
             g, u, w = _shape(e.w_gate[0]), _shape(e.w_up[0]), _shape(e.w_down[0])
-        if len(g) != 3 or g != u or w != (g[0], g[2], g[1]) or g[1] != h:
+        if len(g) != 3 or not _shape_eq(g, u) or not _shape_eq(w, (g[0], g[2], g[1])) or not _eq(g[1], h):
             raise Rejected(f"expert weights {g}, {u}, {w} are not [E, {h}, F], [E, {h}, F], [E, F, {h}]")
-        if e.form == "grouped_mm" and _shape(e.offsets) != (g[0],):
+        if e.form == "grouped_mm" and not _shape_eq(_shape(e.offsets), (g[0],)):
             raise Rejected(f"grouped GEMM offs of shape {_shape(e.offsets)} for {g[0]} experts")
-        if e.form == "bmm" and _shape(e.grouped)[0] != g[0]:
+        if e.form == "bmm" and not _eq(_shape(e.grouped)[0], g[0]):
             raise Rejected(f"bmm over {_shape(e.grouped)[0]} groups but {g[0]} experts")
 
     # ----------------------------------------------------------------------- the region
@@ -697,7 +725,7 @@ class MoePass(OverlapPass):
             provided = {name: fake.call(graph, operator.getitem, (values, i)) for i, name in enumerate(SAVED) if saved[i]}
             self._provide_outside(graph, fake, m, region, provided)
         c.wait.replace_all_uses_with(out)
-        for coll, splits in ((d.collective, d.output_splits), (c.collective, c.input_splits)):
+        for coll, splits in ((d.collective, d.output_splits), (c.collective, c.output_splits)):
             for u in list(coll.users):
                 if _is_row_count(u):
                     with graph.inserting_before(u):
@@ -744,7 +772,7 @@ class MoePass(OverlapPass):
 
         def flat_to(flat: torch.fx.Node, like: torch.fx.Node, expert: int | None) -> torch.fx.Node:
             if expert is None:
-                if _shape(like) == _shape(flat):
+                if _shape_eq(_shape(like), _shape(flat)):
                     return flat
                 return fake.call(graph, aten.reshape.default, (flat, list(_shape(like))))
             if e.split is not None:
