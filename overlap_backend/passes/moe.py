@@ -769,6 +769,7 @@ class MoePass(OverlapPass):
         roles = self._roles(m)
         e = m.experts
         cache: dict[torch.fx.Node, torch.fx.Node] = {}
+        per_expert: dict[torch.fx.Node, torch.fx.Node] = {}  # a saved value split into the loop's experts
 
         def flat_to(flat: torch.fx.Node, like: torch.fx.Node, expert: int | None) -> torch.fx.Node:
             if expert is None:
@@ -776,10 +777,13 @@ class MoePass(OverlapPass):
                     return flat
                 return fake.call(graph, aten.reshape.default, (flat, list(_shape(like))))
             if e.split is not None:
-                parts = fake.call(graph, aten.split_with_sizes.default, (flat, list(e.group_sizes)))
-                return fake.call(graph, operator.getitem, (parts, expert))
-            per = fake.call(graph, aten.reshape.default, (flat, [len(e.gate), e.group_sizes[0], _shape(flat)[-1]]))
-            return fake.call(graph, aten.select.int, (per, 0, expert))
+                if flat not in per_expert:
+                    per_expert[flat] = fake.call(graph, aten.split_with_sizes.default, (flat, list(e.group_sizes)))
+                return fake.call(graph, operator.getitem, (per_expert[flat], expert))
+            if flat not in per_expert:
+                shape = [len(e.gate), e.group_sizes[0], _shape(flat)[-1]]
+                per_expert[flat] = fake.call(graph, aten.reshape.default, (flat, shape))
+            return fake.call(graph, aten.select.int, (per_expert[flat], 0, expert))
 
         def get(n: torch.fx.Node) -> torch.fx.Node:
             if n in cache:

@@ -1,0 +1,385 @@
+"""The ``moe`` pass, the ``moe_experts`` op and the reference MoE layer.
+
+- compiled vs eager on real gloo ranks (2 and 4): both token policies, the three expert-GEMM forms,
+  forward and backward, with ``OVERLAP_INDUCTOR=0`` (one Inductor run, marked slow);
+- exact graphs of the pass on the fake process group (4 ranks), rejections with their reasons;
+- the p2p lowering against ``all_to_all_single`` + experts on random data (hypothesis, drawn in
+  lockstep on every rank as in ``test_p2p_lowering.py``).
+"""
+
+import pytest
+import torch
+
+from dist_harness import run_ranks
+
+C10D = torch.ops._c10d_functional
+WS = 4
+FORMS = ("grouped_mm", "bmm", "loop")
+POLICIES = ("capacity", "dropless")
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    if torch.isnan(a).any() or torch.isnan(b).any():
+        return float("nan")
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _tol(form):
+    # torch._grouped_mm only takes bfloat16 under torch.compile: that form runs its GEMMs in bf16
+    # (eager too), and the lowering sums in another order than _grouped_mm does.
+    return 1e-2 if form == "grouped_mm" else 1e-4
+
+
+# ------------------------------------------------------------------------ compiled vs eager
+def layer_worker(rank, ws, cases, skew):
+    import torch
+
+    import overlap_backend
+    from overlap_backend.moe_models import MoELayer
+
+    torch._dynamo.config.capture_scalar_outputs = True  # dropless: .tolist() of the split sizes
+    tokens, hidden, ffn, experts = 6, 16, 32, 2 * ws
+    x = torch.randn(ws, tokens, hidden, generator=torch.Generator().manual_seed(5))[rank]
+    probe = torch.cos(torch.arange(tokens * hidden, dtype=torch.float32)).view(tokens, hidden)
+
+    def build(policy, form):
+        m = MoELayer(hidden, ffn, experts, top_k=2, policy=policy, expert_form=form, capacity_factor=1.0, seed=3)
+        if skew:  # expert 0 in every token's top-2, some experts empty: zero splits, empty groups
+            with torch.no_grad():
+                m.router[:, 0] += 4.0 * m.router.abs().max()
+        return m
+
+    def step(model):
+        xi = x.clone().requires_grad_()
+        out = model(xi)
+        (out * probe).sum().backward()
+        return [out, xi.grad] + [p.grad for p in model.parameters()]
+
+    results = {}
+    for policy, form in cases:
+        torch._dynamo.reset()
+        ref = step(build(policy, form))
+        backend = overlap_backend.make_backend(inductor=False)
+        got = step(torch.compile(build(policy, form), backend=backend, fullgraph=True))
+        results[(policy, form)] = {
+            "errs": [_rel(g, r) for g, r in zip(got, ref)],
+            "decisions": [(r.kind, m.pass_name, m.applied, m.reason) for r in backend.reports for m in r.matches],
+            "ref_norm": ref[0].norm().item(),
+        }
+    return results
+
+
+def _check_layers(per_rank, cases):
+    for case in cases:
+        decisions = per_rank[0][case]["decisions"]
+        for rank, res in enumerate(per_rank):
+            r = res[case]
+            assert r["ref_norm"] > 0, f"{case} rank {rank}: the eager layer returned zeros (test is vacuous)"
+            assert all(e <= _tol(case[1]) for e in r["errs"]), f"{case} rank {rank}: rel errors {r['errs']}"
+            assert r["decisions"] == decisions, f"{case}: rank {rank} decided differently"
+        fwd = [d for d in decisions if d[1] == "moe" and d[0] == "forward"]
+        assert fwd and all(d[2] for d in fwd), f"{case}: forward MoE block not rewritten: {decisions}"
+        assert [d for d in decisions if d[1] == "moe" and d[0] == "backward" and not d[2]], (
+            f"{case}: the backward all-to-all pair is not reported: {decisions}"
+        )
+
+
+ALL_CASES = [(p, f) for p in POLICIES for f in FORMS]
+
+
+@pytest.mark.timeout(300)
+def test_layer_matches_eager_2_ranks():
+    """Every policy x form, forward and backward, 2 gloo ranks."""
+    _check_layers(run_ranks(layer_worker, 2, ALL_CASES, False, timeout=280), ALL_CASES)
+
+
+@pytest.mark.timeout(300)
+def test_layer_matches_eager_4_ranks_skewed():
+    """4 ranks, routing skewed so that some experts (and some rank pairs) get no tokens."""
+    cases = [("dropless", "grouped_mm"), ("dropless", "loop"), ("capacity", "bmm")]
+    _check_layers(run_ranks(layer_worker, 4, cases, True, timeout=280), cases)
+
+
+# ----------------------------------------------------------------- exact graphs (fake PG)
+def _targets(graph):
+    return [n.target for n in graph.nodes if n.op == "call_function"]
+
+
+def _only(graph, target):
+    nodes = [n for n in graph.nodes if n.target is target]
+    assert len(nodes) == 1, f"expected one {target}, got {len(nodes)}:\n{graph}"
+    return nodes[0]
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    """Keep each rewritten graph (``backend.graphs``), and run ``moe_experts`` as a shape-only stub:
+    the fake group communicates nothing, so the dropless split sizes it yields need not agree."""
+    from overlap_backend.backend import OverlapBackend
+    from overlap_backend.runtime import lowering
+    from overlap_backend.runtime.ops import MOE_SAVED
+
+    orig = OverlapBackend.run_pipeline
+
+    def run_pipeline(self, graph, kind=None):
+        report = orig(self, graph, kind)
+        self.__dict__.setdefault("graphs", []).append(graph)
+        return report
+
+    def stub(x, send, recv, rows, offsets, sizes, w_gate, w_up, w_down, group_name, saved):
+        m, f = rows.shape[0], w_gate.shape[2]
+        shapes = {"recv": (sum(recv), x.shape[1]), "xg": (m, x.shape[1]), "gate": (m, f), "up": (m, f), "act": (m, f)}
+        values = [
+            torch.zeros(shapes[n], dtype=x.dtype if n == "recv" else w_gate.dtype) if want else x.new_empty((0,))
+            for n, want in zip(MOE_SAVED, saved)
+        ]
+        return torch.zeros_like(x), values
+
+    monkeypatch.setattr(OverlapBackend, "run_pipeline", run_pipeline)
+    monkeypatch.setitem(lowering._IMPLS["p2p"], "moe_experts", stub)
+    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+
+
+def _compile_layer(policy, form, train=False, **backend_kw):
+    from overlap_backend import make_backend
+    from overlap_backend.moe_models import MoELayer
+
+    layer = MoELayer(16, 32, 2 * WS, top_k=2, policy=policy, expert_form=form, capacity_factor=1.0)
+    backend = make_backend(inductor=False, **backend_kw)
+    x = torch.randn(6, 16, requires_grad=train)
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    if train:
+        compiled(x).sum().backward()
+    else:
+        with torch.no_grad():
+            compiled(x)
+    return layer, backend
+
+
+def _moe_records(backend, kind=None):
+    return [m for r in backend.reports for m in r.matches if m.pass_name == "moe" and kind in (None, r.kind)]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("form", FORMS)
+def test_pass_rewrites_every_form(fake_pg, graphs, policy, form):
+    layer, be = _compile_layer(policy, form)
+    (rec,) = _moe_records(be)
+    assert rec.applied and rec.lowering == "p2p" and rec.reason == "rewritten"
+    g = be.graphs[0]
+    op = _only(g, torch.ops.overlap.moe_experts.default)
+    x, send, recv, rows, offsets, sizes, wg, wu, wd, group_name, lowering, saved = op.args
+    assert group_name == fake_pg.group_name and lowering == "p2p" and saved == [False] * 5
+    assert len(send) == len(recv) == WS
+    # the expert GEMMs are gone: the router's mm is the only matmul left
+    ts = _targets(g)
+    assert aten_count(ts, torch.ops.aten.bmm.default, torch.ops.aten._grouped_mm.default) == 0
+    assert ts.count(torch.ops.aten.mm.default) == 1
+    # dispatch and combine are gone; dropless keeps its count exchange (int64 counts)
+    a2as = [n for n in g.nodes if n.target is C10D.all_to_all_single.default]
+    assert len(a2as) == (1 if policy == "dropless" else 0)
+    assert all(n.meta["val"].dtype == torch.int64 for n in a2as)
+    if form == "grouped_mm":
+        assert offsets is not None and sizes == [] and wg.meta["val"].dtype == torch.bfloat16
+    else:
+        assert offsets is None and len(sizes) == 2  # two local experts
+        # loop: the per-expert selects are folded back into the stacked parameter
+        assert [n.op for n in (wg, wu, wd)] == ["placeholder"] * 3
+    if policy == "capacity":
+        assert all(isinstance(s, int) for s in send + recv)
+    else:
+        assert not any(isinstance(s, int) for s in send + recv)  # unbacked split sizes
+
+
+def aten_count(targets, *wanted):
+    return sum(t in wanted for t in targets)
+
+
+@pytest.mark.parametrize("policy, form, saved", [
+    ("capacity", "bmm", {"xg", "gate", "up", "act"}),
+    ("dropless", "grouped_mm", {"xg", "gate", "up", "act"}),
+    ("dropless", "loop", {"xg", "gate", "up", "act"}),
+])
+def test_training_forward_saves_and_backward_is_reported(fake_pg, graphs, policy, form, saved):
+    from overlap_backend.runtime.ops import MOE_SAVED
+
+    layer, be = _compile_layer(policy, form, train=True)
+    kinds = [r.kind for r in be.reports]
+    assert kinds == ["forward", "backward"]
+    (fwd,) = _moe_records(be, "forward")
+    assert fwd.applied
+    op = _only(be.graphs[0], torch.ops.overlap.moe_experts.default)
+    assert {n for n, want in zip(MOE_SAVED, op.args[-1]) if want} == saved
+    # what the backward reads comes from the op, not from a second copy of the expert GEMMs
+    assert aten_count(_targets(be.graphs[0]), torch.ops.aten.bmm.default, torch.ops.aten._grouped_mm.default) == 0
+    assert _targets(be.graphs[0]).count(torch.ops.aten.mm.default) == 1
+    (bwd,) = _moe_records(be, "backward")
+    assert not bwd.applied and "backward graph" in bwd.reason
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in layer.parameters())
+
+
+def test_passes_toggle_leaves_moe_alone(fake_pg, graphs):
+    _, be = _compile_layer("capacity", "bmm", passes=["mm_ar"])
+    assert not _moe_records(be)
+    assert torch.ops.overlap.moe_experts.default not in _targets(be.graphs[0])
+
+
+def test_min_numel_rejects_small_blocks(fake_pg, graphs):
+    _, be = _compile_layer("capacity", "bmm", min_numel=10**6)
+    (rec,) = _moe_records(be)
+    assert not rec.applied and "OVERLAP_MIN_NUMEL" in rec.reason
+
+
+# rejections, on hand-written capacity-style blocks: x [ws*E*C, H] -> experts -> back
+def _block(fake_pg, *, act="silu", undo=True, swap=True, leak=False):
+    import torch.distributed._functional_collectives as funcol
+    import torch.nn.functional as F
+
+    E, C, H = 2, 3, 8
+
+    def f(x, wg, wu, wd):
+        recv = funcol.all_to_all_single(x, None, None, fake_pg)
+        xe = recv.view(WS, E, C, H).transpose(0, 1).reshape(E, WS * C, H)
+        g = torch.bmm(xe, wg)
+        a = (F.silu(g) if act == "silu" else F.gelu(g)) * torch.bmm(xe, wu)
+        y = torch.bmm(a, wd)
+        back = y.view(E, WS, C, H).transpose(0, 1) if undo else y.view(WS, E, C, H)
+        back = back.reshape(WS * E * C, H)
+        splits = [C * E] * WS
+        out_splits = splits if swap else [C * E - 1, C * E + 1] * (WS // 2)
+        out = funcol.all_to_all_single(back, out_splits, splits, fake_pg)
+        return (out, y.sum()) if leak else out
+
+    args = (torch.randn(WS * E * C, H), torch.randn(E, H, 16), torch.randn(E, H, 16), torch.randn(E, 16, H))
+    return f, args
+
+
+@pytest.mark.parametrize("variant, reason", [
+    (dict(act="gelu"), "is not silu(gate) * up"),
+    (dict(undo=False), "do not undo those before them"),
+    (dict(swap=False), "not the dispatch's, swapped"),
+    (dict(leak=True), "is also used by"),
+])
+def test_rejections_are_reported(fake_pg, graphs, variant, reason):
+    from overlap_backend import make_backend
+
+    f, args = _block(fake_pg, **variant)
+    be = make_backend(inductor=False)
+    torch.compile(f, backend=be, fullgraph=True)(*args)
+    (rec,) = _moe_records(be)
+    assert not rec.applied and reason in rec.reason, rec.reason
+    g = be.graphs[0]
+    assert torch.ops.overlap.moe_experts.default not in _targets(g)
+    assert _targets(g).count(C10D.all_to_all_single.default) == 2  # left alone
+
+
+def test_hand_written_block_rewritten(fake_pg, graphs):
+    """The same block as the rejections, written right: one op (guards the rejection tests)."""
+    from overlap_backend import make_backend
+
+    f, args = _block(fake_pg)
+    be = make_backend(inductor=False)
+    torch.compile(f, backend=be, fullgraph=True)(*args)
+    (rec,) = _moe_records(be)
+    assert rec.applied, rec.reason
+    _only(be.graphs[0], torch.ops.overlap.moe_experts.default)
+
+
+# ------------------------------------------------------------- the p2p op vs the collectives
+def _reference(x, send, recv, rows, ends, w_gate, w_up, w_down, group):
+    """``moe_experts``'s documented semantics with ``dist.all_to_all_single`` and per-expert mm."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    cd, h, f = w_gate.dtype, x.shape[1], w_gate.shape[2]
+    received = x.new_empty((sum(recv), h))
+    dist.all_to_all_single(received, x, recv, send, group=group)
+    m = rows.shape[0]
+    ok = rows >= 0
+    xg = torch.zeros(m, h, dtype=cd)
+    xg[ok] = received[rows[ok]].to(cd)
+    gate, up, act = (torch.zeros(m, f, dtype=cd) for _ in range(3))
+    y = torch.zeros(m, h, dtype=cd)
+    start = 0
+    for e, end in enumerate(ends):
+        r = slice(start, end)
+        gate[r], up[r] = xg[r] @ w_gate[e], xg[r] @ w_up[e]
+        act[r] = F.silu(gate[r]) * up[r]
+        y[r] = act[r] @ w_down[e]
+        start = end
+    y_recv = torch.zeros_like(received)
+    y_recv[rows[ok]] = y[ok].to(x.dtype)
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, y_recv, send, recv, group=group)
+    return out, [received, xg, gate, up, act]
+
+
+def op_worker(rank, ws, max_examples):
+    import torch
+    import torch.distributed as dist
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    import overlap_backend  # noqa: F401  registers torch.ops.overlap
+
+    group = dist.group.WORLD
+    failures = []
+
+    @settings(
+        max_examples=max_examples, derandomize=True, database=None, deadline=None,
+        phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        counts=st.lists(st.integers(0, 4), min_size=ws * ws, max_size=ws * ws),
+        experts=st.integers(1, 3), h=st.integers(1, 9), f=st.integers(1, 7), pad=st.integers(0, 3),
+        use_offsets=st.booleans(), saved=st.lists(st.booleans(), min_size=5, max_size=5),
+        bf16=st.booleans(), seed=st.integers(0, 2**16),
+    )
+    def check(counts, experts, h, f, pad, use_offsets, saved, bf16, seed):
+        g = torch.Generator().manual_seed(seed)
+        sendmat = torch.tensor(counts).view(ws, ws)  # sendmat[s, d]: rows s sends to d
+        send, recv = sendmat[rank].tolist(), sendmat[:, rank].tolist()
+        cd = torch.bfloat16 if bf16 else torch.float32
+        x = torch.randn(ws, max(sum(send), 1), h, generator=g)[rank][: sum(send)].contiguous()
+        w = [torch.randn(ws, experts, *shape, generator=g)[rank].to(cd) for shape in ((h, f), (h, f), (f, h))]
+        n = sum(recv)
+        # grouped rows: the received rows in random order, a few zero rows (-1) among them
+        perm = torch.randperm(n + pad, generator=g)
+        rows = torch.where(perm < n, perm, -1)
+        ends = sorted(torch.randint(0, n + pad + 1, (experts,), generator=g).tolist())
+        if use_offsets:
+            offsets, sizes = torch.tensor(ends, dtype=torch.int32), []
+        else:
+            offsets, sizes = None, [b - a for a, b in zip([0] + ends[:-1], ends)]
+        out, values = torch.ops.overlap.moe_experts(x, send, recv, rows, offsets, sizes, *w, group.group_name, "p2p", saved)
+        ref_out, ref_values = _reference(x, send, recv, rows, ends, *w, group)
+        tol = 2e-2 if bf16 else 1e-5
+        errs = [_rel(out, ref_out) if out.numel() else 0.0]
+        for want, v, r in zip(saved, values, ref_values):
+            if want:
+                errs.append(_rel(v.float(), r.float()) if r.numel() and r.abs().max() > 0 else float((v != 0).sum()))
+            elif v.numel():
+                errs.append(float("inf"))  # an unrequested value must be empty
+        if not all(e <= tol for e in errs) or out.dtype != x.dtype:
+            failures.append((counts, experts, h, f, pad, use_offsets, saved, bf16, seed, errs))
+
+    check()
+    # A bad argument is refused before any communication, on every rank alike.
+    try:
+        torch.ops.overlap.moe_experts(
+            torch.randn(ws + 2, 4), [1] * ws, [1] * ws, torch.arange(ws), None, [ws],
+            torch.randn(1, 4, 2), torch.randn(1, 4, 2), torch.randn(1, 2, 4), group.group_name, "p2p", [False] * 5,
+        )
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return failures, refused
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_p2p_op_matches_all_to_all_and_experts(ws):
+    for failures, refused in run_ranks(op_worker, ws, 25, timeout=220):
+        assert not failures, failures[:3]
+        assert refused is not None and f"do not add up to the {ws + 2} rows of x" in refused, refused
