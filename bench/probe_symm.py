@@ -113,11 +113,12 @@ def main():
         G = torch.randn(M, K, device=device, dtype=dt)
         buf = G.view(ws, rows, K)
         out = torch.empty(M, N, device=device, dtype=dt)
-        flags = torch.zeros(ws, dtype=torch.int32, device=device)
+        flags = torch.zeros(ws * symm.MAX_BANDS, dtype=torch.int32, device=device)
         cfg_times = {}
         for cfg in configs.candidates(dt):
             cfg_times[cfg] = med_ms(lambda cfg=cfg: ag_kernel.launch(shard, buf, w, None, out, flags, 0, (claim, report),
-                                                                     10**9, rank, ws, rows, cfg, nsm), n=10)
+                                                                     10**9, rank, ws, rows, symm.band_rows(rows), cfg,
+                                                                     nsm), n=10)
         best = min(cfg_times, key=cfg_times.get)
         t_kernel = cfg_times[best]
         t_mm = med_ms(lambda: torch.mm(G, w))
@@ -160,13 +161,14 @@ def main():
         stage = torch.empty(M, N, device=device, dtype=dt)
         recv = torch.randn(M, N, device=device, dtype=dt)
         outk = torch.empty(rows, N, device=device, dtype=dt)
-        zeros = [torch.zeros(ws, dtype=torch.int32, device=device) for _ in range(3)]
+        zeros = [torch.zeros(ws * symm.MAX_BANDS, dtype=torch.int32, device=device) for _ in range(3)]
         ticket = torch.zeros(1, dtype=torch.int32, device=device)
         kt = {}
         for cfg in configs.candidates(dt):
             kt[cfg] = med_ms(lambda cfg=cfg: rs_kernel.launch(a, b, None, stage, recv, None, outk, zeros[0], zeros[1],
                                                             zeros[2], ticket, 0, (claim, report), 10**9, rank, ws,
-                                                            rows, rows, 1, 0, 0, False, cfg, nsm), n=10)
+                                                            rows, rows, 1, 0, 0, False, symm.band_rows(rows), cfg,
+                                                            nsm), n=10)
         best = min(kt, key=kt.get)
         lines.append(f"mm_rs M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL rs {t_rs:.3f} kernel {kt[best]:.3f} ({best}) "
                      f"ratio {kt[best] / t_mm:.2f} | op {t_op:.3f} (back-to-back {t_b2b:.3f}, host {t_host:.0f} us) "

@@ -271,11 +271,12 @@ class GroupState:
     def peer_tables(self) -> tuple[Tensor, Tensor]:
         """(every rank's data buffer address, every rank's flag buffer address) as int64 device
         tensors, for kernels that store into peers' memory."""
-        key = self.data.local if self.data is not None else 0
-        if self._peer_tables is None or self._peer_tables[0] != key:
+        # Rebuilt after every (re)allocation of the data buffer (ensure_data drops it): a new local
+        # buffer can come back at the old address while the peers' buffers moved.
+        if self._peer_tables is None:
             to_dev = lambda ptrs: torch.tensor(ptrs, dtype=torch.int64, device=self.device)  # noqa: E731
-            self._peer_tables = (key, to_dev(self.data.ptrs), to_dev(self.flags.ptrs))
-        return self._peer_tables[1], self._peer_tables[2]
+            self._peer_tables = (to_dev(self.data.ptrs), to_dev(self.flags.ptrs))
+        return self._peer_tables
 
     # -------------------------------------------------------------------------- buffer lifetime
     def ensure_data(self, nbytes: int) -> None:
@@ -290,6 +291,7 @@ class GroupState:
             torch.cuda.synchronize(self.device)
             old, self.data = self.data, None
             self._views.clear()
+            self._peer_tables = None
             old.close_peers()
             _agree(self.group, None, None, "growing the data buffer")  # every peer closed its mapping
             old.free_local()
