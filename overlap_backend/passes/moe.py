@@ -737,7 +737,10 @@ class MoePass(OverlapPass):
         """``rows``: the in-chain row moves replayed on ``arange(N_recv)``."""
         recv = val(m.dispatch.wait)
         n = _total(graph, fake, m.dispatch.output_splits)
-        ids = fake.call(graph, aten.arange.default, (n,), dict(dtype=torch.int64, device=recv.device))
+        # prims.iota, as decomposed graphs hold it (Inductor has no lowering for aten.arange)
+        ids = fake.call(
+            graph, prims.iota.default, (n,), dict(start=0, step=1, dtype=torch.int64, device=recv.device, requires_grad=False)
+        )
         ids = fake.call(graph, aten.reshape.default, (ids, [n, 1]))
         for s in m.in_steps:
             if s.kind == "view":
@@ -761,7 +764,10 @@ class MoePass(OverlapPass):
             (base,) = bases
             if all(w.target is aten.select.int for w in weights) and val(base).shape[0] == len(weights):
                 return base
-        return fake.call(graph, aten.stack.default, (list(weights),))
+        # per-expert weights of different tensors: stacked (a copy per call); cat of unsqueezes, as
+        # decomposed graphs write stack
+        rows = [fake.call(graph, aten.unsqueeze.default, (w, 0)) for w in weights]
+        return fake.call(graph, aten.cat.default, (rows,))
 
     def _provide_outside(self, graph, fake, m: MoeMatch, region: _Region, provided: dict) -> None:
         """Point every outside reader of a region value at the op's saved values (or a copy of the
