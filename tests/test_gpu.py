@@ -582,7 +582,7 @@ def late_peer_worker(rank: int, ws: int, device: str):
             symm.check_status()
         except symm.SymmTimeoutError as e:
             msg = str(e)
-            assert "ag_mm" in msg and "rank 0" in msg and "flag 1" in msg, msg
+            assert "ag_mm" in msg and "rank 0" in msg and "rank 1's shard" in msg, msg
             try:
                 torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)
             except symm.SymmTimeoutError:

@@ -103,12 +103,13 @@ def test_ag_mm_wait_gives_up_and_reports():
     flags[2 * 2 + 1] = EPOCH - 1  # the second band of rank 2's shard never arrives
     out, ref, status = _run_ag_mm(ws, r, 1, rows, 16, 16, False, False, flags=flags, timeout_ns=30_000)
     claim, report = status
-    assert claim.item() == 1 and report.tolist()[:6] == [1, 1, r, 5, EPOCH - 1, EPOCH]
+    assert claim.item() == 1 and report.tolist()[:7] == [1, 1, r, 5, EPOCH - 1, EPOCH, 2]
     # what did arrive is still right (the first band of rank 2's shard too)
     torch.testing.assert_close(out[: 2 * rows + 16], ref[: 2 * rows + 16], atol=1e-4, rtol=1e-4)
     err = status_error(report.tolist(), "", 2.0)
     assert isinstance(err, SymmTimeoutError)
-    assert "ag_mm on rank 0" in str(err) and "flag 5" in str(err) and "read 4, expected >= 5" in str(err)
+    assert "ag_mm on rank 0" in str(err) and "flag 5, for band 1 of rank 2's shard" in str(err)
+    assert "read 4, expected >= 5" in str(err)
     assert status_error([0] * 8, "", 2.0) is None
 
 

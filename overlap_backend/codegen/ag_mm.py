@@ -46,7 +46,8 @@ def ag_mm_kernel(
             key = pos * nbands + band
             if key > waited:  # a CTA's tiles come in increasing (position, band) order
                 flag = chunk * nbands + band
-                wait_flag(flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_AG_MM, rank, flag, timeout_ns, TIMED)
+                wait_flag(flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_AG_MM, rank, flag, nbands, timeout_ns,
+                          TIMED)
                 waited = key
             a_desc = buf_desc
             a_row = chunk * rows + pid_m * BM

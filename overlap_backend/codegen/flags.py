@@ -5,7 +5,7 @@ host increments per op call, identical on every rank), readers wait for ``flag >
 is ever needed and nothing synchronises with the host between calls.
 
 Every wait is bounded. On timeout the first waiting CTA claims the *claim word* (device memory,
-atomic) and writes ``[1, op, rank, flag index, value seen, epoch expected]`` into the *report*
+atomic) and writes ``[1, op, rank, flag index, value seen, epoch expected, bands per chunk]`` into the *report*
 (pinned host memory mapped into the device: the host reads it without synchronising; no atomics
 there, PCIe may not support them); every other waiting CTA sees the claimed word and stops waiting. The kernel then finishes (its output is garbage) instead of
 trapping, which would kill the CUDA context; the host turns the word into an exception
@@ -37,7 +37,8 @@ def _now_ns(TIMED: tl.constexpr):
 
 
 @triton.jit
-def wait_flag(flag_ptr, epoch, claim_ptr, report_ptr, op_code, rank, flag_index, timeout_ns, TIMED: tl.constexpr):
+def wait_flag(flag_ptr, epoch, claim_ptr, report_ptr, op_code, rank, flag_index, nbands, timeout_ns,
+              TIMED: tl.constexpr):
     """Spin until ``*flag_ptr >= epoch`` (acquire, system scope) or the wait is given up.
 
     ``TIMED`` measures the timeout with ``%globaltimer`` (GPU); without it (interpreter) the bound
@@ -62,6 +63,7 @@ def wait_flag(flag_ptr, epoch, claim_ptr, report_ptr, op_code, rank, flag_index,
                     tl.store(report_ptr + 3, flag_index)
                     tl.store(report_ptr + 4, seen)
                     tl.store(report_ptr + 5, epoch)
+                    tl.store(report_ptr + 6, nbands)
                     tl.store(report_ptr, 1)  # last: the host reads word 0 first
             failed = tl.load(claim_ptr, volatile=True) != 0
     return (seen >= epoch).to(tl.int32)

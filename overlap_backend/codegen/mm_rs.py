@@ -93,7 +93,8 @@ def mm_rs_kernel(
                 for p in range(1, WS):
                     peer = (rank + p) % WS
                     flag = (rnd * WS + peer) * nbands + band
-                    wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP, rank, flag, timeout_ns, TIMED)
+                    wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP, rank, flag, nbands, timeout_ns,
+                              TIMED)
                 waited = key
             for p in range(1, WS):
                 peer = (rank + p) % WS
@@ -129,7 +130,8 @@ def _wait_ready(ready_seen, peer, ready_ptr, epoch, claim_ptr, report_ptr, OP: t
     """Before this CTA's first store into ``peer``'s buffers: wait until ``peer`` started this call
     (its READY flag), i.e. finished reading them in its previous one."""
     if ((ready_seen >> peer) & 1) == 0:
-        wait_flag(ready_ptr + peer, epoch, claim_ptr, report_ptr, OP, rank, READY_FLAG_BASE + peer, timeout_ns, TIMED)
+        wait_flag(ready_ptr + peer, epoch, claim_ptr, report_ptr, OP, rank, READY_FLAG_BASE + peer, 1, timeout_ns,
+                  TIMED)
         ready_seen = ready_seen | (1 << peer)
     return ready_seen
 

@@ -20,7 +20,7 @@ def oneshot_sum_kernel(
     acc = load_rows(own_ptr, offs_m, rows_ok, offs_n, N, N).to(tl.float32)
     for p in range(1, WS):
         peer = (rank + p) % WS
-        wait_flag(recv_flags_ptr + peer, epoch, claim_ptr, report_ptr, OP_AR_ONESHOT, rank, peer, timeout_ns, TIMED)
+        wait_flag(recv_flags_ptr + peer, epoch, claim_ptr, report_ptr, OP_AR_ONESHOT, rank, peer, 1, timeout_ns, TIMED)
         acc += load_rows(recv_ptr, peer * M + offs_m, rows_ok, offs_n, N, N).to(tl.float32)
     if AVERAGE:
         acc = acc / WS

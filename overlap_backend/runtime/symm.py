@@ -347,21 +347,25 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
     """The exception that a kernel's status words ``[1, op, rank, flag, seen, epoch, ...]`` stand for."""
     if not words[0]:
         return None
-    from ..codegen.flags import OP_AG_MM, OP_NAMES
+    from ..codegen.flags import OP_AG_MM, OP_AR_ONESHOT, OP_NAMES
 
-    _, op, rank, flag, seen, epoch = (int(w) for w in words[:6])
+    _, op, rank, flag, seen, epoch, nbands = (int(w) for w in words[:7])
+    nbands = max(nbands, 1)
     ws = _resolve_process_group(group_name).size() if group_name else 0
     if flag >= 1000:
         what = f"rank {flag - 1000} to start this call (its READY flag)"
     elif op == OP_AG_MM.value:
-        what = f"rank {flag}'s shard"
+        what = f"band {flag % nbands} of rank {flag // nbands}'s shard to arrive"
+    elif op == OP_AR_ONESHOT.value:
+        what = f"rank {flag}'s partial to arrive"
     elif ws:
-        what = f"rank {flag % ws}'s partial of round {flag // ws}"
+        slot = flag // nbands
+        what = f"band {flag % nbands} of rank {slot % ws}'s partial (round {slot // ws}) to arrive"
     else:
-        what = f"slot {flag}"
+        what = f"slot {flag} to arrive"
     return SymmTimeoutError(
         f"overlap symm: {OP_NAMES.get(op, op)} on rank {rank} of group {group_name!r} waited {timeout_s:g} s "
-        f"(OVERLAP_TIMEOUT_S) for flag {flag} ({what} to arrive): it read {seen}, expected >= {epoch}. "
+        f"(OVERLAP_TIMEOUT_S) on flag {flag}, for {what}: it read {seen}, expected >= {epoch}. "
         "A peer died, diverged (ran other ops) or is far behind; this call's output is garbage."
     )
 
