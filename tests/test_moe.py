@@ -232,7 +232,7 @@ def test_min_numel_rejects_small_blocks(fake_pg, graphs):
 
 
 # rejections, on hand-written capacity-style blocks: x [ws*E*C, H] -> experts -> back
-def _block(fake_pg, *, act="silu", undo=True, swap=True, leak=False):
+def _block(fake_pg, *, act="silu", undo=True, swap=True, leak=False, keep_recv=False):
     import torch.distributed._functional_collectives as funcol
     import torch.nn.functional as F
 
@@ -249,6 +249,8 @@ def _block(fake_pg, *, act="silu", undo=True, swap=True, leak=False):
         splits = [C * E] * WS
         out_splits = splits if swap else [C * E - 1, C * E + 1] * (WS // 2)
         out = funcol.all_to_all_single(back, out_splits, splits, fake_pg)
+        if keep_recv:
+            return out, recv.sum(0)
         return (out, y.sum()) if leak else out
 
     args = (torch.randn(WS * E * C, H), torch.randn(E, H, 16), torch.randn(E, H, 16), torch.randn(E, 16, H))
@@ -274,16 +276,21 @@ def test_rejections_are_reported(fake_pg, graphs, variant, reason):
     assert _targets(g).count(C10D.all_to_all_single.default) == 2  # left alone
 
 
-def test_hand_written_block_rewritten(fake_pg, graphs):
-    """The same block as the rejections, written right: one op (guards the rejection tests)."""
+@pytest.mark.parametrize("keep_recv", [False, True])
+def test_hand_written_block_rewritten(fake_pg, graphs, keep_recv):
+    """The same block as the rejections, written right: one op (guards the rejection tests). When
+    the received rows are read elsewhere too, the op hands them out (saved "recv")."""
     from overlap_backend import make_backend
 
-    f, args = _block(fake_pg)
+    f, args = _block(fake_pg, keep_recv=keep_recv)
     be = make_backend(inductor=False)
     torch.compile(f, backend=be, fullgraph=True)(*args)
     (rec,) = _moe_records(be)
     assert rec.applied, rec.reason
-    _only(be.graphs[0], torch.ops.overlap.moe_experts.default)
+    g = be.graphs[0]
+    op = _only(g, torch.ops.overlap.moe_experts.default)
+    assert op.args[-1] == [keep_recv, False, False, False, False]
+    assert C10D.all_to_all_single.default not in _targets(g)
 
 
 # ------------------------------------------------------------- the p2p op vs the collectives
