@@ -20,9 +20,11 @@ Two token policies:
 - ``"dropless"``: every token reaches its experts. The split sizes of the all-to-all depend on the
   routing: the per-expert token counts are exchanged first (a small ``all_to_all_single``), then
   ``.tolist()`` turns them into split sizes. Under ``torch.compile`` this needs
-  ``torch._dynamo.config.capture_scalar_outputs = True`` (otherwise ``.tolist()`` breaks the
-  graph and the dispatch and combine land in different graphs); the layer marks the sizes with
-  ``torch._check`` so that no other setting is needed. See ``docs/moe.md``.
+  ``torch._dynamo.config.capture_scalar_outputs = True`` (or ``fullgraph=True``): the sizes become
+  unbacked SymInts, one graph for every routing. Otherwise ``.tolist()`` breaks the graph and the
+  graph after it bakes the sizes in: every new routing recompiles. The layer states what the
+  compiler cannot infer about the sizes with ``torch._check``, so no other setting is needed.
+  See ``docs/moe.md``.
 
 Three forms of the expert GEMMs (``expert_form``), which the ``moe`` pass recognises:
 
