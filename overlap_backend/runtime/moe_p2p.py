@@ -14,7 +14,8 @@ run on them, so the expert work is cut by source ("destination" of the combine):
 
 Which grouped row belongs to which source and expert is worked out once per call (one host read of a
 ``[ws, E]`` count table; on CUDA that is one synchronisation). Within a chunk each expert's rows are
-one GEMM each (``torch._grouped_mm`` for bfloat16 on CUDA, a loop of ``mm`` otherwise).
+one GEMM each (``torch._grouped_mm`` for bfloat16 on CUDA with 16-byte-aligned rows, a loop of
+``mm`` otherwise; the CUDA paths have not run yet: this version was written on a CPU-only machine).
 
 On CUDA the transfers are issued from the high-priority communication stream of ``runtime/p2p.py``
 (``streams.comm_stream``); the compute stream waits for a dispatch chunk only right before it reads
@@ -87,8 +88,10 @@ def _check(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up
 
 def _experts(xs: Tensor, counts: list[int], w_gate: Tensor, w_up: Tensor, w_down: Tensor):
     """SwiGLU of expert ``e`` on the ``counts[e]`` consecutive rows of ``xs`` that follow expert e-1's."""
-    n, f = xs.shape[0], w_gate.shape[2]
-    if xs.is_cuda and xs.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
+    n, h, f = xs.shape[0], xs.shape[1], w_gate.shape[2]
+    # _grouped_mm wants bfloat16 and 16-byte-aligned leading strides (rows of H and F elements).
+    grouped = xs.is_cuda and xs.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and h % 8 == 0 and f % 8 == 0
+    if grouped:
         offs = torch.tensor(_prefix(counts)[1:], dtype=torch.int32, device=xs.device)
         g = torch._grouped_mm(xs, w_gate, offs=offs)
         u = torch._grouped_mm(xs, w_up, offs=offs)
