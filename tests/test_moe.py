@@ -41,14 +41,20 @@ def layer_worker(rank, ws, cases, skew):
     torch._dynamo.config.capture_scalar_outputs = True  # dropless: .tolist() of the split sizes
     tokens, hidden, ffn, experts = 6, 16, 32, 2 * ws
     x = torch.randn(ws, tokens, hidden, generator=torch.Generator().manual_seed(5))[rank]
+    if skew:
+        x = x + 1.0  # with the router below: expert 0 is every token's first choice
     probe = torch.cos(torch.arange(tokens * hidden, dtype=torch.float32)).view(tokens, hidden)
 
     def build(policy, form):
         m = MoELayer(hidden, ffn, experts, top_k=2, policy=policy, expert_form=form, capacity_factor=1.0, seed=3)
-        if skew:  # expert 0 in every token's top-2, some experts empty: zero splits, empty groups
+        if skew:  # one expert takes every token, others none: zero splits, empty expert groups
             with torch.no_grad():
                 m.router[:, 0] += 4.0 * m.router.abs().max()
         return m
+
+    with torch.no_grad():  # tokens this rank routes to each expert (the test checks the skew happened)
+        chosen = build("dropless", "loop").route(x)[0].view(-1)
+        routed = torch.bincount(chosen, minlength=experts).tolist()
 
     def step(model):
         xi = x.clone().requires_grad_()
@@ -56,7 +62,7 @@ def layer_worker(rank, ws, cases, skew):
         (out * probe).sum().backward()
         return [out, xi.grad] + [p.grad for p in model.parameters()]
 
-    results = {}
+    results = {"routed": routed}
     for policy, form in cases:
         torch._dynamo.reset()
         ref = step(build(policy, form))
@@ -70,7 +76,13 @@ def layer_worker(rank, ws, cases, skew):
     return results
 
 
-def _check_layers(per_rank, cases):
+def _check_layers(per_rank, cases, skewed=False):
+    routed = torch.tensor([r["routed"] for r in per_rank])  # [source rank, expert]
+    if skewed:
+        ws = len(per_rank)
+        sends = routed.view(ws, ws, -1).sum(-1)  # [source, destination rank]
+        assert (routed.sum(0) == 0).any(), f"no expert without tokens: {routed.tolist()}"
+        assert (sends == 0).any(), f"no rank pair without tokens: {sends.tolist()}"
     for case in cases:
         decisions = per_rank[0][case]["decisions"]
         for rank, res in enumerate(per_rank):
@@ -98,7 +110,7 @@ def test_layer_matches_eager_2_ranks():
 def test_layer_matches_eager_4_ranks_skewed():
     """4 ranks, routing skewed so that some experts (and some rank pairs) get no tokens."""
     cases = [("dropless", "grouped_mm"), ("dropless", "loop"), ("capacity", "bmm")]
-    _check_layers(run_ranks(layer_worker, 4, cases, True, timeout=280), cases)
+    _check_layers(run_ranks(layer_worker, 4, cases, True, timeout=280), cases, skewed=True)
 
 
 # ----------------------------------------------------------------- exact graphs (fake PG)

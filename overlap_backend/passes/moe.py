@@ -582,7 +582,7 @@ class MoePass(OverlapPass):
         common.require_dtype(m.dispatch.input, m.dispatch.wait, m.combine.input)
         common.require_dtype(*e.gate, *e.up, *e.act, *e.down, *e.w_gate, *e.w_up, *e.w_down,
                              *(e.pieces or [e.grouped]))
-        if val(e.down_out).dtype not in (cd,) and e.form != "loop":
+        if val(e.down_out).dtype != cd:
             raise Rejected(f"the experts' output {e.down_out.name} is {val(e.down_out).dtype}, not {cd}")
         for s in m.in_steps + m.out_steps:
             if s.kind == "cast" and val(s.node).dtype not in (cd, xdtype):
