@@ -35,7 +35,8 @@ def test_dump_layout_and_summary(fake_pg, clean_env, tmp_path):
     gdir = rank_dir / graph["id"]
     files = sorted(p.name for p in gdir.iterdir())
     assert files == [
-        "00_before.py", "01_after_ag_mm.py", "01_ag_mm.diff", "02_after_mm_rs.py", "03_after_mm_ar.py", "diff.html",
+        "00_before.py", "01_after_ag_mm.py", "01_ag_mm.diff", "02_after_mm_rs.py", "03_after_mm_ar.py",
+        "04_after_moe.py", "diff.html",
     ]
     before = (gdir / "00_before.py").read_text()
     assert "all_gather_into_tensor" in before and "overlap.ag_mm" not in before
