@@ -7,6 +7,7 @@
   lockstep on every rank as in ``test_p2p_lowering.py``).
 """
 
+
 import pytest
 import torch
 
@@ -157,6 +158,7 @@ def _compile_layer(policy, form, train=False, **backend_kw):
     from overlap_backend import make_backend
     from overlap_backend.moe_models import MoELayer
 
+    torch.manual_seed(0)  # the routing (and with it the graph) must not depend on the tests run before
     layer = MoELayer(16, 32, 2 * WS, top_k=2, policy=policy, expert_form=form, capacity_factor=1.0)
     backend = make_backend(inductor=False, **backend_kw)
     x = torch.randn(6, 16, requires_grad=train)

@@ -5,6 +5,13 @@ implementation is looked up in the lowering registry by the ``lowering`` argumen
 resolved at compile time (identically on every rank), so the graph says how it will run.
 
 Shapes below: ``ws`` is the size of the process group named by ``group_name``.
+
+The ops are defined with ``torch.library.Library`` and an explicit schema (written out above each
+function) instead of ``torch.library.custom_op``: the dispatcher then calls the Python function
+directly, without custom_op's autograd wrapper, Dynamo-disable wrapper and output-alias checks,
+which cost tens of microseconds per call (measured: 35 vs 12 us for an empty op on the CPU
+machines) — a real share of a decode-size op. The ops have no autograd formula: they appear in
+AOTAutograd's forward/backward graphs, which run without autograd.
 """
 
 import math
@@ -15,6 +22,24 @@ from torch import Tensor
 
 from . import lowering as _lowering
 
+_LIB = torch.library.Library("overlap", "DEF")
+
+
+def _define(schema: str):
+    """Define ``overlap::<schema>``; the decorated function is its kernel for every backend."""
+    name = schema.split("(", 1)[0]
+    _LIB.define(schema)
+
+    def deco(fn):
+        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+        return fn
+
+    return deco
+
+
+def _fake(name: str):
+    return torch.library.register_fake(f"overlap::{name}", lib=_LIB)
+
 REDUCE_OPS = ("sum", "avg", "product", "min", "max")
 
 
@@ -23,7 +48,9 @@ def _flat_rows(shape) -> int:
 
 
 # --------------------------------------------------------------------------------------- ag_mm
-@torch.library.custom_op("overlap::ag_mm", mutates_args=())
+@_define(
+    "ag_mm(Tensor shard, Tensor[] weights, Tensor?[] biases, SymInt gather_dim, str group_name, str lowering, bool return_gathered) -> (Tensor, Tensor[])"
+)
 def ag_mm(
     shard: Tensor,
     weights: list[Tensor],
@@ -48,7 +75,7 @@ def ag_mm(
     return impl(shard, weights, biases, gather_dim, group_name, return_gathered)
 
 
-@ag_mm.register_fake
+@_fake("ag_mm")
 def _(shard, weights, biases, gather_dim, group_name, lowering, return_gathered):
     ws = _group_size(group_name)
     dim = gather_dim % shard.dim()
@@ -61,7 +88,9 @@ def _(shard, weights, biases, gather_dim, group_name, lowering, return_gathered)
 
 
 # --------------------------------------------------------------------------------------- mm_rs
-@torch.library.custom_op("overlap::mm_rs", mutates_args=())
+@_define(
+    "mm_rs(Tensor a, Tensor b, Tensor? bias, SymInt[] out_shape, SymInt scatter_dim, str reduce_op, str group_name, str lowering) -> Tensor"
+)
 def mm_rs(
     a: Tensor,
     b: Tensor,
@@ -83,7 +112,7 @@ def mm_rs(
     return impl(a, b, bias, out_shape, scatter_dim, reduce_op, group_name)
 
 
-@mm_rs.register_fake
+@_fake("mm_rs")
 def _(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, lowering):
     ws = _group_size(group_name)
     shape = list(out_shape)
@@ -93,7 +122,9 @@ def _(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, lowering):
 
 
 # --------------------------------------------------------------------------------------- mm_ar
-@torch.library.custom_op("overlap::mm_ar", mutates_args=())
+@_define(
+    "mm_ar(Tensor a, Tensor b, Tensor? bias, str reduce_op, str group_name, str lowering) -> Tensor"
+)
 def mm_ar(
     a: Tensor,
     b: Tensor,
@@ -111,7 +142,7 @@ def mm_ar(
     return impl(a, b, bias, reduce_op, group_name)
 
 
-@mm_ar.register_fake
+@_fake("mm_ar")
 def _(a, b, bias, reduce_op, group_name, lowering):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.result_type(a, b))
 
@@ -122,14 +153,16 @@ def _group_size(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
-OPS = {"ag_mm": ag_mm, "mm_rs": mm_rs, "mm_ar": mm_ar}
+OPS = {"ag_mm": torch.ops.overlap.ag_mm, "mm_rs": torch.ops.overlap.mm_rs, "mm_ar": torch.ops.overlap.mm_ar}
 
 
 # --------------------------------------------------------------------------------- moe_experts
 MOE_SAVED = ("recv", "xg", "gate", "up", "act")
 
 
-@torch.library.custom_op("overlap::moe_experts", mutates_args=())
+@_define(
+    "moe_experts(Tensor x, SymInt[] send_splits, SymInt[] recv_splits, Tensor rows, Tensor? offsets, SymInt[] group_sizes, Tensor w_gate, Tensor w_up, Tensor w_down, str group_name, str lowering, bool[] saved) -> (Tensor, Tensor[])"
+)
 def moe_experts(
     x: Tensor,
     send_splits: list[int],
@@ -168,7 +201,7 @@ def moe_experts(
     return impl(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
 
 
-@moe_experts.register_fake
+@_fake("moe_experts")
 def _(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, lowering, saved):
     h, f, m = x.shape[-1], w_gate.shape[-1], rows.shape[0]
     cd = w_gate.dtype
@@ -188,4 +221,4 @@ def _(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_d
     return x.new_empty(x.shape), values
 
 
-OPS["moe_experts"] = moe_experts
+OPS["moe_experts"] = torch.ops.overlap.moe_experts
