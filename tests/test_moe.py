@@ -7,7 +7,6 @@
   lockstep on every rank as in ``test_p2p_lowering.py``).
 """
 
-
 import pytest
 import torch
 
