@@ -5,6 +5,8 @@
 #   bash bench/run_device.sh quick    # smoke run: ws=2 tests only, benchmarks with --quick
 #   bash bench/run_device.sh bench    # the benchmarks only (no GPU tests)
 #   TESTS_K="ws4 or timeout" bash bench/run_device.sh   # a pytest -k selection of the GPU tests
+#                                      (default: the symm tests at the largest world size + timeout;
+#                                      TESTS_K= runs them all)
 #
 # Nothing is installed: PYTHONPATH points at the repo. NVLink multicast stays off (the three
 # variables below). Every stage runs under `timeout`: its own cap, cut to what is left of a
@@ -150,9 +152,17 @@ main() {
   [ "$NGPU" -eq 0 ] && FAILED+=("no GPU visible")
 
   if [ "$MODE" != bench ]; then
-    local select=()
-    [ "$MODE" = quick ] && select=(-k ws2)
-    [ -n "${TESTS_K:-}" ] && select=(-k "$TESTS_K") # e.g. TESTS_K="ws4 or timeout"
+    # All GPU tests (3 lowerings x 2 world sizes) take longer than LIMIT_TESTS: by default the symm
+    # ones at the largest world size here, plus the timeout test (p2p's ran on 2026-11-29);
+    # TESTS_K="" runs everything, TESTS_K="<expr>" any pytest -k selection.
+    local ws_max=2
+    [ "$NGPU" -ge 4 ] && ws_max=4
+    local select=(-k "ws$ws_max and symm or timeout")
+    [ "$MODE" = quick ] && select=(-k "ws2 and symm and not compiled")
+    if [ -n "${TESTS_K+set}" ]; then
+      select=()
+      [ -n "$TESTS_K" ] && select=(-k "$TESTS_K")
+    fi
     stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest -q -rA -p no:cacheprovider -m gpu tests/test_gpu.py "${@}" 2>&1 | tee "$OUT_LOG"' \
       "$PY" "${select[@]}"
   fi
