@@ -222,3 +222,61 @@ def _(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_d
 
 
 OPS["moe_experts"] = torch.ops.overlap.moe_experts
+
+
+# ---------------------------------------------------------------------------- cta_pipeline_mlp
+CTA_ACTIVATIONS = ("gelu", "swiglu")
+GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+@_define(
+    "cta_pipeline_mlp(Tensor x, Tensor w1, Tensor? b1, Tensor? w3, Tensor? b3, Tensor w2, Tensor? b2, str activation, str approximate, SymInt stages, str group_name, str lowering) -> Tensor"
+)
+def cta_pipeline_mlp(
+    x: Tensor,
+    w1: Tensor,
+    b1: Optional[Tensor],
+    w3: Optional[Tensor],
+    b3: Optional[Tensor],
+    w2: Tensor,
+    b2: Optional[Tensor],
+    activation: str,
+    approximate: str,
+    stages: int,
+    group_name: str,
+    lowering: str,
+) -> Tensor:
+    """Row-parallel tensor-parallel MLP: column-parallel GEMM, activation, row-parallel GEMM,
+    all-reduce, run as a pipeline of ``stages`` stages (CTA-pipelining, issue 5).
+
+    ``x`` ``[M, H]`` (replicated on the group's ranks in tensor parallelism, though the semantics
+    do not need it), ``w1``/``w3`` ``[H, F]`` (this rank's column shards), ``w2`` ``[F, N]`` (this
+    rank's row shard), ``b1``/``b3`` ``[F]``, ``b2`` ``[N]``. Semantics, on every rank::
+
+        H1 = x @ w1 (+ b1)                                   # [M, F]
+        A  = gelu(H1, approximate)          if activation == "gelu"    (approximate: "none" | "tanh")
+           = silu(H1) * (x @ w3 (+ b3))     if activation == "swiglu"  (approximate must be "none")
+        Y  = A @ w2 (+ b2)                                   # [M, N]; b2 is added on every rank
+        out = all_reduce(Y, "sum")                           # [M, N], dtype result_type(x, w1)
+
+    ``w3``/``b3`` are None unless ``activation == "swiglu"``. ``stages`` (>= 1) is the number of
+    pipeline stages; it changes how the work is scheduled, never the result.
+    """
+    impl = _lowering.implementation(lowering, "cta_pipeline_mlp")
+    return impl(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name)
+
+
+@_fake("cta_pipeline_mlp")
+def _(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name, lowering):
+    if activation not in CTA_ACTIVATIONS:
+        raise ValueError(f"overlap::cta_pipeline_mlp: activation {activation!r}; allowed: {', '.join(CTA_ACTIVATIONS)}")
+    if approximate not in GELU_APPROXIMATIONS:
+        raise ValueError(
+            f"overlap::cta_pipeline_mlp: approximate {approximate!r}; allowed: {', '.join(GELU_APPROXIMATIONS)}"
+        )
+    if (activation == "swiglu") != (w3 is not None):
+        raise ValueError("overlap::cta_pipeline_mlp: w3 is given exactly when activation is 'swiglu'")
+    return x.new_empty((x.shape[0], w2.shape[1]), dtype=torch.result_type(x, w1))
+
+
+OPS["cta_pipeline_mlp"] = torch.ops.overlap.cta_pipeline_mlp
