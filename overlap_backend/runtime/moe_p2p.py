@@ -33,23 +33,9 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 
 from .lowering import register
 from .ops import MOE_SAVED
-from .p2p import Ring
-from .streams import P2P_RING, comm_stream
+from .p2p import Ring, start_batch
 
 _TAG_DISPATCH, _TAG_COMBINE = 0x40E1, 0x40E2
-
-
-def _start(ops: list[dist.P2POp]) -> list[dist.Work]:
-    """Start ``ops`` (one batch); on CUDA from the communication stream, after the compute stream."""
-    if not ops:
-        return []
-    tensor = ops[0].tensor
-    if tensor.is_cuda:
-        stream = comm_stream(tensor.device.index, P2P_RING)
-        stream.wait_stream(torch.cuda.current_stream(tensor.device))
-        with torch.cuda.stream(stream):
-            return list(dist.batch_isend_irecv(ops))
-    return list(dist.batch_isend_irecv(ops))
 
 
 def _prefix(sizes: list[int]) -> list[int]:
@@ -153,7 +139,7 @@ def moe_experts(
         if recv_splits[src]:
             chunk = recv[recv_off[src] : recv_off[src + 1]]
             ops.append(dist.P2POp(dist.irecv, chunk, group=group, group_peer=src, tag=_TAG_DISPATCH))
-        arrived[src] = _start(ops)
+        arrived[src] = start_batch(ops)
 
     # Grouped row j: expert expert_of[j], source rank source[j]; sorted by (source, expert).
     m = rows.shape[0]
@@ -206,7 +192,7 @@ def moe_experts(
         if send_splits[dst]:
             chunk = out[send_off[dst] : send_off[dst + 1]]
             ops.append(dist.P2POp(dist.irecv, chunk, group=group, group_peer=dst, tag=_TAG_COMBINE))
-        combine.extend(_start(ops))
+        combine.extend(start_batch(ops))
     compute(r)  # own rows last: the last combine transfer overlaps them
     if keep["xg"] is not None:
         # Grouped rows past the last expert's end are gathered (Xg) but belong to no expert.

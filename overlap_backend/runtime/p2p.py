@@ -37,6 +37,20 @@ _REDUCE_INPLACE = {
 }
 
 
+def start_batch(ops: Sequence[dist.P2POp]) -> list[dist.Work]:
+    """Start ``ops`` as one batch; on CUDA from the communication stream, after everything queued
+    on the compute stream (which produced what is sent)."""
+    if not ops:
+        return []
+    tensor = ops[0].tensor
+    if tensor.is_cuda:
+        stream = comm_stream(tensor.device.index, P2P_RING)
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(stream):
+            return list(dist.batch_isend_irecv(list(ops)))
+    return list(dist.batch_isend_irecv(list(ops)))
+
+
 class Ring:
     """The ring neighbours of this rank in ``group_name`` and the transfers between them."""
 
@@ -56,16 +70,7 @@ class Ring:
             ops.append(dist.P2POp(dist.isend, send, group=self.group, group_peer=self.next))
         if recv is not None:
             ops.append(dist.P2POp(dist.irecv, recv, group=self.group, group_peer=self.prev))
-        if not ops:
-            return []
-        tensor = ops[0].tensor
-        if tensor.is_cuda:
-            stream = comm_stream(tensor.device.index, P2P_RING)
-            # The chunk to send was produced on the compute stream.
-            stream.wait_stream(torch.cuda.current_stream(tensor.device))
-            with torch.cuda.stream(stream):
-                return list(dist.batch_isend_irecv(ops))
-        return list(dist.batch_isend_irecv(ops))
+        return start_batch(ops)
 
     @staticmethod
     def wait(works: Sequence[dist.Work]) -> None:
