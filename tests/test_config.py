@@ -52,7 +52,9 @@ def test_explicit_argument_beats_env(clean_env):
     [
         ("OVERLAP_DISABLE", "maybe", "allowed: 1, 0"),
         ("OVERLAP_INDUCTOR", "2", "allowed: 1, 0"),
-        ("OVERLAP_PASSES", "ag_mm,bogus", "allowed: ag_mm, mm_rs, mm_ar"),
+        ("OVERLAP_PASSES", "ag_mm,bogus", "allowed: ag_mm, mm_rs, cta_pipeline, mm_ar, moe"),
+        ("OVERLAP_CTA_STAGES", "0", "allowed: an integer >= 1"),
+        ("OVERLAP_CTA_STAGES", "two", "allowed: an integer >= 1"),
         ("OVERLAP_LOWERING", "nvshmem", "allowed: auto, symm, p2p"),
         ("OVERLAP_MIN_NUMEL", "-3", "allowed: an integer >= 0"),
         ("OVERLAP_MIN_NUMEL", "lots", "allowed: an integer >= 0"),
@@ -115,6 +117,23 @@ def test_direct_config_validated():
     with pytest.raises(ConfigError, match="lowering='xyz'"):
         OverlapConfig(lowering="xyz")
     with pytest.raises(ConfigError, match="unknown pass"):
-        OverlapConfig(passes=("ag_mm", "cta_pipeline"))
+        OverlapConfig(passes=("ag_mm", "bogus"))
     with pytest.raises(ConfigError, match="min_numel"):
         make_backend(min_numel=2.5)
+
+
+def test_cta_pipeline_registered_but_off_by_default(clean_env):
+    assert "cta_pipeline" not in OverlapConfig().passes
+    assert OverlapConfig.from_env().cta_stages == 2
+    clean_env.setenv("OVERLAP_PASSES", "default")
+    assert OverlapConfig.from_env().passes == ("ag_mm", "mm_rs", "mm_ar", "moe")
+    clean_env.setenv("OVERLAP_PASSES", "mm_ar,cta_pipeline")
+    clean_env.setenv("OVERLAP_CTA_STAGES", "4")
+    cfg = OverlapConfig.from_env()
+    # cta_pipeline runs before mm_ar, which would otherwise claim the MLP's mm -> all_reduce tail
+    assert cfg.passes == ("cta_pipeline", "mm_ar") and cfg.cta_stages == 4
+    assert make_backend(passes=["cta_pipeline"], cta_stages=3).config.cta_stages == 3
+    clean_env.setenv("OVERLAP_PASSES", "all")
+    assert "cta_pipeline" in OverlapConfig.from_env().passes
+    with pytest.raises(ConfigError, match="cta_stages"):
+        OverlapConfig(cta_stages=0)
