@@ -113,6 +113,12 @@ def test_swiglu_operands_swapped_and_2d(fake_pg, capture):
     assert op.args[7] == "swiglu" and out.shape == (6, 8)
 
 
+def test_symm_falls_back_to_p2p(fake_pg, capture):
+    """Only p2p implements the op so far: the pass writes p2p where symm would be chosen."""
+    be, _ = compile_and_run(gelu_mlp(fake_pg), *gelu_args(), passes=["cta_pipeline"], lowering="symm")
+    assert only(be.graphs[0], CTA).args[-1] == "p2p"
+
+
 def test_off_by_default_mm_ar_takes_the_tail(fake_pg, capture):
     be, out = compile_and_run(gelu_mlp(fake_pg), *gelu_args())
     g = be.graphs[0]
