@@ -36,8 +36,6 @@ def _activation_patterns():
     """(activation, approximate, pattern) with KeywordArgs ``v`` (GELU) or ``g``/``u`` (SwiGLU)."""
     from torch._inductor.pattern_matcher import fwd_only, gen_pattern
 
-    ex1 = [torch.empty(4, 4)]
-    ex2 = [torch.empty(4, 4), torch.empty(4, 4)]
 
     def gelu_none(v):
         return F.gelu(v)
@@ -56,12 +54,19 @@ def _activation_patterns():
         consts = _constants(n for n in traced.graph.nodes if n.op == "call_function")
         return activation, approximate, gen_pattern(fn, ex, fwd_only), consts
 
-    return [
-        entry("gelu", "tanh", gelu_tanh, ex1),
-        entry("gelu", "none", gelu_none, ex1),
-        entry("swiglu", "none", swiglu, ex2),
-        entry("swiglu", "none", swiglu_rev, ex2),
-    ]
+    # One set per dtype: for float16/bfloat16 the decompositions compute in float32 between
+    # convert_element_type nodes, which the patterns must hold too.
+    out = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        ex1 = [torch.empty(4, 4, dtype=dtype)]
+        ex2 = [torch.empty(4, 4, dtype=dtype), torch.empty(4, 4, dtype=dtype)]
+        out += [
+            entry("gelu", "tanh", gelu_tanh, ex1),
+            entry("gelu", "none", gelu_none, ex1),
+            entry("swiglu", "none", swiglu, ex2),
+            entry("swiglu", "none", swiglu_rev, ex2),
+        ]
+    return out
 
 
 def _constants(nodes) -> list[str]:
@@ -176,15 +181,16 @@ def find_mlps(graph: torch.fx.Graph) -> list[CtaMatch]:
         m.activation, m.approximate, pm = hit
         m.act = a
         m.act_nodes = [n for n in pm.nodes if isinstance(n, torch.fx.Node)]
-        first = pm.kwargs["v"] if m.activation == "gelu" else pm.kwargs["g"]
+        first = pm.kwargs.get("v" if m.activation == "gelu" else "g")
         m.up = as_linear(first)
         if m.up is None:
-            m.why_not = f"the activation's input {first.name} is not produced by a matmul"
+            m.why_not = f"the activation's input {getattr(first, 'name', first)} is not produced by a matmul"
             continue
         if m.activation == "swiglu":
-            m.gate_up = as_linear(pm.kwargs["u"])
+            second = pm.kwargs.get("u")
+            m.gate_up = as_linear(second)
             if m.gate_up is None:
-                m.why_not = f"silu(a) * b: b ({pm.kwargs['u'].name}) is not produced by a matmul"
+                m.why_not = f"silu(a) * b: b ({getattr(second, 'name', second)}) is not produced by a matmul"
     return found
 
 
