@@ -1,7 +1,8 @@
 """Pass ``cta_pipeline`` and the ``p2p`` lowering of ``overlap::cta_pipeline_mlp``.
 
-Exact-graph tests on the fake process group (4 ranks, one process), the op against eager on
-random shapes (1 gloo rank: the all_reduce is the identity), and compiled vs eager on 2 gloo ranks.
+Exact-graph tests on the fake process group (4 ranks, one process), the op against eager
+(``dist.all_reduce`` of the eager MLP) on random shapes on 2 and 4 gloo ranks, and compiled vs
+eager on 2 gloo ranks.
 """
 
 import pytest
@@ -231,8 +232,9 @@ def _op_vs_eager_worker(rank, ws, seed):
 
 
 @pytest.mark.timeout(60)
-def test_op_vs_eager_random_shapes():
-    worst = run_ranks(_op_vs_eager_worker, 2, 0, timeout=50)
+@pytest.mark.parametrize("ws", [2, 4])
+def test_op_vs_eager_random_shapes(ws):
+    worst = run_ranks(_op_vs_eager_worker, ws, ws, timeout=50)
     assert max(worst) < 1e-10
 
 

@@ -1,16 +1,17 @@
-"""The ``p2p`` lowering of ``overlap::cta_pipeline_mlp``: a micro-chunk pipeline over the group.
+"""The ``p2p`` lowering of ``overlap::cta_pipeline_mlp``: a stage pipeline over P2P.
 
 This is the portable fallback of CTA-pipelining (issue 5), not the CTA-level schedule itself (that
-is the ``symm`` lowering, not written yet). It is the simpler all-reduce-based version: the rows of
-``x`` are cut into ``stages`` micro-chunks (fewer when ``x`` has fewer rows); for each chunk this
-rank computes ``act(x_c @ w1) @ w2`` into its rows of the output and starts an asynchronous
-``all_reduce`` (sum) of those rows, then computes the next chunk while that reduction is in flight.
-Only the reduction of the last chunk follows the last GEMM. On CUDA the collective runs on the
-process group's own stream and ``Work.wait`` makes the compute stream wait (the host does not block);
-on gloo the reductions progress in gloo's threads while this thread computes.
+is the ``symm`` lowering, not written yet). The rows of ``x`` are cut into ``stages`` micro-chunks
+(fewer when ``x`` has fewer rows). Each chunk is reduced with the fused ring reduce-scatter of
+``runtime/p2p.py`` (``_reduce_scatter_matmul``, as ``mm_ar`` does): its rows are cut into ``ws``
+sub-chunks, and the MLP of sub-chunk ``c`` (``act(x_c @ w1) @ w2``) is computed while the
+accumulator of the previous sub-chunk travels the ring, this rank's own sub-chunk last. The reduced
+sub-chunk is then all-gathered asynchronously while the next micro-chunk is computed, so only the
+last chunk's all-gather follows the last GEMM.
 
-The result is the op's exact semantics (``runtime/ops.py``): chunking the rows changes neither a
-row's GEMMs nor its activation, and every rank reduces the same rows in the same chunk order.
+The result is the op's exact semantics (``runtime/ops.py``) up to the order of the sum over ranks
+(ring order instead of the collective's): chunking the rows changes neither a row's GEMMs nor its
+activation, and every rank runs the same chunks in the same order.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
-from torch.distributed.distributed_c10d import _resolve_process_group
 
 from .lowering import register
 from .ops import CTA_ACTIVATIONS, GELU_APPROXIMATIONS
+from .p2p import Ring, _reduce_scatter_matmul
 
 
 def _linear(a: Tensor, w: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
@@ -68,22 +69,40 @@ def cta_pipeline_mlp(
     for name, t in (("x", x), ("w1", w1), ("w2", w2)):
         if t.dim() != 2:
             raise ValueError(f"overlap p2p cta_pipeline_mlp: {name} must be 2-D, got shape {tuple(t.shape)}")
-    group = _resolve_process_group(group_name)
+    ring = Ring(group_name)
+    ws = ring.size
     m, n = x.shape[0], w2.shape[1]
-    out = x.new_empty((m, n), dtype=torch.result_type(x, w1))
+    dtype = torch.result_type(x, w1)
+    out = x.new_empty((m, n), dtype=dtype)
+    if m == 0:
+        return out
 
-    works: list[dist.Work] = []
-    for lo, hi in chunk_bounds(m, stages):
-        xc = x[lo:hi]
-        h = _linear(xc, w1, b1)
+    def mlp(rows: Tensor) -> Tensor:
+        h = _linear(rows, w1, b1)
         if activation == "gelu":
             a = F.gelu(h, approximate=approximate)
         else:
-            a = F.silu(h) * _linear(xc, w3, b3)
-        rows = out[lo:hi]  # a contiguous row block of out
-        _linear(a, w2, b2, out=rows)
-        # Reduce this chunk while the next one is computed.
-        works.append(dist.all_reduce(rows, op=dist.ReduceOp.SUM, group=group, async_op=True))
-    for w in works:
-        w.wait()
+            a = F.silu(h) * _linear(rows, w3, b3)
+        return _linear(a, w2, b2).to(dtype)
+
+    pending: list[tuple[dist.Work, Tensor, int, int]] = []
+    for lo, hi in chunk_bounds(m, stages):
+        rows = hi - lo
+        step = -(-rows // ws)  # sub-chunks of equal length; the last ones are zero-padded
+
+        def partial(c: int, lo=lo, hi=hi, step=step) -> Tensor:
+            s_lo, s_hi = min(lo + c * step, hi), min(lo + (c + 1) * step, hi)
+            res = mlp(x[s_lo:s_hi])
+            if s_hi - s_lo < step:
+                res = torch.cat([res, res.new_zeros((step - (s_hi - s_lo), n))])
+            return res
+
+        mine = _reduce_scatter_matmul(ring, partial, (step, n), dtype, x.device, "sum")
+        full = torch.empty((ws * step, n), dtype=dtype, device=x.device)
+        # Gather this chunk while the next one is computed.
+        work = dist.all_gather_into_tensor(full, mine, group=ring.group, async_op=True)
+        pending.append((work, full, lo, hi))
+    for work, full, lo, hi in pending:
+        work.wait()
+        out[lo:hi].copy_(full[: hi - lo])
     return out
