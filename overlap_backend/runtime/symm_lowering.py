@@ -27,6 +27,7 @@ from torch import Tensor
 from . import cuda as _cuda
 from . import symm
 from .lowering import implementation, register
+from .ops import _group_size
 
 log = logging.getLogger("overlap_backend.symm")
 
@@ -40,7 +41,9 @@ _picked: dict[tuple, tuple] = {}  # (kernel, shape key) -> block config, without
 PATHS: Counter = Counter()  # "op:symm" / "op:p2p" calls of this process (tests check the path taken)
 
 
-def _p2p(op: str, why: str, *args):
+def _p2p(op: str, why: str | None, group_name: str, *args):
+    """Run ``op`` on the p2p lowering; ``why`` None means the group's symm setup failed."""
+    why = why or symm._fallback.get(group_name, "symmetric-memory setup failed")
     PATHS[f"{op}:p2p"] += 1
     if (op, why) not in _logged:
         _logged.add((op, why))
@@ -125,7 +128,7 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
     why = _ag_mm_problem(shard, weights, biases, gather_dim)
     st = None if why else symm.state(group_name, shard.device)
     if st is None:
-        return _p2p("ag_mm", why or symm._fallback.get(group_name, "setup failed"), *args)
+        return _p2p("ag_mm", why, group_name, *args)
     PATHS["ag_mm:symm"] += 1
     ag_kernel, _, _, configs = _kernels()
     ws, r = st.ws, st.rank
@@ -204,10 +207,10 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
     why = _mm_problem(a, b, bias, reduce_op)
     if why is None and dim == len(out_shape) - 1:
         why = "scatter along the output's columns"
-    _, rs_kernel, _, configs = _kernels() if why is None else (None,) * 4
+    configs = _kernels()[3] if why is None else None
     st = None
     if why is None:
-        ws = _resolve_size(group_name)
+        ws = _group_size(group_name)
         seg = out_shape[dim] // ws
         run = seg * math.prod(out_shape[dim + 1 : -1])
         outer = math.prod(out_shape[:dim])
@@ -217,11 +220,10 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
         else:
             st = symm.state(group_name, a.device)
     if st is None:
-        return _p2p("mm_rs", why or symm._fallback.get(group_name, "setup failed"), *args)
+        return _p2p("mm_rs", why, group_name, *args)
     PATHS["mm_rs:symm"] += 1
     ws, r = st.ws, st.rank
-    a, b = _aligned(a), _weight(b)
-    bias = bias.contiguous() if bias is not None else None
+    a, b, bias = _aligned(a), _weight(b), (bias.contiguous() if bias is not None else None)
     N = b.shape[1]
     rows = outer * run
     chunk_bytes = rows * N * a.element_size()
@@ -231,12 +233,9 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
     out = a.new_empty((rows, N))
     stage = a.new_empty((ws * rows, N)) if peer is None else out
     average = reduce_op == "avg"
-    status = st.status_arg()
 
     def launch(cfg, epoch, peer, stage):
-        rs_kernel.launch(a, b, bias, stage, recv, None, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
-                         st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, status, st.timeout_ns, r, ws, rows, run, 1, 0, 0,
-                         average, symm.band_rows(rows), cfg, st.num_sms, peer=peer)
+        _launch_rs(st, a, b, bias, stage, recv, None, out, epoch, rows, run, 1, 0, 0, average, cfg, peer)
 
     # Tuning runs without communication: with the local staging transport even when peer stores are
     # on (a peer-store run at epoch 0 would write into peers' buffers while they may be reading them).
@@ -260,10 +259,14 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
     return out.view(chunk_shape)
 
 
-def _resolve_size(group_name: str) -> int:
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return _resolve_process_group(group_name).size()
+def _launch_rs(st, a, b, bias, stage, recv, gather, out, epoch, rows, run, rounds, out_round_stride, out_offset,
+               average, cfg, peer):
+    """The mm_rs / mm_ar producer kernel on this group's counters, flags, ticket and status word."""
+    _, rs_kernel, _, _ = _kernels()
+    rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
+                     st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, st.status_arg(), st.timeout_ns,
+                     st.rank, st.ws, rows, run, rounds, out_round_stride, out_offset, average, symm.band_rows(rows),
+                     cfg, st.num_sms, peer=peer)
 
 
 # ------------------------------------------------------------------------------------- mm_ar
@@ -279,16 +282,15 @@ def mm_ar(a, b, bias, reduce_op, group_name):
     why = _mm_problem(a, b, bias, reduce_op)
     st = None if why else symm.state(group_name, a.device)
     if st is None:
-        return _p2p("mm_ar", why or symm._fallback.get(group_name, "setup failed"), *args)
+        return _p2p("mm_ar", why, group_name, *args)
     PATHS["mm_ar:symm"] += 1
     ws, r = st.ws, st.rank
-    a, b = _aligned(a), _weight(b)
-    bias = bias.contiguous() if bias is not None else None
+    a, b, bias = _aligned(a), _weight(b), (bias.contiguous() if bias is not None else None)
     M, N = a.shape[0], b.shape[1]
     es = a.element_size()
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
         return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg")
-    _, rs_kernel, _, configs = _kernels()
+    configs = _kernels()[3]
     rounds = ar_rounds(M, ws)
     rows = -(-M // (rounds * ws))
     slot_bytes = rows * N * es
@@ -299,12 +301,10 @@ def mm_ar(a, b, bias, reduce_op, group_name):
     peer = _peer_args(st, region) if TRANSPORT == "peer" else None
     out = a.new_empty((M, N))
     stage = a.new_empty((rounds * ws * rows, N)) if peer is None else out
-    status = st.status_arg()
 
     def launch(cfg, epoch, peer, stage):
-        rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
-                         st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, status, st.timeout_ns, r, ws, rows, rows, rounds,
-                         ws * rows, r * rows, reduce_op == "avg", symm.band_rows(rows), cfg, st.num_sms, peer=peer)
+        _launch_rs(st, a, b, bias, stage, recv, gather, out, epoch, rows, rows, rounds, ws * rows, r * rows,
+                   reduce_op == "avg", cfg, peer)
 
     cfg = _tune("mm_ar", (M, N, a.shape[1], str(a.dtype), b.stride(0) == 1), configs.candidates(a.dtype),
                 lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
