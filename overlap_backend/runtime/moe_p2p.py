@@ -38,6 +38,16 @@ from .p2p import Ring, start_batch
 _TAG_DISPATCH, _TAG_COMBINE = 0x40E1, 0x40E2
 
 
+def _exchange(group, tag: int, send: Tensor, to: int, recv: Tensor, frm: int) -> list[dist.Work]:
+    """Start sending ``send`` to rank ``to`` and receiving ``recv`` from rank ``frm`` (empty rows: no message)."""
+    ops = []
+    if send.shape[0]:
+        ops.append(dist.P2POp(dist.isend, send, group=group, group_peer=to, tag=tag))
+    if recv.shape[0]:
+        ops.append(dist.P2POp(dist.irecv, recv, group=group, group_peer=frm, tag=tag))
+    return start_batch(ops)
+
+
 def _prefix(sizes: list[int]) -> list[int]:
     out = [0]
     for s in sizes:
@@ -132,14 +142,8 @@ def moe_experts(
     arrived: dict[int, list[dist.Work]] = {}
     for i in range(1, ws):
         dst, src = (r - i) % ws, (r + i) % ws
-        ops = []
-        if send_splits[dst]:
-            chunk = x[send_off[dst] : send_off[dst + 1]]
-            ops.append(dist.P2POp(dist.isend, chunk, group=group, group_peer=dst, tag=_TAG_DISPATCH))
-        if recv_splits[src]:
-            chunk = recv[recv_off[src] : recv_off[src + 1]]
-            ops.append(dist.P2POp(dist.irecv, chunk, group=group, group_peer=src, tag=_TAG_DISPATCH))
-        arrived[src] = start_batch(ops)
+        arrived[src] = _exchange(group, _TAG_DISPATCH, x[send_off[dst] : send_off[dst + 1]], dst,
+                                 recv[recv_off[src] : recv_off[src + 1]], src)
 
     # Grouped row j: expert expert_of[j], source rank source[j]; sorted by (source, expert).
     m = rows.shape[0]
@@ -185,14 +189,8 @@ def moe_experts(
         src, dst = (r + i) % ws, (r - i) % ws
         Ring.wait(arrived.pop(src))
         compute(src)
-        ops = []
-        if recv_splits[src]:
-            chunk = y_recv[recv_off[src] : recv_off[src + 1]]
-            ops.append(dist.P2POp(dist.isend, chunk, group=group, group_peer=src, tag=_TAG_COMBINE))
-        if send_splits[dst]:
-            chunk = out[send_off[dst] : send_off[dst + 1]]
-            ops.append(dist.P2POp(dist.irecv, chunk, group=group, group_peer=dst, tag=_TAG_COMBINE))
-        combine.extend(start_batch(ops))
+        combine.extend(_exchange(group, _TAG_COMBINE, y_recv[recv_off[src] : recv_off[src + 1]], src,
+                                 out[send_off[dst] : send_off[dst + 1]], dst))
     compute(r)  # own rows last: the last combine transfer overlaps them
     if keep["xg"] is not None:
         # Grouped rows past the last expert's end are gathered (Xg) but belong to no expert.
