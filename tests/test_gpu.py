@@ -249,7 +249,7 @@ def numerics_worker(rank: int, ws: int, device: str, lowering: str = "p2p"):
     return results
 
 
-def repeat_worker(rank: int, ws: int, device: str, calls: int = 100, distinct: int = 20, lowering: str = "p2p"):
+def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls: int = 100, distinct: int = 20):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
@@ -308,7 +308,7 @@ def repeat_worker(rank: int, ws: int, device: str, calls: int = 100, distinct: i
     return summary
 
 
-def two_groups_worker(rank: int, ws: int, device: str, iters: int = 10, lowering: str = "p2p"):
+def two_groups_worker(rank: int, ws: int, device: str, lowering: str = "p2p", iters: int = 10):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
@@ -432,7 +432,7 @@ def _compare_fwd_bwd(eager, compiled, make_input, dtype, steps: int = 2) -> dict
     return errs
 
 
-def compiled_worker(rank: int, ws: int, device: str, inductor: bool = True, lowering: str = "p2p"):
+def compiled_worker(rank: int, ws: int, device: str, lowering: str = "p2p", inductor: bool = True):
     import copy
 
     import torch.distributed as dist
@@ -515,20 +515,8 @@ def test_ops_numerics(ws, lowering):
 @pytest.mark.timeout(200)
 def test_repeated_calls(ws, lowering):
     _need_gpus(ws)
-    for rank, summary in enumerate(_run(repeat_entry, ws, lowering)):
+    for rank, summary in enumerate(_run(repeat_worker, ws, lowering)):
         print(f"ws={ws} {lowering} rank {rank}: {summary}")
-
-
-def repeat_entry(rank: int, ws: int, device: str, lowering: str):
-    return repeat_worker(rank, ws, device, lowering=lowering)
-
-
-def two_groups_entry(rank: int, ws: int, device: str, lowering: str):
-    return two_groups_worker(rank, ws, device, lowering=lowering)
-
-
-def compiled_entry(rank: int, ws: int, device: str, lowering: str):
-    return compiled_worker(rank, ws, device, lowering=lowering)
 
 
 @LOWERINGS
@@ -536,7 +524,7 @@ def compiled_entry(rank: int, ws: int, device: str, lowering: str):
 @pytest.mark.timeout(200)
 def test_two_groups_at_once(ws, lowering):
     _need_gpus(ws)
-    for rank, summary in enumerate(_run(two_groups_entry, ws, lowering)):
+    for rank, summary in enumerate(_run(two_groups_worker, ws, lowering)):
         print(f"ws={ws} {lowering} rank {rank}: {summary}")
 
 
@@ -546,7 +534,7 @@ def test_two_groups_at_once(ws, lowering):
 def test_compiled_tp_models(ws, lowering):
     _need_gpus(ws)
     env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-    results = _run(compiled_entry, ws, lowering, timeout=280, env=env)
+    results = _run(compiled_worker, ws, lowering, timeout=280, env=env)
     for name, res in results[0].items():
         if name == "paths":
             print(f"ws={ws} {lowering} paths: {res}")
