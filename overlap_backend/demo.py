@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import queue
 import re
 import statistics
 import sys
@@ -26,6 +25,8 @@ import traceback
 from datetime import timedelta
 
 import torch
+
+from .spawn import collect
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -107,7 +108,7 @@ def passes(err: float, tol: float) -> bool:
 
 
 # ---------------------------------------------------------------------------------- one rank
-def _fwd_bwd(model, x, grad_out):
+def fwd_bwd(model, x, grad_out):
     x.grad = None
     for p in model.parameters():
         p.grad = None
@@ -120,7 +121,7 @@ def _time_steps(model, x, grad_out, steps: int, warmup: int, device: torch.devic
     import torch.distributed as dist
 
     for _ in range(warmup):
-        _fwd_bwd(model, x, grad_out)
+        fwd_bwd(model, x, grad_out)
     times = []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -128,7 +129,7 @@ def _time_steps(model, x, grad_out, steps: int, warmup: int, device: torch.devic
         for _ in range(steps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            _fwd_bwd(model, x, grad_out)
+            fwd_bwd(model, x, grad_out)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
@@ -136,7 +137,7 @@ def _time_steps(model, x, grad_out, steps: int, warmup: int, device: torch.devic
         dist.barrier()
         for _ in range(steps):
             t0 = time.perf_counter()
-            _fwd_bwd(model, x, grad_out)
+            fwd_bwd(model, x, grad_out)
             times.append((time.perf_counter() - t0) * 1e3)
     return times
 
@@ -144,7 +145,7 @@ def _time_steps(model, x, grad_out, steps: int, warmup: int, device: torch.devic
 def _check(model, x, grad_out, ref_out, ref_x, ref_model) -> dict[str, float]:
     """Forward + backward of ``model``; relative error of each result against the eager reference."""
     xc = x.detach().clone().requires_grad_()
-    out = _fwd_bwd(model, xc, grad_out)
+    out = fwd_bwd(model, xc, grad_out)
     errs = {"output": rel_err(out, ref_out), "input grad": rel_err(xc.grad, ref_x.grad)}
     ref_params = dict(ref_model.named_parameters())
     for name, p in model.named_parameters():
@@ -176,7 +177,7 @@ def run_rank(rank: int, ws: int, args: argparse.Namespace, device: torch.device)
     # Eager reference.
     eager = block()
     ref_x = x.detach().clone().requires_grad_()
-    ref_out = _fwd_bwd(eager, ref_x, grad_out)
+    ref_out = fwd_bwd(eager, ref_x, grad_out)
 
     # Overlap backend.
     overrides = {}
@@ -355,7 +356,7 @@ def _worker(rank: int, ws: int, store_path: str, args: argparse.Namespace, resul
             dist.barrier()
         finally:
             dist.destroy_process_group()
-        results.put((rank, ok, None))
+        results.put((rank, True, ok))  # the rank finished; ok: its numerics passed
     except BaseException:  # noqa: BLE001 - the parent reports it
         results.put((rank, False, traceback.format_exc()))
 
@@ -379,31 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         procs = [ctx.Process(target=_worker, args=(r, ws, store_path, args, results), daemon=True) for r in range(ws)]
         for p in procs:
             p.start()
-        done: dict[int, bool] = {}
-        errors: list[str] = []
-        deadline = time.monotonic() + args.timeout
-        try:
-            while len(done) < ws and not errors:
-                try:
-                    rank, ok, tb = results.get(timeout=1)
-                except queue.Empty:
-                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
-                    if dead:
-                        errors.append(f"ranks {dead} died with exit codes {[procs[r].exitcode for r in dead]}")
-                    elif time.monotonic() > deadline:
-                        errors.append(f"timed out after {args.timeout:.0f}s waiting for ranks "
-                                      f"{sorted(set(range(ws)) - set(done))}")
-                    continue
-                done[rank] = ok
-                if tb is not None:
-                    errors.append(f"rank {rank} failed:\n{tb}")
-        finally:
-            for p in procs:
-                if errors:
-                    p.kill()
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
+        done, errors = collect(procs, results, args.timeout)
     wall = time.perf_counter() - start
     for e in errors:
         print(e, file=sys.stderr)

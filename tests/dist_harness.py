@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 import tempfile
-import time
 import traceback
 from datetime import timedelta
+
+from overlap_backend.spawn import collect
 
 # One intra-op thread per rank: the ranks share a 2-core CI machine. Inductor off by default
 # (its C++ codegen costs ~25 s per graph there); Inductor tests set OVERLAP_INDUCTOR=1.
@@ -63,32 +63,7 @@ def run_ranks(
         ]
         for p in procs:
             p.start()
-        out: dict[int, object] = {}
-        errors: list[str] = []
-        deadline = time.monotonic() + timeout
-        try:
-            while len(out) < world_size and not errors:
-                try:
-                    rank, ok, value = results.get(timeout=1)
-                except queue.Empty:
-                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out]
-                    if dead:
-                        errors.append(f"ranks {dead} died with exit codes {[procs[r].exitcode for r in dead]}")
-                    elif time.monotonic() > deadline:
-                        missing = sorted(set(range(world_size)) - set(out))
-                        errors.append(f"timed out after {timeout}s waiting for ranks {missing} (deadlock?)")
-                    continue
-                if ok:
-                    out[rank] = value
-                else:
-                    errors.append(f"rank {rank} failed:\n{value}")
-        finally:
-            for p in procs:
-                if errors:
-                    p.kill()
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
+        out, errors = collect(procs, results, timeout)
         if errors:
             raise AssertionError("\n".join(errors))
         return [out[r] for r in range(world_size)]
