@@ -48,7 +48,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402
-from overlap_backend.demo import GPU_DEFAULTS  # noqa: E402
+from overlap_backend.demo import GPU_DEFAULTS, fwd_bwd  # noqa: E402
 from overlap_backend.models import TPBlock  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
@@ -98,15 +98,6 @@ def _agree(item: tuple[str, str] | None) -> tuple[str, str] | None:
     r, (_, reason) = have[0]
     same = len(have) == len(got) and all(it == have[0][1] for _, it in have)
     return kind, reason if same else f"rank {r}: {reason}"
-
-
-def fwd_bwd(model, x, grad_out):
-    x.grad = None
-    for p in model.parameters():
-        p.grad = None
-    out = model(x)
-    out.backward(grad_out)
-    return out
 
 
 def _graph_kind(graph: torch.fx.Graph) -> str:
