@@ -39,3 +39,18 @@ def clean_env(monkeypatch):
         if var.startswith("OVERLAP_"):
             monkeypatch.delenv(var)
     return monkeypatch
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    """Keep each rewritten graph on the backend as ``backend.graphs``."""
+    from overlap_backend.backend import OverlapBackend
+
+    orig = OverlapBackend.run_pipeline
+
+    def run_pipeline(self, graph, kind=None):
+        report = orig(self, graph, kind)
+        self.__dict__.setdefault("graphs", []).append(graph)
+        return report
+
+    monkeypatch.setattr(OverlapBackend, "run_pipeline", run_pipeline)

@@ -18,18 +18,6 @@ C10D = torch.ops._c10d_functional
 CTA = torch.ops.overlap.cta_pipeline_mlp.default
 
 
-@pytest.fixture
-def capture(monkeypatch):
-    from overlap_backend.backend import OverlapBackend
-
-    orig = OverlapBackend.run_pipeline
-
-    def run_pipeline(self, graph, kind=None):
-        report = orig(self, graph, kind)
-        self.__dict__.setdefault("graphs", []).append(graph)
-        return report
-
-    monkeypatch.setattr(OverlapBackend, "run_pipeline", run_pipeline)
 
 
 def compile_and_run(fn, *args, **backend_kw):

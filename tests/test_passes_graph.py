@@ -35,21 +35,6 @@ def targets(graph):
     return [n.target for n in graph.nodes if n.op == "call_function"]
 
 
-@pytest.fixture
-def capture(monkeypatch):
-    """Keep each rewritten graph on the backend as ``backend.graphs``."""
-    from overlap_backend.backend import OverlapBackend
-
-    orig = OverlapBackend.run_pipeline
-
-    def run_pipeline(self, graph, kind=None):
-        report = orig(self, graph, kind)
-        self.__dict__.setdefault("graphs", []).append(graph)
-        return report
-
-    monkeypatch.setattr(OverlapBackend, "run_pipeline", run_pipeline)
-
-
 def only(graph, target):
     nodes = [n for n in graph.nodes if n.target is target]
     assert len(nodes) == 1, f"expected one {target}, got {len(nodes)}:\n{graph}"
