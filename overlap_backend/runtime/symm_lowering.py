@@ -166,9 +166,10 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
     compute = torch.cuda.current_stream(shard.device)
     epoch = st.begin(compute)
     row_bytes = K * shard.element_size()
-    nbands = len(symm.bands(rows))
+    band_list = symm.bands(rows)
+    nbands = len(band_list)
     for j in range(ws - 1):
-        for b, (lo, n) in enumerate(symm.bands(rows)):
+        for b, (lo, n) in enumerate(band_list):
             st.push((r - 1 - j) % ws, r * chunk_bytes + lo * row_bytes, shard2d.data_ptr() + lo * row_bytes,
                     n * row_bytes, symm.AG_ARRIVED + r * nbands + b)
     for i, cfg in enumerate(cfgs):
