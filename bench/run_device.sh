@@ -7,6 +7,8 @@
 #   TESTS_K="ws4 or timeout" bash bench/run_device.sh   # a pytest -k selection of the GPU tests
 #                                      (default: the symm tests at the largest world size + timeout;
 #                                      TESTS_K= runs them all)
+#   TEST_FILES="tests/test_gpu_cta.py" BENCHES="cta" bash bench/run_device.sh   # a subset
+#                                      (defaults: every tests/test_gpu*.py; BENCHES="collective block cta")
 #
 # Nothing is installed: PYTHONPATH points at the repo. NVLink multicast stays off (the three
 # variables below). Every stage runs under `timeout`: its own cap, cut to what is left of a
@@ -14,9 +16,9 @@
 # less than 20 s left is not started. A failing stage does not stop the next ones, but the exit
 # status is 1 if any stage failed or was not started.
 #
-# Stages, in priority order: versions; GPU tests; collective benchmark ws=4 (with profiler traces of
-# the M=4096 rows); block benchmark ws=4 (with traces); collective benchmark ws=2; block benchmark
-# ws=2. RUN_DEMO=1 adds `python -m overlap_backend.demo` after the tests (bench_block.py measures the
+# Stages, in priority order: versions; GPU tests; per world size (4, then 2): collective benchmark
+# (ws=4: with profiler traces of the M=4096 rows), block benchmark (ws=4: traces), CTA-pipelining
+# benchmark (bench_cta.py, traces of M=4096). RUN_DEMO=1 adds `python -m overlap_backend.demo` after the tests (bench_block.py measures the
 # same block at the same sizes, so it is off by default to fit the time).
 #
 # Writes to $OUT (default ./device_out), 5 files:
@@ -57,6 +59,9 @@ LIMIT_INFO="${LIMIT_INFO:-30}"
 LIMIT_TESTS="${LIMIT_TESTS:-210}"
 LIMIT_BENCH="${LIMIT_BENCH:-150}"
 LIMIT_BLOCK="${LIMIT_BLOCK:-120}"
+LIMIT_CTA="${LIMIT_CTA:-240}"
+BENCHES="${BENCHES:-collective block cta}"
+TEST_FILES="${TEST_FILES:-tests/test_gpu.py tests/test_gpu_cta.py}"
 LIMIT_DEMO="${LIMIT_DEMO:-90}"
 TRACES_MAX_BYTES=$((15 * 1024 * 1024))
 
@@ -102,19 +107,23 @@ benchmarks() { # benchmarks N : the collective and block benchmarks on GPUs 0..N
     trace=(--trace "$TRACES" --trace-m 4096)
     trace_block=(--trace "$TRACES")
   fi
-  stage "bench_ws$n" "$LIMIT_BENCH" env CUDA_VISIBLE_DEVICES="$devs" \
+  [[ " $BENCHES " == *" collective "* ]] && stage "bench_ws$n" "$LIMIT_BENCH" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
     bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --lowerings p2p,symm --out-dir "$RESULTS" \
     "${quick[@]}" "${trace[@]}"
-  stage "block_ws$n" "$LIMIT_BLOCK" env CUDA_VISIBLE_DEVICES="$devs" \
+  [[ " $BENCHES " == *" block "* ]] && stage "block_ws$n" "$LIMIT_BLOCK" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
     bench/bench_block.py --out-dir "$RESULTS" "${quick[@]}" "${trace_block[@]}"
+  [[ " $BENCHES " == *" cta "* ]] && stage "cta_ws$n" "$LIMIT_CTA" env CUDA_VISIBLE_DEVICES="$devs" \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+    bench/bench_cta.py --out-dir "$RESULTS" --graphs --trace "$TRACES" "${quick[@]}"
+  return 0
 }
 
 package() {
   if compgen -G "$RESULTS/*.md" >/dev/null; then
     for n in 2 4; do
-      for s in ag_mm mm_rs mm_ar block; do
+      for s in ag_mm mm_rs mm_ar block cta; do
         [ -f "$RESULTS/${s}_ws$n.md" ] && { cat "$RESULTS/${s}_ws$n.md"; echo; }
       done
     done >"$OUT/bench_summary.md"
@@ -163,8 +172,9 @@ main() {
       select=()
       [ -n "$TESTS_K" ] && select=(-k "$TESTS_K")
     fi
-    stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest -q -rA -p no:cacheprovider -m gpu tests/test_gpu.py "${@}" 2>&1 | tee "$OUT_LOG"' \
-      "$PY" "${select[@]}"
+    # shellcheck disable=SC2086  # TEST_FILES is a list of paths
+    stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest -q -rA -p no:cacheprovider -m gpu "${@}" 2>&1 | tee "$OUT_LOG"' \
+      "$PY" $TEST_FILES "${select[@]}"
   fi
 
   # The demo (every GPU, NCCL, Inductor on, default GPU sizes): opt-in, bench_block.py covers it.

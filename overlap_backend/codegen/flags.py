@@ -21,7 +21,10 @@ OP_AG_MM = tl.constexpr(1)
 OP_MM_RS = tl.constexpr(2)
 OP_MM_AR = tl.constexpr(3)
 OP_AR_ONESHOT = tl.constexpr(4)
-OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)"}
+OP_CTA_STAGE1 = tl.constexpr(5)
+OP_CTA_COLLECT = tl.constexpr(6)
+OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)", 5: "cta_pipeline_mlp (stage 1)",
+            6: "cta_pipeline_mlp (collect)"}
 READY_FLAG_BASE = tl.constexpr(1000)  # status flag index 1000 + p: the wait for rank p's READY
 
 
@@ -100,14 +103,21 @@ def count_tile_done(counter_ptr, done_flag_ptr, tiles_in_chunk, epoch, SYS: tl.c
 
 
 @triton.jit
-def count_tile_done_to_peers(counter_ptr, peer_flags_ptr, flag_word, tiles_in_chunk, epoch, rank,
-                             WS: tl.constexpr):
-    """As ``count_tile_done`` for tiles stored into every peer's memory: the last tile raises word
-    ``flag_word`` of every peer's flag buffer (``peer_flags_ptr``: their base addresses)."""
+def count_tile_done_to_ranks(counter_ptr, peer_flags_ptr, flag_word, tiles_in_chunk, epoch, first,
+                             COUNT: tl.constexpr, WS: tl.constexpr):
+    """As ``count_tile_done`` for tiles stored into other ranks' memory: the last tile raises word
+    ``flag_word`` of ranks ``(first + q) % WS``, ``q < COUNT`` (``peer_flags_ptr``: every rank's flag
+    buffer address)."""
     old = _count(counter_ptr, True)
     if old == tiles_in_chunk - 1:
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
-        for p in range(1, WS):
-            peer = (rank + p) % WS
-            flags = tl.load(peer_flags_ptr + peer).to(tl.pointer_type(tl.int32))
+        for q in range(COUNT):
+            flags = tl.load(peer_flags_ptr + (first + q) % WS).to(tl.pointer_type(tl.int32))
             signal_flag(flags + flag_word, epoch)
+
+
+@triton.jit
+def count_tile_done_to_peers(counter_ptr, peer_flags_ptr, flag_word, tiles_in_chunk, epoch, rank,
+                             WS: tl.constexpr):
+    """``count_tile_done_to_ranks`` for every peer of ``rank``."""
+    count_tile_done_to_ranks(counter_ptr, peer_flags_ptr, flag_word, tiles_in_chunk, epoch, rank + 1, WS - 1, WS)

@@ -58,7 +58,15 @@ DONE = GATHERED + _SLOTS  # [(round * ws + c) * nbands + b]: this rank finished 
 COUNTERS = DONE + _SLOTS  # same index: tiles of that band finished so far (local)
 CLAIM = COUNTERS + _SLOTS  # a kernel timed out (local; the report itself is in pinned host memory)
 TICKET = CLAIM + 1  # mm_rs/mm_ar tile tickets (local; 0 between calls)
-FLAG_WORDS = TICKET + 1
+# cta_pipeline_mlp (codegen/cta.py): chunk flags and counters per (row block, K-chunk), Y row-block
+# flags and counters per (consumer, row block).
+CTA_CHUNK_WORDS = 4096
+CTA_ROW_WORDS = 1024
+CTA_ARRIVED = TICKET + 1  # [(m * tp + p) * nch + j]: producer p's chunk j of row block m is here
+CTA_COUNTERS = CTA_ARRIVED + CTA_CHUNK_WORDS  # [m * nch + j]: tiles of that chunk done (producer, local)
+CTA_Y_DONE = CTA_COUNTERS + CTA_CHUNK_WORDS  # [t * tiles_m + m]: consumer t's row block m is here
+CTA_Y_COUNTERS = CTA_Y_DONE + CTA_ROW_WORDS  # [m]: tiles of row block m done (consumer, local)
+FLAG_WORDS = CTA_Y_COUNTERS + CTA_ROW_WORDS
 
 
 def band_rows(rows: int) -> int:
@@ -347,7 +355,7 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
     """The exception that a kernel's status words ``[1, op, rank, flag, seen, epoch, ...]`` stand for."""
     if not words[0]:
         return None
-    from ..codegen.flags import OP_AG_MM, OP_AR_ONESHOT, OP_NAMES
+    from ..codegen.flags import OP_AG_MM, OP_AR_ONESHOT, OP_CTA_COLLECT, OP_CTA_STAGE1, OP_NAMES
 
     _, op, rank, flag, seen, epoch, nbands = (int(w) for w in words[:7])
     nbands = max(nbands, 1)
@@ -358,6 +366,13 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
         what = f"band {flag % nbands} of rank {flag // nbands}'s shard to arrive"
     elif op == OP_AR_ONESHOT.value:
         what = f"rank {flag}'s partial to arrive"
+    elif op == OP_CTA_STAGE1.value and ws:
+        block, j = divmod(flag, nbands)
+        m, p = divmod(block, max(ws // 2, 1))
+        what = f"K-chunk {j} of row block {m} from stage-0 rank {p} to arrive"
+    elif op == OP_CTA_COLLECT.value and ws:
+        t, m = divmod(flag, nbands)
+        what = f"row block {m} of the output from stage-1 rank {ws // 2 + t} to arrive"
     elif ws:
         slot = flag // nbands
         what = f"band {flag % nbands} of rank {slot % ws}'s partial (round {slot // ws}) to arrive"

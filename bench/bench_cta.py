@@ -1,0 +1,343 @@
+"""CTA-pipelining benchmark: a tensor-parallel MLP's latency, one GPU vs TP vs micro-batching vs ours.
+
+For each activation (GELU, SwiGLU) and M (tokens), at H=8192, F=28672 by default, bf16:
+
+- ``1 GPU``: the whole MLP on rank 0 (cuBLAS), the others idle; ``1 GPU / 2`` is the ideal of two
+  pipelined GPUs;
+- ``TP2`` / ``TP4``: column/row-parallel shards, cuBLAS, NCCL all-reduce (TP2 on rank pairs);
+- ``µbatch``: two-stage pipeline at kernel granularity on a rank pair, built on the same peer-memory
+  transport as ours (copy-engine pushes + stream waits on flags, ``runtime/symm.py``): stage 0
+  computes micro-batch i and pushes it while computing i+1; the best micro-batch count of
+  ``--micro-batches`` is reported (and which);
+- ``CTA 2`` (ours, ``symm``): ``overlap::cta_pipeline_mlp`` on a rank pair; ``CTA 2×TP2`` on 4 ranks;
+- ``--graphs``: the same baselines captured in CUDA graphs (ours is not capturable yet: host epochs).
+
+Timing: CUDA events after warm-up, median, maximum over ranks (bench/common.py). Each of ours is
+checked against the float32 MLP first (relative error). Writes ``cta_ws<N>.md`` / ``.json``.
+
+    torchrun --nproc-per-node=2 bench/bench_cta.py --out-dir bench/results/<run>
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import overlap_backend  # noqa: E402,F401
+from bench import common  # noqa: E402
+
+
+def act_fn(act: str):
+    if act == "gelu":
+        return lambda h, g: F.gelu(h, approximate="tanh")
+    return lambda h, g: F.silu(h) * g
+
+
+class MLP:
+    """One rank's weights: the full MLP (``full``) and its TP shards of a group of ``tp`` ranks."""
+
+    def __init__(self, act, H, Fd, dtype, device, tp, tp_rank, full: bool):
+        gen = torch.Generator(device=device).manual_seed(0)
+
+        def w(*shape, scale):  # the same full weights on every rank (same generator, same seed)
+            return (torch.randn(*shape, generator=gen, device=device) * scale).to(dtype)
+
+        W1 = w(H, Fd, scale=H**-0.5)
+        W3 = w(H, Fd, scale=H**-0.5) if act == "swiglu" else None
+        W2 = w(Fd, H, scale=Fd**-0.5)
+        f = Fd // tp
+        cols = slice(tp_rank * f, (tp_rank + 1) * f)
+        self.w1, self.w2 = W1[:, cols].contiguous(), W2[cols].contiguous()
+        self.w3 = W3[:, cols].contiguous() if W3 is not None else None
+        self.full = (W1, W3, W2) if full else None
+        del W1, W2, W3
+
+
+def mlp(x, w1, w3, w2, act):
+    h = x @ w1
+    return act_fn(act)(h, x @ w3 if w3 is not None else None) @ w2
+
+
+class MicroBatch:
+    """Stage 0 on the pair's rank 0, stage 1 on its rank 1; ``k`` micro-batches pushed by the copy
+    engine (flags ``CTA_ARRIVED + i`` / ``CTA_Y_DONE + i`` of the group's flag buffer)."""
+
+    def __init__(self, st, weights, act, M, H, Fd, dtype, device):
+        from overlap_backend.runtime import symm
+
+        self.st, self.act, self.M = st, act, M
+        self.W1, self.W3, self.W2 = weights
+        es = torch.empty((), dtype=dtype).element_size()
+        self.h_bytes = -(-(M * Fd * es) // 256) * 256
+        st.ensure_data(self.h_bytes + M * H * es)
+        self.hbuf = st.data_view(dtype, (M, Fd))
+        self.ybuf = st.data_view(dtype, (M, H), self.h_bytes)
+        self.h = torch.empty(M, Fd, dtype=dtype, device=device)
+        self.out = torch.empty(M, H, dtype=dtype, device=device)
+        self.row_h, self.row_y = Fd * es, H * es
+        self.symm = symm
+
+    def __call__(self, x, k):
+        from overlap_backend.runtime import cuda as _cuda
+
+        st, symm = self.st, self.symm
+        compute = torch.cuda.current_stream()
+        epoch = st.begin(compute)
+        bounds = [(i * self.M // k, (i + 1) * self.M // k) for i in range(k)]
+        if st.rank == 0:
+            for i, (lo, hi) in enumerate(bounds):
+                xs = x[lo:hi]
+                h = xs @ self.W1
+                self.h[lo:hi] = act_fn(self.act)(h, xs @ self.W3 if self.W3 is not None else None)
+                st.push_stream.wait_stream(compute)
+                st.push(1, lo * self.row_h, self.h[lo].data_ptr(), (hi - lo) * self.row_h, symm.CTA_ARRIVED + i)
+            for i, (lo, hi) in enumerate(bounds):
+                _cuda.wait_value32(st.flag_addr(symm.CTA_Y_DONE + i), epoch, compute)
+            self.out.copy_(self.ybuf)
+        else:
+            for i, (lo, hi) in enumerate(bounds):
+                _cuda.wait_value32(st.flag_addr(symm.CTA_ARRIVED + i), epoch, compute)
+                torch.mm(self.hbuf[lo:hi], self.W2, out=self.out[lo:hi])
+                st.push_stream.wait_stream(compute)
+                st.push(0, self.h_bytes + lo * self.row_y, self.out[lo].data_ptr(), (hi - lo) * self.row_y,
+                        symm.CTA_Y_DONE + i)
+        st.end(compute)
+        return self.out
+
+
+def run(args) -> int:
+    rank, ws, device = common.init_distributed("cuda")
+    dtype = torch.bfloat16
+    timing = common.Timing(device, warmup_ms=10 if args.quick else 25, rep_ms=30 if args.quick else 100)
+    from overlap_backend.codegen import configs
+    from overlap_backend.runtime import symm, symm_lowering
+
+    configs.AUTOTUNE = False
+    world = dist.group.WORLD
+    pairs = [dist.new_group([2 * p, 2 * p + 1]) for p in range(ws // 2)]
+    pair = pairs[rank // 2]
+    pair_rank = rank % 2
+    H, Fd = args.hidden, args.ffn
+    info = common.machine_info(device, ws)
+    info.update(dtype=str(dtype), hidden=H, ffn=Fd)
+    rows, ok = [], True
+    for act in args.acts:
+        full = MLP(act, H, Fd, dtype, device, 2, pair_rank, full=(rank == 0))
+        tp_all = MLP(act, H, Fd, dtype, device, ws, rank, full=False) if ws > 2 else None
+        for M in args.m:
+            torch.manual_seed(M)
+            x = torch.randn(M, H, device=device).to(dtype)
+            dist.broadcast(x, 0)
+            row = {"act": act, "M": M}
+
+            def single():
+                if rank == 0:
+                    return mlp(x, *full.full, act)
+
+            def tp(group, shards):
+                def fn():
+                    y = mlp(x, shards.w1, shards.w3, shards.w2, act)
+                    dist.all_reduce(y, group=group)
+                    return y
+                return fn
+
+            def cta(group, shards):
+                return lambda: torch.ops.overlap.cta_pipeline_mlp(
+                    x, shards.w1, None, shards.w3, None, shards.w2, None, act,
+                    "tanh" if act == "gelu" else "none", 2, group.group_name, "symm")
+
+            variants = {"1 GPU": single, "TP2": tp(pair, full)}
+            if ws >= 4:
+                variants["TP4"] = tp(world, tp_all)
+            for name, fn in variants.items():
+                row[name], _ = timing.bench(fn)
+                if args.graphs:
+                    row[f"{name} (graph)"] = _bench_graph(timing, fn)
+            # Ours: check first, then time.
+            ref = tp(pair, full)().float()
+            before = symm_lowering.PATHS["cta_pipeline_mlp:symm"]
+            out = cta(pair, full)()
+            row["CTA 2 err"] = common.rel_err(out.float(), ref)
+            row["CTA 2 path"] = "symm" if symm_lowering.PATHS["cta_pipeline_mlp:symm"] > before else "p2p"
+            if not row["CTA 2 err"] <= 2e-2:
+                ok = False
+            row["CTA 2"], row["CTA 2 kc"] = _sweep_k_chunks(timing, cta(pair, full), args.k_chunks, row, "CTA 2")
+            if ws >= 4:
+                ref4 = tp(world, tp_all)().float()
+                out4 = cta(world, tp_all)()
+                row["CTA 2×TP2 err"] = common.rel_err(out4.float(), ref4)
+                ok &= row["CTA 2×TP2 err"] <= 2e-2
+                row["CTA 2×TP2"], row["CTA 2×TP2 kc"] = _sweep_k_chunks(timing, cta(world, tp_all), args.k_chunks, row,
+                                                                       "CTA 2×TP2")
+            # Micro-batching over the same transport (rank pairs; stage weights: full W1/W3 on the
+            # pair's rank 0, full W2 on its rank 1 — gathered here, outside the timing).
+            st = symm.state(pair.group_name, device)
+            gathered = _stage_weights(full, pair, pair_rank)
+            mb = MicroBatch(st, gathered, act, M, H, Fd, dtype, device)
+            best = None
+            for k in args.micro_batches:
+                if k > M:
+                    continue
+                err = common.rel_err(mb(x, k).float(), ref)
+                if not err <= 2e-2:
+                    ok = False
+                    row[f"µbatch k={k} err"] = err
+                t, _ = timing.bench(lambda k=k: mb(x, k))
+                row[f"µbatch k={k}"] = t
+                if best is None or t < best[0]:
+                    best = (t, k)
+            row["µbatch"], row["µbatch k"] = best if best else (float("nan"), 0)
+            del gathered, mb
+            rows.append(row)
+            if rank == 0:
+                print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+            if args.trace and M in args.trace_m and rank < 2:
+                _trace(Path(args.trace), f"cta_ws{ws}_{act}_M{M}_rank{rank}", cta(pair, full))
+        del full, tp_all
+        torch.cuda.empty_cache()
+    if rank == 0:
+        out_dir = Path(args.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        md = render(rows, ws, info, args)
+        (out_dir / f"cta_ws{ws}.md").write_text(md)
+        common.write_json(out_dir / f"cta_ws{ws}.json", {"info": info, "rows": rows})
+        print(md, flush=True)
+    common.synchronize(device)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+def _sweep_k_chunks(timing, fn, values, row, name):
+    """Time ``fn`` for each K-chunk count (cta_symm.K_CHUNKS, the stage-1 wait granularity); keep
+    every time in ``row`` and return (best time, its count)."""
+    from overlap_backend.runtime import cta_symm
+
+    default, best = cta_symm.K_CHUNKS, None
+    try:
+        for kc in values:
+            cta_symm.K_CHUNKS = kc
+            t, _ = timing.bench(fn)
+            row[f"{name} kc={kc}"] = t
+            if best is None or t < best[0]:
+                best = (t, kc)
+    finally:
+        cta_symm.K_CHUNKS = default
+    return best
+
+
+def _stage_weights(shards: MLP, pair, pair_rank):
+    """Full W1 (and W3) on the pair's rank 0, full W2 on its rank 1, from the TP2 shards."""
+    def gather(t, dim):
+        parts = [torch.empty_like(t) for _ in range(2)]
+        dist.all_gather(parts, t.contiguous(), group=pair)
+        return torch.cat(parts, dim)
+
+    W1 = gather(shards.w1, 1)
+    W3 = gather(shards.w3, 1) if shards.w3 is not None else None
+    W2 = gather(shards.w2, 0)
+    return (W1, W3, None) if pair_rank == 0 else (None, None, W2)
+
+
+def _bench_graph(timing, fn):
+    """The same call captured once in a CUDA graph and replayed."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        t, _ = timing.bench(g.replay)
+        return t
+    except Exception as e:  # noqa: BLE001 - a baseline that cannot be captured shows as n/a
+        print(f"bench_cta: graph capture failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return float("nan")
+
+
+def _trace(trace_dir: Path, stem: str, fn):
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace_dir / f"{stem}.json"))
+
+
+def render(rows, ws, info, args) -> str:
+    def r(a, b):
+        return f"{a / b:.2f}" if a and b and a == a and b == b else "n/a"
+
+    cols = ["act", "M", "1 GPU", "1 GPU / 2", "TP2"] + (["TP4"] if ws >= 4 else []) + ["µbatch (k)", "CTA 2"]
+    cols += (["CTA 2×TP2"] if ws >= 4 else []) + ["CTA 2 / (1 GPU / 2)", "TP2 / CTA 2", "µbatch / CTA 2"]
+    cols += (["TP4 / CTA 2×TP2"] if ws >= 4 else []) + ["err"]
+    if args.graphs:
+        cols += ["1 GPU graph", "TP2 graph"] + (["TP4 graph"] if ws >= 4 else [])
+    table = []
+    for row in rows:
+        half = row["1 GPU"] / 2
+        line = [row["act"], row["M"], common.fmt_ms(row["1 GPU"]), common.fmt_ms(half), common.fmt_ms(row["TP2"])]
+        line += [common.fmt_ms(row["TP4"])] if ws >= 4 else []
+        line += [f"{common.fmt_ms(row['µbatch'])} ({row['µbatch k']})", f"{common.fmt_ms(row['CTA 2'])} ({row['CTA 2 kc']})"]
+        line += [f"{common.fmt_ms(row['CTA 2×TP2'])} ({row['CTA 2×TP2 kc']})"] if ws >= 4 else []
+        line += [r(row["CTA 2"], half), r(row["TP2"], row["CTA 2"]), r(row["µbatch"], row["CTA 2"])]
+        line += [r(row["TP4"], row["CTA 2×TP2"])] if ws >= 4 else []
+        errs = [f"{row['CTA 2 err']:.1e}"] + ([f"{row['CTA 2×TP2 err']:.1e}"] if ws >= 4 else [])
+        line += ["/".join(errs) + ("" if row["CTA 2 path"] == "symm" else " (p2p!)")]
+        if args.graphs:
+            line += [common.fmt_ms(row.get("1 GPU (graph)")), common.fmt_ms(row.get("TP2 (graph)"))]
+            line += [common.fmt_ms(row.get("TP4 (graph)"))] if ws >= 4 else []
+        table.append(line)
+    return (f"# CTA-pipelining: MLP latency, H={args.hidden}, F={args.ffn}, bf16, ws={ws} (ms)\n\n"
+            + common.info_markdown(info) + "\n\n" + common.markdown_table(cols, table) + "\n\n"
+            "Ratios > 1 mean ours is faster, except `CTA 2 / (1 GPU / 2)` (the bar: <= 1.10). In parentheses: "
+            "the best micro-batch count (µbatch), the best K-chunk count per stage-0 rank (ours). err: ours vs the TP result in float32 (relative).\n")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--m", default="16,128,512,1024,4096", help="token counts (comma-separated)")
+    p.add_argument("--acts", default="gelu,swiglu", help="gelu (tanh), swiglu")
+    p.add_argument("--hidden", type=int, default=8192)
+    p.add_argument("--ffn", type=int, default=28672)
+    p.add_argument("--micro-batches", default="2,4,8")
+    p.add_argument("--k-chunks", default="2,4,8,16", help="K-chunks per stage-0 rank to sweep (ours)")
+    p.add_argument("--graphs", action="store_true", help="also time the baselines captured in CUDA graphs")
+    p.add_argument("--trace", metavar="DIR", help="torch.profiler traces of ours on ranks 0 and 1")
+    p.add_argument("--trace-m", default="4096", help="with --trace: the M values to trace")
+    p.add_argument("--out-dir", default="bench/results")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    args.m = [int(v) for v in args.m.split(",")]
+    args.acts = [a for a in args.acts.split(",") if a]
+    if any(a not in ("gelu", "swiglu") for a in args.acts):
+        p.error("--acts: gelu, swiglu")
+    args.micro_batches = [int(v) for v in args.micro_batches.split(",")]
+    args.k_chunks = [int(v) for v in args.k_chunks.split(",")]
+    args.trace_m = {int(v) for v in args.trace_m.split(",")}
+    return args
+
+
+if __name__ == "__main__":
+    a = parse_args()
+    if not torch.cuda.is_available():
+        print("bench_cta: CUDA is not available (use the device machine)", file=sys.stderr)
+        sys.exit(2)
+    code = run(a)
+    sys.stdout.flush()
+    sys.exit(code)

@@ -1,0 +1,230 @@
+"""CTA-pipelining kernels: the two GEMMs of a tensor-parallel MLP on different GPUs, tile by tile.
+
+Ranks form two *stages* of ``TP`` ranks each (stage 0: ranks ``0..TP-1``, stage 1: ``TP..2TP-1``).
+
+- **Stage 0** (``stage0_kernel``, producer ``p`` of ``TP``): ``A[:, p*Fp:(p+1)*Fp] = act(x @ W1_p)``
+  tile by tile. Each tile is stored straight into every stage-1 rank's receive buffer ``A [M, F]``;
+  the tiles of one (row block, K-chunk) are counted (system-scope acq_rel) and the last one raises
+  that chunk's flag in every stage-1 rank's flag buffer (release).
+- **Stage 1** (``stage1_kernel``, consumer ``t`` of ``TP``): ``Y[:, t*Ns:(t+1)*Ns] = A @ W2_t + b2``.
+  Each CTA walks K in *arrival order* (chunk j of producer 0, of producer 1, ..., then chunk j+1)
+  and waits for each chunk's flag just before reading it: a row block starts as soon as its first
+  chunk exists. The wait sits between two K-loops (the inner one is software-pipelined, so a wait
+  inside it could be overtaken by loads issued ahead). Finished tiles go into this rank's output
+  and into every other rank's ``Y`` buffer; the last tile of a row block raises that row block's
+  flag on every other rank.
+- ``collect_kernel`` (every rank but the tile's owner): waits per (consumer, row block) and copies
+  those ``Y`` rows into the output, while stage 1 is still computing later row blocks.
+
+Tile order on both stages: groups of ``GROUP_M`` row blocks, the tiles of a group column by column
+(``grouped_tile``), so that stage 0 finishes the K-chunks of a group in the order stage 1 reads them.
+Reading data that a peer wrote (generic-proxy stores) through TMA (the async proxy) needs a proxy
+fence after the acquiring wait.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .flags import OP_CTA_STAGE1, OP_CTA_COLLECT, count_tile_done_to_ranks, wait_flag
+from .tiles import add_bias, b_descriptor, grouped_tile, store_rows
+
+ACT_GELU = 0
+ACT_GELU_TANH = 1
+ACT_SWIGLU = 2
+ACTIVATIONS = {("gelu", "none"): ACT_GELU, ("gelu", "tanh"): ACT_GELU_TANH, ("swiglu", "none"): ACT_SWIGLU}
+
+
+@triton.jit
+def _fence_proxy_async(INTERPRET: tl.constexpr):
+    """Order this thread's earlier (generic-proxy) acquire before its later TMA (async-proxy) loads."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def _activation(h, g, ACT: tl.constexpr):
+    """act(h) in float32; SwiGLU: ``silu(h) * g``."""
+    if ACT == 0:
+        out = 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
+    elif ACT == 1:
+        u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
+        out = 0.5 * h * (1.0 + (2.0 * tl.sigmoid(2.0 * u) - 1.0))
+    else:
+        out = h * tl.sigmoid(h) * g
+    return out
+
+
+@triton.jit
+def _mainloop2(x_desc, x_row, w1_desc, w3_desc, off_n, K, acc1, acc3, BK: tl.constexpr, DUAL: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """acc1 += x @ W1 tile (and acc3 += x @ W3 tile, the same x tile, when DUAL) over all of K."""
+    for k in range(0, tl.cdiv(K, BK)):
+        a = x_desc.load([x_row, k * BK])
+        acc1 = tl.dot(a, w1_desc.load([k * BK, off_n]), acc1, input_precision=PRECISION)
+        if DUAL:
+            acc3 = tl.dot(a, w3_desc.load([k * BK, off_n]), acc3, input_precision=PRECISION)
+    return acc1, acc3
+
+
+@triton.jit
+def stage0_kernel(
+    x_ptr, w1_ptr, b1_ptr, w3_ptr, b3_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, epoch,
+    M, H, F, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
+    TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])`` into every consumer's buffer.
+
+    ``w1``/``w3``: [H, Fp] row-major (this producer's columns); ``peer_data_ptr``/``peer_flags_ptr``:
+    every rank's data / flag buffer address (int64); the A buffer is at offset 0 of the data buffer,
+    ``[M, F]`` row-major. ``counters_ptr``: ``tiles_m * nch`` local int32 (0 between calls). Flag of
+    (row block m, chunk j of this producer): word ``a_flag_word + m * TP * nch + producer * nch + j``.
+    """
+    DUAL: tl.constexpr = ACT == 2
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(Fp, BN)
+    tiles_per_chunk = kchunk // BN
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, H], strides=[H, 1], block_shape=[BM, BK])
+    w1_desc = b_descriptor(w1_ptr, H, Fp, BK, BN, False)
+    w3_desc = b_descriptor(w3_ptr, H, Fp, BK, BN, False)
+    for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+        acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+        acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, pid_n * BN, H, acc1, acc3, BK, DUAL, PRECISION)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        acc1 = add_bias(acc1, b1_ptr, offs_n, Fp, HAS_B1)
+        if DUAL:
+            acc3 = add_bias(acc3, b3_ptr, offs_n, Fp, HAS_B3)
+        act = _activation(acc1, acc3, ACT)
+        cols = producer * Fp + offs_n
+        for q in range(TP):
+            buf = tl.load(peer_data_ptr + first_consumer + q).to(tl.pointer_type(x_ptr.dtype.element_ty))
+            mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
+            tl.store(buf + offs_m.to(tl.int64)[:, None] * F + cols[None, :], act.to(x_ptr.dtype.element_ty), mask=mask)
+        j = pid_n // tiles_per_chunk
+        tiles_in_chunk = tl.minimum(tiles_per_chunk, tiles_n - j * tiles_per_chunk)
+        count_tile_done_to_ranks(counters_ptr + pid_m * nch + j, peer_flags_ptr,
+                                 a_flag_word + (pid_m * TP + producer) * nch + j, tiles_in_chunk, epoch,
+                                 first_consumer, TP, 2 * TP)
+
+
+@triton.jit
+def stage1_kernel(
+    a_ptr, w2_ptr, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, a_flags_ptr, counters_ptr,
+    epoch, claim_ptr, report_ptr, timeout_ns,
+    rank, M, F, Fp, N, Ns, consumer, kchunk, nch, y_flag_word,
+    WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, PRECISION: tl.constexpr, TIMED: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
+
+    ``a_ptr``: this rank's receive buffer [M, F]; ``w2``: [F, Ns] row-major; ``b2``: [Ns] float32;
+    ``a_flags_ptr``: the chunk flags (see ``stage0_kernel``); ``counters_ptr``: ``tiles_m`` local int32;
+    Y buffers at byte ``y_offset`` of each data buffer, [M, N]; row block m of this consumer raises
+    word ``y_flag_word + consumer * tiles_m + m`` of every other rank's flag buffer.
+    """
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(Ns, BN)
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, F], strides=[F, 1], block_shape=[BM, BK])
+    w2_desc = b_descriptor(w2_ptr, F, Ns, BK, BN, False)
+    for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for i in range(0, TP * nch):  # K in arrival order: chunk j of every producer, then j + 1
+            p = i % TP
+            j = i // TP
+            flag = (pid_m * TP + p) * nch + j
+            wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch, timeout_ns,
+                      TIMED)
+            _fence_proxy_async(INTERPRET)
+            k_lo = p * Fp + j * kchunk
+            k_hi = tl.minimum(k_lo + kchunk, (p + 1) * Fp)
+            for k in range(k_lo, k_hi, BK):
+                acc = tl.dot(a_desc.load([pid_m * BM, k]), w2_desc.load([k, pid_n * BN]), acc,
+                             input_precision=PRECISION)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        acc = add_bias(acc, b2_ptr, offs_n, Ns, HAS_B2)
+        row_ok = offs_m < M
+        cols = consumer * Ns + offs_n
+        mask = row_ok[:, None] & (offs_n < Ns)[None, :]
+        ptrs = offs_m.to(tl.int64)[:, None] * N + cols[None, :]
+        tl.store(out_ptr + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        for q in range(1, WS):
+            peer = (rank + q) % WS
+            buf = (tl.load(peer_data_ptr + peer) + y_offset).to(tl.pointer_type(out_ptr.dtype.element_ty))
+            tl.store(buf + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        count_tile_done_to_ranks(counters_ptr + pid_m, peer_flags_ptr, y_flag_word + consumer * tiles_m + pid_m,
+                                 tiles_n, epoch, rank + 1, WS - 1, WS)
+
+
+@triton.jit
+def collect_kernel(y_ptr, out_ptr, y_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+                   rank, M, N, Ns, tiles_m, skip, col_blocks,
+                   BM: tl.constexpr, BC: tl.constexpr, TIMED: tl.constexpr):
+    """One program per (consumer t, row block m, column block): wait for Y flag (t, m), copy
+    ``Y[m rows, t*Ns + column block]`` into ``out``. Consumer ``skip`` (this rank's own) is skipped."""
+    pid = tl.program_id(0)
+    cb = pid % col_blocks
+    m = (pid // col_blocks) % tiles_m
+    t = pid // (col_blocks * tiles_m)
+    if t != skip:
+        flag = t * tiles_m + m
+        wait_flag(y_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_COLLECT, rank, flag, tiles_m, timeout_ns,
+                  TIMED)
+        offs_m = m * BM + tl.arange(0, BM)
+        cols_per_block = tl.cdiv(Ns, col_blocks)
+        for c in range(cb * cols_per_block, tl.minimum((cb + 1) * cols_per_block, Ns), BC):
+            offs_c = c + tl.arange(0, BC)
+            mask = (offs_m < M)[:, None] & (offs_c < tl.minimum((cb + 1) * cols_per_block, Ns))[None, :]
+            ptrs = offs_m.to(tl.int64)[:, None] * N + (t * Ns + offs_c)[None, :]
+            tl.store(out_ptr + ptrs, tl.load(y_ptr + ptrs, mask=mask), mask=mask)
+
+
+# ------------------------------------------------------------------------------------ launchers
+def launch_stage0(x, w1, b1, w3, b3, peer_data, peer_flags, counters, epoch, F, producer, kchunk, nch, a_flag_word,
+                  first_consumer, tp, act, config, num_sms):
+    M, H = x.shape
+    Fp = w1.shape[1]
+    BM, BN, BK, GROUP_M, stages, warps = config
+    assert kchunk % BN == 0, (kchunk, BN)
+    grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Fp, BN))),)
+    stage0_kernel[grid](
+        x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
+        peer_data, peer_flags, counters, epoch,
+        M, H, F, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
+        TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else None, num_stages=stages, num_warps=warps,
+    )
+
+
+def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
+                  rank, ws, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True):
+    M, F = a.shape
+    Ns = w2.shape[1]
+    N = out.shape[1]
+    BM, BN, BK, GROUP_M, stages, warps = config
+    assert kchunk % BK == 0 and Fp % BK == 0, (kchunk, Fp, BK)
+    grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Ns, BN))),)
+    stage1_kernel[grid](
+        a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
+        epoch, *status, timeout_ns,
+        rank, M, F, Fp, N, Ns, consumer, kchunk, nch, y_flag_word,
+        WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None,
+        PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=not timed,
+        num_stages=stages, num_warps=warps,
+    )
+
+
+def launch_collect(y, out, y_flags, epoch, status, timeout_ns, rank, tp, skip, BM, timed=True, col_blocks=4):
+    M, N = out.shape
+    Ns = N // tp
+    tiles_m = triton.cdiv(M, BM)
+    grid = (tp * tiles_m * col_blocks,)
+    collect_kernel[grid](y, out, y_flags, epoch, *status, timeout_ns, rank, M, N, Ns, tiles_m, skip, col_blocks,
+                         BM=BM, BC=64 if y.element_size() >= 4 else 128, TIMED=timed, num_warps=4)

@@ -1,0 +1,238 @@
+"""The ``symm`` lowering of ``overlap::cta_pipeline_mlp``: CTA-pipelining (kernels: ``codegen/cta.py``).
+
+The group's ``ws`` ranks form two stages of ``tp = ws // 2`` ranks. Stage 0 computes the first GEMM
+and the activation, stage 1 the second GEMM, *at the same time*: stage-0 tiles go straight into the
+stage-1 ranks' memory and every stage-1 CTA waits only for the K-chunks of the rows it reads.
+
+Weight placement: the op receives tensor-parallel shards (``w1``/``w3``: [H, F/ws] columns,
+``w2``: [F/ws, N] rows). Once per weight version it gathers them (collective) and keeps, on stage-0
+rank ``p``, the columns ``[p*F/tp, (p+1)*F/tp)`` of W1 (and W3, b1, b3), and on stage-1 rank
+``t`` the columns ``[t*N/tp, (t+1)*N/tp)`` of W2 and of ``sum_r b2_r``. That costs, per rank, one
+extra copy of the weight its stage uses (logged; ``placement_bytes()``): the user's shards stay
+where they are. The cache is keyed by the weights' identities and invalidated when any of them
+changes (``Tensor._version``, which in-place optimiser steps bump on every rank alike).
+
+Assumption of the rewrite (true of the tensor-parallel MLP the pass matches): ``x`` is the same on
+every rank; stage-0 ranks read their own copy.
+
+What the kernels do not cover falls back to ``p2p`` (a decision that depends only on shapes,
+dtypes and arguments, so the same on every rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import cuda as _cuda
+from . import symm
+from .lowering import register
+from .ops import CTA_ACTIVATIONS, GELU_APPROXIMATIONS, _group_size
+from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem
+
+log = logging.getLogger("overlap_backend.symm")
+
+K_CHUNKS = 4  # K-chunks per stage-0 rank: a stage-1 CTA waits (and refills its pipeline) this often
+# Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
+STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
+STAGE1_CONFIG = (128, 256, 64, 0, 3, 8)
+STAGE0_CONFIG_FP32 = {False: (128, 128, 32, 0, 3, 8), True: (64, 128, 32, 0, 3, 4)}
+STAGE1_CONFIG_FP32 = (128, 128, 32, 0, 3, 8)
+
+
+@dataclass
+class _Placement:
+    refs: tuple
+    versions: tuple
+    w1: Tensor | None = None  # stage 0: [H, F/tp]
+    b1: Tensor | None = None
+    w3: Tensor | None = None
+    b3: Tensor | None = None
+    w2: Tensor | None = None  # stage 1: [F, N/tp]
+    b2: Tensor | None = None  # stage 1: [N/tp] float32, the sum of every rank's b2
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.w1, self.b1, self.w3, self.b3, self.w2, self.b2)
+                   if t is not None)
+
+    def valid(self, tensors) -> bool:
+        return all((r is None and t is None) or (r is not None and r() is _base(t))
+                   for r, t in zip(self.refs, tensors)) and self.versions == _versions(tensors)
+
+
+_placements: dict[tuple, _Placement] = {}
+
+
+def placement_bytes() -> int:
+    """Memory held by the re-laid-out weights of this process."""
+    return sum(p.nbytes() for p in _placements.values())
+
+
+def _versions(tensors) -> tuple:
+    return tuple(t._version if t is not None else -1 for t in tensors)  # a view shares its base's counter
+
+
+def _base(t: Tensor) -> Tensor:
+    """The tensor that owns ``t``'s memory: graphs pass weights as fresh views (``w.t()``) every call."""
+    return t._base if t._base is not None else t
+
+
+def _gather(t: Tensor, group, dim: int) -> Tensor:
+    parts = [torch.empty_like(t, memory_format=torch.contiguous_format) for _ in range(group.size())]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim)
+
+
+def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2) -> _Placement:
+    tensors = (w1, b1, w3, b3, w2, b2)
+    key = (st.group_name,
+           *(None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors))
+    hit = _placements.get(key)
+    if hit is not None and hit.valid(tensors):
+        return hit
+    if _placements.pop(key, None) is not None:
+        log.info("overlap symm: cta_pipeline_mlp weights changed (version or identity): laying them out again")
+    tp = st.ws // 2
+    stage, idx = divmod(st.rank, tp)
+    refs = tuple(None if t is None else weakref.ref(_base(t)) for t in tensors)
+    placed = _Placement(refs, _versions(tensors))
+    # Collective (every rank gathers every weight, in the same order), then keep this stage's slice.
+    full = {name: (_gather(t, st.group, dim) if t is not None else None)
+            for name, t, dim in (("w1", w1, 1), ("b1", b1, 0), ("w3", w3, 1), ("b3", b3, 0), ("w2", w2, 0))}
+    b2_sum = None
+    if b2 is not None:
+        b2_sum = _gather(b2.float().reshape(1, -1), st.group, 0).sum(0)
+    if stage == 0:
+        fp = full["w1"].shape[1] // tp
+        cols = slice(idx * fp, (idx + 1) * fp)
+        placed.w1 = full["w1"][:, cols].contiguous()
+        placed.w3 = full["w3"][:, cols].contiguous() if w3 is not None else None
+        placed.b1 = full["b1"][cols].contiguous() if b1 is not None else None
+        placed.b3 = full["b3"][cols].contiguous() if b3 is not None else None
+    else:
+        ns = w2.shape[1] // tp
+        cols = slice(idx * ns, (idx + 1) * ns)
+        placed.w2 = full["w2"][:, cols].contiguous()
+        placed.b2 = b2_sum[cols].contiguous() if b2_sum is not None else None
+    del full
+    _placements[key] = placed
+    log.info("overlap symm: cta_pipeline_mlp rank %d (stage %d) holds %.1f MiB of re-laid-out weights "
+             "(%.1f MiB in all)", st.rank, stage, placed.nbytes() / 2**20, placement_bytes() / 2**20)
+    return placed
+
+
+def _problem(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, ws) -> str | None:
+    if x.device.type != "cuda":
+        return "not a CUDA tensor"
+    if (activation, approximate) not in {("gelu", "none"), ("gelu", "tanh"), ("swiglu", "none")}:
+        return f"activation {activation!r}/{approximate!r}"
+    if stages != 2:
+        return f"stages={stages} (the symm kernels pipeline exactly 2 GEMM stages)"
+    if ws % 2:
+        return f"a group of {ws} ranks (two stages of equal size needed)"
+    mats = [("x", x), ("w1", w1), ("w2", w2)] + ([("w3", w3)] if w3 is not None else [])
+    for name, t in mats:
+        if t.dim() != 2 or t.dtype != x.dtype:
+            return f"{name} {tuple(t.shape)} {t.dtype} is not a 2-D {x.dtype} matrix"
+    for name, t in (("b1", b1), ("b3", b3), ("b2", b2)):
+        if t is not None and (t.dim() != 1 or t.dtype != x.dtype):
+            return f"{name} {tuple(t.shape)} {t.dtype} is not a {x.dtype} vector"
+    tp = ws // 2
+    F, N = w1.shape[1] * ws, w2.shape[1]
+    if F % (tp * 128):
+        return f"F={F} is not a multiple of {tp * 128} (128 columns per stage-0 rank's tile)"
+    if N % tp:
+        return f"N={N} does not split over {tp} stage-1 ranks"
+    if -(-x.shape[0] // 64) * tp > symm.CTA_ROW_WORDS:
+        return f"{x.shape[0]} rows (at most {symm.CTA_ROW_WORDS // tp * 64})"
+    return _tma_problem(x.dtype, x.shape[1], F, F // tp, N, N // tp)
+
+
+def _configs(dtype, swiglu: bool, m: int, ns: int, num_sms: int):
+    if dtype == torch.float32:
+        c0, c1 = STAGE0_CONFIG_FP32[swiglu], STAGE1_CONFIG_FP32
+    else:
+        c0, c1 = STAGE0_CONFIG[swiglu], STAGE1_CONFIG
+    bm = min(c0[0], c1[0])
+    tiles_m, tiles_n1 = -(-m // bm), -(-ns // c1[1])
+    # A group of row blocks gives stage 1 about one wave of tiles: stage 0 finishes the group's
+    # K-chunks in the order stage 1 reads them, and W1 columns are reused from L2 across the group.
+    group_m = max(1, min(tiles_m, -(-num_sms // tiles_n1)))
+    return (bm, c0[1], c0[2], group_m, *c0[4:]), (bm, c1[1], c1[2], group_m, *c1[4:])
+
+
+def k_chunks(fp: int, bn0: int, bk1: int, tiles_m: int, tp: int) -> tuple[int, int]:
+    """(chunk width, chunks per stage-0 rank): about ``K_CHUNKS`` chunks of whole stage-0 tiles,
+    fewer when the flag region would overflow."""
+    unit = math.lcm(bn0, bk1)
+    want = K_CHUNKS
+    while True:
+        kchunk = -(-(-(-fp // want)) // unit) * unit
+        nch = -(-fp // kchunk)
+        if tiles_m * tp * nch <= symm.CTA_CHUNK_WORDS or nch == 1:
+            return kchunk, nch
+        want = max(1, want // 2)
+
+
+@register("symm", "cta_pipeline_mlp")
+def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name):
+    args = (x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name)
+    ws = _group_size(group_name)
+    why = _problem(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, ws)
+    st = None if why else symm.state(group_name, x.device)
+    if st is None:
+        return _p2p("cta_pipeline_mlp", why, group_name, *args)
+    from ..codegen import cta
+
+    _kernels()  # the TMA scratch allocator
+    PATHS["cta_pipeline_mlp:symm"] += 1
+    r, tp = st.rank, ws // 2
+    stage, idx = divmod(r, tp)
+    M, H = x.shape
+    F, N = w1.shape[1] * ws, w2.shape[1]
+    out = x.new_empty((M, N))
+    if M == 0:
+        return out
+    placed = _place(st, w1, b1, w3, b3, w2, b2)
+    swiglu = activation == "swiglu"
+    cfg0, cfg1 = _configs(x.dtype, swiglu, M, N // tp, st.num_sms)
+    bm = cfg0[0]
+    tiles_m = -(-M // bm)
+    kchunk, nch = k_chunks(F // tp, cfg0[1], cfg1[2], tiles_m, tp)
+    if tiles_m * tp * nch > symm.CTA_CHUNK_WORDS:
+        return _p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS}", group_name,
+                    *args)
+    es = x.element_size()
+    y_offset = -(-(M * F * es) // 256) * 256
+    st.ensure_data(y_offset + M * N * es)
+    data, flags = st.peer_tables()
+    compute = torch.cuda.current_stream(x.device)
+    epoch = st.begin(compute)
+    status = st.status_arg()
+    # Tiles go straight into peers' buffers: wait until they started this call (READY), i.e. stopped
+    # reading those buffers in their previous op.
+    writes_to = range(tp, ws) if stage == 0 else (p for p in range(ws) if p != r)
+    for p in writes_to:
+        _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
+    if stage == 0:
+        act = cta.ACTIVATIONS[(activation, approximate)]
+        cta.launch_stage0(_aligned(x), placed.w1, placed.b1, placed.w3, placed.b3, data, flags,
+                          st.flag_arg(symm.CTA_COUNTERS), epoch, F, idx, kchunk, nch, symm.CTA_ARRIVED, tp, tp, act,
+                          cfg0, st.num_sms)
+    else:
+        a = st.data_view(x.dtype, (M, F))
+        cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, st.flag_arg(symm.CTA_ARRIVED),
+                          st.flag_arg(symm.CTA_Y_COUNTERS), epoch, status, st.timeout_ns, r, ws, F // tp, idx, kchunk,
+                          nch, symm.CTA_Y_DONE, tp, cfg1, st.num_sms)
+    if stage == 0 or tp > 1:
+        y = st.data_view(x.dtype, (M, N), y_offset)
+        cta.launch_collect(y, out, st.flag_arg(symm.CTA_Y_DONE), epoch, status, st.timeout_ns, r, tp,
+                           idx if stage == 1 else -1, bm)
+    st.end(compute)
+    return out

@@ -1,0 +1,173 @@
+"""CTA-pipelining kernels (codegen/cta.py) under ``TRITON_INTERPRET=1``: a whole group in one process.
+
+The interpreter runs kernels one after another, so the ranks run in stage order: every stage-0
+rank's kernel (its tiles land in the stage-1 ranks' "data buffers", plain CPU tensors addressed
+through the same peer-pointer tables as on GPU, and its last tile per chunk raises the stage-1
+ranks' flags), then every stage-1 rank's kernel (it waits on exactly those flags: a chunk that was
+not raised would make it give up), then the collect kernels. Checked against float32 references on
+random data with NaN-poisoned outputs and buffers: the activation epilogues, K in arrival order
+across producers, rows and columns that do not fill a tile, flags raised to the epoch and counters
+back at 0, and the bounded wait's report.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("interpreter tests: they run where CUDA is absent (CI); tests/test_gpu.py runs the real kernels",
+                allow_module_level=True)
+triton = pytest.importorskip("triton")
+from overlap_backend.codegen import cta  # noqa: E402
+from overlap_backend.codegen.flags import OP_CTA_STAGE1  # noqa: E402
+from overlap_backend.runtime import symm  # noqa: E402
+from overlap_backend.runtime.cta_symm import k_chunks  # noqa: E402
+from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
+
+EPOCH = 7
+CFG0 = (16, 32, 16, 2, 1, 1)  # BM, BN, BK, GROUP_M, stages, warps
+CFG1 = (16, 16, 16, 2, 1, 1)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_allocator():
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
+
+
+def _reference(x, w1, b1, w3, b3, w2, b2, act):
+    h = x @ w1 + (b1 if b1 is not None else 0)
+    if act == "swiglu":
+        a = F.silu(h) * (x @ w3 + (b3 if b3 is not None else 0))
+    else:
+        a = F.gelu(h, approximate="tanh" if act == "gelu_tanh" else "none")
+    return a, a @ w2 + (b2 if b2 is not None else 0)
+
+
+class World:
+    """``ws`` ranks' data and flag buffers (CPU tensors) and the peer tables that address them."""
+
+    def __init__(self, ws, M, F_, N):
+        self.ws, self.tp = ws, ws // 2
+        self.y_offset = M * F_ * 4
+        self.data = [torch.full((self.y_offset // 4 + M * N,), float("nan")) for _ in range(ws)]
+        self.flags = [torch.zeros(symm.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
+        self.peer_data = torch.tensor([d.data_ptr() for d in self.data], dtype=torch.int64)
+        self.peer_flags = torch.tensor([f.data_ptr() for f in self.flags], dtype=torch.int64)
+        self.M, self.F, self.N = M, F_, N
+
+    def a(self, r):
+        return self.data[r][: self.M * self.F].view(self.M, self.F)
+
+    def y(self, r):
+        return self.data[r][self.y_offset // 4:].view(self.M, self.N)
+
+    def flag(self, r, word):
+        return self.flags[r][word:]
+
+
+def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None):
+    tp = ws // 2
+    x = torch.randn(M, H)
+    w1, w3 = torch.randn(H, F_) / H**0.5, torch.randn(H, F_) / H**0.5
+    w2 = torch.randn(F_, N) / F_**0.5
+    b1, b3, b2 = (torch.randn(F_), torch.randn(F_), torch.randn(N)) if bias else (None, None, None)
+    if act != "swiglu":
+        w3 = b3 = None
+    a_ref, y_ref = _reference(x, w1, b1, w3, b3, w2, b2, act)
+    world = World(ws, M, F_, N)
+    fp, ns = F_ // tp, N // tp
+    bm = CFG0[0]
+    tiles_m = -(-M // bm)
+    kchunk, nch = _k_chunks(fp, kchunks)
+    code = cta.ACTIVATIONS[{"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "swiglu": ("swiglu", "none")}[act]]
+    for p in range(tp):
+        if p == skip_producer:
+            continue
+        cols = slice(p * fp, (p + 1) * fp)
+        cta.launch_stage0(x, w1[:, cols].contiguous(), b1[cols].contiguous() if b1 is not None else None,
+                          w3[:, cols].contiguous() if w3 is not None else None,
+                          b3[cols].contiguous() if b3 is not None else None,
+                          world.peer_data, world.peer_flags, world.flag(p, symm.CTA_COUNTERS), EPOCH, F_, p, kchunk,
+                          nch, symm.CTA_ARRIVED, tp, tp, code, CFG0, 3)
+    outs = [torch.full((M, N), float("nan")) for _ in range(ws)]
+    statuses = [status or (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)) for _ in range(ws)]
+    for t in range(tp):
+        r = tp + t
+        cols = slice(t * ns, (t + 1) * ns)
+        cta.launch_stage1(world.a(r), w2[:, cols].contiguous(), b2[cols].float().contiguous() if b2 is not None else None,
+                          outs[r], world.peer_data, world.peer_flags, world.y_offset, world.flag(r, symm.CTA_ARRIVED),
+                          world.flag(r, symm.CTA_Y_COUNTERS), EPOCH, statuses[r], 10**6, r, ws, fp, t, kchunk, nch,
+                          symm.CTA_Y_DONE, tp, CFG1, 3, timed=False)
+    for r in range(ws):
+        if r < tp or tp > 1:
+            cta.launch_collect(world.y(r), outs[r], world.flag(r, symm.CTA_Y_DONE), EPOCH, statuses[r], 10**6, r, tp,
+                               r - tp if r >= tp else -1, bm, timed=False, col_blocks=2)
+    return dict(world=world, outs=outs, a_ref=a_ref, y_ref=y_ref, statuses=statuses, tiles_m=tiles_m, nch=nch)
+
+
+def _k_chunks(fp, want):
+    from overlap_backend.runtime import cta_symm
+
+    old, cta_symm.K_CHUNKS = cta_symm.K_CHUNKS, want
+    try:
+        return k_chunks(fp, CFG0[1], CFG1[2], 4, 1)
+    finally:
+        cta_symm.K_CHUNKS = old
+
+
+@pytest.mark.parametrize("ws,M,H,F_,N,act,bias", [
+    (2, 40, 32, 128, 48, "gelu", True),        # M, N not multiples of the tiles; 2 K-chunks
+    (2, 16, 16, 96, 32, "gelu_tanh", False),   # a last chunk of one stage-0 tile
+    (2, 33, 32, 64, 16, "swiglu", True),       # two accumulators in stage 0
+    (4, 24, 16, 128, 64, "swiglu", False),     # 2 stages x TP2: K from two producers, N from two consumers
+    (4, 20, 32, 256, 32, "gelu", True),
+])
+def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias):
+    res = _run(ws, M, H, F_, N, act, bias)
+    world, tp = res["world"], ws // 2
+    for r in range(tp, ws):  # every stage-1 rank received the whole activation
+        torch.testing.assert_close(world.a(r), res["a_ref"], atol=1e-4, rtol=1e-4)
+    for r in range(ws):
+        assert res["statuses"][r][1].tolist() == [0] * 8, f"rank {r} gave up a wait"
+        torch.testing.assert_close(res["outs"][r], res["y_ref"], atol=1e-4, rtol=1e-4)
+    # Flags: each stage-1 rank got every (row block, producer, chunk) flag, each rank every other
+    # consumer's row-block flags; every counter is back at 0 for the next call.
+    n_chunk = res["tiles_m"] * tp * res["nch"]
+    for r in range(tp, ws):
+        assert world.flags[r][symm.CTA_ARRIVED:symm.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
+    for r in range(ws):
+        for t in range(tp):
+            if r != tp + t:
+                block = world.flags[r][symm.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]]
+                assert block.eq(EPOCH).all(), (r, t, block)
+        assert world.flags[r][symm.CTA_COUNTERS:symm.CTA_Y_DONE].eq(0).all()
+        assert world.flags[r][symm.CTA_Y_COUNTERS:].eq(0).all()
+
+
+def test_k_chunks_cover_columns_in_whole_tiles():
+    for fp in (128, 896, 14336):
+        for bn0, bk in ((128, 64), (256, 64)):
+            kchunk, nch = k_chunks(fp, bn0, bk, 8, 2)
+            assert kchunk % bn0 == 0 and kchunk % bk == 0
+            assert (nch - 1) * kchunk < fp <= nch * kchunk
+    # Many row blocks: fewer, wider chunks so that the flags fit their region.
+    kchunk, nch = k_chunks(28672, 128, 64, 1024, 2)
+    assert 1024 * 2 * nch <= symm.CTA_CHUNK_WORDS
+
+
+def test_missing_producer_times_out_with_a_report():
+    """Stage 0 rank 1 of 2 never ran: the stage-1 CTAs give up on its first chunk and report it."""
+    status = (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
+    res = _run(4, 16, 16, 128, 32, "gelu", False, status=status, skip_producer=1)
+    words = status[1].tolist()
+    assert words[0] == 1 and words[1] == OP_CTA_STAGE1.value
+    flag, nch = words[3], words[6]
+    assert words[4] < EPOCH and words[5] == EPOCH
+    err = status_error(words, "", 60.0)
+    assert isinstance(err, SymmTimeoutError) and "cta_pipeline_mlp (stage 1)" in str(err)
+    # The flag it reports belongs to producer 1: ((m * tp) + p) * nch + j with p == 1.
+    assert (flag // nch) % 2 == 1, (flag, nch)
