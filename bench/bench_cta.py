@@ -311,7 +311,7 @@ def render(rows, ws, info, args) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--m", default="16,128,512,1024,4096", help="token counts (comma-separated)")
+    p.add_argument("--sizes", default="16,128,512,1024,4096", help="token counts M (comma-separated)")
     p.add_argument("--acts", default="gelu,swiglu", help="gelu (tanh), swiglu")
     p.add_argument("--hidden", type=int, default=8192)
     p.add_argument("--ffn", type=int, default=28672)
@@ -323,7 +323,7 @@ def parse_args(argv=None):
     p.add_argument("--out-dir", default="bench/results")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
-    args.m = [int(v) for v in args.m.split(",")]
+    args.m = [int(v) for v in args.sizes.split(",")]
     args.acts = [a for a in args.acts.split(",") if a]
     if any(a not in ("gelu", "swiglu") for a in args.acts):
         p.error("--acts: gelu, swiglu")

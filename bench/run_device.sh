@@ -4,7 +4,8 @@
 #   bash bench/run_device.sh          # GPU tests (ws 2 and 4), then the benchmarks at ws=4 and ws=2
 #   bash bench/run_device.sh quick    # smoke run: ws=2 tests only, benchmarks with --quick
 #   bash bench/run_device.sh bench    # the benchmarks only (no GPU tests)
-#   TESTS_K="ws4 or timeout" bash bench/run_device.sh   # a pytest -k selection of the GPU tests
+#   TESTS_K="ws4 or names_op_rank" bash bench/run_device.sh   # a pytest -k selection of the GPU tests
+#                                      (-k matches marker names too: "timeout" would select every test)
 #                                      (default: the symm tests at the largest world size + timeout;
 #                                      TESTS_K= runs them all)
 #   TEST_FILES="tests/test_gpu_cta.py" BENCHES="cta" bash bench/run_device.sh   # a subset
@@ -166,7 +167,7 @@ main() {
     # TESTS_K="" runs everything, TESTS_K="<expr>" any pytest -k selection.
     local ws_max=2
     [ "$NGPU" -ge 4 ] && ws_max=4
-    local select=(-k "ws$ws_max and symm or timeout")
+    local select=(-k "ws$ws_max and symm or names_op_rank")
     [ "$MODE" = quick ] && select=(-k "ws2 and symm and not compiled")
     if [ -n "${TESTS_K+set}" ]; then
       select=()

@@ -576,7 +576,13 @@ def late_peer_worker(rank: int, ws: int, device: str):
             except symm.SymmTimeoutError:
                 return msg
             raise AssertionError("the next call after a timeout did not raise")
-        raise AssertionError("rank 0 did not time out although rank 1 was 3 s late")
+        st = symm.state(group.group_name, torch.device(device, torch.cuda.current_device()))
+        flags = symm._cuda.as_tensor(st.flags.local, 4 * symm.FLAG_WORDS, st.device).view(torch.int32)
+        raise AssertionError(
+            "rank 0 did not time out although rank 1 was 3 s late: status words "
+            f"{list(st.status)}, timeout_ns {st.timeout_ns}, epoch {st.epoch}, READY {flags[:ws].tolist()}, "
+            f"AG_ARRIVED {flags[symm.AG_ARRIVED:symm.AG_ARRIVED + 2 * symm.MAX_BANDS].tolist()}, "
+            f"claim {flags[symm.CLAIM].item()}")
     err = _rel_err(out, ref)
     assert err <= _tol(dtype), err
     return f"late rank's result ok (rel err {err:.1e})"

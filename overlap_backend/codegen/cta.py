@@ -85,15 +85,21 @@ def stage0_kernel(
     DUAL: tl.constexpr = ACT == 2
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Fp, BN)
-    tiles_per_chunk = kchunk // BN
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, H], strides=[H, 1], block_shape=[BM, BK])
     w1_desc = b_descriptor(w1_ptr, H, Fp, BK, BN, False)
     w3_desc = b_descriptor(w3_ptr, H, Fp, BK, BN, False)
+    prev_m = -1  # the tile stored in the previous iteration, counted after this one's main loop
+    prev_n = 0
     for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
         acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, pid_n * BN, H, acc1, acc3, BK, DUAL, PRECISION)
+        # Count the previous tile now: its remote stores had a whole main loop to drain, so the
+        # release below does not stall this CTA on NVLink (counting right after the stores did).
+        if prev_m >= 0:
+            _count_chunk_tile(counters_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_n, kchunk // BN,
+                              nch, producer, first_consumer, TP)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         acc1 = add_bias(acc1, b1_ptr, offs_n, Fp, HAS_B1)
@@ -105,11 +111,22 @@ def stage0_kernel(
             buf = tl.load(peer_data_ptr + first_consumer + q).to(tl.pointer_type(x_ptr.dtype.element_ty))
             mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
             tl.store(buf + offs_m.to(tl.int64)[:, None] * F + cols[None, :], act.to(x_ptr.dtype.element_ty), mask=mask)
-        j = pid_n // tiles_per_chunk
-        tiles_in_chunk = tl.minimum(tiles_per_chunk, tiles_n - j * tiles_per_chunk)
-        count_tile_done_to_ranks(counters_ptr + pid_m * nch + j, peer_flags_ptr,
-                                 a_flag_word + (pid_m * TP + producer) * nch + j, tiles_in_chunk, epoch,
-                                 first_consumer, TP, 2 * TP)
+        prev_m = pid_m
+        prev_n = pid_n
+    if prev_m >= 0:
+        _count_chunk_tile(counters_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_n, kchunk // BN, nch,
+                          producer, first_consumer, TP)
+
+
+@triton.jit
+def _count_chunk_tile(counters_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_n, tiles_per_chunk, nch,
+                      producer, first_consumer, TP: tl.constexpr):
+    """One more stored tile of (row block pid_m, chunk of pid_n); the chunk's last raises its flag
+    on every consumer."""
+    j = pid_n // tiles_per_chunk
+    tiles_in_chunk = tl.minimum(tiles_per_chunk, tiles_n - j * tiles_per_chunk)
+    count_tile_done_to_ranks(counters_ptr + pid_m * nch + j, peer_flags_ptr, a_flag_word + (pid_m * TP + producer) * nch + j,
+                             tiles_in_chunk, epoch, first_consumer, TP, 2 * TP)
 
 
 @triton.jit
@@ -165,10 +182,11 @@ def stage1_kernel(
 
 @triton.jit
 def collect_kernel(y_ptr, out_ptr, y_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-                   rank, M, N, Ns, tiles_m, skip, col_blocks,
+                   rank, M, N, Ns, tiles_m, skip, col_blocks, cols_per_block,
                    BM: tl.constexpr, BC: tl.constexpr, TIMED: tl.constexpr):
     """One program per (consumer t, row block m, column block): wait for Y flag (t, m), copy
-    ``Y[m rows, t*Ns + column block]`` into ``out``. Consumer ``skip`` (this rank's own) is skipped."""
+    ``Y[m rows, t*Ns + column block]`` into ``out``. Consumer ``skip`` (this rank's own) is skipped.
+    ``cols_per_block`` is a multiple of BC and N, Ns of 16 bytes: every access is a full vector."""
     pid = tl.program_id(0)
     cb = pid % col_blocks
     m = (pid // col_blocks) % tiles_m
@@ -178,11 +196,11 @@ def collect_kernel(y_ptr, out_ptr, y_flags_ptr, epoch, claim_ptr, report_ptr, ti
         wait_flag(y_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_COLLECT, rank, flag, tiles_m, timeout_ns,
                   TIMED)
         offs_m = m * BM + tl.arange(0, BM)
-        cols_per_block = tl.cdiv(Ns, col_blocks)
-        for c in range(cb * cols_per_block, tl.minimum((cb + 1) * cols_per_block, Ns), BC):
-            offs_c = c + tl.arange(0, BC)
-            mask = (offs_m < M)[:, None] & (offs_c < tl.minimum((cb + 1) * cols_per_block, Ns))[None, :]
-            ptrs = offs_m.to(tl.int64)[:, None] * N + (t * Ns + offs_c)[None, :]
+        row_base = offs_m.to(tl.int64)[:, None] * N + t * Ns
+        for c in range(0, cols_per_block, BC):
+            offs_c = cb * cols_per_block + c + tl.arange(0, BC)
+            mask = (offs_m < M)[:, None] & (offs_c < Ns)[None, :]
+            ptrs = row_base + offs_c[None, :]
             tl.store(out_ptr + ptrs, tl.load(y_ptr + ptrs, mask=mask), mask=mask)
 
 
@@ -221,10 +239,13 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     )
 
 
-def launch_collect(y, out, y_flags, epoch, status, timeout_ns, rank, tp, skip, BM, timed=True, col_blocks=4):
+def launch_collect(y, out, y_flags, epoch, status, timeout_ns, rank, tp, skip, BM, timed=True, col_blocks=8):
     M, N = out.shape
     Ns = N // tp
     tiles_m = triton.cdiv(M, BM)
+    bc = 64 if y.element_size() >= 4 else 128
+    col_blocks = max(1, min(col_blocks, triton.cdiv(Ns, bc)))
+    cols_per_block = triton.cdiv(triton.cdiv(Ns, col_blocks), bc) * bc
     grid = (tp * tiles_m * col_blocks,)
     collect_kernel[grid](y, out, y_flags, epoch, *status, timeout_ns, rank, M, N, Ns, tiles_m, skip, col_blocks,
-                         BM=BM, BC=64 if y.element_size() >= 4 else 128, TIMED=timed, num_warps=4)
+                         cols_per_block, BM=BM, BC=bc, TIMED=timed, num_warps=4)

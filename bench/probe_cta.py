@@ -1,0 +1,149 @@
+"""Probe of the CTA-pipelining op on 2 GPUs: where does the time of one call go?
+
+Measures, per M (GELU MLP, H=8192, F=28672 by default, bf16): the whole op; each kernel alone with
+its flags already raised (stage 0 on rank 0, stage 1 on rank 1, the collect on rank 0); the same
+op without the stream-level READY waits (unsafe, measurement only); and the round-trip latency of
+a flag written by one GPU's stream (``cuStreamWriteValue32`` into the peer's memory) and awaited by
+the other's (``cuStreamWaitValue32``). Not a benchmark of record: a diagnostic.
+
+    torchrun --nproc-per-node=2 bench/probe_cta.py [--sizes 512,4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import overlap_backend  # noqa: E402,F401
+from bench import common  # noqa: E402
+
+
+def events_ms(fn, n=20, warm=3):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    s = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    e = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for a, b in zip(s, e):
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in zip(s, e))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="512,4096", help="M values")
+    p.add_argument("--hidden", type=int, default=8192)
+    p.add_argument("--ffn", type=int, default=28672)
+    args = p.parse_args()
+    rank, ws, device = common.init_distributed("cuda")
+    assert ws == 2, "probe_cta runs on exactly 2 GPUs"
+    from overlap_backend.codegen import cta
+    from overlap_backend.runtime import cta_symm, symm
+    from overlap_backend.runtime import cuda as _cuda
+
+    H, Fd, dtype = args.hidden, args.ffn, torch.bfloat16
+    g = dist.group.WORLD
+    f = Fd // 2
+    w1 = (torch.randn(H, f, device=device) * H**-0.5).to(dtype)
+    w2 = (torch.randn(f, H, device=device) * Fd**-0.5).to(dtype)
+    timing = common.Timing(device)
+    out_lines = []
+    for M in [int(v) for v in args.sizes.split(",")]:
+        x = torch.randn(M, H, device=device).to(dtype)
+        dist.broadcast(x, 0)
+
+        def op():
+            return torch.ops.overlap.cta_pipeline_mlp(x, w1, None, None, None, w2, None, "gelu", "tanh", 2,
+                                                      g.group_name, "symm")
+
+        full, _ = timing.bench(op)
+        # Host time of one call (enqueue only), median of 20 after a sync.
+        host = []
+        for _ in range(20):
+            torch.cuda.synchronize()
+            dist.barrier()
+            t = time.perf_counter()
+            op()
+            host.append((time.perf_counter() - t) * 1e3)
+        torch.cuda.synchronize()
+        dist.barrier()
+        # The op without READY stream waits (unsafe; measurement only).
+        real_wait = _cuda.wait_value32
+        _cuda.wait_value32 = lambda *a: None
+        try:
+            no_ready, _ = timing.bench(op)
+        finally:
+            _cuda.wait_value32 = real_wait
+        # Kernels alone, flags already raised (epoch 1 <= every flag after the calls above).
+        st = symm.state(g.group_name, device)
+        placed = next(iter(cta_symm._placements.values()))
+        cfg0, cfg1 = cta_symm._configs(dtype, False, M, H, st.num_sms)
+        tiles_m = -(-M // cfg0[0])
+        kchunk, nch = cta_symm.k_chunks(Fd, cfg0[1], cfg1[2], tiles_m, 1)
+        data, flags = st.peer_tables()
+        out = torch.empty(M, H, dtype=dtype, device=device)
+        y_offset = -(-(M * Fd * 2) // 256) * 256
+        torch.cuda.synchronize()
+        dist.barrier()
+        alone = {}
+        if rank == 0:
+            alone["stage0"] = events_ms(lambda: cta.launch_stage0(
+                x, placed.w1, None, None, None, data, flags, torch.zeros(tiles_m * nch, dtype=torch.int32, device=device),
+                1, Fd, 0, kchunk, nch,
+                symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
+            y = st.data_view(dtype, (M, H), y_offset)
+            alone["collect"] = events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(symm.CTA_Y_DONE), 1,
+                                                                    st.status_arg(), st.timeout_ns, 0, 1, -1,
+                                                                    cfg0[0]))
+        else:
+            a = st.data_view(dtype, (M, Fd))
+            alone["stage1"] = events_ms(lambda: cta.launch_stage1(
+                a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(symm.CTA_ARRIVED),
+                torch.zeros(tiles_m, dtype=torch.int32, device=device), 1, st.status_arg(), st.timeout_ns, 1, 2, Fd,
+                0, kchunk, nch, symm.CTA_Y_DONE, 1, cfg1, st.num_sms))
+            alone["cublas GEMM2"] = events_ms(lambda: torch.mm(a, placed.w2))
+        torch.cuda.synchronize()
+        dist.barrier()
+        # Stream-memop ping-pong latency between the two GPUs.
+        stream = torch.cuda.current_stream()
+        word_mine, word_peer = symm.CTA_ARRIVED + 4090, symm.CTA_ARRIVED + 4091
+        base = 10**6 + M * 1000
+        n = 200
+        torch.cuda.synchronize()
+        dist.barrier()
+        s_ev, e_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s_ev.record()
+        for i in range(1, n + 1):
+            if rank == 0:
+                _cuda.write_value32(st.flag_addr(word_peer, 1), base + i, stream)
+                _cuda.wait_value32(st.flag_addr(word_mine), base + i, stream)
+            else:
+                _cuda.wait_value32(st.flag_addr(word_peer), base + i, stream)
+                _cuda.write_value32(st.flag_addr(word_mine, 0), base + i, stream)
+        e_ev.record()
+        torch.cuda.synchronize()
+        pingpong_us = s_ev.elapsed_time(e_ev) / n * 1e3
+        line = (f"rank {rank} M={M}: op {full:.3f} ms, op without READY waits {no_ready:.3f} ms, host enqueue "
+                f"{statistics.median(host):.3f} ms, alone {({k: round(v, 3) for k, v in alone.items()})}, "
+                f"tiles_m {tiles_m} kchunk {kchunk} nch {nch} cfg {cfg0}/{cfg1}, stream-memop round trip "
+                f"{pingpong_us:.1f} us")
+        print(line, flush=True)
+        out_lines.append(line)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
