@@ -169,14 +169,15 @@ def run(args) -> int:
             row["CTA 2 path"] = "symm" if symm_lowering.PATHS["cta_pipeline_mlp:symm"] > before else "p2p"
             if not row["CTA 2 err"] <= 2e-2:
                 ok = False
-            row["CTA 2"], row["CTA 2 kc"] = _sweep_k_chunks(timing, cta(pair, full), args.k_chunks, row, "CTA 2")
+            row["CTA 2"], row["CTA 2 kc"] = _sweep_k_chunks(timing, cta(pair, full), args.k_chunks, row, "CTA 2",
+                                                            args.transports)
             if ws >= 4:
                 ref4 = tp(world, tp_all)().float()
                 out4 = cta(world, tp_all)()
                 row["CTA 2×TP2 err"] = common.rel_err(out4.float(), ref4)
                 ok &= row["CTA 2×TP2 err"] <= 2e-2
                 row["CTA 2×TP2"], row["CTA 2×TP2 kc"] = _sweep_k_chunks(timing, cta(world, tp_all), args.k_chunks, row,
-                                                                       "CTA 2×TP2")
+                                                                       "CTA 2×TP2", args.transports)
             # Micro-batching over the same transport (rank pairs; stage weights: full W1/W3 on the
             # pair's rank 0, full W2 on its rank 1 — gathered here, outside the timing).
             st = symm.state(pair.group_name, device)
@@ -216,21 +217,22 @@ def run(args) -> int:
     return 0 if ok else 1
 
 
-def _sweep_k_chunks(timing, fn, values, row, name):
-    """Time ``fn`` for each K-chunk count (cta_symm.K_CHUNKS, the stage-1 wait granularity); keep
-    every time in ``row`` and return (best time, its count)."""
+def _sweep_k_chunks(timing, fn, values, row, name, transports=("ce", "peer")):
+    """Time ``fn`` for each transport (cta_symm.TRANSPORT) and K-chunk count (cta_symm.K_CHUNKS,
+    the stage-1 wait granularity); keep every time in ``row``; return (best time, "transport/count")."""
     from overlap_backend.runtime import cta_symm
 
-    default, best = cta_symm.K_CHUNKS, None
+    default, best = (cta_symm.TRANSPORT, cta_symm.K_CHUNKS), None
     try:
-        for kc in values:
-            cta_symm.K_CHUNKS = kc
-            t, _ = timing.bench(fn)
-            row[f"{name} kc={kc}"] = t
-            if best is None or t < best[0]:
-                best = (t, kc)
+        for transport in transports:
+            for kc in values:
+                cta_symm.TRANSPORT, cta_symm.K_CHUNKS = transport, kc
+                t, _ = timing.bench(fn)
+                row[f"{name} {transport} kc={kc}"] = t
+                if best is None or t < best[0]:
+                    best = (t, f"{transport}/{kc}")
     finally:
-        cta_symm.K_CHUNKS = default
+        cta_symm.TRANSPORT, cta_symm.K_CHUNKS = default
     return best
 
 
@@ -306,7 +308,7 @@ def render(rows, ws, info, args) -> str:
     return (f"# CTA-pipelining: MLP latency, H={args.hidden}, F={args.ffn}, bf16, ws={ws} (ms)\n\n"
             + common.info_markdown(info) + "\n\n" + common.markdown_table(cols, table) + "\n\n"
             "Ratios > 1 mean ours is faster, except `CTA 2 / (1 GPU / 2)` (the bar: <= 1.10). In parentheses: "
-            "the best micro-batch count (µbatch), the best K-chunk count per stage-0 rank (ours). err: ours vs the TP result in float32 (relative).\n")
+            "the best micro-batch count (µbatch), the best transport / K-chunk count per stage-0 rank (ours). err: ours vs the TP result in float32 (relative).\n")
 
 
 def parse_args(argv=None):
@@ -316,7 +318,8 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=8192)
     p.add_argument("--ffn", type=int, default=28672)
     p.add_argument("--micro-batches", default="2,4,8")
-    p.add_argument("--k-chunks", default="2,4,8,16", help="K-chunks per stage-0 rank to sweep (ours)")
+    p.add_argument("--k-chunks", default="4,8,16", help="K-chunks per stage-0 rank to sweep (ours)")
+    p.add_argument("--transports", default="ce,peer", help="stage-0 transports to sweep (ours): ce, peer")
     p.add_argument("--graphs", action="store_true", help="also time the baselines captured in CUDA graphs")
     p.add_argument("--trace", metavar="DIR", help="torch.profiler traces of ours on ranks 0 and 1")
     p.add_argument("--trace-m", default="4096", help="with --trace: the M values to trace")
@@ -329,6 +332,7 @@ def parse_args(argv=None):
         p.error("--acts: gelu, swiglu")
     args.micro_batches = [int(v) for v in args.micro_batches.split(",")]
     args.k_chunks = [int(v) for v in args.k_chunks.split(",")]
+    args.transports = [t for t in args.transports.split(",") if t]
     args.trace_m = {int(v) for v in args.trace_m.split(",")}
     return args
 

@@ -68,7 +68,11 @@ def main():
             return torch.ops.overlap.cta_pipeline_mlp(x, w1, None, None, None, w2, None, "gelu", "tanh", 2,
                                                       g.group_name, "symm")
 
-        full, _ = timing.bench(op)
+        full = {}
+        for transport in ("ce", "peer"):
+            cta_symm.TRANSPORT = transport
+            full[transport], _ = timing.bench(op)
+        cta_symm.TRANSPORT = "ce"
         # Host time of one call (enqueue only), median of 20 after a sync.
         host = []
         for _ in range(20):
@@ -91,29 +95,35 @@ def main():
         placed = next(iter(cta_symm._placements.values()))
         cfg0, cfg1 = cta_symm._configs(dtype, False, M, H, st.num_sms)
         tiles_m = -(-M // cfg0[0])
-        kchunk, nch = cta_symm.k_chunks(Fd, cfg0[1], cfg1[2], tiles_m, 1)
+        mp = tiles_m * cfg0[0]
+        groups = -(-tiles_m // cfg0[3])
+        kchunk, nch = cta_symm.k_chunks(Fd, cfg0[1], cfg1[2], groups, 1)
         data, flags = st.peer_tables()
         out = torch.empty(M, H, dtype=dtype, device=device)
-        y_offset = -(-(M * Fd * 2) // 256) * 256
+        y_offset = -(-(nch * mp * kchunk * 2) // 256) * 256
         torch.cuda.synchronize()
         dist.barrier()
         alone = {}
         if rank == 0:
-            alone["stage0"] = events_ms(lambda: cta.launch_stage0(
-                x, placed.w1, None, None, None, data, flags, torch.zeros(tiles_m * nch, dtype=torch.int32, device=device),
-                1, Fd, 0, kchunk, nch,
-                symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
+            counters = torch.zeros(2048, dtype=torch.int32, device=device)
+            done = torch.zeros(2048, dtype=torch.int32, device=device)
+            staging = torch.empty(nch * mp * kchunk, dtype=dtype, device=device)
+            for name, buf in (("stage0 local stores", staging), ("stage0 peer stores", None)):
+                alone[name] = events_ms(lambda buf=buf: cta.launch_stage0(
+                    x, placed.w1, None, None, None, buf, data, flags, counters, done, 1, 0, kchunk, nch,
+                    symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
+            alone["cublas GEMM1"] = events_ms(lambda: torch.mm(x, placed.w1))
             y = st.data_view(dtype, (M, H), y_offset)
             alone["collect"] = events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(symm.CTA_Y_DONE), 1,
                                                                     st.status_arg(), st.timeout_ns, 0, 1, -1,
                                                                     cfg0[0]))
         else:
-            a = st.data_view(dtype, (M, Fd))
+            a = st.data_view(dtype, (nch * mp, kchunk))
             alone["stage1"] = events_ms(lambda: cta.launch_stage1(
                 a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(symm.CTA_ARRIVED),
-                torch.zeros(tiles_m, dtype=torch.int32, device=device), 1, st.status_arg(), st.timeout_ns, 1, 2, Fd,
+                torch.zeros(tiles_m, dtype=torch.int32, device=device), 1, st.status_arg(), st.timeout_ns, 1, 2, M, Fd,
                 0, kchunk, nch, symm.CTA_Y_DONE, 1, cfg1, st.num_sms))
-            alone["cublas GEMM2"] = events_ms(lambda: torch.mm(a, placed.w2))
+            alone["cublas GEMM2"] = events_ms(lambda: torch.mm(out.new_empty(M, Fd), placed.w2))
         torch.cuda.synchronize()
         dist.barrier()
         # Stream-memop ping-pong latency between the two GPUs.
@@ -135,9 +145,9 @@ def main():
         e_ev.record()
         torch.cuda.synchronize()
         pingpong_us = s_ev.elapsed_time(e_ev) / n * 1e3
-        line = (f"rank {rank} M={M}: op {full:.3f} ms, op without READY waits {no_ready:.3f} ms, host enqueue "
+        line = (f"rank {rank} M={M}: op {({k: round(v, 3) for k, v in full.items()})} ms, op without READY waits {no_ready:.3f} ms, host enqueue "
                 f"{statistics.median(host):.3f} ms, alone {({k: round(v, 3) for k, v in alone.items()})}, "
-                f"tiles_m {tiles_m} kchunk {kchunk} nch {nch} cfg {cfg0}/{cfg1}, stream-memop round trip "
+                f"groups {groups} kchunk {kchunk} nch {nch} cfg {cfg0}/{cfg1}, stream-memop round trip "
                 f"{pingpong_us:.1f} us")
         print(line, flush=True)
         out_lines.append(line)

@@ -50,26 +50,38 @@ def _reference(x, w1, b1, w3, b3, w2, b2, act):
 class World:
     """``ws`` ranks' data and flag buffers (CPU tensors) and the peer tables that address them."""
 
-    def __init__(self, ws, M, F_, N):
+    def __init__(self, ws, M, N, a_numel):
         self.ws, self.tp = ws, ws // 2
-        self.y_offset = M * F_ * 4
-        self.data = [torch.full((self.y_offset // 4 + M * N,), float("nan")) for _ in range(ws)]
+        self.y_offset = a_numel * 4
+        self.data = [torch.full((a_numel + M * N,), float("nan")) for _ in range(ws)]
         self.flags = [torch.zeros(symm.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
         self.peer_data = torch.tensor([d.data_ptr() for d in self.data], dtype=torch.int64)
         self.peer_flags = torch.tensor([f.data_ptr() for f in self.flags], dtype=torch.int64)
-        self.M, self.F, self.N = M, F_, N
+        self.M, self.N, self.a_numel = M, N, a_numel
 
-    def a(self, r):
-        return self.data[r][: self.M * self.F].view(self.M, self.F)
+    def a(self, r, kchunk):
+        return self.data[r][: self.a_numel].view(-1, kchunk)
 
     def y(self, r):
-        return self.data[r][self.y_offset // 4:].view(self.M, self.N)
+        return self.data[r][self.a_numel:].view(self.M, self.N)
 
     def flag(self, r, word):
         return self.flags[r][word:]
 
 
-def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None):
+def chunk_major(a, tp, nch, kchunk, mp):
+    """[M, F] -> [tp * nch * mp, kchunk] as the kernels keep it (NaN where nothing is stored)."""
+    M, F_ = a.shape
+    fp = F_ // tp
+    out = torch.full((tp * nch, mp, kchunk), float("nan"))
+    for p in range(tp):
+        for j in range(nch):
+            cols = a[:, p * fp + j * kchunk: min(p * fp + (j + 1) * kchunk, (p + 1) * fp)]
+            out[p * nch + j, :M, : cols.shape[1]] = cols
+    return out.view(-1, kchunk)
+
+
+def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None, transport="peer"):
     tp = ws // 2
     x = torch.randn(M, H)
     w1, w3 = torch.randn(H, F_) / H**0.5, torch.randn(H, F_) / H**0.5
@@ -78,35 +90,49 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None)
     if act != "swiglu":
         w3 = b3 = None
     a_ref, y_ref = _reference(x, w1, b1, w3, b3, w2, b2, act)
-    world = World(ws, M, F_, N)
     fp, ns = F_ // tp, N // tp
-    bm = CFG0[0]
+    bm, group_m = CFG0[0], CFG0[3]
     tiles_m = -(-M // bm)
+    mp = tiles_m * bm
+    groups = -(-tiles_m // group_m)
     kchunk, nch = _k_chunks(fp, kchunks)
+    world = World(ws, M, N, tp * nch * mp * kchunk)
     code = cta.ACTIVATIONS[{"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "swiglu": ("swiglu", "none")}[act]]
     for p in range(tp):
         if p == skip_producer:
             continue
         cols = slice(p * fp, (p + 1) * fp)
+        stage = torch.full((nch * mp * kchunk,), float("nan")) if transport == "ce" else None
         cta.launch_stage0(x, w1[:, cols].contiguous(), b1[cols].contiguous() if b1 is not None else None,
                           w3[:, cols].contiguous() if w3 is not None else None,
-                          b3[cols].contiguous() if b3 is not None else None,
-                          world.peer_data, world.peer_flags, world.flag(p, symm.CTA_COUNTERS), EPOCH, F_, p, kchunk,
-                          nch, symm.CTA_ARRIVED, tp, tp, code, CFG0, 3)
+                          b3[cols].contiguous() if b3 is not None else None, stage,
+                          world.peer_data, world.peer_flags, world.flag(p, symm.CTA_COUNTERS),
+                          world.flag(p, symm.CTA_DONE), EPOCH, p, kchunk, nch, symm.CTA_ARRIVED, tp, tp, code, CFG0, 3)
+        if stage is not None:  # what the host's copy engine does, block by block, once its flag is up
+            blocks = stage.view(nch, mp, kchunk)
+            for g in range(groups):
+                r0, r1 = g * group_m * bm, min(M, (g + 1) * group_m * bm)
+                for j in range(nch):
+                    assert world.flags[p][symm.CTA_DONE + g * nch + j] == EPOCH, (p, g, j)
+                    for q in range(tp):
+                        world.a(tp + q, kchunk).view(tp * nch, mp, kchunk)[p * nch + j, r0:r1] = blocks[j, r0:r1]
+                        world.flags[tp + q][symm.CTA_ARRIVED + (g * tp + p) * nch + j] = EPOCH
     outs = [torch.full((M, N), float("nan")) for _ in range(ws)]
     statuses = [status or (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)) for _ in range(ws)]
     for t in range(tp):
         r = tp + t
         cols = slice(t * ns, (t + 1) * ns)
-        cta.launch_stage1(world.a(r), w2[:, cols].contiguous(), b2[cols].float().contiguous() if b2 is not None else None,
-                          outs[r], world.peer_data, world.peer_flags, world.y_offset, world.flag(r, symm.CTA_ARRIVED),
-                          world.flag(r, symm.CTA_Y_COUNTERS), EPOCH, statuses[r], 10**6, r, ws, fp, t, kchunk, nch,
+        cta.launch_stage1(world.a(r, kchunk), w2[:, cols].contiguous(),
+                          b2[cols].float().contiguous() if b2 is not None else None, outs[r], world.peer_data,
+                          world.peer_flags, world.y_offset, world.flag(r, symm.CTA_ARRIVED),
+                          world.flag(r, symm.CTA_Y_COUNTERS), EPOCH, statuses[r], 10**6, r, ws, M, fp, t, kchunk, nch,
                           symm.CTA_Y_DONE, tp, CFG1, 3, timed=False)
     for r in range(ws):
         if r < tp or tp > 1:
             cta.launch_collect(world.y(r), outs[r], world.flag(r, symm.CTA_Y_DONE), EPOCH, statuses[r], 10**6, r, tp,
                                r - tp if r >= tp else -1, bm, timed=False, col_blocks=2)
-    return dict(world=world, outs=outs, a_ref=a_ref, y_ref=y_ref, statuses=statuses, tiles_m=tiles_m, nch=nch)
+    return dict(world=world, outs=outs, a_ref=chunk_major(a_ref, tp, nch, kchunk, mp), y_ref=y_ref,
+                statuses=statuses, tiles_m=tiles_m, groups=groups, nch=nch, kchunk=kchunk)
 
 
 def _k_chunks(fp, want):
@@ -114,11 +140,12 @@ def _k_chunks(fp, want):
 
     old, cta_symm.K_CHUNKS = cta_symm.K_CHUNKS, want
     try:
-        return k_chunks(fp, CFG0[1], CFG1[2], 4, 1)
+        return k_chunks(fp, CFG0[1], CFG1[2], 2, 1)
     finally:
         cta_symm.K_CHUNKS = old
 
 
+@pytest.mark.parametrize("transport", ["peer", "ce"])
 @pytest.mark.parametrize("ws,M,H,F_,N,act,bias", [
     (2, 40, 32, 128, 48, "gelu", True),        # M, N not multiples of the tiles; 2 K-chunks
     (2, 16, 16, 96, 32, "gelu_tanh", False),   # a last chunk of one stage-0 tile
@@ -126,17 +153,17 @@ def _k_chunks(fp, want):
     (4, 24, 16, 128, 64, "swiglu", False),     # 2 stages x TP2: K from two producers, N from two consumers
     (4, 20, 32, 256, 32, "gelu", True),
 ])
-def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias):
-    res = _run(ws, M, H, F_, N, act, bias)
+def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias, transport):
+    res = _run(ws, M, H, F_, N, act, bias, transport=transport)
     world, tp = res["world"], ws // 2
-    for r in range(tp, ws):  # every stage-1 rank received the whole activation
-        torch.testing.assert_close(world.a(r), res["a_ref"], atol=1e-4, rtol=1e-4)
+    for r in range(tp, ws):  # every stage-1 rank received the whole activation, chunk-major
+        torch.testing.assert_close(world.a(r, res["kchunk"]), res["a_ref"], atol=1e-4, rtol=1e-4, equal_nan=True)
     for r in range(ws):
         assert res["statuses"][r][1].tolist() == [0] * 8, f"rank {r} gave up a wait"
         torch.testing.assert_close(res["outs"][r], res["y_ref"], atol=1e-4, rtol=1e-4)
     # Flags: each stage-1 rank got every (row block, producer, chunk) flag, each rank every other
     # consumer's row-block flags; every counter is back at 0 for the next call.
-    n_chunk = res["tiles_m"] * tp * res["nch"]
+    n_chunk = res["groups"] * tp * res["nch"]
     for r in range(tp, ws):
         assert world.flags[r][symm.CTA_ARRIVED:symm.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
     for r in range(ws):
@@ -144,7 +171,7 @@ def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias):
             if r != tp + t:
                 block = world.flags[r][symm.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]]
                 assert block.eq(EPOCH).all(), (r, t, block)
-        assert world.flags[r][symm.CTA_COUNTERS:symm.CTA_Y_DONE].eq(0).all()
+        assert world.flags[r][symm.CTA_COUNTERS:symm.CTA_DONE].eq(0).all()
         assert world.flags[r][symm.CTA_Y_COUNTERS:].eq(0).all()
 
 
@@ -154,9 +181,9 @@ def test_k_chunks_cover_columns_in_whole_tiles():
             kchunk, nch = k_chunks(fp, bn0, bk, 8, 2)
             assert kchunk % bn0 == 0 and kchunk % bk == 0
             assert (nch - 1) * kchunk < fp <= nch * kchunk
-    # Many row blocks: fewer, wider chunks so that the flags fit their region.
+    # Many row groups: fewer, wider chunks so that the flags fit their region.
     kchunk, nch = k_chunks(28672, 128, 64, 1024, 2)
-    assert 1024 * 2 * nch <= symm.CTA_CHUNK_WORDS
+    assert 1024 * 2 * nch <= symm.CTA_CHUNK_WORDS // 2
 
 
 def test_missing_producer_times_out_with_a_report():
@@ -169,5 +196,5 @@ def test_missing_producer_times_out_with_a_report():
     assert words[4] < EPOCH and words[5] == EPOCH
     err = status_error(words, "", 60.0)
     assert isinstance(err, SymmTimeoutError) and "cta_pipeline_mlp (stage 1)" in str(err)
-    # The flag it reports belongs to producer 1: ((m * tp) + p) * nch + j with p == 1.
+    # The flag it reports belongs to producer 1: ((g * tp) + p) * nch + j with p == 1.
     assert (flag // nch) % 2 == 1, (flag, nch)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .flags import OP_CTA_STAGE1, OP_CTA_COLLECT, count_tile_done_to_ranks, wait_flag
+from .flags import OP_CTA_COLLECT, OP_CTA_STAGE1, count_tile_done, count_tile_done_to_ranks, wait_flag
 from .tiles import add_bias, b_descriptor, grouped_tile, store_rows
 
 ACT_GELU = 0
@@ -70,17 +70,23 @@ def _mainloop2(x_desc, x_row, w1_desc, w3_desc, off_n, K, acc1, acc3, BK: tl.con
 
 @triton.jit
 def stage0_kernel(
-    x_ptr, w1_ptr, b1_ptr, w3_ptr, b3_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, epoch,
-    M, H, F, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
+    x_ptr, w1_ptr, b1_ptr, w3_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr, epoch,
+    M, Mp, H, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, PRECISION: tl.constexpr,
+    ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])`` into every consumer's buffer.
+    """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
-    ``w1``/``w3``: [H, Fp] row-major (this producer's columns); ``peer_data_ptr``/``peer_flags_ptr``:
-    every rank's data / flag buffer address (int64); the A buffer is at offset 0 of the data buffer,
-    ``[M, F]`` row-major. ``counters_ptr``: ``tiles_m * nch`` local int32 (0 between calls). Flag of
-    (row block m, chunk j of this producer): word ``a_flag_word + m * TP * nch + producer * nch + j``.
+    ``w1``/``w3``: [H, Fp] row-major (this producer's columns). A is kept *chunk-major*: chunk j
+    (columns ``[j*kchunk, (j+1)*kchunk)`` of this producer) is a ``[Mp, kchunk]`` block
+    (``Mp`` = M rounded up to BM), so that the rows of a group of one chunk are contiguous.
+    Counters/flags are per (group of GROUP_M row blocks g, chunk j), 0 between calls.
+
+    - ``STAGED``: blocks go to the local ``stage_ptr`` ``[nch, Mp, kchunk]``; the last tile of
+      (g, j) raises the local ``done_ptr[g * nch + j]`` (the host's copy engine ships it);
+    - else: blocks go to block ``producer * nch + j`` of every consumer's buffer (offset 0 of its
+      data buffer, ``[TP * nch, Mp, kchunk]``), and the last tile raises word
+      ``a_flag_word + (g * TP + producer) * nch + j`` of every consumer's flags.
     """
     DUAL: tl.constexpr = ACT == 2
     tiles_m = tl.cdiv(M, BM)
@@ -95,74 +101,85 @@ def stage0_kernel(
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
         acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, pid_n * BN, H, acc1, acc3, BK, DUAL, PRECISION)
-        # Count the previous tile now: its remote stores had a whole main loop to drain, so the
-        # release below does not stall this CTA on NVLink (counting right after the stores did).
+        # Count the previous tile now: its stores had a whole main loop to drain, so the release
+        # below does not stall this CTA on them (counting right after the stores did).
         if prev_m >= 0:
-            _count_chunk_tile(counters_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_n, kchunk // BN,
-                              nch, producer, first_consumer, TP)
+            _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
+                              tiles_n, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         acc1 = add_bias(acc1, b1_ptr, offs_n, Fp, HAS_B1)
         if DUAL:
             acc3 = add_bias(acc3, b3_ptr, offs_n, Fp, HAS_B3)
-        act = _activation(acc1, acc3, ACT)
-        cols = producer * Fp + offs_n
-        for q in range(TP):
-            buf = tl.load(peer_data_ptr + first_consumer + q).to(tl.pointer_type(x_ptr.dtype.element_ty))
-            mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
-            tl.store(buf + offs_m.to(tl.int64)[:, None] * F + cols[None, :], act.to(x_ptr.dtype.element_ty), mask=mask)
+        act = _activation(acc1, acc3, ACT).to(x_ptr.dtype.element_ty)
+        j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
+        mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
+        rel = (j * Mp + offs_m).to(tl.int64)[:, None] * kchunk + (offs_n - j * kchunk)[None, :]
+        if STAGED:
+            tl.store(stage_ptr + rel, act, mask=mask)
+        else:
+            for q in range(TP):
+                buf = tl.load(peer_data_ptr + first_consumer + q).to(tl.pointer_type(x_ptr.dtype.element_ty))
+                tl.store(buf + producer * nch * Mp * kchunk + rel, act, mask=mask)
         prev_m = pid_m
         prev_n = pid_n
     if prev_m >= 0:
-        _count_chunk_tile(counters_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_n, kchunk // BN, nch,
-                          producer, first_consumer, TP)
+        _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m, tiles_n,
+                          kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
 
 
 @triton.jit
-def _count_chunk_tile(counters_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_n, tiles_per_chunk, nch,
-                      producer, first_consumer, TP: tl.constexpr):
-    """One more stored tile of (row block pid_m, chunk of pid_n); the chunk's last raises its flag
-    on every consumer."""
+def _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m, tiles_n,
+                      tiles_per_chunk, nch, producer, first_consumer, TP: tl.constexpr, GROUP_M: tl.constexpr,
+                      STAGED: tl.constexpr):
+    """One more stored tile of (group of pid_m, chunk of pid_n); see ``stage0_kernel``."""
+    g = pid_m // GROUP_M
     j = pid_n // tiles_per_chunk
-    tiles_in_chunk = tl.minimum(tiles_per_chunk, tiles_n - j * tiles_per_chunk)
-    count_tile_done_to_ranks(counters_ptr + pid_m * nch + j, peer_flags_ptr, a_flag_word + (pid_m * TP + producer) * nch + j,
-                             tiles_in_chunk, epoch, first_consumer, TP, 2 * TP)
+    tiles = tl.minimum(GROUP_M, tiles_m - g * GROUP_M) * tl.minimum(tiles_per_chunk, tiles_n - j * tiles_per_chunk)
+    if STAGED:
+        count_tile_done(counters_ptr + g * nch + j, done_ptr + g * nch + j, tiles, epoch, SYS=True)
+    else:
+        count_tile_done_to_ranks(counters_ptr + g * nch + j, peer_flags_ptr, a_flag_word + (g * TP + producer) * nch + j,
+                                 tiles, epoch, first_consumer, TP, 2 * TP)
 
 
 @triton.jit
 def stage1_kernel(
     a_ptr, w2_ptr, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, a_flags_ptr, counters_ptr,
     epoch, claim_ptr, report_ptr, timeout_ns,
-    rank, M, F, Fp, N, Ns, consumer, kchunk, nch, y_flag_word,
+    rank, M, Mp, Fp, N, Ns, consumer, kchunk, nch, y_flag_word,
     WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, PRECISION: tl.constexpr, TIMED: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
 
-    ``a_ptr``: this rank's receive buffer [M, F]; ``w2``: [F, Ns] row-major; ``b2``: [Ns] float32;
-    ``a_flags_ptr``: the chunk flags (see ``stage0_kernel``); ``counters_ptr``: ``tiles_m`` local int32;
+    ``a_ptr``: this rank's receive buffer ``[TP * nch, Mp, kchunk]`` (chunk-major, see
+    ``stage0_kernel``); ``w2``: [F, Ns] row-major (F = TP * Fp); ``b2``: [Ns] float32;
+    ``a_flags_ptr``: flags per (group, producer, chunk); ``counters_ptr``: ``tiles_m`` local int32;
     Y buffers at byte ``y_offset`` of each data buffer, [M, N]; row block m of this consumer raises
     word ``y_flag_word + consumer * tiles_m + m`` of every other rank's flag buffer.
     """
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Ns, BN)
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, F], strides=[F, 1], block_shape=[BM, BK])
-    w2_desc = b_descriptor(w2_ptr, F, Ns, BK, BN, False)
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[TP * nch * Mp, kchunk], strides=[kchunk, 1],
+                                       block_shape=[BM, BK])
+    w2_desc = b_descriptor(w2_ptr, TP * Fp, Ns, BK, BN, False)
     for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for i in range(0, TP * nch):  # K in arrival order: chunk j of every producer, then j + 1
             p = i % TP
             j = i // TP
-            flag = (pid_m * TP + p) * nch + j
+            flag = ((pid_m // GROUP_M) * TP + p) * nch + j
             wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch, timeout_ns,
                       TIMED)
             _fence_proxy_async(INTERPRET)
-            k_lo = p * Fp + j * kchunk
-            k_hi = tl.minimum(k_lo + kchunk, (p + 1) * Fp)
-            for k in range(k_lo, k_hi, BK):
-                acc = tl.dot(a_desc.load([pid_m * BM, k]), w2_desc.load([k, pid_n * BN]), acc,
+            a_row = (p * nch + j) * Mp + pid_m * BM
+            k0 = p * Fp + j * kchunk  # W2 row of the chunk's first column
+            width = tl.minimum(kchunk, Fp - j * kchunk)
+            for k in range(0, width, BK):
+                acc = tl.dot(a_desc.load([a_row, k]), w2_desc.load([k0 + k, pid_n * BN]), acc,
                              input_precision=PRECISION)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
@@ -205,8 +222,14 @@ def collect_kernel(y_ptr, out_ptr, y_flags_ptr, epoch, claim_ptr, report_ptr, ti
 
 
 # ------------------------------------------------------------------------------------ launchers
-def launch_stage0(x, w1, b1, w3, b3, peer_data, peer_flags, counters, epoch, F, producer, kchunk, nch, a_flag_word,
-                  first_consumer, tp, act, config, num_sms):
+def padded_rows(M: int, BM: int) -> int:
+    return triton.cdiv(M, BM) * BM
+
+
+def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
+                  a_flag_word, first_consumer, tp, act, config, num_sms):
+    """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
+    straight into the consumers' buffers)."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -214,16 +237,17 @@ def launch_stage0(x, w1, b1, w3, b3, peer_data, peer_flags, counters, epoch, F, 
     grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Fp, BN))),)
     stage0_kernel[grid](
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
-        peer_data, peer_flags, counters, epoch,
-        M, H, F, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
+        stage if stage is not None else x, peer_data, peer_flags, counters, done, epoch,
+        M, padded_rows(M, BM), H, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
-        PRECISION="ieee" if x.dtype == torch.float32 else None, num_stages=stages, num_warps=warps,
+        STAGED=stage is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
+        num_stages=stages, num_warps=warps,
     )
 
 
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
-                  rank, ws, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True):
-    M, F = a.shape
+                  rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True):
+    """``a``: this rank's receive buffer, ``[tp * nch * Mp, kchunk]``."""
     Ns = w2.shape[1]
     N = out.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -232,7 +256,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     stage1_kernel[grid](
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
         epoch, *status, timeout_ns,
-        rank, M, F, Fp, N, Ns, consumer, kchunk, nch, y_flag_word,
+        rank, M, padded_rows(M, BM), Fp, N, Ns, consumer, kchunk, nch, y_flag_word,
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=not timed,
         num_stages=stages, num_warps=warps,

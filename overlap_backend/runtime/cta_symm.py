@@ -39,6 +39,11 @@ from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem
 log = logging.getLogger("overlap_backend.symm")
 
 K_CHUNKS = 4  # K-chunks per stage-0 rank: a stage-1 CTA waits (and refills its pipeline) this often
+# How stage-0 tiles reach the stage-1 ranks: "ce" (stored locally, chunk-major; the copy engine ships
+# each (row group, K-chunk) block as soon as its tiles are counted) or "peer" (the epilogue stores
+# straight into the consumers' memory). The same on every rank (a module setting); bench/ compares.
+TRANSPORT = "ce"
+_staging: dict[tuple, Tensor] = {}
 # Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
 STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
 STAGE1_CONFIG = (128, 256, 64, 0, 3, 8)
@@ -167,15 +172,15 @@ def _configs(dtype, swiglu: bool, m: int, ns: int, num_sms: int):
     return (bm, c0[1], c0[2], group_m, *c0[4:]), (bm, c1[1], c1[2], group_m, *c1[4:])
 
 
-def k_chunks(fp: int, bn0: int, bk1: int, tiles_m: int, tp: int) -> tuple[int, int]:
+def k_chunks(fp: int, bn0: int, bk1: int, groups: int, tp: int) -> tuple[int, int]:
     """(chunk width, chunks per stage-0 rank): about ``K_CHUNKS`` chunks of whole stage-0 tiles,
-    fewer when the flag region would overflow."""
+    fewer when the flag region would overflow (``groups`` row groups)."""
     unit = math.lcm(bn0, bk1)
     want = K_CHUNKS
     while True:
         kchunk = -(-(-(-fp // want)) // unit) * unit
         nch = -(-fp // kchunk)
-        if tiles_m * tp * nch <= symm.CTA_CHUNK_WORDS or nch == 1:
+        if groups * tp * nch <= symm.CTA_CHUNK_WORDS // 2 or nch == 1:
             return kchunk, nch
         want = max(1, want // 2)
 
@@ -202,33 +207,41 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     placed = _place(st, w1, b1, w3, b3, w2, b2)
     swiglu = activation == "swiglu"
     cfg0, cfg1 = _configs(x.dtype, swiglu, M, N // tp, st.num_sms)
-    bm = cfg0[0]
+    bm, group_m = cfg0[0], cfg0[3]
     tiles_m = -(-M // bm)
-    kchunk, nch = k_chunks(F // tp, cfg0[1], cfg1[2], tiles_m, tp)
-    if tiles_m * tp * nch > symm.CTA_CHUNK_WORDS:
-        return _p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS}", group_name,
-                    *args)
+    groups = -(-tiles_m // group_m)
+    fp = F // tp
+    kchunk, nch = k_chunks(fp, cfg0[1], cfg1[2], groups, tp)
+    if groups * tp * nch > symm.CTA_CHUNK_WORDS // 2:
+        return _p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}",
+                    group_name, *args)
     es = x.element_size()
-    y_offset = -(-(M * F * es) // 256) * 256
+    mp = tiles_m * bm
+    block_bytes = mp * kchunk * es  # one K-chunk of one stage-0 rank, chunk-major
+    y_offset = -(-(tp * nch * block_bytes) // 256) * 256
     st.ensure_data(y_offset + M * N * es)
     data, flags = st.peer_tables()
     compute = torch.cuda.current_stream(x.device)
     epoch = st.begin(compute)
     status = st.status_arg()
-    # Tiles go straight into peers' buffers: wait until they started this call (READY), i.e. stopped
-    # reading those buffers in their previous op.
-    writes_to = range(tp, ws) if stage == 0 else (p for p in range(ws) if p != r)
+    staged = TRANSPORT == "ce"
+    # Stores into peers' buffers (stage 1's Y, stage 0's tiles without the copy engine) wait until
+    # they started this call (READY), i.e. stopped reading those buffers in their previous op.
+    writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
     for p in writes_to:
         _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
     if stage == 0:
         act = cta.ACTIVATIONS[(activation, approximate)]
-        cta.launch_stage0(_aligned(x), placed.w1, placed.b1, placed.w3, placed.b3, data, flags,
-                          st.flag_arg(symm.CTA_COUNTERS), epoch, F, idx, kchunk, nch, symm.CTA_ARRIVED, tp, tp, act,
-                          cfg0, st.num_sms)
+        stage_buf = _staging_buffer(x, nch * mp * kchunk) if staged else None
+        cta.launch_stage0(_aligned(x), placed.w1, placed.b1, placed.w3, placed.b3, stage_buf, data, flags,
+                          st.flag_arg(symm.CTA_COUNTERS), st.flag_arg(symm.CTA_DONE), epoch, idx, kchunk, nch,
+                          symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms)
+        if staged:
+            _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es)
     else:
-        a = st.data_view(x.dtype, (M, F))
+        a = st.data_view(x.dtype, (tp * nch * mp, kchunk))
         cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, st.flag_arg(symm.CTA_ARRIVED),
-                          st.flag_arg(symm.CTA_Y_COUNTERS), epoch, status, st.timeout_ns, r, ws, F // tp, idx, kchunk,
+                          st.flag_arg(symm.CTA_Y_COUNTERS), epoch, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
                           nch, symm.CTA_Y_DONE, tp, cfg1, st.num_sms)
     if stage == 0 or tp > 1:
         y = st.data_view(x.dtype, (M, N), y_offset)
@@ -236,3 +249,28 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                            idx if stage == 1 else -1, bm)
     st.end(compute)
     return out
+
+
+def _staging_buffer(x: Tensor, numel: int) -> Tensor:
+    """Stage 0's local chunk-major blocks (reused: the next call's kernel runs after this call's
+    pushes, which ``GroupState.end`` orders before anything later on the compute stream)."""
+    key = (x.device, x.dtype)
+    buf = _staging.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _staging[key] = torch.empty(numel, dtype=x.dtype, device=x.device)
+    return buf
+
+
+def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, kchunk, nch, es):
+    """Copy engine: each (row group, K-chunk) block to every stage-1 rank as soon as stage 0's kernel
+    raised its local done flag, then raise the consumer's flag; in the order the kernel makes them."""
+    row_bytes = kchunk * es
+    base = stage_buf.data_ptr()
+    for g in range(groups):
+        r0 = g * group_rows
+        rows = min(M, r0 + group_rows) - r0
+        for j in range(nch):
+            _cuda.wait_value32(st.flag_addr(symm.CTA_DONE + g * nch + j), epoch, st.push_stream)
+            for q in range(tp):
+                st.push(tp + q, ((producer * nch + j) * mp + r0) * row_bytes, base + (j * mp + r0) * row_bytes,
+                        rows * row_bytes, symm.CTA_ARRIVED + (g * tp + producer) * nch + j)

@@ -58,14 +58,15 @@ DONE = GATHERED + _SLOTS  # [(round * ws + c) * nbands + b]: this rank finished 
 COUNTERS = DONE + _SLOTS  # same index: tiles of that band finished so far (local)
 CLAIM = COUNTERS + _SLOTS  # a kernel timed out (local; the report itself is in pinned host memory)
 TICKET = CLAIM + 1  # mm_rs/mm_ar tile tickets (local; 0 between calls)
-# cta_pipeline_mlp (codegen/cta.py): chunk flags and counters per (row block, K-chunk), Y row-block
-# flags and counters per (consumer, row block).
+# cta_pipeline_mlp (codegen/cta.py): flags per (group of row blocks g, stage-0 rank p, K-chunk j),
+# row-block flags and counters of the output per (stage-1 rank t, row block m).
 CTA_CHUNK_WORDS = 4096
 CTA_ROW_WORDS = 1024
-CTA_ARRIVED = TICKET + 1  # [(m * tp + p) * nch + j]: producer p's chunk j of row block m is here
-CTA_COUNTERS = CTA_ARRIVED + CTA_CHUNK_WORDS  # [m * nch + j]: tiles of that chunk done (producer, local)
-CTA_Y_DONE = CTA_COUNTERS + CTA_CHUNK_WORDS  # [t * tiles_m + m]: consumer t's row block m is here
-CTA_Y_COUNTERS = CTA_Y_DONE + CTA_ROW_WORDS  # [m]: tiles of row block m done (consumer, local)
+CTA_ARRIVED = TICKET + 1  # [(g * tp + p) * nch + j]: stage-0 rank p's block (g, j) is in this rank's buffer
+CTA_COUNTERS = CTA_ARRIVED + CTA_CHUNK_WORDS  # [g * nch + j]: tiles of block (g, j) stored (stage 0, local)
+CTA_DONE = CTA_COUNTERS + CTA_CHUNK_WORDS // 2  # [g * nch + j]: block (g, j) staged (stage 0, local)
+CTA_Y_DONE = CTA_DONE + CTA_CHUNK_WORDS // 2  # [t * tiles_m + m]: stage-1 rank t's row block m is here
+CTA_Y_COUNTERS = CTA_Y_DONE + CTA_ROW_WORDS  # [m]: tiles of row block m done (stage 1, local)
 FLAG_WORDS = CTA_Y_COUNTERS + CTA_ROW_WORDS
 
 
@@ -368,8 +369,8 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
         what = f"rank {flag}'s partial to arrive"
     elif op == OP_CTA_STAGE1.value and ws:
         block, j = divmod(flag, nbands)
-        m, p = divmod(block, max(ws // 2, 1))
-        what = f"K-chunk {j} of row block {m} from stage-0 rank {p} to arrive"
+        g, p = divmod(block, max(ws // 2, 1))
+        what = f"K-chunk {j} of row group {g} from stage-0 rank {p} to arrive"
     elif op == OP_CTA_COLLECT.value and ws:
         t, m = divmod(flag, nbands)
         what = f"row block {m} of the output from stage-1 rank {ws // 2 + t} to arrive"
