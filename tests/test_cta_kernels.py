@@ -69,19 +69,22 @@ class World:
         return self.flags[r][word:]
 
 
-def chunk_major(a, tp, nch, kchunk, mp):
-    """[M, F] -> [tp * nch * mp, kchunk] as the kernels keep it (NaN where nothing is stored)."""
+def chunk_major(a, tp, nch, kchunk, mp, f1=0):
+    """[M, F] -> [(tp * nch + nch1) * mp, kchunk] as a stage-1 rank keeps it: the stage-0 ranks'
+    chunks of the first F - f1 columns, then its own chunks of the last f1 (NaN where nothing is stored)."""
     M, F_ = a.shape
-    fp = F_ // tp
-    out = torch.full((tp * nch, mp, kchunk), float("nan"))
-    for p in range(tp):
-        for j in range(nch):
-            cols = a[:, p * fp + j * kchunk: min(p * fp + (j + 1) * kchunk, (p + 1) * fp)]
-            out[p * nch + j, :M, : cols.shape[1]] = cols
+    fp = (F_ - f1) // tp
+    nch1 = -(-f1 // kchunk)
+    out = torch.full((tp * nch + nch1, mp, kchunk), float("nan"))
+    spans = [(p * nch + j, p * fp + j * kchunk, min(p * fp + (j + 1) * kchunk, (p + 1) * fp))
+             for p in range(tp) for j in range(nch)]
+    spans += [(tp * nch + j, F_ - f1 + j * kchunk, min(F_ - f1 + (j + 1) * kchunk, F_)) for j in range(nch1)]
+    for block, lo, hi in spans:
+        out[block, :M, : hi - lo] = a[:, lo:hi]
     return out.view(-1, kchunk)
 
 
-def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None, transport="peer"):
+def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None, transport="peer", f1=0):
     tp = ws // 2
     x = torch.randn(M, H)
     w1, w3 = torch.randn(H, F_) / H**0.5, torch.randn(H, F_) / H**0.5
@@ -90,13 +93,14 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
     if act != "swiglu":
         w3 = b3 = None
     a_ref, y_ref = _reference(x, w1, b1, w3, b3, w2, b2, act)
-    fp, ns = F_ // tp, N // tp
+    fp, ns = (F_ - f1) // tp, N // tp
     bm, group_m = CFG0[0], CFG0[3]
     tiles_m = -(-M // bm)
     mp = tiles_m * bm
     groups = -(-tiles_m // group_m)
     kchunk, nch = _k_chunks(fp, kchunks)
-    world = World(ws, M, N, tp * nch * mp * kchunk)
+    nch1 = -(-f1 // kchunk)
+    world = World(ws, M, N, (tp * nch + nch1) * mp * kchunk)
     code = cta.ACTIVATIONS[{"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "swiglu": ("swiglu", "none")}[act]]
     for p in range(tp):
         if p == skip_producer:
@@ -115,23 +119,31 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
                 for j in range(nch):
                     assert world.flags[p][symm.CTA_DONE + g * nch + j] == EPOCH, (p, g, j)
                     for q in range(tp):
-                        world.a(tp + q, kchunk).view(tp * nch, mp, kchunk)[p * nch + j, r0:r1] = blocks[j, r0:r1]
+                        world.a(tp + q, kchunk).view(-1, mp, kchunk)[p * nch + j, r0:r1] = blocks[j, r0:r1]
                         world.flags[tp + q][symm.CTA_ARRIVED + (g * tp + p) * nch + j] = EPOCH
     outs = [torch.full((M, N), float("nan")) for _ in range(ws)]
     statuses = [status or (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)) for _ in range(ws)]
     for t in range(tp):
         r = tp + t
+        if f1:  # the stage-1 rank's own share of the first GEMM, into its own chunks
+            own = slice(F_ - f1, F_)
+            cta.launch_stage0(x, w1[:, own].contiguous(), b1[own].contiguous() if b1 is not None else None,
+                              w3[:, own].contiguous() if w3 is not None else None,
+                              b3[own].contiguous() if b3 is not None else None,
+                              world.a(r, kchunk)[tp * nch * mp:].reshape(-1), world.peer_data, world.peer_flags,
+                              world.flag(r, symm.CTA_COUNTERS), world.flag(r, symm.CTA_DONE), EPOCH, 0, kchunk, nch1,
+                              symm.CTA_ARRIVED, tp, tp, code, CFG0, 3)
         cols = slice(t * ns, (t + 1) * ns)
         cta.launch_stage1(world.a(r, kchunk), w2[:, cols].contiguous(),
                           b2[cols].float().contiguous() if b2 is not None else None, outs[r], world.peer_data,
                           world.peer_flags, world.y_offset, world.flag(r, symm.CTA_ARRIVED),
                           world.flag(r, symm.CTA_Y_COUNTERS), EPOCH, statuses[r], 10**6, r, ws, M, fp, t, kchunk, nch,
-                          symm.CTA_Y_DONE, tp, CFG1, 3, timed=False)
+                          symm.CTA_Y_DONE, tp, CFG1, 3, timed=False, f1=f1)
     for r in range(ws):
         if r < tp or tp > 1:
             cta.launch_collect(world.y(r), outs[r], world.flag(r, symm.CTA_Y_DONE), EPOCH, statuses[r], 10**6, r, tp,
                                r - tp if r >= tp else -1, bm, timed=False, col_blocks=2)
-    return dict(world=world, outs=outs, a_ref=chunk_major(a_ref, tp, nch, kchunk, mp), y_ref=y_ref,
+    return dict(world=world, outs=outs, a_ref=chunk_major(a_ref, tp, nch, kchunk, mp, f1), y_ref=y_ref,
                 statuses=statuses, tiles_m=tiles_m, groups=groups, nch=nch, kchunk=kchunk)
 
 
@@ -146,15 +158,17 @@ def _k_chunks(fp, want):
 
 
 @pytest.mark.parametrize("transport", ["peer", "ce"])
-@pytest.mark.parametrize("ws,M,H,F_,N,act,bias", [
-    (2, 40, 32, 128, 48, "gelu", True),        # M, N not multiples of the tiles; 2 K-chunks
-    (2, 16, 16, 96, 32, "gelu_tanh", False),   # a last chunk of one stage-0 tile
-    (2, 33, 32, 64, 16, "swiglu", True),       # two accumulators in stage 0
-    (4, 24, 16, 128, 64, "swiglu", False),     # 2 stages x TP2: K from two producers, N from two consumers
-    (4, 20, 32, 256, 32, "gelu", True),
+@pytest.mark.parametrize("ws,M,H,F_,N,act,bias,f1", [
+    (2, 40, 32, 128, 48, "gelu", True, 0),        # M, N not multiples of the tiles; 2 K-chunks
+    (2, 16, 16, 96, 32, "gelu_tanh", False, 0),   # a last chunk of one stage-0 tile
+    (2, 33, 32, 64, 16, "swiglu", True, 0),       # two accumulators in stage 0
+    (2, 33, 32, 160, 16, "swiglu", True, 32),     # stage 1 computes the last 32 columns of A itself
+    (4, 24, 16, 128, 64, "swiglu", False, 0),     # 2 stages x TP2: K from two producers, N from two consumers
+    (4, 24, 16, 192, 64, "swiglu", False, 64),    # ... and a stage-1 share (both stage-1 ranks compute it)
+    (4, 20, 32, 256, 32, "gelu", True, 0),
 ])
-def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias, transport):
-    res = _run(ws, M, H, F_, N, act, bias, transport=transport)
+def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias, f1, transport):
+    res = _run(ws, M, H, F_, N, act, bias, transport=transport, f1=f1)
     world, tp = res["world"], ws // 2
     for r in range(tp, ws):  # every stage-1 rank received the whole activation, chunk-major
         torch.testing.assert_close(world.a(r, res["kchunk"]), res["a_ref"], atol=1e-4, rtol=1e-4, equal_nan=True)

@@ -147,37 +147,48 @@ def _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch
 def stage1_kernel(
     a_ptr, w2_ptr, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, a_flags_ptr, counters_ptr,
     epoch, claim_ptr, report_ptr, timeout_ns,
-    rank, M, Mp, Fp, N, Ns, consumer, kchunk, nch, y_flag_word,
+    rank, M, Mp, Fp, F1, N, Ns, consumer, kchunk, nch, nch1, y_flag_word,
     WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, PRECISION: tl.constexpr, TIMED: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
 
-    ``a_ptr``: this rank's receive buffer ``[TP * nch, Mp, kchunk]`` (chunk-major, see
-    ``stage0_kernel``); ``w2``: [F, Ns] row-major (F = TP * Fp); ``b2``: [Ns] float32;
+    ``a_ptr``: this rank's buffer ``[TP * nch + nch1, Mp, kchunk]`` (chunk-major, see
+    ``stage0_kernel``): the stage-0 ranks' chunks (A columns ``[0, TP * Fp)``), then ``nch1`` chunks
+    of the last ``F1`` columns that this rank computed itself before this kernel (its share of
+    the first GEMM, which balances the stages of a SwiGLU MLP); ``w2``: [TP * Fp + F1, Ns] row-major;
+    ``b2``: [Ns] float32;
     ``a_flags_ptr``: flags per (group, producer, chunk); ``counters_ptr``: ``tiles_m`` local int32;
     Y buffers at byte ``y_offset`` of each data buffer, [M, N]; row block m of this consumer raises
     word ``y_flag_word + consumer * tiles_m + m`` of every other rank's flag buffer.
     """
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Ns, BN)
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[TP * nch * Mp, kchunk], strides=[kchunk, 1],
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[(TP * nch + nch1) * Mp, kchunk], strides=[kchunk, 1],
                                        block_shape=[BM, BK])
-    w2_desc = b_descriptor(w2_ptr, TP * Fp, Ns, BK, BN, False)
+    w2_desc = b_descriptor(w2_ptr, TP * Fp + F1, Ns, BK, BN, False)
     for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for i in range(0, TP * nch):  # K in arrival order: chunk j of every producer, then j + 1
-            p = i % TP
-            j = i // TP
-            flag = ((pid_m // GROUP_M) * TP + p) * nch + j
-            wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch, timeout_ns,
-                      TIMED)
-            _fence_proxy_async(INTERPRET)
-            a_row = (p * nch + j) * Mp + pid_m * BM
-            k0 = p * Fp + j * kchunk  # W2 row of the chunk's first column
-            width = tl.minimum(kchunk, Fp - j * kchunk)
+        # K in arrival order: this rank's own chunks (already here), then chunk j of every
+        # producer, then j + 1.
+        for i in range(0, nch1 + TP * nch):
+            if i < nch1:
+                block = TP * nch + i
+                k0 = TP * Fp + i * kchunk  # W2 row of the chunk's first column
+                width = tl.minimum(kchunk, F1 - i * kchunk)
+            else:
+                p = (i - nch1) % TP
+                j = (i - nch1) // TP
+                flag = ((pid_m // GROUP_M) * TP + p) * nch + j
+                wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch,
+                          timeout_ns, TIMED)
+                _fence_proxy_async(INTERPRET)
+                block = p * nch + j
+                k0 = p * Fp + j * kchunk
+                width = tl.minimum(kchunk, Fp - j * kchunk)
+            a_row = block * Mp + pid_m * BM
             for k in range(0, width, BK):
                 acc = tl.dot(a_desc.load([a_row, k]), w2_desc.load([k0 + k, pid_n * BN]), acc,
                              input_precision=PRECISION)
@@ -246,17 +257,17 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
 
 
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
-                  rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True):
-    """``a``: this rank's receive buffer, ``[tp * nch * Mp, kchunk]``."""
+                  rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True, f1=0):
+    """``a``: this rank's buffer, ``[(tp * nch + cdiv(f1, kchunk)) * Mp, kchunk]``."""
     Ns = w2.shape[1]
     N = out.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
-    assert kchunk % BK == 0 and Fp % BK == 0, (kchunk, Fp, BK)
+    assert kchunk % BK == 0 and Fp % BK == 0 and f1 % BK == 0, (kchunk, Fp, f1, BK)
     grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Ns, BN))),)
     stage1_kernel[grid](
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
         epoch, *status, timeout_ns,
-        rank, M, padded_rows(M, BM), Fp, N, Ns, consumer, kchunk, nch, y_flag_word,
+        rank, M, padded_rows(M, BM), Fp, f1, N, Ns, consumer, kchunk, nch, triton.cdiv(f1, kchunk), y_flag_word,
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=not timed,
         num_stages=stages, num_warps=warps,

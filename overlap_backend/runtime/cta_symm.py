@@ -43,6 +43,7 @@ K_CHUNKS = 4  # K-chunks per stage-0 rank: a stage-1 CTA waits (and refills its 
 # each (row group, K-chunk) block as soon as its tiles are counted) or "peer" (the epilogue stores
 # straight into the consumers' memory). The same on every rank (a module setting); bench/ compares.
 TRANSPORT = "ce"
+STAGE1_SHARE = True  # SwiGLU: stage-1 ranks compute a share of the first GEMM (see stage1_share)
 _staging: dict[tuple, Tensor] = {}
 # Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
 STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
@@ -113,14 +114,15 @@ def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2) -> _Placement:
     b2_sum = None
     if b2 is not None:
         b2_sum = _gather(b2.float().reshape(1, -1), st.group, 0).sum(0)
-    if stage == 0:
-        fp = full["w1"].shape[1] // tp
-        cols = slice(idx * fp, (idx + 1) * fp)
-        placed.w1 = full["w1"][:, cols].contiguous()
-        placed.w3 = full["w3"][:, cols].contiguous() if w3 is not None else None
-        placed.b1 = full["b1"][cols].contiguous() if b1 is not None else None
-        placed.b3 = full["b3"][cols].contiguous() if b3 is not None else None
-    else:
+    F = full["w1"].shape[1]
+    fp0 = (F - f1) // tp
+    first = slice(idx * fp0, (idx + 1) * fp0) if stage == 0 else slice(F - f1, F)
+    if stage == 0 or f1:
+        placed.w1 = full["w1"][:, first].contiguous()
+        placed.w3 = full["w3"][:, first].contiguous() if w3 is not None else None
+        placed.b1 = full["b1"][first].contiguous() if b1 is not None else None
+        placed.b3 = full["b3"][first].contiguous() if b3 is not None else None
+    if stage == 1:
         ns = w2.shape[1] // tp
         cols = slice(idx * ns, (idx + 1) * ns)
         placed.w2 = full["w2"][:, cols].contiguous()
@@ -166,10 +168,25 @@ def _configs(dtype, swiglu: bool, m: int, ns: int, num_sms: int):
         c0, c1 = STAGE0_CONFIG[swiglu], STAGE1_CONFIG
     bm = min(c0[0], c1[0])
     tiles_m, tiles_n1 = -(-m // bm), -(-ns // c1[1])
-    # A group of row blocks gives stage 1 about one wave of tiles: stage 0 finishes the group's
-    # K-chunks in the order stage 1 reads them, and W1 columns are reused from L2 across the group.
-    group_m = max(1, min(tiles_m, -(-num_sms // tiles_n1)))
+    # A group of row blocks gives stage 1 at most one wave of tiles (all resident at once, walking
+    # the group's K-chunks as stage 0 finishes them, in that order), as many as fit; W1 columns are
+    # reused from L2 across the group. Groups of equal size: a small last group would leave most
+    # SMs idle in the tail (measured: 32 row blocks in groups of 5,...,5,2 vs 8 groups of 4).
+    most = max(1, min(tiles_m, num_sms // tiles_n1))
+    groups = -(-tiles_m // most)
+    group_m = -(-tiles_m // groups)
     return (bm, c0[1], c0[2], group_m, *c0[4:]), (bm, c1[1], c1[2], group_m, *c1[4:])
+
+
+def stage1_share(F: int, tp: int, swiglu: bool) -> int:
+    """Columns of the first GEMM that every stage-1 rank computes itself (``f1``), so that both stages
+    do the same work: a SwiGLU MLP's first stage is two GEMMs, its second one; with ``f1`` columns
+    moved, stage 0 does ``2 (F - f1) / tp`` and stage 1 ``2 f1 + F / tp`` (in units of H x N GEMM
+    columns): equal at ``f1 = F / (2 (tp + 1))``. Rounded down to whole tiles of both stages."""
+    if not swiglu or not STAGE1_SHARE:
+        return 0
+    unit = math.lcm(256, 128 * tp)
+    return (F // (2 * (tp + 1))) // unit * unit
 
 
 def k_chunks(fp: int, bn0: int, bk1: int, groups: int, tp: int) -> tuple[int, int]:
@@ -204,21 +221,23 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     out = x.new_empty((M, N))
     if M == 0:
         return out
-    placed = _place(st, w1, b1, w3, b3, w2, b2)
     swiglu = activation == "swiglu"
+    f1 = stage1_share(F, tp, swiglu)
+    placed = _place(st, w1, b1, w3, b3, w2, b2, f1)
     cfg0, cfg1 = _configs(x.dtype, swiglu, M, N // tp, st.num_sms)
     bm, group_m = cfg0[0], cfg0[3]
     tiles_m = -(-M // bm)
     groups = -(-tiles_m // group_m)
-    fp = F // tp
+    fp = (F - f1) // tp
     kchunk, nch = k_chunks(fp, cfg0[1], cfg1[2], groups, tp)
-    if groups * tp * nch > symm.CTA_CHUNK_WORDS // 2:
+    nch1 = -(-f1 // kchunk)
+    if groups * max(tp * nch, nch1) > symm.CTA_CHUNK_WORDS // 2:
         return _p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
     es = x.element_size()
     mp = tiles_m * bm
     block_bytes = mp * kchunk * es  # one K-chunk of one stage-0 rank, chunk-major
-    y_offset = -(-(tp * nch * block_bytes) // 256) * 256
+    y_offset = -(-((tp * nch + nch1) * block_bytes) // 256) * 256
     st.ensure_data(y_offset + M * N * es)
     data, flags = st.peer_tables()
     compute = torch.cuda.current_stream(x.device)
@@ -230,19 +249,25 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
     for p in writes_to:
         _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
+    act = cta.ACTIVATIONS[(activation, approximate)]
+    xa = _aligned(x)
     if stage == 0:
-        act = cta.ACTIVATIONS[(activation, approximate)]
         stage_buf = _staging_buffer(x, nch * mp * kchunk) if staged else None
-        cta.launch_stage0(_aligned(x), placed.w1, placed.b1, placed.w3, placed.b3, stage_buf, data, flags,
+        cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, stage_buf, data, flags,
                           st.flag_arg(symm.CTA_COUNTERS), st.flag_arg(symm.CTA_DONE), epoch, idx, kchunk, nch,
                           symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms)
         if staged:
             _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es)
     else:
-        a = st.data_view(x.dtype, (tp * nch * mp, kchunk))
+        a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
+        if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
+            own = a[tp * nch * mp:].view(-1)
+            cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, own, data, flags,
+                              st.flag_arg(symm.CTA_COUNTERS), st.flag_arg(symm.CTA_DONE), epoch, 0, kchunk, nch1,
+                              symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms)
         cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, st.flag_arg(symm.CTA_ARRIVED),
                           st.flag_arg(symm.CTA_Y_COUNTERS), epoch, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
-                          nch, symm.CTA_Y_DONE, tp, cfg1, st.num_sms)
+                          nch, symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1)
     if stage == 0 or tp > 1:
         y = st.data_view(x.dtype, (M, N), y_offset)
         cta.launch_collect(y, out, st.flag_arg(symm.CTA_Y_DONE), epoch, status, st.timeout_ns, r, tp,
