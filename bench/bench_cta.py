@@ -10,7 +10,8 @@ For each activation (GELU, SwiGLU) and M (tokens), at H=8192, F=28672 by default
   computes micro-batch i and pushes it while computing i+1; the best micro-batch count of
   ``--micro-batches`` is reported (and which);
 - ``CTA 2`` (ours, ``symm``): ``overlap::cta_pipeline_mlp`` on a rank pair; ``CTA 2×TP2`` on 4 ranks;
-- ``--graphs``: the same baselines captured in CUDA graphs (ours is not capturable yet: host epochs).
+- ``--graphs``: the baselines and ``CTA 2`` captured in CUDA graphs and replayed (ours then counts
+  epochs on the device and ships tiles by peer stores).
 
 Timing: CUDA events after warm-up, median, maximum over ranks (bench/common.py). Each of ours is
 checked against the float32 MLP first (relative error). Writes ``cta_ws<N>.md`` / ``.json``.
@@ -68,7 +69,7 @@ def mlp(x, w1, w3, w2, act):
 
 class MicroBatch:
     """Stage 0 on the pair's rank 0, stage 1 on its rank 1; ``k`` micro-batches pushed by the copy
-    engine (flags ``CTA_ARRIVED + i`` / ``CTA_Y_DONE + i`` of the group's flag buffer)."""
+    engine (flags ``CTA_ARRIVED + i`` / ``CTA_Y_DONE + i`` of the op's eager flag block)."""
 
     def __init__(self, st, weights, act, M, H, Fd, dtype, device):
         from overlap_backend.runtime import symm
@@ -84,6 +85,8 @@ class MicroBatch:
         self.out = torch.empty(M, H, dtype=dtype, device=device)
         self.row_h, self.row_y = Fd * es, H * es
         self.symm = symm
+        self.arrived = symm.cta_block(False) + symm.CTA_ARRIVED  # words of the op's eager block (same epochs)
+        self.y_done = symm.cta_block(False) + symm.CTA_Y_DONE
 
     def __call__(self, x, k):
         from overlap_backend.runtime import cuda as _cuda
@@ -98,17 +101,17 @@ class MicroBatch:
                 h = xs @ self.W1
                 self.h[lo:hi] = act_fn(self.act)(h, xs @ self.W3 if self.W3 is not None else None)
                 st.push_stream.wait_stream(compute)
-                st.push(1, lo * self.row_h, self.h[lo].data_ptr(), (hi - lo) * self.row_h, symm.CTA_ARRIVED + i)
+                st.push(1, lo * self.row_h, self.h[lo].data_ptr(), (hi - lo) * self.row_h, self.arrived + i)
             for i, (lo, hi) in enumerate(bounds):
-                _cuda.wait_value32(st.flag_addr(symm.CTA_Y_DONE + i), epoch, compute)
+                _cuda.wait_value32(st.flag_addr(self.y_done + i), epoch, compute)
             self.out.copy_(self.ybuf)
         else:
             for i, (lo, hi) in enumerate(bounds):
-                _cuda.wait_value32(st.flag_addr(symm.CTA_ARRIVED + i), epoch, compute)
+                _cuda.wait_value32(st.flag_addr(self.arrived + i), epoch, compute)
                 torch.mm(self.hbuf[lo:hi], self.W2, out=self.out[lo:hi])
                 st.push_stream.wait_stream(compute)
                 st.push(0, self.h_bytes + lo * self.row_y, self.out[lo].data_ptr(), (hi - lo) * self.row_y,
-                        symm.CTA_Y_DONE + i)
+                        self.y_done + i)
         st.end(compute)
         return self.out
 
@@ -171,6 +174,8 @@ def run(args) -> int:
                 ok = False
             row["CTA 2"], row["CTA 2 kc"] = _sweep_k_chunks(timing, cta(pair, full), args.k_chunks, row, "CTA 2",
                                                             args.transports)
+            if args.graphs:  # captured: device epochs, peer stores (cta_symm: the copy engine needs host epochs)
+                row["CTA 2 (graph)"] = _bench_graph(timing, cta(pair, full))
             if ws >= 4:
                 ref4 = tp(world, tp_all)().float()
                 out4 = cta(world, tp_all)()
@@ -289,7 +294,7 @@ def render(rows, ws, info, args) -> str:
     cols += (["CTA 2×TP2"] if ws >= 4 else []) + ["CTA 2 / (1 GPU / 2)", "TP2 / CTA 2", "µbatch / CTA 2"]
     cols += (["TP4 / CTA 2×TP2"] if ws >= 4 else []) + ["err"]
     if args.graphs:
-        cols += ["1 GPU graph", "TP2 graph"] + (["TP4 graph"] if ws >= 4 else [])
+        cols += ["1 GPU graph", "TP2 graph"] + (["TP4 graph"] if ws >= 4 else []) + ["CTA 2 graph"]
     table = []
     for row in rows:
         half = row["1 GPU"] / 2
@@ -304,6 +309,7 @@ def render(rows, ws, info, args) -> str:
         if args.graphs:
             line += [common.fmt_ms(row.get("1 GPU (graph)")), common.fmt_ms(row.get("TP2 (graph)"))]
             line += [common.fmt_ms(row.get("TP4 (graph)"))] if ws >= 4 else []
+            line += [common.fmt_ms(row.get("CTA 2 (graph)"))]
         table.append(line)
     return (f"# CTA-pipelining: MLP latency, H={args.hidden}, F={args.ffn}, bf16, ws={ws} (ms)\n\n"
             + common.info_markdown(info) + "\n\n" + common.markdown_table(cols, table) + "\n\n"

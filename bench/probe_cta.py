@@ -104,31 +104,33 @@ def main():
         torch.cuda.synchronize()
         dist.barrier()
         alone = {}
+        one = torch.ones(1, dtype=torch.int32, device=device)  # epoch 1: every flag is already past it
+        B = symm.cta_block(False)
         if rank == 0:
             counters = torch.zeros(2048, dtype=torch.int32, device=device)
             done = torch.zeros(2048, dtype=torch.int32, device=device)
             staging = torch.empty(nch * mp * kchunk, dtype=dtype, device=device)
             for name, buf in (("stage0 local stores", staging), ("stage0 peer stores", None)):
                 alone[name] = events_ms(lambda buf=buf: cta.launch_stage0(
-                    x, placed.w1, None, None, None, buf, data, flags, counters, done, 1, 0, kchunk, nch,
-                    symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
+                    x, placed.w1, None, None, None, buf, data, flags, counters, done, one, 0, kchunk, nch,
+                    B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
             alone["cublas GEMM1"] = events_ms(lambda: torch.mm(x, placed.w1))
             y = st.data_view(dtype, (M, H), y_offset)
-            alone["collect"] = events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(symm.CTA_Y_DONE), 1,
+            alone["collect"] = events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(B + symm.CTA_Y_DONE), one,
                                                                     st.status_arg(), st.timeout_ns, 0, 1, -1,
                                                                     cfg0[0]))
         else:
             a = st.data_view(dtype, (nch * mp, kchunk))
             alone["stage1"] = events_ms(lambda: cta.launch_stage1(
-                a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(symm.CTA_ARRIVED),
-                torch.zeros(tiles_m, dtype=torch.int32, device=device), 1, st.status_arg(), st.timeout_ns, 1, 2, M, Fd,
-                0, kchunk, nch, symm.CTA_Y_DONE, 1, cfg1, st.num_sms))
+                a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm.CTA_ARRIVED),
+                torch.zeros(tiles_m, dtype=torch.int32, device=device), one, st.status_arg(), st.timeout_ns, 1, 2, M,
+                Fd, 0, kchunk, nch, B + symm.CTA_Y_DONE, 1, cfg1, st.num_sms))
             alone["cublas GEMM2"] = events_ms(lambda: torch.mm(out.new_empty(M, Fd), placed.w2))
         torch.cuda.synchronize()
         dist.barrier()
         # Stream-memop ping-pong latency between the two GPUs.
         stream = torch.cuda.current_stream()
-        word_mine, word_peer = symm.CTA_ARRIVED + 4090, symm.CTA_ARRIVED + 4091
+        word_mine, word_peer = B + symm.CTA_ARRIVED + 4090, B + symm.CTA_ARRIVED + 4091
         base = 10**6 + M * 1000
         n = 200
         torch.cuda.synchronize()

@@ -29,6 +29,7 @@ from overlap_backend.runtime.cta_symm import k_chunks  # noqa: E402
 from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
 
 EPOCH = 7
+B = symm.cta_block(False)  # the eager block of the cta_pipeline_mlp flag words
 CFG0 = (16, 32, 16, 2, 1, 1)  # BM, BN, BK, GROUP_M, stages, warps
 CFG1 = (16, 16, 16, 2, 1, 1)
 
@@ -66,7 +67,11 @@ class World:
         return self.data[r][self.a_numel:].view(self.M, self.N)
 
     def flag(self, r, word):
-        return self.flags[r][word:]
+        return self.flags[r][B + word:]
+
+    def epoch(self, r):
+        self.flags[r][B + symm.CTA_EPOCH] = EPOCH
+        return self.flag(r, symm.CTA_EPOCH)
 
 
 def chunk_major(a, tp, nch, kchunk, mp, f1=0):
@@ -84,7 +89,8 @@ def chunk_major(a, tp, nch, kchunk, mp, f1=0):
     return out.view(-1, kchunk)
 
 
-def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None, transport="peer", f1=0):
+def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None, transport="peer", f1=0,
+         ready=False):
     tp = ws // 2
     x = torch.randn(M, H)
     w1, w3 = torch.randn(H, F_) / H**0.5, torch.randn(H, F_) / H**0.5
@@ -101,6 +107,9 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
     kchunk, nch = _k_chunks(fp, kchunks)
     nch1 = -(-f1 // kchunk)
     world = World(ws, M, N, (tp * nch + nch1) * mp * kchunk)
+    if ready:  # as if every rank's begin_kernel had run: READY of every rank raised in every peer's flags
+        for r in range(ws):
+            world.flags[r][B + symm.CTA_READY:B + symm.CTA_READY + ws] = EPOCH
     code = cta.ACTIVATIONS[{"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "swiglu": ("swiglu", "none")}[act]]
     for p in range(tp):
         if p == skip_producer:
@@ -111,16 +120,19 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
                           w3[:, cols].contiguous() if w3 is not None else None,
                           b3[cols].contiguous() if b3 is not None else None, stage,
                           world.peer_data, world.peer_flags, world.flag(p, symm.CTA_COUNTERS),
-                          world.flag(p, symm.CTA_DONE), EPOCH, p, kchunk, nch, symm.CTA_ARRIVED, tp, tp, code, CFG0, 3)
+                          world.flag(p, symm.CTA_DONE), world.epoch(p), p, kchunk, nch, B + symm.CTA_ARRIVED, tp, tp,
+                          code, CFG0, 3, timed=False, ready=world.flag(p, symm.CTA_READY) if ready else None,
+                          status=(torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)),
+                          timeout_ns=10**6, rank=p)
         if stage is not None:  # what the host's copy engine does, block by block, once its flag is up
             blocks = stage.view(nch, mp, kchunk)
             for g in range(groups):
                 r0, r1 = g * group_m * bm, min(M, (g + 1) * group_m * bm)
                 for j in range(nch):
-                    assert world.flags[p][symm.CTA_DONE + g * nch + j] == EPOCH, (p, g, j)
+                    assert world.flags[p][B + symm.CTA_DONE + g * nch + j] == EPOCH, (p, g, j)
                     for q in range(tp):
                         world.a(tp + q, kchunk).view(-1, mp, kchunk)[p * nch + j, r0:r1] = blocks[j, r0:r1]
-                        world.flags[tp + q][symm.CTA_ARRIVED + (g * tp + p) * nch + j] = EPOCH
+                        world.flags[tp + q][B + symm.CTA_ARRIVED + (g * tp + p) * nch + j] = EPOCH
     outs = [torch.full((M, N), float("nan")) for _ in range(ws)]
     statuses = [status or (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)) for _ in range(ws)]
     for t in range(tp):
@@ -131,17 +143,18 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
                               w3[:, own].contiguous() if w3 is not None else None,
                               b3[own].contiguous() if b3 is not None else None,
                               world.a(r, kchunk)[tp * nch * mp:].reshape(-1), world.peer_data, world.peer_flags,
-                              world.flag(r, symm.CTA_COUNTERS), world.flag(r, symm.CTA_DONE), EPOCH, 0, kchunk, nch1,
-                              symm.CTA_ARRIVED, tp, tp, code, CFG0, 3)
+                              world.flag(r, symm.CTA_COUNTERS), world.flag(r, symm.CTA_DONE), world.epoch(r), 0, kchunk,
+                              nch1, B + symm.CTA_ARRIVED, tp, tp, code, CFG0, 3, timed=False)
         cols = slice(t * ns, (t + 1) * ns)
         cta.launch_stage1(world.a(r, kchunk), w2[:, cols].contiguous(),
                           b2[cols].float().contiguous() if b2 is not None else None, outs[r], world.peer_data,
                           world.peer_flags, world.y_offset, world.flag(r, symm.CTA_ARRIVED),
-                          world.flag(r, symm.CTA_Y_COUNTERS), EPOCH, statuses[r], 10**6, r, ws, M, fp, t, kchunk, nch,
-                          symm.CTA_Y_DONE, tp, CFG1, 3, timed=False, f1=f1)
+                          world.flag(r, symm.CTA_Y_COUNTERS), world.epoch(r), statuses[r], 10**6, r, ws, M, fp, t, kchunk,
+                          nch, B + symm.CTA_Y_DONE, tp, CFG1, 3, timed=False, f1=f1,
+                          ready=world.flag(r, symm.CTA_READY) if ready else None)
     for r in range(ws):
         if r < tp or tp > 1:
-            cta.launch_collect(world.y(r), outs[r], world.flag(r, symm.CTA_Y_DONE), EPOCH, statuses[r], 10**6, r, tp,
+            cta.launch_collect(world.y(r), outs[r], world.flag(r, symm.CTA_Y_DONE), world.epoch(r), statuses[r], 10**6, r, tp,
                                r - tp if r >= tp else -1, bm, timed=False, col_blocks=2)
     return dict(world=world, outs=outs, a_ref=chunk_major(a_ref, tp, nch, kchunk, mp, f1), y_ref=y_ref,
                 statuses=statuses, tiles_m=tiles_m, groups=groups, nch=nch, kchunk=kchunk)
@@ -179,14 +192,36 @@ def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias, f1, transport):
     # consumer's row-block flags; every counter is back at 0 for the next call.
     n_chunk = res["groups"] * tp * res["nch"]
     for r in range(tp, ws):
-        assert world.flags[r][symm.CTA_ARRIVED:symm.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
+        assert world.flags[r][B + symm.CTA_ARRIVED:B + symm.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
     for r in range(ws):
         for t in range(tp):
             if r != tp + t:
-                block = world.flags[r][symm.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]]
+                block = world.flags[r][B + symm.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]]
                 assert block.eq(EPOCH).all(), (r, t, block)
-        assert world.flags[r][symm.CTA_COUNTERS:symm.CTA_DONE].eq(0).all()
-        assert world.flags[r][symm.CTA_Y_COUNTERS:].eq(0).all()
+        assert world.flags[r][B + symm.CTA_COUNTERS:B + symm.CTA_DONE].eq(0).all()
+        assert world.flags[r][B + symm.CTA_Y_COUNTERS:B + symm.CTA_EPOCH].eq(0).all()
+
+
+def test_in_kernel_ready_waits_graph_mode():
+    """Captured calls wait for the peers' READY inside the kernels (peer stores, both stages)."""
+    res = _run(4, 24, 16, 192, 64, "swiglu", True, transport="peer", f1=64, ready=True)
+    for r in range(4):
+        assert res["statuses"][r][1].tolist() == [0] * 8
+        torch.testing.assert_close(res["outs"][r], res["y_ref"], atol=1e-4, rtol=1e-4)
+
+
+def test_begin_kernel_counts_epochs_on_the_device():
+    """begin_kernel: epoch + 1 in the rank's own word, READY[rank] = that epoch in every peer's."""
+    world = World(4, 1, 1, 1)
+    g = symm.cta_block(True)
+    for call in (1, 2, 3):
+        for r in range(4):
+            cta.launch_begin(world.flags[r][g + symm.CTA_EPOCH:], world.peer_flags, g + symm.CTA_READY, r, 4)
+        for r in range(4):
+            assert world.flags[r][g + symm.CTA_EPOCH] == call
+            ready = world.flags[r][g + symm.CTA_READY:g + symm.CTA_READY + 4].tolist()
+            assert ready == [call if p != r else 0 for p in range(4)], (r, ready)
+    assert world.flags[0][B + symm.CTA_EPOCH] == 0  # the eager block is untouched
 
 
 def test_k_chunks_cover_columns_in_whole_tiles():

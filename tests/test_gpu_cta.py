@@ -10,7 +10,9 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
 - 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical;
 - an in-place weight update (version counter) is seen by the next call (the placement is redone);
 - what the kernels do not cover (``stages=3``) falls back to p2p and is still right;
-- the compiled row-parallel MLP with the ``cta_pipeline`` pass and ``lowering="symm"`` vs eager.
+- the compiled row-parallel MLP with the ``cta_pipeline`` pass and ``lowering="symm"`` vs eager;
+- CUDA graphs: the op captured once and replayed on new inputs (each replay right), eager calls
+  interleaved with replays, and ``torch.compile(mode="reduce-overhead")`` of the MLP.
 """
 
 from __future__ import annotations
@@ -178,6 +180,93 @@ def cta_compiled_worker(rank: int, ws: int, device: str):
     assert symm_lowering.PATHS["cta_pipeline_mlp:symm"] >= 2, dict(symm_lowering.PATHS)
     assert all(e <= 1e-2 for e in errs), errs
     return {"errs": errs, "applied": applied}
+
+
+def cta_graph_worker(rank: int, ws: int, device: str):
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    from overlap_backend.runtime import symm
+
+    group = dist.group.WORLD
+    op = torch.ops.overlap.cta_pipeline_mlp
+    report, bad = [], []
+    for M, act, approximate in ((64, "swiglu", "none"), (300, "gelu", "tanh")):
+        args = _shards(ws, M, 512, 2048, 512, act, True, torch.bfloat16, device)
+        x = args[0]
+
+        def call():
+            return op(*args[:1], *args[1:], act, approximate, 2, group.group_name, "symm")
+
+        call()  # eager first: buffers, weight placement, kernels
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            call()
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            out = call()
+        errs = []
+        for i in range(12):
+            fresh = torch.randn(M, 512, device=device).to(torch.bfloat16)
+            dist.broadcast(fresh, src=0)
+            x.copy_(fresh)
+            if i % 4 == 3:  # an eager call between replays (the eager and graph epochs are separate)
+                errs.append(_rel_err(call(), _reference(args, act, approximate, group)))
+            out.fill_(float("nan"))
+            graph.replay()
+            errs.append(_rel_err(out, _reference(args, act, approximate, group)))
+        torch.cuda.synchronize()
+        symm.check_status()
+        report.append(f"M={M} {act}: graph replays + eager calls, max rel err {max(errs):.2e}")
+        if not max(errs) <= 1e-2:
+            bad.append(f"rank {rank}: M={M} {act}: errs {errs}")
+    assert not bad, "\n".join(bad)
+    return report
+
+
+def cta_reduce_overhead_worker(rank: int, ws: int, device: str):
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    import torch.nn.functional as F
+
+    _setup_rank(rank, device)
+    from overlap_backend import make_backend
+    from overlap_backend.runtime import symm_lowering
+
+    group = dist.group.WORLD
+    H, Fd, dtype = 512, 2048, torch.bfloat16
+
+    def mlp(x, w1, w2):
+        return funcol.all_reduce(F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2), "sum", group)
+
+    f = Fd // ws
+    w1 = (torch.randn(f, H, device=device) * H**-0.5).to(dtype)
+    w2 = (torch.randn(H, f, device=device) * Fd**-0.5).to(dtype)
+    backend = make_backend(passes=["cta_pipeline"], lowering="symm")
+    compiled = torch.compile(mlp, backend=backend, mode="reduce-overhead", fullgraph=True)
+    errs = []
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(96, H, device=device).to(dtype)
+            dist.broadcast(x, src=0)
+            errs.append(_rel_err(compiled(x, w1, w2).clone(), mlp(x.float(), w1.float(), w2.float())))
+    assert symm_lowering.PATHS["cta_pipeline_mlp:symm"] >= 1, dict(symm_lowering.PATHS)
+    assert all(e <= 1e-2 for e in errs), errs
+    return {"errs": errs, "symm calls (host-visible, not replays)": symm_lowering.PATHS["cta_pipeline_mlp:symm"]}
+
+
+@pytest.mark.parametrize("ws", [2], ids=["ws2"])
+@pytest.mark.timeout(300)
+def test_cta_pipeline_symm_cuda_graphs(ws):
+    _need_gpus(ws)
+    for rank, report in enumerate(_run(cta_graph_worker, ws, timeout=280)):
+        if rank == 0:
+            print(f"ws={ws}:\n  " + "\n  ".join(report))
+    env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    print(_run(cta_reduce_overhead_worker, ws, timeout=280, env=env)[0])
 
 
 @WORLD_SIZES

@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .flags import OP_CTA_COLLECT, OP_CTA_STAGE1, count_tile_done, count_tile_done_to_ranks, wait_flag
+from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, READY_FLAG_BASE, count_tile_done,
+                    count_tile_done_to_ranks, signal_flag, wait_flag)
 from .tiles import add_bias, b_descriptor, grouped_tile, store_rows
 
 ACT_GELU = 0
@@ -70,10 +71,12 @@ def _mainloop2(x_desc, x_row, w1_desc, w3_desc, off_n, K, acc1, acc3, BK: tl.con
 
 @triton.jit
 def stage0_kernel(
-    x_ptr, w1_ptr, b1_ptr, w3_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr, epoch,
+    x_ptr, w1_ptr, b1_ptr, w3_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr,
+    epoch_ptr, ready_ptr, claim_ptr, report_ptr, timeout_ns, rank,
     M, Mp, H, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, PRECISION: tl.constexpr,
+    ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, WAIT_READY: tl.constexpr,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
@@ -87,8 +90,18 @@ def stage0_kernel(
     - else: blocks go to block ``producer * nch + j`` of every consumer's buffer (offset 0 of its
       data buffer, ``[TP * nch, Mp, kchunk]``), and the last tile raises word
       ``a_flag_word + (g * TP + producer) * nch + j`` of every consumer's flags.
+
+    The epoch is read from ``epoch_ptr`` (written before the launch, by the host or by
+    ``begin_kernel`` in a captured graph). ``WAIT_READY``: first wait until every consumer's
+    ``ready_ptr[consumer] >= epoch`` (it started this call; the host waits on the stream otherwise).
     """
     DUAL: tl.constexpr = ACT == 2
+    epoch = tl.load(epoch_ptr, volatile=True)
+    if WAIT_READY:
+        if not STAGED:
+            for q in range(TP):
+                wait_flag(ready_ptr + first_consumer + q, epoch, claim_ptr, report_ptr, OP_CTA_STAGE0, rank,
+                          READY_FLAG_BASE + first_consumer + q, 1, timeout_ns, TIMED)
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Fp, BN)
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, H], strides=[H, 1], block_shape=[BM, BK])
@@ -146,11 +159,11 @@ def _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch
 @triton.jit
 def stage1_kernel(
     a_ptr, w2_ptr, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, a_flags_ptr, counters_ptr,
-    epoch, claim_ptr, report_ptr, timeout_ns,
+    epoch_ptr, ready_ptr, claim_ptr, report_ptr, timeout_ns,
     rank, M, Mp, Fp, F1, N, Ns, consumer, kchunk, nch, nch1, y_flag_word,
     WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, PRECISION: tl.constexpr, TIMED: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, WAIT_READY: tl.constexpr, PRECISION: tl.constexpr,
+    TIMED: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
 
@@ -161,8 +174,15 @@ def stage1_kernel(
     ``b2``: [Ns] float32;
     ``a_flags_ptr``: flags per (group, producer, chunk); ``counters_ptr``: ``tiles_m`` local int32;
     Y buffers at byte ``y_offset`` of each data buffer, [M, N]; row block m of this consumer raises
-    word ``y_flag_word + consumer * tiles_m + m`` of every other rank's flag buffer.
+    word ``y_flag_word + consumer * tiles_m + m`` of every other rank's flag buffer. Epoch and
+    ``WAIT_READY`` (every other rank's): as in ``stage0_kernel``.
     """
+    epoch = tl.load(epoch_ptr, volatile=True)
+    if WAIT_READY:
+        for q in range(1, WS):
+            peer = (rank + q) % WS
+            wait_flag(ready_ptr + peer, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, READY_FLAG_BASE + peer, 1,
+                      timeout_ns, TIMED)
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Ns, BN)
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[(TP * nch + nch1) * Mp, kchunk], strides=[kchunk, 1],
@@ -209,12 +229,13 @@ def stage1_kernel(
 
 
 @triton.jit
-def collect_kernel(y_ptr, out_ptr, y_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+def collect_kernel(y_ptr, out_ptr, y_flags_ptr, epoch_ptr, claim_ptr, report_ptr, timeout_ns,
                    rank, M, N, Ns, tiles_m, skip, col_blocks, cols_per_block,
                    BM: tl.constexpr, BC: tl.constexpr, TIMED: tl.constexpr):
     """One program per (consumer t, row block m, column block): wait for Y flag (t, m), copy
     ``Y[m rows, t*Ns + column block]`` into ``out``. Consumer ``skip`` (this rank's own) is skipped.
     ``cols_per_block`` is a multiple of BC and N, Ns of 16 bytes: every access is a full vector."""
+    epoch = tl.load(epoch_ptr, volatile=True)
     pid = tl.program_id(0)
     cb = pid % col_blocks
     m = (pid // col_blocks) % tiles_m
@@ -232,15 +253,28 @@ def collect_kernel(y_ptr, out_ptr, y_flags_ptr, epoch, claim_ptr, report_ptr, ti
             tl.store(out_ptr + ptrs, tl.load(y_ptr + ptrs, mask=mask), mask=mask)
 
 
+@triton.jit
+def begin_kernel(epoch_ptr, peer_flags_ptr, ready_word, rank, WS: tl.constexpr):
+    """A call inside a captured graph: ``epoch += 1`` in device memory (a replay must not reuse the
+    epoch it was captured with), then ``READY[rank] = epoch`` in every peer's flags."""
+    epoch = tl.load(epoch_ptr, volatile=True) + 1
+    tl.store(epoch_ptr, epoch)
+    for q in range(1, WS):
+        flags = tl.load(peer_flags_ptr + (rank + q) % WS).to(tl.pointer_type(tl.int32))
+        signal_flag(flags + ready_word + rank, epoch)
+
+
 # ------------------------------------------------------------------------------------ launchers
 def padded_rows(M: int, BM: int) -> int:
     return triton.cdiv(M, BM) * BM
 
 
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
-                  a_flag_word, first_consumer, tp, act, config, num_sms):
+                  a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
+                  rank=0, timed=True):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
-    straight into the consumers' buffers)."""
+    straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
+    words to wait on in the kernel (None: the caller made the stream wait)."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -248,16 +282,18 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Fp, BN))),)
     stage0_kernel[grid](
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
-        stage if stage is not None else x, peer_data, peer_flags, counters, done, epoch,
+        stage if stage is not None else x, peer_data, peer_flags, counters, done,
+        epoch, ready if ready is not None else counters, *(status or (counters, counters)), timeout_ns, rank,
         M, padded_rows(M, BM), H, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
-        STAGED=stage is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
-        num_stages=stages, num_warps=warps,
+        STAGED=stage is not None, WAIT_READY=ready is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed, num_stages=stages, num_warps=warps,
     )
 
 
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
-                  rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True, f1=0):
+                  rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True, f1=0,
+                  ready=None):
     """``a``: this rank's buffer, ``[(tp * nch + cdiv(f1, kchunk)) * Mp, kchunk]``."""
     Ns = w2.shape[1]
     N = out.shape[1]
@@ -266,12 +302,16 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Ns, BN))),)
     stage1_kernel[grid](
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
-        epoch, *status, timeout_ns,
+        epoch, ready if ready is not None else counters, *status, timeout_ns,
         rank, M, padded_rows(M, BM), Fp, f1, N, Ns, consumer, kchunk, nch, triton.cdiv(f1, kchunk), y_flag_word,
-        WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None,
+        WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=not timed,
         num_stages=stages, num_warps=warps,
     )
+
+
+def launch_begin(epoch, peer_flags, ready_word, rank, ws):
+    begin_kernel[(1,)](epoch, peer_flags, ready_word, rank, WS=ws, num_warps=1)
 
 
 def launch_collect(y, out, y_flags, epoch, status, timeout_ns, rank, tp, skip, BM, timed=True, col_blocks=8):

@@ -102,6 +102,10 @@ def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2) -> _Placement:
     hit = _placements.get(key)
     if hit is not None and hit.valid(tensors):
         return hit
+    if capturing:
+        raise RuntimeError("overlap symm: cta_pipeline_mlp was captured in a CUDA graph before an eager call with "
+                           "these weights: run it once eagerly first (the weights are laid out, collectively, "
+                           "outside the capture; torch.compile's mode='reduce-overhead' warms up eagerly)")
     if _placements.pop(key, None) is not None:
         log.info("overlap symm: cta_pipeline_mlp weights changed (version or identity): laying them out again")
     tp = st.ws // 2
@@ -223,7 +227,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         return out
     swiglu = activation == "swiglu"
     f1 = stage1_share(F, tp, swiglu)
-    placed = _place(st, w1, b1, w3, b3, w2, b2, f1)
+    graph = torch.cuda.is_current_stream_capturing()
+    placed = _place(st, w1, b1, w3, b3, w2, b2, f1, graph)
     cfg0, cfg1 = _configs(x.dtype, swiglu, M, N // tp, st.num_sms)
     bm, group_m = cfg0[0], cfg0[3]
     tiles_m = -(-M // bm)
@@ -238,41 +243,59 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     mp = tiles_m * bm
     block_bytes = mp * kchunk * es  # one K-chunk of one stage-0 rank, chunk-major
     y_offset = -(-((tp * nch + nch1) * block_bytes) // 256) * 256
+    if graph and (st.data is None or st.data.nbytes < y_offset + M * N * es):
+        raise RuntimeError("overlap symm: cta_pipeline_mlp was captured in a CUDA graph before an eager call of this "
+                           "size: run it once eagerly first (the symmetric buffers grow, collectively, outside the "
+                           "capture; torch.compile's mode='reduce-overhead' warms up eagerly)")
     st.ensure_data(y_offset + M * N * es)
     data, flags = st.peer_tables()
     compute = torch.cuda.current_stream(x.device)
-    epoch = st.begin(compute)
+    base = symm.cta_block(graph)
+    word = lambda off: st.flag_arg(base + off)  # noqa: E731
     status = st.status_arg()
-    staged = TRANSPORT == "ce"
-    # Stores into peers' buffers (stage 1's Y, stage 0's tiles without the copy engine) wait until
-    # they started this call (READY), i.e. stopped reading those buffers in their previous op.
-    writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
-    for p in writes_to:
-        _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
+    epoch_word = word(symm.CTA_EPOCH)
+    if graph:
+        # Inside a captured graph every value baked into the graph repeats on each replay: the epoch
+        # is counted on the device (begin_kernel), READY is raised and awaited by the kernels, and
+        # tiles go by peer stores (the copy-engine path needs the epoch on the host).
+        st.check_status()
+        cta.launch_begin(epoch_word, flags, base + symm.CTA_READY, r, ws)
+        ready, staged = word(symm.CTA_READY), False
+    else:
+        epoch = st.begin(compute)
+        _cuda.write_value32(st.flag_addr(base + symm.CTA_EPOCH), epoch, compute)
+        ready, staged = None, TRANSPORT == "ce"
+        # Stores into peers' buffers (stage 1's Y, stage 0's tiles without the copy engine) wait
+        # until they started this call (READY), i.e. stopped reading those buffers in their previous op.
+        writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
+        for p in writes_to:
+            _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
     act = cta.ACTIVATIONS[(activation, approximate)]
     xa = _aligned(x)
     if stage == 0:
         stage_buf = _staging_buffer(x, nch * mp * kchunk) if staged else None
         cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, stage_buf, data, flags,
-                          st.flag_arg(symm.CTA_COUNTERS), st.flag_arg(symm.CTA_DONE), epoch, idx, kchunk, nch,
-                          symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms)
+                          word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
+                          base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
+                          timeout_ns=st.timeout_ns, rank=r)
         if staged:
-            _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es)
+            _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base)
     else:
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
             own = a[tp * nch * mp:].view(-1)
             cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, own, data, flags,
-                              st.flag_arg(symm.CTA_COUNTERS), st.flag_arg(symm.CTA_DONE), epoch, 0, kchunk, nch1,
-                              symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms)
-        cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, st.flag_arg(symm.CTA_ARRIVED),
-                          st.flag_arg(symm.CTA_Y_COUNTERS), epoch, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
-                          nch, symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1)
+                              word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, 0, kchunk, nch1,
+                              base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms)
+        cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm.CTA_ARRIVED),
+                          word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
+                          nch, base + symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready)
     if stage == 0 or tp > 1:
         y = st.data_view(x.dtype, (M, N), y_offset)
-        cta.launch_collect(y, out, st.flag_arg(symm.CTA_Y_DONE), epoch, status, st.timeout_ns, r, tp,
+        cta.launch_collect(y, out, word(symm.CTA_Y_DONE), epoch_word, status, st.timeout_ns, r, tp,
                            idx if stage == 1 else -1, bm)
-    st.end(compute)
+    if not graph:
+        st.end(compute)
     return out
 
 
@@ -286,16 +309,16 @@ def _staging_buffer(x: Tensor, numel: int) -> Tensor:
     return buf
 
 
-def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, kchunk, nch, es):
+def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, kchunk, nch, es, base):
     """Copy engine: each (row group, K-chunk) block to every stage-1 rank as soon as stage 0's kernel
     raised its local done flag, then raise the consumer's flag; in the order the kernel makes them."""
     row_bytes = kchunk * es
-    base = stage_buf.data_ptr()
+    src = stage_buf.data_ptr()
     for g in range(groups):
         r0 = g * group_rows
         rows = min(M, r0 + group_rows) - r0
         for j in range(nch):
-            _cuda.wait_value32(st.flag_addr(symm.CTA_DONE + g * nch + j), epoch, st.push_stream)
+            _cuda.wait_value32(st.flag_addr(base + symm.CTA_DONE + g * nch + j), epoch, st.push_stream)
             for q in range(tp):
-                st.push(tp + q, ((producer * nch + j) * mp + r0) * row_bytes, base + (j * mp + r0) * row_bytes,
-                        rows * row_bytes, symm.CTA_ARRIVED + (g * tp + producer) * nch + j)
+                st.push(tp + q, ((producer * nch + j) * mp + r0) * row_bytes, src + (j * mp + r0) * row_bytes,
+                        rows * row_bytes, base + symm.CTA_ARRIVED + (g * tp + producer) * nch + j)

@@ -58,16 +58,28 @@ DONE = GATHERED + _SLOTS  # [(round * ws + c) * nbands + b]: this rank finished 
 COUNTERS = DONE + _SLOTS  # same index: tiles of that band finished so far (local)
 CLAIM = COUNTERS + _SLOTS  # a kernel timed out (local; the report itself is in pinned host memory)
 TICKET = CLAIM + 1  # mm_rs/mm_ar tile tickets (local; 0 between calls)
-# cta_pipeline_mlp (codegen/cta.py): flags per (group of row blocks g, stage-0 rank p, K-chunk j),
-# row-block flags and counters of the output per (stage-1 rank t, row block m).
+# cta_pipeline_mlp (codegen/cta.py): two blocks of words, one for eager calls (epochs from the host's
+# counter) and one for calls inside captured CUDA graphs (epochs counted on the device), so that each
+# block's flags only ever see one increasing sequence. Offsets inside a block:
 CTA_CHUNK_WORDS = 4096
 CTA_ROW_WORDS = 1024
-CTA_ARRIVED = TICKET + 1  # [(g * tp + p) * nch + j]: stage-0 rank p's block (g, j) is in this rank's buffer
+CTA_ARRIVED = 0  # [(g * tp + p) * nch + j]: stage-0 rank p's block (g, j) is in this rank's buffer
 CTA_COUNTERS = CTA_ARRIVED + CTA_CHUNK_WORDS  # [g * nch + j]: tiles of block (g, j) stored (stage 0, local)
 CTA_DONE = CTA_COUNTERS + CTA_CHUNK_WORDS // 2  # [g * nch + j]: block (g, j) staged (stage 0, local)
 CTA_Y_DONE = CTA_DONE + CTA_CHUNK_WORDS // 2  # [t * tiles_m + m]: stage-1 rank t's row block m is here
 CTA_Y_COUNTERS = CTA_Y_DONE + CTA_ROW_WORDS  # [m]: tiles of row block m done (stage 1, local)
-FLAG_WORDS = CTA_Y_COUNTERS + CTA_ROW_WORDS
+CTA_EPOCH = CTA_Y_COUNTERS + CTA_ROW_WORDS  # the epoch the kernels read (local)
+CTA_READY = CTA_EPOCH + 1  # [p]: graph block: rank p started this call (peers write)
+CTA_BLOCK_WORDS = CTA_READY + WS_MAX
+CTA_BLOCKS = TICKET + 1  # the eager block, then the graph block
+
+
+def cta_block(graph: bool) -> int:
+    """First word of the cta_pipeline_mlp block for eager calls or captured ones."""
+    return CTA_BLOCKS + (CTA_BLOCK_WORDS if graph else 0)
+
+
+FLAG_WORDS = CTA_BLOCKS + 2 * CTA_BLOCK_WORDS
 
 
 def band_rows(rows: int) -> int:
