@@ -62,11 +62,16 @@ class OverlapBackend:
         self.run_pipeline(graph)
 
     # ------------------------------------------------------------------ backend entry point
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]):
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
+                 options: dict | None = None):
+        """``mode`` / ``options``: what ``torch.compile(mode=..., options=...)`` passes on; they mean what
+        they mean for Inductor (e.g. ``mode="reduce-overhead"``: CUDA graphs)."""
+        from torch._inductor import list_mode_options
         from torch._inductor.compile_fx import compile_fx
 
+        patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
         if self.config.disable:
-            return compile_fx(gm, example_inputs)
+            return compile_fx(gm, example_inputs, config_patches=patches)
         # Our pass has side effects (reports, dumps) and is not keyed into Inductor's caches.
         with torch._functorch.config.patch(enable_autograd_cache=False):
             if not self.config.inductor:
@@ -75,7 +80,7 @@ class OverlapBackend:
                 gm,
                 example_inputs,
                 inner_compile=_kind_tracking_inner_compile,
-                config_patches={"post_grad_custom_post_pass": self._post_grad_pass, "fx_graph_cache": False},
+                config_patches={**patches, "post_grad_custom_post_pass": self._post_grad_pass, "fx_graph_cache": False},
             )
 
     def _compile_without_inductor(self, gm: torch.fx.GraphModule, example_inputs: list[Any]):
@@ -126,6 +131,8 @@ def make_backend(config: OverlapConfig | None = None, **overrides: Any) -> Overl
     return OverlapBackend(config)
 
 
-def overlap(gm: torch.fx.GraphModule, example_inputs: list[Any]):
-    """The backend registered as ``"overlap"``: reads the environment at each compile."""
-    return make_backend()(gm, example_inputs)
+def overlap(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
+            options: dict | None = None):
+    """The backend registered as ``"overlap"``: reads the environment at each compile; ``mode`` and
+    ``options`` as ``torch.compile`` passes them (``mode="reduce-overhead"``: CUDA graphs)."""
+    return make_backend()(gm, example_inputs, mode=mode, options=options)

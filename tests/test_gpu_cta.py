@@ -167,7 +167,7 @@ def cta_compiled_worker(rank: int, ws: int, device: str):
     wu = (torch.randn(f, H, device=device) * H**-0.5).to(dtype)
     w2 = (torch.randn(H, f, device=device) * Fd**-0.5).to(dtype)
     backend = make_backend(passes=["ag_mm", "mm_rs", "cta_pipeline", "mm_ar"], lowering="symm")
-    compiled = torch.compile(mlp, backend=backend, fullgraph=True)
+    compiled = torch.compile(mlp, backend=backend, fullgraph=True, dynamic=False)  # symbolic sizes: issue 6
     errs = []
     with torch.no_grad():
         for tokens in (2, 700):

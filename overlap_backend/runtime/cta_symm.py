@@ -95,9 +95,12 @@ def _gather(t: Tensor, group, dim: int) -> Tensor:
     return torch.cat(parts, dim)
 
 
-def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2) -> _Placement:
+def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, f1: int, capturing: bool = False) -> _Placement:
+    """This rank's weights: stage-0 rank p keeps W1/W3/b1/b3 columns ``[p*Fp0, (p+1)*Fp0)`` of the
+    first ``F - f1``; stage-1 rank t keeps the last ``f1`` of them (its share of the first GEMM) and
+    W2 / sum(b2) columns ``[t*N/tp, (t+1)*N/tp)``."""
     tensors = (w1, b1, w3, b3, w2, b2)
-    key = (st.group_name,
+    key = (st.group_name, f1,
            *(None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors))
     hit = _placements.get(key)
     if hit is not None and hit.valid(tensors):
