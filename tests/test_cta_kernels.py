@@ -247,3 +247,154 @@ def test_missing_producer_times_out_with_a_report():
     assert isinstance(err, SymmTimeoutError) and "cta_pipeline_mlp (stage 1)" in str(err)
     # The flag it reports belongs to producer 1: ((g * tp) + p) * nch + j with p == 1.
     assert (flag // nch) % 2 == 1, (flag, nch)
+
+
+# ------------------------------------------------------------------ the host path (cta_symm), faked
+class FakeRank:
+    """What ``cta_symm`` uses of a ``symm.GroupState``, over CPU tensors shared by a fake group: the
+    copy engine's pushes and the stream's flag writes happen at once (ctypes), a stream wait checks
+    that its flag is already up (in this sequential world it must be)."""
+
+    def __init__(self, group, rank):
+        self.group_name, self.group, self.rank, self.ws = "fake", None, rank, group.ws
+        self.timeout_ns, self.num_sms, self.epoch, self.push_stream = 10**6, 3, 0, None
+        self.g, self.data = group, object()
+        self.status = (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
+
+    def ensure_data(self, nbytes):
+        self.g.ensure(nbytes)
+
+    def data_view(self, dtype, shape, offset=0):
+        import math
+
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return self.g.data[self.rank][offset: offset + n].view(dtype).view(shape)
+
+    def peer_tables(self):
+        return (torch.tensor([d.data_ptr() for d in self.g.data], dtype=torch.int64),
+                torch.tensor([f.data_ptr() for f in self.g.flags], dtype=torch.int64))
+
+    def flag_arg(self, i):
+        return self.g.flags[self.rank][i:]
+
+    def flag_addr(self, i, rank=None):
+        return self.g.flags[self.rank if rank is None else rank].data_ptr() + 4 * i
+
+    def status_arg(self):
+        return self.status
+
+    def check_status(self):
+        pass
+
+    def begin(self, compute):
+        self.epoch += 1
+        for p in range(self.ws):
+            if p != self.rank:
+                self.g.flags[p][symm.READY + self.rank] = self.epoch
+        return self.epoch
+
+    def push(self, peer, dst_offset, src_ptr, nbytes, flag):
+        import ctypes
+
+        assert self.g.flags[self.rank][symm.READY + peer] >= self.epoch, "pushed before the peer was READY"
+        ctypes.memmove(self.g.data[peer].data_ptr() + dst_offset, src_ptr, nbytes)
+        self.g.flags[peer][flag] = self.epoch
+
+    def end(self, compute):
+        pass
+
+
+class FakeGroup:
+    def __init__(self, ws):
+        self.ws = ws
+        self.data = [torch.zeros(0, dtype=torch.uint8) for _ in range(ws)]
+        self.flags = [torch.zeros(symm.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
+        self.ranks = [FakeRank(self, r) for r in range(ws)]
+
+    def ensure(self, nbytes):
+        for r in range(self.ws):
+            if self.data[r].numel() < nbytes:
+                self.data[r] = torch.full((nbytes,), 255, dtype=torch.uint8)  # NaN-ish garbage for floats
+
+
+@pytest.mark.parametrize("transport", ["ce", "peer"])
+@pytest.mark.parametrize("ws,act,F_", [(2, "gelu", 256), (2, "swiglu", 1024), (4, "swiglu", 1536)])
+def test_host_path_matches_mlp(monkeypatch, ws, act, F_, transport):
+    """``cta_symm.cta_pipeline_mlp`` end to end for every rank of a fake group: weight placement
+    (the stage-1 share for SwiGLU), chunking, flag blocks, copy-engine pushes, kernel arguments."""
+    import ctypes
+
+    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cuda as _cuda
+
+    group = FakeGroup(ws)
+    current = {"rank": 0}
+    deferred = []
+    M, H, N = 20, 16, 32
+    f = F_ // ws
+    xs = torch.randn(M, H)
+    shards = [dict(w1=torch.randn(H, f) / H**0.5, w3=torch.randn(H, f) / H**0.5, w2=torch.randn(f, N) / F_**0.5,
+                   b1=torch.randn(f), b3=torch.randn(f), b2=torch.randn(N)) for _ in range(ws)]
+    by_ptr = {}
+    for name, dim in (("w1", 1), ("w3", 1), ("w2", 0), ("b1", 0), ("b3", 0)):
+        full = torch.cat([s[name] for s in shards], dim)
+        for s in shards:
+            by_ptr[s[name].data_ptr()] = full
+    b2_all = torch.stack([s["b2"] for s in shards])
+
+    def gather(t, grp, dim):
+        return b2_all if t.dim() == 2 and t.shape[0] == 1 else by_ptr[t.data_ptr()]
+
+    def wait_value32(addr, value, stream):
+        assert ctypes.c_int32.from_address(addr).value >= value, "a stream wait on a flag that is not up"
+
+    def write_value32(addr, value, stream):
+        ctypes.c_int32.from_address(addr).value = value
+
+    monkeypatch.setattr(cta_symm, "_problem", lambda *a: None)
+    monkeypatch.setattr(cta_symm, "_group_size", lambda g: ws)
+    monkeypatch.setattr(cta_symm, "_kernels", lambda: None)
+    monkeypatch.setattr(cta_symm, "_gather", gather)
+    monkeypatch.setattr(cta_symm, "TRANSPORT", transport)
+    monkeypatch.setattr(cta_symm, "STAGE0_CONFIG_FP32", {False: (16, 32, 16, 0, 1, 1), True: (16, 32, 16, 0, 1, 1)})
+    monkeypatch.setattr(cta_symm, "STAGE1_CONFIG_FP32", (16, 16, 16, 0, 1, 1))
+    monkeypatch.setattr(cta_symm.symm, "state", lambda name, dev: group.ranks[current["rank"]])
+    monkeypatch.setattr(_cuda, "wait_value32", wait_value32)
+    monkeypatch.setattr(_cuda, "write_value32", write_value32)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    real_collect = cta.launch_collect
+    # Collect kernels wait for stage 1, which runs after them in this sequential world: defer them.
+    monkeypatch.setattr(cta, "launch_collect", lambda *a, **k: deferred.append((a, {**k, "timed": False})))
+    real_stage1 = cta.launch_stage1
+    monkeypatch.setattr(cta, "launch_stage1", lambda *a, **k: real_stage1(*a, **{**k, "timed": False}))
+    monkeypatch.setattr(cta_symm, "_placements", {})
+
+    approx = "tanh" if act == "gelu" else "none"
+    outs = [None] * ws
+    for call in range(2):  # a second call: new epoch, placement reused, counters were reset
+        x = xs * (call + 1)
+        deferred.clear()
+        for r in range(ws):  # every rank enters the call (READY) before any rank's pushes run
+            for p in range(ws):
+                group.flags[p][symm.READY + r] = call + 1
+        for r in sorted(range(ws), key=lambda r: r // (ws // 2)):  # stage 0 first
+            current["rank"] = r
+            s = shards[r]
+            outs[r] = cta_symm.cta_pipeline_mlp(x, s["w1"], s["b1"], s["w3"] if act == "swiglu" else None,
+                                                s["b3"] if act == "swiglu" else None, s["w2"], s["b2"], act, approx,
+                                                2, "fake")
+        for a, k in deferred:
+            real_collect(*a, **k)
+        h = [x @ s["w1"] + s["b1"] for s in shards]
+        if act == "swiglu":
+            a_parts = [F.silu(hh) * (x @ s["w3"] + s["b3"]) for hh, s in zip(h, shards)]
+        else:
+            a_parts = [F.gelu(hh, approximate="tanh") for hh in h]
+        ref = sum(a @ s["w2"] + s["b2"] for a, s in zip(a_parts, shards))
+        for r in range(ws):
+            assert group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
+            torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
+    if act == "swiglu":
+        assert cta_symm.stage1_share(F_, ws // 2, True) > 0  # the share path ran
+    assert len(cta_symm._placements) == ws  # one placement per rank, reused by the second call
