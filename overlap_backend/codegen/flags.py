@@ -21,11 +21,11 @@ OP_AG_MM = tl.constexpr(1)
 OP_MM_RS = tl.constexpr(2)
 OP_MM_AR = tl.constexpr(3)
 OP_AR_ONESHOT = tl.constexpr(4)
-OP_CTA_STAGE1 = tl.constexpr(5)
-OP_CTA_COLLECT = tl.constexpr(6)
-OP_CTA_STAGE0 = tl.constexpr(7)
-OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)", 5: "cta_pipeline_mlp (stage 1)",
-            6: "cta_pipeline_mlp (collect)", 7: "cta_pipeline_mlp (stage 0)"}
+OP_CTA_STAGE1 = tl.constexpr(6)
+OP_CTA_COLLECT = tl.constexpr(7)
+OP_CTA_STAGE0 = tl.constexpr(8)
+OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)", 6: "cta_pipeline_mlp (stage 1)",
+            7: "cta_pipeline_mlp (collect)", 8: "cta_pipeline_mlp (stage 0)"}
 READY_FLAG_BASE = tl.constexpr(1000)  # status flag index 1000 + p: the wait for rank p's READY
 
 
