@@ -120,7 +120,7 @@ def emit(spec: str, dtype: torch.dtype) -> tuple[str, tuple[tuple[str, int], ...
         "",
         "@triton.jit",
         f"def epilogue(x, rows, cols, mask, N, {params}):",
-        f"    # {spec or '(no steps)'}",
+        f"    # spec: {spec or '(no steps)'}",
         "    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]",
         *("    " + line for line in body),
         "    return x",
