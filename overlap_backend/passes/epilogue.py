@@ -117,10 +117,12 @@ def _activation(cur: torch.fx.Node, partners: dict[torch.fx.Node, int]):
     from .cta_pipeline import _constants
 
     order = {n: i for i, n in enumerate(cur.graph.nodes)}
-    for root in sorted(_descendants(cur, _DEPTH), key=order.__getitem__):
-        if root.op != "call_function":
-            continue
-        for step, pattern, consts in _patterns():
+    roots = [r for r in sorted(_descendants(cur, _DEPTH), key=order.__getitem__) if r.op == "call_function"]
+    # silu(x) * y before silu(x) alone: the longer match wins
+    candidates = [(root, p) for p in _patterns() if p[0] == "swiglu" for root in roots]
+    candidates += [(root, p) for root in roots for p in _patterns() if p[0] != "swiglu"]
+    for root, (step, pattern, consts) in candidates:
+        if True:
             m = pattern.match(root)
             if not m:
                 continue
