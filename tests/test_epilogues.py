@@ -416,3 +416,28 @@ def test_compiled_fused_epilogues_match_eager_on_gloo(clean_env):
     assert specs["swiglu_mlp"] == ["swiglu:1", "", "add:0"]
     assert specs["mm_ar_residual_scale_cast"] == ["mul:0.25,add:0,cast:bfloat16,cast:float32"]
     assert specs["unsupported_sigmoid"] == [""]  # sigmoid stays in the graph, and so does the add after it
+
+
+def test_bench_counts_kernel_launches_from_profiler_events():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench.bench_epilogue import count_launches, parse_args, variants
+
+    ev = [SimpleNamespace(name=n, device_type=d) for n, d in [
+        ("triton_poi_fused_add_0", DeviceType.CUDA), ("ag_mm_kernel", DeviceType.CUDA),
+        ("Memcpy DtoD (Device -> Device)", DeviceType.CUDA), ("cuLaunchKernelEx", DeviceType.CPU),
+        ("cudaLaunchKernel", DeviceType.CPU), ("aten::mm", DeviceType.CPU)]]
+    assert count_launches(ev) == {"kernels": 2, "copies": 1, "launch_calls": 2}
+    args = parse_args(["--out-dir", "x", "--device", "cpu", "--lowerings", "p2p,symm"])
+    assert [v for v, _ in variants(args)] == ["inductor", "p2p_unfused", "p2p_fused", "symm_unfused", "symm_fused"]
+    assert args.steps >= 30
+
+
+def test_gpu_epilogue_tests_import():
+    import importlib
+
+    mod = importlib.import_module("test_gpu_epilogues")
+    assert len(mod._cases(2)) == 9 and callable(mod.ops_worker) and callable(mod.compiled_worker)
