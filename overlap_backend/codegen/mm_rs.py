@@ -78,7 +78,9 @@ def mm_rs_kernel(
             if PEER_STORE:
                 ready_seen = _wait_ready(ready_seen, chunk, ready_ptr, epoch, claim_ptr, report_ptr, OP, rank,
                                          timeout_ns, TIMED)
-                owner_recv = tl.load(peer_data_ptr + chunk).to(tl.pointer_type(out_ptr.dtype.element_ty))
+                # the owner's receive buffer holds partials in the GEMM dtype (recv's), whatever
+                # dtype the epilogue gives ``out``
+                owner_recv = tl.load(peer_data_ptr + chunk).to(tl.pointer_type(recv_ptr.dtype.element_ty))
                 store_rows(owner_recv, (rnd * WS + rank) * rows + offs_m, in_chunk, offs_n, N, N, acc)
                 owner_flags = tl.load(peer_flags_ptr + chunk).to(tl.pointer_type(tl.int32))
                 count_tile_done(counters_ptr + slot * nbands + band,

@@ -171,6 +171,9 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     gshape[dim] *= ws
     specs = list(epilogues) or [""] * len(weights)
     gens = [_generated(spec, shard.dtype) for spec in specs]
+    # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
+    gens = [None if g is not None and _tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
+            for g, spec, w in zip(gens, specs, weights)]
     # an output whose epilogue could not be generated is computed plainly, its reference applied after
     outs = [shard.new_empty((ws * rows, w.shape[1]), dtype=shard.dtype if spec and g is None else
                             _epilogue.out_dtype(spec, shard.dtype)) for w, spec, g in zip(weights, specs, gens)]
