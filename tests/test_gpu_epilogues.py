@@ -129,8 +129,6 @@ def ops_worker(rank: int, ws: int, device: str, lowering: str):
 
 
 def compiled_worker(rank: int, ws: int, device: str, lowering: str):
-    import copy
-
     import overlap_backend
     from overlap_backend.models import TPBlock, TPSwiGLUMlp
 
@@ -141,20 +139,22 @@ def compiled_worker(rank: int, ws: int, device: str, lowering: str):
     _setup_rank(rank, device)
     dtype = torch.bfloat16
     seq = 64  # per rank: the reduce-scatter's runs of rows fit a block height (symm)
+    # built afresh for each variant (a model holding a process group cannot be deep-copied); the
+    # seed makes the weights identical
     models = {
-        "tp_block": TPBlock(96, 4, 192, dtype=dtype, device=device, seed=0).requires_grad_(False),
-        "swiglu_mlp": TPSwiGLUMlp(96, 256, dtype=dtype, device=device, seed=0).requires_grad_(False),
+        "tp_block": lambda: TPBlock(96, 4, 192, dtype=dtype, device=device, seed=0).requires_grad_(False),
+        "swiglu_mlp": lambda: TPSwiGLUMlp(96, 256, dtype=dtype, device=device, seed=0).requires_grad_(False),
     }
     out, bad = {}, []
-    for name, model in models.items():
+    for name, build in models.items():
         x = _randn(2, seq, 96, dtype=dtype, device=device)
         with torch.no_grad():
-            ref = model(x)
+            ref = build()(x)
             for fuse in (False, True):
                 torch._dynamo.reset()
                 backend = overlap_backend.make_backend(lowering=lowering if lowering != "symm-peer" else "symm",
                                                        inductor=True, fuse_epilogues=fuse)
-                got = torch.compile(copy.deepcopy(model), backend=backend)(x)
+                got = torch.compile(build(), backend=backend)(x)
                 err = _rel_err(got, ref)
                 specs = [e["spec"] for r in backend.reports for m in r.matches if m.epilogue for e in m.epilogue]
                 out[f"{name} fuse={fuse}"] = (err, specs)
