@@ -230,6 +230,25 @@ def test_mm_rs_kernel_own_chunk_epilogue(spec, _cpu_allocator):
     torch.testing.assert_close(stage[(1 - r) * rows:(2 - r) * rows], C[r][(1 - r) * rows:(2 - r) * rows])
 
 
+@needs_interpreter
+@pytest.mark.parametrize("spec", ["add:0,silu", "mul:0.5,bias:1,cast:float32"])
+def test_mm_ar_oneshot_sum_kernel_epilogue(spec, _cpu_allocator):
+    """mm_ar one-shot: every rank sums every partial, the epilogue runs in that kernel."""
+    from overlap_backend.codegen import epilogue as gen
+    from overlap_backend.codegen import reduce
+
+    ws, r, M, N = 3, 1, 9, 40
+    parts = [torch.randn(M, N) for _ in range(ws)]
+    recv = torch.cat(parts)
+    recv[r * M:(r + 1) * M] = float("nan")
+    out = torch.full((M, N), float("nan"))
+    args = [torch.randn(M, N), torch.randn(N)]
+    g = gen.build(spec, torch.float32)
+    reduce.launch(parts[r], recv, out, torch.full((ws,), EPOCH, dtype=torch.int32), EPOCH, _status(), 10**6,
+                  r, ws, False, timed=False, epilogue=g, ep_ptrs=gen.pointers(g, args))
+    assert _rel(out, _ref(spec, sum(parts), args)) <= 1e-4
+
+
 # ------------------------------------------------------------------------- exact graphs (passes)
 def _compile(fn, *args, **kw):
     backend = make_backend(inductor=False, **kw)

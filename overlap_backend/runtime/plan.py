@@ -123,18 +123,18 @@ def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
     if op == "mm_ar" and M * N * es <= symm.ONESHOT_MAX_BYTES:
         lines += [
             "# lowering 'symm': mm_ar one-shot (partial <= ONESHOT_MAX_BYTES)",
-            "partial = a @ b (+ bias)  # cuBLAS",
+            "partial = a @ b + bias  # cuBLAS (addmm when there is a bias)",
             "epoch = group.begin(compute)",
             *(line for j in range(1, ws) for line in (
+                f"cuStreamWaitValue32(flag=flags.READY[{(rank - j) % ws}], geq=epoch, stream=push_stream)",
                 f"cuMemcpyAsync(dst=peer_buf({(rank - j) % ws})[{rank}], src=partial, nbytes={M * N * es}, "
                 "stream=push_stream)",
                 f"cuStreamWriteValue32(flag=peer_flags({(rank - j) % ws}).RS_ARRIVED[{rank}], value=epoch, "
                 "stream=push_stream)")),
-            "launch(oneshot_sum_kernel, out=out)  # waits RS_ARRIVED[p] >= epoch for every peer p, sums",
+            f"launch(oneshot_sum_kernel, out=out, EPILOGUE={'epilogue_0' if spec else 'identity'})  "
+            "# waits RS_ARRIVED[p] >= epoch for every peer p, sums, epilogue, stores",
             "group.end(compute)",
         ]
-        if spec:
-            lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue")
         return lines
     rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":

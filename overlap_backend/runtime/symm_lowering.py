@@ -317,17 +317,18 @@ def ar_rounds(m: int, ws: int) -> int:
 
 @register("symm", "mm_ar")
 def mm_ar(a, b, bias, reduce_op, group_name, epilogue="", epilogue_args=()):
-    """The all-reduce, then the epilogue as one generated pointwise kernel (the reduced rows of other
-    ranks arrive by copy engine after the GEMM's last tile, so no GEMM tile could apply it)."""
+    """One-shot: the epilogue runs in the sum kernel. Rounds: the all-reduce, then the epilogue as
+    one generated pointwise kernel (the reduced rows of other ranks arrive by copy engine after the
+    GEMM's last tile, so no GEMM tile could apply it)."""
     args = (a, b, bias, reduce_op, group_name, epilogue, epilogue_args)
     why = _mm_problem(a, b, bias, reduce_op)
     st = None if why else symm.state(group_name, a.device)
     if st is None:
         return _p2p("mm_ar", why, group_name, *args)
-    out = _mm_ar_symm(st, a, b, bias, reduce_op)
-    if not epilogue:
+    g = _generated(epilogue, a.dtype)
+    out, fused = _mm_ar_symm(st, a, b, bias, reduce_op, g, epilogue_args)
+    if not epilogue or fused:
         return out
-    g = _generated(epilogue, out.dtype)
     if g is None:
         return _epilogue.apply(epilogue, out, epilogue_args)
     from ..codegen import epilogue as gen
@@ -335,14 +336,15 @@ def mm_ar(a, b, bias, reduce_op, group_name, epilogue="", epilogue_args=()):
     return gen.apply_pointwise(g, out, epilogue_args)
 
 
-def _mm_ar_symm(st, a, b, bias, reduce_op):
+def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=()):
+    """(the all-reduced result, whether the epilogue ``g`` was applied in it: one-shot only)."""
     PATHS["mm_ar:symm"] += 1
     ws, r = st.ws, st.rank
     a, b, bias = _aligned(a), _weight(b), (bias.contiguous() if bias is not None else None)
     M, N = a.shape[0], b.shape[1]
     es = a.element_size()
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
-        return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg")
+        return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args), g is not None
     configs = _kernels()[3]
     rounds = ar_rounds(M, ws)
     rows = -(-M // (rounds * ws))
@@ -392,7 +394,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op):
                     _cuda.memcpy_async(out[first].data_ptr(), gather_base + (rnd * ws + q) * slot_bytes + lo * row_bytes,
                                        count * row_bytes, st.copy_stream)
     st.end(compute)
-    return out
+    return out, False
 
 
 def _peer_args(st, gather_offset: int) -> dict:
@@ -401,7 +403,7 @@ def _peer_args(st, gather_offset: int) -> dict:
                 rs_flag_word=symm.RS_ARRIVED, ag_flag_word=symm.GATHERED)
 
 
-def _mm_ar_oneshot(st, a, b, bias, average):
+def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=()):
     PATHS["mm_ar:oneshot"] += 1
     _, _, reduce_kernel, _ = _kernels()
     ws, r = st.ws, st.rank
@@ -410,12 +412,12 @@ def _mm_ar_oneshot(st, a, b, bias, average):
     nbytes = M * N * a.element_size()
     st.ensure_data(ws * nbytes)
     recv = st.data_view(a.dtype, (ws * M, N))
-    out = a.new_empty((M, N))
+    out = a.new_empty((M, N), dtype=_epilogue.out_dtype(g.spec, a.dtype) if g is not None else a.dtype)
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute)
     for j in range(1, ws):
         st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, symm.RS_ARRIVED + r)
     reduce_kernel.launch(partial, recv, out, st.flag_arg(symm.RS_ARRIVED), epoch, st.status_arg(), st.timeout_ns,
-                         r, ws, average)
+                         r, ws, average, epilogue=g, ep_ptrs=_ep_pointers(g, epilogue_args))
     st.end(compute)
     return out
