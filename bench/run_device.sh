@@ -127,6 +127,9 @@ package() {
       for s in ag_mm mm_rs mm_ar block cta; do
         [ -f "$RESULTS/${s}_ws$n.md" ] && { cat "$RESULTS/${s}_ws$n.md"; echo; }
       done
+      for f in "$RESULTS"/epilogue_*_ws$n.md; do
+        [ -f "$f" ] && { cat "$f"; echo; }
+      done
     done >"$OUT/bench_summary.md"
     tar -czf "$OUT/bench_results.tar.gz" -C "$RESULTS" .
     echo "bench results: $(cd "$RESULTS" && ls | tr '\n' ' ')"
@@ -184,6 +187,10 @@ main() {
   # ws=4 first: the design's numbers are 4-GPU ones, and a late stage is the one cut by the deadline.
   benchmarks 4
   benchmarks 2
+  # Epilogue fusion (issue 8, docs/codegen.md): opt-in, fused vs unfused demo block on GPUs 0,1.
+  [ "${RUN_EPILOGUE:-0}" = 1 ] && [ "$NGPU" -ge 2 ] && stage epilogue_ws2 "${LIMIT_EPILOGUE:-150}" \
+    env CUDA_VISIBLE_DEVICES=0,1 "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 \
+    bench/bench_epilogue.py --out-dir "$RESULTS"
 
   echo
   package

@@ -52,6 +52,7 @@ class OverlapBackend:
         dumper = debug.GraphDumper(self.config.debug_dir, report.id) if self.config.debug_dir else None
         self.manager.run(graph, PassContext(self.config, kind), report, observer=dumper)
         if dumper is not None:
+            dumper.ops(graph)
             dumper.finish()
         self.reports.append(report)
         REPORTS.append(report)

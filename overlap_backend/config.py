@@ -139,6 +139,11 @@ class OverlapConfig:
     """``OVERLAP_CTA_STAGES``: pipeline stages of the ``cta_pipeline`` op (``stages`` argument;
     the ``p2p`` lowering cuts the rows into that many micro-chunks). Never changes the result."""
 
+    fuse_epilogues: bool = True
+    """``OVERLAP_FUSE_EPILOGUES``: the ``ag_mm`` / ``mm_rs`` / ``mm_ar`` passes also capture the
+    pointwise nodes after the GEMM (bias, GELU, SiLU, SwiGLU, scaling, residual add, cast) into the
+    op's epilogue when every use allows it (see docs/codegen.md); ``0`` leaves them in the graph."""
+
     _ENV = {
         "disable": ("OVERLAP_DISABLE", _parse_bool),
         "passes": ("OVERLAP_PASSES", _parse_passes),
@@ -148,6 +153,7 @@ class OverlapConfig:
         "min_numel": ("OVERLAP_MIN_NUMEL", _parse_min_numel),
         "timeout_s": ("OVERLAP_TIMEOUT_S", _parse_timeout),
         "cta_stages": ("OVERLAP_CTA_STAGES", _parse_cta_stages),
+        "fuse_epilogues": ("OVERLAP_FUSE_EPILOGUES", _parse_bool),
     }
 
     def __post_init__(self):
@@ -160,6 +166,8 @@ class OverlapConfig:
         _parse_timeout("timeout_s", self.timeout_s)
         if isinstance(self.cta_stages, bool) or not isinstance(self.cta_stages, int) or self.cta_stages < 1:
             raise ConfigError(f"cta_stages={self.cta_stages!r}; allowed: an integer >= 1")
+        if not isinstance(self.fuse_epilogues, bool):
+            raise ConfigError(f"fuse_epilogues={self.fuse_epilogues!r}; allowed: True, False")
 
     @classmethod
     def env_vars(cls) -> dict[str, str]:

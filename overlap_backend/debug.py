@@ -7,6 +7,9 @@ Layout, per process (rank R of the default group, 0 when torch.distributed is no
     <dir>/rank<R>/<graph-id>/NN_after_<pass>.py  after each pass
     <dir>/rank<R>/<graph-id>/NN_<pass>.diff      unified diff, for each pass that changed something
     <dir>/rank<R>/<graph-id>/diff.html           side-by-side diff, before vs after all passes
+    <dir>/rank<R>/<graph-id>/ops/<node>.py       per rewritten ag_mm/mm_rs/mm_ar op: its call, the
+                                                 generated Triton epilogue source(s), and the
+                                                 runtime calls it issues on this rank (runtime/plan.py)
 
 ``<graph-id>`` is ``<counter>_<kind>``, the counter counting graphs compiled in this process.
 """
@@ -72,6 +75,17 @@ class GraphDumper:
             (self.dir / f"{self.step:02d}_{pass_name}.diff").write_text("".join(diff))
         self.last = src
 
+    def ops(self, graph: torch.fx.Graph) -> None:
+        """One file per GEMM-collective op of ``graph``: call, generated epilogues, runtime calls."""
+        for node in graph.nodes:
+            if node.op == "call_function" and node.target in _dumped_ops():
+                try:
+                    text = op_listing(node)
+                except Exception as e:  # noqa: BLE001 - a dump must never fail the compile
+                    text = f"# could not describe {node.name}: {type(e).__name__}: {e}\n"
+                (self.dir / "ops").mkdir(exist_ok=True)
+                (self.dir / "ops" / f"{node.name}.py").write_text(text)
+
     def finish(self) -> None:
         html = difflib.HtmlDiff(wrapcolumn=110).make_file(
             self.first.splitlines(), self.last.splitlines(), "before passes", "after passes", context=True
@@ -92,3 +106,49 @@ def record(debug_dir: str | os.PathLike | None, report: GraphReport) -> None:
         tmp.write_text(json.dumps({"graphs": [r.to_json() for r in reports]}, indent=2))
         os.replace(tmp, path / "summary.json")
     log.debug("overlap_backend: wrote %s", path / "summary.json")
+
+
+def _dumped_ops():
+    return {torch.ops.overlap.ag_mm.default: "ag_mm", torch.ops.overlap.mm_rs.default: "mm_rs",
+            torch.ops.overlap.mm_ar.default: "mm_ar"}
+
+
+def op_listing(node: torch.fx.Node) -> str:
+    """The dump of one op node: its graph call, the Triton source generated for each epilogue
+    spec, and ``runtime.plan.render``'s runtime calls, as one Python file."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    from .codegen import epilogue as gen
+    from .runtime import epilogue as spec_mod
+    from .runtime import plan
+
+    op = _dumped_ops()[node.target]
+    schema = node.target._schema
+    values = {}
+    for i, a in enumerate(schema.arguments):
+        raw = node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value)
+        values[a.name] = torch.fx.node.map_aggregate(raw, lambda x: x.meta.get("val") if isinstance(x, torch.fx.Node) else x)
+    group = _resolve_process_group(values["group_name"])
+    rank, ws = group.rank(), group.size()
+    parts = [f'"""overlap::{op} ({node.name}), rank {rank} of {ws}: generated code and runtime calls."""',
+             f"# graph: {node.format_node()}", ""]
+    spec = values.get("epilogue") or ""
+    if op == "ag_mm":
+        specs = spec_mod.split_outputs(spec, len(values["weights"]))
+        dtype = values["shard"].dtype
+    else:
+        specs = [spec] if spec else []
+        dtype = torch.result_type(values["a"], values["b"])
+    for i, s in enumerate(specs):
+        if not s:
+            continue
+        try:
+            source, _ = gen.emit(s, dtype)
+            renamed = (source.replace("def epilogue(", f"def epilogue_{i}(")
+                       .replace("def pointwise_kernel(", f"def pointwise_kernel_{i}(")
+                       .replace("= epilogue(x, rows", f"= epilogue_{i}(x, rows"))
+            parts += [f"# ---- epilogue of output {i}: {s!r} (cache key {gen.cache_key(source)[:24]}) ----", renamed, ""]
+        except gen.Unsupported as e:
+            parts += [f"# epilogue of output {i}: {s!r} has no generated kernel ({e}): torch ops run it", ""]
+    parts += ["# ---- runtime calls ----", plan.render(op, values, rank, ws)]
+    return "\n".join(parts)

@@ -150,6 +150,47 @@ class TPBlock(nn.Module):
         return h + self.mlp(h)
 
 
+class TPSwiGLUMlp(nn.Module):
+    """Sequence-parallel SwiGLU MLP with RMSNorm and a residual (Llama-style), functional collectives.
+
+    Input and output ``[batch, seq / ws, hidden]``. Per rank::
+
+        g   = AG(rmsnorm(x))                                  # all-gather along the sequence
+        out = x + RS((silu(g @ w_gate) * (g @ w_up)) @ w_down)
+
+    ``w_gate``/``w_up`` ``[hidden, ffn / ws]`` (column-parallel), ``w_down`` ``[ffn / ws, hidden]``
+    (row-parallel), ``norm_w`` ``[hidden]``. The gate and up projections share one all-gather.
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        ffn: int,
+        group: dist.ProcessGroup | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        seed: int = 0,
+        eps: float = 1e-6,
+    ):
+        super().__init__()
+        self.group, rank, ws = _group_info(group)
+        init = _FullInit(seed, dtype, device)
+        self.eps = eps
+        self.norm_w = nn.Parameter(init.normal(hidden, std=0.1, mean=1.0))
+        self.w_gate = _shard(init.linear(hidden, hidden, ffn), 1, rank, ws)
+        self.w_up = _shard(init.linear(hidden, hidden, ffn), 1, rank, ws)
+        self.w_down = _shard(init.linear(ffn, ffn, hidden), 0, rank, ws)
+
+    def rmsnorm(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.norm_w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = _all_gather(self.rmsnorm(x), 1, self.group)
+        h = F.silu(g @ self.w_gate) * (g @ self.w_up)
+        return x + _reduce_scatter(h @ self.w_down, "sum", 1, self.group)
+
+
 class TPMlpAllReduce(nn.Module):
     """Inference-style tensor-parallel MLP: ``all_reduce(gelu(x @ w1 + b1) @ w2)``.
 
@@ -239,4 +280,4 @@ def build_dtensor_block(
     return parallelize_module(module, mesh, plan)
 
 
-__all__ = ["TPBlock", "TPMlpAllReduce", "build_dtensor_block"]
+__all__ = ["TPBlock", "TPSwiGLUMlp", "TPMlpAllReduce", "build_dtensor_block"]

@@ -36,8 +36,11 @@ def test_dump_layout_and_summary(fake_pg, clean_env, tmp_path):
     files = sorted(p.name for p in gdir.iterdir())
     assert files == [
         "00_before.py", "01_after_ag_mm.py", "01_ag_mm.diff", "02_after_mm_rs.py", "03_after_mm_ar.py",
-        "04_after_moe.py", "diff.html",
+        "04_after_moe.py", "diff.html", "ops",
     ]
+    # per rewritten op: its generated code and runtime calls (docs/debugging.md)
+    assert sorted(p.name for p in (gdir / "ops").iterdir()) == ["ag_mm_default.py"]
+    compile((gdir / "ops" / "ag_mm_default.py").read_text(), "ag_mm_default.py", "exec")
     before = (gdir / "00_before.py").read_text()
     assert "all_gather_into_tensor" in before and "overlap.ag_mm" not in before
     diff = (gdir / "01_ag_mm.diff").read_text()

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .epilogue import epilogue_fn
 from .flags import OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, count_tile_done, count_tile_done_to_peers, wait_flag
 from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, mainloop, store_rows
 
@@ -42,8 +43,8 @@ def mm_rs_kernel(
     a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
     counters_ptr, done_ptr, recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out_rows, band_rows, nbands,
-    peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word, ag_flag_word,
-    WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3,
+    EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr,
 ):
@@ -77,7 +78,9 @@ def mm_rs_kernel(
             if PEER_STORE:
                 ready_seen = _wait_ready(ready_seen, chunk, ready_ptr, epoch, claim_ptr, report_ptr, OP, rank,
                                          timeout_ns, TIMED)
-                owner_recv = tl.load(peer_data_ptr + chunk).to(tl.pointer_type(out_ptr.dtype.element_ty))
+                # the owner's receive buffer holds partials in the GEMM dtype (recv's), whatever
+                # dtype the epilogue gives ``out``
+                owner_recv = tl.load(peer_data_ptr + chunk).to(tl.pointer_type(recv_ptr.dtype.element_ty))
                 store_rows(owner_recv, (rnd * WS + rank) * rows + offs_m, in_chunk, offs_n, N, N, acc)
                 owner_flags = tl.load(peer_flags_ptr + chunk).to(tl.pointer_type(tl.int32))
                 count_tile_done(counters_ptr + slot * nbands + band,
@@ -103,6 +106,8 @@ def mm_rs_kernel(
             if AVERAGE:
                 acc = acc / WS
             out_row = rnd * out_round_stride + out_offset + offs_m
+            acc = EPILOGUE(acc, out_row, offs_n, (in_chunk & (out_row < out_rows))[:, None] & (offs_n < N)[None, :],
+                           N, ep0, ep1, ep2, ep3)
             store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, acc)
             if WRITE_GATHER:
                 if PEER_STORE:
@@ -138,7 +143,7 @@ def _wait_ready(ready_seen, peer, ready_ptr, epoch, claim_ptr, report_ptr, OP: t
 
 def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns,
            rank, ws, rows, run, rounds, out_round_stride, out_offset, average, band_rows, config, num_sms,
-           timed=True, peer=None):
+           timed=True, peer=None, epilogue=None, ep_ptrs=()):
     """See the module docstring. ``stage``/``recv``/``gather``: [rounds * ws * rows, N];
     ``counters``/``done``/``recv_flags``: rounds * ws * nbands int32 each (nbands = rows / band_rows
     rounded up; ``band_rows`` % BM == 0); ``ticket``: one int32 (0 between
@@ -147,7 +152,13 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     ``peer``: None (copy-engine transport: stage, the host pushes) or a dict for PEER_STORE with
     ``data`` / ``flags`` (int64 tensors: every rank's data / flag buffer address), ``ready`` (this
     rank's READY flags), ``gather_offset`` (bytes from a data buffer to its gather region),
-    ``rs_flag_word`` / ``ag_flag_word`` (word index of the receive / gather flags in a flag buffer)."""
+    ``rs_flag_word`` / ``ag_flag_word`` (word index of the receive / gather flags in a flag buffer).
+
+    ``epilogue`` (a ``codegen.epilogue.Generated``; None: identity) runs on the own chunk's reduced
+    tiles before they are stored into ``out`` (rows of ``out``), with ``ep_ptrs`` as ``P0..P3``;
+    ``mm_ar`` (``gather`` given) takes none: its reduced tiles are also what peers receive."""
+    assert epilogue is None or gather is None, "mm_ar's reduced tiles are shipped: no fused epilogue"
+    fn, ptrs = epilogue_fn(epilogue, ep_ptrs, a.dtype, out)
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, _ = config  # no TMA-store epilogue: stores are signalled
@@ -162,8 +173,8 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out.shape[0], band_rows,
         max(1, triton.cdiv(rows, band_rows)),
         *((peer["data"], peer["flags"], peer["ready"], peer["gather_offset"], peer["rs_flag_word"],
-           peer["ag_flag_word"]) if peer is not None else (counters, counters, counters, 0, 0, 0)),
-        WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
+           peer["ag_flag_word"]) if peer is not None else (counters, counters, counters, 0, 0, 0)), *ptrs,
+        EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
         num_stages=stages, num_warps=warps,

@@ -4,6 +4,10 @@ Matches every all-gather (dim 0, or split/cat and slice/cat forms for other dims
 value is the left operand of one or more ``mm``/``addmm`` (directly, or through a reshape that
 flattens the leading dims: the ``reshape → mm → reshape`` form of 3-D activations). All those
 matmuls, e.g. Q, K and V projections, become one op that gathers step by step.
+
+With ``fuse_epilogues`` each matmul's output also takes the pointwise chain after it into the op's
+``epilogue`` (``passes/epilogue.py``): a bias add, GELU, SiLU, ``silu(out_i) * out_j`` of two of
+its matmuls (SwiGLU), scaling, a residual add, a cast.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import torch
 import torch.fx
 
 from . import common
+from . import epilogue as ep
+from ..runtime import epilogue as spec_mod
 from .common import Matmul, Rejected
 from .manager import OverlapPass
 
@@ -25,6 +31,8 @@ class AgMmMatch:
     matmuls: list[Matmul]
     # reshape nodes between the gathered value and a matmul (erased when dead)
     flatten_nodes: list[torch.fx.Node]
+    # per matmul: the pointwise chain after it that the op computes (set by ``check``)
+    captures: list[ep.Capture] | None = None
 
 
 def find_consumer_matmuls(result: torch.fx.Node) -> tuple[list[Matmul], list[torch.fx.Node]]:
@@ -77,7 +85,44 @@ class AgMmPass(OverlapPass):
                 raise Rejected(f"{mm.node.name}: weight is not 2-D")
             common.require_bias_vector(mm)
         common.require_min_numel(self.ctx, max(common.val(mm.node).numel() for mm in m.matmuls))
-        return common.choose_lowering(self.ctx, ag.group_name)
+        lowering = common.choose_lowering(self.ctx, ag.group_name)
+        m.captures = self._captures(m)
+        return lowering
+
+    def _captures(self, m: AgMmMatch) -> list[ep.Capture]:
+        """Each matmul's epilogue chain; ``swiglu`` may read a matmul whose own chain is empty."""
+        ag = m.gather
+        forbidden = set(ag.nodes) | {ag.result} | {mm.node for mm in m.matmuls} | set(m.flatten_nodes)
+        partners = {}
+        for j, mm in enumerate(m.matmuls):
+            partners[mm.node] = j
+            partners.update({u: j for u in mm.node.users if u.target in common.RESHAPES})
+        caps = [ep.walk(mm.node, forbidden, partners, self.ctx.config.fuse_epilogues) for mm in m.matmuls]
+        for i, cap in enumerate(caps):
+            for j in cap.partners:
+                if caps[j].steps or caps[j].partners:
+                    caps[i] = ep.Capture(stop=f"swiglu reads {m.matmuls[j].node.name}, which has an epilogue itself")
+        # the spec must describe the op's outputs (a walk that went wrong is no reason to fail)
+        specs, args = self._specs(caps)
+        rows = common.val(m.matmuls[0].node).shape[0]
+        try:
+            spec_mod.check(specs, [common.val(a) for a in args], [(rows, common.val(mm.node).shape[1]) for mm in m.matmuls],
+                           [common.val(mm.node).dtype for mm in m.matmuls], allow_out_refs=True)
+        except spec_mod.EpilogueError as e:
+            caps = [ep.Capture(stop=f"epilogue not captured: {e}") for _ in caps]
+        return caps
+
+    @staticmethod
+    def _specs(caps: list[ep.Capture]) -> tuple[list[str], list[torch.fx.Node]]:
+        args = list(dict.fromkeys(a for cap in caps for a in cap.args))
+        index = {a: i for i, a in enumerate(args)}
+        return [cap.spec(index) for cap in caps], args
+
+    def epilogue_report(self, m: AgMmMatch):
+        if m.captures is None:
+            return None
+        specs, _ = self._specs(m.captures)
+        return [{"output": i, "spec": spec, **cap.report()} for i, (spec, cap) in enumerate(zip(specs, m.captures))]
 
     def rewrite(self, m: AgMmMatch, lowering: str) -> None:
         ag = m.gather
@@ -86,20 +131,32 @@ class AgMmPass(OverlapPass):
         first_user = min(ag.result.users, key=order.__getitem__)
         weights = [mm.b for mm in m.matmuls]
         biases = [mm.bias for mm in m.matmuls]
+        caps = m.captures or [ep.Capture() for _ in m.matmuls]
+        specs, ep_args = self._specs(caps)
+        extra = ("|".join(specs), ep_args) if any(specs) else ()
         with graph.inserting_before(first_user):
             fused = common.call(
                 graph,
                 torch.ops.overlap.ag_mm.default,
-                (ag.shard, weights, biases, ag.gather_dim, ag.group_name, lowering, True),
+                (ag.shard, weights, biases, ag.gather_dim, ag.group_name, lowering, True, *extra),
             )
             gathered = common.call(graph, operator.getitem, (fused, 0))
             outs = common.call(graph, operator.getitem, (fused, 1))
             out_nodes = [common.call(graph, operator.getitem, (outs, i)) for i in range(len(m.matmuls))]
-        common.hoist_before(fused, [n for n in weights + biases if n is not None])
+            ends = [ep.result_node(graph, out, cap) for out, cap in zip(out_nodes, caps)]
+        common.hoist_before(fused, [n for n in weights + biases + ep_args if n is not None])
+        # swiglu's other operand: a reshape of a matmul that only the captured chain read
+        partner_values = [u for mm in m.matmuls for u in mm.node.users if u.target in common.RESHAPES]
+        captured = []
+        for cap, end in zip(caps, ends):
+            if cap.end is not None:
+                cap.end.replace_all_uses_with(end)
+                captured += reversed(cap.nodes)
         for mm, out in zip(m.matmuls, out_nodes):
             mm.node.replace_all_uses_with(out)
         ag.result.replace_all_uses_with(gathered)
-        common.erase_dead([mm.node for mm in m.matmuls] + m.flatten_nodes + list(reversed(ag.nodes)))
+        common.erase_dead(list(dict.fromkeys(captured + partner_values + [mm.node for mm in m.matmuls]
+                                             + m.flatten_nodes + list(reversed(ag.nodes)))))
         if not gathered.users:
             # Nothing else reads the gathered tensor: the op need not assemble it.
             graph.erase_node(gathered)

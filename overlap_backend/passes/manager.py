@@ -23,10 +23,15 @@ class MatchRecord:
     lowering: str | None
     nodes: list[str]
     reason: str
+    # rewritten ops with an epilogue decision: per op output, what was captured and why the
+    # capture stopped (passes/epilogue.py); None for passes that capture none
+    epilogue: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["pass"] = d.pop("pass_name")
+        if d["epilogue"] is None:
+            del d["epilogue"]
         return d
 
 
@@ -68,6 +73,10 @@ class OverlapPass(abc.ABC):
     def key(self, match: Any) -> torch.fx.Node:
         """The node that identifies ``match`` across re-finds (its collective)."""
 
+    def epilogue_report(self, match: Any) -> list[dict[str, Any]] | None:
+        """What ``match``'s op captured after its GEMM, per output (passes with epilogues)."""
+        return None
+
     def run(self, graph: torch.fx.Graph) -> list[MatchRecord]:
         records = []
         seen: set[torch.fx.Node] = set()
@@ -86,7 +95,7 @@ class OverlapPass(abc.ABC):
                 continue
             self.rewrite(match, lowering)
             graph.lint()
-            records.append(MatchRecord(self.name, True, lowering, nodes, "rewritten"))
+            records.append(MatchRecord(self.name, True, lowering, nodes, "rewritten", self.epilogue_report(match)))
         return records
 
 

@@ -1,7 +1,9 @@
 """Pass ``mm_ar``: matmul → (reshape) → all-reduce  ⇒  ``torch.ops.overlap.mm_ar`` (→ reshape).
 
 The row-parallel projection of inference tensor parallelism: ``mm``/``addmm`` whose result (or its
-reshape to N-D) is all-reduced and feeds nothing else.
+reshape to N-D) is all-reduced and feeds nothing else. With ``fuse_epilogues`` the pointwise chain
+after the all-reduce (residual add, bias, scaling, a cast, ...) goes into the op's ``epilogue``
+(``passes/epilogue.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import torch.fx
 
 from . import common
+from . import epilogue as ep
 from .common import Matmul, Rejected
 from .manager import OverlapPass
 
@@ -22,6 +25,7 @@ class MmArMatch:
     reduce: common.AllReduce
     matmul: Matmul | None
     reshape: torch.fx.Node | None
+    capture: ep.Capture | None = None  # the chain after the wait that the op computes (set by check)
 
 
 class MmArPass(OverlapPass):
@@ -56,19 +60,34 @@ class MmArPass(OverlapPass):
         if out.shape[0] < ws:
             raise Rejected(f"{out.shape[0]} rows < {ws} ranks: too few rows to split")
         common.require_min_numel(self.ctx, math.prod(out.shape))
-        return common.choose_lowering(self.ctx, ar.group_name)
+        lowering = common.choose_lowering(self.ctx, ar.group_name)
+        matched = list(ar.nodes) + [mm.node] + ([m.reshape] if m.reshape is not None else [])
+        m.capture = ep.capture_after_collective(self.ctx, ar.wait, ar.collective, matched, tuple(out.shape),
+                                                common.val(ar.wait).dtype)
+        return lowering
+
+    def epilogue_report(self, m: MmArMatch):
+        if m.capture is None:
+            return None
+        return [{"output": 0, "spec": m.capture.spec({a: i for i, a in enumerate(m.capture.args)}), **m.capture.report()}]
 
     def rewrite(self, m: MmArMatch, lowering: str) -> None:
         ar, mm = m.reduce, m.matmul
         graph = ar.wait.graph
+        cap = m.capture or ep.Capture()
+        extra = (cap.spec({a: i for i, a in enumerate(cap.args)}), list(cap.args)) if cap.steps else ()
         with graph.inserting_before(ar.wait):
-            result = common.call(
-                graph, torch.ops.overlap.mm_ar.default, (mm.a, mm.b, mm.bias, ar.reduce_op, ar.group_name, lowering)
+            op = common.call(
+                graph, torch.ops.overlap.mm_ar.default,
+                (mm.a, mm.b, mm.bias, ar.reduce_op, ar.group_name, lowering, *extra),
             )
+            result = op
             if m.reshape is not None:
                 shape = list(common.val(m.reshape).shape)
-                result = common.call(graph, torch.ops.aten.reshape.default, (result, shape))
+                result = common.call(graph, torch.ops.aten.reshape.default, (op, shape))
+        common.hoist_before(op, list(cap.args))
+        captured = ep.rewrite_after_collective(graph, op, cap)
         ar.wait.replace_all_uses_with(result)
         ar.collective.replace_all_uses_with(result, delete_user_cb=lambda user: user is not ar.wait)
-        nodes = list(reversed(ar.nodes)) + ([m.reshape] if m.reshape is not None else []) + [mm.node]
+        nodes = captured + list(reversed(ar.nodes)) + ([m.reshape] if m.reshape is not None else []) + [mm.node]
         common.erase_dead(nodes)

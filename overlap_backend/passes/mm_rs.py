@@ -2,7 +2,9 @@
 
 Matches every reduce-scatter (dim 0, or split/cat and slice/cat forms for other dims) whose input
 is an ``mm``/``addmm``, directly or through one reshape (``mm → reshape`` of 3-D activations), and
-whose matmul result feeds nothing else.
+whose matmul result feeds nothing else. With ``fuse_epilogues`` the pointwise chain after the
+reduce-scatter (a residual add of the matching row chunk, scaling, a cast, ...) goes into the op's
+``epilogue`` (``passes/epilogue.py``): it runs on the reduced chunk.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import torch.fx
 
 from . import common
+from . import epilogue as ep
 from .common import Matmul, Rejected
 from .manager import OverlapPass
 
@@ -23,6 +26,7 @@ class MmRsMatch:
     scatter: common.ReduceScatter
     matmul: Matmul | None
     reshape: torch.fx.Node | None
+    capture: ep.Capture | None = None  # the chain after the wait that the op computes (set by check)
 
 
 class MmRsPass(OverlapPass):
@@ -62,20 +66,36 @@ class MmRsPass(OverlapPass):
         if out_shape[rs.scatter_dim % len(out_shape)] % ws:
             raise Rejected(f"scatter dim of {tuple(out_shape)} not divisible by {ws}")
         common.require_min_numel(self.ctx, math.prod(out_shape))
-        return common.choose_lowering(self.ctx, rs.group_name)
+        lowering = common.choose_lowering(self.ctx, rs.group_name)
+        m.capture = ep.capture_after_collective(self.ctx, rs.wait, rs.collective, self._matched(m),
+                                                tuple(common.val(rs.wait).shape), common.val(rs.wait).dtype)
+        return lowering
+
+    @staticmethod
+    def _matched(m: MmRsMatch) -> list[torch.fx.Node]:
+        return list(m.scatter.nodes) + [m.matmul.node] + ([m.reshape] if m.reshape is not None else [])
+
+    def epilogue_report(self, m: MmRsMatch):
+        if m.capture is None:
+            return None
+        return [{"output": 0, "spec": m.capture.spec({a: i for i, a in enumerate(m.capture.args)}), **m.capture.report()}]
 
     def rewrite(self, m: MmRsMatch, lowering: str) -> None:
         rs, mm = m.scatter, m.matmul
         graph = rs.wait.graph
         out_shape = list(common.val(rs.input).shape)
+        cap = m.capture or ep.Capture()
+        extra = (cap.spec({a: i for i, a in enumerate(cap.args)}), list(cap.args)) if cap.steps else ()
         with graph.inserting_before(rs.wait):
             fused = common.call(
                 graph,
                 torch.ops.overlap.mm_rs.default,
-                (mm.a, mm.b, mm.bias, out_shape, rs.scatter_dim, rs.reduce_op, rs.group_name, lowering),
+                (mm.a, mm.b, mm.bias, out_shape, rs.scatter_dim, rs.reduce_op, rs.group_name, lowering, *extra),
             )
+        common.hoist_before(fused, list(cap.args))
+        captured = ep.rewrite_after_collective(graph, fused, cap)
         rs.wait.replace_all_uses_with(fused)
         # The un-waited collective can also be an output (saved for backward): same value.
         rs.collective.replace_all_uses_with(fused, delete_user_cb=lambda user: user is not rs.wait)
-        nodes = list(reversed(rs.nodes)) + ([m.reshape] if m.reshape is not None else []) + [mm.node]
+        nodes = captured + list(reversed(rs.nodes)) + ([m.reshape] if m.reshape is not None else []) + [mm.node]
         common.erase_dead(nodes)

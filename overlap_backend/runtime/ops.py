@@ -15,11 +15,13 @@ AOTAutograd's forward/backward graphs, which run without autograd.
 """
 
 import math
+from collections.abc import Sequence
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from . import epilogue as _epilogue
 from . import lowering as _lowering
 
 _LIB = torch.library.Library("overlap", "DEF")
@@ -49,7 +51,7 @@ def _flat_rows(shape) -> int:
 
 # --------------------------------------------------------------------------------------- ag_mm
 @_define(
-    "ag_mm(Tensor shard, Tensor[] weights, Tensor?[] biases, SymInt gather_dim, str group_name, str lowering, bool return_gathered) -> (Tensor, Tensor[])"
+    "ag_mm(Tensor shard, Tensor[] weights, Tensor?[] biases, SymInt gather_dim, str group_name, str lowering, bool return_gathered, str epilogue=\"\", Tensor[]? epilogue_args=None) -> (Tensor, Tensor[])"
 )
 def ag_mm(
     shard: Tensor,
@@ -59,6 +61,8 @@ def ag_mm(
     group_name: str,
     lowering: str,
     return_gathered: bool,
+    epilogue: str = "",
+    epilogue_args: Optional[Sequence[Tensor]] = None,
 ) -> tuple[Tensor, list[Tensor]]:
     """All-gather then matmul(s), with the gather decomposed so each step's matmul overlaps it.
 
@@ -70,26 +74,51 @@ def ag_mm(
 
     ``gather_dim`` may be the last dim (the contraction dim is gathered: the matmul becomes a sum
     of per-chunk partial products). ``weights[i]`` is ``[K, N_i]``; ``biases[i]`` is ``[N_i]``.
+
+    ``epilogue`` (empty, or one spec per output joined by ``|``; ``runtime/epilogue.py`` defines
+    them) then transforms ``outs[i]`` in place of the graph's pointwise nodes, reading
+    ``epilogue_args``.
     """
+    specs, args = _epilogue.split_outputs(epilogue, len(weights)), list(epilogue_args or ())
+    _check_epilogues(specs, args, [(_ag_rows(shard, gather_dim, group_name), w.shape[1]) for w in weights],
+                     shard.dtype, allow_out_refs=True)
     impl = _lowering.implementation(lowering, "ag_mm")
-    return impl(shard, weights, biases, gather_dim, group_name, return_gathered)
+    return impl(shard, weights, biases, gather_dim, group_name, return_gathered, specs, args)
+
+
+def _ag_rows(shard, gather_dim, group_name) -> int:
+    gshape = list(shard.shape)
+    gshape[gather_dim % shard.dim()] *= _group_size(group_name)
+    return _flat_rows(gshape)
+
+
+def _check_epilogues(specs, args, shapes, dtype, allow_out_refs=False) -> list[torch.dtype]:
+    """Validate ``specs`` (one per output) against the outputs' shapes; their final dtypes."""
+    if not specs:
+        return [dtype] * len(shapes)
+    if len(specs) != len(shapes):
+        raise _epilogue.EpilogueError(f"{len(specs)} epilogues for {len(shapes)} outputs")
+    _epilogue.check(specs, list(args), shapes, [dtype] * len(shapes), allow_out_refs)
+    return [_epilogue.out_dtype(s, dtype) for s in specs]
 
 
 @_fake("ag_mm")
-def _(shard, weights, biases, gather_dim, group_name, lowering, return_gathered):
+def _(shard, weights, biases, gather_dim, group_name, lowering, return_gathered, epilogue="", epilogue_args=None):
     ws = _group_size(group_name)
     dim = gather_dim % shard.dim()
     gshape = list(shard.shape)
     gshape[dim] *= ws
     rows = _flat_rows(gshape)
-    outs = [shard.new_empty((rows, w.shape[1])) for w in weights]
+    dtypes = _check_epilogues(_epilogue.split_outputs(epilogue, len(weights)), list(epilogue_args or ()), [(rows, w.shape[1]) for w in weights], shard.dtype,
+                              allow_out_refs=True)
+    outs = [shard.new_empty((rows, w.shape[1]), dtype=dt) for w, dt in zip(weights, dtypes)]
     gathered = shard.new_empty(gshape) if return_gathered else shard.new_empty((0,))
     return gathered, outs
 
 
 # --------------------------------------------------------------------------------------- mm_rs
 @_define(
-    "mm_rs(Tensor a, Tensor b, Tensor? bias, SymInt[] out_shape, SymInt scatter_dim, str reduce_op, str group_name, str lowering) -> Tensor"
+    "mm_rs(Tensor a, Tensor b, Tensor? bias, SymInt[] out_shape, SymInt scatter_dim, str reduce_op, str group_name, str lowering, str epilogue=\"\", Tensor[]? epilogue_args=None) -> Tensor"
 )
 def mm_rs(
     a: Tensor,
@@ -100,6 +129,8 @@ def mm_rs(
     reduce_op: str,
     group_name: str,
     lowering: str,
+    epilogue: str = "",
+    epilogue_args: Optional[Sequence[Tensor]] = None,
 ) -> Tensor:
     """Matmul then reduce-scatter, decomposed so that no communication follows the last compute.
 
@@ -107,23 +138,33 @@ def mm_rs(
     ``prod(out_shape[:-1]) == M``, ``out_shape[-1] == N``); returns
     ``reduce_scatter(C, reduce_op, dim=scatter_dim)``: the ``rank``-th of ``ws`` equal chunks of C
     along ``scatter_dim``, reduced over ranks (``funcol.reduce_scatter_tensor``'s semantics).
+    ``epilogue`` (``runtime/epilogue.py``) is then applied to that reduced chunk (a residual
+    ``add`` reads the chunk-shaped tensor of ``epilogue_args``).
     """
+    args = list(epilogue_args or ())
+    _check_epilogues([epilogue] if epilogue else [], args, [_rs_shape(out_shape, scatter_dim, group_name)],
+                     torch.result_type(a, b))
     impl = _lowering.implementation(lowering, "mm_rs")
-    return impl(a, b, bias, out_shape, scatter_dim, reduce_op, group_name)
+    return impl(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, args)
+
+
+def _rs_shape(out_shape, scatter_dim, group_name) -> list[int]:
+    shape = list(out_shape)
+    shape[scatter_dim % len(shape)] //= _group_size(group_name)
+    return shape
 
 
 @_fake("mm_rs")
-def _(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, lowering):
-    ws = _group_size(group_name)
-    shape = list(out_shape)
-    dim = scatter_dim % len(shape)
-    shape[dim] //= ws
-    return a.new_empty(shape, dtype=torch.result_type(a, b))
+def _(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, lowering, epilogue="", epilogue_args=None):
+    shape = _rs_shape(out_shape, scatter_dim, group_name)
+    (dtype,) = _check_epilogues([epilogue] if epilogue else [], list(epilogue_args or ()), [shape],
+                                torch.result_type(a, b))
+    return a.new_empty(shape, dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------- mm_ar
 @_define(
-    "mm_ar(Tensor a, Tensor b, Tensor? bias, str reduce_op, str group_name, str lowering) -> Tensor"
+    "mm_ar(Tensor a, Tensor b, Tensor? bias, str reduce_op, str group_name, str lowering, str epilogue=\"\", Tensor[]? epilogue_args=None) -> Tensor"
 )
 def mm_ar(
     a: Tensor,
@@ -132,19 +173,26 @@ def mm_ar(
     reduce_op: str,
     group_name: str,
     lowering: str,
+    epilogue: str = "",
+    epilogue_args: Optional[Sequence[Tensor]] = None,
 ) -> Tensor:
     """Matmul then all-reduce: a fused reduce-scatter (as ``mm_rs``, over row chunks), then an
     all-gather of the reduced chunks.
 
-    Semantics: ``all_reduce(a @ b + bias, reduce_op)``, shape ``[M, N]``.
+    Semantics: ``all_reduce(a @ b + bias, reduce_op)``, shape ``[M, N]``, then ``epilogue``
+    (``runtime/epilogue.py``) on it.
     """
+    args = list(epilogue_args or ())
+    _check_epilogues([epilogue] if epilogue else [], args, [(a.shape[0], b.shape[1])], torch.result_type(a, b))
     impl = _lowering.implementation(lowering, "mm_ar")
-    return impl(a, b, bias, reduce_op, group_name)
+    return impl(a, b, bias, reduce_op, group_name, epilogue, args)
 
 
 @_fake("mm_ar")
-def _(a, b, bias, reduce_op, group_name, lowering):
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.result_type(a, b))
+def _(a, b, bias, reduce_op, group_name, lowering, epilogue="", epilogue_args=None):
+    (dtype,) = _check_epilogues([epilogue] if epilogue else [], list(epilogue_args or ()), [(a.shape[0], b.shape[1])],
+                                torch.result_type(a, b))
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
 
 
 def _group_size(group_name: str) -> int:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.distributed_c10d import _resolve_process_group
 
+from . import epilogue as _epilogue
 from .lowering import register
 from .streams import P2P_RING, comm_stream
 
@@ -99,6 +100,8 @@ def ag_mm(
     gather_dim: int,
     group_name: str,
     return_gathered: bool,
+    epilogues: Sequence[str] = (),
+    epilogue_args: Sequence[Tensor | None] = (),
 ) -> tuple[Tensor, list[Tensor]]:
     ring = Ring(group_name)
     ws, r = ring.size, ring.rank
@@ -155,7 +158,7 @@ def ag_mm(
         gathered = chunks.view(gshape)
     else:
         gathered = torch.cat(chunks.unbind(0), dim=dim)
-    return gathered, outs
+    return gathered, _epilogue.apply_all(list(epilogues), outs, epilogue_args)
 
 
 # ----------------------------------------------------------------------------------------- mm_rs
@@ -194,6 +197,8 @@ def mm_rs(
     scatter_dim: int,
     reduce_op: str,
     group_name: str,
+    epilogue: str = "",
+    epilogue_args: Sequence[Tensor | None] = (),
 ) -> Tensor:
     ring = Ring(group_name)
     ws = ring.size
@@ -219,7 +224,8 @@ def mm_rs(
         return _mm(rows, b, bias).view(chunk_shape)
 
     dtype = torch.result_type(a, b)
-    return _reduce_scatter_matmul(ring, partial, chunk_shape, dtype, a.device, reduce_op)
+    mine = _reduce_scatter_matmul(ring, partial, chunk_shape, dtype, a.device, reduce_op)
+    return _epilogue.apply(epilogue, mine, epilogue_args)
 
 
 # ----------------------------------------------------------------------------------------- mm_ar
@@ -230,6 +236,8 @@ def mm_ar(
     bias: Tensor | None,
     reduce_op: str,
     group_name: str,
+    epilogue: str = "",
+    epilogue_args: Sequence[Tensor | None] = (),
 ) -> Tensor:
     ring = Ring(group_name)
     ws = ring.size
@@ -249,4 +257,4 @@ def mm_ar(
     mine = _reduce_scatter_matmul(ring, partial, (step_len, n), dtype, a.device, reduce_op)
     full = torch.empty((ws * step_len, n), dtype=dtype, device=a.device)
     dist.all_gather_into_tensor(full, mine, group=ring.group)
-    return full[:m] if ws * step_len != m else full
+    return _epilogue.apply(epilogue, full[:m] if ws * step_len != m else full, epilogue_args)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from . import cuda as _cuda
+from . import epilogue as _epilogue
 from . import symm
 from .lowering import implementation, register
 from .ops import _group_size
@@ -49,6 +50,28 @@ def _p2p(op: str, why: str | None, group_name: str, *args):
         _logged.add((op, why))
         log.info("overlap symm: %s runs on p2p: %s", op, why)
     return implementation("p2p", op)(*args)
+
+
+def _generated(spec: str, dtype: torch.dtype):
+    """The generated epilogue of ``spec`` (``codegen/epilogue.py``), or None when there is none or
+    it cannot be generated: the caller then applies the reference (``runtime/epilogue.py``)."""
+    if not spec:
+        return None
+    from ..codegen import epilogue as gen
+
+    try:
+        return gen.build(spec, dtype)
+    except gen.Unsupported as e:
+        if ("epilogue", str(e)) not in _logged:
+            _logged.add(("epilogue", str(e)))
+            log.info("overlap symm: epilogue %r runs as separate torch ops: %s", spec, e)
+        return None
+
+
+def _ep_pointers(g, args, outs=()):
+    from ..codegen import epilogue as gen
+
+    return gen.pointers(g, args, outs) if g is not None else ()
 
 
 def _scratch(size: int, align: int, stream):
@@ -123,8 +146,8 @@ def _ag_mm_problem(shard, weights, biases, gather_dim) -> str | None:
 
 
 @register("symm", "ag_mm")
-def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
-    args = (shard, weights, biases, gather_dim, group_name, return_gathered)
+def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilogues=(), epilogue_args=()):
+    args = (shard, weights, biases, gather_dim, group_name, return_gathered, epilogues, epilogue_args)
     why = _ag_mm_problem(shard, weights, biases, gather_dim)
     st = None if why else symm.state(group_name, shard.device)
     if st is None:
@@ -146,7 +169,14 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
     biases = [b.contiguous() if b is not None else None for b in (biases or [None] * len(weights))]
     gshape = list(shard.shape)
     gshape[dim] *= ws
-    outs = [shard.new_empty((ws * rows, w.shape[1])) for w in weights]
+    specs = list(epilogues) or [""] * len(weights)
+    gens = [_generated(spec, shard.dtype) for spec in specs]
+    # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
+    gens = [None if g is not None and _tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
+            for g, spec, w in zip(gens, specs, weights)]
+    # an output whose epilogue could not be generated is computed plainly, its reference applied after
+    outs = [shard.new_empty((ws * rows, w.shape[1]), dtype=shard.dtype if spec and g is None else
+                            _epilogue.out_dtype(spec, shard.dtype)) for w, spec, g in zip(weights, specs, gens)]
     gathered = shard.new_empty(gshape) if return_gathered else shard.new_empty((0,))
     flags, status = st.flag_arg(symm.AG_ARRIVED), st.status_arg()
 
@@ -154,7 +184,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
 
     def launch(i, cfg, epoch):
         ag_kernel.launch(shard2d, buf, weights[i], biases[i], outs[i], flags, epoch, status, st.timeout_ns,
-                         r, ws, run, band_rows, cfg, st.num_sms)
+                         r, ws, run, band_rows, cfg, st.num_sms, epilogue=gens[i],
+                         ep_ptrs=_ep_pointers(gens[i], epilogue_args, outs))
 
     cfgs = [
         _tune("ag_mm", (rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows),
@@ -172,8 +203,9 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
         for b, (lo, n) in enumerate(band_list):
             st.push((r - 1 - j) % ws, r * chunk_bytes + lo * row_bytes, shard2d.data_ptr() + lo * row_bytes,
                     n * row_bytes, symm.AG_ARRIVED + r * nbands + b)
-    for i, cfg in enumerate(cfgs):
-        launch(i, cfg, epoch)
+    # outputs that a swiglu step reads are computed first
+    for i in sorted(range(len(weights)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
+        launch(i, cfgs[i], epoch)
     if return_gathered and rows:
         gview = gathered.view(outer, ws, run, K)
         with torch.cuda.stream(st.copy_stream):
@@ -184,6 +216,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered):
                 _cuda.wait_value32(st.flag_addr(symm.AG_ARRIVED + c * nbands + nbands - 1), epoch, st.copy_stream)
                 gview[:, c].copy_(buf[c].view(outer, run, K))
     st.end(compute)
+    if any(spec and g is None for spec, g in zip(specs, gens)):
+        outs = _epilogue.apply_all([spec if g is None else "" for spec, g in zip(specs, gens)], outs, epilogue_args)
     return gathered, outs
 
 
@@ -201,8 +235,8 @@ def _mm_problem(a, b, bias, reduce_op) -> str | None:
 
 
 @register("symm", "mm_rs")
-def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
-    args = (a, b, bias, out_shape, scatter_dim, reduce_op, group_name)
+def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue="", epilogue_args=()):
+    args = (a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, epilogue_args)
     out_shape = list(out_shape)
     dim = scatter_dim % len(out_shape)
     why = _mm_problem(a, b, bias, reduce_op)
@@ -231,12 +265,15 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
     st.ensure_data(ws * chunk_bytes)
     recv = st.data_view(a.dtype, (ws * rows, N))
     peer = _peer_args(st, 0) if TRANSPORT == "peer" else None
-    out = a.new_empty((rows, N))
+    g = _generated(epilogue, a.dtype)
+    out = a.new_empty((rows, N), dtype=_epilogue.out_dtype(epilogue, a.dtype) if g is not None else a.dtype)
     stage = a.new_empty((ws * rows, N)) if peer is None else out
     average = reduce_op == "avg"
+    ep_ptrs = _ep_pointers(g, epilogue_args)
 
     def launch(cfg, epoch, peer, stage):
-        _launch_rs(st, a, b, bias, stage, recv, None, out, epoch, rows, run, 1, 0, 0, average, cfg, peer)
+        _launch_rs(st, a, b, bias, stage, recv, None, out, epoch, rows, run, 1, 0, 0, average, cfg, peer,
+                   epilogue=g, ep_ptrs=ep_ptrs)
 
     # Tuning runs without communication: with the local staging transport even when peer stores are
     # on (a peer-store run at epoch 0 would write into peers' buffers while they may be reading them).
@@ -257,17 +294,18 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name):
     st.end(compute)
     chunk_shape = list(out_shape)
     chunk_shape[dim] = seg
-    return out.view(chunk_shape)
+    out = out.view(chunk_shape)
+    return _epilogue.apply(epilogue, out, epilogue_args) if epilogue and g is None else out
 
 
 def _launch_rs(st, a, b, bias, stage, recv, gather, out, epoch, rows, run, rounds, out_round_stride, out_offset,
-               average, cfg, peer):
+               average, cfg, peer, epilogue=None, ep_ptrs=()):
     """The mm_rs / mm_ar producer kernel on this group's counters, flags, ticket and status word."""
     _, rs_kernel, _, _ = _kernels()
     rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
                      st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, st.status_arg(), st.timeout_ns,
                      st.rank, st.ws, rows, run, rounds, out_round_stride, out_offset, average, symm.band_rows(rows),
-                     cfg, st.num_sms, peer=peer)
+                     cfg, st.num_sms, peer=peer, epilogue=epilogue, ep_ptrs=ep_ptrs)
 
 
 # ------------------------------------------------------------------------------------- mm_ar
@@ -278,19 +316,35 @@ def ar_rounds(m: int, ws: int) -> int:
 
 
 @register("symm", "mm_ar")
-def mm_ar(a, b, bias, reduce_op, group_name):
-    args = (a, b, bias, reduce_op, group_name)
+def mm_ar(a, b, bias, reduce_op, group_name, epilogue="", epilogue_args=()):
+    """One-shot: the epilogue runs in the sum kernel. Rounds: the all-reduce, then the epilogue as
+    one generated pointwise kernel (the reduced rows of other ranks arrive by copy engine after the
+    GEMM's last tile, so no GEMM tile could apply it)."""
+    args = (a, b, bias, reduce_op, group_name, epilogue, epilogue_args)
     why = _mm_problem(a, b, bias, reduce_op)
     st = None if why else symm.state(group_name, a.device)
     if st is None:
         return _p2p("mm_ar", why, group_name, *args)
+    g = _generated(epilogue, a.dtype)
+    out, fused = _mm_ar_symm(st, a, b, bias, reduce_op, g, epilogue_args)
+    if not epilogue or fused:
+        return out
+    if g is None:
+        return _epilogue.apply(epilogue, out, epilogue_args)
+    from ..codegen import epilogue as gen
+
+    return gen.apply_pointwise(g, out, epilogue_args)
+
+
+def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=()):
+    """(the all-reduced result, whether the epilogue ``g`` was applied in it: one-shot only)."""
     PATHS["mm_ar:symm"] += 1
     ws, r = st.ws, st.rank
     a, b, bias = _aligned(a), _weight(b), (bias.contiguous() if bias is not None else None)
     M, N = a.shape[0], b.shape[1]
     es = a.element_size()
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
-        return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg")
+        return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args), g is not None
     configs = _kernels()[3]
     rounds = ar_rounds(M, ws)
     rows = -(-M // (rounds * ws))
@@ -340,7 +394,7 @@ def mm_ar(a, b, bias, reduce_op, group_name):
                     _cuda.memcpy_async(out[first].data_ptr(), gather_base + (rnd * ws + q) * slot_bytes + lo * row_bytes,
                                        count * row_bytes, st.copy_stream)
     st.end(compute)
-    return out
+    return out, False
 
 
 def _peer_args(st, gather_offset: int) -> dict:
@@ -349,7 +403,7 @@ def _peer_args(st, gather_offset: int) -> dict:
                 rs_flag_word=symm.RS_ARRIVED, ag_flag_word=symm.GATHERED)
 
 
-def _mm_ar_oneshot(st, a, b, bias, average):
+def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=()):
     PATHS["mm_ar:oneshot"] += 1
     _, _, reduce_kernel, _ = _kernels()
     ws, r = st.ws, st.rank
@@ -358,12 +412,12 @@ def _mm_ar_oneshot(st, a, b, bias, average):
     nbytes = M * N * a.element_size()
     st.ensure_data(ws * nbytes)
     recv = st.data_view(a.dtype, (ws * M, N))
-    out = a.new_empty((M, N))
+    out = a.new_empty((M, N), dtype=_epilogue.out_dtype(g.spec, a.dtype) if g is not None else a.dtype)
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute)
     for j in range(1, ws):
         st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, symm.RS_ARRIVED + r)
     reduce_kernel.launch(partial, recv, out, st.flag_arg(symm.RS_ARRIVED), epoch, st.status_arg(), st.timeout_ns,
-                         r, ws, average)
+                         r, ws, average, epilogue=g, ep_ptrs=_ep_pointers(g, epilogue_args))
     st.end(compute)
     return out

@@ -1,0 +1,252 @@
+"""Fused epilogues vs the same ops followed by Inductor's own pointwise kernels (issue 8).
+
+    torchrun --nproc-per-node=N bench/bench_epilogue.py --out-dir DIR [--block tp|swiglu]
+        [--mode inference|train] [--lowerings symm,p2p] [--steps 30] [--quick]
+        [--batch B --seq S --hidden H --heads NH --ffn F --dtype bfloat16] [--trace TRACE_DIR]
+
+The block is the demo's :class:`overlap_backend.models.TPBlock` (``--block tp``: Q/K/V biases,
+GELU after fc1, two residual adds after the reduce-scatters) or :class:`TPSwiGLUMlp` (``--block
+swiglu``: RMSNorm, ``silu(gate) * up`` of one all-gather, residual add), at the demo's GPU sizes
+(``overlap_backend.demo.GPU_DEFAULTS``). Variants, every one compiled with Inductor (CPU smoke runs
+use ``--no-inductor``):
+
+- ``inductor``: plain Inductor (its own collectives and fused pointwise kernels);
+- ``<lowering>_unfused``: this backend with ``fuse_epilogues=False``: the overlap ops, then the
+  pointwise nodes as Inductor compiles them (separate kernels);
+- ``<lowering>_fused``: this backend with ``fuse_epilogues=True``: the pointwise nodes the passes
+  captured run inside the ops (generated Triton epilogues).
+
+``--mode inference`` (default) times the forward under ``torch.no_grad()``, where every epilogue
+can be captured; ``--mode train`` times forward + backward (values saved for backward stay in the
+graph, so fewer captures). Each variant is checked against eager first (relative error, max over
+ranks: <= 1e-2 bf16, 1e-4 fp32, else FAIL), then timed: median of >= ``--steps`` (default 30)
+steps, CUDA events, max over ranks (``bench/common.py: Timing``). Kernel launches per step come
+from a torch.profiler trace of ``PROFILE_STEPS`` steps: GPU kernel events (memcpy/memset counted
+apart) and the host's launch calls (``cudaLaunchKernel`` / ``cuLaunchKernel*``), divided by the
+steps. The captured epilogue specs (from the backend's reports) are listed per variant. Rank 0
+writes ``DIR/epilogue_<block>_<mode>_ws<N>.md`` and ``.json``. Exit status 1 if a check FAILs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: overlap_backend, bench
+
+from bench import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import overlap_backend  # noqa: E402
+from overlap_backend.demo import GPU_DEFAULTS  # noqa: E402
+from overlap_backend.models import TPBlock, TPSwiGLUMlp  # noqa: E402
+
+warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
+CPU_SIZES = dict(batch=2, seq=32, hidden=64, heads=4, ffn=128, dtype="float32")
+PROFILE_STEPS = 5
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def count_launches(events) -> dict[str, int]:
+    """Kernels, copies and host launch calls among profiler ``events`` (FunctionEvent-like: ``name``,
+    ``device_type``)."""
+    from torch.autograd import DeviceType
+
+    kernels = copies = launches = 0
+    for e in events:
+        name = e.name
+        if e.device_type == DeviceType.CUDA:
+            if name.startswith(("Memcpy", "Memset")):
+                copies += 1
+            else:
+                kernels += 1
+        elif name in _LAUNCH_CALLS:
+            launches += 1
+    return {"kernels": kernels, "copies": copies, "launch_calls": launches}
+
+
+def build_block(args, ws: int, device: torch.device):
+    dtype = DTYPES[args.dtype]
+    if args.block == "tp":
+        block = TPBlock(args.hidden, args.heads, args.ffn, dtype=dtype, device=device, seed=0)
+    else:
+        block = TPSwiGLUMlp(args.hidden, args.ffn, dtype=dtype, device=device, seed=0)
+    return block.requires_grad_(args.mode == "train")
+
+
+def make_step(model, x, mode: str):
+    if mode == "inference":
+        def step():
+            with torch.no_grad():
+                return model(x)
+        return step
+    grad_out = torch.ones((), device=x.device)
+
+    def train_step():
+        x.grad = None
+        for p in model.parameters():
+            p.grad = None
+        out = model(x)
+        out.float().sum().mul(grad_out).backward()
+        return out
+    return train_step
+
+
+def reference(model, x, mode: str) -> list[torch.Tensor]:
+    if mode == "inference":
+        with torch.no_grad():
+            return [model(x).detach()]
+    x = x.detach().clone().requires_grad_()
+    out = model(x)
+    out.float().sum().backward()
+    return [out.detach(), x.grad] + [p.grad for p in model.parameters()]
+
+
+def variants(args) -> list[tuple[str, dict | None]]:
+    out = [("inductor", None)]
+    for lowering in args.lowerings.split(","):
+        out += [(f"{lowering}_unfused", dict(lowering=lowering, fuse_epilogues=False)),
+                (f"{lowering}_fused", dict(lowering=lowering, fuse_epilogues=True))]
+    return out
+
+
+def run_variant(name, backend_kw, args, ws, device, x, ref, timing) -> dict:
+    row = {"variant": name, "time_ms": None, "reps": None, "check": "—", "max_rel_err": None,
+           "kernels_per_step": None, "copies_per_step": None, "launch_calls_per_step": None, "epilogues": [],
+           "note": None}
+    torch._dynamo.reset()
+    model = build_block(args, ws, device)
+    if backend_kw is None:
+        backend = "inductor" if args.inductor else "eager"
+    else:
+        backend = overlap_backend.make_backend(inductor=args.inductor, **backend_kw)
+    compiled = torch.compile(model, backend=backend)
+    xi = x.detach().clone().requires_grad_(args.mode == "train")
+    try:
+        got = reference(compiled, xi, args.mode)
+    except Exception as e:  # noqa: BLE001
+        if args.verbose:
+            traceback.print_exc()
+        row["check"], row["note"] = "ERROR", f"raised: {type(e).__name__}: {str(e)[:300]}"
+        return row
+    errs = [common.rel_err(g.float(), r.float()) for g, r in zip(got, ref)]
+    err = common.allreduce_max([max(errs)], device)[0]
+    tol = TOL[DTYPES[args.dtype]]
+    row["max_rel_err"] = err
+    row["check"] = "PASS" if math.isfinite(err) and err <= tol else "FAIL"
+    if not isinstance(backend, str):
+        row["epilogues"] = [e["spec"] for r in backend.reports for m in r.matches if m.epilogue
+                            for e in m.epilogue if e["spec"]]
+    step = make_step(compiled, xi, args.mode)
+    row["time_ms"], row["reps"] = timing.bench(step)
+    # launches per step from a profiler trace of PROFILE_STEPS steps
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    common.synchronize(device)
+    dist.barrier()
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(PROFILE_STEPS):
+            step()
+        common.synchronize(device)
+    counts = count_launches(prof.events())
+    if device.type == "cuda":
+        row["kernels_per_step"] = counts["kernels"] / PROFILE_STEPS
+        row["copies_per_step"] = counts["copies"] / PROFILE_STEPS
+        row["launch_calls_per_step"] = counts["launch_calls"] / PROFILE_STEPS
+    if args.trace and dist.get_rank() in (0, 1):
+        Path(args.trace).mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(Path(args.trace) / f"epilogue_{args.block}_{name}_rank{dist.get_rank()}.json"))
+    return row
+
+
+def render(rows, info, args, ws) -> str:
+    def fmt(v, spec="{:.1f}"):
+        return "n/a" if v is None else spec.format(v)
+
+    base = {r["variant"]: r for r in rows}
+    table = []
+    for r in rows:
+        unfused = base.get(r["variant"].replace("_fused", "_unfused")) if r["variant"].endswith("_fused") else None
+        speedup = (f"{unfused['time_ms'] / r['time_ms']:.3f}×" if unfused and unfused["time_ms"] and r["time_ms"]
+                   else "—")
+        table.append([r["variant"], common.fmt_ms(r["time_ms"]), r["reps"] or "—", speedup,
+                      fmt(r["kernels_per_step"]), fmt(r["copies_per_step"]), fmt(r["launch_calls_per_step"]),
+                      r["check"], fmt(r["max_rel_err"], "{:.2e}"), ", ".join(r["epilogues"]) or "—", r["note"] or ""])
+    sizes = f"batch {args.batch}, seq {args.seq}, hidden {args.hidden}, heads {args.heads}, ffn {args.ffn}, {args.dtype}"
+    return "\n\n".join([
+        f"# Epilogue fusion: {args.block} block, {args.mode}, ws={ws}",
+        common.info_markdown(info),
+        f"Sizes: {sizes}. Time: median step (ms), max over ranks. Kernels/copies/launch calls: per step, "
+        f"from a profiler trace of {PROFILE_STEPS} steps. Speed-up: the unfused variant's time over the fused one's.",
+        common.markdown_table(["variant", "step ms", "reps", "fused speed-up", "kernels", "copies", "launch calls",
+                               "check", "max rel err", "captured epilogues", "note"], table),
+    ]) + "\n"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out-dir", type=Path, required=True)
+    p.add_argument("--block", choices=("tp", "swiglu"), default="tp")
+    p.add_argument("--mode", choices=("inference", "train"), default="inference")
+    p.add_argument("--lowerings", default=None, help="comma-separated: symm,p2p (default: symm on CUDA, p2p on CPU)")
+    p.add_argument("--steps", type=int, default=30, help="at least this many timed steps")
+    p.add_argument("--quick", action="store_true", help="10 timed steps")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-inductor", dest="inductor", action="store_false", help="CPU smoke: no Inductor codegen")
+    p.add_argument("--trace", default=None, help="write the profiler traces (ranks 0 and 1) here")
+    p.add_argument("--verbose", action="store_true")
+    for k in ("batch", "seq", "hidden", "heads", "ffn"):
+        p.add_argument(f"--{k}", type=int, default=None)
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None)
+    args = p.parse_args(argv)
+    defaults = GPU_DEFAULTS if args.device == "cuda" else CPU_SIZES
+    for k in ("batch", "seq", "hidden", "heads", "ffn", "dtype"):
+        if getattr(args, k) is None:
+            setattr(args, k, defaults[k])
+    if args.lowerings is None:
+        args.lowerings = "symm" if args.device == "cuda" else "p2p"
+    if args.quick:
+        args.steps = 10
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rank, ws, device = common.init_distributed(args.device)
+    info = common.machine_info(device, ws)
+    timing = common.Timing(device, min_reps=args.steps)
+    g = torch.Generator(device=device).manual_seed(1)
+    x_full = torch.randn(args.batch, args.seq, args.hidden, generator=g, device=device).to(DTYPES[args.dtype])
+    x = x_full.chunk(ws, dim=1)[rank].contiguous()
+    ref = reference(build_block(args, ws, device), x.detach().clone().requires_grad_(args.mode == "train"), args.mode)
+    rows, ok = [], True
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.out_dir / f"epilogue_{args.block}_{args.mode}_ws{ws}"
+    for name, kw in variants(args):
+        row = run_variant(name, kw, args, ws, device, x, ref, timing)
+        rows.append(row)
+        ok &= row["check"] in ("PASS", "—")
+        if rank == 0:
+            text = render(rows, info, args, ws)
+            stem.with_suffix(".md").write_text(text)
+            common.write_json(stem.with_suffix(".json"), {"info": info, "args": vars(args), "rows": rows})
+            print(f"{name}: {common.fmt_ms(row['time_ms'])} ms, kernels/step {row['kernels_per_step']}, "
+                  f"{row['check']} ({row['max_rel_err']}), epilogues {row['epilogues']}", flush=True)
+    if rank == 0:
+        print(render(rows, info, args, ws))
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

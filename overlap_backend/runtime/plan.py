@@ -1,0 +1,198 @@
+"""The runtime calls one overlap op makes, written out as Python (for the debug dump).
+
+``render(op, args, rank, ws)`` takes the op's arguments as tensors (fake ones are fine: only
+shapes, dtypes and devices are read) and returns a Python-readable listing of what the op's
+lowering issues on this rank: buffers, copy-engine transfers, flag writes and waits, P2P ring
+transfers, kernel launches, the epilogue. It follows the lowerings' own decisions (the ``symm``
+fallback checks, ``symm.bands``, ``ar_rounds``, the one-shot limit), so it says which path a call
+takes; it is a description, not a trace (``PATHS`` in ``symm_lowering`` counts the real ones).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import epilogue as _epilogue
+
+
+def _t(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"Tensor({list(x.shape)}, {str(x.dtype).replace('torch.', '')})"
+    return repr(x)
+
+
+def _epilogue_lines(target: str, spec: str, n_args: int) -> list[str]:
+    if not spec:
+        return []
+    return [f"{target} = epilogue.apply({spec!r}, {target}, epilogue_args, outs)  # torch ops (runtime/epilogue.py)"]
+
+
+def _ring_p2p(op: str, args: dict, rank: int, ws: int) -> list[str]:
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    lines = [f"# lowering 'p2p': ring over torch.distributed P2P, rank {rank} sends to {nxt}, receives from {prv}"]
+    if op == "ag_mm":
+        lines.append(f"chunks = torch.empty(({ws}, *shard.shape)); chunks[{rank}].copy_(shard)")
+        for step in range(ws):
+            c = (rank - step) % ws
+            if step < ws - 1:
+                lines.append(f"works = batch_isend_irecv([isend(chunks[{c}], peer={nxt}), irecv(chunks[{(c - 1) % ws}], "
+                             f"peer={prv})])  # side stream on CUDA")
+            for i in range(len(args["weights"])):
+                lines.append(f"outs[{i}][rows_of_chunk({c})] = chunks[{c}] @ weights[{i}] + biases[{i}]  # bias if any")
+            if step < ws - 1:
+                lines.append("wait(works)")
+        specs = _epilogue.split_outputs(args.get("epilogue", ""), len(args["weights"]))
+        for i in sorted(range(len(specs)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
+            lines += _epilogue_lines(f"outs[{i}]", specs[i], len(args.get("epilogue_args") or ()))
+        return lines
+    order = [(rank - s - 1) % ws for s in range(ws)]
+    lines.append(f"acc = partial({order[0]})  # a @ b + bias on the rows of that chunk")
+    for step in range(1, ws):
+        c = order[step]
+        lines.append(f"works = batch_isend_irecv([isend(acc, peer={nxt}), irecv(incoming, peer={prv})])")
+        lines.append(f"mine = partial({c})  # overlaps the transfer")
+        lines.append("wait(works)")
+        lines.append(f"acc = reduce(mine, incoming, {args['reduce_op']!r})")
+    if op == "mm_ar":
+        lines.append("out = all_gather_into_tensor(acc)[:M]")
+    else:
+        lines.append("out = acc")
+    lines += _epilogue_lines("out", args.get("epilogue", ""), len(args.get("epilogue_args") or ()))
+    return lines
+
+
+def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
+    """The symm path, or None when the call falls back to p2p (the reason is in the first line)."""
+    from . import symm
+    from . import symm_lowering as sl
+
+    lines = []
+    if op == "ag_mm":
+        shard, weights = args["shard"], args["weights"]
+        why = sl._ag_mm_problem(shard, weights, args["biases"], args["gather_dim"])
+        if why:
+            return [f"# symm falls back to p2p: {why}"]
+        K = shard.shape[-1]
+        rows = shard.numel() // K
+        band_list = symm.bands(rows)
+        nb = len(band_list)
+        es = shard.element_size()
+        specs = _epilogue.split_outputs(args.get("epilogue", ""), len(weights)) or [""] * len(weights)
+        lines += [
+            f"# lowering 'symm': ag_mm, chunks of {rows} rows in {nb} band(s) of {symm.band_rows(rows)} rows",
+            f"buf = symm_data_view({_t(shard.dtype)}, ({ws}, {rows}, {K}))  # this rank's receive buffer (peers push here)",
+            "epoch = group.begin(compute)",
+            *(f"cuStreamWriteValue32(flag=peer_flags({p}).READY[{rank}], value=epoch, stream=compute)"
+              for p in range(ws) if p != rank),
+        ]
+        for j in range(ws - 1):
+            peer = (rank - 1 - j) % ws
+            for b, (lo, n) in enumerate(band_list):
+                if b == 0:  # group.push waits for a peer's READY before its first push of the call
+                    lines.append(f"cuStreamWaitValue32(flag=flags.READY[{peer}], geq=epoch, stream=push_stream)")
+                lines += [
+                    f"cuMemcpyAsync(dst=peer_buf({peer})[{rank}][{lo}:{lo + n}], src=shard[{lo}:{lo + n}], "
+                    f"nbytes={n * K * es}, stream=push_stream)",
+                    f"cuStreamWriteValue32(flag=peer_flags({peer}).AG_ARRIVED[{rank * nb + b}], value=epoch, "
+                    "stream=push_stream)",
+                ]
+        for i in sorted(range(len(weights)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
+            ep = f"epilogue_{i}" if specs[i] else "identity"
+            lines.append(
+                f"launch(ag_mm_kernel, grid=num_sms, out=outs[{i}], b=weights[{i}], EPILOGUE={ep})  "
+                f"# tiles: own shard, then chunks {[(rank + p) % ws for p in range(1, ws)]}, "
+                f"each band after wait_flag(AG_ARRIVED[chunk * {nb} + band] >= epoch)")
+        if args.get("return_gathered"):
+            for p in range(1, ws):
+                c = (rank + p) % ws
+                lines += [f"cuStreamWaitValue32(flag=flags.AG_ARRIVED[{c * nb + nb - 1}], geq=epoch, stream=copy_stream)",
+                          f"gathered[chunk({c})].copy_(buf[{c}])  # on copy_stream"]
+        lines.append("group.end(compute)  # compute waits for the push and copy streams")
+        return lines
+    a, b = args["a"], args["b"]
+    why = sl._mm_problem(a, b, args["bias"], args["reduce_op"])
+    if why is None and op == "mm_rs" and args["scatter_dim"] % len(args["out_shape"]) == len(args["out_shape"]) - 1:
+        why = "scatter along the output's columns"
+    if why:
+        return [f"# symm falls back to p2p: {why}"]
+    M, N = a.shape[0], b.shape[1]
+    es = a.element_size()
+    spec = args.get("epilogue", "")
+    if op == "mm_ar" and M * N * es <= symm.ONESHOT_MAX_BYTES:
+        lines += [
+            "# lowering 'symm': mm_ar one-shot (partial <= ONESHOT_MAX_BYTES)",
+            "partial = a @ b + bias  # cuBLAS (addmm when there is a bias)",
+            "epoch = group.begin(compute)",
+            *(line for j in range(1, ws) for line in (
+                f"cuStreamWaitValue32(flag=flags.READY[{(rank - j) % ws}], geq=epoch, stream=push_stream)",
+                f"cuMemcpyAsync(dst=peer_buf({(rank - j) % ws})[{rank}], src=partial, nbytes={M * N * es}, "
+                "stream=push_stream)",
+                f"cuStreamWriteValue32(flag=peer_flags({(rank - j) % ws}).RS_ARRIVED[{rank}], value=epoch, "
+                "stream=push_stream)")),
+            f"launch(oneshot_sum_kernel, out=out, EPILOGUE={'epilogue_0' if spec else 'identity'})  "
+            "# waits RS_ARRIVED[p] >= epoch for every peer p, sums, epilogue, stores",
+            "group.end(compute)",
+        ]
+        return lines
+    rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
+    if op == "mm_ar":
+        rows = -(-M // (rounds * ws))
+    else:
+        shape = list(args["out_shape"])
+        rows = math.prod(shape) // shape[-1] // ws
+    band_list = symm.bands(rows)
+    nb = len(band_list)
+    lines += [
+        f"# lowering 'symm': {op}, {rounds} round(s) x {ws} chunks of {rows} rows, {nb} band(s) each, "
+        f"transport {sl.TRANSPORT!r}",
+        f"recv = symm_data_view({_t(a.dtype)}, ({rounds * ws * rows}, {N}))",
+        f"stage = torch.empty(({rounds * ws * rows}, {N}))  # remote chunks' partials, pushed by the copy engine",
+        "epoch = group.begin(compute)",
+        f"launch(mm_rs_kernel, grid=num_sms, EPILOGUE={'epilogue_0' if spec and op == 'mm_rs' else 'identity'})  "
+        f"# per round: chunks {[(rank + 1 + p) % ws for p in range(ws)]} (own last); remote tiles -> stage, "
+        "count -> DONE flag; own tiles wait RS_ARRIVED of every peer, add, epilogue, store",
+    ]
+    ready_waited = set()
+    for rnd in range(rounds):
+        for pos in range(ws - 1):
+            c = (rank + 1 + pos) % ws
+            slot = rnd * ws + c
+            for bi, (lo, n) in enumerate(band_list):
+                dst = (rnd * ws + rank) * rows + lo
+                src = slot * rows + lo
+                lines.append(f"cuStreamWaitValue32(flag=flags.DONE[{slot * nb + bi}], geq=epoch, stream=push_stream)")
+                if c not in ready_waited:
+                    ready_waited.add(c)
+                    lines.append(f"cuStreamWaitValue32(flag=flags.READY[{c}], geq=epoch, stream=push_stream)")
+                lines += [
+                    f"cuMemcpyAsync(dst=peer_recv({c})[{dst}:{dst + n}], src=stage[{src}:{src + n}], "
+                    f"nbytes={n * N * es}, stream=push_stream)",
+                    f"cuStreamWriteValue32(flag=peer_flags({c}).RS_ARRIVED[{(rnd * ws + rank) * nb + bi}], value=epoch, "
+                    "stream=push_stream)",
+                ]
+        if op == "mm_ar":
+            own = rnd * ws + rank
+            lines.append(f"# round {rnd}: reduced bands of slot {own} pushed to every peer (GATHERED flags), "
+                         "peers' reduced bands copied into out on copy_stream as their GATHERED flags rise")
+    lines.append("group.end(compute)")
+    if spec and op == "mm_ar":
+        lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue, after the all-gather")
+    return lines
+
+
+def render(op: str, args: dict, rank: int, ws: int) -> str:
+    """The listing for one call of ``overlap::<op>`` with ``args`` (name -> value, schema names)."""
+    lowering = args["lowering"]
+    head = [f"# overlap::{op} on rank {rank} of {ws}, lowering {lowering!r}"]
+    head += [f"# {k} = {_t(v) if not isinstance(v, (list, tuple)) else '[' + ', '.join(map(_t, v)) + ']'}"
+             for k, v in args.items()]
+    body = []
+    if lowering == "symm":
+        body = _symm(op, args, rank, ws) or []
+        if body and body[0].startswith("# symm falls back"):
+            body += _ring_p2p(op, args, rank, ws)
+    else:
+        body = _ring_p2p(op, args, rank, ws)
+    return "\n".join(head + [f"def {op}_calls():"] + ["    " + line for line in body]) + "\n"
