@@ -101,6 +101,18 @@ def _parse_cta_stages(name: str, raw: str | int) -> int:
     return value
 
 
+def _parse_moe_comm_sms(name: str, raw: str | int) -> int:
+    try:
+        if isinstance(raw, (bool, float)):
+            raise ValueError
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer from 1 to 64") from None
+    if not 1 <= value <= 64:
+        raise ConfigError(f"{name}={raw!r} is out of range; allowed: an integer from 1 to 64")
+    return value
+
+
 def _parse_debug_dir(name: str, raw: str | os.PathLike | None) -> str | None:
     if raw is None:
         return None
@@ -139,6 +151,10 @@ class OverlapConfig:
     """``OVERLAP_CTA_STAGES``: pipeline stages of the ``cta_pipeline`` op (``stages`` argument;
     the ``p2p`` lowering cuts the rows into that many micro-chunks). Never changes the result."""
 
+    moe_comm_sms: int = 8
+    """``OVERLAP_MOE_COMM_SMS``: SMs (CTAs) of the ``moe_experts`` symm communication kernel, which
+    ships finished expert segments to their source ranks while the expert GEMM runs on the others."""
+
     _ENV = {
         "disable": ("OVERLAP_DISABLE", _parse_bool),
         "passes": ("OVERLAP_PASSES", _parse_passes),
@@ -148,6 +164,7 @@ class OverlapConfig:
         "min_numel": ("OVERLAP_MIN_NUMEL", _parse_min_numel),
         "timeout_s": ("OVERLAP_TIMEOUT_S", _parse_timeout),
         "cta_stages": ("OVERLAP_CTA_STAGES", _parse_cta_stages),
+        "moe_comm_sms": ("OVERLAP_MOE_COMM_SMS", _parse_moe_comm_sms),
     }
 
     def __post_init__(self):
@@ -160,6 +177,7 @@ class OverlapConfig:
         _parse_timeout("timeout_s", self.timeout_s)
         if isinstance(self.cta_stages, bool) or not isinstance(self.cta_stages, int) or self.cta_stages < 1:
             raise ConfigError(f"cta_stages={self.cta_stages!r}; allowed: an integer >= 1")
+        _parse_moe_comm_sms("moe_comm_sms", self.moe_comm_sms)
 
     @classmethod
     def env_vars(cls) -> dict[str, str]:

@@ -58,7 +58,14 @@ DONE = GATHERED + _SLOTS  # [(round * ws + c) * nbands + b]: this rank finished 
 COUNTERS = DONE + _SLOTS  # same index: tiles of that band finished so far (local)
 CLAIM = COUNTERS + _SLOTS  # a kernel timed out (local; the report itself is in pinned host memory)
 TICKET = CLAIM + 1  # mm_rs/mm_ar tile tickets (local; 0 between calls)
-FLAG_WORDS = TICKET + 1
+# moe_experts (runtime/moe_symm.py): s / d are ranks, pos = (source - rank - 1) % ws a source position.
+MOE_ARRIVED = TICKET + 1  # [s]: source s's dispatch rows are in this rank's dispatch slot s (s's copy engine)
+MOE_RETURNED = MOE_ARRIVED + WS_MAX  # [d]: rank d's results for this rank's rows are in combine slot d (d's SMs/CE)
+MOE_DONE = MOE_RETURNED + WS_MAX  # [pos]: the producer finished every tile of that source (local)
+MOE_COUNTERS = MOE_DONE + WS_MAX  # [pos]: its tiles finished so far (local; 0 between calls)
+MOE_PUSHED = MOE_COUNTERS + WS_MAX  # [pos]: communication CTAs done copying that segment (local; 0 between calls)
+MOE_TICKETS = MOE_PUSHED + WS_MAX  # [2]: gate/up and down tile tickets (local; 0 between calls)
+FLAG_WORDS = MOE_TICKETS + 2
 
 
 def band_rows(rows: int) -> int:
@@ -347,7 +354,7 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
     """The exception that a kernel's status words ``[1, op, rank, flag, seen, epoch, ...]`` stand for."""
     if not words[0]:
         return None
-    from ..codegen.flags import OP_AG_MM, OP_AR_ONESHOT, OP_NAMES
+    from ..codegen.flags import OP_AG_MM, OP_AR_ONESHOT, OP_MOE, OP_NAMES
 
     _, op, rank, flag, seen, epoch, nbands = (int(w) for w in words[:7])
     nbands = max(nbands, 1)
@@ -358,6 +365,13 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
         what = f"band {flag % nbands} of rank {flag // nbands}'s shard to arrive"
     elif op == OP_AR_ONESHOT.value:
         what = f"rank {flag}'s partial to arrive"
+    elif op == OP_MOE.value:
+        if flag >= 200:
+            what = f"rank {flag - 200}'s expert results for this rank's tokens to come back"
+        elif flag >= 100:
+            what = f"this rank's own expert tiles for source position {flag - 100} to finish"
+        else:
+            what = f"rank {flag}'s dispatched tokens to arrive"
     elif ws:
         slot = flag // nbands
         what = f"band {flag % nbands} of rank {slot % ws}'s partial (round {slot // ws}) to arrive"

@@ -1,0 +1,200 @@
+"""``moe_experts`` producer: persistent grouped SwiGLU GEMMs over all local experts, one launch each.
+
+Rows: the *plan* (``runtime/moe_symm.py: plan``, torch ops on the device, no host read) sorts the
+valid grouped rows by (source position, expert), position ``pos = (source - rank - 1) % ws``: the
+rows that go back to rank+1 first, ..., this rank's own rows last ("remote-critical first"). Group
+``g = pos * E + e`` holds ``counts[g]`` rows starting at sorted row ``row_start[g]``; ``srows[p]``
+is sorted row p's received-row index (``recv_off[s] <= srows[p] < recv_off[s + 1]``).
+
+Tiles: group g has ``cdiv(counts[g], BM)`` row tiles; ``tile_start`` ([G + 1], int32, on the
+device) is their prefix sum, so the tile -> (group, row tile, column tile) map is a binary search
+on the device: variable (unbacked) group sizes need no host synchronisation. Tile t is row tile
+``t // tiles_n``, column tile ``t % tiles_n`` (a row tile's column tiles are consecutive: its A
+rows stay in L2). Tiles are handed out by an atomic ticket in that order (not by CTA index: a CTA
+that is not resident holds no tile that anyone waits for); the CTA that draws the last ticket
+resets it for the next call.
+
+- ``gate_up_kernel``: ``act[p] = silu(X[p] @ w_gate[e]) * (X[p] @ w_up[e])`` (float32 accumulators,
+  one rounding to the compute dtype). X rows are gathered from where they arrived: this rank's own
+  rows straight from ``x``, a peer's from its slot of the dispatch buffer, after a bounded wait on
+  that source's arrival flag (once per source and CTA: a tile waits only for the segment it reads).
+- ``down_kernel``: ``Y[p] = act[p] @ w_down[e]``; the epilogue scatters row p to received-row
+  position ``srows[p]``: into ``out`` for this rank's own rows, else into the staging buffer
+  (``[N_recv, H]``, received-row order); each remote tile is counted per source position and the
+  CTA that finishes a source's last tile raises ``done[pos]`` (release). Program 0 raises the done
+  flag of sources with no tile at all (nothing to wait for: their staging rows are zeros).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .flags import OP_MOE, count_tile_done, signal_flag, wait_flag
+
+
+@triton.jit
+def find_group(rt, tile_start_ptr, G, LOG_G: tl.constexpr):
+    """Largest g < G with ``tile_start[g] <= rt`` (``tile_start[0] == 0 <= rt < tile_start[G]``):
+    the group of row tile ``rt``; groups without tiles are skipped because their start repeats."""
+    lo = rt * 0
+    hi = lo + G
+    for _ in tl.static_range(LOG_G):
+        mid = (lo + hi) // 2
+        wide = hi - lo > 1
+        up = wide & (tl.load(tile_start_ptr + mid) <= rt)
+        lo = tl.where(up, mid, lo)
+        hi = tl.where(wide & (up == 0), mid, hi)
+    return lo
+
+
+@triton.jit
+def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, G, E,
+              LOG_G: tl.constexpr, BM: tl.constexpr):
+    """Tile t -> (group, expert, source position, column tile, sorted rows, row mask, received rows)."""
+    rt = t // tiles_n
+    pid_n = t % tiles_n
+    g = find_group(rt, tile_start_ptr, G, LOG_G)
+    pid_m = rt - tl.load(tile_start_ptr + g)
+    first = tl.load(row_start_ptr + g)
+    offs_p = first + pid_m * BM + tl.arange(0, BM)
+    mask = offs_p < first + tl.load(counts_ptr + g)
+    srow = tl.load(srows_ptr + offs_p, mask=mask, other=0)
+    return g, g % E, g // E, pid_n, offs_p, mask, srow
+
+
+@triton.jit
+def gate_up_kernel(
+    x_ptr, disp_ptr, w_gate_ptr, w_up_ptr, act_ptr,
+    srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr,
+    arrived_ptr, ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+    rank, own_row0, cap, H, F, G, E,
+    WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    TIMED: tl.constexpr,
+):
+    tiles_n = tl.cdiv(F, BN)
+    num_tiles = tl.load(tile_start_ptr + G) * tiles_n
+    waited = 0  # bit s: this CTA has seen source s's dispatch flag
+    offs_k = tl.arange(0, BK)
+    tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+    while tile < num_tiles:
+        g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
+                                                         srows_ptr, G, E, LOG_G, BM)
+        src = (rank + 1 + pos) % WS
+        local = srow - tl.load(recv_off_ptr + src)
+        if src == rank:
+            a_ptrs = x_ptr + (own_row0 + local).to(tl.int64)[:, None] * H + offs_k[None, :]
+        else:
+            if ((waited >> src) & 1) == 0:
+                wait_flag(arrived_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src, 1, timeout_ns, TIMED)
+                waited = waited | (1 << src)
+            a_ptrs = disp_ptr + (src * cap + local).to(tl.int64)[:, None] * H + offs_k[None, :]
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        n_ok = offs_n < F
+        w_off = e.to(tl.int64) * H * F + offs_k[:, None] * F + offs_n[None, :]
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, tl.cdiv(H, BK)):
+            k_ok = offs_k < H - k * BK
+            a = tl.load(a_ptrs, mask=mask[:, None] & k_ok[None, :], other=0.0).to(w_gate_ptr.dtype.element_ty)
+            wmask = k_ok[:, None] & n_ok[None, :]
+            bg = tl.load(w_gate_ptr + w_off, mask=wmask, other=0.0)
+            bu = tl.load(w_up_ptr + w_off, mask=wmask, other=0.0)
+            acc_g = tl.dot(a, bg, acc_g)
+            acc_u = tl.dot(a, bu, acc_u)
+            a_ptrs += BK
+            w_off += BK * F
+        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        out_ptrs = act_ptr + offs_p.to(tl.int64)[:, None] * F + offs_n[None, :]
+        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=mask[:, None] & n_ok[None, :])
+        tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+    if tile == num_tiles + tl.num_programs(0) - 1:  # every CTA drew its last ticket
+        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def down_kernel(
+    act_ptr, w_down_ptr, out_ptr, stage_ptr,
+    srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, src_tiles_ptr,
+    counters_ptr, done_ptr, ticket_ptr, epoch,
+    rank, own_row0, H, F, G, E,
+    WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    tiles_n = tl.cdiv(H, BN)
+    num_tiles = tl.load(tile_start_ptr + G) * tiles_n
+    if tl.program_id(0) == 0:  # sources with no tile: their segment (zeros) is ready now
+        for p in tl.static_range(WS - 1):
+            if tl.load(src_tiles_ptr + p) == 0:
+                signal_flag(done_ptr + p, epoch)
+    offs_k = tl.arange(0, BK)
+    tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+    while tile < num_tiles:
+        g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
+                                                         srows_ptr, G, E, LOG_G, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        n_ok = offs_n < H
+        a_ptrs = act_ptr + offs_p.to(tl.int64)[:, None] * F + offs_k[None, :]
+        w_off = e.to(tl.int64) * F * H + offs_k[:, None] * H + offs_n[None, :]
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, tl.cdiv(F, BK)):
+            k_ok = offs_k < F - k * BK
+            a = tl.load(a_ptrs, mask=mask[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_down_ptr + w_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+            a_ptrs += BK
+            w_off += BK * H
+        y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
+        src = (rank + 1 + pos) % WS
+        smask = mask[:, None] & n_ok[None, :]
+        if src == rank:
+            local = srow - tl.load(recv_off_ptr + rank)
+            ptrs = out_ptr + (own_row0 + local).to(tl.int64)[:, None] * H + offs_n[None, :]
+            tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=smask)
+        else:
+            ptrs = stage_ptr + srow.to(tl.int64)[:, None] * H + offs_n[None, :]
+            tl.store(ptrs, y.to(stage_ptr.dtype.element_ty), mask=smask)
+            count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
+        tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+    if tile == num_tiles + tl.num_programs(0) - 1:
+        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+
+
+def log_groups(groups: int) -> int:
+    """Binary-search steps over ``groups`` groups."""
+    return max(1, (groups - 1).bit_length() + 1)
+
+
+def launch_gate_up(x, disp, w_gate, w_up, act, plan, arrived, ticket, epoch, status, timeout_ns, rank, ws,
+                   own_row0, cap, config, grid, timed=True):
+    """``plan``: dict with srows, counts, row_start, recv_off and ``tile_start`` of this BM (see
+    runtime/moe_symm.py). ``disp``: [ws * cap, H] dispatch buffer (x dtype); ``act`` [M, F]."""
+    E, H, F = w_gate.shape
+    BM, BN, BK, _, stages, warps, _ = config
+    G = ws * E
+    gate_up_kernel[(grid,)](
+        x, disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
+        plan["recv_off"], arrived, ticket, epoch, *status, timeout_ns, rank, own_row0, cap, H, F, G, E,
+        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, TIMED=timed, num_stages=stages, num_warps=warps,
+    )
+
+
+def launch_down(act, w_down, out, stage, plan, counters, done, ticket, epoch, rank, ws, own_row0, config, grid):
+    """``out`` [N_send, H] (own rows land at ``own_row0 + i``), ``stage`` [N_recv, H] (remote rows)."""
+    E, F, H = w_down.shape
+    BM, BN, BK, _, stages, warps, _ = config
+    G = ws * E
+    down_kernel[(grid,)](
+        act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
+        plan["recv_off"], plan["src_tiles"][BM], counters, done, ticket, epoch, rank, own_row0, H, F, G, E,
+        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, num_stages=stages, num_warps=warps,
+    )
+
+
+CONFIGS_16BIT = (  # (BM, BN, BK, GROUP_M unused, stages, warps, TMA store unused)
+    (128, 128, 64, 1, 3, 8, False),
+    (128, 64, 64, 1, 4, 4, False),
+    (64, 128, 64, 1, 4, 4, False),
+)
+
+
+def candidates(dtype: torch.dtype) -> list:
+    return list(CONFIGS_16BIT)
