@@ -170,7 +170,7 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew):
     """gate/up then down with the dispatch flags pre-set: own rows land in ``out`` at their send
     position, remote rows in the staging buffer at their received position, rows no grouped row
     points at stay 0; each source's done flag is raised (also for sources without tiles), counters
-    and tickets are back to 0."""
+    are back to 0."""
     gen = torch.Generator().manual_seed(ws + rank + 3 * skew)
     experts, h, f = 3, 24, 40
     case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(2,), idle=2)
@@ -188,12 +188,12 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew):
     claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
     m = len(case["rows"])
     act = torch.full((max(m, 1), f), float("nan")).to(torch.float16)
-    moe_gemm.launch_gate_up(x, disp, wg, wu, act, pl, flags[ARR:], flags[TICK:], EPOCH, (claim, report), 10**6, rank,
+    moe_gemm.launch_gate_up(x, disp, wg, wu, act, pl, flags[ARR:], EPOCH, (claim, report), 10**6, rank,
                             ws, send_off[rank], cap, CFG, 3, timed=False)
     out = torch.full_like(x, float("nan"))
     out[send_off[rank] : send_off[rank + 1]] = 0
     stage = torch.zeros(max(recv_off[-1], 1), h, dtype=dtype)
-    moe_gemm.launch_down(act, wd, out, stage, pl, flags[CNT:], flags[DONE:], flags[TICK + 1 :], EPOCH, rank, ws,
+    moe_gemm.launch_down(act, wd, out, stage, pl, flags[CNT:], flags[DONE:], EPOCH, rank, ws,
                          send_off[rank], CFG, 2)
     assert claim.item() == 0 and report[0].item() == 0
     ref = _reference_yr(recv_rows.float(), case["rows"], case["ends"], wg, wu, wd)
@@ -206,7 +206,7 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew):
             assert _rel(seg, ref[recv_off[s] : recv_off[s + 1]]) < tol
     assert torch.isnan(out[: send_off[rank]]).all() and torch.isnan(out[send_off[rank + 1] :]).all()  # untouched
     assert flags[DONE : DONE + ws - 1].tolist() == [EPOCH] * (ws - 1)
-    assert flags[CNT : CNT + ws].tolist() == [0] * ws and flags[TICK : TICK + 2].tolist() == [0, 0]
+    assert flags[CNT : CNT + ws].tolist() == [0] * ws
 
 
 def test_gate_up_times_out_on_missing_dispatch():
@@ -222,7 +222,7 @@ def test_gate_up_times_out_on_missing_dispatch():
     flags = torch.zeros(8, dtype=torch.int32)
     claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
     act = torch.empty(len(case["rows"]), f, dtype=torch.float16)
-    moe_gemm.launch_gate_up(x, disp, wg, wu, act, pl, flags, flags[4:], EPOCH, (claim, report), 5000, rank, ws,
+    moe_gemm.launch_gate_up(x, disp, wg, wu, act, pl, flags, EPOCH, (claim, report), 5000, rank, ws,
                             0, cap, CFG, 1, timed=False)
     words = report.tolist()
     assert words[:6] == [1, 5, rank, 1, 0, EPOCH]
@@ -373,8 +373,8 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew):
     assert all(p[1] == lay["disp"] + rank * lay["slot"] and p[3] == symm.MOE_ARRIVED + rank for p in st.pushes)
     assert [p[2] for p in st.pushes] == [case["send"][(rank - j) % ws] * h * 2 for j in range(1, ws)]
     assert len(saved) == 5 and all(v.numel() == 0 for v in saved)
-    lo, hi = symm.MOE_COUNTERS, symm.MOE_TICKETS + 2
-    assert st.flags[lo:hi].tolist() == [0] * (hi - lo)  # counters and tickets back to 0
+    lo, hi = symm.MOE_COUNTERS, symm.MOE_PUSHED + symm.WS_MAX
+    assert st.flags[lo:hi].tolist() == [0] * (hi - lo)  # tile and CTA counters back to 0
 
 
 def test_fallback_reasons():

@@ -10,9 +10,9 @@ Tiles: group g has ``cdiv(counts[g], BM)`` row tiles; ``tile_start`` ([G + 1], i
 device) is their prefix sum, so the tile -> (group, row tile, column tile) map is a binary search
 on the device: variable (unbacked) group sizes need no host synchronisation. Tile t is row tile
 ``t // tiles_n``, column tile ``t % tiles_n`` (a row tile's column tiles are consecutive: its A
-rows stay in L2). Tiles are handed out by an atomic ticket in that order (not by CTA index: a CTA
-that is not resident holds no tile that anyone waits for); the CTA that draws the last ticket
-resets it for the next call.
+rows stay in L2). CTA i takes tiles i, i + grid, ... (a ``tl.range`` loop): static assignment is
+safe here because no tile waits for another GPU's SMs (the gate/up tiles wait only for copy-engine
+transfers, the down tiles for nothing), so a CTA that is not resident yet delays but cannot block.
 
 - ``gate_up_kernel``: ``act[p] = silu(X[p] @ w_gate[e]) * (X[p] @ w_up[e])`` (float32 accumulators,
   one rounding to the compute dtype). X rows are gathered from where they arrived: this rank's own
@@ -66,7 +66,7 @@ def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, 
 def gate_up_kernel(
     x_ptr, disp_ptr, w_gate_ptr, w_up_ptr, act_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr,
-    arrived_ptr, ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+    arrived_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, own_row0, cap, H, F, G, E,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     TIMED: tl.constexpr,
@@ -75,8 +75,7 @@ def gate_up_kernel(
     num_tiles = tl.load(tile_start_ptr + G) * tiles_n
     waited = 0  # bit s: this CTA has seen source s's dispatch flag
     offs_k = tl.arange(0, BK)
-    tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
-    while tile < num_tiles:
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
                                                          srows_ptr, G, E, LOG_G, BM)
         src = (rank + 1 + pos) % WS
@@ -106,16 +105,13 @@ def gate_up_kernel(
         act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         out_ptrs = act_ptr + offs_p.to(tl.int64)[:, None] * F + offs_n[None, :]
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=mask[:, None] & n_ok[None, :])
-        tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
-    if tile == num_tiles + tl.num_programs(0) - 1:  # every CTA drew its last ticket
-        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def down_kernel(
     act_ptr, w_down_ptr, out_ptr, stage_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, src_tiles_ptr,
-    counters_ptr, done_ptr, ticket_ptr, epoch,
+    counters_ptr, done_ptr, epoch,
     rank, own_row0, H, F, G, E,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
@@ -126,8 +122,7 @@ def down_kernel(
             if tl.load(src_tiles_ptr + p) == 0:
                 signal_flag(done_ptr + p, epoch)
     offs_k = tl.arange(0, BK)
-    tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
-    while tile < num_tiles:
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
                                                          srows_ptr, G, E, LOG_G, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
@@ -153,9 +148,6 @@ def down_kernel(
             ptrs = stage_ptr + srow.to(tl.int64)[:, None] * H + offs_n[None, :]
             tl.store(ptrs, y.to(stage_ptr.dtype.element_ty), mask=smask)
             count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
-        tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
-    if tile == num_tiles + tl.num_programs(0) - 1:
-        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
 
 
 def log_groups(groups: int) -> int:
@@ -163,7 +155,7 @@ def log_groups(groups: int) -> int:
     return max(1, (groups - 1).bit_length() + 1)
 
 
-def launch_gate_up(x, disp, w_gate, w_up, act, plan, arrived, ticket, epoch, status, timeout_ns, rank, ws,
+def launch_gate_up(x, disp, w_gate, w_up, act, plan, arrived, epoch, status, timeout_ns, rank, ws,
                    own_row0, cap, config, grid, timed=True):
     """``plan``: dict with srows, counts, row_start, recv_off and ``tile_start`` of this BM (see
     runtime/moe_symm.py). ``disp``: [ws * cap, H] dispatch buffer (x dtype); ``act`` [M, F]."""
@@ -172,19 +164,19 @@ def launch_gate_up(x, disp, w_gate, w_up, act, plan, arrived, ticket, epoch, sta
     G = ws * E
     gate_up_kernel[(grid,)](
         x, disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
-        plan["recv_off"], arrived, ticket, epoch, *status, timeout_ns, rank, own_row0, cap, H, F, G, E,
+        plan["recv_off"], arrived, epoch, *status, timeout_ns, rank, own_row0, cap, H, F, G, E,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, TIMED=timed, num_stages=stages, num_warps=warps,
     )
 
 
-def launch_down(act, w_down, out, stage, plan, counters, done, ticket, epoch, rank, ws, own_row0, config, grid):
+def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, own_row0, config, grid):
     """``out`` [N_send, H] (own rows land at ``own_row0 + i``), ``stage`` [N_recv, H] (remote rows)."""
     E, F, H = w_down.shape
     BM, BN, BK, _, stages, warps, _ = config
     G = ws * E
     down_kernel[(grid,)](
         act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
-        plan["recv_off"], plan["src_tiles"][BM], counters, done, ticket, epoch, rank, own_row0, H, F, G, E,
+        plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, H, F, G, E,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, num_stages=stages, num_warps=warps,
     )
 

@@ -153,12 +153,12 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     status = st.status_arg()
 
     def gate_up(cfg, epoch):
-        moe_gemm.launch_gate_up(x, disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), flag(symm.MOE_TICKETS), epoch,
+        moe_gemm.launch_gate_up(x, disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), epoch,
                                 status, st.timeout_ns, r, ws, send_off[r], cap, cfg, grid_a, timed=x.is_cuda)
 
     def down(cfg, epoch):
         moe_gemm.launch_down(act, w_down, out, stage, pl, flag(symm.MOE_COUNTERS), flag(symm.MOE_DONE),
-                             flag(symm.MOE_TICKETS + 1), epoch, r, ws, send_off[r], cfg, grid_b)
+                             epoch, r, ws, send_off[r], cfg, grid_b)
 
     if x.is_cuda:  # tune on the real problem with every flag raised (epoch 0: no communication)
         key = (m, h, f, experts, ws, str(x.dtype), str(cd))

@@ -64,8 +64,7 @@ MOE_RETURNED = MOE_ARRIVED + WS_MAX  # [d]: rank d's results for this rank's row
 MOE_DONE = MOE_RETURNED + WS_MAX  # [pos]: the producer finished every tile of that source (local)
 MOE_COUNTERS = MOE_DONE + WS_MAX  # [pos]: its tiles finished so far (local; 0 between calls)
 MOE_PUSHED = MOE_COUNTERS + WS_MAX  # [pos]: communication CTAs done copying that segment (local; 0 between calls)
-MOE_TICKETS = MOE_PUSHED + WS_MAX  # [2]: gate/up and down tile tickets (local; 0 between calls)
-FLAG_WORDS = MOE_TICKETS + 2
+FLAG_WORDS = MOE_PUSHED + WS_MAX
 
 
 def band_rows(rows: int) -> int:
