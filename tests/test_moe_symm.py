@@ -183,7 +183,7 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew):
     recv_off_t = torch.tensor(recv_off, dtype=torch.int32)
     pl = moe_symm.plan(case["rows"], case["ends"], recv_off_t, rank, ws, experts, [CFG[0]])
     flags = torch.zeros(64, dtype=torch.int32)
-    ARR, TICK, CNT, DONE = 0, 16, 24, 32
+    ARR, CNT, DONE = 0, 24, 32
     flags[ARR : ARR + ws] = EPOCH
     claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
     m = len(case["rows"])
