@@ -107,8 +107,10 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
+    from overlap_backend.codegen import configs
     from overlap_backend.runtime import moe_symm, symm_lowering
 
+    configs.AUTOTUNE = False  # numerics do not depend on the block config
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = False
     moe_symm.TRANSPORT, moe_symm.COMM_SMS = transport, comm_sms
@@ -187,9 +189,11 @@ def layer_worker(rank, ws, device, policy, form, calls=20):
     import torch.distributed as dist  # noqa: F401
 
     import overlap_backend
+    from overlap_backend.codegen import configs
     from overlap_backend.moe_models import MoELayer
     from overlap_backend.runtime import symm_lowering
 
+    configs.AUTOTUNE = False
     torch._dynamo.config.capture_scalar_outputs = True
     tokens, hidden, ffn, experts = 256, 512, 768, 2 * ws
     layer = MoELayer(hidden, ffn, experts, top_k=2, policy=policy, expert_form=form, capacity_factor=1.25,

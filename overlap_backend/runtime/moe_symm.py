@@ -161,7 +161,8 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
                              epoch, r, ws, send_off[r], cfg, grid_b)
 
     if x.is_cuda:  # tune on the real problem with every flag raised (epoch 0: no communication)
-        key = (m, h, f, experts, ws, str(x.dtype), str(cd))
+        # rows vary per call (dropless): tune once per power-of-two bucket of them
+        key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd))
         cfg_a = _tune("moe_gate_up", key, cands, lambda c: gate_up(c, 0))
         cfg_b = _tune("moe_down", key + (grid_b,), cands, lambda c: down(c, 0))
 
