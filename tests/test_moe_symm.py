@@ -32,6 +32,16 @@ from overlap_backend.codegen import moe_comm, moe_gemm  # noqa: E402
 from overlap_backend.runtime import moe_symm, symm  # noqa: E402
 
 EPOCH = 7
+
+
+@pytest.fixture(autouse=True)
+def _cpu_allocator(monkeypatch):
+    """Device-side TMA descriptors take scratch memory from Triton's allocator: CPU tensors here."""
+    from overlap_backend.runtime import symm_lowering
+
+    alloc = lambda size, align, stream: torch.empty(size, dtype=torch.int8)  # noqa: E731
+    monkeypatch.setattr(symm_lowering, "_scratch", alloc)
+    triton.set_allocator(alloc)
 CFG = (16, 16, 16, 1, 1, 1, False)  # BM, BN, BK (the rest unused by the interpreter)
 
 

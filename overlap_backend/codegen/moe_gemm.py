@@ -15,10 +15,12 @@ safe here because no tile waits for another GPU's SMs (the gate/up tiles wait on
 transfers, the down tiles for nothing), so a CTA that is not resident yet delays but cannot block.
 
 - ``gate_up_kernel``: ``act[p] = silu(X[p] @ w_gate[e]) * (X[p] @ w_up[e])`` (float32 accumulators,
-  one rounding to the compute dtype). X rows are gathered from where they arrived: this rank's own
+  one rounding to the compute dtype). Weights come through TMA (3-D descriptors over ``[E, H, F]``);
+  X rows are gathered with pointer loads. X rows are gathered from where they arrived: this rank's own
   rows straight from ``x``, a peer's from its slot of the dispatch buffer, after a bounded wait on
   that source's arrival flag (once per source and CTA: a tile waits only for the segment it reads).
-- ``down_kernel``: ``Y[p] = act[p] @ w_down[e]``; the epilogue scatters row p to received-row
+- ``down_kernel``: ``Y[p] = act[p] @ w_down[e]``, both operands through TMA (``act`` is in sorted
+  order, so a row tile is a contiguous block); the epilogue scatters row p to received-row
   position ``srows[p]``: into ``out`` for this rank's own rows, else into the staging buffer
   (``[N_recv, H]``, received-row order); each remote tile is counted per source position and the
   CTA that finishes a source's last tile raises ``done[pos]`` (release). Program 0 raises the done
@@ -48,6 +50,13 @@ def find_group(rt, tile_start_ptr, G, LOG_G: tl.constexpr):
 
 
 @triton.jit
+def expert_descriptor(w_ptr, E, K, N, BK: tl.constexpr, BN: tl.constexpr):
+    """TMA descriptor of a row-major [E, K, N] expert weight; blocks [1, BK, BN] (zeros past K/N:
+    a block never reads the next expert's rows)."""
+    return tl.make_tensor_descriptor(w_ptr, shape=[E, K, N], strides=[K * N, N, 1], block_shape=[1, BK, BN])
+
+
+@triton.jit
 def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, G, E,
               LOG_G: tl.constexpr, BM: tl.constexpr):
     """Tile t -> (group, expert, source position, column tile, sorted rows, row mask, received rows)."""
@@ -73,6 +82,8 @@ def gate_up_kernel(
 ):
     tiles_n = tl.cdiv(F, BN)
     num_tiles = tl.load(tile_start_ptr + G) * tiles_n
+    wg_desc = expert_descriptor(w_gate_ptr, E, H, F, BK, BN)
+    wu_desc = expert_descriptor(w_up_ptr, E, H, F, BK, BN)
     waited = 0  # bit s: this CTA has seen source s's dispatch flag
     offs_k = tl.arange(0, BK)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
@@ -89,19 +100,16 @@ def gate_up_kernel(
             a_ptrs = disp_ptr + (src * cap + local).to(tl.int64)[:, None] * H + offs_k[None, :]
         offs_n = pid_n * BN + tl.arange(0, BN)
         n_ok = offs_n < F
-        w_off = e.to(tl.int64) * H * F + offs_k[:, None] * F + offs_n[None, :]
         acc_g = tl.zeros((BM, BN), dtype=tl.float32)
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
         for k in range(0, tl.cdiv(H, BK)):
             k_ok = offs_k < H - k * BK
             a = tl.load(a_ptrs, mask=mask[:, None] & k_ok[None, :], other=0.0).to(w_gate_ptr.dtype.element_ty)
-            wmask = k_ok[:, None] & n_ok[None, :]
-            bg = tl.load(w_gate_ptr + w_off, mask=wmask, other=0.0)
-            bu = tl.load(w_up_ptr + w_off, mask=wmask, other=0.0)
+            bg = wg_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+            bu = wu_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
             acc_g = tl.dot(a, bg, acc_g)
             acc_u = tl.dot(a, bu, acc_u)
             a_ptrs += BK
-            w_off += BK * F
         act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         out_ptrs = act_ptr + offs_p.to(tl.int64)[:, None] * F + offs_n[None, :]
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=mask[:, None] & n_ok[None, :])
@@ -112,31 +120,29 @@ def down_kernel(
     act_ptr, w_down_ptr, out_ptr, stage_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, src_tiles_ptr,
     counters_ptr, done_ptr, epoch,
-    rank, own_row0, H, F, G, E,
+    rank, own_row0, M, H, F, G, E,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     tiles_n = tl.cdiv(H, BN)
     num_tiles = tl.load(tile_start_ptr + G) * tiles_n
+    a_desc = tl.make_tensor_descriptor(act_ptr, shape=[M, F], strides=[F, 1], block_shape=[BM, BK])
+    w_desc = expert_descriptor(w_down_ptr, E, F, H, BK, BN)
     if tl.program_id(0) == 0:  # sources with no tile: their segment (zeros) is ready now
         for p in tl.static_range(WS - 1):
             if tl.load(src_tiles_ptr + p) == 0:
                 signal_flag(done_ptr + p, epoch)
-    offs_k = tl.arange(0, BK)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
                                                          srows_ptr, G, E, LOG_G, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         n_ok = offs_n < H
-        a_ptrs = act_ptr + offs_p.to(tl.int64)[:, None] * F + offs_k[None, :]
-        w_off = e.to(tl.int64) * F * H + offs_k[:, None] * H + offs_n[None, :]
+        first = tl.load(row_start_ptr + g) + (tile // tiles_n - tl.load(tile_start_ptr + g)) * BM
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k in range(0, tl.cdiv(F, BK)):
-            k_ok = offs_k < F - k * BK
-            a = tl.load(a_ptrs, mask=mask[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w_down_ptr + w_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            # rows past this group's end belong to the next group (or are TMA's zeros): computed, never stored
+            a = a_desc.load([first, k * BK])
+            b = w_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
             acc = tl.dot(a, b, acc)
-            a_ptrs += BK
-            w_off += BK * H
         y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
         src = (rank + 1 + pos) % WS
         smask = mask[:, None] & n_ok[None, :]
@@ -176,7 +182,7 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     G = ws * E
     down_kernel[(grid,)](
         act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
-        plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, H, F, G, E,
+        plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, num_stages=stages, num_warps=warps,
     )
 
