@@ -52,9 +52,11 @@ def _prefix(sizes):
     return out
 
 
-def _case(ws, rank, experts, h, f, gen, skew=False, empty=(), send=None, recv=None, idle=0):
+def _case(ws, rank, experts, h, f, gen, skew=False, empty=(), send=None, recv=None, idle=0, sorted_sources=False):
     """Random splits and a grouped row map as the MoE layer makes them (expert-major, source order
-    inside an expert); ``idle`` grouped rows past the last expert's end; returns a dict."""
+    inside an expert); ``idle`` grouped rows past the last expert's end; ``sorted_sources``: every
+    source sent its rows sorted by expert (as the layer does: each group is consecutive received
+    rows, the TMA path), else experts are drawn per row (the gather path); returns a dict."""
     if recv is None:
         recv = [int(v) for v in torch.randint(0, 20, (ws,), generator=gen)]
     n_recv = sum(recv)
@@ -65,6 +67,10 @@ def _case(ws, rank, experts, h, f, gen, skew=False, empty=(), send=None, recv=No
         expert_of = torch.randint(0, experts, (n_recv,), generator=gen)
     for e in empty:
         expert_of[expert_of == e] = (e + 1) % experts
+    if sorted_sources:
+        offs = _prefix(recv)
+        for s in range(ws):
+            expert_of[offs[s] : offs[s + 1]] = expert_of[offs[s] : offs[s + 1]].sort().values
     order = torch.sort(expert_of, stable=True).indices
     sizes = torch.bincount(expert_of, minlength=experts)
     rows = torch.cat([order, torch.randint(0, max(n_recv, 1), (idle,), generator=gen)]) if n_recv else order
@@ -168,38 +174,42 @@ def _buffers(ws, rank, case, h, dtype, gen):
     disp = torch.full((ws * cap, h), float("nan")).to(dtype)
     recv_rows = torch.randn(recv_off[-1], h, generator=gen).to(dtype)
     recv_rows[recv_off[rank] : recv_off[rank + 1]] = x[send_off[rank] : send_off[rank + 1]]
-    for s in range(ws):
-        if s != rank:
-            disp[s * cap : s * cap + case["recv"][s]] = recv_rows[recv_off[s] : recv_off[s + 1]]
+    for s in range(ws):  # the own rows too: the runtime copies them into slot `rank`
+        disp[s * cap : s * cap + case["recv"][s]] = recv_rows[recv_off[s] : recv_off[s + 1]]
     return x, disp, cap, recv_rows
 
 
-@pytest.mark.parametrize("skew", [False, True], ids=["balanced", "skewed"])
+@pytest.mark.parametrize("skew,sorted_sources", [(False, False), (False, True), (True, True)],
+                         ids=["balanced-gather", "balanced-tma", "skewed-tma"])
 @pytest.mark.parametrize("ws,rank,dtype", [(2, 1, torch.float32), (3, 0, torch.bfloat16)])
-def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew):
+def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources):
     """gate/up then down with the dispatch flags pre-set: own rows land in ``out`` at their send
     position, remote rows in the staging buffer at their received position, rows no grouped row
     points at stay 0; each source's done flag is raised (also for sources without tiles), counters
     are back to 0."""
     gen = torch.Generator().manual_seed(ws + rank + 3 * skew)
     experts, h, f = 3, 24, 40
-    case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(2,), idle=2)
+    case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(2,), idle=2, sorted_sources=sorted_sources)
     if skew:
         case["recv"][(rank + 1) % ws] = 0  # a source that sent nothing
-        case = _case(ws, rank, experts, h, f, gen, skew=True, empty=(2,), send=case["send"], recv=case["recv"])
+        case = _case(ws, rank, experts, h, f, gen, skew=True, empty=(2,), send=case["send"], recv=case["recv"],
+                     sorted_sources=sorted_sources)
     wg, wu, wd = _weights(experts, h, f, gen, torch.float16)
     x, disp, cap, recv_rows = _buffers(ws, rank, case, h, dtype, gen)
     send_off, recv_off = _prefix(case["send"]), _prefix(case["recv"])
     recv_off_t = torch.tensor(recv_off, dtype=torch.int32)
     pl = moe_symm.plan(case["rows"], case["ends"], recv_off_t, rank, ws, experts, [CFG[0]])
+    assert bool(pl["contig"].all()) == sorted_sources or not sorted_sources  # sorted senders: TMA for every group
+    if not sorted_sources:
+        assert not pl["contig"].all()  # some group is gathered
     flags = torch.zeros(64, dtype=torch.int32)
     ARR, CNT, DONE = 0, 24, 32
     flags[ARR : ARR + ws] = EPOCH
     claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
     m = len(case["rows"])
     act = torch.full((max(m, 1), f), float("nan")).to(torch.float16)
-    moe_gemm.launch_gate_up(x, disp, wg, wu, act, pl, flags[ARR:], EPOCH, (claim, report), 10**6, rank,
-                            ws, send_off[rank], cap, CFG, 3, timed=False)
+    moe_gemm.launch_gate_up(disp, wg, wu, act, pl, flags[ARR:], EPOCH, (claim, report), 10**6, rank, ws, cap, CFG, 3,
+                            timed=False)
     out = torch.full_like(x, float("nan"))
     out[send_off[rank] : send_off[rank + 1]] = 0
     stage = torch.zeros(max(recv_off[-1], 1), h, dtype=dtype)
@@ -232,8 +242,9 @@ def test_gate_up_times_out_on_missing_dispatch():
     flags = torch.zeros(8, dtype=torch.int32)
     claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
     act = torch.empty(len(case["rows"]), f, dtype=torch.float16)
-    moe_gemm.launch_gate_up(x, disp, wg, wu, act, pl, flags, EPOCH, (claim, report), 5000, rank, ws,
-                            0, cap, CFG, 1, timed=False)
+    flags[rank] = EPOCH  # the own rows are there, source 1's are not
+    moe_gemm.launch_gate_up(disp, wg, wu, act, pl, flags, EPOCH, (claim, report), 5000, rank, ws, cap, CFG, 1,
+                            timed=False)
     words = report.tolist()
     assert words[:6] == [1, 5, rank, 1, 0, EPOCH]
     err = symm.status_error(words, "", 1.0)
@@ -341,7 +352,8 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew):
     recv[rank] = send[rank]
     if skew:
         recv[(rank + 1) % ws] = 0  # a source that sent nothing
-    case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(1,) if skew else (), send=send, recv=recv)
+    case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(1,) if skew else (), send=send, recv=recv,
+                 sorted_sources=not skew)
     dtype = torch.bfloat16
     wg, wu, wd = _weights(experts, h, f, gen, torch.float16)
     x = torch.randn(n_send, h, generator=gen).to(dtype)

@@ -15,10 +15,12 @@ safe here because no tile waits for another GPU's SMs (the gate/up tiles wait on
 transfers, the down tiles for nothing), so a CTA that is not resident yet delays but cannot block.
 
 - ``gate_up_kernel``: ``act[p] = silu(X[p] @ w_gate[e]) * (X[p] @ w_up[e])`` (float32 accumulators,
-  one rounding to the compute dtype). Weights come through TMA (3-D descriptors over ``[E, H, F]``);
-  X rows are gathered with pointer loads. X rows are gathered from where they arrived: this rank's own
-  rows straight from ``x``, a peer's from its slot of the dispatch buffer, after a bounded wait on
-  that source's arrival flag (once per source and CTA: a tile waits only for the segment it reads).
+  one rounding to the compute dtype). Weights come through TMA (3-D descriptors over ``[E, H, F]``,
+  blocks ``[1, BK, BN]``). X rows are read from the dispatch buffer, where every source's rows sit
+  in its slot (this rank's own rows too: a local copy), after a bounded wait on that source's
+  arrival flag (once per source and CTA: **a tile waits only for the segment it reads**). A group
+  whose rows are consecutive in the slot (``contig``, from the plan: the usual case, senders sort
+  their rows by expert) is read through TMA, else gathered with pointer loads.
 - ``down_kernel``: ``Y[p] = act[p] @ w_down[e]``, both operands through TMA (``act`` is in sorted
   order, so a row tile is a contiguous block); the epilogue scatters row p to received-row
   position ``srows[p]``: into ``out`` for this rank's own rows, else into the staging buffer
@@ -73,15 +75,16 @@ def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, 
 
 @triton.jit
 def gate_up_kernel(
-    x_ptr, disp_ptr, w_gate_ptr, w_up_ptr, act_ptr,
-    srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr,
+    disp_ptr, w_gate_ptr, w_up_ptr, act_ptr,
+    srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, contig_ptr,
     arrived_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-    rank, own_row0, cap, H, F, G, E,
+    rank, cap, H, F, G, E,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     TIMED: tl.constexpr,
 ):
     tiles_n = tl.cdiv(F, BN)
     num_tiles = tl.load(tile_start_ptr + G) * tiles_n
+    x_desc = tl.make_tensor_descriptor(disp_ptr, shape=[WS * cap, H], strides=[H, 1], block_shape=[BM, BK])
     wg_desc = expert_descriptor(w_gate_ptr, E, H, F, BK, BN)
     wu_desc = expert_descriptor(w_up_ptr, E, H, F, BK, BN)
     waited = 0  # bit s: this CTA has seen source s's dispatch flag
@@ -90,29 +93,36 @@ def gate_up_kernel(
         g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
                                                          srows_ptr, G, E, LOG_G, BM)
         src = (rank + 1 + pos) % WS
-        local = srow - tl.load(recv_off_ptr + src)
-        if src == rank:
-            a_ptrs = x_ptr + (own_row0 + local).to(tl.int64)[:, None] * H + offs_k[None, :]
-        else:
-            if ((waited >> src) & 1) == 0:
-                wait_flag(arrived_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src, 1, timeout_ns, TIMED)
-                waited = waited | (1 << src)
-            a_ptrs = disp_ptr + (src * cap + local).to(tl.int64)[:, None] * H + offs_k[None, :]
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        n_ok = offs_n < F
+        if ((waited >> src) & 1) == 0:  # the tile reads source src's slot: wait for it (once per CTA)
+            wait_flag(arrived_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src, 1, timeout_ns, TIMED)
+            waited = waited | (1 << src)
+        slot_row = src * cap + srow - tl.load(recv_off_ptr + src)  # row of the dispatch buffer
         acc_g = tl.zeros((BM, BN), dtype=tl.float32)
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(0, tl.cdiv(H, BK)):
-            k_ok = offs_k < H - k * BK
-            a = tl.load(a_ptrs, mask=mask[:, None] & k_ok[None, :], other=0.0).to(w_gate_ptr.dtype.element_ty)
-            bg = wg_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
-            bu = wu_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
-            acc_g = tl.dot(a, bg, acc_g)
-            acc_u = tl.dot(a, bu, acc_u)
-            a_ptrs += BK
+        if tl.load(contig_ptr + g) != 0:
+            # the group's rows are consecutive in the slot (the usual case: senders sort by expert):
+            # TMA; rows past the group's end are computed and not stored
+            first = tl.min(tl.where(mask, slot_row, WS * cap), axis=0)
+            for k in range(0, tl.cdiv(H, BK)):
+                a = x_desc.load([first, k * BK]).to(w_gate_ptr.dtype.element_ty)
+                bg = wg_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                bu = wu_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                acc_g = tl.dot(a, bg, acc_g)
+                acc_u = tl.dot(a, bu, acc_u)
+        else:
+            a_ptrs = disp_ptr + slot_row.to(tl.int64)[:, None] * H + offs_k[None, :]
+            for k in range(0, tl.cdiv(H, BK)):
+                k_ok = offs_k < H - k * BK
+                a = tl.load(a_ptrs, mask=mask[:, None] & k_ok[None, :], other=0.0).to(w_gate_ptr.dtype.element_ty)
+                bg = wg_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                bu = wu_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                acc_g = tl.dot(a, bg, acc_g)
+                acc_u = tl.dot(a, bu, acc_u)
+                a_ptrs += BK
         act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        offs_n = pid_n * BN + tl.arange(0, BN)
         out_ptrs = act_ptr + offs_p.to(tl.int64)[:, None] * F + offs_n[None, :]
-        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=mask[:, None] & n_ok[None, :])
+        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=mask[:, None] & (offs_n < F)[None, :])
 
 
 @triton.jit
@@ -161,16 +171,17 @@ def log_groups(groups: int) -> int:
     return max(1, (groups - 1).bit_length() + 1)
 
 
-def launch_gate_up(x, disp, w_gate, w_up, act, plan, arrived, epoch, status, timeout_ns, rank, ws,
-                   own_row0, cap, config, grid, timed=True):
-    """``plan``: dict with srows, counts, row_start, recv_off and ``tile_start`` of this BM (see
-    runtime/moe_symm.py). ``disp``: [ws * cap, H] dispatch buffer (x dtype); ``act`` [M, F]."""
+def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, epoch, status, timeout_ns, rank, ws, cap, config, grid,
+                   timed=True):
+    """``plan``: dict with srows, counts, row_start, recv_off, contig and ``tile_start`` of this BM
+    (see runtime/moe_symm.py). ``disp``: [ws * cap, H] dispatch buffer (x dtype; slot s holds
+    source s's rows, this rank's own included); ``act`` [M, F]."""
     E, H, F = w_gate.shape
     BM, BN, BK, _, stages, warps, _ = config
     G = ws * E
     gate_up_kernel[(grid,)](
-        x, disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
-        plan["recv_off"], arrived, epoch, *status, timeout_ns, rank, own_row0, cap, H, F, G, E,
+        disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
+        plan["recv_off"], plan["contig"], arrived, epoch, *status, timeout_ns, rank, cap, H, F, G, E,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, TIMED=timed, num_stages=stages, num_warps=warps,
     )
 

@@ -6,7 +6,7 @@ One call on rank r (``epoch`` from ``GroupState.begin``; nothing is reset, the h
 1. plan (torch ops on the device): sort the valid grouped rows by (source position, expert),
    remote sources first (r+1, r+2, ...), own rows last; per-group counts and tile prefix sums.
 2. dispatch (push stream, copy engine): x's rows for rank d go into d's dispatch slot r, to r-1
-   first; d's ``MOE_ARRIVED[r]`` rises after them.
+   first; d's ``MOE_ARRIVED[r]`` rises after them. The own rows go into slot r (copy stream).
 3. ``gate_up_kernel`` (compute stream, every SM): its tiles wait for the dispatch slot they read.
 4. ``down_kernel`` (compute stream, SM count - comm SMs) scatters rows into ``out`` (own rows) or
    the staging buffer (remote rows, received-row order) and raises ``MOE_DONE[pos]`` per source.
@@ -79,8 +79,8 @@ def symm_dtypes():
 def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, experts: int, block_rows) -> dict:
     """Device-side work list (no host read). ``recv_off`` [ws + 1] int32, ``ends`` [E] cumulative ends.
 
-    Returns ``srows`` (received-row index of each sorted row), ``counts``/``row_start`` per group
-    ``pos * E + e``, and per block height BM: ``tile_start[BM]`` ([G + 1] prefix of row tiles) and
+    Returns ``srows`` (received-row index of each sorted row), ``counts``/``row_start``/``contig``
+    (rows are consecutive received rows) per group ``pos * E + e``, and per block height BM: ``tile_start[BM]`` ([G + 1] prefix of row tiles) and
     ``src_tiles[BM]`` ([ws] row tiles per source position)."""
     dev = rows.device
     m = rows.shape[0]
@@ -91,11 +91,17 @@ def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, exper
     pos = (source - rank - 1) % ws
     groups = ws * experts
     key = torch.where((rows >= 0) & (expert < experts), pos * experts + expert, groups)
-    _, order = torch.sort(key, stable=True)
+    key_sorted, order = torch.sort(key, stable=True)
     counts = torch.bincount(key, minlength=groups + 1)[:groups]
     row_start = torch.cumsum(counts, 0) - counts
+    srows = rows[order]
+    # contig[g]: the group's rows are consecutive received rows (srows[p] - p constant in the group)
+    step = srows - j
+    lo = torch.full((groups + 1,), m + 1, dtype=torch.long, device=dev).scatter_reduce(0, key_sorted, step, "amin")
+    hi = torch.full((groups + 1,), -m - 1, dtype=torch.long, device=dev).scatter_reduce(0, key_sorted, step, "amax")
     out = {
-        "srows": rows[order].to(torch.int32),
+        "contig": ((lo == hi)[:groups] | (counts == 0)).to(torch.int32),
+        "srows": srows.to(torch.int32),
         "counts": counts.to(torch.int32),
         "row_start": row_start.to(torch.int32),
         "recv_off": recv_off,
@@ -153,8 +159,8 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     status = st.status_arg()
 
     def gate_up(cfg, epoch):
-        moe_gemm.launch_gate_up(x, disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), epoch,
-                                status, st.timeout_ns, r, ws, send_off[r], cap, cfg, grid_a, timed=x.is_cuda)
+        moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), epoch, status, st.timeout_ns,
+                                r, ws, cap, cfg, grid_a, timed=x.is_cuda)
 
     def down(cfg, epoch):
         moe_gemm.launch_down(act, w_down, out, stage, pl, flag(symm.MOE_COUNTERS), flag(symm.MOE_DONE),
@@ -177,6 +183,9 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     # side stream while the gate/up GEMM runs.
     side = st.copy_stream
     with _on(side):
+        # this rank's own rows into its own slot (its tiles come last), then its arrival flag
+        disp[r * cap : r * cap + send_splits[r]].copy_(x[send_off[r] : send_off[r + 1]])
+        _raise_local(st, symm.MOE_ARRIVED + r, epoch, side)
         stage.zero_()
         out[send_off[r] : send_off[r + 1]].zero_()
         zeroed = _record(side)
@@ -204,6 +213,16 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         compute.wait_stream(comm)
     st.end(compute)
     return out, [x.new_empty((0,)) for _ in saved]
+
+
+def _raise_local(st, word: int, epoch: int, stream) -> None:
+    """This rank's own flag ``word`` = epoch, after the work queued on ``stream``."""
+    if stream is None:  # the interpreter tests' fake group: CPU flag tensor
+        st.flag_arg(word)[0] = epoch
+    else:
+        from . import cuda as _cuda
+
+        _cuda.write_value32(st.flag_addr(word), epoch, stream)
 
 
 # Stream helpers that do nothing off CUDA (the interpreter tests run this path on CPU tensors).
