@@ -4,7 +4,7 @@ lowering (and ``p2p`` for comparison) against NCCL ``all_to_all_single`` + float
 Run on the device machine: ``python -m pytest -q -m gpu tests/test_gpu_moe.py`` (skips where fewer
 GPUs are visible). Each test spawns one process per GPU (``dist_harness.run_ranks``).
 
-- the op directly, 24 back-to-back calls per case on fresh random data (so stale buffers fail),
+- the op directly, 24 back-to-back calls per case (fewer for the variants) on fresh random data (so stale buffers fail),
   outputs poisoned (the caching allocator hands back NaN-filled blocks): balanced and skewed routing
   (one expert takes most rows), empty experts, rank pairs that exchange nothing, grouped rows
   pointing nowhere (``-1``) and rows past the last expert, ``offsets`` vs ``group_sizes``,
@@ -172,16 +172,21 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
     return {"errs": errs, "paths": paths}
 
 
-@pytest.mark.parametrize("lowering,transport,comm_sms", [("symm", "sm", 8), ("symm", "sm", 1), ("symm", "ce", 8),
-                                                         ("p2p", "sm", 8)],
-                         ids=["symm-sm8", "symm-sm1", "symm-ce", "p2p"])
+# (lowering, combine transport, comm SMs, calls per case): the default configuration gets 24 calls
+# per case, the variants fewer (same cases, same checks) to keep the run short.
+VARIANTS = {"symm-sm8": ("symm", "sm", 8, 24), "symm-sm1": ("symm", "sm", 1, 6), "symm-ce": ("symm", "ce", 8, 6),
+            "p2p": ("p2p", "sm", 8, 3)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @WORLD_SIZES
 @pytest.mark.timeout(600)
-def test_moe_op_numerics_repeated(ws, lowering, transport, comm_sms):
+def test_moe_op_numerics_repeated(ws, variant):
     _need_gpus(ws)
-    results = run_ranks(op_worker, ws, "cuda", lowering, transport, comm_sms, timeout=580, backend="nccl")
+    lowering, transport, comm_sms, calls = VARIANTS[variant]
+    results = run_ranks(op_worker, ws, "cuda", lowering, transport, comm_sms, calls, timeout=580, backend="nccl")
     for rank, res in enumerate(results):
-        print(f"ws={ws} {lowering}/{transport}/{comm_sms} rank {rank}: {res['errs']} {res['paths']}")
+        print(f"ws={ws} {variant} rank {rank}: {res['errs']} {res['paths']}")
 
 
 # ------------------------------------------------------------------------- compiled layer
@@ -226,3 +231,56 @@ def test_compiled_moe_layer_symm(ws, policy, form):
     env = {"OVERLAP_INDUCTOR": "0"}
     results = run_ranks(layer_worker, ws, "cuda", policy, form, timeout=580, env=env, backend="nccl")
     print(f"ws={ws} {policy}/{form}: {results[0]}")
+
+
+# ------------------------------------------------------------------------------- timeouts
+def late_peer_worker(rank, ws, device):
+    """Rank 1 calls moe_experts 3 s after rank 0, whose kernels give up after 1 s: rank 0's gate/up
+    GEMM times out on rank 1's dispatch; it then ships nothing (its comm kernel sees the claimed
+    status word), so rank 1 times out too, on rank 0's results. Both raise SymmTimeoutError on the
+    next call, naming moe_experts, their rank and what they waited for."""
+    import time
+
+    import torch.distributed as dist
+
+    import overlap_backend  # noqa: F401
+    from overlap_backend.codegen import configs
+    from overlap_backend.runtime import symm
+
+    configs.AUTOTUNE = False
+    gn = dist.group.WORLD.group_name
+    h, f, experts, n = 128, 256, 2, 64
+    send = [n // ws] * ws
+    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
+    rows = torch.arange(n, device="cuda")
+    offs = torch.tensor([n // 2, n], dtype=torch.int32, device="cuda")
+    w = [(torch.randn(experts, *s, device="cuda") / 16).to(torch.bfloat16) for s in ((h, f), (h, f), (f, h))]
+
+    def call():
+        return torch.ops.overlap.moe_experts(x, send, send, rows, offs, [], *w, gn, "symm", [False] * 5)[0]
+
+    call()  # buffers, compiled kernels
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 1:
+        time.sleep(3.0)
+    call()
+    torch.cuda.synchronize()
+    try:
+        symm.check_status()
+    except symm.SymmTimeoutError as e:
+        msg = str(e)
+        want = "rank 1's dispatched tokens" if rank == 0 else "rank 0's expert results"
+        assert "moe_experts" in msg and f"rank {rank} " in msg and want in msg, msg
+        try:
+            call()
+        except symm.SymmTimeoutError:
+            return msg
+        raise AssertionError("the next call after a timeout did not raise")
+    raise AssertionError(f"rank {rank} did not time out")
+
+
+@pytest.mark.timeout(200)
+def test_moe_timeout_names_op_rank_flag():
+    _need_gpus(2)
+    print(run_ranks(late_peer_worker, 2, "cuda", timeout=180, env={"OVERLAP_TIMEOUT_S": "1"}, backend="nccl"))
