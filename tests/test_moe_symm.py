@@ -413,3 +413,27 @@ def test_fallback_reasons():
     odd = type("T", (), {"device": torch.device("cuda"), "dtype": torch.bfloat16, "dim": lambda s: 2,
                          "shape": (4, 12)})()
     assert "16 bytes" in moe_symm.problem(odd, w[:, :12], w[:, :12], wd[:, :, :12], rows, [False] * 5)
+
+
+def test_comm_kernel_ships_nothing_after_a_timeout():
+    """A claimed status word (some wait of this rank gave up): no peer store, no peer flag, and the
+    pull side stops waiting at once (no second report)."""
+    ws, rank, h, cap = 2, 0, 8, 4
+    comb_off = ws * cap * h
+    datas = [torch.zeros(2 * ws * cap * h) for _ in range(ws)]
+    flag_bufs = [torch.zeros(64, dtype=torch.int32) for _ in range(ws)]
+    RET, DONE, PUSHED = 8, 32, 40
+    mine = flag_bufs[rank]
+    mine[DONE] = EPOCH
+    mine[symm.READY + 1] = EPOCH
+    stage = torch.ones(3, h)
+    out = torch.full((4, h), float("nan"))
+    claim, report = torch.ones(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    moe_comm.launch(stage, datas[rank][comb_off:].view(ws * cap, h), out,
+                    torch.tensor([d.data_ptr() for d in datas], dtype=torch.int64),
+                    torch.tensor([f.data_ptr() for f in flag_bufs], dtype=torch.int64),
+                    torch.tensor([0, 1, 4], dtype=torch.int32),
+                    torch.tensor([0, 2, 4], dtype=torch.int32), mine[DONE:], mine[PUSHED:], mine[symm.READY:],
+                    mine[RET:], EPOCH, (claim, report), 10**6, rank, ws, cap, comb_off, RET, 2, timed=False, block=16)
+    assert flag_bufs[1][RET + rank].item() == 0 and not datas[1].any()
+    assert report[0].item() == 0 and mine[PUSHED].item() == 0

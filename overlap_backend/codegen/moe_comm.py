@@ -10,7 +10,8 @@ producer (``moe_gemm.py``), which leaves that many SMs free.
   this call, so its combine slot is free), copies its share of the segment (staging rows
   ``recv_off[s] .. recv_off[s+1]``, contiguous) into rank s's combine slot ``rank`` through the
   peer mapping, and counts itself done; the last CTA raises rank s's ``returned[rank]`` flag
-  (system-scope release after the stores).
+  (system-scope release after the stores). After any timed-out wait of this rank (the claimed
+  status word) nothing is shipped: the peers time out and report instead of taking garbage.
 - ``PULL``: for each peer ``d = rank - 1, rank - 2, ...`` (rank-1 computes this rank's rows first)
   wait (bounded) for ``returned[d]``, then copy combine slot ``d`` (``send_splits[d]`` rows) into
   ``out`` rows ``send_off[d] ..``.
@@ -51,12 +52,15 @@ def comm_kernel(
                       timeout_ns, TIMED)
             wait_flag(ready_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, READY_FLAG_BASE + src, 1,
                       timeout_ns, TIMED)
-            lo = tl.load(recv_off_ptr + src).to(tl.int64)
-            n = (tl.load(recv_off_ptr + src + 1) - lo) * H
-            peer = tl.load(peer_data_ptr + src).to(tl.pointer_type(stage_ptr.dtype.element_ty))
-            copy_flat(stage_ptr + lo * H, peer + comb_offset + (rank * cap).to(tl.int64) * H, n, BLOCK)
-            flags = tl.load(peer_flags_ptr + src).to(tl.pointer_type(tl.int32))
-            count_tile_done(pushed_ptr + p, flags + returned_word + rank, tl.num_programs(0), epoch, SYS=True)
+            # A wait of this rank's kernels gave up in this call: its results are garbage, ship
+            # nothing (the peers then time out too and report, instead of taking garbage).
+            if tl.load(claim_ptr, volatile=True) == 0:
+                lo = tl.load(recv_off_ptr + src).to(tl.int64)
+                n = (tl.load(recv_off_ptr + src + 1) - lo) * H
+                peer = tl.load(peer_data_ptr + src).to(tl.pointer_type(stage_ptr.dtype.element_ty))
+                copy_flat(stage_ptr + lo * H, peer + comb_offset + (rank * cap).to(tl.int64) * H, n, BLOCK)
+                flags = tl.load(peer_flags_ptr + src).to(tl.pointer_type(tl.int32))
+                count_tile_done(pushed_ptr + p, flags + returned_word + rank, tl.num_programs(0), epoch, SYS=True)
     if PULL:
         for j in tl.static_range(1, WS):
             d = (rank + WS - j) % WS
