@@ -14,8 +14,9 @@ events (warm-up, >= 20 repetitions, median per rank, max over ranks):
 - ``a2a``: the two NCCL all-to-alls alone (dispatch + combine);
 - ``experts``: the expert compute alone (gather, grouped GEMMs, scatter) on the same received rows;
 - ``p2p`` / ``symm``: ``torch.ops.overlap.moe_experts(..., lowering)``; symm with the default
-  ``OVERLAP_MOE_COMM_SMS`` (8) and, in the sweep table, each ``--comm-sms`` value and the copy-engine
-  combine (``ce``). Each is checked first against the baseline (rel err <= 1e-2, else FAIL).
+  ``OVERLAP_MOE_COMM_SMS`` (8) and, in the sweep table, each ``--comm-sms`` value, the copy-engine
+  combine (``ce``) and both tile orders forced (``order=source``: remote-critical first,
+  ``order=expert``; the default picks by size, see ``moe_symm.expert_major``). Each is checked first against the baseline (rel err <= 1e-2, else FAIL).
 - ``max`` = max(experts, a2a): a perfect overlap; ``symm/max`` and ``base/symm`` (issue 4's bar on 4
   GPUs, DeepSeek-like balanced: symm <= 1.10 x max and >= 1.25x faster than the baseline; never slower
   than the baseline).
@@ -158,7 +159,7 @@ def main(argv=None):
             return
         head = ["config", "routing", "rows recv (max)", "baseline", "a2a", "experts", "max", "p2p", "symm",
                 "symm/max", "base/symm", "check"]
-        sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + ["ce"]
+        sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + ["ce", "order=source", "order=expert"]
         text = (f"# MoE block, {ws} ranks, bf16 (ms)\n\n{common.info_markdown(info)}\n\n"
                 + common.markdown_table(head, rows) + "\n\n## symm: comm-SM sweep (ms)\n\n"
                 + common.markdown_table(sweep_head, sweep_rows) + "\n")
@@ -181,6 +182,7 @@ def main(argv=None):
                     res[f"err_{low}"] = err
                     checks.append(f"{low} {err:.1e}" + ("" if err <= TOL else " FAIL"))
                 res["paths"] = dict(symm_lowering.PATHS)
+                res["expert_major_auto"] = moe_symm.expert_major(prob.rows.shape[0], ws, prob.e_local)
                 r_fixed = prob.dispatch().clone()
                 t = {}
                 t["baseline"], _ = timing.bench(prob.baseline)
@@ -196,13 +198,14 @@ def main(argv=None):
                              ("baseline", "a2a", "experts", "max", "p2p", "symm")),
                              f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
                 sweep = {}
-                for n in args.comm_sms + ["ce"]:
-                    moe_symm.COMM_SMS = 8 if n == "ce" else n
+                for n in args.comm_sms + ["ce", "order=source", "order=expert"]:
+                    moe_symm.COMM_SMS = n if isinstance(n, int) else None
                     moe_symm.TRANSPORT = "ce" if n == "ce" else "sm"
+                    moe_symm.ORDER = n.split("=")[1] if str(n).startswith("order=") else "auto"
                     err = common.allreduce_max([common.rel_err(prob.ours("symm").float(), ref.float())], device)[0]
                     ms, _ = timing.bench(lambda: prob.ours("symm"))
                     sweep[str(n)] = {"ms": ms, "err": err}
-                moe_symm.COMM_SMS, moe_symm.TRANSPORT = None, "sm"
+                moe_symm.COMM_SMS, moe_symm.TRANSPORT, moe_symm.ORDER = None, "sm", "auto"
                 res["sweep"] = sweep
                 sweep_rows.append([cfg, routing] + [common.fmt_ms(v["ms"]) + ("" if v["err"] <= TOL else " FAIL")
                                                     for v in sweep.values()])

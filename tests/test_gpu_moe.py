@@ -8,8 +8,8 @@ GPUs are visible). Each test spawns one process per GPU (``dist_harness.run_rank
   outputs poisoned (the caching allocator hands back NaN-filled blocks): balanced and skewed routing
   (one expert takes most rows), empty experts, rank pairs that exchange nothing, grouped rows
   pointing nowhere (``-1``) and rows past the last expert, ``offsets`` vs ``group_sizes``,
-  bf16 and fp32 tokens with bf16 experts, fp16; both transports of the combine (SM consumer, copy
-  engine) and comm-SM counts 1 and 8; rel err <= 1e-2, the path taken is ``symm``;
+  bf16 and fp32 tokens with bf16 experts, fp16; both tile orders (remote-first, expert-major);
+  both transports of the combine (SM consumer, copy engine) and comm-SM counts 1 and 8; rel err <= 1e-2, the path taken is ``symm``;
 - the compiled ``MoELayer`` (capacity and dropless, ``grouped_mm`` and ``loop`` forms) through
   ``make_backend(lowering="symm")`` in inference, 20 calls on new tokens each, against eager.
 """
@@ -139,6 +139,7 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
                 if call % 4 == 2 and rows.numel() > 4:  # rows past the last expert's end
                     ends = torch.clamp(ends, max=rows.numel() - 3)
                 use_offsets = call % 2 == 0
+                moe_symm.ORDER = ("source", "expert")[call % 2]  # both tile orders (auto: expert at these sizes)
                 # reference: NCCL all-to-all + float32 experts + NCCL all-to-all back
                 r_rows = x.new_empty((sum(recv), h))
                 dist.all_to_all_single(r_rows, x, recv, send, group=group)

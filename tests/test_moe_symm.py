@@ -111,10 +111,10 @@ def _rel(a, b):
 # --------------------------------------------------------------------------- plan and tile map
 @triton.jit
 def _tile_map_probe(out_ptr, srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, tiles_n, G, E,
-                    LOG_G: tl.constexpr, BM: tl.constexpr):
+                    LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr):
     t = tl.program_id(0)
     g, e, pos, pid_n, offs_p, mask, srow = moe_gemm.tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
-                                                              srows_ptr, G, E, LOG_G, BM)
+                                                              srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
     tl.store(out_ptr + t * 5 + 0, g)
     tl.store(out_ptr + t * 5 + 1, e)
     tl.store(out_ptr + t * 5 + 2, pos)
@@ -122,30 +122,36 @@ def _tile_map_probe(out_ptr, srows_ptr, counts_ptr, row_start_ptr, tile_start_pt
     tl.store(out_ptr + t * 5 + 4, tl.sum(mask.to(tl.int32)))
 
 
-@pytest.mark.parametrize("skew", [False, True], ids=["balanced", "skewed"])
+@pytest.mark.parametrize("skew,expert_major", [(False, False), (True, False), (True, True)],
+                         ids=["balanced", "skewed", "skewed-expert-major"])
 @pytest.mark.parametrize("ws,rank", [(2, 0), (4, 2)])
-def test_plan_and_tile_map(ws, rank, skew):
-    """Groups come remote-first (sources rank+1, rank+2, ..., own last), expert order inside;
-    every valid grouped row appears once; tile t maps to the group, expert, column tile and rows
-    that a host-side enumeration gives, empty experts and empty sources included."""
+def test_plan_and_tile_map(ws, rank, skew, expert_major):
+    """Groups come remote-first (sources rank+1, rank+2, ..., own last), expert order inside (or
+    expert-major, source order inside); every valid grouped row appears once; tile t maps to the
+    group, expert, source position, column tile and rows that a host-side enumeration gives, empty
+    experts and empty sources included."""
     gen = torch.Generator().manual_seed(ws * 10 + rank + skew)
     experts = 3
     case = _case(ws, rank, experts, 8, 8, gen, skew=skew, empty=(1,), idle=3)
     recv_off = torch.tensor(_prefix(case["recv"]), dtype=torch.int32)
     bm = 4
-    pl = moe_symm.plan(case["rows"], case["ends"], recv_off, rank, ws, experts, [bm])
+    pl = moe_symm.plan(case["rows"], case["ends"], recv_off, rank, ws, experts, [bm], expert_major)
     srows, counts = pl["srows"].long(), pl["counts"].tolist()
+
+    def pos_expert(g):
+        return divmod(g, experts) if not expert_major else tuple(reversed(divmod(g, ws)))
+
     # every valid grouped row once, grouped by (position, expert)
     valid = case["rows"][: int(case["ends"][-1])]
     assert sorted(srows[: sum(counts)].tolist()) == sorted(valid.tolist())
     expert_of_row = torch.searchsorted(case["ends"], torch.arange(len(case["rows"])), right=True)
     row_expert = {int(q): int(expert_of_row[j]) for j, q in enumerate(case["rows"].tolist()) if j < int(case["ends"][-1])}
     for g, (lo, c) in enumerate(zip(pl["row_start"].tolist(), counts)):
-        pos, e = divmod(g, experts)
+        pos, e = pos_expert(g)
         src = (rank + 1 + pos) % ws
         for q in srows[lo : lo + c].tolist():
             assert recv_off[src] <= q < recv_off[src + 1] and row_expert[q] == e
-    assert counts[1::experts] == [0] * ws  # expert 1 empty
+    assert [counts[g] for g in range(ws * experts) if pos_expert(g)[1] == 1] == [0] * ws  # expert 1 empty
     # tile map
     tiles_n = 3
     ts = pl["tile_start"][bm]
@@ -153,15 +159,15 @@ def test_plan_and_tile_map(ws, rank, skew):
     for g, c in enumerate(counts):
         for m in range(-(-c // bm)):
             for n in range(tiles_n):
-                expect.append((g, g % experts, g // experts, n, min(bm, c - m * bm)))
+                expect.append((g, pos_expert(g)[1], pos_expert(g)[0], n, min(bm, c - m * bm)))
     assert int(ts[-1]) * tiles_n == len(expect)
-    assert pl["src_tiles"][bm].tolist() == [sum(-(-c // bm) for c in counts[p * experts : (p + 1) * experts])
+    assert pl["src_tiles"][bm].tolist() == [sum(-(-c // bm) for g, c in enumerate(counts) if pos_expert(g)[0] == p)
                                             for p in range(ws)]
     if expect:
         out = torch.full((len(expect) * 5,), -1, dtype=torch.int32)
         G = ws * experts
         _tile_map_probe[(len(expect),)](out, pl["srows"], pl["counts"], pl["row_start"], ts, tiles_n, G, experts,
-                                        LOG_G=moe_gemm.log_groups(G), BM=bm)
+                                        LOG_G=moe_gemm.log_groups(G), BM=bm, WS=ws, EXPERT_MAJOR=expert_major)
         assert [tuple(v) for v in out.view(-1, 5).tolist()] == expect
 
 
@@ -179,10 +185,11 @@ def _buffers(ws, rank, case, h, dtype, gen):
     return x, disp, cap, recv_rows
 
 
-@pytest.mark.parametrize("skew,sorted_sources", [(False, False), (False, True), (True, True)],
-                         ids=["balanced-gather", "balanced-tma", "skewed-tma"])
+@pytest.mark.parametrize("skew,sorted_sources,expert_major", [(False, False, False), (False, True, False),
+                                                               (True, True, False), (True, False, True)],
+                         ids=["balanced-gather", "balanced-tma", "skewed-tma", "skewed-gather-expert-major"])
 @pytest.mark.parametrize("ws,rank,dtype", [(2, 1, torch.float32), (3, 0, torch.bfloat16)])
-def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources):
+def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources, expert_major):
     """gate/up then down with the dispatch flags pre-set: own rows land in ``out`` at their send
     position, remote rows in the staging buffer at their received position, rows no grouped row
     points at stay 0; each source's done flag is raised (also for sources without tiles), counters
@@ -198,9 +205,10 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     x, disp, cap, recv_rows = _buffers(ws, rank, case, h, dtype, gen)
     send_off, recv_off = _prefix(case["send"]), _prefix(case["recv"])
     recv_off_t = torch.tensor(recv_off, dtype=torch.int32)
-    pl = moe_symm.plan(case["rows"], case["ends"], recv_off_t, rank, ws, experts, [CFG[0]])
-    assert bool(pl["contig"].all()) == sorted_sources or not sorted_sources  # sorted senders: TMA for every group
-    if not sorted_sources:
+    pl = moe_symm.plan(case["rows"], case["ends"], recv_off_t, rank, ws, experts, [CFG[0]], expert_major)
+    if sorted_sources:
+        assert pl["contig"].all()  # sorted senders: TMA for every group
+    elif not skew:
         assert not pl["contig"].all()  # some group is gathered
     flags = torch.zeros(64, dtype=torch.int32)
     ARR, CNT, DONE = 0, 24, 32
@@ -337,12 +345,14 @@ class FakeState:
                 torch.tensor([f.data_ptr() for f in self.flag_bufs], dtype=torch.int64))
 
 
-@pytest.mark.parametrize("skew", [False, True], ids=["balanced", "skewed"])
+@pytest.mark.parametrize("skew,order", [(False, "source"), (True, "source"), (True, "auto")],
+                         ids=["balanced", "skewed", "skewed-auto"])
 @pytest.mark.parametrize("ws,rank", [(2, 1), (3, 0)])
-def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew):
+def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order):
     """``moe_symm.moe_experts`` end to end on one fake rank: dispatch pushes (to rank-1 first, into
     slot ``rank``), the kernels, the peer stores of the results, and ``out`` == the op's semantics
-    (own rows computed here, peers' rows as they 'returned' them)."""
+    (own rows computed here, peers' rows as they 'returned' them). ``auto`` takes the expert-major
+    tile order at these sizes."""
     gen = torch.Generator().manual_seed(ws * 3 + rank + skew)
     experts, h, f = 2, 16, 32
     n_send = 18
@@ -375,6 +385,7 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew):
     monkeypatch.setattr(moe_symm, "problem", lambda *a: None)
     monkeypatch.setattr(moe_gemm, "CONFIGS_16BIT", (CFG,))
     monkeypatch.setattr(moe_symm, "COMM_SMS", 2)
+    monkeypatch.setattr(moe_symm, "ORDER", order)
     ends = None if skew else case["ends"].to(torch.int32)
     out, saved = moe_symm.moe_experts(x, case["send"], case["recv"], case["rows"], ends,
                                       [] if ends is not None else case["sizes"], wg, wu, wd, "g", [False] * 5)

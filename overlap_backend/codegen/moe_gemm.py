@@ -6,6 +6,10 @@ rows that go back to rank+1 first, ..., this rank's own rows last ("remote-criti
 ``g = pos * E + e`` holds ``counts[g]`` rows starting at sorted row ``row_start[g]``; ``srows[p]``
 is sorted row p's received-row index (``recv_off[s] <= srows[p] < recv_off[s + 1]``).
 
+With ``expert_major`` (small groups: decode sizes) groups are ``g = e * ws + pos`` instead: the
+tiles of one expert's sources are neighbours, so concurrent CTAs share its weights in L2 (the
+weight-bandwidth-bound case), and sources finish later.
+
 Tiles: group g has ``cdiv(counts[g], BM)`` row tiles; ``tile_start`` ([G + 1], int32, on the
 device) is their prefix sum, so the tile -> (group, row tile, column tile) map is a binary search
 on the device: variable (unbacked) group sizes need no host synchronisation. Tile t is row tile
@@ -60,7 +64,7 @@ def expert_descriptor(w_ptr, E, K, N, BK: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, G, E,
-              LOG_G: tl.constexpr, BM: tl.constexpr):
+              LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr):
     """Tile t -> (group, expert, source position, column tile, sorted rows, row mask, received rows)."""
     rt = t // tiles_n
     pid_n = t % tiles_n
@@ -70,7 +74,13 @@ def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, 
     offs_p = first + pid_m * BM + tl.arange(0, BM)
     mask = offs_p < first + tl.load(counts_ptr + g)
     srow = tl.load(srows_ptr + offs_p, mask=mask, other=0)
-    return g, g % E, g // E, pid_n, offs_p, mask, srow
+    if EXPERT_MAJOR:  # groups e * ws + pos
+        e = g // WS
+        pos = g % WS
+    else:  # groups pos * E + e
+        e = g % E
+        pos = g // E
+    return g, e, pos, pid_n, offs_p, mask, srow
 
 
 @triton.jit
@@ -80,7 +90,7 @@ def gate_up_kernel(
     arrived_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, cap, H, F, G, E,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    TIMED: tl.constexpr,
+    EXPERT_MAJOR: tl.constexpr, TIMED: tl.constexpr,
 ):
     tiles_n = tl.cdiv(F, BN)
     num_tiles = tl.load(tile_start_ptr + G) * tiles_n
@@ -91,7 +101,7 @@ def gate_up_kernel(
     offs_k = tl.arange(0, BK)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
-                                                         srows_ptr, G, E, LOG_G, BM)
+                                                         srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
         src = (rank + 1 + pos) % WS
         if ((waited >> src) & 1) == 0:  # the tile reads source src's slot: wait for it (once per CTA)
             wait_flag(arrived_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src, 1, timeout_ns, TIMED)
@@ -132,6 +142,7 @@ def down_kernel(
     counters_ptr, done_ptr, epoch,
     rank, own_row0, M, H, F, G, E,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    EXPERT_MAJOR: tl.constexpr,
 ):
     tiles_n = tl.cdiv(H, BN)
     num_tiles = tl.load(tile_start_ptr + G) * tiles_n
@@ -143,7 +154,7 @@ def down_kernel(
                 signal_flag(done_ptr + p, epoch)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
-                                                         srows_ptr, G, E, LOG_G, BM)
+                                                         srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
         offs_n = pid_n * BN + tl.arange(0, BN)
         n_ok = offs_n < H
         first = tl.load(row_start_ptr + g) + (tile // tiles_n - tl.load(tile_start_ptr + g)) * BM
@@ -182,7 +193,8 @@ def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, epoch, status, timeou
     gate_up_kernel[(grid,)](
         disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
         plan["recv_off"], plan["contig"], arrived, epoch, *status, timeout_ns, rank, cap, H, F, G, E,
-        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, TIMED=timed, num_stages=stages, num_warps=warps,
+        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, EXPERT_MAJOR=plan["expert_major"], TIMED=timed,
+        num_stages=stages, num_warps=warps,
     )
 
 
@@ -194,7 +206,8 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     down_kernel[(grid,)](
         act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
         plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
-        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, num_stages=stages, num_warps=warps,
+        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, EXPERT_MAJOR=plan["expert_major"],
+        num_stages=stages, num_warps=warps,
     )
 
 

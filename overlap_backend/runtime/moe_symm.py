@@ -40,6 +40,8 @@ log = logging.getLogger("overlap_backend.symm")
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
 TRANSPORT = "sm"  # "sm": the comm kernel stores into peers; "ce": the copy engine ships segments
 COMM_SMS: int | None = None  # None: OVERLAP_MOE_COMM_SMS (read per call; bench/ sets this to sweep)
+ORDER = "auto"  # tile order: "auto" (see expert_major), "source" (remote-critical first) or "expert"
+EXPERT_MAJOR_ROWS = 128  # auto: expert-major below this many rows per (source, expert) group on average
 
 
 def comm_sms() -> int:
@@ -49,6 +51,18 @@ def comm_sms() -> int:
 
     raw = os.environ.get("OVERLAP_MOE_COMM_SMS")
     return 8 if raw is None else _parse_moe_comm_sms("OVERLAP_MOE_COMM_SMS", raw)
+
+
+def expert_major(rows: int, ws: int, experts: int) -> bool:
+    """Tile order: remote-critical first (sources r+1, r+2, ..., own last; groups (source, expert)),
+    unless the groups are smaller than a tile on average (decode sizes): then expert-major, so
+    that the tiles of one expert's sources run side by side and share its weights in L2 (the
+    experts are weight-bandwidth bound there, and re-reading every expert's weights once per
+    source would cost more than the overlap wins). A local choice: what is communicated and the
+    results do not depend on it. ``ORDER`` forces one ("source" / "expert")."""
+    if ORDER != "auto":
+        return ORDER == "expert"
+    return rows < ws * experts * EXPERT_MAJOR_ROWS
 
 
 def layout(ws: int, cap: int, h: int, elem: int) -> dict:
@@ -76,11 +90,13 @@ def symm_dtypes():
     return (torch.bfloat16, torch.float16, torch.float32)
 
 
-def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, experts: int, block_rows) -> dict:
+def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, experts: int, block_rows,
+         expert_major: bool = False) -> dict:
     """Device-side work list (no host read). ``recv_off`` [ws + 1] int32, ``ends`` [E] cumulative ends.
 
     Returns ``srows`` (received-row index of each sorted row), ``counts``/``row_start``/``contig``
-    (rows are consecutive received rows) per group ``pos * E + e``, and per block height BM: ``tile_start[BM]`` ([G + 1] prefix of row tiles) and
+    (rows are consecutive received rows) per group ``pos * E + e`` (``e * ws + pos`` with
+    ``expert_major``), and per block height BM: ``tile_start[BM]`` ([G + 1] prefix of row tiles) and
     ``src_tiles[BM]`` ([ws] row tiles per source position)."""
     dev = rows.device
     m = rows.shape[0]
@@ -90,7 +106,8 @@ def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, exper
     source = torch.searchsorted(recv_off[1:].to(torch.long), rows, right=True)
     pos = (source - rank - 1) % ws
     groups = ws * experts
-    key = torch.where((rows >= 0) & (expert < experts), pos * experts + expert, groups)
+    g = expert * ws + pos if expert_major else pos * experts + expert
+    key = torch.where((rows >= 0) & (expert < experts), g, groups)
     key_sorted, order = torch.sort(key, stable=True)
     counts = torch.bincount(key, minlength=groups + 1)[:groups]
     row_start = torch.cumsum(counts, 0) - counts
@@ -105,6 +122,7 @@ def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, exper
         "counts": counts.to(torch.int32),
         "row_start": row_start.to(torch.int32),
         "recv_off": recv_off,
+        "expert_major": expert_major,
         "tile_start": {},
         "src_tiles": {},
     }
@@ -112,7 +130,8 @@ def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, exper
     for bm in set(block_rows):
         tiles = (counts + bm - 1) // bm
         out["tile_start"][bm] = torch.cat([zero, torch.cumsum(tiles, 0)]).to(torch.int32)
-        out["src_tiles"][bm] = tiles.view(ws, experts).sum(1).to(torch.int32)
+        per = tiles.view(experts, ws).sum(0) if expert_major else tiles.view(ws, experts).sum(1)
+        out["src_tiles"][bm] = per.to(torch.int32)
     return out
 
 
@@ -151,7 +170,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     grid_b = max(1, st.num_sms - sms)
     cands = moe_gemm.candidates(cd)
     cfg_a, cfg_b = cands[0], cands[0]
-    pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands])
+    pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands], expert_major(m, ws, experts))
     act = x.new_empty((max(m, 1), f), dtype=cd)
     stage = x.new_empty((max(n_recv, 1), h))
     out = x.new_empty(x.shape)
