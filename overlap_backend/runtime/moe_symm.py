@@ -109,7 +109,8 @@ def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, exper
     g = expert * ws + pos if expert_major else pos * experts + expert
     key = torch.where((rows >= 0) & (expert < experts), g, groups)
     key_sorted, order = torch.sort(key, stable=True)
-    counts = torch.bincount(key, minlength=groups + 1)[:groups]
+    # (scatter_add, not bincount: CUDA bincount reads the input's max on the host, a synchronisation)
+    counts = torch.zeros(groups + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))[:groups]
     row_start = torch.cumsum(counts, 0) - counts
     srows = rows[order]
     # contig[g]: the group's rows are consecutive received rows (srows[p] - p constant in the group)
@@ -160,7 +161,9 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     comb = st.data_view(x.dtype, (ws * cap, h), lay["comb"])
     send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
     ends_host = [] if offsets is not None else _prefix(group_sizes)[1:]
-    meta = torch.tensor(send_off + recv_off + ends_host, dtype=torch.int32, device=dev)
+    # pinned + non_blocking: a pageable host-to-device copy would synchronise the stream
+    meta = torch.tensor(send_off + recv_off + ends_host, dtype=torch.int32, pin_memory=x.is_cuda)
+    meta = meta.to(dev, non_blocking=True)
     send_off_d, recv_off_d = meta[: ws + 1], meta[ws + 1 : 2 * ws + 2]
     ends = offsets if offsets is not None else meta[2 * ws + 2 :]
     m, n_recv = rows.shape[0], recv_off[-1]
