@@ -10,6 +10,11 @@ With ``expert_major`` (small groups: decode sizes) groups are ``g = e * ws + pos
 tiles of one expert's sources are neighbours, so concurrent CTAs share its weights in L2 (the
 weight-bandwidth-bound case), and sources finish later.
 
+A launch covers the groups ``group_lo .. group_hi`` (all by default). In the remote-first order the
+runtime launches gate/up then down once per source position (``phases``): the first source's
+results are complete, and shipped, after ~1/ws of the expert compute instead of after all of the
+gate/up GEMM, so the combine overlaps the remaining (ws-1)/ws.
+
 Tiles: group g has ``cdiv(counts[g], BM)`` row tiles; ``tile_start`` ([G + 1], int32, on the
 device) is their prefix sum, so the tile -> (group, row tile, column tile) map is a binary search
 on the device: variable (unbacked) group sizes need no host synchronisation. Tile t is row tile
@@ -88,18 +93,19 @@ def gate_up_kernel(
     disp_ptr, w_gate_ptr, w_up_ptr, act_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, contig_ptr,
     arrived_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-    rank, cap, H, F, G, E,
+    rank, cap, H, F, G, E, group_lo, group_hi,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     EXPERT_MAJOR: tl.constexpr, TIMED: tl.constexpr,
 ):
     tiles_n = tl.cdiv(F, BN)
-    num_tiles = tl.load(tile_start_ptr + G) * tiles_n
+    first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
+    end_tile = tl.load(tile_start_ptr + group_hi) * tiles_n
     x_desc = tl.make_tensor_descriptor(disp_ptr, shape=[WS * cap, H], strides=[H, 1], block_shape=[BM, BK])
     wg_desc = expert_descriptor(w_gate_ptr, E, H, F, BK, BN)
     wu_desc = expert_descriptor(w_up_ptr, E, H, F, BK, BN)
     waited = 0  # bit s: this CTA has seen source s's dispatch flag
     offs_k = tl.arange(0, BK)
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
         g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
                                                          srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
         src = (rank + 1 + pos) % WS
@@ -140,19 +146,21 @@ def down_kernel(
     act_ptr, w_down_ptr, out_ptr, stage_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, src_tiles_ptr,
     counters_ptr, done_ptr, epoch,
-    rank, own_row0, M, H, F, G, E,
+    rank, own_row0, M, H, F, G, E, group_lo, group_hi, pos_lo, pos_hi,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     EXPERT_MAJOR: tl.constexpr,
 ):
     tiles_n = tl.cdiv(H, BN)
-    num_tiles = tl.load(tile_start_ptr + G) * tiles_n
+    first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
+    end_tile = tl.load(tile_start_ptr + group_hi) * tiles_n
     a_desc = tl.make_tensor_descriptor(act_ptr, shape=[M, F], strides=[F, 1], block_shape=[BM, BK])
     w_desc = expert_descriptor(w_down_ptr, E, F, H, BK, BN)
-    if tl.program_id(0) == 0:  # sources with no tile: their segment (zeros) is ready now
+    if tl.program_id(0) == 0:  # this launch's sources with no tile: their segment (zeros) is ready now
         for p in tl.static_range(WS - 1):
-            if tl.load(src_tiles_ptr + p) == 0:
-                signal_flag(done_ptr + p, epoch)
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+            if (p >= pos_lo) & (p < pos_hi):
+                if tl.load(src_tiles_ptr + p) == 0:
+                    signal_flag(done_ptr + p, epoch)
+    for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
         g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
                                                          srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
         offs_n = pid_n * BN + tl.arange(0, BN)
@@ -177,13 +185,20 @@ def down_kernel(
             count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
 
 
+def phases(ws: int, experts: int, expert_major: bool) -> list[tuple[int, int, int, int]]:
+    """(first group, end group, first source position, end position) of each launch pair."""
+    if expert_major:
+        return [(0, ws * experts, 0, ws)]
+    return [(p * experts, (p + 1) * experts, p, p + 1) for p in range(ws)]
+
+
 def log_groups(groups: int) -> int:
     """Binary-search steps over ``groups`` groups."""
     return max(1, (groups - 1).bit_length() + 1)
 
 
 def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, epoch, status, timeout_ns, rank, ws, cap, config, grid,
-                   timed=True):
+                   timed=True, phase=None):
     """``plan``: dict with srows, counts, row_start, recv_off, contig and ``tile_start`` of this BM
     (see runtime/moe_symm.py). ``disp``: [ws * cap, H] dispatch buffer (x dtype; slot s holds
     source s's rows, this rank's own included); ``act`` [M, F]."""
@@ -193,19 +208,23 @@ def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, epoch, status, timeou
     gate_up_kernel[(grid,)](
         disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
         plan["recv_off"], plan["contig"], arrived, epoch, *status, timeout_ns, rank, cap, H, F, G, E,
+        *(phase or (0, G, 0, ws))[:2],
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, EXPERT_MAJOR=plan["expert_major"], TIMED=timed,
         num_stages=stages, num_warps=warps,
     )
 
 
-def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, own_row0, config, grid):
-    """``out`` [N_send, H] (own rows land at ``own_row0 + i``), ``stage`` [N_recv, H] (remote rows)."""
+def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, own_row0, config, grid, phase=None):
+    """``out`` [N_send, H] (own rows land at ``own_row0 + i``), ``stage`` [N_recv, H] (remote rows).
+    ``phase``: (first group, end group, first source position, end position) of this launch
+    (default: all)."""
     E, F, H = w_down.shape
     BM, BN, BK, _, stages, warps, _ = config
     G = ws * E
     down_kernel[(grid,)](
         act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
         plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
+        *(phase or (0, G, 0, ws)),
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, EXPERT_MAJOR=plan["expert_major"],
         num_stages=stages, num_warps=warps,
     )

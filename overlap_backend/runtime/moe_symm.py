@@ -7,10 +7,12 @@ One call on rank r (``epoch`` from ``GroupState.begin``; nothing is reset, the h
    remote sources first (r+1, r+2, ...), own rows last; per-group counts and tile prefix sums.
 2. dispatch (push stream, copy engine): x's rows for rank d go into d's dispatch slot r, to r-1
    first; d's ``MOE_ARRIVED[r]`` rises after them. The own rows go into slot r (copy stream).
-3. ``gate_up_kernel`` (compute stream, every SM): its tiles wait for the dispatch slot they read.
-4. ``down_kernel`` (compute stream, SM count - comm SMs) scatters rows into ``out`` (own rows) or
-   the staging buffer (remote rows, received-row order) and raises ``MOE_DONE[pos]`` per source.
-5. ``comm_kernel`` (its own stream, comm SMs): per source, wait ``MOE_DONE``, copy the staging
+3. ``gate_up_kernel`` (compute stream, SM count - comm SMs): its tiles wait for the dispatch
+   slot they read.
+4. ``down_kernel`` (compute stream, same SMs) scatters rows into ``out`` (own rows) or the staging
+   buffer (remote rows, received-row order) and raises ``MOE_DONE[pos]`` per source. In the
+   remote-first order 3 and 4 are launched once per source position (``moe_gemm.phases``).
+5. ``comm_kernel`` (its own stream, comm SMs, from the start of the call): per source, wait ``MOE_DONE``, copy the staging
    segment into the source's combine slot r, raise its ``MOE_RETURNED[r]``; then wait for every
    peer's ``MOE_RETURNED`` and copy the combine slots into ``out``. With ``TRANSPORT = "ce"`` the
    copy engine ships the segments instead (stream waits on ``MOE_DONE``) and the kernel only pulls.
@@ -169,8 +171,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     m, n_recv = rows.shape[0], recv_off[-1]
 
     sms = comm_sms()
-    grid_a = st.num_sms
-    grid_b = max(1, st.num_sms - sms)
+    grid = max(1, st.num_sms - sms)  # the comm kernel holds `sms` SMs for the whole call
     cands = moe_gemm.candidates(cd)
     cfg_a, cfg_b = cands[0], cands[0]
     pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands], expert_major(m, ws, experts))
@@ -180,42 +181,59 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     flag = st.flag_arg
     status = st.status_arg()
 
-    def gate_up(cfg, epoch):
+    def gate_up(cfg, epoch, phase=None):
         moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), epoch, status, st.timeout_ns,
-                                r, ws, cap, cfg, grid_a, timed=x.is_cuda)
+                                r, ws, cap, cfg, grid, timed=x.is_cuda, phase=phase)
 
-    def down(cfg, epoch):
+    def down(cfg, epoch, phase=None):
         moe_gemm.launch_down(act, w_down, out, stage, pl, flag(symm.MOE_COUNTERS), flag(symm.MOE_DONE),
-                             epoch, r, ws, send_off[r], cfg, grid_b)
+                             epoch, r, ws, send_off[r], cfg, grid, phase=phase)
 
     if x.is_cuda:  # tune on the real problem with every flag raised (epoch 0: no communication)
         # rows vary per call (dropless): tune once per power-of-two bucket of them
-        key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd))
+        key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), grid)
         cfg_a = _tune("moe_gate_up", key, cands, lambda c: gate_up(c, 0))
-        cfg_b = _tune("moe_down", key + (grid_b,), cands, lambda c: down(c, 0))
+        cfg_b = _tune("moe_down", key, cands, lambda c: down(c, 0))
 
     compute = torch.cuda.current_stream(dev) if x.is_cuda else None
+    data_tab, flag_tab = st.peer_tables()  # (built on the compute stream: before the comm stream's wait)
     epoch = st.begin(compute)
+    begun = _record(compute)
     row_bytes = h * es
     for j in range(1, ws):  # dispatch, to r-1 first: rank d takes source d+1 first
         d = (r - j) % ws
         st.push(d, lay["disp"] + r * lay["slot"], x.data_ptr() + send_off[d] * row_bytes, send_splits[d] * row_bytes,
                 symm.MOE_ARRIVED + r)
-    # Received rows no grouped row points at are 0: zero the staging rows and own output rows on a
-    # side stream while the gate/up GEMM runs.
     side = st.copy_stream
     with _on(side):
         # this rank's own rows into its own slot (its tiles come last), then its arrival flag
         disp[r * cap : r * cap + send_splits[r]].copy_(x[send_off[r] : send_off[r + 1]])
         _raise_local(st, symm.MOE_ARRIVED + r, epoch, side)
+        # received rows no grouped row points at are 0: zero the staging rows and own output rows
         stage.zero_()
         out[send_off[r] : send_off[r + 1]].zero_()
         zeroed = _record(side)
-    gate_up(cfg_a, epoch)
-    _wait(compute, zeroed)
+    # The comm kernel starts now (after this call's begin) and spins on its SMs until the down
+    # GEMM finishes each source; the GEMMs run on the other SMs.
     comm = comm_stream(dev.index, SYMM_MOE_COMM) if x.is_cuda else None
-    started = _record(compute)  # the comm kernel starts with the down GEMM, on the SMs it leaves free
-    down(cfg_b, epoch)
+    _wait(comm, begun)
+
+    def launch_comm():
+        with _on(comm):
+            moe_comm.launch(stage, comb, out, data_tab, flag_tab, recv_off_d, send_off_d, flag(symm.MOE_DONE),
+                            flag(symm.MOE_PUSHED), flag(symm.READY), flag(symm.MOE_RETURNED), epoch, status,
+                            st.timeout_ns, r, ws, cap, lay["comb"] // es, symm.MOE_RETURNED, sms,
+                            push=TRANSPORT == "sm", timed=x.is_cuda)
+
+    if comm is not None:
+        launch_comm()
+    for i, phase in enumerate(moe_gemm.phases(ws, experts, pl["expert_major"])):
+        gate_up(cfg_a, epoch, phase)
+        if i == 0:
+            _wait(compute, zeroed)
+        down(cfg_b, epoch, phase)
+    if comm is None:  # the interpreter runs kernels one after the other: the comm kernel last
+        launch_comm()
     if TRANSPORT == "ce":
         from . import cuda as _cuda
 
@@ -224,13 +242,6 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
             _cuda.wait_value32(st.flag_addr(symm.MOE_DONE + pos), epoch, st.push_stream)
             st.push(s, lay["comb"] + r * lay["slot"], stage.data_ptr() + recv_off[s] * row_bytes,
                     recv_splits[s] * row_bytes, symm.MOE_RETURNED + r)
-    data_tab, flag_tab = st.peer_tables()
-    _wait(comm, started)
-    with _on(comm):
-        moe_comm.launch(stage, comb, out, data_tab, flag_tab, recv_off_d, send_off_d, flag(symm.MOE_DONE),
-                        flag(symm.MOE_PUSHED), flag(symm.READY), flag(symm.MOE_RETURNED), epoch, status, st.timeout_ns,
-                        r, ws, cap, lay["comb"] // es, symm.MOE_RETURNED, sms, push=TRANSPORT == "sm",
-                        timed=x.is_cuda)
     if comm is not None:
         compute.wait_stream(comm)
     st.end(compute)
