@@ -71,8 +71,8 @@ class OverlapBackend:
         from torch._inductor.compile_fx import compile_fx
 
         patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
-        if self.config.disable:
-            return compile_fx(gm, example_inputs, config_patches=patches)
+        if self.config.disable:  # plain Inductor: untouched, but for what mode/options ask
+            return compile_fx(gm, example_inputs, **({"config_patches": patches} if patches else {}))
         # Our pass has side effects (reports, dumps) and is not keyed into Inductor's caches.
         with torch._functorch.config.patch(enable_autograd_cache=False):
             if not self.config.inductor:

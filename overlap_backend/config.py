@@ -101,6 +101,18 @@ def _parse_cta_stages(name: str, raw: str | int) -> int:
     return value
 
 
+def _parse_moe_comm_sms(name: str, raw: str | int) -> int:
+    try:
+        if isinstance(raw, (bool, float)):
+            raise ValueError
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer from 1 to 64") from None
+    if not 1 <= value <= 64:
+        raise ConfigError(f"{name}={raw!r} is out of range; allowed: an integer from 1 to 64")
+    return value
+
+
 def _parse_debug_dir(name: str, raw: str | os.PathLike | None) -> str | None:
     if raw is None:
         return None
@@ -144,6 +156,10 @@ class OverlapConfig:
     pointwise nodes after the GEMM (bias, GELU, SiLU, SwiGLU, scaling, residual add, cast) into the
     op's epilogue when every use allows it (see docs/codegen.md); ``0`` leaves them in the graph."""
 
+    moe_comm_sms: int = 8
+    """``OVERLAP_MOE_COMM_SMS``: SMs (CTAs) of the ``moe_experts`` symm communication kernel, which
+    ships finished expert segments to their source ranks while the expert GEMM runs on the others."""
+
     _ENV = {
         "disable": ("OVERLAP_DISABLE", _parse_bool),
         "passes": ("OVERLAP_PASSES", _parse_passes),
@@ -154,6 +170,7 @@ class OverlapConfig:
         "timeout_s": ("OVERLAP_TIMEOUT_S", _parse_timeout),
         "cta_stages": ("OVERLAP_CTA_STAGES", _parse_cta_stages),
         "fuse_epilogues": ("OVERLAP_FUSE_EPILOGUES", _parse_bool),
+        "moe_comm_sms": ("OVERLAP_MOE_COMM_SMS", _parse_moe_comm_sms),
     }
 
     def __post_init__(self):
@@ -168,6 +185,7 @@ class OverlapConfig:
             raise ConfigError(f"cta_stages={self.cta_stages!r}; allowed: an integer >= 1")
         if not isinstance(self.fuse_epilogues, bool):
             raise ConfigError(f"fuse_epilogues={self.fuse_epilogues!r}; allowed: True, False")
+        _parse_moe_comm_sms("moe_comm_sms", self.moe_comm_sms)
 
     @classmethod
     def env_vars(cls) -> dict[str, str]:

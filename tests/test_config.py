@@ -137,3 +137,21 @@ def test_cta_pipeline_registered_but_off_by_default(clean_env):
     assert "cta_pipeline" in OverlapConfig.from_env().passes
     with pytest.raises(ConfigError, match="cta_stages"):
         OverlapConfig(cta_stages=0)
+
+
+def test_moe_comm_sms(clean_env):
+    """OVERLAP_MOE_COMM_SMS: default 8, 1..64, read by the moe symm lowering per call."""
+    from overlap_backend.runtime import moe_symm
+
+    assert OverlapConfig.from_env().moe_comm_sms == 8 and moe_symm.comm_sms() == 8
+    clean_env.setenv("OVERLAP_MOE_COMM_SMS", "16")
+    assert OverlapConfig.from_env().moe_comm_sms == 16 and moe_symm.comm_sms() == 16
+    assert make_backend(moe_comm_sms=4).config.moe_comm_sms == 4
+    for bad in ("0", "65", "x", "2.5"):
+        clean_env.setenv("OVERLAP_MOE_COMM_SMS", bad)
+        with pytest.raises(ConfigError, match="OVERLAP_MOE_COMM_SMS"):
+            OverlapConfig.from_env()
+        with pytest.raises(ConfigError, match="OVERLAP_MOE_COMM_SMS"):
+            moe_symm.comm_sms()
+    with pytest.raises(ConfigError, match="moe_comm_sms"):
+        OverlapConfig(moe_comm_sms=0)

@@ -58,6 +58,12 @@ DONE = GATHERED + _SLOTS  # [(round * ws + c) * nbands + b]: this rank finished 
 COUNTERS = DONE + _SLOTS  # same index: tiles of that band finished so far (local)
 CLAIM = COUNTERS + _SLOTS  # a kernel timed out (local; the report itself is in pinned host memory)
 TICKET = CLAIM + 1  # mm_rs/mm_ar tile tickets (local; 0 between calls)
+# moe_experts (runtime/moe_symm.py): s / d are ranks, pos = (source - rank - 1) % ws a source position.
+MOE_ARRIVED = TICKET + 1  # [s]: source s's dispatch rows are in this rank's dispatch slot s (s's copy engine)
+MOE_RETURNED = MOE_ARRIVED + WS_MAX  # [d]: rank d's results for this rank's rows are in combine slot d (d's SMs/CE)
+MOE_DONE = MOE_RETURNED + WS_MAX  # [pos]: the producer finished every tile of that source (local)
+MOE_COUNTERS = MOE_DONE + WS_MAX  # [pos]: its tiles finished so far (local; 0 between calls)
+MOE_PUSHED = MOE_COUNTERS + WS_MAX  # [pos]: communication CTAs done copying that segment (local; 0 between calls)
 # cta_pipeline_mlp (codegen/cta.py): two blocks of words, one for eager calls (epochs from the host's
 # counter) and one for calls inside captured CUDA graphs (epochs counted on the device), so that each
 # block's flags only ever see one increasing sequence. Offsets inside a block:
@@ -71,7 +77,7 @@ CTA_Y_COUNTERS = CTA_Y_DONE + CTA_ROW_WORDS  # [m]: tiles of row block m done (s
 CTA_EPOCH = CTA_Y_COUNTERS + CTA_ROW_WORDS  # the epoch the kernels read (local)
 CTA_READY = CTA_EPOCH + 1  # [p]: graph block: rank p started this call (peers write)
 CTA_BLOCK_WORDS = CTA_READY + WS_MAX
-CTA_BLOCKS = TICKET + 1  # the eager block, then the graph block
+CTA_BLOCKS = MOE_PUSHED + WS_MAX  # the eager block, then the graph block
 
 
 def cta_block(graph: bool) -> int:
@@ -368,7 +374,7 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
     """The exception that a kernel's status words ``[1, op, rank, flag, seen, epoch, ...]`` stand for."""
     if not words[0]:
         return None
-    from ..codegen.flags import OP_AG_MM, OP_AR_ONESHOT, OP_CTA_COLLECT, OP_CTA_STAGE1, OP_NAMES
+    from ..codegen.flags import OP_AG_MM, OP_AR_ONESHOT, OP_CTA_COLLECT, OP_CTA_STAGE1, OP_MOE, OP_NAMES
 
     _, op, rank, flag, seen, epoch, nbands = (int(w) for w in words[:7])
     nbands = max(nbands, 1)
@@ -386,6 +392,13 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
     elif op == OP_CTA_COLLECT.value and ws:
         t, m = divmod(flag, nbands)
         what = f"row block {m} of the output from stage-1 rank {ws // 2 + t} to arrive"
+    elif op == OP_MOE.value:
+        if flag >= 200:
+            what = f"rank {flag - 200}'s expert results for this rank's tokens to come back"
+        elif flag >= 100:
+            what = f"this rank's own expert tiles for source position {flag - 100} to finish"
+        else:
+            what = f"rank {flag}'s dispatched tokens to arrive"
     elif ws:
         slot = flag // nbands
         what = f"band {flag % nbands} of rank {slot % ws}'s partial (round {slot // ws}) to arrive"

@@ -1,0 +1,232 @@
+"""MoE block benchmark (issue 4): dispatch all-to-all -> SwiGLU experts -> combine all-to-all.
+
+    torchrun --nproc-per-node=N bench/bench_moe.py --out DIR [--configs mixtral,deepseek,mixtral-decode,deepseek-decode]
+        [--routing balanced,skewed] [--comm-sms 2,4,8,16,32] [--quick]
+
+Per config (expert parallel over the N ranks, bf16, each rank routes ``tokens`` tokens to ``top_k``
+of ``experts`` experts and owns ``experts / N`` of them) and routing (``balanced``: uniform;
+``skewed``: expert 0 is every token's first choice, so rank 0 receives most rows), times with CUDA
+events (warm-up, >= 20 repetitions, median per rank, max over ranks):
+
+- ``baseline``: NCCL ``all_to_all_single`` of the rows, gather expert-major, three
+  ``torch._grouped_mm`` + silu*up (a batched GEMM, as torchtitan), scatter back, NCCL
+  ``all_to_all_single`` back: nothing overlaps;
+- ``a2a``: the two NCCL all-to-alls alone (dispatch + combine);
+- ``experts``: the expert compute alone (gather, grouped GEMMs, scatter) on the same received rows;
+- ``p2p`` / ``symm``: ``torch.ops.overlap.moe_experts(..., lowering)``; symm with the default
+  ``OVERLAP_MOE_COMM_SMS`` (8) and, in the sweep table, each ``--comm-sms`` value, the copy-engine
+  combine (``ce``) and both tile orders forced (``order=source``: remote-critical first,
+  ``order=expert``; the default picks by size, see ``moe_symm.expert_major``). Each is checked first against the baseline (rel err <= 1e-2, else FAIL).
+- ``max`` = max(experts, a2a): a perfect overlap; ``symm/max`` and ``base/symm`` (issue 4's bar on 4
+  GPUs, DeepSeek-like balanced: symm <= 1.10 x max and >= 1.25x faster than the baseline; never slower
+  than the baseline).
+
+Rank 0 writes ``DIR/moe_ws<N>.md`` (machine info, command, versions, tables) and ``DIR/moe_ws<N>.json``,
+rewritten after every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: overlap_backend, bench
+
+from bench import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+CONFIGS = {  # name: (hidden, ffn, experts, top_k, tokens per rank)
+    "mixtral": (4096, 14336, 8, 2, 4096),
+    "deepseek": (7168, 2048, 32, 8, 4096),
+    "mixtral-decode": (4096, 14336, 8, 2, 128),
+    "deepseek-decode": (7168, 2048, 32, 8, 128),
+}
+ROUTINGS = ("balanced", "skewed")
+TOL = 1e-2
+BAR_MAX_RATIO, BAR_BASE_RATIO = 1.10, 1.25
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="directory for moe_ws<N>.md / .json")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated from {', '.join(CONFIGS)}")
+    p.add_argument("--routing", default=",".join(ROUTINGS), help="balanced,skewed")
+    p.add_argument("--comm-sms", default="2,4,8,16,32", help="OVERLAP_MOE_COMM_SMS values of the sweep ('' for none)")
+    p.add_argument("--no-p2p", action="store_true", help="skip the p2p lowering")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    args = p.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    args.routing = [r for r in args.routing.split(",") if r]
+    args.comm_sms = [int(v) for v in args.comm_sms.split(",") if v]
+    for c in args.configs:
+        if c not in CONFIGS:
+            p.error(f"unknown config {c!r}; allowed: {', '.join(CONFIGS)}")
+    for r in args.routing:
+        if r not in ROUTINGS:
+            p.error(f"unknown routing {r!r}; allowed: {', '.join(ROUTINGS)}")
+    return args
+
+
+class Problem:
+    """One rank's share of an MoE block: tokens routed, splits exchanged, rows grouped (untimed)."""
+
+    def __init__(self, cfg: str, routing: str, rank: int, ws: int, device):
+        h, f, experts, k, tokens = CONFIGS[cfg]
+        self.h, self.f, self.e_local = h, f, experts // ws
+        gen = torch.Generator(device="cpu").manual_seed(1234 + rank)
+        scores = torch.rand(tokens, experts, generator=gen)
+        if routing == "skewed":
+            scores[:, 0] += 10.0  # expert 0 (rank 0) is every token's first choice
+        topk = scores.topk(k, dim=1).indices.view(-1)  # [tokens * k] expert of each routed row
+        dest_expert, order = torch.sort(topk, stable=True)
+        token_of_row = order // k
+        dest_rank = dest_expert // self.e_local
+        send = torch.bincount(dest_rank, minlength=ws)
+        recv_d = torch.empty(ws, dtype=torch.long, device=device)
+        dist.all_to_all_single(recv_d, send.to(device))
+        self.send, self.recv = send.tolist(), recv_d.tolist()
+        # the local expert of every received row
+        e_recv = torch.empty(sum(self.recv), dtype=torch.long, device=device)
+        dist.all_to_all_single(e_recv, (dest_expert % self.e_local).to(device), self.recv, self.send)
+        self.rows = torch.sort(e_recv, stable=True).indices
+        sizes = torch.bincount(e_recv, minlength=self.e_local)
+        self.offsets = torch.cumsum(sizes, 0).to(torch.int32)
+        self.group_sizes = sizes.tolist()
+        wgen = torch.Generator(device=device).manual_seed(99 + rank)
+        bf = torch.bfloat16
+        self.x_tokens = torch.randn(tokens, h, device=device, generator=wgen).to(bf)
+        self.x = self.x_tokens[token_of_row.to(device)].contiguous()  # rows grouped by destination rank
+        self.w_gate = (torch.randn(self.e_local, h, f, device=device, generator=wgen) / math.sqrt(h)).to(bf)
+        self.w_up = (torch.randn(self.e_local, h, f, device=device, generator=wgen) / math.sqrt(h)).to(bf)
+        self.w_down = (torch.randn(self.e_local, f, h, device=device, generator=wgen) / math.sqrt(f)).to(bf)
+        self.recv_buf = self.x.new_empty((sum(self.recv), h))
+
+    # -- the pieces of the baseline
+    def dispatch(self):
+        dist.all_to_all_single(self.recv_buf, self.x, self.recv, self.send)
+        return self.recv_buf
+
+    def experts(self, r):
+        xg = r.index_select(0, self.rows)
+        g = torch._grouped_mm(xg, self.w_gate, offs=self.offsets)
+        u = torch._grouped_mm(xg, self.w_up, offs=self.offsets)
+        y = torch._grouped_mm(F.silu(g) * u, self.w_down, offs=self.offsets)
+        yr = torch.empty_like(r)
+        yr[self.rows] = y
+        return yr
+
+    def combine(self, yr):
+        out = self.x.new_empty(self.x.shape)
+        dist.all_to_all_single(out, yr, self.send, self.recv)
+        return out
+
+    def baseline(self):
+        return self.combine(self.experts(self.dispatch()))
+
+    def a2a(self):
+        return self.combine(self.dispatch())
+
+    def ours(self, lowering):
+        out, _ = torch.ops.overlap.moe_experts(self.x, self.send, self.recv, self.rows, self.offsets, [], self.w_gate,
+                                               self.w_up, self.w_down, common.group_name(), lowering, [False] * 5)
+        return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_moe: needs CUDA GPUs (run with torchrun on the device machine)")
+        return 0
+    rank, ws, device = common.init_distributed("cuda")
+    import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
+    from overlap_backend.runtime import moe_symm, symm_lowering
+
+    timing = common.Timing(device, *((5.0, 20.0, 10) if args.quick else (25.0, 100.0, 20)))
+    out_dir = Path(args.out)
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    info = common.machine_info(device, ws)
+    rows, sweep_rows, results = [], [], []
+
+    def write():
+        if rank:
+            return
+        head = ["config", "routing", "rows recv (max)", "baseline", "a2a", "experts", "max", "p2p", "symm",
+                "symm/max", "base/symm", "check"]
+        sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + ["ce", "order=source", "order=expert"]
+        text = (f"# MoE block, {ws} ranks, bf16 (ms)\n\n{common.info_markdown(info)}\n\n"
+                + common.markdown_table(head, rows) + "\n\n## symm: comm-SM sweep (ms)\n\n"
+                + common.markdown_table(sweep_head, sweep_rows) + "\n")
+        (out_dir / f"moe_ws{ws}.md").write_text(text)
+        common.write_json(out_dir / f"moe_ws{ws}.json", {"info": info, "results": results})
+
+    for cfg in args.configs:
+        for routing in args.routing:
+            res = {"config": cfg, "routing": routing, "shape": CONFIGS[cfg]}
+            try:
+                prob = Problem(cfg, routing, rank, ws, device)
+                recv_max = common.allreduce_max([sum(prob.recv)], device)[0]
+                ref = prob.baseline()
+                checks = []
+                moe_symm.COMM_SMS, moe_symm.TRANSPORT = None, "sm"
+                lowerings = ["symm"] if args.no_p2p else ["p2p", "symm"]
+                for low in lowerings:
+                    err = common.rel_err(prob.ours(low).float(), ref.float())
+                    err = common.allreduce_max([err], device)[0]
+                    res[f"err_{low}"] = err
+                    checks.append(f"{low} {err:.1e}" + ("" if err <= TOL else " FAIL"))
+                res["paths"] = dict(symm_lowering.PATHS)
+                res["expert_major_auto"] = moe_symm.expert_major(prob.rows.shape[0], ws, prob.e_local)
+                r_fixed = prob.dispatch().clone()
+                t = {}
+                t["baseline"], _ = timing.bench(prob.baseline)
+                t["a2a"], _ = timing.bench(prob.a2a)
+                t["experts"], _ = timing.bench(lambda: prob.experts(r_fixed))
+                for low in lowerings:
+                    t[low], _ = timing.bench(lambda low=low: prob.ours(low))
+                t["max"] = max(t["experts"], t["a2a"])
+                res.update(times_ms=t, recv_rows_max=recv_max)
+                res["symm_over_max"] = t["symm"] / t["max"]
+                res["base_over_symm"] = t["baseline"] / t["symm"]
+                rows.append([cfg, routing, int(recv_max), *(common.fmt_ms(t.get(k)) for k in
+                             ("baseline", "a2a", "experts", "max", "p2p", "symm")),
+                             f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
+                sweep = {}
+                for n in args.comm_sms + ["ce", "order=source", "order=expert"]:
+                    moe_symm.COMM_SMS = n if isinstance(n, int) else None
+                    moe_symm.TRANSPORT = "ce" if n == "ce" else "sm"
+                    moe_symm.ORDER = n.split("=")[1] if str(n).startswith("order=") else "auto"
+                    err = common.allreduce_max([common.rel_err(prob.ours("symm").float(), ref.float())], device)[0]
+                    ms, _ = timing.bench(lambda: prob.ours("symm"))
+                    sweep[str(n)] = {"ms": ms, "err": err}
+                moe_symm.COMM_SMS, moe_symm.TRANSPORT, moe_symm.ORDER = None, "sm", "auto"
+                res["sweep"] = sweep
+                sweep_rows.append([cfg, routing] + [common.fmt_ms(v["ms"]) + ("" if v["err"] <= TOL else " FAIL")
+                                                    for v in sweep.values()])
+                del prob, ref, r_fixed
+            except Exception as e:  # noqa: BLE001 - keep going, report the failure in the table
+                res["error"] = f"{type(e).__name__}: {e}"
+                if rank == 0:
+                    traceback.print_exc()
+                rows.append([cfg, routing, "-", *["n/a"] * 8, f"ERROR {type(e).__name__}: {str(e)[:120]}"])
+            results.append(res)
+            torch.cuda.empty_cache()
+            write()
+            if rank == 0:
+                print(rows[-1], flush=True)
+    dist.barrier()
+    from overlap_backend.runtime import symm
+
+    symm.release_all()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

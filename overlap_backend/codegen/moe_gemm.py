@@ -1,0 +1,241 @@
+"""``moe_experts`` producer: persistent grouped SwiGLU GEMMs over all local experts, one launch each.
+
+Rows: the *plan* (``runtime/moe_symm.py: plan``, torch ops on the device, no host read) sorts the
+valid grouped rows by (source position, expert), position ``pos = (source - rank - 1) % ws``: the
+rows that go back to rank+1 first, ..., this rank's own rows last ("remote-critical first"). Group
+``g = pos * E + e`` holds ``counts[g]`` rows starting at sorted row ``row_start[g]``; ``srows[p]``
+is sorted row p's received-row index (``recv_off[s] <= srows[p] < recv_off[s + 1]``).
+
+With ``expert_major`` (small groups: decode sizes) groups are ``g = e * ws + pos`` instead: the
+tiles of one expert's sources are neighbours, so concurrent CTAs share its weights in L2 (the
+weight-bandwidth-bound case), and sources finish later.
+
+A launch covers the groups ``group_lo .. group_hi`` (all by default). In the remote-first order the
+runtime launches gate/up then down once per source position (``phases``): the first source's
+results are complete, and shipped, after ~1/ws of the expert compute instead of after all of the
+gate/up GEMM, so the combine overlaps the remaining (ws-1)/ws.
+
+Tiles: group g has ``cdiv(counts[g], BM)`` row tiles; ``tile_start`` ([G + 1], int32, on the
+device) is their prefix sum, so the tile -> (group, row tile, column tile) map is a binary search
+on the device: variable (unbacked) group sizes need no host synchronisation. Tile t is row tile
+``t // tiles_n``, column tile ``t % tiles_n`` (a row tile's column tiles are consecutive: its A
+rows stay in L2). CTA i takes tiles i, i + grid, ... (a ``tl.range`` loop): static assignment is
+safe here because no tile waits for another GPU's SMs (the gate/up tiles wait only for copy-engine
+transfers, the down tiles for nothing), so a CTA that is not resident yet delays but cannot block.
+
+- ``gate_up_kernel``: ``act[p] = silu(X[p] @ w_gate[e]) * (X[p] @ w_up[e])`` (float32 accumulators,
+  one rounding to the compute dtype). Weights come through TMA (3-D descriptors over ``[E, H, F]``,
+  blocks ``[1, BK, BN]``). X rows are read from the dispatch buffer, where every source's rows sit
+  in its slot (this rank's own rows too: a local copy), after a bounded wait on that source's
+  arrival flag (once per source and CTA: **a tile waits only for the segment it reads**). A group
+  whose rows are consecutive in the slot (``contig``, from the plan: the usual case, senders sort
+  their rows by expert) is read through TMA, else gathered with pointer loads.
+- ``down_kernel``: ``Y[p] = act[p] @ w_down[e]``, both operands through TMA (``act`` is in sorted
+  order, so a row tile is a contiguous block); the epilogue scatters row p to received-row
+  position ``srows[p]``: into ``out`` for this rank's own rows, else into the staging buffer
+  (``[N_recv, H]``, received-row order); each remote tile is counted per source position and the
+  CTA that finishes a source's last tile raises ``done[pos]`` (release). Program 0 raises the done
+  flag of sources with no tile at all (nothing to wait for: their staging rows are zeros).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .flags import OP_MOE, count_tile_done, signal_flag, wait_flag
+
+
+@triton.jit
+def find_group(rt, tile_start_ptr, G, LOG_G: tl.constexpr):
+    """Largest g < G with ``tile_start[g] <= rt`` (``tile_start[0] == 0 <= rt < tile_start[G]``):
+    the group of row tile ``rt``; groups without tiles are skipped because their start repeats."""
+    lo = rt * 0
+    hi = lo + G
+    for _ in tl.static_range(LOG_G):
+        mid = (lo + hi) // 2
+        wide = hi - lo > 1
+        up = wide & (tl.load(tile_start_ptr + mid) <= rt)
+        lo = tl.where(up, mid, lo)
+        hi = tl.where(wide & (up == 0), mid, hi)
+    return lo
+
+
+@triton.jit
+def expert_descriptor(w_ptr, E, K, N, BK: tl.constexpr, BN: tl.constexpr):
+    """TMA descriptor of a row-major [E, K, N] expert weight; blocks [1, BK, BN] (zeros past K/N:
+    a block never reads the next expert's rows)."""
+    return tl.make_tensor_descriptor(w_ptr, shape=[E, K, N], strides=[K * N, N, 1], block_shape=[1, BK, BN])
+
+
+@triton.jit
+def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, G, E,
+              LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr):
+    """Tile t -> (group, expert, source position, column tile, sorted rows, row mask, received rows)."""
+    rt = t // tiles_n
+    pid_n = t % tiles_n
+    g = find_group(rt, tile_start_ptr, G, LOG_G)
+    pid_m = rt - tl.load(tile_start_ptr + g)
+    first = tl.load(row_start_ptr + g)
+    offs_p = first + pid_m * BM + tl.arange(0, BM)
+    mask = offs_p < first + tl.load(counts_ptr + g)
+    srow = tl.load(srows_ptr + offs_p, mask=mask, other=0)
+    if EXPERT_MAJOR:  # groups e * ws + pos
+        e = g // WS
+        pos = g % WS
+    else:  # groups pos * E + e
+        e = g % E
+        pos = g // E
+    return g, e, pos, pid_n, offs_p, mask, srow
+
+
+@triton.jit
+def gate_up_kernel(
+    disp_ptr, w_gate_ptr, w_up_ptr, act_ptr,
+    srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, contig_ptr,
+    arrived_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+    rank, cap, H, F, G, E, group_lo, group_hi,
+    WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    EXPERT_MAJOR: tl.constexpr, TIMED: tl.constexpr,
+):
+    tiles_n = tl.cdiv(F, BN)
+    first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
+    end_tile = tl.load(tile_start_ptr + group_hi) * tiles_n
+    x_desc = tl.make_tensor_descriptor(disp_ptr, shape=[WS * cap, H], strides=[H, 1], block_shape=[BM, BK])
+    wg_desc = expert_descriptor(w_gate_ptr, E, H, F, BK, BN)
+    wu_desc = expert_descriptor(w_up_ptr, E, H, F, BK, BN)
+    waited = 0  # bit s: this CTA has seen source s's dispatch flag
+    offs_k = tl.arange(0, BK)
+    for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
+        g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
+                                                         srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
+        src = (rank + 1 + pos) % WS
+        if ((waited >> src) & 1) == 0:  # the tile reads source src's slot: wait for it (once per CTA)
+            wait_flag(arrived_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src, 1, timeout_ns, TIMED)
+            waited = waited | (1 << src)
+        slot_row = src * cap + srow - tl.load(recv_off_ptr + src)  # row of the dispatch buffer
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        if tl.load(contig_ptr + g) != 0:
+            # the group's rows are consecutive in the slot (the usual case: senders sort by expert):
+            # TMA; rows past the group's end are computed and not stored
+            first = tl.min(tl.where(mask, slot_row, WS * cap), axis=0)
+            for k in range(0, tl.cdiv(H, BK)):
+                a = x_desc.load([first, k * BK]).to(w_gate_ptr.dtype.element_ty)
+                bg = wg_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                bu = wu_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                acc_g = tl.dot(a, bg, acc_g)
+                acc_u = tl.dot(a, bu, acc_u)
+        else:
+            a_ptrs = disp_ptr + slot_row.to(tl.int64)[:, None] * H + offs_k[None, :]
+            for k in range(0, tl.cdiv(H, BK)):
+                k_ok = offs_k < H - k * BK
+                a = tl.load(a_ptrs, mask=mask[:, None] & k_ok[None, :], other=0.0).to(w_gate_ptr.dtype.element_ty)
+                bg = wg_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                bu = wu_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                acc_g = tl.dot(a, bg, acc_g)
+                acc_u = tl.dot(a, bu, acc_u)
+                a_ptrs += BK
+        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        out_ptrs = act_ptr + offs_p.to(tl.int64)[:, None] * F + offs_n[None, :]
+        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=mask[:, None] & (offs_n < F)[None, :])
+
+
+@triton.jit
+def down_kernel(
+    act_ptr, w_down_ptr, out_ptr, stage_ptr,
+    srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, src_tiles_ptr,
+    counters_ptr, done_ptr, epoch,
+    rank, own_row0, M, H, F, G, E, group_lo, group_hi, pos_lo, pos_hi,
+    WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    EXPERT_MAJOR: tl.constexpr,
+):
+    tiles_n = tl.cdiv(H, BN)
+    first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
+    end_tile = tl.load(tile_start_ptr + group_hi) * tiles_n
+    a_desc = tl.make_tensor_descriptor(act_ptr, shape=[M, F], strides=[F, 1], block_shape=[BM, BK])
+    w_desc = expert_descriptor(w_down_ptr, E, F, H, BK, BN)
+    if tl.program_id(0) == 0:  # this launch's sources with no tile: their segment (zeros) is ready now
+        for p in tl.static_range(WS - 1):
+            if (p >= pos_lo) & (p < pos_hi):
+                if tl.load(src_tiles_ptr + p) == 0:
+                    signal_flag(done_ptr + p, epoch)
+    for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
+        g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
+                                                         srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        n_ok = offs_n < H
+        first = tl.load(row_start_ptr + g) + (tile // tiles_n - tl.load(tile_start_ptr + g)) * BM
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, tl.cdiv(F, BK)):
+            # rows past this group's end belong to the next group (or are TMA's zeros): computed, never stored
+            a = a_desc.load([first, k * BK])
+            b = w_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+            acc = tl.dot(a, b, acc)
+        y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
+        src = (rank + 1 + pos) % WS
+        smask = mask[:, None] & n_ok[None, :]
+        if src == rank:
+            local = srow - tl.load(recv_off_ptr + rank)
+            ptrs = out_ptr + (own_row0 + local).to(tl.int64)[:, None] * H + offs_n[None, :]
+            tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=smask)
+        else:
+            ptrs = stage_ptr + srow.to(tl.int64)[:, None] * H + offs_n[None, :]
+            tl.store(ptrs, y.to(stage_ptr.dtype.element_ty), mask=smask)
+            count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
+
+
+def phases(ws: int, experts: int, expert_major: bool) -> list[tuple[int, int, int, int]]:
+    """(first group, end group, first source position, end position) of each launch pair."""
+    if expert_major:
+        return [(0, ws * experts, 0, ws)]
+    return [(p * experts, (p + 1) * experts, p, p + 1) for p in range(ws)]
+
+
+def log_groups(groups: int) -> int:
+    """Binary-search steps over ``groups`` groups."""
+    return max(1, (groups - 1).bit_length() + 1)
+
+
+def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, epoch, status, timeout_ns, rank, ws, cap, config, grid,
+                   timed=True, phase=None):
+    """``plan``: dict with srows, counts, row_start, recv_off, contig and ``tile_start`` of this BM
+    (see runtime/moe_symm.py). ``disp``: [ws * cap, H] dispatch buffer (x dtype; slot s holds
+    source s's rows, this rank's own included); ``act`` [M, F]."""
+    E, H, F = w_gate.shape
+    BM, BN, BK, _, stages, warps, _ = config
+    G = ws * E
+    gate_up_kernel[(grid,)](
+        disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
+        plan["recv_off"], plan["contig"], arrived, epoch, *status, timeout_ns, rank, cap, H, F, G, E,
+        *(phase or (0, G, 0, ws))[:2],
+        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, EXPERT_MAJOR=plan["expert_major"], TIMED=timed,
+        num_stages=stages, num_warps=warps,
+    )
+
+
+def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, own_row0, config, grid, phase=None):
+    """``out`` [N_send, H] (own rows land at ``own_row0 + i``), ``stage`` [N_recv, H] (remote rows).
+    ``phase``: (first group, end group, first source position, end position) of this launch
+    (default: all)."""
+    E, F, H = w_down.shape
+    BM, BN, BK, _, stages, warps, _ = config
+    G = ws * E
+    down_kernel[(grid,)](
+        act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
+        plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
+        *(phase or (0, G, 0, ws)),
+        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, EXPERT_MAJOR=plan["expert_major"],
+        num_stages=stages, num_warps=warps,
+    )
+
+
+CONFIGS_16BIT = (  # (BM, BN, BK, GROUP_M unused, stages, warps, TMA store unused)
+    (128, 128, 64, 1, 3, 8, False),
+    (128, 64, 64, 1, 4, 4, False),
+    (64, 128, 64, 1, 4, 4, False),
+)
+
+
+def candidates(dtype: torch.dtype) -> list:
+    return list(CONFIGS_16BIT)

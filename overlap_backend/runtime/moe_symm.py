@@ -1,0 +1,284 @@
+"""The ``symm`` lowering of ``overlap::moe_experts``: copy-engine dispatch, a persistent grouped
+SwiGLU producer, and a communication consumer on ``OVERLAP_MOE_COMM_SMS`` SMs (design: docs/moe.md).
+
+One call on rank r (``epoch`` from ``GroupState.begin``; nothing is reset, the host never waits):
+
+1. plan (torch ops on the device): sort the valid grouped rows by (source position, expert),
+   remote sources first (r+1, r+2, ...), own rows last; per-group counts and tile prefix sums.
+2. dispatch (push stream, copy engine): x's rows for rank d go into d's dispatch slot r, to r-1
+   first; d's ``MOE_ARRIVED[r]`` rises after them. The own rows go into slot r (copy stream).
+3. ``gate_up_kernel`` (compute stream, SM count - comm SMs): its tiles wait for the dispatch
+   slot they read.
+4. ``down_kernel`` (compute stream, same SMs) scatters rows into ``out`` (own rows) or the staging
+   buffer (remote rows, received-row order) and raises ``MOE_DONE[pos]`` per source. In the
+   remote-first order 3 and 4 are launched once per source position (``moe_gemm.phases``).
+5. ``comm_kernel`` (its own stream, comm SMs, from the start of the call): per source, wait ``MOE_DONE``, copy the staging
+   segment into the source's combine slot r, raise its ``MOE_RETURNED[r]``; then wait for every
+   peer's ``MOE_RETURNED`` and copy the combine slots into ``out``. With ``TRANSPORT = "ce"`` the
+   copy engine ships the segments instead (stream waits on ``MOE_DONE``) and the kernel only pulls.
+
+Data buffer layout (every rank the same, see ``layout``): dispatch slots ``[ws, cap, H]`` then
+combine slots ``[ws, cap, H]``, x's dtype, ``cap = x.shape[0]`` (a source sends a rank at most all
+its rows). Hence the one requirement the other ops do not have: **x has the same number of rows on
+every rank** (tokens x top_k, or experts x capacity, with the same token count per rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import Tensor
+
+from . import symm
+from .lowering import register
+from .moe_p2p import _check, _prefix
+from .streams import SYMM_MOE_COMM, comm_stream
+from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem, _tune
+
+log = logging.getLogger("overlap_backend.symm")
+
+COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
+TRANSPORT = "sm"  # "sm": the comm kernel stores into peers; "ce": the copy engine ships segments
+COMM_SMS: int | None = None  # None: OVERLAP_MOE_COMM_SMS (read per call; bench/ sets this to sweep)
+ORDER = "auto"  # tile order: "auto" (see expert_major), "source" (remote-critical first) or "expert"
+EXPERT_MAJOR_ROWS = 128  # auto: expert-major below this many rows per (source, expert) group on average
+
+
+def comm_sms() -> int:
+    if COMM_SMS is not None:
+        return COMM_SMS
+    from ..config import _parse_moe_comm_sms
+
+    raw = os.environ.get("OVERLAP_MOE_COMM_SMS")
+    return 8 if raw is None else _parse_moe_comm_sms("OVERLAP_MOE_COMM_SMS", raw)
+
+
+def expert_major(rows: int, ws: int, experts: int) -> bool:
+    """Tile order: remote-critical first (sources r+1, r+2, ..., own last; groups (source, expert)),
+    unless the groups are smaller than a tile on average (decode sizes): then expert-major, so
+    that the tiles of one expert's sources run side by side and share its weights in L2 (the
+    experts are weight-bandwidth bound there, and re-reading every expert's weights once per
+    source would cost more than the overlap wins). A local choice: what is communicated and the
+    results do not depend on it. ``ORDER`` forces one ("source" / "expert")."""
+    if ORDER != "auto":
+        return ORDER == "expert"
+    return rows < ws * experts * EXPERT_MAJOR_ROWS
+
+
+def layout(ws: int, cap: int, h: int, elem: int) -> dict:
+    """Byte offsets of the dispatch and combine regions in every rank's data buffer."""
+    slot = cap * h * elem
+    return {"slot": slot, "disp": 0, "comb": ws * slot, "bytes": 2 * ws * slot}
+
+
+def problem(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, rows: Tensor, saved) -> str | None:
+    """Why the kernels do not cover this call (None: they do); shapes, dtypes and args only."""
+    if x.device.type != "cuda":
+        return "not a CUDA tensor"
+    if any(saved):
+        return "tensors saved for backward requested (training forward)"
+    if w_gate.dtype not in COMPUTE_DTYPES:
+        return f"compute dtype {w_gate.dtype} (kernels: bfloat16, float16)"
+    if x.dtype not in symm_dtypes():
+        return f"token dtype {x.dtype}"
+    if x.dim() != 2 or rows.dim() != 1:
+        return "x is not 2-D or rows not 1-D"
+    return _tma_problem(x.dtype, x.shape[1]) or _tma_problem(w_gate.dtype, w_gate.shape[1], w_gate.shape[2])
+
+
+def symm_dtypes():
+    return (torch.bfloat16, torch.float16, torch.float32)
+
+
+def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, experts: int, block_rows,
+         expert_major: bool = False) -> dict:
+    """Device-side work list (no host read). ``recv_off`` [ws + 1] int32, ``ends`` [E] cumulative ends.
+
+    Returns ``srows`` (received-row index of each sorted row), ``counts``/``row_start``/``contig``
+    (rows are consecutive received rows) per group ``pos * E + e`` (``e * ws + pos`` with
+    ``expert_major``), and per block height BM: ``tile_start[BM]`` ([G + 1] prefix of row tiles) and
+    ``src_tiles[BM]`` ([ws] row tiles per source position)."""
+    dev = rows.device
+    m = rows.shape[0]
+    rows = rows.to(torch.long)
+    j = torch.arange(m, device=dev)
+    expert = torch.searchsorted(ends.to(torch.long), j, right=True)
+    source = torch.searchsorted(recv_off[1:].to(torch.long), rows, right=True)
+    pos = (source - rank - 1) % ws
+    groups = ws * experts
+    g = expert * ws + pos if expert_major else pos * experts + expert
+    key = torch.where((rows >= 0) & (expert < experts), g, groups)
+    key_sorted, order = torch.sort(key, stable=True)
+    # (scatter_add, not bincount: CUDA bincount reads the input's max on the host, a synchronisation)
+    counts = torch.zeros(groups + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))[:groups]
+    row_start = torch.cumsum(counts, 0) - counts
+    srows = rows[order]
+    # contig[g]: the group's rows are consecutive received rows (srows[p] - p constant in the group)
+    step = srows - j
+    lo = torch.full((groups + 1,), m + 1, dtype=torch.long, device=dev).scatter_reduce(0, key_sorted, step, "amin")
+    hi = torch.full((groups + 1,), -m - 1, dtype=torch.long, device=dev).scatter_reduce(0, key_sorted, step, "amax")
+    out = {
+        "contig": ((lo == hi)[:groups] | (counts == 0)).to(torch.int32),
+        "srows": srows.to(torch.int32),
+        "counts": counts.to(torch.int32),
+        "row_start": row_start.to(torch.int32),
+        "recv_off": recv_off,
+        "expert_major": expert_major,
+        "tile_start": {},
+        "src_tiles": {},
+    }
+    zero = torch.zeros(1, dtype=torch.long, device=dev)
+    for bm in set(block_rows):
+        tiles = (counts + bm - 1) // bm
+        out["tile_start"][bm] = torch.cat([zero, torch.cumsum(tiles, 0)]).to(torch.int32)
+        per = tiles.view(experts, ws).sum(0) if expert_major else tiles.view(ws, experts).sum(1)
+        out["src_tiles"][bm] = per.to(torch.int32)
+    return out
+
+
+@register("symm", "moe_experts")
+def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved):
+    args = (x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
+    why = problem(x, w_gate, w_up, w_down, rows, saved)
+    st = None if why else symm.state(group_name, x.device)
+    if st is None:
+        return _p2p("moe_experts", why, group_name, *args)
+    PATHS["moe_experts:symm"] += 1
+    from ..codegen import moe_comm, moe_gemm
+
+    _kernels()  # Triton's allocator (scratch for device-side descriptors), as the other ops
+    ws, r = st.ws, st.rank
+    send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
+    _check(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, ws, r)
+    x = _aligned(x)
+    w_gate, w_up, w_down = (_aligned(w) for w in (w_gate, w_up, w_down))
+    experts, h, f = w_gate.shape
+    dev, es, cd = x.device, x.element_size(), w_gate.dtype
+    cap = max(1, x.shape[0])
+    lay = layout(ws, cap, h, es)
+    st.ensure_data(lay["bytes"])
+    disp = st.data_view(x.dtype, (ws * cap, h), lay["disp"])
+    comb = st.data_view(x.dtype, (ws * cap, h), lay["comb"])
+    send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
+    ends_host = [] if offsets is not None else _prefix(group_sizes)[1:]
+    # pinned + non_blocking: a pageable host-to-device copy would synchronise the stream
+    meta = torch.tensor(send_off + recv_off + ends_host, dtype=torch.int32, pin_memory=x.is_cuda)
+    meta = meta.to(dev, non_blocking=True)
+    send_off_d, recv_off_d = meta[: ws + 1], meta[ws + 1 : 2 * ws + 2]
+    ends = offsets if offsets is not None else meta[2 * ws + 2 :]
+    m, n_recv = rows.shape[0], recv_off[-1]
+
+    sms = comm_sms()
+    grid = max(1, st.num_sms - sms)  # the comm kernel holds `sms` SMs for the whole call
+    cands = moe_gemm.candidates(cd)
+    cfg_a, cfg_b = cands[0], cands[0]
+    pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands], expert_major(m, ws, experts))
+    act = x.new_empty((max(m, 1), f), dtype=cd)
+    stage = x.new_empty((max(n_recv, 1), h))
+    out = x.new_empty(x.shape)
+    flag = st.flag_arg
+    status = st.status_arg()
+
+    def gate_up(cfg, epoch, phase=None):
+        moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), epoch, status, st.timeout_ns,
+                                r, ws, cap, cfg, grid, timed=x.is_cuda, phase=phase)
+
+    def down(cfg, epoch, phase=None):
+        moe_gemm.launch_down(act, w_down, out, stage, pl, flag(symm.MOE_COUNTERS), flag(symm.MOE_DONE),
+                             epoch, r, ws, send_off[r], cfg, grid, phase=phase)
+
+    if x.is_cuda:  # tune on the real problem with every flag raised (epoch 0: no communication)
+        # rows vary per call (dropless): tune once per power-of-two bucket of them
+        key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), grid)
+        cfg_a = _tune("moe_gate_up", key, cands, lambda c: gate_up(c, 0))
+        cfg_b = _tune("moe_down", key, cands, lambda c: down(c, 0))
+
+    compute = torch.cuda.current_stream(dev) if x.is_cuda else None
+    data_tab, flag_tab = st.peer_tables()  # (built on the compute stream: before the comm stream's wait)
+    epoch = st.begin(compute)
+    begun = _record(compute)
+    row_bytes = h * es
+    for j in range(1, ws):  # dispatch, to r-1 first: rank d takes source d+1 first
+        d = (r - j) % ws
+        st.push(d, lay["disp"] + r * lay["slot"], x.data_ptr() + send_off[d] * row_bytes, send_splits[d] * row_bytes,
+                symm.MOE_ARRIVED + r)
+    side = st.copy_stream
+    with _on(side):
+        # this rank's own rows into its own slot (its tiles come last), then its arrival flag
+        disp[r * cap : r * cap + send_splits[r]].copy_(x[send_off[r] : send_off[r + 1]])
+        _raise_local(st, symm.MOE_ARRIVED + r, epoch, side)
+        # received rows no grouped row points at are 0: zero the staging rows and own output rows
+        stage.zero_()
+        out[send_off[r] : send_off[r + 1]].zero_()
+        zeroed = _record(side)
+    # The comm kernel starts now (after this call's begin) and spins on its SMs until the down
+    # GEMM finishes each source; the GEMMs run on the other SMs.
+    comm = comm_stream(dev.index, SYMM_MOE_COMM) if x.is_cuda else None
+    _wait(comm, begun)
+
+    def launch_comm():
+        with _on(comm):
+            moe_comm.launch(stage, comb, out, data_tab, flag_tab, recv_off_d, send_off_d, flag(symm.MOE_DONE),
+                            flag(symm.MOE_PUSHED), flag(symm.READY), flag(symm.MOE_RETURNED), epoch, status,
+                            st.timeout_ns, r, ws, cap, lay["comb"] // es, symm.MOE_RETURNED, sms,
+                            push=TRANSPORT == "sm", timed=x.is_cuda)
+
+    if comm is not None:
+        launch_comm()
+    for i, phase in enumerate(moe_gemm.phases(ws, experts, pl["expert_major"])):
+        gate_up(cfg_a, epoch, phase)
+        if i == 0:
+            _wait(compute, zeroed)
+        down(cfg_b, epoch, phase)
+    if comm is None:  # the interpreter runs kernels one after the other: the comm kernel last
+        launch_comm()
+    if TRANSPORT == "ce":
+        from . import cuda as _cuda
+
+        for pos in range(ws - 1):
+            s = (r + 1 + pos) % ws
+            _cuda.wait_value32(st.flag_addr(symm.MOE_DONE + pos), epoch, st.push_stream)
+            st.push(s, lay["comb"] + r * lay["slot"], stage.data_ptr() + recv_off[s] * row_bytes,
+                    recv_splits[s] * row_bytes, symm.MOE_RETURNED + r)
+    if comm is not None:
+        compute.wait_stream(comm)
+    st.end(compute)
+    return out, [x.new_empty((0,)) for _ in saved]
+
+
+def _raise_local(st, word: int, epoch: int, stream) -> None:
+    """This rank's own flag ``word`` = epoch, after the work queued on ``stream``."""
+    if stream is None:  # the interpreter tests' fake group: CPU flag tensor
+        st.flag_arg(word)[0] = epoch
+    else:
+        from . import cuda as _cuda
+
+        _cuda.write_value32(st.flag_addr(word), epoch, stream)
+
+
+# Stream helpers that do nothing off CUDA (the interpreter tests run this path on CPU tensors).
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _on(stream):
+    return torch.cuda.stream(stream) if stream is not None else _Null()
+
+
+def _record(stream):
+    if stream is None:
+        return None
+    ev = torch.cuda.Event()
+    ev.record(stream)
+    return ev
+
+
+def _wait(stream, event):
+    if stream is not None and event is not None:
+        stream.wait_event(event)

@@ -1,0 +1,287 @@
+"""GPU tests (marker ``gpu``) of ``overlap::moe_experts`` on 2 and 4 GPUs with NCCL: the ``symm``
+lowering (and ``p2p`` for comparison) against NCCL ``all_to_all_single`` + float32 experts.
+
+Run on the device machine: ``python -m pytest -q -m gpu tests/test_gpu_moe.py`` (skips where fewer
+GPUs are visible). Each test spawns one process per GPU (``dist_harness.run_ranks``).
+
+- the op directly, 24 back-to-back calls per case (fewer for the variants) on fresh random data (so stale buffers fail),
+  outputs poisoned (the caching allocator hands back NaN-filled blocks): balanced and skewed routing
+  (one expert takes most rows), empty experts, rank pairs that exchange nothing, grouped rows
+  pointing nowhere (``-1``) and rows past the last expert, ``offsets`` vs ``group_sizes``,
+  bf16 and fp32 tokens with bf16 experts, fp16; both tile orders (remote-first, expert-major);
+  both transports of the combine (SM consumer, copy engine) and comm-SM counts 1 and 8; rel err <= 1e-2, the path taken is ``symm``;
+- the compiled ``MoELayer`` (capacity and dropless, ``grouped_mm`` and ``loop`` forms) through
+  ``make_backend(lowering="symm")`` in inference, 20 calls on new tokens each, against eager.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+
+os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+try:
+    from dist_harness import run_ranks
+except ImportError:
+    from tests.dist_harness import run_ranks
+
+pytestmark = pytest.mark.gpu
+WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4], ids=["ws2", "ws4"])
+
+
+def _need_gpus(ws: int) -> None:
+    if not torch.cuda.is_available() or torch.cuda.device_count() < ws:
+        pytest.skip(f"needs {ws} CUDA GPUs")
+
+
+def _rel(out, ref) -> float:
+    if tuple(out.shape) != tuple(ref.shape):
+        return math.inf
+    out, ref = out.detach().double(), ref.detach().double()
+    if not torch.isfinite(out).all():
+        return math.inf
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _poison(nbytes: int) -> None:
+    """Leave NaN-filled blocks in the caching allocator, so that unwritten outputs show."""
+    t = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    del t
+
+
+# ------------------------------------------------------------------------------------ the op
+CASES = {  # name: (tokens per rank x top_k rows, hidden, ffn, local experts, routing)
+    "balanced": (512, 256, 384, 4, "balanced"),
+    "skewed": (512, 256, 384, 4, "skewed"),
+    "empty_experts": (384, 128, 256, 4, "empty"),
+    "odd_sizes": (200, 136, 200, 3, "balanced"),  # nothing a multiple of a block
+    "decode": (16, 256, 512, 2, "skewed"),
+}
+
+
+def _routing(case, ws, experts, gen):
+    """Counts [source, destination] (same on every rank: one generator) and, per destination, the
+    expert of each received row (stable expert-major order within the grouped rows)."""
+    rows_per_rank = CASES[case][0]
+    kind = CASES[case][4]
+    counts = torch.zeros(ws, ws, dtype=torch.long)
+    for s in range(ws):
+        if kind == "balanced":
+            w = torch.ones(ws)
+        else:  # most rows go to rank 0's expert 0; one pair exchanges nothing
+            w = torch.tensor([8.0] + [1.0] * (ws - 1))
+            w[(s + 1) % ws] = 0.0 if ws > 2 else w[(s + 1) % ws]
+        d = torch.multinomial(w / w.sum(), rows_per_rank, replacement=True, generator=gen)
+        counts[s] = torch.bincount(d, minlength=ws)
+    experts_of = []
+    for d in range(ws):
+        n = int(counts[:, d].sum())
+        if kind == "skewed":
+            e = torch.where(torch.rand(n, generator=gen) < 0.85, 0, torch.randint(0, experts, (n,), generator=gen))
+        elif kind == "empty":
+            e = torch.randint(0, 2, (n,), generator=gen) * (experts - 1)  # experts 1 .. E-2 empty
+        else:
+            e = torch.randint(0, experts, (n,), generator=gen)
+        experts_of.append(e)
+    return counts, experts_of
+
+
+def _ref_experts(xg, ends, wg, wu, wd):
+    y = torch.zeros(xg.shape[0], wd.shape[2], device=xg.device)
+    lo = 0
+    for e, hi in enumerate(ends.tolist()):
+        if hi > lo:
+            xe = xg[lo:hi].to(wg.dtype).float()
+            a = torch.nn.functional.silu(xe @ wg[e].float()) * (xe @ wu[e].float())
+            y[lo:hi] = a.to(wg.dtype).float() @ wd[e].float()
+        lo = hi
+    return y
+
+
+def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
+    import torch.distributed as dist
+
+    import overlap_backend  # noqa: F401
+    from overlap_backend.codegen import configs
+    from overlap_backend.runtime import moe_symm, symm_lowering
+
+    configs.AUTOTUNE = False  # numerics do not depend on the block config
+    torch.manual_seed(rank)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    moe_symm.TRANSPORT, moe_symm.COMM_SMS = transport, comm_sms
+    group = dist.group.WORLD
+    gn = group.group_name
+    errs, bad = {}, []
+    for case, (n_rows, h, f, experts, _) in CASES.items():
+        for x_dtype, cd in ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16), (torch.float16, torch.float16)):
+            if case in ("odd_sizes", "decode") and x_dtype != torch.bfloat16:
+                continue
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{case} {x_dtype}".encode()))  # same on every rank
+            for call in range(calls):
+                counts, experts_of = _routing(case, ws, experts, gen)
+                send, recv = counts[rank].tolist(), counts[:, rank].tolist()
+                wg = (torch.randn(experts, h, f, device=device) / math.sqrt(h)).to(cd)
+                wu = (torch.randn(experts, h, f, device=device) / math.sqrt(h)).to(cd)
+                wd = (torch.randn(experts, f, h, device=device) / math.sqrt(f)).to(cd)
+                x = torch.randn(sum(send), h, device=device).to(x_dtype)
+                e_of = experts_of[rank].to(device)
+                order = torch.sort(e_of, stable=True).indices
+                sizes = torch.bincount(e_of, minlength=experts)
+                rows = order.clone()
+                if call % 3 == 1 and rows.numel():  # some grouped rows point nowhere
+                    rows[:: 7] = -1
+                ends = torch.cumsum(sizes, 0)
+                if call % 4 == 2 and rows.numel() > 4:  # rows past the last expert's end
+                    ends = torch.clamp(ends, max=rows.numel() - 3)
+                use_offsets = call % 2 == 0
+                moe_symm.ORDER = ("source", "expert")[call % 2]  # both tile orders (auto: expert at these sizes)
+                # reference: NCCL all-to-all + float32 experts + NCCL all-to-all back
+                r_rows = x.new_empty((sum(recv), h))
+                dist.all_to_all_single(r_rows, x, recv, send, group=group)
+                xg = torch.where((rows >= 0)[:, None], r_rows[rows.clamp(min=0)], 0).to(cd)
+                yg = _ref_experts(xg, ends, wg, wu, wd)
+                yr = torch.zeros(sum(recv), h, device=device)
+                valid = (rows >= 0) & (torch.arange(rows.numel(), device=device) < ends[-1])
+                yr[rows[valid]] = yg[valid]
+                ref = x.new_empty(x.shape)
+                dist.all_to_all_single(ref, yr.to(x_dtype), send, recv, group=group)
+                if device == "cuda":
+                    _poison(x.numel() * x.element_size() * 4)
+                out, saved = torch.ops.overlap.moe_experts(
+                    x, send, recv, rows, ends.to(torch.int32) if use_offsets else None,
+                    [] if use_offsets else [int(v) for v in torch.diff(ends, prepend=ends.new_zeros(1)).tolist()],
+                    wg, wu, wd, gn, lowering, [False] * 5)
+                err = _rel(out.float(), ref.float())
+                key = f"{case} {x_dtype}->{cd}"
+                errs[key] = max(errs.get(key, 0.0), err)
+                if not err <= 1e-2:
+                    bad.append(f"rank {rank} {key} call {call}: rel err {err:.3e}")
+    paths = dict(symm_lowering.PATHS)
+    if lowering == "symm":
+        torch.cuda.synchronize()
+        from overlap_backend.runtime import symm
+
+        symm.check_status()
+        if not paths.get("moe_experts:symm"):
+            bad.append(f"rank {rank}: never ran on symm: {paths}")
+    assert not bad, "\n".join(bad[:20])
+    return {"errs": errs, "paths": paths}
+
+
+# (lowering, combine transport, comm SMs, calls per case): the default configuration gets 24 calls
+# per case, the variants fewer (same cases, same checks) to keep the run short.
+VARIANTS = {"symm-sm8": ("symm", "sm", 8, 24), "symm-sm1": ("symm", "sm", 1, 6), "symm-ce": ("symm", "ce", 8, 6),
+            "p2p": ("p2p", "sm", 8, 3)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@WORLD_SIZES
+@pytest.mark.timeout(600)
+def test_moe_op_numerics_repeated(ws, variant):
+    _need_gpus(ws)
+    lowering, transport, comm_sms, calls = VARIANTS[variant]
+    results = run_ranks(op_worker, ws, "cuda", lowering, transport, comm_sms, calls, timeout=580, backend="nccl")
+    for rank, res in enumerate(results):
+        print(f"ws={ws} {variant} rank {rank}: {res['errs']} {res['paths']}")
+
+
+# ------------------------------------------------------------------------- compiled layer
+def layer_worker(rank, ws, device, policy, form, calls=20):
+    import torch.distributed as dist  # noqa: F401
+
+    import overlap_backend
+    from overlap_backend.codegen import configs
+    from overlap_backend.moe_models import MoELayer
+    from overlap_backend.runtime import symm_lowering
+
+    configs.AUTOTUNE = False
+    torch._dynamo.config.capture_scalar_outputs = True
+    tokens, hidden, ffn, experts = 256, 512, 768, 2 * ws
+    layer = MoELayer(hidden, ffn, experts, top_k=2, policy=policy, expert_form=form, capacity_factor=1.25,
+                     dtype=torch.bfloat16, device="cuda", seed=3)
+    backend = overlap_backend.make_backend(lowering="symm", inductor=False)
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    errs = []
+    with torch.no_grad():
+        for call in range(calls):
+            x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+            if call % 2:
+                x = x + 1.0  # skews the routing toward a few experts
+            ref = layer(x)
+            _poison(x.numel() * 2 * 8)
+            errs.append(_rel(compiled(x).float(), ref.float()))
+    paths = dict(symm_lowering.PATHS)
+    applied = [(m.pass_name, m.applied, m.lowering if hasattr(m, "lowering") else None, m.reason)
+               for r in backend.reports for m in r.matches]
+    assert max(errs) <= 1e-2, f"rank {rank} {policy}/{form}: rel errs {errs}"
+    assert paths.get("moe_experts:symm"), f"rank {rank}: moe_experts never ran on symm: {paths} {applied}"
+    return {"max_err": max(errs), "paths": paths, "applied": applied}
+
+
+@pytest.mark.parametrize("policy,form", [("dropless", "grouped_mm"), ("capacity", "grouped_mm"), ("dropless", "loop"),
+                                         ("capacity", "bmm")])
+@WORLD_SIZES
+@pytest.mark.timeout(600)
+def test_compiled_moe_layer_symm(ws, policy, form):
+    _need_gpus(ws)
+    env = {"OVERLAP_INDUCTOR": "0"}
+    results = run_ranks(layer_worker, ws, "cuda", policy, form, timeout=580, env=env, backend="nccl")
+    print(f"ws={ws} {policy}/{form}: {results[0]}")
+
+
+# ------------------------------------------------------------------------------- timeouts
+def late_peer_worker(rank, ws, device):
+    """Rank 1 calls moe_experts 3 s after rank 0, whose kernels give up after 1 s: rank 0's gate/up
+    GEMM times out on rank 1's dispatch; it then ships nothing (its comm kernel sees the claimed
+    status word), so rank 1 times out too, on rank 0's results. Both raise SymmTimeoutError on the
+    next call, naming moe_experts, their rank and what they waited for."""
+    import time
+
+    import torch.distributed as dist
+
+    import overlap_backend  # noqa: F401
+    from overlap_backend.codegen import configs
+    from overlap_backend.runtime import symm
+
+    configs.AUTOTUNE = False
+    gn = dist.group.WORLD.group_name
+    h, f, experts, n = 128, 256, 2, 64
+    send = [n // ws] * ws
+    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
+    rows = torch.arange(n, device="cuda")
+    offs = torch.tensor([n // 2, n], dtype=torch.int32, device="cuda")
+    w = [(torch.randn(experts, *s, device="cuda") / 16).to(torch.bfloat16) for s in ((h, f), (h, f), (f, h))]
+
+    def call():
+        return torch.ops.overlap.moe_experts(x, send, send, rows, offs, [], *w, gn, "symm", [False] * 5)[0]
+
+    call()  # buffers, compiled kernels
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 1:
+        time.sleep(3.0)
+    call()
+    torch.cuda.synchronize()
+    try:
+        symm.check_status()
+    except symm.SymmTimeoutError as e:
+        msg = str(e)
+        want = "rank 1's dispatched tokens" if rank == 0 else "rank 0's expert results"
+        assert "moe_experts" in msg and f"rank {rank} " in msg and want in msg, msg
+        try:
+            call()
+        except symm.SymmTimeoutError:
+            return msg
+        raise AssertionError("the next call after a timeout did not raise")
+    raise AssertionError(f"rank {rank} did not time out")
+
+
+@pytest.mark.timeout(200)
+def test_moe_timeout_names_op_rank_flag():
+    _need_gpus(2)
+    print(run_ranks(late_peer_worker, 2, "cuda", timeout=180, env={"OVERLAP_TIMEOUT_S": "1"}, backend="nccl"))

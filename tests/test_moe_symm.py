@@ -1,0 +1,450 @@
+"""The ``symm`` lowering of ``moe_experts`` under ``TRITON_INTERPRET=1`` (CPU), one rank at a time.
+
+Each test plays rank ``r`` of a ``ws``-rank group: what the peers would have delivered (dispatch
+rows, returned results) is written into this rank's buffers beforehand and the arrival flags are
+pre-set to the epoch; every peer has a buffer of its own (a CPU tensor) so that the communication
+kernel's peer stores land where they can be checked. Checked against float32 references: the
+device-side plan and tile map (groups sorted remote-first, empty experts, skew), the grouped
+gate/up and down GEMMs, the down GEMM's scatter into received-row positions, the per-source tile
+counters and done flags, the communication kernel's push/pull with flags, and the whole Python
+path (``moe_symm.moe_experts`` with a fake GroupState) against the op's semantics.
+
+The expert weights (the compute dtype) are float16 here: the interpreter's ``tl.dot`` gets
+bfloat16 operands wrong (Triton 3.9, numpy has no bfloat16: a bf16 16x16x16 dot is off by 1e10,
+fp16/fp32 exact); bfloat16 tokens are covered (converted in the kernel), bf16 dots run on GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("interpreter tests: they run where CUDA is absent (CI)", allow_module_level=True)
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from overlap_backend.codegen import moe_comm, moe_gemm  # noqa: E402
+from overlap_backend.runtime import moe_symm, symm  # noqa: E402
+
+EPOCH = 7
+
+
+@pytest.fixture(autouse=True)
+def _cpu_allocator(monkeypatch):
+    """Device-side TMA descriptors take scratch memory from Triton's allocator: CPU tensors here."""
+    from overlap_backend.runtime import symm_lowering
+
+    alloc = lambda size, align, stream: torch.empty(size, dtype=torch.int8)  # noqa: E731
+    monkeypatch.setattr(symm_lowering, "_scratch", alloc)
+    triton.set_allocator(alloc)
+CFG = (16, 16, 16, 1, 1, 1, False)  # BM, BN, BK (the rest unused by the interpreter)
+
+
+def _prefix(sizes):
+    out = [0]
+    for s in sizes:
+        out.append(out[-1] + s)
+    return out
+
+
+def _case(ws, rank, experts, h, f, gen, skew=False, empty=(), send=None, recv=None, idle=0, sorted_sources=False):
+    """Random splits and a grouped row map as the MoE layer makes them (expert-major, source order
+    inside an expert); ``idle`` grouped rows past the last expert's end; ``sorted_sources``: every
+    source sent its rows sorted by expert (as the layer does: each group is consecutive received
+    rows, the TMA path), else experts are drawn per row (the gather path); returns a dict."""
+    if recv is None:
+        recv = [int(v) for v in torch.randint(0, 20, (ws,), generator=gen)]
+    n_recv = sum(recv)
+    if skew:
+        expert_of = torch.zeros(n_recv, dtype=torch.long)
+        expert_of[: n_recv // 8] = torch.randint(0, experts, (n_recv // 8,), generator=gen)
+    else:
+        expert_of = torch.randint(0, experts, (n_recv,), generator=gen)
+    for e in empty:
+        expert_of[expert_of == e] = (e + 1) % experts
+    if sorted_sources:
+        offs = _prefix(recv)
+        for s in range(ws):
+            expert_of[offs[s] : offs[s + 1]] = expert_of[offs[s] : offs[s + 1]].sort().values
+    order = torch.sort(expert_of, stable=True).indices
+    sizes = torch.bincount(expert_of, minlength=experts)
+    rows = torch.cat([order, torch.randint(0, max(n_recv, 1), (idle,), generator=gen)]) if n_recv else order
+    if send is None:
+        send = [int(v) for v in torch.randint(0, 20, (ws,), generator=gen)]
+    send[rank] = recv[rank]
+    return dict(recv=recv, send=send, rows=rows, sizes=sizes.tolist(), ends=torch.cumsum(sizes, 0))
+
+
+def _weights(experts, h, f, gen, dtype):
+    wg = (torch.randn(experts, h, f, generator=gen) / math.sqrt(h)).to(dtype)
+    wu = (torch.randn(experts, h, f, generator=gen) / math.sqrt(h)).to(dtype)
+    wd = (torch.randn(experts, f, h, generator=gen) / math.sqrt(f)).to(dtype)
+    return wg, wu, wd
+
+
+def _reference_yr(recv_rows, rows, ends, wg, wu, wd):
+    """Yr of the op's semantics, in float32 (recv_rows: [N_recv, H] received rows)."""
+    n_recv, h = recv_rows.shape
+    yr = torch.zeros(n_recv, h)
+    experts = wg.shape[0]
+    for j, q in enumerate(rows.tolist()):
+        e = int(torch.searchsorted(ends, torch.tensor(j), right=True))
+        if q < 0 or e >= experts:
+            continue
+        xg = recv_rows[q].to(wg.dtype).float()
+        a = F.silu(xg @ wg[e].float()) * (xg @ wu[e].float())
+        yr[q] = a.to(wg.dtype).float() @ wd[e].float()
+    return yr
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+# --------------------------------------------------------------------------- plan and tile map
+@triton.jit
+def _tile_map_probe(out_ptr, srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, tiles_n, G, E,
+                    LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr):
+    t = tl.program_id(0)
+    g, e, pos, pid_n, offs_p, mask, srow = moe_gemm.tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
+                                                              srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
+    tl.store(out_ptr + t * 5 + 0, g)
+    tl.store(out_ptr + t * 5 + 1, e)
+    tl.store(out_ptr + t * 5 + 2, pos)
+    tl.store(out_ptr + t * 5 + 3, pid_n)
+    tl.store(out_ptr + t * 5 + 4, tl.sum(mask.to(tl.int32)))
+
+
+@pytest.mark.parametrize("skew,expert_major", [(False, False), (True, False), (True, True)],
+                         ids=["balanced", "skewed", "skewed-expert-major"])
+@pytest.mark.parametrize("ws,rank", [(2, 0), (4, 2)])
+def test_plan_and_tile_map(ws, rank, skew, expert_major):
+    """Groups come remote-first (sources rank+1, rank+2, ..., own last), expert order inside (or
+    expert-major, source order inside); every valid grouped row appears once; tile t maps to the
+    group, expert, source position, column tile and rows that a host-side enumeration gives, empty
+    experts and empty sources included."""
+    gen = torch.Generator().manual_seed(ws * 10 + rank + skew)
+    experts = 3
+    case = _case(ws, rank, experts, 8, 8, gen, skew=skew, empty=(1,), idle=3)
+    recv_off = torch.tensor(_prefix(case["recv"]), dtype=torch.int32)
+    bm = 4
+    pl = moe_symm.plan(case["rows"], case["ends"], recv_off, rank, ws, experts, [bm], expert_major)
+    srows, counts = pl["srows"].long(), pl["counts"].tolist()
+
+    def pos_expert(g):
+        return divmod(g, experts) if not expert_major else tuple(reversed(divmod(g, ws)))
+
+    # every valid grouped row once, grouped by (position, expert)
+    valid = case["rows"][: int(case["ends"][-1])]
+    assert sorted(srows[: sum(counts)].tolist()) == sorted(valid.tolist())
+    expert_of_row = torch.searchsorted(case["ends"], torch.arange(len(case["rows"])), right=True)
+    row_expert = {int(q): int(expert_of_row[j]) for j, q in enumerate(case["rows"].tolist()) if j < int(case["ends"][-1])}
+    for g, (lo, c) in enumerate(zip(pl["row_start"].tolist(), counts)):
+        pos, e = pos_expert(g)
+        src = (rank + 1 + pos) % ws
+        for q in srows[lo : lo + c].tolist():
+            assert recv_off[src] <= q < recv_off[src + 1] and row_expert[q] == e
+    assert [counts[g] for g in range(ws * experts) if pos_expert(g)[1] == 1] == [0] * ws  # expert 1 empty
+    # tile map
+    tiles_n = 3
+    ts = pl["tile_start"][bm]
+    expect = []
+    for g, c in enumerate(counts):
+        for m in range(-(-c // bm)):
+            for n in range(tiles_n):
+                expect.append((g, pos_expert(g)[1], pos_expert(g)[0], n, min(bm, c - m * bm)))
+    assert int(ts[-1]) * tiles_n == len(expect)
+    assert pl["src_tiles"][bm].tolist() == [sum(-(-c // bm) for g, c in enumerate(counts) if pos_expert(g)[0] == p)
+                                            for p in range(ws)]
+    if expect:
+        out = torch.full((len(expect) * 5,), -1, dtype=torch.int32)
+        G = ws * experts
+        _tile_map_probe[(len(expect),)](out, pl["srows"], pl["counts"], pl["row_start"], ts, tiles_n, G, experts,
+                                        LOG_G=moe_gemm.log_groups(G), BM=bm, WS=ws, EXPERT_MAJOR=expert_major)
+        assert [tuple(v) for v in out.view(-1, 5).tolist()] == expect
+
+
+# ------------------------------------------------------------------------------ GEMM kernels
+def _buffers(ws, rank, case, h, dtype, gen):
+    """x (this rank's rows), the dispatch buffer with every peer's rows already in its slot, R."""
+    send_off, recv_off = _prefix(case["send"]), _prefix(case["recv"])
+    x = torch.randn(send_off[-1], h, generator=gen).to(dtype)
+    cap = max(1, x.shape[0], max(case["recv"]))
+    disp = torch.full((ws * cap, h), float("nan")).to(dtype)
+    recv_rows = torch.randn(recv_off[-1], h, generator=gen).to(dtype)
+    recv_rows[recv_off[rank] : recv_off[rank + 1]] = x[send_off[rank] : send_off[rank + 1]]
+    for s in range(ws):  # the own rows too: the runtime copies them into slot `rank`
+        disp[s * cap : s * cap + case["recv"][s]] = recv_rows[recv_off[s] : recv_off[s + 1]]
+    return x, disp, cap, recv_rows
+
+
+@pytest.mark.parametrize("skew,sorted_sources,expert_major", [(False, False, False), (False, True, False),
+                                                               (True, True, False), (True, False, True)],
+                         ids=["balanced-gather", "balanced-tma", "skewed-tma", "skewed-gather-expert-major"])
+@pytest.mark.parametrize("ws,rank,dtype", [(2, 1, torch.float32), (3, 0, torch.bfloat16)])
+def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources, expert_major):
+    """gate/up then down with the dispatch flags pre-set: own rows land in ``out`` at their send
+    position, remote rows in the staging buffer at their received position, rows no grouped row
+    points at stay 0; each source's done flag is raised (also for sources without tiles), counters
+    are back to 0."""
+    gen = torch.Generator().manual_seed(ws + rank + 3 * skew)
+    experts, h, f = 3, 24, 40
+    case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(2,), idle=2, sorted_sources=sorted_sources)
+    if skew:
+        case["recv"][(rank + 1) % ws] = 0  # a source that sent nothing
+        case = _case(ws, rank, experts, h, f, gen, skew=True, empty=(2,), send=case["send"], recv=case["recv"],
+                     sorted_sources=sorted_sources)
+    wg, wu, wd = _weights(experts, h, f, gen, torch.float16)
+    x, disp, cap, recv_rows = _buffers(ws, rank, case, h, dtype, gen)
+    send_off, recv_off = _prefix(case["send"]), _prefix(case["recv"])
+    recv_off_t = torch.tensor(recv_off, dtype=torch.int32)
+    pl = moe_symm.plan(case["rows"], case["ends"], recv_off_t, rank, ws, experts, [CFG[0]], expert_major)
+    if sorted_sources:
+        assert pl["contig"].all()  # sorted senders: TMA for every group
+    elif not skew:
+        assert not pl["contig"].all()  # some group is gathered
+    flags = torch.zeros(64, dtype=torch.int32)
+    ARR, CNT, DONE = 0, 24, 32
+    flags[ARR : ARR + ws] = EPOCH
+    claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    m = len(case["rows"])
+    act = torch.full((max(m, 1), f), float("nan")).to(torch.float16)
+    moe_gemm.launch_gate_up(disp, wg, wu, act, pl, flags[ARR:], EPOCH, (claim, report), 10**6, rank, ws, cap, CFG, 3,
+                            timed=False)
+    out = torch.full_like(x, float("nan"))
+    out[send_off[rank] : send_off[rank + 1]] = 0
+    stage = torch.zeros(max(recv_off[-1], 1), h, dtype=dtype)
+    moe_gemm.launch_down(act, wd, out, stage, pl, flags[CNT:], flags[DONE:], EPOCH, rank, ws,
+                         send_off[rank], CFG, 2)
+    assert claim.item() == 0 and report[0].item() == 0
+    ref = _reference_yr(recv_rows.float(), case["rows"], case["ends"], wg, wu, wd)
+    tol = 2e-2
+    own = out[send_off[rank] : send_off[rank + 1]].float()
+    assert _rel(own, ref[recv_off[rank] : recv_off[rank + 1]]) < tol or own.numel() == 0
+    for s in range(ws):
+        if s != rank and case["recv"][s]:
+            seg = stage[recv_off[s] : recv_off[s + 1]].float()
+            assert _rel(seg, ref[recv_off[s] : recv_off[s + 1]]) < tol
+    assert torch.isnan(out[: send_off[rank]]).all() and torch.isnan(out[send_off[rank + 1] :]).all()  # untouched
+    assert flags[DONE : DONE + ws - 1].tolist() == [EPOCH] * (ws - 1)
+    assert flags[CNT : CNT + ws].tolist() == [0] * ws
+
+
+def test_gate_up_times_out_on_missing_dispatch():
+    """A dispatch flag below the epoch: the gate/up kernel gives up and leaves a status word that
+    names moe_experts, the rank and the source."""
+    gen = torch.Generator().manual_seed(1)
+    ws, rank, experts, h, f = 2, 0, 2, 16, 16
+    case = _case(ws, rank, experts, h, f, gen, recv=[4, 5])
+    wg, wu, _ = _weights(experts, h, f, gen, torch.float16)
+    x, disp, cap, _ = _buffers(ws, rank, case, h, torch.bfloat16, gen)
+    pl = moe_symm.plan(case["rows"], case["ends"], torch.tensor(_prefix(case["recv"]), dtype=torch.int32), rank, ws,
+                       experts, [CFG[0]])
+    flags = torch.zeros(8, dtype=torch.int32)
+    claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    act = torch.empty(len(case["rows"]), f, dtype=torch.float16)
+    flags[rank] = EPOCH  # the own rows are there, source 1's are not
+    moe_gemm.launch_gate_up(disp, wg, wu, act, pl, flags, EPOCH, (claim, report), 5000, rank, ws, cap, CFG, 1,
+                            timed=False)
+    words = report.tolist()
+    assert words[:6] == [1, 5, rank, 1, 0, EPOCH]
+    err = symm.status_error(words, "", 1.0)
+    assert "moe_experts on rank 0" in str(err) and "rank 1's dispatched tokens" in str(err)
+
+
+# ----------------------------------------------------------------------------- comm kernel
+@pytest.mark.parametrize("ws,rank", [(2, 0), (4, 1)])
+def test_comm_kernel_push_and_pull(ws, rank):
+    """With done/READY/returned flags pre-set: each staging segment lands in its source's combine
+    slot ``rank`` (in that peer's own buffer), each peer's returned flag is raised, and every
+    combine slot of this rank is copied into ``out`` at its send rows; empty segments too."""
+    gen = torch.Generator().manual_seed(ws + rank)
+    h, cap = 8, 12
+    recv = [int(v) for v in torch.randint(0, cap, (ws,), generator=gen)]
+    send = [int(v) for v in torch.randint(0, cap, (ws,), generator=gen)]
+    recv[(rank + 1) % ws] = 0
+    send[rank] = recv[rank]
+    recv_off, send_off = _prefix(recv), _prefix(send)
+    comb_off = ws * cap * h  # elements: combine region after the dispatch region
+    datas = [torch.zeros(2 * ws * cap * h) for _ in range(ws)]
+    flag_bufs = [torch.zeros(64, dtype=torch.int32) for _ in range(ws)]
+    RET, DONE, PUSHED = 8, 32, 40
+    mine = flag_bufs[rank]
+    mine[symm.READY : symm.READY + ws] = EPOCH
+    mine[RET : RET + ws] = EPOCH
+    mine[DONE : DONE + ws] = EPOCH
+    stage = torch.randn(max(recv_off[-1], 1), h, generator=gen)
+    comb = datas[rank][comb_off:].view(ws * cap, h)
+    comb.copy_(torch.randn(ws * cap, h, generator=gen))
+    out = torch.full((send_off[-1], h), float("nan"))
+    data_tab = torch.tensor([d.data_ptr() for d in datas], dtype=torch.int64)
+    flag_tab = torch.tensor([fb.data_ptr() for fb in flag_bufs], dtype=torch.int64)
+    claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    moe_comm.launch(stage, comb, out, data_tab, flag_tab, torch.tensor(recv_off, dtype=torch.int32),
+                    torch.tensor(send_off, dtype=torch.int32), mine[DONE:], mine[PUSHED:], mine[symm.READY:],
+                    mine[RET:], EPOCH, (claim, report), 10**6, rank, ws, cap, comb_off, RET, 3, timed=False, block=16)
+    assert claim.item() == 0
+    for s in range(ws):
+        if s == rank:
+            continue
+        peer_comb = datas[s][comb_off:].view(ws, cap, h)[rank]
+        assert torch.equal(peer_comb[: recv[s]], stage[recv_off[s] : recv_off[s + 1]])
+        assert flag_bufs[s][RET + rank].item() == EPOCH
+        assert torch.equal(out[send_off[s] : send_off[s + 1]], comb.view(ws, cap, h)[s, : send[s]])
+    assert torch.isnan(out[send_off[rank] : send_off[rank + 1]]).all()  # own rows: the down GEMM's
+    assert mine[PUSHED : PUSHED + ws].tolist() == [0] * ws
+
+
+# ------------------------------------------------------------------- the whole Python path
+class FakeState:
+    """What ``moe_symm`` uses of a GroupState, for rank ``rank`` of ``ws``: CPU buffers per rank,
+    peers' deliveries pre-set by the test."""
+
+    timeout_ns, num_sms = 10**6, 5
+    push_stream = copy_stream = None
+
+    def __init__(self, ws, rank, nbytes):
+        self.ws, self.rank = ws, rank
+        self.datas = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(ws)]
+        self.flag_bufs = [torch.zeros(symm.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
+        self.flags = self.flag_bufs[rank]
+        self.report = torch.zeros(8, dtype=torch.int32)
+        self.pushes = []
+
+    def ensure_data(self, n):
+        assert n <= self.datas[0].numel()
+
+    def data_view(self, dtype, shape, off=0):
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return self.datas[self.rank][off : off + n].view(dtype).view(shape)
+
+    def flag_arg(self, i):
+        return self.flags[i:]
+
+    def status_arg(self):
+        return self.flags[symm.CLAIM :], self.report
+
+    def begin(self, compute):
+        return EPOCH
+
+    def push(self, peer, dst, src, nbytes, flag):
+        self.pushes.append((peer, dst, nbytes, flag))
+
+    def end(self, compute):
+        pass
+
+    def peer_tables(self):
+        return (torch.tensor([d.data_ptr() for d in self.datas], dtype=torch.int64),
+                torch.tensor([f.data_ptr() for f in self.flag_bufs], dtype=torch.int64))
+
+
+@pytest.mark.parametrize("skew,order", [(False, "source"), (True, "source"), (True, "auto")],
+                         ids=["balanced", "skewed", "skewed-auto"])
+@pytest.mark.parametrize("ws,rank", [(2, 1), (3, 0)])
+def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order):
+    """``moe_symm.moe_experts`` end to end on one fake rank: dispatch pushes (to rank-1 first, into
+    slot ``rank``), the kernels, the peer stores of the results, and ``out`` == the op's semantics
+    (own rows computed here, peers' rows as they 'returned' them). ``auto`` takes the expert-major
+    tile order at these sizes."""
+    gen = torch.Generator().manual_seed(ws * 3 + rank + skew)
+    experts, h, f = 2, 16, 32
+    n_send = 18
+    send = [n_send // ws] * ws
+    send[-1] += n_send - sum(send)
+    recv = [int(v) for v in torch.randint(0, n_send + 1, (ws,), generator=gen)]
+    recv[rank] = send[rank]
+    if skew:
+        recv[(rank + 1) % ws] = 0  # a source that sent nothing
+    case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(1,) if skew else (), send=send, recv=recv,
+                 sorted_sources=not skew)
+    dtype = torch.bfloat16
+    wg, wu, wd = _weights(experts, h, f, gen, torch.float16)
+    x = torch.randn(n_send, h, generator=gen).to(dtype)
+    lay = moe_symm.layout(ws, n_send, h, 2)
+    st = FakeState(ws, rank, lay["bytes"])
+    send_off, recv_off = _prefix(case["send"]), _prefix(case["recv"])
+    recv_rows = torch.randn(recv_off[-1], h, generator=gen).to(dtype)
+    recv_rows[recv_off[rank] : recv_off[rank + 1]] = x[send_off[rank] : send_off[rank + 1]]
+    disp = st.data_view(dtype, (ws, n_send, h), lay["disp"])
+    comb = st.data_view(dtype, (ws, n_send, h), lay["comb"])
+    returned = torch.randn(ws, n_send, h, generator=gen).to(dtype)
+    for s in range(ws):
+        if s != rank:
+            disp[s, : case["recv"][s]] = recv_rows[recv_off[s] : recv_off[s + 1]]
+            comb[s] = returned[s]
+    for w in (symm.MOE_ARRIVED, symm.MOE_RETURNED, symm.READY):
+        st.flags[w : w + ws] = EPOCH
+    monkeypatch.setattr(symm, "state", lambda *a: st)
+    monkeypatch.setattr(moe_symm, "problem", lambda *a: None)
+    monkeypatch.setattr(moe_gemm, "CONFIGS_16BIT", (CFG,))
+    monkeypatch.setattr(moe_symm, "COMM_SMS", 2)
+    monkeypatch.setattr(moe_symm, "ORDER", order)
+    ends = None if skew else case["ends"].to(torch.int32)
+    out, saved = moe_symm.moe_experts(x, case["send"], case["recv"], case["rows"], ends,
+                                      [] if ends is not None else case["sizes"], wg, wu, wd, "g", [False] * 5)
+    assert st.report[0].item() == 0
+    ref = _reference_yr(recv_rows.float(), case["rows"], case["ends"], wg, wu, wd)
+    assert _rel(out[send_off[rank] : send_off[rank + 1]].float(), ref[recv_off[rank] : recv_off[rank + 1]]) < 2e-2 \
+        or case["recv"][rank] == 0
+    for d in range(ws):
+        if d == rank:
+            continue
+        assert torch.equal(out[send_off[d] : send_off[d + 1]], returned[d, : case["send"][d]])
+        peer_comb = st.datas[d][lay["comb"] : lay["bytes"]].view(dtype).view(ws, n_send, h)[rank]
+        if case["recv"][d]:
+            assert _rel(peer_comb[: case["recv"][d]].float(), ref[recv_off[d] : recv_off[d + 1]]) < 2e-2
+        assert st.flag_bufs[d][symm.MOE_RETURNED + rank].item() == EPOCH
+    # dispatch: rank-1 first, each into the peer's slot `rank`, with the arrival flag of `rank`
+    assert [p[0] for p in st.pushes] == [(rank - j) % ws for j in range(1, ws)]
+    assert all(p[1] == lay["disp"] + rank * lay["slot"] and p[3] == symm.MOE_ARRIVED + rank for p in st.pushes)
+    assert [p[2] for p in st.pushes] == [case["send"][(rank - j) % ws] * h * 2 for j in range(1, ws)]
+    assert len(saved) == 5 and all(v.numel() == 0 for v in saved)
+    lo, hi = symm.MOE_COUNTERS, symm.MOE_PUSHED + symm.WS_MAX
+    assert st.flags[lo:hi].tolist() == [0] * (hi - lo)  # tile and CTA counters back to 0
+
+
+def test_fallback_reasons():
+    """What the kernels do not cover is named (and depends only on shapes, dtypes and args)."""
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    w = torch.randn(2, 16, 32, dtype=torch.bfloat16)
+    wd = torch.randn(2, 32, 16, dtype=torch.bfloat16)
+    rows = torch.arange(4)
+    assert "CUDA" in moe_symm.problem(x, w, w, wd, rows, [False] * 5)
+    cuda_like = type("T", (), {"device": torch.device("cuda"), "dtype": torch.bfloat16, "dim": lambda s: 2,
+                               "shape": (4, 16)})()
+    assert "backward" in moe_symm.problem(cuda_like, w, w, wd, rows, [True] + [False] * 4)
+    assert "float32" in moe_symm.problem(cuda_like, w.float(), w.float(), wd.float(), rows, [False] * 5)
+    odd = type("T", (), {"device": torch.device("cuda"), "dtype": torch.bfloat16, "dim": lambda s: 2,
+                         "shape": (4, 12)})()
+    assert "16 bytes" in moe_symm.problem(odd, w[:, :12], w[:, :12], wd[:, :, :12], rows, [False] * 5)
+
+
+def test_comm_kernel_ships_nothing_after_a_timeout():
+    """A claimed status word (some wait of this rank gave up): no peer store, no peer flag, and the
+    pull side stops waiting at once (no second report)."""
+    ws, rank, h, cap = 2, 0, 8, 4
+    comb_off = ws * cap * h
+    datas = [torch.zeros(2 * ws * cap * h) for _ in range(ws)]
+    flag_bufs = [torch.zeros(64, dtype=torch.int32) for _ in range(ws)]
+    RET, DONE, PUSHED = 8, 32, 40
+    mine = flag_bufs[rank]
+    mine[DONE] = EPOCH
+    mine[symm.READY + 1] = EPOCH
+    stage = torch.ones(3, h)
+    out = torch.full((4, h), float("nan"))
+    claim, report = torch.ones(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    moe_comm.launch(stage, datas[rank][comb_off:].view(ws * cap, h), out,
+                    torch.tensor([d.data_ptr() for d in datas], dtype=torch.int64),
+                    torch.tensor([f.data_ptr() for f in flag_bufs], dtype=torch.int64),
+                    torch.tensor([0, 1, 4], dtype=torch.int32),
+                    torch.tensor([0, 2, 4], dtype=torch.int32), mine[DONE:], mine[PUSHED:], mine[symm.READY:],
+                    mine[RET:], EPOCH, (claim, report), 10**6, rank, ws, cap, comb_off, RET, 2, timed=False, block=16)
+    assert flag_bufs[1][RET + rank].item() == 0 and not datas[1].any()
+    assert report[0].item() == 0 and mine[PUSHED].item() == 0
