@@ -114,6 +114,7 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = False
     moe_symm.TRANSPORT, moe_symm.COMM_SMS = transport, comm_sms
+    moe_symm.ENABLED = True  # the kernels under test (off by default until they pass here)
     group = dist.group.WORLD
     gn = group.group_name
     errs, bad = {}, []
@@ -197,8 +198,9 @@ def layer_worker(rank, ws, device, policy, form, calls=20):
     import overlap_backend
     from overlap_backend.codegen import configs
     from overlap_backend.moe_models import MoELayer
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime import moe_symm, symm_lowering
 
+    moe_symm.ENABLED = True  # the kernels under test (off by default until they pass on GPUs)
     configs.AUTOTUNE = False
     torch._dynamo.config.capture_scalar_outputs = True
     tokens, hidden, ffn, experts = 256, 512, 768, 2 * ws
@@ -246,7 +248,9 @@ def late_peer_worker(rank, ws, device):
 
     import overlap_backend  # noqa: F401
     from overlap_backend.codegen import configs
-    from overlap_backend.runtime import symm
+    from overlap_backend.runtime import moe_symm, symm
+
+    moe_symm.ENABLED = True  # the kernels under test (off by default until they pass on GPUs)
 
     configs.AUTOTUNE = False
     gn = dist.group.WORLD.group_name

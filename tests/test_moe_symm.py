@@ -383,6 +383,7 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order):
         st.flags[w : w + ws] = EPOCH
     monkeypatch.setattr(symm, "state", lambda *a: st)
     monkeypatch.setattr(moe_symm, "problem", lambda *a: None)
+    monkeypatch.setattr(moe_symm, "ENABLED", True)
     monkeypatch.setattr(moe_gemm, "CONFIGS_16BIT", (CFG,))
     monkeypatch.setattr(moe_symm, "COMM_SMS", 2)
     monkeypatch.setattr(moe_symm, "ORDER", order)

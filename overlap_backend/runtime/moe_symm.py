@@ -138,10 +138,19 @@ def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, exper
     return out
 
 
+# Off until the kernels pass on GPUs: their first GPU test (2×H200, 2026-11-30,
+# tests/test_gpu_moe.py -k "ws2 and symm-sm8") timed out on rank 1 waiting for its own expert tiles
+# of source position 0 (the done flag stayed 0). Off, the symm lowering runs moe_experts on p2p (the
+# same decision on every rank). Tests and bench/bench_moe.py turn it on to exercise the kernels.
+ENABLED = False
+DISABLED_WHY = ("the symm moe_experts kernels are off until they pass on GPUs (moe_symm.ENABLED; first GPU run: "
+                "a timeout waiting for the rank's own expert tiles)")
+
+
 @register("symm", "moe_experts")
 def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved):
     args = (x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
-    why = problem(x, w_gate, w_up, w_down, rows, saved)
+    why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY)
     st = None if why else symm.state(group_name, x.device)
     if st is None:
         return _p2p("moe_experts", why, group_name, *args)
