@@ -70,7 +70,7 @@ class AgMmPass(OverlapPass):
         if not m.matmuls:
             raise Rejected("no matmul takes the gathered tensor as its left operand")
         ws = common.require_group(ag.group_name, ag.group_size)
-        common.require_static(ag.shard, ag.result)
+        common.require_backed(ag.shard, ag.result, *[mm.b for mm in m.matmuls])
         common.require_dtype(ag.shard, *[mm.b for mm in m.matmuls])
         shard = common.val(ag.shard)
         if not -shard.dim() <= ag.gather_dim < shard.dim():

@@ -17,6 +17,7 @@ import torch.fx
 from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, Ignored, KeywordArg, ListOf, Match
 
 from .manager import Rejected
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, guard_or_false, statically_known_true
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -286,13 +287,13 @@ def as_matmul(node: Any) -> Matmul | None:
 
 
 def is_flatten_to_2d(node: torch.fx.Node) -> bool:
-    """A reshape of an N-D tensor to ``[prod(leading dims), last dim]``."""
+    """A reshape of an N-D tensor to ``[prod(leading dims), last dim]`` (symbolically: no guard)."""
     if node.target not in RESHAPES:
         return False
     src, out = val(node.args[0]), val(node)
-    if src is None or out is None or out.dim() != 2:
+    if src is None or out is None or out.dim() != 2 or src.dim() < 1:
         return False
-    return tuple(out.shape) == (src.numel() // src.shape[-1], src.shape[-1]) if src.dim() >= 1 else False
+    return known_eq(out.shape[1], src.shape[-1]) and known_eq(out.shape[0], prod(src.shape[:-1]))
 
 
 def producer_matmul(node: torch.fx.Node) -> tuple[Matmul | None, torch.fx.Node | None]:
@@ -302,6 +303,124 @@ def producer_matmul(node: torch.fx.Node) -> tuple[Matmul | None, torch.fx.Node |
     if node.target in RESHAPES and (mm := as_matmul(node.args[0])) is not None:
         return mm, node
     return None, None
+
+
+# ------------------------------------------------------------------------------ symbolic sizes
+# Sizes may be SymInts (``dynamic=True``, ``mark_dynamic``). Facts about them are decided in two ways:
+# ``known_*`` holds for every value of the symbols (no guard: e.g. the gathered dim is ``ws * s0``
+# by construction); ``decide`` installs a ShapeEnv guard when the fact is not known either way, so
+# that an input for which it would change recompiles. Neither ever depends on the rank.
+def prod(sizes) -> Any:
+    out = 1
+    for s in sizes:
+        out = out * s
+    return out
+
+
+def size_value(x: Any) -> Any:
+    """A size argument of a node (int, SymInt or the node that computes a SymInt) as int/SymInt."""
+    return val(x) if isinstance(x, torch.fx.Node) else x
+
+
+def known_true(cond: Any) -> bool:
+    """``cond`` holds for all values of the symbols (no guard installed)."""
+    return bool(cond) if isinstance(cond, bool) else statically_known_true(cond)
+
+
+def known_eq(a: Any, b: Any) -> bool:
+    a, b = size_value(a), size_value(b)
+    if a is None or b is None:
+        return False
+    return known_true(a == b)
+
+
+def decide(cond: Any) -> bool:
+    """``cond`` for this graph: statically when possible, else by the hint with a guard on the
+    result (backed sizes), so the compiled graph is only reused where the decision stands.
+    Undecidable (unbacked) conditions count as False: the caller rejects."""
+    if isinstance(cond, bool):
+        return cond
+    if statically_known_true(cond):
+        return True
+    if statically_known_true(torch.sym_not(cond)):
+        return False
+    return guard_or_false(cond)
+
+
+def is_symbolic(x: Any) -> bool:
+    return isinstance(x, torch.SymInt) and not x.node.expr.is_number
+
+
+def _sym_node(graph: torch.fx.Graph, value: Any, before: torch.fx.Node, create: bool) -> Any:
+    """An int, or a node (existing, or created before ``before`` when ``create``) whose value is the
+    SymInt ``value``; None when the graph has nothing to compute it from."""
+    import sympy
+
+    if not isinstance(value, torch.SymInt):
+        return value
+    expr = value.node.expr
+    if expr.is_number:
+        return int(expr)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    limit = order[before]
+    tensors = []
+    for n in graph.nodes:
+        if order[n] >= limit:
+            break
+        v = val(n)
+        if isinstance(v, torch.SymInt) and v.node.expr == expr:
+            return n
+        if isinstance(v, torch.Tensor):
+            tensors.append((n, v))
+    for n, v in tensors:
+        for d, s in enumerate(v.shape):
+            if isinstance(s, torch.SymInt) and s.node.expr == expr:
+                if not create:
+                    return n
+                with graph.inserting_before(before):
+                    node = graph.call_function(aten.sym_size.int, (n, d))
+                node.meta["val"] = s
+                return node
+    # a sum or product of sizes the graph has (e.g. ``4 * s0`` from ``s0``)
+    combine = {sympy.Mul: operator.mul, sympy.Add: operator.add}.get(type(expr))
+    if combine is None:
+        return None
+    shape_env = value.node.shape_env
+    parts = []
+    for term in expr.args:
+        sub = int(term) if term.is_number else shape_env.create_symintnode(term, hint=None)
+        node = _sym_node(graph, sub, before, create)
+        if node is None:
+            return None
+        parts.append(node)
+    if not create:
+        return parts[0]
+    acc = parts[0]
+    for p in parts[1:]:
+        with graph.inserting_before(before):
+            nxt = graph.call_function(combine, (acc, p))
+        nxt.meta["val"] = combine(size_value(acc), size_value(p))
+        acc = nxt
+    return acc
+
+
+def require_sizes_available(graph: torch.fx.Graph, sizes, before: torch.fx.Node) -> None:
+    """:class:`Rejected` unless every symbolic size of ``sizes`` can be computed in the graph."""
+    for s in sizes:
+        if _sym_node(graph, s, before, create=False) is None:
+            raise Rejected(f"symbolic size {s} cannot be computed from the graph's values")
+
+
+def size_args(graph: torch.fx.Graph, sizes, before: torch.fx.Node) -> list[Any]:
+    """``sizes`` as node arguments: ints stay, SymInts become nodes that compute them (created
+    before ``before`` where the graph has none)."""
+    out = []
+    for s in sizes:
+        node = _sym_node(graph, s, before, create=True)
+        if node is None:
+            raise AssertionError(f"symbolic size {s} cannot be computed from the graph's values")
+        out.append(node)
+    return out
 
 
 # ----------------------------------------------------------------------------- preconditions
@@ -351,22 +470,32 @@ def require_dtype(*nodes: torch.fx.Node) -> torch.dtype:
 
 
 def require_static(*nodes: torch.fx.Node) -> None:
+    """Reject symbolic shapes (passes that do not support them yet)."""
     for n in nodes:
         v = val(n)
         if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape):
-            raise Rejected(f"symbolic shape {tuple(v.shape)} on {n.name} (dynamic shapes are not supported yet)")
+            raise Rejected(f"symbolic shape {tuple(v.shape)} on {n.name} (dynamic shapes are not supported by this pass)")
+
+
+def require_backed(*nodes: torch.fx.Node) -> None:
+    """Symbolic sizes are fine as long as the ShapeEnv can decide facts about them: reject
+    unbacked (data-dependent) sizes, on which a decision could neither use a hint nor guard."""
+    for n in nodes:
+        v = val(n)
+        if isinstance(v, torch.Tensor) and free_unbacked_symbols(tuple(v.shape)):
+            raise Rejected(f"data-dependent (unbacked) size in {tuple(v.shape)} on {n.name}")
 
 
 def require_bias_vector(mm: Matmul) -> None:
     if mm.bias is None:
         return
     b, out = val(mm.bias), val(mm.node)
-    if b is None or b.dim() != 1 or b.shape[0] != out.shape[1]:
+    if b is None or b.dim() != 1 or not known_eq(b.shape[0], out.shape[1]):
         raise Rejected(f"addmm bias {mm.bias.name} is not a [N] vector")
 
 
 def require_min_numel(ctx, numel: int) -> None:
-    if numel < ctx.config.min_numel:
+    if ctx.config.min_numel > 0 and decide(numel < ctx.config.min_numel):
         raise Rejected(f"matmul output has {numel} elements < OVERLAP_MIN_NUMEL={ctx.config.min_numel}")
 
 
@@ -474,8 +603,9 @@ def _piece_error(piece: Any, index: int, src: torch.fx.Node, dim: int, size: int
         if split.args[0] is not src or arg(split, 2, "dim", 0) != dim:
             return "pieces are not a split of one tensor along the collective's dim"
         sizes = split.args[1]
-        sizes = [sizes] * count if isinstance(sizes, int) else list(sizes)
-        if len(sizes) < count or any(s != size for s in sizes[:count]) or val(src).shape[dim] != size * count:
+        sizes = list(sizes) if isinstance(sizes, (list, tuple)) else [sizes] * count
+        if (len(sizes) < count or not all(known_eq(s, size) for s in sizes[:count])
+                or not known_eq(val(src).shape[dim], size * count)):
             return f"split sizes {split.args[1]} are not {count} chunks of {size}"
         if idx != index:
             return f"piece {index} of the cat is chunk {idx}: chunks out of rank order"
@@ -485,7 +615,7 @@ def _piece_error(piece: Any, index: int, src: torch.fx.Node, dim: int, size: int
         step = arg(piece, 4, "step", 1)
         if piece.args[0] is not src or d != dim or step != 1:
             return "pieces are not slices of one tensor along the collective's dim"
-        if (start, end) != (index * size, (index + 1) * size):
+        if not (known_eq(start, index * size) and known_eq(end, (index + 1) * size)):
             return f"piece {index} is rows [{start}:{end}], not chunk {index} of size {size}"
         return None
     return f"piece {piece.name} is neither a split chunk nor a slice"
@@ -515,6 +645,8 @@ def scatter_layout_error(rs: ReduceScatter, ws: int) -> str | None:
     if len(pieces) != ws:
         return f"the scattered tensor is assembled from {len(pieces)} pieces, the group has {ws} ranks"
     dim = rs.scatter_dim % val(rs.input).dim()
+    if not decide(val(rs.input).shape[dim] % ws == 0):
+        return f"scatter dim {dim} of {tuple(val(rs.input).shape)} is not divisible by {ws}"
     size = val(rs.input).shape[dim] // ws
     for i, piece in enumerate(pieces):
         if err := _piece_error(piece, i, rs.input, dim, size, ws):

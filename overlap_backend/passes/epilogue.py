@@ -255,9 +255,9 @@ def result_node(graph: torch.fx.Graph, out: torch.fx.Node, cap: Capture) -> torc
     if cap.end is None:
         return out
     shape = list(val(cap.end).shape)
-    if list(val(out).shape) == shape:
+    if len(val(out).shape) == len(shape) and all(common.known_eq(a, b) for a, b in zip(val(out).shape, shape)):
         return out
-    return common.call(graph, aten.reshape.default, (out, shape))
+    return common.call(graph, aten.reshape.default, (out, common.size_args(graph, shape, out)))
 
 
 def chain_end_users_ok(collective: torch.fx.Node, internal: set[torch.fx.Node]) -> str | None:

@@ -48,7 +48,7 @@ class MmArPass(OverlapPass):
         ws = common.require_group(ar.group_name)
         if ar.reduce_op not in common.REDUCE_OPS:
             raise Rejected(f"reduce op {ar.reduce_op!r} not supported")
-        common.require_static(mm.a, mm.b, ar.input)
+        common.require_backed(mm.a, mm.b, ar.input)
         common.require_dtype(mm.a, mm.b)
         common.require_bias_vector(mm)
         produced = [mm.node] + ([m.reshape] if m.reshape is not None else [])
@@ -57,9 +57,12 @@ class MmArPass(OverlapPass):
             if others:
                 raise Rejected(f"{node.name} is also used by {[u.name for u in others]}")
         out = common.val(mm.node)
-        if out.shape[0] < ws:
+        # guard (where not known symbolically): at least one row per rank
+        if not common.decide(out.shape[0] >= ws):
             raise Rejected(f"{out.shape[0]} rows < {ws} ranks: too few rows to split")
-        common.require_min_numel(self.ctx, math.prod(out.shape))
+        if m.reshape is not None:
+            common.require_sizes_available(ar.wait.graph, common.val(m.reshape).shape, ar.wait)
+        common.require_min_numel(self.ctx, common.prod(out.shape))
         lowering = common.choose_lowering(self.ctx, ar.group_name)
         matched = list(ar.nodes) + [mm.node] + ([m.reshape] if m.reshape is not None else [])
         m.capture = ep.capture_after_collective(self.ctx, ar.wait, ar.collective, matched, tuple(out.shape),
@@ -83,7 +86,7 @@ class MmArPass(OverlapPass):
             )
             result = op
             if m.reshape is not None:
-                shape = list(common.val(m.reshape).shape)
+                shape = common.size_args(graph, common.val(m.reshape).shape, ar.wait)
                 result = common.call(graph, torch.ops.aten.reshape.default, (op, shape))
         common.hoist_before(op, list(cap.args))
         captured = ep.rewrite_after_collective(graph, op, cap)

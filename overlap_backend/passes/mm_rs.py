@@ -51,9 +51,9 @@ class MmRsPass(OverlapPass):
             raise Rejected(f"reduce op {rs.reduce_op!r} not supported")
         if err := common.scatter_layout_error(rs, ws):
             raise Rejected(err)
-        common.require_static(mm.a, mm.b, rs.input)
+        common.require_backed(mm.a, mm.b, rs.input)
         out_shape, mm_shape = common.val(rs.input).shape, common.val(mm.node).shape
-        if out_shape[-1] != mm_shape[1] or math.prod(out_shape[:-1]) != mm_shape[0]:
+        if not (common.known_eq(out_shape[-1], mm_shape[1]) and common.known_eq(common.prod(out_shape[:-1]), mm_shape[0])):
             raise Rejected(f"reshape {tuple(mm_shape)} -> {tuple(out_shape)} does not keep the matmul's rows and columns")
         common.require_dtype(mm.a, mm.b)
         common.require_bias_vector(mm)
@@ -63,9 +63,11 @@ class MmRsPass(OverlapPass):
             if others:
                 raise Rejected(f"{node.name} is also used by {[u.name for u in others]}")
         out_shape = common.val(rs.input).shape
-        if out_shape[rs.scatter_dim % len(out_shape)] % ws:
+        # guard (where not known symbolically): the scattered dim splits into ws equal chunks
+        if not common.decide(out_shape[rs.scatter_dim % len(out_shape)] % ws == 0):
             raise Rejected(f"scatter dim of {tuple(out_shape)} not divisible by {ws}")
-        common.require_min_numel(self.ctx, math.prod(out_shape))
+        common.require_sizes_available(rs.wait.graph, out_shape, rs.wait)
+        common.require_min_numel(self.ctx, common.prod(out_shape))
         lowering = common.choose_lowering(self.ctx, rs.group_name)
         m.capture = ep.capture_after_collective(self.ctx, rs.wait, rs.collective, self._matched(m),
                                                 tuple(common.val(rs.wait).shape), common.val(rs.wait).dtype)
@@ -83,7 +85,7 @@ class MmRsPass(OverlapPass):
     def rewrite(self, m: MmRsMatch, lowering: str) -> None:
         rs, mm = m.scatter, m.matmul
         graph = rs.wait.graph
-        out_shape = list(common.val(rs.input).shape)
+        out_shape = common.size_args(graph, common.val(rs.input).shape, rs.wait)
         cap = m.capture or ep.Capture()
         extra = (cap.spec({a: i for i, a in enumerate(cap.args)}), list(cap.args)) if cap.steps else ()
         with graph.inserting_before(rs.wait):
