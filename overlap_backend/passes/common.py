@@ -8,6 +8,7 @@ node is not expressible with ``ListOf`` alone).
 
 from __future__ import annotations
 
+import contextvars
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -334,16 +335,25 @@ def known_eq(a: Any, b: Any) -> bool:
     return known_true(a == b)
 
 
+# False while a backward graph is transformed: AOTAutograd may compile it lazily (at the first
+# backward call), after Dynamo has fixed the frame's guards, so a guard installed then would not
+# protect the reuse of the graph. Set by ``PassManager.run``.
+GUARDS_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("overlap_guards_allowed", default=True)
+
+
 def decide(cond: Any) -> bool:
     """``cond`` for this graph: statically when possible, else by the hint with a guard on the
     result (backed sizes), so the compiled graph is only reused where the decision stands.
-    Undecidable (unbacked) conditions count as False: the caller rejects."""
+    Undecidable (unbacked) conditions count as False: the caller rejects. Where guards are not
+    allowed (backward graphs), a condition that is not known either way is :class:`Rejected`."""
     if isinstance(cond, bool):
         return cond
     if statically_known_true(cond):
         return True
     if statically_known_true(torch.sym_not(cond)):
         return False
+    if not GUARDS_ALLOWED.get():
+        raise Rejected(f"{cond} is not known for every size, and no guard is installed in a backward graph")
     return guard_or_false(cond)
 
 

@@ -116,8 +116,15 @@ class PassManager:
         self.passes = passes
 
     def run(self, graph: torch.fx.Graph, ctx: PassContext, report: GraphReport, observer=None) -> None:
-        from .common import forward_collective_copies
+        from .common import GUARDS_ALLOWED, forward_collective_copies
 
+        token = GUARDS_ALLOWED.set(ctx.graph_kind != "backward")
+        try:
+            self._run(graph, ctx, report, observer, forward_collective_copies)
+        finally:
+            GUARDS_ALLOWED.reset(token)
+
+    def _run(self, graph, ctx, report, observer, forward_collective_copies) -> None:
         if observer is not None:
             observer.before(graph)
         if self.passes and forward_collective_copies(graph) and observer is not None:
