@@ -227,3 +227,59 @@ def test_dynamic_inductor_sp_mlp_inference(clean_env):
         assert decisions == per_rank[0][2]
         applied = {(k, p) for k, p, ok, _ in decisions if ok}
         assert {("inference", "ag_mm"), ("inference", "mm_rs")} <= applied, decisions
+
+
+# ------------------------------------------------------------------------- decisions, ShapeEnv
+def _symint(shape_env, hint):
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    return shape_env.create_unspecified_symint_and_symbol(hint, ConstantSource(f"s_{hint}"), DimDynamic.DYNAMIC)
+
+
+def test_decide_known_facts_need_no_guard_others_guard():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from overlap_backend.passes import common
+
+    env = ShapeEnv()
+    s0 = _symint(env, 6)
+    assert common.known_true((4 * s0) % 4 == 0) and common.known_eq(2 * s0 * 3, 6 * s0)
+    assert common.decide((4 * s0) % 4 == 0) and not env.guards  # a fact for every s0: no guard
+    assert not common.known_true(s0 % 2 == 0)
+    assert common.decide(s0 % 2 == 0)  # decided by the hint (6) ...
+    assert len(env.guards) == 1  # ... with a guard on it
+
+
+def test_decide_in_backward_installs_no_guard():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from overlap_backend.passes import common
+    from overlap_backend.passes.manager import Rejected
+
+    env = ShapeEnv()
+    s0 = _symint(env, 5)
+    token = common.GUARDS_ALLOWED.set(False)
+    try:
+        assert common.decide((2 * s0) % 2 == 0)  # known: fine without a guard
+        with pytest.raises(Rejected, match="no guard is installed in a backward graph"):
+            common.decide(s0 >= 4)
+    finally:
+        common.GUARDS_ALLOWED.reset(token)
+    assert not env.guards
+
+
+def test_dynamic_mm_rs_dim0_divisibility_from_the_graph(fake_pg, capture):
+    """``reduce_scatter(x @ w)`` with symbolic rows: funcol's own divisibility check is guarded by
+    Dynamo, which makes ``rows % ws == 0`` a fact of the ShapeEnv for the pass."""
+
+    def f(x, w):
+        return reduce_scatter(x @ w, "sum", 0, fake_pg)
+
+    be = Counting(inductor=False)
+    c = torch.compile(f, backend=be, fullgraph=True, dynamic=True)
+    w = torch.randn(16, 5)  # no size equal to a row count (duck shaping would tie them)
+    for rows in (8, 12, 20):
+        assert c(torch.randn(rows, 16), w).shape == (rows // WS, 5)
+    assert be.frames == 1
+    assert OV.mm_rs.default in targets(be.backend.graphs[0]), be.decisions()
