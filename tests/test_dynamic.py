@@ -5,6 +5,8 @@ every length need no guard; others install a guard, so a length that breaks them
 graph is compiled once and runs several lengths without recompiling.
 """
 
+import re
+
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -283,3 +285,24 @@ def test_dynamic_mm_rs_dim0_divisibility_from_the_graph(fake_pg, capture):
         assert c(torch.randn(rows, 16), w).shape == (rows // WS, 5)
     assert be.frames == 1
     assert OV.mm_rs.default in targets(be.backend.graphs[0]), be.decisions()
+
+
+def test_tp_sp_block_dynamic_decides_as_static(fake_pg, capture):
+    """The demo's TP+SP block: with ``dynamic=True`` every pass decides exactly as with static
+    shapes, captured epilogues included (bias, residual add)."""
+    from overlap_backend.models import TPBlock
+
+    decisions = {}
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        be = Counting(inductor=False)
+        c = torch.compile(TPBlock(32, 4, 64, fake_pg), backend=be, dynamic=dynamic)
+        x = torch.randn(2, 3, 32, requires_grad=True)
+        c(x).sum().backward()
+        decisions[dynamic] = [
+            (r.kind, m.pass_name, m.applied, re.sub(r"\b(add|mm|view)_\d+", r"\1_N", m.reason),
+             [e.get("spec") for e in (m.epilogue or [])])
+            for r in be.backend.reports for m in r.matches
+        ]
+    assert decisions[True] == decisions[False]
+    assert ("forward", "mm_rs", True, "rewritten", ["add:0"]) in decisions[True]
