@@ -110,6 +110,10 @@ class AgMmPass(OverlapPass):
                            [common.val(mm.node).dtype for mm in m.matmuls], allow_out_refs=True)
         except spec_mod.EpilogueError as e:
             caps = [ep.Capture(stop=f"epilogue not captured: {e}") for _ in caps]
+        order = {n: i for i, n in enumerate(ag.result.graph.nodes)}
+        first_user = min(ag.result.users, key=order.__getitem__)  # where rewrite inserts the op
+        if any(why := ep.end_sizes_error(cap, first_user) for cap in caps):
+            caps = [ep.Capture(stop=why) for _ in caps]
         return caps
 
     @staticmethod

@@ -269,6 +269,18 @@ def chain_end_users_ok(collective: torch.fx.Node, internal: set[torch.fx.Node]) 
     return None
 
 
+def end_sizes_error(cap: Capture, before: torch.fx.Node) -> str | None:
+    """Why the reshape back to ``cap.end``'s shape (``result_node``, inserted before ``before``)
+    could not be written: a symbolic size that nothing before ``before`` computes."""
+    if cap.end is None:
+        return None
+    try:
+        common.require_sizes_available(before.graph, val(cap.end).shape, before)
+    except common.Rejected as e:
+        return f"epilogue not captured: {e}"
+    return None
+
+
 def capture_after_collective(ctx, wait: torch.fx.Node, collective: torch.fx.Node, matched: list[torch.fx.Node],
                              shape, dtype) -> Capture:
     """``mm_rs`` / ``mm_ar``: the chain after the collective's wait, checked against the op's
@@ -282,6 +294,8 @@ def capture_after_collective(ctx, wait: torch.fx.Node, collective: torch.fx.Node
                            [dtype], allow_out_refs=False)
         except spec_mod.EpilogueError as e:
             return Capture(stop=f"epilogue not captured: {e}")
+        if why := end_sizes_error(cap, wait):
+            return Capture(stop=why)
     return cap
 
 
