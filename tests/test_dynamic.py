@@ -317,3 +317,21 @@ def test_tp_sp_block_dynamic_decides_as_static(fake_pg, capture):
         ]
     assert decisions[True] == decisions[False]
     assert ("forward", "mm_rs", True, "rewritten", ["add:0"]) in decisions[True]
+
+
+def test_dynamic_min_numel_guard(fake_pg, capture):
+    """``OVERLAP_MIN_NUMEL`` on a symbolic output size: decided by the hint with a guard."""
+
+    def f(x, w):
+        return all_gather(x, 0, fake_pg) @ w
+
+    be = Counting(inductor=False, min_numel=1000)
+    c = torch.compile(f, backend=be, fullgraph=True, dynamic=True)
+    w = torch.randn(16, 32)
+    for rows in (8, 10):  # 4 * rows * 32 >= 1000
+        assert c(torch.randn(rows, 16), w).shape == (WS * rows, 32)
+    assert be.frames == 1 and [ok for _, _, ok, _ in be.decisions()] == [True]
+    c(torch.randn(5, 16), w)  # 640 elements: the guard fails, the new graph is not rewritten
+    assert be.frames == 2
+    (last,) = be.backend.reports[-1].matches
+    assert not last.applied and "OVERLAP_MIN_NUMEL=1000" in last.reason

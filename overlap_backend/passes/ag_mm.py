@@ -84,7 +84,7 @@ class AgMmPass(OverlapPass):
             if common.val(mm.b).dim() != 2:
                 raise Rejected(f"{mm.node.name}: weight is not 2-D")
             common.require_bias_vector(mm)
-        common.require_min_numel(self.ctx, max(common.val(mm.node).numel() for mm in m.matmuls))
+        common.require_min_numel(self.ctx, *[common.val(mm.node).numel() for mm in m.matmuls])
         lowering = common.choose_lowering(self.ctx, ag.group_name)
         m.captures = self._captures(m)
         return lowering

@@ -504,9 +504,15 @@ def require_bias_vector(mm: Matmul) -> None:
         raise Rejected(f"addmm bias {mm.bias.name} is not a [N] vector")
 
 
-def require_min_numel(ctx, numel: int) -> None:
-    if ctx.config.min_numel > 0 and decide(numel < ctx.config.min_numel):
-        raise Rejected(f"matmul output has {numel} elements < OVERLAP_MIN_NUMEL={ctx.config.min_numel}")
+def require_min_numel(ctx, numel: Any, *more: Any) -> None:
+    """:class:`Rejected` when every given output size is below ``OVERLAP_MIN_NUMEL`` (sizes may be
+    symbolic: no ``max`` over SymInts, each comparison decided by :func:`decide`)."""
+    if ctx.config.min_numel <= 0:
+        return
+    numels = (numel, *more)
+    if all(decide(n < ctx.config.min_numel) for n in numels):
+        shown = numels[0] if len(numels) == 1 else (max(numels) if all(isinstance(n, int) for n in numels) else numels)
+        raise Rejected(f"matmul output has {shown} elements < OVERLAP_MIN_NUMEL={ctx.config.min_numel}")
 
 
 def choose_lowering(ctx, group_name: str) -> str:
