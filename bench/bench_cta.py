@@ -84,14 +84,13 @@ class MicroBatch:
         self.h = torch.empty(M, Fd, dtype=dtype, device=device)
         self.out = torch.empty(M, H, dtype=dtype, device=device)
         self.row_h, self.row_y = Fd * es, H * es
-        self.symm = symm
         self.arrived = symm.cta_block(False) + symm.CTA_ARRIVED  # words of the op's eager block (same epochs)
         self.y_done = symm.cta_block(False) + symm.CTA_Y_DONE
 
     def __call__(self, x, k):
         from overlap_backend.runtime import cuda as _cuda
 
-        st, symm = self.st, self.symm
+        st = self.st
         compute = torch.cuda.current_stream()
         epoch = st.begin(compute)
         bounds = [(i * self.M // k, (i + 1) * self.M // k) for i in range(k)]

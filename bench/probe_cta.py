@@ -28,17 +28,11 @@ from bench import common  # noqa: E402
 
 
 def events_ms(fn, n=20, warm=3):
+    """Median CUDA-event time of ``fn`` on this rank alone (not collective, unlike Timing.bench)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
-    s = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    e = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for a, b in zip(s, e):
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in zip(s, e))
+    return statistics.median(common.Timing(torch.device("cuda"))._elapsed_ms(fn, n))
 
 
 def main():

@@ -238,7 +238,7 @@ def test_k_chunks_cover_columns_in_whole_tiles():
 def test_missing_producer_times_out_with_a_report():
     """Stage 0 rank 1 of 2 never ran: the stage-1 CTAs give up on its first chunk and report it."""
     status = (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
-    res = _run(4, 16, 16, 128, 32, "gelu", False, status=status, skip_producer=1)
+    _run(4, 16, 16, 128, 32, "gelu", False, status=status, skip_producer=1)
     words = status[1].tolist()
     assert words[0] == 1 and words[1] == OP_CTA_STAGE1.value
     flag, nch = words[3], words[6]

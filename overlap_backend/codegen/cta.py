@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, READY_FLAG_BASE, count_tile_done,
                     count_tile_done_to_ranks, signal_flag, wait_flag)
-from .tiles import add_bias, b_descriptor, grouped_tile, store_rows
+from .tiles import add_bias, b_descriptor, grouped_tile
 
 ACT_GELU = 0
 ACT_GELU_TANH = 1

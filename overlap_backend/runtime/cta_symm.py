@@ -33,7 +33,7 @@ from torch import Tensor
 from . import cuda as _cuda
 from . import symm
 from .lowering import register
-from .ops import CTA_ACTIVATIONS, GELU_APPROXIMATIONS, _group_size
+from .ops import _group_size
 from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem
 
 log = logging.getLogger("overlap_backend.symm")
