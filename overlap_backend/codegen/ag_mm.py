@@ -16,12 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, wait_flag
 from .tiles import add_bias, b_descriptor, global_row, grouped_tile, mainloop, store_rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
 def ag_mm_kernel(
     shard_ptr, buf_ptr, b_ptr, bias_ptr, out_ptr,
     flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
@@ -89,7 +90,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     grid = (min(num_sms, ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     fn, ptrs = epilogue_fn(epilogue, ep_ptrs, shard.dtype, out)
-    ag_mm_kernel[grid](
+    launcher.launch(ag_mm_kernel, grid,
         shard, buf, b.t() if b_kmajor else b, bias if bias is not None else out, out,
         flags, epoch, *status, timeout_ns,
         rank, rows, run, N, K, band_rows, max(1, triton.cdiv(rows, band_rows)), *ptrs,

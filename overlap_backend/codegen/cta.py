@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launcher
 from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, READY_FLAG_BASE, count_tile_done,
                     count_tile_done_to_ranks, signal_flag, wait_flag)
 from .tiles import add_bias, b_descriptor, grouped_tile
@@ -280,7 +281,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     BM, BN, BK, GROUP_M, stages, warps = config
     assert kchunk % BN == 0, (kchunk, BN)
     grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Fp, BN))),)
-    stage0_kernel[grid](
+    launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
         epoch, ready if ready is not None else counters, *(status or (counters, counters)), timeout_ns, rank,
@@ -300,7 +301,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     BM, BN, BK, GROUP_M, stages, warps = config
     assert kchunk % BK == 0 and Fp % BK == 0 and f1 % BK == 0, (kchunk, Fp, f1, BK)
     grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Ns, BN))),)
-    stage1_kernel[grid](
+    launcher.launch(stage1_kernel, grid,
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
         epoch, ready if ready is not None else counters, *status, timeout_ns,
         rank, M, padded_rows(M, BM), Fp, f1, N, Ns, consumer, kchunk, nch, triton.cdiv(f1, kchunk), y_flag_word,
@@ -311,7 +312,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
 
 
 def launch_begin(epoch, peer_flags, ready_word, rank, ws):
-    begin_kernel[(1,)](epoch, peer_flags, ready_word, rank, WS=ws, num_warps=1)
+    launcher.launch(begin_kernel, (1,), epoch, peer_flags, ready_word, rank, WS=ws, num_warps=1)
 
 
 def launch_collect(y, out, y_flags, epoch, status, timeout_ns, rank, tp, skip, BM, timed=True, col_blocks=8):
@@ -322,5 +323,5 @@ def launch_collect(y, out, y_flags, epoch, status, timeout_ns, rank, tp, skip, B
     col_blocks = max(1, min(col_blocks, triton.cdiv(Ns, bc)))
     cols_per_block = triton.cdiv(triton.cdiv(Ns, col_blocks), bc) * bc
     grid = (tp * tiles_m * col_blocks,)
-    collect_kernel[grid](y, out, y_flags, epoch, *status, timeout_ns, rank, M, N, Ns, tiles_m, skip, col_blocks,
+    launcher.launch(collect_kernel, grid, y, out, y_flags, epoch, *status, timeout_ns, rank, M, N, Ns, tiles_m, skip, col_blocks,
                          cols_per_block, BM=BM, BC=bc, TIMED=timed, num_warps=4)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from . import launcher
 from ..runtime import epilogue as spec_mod
 
 MAX_POINTERS = 4  # P0..P3: tensors one epilogue may read
@@ -211,7 +212,7 @@ def apply_pointwise(gen: Generated, x: torch.Tensor, args, outs=(), out=None) ->
         out = torch.empty((m, n), dtype=spec_mod.out_dtype(gen.spec, x.dtype), device=x.device)
     ptrs = [p if p is not None else x2 for p in pointers(gen, args, outs)]
     bm, bn = 32, 64
-    gen.pointwise[(triton.cdiv(m, bm), triton.cdiv(n, bn))](x2, out, m, n, *ptrs, BM=bm, BN=bn)
+    launcher.launch(gen.pointwise, (triton.cdiv(m, bm), triton.cdiv(n, bn)), x2, out, m, n, *ptrs, BM=bm, BN=bn)
     return out.view(*x.shape[:-1], n)
 
 

@@ -33,12 +33,13 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, count_tile_done, count_tile_done_to_peers, wait_flag
 from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, mainloop, store_rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
 def mm_rs_kernel(
     a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
     counters_ptr, done_ptr, recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
@@ -166,7 +167,7 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     grid = (min(num_sms, rounds * ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
-    mm_rs_kernel[grid](
+    launcher.launch(mm_rs_kernel, grid,
         a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv,
         gather if gather is not None else out, out,
         counters, done, recv_flags, ticket, epoch, *status, timeout_ns,

@@ -22,6 +22,7 @@ Copies are flat: a segment is ``rows * H`` contiguous elements on both sides.
 import triton
 import triton.language as tl
 
+from . import launcher
 from .flags import (MOE_DONE_FLAG_BASE, MOE_RETURN_FLAG_BASE, OP_MOE, READY_FLAG_BASE, count_tile_done,
                     wait_flag)
 
@@ -38,7 +39,7 @@ def copy_flat(src, dst, n, BLOCK: tl.constexpr):
         tl.store(dst + idx, tl.load(src + idx, mask=m), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
 def comm_kernel(
     stage_ptr, comb_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, recv_off_ptr, send_off_ptr,
     done_ptr, pushed_ptr, ready_ptr, returned_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
@@ -78,7 +79,7 @@ def launch(stage, comb, out, peer_data, peer_flags, recv_off, send_off, done, pu
     ``comb_offset``: elements from a data buffer's start to its combine region; ``returned_word``:
     word index of the ``returned`` flags in a flag buffer; ``ctas``: the SM partition."""
     H = out.shape[1]
-    comm_kernel[(ctas,)](
+    launcher.launch(comm_kernel, (ctas,),
         stage, comb, out, peer_data, peer_flags, recv_off, send_off, done, pushed, ready, returned, epoch, *status,
         timeout_ns, rank, cap, H, comb_offset, returned_word,
         WS=ws, BLOCK=block, PUSH=push, PULL=pull, TIMED=timed, num_warps=4,

@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launcher
 from .flags import OP_MOE, count_tile_done, signal_flag, wait_flag
 
 
@@ -88,7 +89,7 @@ def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, 
     return g, e, pos, pid_n, offs_p, mask, srow
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch", "group_lo", "group_hi"])  # per-call values: see launcher.py
 def gate_up_kernel(
     disp_ptr, w_gate_ptr, w_up_ptr, act_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, contig_ptr,
@@ -141,7 +142,7 @@ def gate_up_kernel(
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=mask[:, None] & (offs_n < F)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch", "own_row0", "group_lo", "group_hi", "pos_lo", "pos_hi"])  # per-call values: see launcher.py
 def down_kernel(
     act_ptr, w_down_ptr, out_ptr, stage_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, src_tiles_ptr,
@@ -205,7 +206,7 @@ def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, epoch, status, timeou
     E, H, F = w_gate.shape
     BM, BN, BK, _, stages, warps, _ = config
     G = ws * E
-    gate_up_kernel[(grid,)](
+    launcher.launch(gate_up_kernel, (grid,),
         disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
         plan["recv_off"], plan["contig"], arrived, epoch, *status, timeout_ns, rank, cap, H, F, G, E,
         *(phase or (0, G, 0, ws))[:2],
@@ -221,7 +222,7 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     E, F, H = w_down.shape
     BM, BN, BK, _, stages, warps, _ = config
     G = ws * E
-    down_kernel[(grid,)](
+    launcher.launch(down_kernel, (grid,),
         act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
         plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
         *(phase or (0, G, 0, ws)),

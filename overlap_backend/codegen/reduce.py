@@ -6,12 +6,13 @@ rank holds the whole reduced result here, so ``mm_ar``'s epilogue (``EPILOGUE``,
 import triton
 import triton.language as tl
 
+from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_AR_ONESHOT, wait_flag
 from .tiles import load_rows, store_rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
 def oneshot_sum_kernel(
     own_ptr, recv_ptr, out_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, M, N, ep0, ep1, ep2, ep3,
@@ -40,7 +41,7 @@ def launch(own, recv, out, recv_flags, epoch, status, timeout_ns, rank, ws, aver
     M, N = own.shape
     BM, BN = 32, 256
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
-    oneshot_sum_kernel[grid](
+    launcher.launch(oneshot_sum_kernel, grid,
         own, recv, out, recv_flags, epoch, *status, timeout_ns, rank, M, N, *ptrs,
         EPILOGUE=fn, WS=ws, BM=BM, BN=BN, AVERAGE=average, TIMED=timed, num_warps=4,
     )

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..codegen import launcher
 from . import cuda as _cuda
 from . import symm
 from .lowering import register
@@ -110,7 +111,19 @@ def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, f1: int, capturing: bool
                            "these weights: run it once eagerly first (the weights are laid out, collectively, "
                            "outside the capture; torch.compile's mode='reduce-overhead' warms up eagerly)")
     if _placements.pop(key, None) is not None:
+        if w1.is_cuda:  # the old layout's memory goes back to the allocator: no kernel may still read it
+            torch.cuda.synchronize(w1.device)
         log.info("overlap symm: cta_pipeline_mlp weights changed (version or identity): laying them out again")
+    placed = symm.persistent(lambda: _lay_out(st, tensors, f1), w1.device)
+    _placements[key] = placed
+    log.info("overlap symm: cta_pipeline_mlp rank %d (stage %d) holds %.1f MiB of re-laid-out weights "
+             "(%.1f MiB in all)", st.rank, st.rank // (st.ws // 2), placed.nbytes() / 2**20, placement_bytes() / 2**20)
+    return placed
+
+
+def _lay_out(st: symm.GroupState, tensors, f1: int) -> _Placement:
+    """The collective part of ``_place``: gather every weight, keep this rank's slices."""
+    w1, b1, w3, b3, w2, b2 = tensors
     tp = st.ws // 2
     stage, idx = divmod(st.rank, tp)
     refs = tuple(None if t is None else weakref.ref(_base(t)) for t in tensors)
@@ -135,9 +148,6 @@ def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, f1: int, capturing: bool
         placed.w2 = full["w2"][:, cols].contiguous()
         placed.b2 = b2_sum[cols].contiguous() if b2_sum is not None else None
     del full
-    _placements[key] = placed
-    log.info("overlap symm: cta_pipeline_mlp rank %d (stage %d) holds %.1f MiB of re-laid-out weights "
-             "(%.1f MiB in all)", st.rank, stage, placed.nbytes() / 2**20, placement_bytes() / 2**20)
     return placed
 
 
@@ -257,33 +267,18 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     word = lambda off: st.flag_arg(base + off)  # noqa: E731
     status = st.status_arg()
     epoch_word = word(symm.CTA_EPOCH)
-    if graph:
-        # Inside a captured graph every value baked into the graph repeats on each replay: the epoch
-        # is counted on the device (begin_kernel), READY is raised and awaited by the kernels, and
-        # tiles go by peer stores (the copy-engine path needs the epoch on the host).
-        st.check_status()
-        cta.launch_begin(epoch_word, flags, base + symm.CTA_READY, r, ws)
-        ready, staged = word(symm.CTA_READY), False
-    else:
-        epoch = st.begin(compute)
-        _cuda.write_value32(st.flag_addr(base + symm.CTA_EPOCH), epoch, compute)
-        ready, staged = None, TRANSPORT == "ce"
-        # Stores into peers' buffers (stage 1's Y, stage 0's tiles without the copy engine) wait
-        # until they started this call (READY), i.e. stopped reading those buffers in their previous op.
-        writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
-        for p in writes_to:
-            _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
+    ready, staged = (word(symm.CTA_READY), False) if graph else (None, TRANSPORT == "ce")
     act = cta.ACTIVATIONS[(activation, approximate)]
     xa = _aligned(x)
-    if stage == 0:
-        stage_buf = _staging_buffer(x, nch * mp * kchunk) if staged else None
-        cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, stage_buf, data, flags,
-                          word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
-                          base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
-                          timeout_ns=st.timeout_ns, rank=r)
-        if staged:
-            _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base)
-    else:
+    stage_buf = _staging_buffer(x, nch * mp * kchunk) if stage == 0 and staged else None
+
+    def gemms():
+        if stage == 0:
+            cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, stage_buf, data, flags,
+                              word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
+                              base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
+                              timeout_ns=st.timeout_ns, rank=r)
+            return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
             own = a[tp * nch * mp:].view(-1)
@@ -293,10 +288,35 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm.CTA_ARRIVED),
                           word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
                           nch, base + symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready)
-    if stage == 0 or tp > 1:
-        y = st.data_view(x.dtype, (M, N), y_offset)
-        cta.launch_collect(y, out, word(symm.CTA_Y_DONE), epoch_word, status, st.timeout_ns, r, tp,
-                           idx if stage == 1 else -1, bm)
+
+    def collect():
+        if stage == 0 or tp > 1:
+            y = st.data_view(x.dtype, (M, N), y_offset)
+            cta.launch_collect(y, out, word(symm.CTA_Y_DONE), epoch_word, status, st.timeout_ns, r, tp,
+                               idx if stage == 1 else -1, bm)
+
+    if not graph:
+        with launcher.preloading():  # compile and load before the stream waits below (codegen/launcher.py)
+            gemms()
+            collect()
+    if graph:
+        # Inside a captured graph every value baked into the graph repeats on each replay: the epoch
+        # is counted on the device (begin_kernel), READY is raised and awaited by the kernels, and
+        # tiles go by peer stores (the copy-engine path needs the epoch on the host).
+        st.check_status()
+        cta.launch_begin(epoch_word, flags, base + symm.CTA_READY, r, ws)
+    else:
+        epoch = st.begin(compute)
+        _cuda.write_value32(st.flag_addr(base + symm.CTA_EPOCH), epoch, compute)
+        # Stores into peers' buffers (stage 1's Y, stage 0's tiles without the copy engine) wait
+        # until they started this call (READY), i.e. stopped reading those buffers in their previous op.
+        writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
+        for p in writes_to:
+            _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
+    gemms()
+    if stage_buf is not None:
+        _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base)
+    collect()
     if not graph:
         st.end(compute)
     return out
@@ -308,7 +328,9 @@ def _staging_buffer(x: Tensor, numel: int) -> Tensor:
     key = (x.device, x.dtype)
     buf = _staging.get(key)
     if buf is None or buf.numel() < numel:
-        buf = _staging[key] = torch.empty(numel, dtype=x.dtype, device=x.device)
+        if buf is not None and x.is_cuda:
+            torch.cuda.synchronize(x.device)  # the old buffer's memory goes back to the allocator
+        buf = _staging[key] = symm.persistent(lambda: torch.empty(numel, dtype=x.dtype, device=x.device), x.device)
     return buf
 
 

@@ -31,6 +31,7 @@ import os
 import torch
 from torch import Tensor
 
+from ..codegen import launcher
 from . import symm
 from .lowering import register
 from .moe_p2p import _check, _prefix
@@ -206,6 +207,21 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
 
     compute = torch.cuda.current_stream(dev) if x.is_cuda else None
     data_tab, flag_tab = st.peer_tables()  # (built on the compute stream: before the comm stream's wait)
+
+    def launch_comm(epoch):
+        moe_comm.launch(stage, comb, out, data_tab, flag_tab, recv_off_d, send_off_d, flag(symm.MOE_DONE),
+                        flag(symm.MOE_PUSHED), flag(symm.READY), flag(symm.MOE_RETURNED), epoch, status,
+                        st.timeout_ns, r, ws, cap, lay["comb"] // es, symm.MOE_RETURNED, sms,
+                        push=TRANSPORT == "sm", timed=x.is_cuda)
+
+    gemm_phases = moe_gemm.phases(ws, experts, pl["expert_major"])
+    # Compile and load every kernel first: the comm kernel spins until the GEMMs launched after it
+    # finish, and loading a kernel may synchronise the context (codegen/launcher.py).
+    with launcher.preloading():
+        launch_comm(0)
+        for phase in gemm_phases:
+            gate_up(cfg_a, 0, phase)
+            down(cfg_b, 0, phase)
     epoch = st.begin(compute)
     begun = _record(compute)
     row_bytes = h * es
@@ -227,22 +243,16 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     comm = comm_stream(dev.index, SYMM_MOE_COMM) if x.is_cuda else None
     _wait(comm, begun)
 
-    def launch_comm():
-        with _on(comm):
-            moe_comm.launch(stage, comb, out, data_tab, flag_tab, recv_off_d, send_off_d, flag(symm.MOE_DONE),
-                            flag(symm.MOE_PUSHED), flag(symm.READY), flag(symm.MOE_RETURNED), epoch, status,
-                            st.timeout_ns, r, ws, cap, lay["comb"] // es, symm.MOE_RETURNED, sms,
-                            push=TRANSPORT == "sm", timed=x.is_cuda)
-
     if comm is not None:
-        launch_comm()
-    for i, phase in enumerate(moe_gemm.phases(ws, experts, pl["expert_major"])):
+        with _on(comm):
+            launch_comm(epoch)
+    for i, phase in enumerate(gemm_phases):
         gate_up(cfg_a, epoch, phase)
         if i == 0:
             _wait(compute, zeroed)
         down(cfg_b, epoch, phase)
     if comm is None:  # the interpreter runs kernels one after the other: the comm kernel last
-        launch_comm()
+        launch_comm(epoch)
     if TRANSPORT == "ce":
         from . import cuda as _cuda
 

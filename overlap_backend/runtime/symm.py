@@ -302,7 +302,7 @@ class GroupState:
         # buffer can come back at the old address while the peers' buffers moved.
         if self._peer_tables is None:
             to_dev = lambda ptrs: torch.tensor(ptrs, dtype=torch.int64, device=self.device)  # noqa: E731
-            self._peer_tables = (to_dev(self.data.ptrs), to_dev(self.flags.ptrs))
+            self._peer_tables = persistent(lambda: (to_dev(self.data.ptrs), to_dev(self.flags.ptrs)), self.device)
         return self._peer_tables
 
     # -------------------------------------------------------------------------- buffer lifetime
@@ -368,6 +368,39 @@ class GroupState:
     def end(self, compute: torch.cuda.Stream) -> None:
         compute.wait_stream(self.push_stream)
         compute.wait_stream(self.copy_stream)
+
+
+def persistent(make, device: torch.device):
+    """``make()`` run where its allocations outlive the call: outside any CUDA-graph memory pool.
+
+    While torch.compile's ``mode="reduce-overhead"`` (cudagraph trees) warms a graph up, every
+    allocation *of the calling thread* goes to the graph's pool
+    (``torch._C._cuda_beginAllocateCurrentThreadToPool``), and recording then fails on pool tensors
+    that are not graph outputs ("tensor(s) in the cudagraph pool not tracked as outputs"). State
+    kept across calls (peer tables, re-laid-out weights, staging buffers) is therefore made on a
+    helper thread, on the device's default stream, ordered after the caller's stream and before
+    anything the caller queues next."""
+    if device.type != "cuda":
+        return make()
+    caller = torch.cuda.current_stream(device)
+    default = torch.cuda.default_stream(device)
+    box: dict = {}
+
+    def work():
+        try:
+            with torch.cuda.device(device):
+                default.wait_stream(caller)
+                box["value"] = make()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=work, name="overlap-persistent-alloc")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    caller.wait_stream(default)
+    return box["value"]
 
 
 def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError | None:

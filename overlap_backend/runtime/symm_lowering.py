@@ -24,6 +24,7 @@ from collections import Counter
 import torch
 from torch import Tensor
 
+from ..codegen import launcher
 from . import cuda as _cuda
 from . import epilogue as _epilogue
 from . import symm
@@ -194,6 +195,9 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
         for i, w in enumerate(weights)
     ]
 
+    with launcher.preloading():  # compile and load before anything waits on a peer (codegen/launcher.py)
+        for i in range(len(weights)):
+            launch(i, cfgs[i], 0)
     compute = torch.cuda.current_stream(shard.device)
     epoch = st.begin(compute)
     row_bytes = K * shard.element_size()
@@ -279,6 +283,8 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     # on (a peer-store run at epoch 0 would write into peers' buffers while they may be reading them).
     cfg = _tune("mm_rs", (a.shape[0], N, a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0),
                 cands, lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
+    with launcher.preloading():
+        launch(cfg, 0, peer, stage)
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute)
     launch(cfg, epoch, peer, stage)
@@ -363,6 +369,8 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=()):
 
     cfg = _tune("mm_ar", (M, N, a.shape[1], str(a.dtype), b.stride(0) == 1), configs.candidates(a.dtype),
                 lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
+    with launcher.preloading():
+        launch(cfg, 0, peer, stage)
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute)
     launch(cfg, epoch, peer, stage)
@@ -413,11 +421,18 @@ def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=()):
     st.ensure_data(ws * nbytes)
     recv = st.data_view(a.dtype, (ws * M, N))
     out = a.new_empty((M, N), dtype=_epilogue.out_dtype(g.spec, a.dtype) if g is not None else a.dtype)
+    ep_ptrs = _ep_pointers(g, epilogue_args)
+
+    def launch(epoch):
+        reduce_kernel.launch(partial, recv, out, st.flag_arg(symm.RS_ARRIVED), epoch, st.status_arg(), st.timeout_ns,
+                             r, ws, average, epilogue=g, ep_ptrs=ep_ptrs)
+
+    with launcher.preloading():
+        launch(0)
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute)
     for j in range(1, ws):
         st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, symm.RS_ARRIVED + r)
-    reduce_kernel.launch(partial, recv, out, st.flag_arg(symm.RS_ARRIVED), epoch, st.status_arg(), st.timeout_ns,
-                         r, ws, average, epilogue=g, ep_ptrs=_ep_pointers(g, epilogue_args))
+    launch(epoch)
     st.end(compute)
     return out
