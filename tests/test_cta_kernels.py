@@ -398,3 +398,23 @@ def test_host_path_matches_mlp(monkeypatch, ws, act, F_, transport):
     if act == "swiglu":
         assert cta_symm.stage1_share(F_, ws // 2, True) > 0  # the share path ran
     assert len(cta_symm._placements) == ws  # one placement per rank, reused by the second call
+
+
+def test_placement_is_tied_to_the_weight_storage_not_the_tensor_object():
+    """Compiled graphs pass weights as fresh views (``reinterpret_tensor``, ``detach``): a placement
+    must stay valid for any view of the same storage, and become invalid when the weight is written
+    (version) or its storage is freed."""
+    from overlap_backend.runtime.cta_symm import _Placement, _storage_ref, _versions
+
+    w1, w2 = torch.randn(8, 4), torch.randn(4, 8)
+    tensors = (w1.t(), None, None, None, w2, None)
+    placed = _Placement(tuple(None if t is None else _storage_ref(t) for t in tensors), _versions(tensors))
+    assert placed.valid((w1.detach().t(), None, None, None, torch.as_strided(w2, (4, 8), (8, 1)), None))
+    assert not placed.valid((torch.randn(8, 4).t(), None, None, None, w2, None))  # another storage
+    w2.mul_(2)  # the weight changed
+    assert not placed.valid((w1.t(), None, None, None, w2, None))
+    placed = _Placement(tuple(None if t is None else _storage_ref(t) for t in tensors), _versions((w1.t(), None, None, None, w2, None)))
+    assert placed.valid((w1.t(), None, None, None, w2, None))
+    ref = placed.refs[4]
+    del w2, tensors
+    assert ref.expired()  # freed: no later tensor can match it

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..codegen import launcher
 from . import cuda as _cuda
@@ -69,7 +69,7 @@ class _Placement:
                    if t is not None)
 
     def valid(self, tensors) -> bool:
-        return all((r is None and t is None) or (r is not None and r() is _base(t))
+        return all((r is None and t is None) or (r is not None and t is not None and _same_storage(r, t))
                    for r, t in zip(self.refs, tensors)) and self.versions == _versions(tensors)
 
 
@@ -85,9 +85,16 @@ def _versions(tensors) -> tuple:
     return tuple(t._version if t is not None else -1 for t in tensors)  # a view shares its base's counter
 
 
-def _base(t: Tensor) -> Tensor:
-    """The tensor that owns ``t``'s memory: graphs pass weights as fresh views (``w.t()``) every call."""
-    return t._base if t._base is not None else t
+def _storage_ref(t: Tensor) -> StorageWeakRef:
+    """A weak reference to the storage that holds ``t``. Graphs pass weights as fresh views every call
+    (``w.t()``, Inductor's ``reinterpret_tensor``, whose ``_base`` is not the parameter), so a
+    placement is tied to the storage, not to a tensor object. While the weak reference lives, the
+    storage's control block is not freed, so a live storage at the same address is the same one."""
+    return StorageWeakRef(t.untyped_storage())
+
+
+def _same_storage(ref: StorageWeakRef, t: Tensor) -> bool:
+    return not ref.expired() and ref.cdata == t.untyped_storage()._cdata
 
 
 def _gather(t: Tensor, group, dim: int) -> Tensor:
@@ -109,7 +116,10 @@ def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, f1: int, capturing: bool
     if capturing:
         raise RuntimeError("overlap symm: cta_pipeline_mlp was captured in a CUDA graph before an eager call with "
                            "these weights: run it once eagerly first (the weights are laid out, collectively, "
-                           "outside the capture; torch.compile's mode='reduce-overhead' warms up eagerly)")
+                           "outside the capture; torch.compile's mode='reduce-overhead' warms up eagerly). Under "
+                           "mode='reduce-overhead' the weights must have static addresses (nn.Parameters, or "
+                           "torch._dynamo.mark_static_address): other tensor inputs are copied into the graph's "
+                           "pool when it is recorded, so they are new tensors there")
     if _placements.pop(key, None) is not None:
         if w1.is_cuda:  # the old layout's memory goes back to the allocator: no kernel may still read it
             torch.cuda.synchronize(w1.device)
@@ -126,7 +136,7 @@ def _lay_out(st: symm.GroupState, tensors, f1: int) -> _Placement:
     w1, b1, w3, b3, w2, b2 = tensors
     tp = st.ws // 2
     stage, idx = divmod(st.rank, tp)
-    refs = tuple(None if t is None else weakref.ref(_base(t)) for t in tensors)
+    refs = tuple(None if t is None else _storage_ref(t) for t in tensors)
     placed = _Placement(refs, _versions(tensors))
     # Collective (every rank gathers every weight, in the same order), then keep this stage's slice.
     full = {name: (_gather(t, st.group, dim) if t is not None else None)
