@@ -147,6 +147,8 @@ def main(argv=None):
     import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
     from overlap_backend.runtime import moe_symm, symm_lowering
 
+    DEFAULT_TRANSPORT = moe_symm.TRANSPORT  # the symm column measures the default, the sweep each transport
+
     timing = common.Timing(device, *((5.0, 20.0, 10) if args.quick else (25.0, 100.0, 20)))
     out_dir = Path(args.out)
     if rank == 0:
@@ -174,8 +176,7 @@ def main(argv=None):
                 recv_max = common.allreduce_max([sum(prob.recv)], device)[0]
                 ref = prob.baseline()
                 checks = []
-                moe_symm.COMM_SMS, moe_symm.TRANSPORT = None, "sm"
-                moe_symm.ENABLED = True  # measure the kernels (off by default until they pass on GPUs)
+                moe_symm.COMM_SMS, moe_symm.TRANSPORT = None, DEFAULT_TRANSPORT
                 lowerings = ["symm"] if args.no_p2p else ["p2p", "symm"]
                 for low in lowerings:
                     err = common.rel_err(prob.ours(low).float(), ref.float())
@@ -201,12 +202,12 @@ def main(argv=None):
                 sweep = {}
                 for n in args.comm_sms + ["ce", "order=source", "order=expert"]:
                     moe_symm.COMM_SMS = n if isinstance(n, int) else None
-                    moe_symm.TRANSPORT = "ce" if n == "ce" else "sm"
+                    moe_symm.TRANSPORT = "ce" if n == "ce" else "sm" if isinstance(n, int) else DEFAULT_TRANSPORT
                     moe_symm.ORDER = n.split("=")[1] if str(n).startswith("order=") else "auto"
                     err = common.allreduce_max([common.rel_err(prob.ours("symm").float(), ref.float())], device)[0]
                     ms, _ = timing.bench(lambda: prob.ours("symm"))
                     sweep[str(n)] = {"ms": ms, "err": err}
-                moe_symm.COMM_SMS, moe_symm.TRANSPORT, moe_symm.ORDER = None, "sm", "auto"
+                moe_symm.COMM_SMS, moe_symm.TRANSPORT, moe_symm.ORDER = None, DEFAULT_TRANSPORT, "auto"
                 res["sweep"] = sweep
                 sweep_rows.append([cfg, routing] + [common.fmt_ms(v["ms"]) + ("" if v["err"] <= TOL else " FAIL")
                                                     for v in sweep.values()])

@@ -386,6 +386,7 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order):
     monkeypatch.setattr(moe_symm, "ENABLED", True)
     monkeypatch.setattr(moe_gemm, "CONFIGS_16BIT", (CFG,))
     monkeypatch.setattr(moe_symm, "COMM_SMS", 2)
+    monkeypatch.setattr(moe_symm, "TRANSPORT", "sm")  # the copy-engine transport needs CUDA streams
     monkeypatch.setattr(moe_symm, "ORDER", order)
     ends = None if skew else case["ends"].to(torch.int32)
     out, saved = moe_symm.moe_experts(x, case["send"], case["recv"], case["rows"], ends,

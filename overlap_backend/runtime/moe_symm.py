@@ -14,8 +14,9 @@ One call on rank r (``epoch`` from ``GroupState.begin``; nothing is reset, the h
    remote-first order 3 and 4 are launched once per source position (``moe_gemm.phases``).
 5. ``comm_kernel`` (its own stream, comm SMs, from the start of the call): per source, wait ``MOE_DONE``, copy the staging
    segment into the source's combine slot r, raise its ``MOE_RETURNED[r]``; then wait for every
-   peer's ``MOE_RETURNED`` and copy the combine slots into ``out``. With ``TRANSPORT = "ce"`` the
-   copy engine ships the segments instead (stream waits on ``MOE_DONE``) and the kernel only pulls.
+   peer's ``MOE_RETURNED`` and copy the combine slots into ``out``. With ``TRANSPORT = "ce"`` (the
+   default) the copy engine ships the segments instead (stream waits on ``MOE_DONE``) and the kernel
+   only pulls.
 
 Data buffer layout (every rank the same, see ``layout``): dispatch slots ``[ws, cap, H]`` then
 combine slots ``[ws, cap, H]``, x's dtype, ``cap = x.shape[0]`` (a source sends a rank at most all
@@ -41,7 +42,8 @@ from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem, _tune
 log = logging.getLogger("overlap_backend.symm")
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
-TRANSPORT = "sm"  # "sm": the comm kernel stores into peers; "ce": the copy engine ships segments
+TRANSPORT = "ce"  # "ce": the copy engine ships the segments, the comm kernel only copies results out;
+# "sm": the comm kernel stores into peers too. "ce" measured faster on 2×H200 (docs/moe.md#measured)
 COMM_SMS: int | None = None  # None: OVERLAP_MOE_COMM_SMS (read per call; bench/ sets this to sweep)
 ORDER = "auto"  # tile order: "auto" (see expert_major), "source" (remote-critical first) or "expert"
 EXPERT_MAJOR_ROWS = 128  # auto: expert-major below this many rows per (source, expert) group on average
@@ -139,13 +141,13 @@ def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, exper
     return out
 
 
-# Off until the kernels pass on GPUs: their first GPU test (2×H200, 2026-11-30,
-# tests/test_gpu_moe.py -k "ws2 and symm-sm8") timed out on rank 1 waiting for its own expert tiles
-# of source position 0 (the done flag stayed 0). Off, the symm lowering runs moe_experts on p2p (the
-# same decision on every rank). Tests and bench/bench_moe.py turn it on to exercise the kernels.
-ENABLED = False
-DISABLED_WHY = ("the symm moe_experts kernels are off until they pass on GPUs (moe_symm.ENABLED; first GPU run: "
-                "a timeout waiting for the rank's own expert tiles)")
+# On since 2026-11-30 (2×H200: tests/test_gpu_moe.py -k ws2 passes for both combine transports, 1 and
+# 8 comm SMs, and the compiled layer). Its first GPU run had timed out: the comm kernel spun while the
+# GEMM kernels launched after it were compiled and loaded, and loading a kernel can synchronise the
+# context (codegen/launcher.py: every kernel is now loaded before the call starts). False runs
+# moe_experts on p2p under the symm lowering (the same decision on every rank).
+ENABLED = True
+DISABLED_WHY = "the symm moe_experts kernels are turned off (moe_symm.ENABLED = False)"
 
 
 @register("symm", "moe_experts")
