@@ -542,6 +542,54 @@ def test_compiled_tp_models(ws, lowering):
         print(f"ws={ws} {lowering} {name}: errs {res['errs']}\n  applied {res['applied']}\n  rejected {res['rejected']}")
 
 
+def reduce_overhead_worker(rank: int, ws: int, device: str):
+    """mode="reduce-overhead" (cudagraph trees) on the TP models, inference: the symm ops run their
+    kernels in the eager warm-up and leave the capture to p2p (host epochs cannot be replayed);
+    every replay on fresh inputs matches eager."""
+    import torch.distributed as dist
+
+    cache = tempfile.mkdtemp(prefix=f"overlap_gpu_test_r{rank}_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    _setup_rank(rank, device)
+    import overlap_backend
+    from overlap_backend.runtime import symm_lowering
+
+    gn = dist.group.WORLD.group_name
+    dtype = torch.bfloat16
+    models = {
+        "tp_block": (TPBlock(96, 160, gn, dtype, device), lambda: _randn(2, 64, 96, dtype=dtype, device=device)),
+        "row_parallel_mlp": (RowParallelMLP(96, 144, gn, dtype, device), lambda: _replicated_input(40, 96, dtype, device)),
+    }
+    out, bad = {}, []
+    with torch.no_grad():
+        for name, (model, make_input) in models.items():
+            torch._dynamo.reset()
+            backend = overlap_backend.make_backend(lowering="symm")
+            compiled = torch.compile(model, backend=backend, mode="reduce-overhead")
+            errs = []
+            for _ in range(6):
+                x = make_input()
+                got = compiled(x).clone()
+                errs.append(_rel_err(got, model(x)))
+            out[name] = max(errs)
+            if not max(errs) <= _tol(dtype):
+                bad.append(f"rank {rank}: {name}: rel errs {errs}")
+    out["paths"] = _paths()
+    if not any(k.endswith(":p2p") for k in out["paths"]):
+        bad.append(f"rank {rank}: no call inside the capture went to p2p: {out['paths']}")
+    assert not bad, "\n".join(bad)
+    return out
+
+
+@WORLD_SIZES
+@pytest.mark.timeout(300)
+def test_symm_reduce_overhead_tp_models(ws):
+    _need_gpus(ws)
+    env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    print(_run(reduce_overhead_worker, ws, timeout=280, env=env)[0])
+
+
 def late_peer_worker(rank: int, ws: int, device: str):
     """Rank 1 calls ag_mm 3 s after rank 0, whose kernel gives up after 1 s: rank 0 gets a
     SymmTimeoutError naming the op, its rank and the flag; rank 1's result is still right."""

@@ -278,3 +278,20 @@ def test_peer_store_transport(ws, r, M, rounds, gather):
                 torch.testing.assert_close(data[c][padded + lo:padded + lo + valid], total[lo:lo + valid],
                                            atol=1e-4, rtol=1e-4)
                 assert flags[c][AG_WORD + own * nb:AG_WORD + (own + 1) * nb].tolist() == [EPOCH] * nb
+
+
+def test_symm_ops_leave_cuda_graph_captures_to_p2p(monkeypatch):
+    """ag_mm / mm_rs / mm_ar / moe_experts take their epoch from the host: a captured call would
+    replay the same epoch, so inside a capture they run on p2p (cta_pipeline_mlp counts on the device)."""
+    import types
+
+    import torch
+
+    from overlap_backend.runtime import symm_lowering
+
+    cuda_tensor = types.SimpleNamespace(is_cuda=True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert symm_lowering.capture_problem(cuda_tensor) is None
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert "CUDA-graph capture" in symm_lowering.capture_problem(cuda_tensor)
+    assert symm_lowering.capture_problem(types.SimpleNamespace(is_cuda=False)) is None

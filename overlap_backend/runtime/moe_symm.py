@@ -37,7 +37,7 @@ from . import symm
 from .lowering import register
 from .moe_p2p import _check, _prefix
 from .streams import SYMM_MOE_COMM, comm_stream
-from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem, _tune
+from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem, _tune, capture_problem
 
 log = logging.getLogger("overlap_backend.symm")
 
@@ -153,7 +153,7 @@ DISABLED_WHY = "the symm moe_experts kernels are turned off (moe_symm.ENABLED = 
 @register("symm", "moe_experts")
 def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved):
     args = (x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
-    why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY)
+    why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY) or capture_problem(x)
     st = None if why else symm.state(group_name, x.device)
     if st is None:
         return _p2p("moe_experts", why, group_name, *args)

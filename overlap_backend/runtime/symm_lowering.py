@@ -53,6 +53,16 @@ def _p2p(op: str, why: str | None, group_name: str, *args):
     return implementation("p2p", op)(*args)
 
 
+CAPTURE_WHY = ("inside a CUDA-graph capture: these symm kernels take their epoch from the host, which a replay "
+               "would repeat (only cta_pipeline_mlp counts epochs on the device); p2p's NCCL calls are captured")
+
+
+def capture_problem(t: Tensor) -> str | None:
+    """Why a call being captured into a CUDA graph cannot take the symm path (None: not capturing).
+    Every rank of a group captures the same graph, so the decision is the same on every rank."""
+    return CAPTURE_WHY if t.is_cuda and torch.cuda.is_current_stream_capturing() else None
+
+
 def _generated(spec: str, dtype: torch.dtype):
     """The generated epilogue of ``spec`` (``codegen/epilogue.py``), or None when there is none or
     it cannot be generated: the caller then applies the reference (``runtime/epilogue.py``)."""
@@ -149,7 +159,7 @@ def _ag_mm_problem(shard, weights, biases, gather_dim) -> str | None:
 @register("symm", "ag_mm")
 def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilogues=(), epilogue_args=()):
     args = (shard, weights, biases, gather_dim, group_name, return_gathered, epilogues, epilogue_args)
-    why = _ag_mm_problem(shard, weights, biases, gather_dim)
+    why = _ag_mm_problem(shard, weights, biases, gather_dim) or capture_problem(shard)
     st = None if why else symm.state(group_name, shard.device)
     if st is None:
         return _p2p("ag_mm", why, group_name, *args)
@@ -243,7 +253,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     args = (a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, epilogue_args)
     out_shape = list(out_shape)
     dim = scatter_dim % len(out_shape)
-    why = _mm_problem(a, b, bias, reduce_op)
+    why = _mm_problem(a, b, bias, reduce_op) or capture_problem(a)
     if why is None and dim == len(out_shape) - 1:
         why = "scatter along the output's columns"
     configs = _kernels()[3] if why is None else None
@@ -327,7 +337,7 @@ def mm_ar(a, b, bias, reduce_op, group_name, epilogue="", epilogue_args=()):
     one generated pointwise kernel (the reduced rows of other ranks arrive by copy engine after the
     GEMM's last tile, so no GEMM tile could apply it)."""
     args = (a, b, bias, reduce_op, group_name, epilogue, epilogue_args)
-    why = _mm_problem(a, b, bias, reduce_op)
+    why = _mm_problem(a, b, bias, reduce_op) or capture_problem(a)
     st = None if why else symm.state(group_name, a.device)
     if st is None:
         return _p2p("mm_ar", why, group_name, *args)
