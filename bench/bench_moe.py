@@ -48,6 +48,9 @@ CONFIGS = {  # name: (hidden, ffn, experts, top_k, tokens per rank)
     "deepseek-decode": (7168, 2048, 32, 8, 128),
 }
 ROUTINGS = ("balanced", "skewed")
+# sweep columns besides the comm-SM counts (SM transport): the combine transports, the tile orders
+# forced, and a quarter of the own experts computed while the dispatch is in flight
+SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "own-first=0.25")
 TOL = 1e-2
 BAR_MAX_RATIO, BAR_BASE_RATIO = 1.10, 1.25
 
@@ -161,7 +164,7 @@ def main(argv=None):
             return
         head = ["config", "routing", "rows recv (max)", "baseline", "a2a", "experts", "max", "p2p", "symm",
                 "symm/max", "base/symm", "check"]
-        sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + ["ce", "order=source", "order=expert"]
+        sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + list(SWEEP_VARIANTS)
         text = (f"# MoE block, {ws} ranks, bf16 (ms)\n\n{common.info_markdown(info)}\n\n"
                 + common.markdown_table(head, rows) + "\n\n## symm: comm-SM sweep (ms)\n\n"
                 + common.markdown_table(sweep_head, sweep_rows) + "\n")
@@ -200,14 +203,16 @@ def main(argv=None):
                              ("baseline", "a2a", "experts", "max", "p2p", "symm")),
                              f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
                 sweep = {}
-                for n in args.comm_sms + ["ce", "order=source", "order=expert"]:
+                for n in args.comm_sms + list(SWEEP_VARIANTS):
                     moe_symm.COMM_SMS = n if isinstance(n, int) else None
-                    moe_symm.TRANSPORT = "ce" if n == "ce" else "sm" if isinstance(n, int) else DEFAULT_TRANSPORT
+                    moe_symm.TRANSPORT = n if n in ("ce", "ce-only") else "sm" if isinstance(n, int) else DEFAULT_TRANSPORT
                     moe_symm.ORDER = n.split("=")[1] if str(n).startswith("order=") else "auto"
+                    moe_symm.OWN_FIRST = float(n.split("=")[1]) if str(n).startswith("own-first=") else 0.0
                     err = common.allreduce_max([common.rel_err(prob.ours("symm").float(), ref.float())], device)[0]
                     ms, _ = timing.bench(lambda: prob.ours("symm"))
                     sweep[str(n)] = {"ms": ms, "err": err}
                 moe_symm.COMM_SMS, moe_symm.TRANSPORT, moe_symm.ORDER = None, DEFAULT_TRANSPORT, "auto"
+                moe_symm.OWN_FIRST = 0.0
                 res["sweep"] = sweep
                 sweep_rows.append([cfg, routing] + [common.fmt_ms(v["ms"]) + ("" if v["err"] <= TOL else " FAIL")
                                                     for v in sweep.values()])

@@ -141,6 +141,7 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
                     ends = torch.clamp(ends, max=rows.numel() - 3)
                 use_offsets = call % 2 == 0
                 moe_symm.ORDER = ("source", "expert")[call % 2]  # both tile orders (auto: expert at these sizes)
+                moe_symm.OWN_FIRST = 0.5 if call % 4 == 0 else 0.0  # source order with own experts split around it
                 # reference: NCCL all-to-all + float32 experts + NCCL all-to-all back
                 r_rows = x.new_empty((sum(recv), h))
                 dist.all_to_all_single(r_rows, x, recv, send, group=group)
@@ -177,7 +178,7 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
 # (lowering, combine transport, comm SMs, calls per case): the default configuration gets 24 calls
 # per case, the variants fewer (same cases, same checks) to keep the run short.
 VARIANTS = {"symm-sm8": ("symm", "sm", 8, 24), "symm-sm1": ("symm", "sm", 1, 6), "symm-ce": ("symm", "ce", 8, 6),
-            "p2p": ("p2p", "sm", 8, 3)}
+            "symm-ce-only": ("symm", "ce-only", 8, 6), "p2p": ("p2p", "sm", 8, 3)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

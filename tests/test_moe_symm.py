@@ -345,10 +345,11 @@ class FakeState:
                 torch.tensor([f.data_ptr() for f in self.flag_bufs], dtype=torch.int64))
 
 
-@pytest.mark.parametrize("skew,order", [(False, "source"), (True, "source"), (True, "auto")],
-                         ids=["balanced", "skewed", "skewed-auto"])
+@pytest.mark.parametrize("skew,order,own_first", [(False, "source", 0.0), (True, "source", 0.0), (True, "auto", 0.0),
+                                                  (False, "source", 0.5)],
+                         ids=["balanced", "skewed", "skewed-auto", "own-first"])
 @pytest.mark.parametrize("ws,rank", [(2, 1), (3, 0)])
-def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order):
+def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, own_first):
     """``moe_symm.moe_experts`` end to end on one fake rank: dispatch pushes (to rank-1 first, into
     slot ``rank``), the kernels, the peer stores of the results, and ``out`` == the op's semantics
     (own rows computed here, peers' rows as they 'returned' them). ``auto`` takes the expert-major
@@ -388,6 +389,7 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order):
     monkeypatch.setattr(moe_symm, "COMM_SMS", 2)
     monkeypatch.setattr(moe_symm, "TRANSPORT", "sm")  # the copy-engine transport needs CUDA streams
     monkeypatch.setattr(moe_symm, "ORDER", order)
+    monkeypatch.setattr(moe_symm, "OWN_FIRST", own_first)  # 0.5 of 2 experts: own expert 0 before the remote rows
     ends = None if skew else case["ends"].to(torch.int32)
     out, saved = moe_symm.moe_experts(x, case["send"], case["recv"], case["rows"], ends,
                                       [] if ends is not None else case["sizes"], wg, wu, wd, "g", [False] * 5)
@@ -450,3 +452,17 @@ def test_comm_kernel_ships_nothing_after_a_timeout():
                     mine[RET:], EPOCH, (claim, report), 10**6, rank, ws, cap, comb_off, RET, 2, timed=False, block=16)
     assert flag_bufs[1][RET + rank].item() == 0 and not datas[1].any()
     assert report[0].item() == 0 and mine[PUSHED].item() == 0
+
+
+def test_phases_cover_every_group_once():
+    """Remote-first phases, with and without a share of the own experts first: every group exactly
+    once, remote positions in order, own rows split around them."""
+    for ws, experts, own_first in ((2, 16, 0.25), (4, 4, 0.5), (3, 2, 0.0), (2, 1, 0.9), (1, 4, 0.5)):
+        ph = moe_gemm.phases(ws, experts, False, own_first)
+        groups = [g for lo, hi, _, _ in ph for g in range(lo, hi)]
+        assert sorted(groups) == list(range(ws * experts)), (ws, experts, own_first, ph)
+        remote = [p for _, _, p, _ in ph if p < ws - 1]
+        assert remote == list(range(ws - 1))
+        if own_first and ws > 1 and experts > 1:
+            assert ph[0][2] == ws - 1 and ph[-1][2] == ws - 1  # own share first, the rest last
+    assert moe_gemm.phases(4, 4, True, 0.5) == [(0, 16, 0, 4)]  # expert-major: one launch

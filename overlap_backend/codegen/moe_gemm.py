@@ -186,11 +186,20 @@ def down_kernel(
             count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
 
 
-def phases(ws: int, experts: int, expert_major: bool) -> list[tuple[int, int, int, int]]:
-    """(first group, end group, first source position, end position) of each launch pair."""
+def phases(ws: int, experts: int, expert_major: bool, own_first: float = 0.0) -> list[tuple[int, int, int, int]]:
+    """(first group, end group, first source position, end position) of each launch pair.
+
+    ``own_first`` > 0 (remote-first order only): that fraction of this rank's own experts runs
+    first, while the dispatch of the remote rows is still in flight, the rest last (under the
+    combine), instead of the first remote tiles waiting for the dispatch."""
     if expert_major:
         return [(0, ws * experts, 0, ws)]
-    return [(p * experts, (p + 1) * experts, p, p + 1) for p in range(ws)]
+    remote_first = [(p * experts, (p + 1) * experts, p, p + 1) for p in range(ws)]
+    k = min(experts - 1, round(experts * own_first))
+    if ws == 1 or k <= 0:
+        return remote_first
+    own = (ws - 1) * experts
+    return [(own, own + k, ws - 1, ws)] + remote_first[:-1] + [(own + k, own + experts, ws - 1, ws)]
 
 
 def log_groups(groups: int) -> int:

@@ -43,8 +43,11 @@ log = logging.getLogger("overlap_backend.symm")
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
 TRANSPORT = "ce"  # "ce": the copy engine ships the segments, the comm kernel only copies results out;
-# "sm": the comm kernel stores into peers too. "ce" measured faster on 2×H200 (docs/moe.md#measured)
+# "sm": the comm kernel stores into peers too. "ce" measured faster on 2×H200 (docs/moe.md#measured).
+# "ce-only": no comm kernel at all, the GEMMs take every SM and the copy engine also copies the results
+# out of the combine slots (GPU-tested at test sizes, not measured yet)
 COMM_SMS: int | None = None  # None: OVERLAP_MOE_COMM_SMS (read per call; bench/ sets this to sweep)
+OWN_FIRST = 0.0  # fraction of the own experts computed before the remote rows (moe_gemm.phases); not measured yet
 ORDER = "auto"  # tile order: "auto" (see expert_major), "source" (remote-critical first) or "expert"
 EXPERT_MAJOR_ROWS = 128  # auto: expert-major below this many rows per (source, expert) group on average
 
@@ -182,7 +185,8 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     ends = offsets if offsets is not None else meta[2 * ws + 2 :]
     m, n_recv = rows.shape[0], recv_off[-1]
 
-    sms = comm_sms()
+    ce_only = TRANSPORT == "ce-only" and x.is_cuda  # no comm kernel: every SM computes
+    sms = 0 if ce_only else comm_sms()
     grid = max(1, st.num_sms - sms)  # the comm kernel holds `sms` SMs for the whole call
     cands = moe_gemm.candidates(cd)
     cfg_a, cfg_b = cands[0], cands[0]
@@ -214,13 +218,14 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         moe_comm.launch(stage, comb, out, data_tab, flag_tab, recv_off_d, send_off_d, flag(symm.MOE_DONE),
                         flag(symm.MOE_PUSHED), flag(symm.READY), flag(symm.MOE_RETURNED), epoch, status,
                         st.timeout_ns, r, ws, cap, lay["comb"] // es, symm.MOE_RETURNED, sms,
-                        push=TRANSPORT == "sm", timed=x.is_cuda)
+                        push=TRANSPORT == "sm" or not x.is_cuda, timed=x.is_cuda)
 
-    gemm_phases = moe_gemm.phases(ws, experts, pl["expert_major"])
+    gemm_phases = moe_gemm.phases(ws, experts, pl["expert_major"], OWN_FIRST)
     # Compile and load every kernel first: the comm kernel spins until the GEMMs launched after it
     # finish, and loading a kernel may synchronise the context (codegen/launcher.py).
     with launcher.preloading():
-        launch_comm(0)
+        if not ce_only:
+            launch_comm(0)
         for phase in gemm_phases:
             gate_up(cfg_a, 0, phase)
             down(cfg_b, 0, phase)
@@ -234,7 +239,14 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     side = st.copy_stream
     with _on(side):
         # this rank's own rows into its own slot (its tiles come last), then its arrival flag
-        disp[r * cap : r * cap + send_splits[r]].copy_(x[send_off[r] : send_off[r + 1]])
+        if x.is_cuda:  # copy engine: the GEMM kernels may hold every SM while they wait for this
+            from . import cuda as _cuda
+
+            if send_splits[r]:
+                _cuda.memcpy_async(disp.data_ptr() + r * cap * row_bytes, x.data_ptr() + send_off[r] * row_bytes,
+                                   send_splits[r] * row_bytes, side)
+        else:
+            disp[r * cap : r * cap + send_splits[r]].copy_(x[send_off[r] : send_off[r + 1]])
         _raise_local(st, symm.MOE_ARRIVED + r, epoch, side)
         # received rows no grouped row points at are 0: zero the staging rows and own output rows
         stage.zero_()
@@ -242,7 +254,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         zeroed = _record(side)
     # The comm kernel starts now (after this call's begin) and spins on its SMs until the down
     # GEMM finishes each source; the GEMMs run on the other SMs.
-    comm = comm_stream(dev.index, SYMM_MOE_COMM) if x.is_cuda else None
+    comm = comm_stream(dev.index, SYMM_MOE_COMM) if x.is_cuda and not ce_only else None
     _wait(comm, begun)
 
     if comm is not None:
@@ -253,9 +265,9 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         if i == 0:
             _wait(compute, zeroed)
         down(cfg_b, epoch, phase)
-    if comm is None:  # the interpreter runs kernels one after the other: the comm kernel last
+    if comm is None and not ce_only:  # the interpreter runs kernels one after the other: the comm kernel last
         launch_comm(epoch)
-    if TRANSPORT == "ce":
+    if TRANSPORT in ("ce", "ce-only") and x.is_cuda:
         from . import cuda as _cuda
 
         for pos in range(ws - 1):
@@ -263,6 +275,13 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
             _cuda.wait_value32(st.flag_addr(symm.MOE_DONE + pos), epoch, st.push_stream)
             st.push(s, lay["comb"] + r * lay["slot"], stage.data_ptr() + recv_off[s] * row_bytes,
                     recv_splits[s] * row_bytes, symm.MOE_RETURNED + r)
+    if ce_only:  # the peers' results for this rank's rows, out of the combine slots as each arrives
+        for j in range(1, ws):
+            d = (r - j) % ws  # rank r-1 computes them first
+            _cuda.wait_value32(st.flag_addr(symm.MOE_RETURNED + d), epoch, st.copy_stream)
+            if send_splits[d]:
+                _cuda.memcpy_async(out.data_ptr() + send_off[d] * row_bytes, comb.data_ptr() + d * cap * row_bytes,
+                                   send_splits[d] * row_bytes, st.copy_stream)
     if comm is not None:
         compute.wait_stream(comm)
     st.end(compute)
