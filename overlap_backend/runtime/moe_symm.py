@@ -52,7 +52,11 @@ def comm_sms() -> int:
     from ..config import _parse_moe_comm_sms
 
     raw = os.environ.get("OVERLAP_MOE_COMM_SMS")
-    return 8 if raw is None else _parse_moe_comm_sms("OVERLAP_MOE_COMM_SMS", raw)
+    value = 8 if raw is None else _parse_moe_comm_sms("OVERLAP_MOE_COMM_SMS", raw)
+    return 8 if value == "auto" else value  # auto: the cost model passes its choice as the op's comm_sms
+
+
+_comm_sms_setting = comm_sms  # moe_experts' ``comm_sms`` argument shadows the name
 
 
 def expert_major(rows: int, ws: int, experts: int) -> bool:
@@ -148,7 +152,8 @@ DISABLED_WHY = ("the symm moe_experts kernels are off until they pass on GPUs (m
 
 
 @register("symm", "moe_experts")
-def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved):
+def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved,
+                comm_sms=0):
     args = (x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
     why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY)
     st = None if why else symm.state(group_name, x.device)
@@ -179,7 +184,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     ends = offsets if offsets is not None else meta[2 * ws + 2 :]
     m, n_recv = rows.shape[0], recv_off[-1]
 
-    sms = comm_sms()
+    sms = comm_sms or _comm_sms_setting()  # the op's argument (the cost model's choice), else the setting
     grid = max(1, st.num_sms - sms)  # the comm kernel holds `sms` SMs for the whole call
     cands = moe_gemm.candidates(cd)
     cfg_a, cfg_b = cands[0], cands[0]
