@@ -259,7 +259,8 @@ class Bench:
             compiled = torch.compile(model, backend=inductor_backend(name == "async_tp", fused))
             return compiled, lambda: (_fmt_counter(fused) or ("none" if name == "async_tp" else "—"), dict(fused))
         lowering = name.removeprefix("overlap_")
-        backend = overlap_backend.make_backend(lowering=lowering, inductor=self.inductor_for_ours())
+        # every match rewritten with the lowering named (the cost model would keep some plain on GPUs)
+        backend = overlap_backend.make_backend(lowering=lowering, inductor=self.inductor_for_ours(), cost_model="off")
         compiled = torch.compile(model, backend=backend)
 
         paths = _symm_paths() if lowering == "symm" else None

@@ -128,7 +128,7 @@ def run_variant(name, backend_kw, args, ws, device, x, ref, timing) -> dict:
     if backend_kw is None:
         backend = "inductor" if args.inductor else "eager"
     else:
-        backend = overlap_backend.make_backend(inductor=args.inductor, **backend_kw)
+        backend = overlap_backend.make_backend(inductor=args.inductor, **{"cost_model": "off", **backend_kw})
     compiled = torch.compile(model, backend=backend)
     xi = x.detach().clone().requires_grad_(args.mode == "train")
     try:

@@ -42,7 +42,7 @@ class OverlapBackend:
 
     def __init__(self, config: OverlapConfig):
         self.config = config
-        self.manager = build_manager(config.passes)
+        self.manager = build_manager(config.passes, config)
         self.reports: list[GraphReport] = []
 
     # ------------------------------------------------------------------ the pipeline itself

@@ -15,10 +15,12 @@ from typing import Any
 
 # The passes that run by default, in the order the pass manager runs them. A pass name becomes
 # valid when its module registers it in passes/__init__.py; cta_pipeline is registered but off by
-# default (it runs only when listed, until a cost model turns it on where it wins).
+# default: it runs when listed, or where the active cost model predicts a win and the passes were
+# not named (``passes_named``).
 DEFAULT_PASS_ORDER = ("ag_mm", "mm_rs", "mm_ar", "moe")
 
 LOWERINGS = ("auto", "symm", "p2p")
+COST_MODEL_MODES = ("auto", "on", "off")
 
 
 class ConfigError(ValueError):
@@ -89,27 +91,42 @@ def _parse_timeout(name: str, raw: str | float | int) -> float:
     return value
 
 
-def _parse_cta_stages(name: str, raw: str | int) -> int:
+def _is_auto(raw: Any) -> bool:
+    return isinstance(raw, str) and raw.strip().lower() == "auto"
+
+
+def _parse_cta_stages(name: str, raw: str | int) -> int | str:
+    if _is_auto(raw):
+        return "auto"
     try:
         if isinstance(raw, (bool, float)):
             raise ValueError
         value = int(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer >= 1") from None
+        raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer >= 1, or auto") from None
     if value < 1:
-        raise ConfigError(f"{name}={raw!r} is < 1; allowed: an integer >= 1")
+        raise ConfigError(f"{name}={raw!r} is < 1; allowed: an integer >= 1, or auto")
     return value
 
 
-def _parse_moe_comm_sms(name: str, raw: str | int) -> int:
+def _parse_moe_comm_sms(name: str, raw: str | int) -> int | str:
+    if _is_auto(raw):
+        return "auto"
     try:
         if isinstance(raw, (bool, float)):
             raise ValueError
         value = int(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer from 1 to 64") from None
+        raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer from 1 to 64, or auto") from None
     if not 1 <= value <= 64:
-        raise ConfigError(f"{name}={raw!r} is out of range; allowed: an integer from 1 to 64")
+        raise ConfigError(f"{name}={raw!r} is out of range; allowed: an integer from 1 to 64, or auto")
+    return value
+
+
+def _parse_cost_model(name: str, raw: str) -> str:
+    value = raw.strip().lower() if isinstance(raw, str) else raw
+    if value not in COST_MODEL_MODES:
+        raise ConfigError(f"{name}={raw!r} is not a cost-model mode; allowed: {', '.join(COST_MODEL_MODES)}")
     return value
 
 
@@ -147,18 +164,31 @@ class OverlapConfig:
     """``OVERLAP_TIMEOUT_S``: how long a ``symm`` kernel waits for a peer's flag before it gives up
     and the host raises an error naming the op, rank and flag (a dead or diverged peer)."""
 
-    cta_stages: int = 2
+    cta_stages: int | str = 2
     """``OVERLAP_CTA_STAGES``: pipeline stages of the ``cta_pipeline`` op (``stages`` argument;
-    the ``p2p`` lowering cuts the rows into that many micro-chunks). Never changes the result."""
+    the ``p2p`` lowering cuts the rows into that many micro-chunks). Never changes the result.
+    ``auto``: the cost model picks it per match where it is active (else 2)."""
 
     fuse_epilogues: bool = True
     """``OVERLAP_FUSE_EPILOGUES``: the ``ag_mm`` / ``mm_rs`` / ``mm_ar`` passes also capture the
     pointwise nodes after the GEMM (bias, GELU, SiLU, SwiGLU, scaling, residual add, cast) into the
     op's epilogue when every use allows it (see docs/codegen.md); ``0`` leaves them in the graph."""
 
-    moe_comm_sms: int = 8
+    moe_comm_sms: int | str = 8
     """``OVERLAP_MOE_COMM_SMS``: SMs (CTAs) of the ``moe_experts`` symm communication kernel, which
-    ships finished expert segments to their source ranks while the expert GEMM runs on the others."""
+    ships finished expert segments to their source ranks while the expert GEMM runs on the others.
+    ``auto``: the cost model picks it per match where it is active (else 8)."""
+
+    cost_model: str = "auto"
+    """``OVERLAP_COST_MODEL``: ``auto`` | ``on`` | ``off``. ``on``: every match that passes its
+    preconditions is rewritten only where the cost model (``passes/cost_model.py``) predicts a win,
+    with the lowering and knobs it picks; ``off``: every such match is rewritten (the behaviour
+    before the model); ``auto``: ``on`` for matches on CUDA tensors, ``off`` on CPU (the CPU/gloo
+    path exists for testing). See docs/cost_model.md."""
+
+    cache_dir: str | None = None
+    """``OVERLAP_CACHE_DIR``: root of the on-disk caches (the calibration files under
+    ``calibration/``); default ``$XDG_CACHE_HOME/overlap_backend`` or ``~/.cache/overlap_backend``."""
 
     _ENV = {
         "disable": ("OVERLAP_DISABLE", _parse_bool),
@@ -171,6 +201,8 @@ class OverlapConfig:
         "cta_stages": ("OVERLAP_CTA_STAGES", _parse_cta_stages),
         "fuse_epilogues": ("OVERLAP_FUSE_EPILOGUES", _parse_bool),
         "moe_comm_sms": ("OVERLAP_MOE_COMM_SMS", _parse_moe_comm_sms),
+        "cost_model": ("OVERLAP_COST_MODEL", _parse_cost_model),
+        "cache_dir": ("OVERLAP_CACHE_DIR", _parse_debug_dir),
     }
 
     def __post_init__(self):
@@ -181,11 +213,14 @@ class OverlapConfig:
         if not isinstance(self.min_numel, int) or self.min_numel < 0:
             raise ConfigError(f"min_numel={self.min_numel!r}; allowed: an integer >= 0")
         _parse_timeout("timeout_s", self.timeout_s)
-        if isinstance(self.cta_stages, bool) or not isinstance(self.cta_stages, int) or self.cta_stages < 1:
-            raise ConfigError(f"cta_stages={self.cta_stages!r}; allowed: an integer >= 1")
+        if self.cta_stages != "auto" and (isinstance(self.cta_stages, bool) or not isinstance(self.cta_stages, int)
+                                          or self.cta_stages < 1):
+            raise ConfigError(f"cta_stages={self.cta_stages!r}; allowed: an integer >= 1, or 'auto'")
         if not isinstance(self.fuse_epilogues, bool):
             raise ConfigError(f"fuse_epilogues={self.fuse_epilogues!r}; allowed: True, False")
-        _parse_moe_comm_sms("moe_comm_sms", self.moe_comm_sms)
+        if self.moe_comm_sms != "auto":
+            _parse_moe_comm_sms("moe_comm_sms", self.moe_comm_sms)
+        _parse_cost_model("cost_model", self.cost_model)
 
     @classmethod
     def env_vars(cls) -> dict[str, str]:
@@ -205,6 +240,14 @@ class OverlapConfig:
     def replace(self, **overrides: Any) -> OverlapConfig:
         return dataclasses.replace(self, **_parse_overrides(overrides))
 
+    @property
+    def passes_named(self) -> bool:
+        """Did the user name the passes (``OVERLAP_PASSES`` or ``passes=``)? The default is this
+        module's ``DEFAULT_PASS_ORDER`` object itself; a parsed list is always a new tuple, even
+        when it lists the same passes (``OVERLAP_PASSES=default`` included). Where they were not
+        named, the active cost model may add ``cta_pipeline`` where it predicts a win."""
+        return self.passes is not DEFAULT_PASS_ORDER
+
 
 def _parse_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(OverlapConfig)}
@@ -222,4 +265,4 @@ def _parse_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return parsed
 
 
-__all__ = ["OverlapConfig", "ConfigError", "DEFAULT_PASS_ORDER", "LOWERINGS"]
+__all__ = ["OverlapConfig", "ConfigError", "DEFAULT_PASS_ORDER", "LOWERINGS", "COST_MODEL_MODES"]

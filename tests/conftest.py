@@ -16,6 +16,15 @@ import pytest  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+@pytest.fixture(autouse=True)
+def _gpu_tests_rewrite_every_match(request, monkeypatch):
+    """GPU tests check that every match is rewritten and run the ops, at small shapes: they run with
+    the cost model off (on CUDA, OVERLAP_COST_MODEL=auto would keep small matches plain), unless the
+    environment asks otherwise. Ranks spawned by the test inherit it."""
+    if request.node.get_closest_marker("gpu") is not None and "OVERLAP_COST_MODEL" not in os.environ:
+        monkeypatch.setenv("OVERLAP_COST_MODEL", "off")
+
+
 @pytest.fixture
 def fake_pg():
     """A one-process fake group of 4 ranks (this process is rank 1): graphs trace and ops run,

@@ -22,9 +22,15 @@ def available_passes() -> tuple[str, ...]:
     return tuple(_registry())
 
 
-def build_manager(names: tuple[str, ...]) -> PassManager:
+def build_manager(names: tuple[str, ...], config=None) -> PassManager:
+    """The manager running ``names`` in registry order. With ``config`` whose cost model is not
+    ``off`` and whose passes were not named by the user, ``cta_pipeline`` joins as a model-gated
+    pass: it looks only where the model is active and rewrites only where it predicts a win."""
     reg = _registry()
-    return PassManager([reg[n] for n in reg if n in names])
+    gated = frozenset()
+    if config is not None and config.cost_model != "off" and not config.passes_named and "cta_pipeline" not in names:
+        gated = frozenset({"cta_pipeline"})
+    return PassManager([reg[n] for n in reg if n in names or n in gated], gated)
 
 
 __all__ = [

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from . import common
+from . import common, cost_model
 from . import epilogue as ep
 from ..runtime import epilogue as spec_mod
 from .common import Matmul, Rejected
@@ -87,7 +87,15 @@ class AgMmPass(OverlapPass):
         common.require_min_numel(self.ctx, *[common.val(mm.node).numel() for mm in m.matmuls])
         lowering = common.choose_lowering(self.ctx, ag.group_name)
         m.captures = self._captures(m)
-        return lowering
+        hint = common.hint
+        problem = cost_model.Problem(
+            "ag_mm", m=hint(common.val(m.matmuls[0].node).shape[0]), k=hint(common.val(m.matmuls[0].b).shape[0]),
+            n=sum(hint(common.val(mm.b).shape[1]) for mm in m.matmuls), dtype=common.dtype_name(ag.shard), ws=ws,
+            gemms=len(m.matmuls),
+        )
+        decision = self.price(problem, ag.group_name, common.device_type(ag.shard),
+                              common.lowering_candidates(self.ctx, lowering))
+        return common.written_lowering(self.ctx, lowering, decision)
 
     def _captures(self, m: AgMmMatch) -> list[ep.Capture]:
         """Each matmul's epilogue chain; ``swiglu`` may read a matmul whose own chain is empty."""

@@ -530,6 +530,50 @@ def choose_lowering(ctx, group_name: str) -> str:
     return "symm" if symm.group_support(group_name) is None else "p2p"
 
 
+def lowering_candidates(ctx, lowering: str, symm_runs: bool = True) -> list[str]:
+    """The lowerings the cost model may pick from, ``lowering`` (the pass's own choice) first: with
+    ``OVERLAP_LOWERING=auto`` a symm-capable group may also run ``p2p``; an explicit lowering is
+    kept. ``symm_runs=False``: the op's symm kernels would not run here (the runtime falls back to
+    p2p), so the model prices p2p."""
+    first = lowering if (lowering != "symm" or symm_runs) else "p2p"
+    if ctx.config.lowering == "auto" and first == "symm":
+        return ["symm", "p2p"]
+    return [first]
+
+
+def written_lowering(ctx, lowering: str, decision) -> str:
+    """The lowering to write: an explicit ``OVERLAP_LOWERING`` as given, else the model's pick."""
+    return lowering if ctx.config.lowering != "auto" else decision.lowering
+
+
+def hint(size: Any, fallback: int = 4096) -> int:
+    """An int for the cost model: ``size`` itself, or the hint of a symbolic size (the example
+    input's value, the same on every rank of an SPMD program). Never guards: the model's choice is
+    a heuristic, not a precondition. Unbacked sizes have no hint: ``fallback``."""
+    if isinstance(size, int):
+        return size
+    node = getattr(size, "node", None)
+    value = getattr(node, "hint", None)
+    if value is None and node is not None:
+        try:
+            value = node.shape_env.size_hint(node.expr, allow_none=True)
+        except Exception:  # noqa: BLE001 - no hint: the fallback
+            value = None
+    try:
+        return int(value) if value is not None else fallback
+    except (TypeError, ValueError):
+        return fallback
+
+
+def dtype_name(node: torch.fx.Node) -> str:
+    return str(val(node).dtype).removeprefix("torch.")
+
+
+def device_type(node: torch.fx.Node) -> str:
+    v = val(node)
+    return v.device.type if isinstance(v, torch.Tensor) else "cpu"
+
+
 # ---------------------------------------------------------------------------- node surgery
 def set_fake_value(node: torch.fx.Node) -> None:
     """Fill ``node.meta['val']`` by running its target on the inputs' fake values."""

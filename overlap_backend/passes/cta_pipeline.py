@@ -8,8 +8,10 @@ Matches, in INFERENCE graphs only, the row-parallel MLP as users write it::
     out = wait_tensor(all_reduce(y, "sum"))
 
 and replaces it by ONE ``cta_pipeline_mlp`` op (→ reshape to ``y``'s shape). Off by default: it runs
-only when listed in ``OVERLAP_PASSES`` / ``make_backend(passes=[...])``. It runs before ``mm_ar``
-(registry order in ``passes/__init__.py``), which would otherwise claim the ``mm → all_reduce`` tail.
+when listed in ``OVERLAP_PASSES`` / ``make_backend(passes=[...])``, or, where the passes were not
+named, model-gated: where the active cost model predicts a win (``passes/cost_model.py``). It runs
+before ``mm_ar`` (registry order in ``passes/__init__.py``), which would otherwise claim the
+``mm → all_reduce`` tail.
 
 The activations are matched in their decomposed post-grad form with Inductor's matcher: the
 patterns are traced from ``F.gelu`` / ``F.silu(g) * u`` by ``gen_pattern`` (the same
@@ -143,6 +145,7 @@ class CtaMatch:
     up: Linear | None = None  # x @ w1 (+ b1)
     gate_up: Linear | None = None  # x @ w3 (+ b3) (SwiGLU's second projection)
     why_not: str | None = None  # set when the pattern is incomplete (reported by check)
+    stages: int | None = None  # the op's ``stages`` (set by check: OVERLAP_CTA_STAGES or the model's pick)
 
     def matched_nodes(self) -> list[torch.fx.Node]:
         pre = []
@@ -198,7 +201,18 @@ class CtaPipelinePass(OverlapPass):
     name = "cta_pipeline"
 
     def find(self, graph):
-        return find_mlps(graph)
+        found = find_mlps(graph)
+        if self.gated:
+            # Not named by the user: the pass runs because the cost model may turn it on where it
+            # predicts a win. It looks only at complete MLPs of inference graphs where the model is
+            # active (the others are mm_ar's to report), so it adds nothing elsewhere.
+            from . import cost_model
+
+            if self.ctx.graph_kind != "inference":
+                return []
+            found = [m for m in found if m.why_not is None
+                     and cost_model.active(self.ctx.config, common.device_type(m.reduce.input))]
+        return found
 
     def key(self, m: CtaMatch):
         return m.reduce.collective
@@ -254,10 +268,22 @@ class CtaPipelinePass(OverlapPass):
                 raise Rejected(f"operand {op.name} depends on the matched MLP")
         common.require_min_numel(self.ctx, math.prod(val(down.matmul.node).shape))
         lowering = common.choose_lowering(self.ctx, ar.group_name)
-        # Only p2p implements the op so far (the symm kernels of issue 5 are not written yet).
         from ..runtime.lowering import available
+        from . import cost_model
 
-        return lowering if lowering in available("cta_pipeline_mlp") else "p2p"
+        lowering = lowering if lowering in available("cta_pipeline_mlp") else "p2p"
+        ws = common.require_group(ar.group_name)
+        stages = self.ctx.config.cta_stages
+        problem = cost_model.Problem(
+            "cta_pipeline_mlp", m=val(up.matmul.node).shape[0], k=val(up.matmul.b).shape[0], f=f,
+            n=val(down.matmul.b).shape[1], dtype=common.dtype_name(x), ws=ws, activation=m.activation,
+        )
+        # the symm kernels run 2 stages of ws/2 ranks; other stage counts fall back to p2p at run time
+        symm_runs = ws % 2 == 0 and stages in (2, "auto")
+        decision = self.price(problem, ar.group_name, common.device_type(x),
+                              common.lowering_candidates(self.ctx, lowering, symm_runs), stages=stages)
+        m.stages = decision.stages
+        return common.written_lowering(self.ctx, lowering, decision)
 
     def rewrite(self, m: CtaMatch, lowering: str) -> None:
         ar, up, gu, down = m.reduce, m.up, m.gate_up, m.down
@@ -266,7 +292,7 @@ class CtaPipelinePass(OverlapPass):
             up.matmul.a, up.matmul.b, up.bias,
             gu.matmul.b if gu else None, gu.bias if gu else None,
             down.matmul.b, down.bias,
-            m.activation, m.approximate, self.ctx.config.cta_stages, ar.group_name, lowering,
+            m.activation, m.approximate, m.stages or 2, ar.group_name, lowering,
         )
         with graph.inserting_before(ar.wait):
             result = common.call(graph, torch.ops.overlap.cta_pipeline_mlp.default, args)

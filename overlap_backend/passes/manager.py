@@ -26,12 +26,16 @@ class MatchRecord:
     # rewritten ops with an epilogue decision: per op output, what was captured and why the
     # capture stopped (passes/epilogue.py); None for passes that capture none
     epilogue: list[dict[str, Any]] | None = None
+    # the cost model's prediction for a match that passed the preconditions (passes/cost_model.py);
+    # None for a match rejected before it could be priced
+    cost: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["pass"] = d.pop("pass_name")
-        if d["epilogue"] is None:
-            del d["epilogue"]
+        for key in ("epilogue", "cost"):
+            if d[key] is None:
+                del d[key]
         return d
 
 
@@ -39,6 +43,9 @@ class MatchRecord:
 class PassContext:
     config: OverlapConfig
     graph_kind: str  # "forward" | "backward" | "inference"
+    # passes that run only because the cost model may turn them on (not named by the user): they
+    # look only where the model is active and rewrite only where it predicts a win
+    model_gated: frozenset[str] = frozenset()
 
 
 class Rejected(Exception):
@@ -52,6 +59,24 @@ class OverlapPass(abc.ABC):
 
     def __init__(self, ctx: PassContext):
         self.ctx = ctx
+        self.cost: dict[str, Any] | None = None  # set by ``price`` during ``check``
+
+    @property
+    def gated(self) -> bool:
+        """This pass runs only where the cost model turns it on (see ``PassContext.model_gated``)."""
+        return self.name in self.ctx.model_gated
+
+    def price(self, problem: Any, group_name: str, device_type: str, lowerings: list[str], **knobs: Any):
+        """The cost model's decision for a match that passed the preconditions (``check`` calls it
+        last): a :class:`~.cost_model.Decision` (the lowering and knobs to write), or
+        :class:`Rejected` with the model's reason. The prediction goes into the match's record."""
+        from . import cost_model
+
+        decision = cost_model.decide(self.ctx, problem, group_name, device_type, lowerings, gated=self.gated, **knobs)
+        self.cost = decision.cost
+        if not decision.rewrite:
+            raise Rejected(decision.reason)
+        return decision
 
     @abc.abstractmethod
     def find(self, graph: torch.fx.Graph) -> list[Any]:
@@ -88,14 +113,16 @@ class OverlapPass(abc.ABC):
                 break
             seen.add(self.key(match))
             nodes = self.describe(match)
+            self.cost = None
             try:
                 lowering = self.check(match)
             except Rejected as e:
-                records.append(MatchRecord(self.name, False, None, nodes, str(e)))
+                records.append(MatchRecord(self.name, False, None, nodes, str(e), cost=self.cost))
                 continue
             self.rewrite(match, lowering)
             graph.lint()
-            records.append(MatchRecord(self.name, True, lowering, nodes, "rewritten", self.epilogue_report(match)))
+            records.append(MatchRecord(self.name, True, lowering, nodes, "rewritten", self.epilogue_report(match),
+                                       cost=self.cost))
         return records
 
 
@@ -112,12 +139,15 @@ class GraphReport:
 class PassManager:
     """Runs the configured passes in order on one graph; calls ``observer`` around each pass."""
 
-    def __init__(self, passes: list[type[OverlapPass]]):
+    def __init__(self, passes: list[type[OverlapPass]], model_gated: frozenset[str] = frozenset()):
         self.passes = passes
+        self.model_gated = model_gated
 
     def run(self, graph: torch.fx.Graph, ctx: PassContext, report: GraphReport, observer=None) -> None:
         from .common import GUARDS_ALLOWED, forward_collective_copies
 
+        if self.model_gated and not ctx.model_gated:
+            ctx = PassContext(ctx.config, ctx.graph_kind, self.model_gated)
         token = GUARDS_ALLOWED.set(ctx.graph_kind != "backward")
         try:
             self._run(graph, ctx, report, observer, forward_collective_copies)
@@ -137,5 +167,6 @@ class PassManager:
                     "%s graph %s: %s %s (%s)",
                     pass_cls.name, report.id, "applied" if rec.applied else "rejected", rec.nodes, rec.reason,
                 )
-            if observer is not None:
+            # a model-gated pass that found nothing (the model is not active here) leaves no trace
+            if observer is not None and (records or pass_cls.name not in ctx.model_gated):
                 observer.after_pass(pass_cls.name, graph)

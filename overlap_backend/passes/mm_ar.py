@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from . import common
+from . import common, cost_model
 from . import epilogue as ep
 from .common import Matmul, Rejected
 from .manager import OverlapPass
@@ -67,7 +67,12 @@ class MmArPass(OverlapPass):
         matched = list(ar.nodes) + [mm.node] + ([m.reshape] if m.reshape is not None else [])
         m.capture = ep.capture_after_collective(self.ctx, ar.wait, ar.collective, matched, tuple(out.shape),
                                                 common.val(ar.wait).dtype)
-        return lowering
+        hint = common.hint
+        problem = cost_model.Problem("mm_ar", m=hint(out.shape[0]), n=hint(out.shape[1]),
+                                     k=hint(common.val(mm.a).shape[1]), dtype=common.dtype_name(mm.a), ws=ws)
+        decision = self.price(problem, ar.group_name, common.device_type(mm.a),
+                              common.lowering_candidates(self.ctx, lowering))
+        return common.written_lowering(self.ctx, lowering, decision)
 
     def epilogue_report(self, m: MmArMatch):
         if m.capture is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from . import common
+from . import common, cost_model
 from . import epilogue as ep
 from .common import Matmul, Rejected
 from .manager import OverlapPass
@@ -71,7 +71,12 @@ class MmRsPass(OverlapPass):
         lowering = common.choose_lowering(self.ctx, rs.group_name)
         m.capture = ep.capture_after_collective(self.ctx, rs.wait, rs.collective, self._matched(m),
                                                 tuple(common.val(rs.wait).shape), common.val(rs.wait).dtype)
-        return lowering
+        hint = common.hint
+        problem = cost_model.Problem("mm_rs", m=hint(mm_shape[0]), n=hint(mm_shape[1]),
+                                     k=hint(common.val(mm.a).shape[1]), dtype=common.dtype_name(mm.a), ws=ws)
+        decision = self.price(problem, rs.group_name, common.device_type(mm.a),
+                              common.lowering_candidates(self.ctx, lowering))
+        return common.written_lowering(self.ctx, lowering, decision)
 
     @staticmethod
     def _matched(m: MmRsMatch) -> list[torch.fx.Node]:

@@ -133,6 +133,7 @@ class MoeMatch:
     in_steps: list[Step] = field(default_factory=list)  # R → grouped
     out_steps: list[Step] = field(default_factory=list)  # grouped (down_out) → combine input
     failure: str | None = None
+    comm_sms: int = 0  # the op's comm_sms (set by check: the cost model's pick, 0 = the setting)
 
 
 # ------------------------------------------------------------------------------ matching
@@ -566,9 +567,24 @@ class MoePass(OverlapPass):
         if _static(out):
             common.require_min_numel(self.ctx, math.prod(out))
         lowering = common.choose_lowering(self.ctx, c.group_name)
-        from ..runtime import available
+        from ..runtime import available, moe_symm
+        from . import cost_model
 
-        return lowering if lowering in available("moe_experts") else "p2p"
+        lowering = lowering if lowering in available("moe_experts") else "p2p"
+        hint = common.hint
+        gshape = _shape(e.grouped)
+        wg = _shape(e.w_gate[0])
+        problem = cost_model.Problem(
+            "moe_experts", m=math.prod(hint(s) for s in gshape[:-1]), k=hint(gshape[-1]), n=hint(gshape[-1]),
+            f=hint(wg[-1]), experts=len(e.w_gate) if e.form == "loop" else hint(wg[0]),
+            rows_sent=hint(_shape(d.input)[0]), dtype=str(val(e.gate[0]).dtype).removeprefix("torch."), ws=ws,
+        )
+        # the symm kernels are off until they pass on GPUs (moe_symm.ENABLED): symm runs as p2p
+        decision = self.price(problem, c.group_name, common.device_type(d.input),
+                              common.lowering_candidates(self.ctx, lowering, moe_symm.ENABLED),
+                              comm_sms=self.ctx.config.moe_comm_sms)
+        m.comm_sms = decision.comm_sms
+        return common.written_lowering(self.ctx, lowering, decision)
 
     def _reason(self, why: str) -> str:
         if self.ctx.graph_kind == "backward":
@@ -718,7 +734,7 @@ class MoePass(OverlapPass):
                 graph, torch.ops.overlap.moe_experts.default,
                 (d.input, list(d.input_splits), list(d.output_splits), rows, e.offsets,
                  [] if e.offsets is not None else list(e.group_sizes), w_gate, w_up, w_down,
-                 c.group_name, lowering, saved),
+                 c.group_name, lowering, saved, *((m.comm_sms,) if m.comm_sms else ())),
             )
             out = fake.call(graph, operator.getitem, (op, 0))
             values = fake.call(graph, operator.getitem, (op, 1))

@@ -58,7 +58,11 @@ def comm_sms() -> int:
     from ..config import _parse_moe_comm_sms
 
     raw = os.environ.get("OVERLAP_MOE_COMM_SMS")
-    return 8 if raw is None else _parse_moe_comm_sms("OVERLAP_MOE_COMM_SMS", raw)
+    value = 8 if raw is None else _parse_moe_comm_sms("OVERLAP_MOE_COMM_SMS", raw)
+    return 8 if value == "auto" else value  # auto: the cost model passes its choice as the op's comm_sms
+
+
+_comm_sms_setting = comm_sms  # moe_experts' ``comm_sms`` argument shadows the name
 
 
 def expert_major(rows: int, ws: int, experts: int) -> bool:
@@ -154,7 +158,8 @@ DISABLED_WHY = "the symm moe_experts kernels are turned off (moe_symm.ENABLED = 
 
 
 @register("symm", "moe_experts")
-def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved):
+def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved,
+                comm_sms=0):
     args = (x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
     why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY) or capture_problem(x)
     st = None if why else symm.state(group_name, x.device)
@@ -186,7 +191,8 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     m, n_recv = rows.shape[0], recv_off[-1]
 
     ce_only = TRANSPORT == "ce-only" and x.is_cuda  # no comm kernel: every SM computes
-    sms = 0 if ce_only else comm_sms()
+    # the op's argument (the cost model's choice), else the setting
+    sms = 0 if ce_only else (comm_sms or _comm_sms_setting())
     grid = max(1, st.num_sms - sms)  # the comm kernel holds `sms` SMs for the whole call
     cands = moe_gemm.candidates(cd)
     cfg_a, cfg_b = cands[0], cands[0]

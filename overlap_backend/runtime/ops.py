@@ -209,7 +209,7 @@ MOE_SAVED = ("recv", "xg", "gate", "up", "act")
 
 
 @_define(
-    "moe_experts(Tensor x, SymInt[] send_splits, SymInt[] recv_splits, Tensor rows, Tensor? offsets, SymInt[] group_sizes, Tensor w_gate, Tensor w_up, Tensor w_down, str group_name, str lowering, bool[] saved) -> (Tensor, Tensor[])"
+    "moe_experts(Tensor x, SymInt[] send_splits, SymInt[] recv_splits, Tensor rows, Tensor? offsets, SymInt[] group_sizes, Tensor w_gate, Tensor w_up, Tensor w_down, str group_name, str lowering, bool[] saved, int comm_sms=0) -> (Tensor, Tensor[])"
 )
 def moe_experts(
     x: Tensor,
@@ -224,6 +224,7 @@ def moe_experts(
     group_name: str,
     lowering: str,
     saved: list[bool],
+    comm_sms: int = 0,
 ) -> tuple[Tensor, list[Tensor]]:
     """Expert-parallel MoE block: dispatch all-to-all, SwiGLU experts, combine all-to-all.
 
@@ -243,14 +244,17 @@ def moe_experts(
     is None, ``group_sizes`` (ints, possibly unbacked SymInts) gives the rows of each expert.
     ``saved[i]`` asks for ``MOE_SAVED[i]`` = ``R``, ``Xg``, ``G``, ``U``, ``A`` in ``saved_values[i]``
     (what a training forward keeps for backward); unrequested ones are empty tensors.
-    Returns ``(out, saved_values)``.
+    Returns ``(out, saved_values)``. ``comm_sms`` (``symm`` only; 0: ``OVERLAP_MOE_COMM_SMS``) is the
+    SM count of the communication kernel, as the cost model chose it; it never changes the result.
     """
     impl = _lowering.implementation(lowering, "moe_experts")
-    return impl(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
+    extra = {"comm_sms": comm_sms} if comm_sms else {}
+    return impl(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved, **extra)
 
 
 @_fake("moe_experts")
-def _(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, lowering, saved):
+def _(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, lowering, saved,
+      comm_sms=0):
     h, f, m = x.shape[-1], w_gate.shape[-1], rows.shape[0]
     cd = w_gate.dtype
     shapes = {

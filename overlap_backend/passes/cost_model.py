@@ -1,0 +1,508 @@
+"""The cost model: per match, predicted time of the plain graph vs the rewritten op.
+
+A small explicit analytic model (formulas, constants and the fit: ``docs/cost_model.md``). Inputs
+per match (:class:`Problem`): the op, its GEMM sizes (hints of symbolic sizes), the dtype, the group
+size and the machine's :class:`~overlap_backend.calibrate.Calibration`. Outputs
+(:class:`Prediction`): the plain sequence's time (``baseline``: GEMM then collective, or the
+reverse), each candidate lowering's time with its knobs chosen (chunk count, communication SMs) by
+minimising the prediction, and whether the best one wins by more than :data:`MARGIN`.
+
+Building blocks, times in ms (``e`` bytes per element, ``ws`` the group size):
+
+- ``gemm(m, n, k) = launch + max(2mnk / rate(dtype), (mk + kn + mn) e / hbm)``: roofline of cuBLAS;
+  our persistent Triton GEMM (``symm``) takes ``TRITON_EFF`` times that.
+- ``coll(kind, bytes) = latency + bus_bytes / busbw(ws)``, NCCL's bus bytes: ``bytes (ws-1)/ws`` for
+  all-gather / reduce-scatter / all-to-all, twice that for all-reduce.
+- the plain graph: ``SEQ_FACTOR x (gemm + coll)`` (back to back they take 7% less than apart).
+- ``p2p`` ops are rings of ``ws`` steps: a step costs ``max(host step, chunk GEMM, chunk transfer)``
+  (a step is host-bound on small shapes: Python, a side stream, events), the chunk GEMMs run
+  ``P2P_GEMM_SLOWDOWN`` slower next to NCCL's send/recv kernels.
+- ``symm`` ops run ``max(host time per call, device time)``: back-to-back calls are host-bound below
+  the host time (0.2-0.5 ms per call measured); the device time is the GEMM overlapped with the
+  copy-engine transfers, plus what cannot overlap (the first or last chunk, the combine).
+
+Every rank must make the same decision (no deadlock by construction): the inputs are shapes, dtype,
+group size, config and a calibration that the ranks agreed on (:func:`calibration_for`), and the
+model is pure arithmetic on them. Nothing is measured while compiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..calibrate import DEFAULTS, Calibration
+
+log = logging.getLogger("overlap_backend")
+
+OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts", "cta_pipeline_mlp")
+ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+# Rewrite only when the predicted op time is below (1 - MARGIN) x the plain sequence's: a rewrite
+# predicted to win by less than the model's error is not worth its risk.
+MARGIN = 0.03
+
+# Fitted / taken constants (docs/cost_model.md says on which data):
+TRITON_EFF = 1.04  # persistent Triton TMA GEMM time / cuBLAS (DESIGN.md: 0.97-1.05x; probe_symm: 1.00-1.12x)
+# chunk GEMMs next to NCCL's send/recv kernels, and chunked GEMMs themselves (fitted: ours p2p, large shapes)
+P2P_GEMM_SLOWDOWN = 1.15
+SEQ_FACTOR = 0.93  # back-to-back GEMM + collective / the sum of their separate times (fitted: median of 52 rows)
+AR_BUSBW_GAIN = 1.15  # NCCL all-reduce bus bandwidth / all-gather's (fitted: NCCL all-reduce columns)
+SYMM_DEVICE_MS = 0.03  # flag waits, the first tile wave's wait, stream operations on the device (fitted)
+CTA_EFF = 1.10  # a CTA-pipeline stage (flag waits per K-chunk, chunk-major A) / cuBLAS (fitted: cta_ws2, M >= 512)
+CTA_K_CHUNKS = 4  # = runtime.cta_symm.K_CHUNKS (K-chunks per stage-0 rank)
+CTA_BM, CTA_BN1 = 128, 256  # = runtime.cta_symm STAGE1_CONFIG's block (row groups of the pipeline)
+SM_STORE_GBPS = 25.0  # moe symm: what one SM of the comm kernel moves to peers (assumed, not measured)
+MOE_COMM_SMS = (4, 8, 16, 32)  # candidates of the moe symm communication SM count
+CTA_STAGES = (1, 2, 4, 8)  # candidates of the cta p2p stage count (OVERLAP_CTA_STAGES=auto)
+ONESHOT_MAX_BYTES = 4 << 20  # = runtime.symm.ONESHOT_MAX_BYTES (mm_ar symm: one-shot below it)
+AR_ROWS_PER_CHUNK, AR_MAX_ROUNDS = 512, 4  # = runtime.symm (mm_ar symm rounds)
+BAND_ROWS_MIN, MAX_BANDS = 512, 8  # = runtime.symm (bands of a chunk)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One match, as the model sees it (sizes are ints: hints of symbolic sizes).
+
+    ``ag_mm``: ``m`` gathered rows, ``k`` the contraction, ``n`` the sum of its matmuls' columns,
+    ``gemms`` how many. ``mm_rs`` / ``mm_ar``: ``[m, k] @ [k, n]`` per rank (``k`` the local shard).
+    ``cta_pipeline_mlp``: ``x [m, k]``, ``w1 [k, f]`` per rank, ``w2 [f, n]``, ``activation``.
+    ``moe_experts``: ``m`` grouped rows, ``rows_sent`` rows of ``x``, ``k`` hidden, ``f`` expert
+    width, ``experts`` per rank.
+    """
+
+    op: str
+    m: int
+    n: int
+    k: int
+    dtype: str
+    ws: int
+    gemms: int = 1
+    f: int = 0
+    experts: int = 0
+    rows_sent: int = 0
+    activation: str = ""
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"unknown op {self.op!r}")
+
+    @property
+    def e(self) -> int:
+        return ELEMENT_BYTES.get(self.dtype, 4)
+
+    def to_json(self) -> dict[str, Any]:
+        d = {"op": self.op, "m": self.m, "n": self.n, "k": self.k, "dtype": self.dtype, "ws": self.ws}
+        for name in ("gemms", "f", "experts", "rows_sent", "activation"):
+            v = getattr(self, name)
+            if v and not (name == "gemms" and v == 1):
+                d[name] = v
+        return d
+
+
+@dataclass
+class Plan:
+    """One way to run the op: a lowering with its knobs, and the predicted time."""
+
+    lowering: str
+    ms: float
+    chunks: int
+    comm_sms: int | None = None
+    stages: int | None = None
+    terms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Prediction:
+    problem: Problem
+    baseline_ms: float
+    baseline_terms: dict[str, float]
+    plans: list[Plan]
+    calibration: Calibration
+
+    @property
+    def best(self) -> Plan:
+        return min(self.plans, key=lambda p: p.ms)  # ties: the first (preference order)
+
+    @property
+    def wins(self) -> bool:
+        return self.best.ms < (1.0 - MARGIN) * self.baseline_ms
+
+    def reason(self) -> str:
+        b = self.best
+        return (f"cost model: predicted {_fmt(b.ms)} ms overlapped ({b.lowering}) vs {_fmt(self.baseline_ms)} ms plain"
+                f" (needs < {1 - MARGIN:.2f}x)")
+
+    def to_json(self, mode: str, active: bool, plan: Plan | None = None) -> dict[str, Any]:
+        """The ``cost`` entry of the match's summary record; ``plan``: the plan written (default:
+        the best one; when the model is not active, the lowering the pass chose without it)."""
+        b = plan or self.best
+        return {
+            "mode": mode,
+            "active": active,
+            "decision": ("rewrite" if self.wins else "keep plain") if active else "not used (rewrite)",
+            "baseline_ms": _round(self.baseline_ms),
+            "overlapped_ms": _round(b.ms),
+            "lowering": b.lowering,
+            "chunks": b.chunks,
+            "comm_sms": b.comm_sms,
+            "stages": b.stages,
+            "candidates": {p.lowering: _round(p.ms) for p in self.plans},
+            "terms": {"baseline": {k: _round(v) for k, v in self.baseline_terms.items()},
+                      "overlapped": {k: _round(v) for k, v in b.terms.items()}},
+            "problem": self.problem.to_json(),
+            "calibration": {"key": self.calibration.key, "source": self.calibration.source},
+        }
+
+
+def _fmt(ms: float) -> str:
+    return f"{ms:.3g}" if ms < 10 else f"{ms:.1f}"
+
+
+def _round(ms: float) -> float:
+    return float(f"{ms:.4g}")
+
+
+# ------------------------------------------------------------------------------ building blocks
+def gemm_ms(cal: Calibration, m: float, n: float, k: float, dtype: str, eff: float = 1.0) -> float:
+    """One matmul ``[m, k] @ [k, n]``: launch + roofline (compute- or memory-bound)."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    e = ELEMENT_BYTES.get(dtype, 4)
+    flops = 2.0 * m * n * k
+    nbytes = (m * k + k * n + m * n) * e
+    return cal.launch_ms + max(flops / (cal.rate(dtype) * 1e9), nbytes / (cal.hbm_gbps * 1e6)) * eff
+
+
+def mem_ms(cal: Calibration, nbytes: float) -> float:
+    return nbytes / (cal.hbm_gbps * 1e6)
+
+
+def coll_ms(cal: Calibration, kind: str, nbytes: float, ws: int) -> float:
+    """An NCCL collective on ``nbytes`` (the gathered output, the scattered input, the all-reduced
+    tensor, or one rank's all-to-all send buffer)."""
+    if kind == "all_reduce":  # a reduce-scatter and an all-gather: twice the bus bytes
+        return cal.coll_latency_ms + 2 * nbytes * (ws - 1) / ws / (cal.busbw(ws) * AR_BUSBW_GAIN * 1e6)
+    return cal.coll_latency_ms + nbytes * (ws - 1) / ws / (cal.busbw(ws) * 1e6)
+
+
+def p2p_ms(cal: Calibration, nbytes: float, ws: int) -> float:
+    """One ring shift of ``nbytes`` (batch_isend_irecv, every rank sends and receives)."""
+    return cal.p2p_latency_ms + nbytes / (cal.p2p_bw(ws) * 1e6)
+
+
+def ce_ms(cal: Calibration, nbytes: float) -> float:
+    """Copy-engine transfer of ``nbytes`` into (or out of) one rank."""
+    return nbytes / (cal.ce_gbps * 1e6)
+
+
+def bands(rows: int) -> int:
+    """How many bands ``runtime.symm.bands`` cuts a chunk of ``rows`` rows into."""
+    per = max(BAND_ROWS_MIN, -(-rows // MAX_BANDS))
+    per = -(-per // BAND_ROWS_MIN) * BAND_ROWS_MIN
+    return max(1, -(-rows // per))
+
+
+def ar_rounds(m: int, ws: int) -> int:
+    """= ``runtime.symm_lowering.ar_rounds``."""
+    return max(1, min(AR_MAX_ROUNDS, m // (ws * AR_ROWS_PER_CHUNK)))
+
+
+def _p2p_time(cal: Calibration, ws: int, device_ms: float, steps: int | None = None) -> float:
+    """A p2p op: ``max(host, device)``. The host enqueues a fixed part plus one batch_isend_irecv on a
+    side stream (with its events and waits) per ring step (``steps``, default ws - 1); the device
+    runs the ring. Small shapes are host-bound (0.5 ms at ws 2, 1.3 ms at ws 4 measured)."""
+    steps = ws - 1 if steps is None else steps
+    return max(cal.p2p_call_ms + steps * cal.p2p_step_ms, device_ms)
+
+
+# ------------------------------------------------------------------------------------- per op
+def baseline(cal: Calibration, p: Problem) -> tuple[float, dict[str, float]]:
+    """The plain graph: GEMM(s) and the collective(s), one after the other."""
+    e, ws, dt = p.e, p.ws, p.dtype
+    if p.op == "ag_mm":
+        g = p.gemms * gemm_ms(cal, p.m, p.n / p.gemms, p.k, dt)
+        c = coll_ms(cal, "all_gather", p.m * p.k * e, ws)
+    elif p.op == "mm_rs":
+        g = gemm_ms(cal, p.m, p.n, p.k, dt)
+        c = coll_ms(cal, "reduce_scatter", p.m * p.n * e, ws)
+    elif p.op == "mm_ar":
+        g = gemm_ms(cal, p.m, p.n, p.k, dt)
+        c = coll_ms(cal, "all_reduce", p.m * p.n * e, ws)
+    elif p.op == "cta_pipeline_mlp":
+        g = _mlp_ms(cal, p, p.m)
+        c = coll_ms(cal, "all_reduce", p.m * p.n * e, ws)
+    else:  # moe_experts: dispatch, experts, combine
+        g = _experts_ms(cal, p, p.m)
+        c = 2 * coll_ms(cal, "all_to_all", p.rows_sent * p.k * e, ws)
+    return SEQ_FACTOR * (g + c), {"gemm_ms": g, "comm_ms": c}
+
+
+def _mlp_ms(cal: Calibration, p: Problem, rows: float, eff: float = 1.0) -> float:
+    """This rank's MLP on ``rows`` rows: up (and gate) projection, activation, down projection."""
+    gate = 2 if p.activation == "swiglu" else 1
+    act = mem_ms(cal, rows * p.f * p.e * (gate + 1))
+    return gemm_ms(cal, rows, gate * p.f, p.k, p.dtype, eff) + act + gemm_ms(cal, rows, p.n, p.f, p.dtype, eff)
+
+
+def _experts_ms(cal: Calibration, p: Problem, rows: float, eff: float = 1.0) -> float:
+    """The SwiGLU experts on ``rows`` grouped rows, spread evenly over the experts."""
+    per = rows / max(1, p.experts)
+    one = 2 * gemm_ms(cal, per, p.f, p.k, p.dtype, eff) + gemm_ms(cal, per, p.k, p.f, p.dtype, eff)
+    return max(1, p.experts) * one + mem_ms(cal, rows * p.f * p.e * 3)
+
+
+def plan_p2p(cal: Calibration, p: Problem, stages: int | None = None) -> Plan:
+    e, ws, dt, slow = p.e, p.ws, p.dtype, P2P_GEMM_SLOWDOWN
+    if p.op == "ag_mm":
+        g = p.gemms * gemm_ms(cal, p.m / ws, p.n / p.gemms, p.k, dt) * slow
+        x = p2p_ms(cal, p.m * p.k * e / ws, ws)
+        dev = (ws - 1) * max(g, x) + g  # each step's GEMM on the chunk here while the next one travels
+        return Plan("p2p", _p2p_time(cal, ws, dev), ws, terms={"chunk_gemm_ms": g, "chunk_transfer_ms": x,
+                                                                "device_ms": dev})
+    if p.op in ("mm_rs", "mm_ar"):
+        rows = p.m if p.op == "mm_rs" else -(-p.m // ws) * ws
+        chunk = rows * p.n * e / ws
+        g = gemm_ms(cal, rows / ws, p.n, p.k, dt) * slow
+        add = mem_ms(cal, 3 * chunk)
+        x = p2p_ms(cal, chunk, ws)
+        dev = g + (ws - 1) * max(g + add, x)  # partials computed while the accumulators travel
+        t = _p2p_time(cal, ws, dev)
+        terms = {"chunk_gemm_ms": g, "chunk_transfer_ms": x, "device_ms": dev}
+        if p.op == "mm_ar":  # then an NCCL all-gather of the reduced chunks, not overlapped
+            terms["all_gather_ms"] = coll_ms(cal, "all_gather", rows * p.n * e, ws)
+            t += terms["all_gather_ms"]
+        return Plan("p2p", t, ws, terms=terms)
+    if p.op == "cta_pipeline_mlp":
+        return min((_cta_p2p(cal, p, s) for s in _stage_candidates(p, stages)), key=lambda pl: pl.ms)
+    # moe_experts: per source rank, its rows' experts while the previous results travel back
+    g = _experts_ms(cal, p, p.m / ws) * slow
+    x = p2p_ms(cal, p.rows_sent * p.k * e / ws, ws)
+    dev = x + (ws - 1) * max(g, x) + g
+    # dispatch and combine steps, and one host read of the [ws, E] counts (a synchronisation)
+    t = _p2p_time(cal, ws, dev, steps=2 * (ws - 1) + 1)
+    return Plan("p2p", t, ws, terms={"chunk_gemm_ms": g, "chunk_transfer_ms": x, "device_ms": dev})
+
+
+def _stage_candidates(p: Problem, stages: int | None) -> list[int]:
+    if stages is not None:
+        return [stages]
+    return [s for s in CTA_STAGES if s == 1 or p.m // s >= p.ws] or [1]
+
+
+def _cta_p2p(cal: Calibration, p: Problem, stages: int) -> Plan:
+    """Micro-chunks of ``m / stages`` rows, each reduced by mm_ar's fused ring; each chunk's
+    all-gather overlaps the next chunk, the last one's follows the last GEMM."""
+    e, ws = p.e, p.ws
+    s = max(1, min(stages, p.m))
+    rows = p.m / s
+    g = _mlp_ms(cal, p, rows / ws) * P2P_GEMM_SLOWDOWN
+    x = p2p_ms(cal, rows / ws * p.n * e, ws)
+    chunk = g + (ws - 1) * max(g, x)
+    last_ag = coll_ms(cal, "all_gather", rows * p.n * e, ws)
+    t = _p2p_time(cal, ws, s * chunk, steps=s * ws) + last_ag  # ring steps and an all-gather per chunk
+    return Plan("p2p", t, s * ws, stages=stages, terms={"chunk_ms": chunk, "last_all_gather_ms": last_ag})
+
+
+def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms: int | None = None) -> Plan | None:
+    """The symm lowering's plan, or None where its kernels do not run this problem (it would run on p2p)."""
+    e, ws, dt = p.e, p.ws, p.dtype
+    host = cal.symm_call_ms
+    if p.op == "ag_mm":
+        g = p.gemms * gemm_ms(cal, p.m, p.n / p.gemms, p.k, dt, TRITON_EFF)
+        x = ce_ms(cal, (ws - 1) * p.m * p.k * e / ws)  # the peers' shards into this rank
+        nb = bands(p.m // ws)
+        dev = SYMM_DEVICE_MS + max(g, x + g / (ws * nb))  # the last band's GEMM follows its arrival
+        return _symm_plan(host["ag_mm"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x})
+    if p.op == "mm_rs":
+        chunk = p.m * p.n * e / ws
+        g = gemm_ms(cal, p.m, p.n, p.k, dt, TRITON_EFF)
+        x = ce_ms(cal, (ws - 1) * chunk)  # the peers' partials of this rank's chunk
+        nb = bands(p.m // ws)
+        # each band pushed as its tiles finish; the own chunk last, then the sum of the partials
+        dev = SYMM_DEVICE_MS + max(g, g / (ws * nb) + x) + mem_ms(cal, (ws - 1) * chunk)
+        return _symm_plan(host["mm_rs"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x})
+    if p.op == "mm_ar":
+        total = p.m * p.n * e
+        if total <= ONESHOT_MAX_BYTES:  # cuBLAS partial, pushed whole to every peer, summed
+            g = gemm_ms(cal, p.m, p.n, p.k, dt)
+            x = ce_ms(cal, (ws - 1) * total)
+            dev = SYMM_DEVICE_MS + g + x + mem_ms(cal, (ws + 1) * total) + cal.launch_ms
+            return _symm_plan(host["mm_ar_oneshot"], dev, 1, {"gemm_ms": g, "transfer_ms": x})
+        rounds = ar_rounds(p.m, ws)
+        chunk = total / (rounds * ws)
+        g = gemm_ms(cal, p.m, p.n, p.k, dt, TRITON_EFF)
+        per_round = 2 * ce_ms(cal, (ws - 1) * chunk)  # reduce-scatter partials in, reduced chunk out
+        dev = SYMM_DEVICE_MS + max(g + per_round, rounds * per_round) + mem_ms(cal, (ws - 1) * chunk)
+        return _symm_plan(host["mm_ar"], dev, rounds * ws * bands(p.m // (rounds * ws)),
+                          {"gemm_ms": g, "transfer_ms": rounds * per_round})
+    if p.op == "cta_pipeline_mlp":
+        if ws % 2 or (stages is not None and stages != 2):
+            return None  # the kernels run 2 stages of ws/2 ranks; anything else falls back to p2p
+        tp = ws // 2
+        gate = 2 if p.activation == "swiglu" else 1
+        big_f = p.f * ws
+        flops = (2.0 * p.m * p.k * big_f * gate + 2.0 * p.m * big_f * p.n) / ws  # balanced stages
+        weights = (p.k * big_f * gate + big_f * p.n) * e / ws
+        stage = cal.launch_ms + max(flops / (cal.rate(dt) * 1e9), weights / (cal.hbm_gbps * 1e6)) * CTA_EFF
+        tiles_m, tiles_n1 = -(-p.m // CTA_BM), -(-(p.n // tp) // CTA_BN1)
+        most = max(1, min(tiles_m, cal.num_sms // max(1, tiles_n1)))
+        groups = -(-tiles_m // most)
+        fill = stage / (groups * CTA_K_CHUNKS)  # stage 1 starts one K-chunk after stage 0, ends one after
+        collect = ce_ms(cal, p.m * p.n * e / groups)  # the last row group's output to every rank
+        dev = SYMM_DEVICE_MS + stage + fill + collect
+        return _symm_plan(host["cta_pipeline_mlp"], dev, groups * CTA_K_CHUNKS,
+                          {"stage_ms": stage, "fill_ms": fill, "collect_ms": collect}, stages=2)
+    # moe_experts: a persistent expert GEMM on (SMs - c) SMs, a communication kernel on c SMs
+    cands = [comm_sms] if comm_sms is not None else [c for c in MOE_COMM_SMS if c <= cal.num_sms // 2] or [1]
+    best = None
+    for c in cands:
+        sms = max(1, cal.num_sms - c)
+        g = _experts_ms(cal, p, p.m, TRITON_EFF) * cal.num_sms / sms
+        bw = min(cal.ce_gbps, c * SM_STORE_GBPS)
+        moved = (ws - 1) * p.rows_sent * p.k * e / ws
+        first = ce_ms(cal, p.rows_sent * p.k * e / ws)  # the first source's rows arrive (copy engine)
+        comm = moved / (bw * 1e6)  # the results back to their sources
+        dev = SYMM_DEVICE_MS + first + max(g, comm)
+        plan = _symm_plan(host["moe_experts"], dev, ws, {"gemm_ms": g, "transfer_ms": comm}, comm_sms=c)
+        if best is None or plan.ms < best.ms:
+            best = plan
+    return best
+
+
+def _symm_plan(host_ms: float, dev_ms: float, chunks: int, terms: dict, **kw) -> Plan:
+    return Plan("symm", max(host_ms, dev_ms), chunks, terms={**terms, "device_ms": dev_ms, "host_ms": host_ms}, **kw)
+
+
+def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *, stages: int | None = None,
+            comm_sms: int | None = None) -> Prediction:
+    """The baseline and one plan per candidate lowering (in preference order; a ``symm`` that cannot
+    run ``p`` is dropped). ``stages`` / ``comm_sms``: fixed knobs, or None to choose by the model."""
+    base, terms = baseline(cal, p)
+    plans = []
+    for low in dict.fromkeys(lowerings):
+        plan = plan_symm(cal, p, stages, comm_sms) if low == "symm" else plan_p2p(cal, p, stages)
+        if plan is not None:
+            plans.append(plan)
+    if not plans:
+        plans.append(plan_p2p(cal, p, stages))
+    return Prediction(p, base, terms, plans, cal)
+
+
+# ------------------------------------------------------------------------------- the decision
+def active(config, device_type: str) -> bool:
+    """Does the model decide for a match on ``device_type`` tensors? ``on``: always; ``auto``: on
+    CUDA (the CPU/gloo path exists for testing and keeps rewriting every match); ``off``: never."""
+    return config.cost_model == "on" or (config.cost_model == "auto" and device_type == "cuda")
+
+
+@dataclass
+class Decision:
+    """What the pass writes: whether to rewrite, the lowering and knobs; ``cost`` for the report."""
+
+    rewrite: bool
+    lowering: str
+    reason: str
+    cost: dict[str, Any] | None
+    stages: int | None = None  # cta_pipeline's ``stages`` argument
+    comm_sms: int = 0  # moe_experts' ``comm_sms`` argument (0: the OVERLAP_MOE_COMM_SMS setting)
+
+
+def decide(ctx, problem: Problem, group_name: str, device_type: str, lowerings: Sequence[str], *,
+           gated: bool = False, stages: int | str | None = None, comm_sms: int | str | None = None) -> Decision:
+    """The model's decision for one match that passed its preconditions.
+
+    ``lowerings``: the candidates, the pass's own choice first (what runs when the model is not
+    active); with ``OVERLAP_LOWERING=auto`` and a symm-capable group, ``["symm", "p2p"]``.
+    ``stages`` / ``comm_sms``: the config's value, ``"auto"`` to let the model pick.
+    """
+    cfg = ctx.config
+    mode, on = cfg.cost_model, active(cfg, device_type)
+    fixed_stages = None if stages == "auto" else stages
+    fixed_sms = None if comm_sms in ("auto", None) else comm_sms
+    default_stages = 2 if stages == "auto" else stages
+    try:
+        cal = calibration_for(group_name, device_type, cfg.cache_dir, agree=on)
+        pred = predict(problem, cal, lowerings, stages=fixed_stages, comm_sms=fixed_sms)
+    except Exception as e:  # noqa: BLE001 - the same inputs fail the same way on every rank
+        log.warning("overlap cost model: no prediction for %s (%s: %s)", problem.op, type(e).__name__, e)
+        cost = {"mode": mode, "active": on, "error": f"{type(e).__name__}: {e}"}
+        if gated:
+            return Decision(False, lowerings[0], f"cost model: no prediction ({type(e).__name__}: {e})", cost)
+        return Decision(True, lowerings[0], "rewritten", cost, default_stages)
+    if not on:
+        plan = next((p for p in pred.plans if p.lowering == lowerings[0]), pred.plans[0])
+        cost = pred.to_json(mode, False, plan)
+        if gated:  # not reached: a gated pass looks only where the model is active
+            return Decision(False, lowerings[0], "cost model: not active here", cost)
+        return Decision(True, lowerings[0], "rewritten", cost, default_stages)
+    best = pred.best
+    cost = pred.to_json(mode, True, best)
+    if not pred.wins:
+        return Decision(False, best.lowering, pred.reason(), cost)
+    chosen_sms = best.comm_sms if (comm_sms == "auto" and best.lowering == "symm" and best.comm_sms) else 0
+    return Decision(True, best.lowering, "rewritten", cost, best.stages or default_stages, chosen_sms)
+
+
+# -------------------------------------------------------------------------- the agreed calibration
+_agreed: dict[tuple, Calibration] = {}
+_agreed_lock = threading.Lock()
+
+
+def calibration_for(group_name: str, device_type: str, cache_dir: str | None, agree: bool = True) -> Calibration:
+    """The calibration the passes use for a match on ``group_name`` with tensors on ``device_type``.
+
+    CPU (gloo) groups use the built-in CPU numbers: a constant, the same on every rank. CUDA: this
+    process loads the cache file of its key (``calibrate.load_or_default``), and then, because a
+    decision made from different numbers on different ranks would be a different graph on different
+    ranks (a deadlock), the ranks agree: one ``all_gather_object`` per group and process (cached, at
+    compile time, at the same point on every rank, as ``symm.group_support``), and every rank uses
+    the calibration of the group's first rank. Ranks may hold different files (a node without a
+    cache, another GPU model, a file written between two ranks' loads); they never decide
+    differently. ``agree=False`` (the model only reports, it decides nothing): the local numbers.
+    """
+    if device_type != "cuda":
+        return DEFAULTS["cpu"]
+    from .. import calibrate
+
+    cache = (group_name, cache_dir, agree)
+    with _agreed_lock:
+        if cache in _agreed:
+            return _agreed[cache]
+    local = calibrate.load_or_default(cache_dir)
+    cal = _agree(group_name, local) if agree else local
+    with _agreed_lock:
+        _agreed[cache] = cal
+    return cal
+
+
+def _agree(group_name: str, local: Calibration) -> Calibration:
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    group = _resolve_process_group(group_name)
+    if "fake" in str(dist.get_backend(group)).lower():
+        return local  # one process: nobody to disagree with
+    with unset_fake_temporarily():
+        objs: list[Any] = [None] * group.size()
+        dist.all_gather_object(objs, local.to_json(), group=group)
+    first = Calibration.from_json(objs[0])
+    if objs[0] != local.to_json():
+        log.info("overlap cost model: group %s uses its first rank's calibration %s (%s); this rank had %s (%s)",
+                 group_name, first.key, first.source, local.key, local.source)
+    return dataclasses.replace(first, source=f"agreed:rank0 ({first.source})")
+
+
+def reset() -> None:
+    """Forget the agreed calibrations (tests)."""
+    with _agreed_lock:
+        _agreed.clear()
+
+
+__all__ = ["Problem", "Plan", "Prediction", "Decision", "predict", "baseline", "decide", "active",
+           "calibration_for", "MARGIN"]

@@ -1,0 +1,334 @@
+"""The cost model (passes/cost_model.py), its calibration (calibrate.py) and OVERLAP_COST_MODEL.
+
+Predictions with the built-in H200 calibration on the DESIGN.md / bench shapes; the passes on the
+fake process group with the model on, off and auto (decisions, reasons, the ``cost`` record and
+summary.json); cta_pipeline turned on by the model only where the passes were not named; the
+calibration cache (keys, round trip, corrupt files); the ranks' agreement on one calibration (2
+gloo ranks); config parsing.
+"""
+
+import dataclasses
+import json
+import logging
+
+import pytest
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+
+from dist_harness import run_ranks
+from overlap_backend import ConfigError, OverlapConfig, make_backend
+from overlap_backend import calibrate
+from overlap_backend.calibrate import DEFAULTS
+from overlap_backend.passes import cost_model
+from overlap_backend.passes.cost_model import Problem, predict
+
+all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
+H200 = DEFAULTS["h200"]
+BF16 = "bfloat16"
+
+
+def toy(**kw):
+    """A CPU calibration without host or launch costs, for tests that need a predicted win."""
+    base = dict(launch_ms=0.0, coll_latency_ms=0.0, p2p_latency_ms=0.0, p2p_call_ms=0.0, p2p_step_ms=0.0,
+                hbm_gbps=1e9, key="toy", source="test")
+    return dataclasses.replace(DEFAULTS["cpu"], **{**base, **kw})
+
+
+# ------------------------------------------------------------------------- predictions (H200)
+def test_ag_mm_design_shape_ws4_predicted_to_win_on_symm():
+    p = Problem("ag_mm", m=4096, n=7168, k=8192, dtype=BF16, ws=4)
+    pred = predict(p, H200, ["symm", "p2p"])
+    assert pred.wins and pred.best.lowering == "symm"
+    assert pred.best.ms < 0.97 * pred.baseline_ms
+    # the p2p ring at ws 4 is host-bound (measured 1.34 ms vs 0.83 ms plain): predicted to lose
+    p2p = predict(p, H200, ["p2p"])
+    assert not p2p.wins and p2p.best.ms > 1.2
+
+
+def test_tiny_match_predicted_to_lose():
+    pred = predict(Problem("ag_mm", m=16, n=64, k=64, dtype=BF16, ws=4), H200, ["symm", "p2p"])
+    assert not pred.wins
+    assert pred.reason().startswith("cost model: predicted 0.45 ms overlapped (symm) vs 0.0")
+    assert " ms plain" in pred.reason()
+
+
+@pytest.mark.parametrize(
+    "problem, wins",
+    [
+        (Problem("ag_mm", m=8192, n=7168, k=8192, dtype=BF16, ws=4), True),
+        (Problem("ag_mm", m=16384, n=2048, k=8192, dtype=BF16, ws=4), True),
+        (Problem("mm_rs", m=16384, n=8192, k=2048 // 2, dtype=BF16, ws=2), True),  # measured 1.70x
+        (Problem("mm_ar", m=8192, n=8192, k=7168, dtype=BF16, ws=2), True),  # measured 1.06x
+        (Problem("mm_ar", m=128, n=8192, k=7168, dtype=BF16, ws=4), False),  # decode: host-bound
+        (Problem("mm_rs", m=512, n=8192, k=7168 // 2, dtype=BF16, ws=2), False),
+        # the CTA pipeline never beat TP2 on 2xH200 (bench/results/2026-11-30_h200x2_cta)
+        (Problem("cta_pipeline_mlp", m=4096, n=8192, k=8192, f=28672 // 2, dtype=BF16, ws=2, activation="gelu"), False),
+        (Problem("cta_pipeline_mlp", m=512, n=8192, k=8192, f=28672 // 2, dtype=BF16, ws=2, activation="swiglu"), False),
+    ],
+)
+def test_decisions_on_bench_shapes(problem, wins):
+    assert predict(problem, H200, ["symm", "p2p"]).wins is wins
+
+
+@pytest.mark.parametrize(
+    "problem, lowering, measured",  # bench/results: the fit's data (bench/check_cost_model.py checks them all)
+    [
+        (Problem("ag_mm", m=4096, n=7168, k=8192, dtype=BF16, ws=2), "symm", 0.752),
+        (Problem("mm_rs", m=8192, n=8192, k=3584, dtype=BF16, ws=2), "symm", 0.843),
+        (Problem("mm_ar", m=4096, n=8192, k=7168, dtype=BF16, ws=2), "symm", 0.861),
+        (Problem("ag_mm", m=8192, n=7168, k=8192, dtype=BF16, ws=4), "p2p", 1.866),
+        (Problem("mm_rs", m=8192, n=8192, k=1792, dtype=BF16, ws=4), "p2p", 1.296),
+        (Problem("cta_pipeline_mlp", m=4096, n=8192, k=8192, f=14336, dtype=BF16, ws=2, activation="gelu"), "symm", 3.266),
+    ],
+)
+def test_within_20_percent_of_measured(problem, lowering, measured):
+    pred = predict(problem, H200, [lowering], stages=2 if problem.op == "cta_pipeline_mlp" else None)
+    assert abs(pred.best.ms / measured - 1) <= 0.20
+
+
+def test_knobs_chosen_or_kept():
+    cta = Problem("cta_pipeline_mlp", m=4096, n=8192, k=8192, f=14336, dtype=BF16, ws=4, activation="gelu")
+    auto = predict(cta, H200, ["p2p"])
+    assert auto.best.stages in cost_model.CTA_STAGES
+    kept = predict(cta, H200, ["symm", "p2p"], stages=3)
+    # the symm kernels run 2 stages: with 3 only the p2p plan remains, with the stages given
+    assert [p.lowering for p in kept.plans] == ["p2p"] and kept.best.stages == 3
+    moe = Problem("moe_experts", m=8192, n=4096, k=4096, f=2048, experts=8, rows_sent=8192, dtype=BF16, ws=4)
+    chosen = predict(moe, H200, ["symm"])
+    assert chosen.best.comm_sms in cost_model.MOE_COMM_SMS
+    assert predict(moe, H200, ["symm"], comm_sms=16).best.comm_sms == 16
+
+
+def test_mirrored_runtime_constants():
+    """The model prices the chunking the runtime does: its copies of the runtime's constants."""
+    from overlap_backend.runtime import cta_symm, symm, symm_lowering
+
+    assert cost_model.ONESHOT_MAX_BYTES == symm.ONESHOT_MAX_BYTES
+    assert (cost_model.AR_ROWS_PER_CHUNK, cost_model.AR_MAX_ROUNDS) == (symm.AR_ROWS_PER_CHUNK, symm.AR_MAX_ROUNDS)
+    assert (cost_model.BAND_ROWS_MIN, cost_model.MAX_BANDS) == (symm.BAND_ROWS_MIN, symm.MAX_BANDS)
+    assert cost_model.CTA_K_CHUNKS == cta_symm.K_CHUNKS
+    assert (cost_model.CTA_BM, cost_model.CTA_BN1) == cta_symm.STAGE1_CONFIG[:2]
+    for rows in (0, 1, 256, 512, 2048, 4096, 8192, 12345):
+        assert cost_model.bands(rows) == len(symm.bands(rows))
+        for ws in (2, 4, 8):
+            assert cost_model.ar_rounds(rows, ws) == symm_lowering.ar_rounds(rows, ws)
+
+
+def test_symbolic_size_hints():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from overlap_backend.passes.common import hint
+
+    env = ShapeEnv()
+    s = env.create_symintnode(env.create_symbol(37, source=torch._dynamo.source.ConstantSource("s")), hint=37)
+    assert hint(s) == 37 and hint(2 * s) == 74 and hint(5) == 5
+    assert hint(env.create_unbacked_symint(), fallback=123) == 123
+
+
+# ------------------------------------------------------------------------- the passes (fake group)
+def _tiny_ag(fake_pg):
+    def f(x, w):
+        return all_gather(x, 0, fake_pg) @ w
+
+    return f, (torch.randn(8, 16), torch.randn(16, 32))
+
+
+def _compile(fn, args, **kw):
+    backend = make_backend(inductor=False, **kw)
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return backend
+
+
+def _records(backend, name):
+    return [m for r in backend.reports for m in r.matches if m.pass_name == name]
+
+
+def test_on_rejects_tiny_match_and_reports_it(fake_pg, clean_env, tmp_path):
+    clean_env.setenv("OVERLAP_COST_MODEL", "on")
+    be = _compile(*_tiny_ag(fake_pg), debug_dir=str(tmp_path))
+    (rec,) = _records(be, "ag_mm")
+    assert not rec.applied
+    assert rec.reason.startswith("cost model: predicted ") and " ms overlapped (p2p) vs " in rec.reason
+    assert rec.reason.endswith("ms plain (needs < 0.97x)")
+    cost = rec.cost
+    assert cost["mode"] == "on" and cost["active"] and cost["decision"] == "keep plain"
+    assert cost["overlapped_ms"] > cost["baseline_ms"] > 0
+    assert (cost["lowering"], cost["chunks"], cost["comm_sms"]) == ("p2p", 4, None)
+    assert cost["calibration"] == {"key": "default-cpu", "source": "default:cpu"}
+    assert cost["problem"] == {"op": "ag_mm", "m": 32, "n": 32, "k": 16, "dtype": "float32", "ws": 4}
+    (graph,) = json.loads((tmp_path / "rank1" / "summary.json").read_text())["graphs"]
+    (entry,) = [m for m in graph["matches"] if m["pass"] == "ag_mm"]
+    assert entry["applied"] is False and entry["cost"] == json.loads(json.dumps(cost))
+    assert entry["reason"] == rec.reason
+
+
+@pytest.mark.parametrize("mode", ["off", "auto"])
+def test_off_and_cpu_auto_rewrite_it(fake_pg, clean_env, mode):
+    clean_env.setenv("OVERLAP_COST_MODEL", mode)
+    be = _compile(*_tiny_ag(fake_pg))
+    (rec,) = _records(be, "ag_mm")
+    assert rec.applied and rec.lowering == "p2p"
+    assert rec.cost["active"] is False and rec.cost["decision"] == "not used (rewrite)" and rec.cost["mode"] == mode
+
+
+def test_on_rewrites_where_predicted_to_win(fake_pg, clean_env, monkeypatch):
+    # a machine whose link is slow next to its GEMMs: the ring hides the gather (sanity-checked first)
+    cal = toy(gemm_tflops={"float32": 32768 / 1e9}, coll_busbw_gbps={4: 512 / 0.2875e6}, p2p_gbps={4: 512 / 0.2875e6})
+    assert predict(Problem("ag_mm", m=32, n=32, k=16, dtype="float32", ws=4), cal).wins
+    monkeypatch.setattr(cost_model, "calibration_for", lambda *a, **k: cal)
+    be = _compile(*_tiny_ag(fake_pg), cost_model="on")
+    (rec,) = _records(be, "ag_mm")
+    assert rec.applied and rec.cost["decision"] == "rewrite" and rec.cost["calibration"]["key"] == "toy"
+    assert rec.cost["overlapped_ms"] < rec.cost["baseline_ms"]
+
+
+def _gelu_mlp(group):
+    def f(x, w1, w2):
+        return funcol.all_reduce(F.linear(F.gelu(F.linear(x, w1)), w2), "sum", group)
+
+    return f, (torch.randn(2, 3, 16), torch.randn(32, 16), torch.randn(16, 32))
+
+
+def test_cta_pipeline_turned_on_by_the_model_only_where_passes_not_named(fake_pg, clean_env, monkeypatch):
+    # link-bound: the all-reduce dominates, the pipeline's p2p transfers are nearly free
+    cal = toy(gemm_tflops={"float32": 1e3}, coll_busbw_gbps={4: 1e-3}, p2p_gbps={4: 1e3})
+    cta = Problem("cta_pipeline_mlp", m=6, n=16, k=16, f=32, dtype="float32", ws=4, activation="gelu")
+    assert predict(cta, cal).wins
+    monkeypatch.setattr(cost_model, "calibration_for", lambda *a, **k: cal)
+    fn, args = _gelu_mlp(fake_pg)
+    be = _compile(fn, args, cost_model="on")  # passes not named: cta_pipeline model-gated
+    (rec,) = _records(be, "cta_pipeline")
+    assert rec.applied and rec.cost["decision"] == "rewrite" and rec.cost["stages"] in cost_model.CTA_STAGES
+    assert not _records(be, "mm_ar")  # the MLP's tail went into the cta op
+    torch._dynamo.reset()
+    named = _compile(fn, args, cost_model="on", passes="ag_mm,mm_rs,mm_ar,moe")  # named: no cta_pipeline
+    assert not _records(named, "cta_pipeline") and [m.applied for m in _records(named, "mm_ar")] == [True]
+    torch._dynamo.reset()
+    monkeypatch.undo()
+    clean_env.setenv("OVERLAP_COST_MODEL", "auto")  # on CPU: the model is off, cta_pipeline leaves no trace
+    cpu = _compile(fn, args)
+    assert not _records(cpu, "cta_pipeline") and [m.applied for m in _records(cpu, "mm_ar")] == [True]
+
+
+def test_cta_pipeline_rejected_by_the_model_leaves_the_tail_to_mm_ar(fake_pg, clean_env):
+    fn, args = _gelu_mlp(fake_pg)
+    be = _compile(fn, args, cost_model="on")  # the CPU defaults: tiny MLP, ring steps cost more
+    (cta,) = _records(be, "cta_pipeline")
+    assert not cta.applied and cta.reason.startswith("cost model: predicted")
+    (ar,) = _records(be, "mm_ar")
+    assert not ar.applied and ar.reason.startswith("cost model: predicted") and ar.cost["problem"]["op"] == "mm_ar"
+
+
+# ------------------------------------------------------------------------------ calibration cache
+VERSIONS = {"torch": "2.11.0", "triton": "3.6.0", "nccl": "2.28.9"}
+
+
+def test_calibration_key_names_gpu_count_and_versions():
+    key = calibrate.calibration_key("NVIDIA H200", 8, VERSIONS)
+    assert key == "nvidia-h200_x8_torch2.11.0_triton3.6.0_nccl2.28.9"
+    others = {calibrate.calibration_key("NVIDIA H100 80GB HBM3", 8, VERSIONS),
+              calibrate.calibration_key("NVIDIA H200", 4, VERSIONS),
+              calibrate.calibration_key("NVIDIA H200", 8, {**VERSIONS, "torch": "2.13.0"}),
+              calibrate.calibration_key("NVIDIA H200", 8, {**VERSIONS, "nccl": "2.27.3"})}
+    assert key not in others and len(others) == 4
+    assert calibrate.device_class("NVIDIA H200") == "h200" and calibrate.device_class("NVIDIA H100 80GB HBM3") == "h100"
+    assert calibrate.device_class("NVIDIA A100-SXM4-80GB") == "cuda" and calibrate.device_class(None) == "cpu"
+
+
+def test_calibration_cache_round_trip_and_bad_files(tmp_path, monkeypatch, caplog):
+    key = calibrate.calibration_key("NVIDIA H200", 2, VERSIONS)
+    cal = dataclasses.replace(H200, key=key, source="measured", gemm_tflops={"bfloat16": 701.5, "float32": 50.0},
+                              coll_busbw_gbps={2: 251.0}, measured=("gemm_tflops", "coll_busbw_gbps"))
+    path = calibrate.save(cal, tmp_path)
+    assert path == tmp_path / "calibration" / f"{key}.json"
+    loaded = calibrate.load(key, tmp_path)
+    assert loaded == dataclasses.replace(cal, source=f"file:{path}")
+    assert loaded.busbw(2) == 251.0 and loaded.busbw(4) == 251.0 and loaded.rate("float64") == 50.0
+    # the passes' loader picks the file of this machine's key, else the class defaults
+    monkeypatch.setattr(calibrate, "local_key", lambda: ("NVIDIA H200", key))
+    assert calibrate.load_or_default(tmp_path).gemm_tflops["bfloat16"] == 701.5
+    assert calibrate.load_or_default(tmp_path / "empty").source == "default:h200"
+    caplog.set_level(logging.WARNING, logger="overlap_backend")
+    for bad in ("{not json", json.dumps({**cal.to_json(), "key": "another"}), json.dumps({"format": 1, "key": key}),
+                json.dumps({**cal.to_json(), "hbm_gbps": -1}), "[]"):
+        path.write_text(bad)
+        caplog.clear()
+        assert calibrate.load(key, tmp_path) is None
+        assert "ignoring calibration file" in caplog.text and str(path) in caplog.text
+    assert calibrate.load_or_default(tmp_path).source == "default:h200"
+    assert calibrate.load("absent", tmp_path) is None
+
+
+def test_cache_dir_from_config_reaches_the_passes(fake_pg, clean_env, tmp_path, monkeypatch):
+    key = calibrate.calibration_key("NVIDIA H200", 4, VERSIONS)
+    calibrate.save(dataclasses.replace(H200, key=key, source="measured"), tmp_path)
+    monkeypatch.setattr(calibrate, "local_key", lambda: ("NVIDIA H200", key))
+    clean_env.setenv("OVERLAP_CACHE_DIR", str(tmp_path))
+    cfg = OverlapConfig.from_env()
+    assert cfg.cache_dir == str(tmp_path)
+    cost_model.reset()
+    try:
+        cal = cost_model.calibration_for(fake_pg.group_name, "cuda", cfg.cache_dir)
+        assert cal.key == key and cal.source.startswith("file:")
+        assert cost_model.calibration_for(fake_pg.group_name, "cpu", cfg.cache_dir) is DEFAULTS["cpu"]
+    finally:
+        cost_model.reset()
+
+
+def _agree_worker(rank, ws):
+    import dataclasses as dc
+
+    import torch.distributed as dist
+
+    from overlap_backend.calibrate import DEFAULTS as D
+    from overlap_backend.passes import cost_model as cm
+
+    # each rank found another file (or none): they must still decide from the same numbers
+    local = dc.replace(D["h200"], key=f"rank{rank}", source=f"file:/r{rank}", gemm_tflops={"bfloat16": 600.0 + rank})
+    agreed = cm._agree(dist.group.WORLD.group_name, local)
+    return agreed.key, agreed.source, agreed.gemm_tflops["bfloat16"]
+
+
+def test_ranks_agree_on_the_first_ranks_calibration():
+    out = run_ranks(_agree_worker, 2, timeout=60)
+    assert out == [("rank0", "agreed:rank0 (file:/r0)", 600.0)] * 2
+
+
+# ------------------------------------------------------------------------------------- config
+def test_cost_model_config(clean_env):
+    from overlap_backend.runtime import moe_symm
+
+    cfg = OverlapConfig.from_env()
+    assert cfg.cost_model == "auto" and cfg.cache_dir is None and not cfg.passes_named
+    clean_env.setenv("OVERLAP_COST_MODEL", " ON ")
+    assert OverlapConfig.from_env().cost_model == "on"
+    assert make_backend(cost_model="off").config.cost_model == "off"
+    for bad in ("maybe", "1", ""):
+        clean_env.setenv("OVERLAP_COST_MODEL", bad)
+        with pytest.raises(ConfigError, match=r"OVERLAP_COST_MODEL=.* is not a cost-model mode; allowed: auto, on, off"):
+            OverlapConfig.from_env()
+    clean_env.delenv("OVERLAP_COST_MODEL")
+    with pytest.raises(ConfigError, match="cost_model='fast' is not a cost-model mode; allowed: auto, on, off"):
+        make_backend(cost_model="fast")
+    with pytest.raises(ConfigError, match="cost_model"):
+        OverlapConfig(cost_model="always")
+    # knobs the model may pick: only when asked (auto); the defaults stay fixed numbers
+    clean_env.setenv("OVERLAP_CTA_STAGES", "auto")
+    clean_env.setenv("OVERLAP_MOE_COMM_SMS", "AUTO")
+    cfg = OverlapConfig.from_env()
+    assert (cfg.cta_stages, cfg.moe_comm_sms) == ("auto", "auto") and moe_symm.comm_sms() == 8
+    clean_env.setenv("OVERLAP_CTA_STAGES", "0")
+    with pytest.raises(ConfigError, match="allowed: an integer >= 1, or auto"):
+        OverlapConfig.from_env()
+    # passes named: OVERLAP_PASSES (even 'default') or passes=
+    clean_env.delenv("OVERLAP_CTA_STAGES")
+    clean_env.setenv("OVERLAP_PASSES", "default")
+    assert OverlapConfig.from_env().passes_named
+    clean_env.delenv("OVERLAP_PASSES")
+    assert make_backend(passes=["ag_mm"]).config.passes_named and not make_backend(lowering="p2p").config.passes_named
+
+
+def test_moe_op_takes_the_chosen_comm_sms():
+    schema = str(torch.ops.overlap.moe_experts.default._schema)
+    assert "int comm_sms=0" in schema
