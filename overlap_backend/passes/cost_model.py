@@ -56,7 +56,13 @@ SYMM_DEVICE_MS = 0.03  # flag waits, the first tile wave's wait, stream operatio
 CTA_EFF = 1.10  # a CTA-pipeline stage (flag waits per K-chunk, chunk-major A) / cuBLAS (fitted: cta_ws2, M >= 512)
 CTA_K_CHUNKS = 4  # = runtime.cta_symm.K_CHUNKS (K-chunks per stage-0 rank)
 CTA_BM, CTA_BN1 = 128, 256  # = runtime.cta_symm STAGE1_CONFIG's block (row groups of the pipeline)
-SM_STORE_GBPS = 25.0  # moe symm: what one SM of the comm kernel moves to peers (assumed, not measured)
+# moe symm (copy-engine combine, the default transport): its time / the model's experts time on rows
+# padded to whole 128-row tiles per (source, expert) group, and what one SM of the comm kernel copies
+# (fitted on bench/results/2026-11-30_h200x2_moe_epilogue: deepseek/mixtral, balanced/skewed: 1.37-1.51;
+# the SM combine with 4 / 8 / 16 SMs: 14.7 / 9.7 / 7.3 ms on deepseek, ~4-5 GB/s per SM)
+MOE_SYMM_EFF = 1.45
+MOE_TILE_ROWS = 128
+SM_STORE_GBPS = 4.5
 MOE_COMM_SMS = (4, 8, 16, 32)  # candidates of the moe symm communication SM count
 CTA_STAGES = (1, 2, 4, 8)  # candidates of the cta p2p stage count (OVERLAP_CTA_STAGES=auto)
 ONESHOT_MAX_BYTES = 4 << 20  # = runtime.symm.ONESHOT_MAX_BYTES (mm_ar symm: one-shot below it)
@@ -357,16 +363,19 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         dev = SYMM_DEVICE_MS + stage + fill + collect
         return _symm_plan(host["cta_pipeline_mlp"], dev, groups * CTA_K_CHUNKS,
                           {"stage_ms": stage, "fill_ms": fill, "collect_ms": collect}, stages=2)
-    # moe_experts: a persistent expert GEMM on (SMs - c) SMs, a communication kernel on c SMs
+    # moe_experts: the persistent expert GEMMs (fitted end to end with 8 comm SMs: MOE_SYMM_EFF, tiles
+    # of MOE_TILE_ROWS rows per (source, expert) group), the copy engine shipping the results, and a
+    # communication kernel on c SMs copying the returned rows out
     cands = [comm_sms] if comm_sms is not None else [c for c in MOE_COMM_SMS if c <= cal.num_sms // 2] or [1]
+    groups = ws * max(1, p.experts)
+    padded = -(-p.m // (groups * MOE_TILE_ROWS)) * groups * MOE_TILE_ROWS if p.m else 0
     best = None
     for c in cands:
         sms = max(1, cal.num_sms - c)
-        g = _experts_ms(cal, p, p.m, TRITON_EFF) * cal.num_sms / sms
-        bw = min(cal.ce_gbps, c * SM_STORE_GBPS)
+        g = _experts_ms(cal, p, padded, MOE_SYMM_EFF) * (cal.num_sms - 8) / sms
         moved = (ws - 1) * p.rows_sent * p.k * e / ws
         first = ce_ms(cal, p.rows_sent * p.k * e / ws)  # the first source's rows arrive (copy engine)
-        comm = moved / (bw * 1e6)  # the results back to their sources
+        comm = moved / (min(cal.ce_gbps, c * SM_STORE_GBPS) * 1e6)  # the returned rows, copied out
         dev = SYMM_DEVICE_MS + first + max(g, comm)
         plan = _symm_plan(host["moe_experts"], dev, ws, {"gemm_ms": g, "transfer_ms": comm}, comm_sms=c)
         if best is None or plan.ms < best.ms:
