@@ -55,8 +55,9 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distribu
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
-# --device cpu (hidden, gloo smoke test): tiny sizes, float32.
-CPU_SIZES = dict(batch=2, seq=32, hidden=64, heads=4, ffn=128, dtype="float32")
+# --device cpu (hidden, gloo smoke test): tiny sizes, float32 (up to 4 ranks; beyond, one head per rank:
+# common.cpu_block_sizes).
+CPU_SIZES = common.cpu_block_sizes(2)
 
 VARIANTS = ("eager", "inductor", "async_tp", "overlap_p2p", "overlap_symm")
 LABELS = {
@@ -455,7 +456,8 @@ class Bench:
 
 
 # ------------------------------------------------------------------------------ main
-def parse_args(argv=None):
+def parse_args(argv=None, ws: int | None = None):
+    """``ws``: the world size the defaults are for (default: torchrun's WORLD_SIZE)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Run under torchrun, one process per GPU. See bench/README.md.")
@@ -483,7 +485,9 @@ def parse_args(argv=None):
     if bad:
         p.error(f"--variants: unknown {bad}; allowed: {', '.join(VARIANTS)}")
     args.variants = [v for v in VARIANTS if v in chosen or v == "eager"]
-    defaults = CPU_SIZES if args.device == "cpu" else {**GPU_DEFAULTS, "dtype": GPU_DEFAULTS.get("dtype", "bfloat16")}
+    ws = common.env_world_size() if ws is None else ws
+    defaults = (common.cpu_block_sizes(ws) if args.device == "cpu"
+                else {**GPU_DEFAULTS, "dtype": GPU_DEFAULTS.get("dtype", "bfloat16")})
     for key in ("batch", "seq", "hidden", "heads", "ffn", "dtype"):
         if getattr(args, key) is None:
             setattr(args, key, defaults[key])
@@ -496,10 +500,10 @@ def main(argv=None) -> int:
         print("bench_block: CUDA is not available (use the device machine)", file=sys.stderr)
         return 2
     rank, ws, device = common.init_distributed(args.device)
-    if args.seq % ws or args.heads % ws or args.ffn % ws or args.hidden % args.heads:
+    why = common.block_sizes_problem(args.seq, args.hidden, args.heads, args.ffn, ws)
+    if why:
         if rank == 0:
-            print(f"bench_block: seq {args.seq}, heads {args.heads} and ffn {args.ffn} must be divisible by the "
-                  f"world size {ws}, and hidden {args.hidden} by heads", file=sys.stderr)
+            print(f"bench_block: {why} (seq, heads and ffn are split over the ranks)", file=sys.stderr)
         dist.destroy_process_group()
         return 2
     if device.type == "cpu":

@@ -99,10 +99,29 @@ def select_shapes(suite: str, ws: int, quick: bool, cpu: bool) -> list[Shape]:
         rows += native + adapted
     if cpu:
         rows = [Shape(max(s.M // CPU_SCALE, ws), max(s.K // CPU_SCALE, ws), max(s.N // CPU_SCALE, 1), s.origin) for s in rows]
-    # Sizes that ws does not divide are left out (only possible for ws not in {2, 4}).
-    split = {"ag_mm": ("M",), "mm_rs": ("M", "K"), "mm_ar": ()}[suite]
-    rows = [s for s in rows if all(getattr(s, d) % ws == 0 for d in split)]
+    # Sizes that ws does not divide are left out (none at ws = 2, 4, 8; e.g. K=7168 at ws=16 on the CPU).
+    rows = [s for s in rows if all(getattr(s, d) % ws == 0 for d in SPLIT[suite])]
     return rows[:2] if quick else rows
+
+
+# The global dimensions split ws ways: ag_mm gathers A's rows (M); mm_rs splits the contraction (K)
+# and scatters the output's rows (M); mm_ar's sizes are per rank (nothing split).
+SPLIT = {"ag_mm": ("M",), "mm_rs": ("M", "K"), "mm_ar": ()}
+
+
+def local_shapes(suite: str, s: Shape, ws: int) -> dict[str, tuple[int, int]]:
+    """What each of the ws ranks holds (A, B) and gets back (out) for one global problem."""
+    if suite == "ag_mm":
+        return {"A": (s.M // ws, s.K), "B": (s.K, s.N), "out": (s.M, s.N)}
+    if suite == "mm_rs":
+        return {"A": (s.M, s.K // ws), "B": (s.K // ws, s.N), "out": (s.M // ws, s.N)}
+    return {"A": (s.M, s.K), "B": (s.K, s.N), "out": (s.M, s.N)}
+
+
+def list_shapes(ws: int, suites=SUITES, quick: bool = False, cpu: bool = False) -> list[dict]:
+    """Every row a run at world size ``ws`` takes, with the per-rank operands (no GPU, no process group)."""
+    return [{"suite": suite, "M": s.M, "K": s.K, "N": s.N, "origin": s.origin, **local_shapes(suite, s, ws)}
+            for suite in suites for s in select_shapes(suite, ws, quick, cpu)]
 
 
 # ------------------------------------------------------------------------------ one variant
@@ -572,7 +591,7 @@ def run_suite(suite: str, args, ws: int, dtype, device, timing: common.Timing, i
         r = Runner(timing, args.verbose)
         torch.manual_seed(1234 + rank)
         BENCH[suite](r, shape, ws, dtype, device, gn, checks)
-        local_a = {"ag_mm": (shape.M // ws, shape.K), "mm_rs": (shape.M, shape.K // ws), "mm_ar": (shape.M, shape.K)}[suite]
+        local_a = local_shapes(suite, shape, ws)["A"]
         row = {
             "M": shape.M, "K": shape.K, "N": shape.N, "origin": shape.origin, "local_a": list(local_a),
             "times_ms": r.times, "reps": r.reps, "notes": r.notes,
@@ -641,6 +660,9 @@ def parse_args(argv=None):
     p.add_argument("--trace-m", metavar="M[,M...]", default=None,
                    help="with --trace: trace only the rows with these M (global M as in the table, e.g. 4096)")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of baselines that are n/a")
+    p.add_argument("--list-shapes", metavar="WS", type=int, default=None,
+                   help="print the rows (global problem, per-rank operands) a run with WS processes takes, then "
+                        "exit (no torchrun, no GPU)")
     # Hidden: exercise the code paths on the CPU with gloo, float32 and tiny shapes.
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -664,8 +686,19 @@ def parse_args(argv=None):
     return args
 
 
+def print_shapes(ws: int, args) -> None:
+    rows = list_shapes(ws, args.suites, args.quick, args.device == "cpu")
+    print(f"world size {ws}{' (--device cpu)' if args.device == 'cpu' else ''}{' (--quick)' if args.quick else ''}:")
+    print(common.markdown_table(["suite", "M", "K", "N", "A per rank", "B per rank", "out per rank", "shape from"],
+                                [[r["suite"], r["M"], r["K"], r["N"], *("×".join(map(str, r[k])) for k in ("A", "B", "out")),
+                                  r["origin"]] for r in rows]))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.list_shapes is not None:
+        print_shapes(args.list_shapes, args)
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_collective_gemm: CUDA is not available (use the device machine)", file=sys.stderr)
         return 2

@@ -4,25 +4,35 @@ For each activation (GELU, SwiGLU) and M (tokens), at H=8192, F=28672 by default
 
 - ``1 GPU``: the whole MLP on rank 0 (cuBLAS), the others idle; ``1 GPU / 2`` is the ideal of two
   pipelined GPUs;
-- ``TP2`` / ``TP4``: column/row-parallel shards, cuBLAS, NCCL all-reduce (TP2 on rank pairs);
+- ``TP2`` / ``TP<N>``: column/row-parallel shards, cuBLAS, NCCL all-reduce (TP2 on rank pairs, TP<N>
+  on all N ranks: TP4 on 4 GPUs, TP8 on 8);
 - ``µbatch``: two-stage pipeline at kernel granularity on a rank pair, built on the same peer-memory
   transport as ours (copy-engine pushes + stream waits on flags, ``runtime/symm.py``): stage 0
   computes micro-batch i and pushes it while computing i+1; the best micro-batch count of
   ``--micro-batches`` is reported (and which);
-- ``CTA 2`` (ours, ``symm``): ``overlap::cta_pipeline_mlp`` on a rank pair; ``CTA 2×TP2`` on 4 ranks;
+- ``CTA 2`` (ours, ``symm``): ``overlap::cta_pipeline_mlp`` on a rank pair; ``CTA 2×TP<N/2>`` on all N
+  ranks (2 stages of N/2 ranks: 2×TP2 on 4 GPUs, 2×TP4 on 8);
+- from 8 GPUs on, ``CTA 4×TP<N/4>``: 4 stages are **not supported** by the symm kernels (they pipeline
+  exactly 2 stages; the symm lowering would run the op on its p2p fallback): reported as such, never
+  timed; instead ``p2p stages=4``: the op's portable ``p2p`` lowering with ``stages=4``, whose stages
+  are 4 row micro-chunks, each reduced over all N ranks (a ring reduce-scatter fused with the MLP, then
+  an all-gather overlapping the next chunk): TP<N> with overlapped communication, not a 4-GPU-stage pipeline;
 - ``--graphs``: the baselines and ``CTA 2`` captured in CUDA graphs and replayed (ours then counts
   epochs on the device and ships tiles by peer stores).
 
 Timing: CUDA events after warm-up, median, maximum over ranks (bench/common.py). Each of ours is
-checked against the float32 MLP first (relative error). Writes ``cta_ws<N>.md`` / ``.json``.
+checked against the float32 MLP first (relative error). Writes ``cta_ws<N>.md`` / ``.json``
+(rewritten after every row).
 
     torchrun --nproc-per-node=2 bench/bench_cta.py --out-dir bench/results/<run>
+    python bench/bench_cta.py --list-layouts 8      # the variants a run with 8 GPUs takes (no GPU)
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -34,6 +44,41 @@ import torch.nn.functional as F  # noqa: E402
 
 import overlap_backend  # noqa: E402,F401
 from bench import common  # noqa: E402
+
+
+# Why the symm lowering does not take a layout of more than 2 stages (runtime/cta_symm.py: _problem).
+SYMM_STAGES_WHY = "the symm kernels pipeline exactly 2 GEMM stages (cta_symm: stages != 2 runs on the p2p fallback)"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One variant of ``overlap::cta_pipeline_mlp`` that the benchmark runs (or reports)."""
+
+    name: str  # column label, and key of the JSON row
+    stages: int  # the op's ``stages`` argument
+    tp: int  # ranks per stage (symm) / ranks the p2p ring reduces over
+    group: str  # "pair" (every rank pair at once) or "world" (all ranks)
+    lowering: str  # "symm" or "p2p"
+    not_supported: str | None = None  # set: listed as not supported, never called
+    sweep: bool = True  # time every transport x K-chunk count (symm's module settings)
+
+
+def tp_name(ws: int) -> str | None:
+    """The all-rank tensor-parallel baseline: TP<ws> (None on 2 ranks: the pair's TP2 is that)."""
+    return f"TP{ws}" if ws > 2 else None
+
+
+def layouts(ws: int) -> list[Layout]:
+    """The variants of ours at world size ``ws``: 2 stages on rank pairs; 2 stages x TP<ws/2> on all
+    ranks; from 8 ranks on 4 stages x TP<ws/4> (not supported by symm: reported) and the p2p
+    lowering's stages=4 (row micro-chunks over TP<ws>)."""
+    out = [Layout("CTA 2", 2, 1, "pair", "symm")]
+    if ws > 2 and ws % 2 == 0:
+        out.append(Layout(f"CTA 2×TP{ws // 2}", 2, ws // 2, "world", "symm"))
+    if ws >= 8 and ws % 4 == 0:
+        out.append(Layout(f"CTA 4×TP{ws // 4}", 4, ws // 4, "world", "symm", not_supported=SYMM_STAGES_WHY))
+        out.append(Layout("p2p stages=4", 4, ws, "world", "p2p", sweep=False))
+    return out
 
 
 def act_fn(act: str):
@@ -117,6 +162,11 @@ class MicroBatch:
 
 def run(args) -> int:
     rank, ws, device = common.init_distributed("cuda")
+    if ws % 2:  # rank pairs and two equal stages
+        if rank == 0:
+            print(f"bench_cta: needs an even number of GPUs, got {ws}", file=sys.stderr)
+        dist.destroy_process_group()
+        return 2
     dtype = torch.bfloat16
     timing = common.Timing(device, warmup_ms=10 if args.quick else 25, rep_ms=30 if args.quick else 100)
     from overlap_backend.codegen import configs
@@ -131,9 +181,20 @@ def run(args) -> int:
     info = common.machine_info(device, ws)
     info.update(dtype=str(dtype), hidden=H, ffn=Fd)
     rows, ok = [], True
+    ours = layouts(ws)
+    world_tp = tp_name(ws)
+    info["layouts"] = [vars(lay) for lay in ours]
+    out_dir = Path(args.out_dir)
+
+    def write():
+        if rank == 0:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / f"cta_ws{ws}.md").write_text(render(rows, ws, info, args))
+            common.write_json(out_dir / f"cta_ws{ws}.json", {"info": info, "rows": rows})
+
     for act in args.acts:
         full = MLP(act, H, Fd, dtype, device, 2, pair_rank, full=(rank == 0))
-        tp_all = MLP(act, H, Fd, dtype, device, ws, rank, full=False) if ws > 2 else None
+        tp_all = MLP(act, H, Fd, dtype, device, ws, rank, full=False) if world_tp else None
         for M in args.m:
             torch.manual_seed(M)
             x = torch.randn(M, H, device=device).to(dtype)
@@ -151,37 +212,47 @@ def run(args) -> int:
                     return y
                 return fn
 
-            def cta(group, shards):
+            def cta(group, shards, stages=2, lowering="symm"):
                 return lambda: torch.ops.overlap.cta_pipeline_mlp(
                     x, shards.w1, None, shards.w3, None, shards.w2, None, act,
-                    "tanh" if act == "gelu" else "none", 2, group.group_name, "symm")
+                    "tanh" if act == "gelu" else "none", stages, group.group_name, lowering)
 
             variants = {"1 GPU": single, "TP2": tp(pair, full)}
-            if ws >= 4:
-                variants["TP4"] = tp(world, tp_all)
+            if world_tp:
+                variants[world_tp] = tp(world, tp_all)
             for name, fn in variants.items():
                 row[name], _ = timing.bench(fn)
                 if args.graphs:
                     row[f"{name} (graph)"] = _bench_graph(timing, fn)
-            # Ours: check first, then time.
-            ref = tp(pair, full)().float()
-            before = symm_lowering.PATHS["cta_pipeline_mlp:symm"]
-            out = cta(pair, full)()
-            row["CTA 2 err"] = common.rel_err(out.float(), ref)
-            row["CTA 2 path"] = "symm" if symm_lowering.PATHS["cta_pipeline_mlp:symm"] > before else "p2p"
-            if not row["CTA 2 err"] <= 2e-2:
-                ok = False
-            row["CTA 2"], row["CTA 2 kc"] = _sweep_k_chunks(timing, cta(pair, full), args.k_chunks, row, "CTA 2",
-                                                            args.transports)
-            if args.graphs:  # captured: device epochs, peer stores (cta_symm: the copy engine needs host epochs)
-                row["CTA 2 (graph)"] = _bench_graph(timing, cta(pair, full))
-            if ws >= 4:
-                ref4 = tp(world, tp_all)().float()
-                out4 = cta(world, tp_all)()
-                row["CTA 2×TP2 err"] = common.rel_err(out4.float(), ref4)
-                ok &= row["CTA 2×TP2 err"] <= 2e-2
-                row["CTA 2×TP2"], row["CTA 2×TP2 kc"] = _sweep_k_chunks(timing, cta(world, tp_all), args.k_chunks, row,
-                                                                       "CTA 2×TP2", args.transports)
+            # Ours: check first (against the float32 TP result of the same group), then time.
+            refs = {"pair": tp(pair, full)().float()}
+            if world_tp:
+                refs["world"] = tp(world, tp_all)().float()
+            ref = refs["pair"]
+            for lay in ours:
+                if lay.not_supported:  # the same on every rank: nothing is called
+                    row[lay.name], row[f"{lay.name} status"] = None, f"not supported: {lay.not_supported}"
+                    continue
+                group, shards = (pair, full) if lay.group == "pair" else (world, tp_all)
+                fn = cta(group, shards, lay.stages, lay.lowering)
+                before = symm_lowering.PATHS["cta_pipeline_mlp:symm"]
+                out = fn()
+                err = common.rel_err(out.float(), refs[lay.group])
+                row[f"{lay.name} err"] = err
+                if lay.lowering == "symm":
+                    ran = symm_lowering.PATHS["cta_pipeline_mlp:symm"] > before
+                    row[f"{lay.name} path"] = "symm" if ran else "p2p"
+                else:
+                    row[f"{lay.name} path"] = "p2p"
+                ok &= err <= 2e-2
+                if lay.sweep:
+                    row[lay.name], row[f"{lay.name} kc"] = _sweep_k_chunks(timing, fn, args.k_chunks, row, lay.name,
+                                                                          args.transports)
+                else:
+                    row[lay.name], _ = timing.bench(fn)
+                    row[f"{lay.name} kc"] = "—"
+                if args.graphs and lay.name == "CTA 2":  # captured: device epochs, peer stores
+                    row["CTA 2 (graph)"] = _bench_graph(timing, fn)
             # Micro-batching over the same transport (rank pairs; stage weights: full W1/W3 on the
             # pair's rank 0, full W2 on its rank 1 — gathered here, outside the timing).
             st = symm.state(pair.group_name, device)
@@ -202,6 +273,7 @@ def run(args) -> int:
             row["µbatch"], row["µbatch k"] = best if best else (float("nan"), 0)
             del gathered, mb
             rows.append(row)
+            write()
             if rank == 0:
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
             if args.trace and M in args.trace_m and rank < 2:
@@ -209,12 +281,8 @@ def run(args) -> int:
         del full, tp_all
         torch.cuda.empty_cache()
     if rank == 0:
-        out_dir = Path(args.out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        md = render(rows, ws, info, args)
-        (out_dir / f"cta_ws{ws}.md").write_text(md)
-        common.write_json(out_dir / f"cta_ws{ws}.json", {"info": info, "rows": rows})
-        print(md, flush=True)
+        write()
+        print(render(rows, ws, info, args), flush=True)
     common.synchronize(device)
     dist.barrier()
     dist.destroy_process_group()
@@ -289,31 +357,48 @@ def render(rows, ws, info, args) -> str:
     def r(a, b):
         return f"{a / b:.2f}" if a and b and a == a and b == b else "n/a"
 
-    cols = ["act", "M", "1 GPU", "1 GPU / 2", "TP2"] + (["TP4"] if ws >= 4 else []) + ["µbatch (k)", "CTA 2"]
-    cols += (["CTA 2×TP2"] if ws >= 4 else []) + ["CTA 2 / (1 GPU / 2)", "TP2 / CTA 2", "µbatch / CTA 2"]
-    cols += (["TP4 / CTA 2×TP2"] if ws >= 4 else []) + ["err"]
+    world_tp = tp_name(ws)
+    ours = layouts(ws)
+    pair_cta, world_ctas = ours[0], [lay for lay in ours[1:]]
+    world_symm = next((lay for lay in world_ctas if lay.lowering == "symm" and not lay.not_supported), None)
+    cols = ["act", "M", "1 GPU", "1 GPU / 2", "TP2"] + ([world_tp] if world_tp else []) + ["µbatch (k)", pair_cta.name]
+    cols += [lay.name for lay in world_ctas] + ["CTA 2 / (1 GPU / 2)", "TP2 / CTA 2", "µbatch / CTA 2"]
+    cols += [f"{world_tp} / {world_symm.name}"] if world_symm else []
+    cols += ["err"]
     if args.graphs:
-        cols += ["1 GPU graph", "TP2 graph"] + (["TP4 graph"] if ws >= 4 else []) + ["CTA 2 graph"]
+        cols += ["1 GPU graph", "TP2 graph"] + ([f"{world_tp} graph"] if world_tp else []) + ["CTA 2 graph"]
     table = []
     for row in rows:
         half = row["1 GPU"] / 2
         line = [row["act"], row["M"], common.fmt_ms(row["1 GPU"]), common.fmt_ms(half), common.fmt_ms(row["TP2"])]
-        line += [common.fmt_ms(row["TP4"])] if ws >= 4 else []
+        line += [common.fmt_ms(row[world_tp])] if world_tp else []
         line += [f"{common.fmt_ms(row['µbatch'])} ({row['µbatch k']})", f"{common.fmt_ms(row['CTA 2'])} ({row['CTA 2 kc']})"]
-        line += [f"{common.fmt_ms(row['CTA 2×TP2'])} ({row['CTA 2×TP2 kc']})"] if ws >= 4 else []
+        for lay in world_ctas:
+            line += ["not supported" if lay.not_supported else
+                     f"{common.fmt_ms(row[lay.name])}" + (f" ({row[lay.name + ' kc']})" if lay.sweep else "")]
         line += [r(row["CTA 2"], half), r(row["TP2"], row["CTA 2"]), r(row["µbatch"], row["CTA 2"])]
-        line += [r(row["TP4"], row["CTA 2×TP2"])] if ws >= 4 else []
-        errs = [f"{row['CTA 2 err']:.1e}"] + ([f"{row['CTA 2×TP2 err']:.1e}"] if ws >= 4 else [])
-        line += ["/".join(errs) + ("" if row["CTA 2 path"] == "symm" else " (p2p!)")]
+        line += [r(row[world_tp], row[world_symm.name])] if world_symm else []
+        errs = [f"{row[lay.name + ' err']:.1e}" + ("" if row.get(lay.name + " path") != "p2p" or lay.lowering == "p2p"
+                                                     else " (p2p!)")
+                for lay in ours if not lay.not_supported]
+        line += ["/".join(errs)]
         if args.graphs:
             line += [common.fmt_ms(row.get("1 GPU (graph)")), common.fmt_ms(row.get("TP2 (graph)"))]
-            line += [common.fmt_ms(row.get("TP4 (graph)"))] if ws >= 4 else []
+            line += [common.fmt_ms(row.get(f"{world_tp} (graph)"))] if world_tp else []
             line += [common.fmt_ms(row.get("CTA 2 (graph)"))]
         table.append(line)
+    notes = [f"- `{lay.name}`: not supported: {lay.not_supported}." for lay in ours if lay.not_supported]
+    notes += ["- `p2p stages=4`: the p2p lowering's `stages` are row micro-chunks, each reduced over all "
+              f"{ws} ranks (ring reduce-scatter fused with the MLP, all-gather overlapping the next chunk): "
+              f"{world_tp} with overlapped communication, not a pipeline of 4 GPU stages."
+              for lay in ours if lay.lowering == "p2p"]
     return (f"# CTA-pipelining: MLP latency, H={args.hidden}, F={args.ffn}, bf16, ws={ws} (ms)\n\n"
             + common.info_markdown(info) + "\n\n" + common.markdown_table(cols, table) + "\n\n"
             "Ratios > 1 mean ours is faster, except `CTA 2 / (1 GPU / 2)` (the bar: <= 1.10). In parentheses: "
-            "the best micro-batch count (µbatch), the best transport / K-chunk count per stage-0 rank (ours). err: ours vs the TP result in float32 (relative).\n")
+            "the best micro-batch count (µbatch), the best transport / K-chunk count per stage-0 rank (ours). err: "
+            "ours vs the TP result in float32 (relative), one per variant of ours in column order; (p2p!): the symm "
+            "lowering ran it on its p2p fallback.\n"
+            + ("\n" + "\n".join(notes) + "\n" if notes else ""))
 
 
 def parse_args(argv=None):
@@ -330,6 +415,8 @@ def parse_args(argv=None):
     p.add_argument("--trace-m", default="4096", help="with --trace: the M values to trace")
     p.add_argument("--out-dir", default="bench/results")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--list-layouts", metavar="WS", type=int, default=None,
+                   help="print the variants a run with WS GPUs takes (baselines, ours, what is not supported), then exit")
     args = p.parse_args(argv)
     args.m = [int(v) for v in args.sizes.split(",")]
     args.acts = [a for a in args.acts.split(",") if a]
@@ -342,8 +429,19 @@ def parse_args(argv=None):
     return args
 
 
+def print_layouts(ws: int) -> None:
+    print(f"world size {ws}: baselines 1 GPU, TP2 (rank pairs)" + (f", {tp_name(ws)} (all ranks)" if tp_name(ws) else ""))
+    for lay in layouts(ws):
+        where = "every rank pair" if lay.group == "pair" else f"all {ws} ranks"
+        print(f"  {lay.name}: stages={lay.stages}, {lay.lowering}, {where}"
+              + (f": NOT SUPPORTED ({lay.not_supported})" if lay.not_supported else ""))
+
+
 if __name__ == "__main__":
     a = parse_args()
+    if a.list_layouts is not None:
+        print_layouts(a.list_layouts)
+        sys.exit(0)
     if not torch.cuda.is_available():
         print("bench_cta: CUDA is not available (use the device machine)", file=sys.stderr)
         sys.exit(2)

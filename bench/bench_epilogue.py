@@ -51,7 +51,7 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distribu
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
-CPU_SIZES = dict(batch=2, seq=32, hidden=64, heads=4, ffn=128, dtype="float32")
+CPU_SIZES = common.cpu_block_sizes(2)  # up to 4 ranks; beyond, one head per rank (common.cpu_block_sizes)
 PROFILE_STEPS = 5
 _LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
@@ -193,7 +193,8 @@ def render(rows, info, args, ws) -> str:
     ]) + "\n"
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, ws: int | None = None):
+    """``ws``: the world size the defaults are for (default: torchrun's WORLD_SIZE)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--block", choices=("tp", "swiglu"), default="tp")
@@ -209,7 +210,8 @@ def parse_args(argv=None):
         p.add_argument(f"--{k}", type=int, default=None)
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None)
     args = p.parse_args(argv)
-    defaults = GPU_DEFAULTS if args.device == "cuda" else CPU_SIZES
+    ws = common.env_world_size() if ws is None else ws
+    defaults = GPU_DEFAULTS if args.device == "cuda" else common.cpu_block_sizes(ws)
     for k in ("batch", "seq", "hidden", "heads", "ffn", "dtype"):
         if getattr(args, k) is None:
             setattr(args, k, defaults[k])
@@ -223,6 +225,13 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank, ws, device = common.init_distributed(args.device)
+    # the TP block splits seq, heads and ffn; the SwiGLU MLP (no attention) seq and ffn
+    why = common.block_sizes_problem(args.seq, args.hidden, args.heads if args.block == "tp" else None, args.ffn, ws)
+    if why:
+        if rank == 0:
+            print(f"bench_epilogue: {why} (seq, heads and ffn are split over the ranks)", file=sys.stderr)
+        dist.destroy_process_group()
+        return 2
     info = common.machine_info(device, ws)
     timing = common.Timing(device, min_reps=args.steps)
     g = torch.Generator(device=device).manual_seed(1)

@@ -2,9 +2,12 @@
 
     torchrun --nproc-per-node=N bench/bench_moe.py --out DIR [--configs mixtral,deepseek,mixtral-decode,deepseek-decode]
         [--routing balanced,skewed] [--comm-sms 2,4,8,16,32] [--quick]
+    python bench/bench_moe.py --list-configs 8      # what a run with 8 ranks takes (no GPU)
 
 Per config (expert parallel over the N ranks, bf16, each rank routes ``tokens`` tokens to ``top_k``
-of ``experts`` experts and owns ``experts / N`` of them) and routing (``balanced``: uniform;
+of ``experts`` experts and owns ``experts / N`` of them; a config whose experts N does not divide is
+reported as ``n/a``, not run; ``deepseek-ep8`` -- 64 experts, for EP=8 -- is added to the default
+configs from 8 ranks on) and routing (``balanced``: uniform;
 ``skewed``: expert 0 is every token's first choice, so rank 0 receives most rows), times with CUDA
 events (warm-up, >= 20 repetitions, median per rank, max over ranks):
 
@@ -46,7 +49,30 @@ CONFIGS = {  # name: (hidden, ffn, experts, top_k, tokens per rank)
     "deepseek": (7168, 2048, 32, 8, 4096),
     "mixtral-decode": (4096, 14336, 8, 2, 128),
     "deepseek-decode": (7168, 2048, 32, 8, 128),
+    "deepseek-ep8": (7168, 2048, 64, 8, 4096),  # DeepSeek-like at EP=8: 8 experts per rank
 }
+DEFAULT_CONFIGS = ("mixtral", "deepseek", "mixtral-decode", "deepseek-decode")
+
+
+def default_configs(ws: int) -> list[str]:
+    """The configs a run without ``--configs`` takes: ``deepseek-ep8`` first from 8 ranks on."""
+    return (["deepseek-ep8"] if ws >= 8 else []) + list(DEFAULT_CONFIGS)
+
+
+def config_problem(cfg: str, ws: int) -> str | None:
+    """Why ``cfg`` cannot run expert-parallel over ``ws`` ranks (None: it can)."""
+    experts = CONFIGS[cfg][2]
+    if experts % ws:
+        return f"{experts} experts do not split over {ws} ranks"
+    return None
+
+
+def describe(cfg: str, ws: int) -> dict:
+    """Per-rank sizes of ``cfg`` at ``ws`` ranks (rows sent per rank, local experts), or why it cannot run."""
+    h, f, experts, k, tokens = CONFIGS[cfg]
+    why = config_problem(cfg, ws)
+    return {"config": cfg, "hidden": h, "ffn": f, "experts": experts, "top_k": k, "tokens_per_rank": tokens,
+            "rows_per_rank": tokens * k, "experts_per_rank": None if why else experts // ws, "problem": why}
 ROUTINGS = ("balanced", "skewed")
 # sweep columns besides the comm-SM counts (SM transport): the combine transports, the tile orders
 # forced, and a quarter of the own experts computed while the dispatch is in flight
@@ -57,17 +83,23 @@ BAR_MAX_RATIO, BAR_BASE_RATIO = 1.10, 1.25
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="directory for moe_ws<N>.md / .json")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated from {', '.join(CONFIGS)}")
+    p.add_argument("--out", default=None, help="directory for moe_ws<N>.md / .json (required for a run)")
+    p.add_argument("--configs", default=None,
+                   help=f"comma-separated from {', '.join(CONFIGS)} (default: {', '.join(DEFAULT_CONFIGS)}; "
+                        "from 8 ranks on deepseek-ep8 first)")
     p.add_argument("--routing", default=",".join(ROUTINGS), help="balanced,skewed")
     p.add_argument("--comm-sms", default="2,4,8,16,32", help="OVERLAP_MOE_COMM_SMS values of the sweep ('' for none)")
     p.add_argument("--no-p2p", action="store_true", help="skip the p2p lowering")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    p.add_argument("--list-configs", metavar="WS", type=int, default=None,
+                   help="print the configs a run with WS ranks takes (per-rank sizes, or why not), then exit")
     args = p.parse_args(argv)
-    args.configs = [c for c in args.configs.split(",") if c]
+    if args.out is None and args.list_configs is None:
+        p.error("--out DIR is required")
+    args.configs = None if args.configs is None else [c for c in args.configs.split(",") if c]
     args.routing = [r for r in args.routing.split(",") if r]
     args.comm_sms = [int(v) for v in args.comm_sms.split(",") if v]
-    for c in args.configs:
+    for c in args.configs or ():
         if c not in CONFIGS:
             p.error(f"unknown config {c!r}; allowed: {', '.join(CONFIGS)}")
     for r in args.routing:
@@ -143,10 +175,20 @@ class Problem:
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.list_configs is not None:
+        ws = args.list_configs
+        for cfg in args.configs or default_configs(ws):
+            d = describe(cfg, ws)
+            print(f"{cfg}: hidden {d['hidden']}, ffn {d['ffn']}, {d['experts']} experts, top-{d['top_k']}, "
+                  f"{d['tokens_per_rank']} tokens ({d['rows_per_rank']} rows) per rank: "
+                  + (f"n/a, {d['problem']}" if d["problem"] else f"{d['experts_per_rank']} experts per rank"))
+        return 0
     if not torch.cuda.is_available():
         print("bench_moe: needs CUDA GPUs (run with torchrun on the device machine)")
         return 0
     rank, ws, device = common.init_distributed("cuda")
+    if args.configs is None:
+        args.configs = default_configs(ws)
     import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
     from overlap_backend.runtime import moe_symm, symm_lowering
 
@@ -172,6 +214,14 @@ def main(argv=None):
         common.write_json(out_dir / f"moe_ws{ws}.json", {"info": info, "results": results})
 
     for cfg in args.configs:
+        why = config_problem(cfg, ws)
+        if why is not None:  # the same on every rank: nothing collective is skipped unevenly
+            results.append({"config": cfg, "shape": CONFIGS[cfg], "error": f"n/a: {why}"})
+            rows.append([cfg, "—", "-", *["n/a"] * 8, f"n/a: {why}"])
+            write()
+            if rank == 0:
+                print(rows[-1], flush=True)
+            continue
         for routing in args.routing:
             res = {"config": cfg, "routing": routing, "shape": CONFIGS[cfg]}
             try:

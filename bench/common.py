@@ -180,6 +180,30 @@ def info_markdown(info: dict) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- block sizes
+def env_world_size() -> int:
+    """The world size torchrun gives this process (1 outside torchrun): for defaults parsed before the
+    process group exists."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def cpu_block_sizes(ws: int) -> dict:
+    """The CPU smoke tests' tiny TP block (bench_block.py, bench_epilogue.py): 4 heads up to 4 ranks,
+    one head per rank beyond (heads must split over the ranks)."""
+    return dict(batch=2, seq=32, hidden=64, heads=4 if ws <= 4 else ws, ffn=128, dtype="float32")
+
+
+def block_sizes_problem(seq: int, hidden: int, heads: int | None, ffn: int, ws: int) -> str | None:
+    """Why a TP block (models.TPBlock: sequence, heads and ffn split over ``ws`` ranks; ``heads`` None:
+    a block without attention, models.TPSwiGLUMlp) of these sizes cannot run on ``ws`` ranks (None: it can)."""
+    dims = (("seq", seq), ("heads", heads), ("ffn", ffn))
+    bad = [f"{name} {v}" for name, v in dims if v is not None and v % ws]
+    why = [f"{', '.join(bad)} not divisible by the world size {ws}"] if bad else []
+    if heads is not None and hidden % heads:
+        why.append(f"hidden {hidden} not divisible by heads {heads}")
+    return "; ".join(why) or None
+
+
 # ----------------------------------------------------------------------------- tables
 def fmt_ms(v: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):

@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
-# The one script to run on the GPU machine (2 or 4 GPUs), from anywhere inside the repo copy:
+# The one script to run on the GPU machine (2, 4 or 8 GPUs), from anywhere inside the repo copy:
 #
-#   bash bench/run_device.sh          # GPU tests (ws 2 and 4), then the benchmarks at ws=4 and ws=2
+#   bash bench/run_device.sh          # GPU tests, then the benchmarks (2/4 GPUs: ws=4 then ws=2; 8 GPUs: ws=8)
 #   bash bench/run_device.sh quick    # smoke run: ws=2 tests only, benchmarks with --quick
 #   bash bench/run_device.sh bench    # the benchmarks only (no GPU tests)
+#   bash bench/run_device.sh tests    # the GPU tests only (every tests/test_gpu*.py), the whole deadline for them
+#   bash bench/run_device.sh help     # this text
 #   TESTS_K="ws4 or names_op_rank" bash bench/run_device.sh   # a pytest -k selection of the GPU tests
 #                                      (-k matches marker names too: "timeout" would select every test)
 #                                      (default: the symm tests at the largest world size + timeout;
 #                                      TESTS_K= runs them all)
 #   TEST_FILES="tests/test_gpu_cta.py" BENCHES="cta" bash bench/run_device.sh   # a subset
-#                                      (defaults: every tests/test_gpu*.py; BENCHES="collective block cta")
+#                                      (defaults: tests/test_gpu.py tests/test_gpu_cta.py, in `tests` mode
+#                                      every tests/test_gpu*.py; BENCHES="collective block cta", with
+#                                      8 GPUs "collective moe block cta")
+#   BENCH_WS="8 4 2" bash bench/run_device.sh bench   # the world sizes to benchmark, in that order
+#                                      (default: "4 2"; with 8 GPUs "8")
+#
+# On one 8-GPU node (e.g. 8×H200), everything at ws=8 with one command:
+#
+#   bash bench/run_device.sh          # GPU tests at ws=8 (symm + timeout), then the ws=8 benchmarks:
+#                                     # collective (AG->GEMM, GEMM->RS, GEMM->AR at TP=8, traces), MoE at
+#                                     # EP=8 (DeepSeek-like, 64 experts), TP block (end-to-end), CTA
+#                                     # (2 stages × TP4 vs TP8; 4 stages × TP2 reported "not supported")
+#
+# The deadline (540 s) does not hold all of that at ws=8: what is cut is listed as NOT STARTED (or
+# TIMED OUT). Within 10-minute windows, split it:
+#   bash bench/run_device.sh tests                      # the GPU tests at ws=8 (narrow with TEST_FILES)
+#   bash bench/run_device.sh bench                      # collective, MoE, block, CTA at ws=8
+#   BENCHES="block cta" bash bench/run_device.sh bench  # what the previous command did not reach
+#   BENCH_WS="4 2" bash bench/run_device.sh bench       # ws=4 and ws=2 on GPUs 0-3 / 0-1 of the same node
 #
 # Nothing is installed: PYTHONPATH points at the repo. NVLink multicast stays off (the three
 # variables below). Every stage runs under `timeout`: its own cap, cut to what is left of a
@@ -17,24 +37,30 @@
 # less than 20 s left is not started. A failing stage does not stop the next ones, but the exit
 # status is 1 if any stage failed or was not started.
 #
-# Stages, in priority order: versions; GPU tests; per world size (4, then 2): collective benchmark
-# (ws=4: with profiler traces of the M=4096 rows), block benchmark (ws=4: traces), CTA-pipelining
-# benchmark (bench_cta.py, traces of M=4096). RUN_DEMO=1 adds `python -m overlap_backend.demo` after the tests (bench_block.py measures the
-# same block at the same sizes, so it is off by default to fit the time).
+# Stages, in priority order: versions; GPU tests; per world size of BENCH_WS (2/4 GPUs: 4, then 2;
+# 8 GPUs: 8): collective benchmark (at the largest world size -- 4, or 8 with 8 GPUs -- with profiler
+# traces of the M=4096 rows), MoE benchmark (only in BENCHES by default with 8 GPUs), block benchmark
+# (largest world size: traces), CTA-pipelining benchmark (bench_cta.py, traces of M=4096).
+# RUN_DEMO=1 adds `python -m overlap_backend.demo` after the tests (bench_block.py measures the
+# same block at the same sizes, so it is off by default to fit the time). RUN_EPILOGUE=1 adds the
+# epilogue benchmark at the end (on GPUs 0,1; EPILOGUE_WS=8 for all 8).
 #
 # Writes to $OUT (default ./device_out), 5 files:
 #   run_device.log        everything this script printed
 #   gpu_tests.log         the pytest run
 #   bench_summary.md      every benchmark table (<suite>_ws<N>.md and block_ws<N>.md, ws=2 first)
 #   bench_results.tar.gz  the .md/.json files themselves: tar -xzf ... -C bench/results/<run>
-#   traces.tar.gz         torch.profiler traces (Chrome/Perfetto JSON) of ranks 0 and 1 at ws=4
+#   traces.tar.gz         torch.profiler traces (Chrome/Perfetto JSON) of ranks 0 and 1 at the largest ws
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 MODE="${1:-full}"
 case "$MODE" in
-  full | quick | bench) ;;
-  *) echo "usage: bash bench/run_device.sh [quick|bench]" >&2; exit 2 ;;
+  full | quick | bench | tests) ;;
+  help | -h | --help)
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' bench/run_device.sh
+    exit 0 ;;
+  *) echo "usage: bash bench/run_device.sh [quick|bench|tests|help]   (help: what each does, 2/4/8 GPUs)" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -53,16 +79,24 @@ mkdir -p "$RESULTS" "$TRACES"
 
 # Whole-script deadline and per-stage caps in seconds (each stage also gets 5 s to die after SIGTERM).
 # Typical (4×H200): versions ~8, tests ~150-200, collective bench ~40-90 per ws, block bench ~60 per ws.
+# (8 GPUs: not measured yet; expect more, every rank compiles its kernels at start.)
 DEADLINE="${DEADLINE:-540}"
 RESERVE=15 # kept for packaging the results at the end
 MIN_STAGE=20
 LIMIT_INFO="${LIMIT_INFO:-30}"
-LIMIT_TESTS="${LIMIT_TESTS:-210}"
+if [ "$MODE" = tests ]; then LIMIT_TESTS="${LIMIT_TESTS:-$DEADLINE}"; else LIMIT_TESTS="${LIMIT_TESTS:-210}"; fi
 LIMIT_BENCH="${LIMIT_BENCH:-150}"
+LIMIT_MOE="${LIMIT_MOE:-180}"
 LIMIT_BLOCK="${LIMIT_BLOCK:-120}"
 LIMIT_CTA="${LIMIT_CTA:-240}"
-BENCHES="${BENCHES:-collective block cta}"
-TEST_FILES="${TEST_FILES:-tests/test_gpu.py tests/test_gpu_cta.py}"
+# BENCHES, BENCH_WS: defaults depend on the GPU count (main); TEST_FILES: on the mode.
+DEFAULT_TEST_FILES="tests/test_gpu.py tests/test_gpu_cta.py"
+[ "$MODE" = tests ] && DEFAULT_TEST_FILES="$(echo tests/test_gpu*.py)"
+TEST_FILES="${TEST_FILES:-$DEFAULT_TEST_FILES}"
+# The MoE stage (8 GPUs by default, else BENCHES="... moe"): DeepSeek-like at EP=N first (64 experts),
+# then the 32-expert one; MOE_ARGS replaces these arguments of bench_moe.py.
+MOE_ARGS="${MOE_ARGS:---configs deepseek-ep8,deepseek --routing balanced,skewed --comm-sms 8}"
+EPILOGUE_WS="${EPILOGUE_WS:-2}"
 LIMIT_DEMO="${LIMIT_DEMO:-90}"
 TRACES_MAX_BYTES=$((15 * 1024 * 1024))
 
@@ -94,17 +128,17 @@ stage() { # stage NAME CAP CMD... : run CMD under timeout, record a failure, nev
   return 0
 }
 
-benchmarks() { # benchmarks N : the collective and block benchmarks on GPUs 0..N-1
+benchmarks() { # benchmarks N : the benchmarks of BENCHES on GPUs 0..N-1
   local n=$1
   if [ "$NGPU" -lt "$n" ]; then
     echo "=== bench_ws$n, block_ws$n: skipped, $NGPU GPU(s)"
     SKIPPED+=("bench_ws$n" "block_ws$n")
     return 0
   fi
-  local devs quick=() trace=() trace_block=()
+  local devs quick=() trace=() trace_block=() moe_args
   devs=$(seq -s, 0 $((n - 1)))
   [ "$MODE" = quick ] && quick=(--quick)
-  if [ "$n" -eq 4 ]; then # traces at ws=4 only (ranks 0 and 1), collective bench: M=4096 rows only
+  if [ "$n" -eq "$TRACE_WS" ]; then # traces at the largest ws only (ranks 0 and 1), collective bench: M=4096 rows only
     trace=(--trace "$TRACES" --trace-m 4096)
     trace_block=(--trace "$TRACES")
   fi
@@ -112,6 +146,11 @@ benchmarks() { # benchmarks N : the collective and block benchmarks on GPUs 0..N
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
     bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --lowerings p2p,symm --out-dir "$RESULTS" \
     "${quick[@]}" "${trace[@]}"
+  # shellcheck disable=SC2206  # MOE_ARGS is a list of arguments
+  moe_args=($MOE_ARGS)
+  [[ " $BENCHES " == *" moe "* ]] && stage "moe_ws$n" "$LIMIT_MOE" env CUDA_VISIBLE_DEVICES="$devs" \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+    bench/bench_moe.py --out "$RESULTS" "${moe_args[@]}" "${quick[@]}"
   [[ " $BENCHES " == *" block "* ]] && stage "block_ws$n" "$LIMIT_BLOCK" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
     bench/bench_block.py --out-dir "$RESULTS" "${quick[@]}" "${trace_block[@]}"
@@ -123,8 +162,8 @@ benchmarks() { # benchmarks N : the collective and block benchmarks on GPUs 0..N
 
 package() {
   if compgen -G "$RESULTS/*.md" >/dev/null; then
-    for n in 2 4; do
-      for s in ag_mm mm_rs mm_ar block cta; do
+    for n in 2 4 8; do
+      for s in ag_mm mm_rs mm_ar moe block cta; do
         [ -f "$RESULTS/${s}_ws$n.md" ] && { cat "$RESULTS/${s}_ws$n.md"; echo; }
       done
       for f in "$RESULTS"/epilogue_*_ws$n.md; do
@@ -164,33 +203,58 @@ main() {
   echo "GPUs seen: $NGPU"
   [ "$NGPU" -eq 0 ] && FAILED+=("no GPU visible")
 
+  # The largest world size here: GPU tests, traces and (8 GPUs) the benchmarks' world size.
+  local ws_max=2
+  [ "$NGPU" -ge 4 ] && ws_max=4
+  [ "$NGPU" -ge 8 ] && ws_max=8
+  TRACE_WS=4
+  [ "$ws_max" -eq 8 ] && TRACE_WS=8
+  # 2/4 GPUs: ws=4 first (the design's numbers are 4-GPU ones), then ws=2. 8 GPUs: ws=8 only by
+  # default (the deadline does not reach further; BENCH_WS="8 4 2" runs ws=4 and ws=2 after it on
+  # GPUs 0-3 / 0-1), and the MoE suite is in the default BENCHES.
+  local bench_ws="4 2" benches="collective block cta"
+  if [ "$ws_max" -eq 8 ]; then
+    bench_ws="8"
+    benches="collective moe block cta"
+  fi
+  BENCH_WS="${BENCH_WS:-$bench_ws}"
+  BENCHES="${BENCHES:-$benches}"
+  echo "largest world size $ws_max$([ "$MODE" != tests ] && echo "; benchmarks at ws: $BENCH_WS; benchmarks: $BENCHES")"
+
   if [ "$MODE" != bench ]; then
-    # All GPU tests (3 lowerings x 2 world sizes) take longer than LIMIT_TESTS: by default the symm
+    # All GPU tests (3 lowerings x 3 world sizes) take longer than LIMIT_TESTS: by default the symm
     # ones at the largest world size here, plus the timeout test (p2p's ran on 2026-11-29);
     # TESTS_K="" runs everything, TESTS_K="<expr>" any pytest -k selection.
-    local ws_max=2
-    [ "$NGPU" -ge 4 ] && ws_max=4
     local select=(-k "ws$ws_max and symm or names_op_rank")
     [ "$MODE" = quick ] && select=(-k "ws2 and symm and not compiled")
     if [ -n "${TESTS_K+set}" ]; then
       select=()
       [ -n "$TESTS_K" ] && select=(-k "$TESTS_K")
     fi
+    # 8 GPUs: one line per test as it ends (-v), so that a run cut by its cap still shows what passed.
+    local verbosity=-q
+    [ "$ws_max" -eq 8 ] && verbosity=-v
     # shellcheck disable=SC2086  # TEST_FILES is a list of paths
-    stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest -q -rA -p no:cacheprovider -m gpu "${@}" 2>&1 | tee "$OUT_LOG"' \
+    stage gpu_tests "$LIMIT_TESTS" bash -c 'set -o pipefail; "$0" -m pytest '"$verbosity"' -rA -p no:cacheprovider -m gpu "${@}" 2>&1 | tee "$OUT_LOG"' \
       "$PY" $TEST_FILES "${select[@]}"
   fi
 
   # The demo (every GPU, NCCL, Inductor on, default GPU sizes): opt-in, bench_block.py covers it.
   [ "${RUN_DEMO:-0}" = 1 ] && [ "$NGPU" -ge 2 ] && stage demo "$LIMIT_DEMO" "$PY" -m overlap_backend.demo --steps 10
 
-  # ws=4 first: the design's numbers are 4-GPU ones, and a late stage is the one cut by the deadline.
-  benchmarks 4
-  benchmarks 2
-  # Epilogue fusion (issue 8, docs/codegen.md): opt-in, fused vs unfused demo block on GPUs 0,1.
-  [ "${RUN_EPILOGUE:-0}" = 1 ] && [ "$NGPU" -ge 2 ] && stage epilogue_ws2 "${LIMIT_EPILOGUE:-150}" \
-    env CUDA_VISIBLE_DEVICES=0,1 "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 \
-    bench/bench_epilogue.py --out-dir "$RESULTS"
+  # In BENCH_WS order: a late stage is the one cut by the deadline. `tests` mode: no benchmarks.
+  if [ "$MODE" != tests ]; then
+    local n
+    for n in $BENCH_WS; do
+      benchmarks "$n"
+    done
+    # Epilogue fusion (issue 8, docs/codegen.md): opt-in, fused vs unfused demo block on GPUs
+    # 0..EPILOGUE_WS-1 (default 0,1).
+    [ "${RUN_EPILOGUE:-0}" = 1 ] && [ "$NGPU" -ge "$EPILOGUE_WS" ] && stage "epilogue_ws$EPILOGUE_WS" \
+      "${LIMIT_EPILOGUE:-150}" env CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((EPILOGUE_WS - 1)))" \
+      "$PY" -m torch.distributed.run --standalone --nproc-per-node="$EPILOGUE_WS" \
+      bench/bench_epilogue.py --out-dir "$RESULTS"
+  fi
 
   echo
   package

@@ -1,11 +1,13 @@
-"""GPU tests (marker ``gpu``): the ``p2p`` lowering of the overlap ops on 2 and 4 GPUs with NCCL.
+"""GPU tests (marker ``gpu``): the ``p2p`` lowering of the overlap ops on 2, 4 and 8 GPUs with NCCL.
 
 Run on the device machine with ``python -m pytest -q -m gpu tests/test_gpu.py`` (bench/run_device.sh
 does); where fewer GPUs are visible every test skips. Each test spawns one process per GPU through
 ``dist_harness.run_ranks(..., backend="nccl")``, so every worker is a module-level function; the
 workers take the device type so that the same code can be exercised on gloo/CPU.
 
-What is checked, for world sizes 2 and 4:
+What is checked, for world sizes 2, 4 and 8 (every size here is valid for any world size: the
+rows that are split are given per rank or as ``ws *`` a count; at ws=8 ``mm_ar`` on 2100 rows has a
+last chunk shorter than the others, 2100 = 7 x 263 + 259, which 2 and 4 ranks never see):
 
 - numerics of ``ag_mm`` / ``mm_rs`` / ``mm_ar`` (lowering ``p2p``) against the NCCL collective and a
   float32 matmul on fresh random data, in bf16, fp16 and fp32: sizes that are not multiples of 128,
@@ -13,8 +15,8 @@ What is checked, for world sizes 2 and 4:
   several weights, ``avg``; relative error <= 1e-2 (bf16, fp16) / 1e-4 (fp32), NaN never passes;
 - 100 back-to-back calls of each op with the same inputs give bit-identical results, and 20
   back-to-back calls on different inputs each give their own right answer (no stale buffers);
-- two process groups at once: a subgroup (pairs of ranks on 4 GPUs, a second communicator over the
-  same ranks on 2) on a side stream interleaved with the world group on the default stream;
+- two process groups at once: a subgroup (pairs of ranks on 4 and 8 GPUs, a second communicator over
+  the same ranks on 2) on a side stream interleaved with the world group on the default stream;
 - a compiled tensor-parallel block (all-gather -> two matmuls -> gelu -> matmul -> reduce-scatter) and
   a row-parallel MLP (matmul -> all-reduce) through ``make_backend(lowering="p2p")`` with Inductor,
   forward and backward against eager (bf16, 1e-2), with the backend's reports showing the rewrites.
@@ -40,7 +42,7 @@ except ImportError:  # imported as tests.test_gpu
 
 pytestmark = pytest.mark.gpu
 
-WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4], ids=["ws2", "ws4"])
+WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4, 8], ids=["ws2", "ws4", "ws8"])
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

@@ -1,6 +1,7 @@
 """GPU tests (marker ``gpu``) of CTA-pipelining: ``overlap::cta_pipeline_mlp`` under ``symm``.
 
-2 GPUs: stage 0 on rank 0, stage 1 on rank 1; 4 GPUs: 2 stages x TP2. Each rank holds the
+2 GPUs: stage 0 on rank 0, stage 1 on rank 1; 4 GPUs: 2 stages x TP2; 8 GPUs: 2 stages x TP4 (the
+symm kernels pipeline exactly 2 stages: 4 stages x TP2 is not supported, see docs/cta.md). Each rank holds the
 tensor-parallel shards of a row-parallel MLP (``w1``/``w3`` columns, ``w2`` rows) and the same
 input; the reference is the float32 MLP of each rank's shards, all-reduced. Checked:
 
@@ -30,7 +31,7 @@ except ImportError:  # imported as tests.test_gpu_cta
     from tests.test_gpu import _need_gpus, _rel_err, _run, _setup_rank, _tol
 
 pytestmark = pytest.mark.gpu
-WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4], ids=["ws2", "ws4"])
+WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4, 8], ids=["ws2", "ws4", "ws8"])
 
 # (M, H, F (all ranks), N, activation, approximate, bias, dtype)
 CASES = [
@@ -40,7 +41,12 @@ CASES = [
     (1, 256, 1024, 256, "gelu", "none", True, torch.bfloat16),
     (64, 256, 1024, 256, "swiglu", "none", False, torch.float32),
     (1500, 1024, 4096, 1024, "swiglu", "none", False, torch.bfloat16),  # several row groups
+    # F large enough that the stage-1 ranks' share of the first GEMM (cta_symm.stage1_share, whole
+    # lcm(256, 128 tp) tiles) is not 0 at tp=4 too (8 GPUs: 512 columns; the cases above give 0 there)
+    (320, 512, 5120, 512, "swiglu", "none", True, torch.bfloat16),
 ]
+# Every F is a multiple of 128 * tp (tp = ws/2 ranks per stage: 4 at 8 GPUs) and every N of tp, so the
+# kernels take every case at 2, 4 and 8 GPUs; F / ws is each rank's shard.
 
 
 def _shards(ws, M, H, F, N, act, bias, dtype, device):

@@ -1,4 +1,4 @@
-"""GPU tests (marker ``gpu``) of fused epilogues (issue 8), on 2 and 4 GPUs, both lowerings.
+"""GPU tests (marker ``gpu``) of fused epilogues (issue 8), on 2, 4 and 8 GPUs, both lowerings.
 
 Run on the device machine: ``python -m pytest -q -m gpu tests/test_gpu_epilogues.py``; where fewer
 GPUs are visible every test skips. Same pattern as tests/test_gpu.py (whose helpers it uses): one
@@ -30,7 +30,7 @@ except ImportError:  # imported as tests.test_gpu_epilogues
 
 pytestmark = pytest.mark.gpu
 
-WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4], ids=["ws2", "ws4"])
+WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4, 8], ids=["ws2", "ws4", "ws8"])
 LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer"])
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -128,6 +128,13 @@ def ops_worker(rank: int, ws: int, device: str, lowering: str):
     return results
 
 
+def _block_sizes(ws: int) -> tuple[int, int, int]:
+    """(hidden, heads, ffn) of the demo block here: heads and ffn are split over the ranks, and each
+    rank's Q/K/V columns (heads/ws * head_dim) must be rows of 16 bytes for the symm kernels. 4 heads
+    of 24 up to 4 ranks (as measured on 2 GPUs); 8 GPUs: 8 heads of 16 (4 heads leave ranks none)."""
+    return (96, 4, 192) if ws <= 4 else (128, 8, 256)
+
+
 def compiled_worker(rank: int, ws: int, device: str, lowering: str):
     import overlap_backend
     from overlap_backend.models import TPBlock, TPSwiGLUMlp
@@ -141,13 +148,15 @@ def compiled_worker(rank: int, ws: int, device: str, lowering: str):
     seq = 64  # per rank: the reduce-scatter's runs of rows fit a block height (symm)
     # built afresh for each variant (a model holding a process group cannot be deep-copied); the
     # seed makes the weights identical
+    hidden, heads, ffn = _block_sizes(ws)
     models = {
-        "tp_block": lambda: TPBlock(96, 4, 192, dtype=dtype, device=device, seed=0).requires_grad_(False),
-        "swiglu_mlp": lambda: TPSwiGLUMlp(96, 256, dtype=dtype, device=device, seed=0).requires_grad_(False),
+        "tp_block": (hidden, lambda: TPBlock(hidden, heads, ffn, dtype=dtype, device=device, seed=0)
+                     .requires_grad_(False)),
+        "swiglu_mlp": (96, lambda: TPSwiGLUMlp(96, 256, dtype=dtype, device=device, seed=0).requires_grad_(False)),
     }
     out, bad = {}, []
-    for name, build in models.items():
-        x = _randn(2, seq, 96, dtype=dtype, device=device)
+    for name, (width, build) in models.items():
+        x = _randn(2, seq, width, dtype=dtype, device=device)
         with torch.no_grad():
             ref = build()(x)
             for fuse in (False, True):

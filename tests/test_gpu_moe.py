@@ -1,4 +1,4 @@
-"""GPU tests (marker ``gpu``) of ``overlap::moe_experts`` on 2 and 4 GPUs with NCCL: the ``symm``
+"""GPU tests (marker ``gpu``) of ``overlap::moe_experts`` on 2, 4 and 8 GPUs with NCCL: the ``symm``
 lowering (and ``p2p`` for comparison) against NCCL ``all_to_all_single`` + float32 experts.
 
 Run on the device machine: ``python -m pytest -q -m gpu tests/test_gpu_moe.py`` (skips where fewer
@@ -31,7 +31,7 @@ except ImportError:
     from tests.dist_harness import run_ranks
 
 pytestmark = pytest.mark.gpu
-WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4], ids=["ws2", "ws4"])
+WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4, 8], ids=["ws2", "ws4", "ws8"])
 
 
 def _need_gpus(ws: int) -> None:
@@ -55,6 +55,8 @@ def _poison(nbytes: int) -> None:
 
 
 # ------------------------------------------------------------------------------------ the op
+# Sizes per rank (rows sent, local experts): valid for any world size. Skewed routing: most rows go to
+# rank 0, and rank s sends nothing to rank s+1 (rank ws-1 to rank 0) from 3 ranks on.
 CASES = {  # name: (tokens per rank x top_k rows, hidden, ffn, local experts, routing)
     "balanced": (512, 256, 384, 4, "balanced"),
     "skewed": (512, 256, 384, 4, "skewed"),

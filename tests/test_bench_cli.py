@@ -1,0 +1,328 @@
+"""CPU checks (issue 7) that every benchmark and ``bench/run_device.sh`` take 2, 4 and 8 GPUs.
+
+Nothing heavy runs: the benchmarks' argument parsing and the functions that derive their shapes,
+configs and variants from the world size; ``run_device.sh`` under a fake ``nvidia-smi`` (N GPUs) and a
+fake ``timeout`` that records each stage's command instead of running it, so the stages, their order
+and their arguments are checked for 2, 4 and 8 GPUs (2 and 4: exactly what the script ran before 8
+GPUs were added).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+WORLD_SIZES = (2, 4, 8)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The benchmark modules, imported as ``bench.<name>`` (no process group, no GPU)."""
+    symm_log = logging.getLogger("overlap_backend.symm")
+    level, handlers = symm_log.level, list(symm_log.handlers)
+    env = dict(os.environ)
+    sys.path.insert(0, str(REPO))
+    try:
+        mods = {n: importlib.import_module(f"bench.{n}")
+                for n in ("common", "bench_collective_gemm", "bench_moe", "bench_cta", "bench_block", "bench_epilogue")}
+        yield mods
+    finally:  # bench_collective_gemm adds a log handler, bench.common sets NCCL variables
+        symm_log.setLevel(level)
+        symm_log.handlers[:] = handlers
+        os.environ.clear()
+        os.environ.update(env)
+        sys.path.remove(str(REPO))
+
+
+# ------------------------------------------------------------------------- collective benchmark
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+def test_collective_shapes_split_evenly(bench, ws):
+    from overlap_backend.runtime.symm_lowering import _tma_problem
+
+    b = bench["bench_collective_gemm"]
+    rows = b.list_shapes(ws)
+    for suite in b.SUITES:  # every suite keeps every row at 2, 4 and 8 ranks (none dropped as indivisible)
+        mine = [r for r in rows if r["suite"] == suite]
+        want = 5 if (suite, ws) == ("ag_mm", 2) else 4  # ws=2: DESIGN's own ag_mm row on top
+        assert len(mine) == want, (suite, ws, mine)
+    for r in rows:
+        for d in b.SPLIT[r["suite"]]:
+            assert r[d] % ws == 0, r
+        # the per-rank operands: bf16 rows of 16 bytes (TMA), whole 64-wide K tiles of the split K
+        A, B, out = r["A"], r["B"], r["out"]
+        assert A[1] == B[0] and out[1] == B[1], r
+        assert _tma_problem(torch.bfloat16, A[1], B[1]) is None, r
+        if r["suite"] == "mm_rs":
+            assert A[1] == r["K"] // ws and A[1] % 64 == 0 and out[0] * ws == r["M"], r
+        if r["suite"] == "ag_mm":
+            assert A[0] * ws == r["M"] and out[0] == r["M"], r
+        if r["suite"] == "mm_ar":
+            assert (A, B) == ((r["M"], r["K"]), (r["K"], r["N"])), r  # per-rank sizes, as in DESIGN.md
+    # the CPU smoke test's shapes split too
+    for r in b.list_shapes(ws, cpu=True):
+        assert all(r[d] % ws == 0 for d in b.SPLIT[r["suite"]]), r
+
+
+def test_collective_shapes_at_8_are_the_design_problems(bench):
+    b = bench["bench_collective_gemm"]
+    got = {(r["suite"], r["M"], r["K"], r["N"], r["origin"]) for r in b.list_shapes(8)}
+    assert ("ag_mm", 4096, 8192, 7168, "adapted from ws=4") in got
+    assert ("mm_rs", 16384, 2048, 8192, "adapted from ws=4") in got  # K split 8 ways: 256 per rank
+    assert ("mm_ar", 8192, 7168, 8192, "DESIGN ws=4, per-rank sizes") in got
+    # ws=4 keeps its DESIGN rows, ws=2 its own ag_mm row
+    assert ("ag_mm", 4096, 8192, 7168, "DESIGN ws=4") in {(r["suite"], r["M"], r["K"], r["N"], r["origin"])
+                                                         for r in b.list_shapes(4)}
+    assert any(r["origin"] == "DESIGN ws=2" for r in b.list_shapes(2))
+
+
+def test_collective_cli(bench, capsys):
+    b = bench["bench_collective_gemm"]
+    args = b.parse_args(["--suite", "mm_rs", "--lowerings", "symm", "--quick", "--list-shapes", "8"])
+    assert args.suites == ["mm_rs"] and args.lowerings == ["symm"] and args.list_shapes == 8
+    assert b.main(["--list-shapes", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "world size 8" in out and "4096×896" in out  # mm_rs: A [M, K/8] per rank
+
+
+# ----------------------------------------------------------------------------------- MoE
+def test_moe_configs(bench):
+    m = bench["bench_moe"]
+    assert m.CONFIGS["deepseek-ep8"] == (7168, 2048, 64, 8, 4096)
+    assert m.default_configs(8)[0] == "deepseek-ep8"
+    assert "deepseek-ep8" not in m.default_configs(4) and "deepseek-ep8" not in m.default_configs(2)
+    for ws in WORLD_SIZES:
+        for cfg in m.default_configs(ws) + ["deepseek-ep8"]:
+            d = m.describe(cfg, ws)
+            assert d["problem"] is None and d["experts_per_rank"] * ws == d["experts"], d
+    assert m.describe("deepseek-ep8", 8)["experts_per_rank"] == 8
+    assert "do not split over 3 ranks" in m.config_problem("mixtral", 3)
+    args = m.parse_args(["--out", "/tmp/x", "--configs", "deepseek-ep8,deepseek", "--routing", "balanced",
+                         "--comm-sms", "8"])
+    assert args.configs == ["deepseek-ep8", "deepseek"] and args.comm_sms == [8]
+    assert m.parse_args(["--out", "/tmp/x"]).configs is None  # resolved per world size in main
+    with pytest.raises(SystemExit):
+        m.parse_args(["--out", "/tmp/x", "--configs", "nope"])
+
+
+# ----------------------------------------------------------------------------------- CTA
+def test_cta_layouts(bench):
+    c = bench["bench_cta"]
+    names = {ws: [(lay.name, lay.stages, lay.tp, lay.group, lay.lowering, bool(lay.not_supported))
+                  for lay in c.layouts(ws)] for ws in WORLD_SIZES}
+    assert names[2] == [("CTA 2", 2, 1, "pair", "symm", False)]
+    assert names[4] == [("CTA 2", 2, 1, "pair", "symm", False), ("CTA 2×TP2", 2, 2, "world", "symm", False)]
+    assert names[8] == [("CTA 2", 2, 1, "pair", "symm", False), ("CTA 2×TP4", 2, 4, "world", "symm", False),
+                        ("CTA 4×TP2", 4, 2, "world", "symm", True), ("p2p stages=4", 4, 8, "world", "p2p", False)]
+    assert [c.tp_name(ws) for ws in WORLD_SIZES] == [None, "TP4", "TP8"]
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+def test_cta_render(bench, ws):
+    """The table renders at every world size; a layout that is not supported says so."""
+    c, common = bench["bench_cta"], bench["common"]
+    args = c.parse_args(["--graphs"])
+    row = {"act": "gelu", "M": 128, "1 GPU": 1.0, "TP2": 0.6, "µbatch": 0.7, "µbatch k": 2}
+    if c.tp_name(ws):
+        row[c.tp_name(ws)] = 0.5
+    for lay in c.layouts(ws):
+        if lay.not_supported:
+            row[lay.name] = None
+            continue
+        row.update({lay.name: 0.55, f"{lay.name} kc": "ce/4", f"{lay.name} err": 1e-3,
+                    f"{lay.name} path": lay.lowering})
+    md = c.render([row], ws, common.machine_info(torch.device("cpu"), ws), args)
+    assert f"ws={ws}" in md
+    if ws == 8:
+        assert "| TP8 " in md and "CTA 2×TP4" in md and "TP8 / CTA 2×TP4" in md
+        assert "not supported" in md and "p2p stages=4" in md
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+def test_cta_symm_takes_the_bench_sizes(bench, ws):
+    """The symm lowering's preconditions (cta_symm._problem and its flag budget) hold for the
+    benchmark's default sizes on rank pairs and on 2 stages x TP<ws/2>; 4 stages are refused."""
+    from overlap_backend.runtime import cta_symm, symm
+
+    c = bench["bench_cta"]
+    args = c.parse_args([])
+    H, F, N = args.hidden, args.ffn, args.hidden
+    for act in args.acts:
+        for M in args.m:
+            for group_ws in sorted({2, ws}):
+                assert _cta_symm_problem(cta_symm, symm, M, H, F, N, act, group_ws, args.k_chunks) is None, \
+                    (act, M, group_ws)
+    if ws == 8:
+        why = _cta_symm_problem(cta_symm, symm, 4096, H, F, N, "gelu", 8, [4], stages=4)
+        assert why is not None and "stages=4" in why
+
+
+class _Meta:
+    """A tensor as cta_symm._problem looks at it (shape, dtype, device), without memory."""
+
+    def __init__(self, *shape, dtype=torch.bfloat16):
+        self.shape, self.dtype, self.device = torch.Size(shape), dtype, torch.device("cuda")
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+def _cta_symm_problem(cta_symm, symm, M, H, F, N, act, ws, k_chunks, stages=2, dtype=torch.bfloat16):
+    """None when the symm lowering runs cta_pipeline_mlp on its kernels for these sizes (an H200's 132
+    SMs), else why not: ``_problem``, then the chunk-flag budget the op checks before launching."""
+    f = F // ws
+    w3 = _Meta(H, f, dtype=dtype) if act == "swiglu" else None
+    why = cta_symm._problem(_Meta(M, H, dtype=dtype), _Meta(H, f, dtype=dtype), None, w3, None,
+                            _Meta(f, N, dtype=dtype), None, act, "tanh" if act == "gelu" else "none", stages, ws)
+    if why:
+        return why
+    tp, swiglu = ws // 2, act == "swiglu"
+    f1 = cta_symm.stage1_share(F, tp, swiglu)
+    cfg0, cfg1 = cta_symm._configs(dtype, swiglu, M, N // tp, 132)
+    groups = -(-(-(-M // cfg0[0])) // cfg0[3])
+    old = cta_symm.K_CHUNKS
+    try:
+        for kc in k_chunks:
+            cta_symm.K_CHUNKS = kc
+            kchunk, nch = cta_symm.k_chunks((F - f1) // tp, cfg0[1], cfg1[2], groups, tp)
+            nch1 = -(-f1 // kchunk)
+            if groups * max(tp * nch, nch1) > symm.CTA_CHUNK_WORDS // 2:
+                return f"K_CHUNKS={kc}: {M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}"
+    finally:
+        cta_symm.K_CHUNKS = old
+    return None
+
+
+# ------------------------------------------------------------------------ block, epilogue
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+def test_block_and_epilogue_sizes(bench, ws):
+    common = bench["common"]
+    for name in ("bench_block", "bench_epilogue"):
+        mod = bench[name]
+        extra = ["--out-dir", "/tmp/x"]
+        gpu = mod.parse_args(extra + ["--device", "cuda"], ws=ws)
+        assert common.block_sizes_problem(gpu.seq, gpu.hidden, gpu.heads, gpu.ffn, ws) is None, (name, vars(gpu))
+        cpu = mod.parse_args(extra + ["--device", "cpu"], ws=ws)
+        assert common.block_sizes_problem(cpu.seq, cpu.hidden, cpu.heads, cpu.ffn, ws) is None, (name, vars(cpu))
+    # the old fixed CPU size (4 heads) cannot split over 8 ranks: the problem names it
+    assert "heads 4" in common.block_sizes_problem(32, 64, 4, 128, 8)
+    assert common.block_sizes_problem(32, 64, None, 128, 8) is None  # no attention: heads not split
+
+
+# ------------------------------------------------------------------------------ run_device.sh
+def test_run_device_syntax_and_help():
+    script = REPO / "bench" / "run_device.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    out = subprocess.run(["bash", str(script), "help"], capture_output=True, text=True, check=True).stdout
+    assert "8 GPUs" in out and "bash bench/run_device.sh tests" in out and 'BENCH_WS="8 4 2"' in out
+    bad = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+_FAKE_NVIDIA_SMI = """#!/bin/bash
+[ "$1" = -L ] && for i in $(seq 0 $((FAKE_NGPU - 1))); do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done
+exit 0
+"""
+_FAKE_TIMEOUT = """#!/bin/bash
+shift 3  # -k 5 LIMIT
+for a in "$@"; do printf '%s\\n' "$a"; done >> "$FAKE_LOG"
+echo "<end>" >> "$FAKE_LOG"
+exit 0
+"""
+
+
+def _run_device(tmp_path, ngpu: int, mode: str, **env) -> tuple[list[list[str]], str]:
+    """The stage commands run_device.sh issues with ``ngpu`` GPUs (temp dirs replaced by TMP), and its output."""
+    fake = tmp_path / f"bin{ngpu}{mode}"
+    fake.mkdir()
+    for name, text in (("nvidia-smi", _FAKE_NVIDIA_SMI), ("timeout", _FAKE_TIMEOUT)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    log, out = tmp_path / f"cmds{ngpu}{mode}", tmp_path / f"out{ngpu}{mode}"
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("PYTHON", "TESTS_K", "TEST_FILES", "BENCHES", "BENCH_WS", "MOE_ARGS", "RUN_DEMO",
+                             "RUN_EPILOGUE", "EPILOGUE_WS", "DEADLINE") and not k.startswith("LIMIT_")}
+    full_env.update(PATH=f"{fake}:{os.environ['PATH']}", FAKE_NGPU=str(ngpu), FAKE_LOG=str(log), OUT=str(out), **env)
+    res = subprocess.run(["bash", str(REPO / "bench" / "run_device.sh"), mode], env=full_env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = re.sub(r"/tmp/tmp\.[A-Za-z0-9]+", "TMP", log.read_text()) if log.exists() else ""
+    cmds, cur = [], []
+    for line in text.splitlines():
+        if line == "<end>":
+            cmds.append(cur)
+            cur = []
+        else:
+            cur.append(line)
+    return cmds, res.stdout
+
+
+def _pytest(verbosity: str, files: list[str], k: str) -> list[str]:
+    script = (f'set -o pipefail; "$0" -m pytest {verbosity} -rA -p no:cacheprovider -m gpu "${{@}}" 2>&1 '
+              '| tee "$OUT_LOG"')
+    return ["bash", "-c", script, "python3", *files, "-k", k]
+
+
+def _torchrun(n: int, script: str, *args: str) -> list[str]:
+    return ["env", f"CUDA_VISIBLE_DEVICES={','.join(map(str, range(n)))}", "python3", "-m", "torch.distributed.run",
+            "--standalone", f"--nproc-per-node={n}", script, *args]
+
+
+def _benches(n: int, traced: bool) -> list[list[str]]:
+    trace = ["--trace", "TMP/traces", "--trace-m", "4096"] if traced else []
+    return [
+        _torchrun(n, "bench/bench_collective_gemm.py", "--suite", "ag_mm,mm_rs,mm_ar", "--lowerings", "p2p,symm",
+                  "--out-dir", "TMP/results", *trace),
+        _torchrun(n, "bench/bench_block.py", "--out-dir", "TMP/results", *(["--trace", "TMP/traces"] if traced else [])),
+        _torchrun(n, "bench/bench_cta.py", "--out-dir", "TMP/results", "--graphs", "--trace", "TMP/traces"),
+    ]
+
+
+VERSIONS = ["python3", "-m", "bench.common"]
+OLD_TESTS = ["tests/test_gpu.py", "tests/test_gpu_cta.py"]
+
+
+def test_run_device_2_and_4_gpus_unchanged(tmp_path):
+    """The commands of the script before 8 GPUs were added (bench/run_device.sh at 8ce79dd)."""
+    cmds, _ = _run_device(tmp_path, 4, "full")
+    assert cmds == [VERSIONS, _pytest("-q", OLD_TESTS, "ws4 and symm or names_op_rank"),
+                    *_benches(4, True), *_benches(2, False)]
+    cmds, out = _run_device(tmp_path, 2, "full")
+    assert cmds == [VERSIONS, _pytest("-q", OLD_TESTS, "ws2 and symm or names_op_rank"), *_benches(2, False)]
+    assert "bench_ws4, block_ws4: skipped, 2 GPU(s)" in out
+    cmds, _ = _run_device(tmp_path, 4, "bench")
+    assert cmds == [VERSIONS, *_benches(4, True), *_benches(2, False)]
+    cmds, _ = _run_device(tmp_path, 2, "quick")
+    quick = [_torchrun(2, "bench/bench_collective_gemm.py", "--suite", "ag_mm,mm_rs,mm_ar", "--lowerings",
+                       "p2p,symm", "--out-dir", "TMP/results", "--quick"),
+             _torchrun(2, "bench/bench_block.py", "--out-dir", "TMP/results", "--quick"),
+             _torchrun(2, "bench/bench_cta.py", "--out-dir", "TMP/results", "--graphs", "--trace", "TMP/traces",
+                       "--quick")]
+    assert cmds == [VERSIONS, _pytest("-q", OLD_TESTS, "ws2 and symm and not compiled"), *quick]
+
+
+def test_run_device_8_gpus(tmp_path):
+    cmds, out = _run_device(tmp_path, 8, "full")
+    moe = _torchrun(8, "bench/bench_moe.py", "--out", "TMP/results", "--configs", "deepseek-ep8,deepseek",
+                    "--routing", "balanced,skewed", "--comm-sms", "8")
+    collective, block, cta = _benches(8, True)
+    assert cmds == [VERSIONS, _pytest("-v", OLD_TESTS, "ws8 and symm or names_op_rank"), collective, moe, block, cta]
+    stages = re.findall(r"^=== \[t=\d+s\] (\S+) \(limit", out, re.M)
+    assert stages == ["versions", "gpu_tests", "bench_ws8", "moe_ws8", "block_ws8", "cta_ws8"]
+    # tests only: every GPU test file, the whole deadline
+    cmds, out = _run_device(tmp_path, 8, "tests")
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_gpu*.py"))
+    assert cmds == [VERSIONS, _pytest("-v", files, "ws8 and symm or names_op_rank")]
+    limit = int(re.search(r"gpu_tests \(limit (\d+)s\)", out).group(1))
+    assert limit > 500, out  # 540 s less the packaging reserve and what the versions took
+    # ws=8, then 4, then 2 on request; traces at ws=8 only
+    cmds, out = _run_device(tmp_path, 8, "bench", BENCH_WS="8 4 2", BENCHES="collective")
+    assert cmds == [VERSIONS, _benches(8, True)[0], _benches(4, False)[0], _benches(2, False)[0]]
