@@ -75,6 +75,17 @@ class _Placement:
 _placements: dict[tuple, _Placement] = {}
 
 
+def prune_placements() -> int:
+    """Drop the placements of weights that no longer exist (a model that was freed, the old weights
+    of a reloaded one): their keys can never match again, and each holds a copy of a weight.
+    Returns the number dropped. Placements of live weights (any shape of ``x``, any compiled graph
+    that calls the op with them) are kept and reused."""
+    dead = [k for k, p in _placements.items() if any(r is not None and r() is None for r in p.refs)]
+    for k in dead:
+        del _placements[k]
+    return len(dead)
+
+
 def placement_bytes() -> int:
     """Memory held by the re-laid-out weights of this process."""
     return sum(p.nbytes() for p in _placements.values())
@@ -111,6 +122,7 @@ def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, f1: int, capturing: bool
                            "outside the capture; torch.compile's mode='reduce-overhead' warms up eagerly)")
     if _placements.pop(key, None) is not None:
         log.info("overlap symm: cta_pipeline_mlp weights changed (version or identity): laying them out again")
+    prune_placements()
     tp = st.ws // 2
     stage, idx = divmod(st.rank, tp)
     refs = tuple(None if t is None else weakref.ref(_base(t)) for t in tensors)
