@@ -8,6 +8,11 @@ left waiting in a transfer. (A direct caller that hands the ranks differently sh
 that; then the ranks that do start communicating get the lowering's bounded wait instead:
 ``P2PError`` after ``OVERLAP_TIMEOUT_S`` on ``p2p``, ``SymmTimeoutError`` on ``symm``.)
 
+One exception: ``moe_experts``'s split sizes are per-rank values (dropless routing computes them
+from the tokens, and each rank's row count follows), so its split checks (``sum(send_splits)`` =
+rows of ``x``, this rank's own split sent = received) can fail on one rank only. They can only fail
+when the graph's own count exchange is inconsistent; the other ranks then end in the bounded wait.
+
 Messages name the op, the argument and what was expected::
 
     overlap::mm_rs: argument 'out_shape': dim 0 of [6, 16] (6) is not divisible by the group size 4
