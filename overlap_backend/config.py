@@ -228,6 +228,17 @@ class OverlapConfig:
         return {f: var for f, (var, _) in cls._ENV.items()}
 
     @classmethod
+    def env_value(cls, field: str, environ: Mapping[str, str] | None = None) -> Any:
+        """One field from the environment (its default when the variable is unset), parsed and
+        checked like :meth:`from_env`, without reading the other variables (the runtime reads
+        ``timeout_s`` this way)."""
+        environ = os.environ if environ is None else environ
+        var, parse = cls._ENV[field]
+        if var in environ:
+            return parse(var, environ[var])
+        return next(f.default for f in dataclasses.fields(cls) if f.name == field)
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OverlapConfig:
         """Defaults, then ``environ`` (``os.environ`` by default), then ``overrides``."""
         environ = os.environ if environ is None else environ

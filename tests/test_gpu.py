@@ -643,3 +643,55 @@ def test_symm_timeout_names_op_rank_flag():
     _need_gpus(2)
     results = _run(late_peer_worker, 2, env={"OVERLAP_TIMEOUT_S": "1"})
     print(results)
+
+
+def recompile_state_worker(rank: int, ws: int, device: str, lowering: str):
+    """A function compiled for three token counts (a recompile each, OVERLAP_INDUCTOR=0): every
+    graph's ops run on the one per-group state of the lowering; the symm data buffer is the same
+    allocation unless it had to grow."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    _setup_rank(rank, device)
+    import overlap_backend
+    from overlap_backend.runtime import p2p, symm
+
+    group = dist.group.WORLD
+    dtype = torch.bfloat16
+    w = _randn(256, 512, dtype=dtype, device=device, scale=256**-0.5)
+
+    def f(x):
+        return funcol.all_gather_tensor(x, 0, group) @ w
+
+    torch._dynamo.reset()
+    backend = overlap_backend.make_backend(lowering=lowering, inductor=False, passes=["ag_mm"])
+    compiled = torch.compile(f, backend=backend, dynamic=False)
+    seen = []
+    for rows in (64, 128, 64, 512):
+        x = _randn(rows, 256, dtype=dtype, device=device)
+        out = compiled(x)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        err = _rel_err(out, _gather_ref(x, 0, group).float() @ w.float())
+        assert err <= _tol(dtype), (rows, err)
+        if lowering == "symm":
+            states = [st for (name, _), st in symm._states.items() if name == group.group_name]
+            assert len(states) == 1, symm._states
+            st = states[0]
+            seen.append((id(st), st.data.local, st.data.nbytes, len(st._views)))
+        else:
+            seen.append((id(p2p._GROUPS[group.group_name]), 0, 0, 0))
+    graphs = sum(any(m.applied for m in r.matches) for r in backend.reports)
+    assert graphs >= 3, [r.to_json() for r in backend.reports]
+    assert len({s[0] for s in seen}) == 1, seen
+    for (_, ptr0, size0, _), (_, ptr1, size1, _) in zip(seen, seen[1:]):
+        assert size1 >= size0 and (size1 > size0 or ptr1 == ptr0), seen  # reused unless grown
+    return seen
+
+
+@LOWERINGS
+@pytest.mark.timeout(200)
+def test_recompiles_reuse_group_state(lowering):
+    _need_gpus(2)
+    for rank, seen in enumerate(_run(recompile_state_worker, 2, lowering)):
+        print(f"{lowering} rank {rank}: (state id, data ptr, data bytes, views) per call {seen}")

@@ -68,7 +68,8 @@ class AgMmPass(OverlapPass):
     def check(self, m: AgMmMatch) -> str:
         ag = m.gather
         if not m.matmuls:
-            raise Rejected("no matmul takes the gathered tensor as its left operand")
+            raise Rejected(common.crosses_graph_break(ag.result, upstream=False)
+                           or "no matmul takes the gathered tensor as its left operand")
         ws = common.require_group(ag.group_name, ag.group_size)
         common.require_backed(ag.shard, ag.result, *[mm.b for mm in m.matmuls])
         common.require_dtype(ag.shard, *[mm.b for mm in m.matmuls])

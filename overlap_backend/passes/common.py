@@ -311,6 +311,27 @@ def producer_matmul(node: torch.fx.Node) -> tuple[Matmul | None, torch.fx.Node |
 # ``known_*`` holds for every value of the symbols (no guard: e.g. the gathered dim is ``ws * s0``
 # by construction); ``decide`` installs a ShapeEnv guard when the fact is not known either way, so
 # that an input for which it would change recompiles. Neither ever depends on the rank.
+GRAPH_BREAK_HINT = "(a graph break between them? torch.compile rewrites within one graph only)"
+
+
+def crosses_graph_break(node: torch.fx.Node, upstream: bool) -> str:
+    """Why a pattern's other half may be in another graph: ``upstream``: ``node`` (what a collective
+    reads) is a graph input, directly or through reshapes; else ``node`` (what a collective produced)
+    is returned by the graph. "" when neither."""
+    if upstream:
+        src = node
+        while src.op == "call_function" and src.target in RESHAPES:
+            src = src.args[0]
+        if src.op == "placeholder":
+            what = node.name if src is node else f"{node.name} (a reshape of {src.name})"
+            return f"{what} is an input of this graph: the matmul that computed it is in another graph {GRAPH_BREAK_HINT}"
+        return ""
+    if any(u.op == "output" for u in node.users):
+        return (f"{node.name} is an output of this graph and no matmul in it reads the value: its consumer is in "
+                f"another graph {GRAPH_BREAK_HINT}")
+    return ""
+
+
 def prod(sizes) -> Any:
     out = 1
     for s in sizes:

@@ -44,7 +44,8 @@ class MmArPass(OverlapPass):
     def check(self, m: MmArMatch) -> str:
         ar, mm = m.reduce, m.matmul
         if mm is None:
-            raise Rejected(f"the all-reduced tensor {ar.input.name} is not produced by a matmul")
+            raise Rejected(f"the all-reduced tensor {ar.input.name} is not produced by a matmul"
+                           + (f": {why}" if (why := common.crosses_graph_break(ar.input, upstream=True)) else ""))
         ws = common.require_group(ar.group_name)
         if ar.reduce_op not in common.REDUCE_OPS:
             raise Rejected(f"reduce op {ar.reduce_op!r} not supported")

@@ -45,7 +45,8 @@ class MmRsPass(OverlapPass):
     def check(self, m: MmRsMatch) -> str:
         rs, mm = m.scatter, m.matmul
         if mm is None:
-            raise Rejected(f"the reduce-scattered tensor {rs.input.name} is not produced by a matmul")
+            raise Rejected(f"the reduce-scattered tensor {rs.input.name} is not produced by a matmul"
+                           + (f": {why}" if (why := common.crosses_graph_break(rs.input, upstream=True)) else ""))
         ws = common.require_group(rs.group_name, rs.group_size)
         if rs.reduce_op not in common.REDUCE_OPS:
             raise Rejected(f"reduce op {rs.reduce_op!r} not supported")

@@ -5,6 +5,8 @@ that can be imported on this machine.
 """
 
 from . import lowering, ops, p2p, symm_lowering, moe_p2p, moe_symm, cta_p2p, cta_symm  # noqa: F401  (registration side effects)
+from .checks import OverlapGroupError, OverlapInputError
 from .lowering import LoweringError, available
+from .p2p import P2PError
 
-__all__ = ["LoweringError", "available", "lowering", "ops"]
+__all__ = ["LoweringError", "OverlapGroupError", "OverlapInputError", "P2PError", "available", "lowering", "ops"]

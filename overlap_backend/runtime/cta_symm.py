@@ -76,6 +76,17 @@ class _Placement:
 _placements: dict[tuple, _Placement] = {}
 
 
+def prune_placements() -> int:
+    """Drop the placements of weights that no longer exist (a model that was freed, the old weights
+    of a reloaded one): their keys can never match again, and each holds a copy of a weight.
+    Returns the number dropped. Placements of live weights (any shape of ``x``, any compiled graph
+    that calls the op with them) are kept and reused."""
+    dead = [k for k, p in _placements.items() if any(r is not None and r.expired() for r in p.refs)]
+    for k in dead:
+        del _placements[k]
+    return len(dead)
+
+
 def placement_bytes() -> int:
     """Memory held by the re-laid-out weights of this process."""
     return sum(p.nbytes() for p in _placements.values())
@@ -124,6 +135,7 @@ def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, f1: int, capturing: bool
         if w1.is_cuda:  # the old layout's memory goes back to the allocator: no kernel may still read it
             torch.cuda.synchronize(w1.device)
         log.info("overlap symm: cta_pipeline_mlp weights changed (version or identity): laying them out again")
+    prune_placements()
     placed = symm.persistent(lambda: _lay_out(st, tensors, f1), w1.device)
     _placements[key] = placed
     log.info("overlap symm: cta_pipeline_mlp rank %d (stage %d) holds %.1f MiB of re-laid-out weights "

@@ -29,23 +29,22 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
-from torch.distributed.distributed_c10d import _resolve_process_group
 
 from .lowering import register
 from .ops import MOE_SAVED
-from .p2p import Ring, start_batch
+from .p2p import Ring
 
 _TAG_DISPATCH, _TAG_COMBINE = 0x40E1, 0x40E2
 
 
-def _exchange(group, tag: int, send: Tensor, to: int, recv: Tensor, frm: int) -> list[dist.Work]:
+def _exchange(ring: Ring, tag: int, send: Tensor, to: int, recv: Tensor, frm: int) -> list[dist.Work]:
     """Start sending ``send`` to rank ``to`` and receiving ``recv`` from rank ``frm`` (empty rows: no message)."""
     ops = []
     if send.shape[0]:
-        ops.append(dist.P2POp(dist.isend, send, group=group, group_peer=to, tag=tag))
+        ops.append(dist.P2POp(dist.isend, send, group=ring.group, group_peer=to, tag=tag))
     if recv.shape[0]:
-        ops.append(dist.P2POp(dist.irecv, recv, group=group, group_peer=frm, tag=tag))
-    return start_batch(ops)
+        ops.append(dist.P2POp(dist.irecv, recv, group=ring.group, group_peer=frm, tag=tag))
+    return ring.start(ops)
 
 
 def _prefix(sizes: list[int]) -> list[int]:
@@ -53,33 +52,6 @@ def _prefix(sizes: list[int]) -> list[int]:
     for s in sizes:
         out.append(out[-1] + int(s))
     return out
-
-
-def _check(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, ws, rank) -> None:
-    def fail(msg: str):
-        raise ValueError(f"overlap p2p moe_experts: {msg}")
-
-    if x.dim() != 2 or rows.dim() != 1:
-        fail(f"x must be 2-D and rows 1-D, got {tuple(x.shape)} and {tuple(rows.shape)}")
-    if len(send_splits) != ws or len(recv_splits) != ws:
-        fail(f"{len(send_splits)} send / {len(recv_splits)} recv splits for a group of {ws} ranks")
-    if any(s < 0 for s in list(send_splits) + list(recv_splits)):
-        fail(f"negative split sizes {list(send_splits)} / {list(recv_splits)}")
-    if sum(send_splits) != x.shape[0]:
-        fail(f"send_splits {list(send_splits)} do not add up to the {x.shape[0]} rows of x")
-    if send_splits[rank] != recv_splits[rank]:
-        fail(f"rank {rank} sends itself {send_splits[rank]} rows but receives {recv_splits[rank]}")
-    if w_gate.dim() != 3 or w_up.shape != w_gate.shape or w_down.shape != (w_gate.shape[0], w_gate.shape[2], w_gate.shape[1]):
-        fail(f"weights {tuple(w_gate.shape)}, {tuple(w_up.shape)}, {tuple(w_down.shape)} are not [E, H, F] x2, [E, F, H]")
-    if w_gate.shape[1] != x.shape[1]:
-        fail(f"w_gate {tuple(w_gate.shape)} does not take rows of width {x.shape[1]}")
-    if not (w_up.dtype == w_down.dtype == w_gate.dtype):
-        fail(f"weights of different dtypes {w_gate.dtype}, {w_up.dtype}, {w_down.dtype}")
-    experts = w_gate.shape[0]
-    if offsets is None and len(group_sizes) != experts:
-        fail(f"{len(group_sizes)} group sizes for {experts} experts")
-    if offsets is not None and tuple(offsets.shape) != (experts,):
-        fail(f"offsets of shape {tuple(offsets.shape)} for {experts} experts")
 
 
 def _experts(xs: Tensor, counts: list[int], w_gate: Tensor, w_up: Tensor, w_down: Tensor):
@@ -125,12 +97,10 @@ def moe_experts(
     group_name: str,
     saved: list[bool],
 ) -> tuple[Tensor, list[Tensor]]:
-    group = _resolve_process_group(group_name)
-    ws, r = group.size(), group.rank()
-    if r < 0:
-        raise RuntimeError(f"overlap p2p: this process is not a member of group {group_name!r}")
+    # Inputs were validated by the op (runtime/checks.py), identically on every rank.
+    ring = Ring(group_name, "moe_experts")
+    ws, r = ring.size, ring.rank
     send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
-    _check(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, ws, r)
     x = x.contiguous()
     experts, h, f = w_gate.shape
     cd, dev = w_gate.dtype, x.device
@@ -142,7 +112,7 @@ def moe_experts(
     arrived: dict[int, list[dist.Work]] = {}
     for i in range(1, ws):
         dst, src = (r - i) % ws, (r + i) % ws
-        arrived[src] = _exchange(group, _TAG_DISPATCH, x[send_off[dst] : send_off[dst + 1]], dst,
+        arrived[src] = _exchange(ring, _TAG_DISPATCH, x[send_off[dst] : send_off[dst + 1]], dst,
                                  recv[recv_off[src] : recv_off[src + 1]], src)
 
     # Grouped row j: expert expert_of[j], source rank source[j]; sorted by (source, expert).
@@ -187,9 +157,9 @@ def moe_experts(
     # Remote sources first: compute the rows of r + i, send them back while computing the next.
     for i in range(1, ws):
         src, dst = (r + i) % ws, (r - i) % ws
-        Ring.wait(arrived.pop(src))
+        ring.wait(arrived.pop(src), f"the dispatch of rank {src}'s rows")
         compute(src)
-        combine.extend(_exchange(group, _TAG_COMBINE, y_recv[recv_off[src] : recv_off[src + 1]], src,
+        combine.extend(_exchange(ring, _TAG_COMBINE, y_recv[recv_off[src] : recv_off[src + 1]], src,
                                  out[send_off[dst] : send_off[dst + 1]], dst))
     compute(r)  # own rows last: the last combine transfer overlaps them
     if keep["xg"] is not None:
@@ -197,7 +167,7 @@ def moe_experts(
         idle = torch.nonzero((rows >= 0) & (expert_of >= experts)).view(-1)
         keep["xg"].index_copy_(0, idle, recv.index_select(0, rows[idle]).to(cd))
     out[send_off[r] : send_off[r + 1]].copy_(y_recv[recv_off[r] : recv_off[r + 1]])
-    Ring.wait(combine)
+    ring.wait(combine, "the combine (expert results going back)")
 
     values = []
     for name in MOE_SAVED:

@@ -35,7 +35,7 @@ from torch import Tensor
 from ..codegen import launcher
 from . import symm
 from .lowering import register
-from .moe_p2p import _check, _prefix
+from .moe_p2p import _prefix
 from .streams import SYMM_MOE_COMM, comm_stream
 from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem, _tune, capture_problem
 
@@ -171,7 +171,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     _kernels()  # Triton's allocator (scratch for device-side descriptors), as the other ops
     ws, r = st.ws, st.rank
     send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
-    _check(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, ws, r)
+    # inputs validated by the op (runtime/checks.py)
     x = _aligned(x)
     w_gate, w_up, w_down = (_aligned(w) for w in (w_gate, w_up, w_down))
     experts, h, f = w_gate.shape

@@ -21,8 +21,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import checks as _checks
 from . import epilogue as _epilogue
 from . import lowering as _lowering
+from .checks import OverlapGroupError, OverlapInputError  # noqa: F401  (re-exported)
 
 _LIB = torch.library.Library("overlap", "DEF")
 
@@ -41,8 +43,6 @@ def _define(schema: str):
 
 def _fake(name: str):
     return torch.library.register_fake(f"overlap::{name}", lib=_LIB)
-
-REDUCE_OPS = ("sum", "avg", "product", "min", "max")
 
 
 def _flat_rows(shape) -> int:
@@ -79,27 +79,35 @@ def ag_mm(
     them) then transforms ``outs[i]`` in place of the graph's pointwise nodes, reading
     ``epilogue_args``.
     """
-    specs, args = _epilogue.split_outputs(epilogue, len(weights)), list(epilogue_args or ())
-    _check_epilogues(specs, args, [(_ag_rows(shard, gather_dim, group_name), w.shape[1]) for w in weights],
-                     shard.dtype, allow_out_refs=True)
     impl = _lowering.implementation(lowering, "ag_mm")
+    group = _checks.resolve_group("ag_mm", group_name)
+    dim = _checks.check_ag_mm(shard, weights, biases, gather_dim, group)
+    args = list(epilogue_args or ())
+    specs = _check_epilogues("ag_mm", epilogue, len(weights), args,
+                             [(_ag_rows(shard, dim, group.size()), w.shape[1]) for w in weights],
+                             shard.dtype, allow_out_refs=True)[0]
     return impl(shard, weights, biases, gather_dim, group_name, return_gathered, specs, args)
 
 
-def _ag_rows(shard, gather_dim, group_name) -> int:
+def _ag_rows(shard, dim, ws) -> int:
     gshape = list(shard.shape)
-    gshape[gather_dim % shard.dim()] *= _group_size(group_name)
+    gshape[dim] *= ws
     return _flat_rows(gshape)
 
 
-def _check_epilogues(specs, args, shapes, dtype, allow_out_refs=False) -> list[torch.dtype]:
-    """Validate ``specs`` (one per output) against the outputs' shapes; their final dtypes."""
-    if not specs:
-        return [dtype] * len(shapes)
-    if len(specs) != len(shapes):
-        raise _epilogue.EpilogueError(f"{len(specs)} epilogues for {len(shapes)} outputs")
-    _epilogue.check(specs, list(args), shapes, [dtype] * len(shapes), allow_out_refs)
-    return [_epilogue.out_dtype(s, dtype) for s in specs]
+def _check_epilogues(op, epilogue, outputs, args, shapes, dtype, allow_out_refs=False):
+    """Validate ``epilogue`` (one spec per output, ``|``-joined) against the outputs' shapes:
+    (the specs, or [] without epilogue; their final dtypes). Errors name the op."""
+    try:
+        specs = _epilogue.split_outputs(epilogue, outputs) if epilogue else []
+        if not specs:
+            return specs, [dtype] * len(shapes)
+        if len(specs) != len(shapes):
+            raise _epilogue.EpilogueError(f"{len(specs)} epilogues for {len(shapes)} outputs")
+        _epilogue.check(specs, list(args), shapes, [dtype] * len(shapes), allow_out_refs)
+    except _epilogue.EpilogueError as e:
+        raise _epilogue.EpilogueError(f"overlap::{op}: argument 'epilogue': {e}") from None
+    return specs, [_epilogue.out_dtype(s, dtype) for s in specs]
 
 
 @_fake("ag_mm")
@@ -109,8 +117,8 @@ def _(shard, weights, biases, gather_dim, group_name, lowering, return_gathered,
     gshape = list(shard.shape)
     gshape[dim] *= ws
     rows = _flat_rows(gshape)
-    dtypes = _check_epilogues(_epilogue.split_outputs(epilogue, len(weights)), list(epilogue_args or ()), [(rows, w.shape[1]) for w in weights], shard.dtype,
-                              allow_out_refs=True)
+    dtypes = _check_epilogues("ag_mm", epilogue, len(weights), list(epilogue_args or ()),
+                              [(rows, w.shape[1]) for w in weights], shard.dtype, allow_out_refs=True)[1]
     outs = [shard.new_empty((rows, w.shape[1]), dtype=dt) for w, dt in zip(weights, dtypes)]
     gathered = shard.new_empty(gshape) if return_gathered else shard.new_empty((0,))
     return gathered, outs
@@ -141,24 +149,24 @@ def mm_rs(
     ``epilogue`` (``runtime/epilogue.py``) is then applied to that reduced chunk (a residual
     ``add`` reads the chunk-shaped tensor of ``epilogue_args``).
     """
-    args = list(epilogue_args or ())
-    _check_epilogues([epilogue] if epilogue else [], args, [_rs_shape(out_shape, scatter_dim, group_name)],
-                     torch.result_type(a, b))
     impl = _lowering.implementation(lowering, "mm_rs")
+    group = _checks.resolve_group("mm_rs", group_name)
+    _checks.check_mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group)
+    args = list(epilogue_args or ())
+    _check_epilogues("mm_rs", epilogue, 1, args, [_rs_shape(out_shape, scatter_dim, group.size())], a.dtype)
     return impl(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, args)
 
 
-def _rs_shape(out_shape, scatter_dim, group_name) -> list[int]:
+def _rs_shape(out_shape, scatter_dim, ws) -> list[int]:
     shape = list(out_shape)
-    shape[scatter_dim % len(shape)] //= _group_size(group_name)
+    shape[scatter_dim % len(shape)] //= ws
     return shape
 
 
 @_fake("mm_rs")
 def _(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, lowering, epilogue="", epilogue_args=None):
-    shape = _rs_shape(out_shape, scatter_dim, group_name)
-    (dtype,) = _check_epilogues([epilogue] if epilogue else [], list(epilogue_args or ()), [shape],
-                                torch.result_type(a, b))
+    shape = _rs_shape(out_shape, scatter_dim, _group_size(group_name))
+    (dtype,) = _check_epilogues("mm_rs", epilogue, 1, list(epilogue_args or ()), [shape], torch.result_type(a, b))[1]
     return a.new_empty(shape, dtype=dtype)
 
 
@@ -182,16 +190,18 @@ def mm_ar(
     Semantics: ``all_reduce(a @ b + bias, reduce_op)``, shape ``[M, N]``, then ``epilogue``
     (``runtime/epilogue.py``) on it.
     """
-    args = list(epilogue_args or ())
-    _check_epilogues([epilogue] if epilogue else [], args, [(a.shape[0], b.shape[1])], torch.result_type(a, b))
     impl = _lowering.implementation(lowering, "mm_ar")
+    _checks.resolve_group("mm_ar", group_name)
+    _checks.check_mm_ar(a, b, bias, reduce_op)
+    args = list(epilogue_args or ())
+    _check_epilogues("mm_ar", epilogue, 1, args, [(a.shape[0], b.shape[1])], a.dtype)
     return impl(a, b, bias, reduce_op, group_name, epilogue, args)
 
 
 @_fake("mm_ar")
 def _(a, b, bias, reduce_op, group_name, lowering, epilogue="", epilogue_args=None):
-    (dtype,) = _check_epilogues([epilogue] if epilogue else [], list(epilogue_args or ()), [(a.shape[0], b.shape[1])],
-                                torch.result_type(a, b))
+    (dtype,) = _check_epilogues("mm_ar", epilogue, 1, list(epilogue_args or ()), [(a.shape[0], b.shape[1])],
+                                torch.result_type(a, b))[1]
     return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
 
 
@@ -199,6 +209,9 @@ def _group_size(group_name: str) -> int:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     return _resolve_process_group(group_name).size()
+
+
+REDUCE_OPS = _checks.REDUCE_OPS
 
 
 OPS = {"ag_mm": torch.ops.overlap.ag_mm, "mm_rs": torch.ops.overlap.mm_rs, "mm_ar": torch.ops.overlap.mm_ar}
@@ -248,6 +261,9 @@ def moe_experts(
     SM count of the communication kernel, as the cost model chose it; it never changes the result.
     """
     impl = _lowering.implementation(lowering, "moe_experts")
+    group = _checks.resolve_group("moe_experts", group_name)
+    _checks.check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, saved,
+                              group, MOE_SAVED)
     extra = {"comm_sms": comm_sms} if comm_sms else {}
     return impl(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved, **extra)
 
@@ -315,6 +331,9 @@ def cta_pipeline_mlp(
     pipeline stages; it changes how the work is scheduled, never the result.
     """
     impl = _lowering.implementation(lowering, "cta_pipeline_mlp")
+    _checks.resolve_group("cta_pipeline_mlp", group_name)
+    _checks.check_cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
+                                   CTA_ACTIVATIONS, GELU_APPROXIMATIONS)
     return impl(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,9 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 from . import epilogue as _epilogue
 from .lowering import register
 from .streams import P2P_RING, comm_stream
+
+# torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same signature); 2.11 has only the former
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 _REDUCE_INPLACE = {
     "sum": lambda acc, x: acc.add_(x),
@@ -52,17 +56,79 @@ def start_batch(ops: Sequence[dist.P2POp]) -> list[dist.Work]:
     return list(dist.batch_isend_irecv(list(ops)))
 
 
-class Ring:
-    """The ring neighbours of this rank in ``group_name`` and the transfers between them."""
+class P2PError(RuntimeError):
+    """A transfer of the ``p2p`` lowering failed or did not finish within ``OVERLAP_TIMEOUT_S``:
+    a peer died, diverged (skipped or reordered an op call) or is far behind."""
 
-    def __init__(self, group_name: str):
-        self.group = _resolve_process_group(group_name)
-        self.size = self.group.size()
-        self.rank = self.group.rank()
-        if self.size < 1 or self.rank < 0:
-            raise RuntimeError(f"overlap p2p: this process is not a member of group {group_name!r}")
+
+class GroupP2P:
+    """Per-group state of the ``p2p`` lowering, created at the group's first call and reused by every
+    later call, from any compiled graph (a recompile for a new shape finds the same object).
+
+    It holds no buffers (the ring's chunks come from the caching allocator per call), only what is
+    fixed for the group: its ring neighbours and the wait timeout. ``_GROUPS`` is keyed by group name;
+    a name that resolves to another group object (the group was destroyed and a new one got its name)
+    gets a fresh entry, and ``dist.destroy_process_group`` drops the entries of destroyed groups.
+    """
+
+    def __init__(self, group_name: str, group):
+        from ..config import OverlapConfig
+
+        self.name = group_name
+        self.group = group
+        self.size = group.size()
+        self.rank = group.rank()
         self.next = (self.rank + 1) % self.size
         self.prev = (self.rank - 1) % self.size
+        # OVERLAP_TIMEOUT_S, read once per group (as the symm lowering does)
+        self.timeout_s = OverlapConfig.env_value("timeout_s")
+        self.timeout = timedelta(seconds=self.timeout_s)
+        self.calls = 0  # op calls on this group (diagnostics)
+
+
+_GROUPS: dict[str, GroupP2P] = {}
+
+
+def group_state(group_name: str) -> GroupP2P:
+    """The group's :class:`GroupP2P` (created on first use)."""
+    group = _resolve_process_group(group_name)
+    st = _GROUPS.get(group_name)
+    if st is None or st.group is not group:
+        st = _GROUPS[group_name] = GroupP2P(group_name, group)
+    return st
+
+
+def forget_destroyed_groups() -> None:
+    """Drop the state of groups that no longer resolve (called after ``destroy_process_group``)."""
+    for name in list(_GROUPS):
+        try:
+            alive = _resolve_process_group(name) is _GROUPS[name].group
+        except Exception:  # noqa: BLE001 - c10d raises for an unknown name
+            alive = False
+        if not alive:
+            del _GROUPS[name]
+
+
+class Ring:
+    """One op call's ring over ``group_name``: this rank's neighbours and the transfers between them.
+
+    ``op`` names the op in errors. Waits on transfers of CPU tensors (gloo) are bounded by
+    ``OVERLAP_TIMEOUT_S``: a peer that never makes its side of a transfer, or died, turns into a
+    :class:`P2PError` on this rank naming the op, the step and the peers. Transfers of CUDA
+    tensors are waited for without a timeout (a timed ``Work.wait`` blocks the host until the GPU
+    is done, which would serialise the ring); NCCL's own watchdog (the process group's ``timeout``)
+    bounds them.
+    """
+
+    def __init__(self, group_name: str, op: str = "p2p"):
+        st = group_state(group_name)
+        if st.size < 1 or st.rank < 0:
+            raise RuntimeError(f"overlap p2p: this process is not a member of group {group_name!r}")
+        st.calls += 1
+        self.state = st
+        self.op = op
+        self.group, self.size, self.rank, self.next, self.prev = st.group, st.size, st.rank, st.next, st.prev
+        self._cuda = False
 
     def shift(self, send: Tensor | None, recv: Tensor | None) -> list[dist.Work]:
         """Start sending ``send`` to the next rank and receiving ``recv`` from the previous one."""
@@ -71,18 +137,42 @@ class Ring:
             ops.append(dist.P2POp(dist.isend, send, group=self.group, group_peer=self.next))
         if recv is not None:
             ops.append(dist.P2POp(dist.irecv, recv, group=self.group, group_peer=self.prev))
+        return self.start(ops)
+
+    def start(self, ops: Sequence[dist.P2POp]) -> list[dist.Work]:
+        """Start ``ops`` (P2P operations on this ring's group) as one batch."""
+        if ops and ops[0].tensor.is_cuda:
+            self._cuda = True
         return start_batch(ops)
 
-    @staticmethod
-    def wait(works: Sequence[dist.Work]) -> None:
-        # On CUDA this makes the current (compute) stream wait; the host does not block.
+    def wait(self, works: Sequence[dist.Work], what: str = "") -> None:
+        """Wait for ``works`` (on CUDA: make the compute stream wait; the host does not block).
+        ``what`` says which transfer, for the error."""
+        timeout = None if self._cuda else self.state.timeout
         for w in works:
-            w.wait()
+            try:
+                if timeout is None:
+                    w.wait()
+                else:
+                    w.wait(timeout)
+            except RuntimeError as e:
+                raise self.error(what or "a ring step", e) from e
 
+    def all_gather(self, out: Tensor, inp: Tensor) -> dist.Work:
+        """Start ``all_gather(out, inp)`` over the group; :meth:`wait` for it."""
+        if inp.is_cuda:
+            self._cuda = True
+        return _all_gather_single(out, inp, group=self.group, async_op=True)
 
-def _check_2d(name: str, t: Tensor) -> None:
-    if t.dim() != 2:
-        raise ValueError(f"overlap p2p: {name} must be 2-D, got shape {tuple(t.shape)}")
+    def error(self, what: str, cause: BaseException) -> P2PError:
+        st = self.state
+        return P2PError(
+            f"overlap p2p: {self.op} on rank {self.rank} of group {st.name!r} ({st.size} ranks; sends to rank "
+            f"{self.next}, receives from rank {self.prev}): {what} failed or did not finish within "
+            f"OVERLAP_TIMEOUT_S={st.timeout_s:g} s. A peer died, diverged (skipped or reordered an overlap op "
+            f"call) or is far behind; this rank's output is garbage and the group's connections may be "
+            f"unusable. Cause: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        )
 
 
 def _mm(a: Tensor, w: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
@@ -103,7 +193,8 @@ def ag_mm(
     epilogues: Sequence[str] = (),
     epilogue_args: Sequence[Tensor | None] = (),
 ) -> tuple[Tensor, list[Tensor]]:
-    ring = Ring(group_name)
+    # Inputs were validated by the op (runtime/checks.py), identically on every rank.
+    ring = Ring(group_name, "ag_mm")
     ws, r = ring.size, ring.rank
     shard = shard.contiguous()
     dim = gather_dim % shard.dim()
@@ -111,10 +202,6 @@ def ag_mm(
     contraction_split = dim == shard.dim() - 1
     gshape = list(shard.shape)
     gshape[dim] *= ws
-    for w in weights:
-        _check_2d("weight", w)
-        if w.shape[0] != gshape[-1]:
-            raise ValueError(f"overlap p2p ag_mm: weight {tuple(w.shape)} does not match gathered K={gshape[-1]}")
     # chunks[c] receives rank c's shard.
     chunks = shard.new_empty((ws, *shard.shape))
     chunks[r].copy_(shard)
@@ -150,7 +237,7 @@ def ag_mm(
             # compute on chunk c.
             works = ring.shift(chunks[c], chunks[(c - 1) % ws])
         compute(c, first=step == 0)
-        ring.wait(works)
+        ring.wait(works, f"ring step {step} (chunk of rank {(c - 1) % ws})")
 
     if not return_gathered:
         gathered = shard.new_empty((0,))
@@ -181,7 +268,7 @@ def _reduce_scatter_matmul(
         incoming = torch.empty(chunk_shape, dtype=dtype, device=device)
         works = ring.shift(acc, incoming)
         mine = partial(c).contiguous()  # overlaps the transfer of the accumulator for chunk c
-        ring.wait(works)
+        ring.wait(works, f"ring step {step} (partial sums of chunk {c})")
         acc = combine(mine, incoming)
     if reduce_op == "avg":
         acc = acc.div_(ws)
@@ -200,21 +287,17 @@ def mm_rs(
     epilogue: str = "",
     epilogue_args: Sequence[Tensor | None] = (),
 ) -> Tensor:
-    ring = Ring(group_name)
+    # Inputs were validated by the op (runtime/checks.py): out_shape matches a @ b, its scatter dim
+    # divides by the group size.
+    ring = Ring(group_name, "mm_rs")
     ws = ring.size
-    _check_2d("a", a)
-    _check_2d("b", b)
     out_shape = list(out_shape)
     dim = scatter_dim % len(out_shape)
-    if math.prod(out_shape[:-1]) != a.shape[0] or out_shape[-1] != b.shape[1]:
-        raise ValueError(f"overlap p2p mm_rs: out_shape {out_shape} does not match a@b {a.shape[0]}x{b.shape[1]}")
-    if out_shape[dim] % ws:
-        raise ValueError(f"overlap p2p mm_rs: dim {dim} of {out_shape} is not divisible by the group size {ws}")
     step_len = out_shape[dim] // ws
     chunk_shape = list(out_shape)
     chunk_shape[dim] = step_len
     last = dim == len(out_shape) - 1
-    a_nd = a.view(*out_shape[:-1], a.shape[1])
+    a_nd = a.reshape(*out_shape[:-1], a.shape[1])  # a copy only when a's layout cannot be viewed so
 
     def partial(c: int) -> Tensor:
         lo, hi = c * step_len, (c + 1) * step_len
@@ -239,10 +322,8 @@ def mm_ar(
     epilogue: str = "",
     epilogue_args: Sequence[Tensor | None] = (),
 ) -> Tensor:
-    ring = Ring(group_name)
+    ring = Ring(group_name, "mm_ar")
     ws = ring.size
-    _check_2d("a", a)
-    _check_2d("b", b)
     m, n = a.shape[0], b.shape[1]
     step_len = -(-m // ws)  # row chunks of equal length; the last ones are zero-padded
     dtype = torch.result_type(a, b)
@@ -256,5 +337,5 @@ def mm_ar(
 
     mine = _reduce_scatter_matmul(ring, partial, (step_len, n), dtype, a.device, reduce_op)
     full = torch.empty((ws * step_len, n), dtype=dtype, device=a.device)
-    dist.all_gather_into_tensor(full, mine, group=ring.group)
+    ring.wait([ring.all_gather(full, mine)], "the all-gather of the reduced chunks")
     return _epilogue.apply(epilogue, full[:m] if ws * step_len != m else full, epilogue_args)

@@ -42,6 +42,7 @@ from .streams import SYMM_COPY_OUT, SYMM_PUSH, comm_stream
 log = logging.getLogger("overlap_backend.symm")
 
 WS_MAX = 8  # ranks of one node
+MAX_VIEWS = 64  # GroupState.data_view's cache of tensor views over the data buffer, per group
 AR_ROWS_PER_CHUNK = 512  # mm_ar: at least this many rows per chunk and round (an efficient GEMM)...
 AR_MAX_ROUNDS = 4  # ...and at most this many rounds (each costs ~3 host calls per peer and band)
 ONESHOT_MAX_BYTES = 4 << 20  # mm_ar: one-shot (push the whole partial) up to this partial size
@@ -250,7 +251,7 @@ class GroupState:
         self.ws = self.group.size()
         self.rank = self.group.rank()
         self.device = device
-        self.timeout_ns = int(OverlapConfig.from_env().timeout_s * 1e9)
+        self.timeout_ns = int(OverlapConfig.env_value("timeout_s") * 1e9)
         self.epoch = 0
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.push_stream = comm_stream(device.index, SYMM_PUSH)
@@ -285,6 +286,10 @@ class GroupState:
         view = self._views.get(key)
         if view is not None:
             return view
+        if len(self._views) >= MAX_VIEWS:
+            # Shapes change with every length under dynamic shapes: keep the cache bounded (the views
+            # hold no memory of their own, only Python objects over the one data buffer).
+            self._views.clear()
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         if self.data is None or offset_bytes + nbytes > self.data.nbytes:
             raise RuntimeError("overlap symm: data buffer too small (ensure_data first)")
@@ -523,13 +528,17 @@ def _install_destroy_hook() -> None:
         return
 
     def destroy_process_group(group=None):
+        from . import p2p
+
         if group is None:
             release_all()
             _support.clear()
             _fallback.clear()
+            p2p._GROUPS.clear()
             return original(group)
         result = original(group)
         _on_group_destroyed()
+        p2p.forget_destroyed_groups()
         return result
 
     destroy_process_group._overlap_hooked = True

@@ -1,0 +1,81 @@
+"""Docs stay in step with the code: every OVERLAP_* variable documented, a generated before/after
+example for every pass, the benchmark plots regenerate from the committed results."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env_table() -> dict[str, str]:
+    """``OverlapConfig._ENV`` read from config.py's source: field -> variable."""
+    tree = ast.parse((ROOT / "overlap_backend" / "config.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_ENV" for t in node.targets):
+            return {k.value: v.elts[0].value for k, v in zip(node.value.keys, node.value.values)}
+    raise AssertionError("no _ENV table in config.py")
+
+
+def test_every_env_var_is_documented():
+    from overlap_backend import OverlapConfig
+
+    table = _env_table()
+    assert table == OverlapConfig.env_vars()
+    doc = (ROOT / "docs" / "config.md").read_text()
+    rows = set(re.findall(r"^\| `(OVERLAP_\w+)` \|", doc, re.M))
+    missing = sorted(set(table.values()) - rows)
+    assert not missing, f"docs/config.md has no table row for {missing}"
+    stale = sorted(rows - set(table.values()))
+    assert not stale, f"docs/config.md documents variables config.py does not read: {stale}"
+
+
+def _examples_module():
+    spec = importlib.util.spec_from_file_location("make_pass_examples", ROOT / "docs" / "make_pass_examples.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass looks itself up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_pass_has_a_generated_example():
+    mod = _examples_module()
+    doc = (ROOT / "docs" / "passes.md").read_text()
+    begins = re.findall(r"<!-- BEGIN GENERATED (\w+) \(docs/make_pass_examples.py\) -->", doc)
+    ends = re.findall(r"<!-- END GENERATED (\w+) -->", doc)
+    names = [ex.name for ex in mod.EXAMPLES]
+    assert begins == ends and sorted(begins) == sorted(names)
+    shown = {p for ex in mod.EXAMPLES for p in ex.show[1:]}
+    assert {"ag_mm", "mm_rs", "mm_ar", "moe", "cta_pipeline"} <= shown
+    assert any(ex.name.startswith("epilogue") for ex in mod.EXAMPLES)
+    for name in begins:  # no block left empty
+        body = doc.split(f"<!-- BEGIN GENERATED {name} (docs/make_pass_examples.py) -->\n", 1)[1]
+        body = body.split("<!-- END", 1)[0]
+        assert "torch.ops" in body or '"pass"' in body, name
+
+
+def test_bench_plots_regenerate(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_plot", ROOT / "bench" / "plot.py")
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    results = ROOT / "bench" / "results"
+    svgs = 0
+    for d in sorted(p for p in results.iterdir() if p.is_dir()):
+        for f in sorted(d.glob("*.json")):
+            out = plot.plot_file(f, tmp_path / d.name)
+            if out is None:
+                continue
+            svgs += 1
+            ET.fromstring(out.read_text())  # well-formed
+            committed = d / out.name
+            assert committed.exists() and committed.read_text() == out.read_text(), \
+                f"{committed} is missing or stale: run python bench/plot.py"
+    assert svgs >= 4
+    doc = (ROOT / "docs" / "results.md").read_text()
+    for ref in re.findall(r"\]\((\.\./bench/results/[^)]+\.svg)\)", doc):
+        assert (ROOT / "docs" / ref).resolve().exists(), ref

@@ -1,0 +1,355 @@
+"""Reliability (issue 6): bad op inputs fail before any transfer, a late or dead peer becomes an
+exception within OVERLAP_TIMEOUT_S, graph breaks inside a pattern are reported, and recompiles
+reuse the lowerings' per-group state.
+
+In-process tests use the fake process group (no communication) or a one-rank gloo group (real ops,
+real numerics); the multi-process checks share one spawn of 2 gloo ranks (``gloo_results``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from dist_harness import run_ranks
+
+TIMEOUT_S = 2.0  # OVERLAP_TIMEOUT_S of the timeout test
+SLACK_S = 10.0  # what the loaded 2-core CI machine may add on top of it
+
+
+# ------------------------------------------------------------------------------ input validation
+def _no_transfer(monkeypatch):
+    """Make any p2p transfer fail the test: a validation error must come before the first one."""
+    from overlap_backend.runtime import p2p
+
+    def start_batch(ops):
+        raise AssertionError("a transfer started before the inputs were validated")
+
+    monkeypatch.setattr(p2p, "start_batch", start_batch)
+
+
+def _bad_calls(name):
+    ov = torch.ops.overlap
+    f16 = torch.float16
+    x, w = torch.randn(4, 8), torch.randn(8, 16)
+    a, b = torch.randn(8, 4), torch.randn(4, 16)
+    wg = torch.randn(2, 8, 6)
+    wd = torch.randn(2, 6, 8)
+    rows = torch.arange(4)
+    return [
+        # (op, call, argument named, expected text)
+        ("ag_mm", lambda: ov.ag_mm(x, [torch.randn(7, 16)], [None], 0, name, "p2p", False), "weights[0]", "K=8"),
+        ("ag_mm", lambda: ov.ag_mm(x, [w.to(f16)], [None], 0, name, "p2p", False), "weights[0]", "dtype torch.float32"),
+        ("ag_mm", lambda: ov.ag_mm(x, [w], [torch.randn(15)], 0, name, "p2p", False), "biases[0]", "[16] vector"),
+        ("ag_mm", lambda: ov.ag_mm(x, [w], [None], 2, name, "p2p", False), "gather_dim", "out of range"),
+        ("ag_mm", lambda: ov.ag_mm(x.long(), [w.long()], [None], 0, name, "p2p", False), "shard", "floating-point"),
+        ("ag_mm", lambda: ov.ag_mm(x, [w], [None], 0, "no-such-group", "p2p", False), "group_name", "not a process group"),
+        ("mm_rs", lambda: ov.mm_rs(torch.randn(6, 4), b, None, [6, 16], 0, "sum", name, "p2p"), "out_shape",
+         "not divisible by the group size 4"),
+        ("mm_rs", lambda: ov.mm_rs(a, b, None, [4, 16], 0, "sum", name, "p2p"), "out_shape", "multiply to M=8"),
+        ("mm_rs", lambda: ov.mm_rs(a, torch.randn(5, 16), None, [8, 16], 0, "sum", name, "p2p"), "b", "[K=4, N]"),
+        ("mm_rs", lambda: ov.mm_rs(a, b, None, [8, 16], 0, "mean", name, "p2p"), "reduce_op", "allowed: sum"),
+        ("mm_ar", lambda: ov.mm_ar(a, b.to(torch.float64), None, "sum", name, "p2p"), "b", "dtype torch.float32"),
+        ("mm_ar", lambda: ov.mm_ar(a.view(2, 4, 4), b, None, "sum", name, "p2p"), "a", "2-D"),
+        ("mm_ar", lambda: ov.mm_ar(a, b, torch.randn(16, 1), "sum", name, "p2p"), "bias", "[16] vector"),
+        ("mm_ar", lambda: ov.mm_ar(a, b, None, "sum", name, "p2p", "gelu|gelu"), "epilogue", "specs for 1 outputs"),
+        ("moe_experts", lambda: ov.moe_experts(x, [1, 1, 2], [1, 1, 2], rows, None, [2, 2], wg, wg, wd, name, "p2p",
+                                               [False] * 5), "send_splits", "expected 4 sizes"),
+        ("moe_experts", lambda: ov.moe_experts(x, [1, 1, 1, 1], [1, 1, 1, 1], rows, None, [2, 2], wg, wg.to(f16), wd,
+                                               name, "p2p", [False] * 5), "w_up", "dtype"),
+        ("moe_experts", lambda: ov.moe_experts(x, [1, 1, 1, 1], [1, 2, 1, 1], rows, None, [2, 2], wg, wg, wd, name,
+                                               "p2p", [False] * 5), "recv_splits", "sends itself 1 rows but receives 2"),
+        ("cta_pipeline_mlp", lambda: ov.cta_pipeline_mlp(x, w, None, w, None, torch.randn(16, 8), None, "gelu", "none", 2,
+                                                         name, "p2p"), "w3", "exactly when activation is 'swiglu'"),
+        ("cta_pipeline_mlp", lambda: ov.cta_pipeline_mlp(x, w, None, None, None, torch.randn(12, 8), None, "gelu", "none",
+                                                         2, name, "p2p"), "w2", "[F=16, N]"),
+        ("cta_pipeline_mlp", lambda: ov.cta_pipeline_mlp(x, w, None, None, None, torch.randn(16, 8), None, "gelu", "none",
+                                                         0, name, "p2p"), "stages", ">= 1"),
+    ]
+
+
+def test_bad_inputs_raise_before_any_transfer(fake_pg, monkeypatch):
+    from overlap_backend.runtime.checks import OverlapInputError
+    from overlap_backend.runtime.epilogue import EpilogueError
+
+    _no_transfer(monkeypatch)
+    for op, call, arg, text in _bad_calls(fake_pg.group_name):
+        with pytest.raises((OverlapInputError, EpilogueError)) as info:
+            call()
+        msg = str(info.value)
+        assert msg.startswith(f"overlap::{op}: argument {arg!r}"), msg
+        assert text in msg, msg
+
+
+def test_unknown_lowering_names_the_registered_ones(fake_pg, monkeypatch):
+    from overlap_backend.runtime.lowering import LoweringError
+
+    _no_transfer(monkeypatch)
+    with pytest.raises(LoweringError, match="overlap::mm_ar has no 'nvshmem' lowering; lowerings that implement it: p2p, symm"):
+        torch.ops.overlap.mm_ar(torch.randn(4, 8), torch.randn(8, 4), None, "sum", fake_pg.group_name, "nvshmem")
+
+
+def test_unknown_group_is_a_group_error(fake_pg):
+    from overlap_backend.runtime.checks import OverlapGroupError
+
+    with pytest.raises(OverlapGroupError, match="'nope' is not a process group of this process"):
+        torch.ops.overlap.mm_ar(torch.randn(4, 4), torch.randn(4, 4), None, "sum", "nope", "p2p")
+    # a rank outside a subgroup: c10d gives it no group object to name
+    import torch.distributed as dist
+
+    assert dist.new_group([0, 2]) is dist.GroupMember.NON_GROUP_MEMBER
+
+
+@pytest.fixture
+def gloo_one_rank():
+    """A real one-rank gloo group: the ops run for real (ring of one), numerics can be checked."""
+    import torch.distributed as dist
+
+    torch._dynamo.reset()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+
+
+def test_non_contiguous_inputs_are_accepted(gloo_one_rank):
+    """No layout is rejected (layout is rank-local): the lowerings copy what must be contiguous."""
+    ov, name = torch.ops.overlap, gloo_one_rank.group_name
+    x = torch.randn(3, 8, 5).transpose(1, 2)  # [3, 5, 8], not contiguous
+    w = torch.randn(16, 8).t()  # [8, 16], a transposed view
+    bias = torch.randn(32)[::2]  # strided [16]
+    g, (out,) = ov.ag_mm(x, [w], [bias], 1, name, "p2p", True)
+    torch.testing.assert_close(g, x)
+    torch.testing.assert_close(out, x.reshape(-1, 8) @ w + bias)
+    a = torch.randn(8, 15).t()  # [15, 8] non-contiguous, viewed as [3, 5, 8] by mm_rs
+    out = ov.mm_rs(a, w, None, [3, 5, 16], 1, "sum", name, "p2p")
+    torch.testing.assert_close(out, (a @ w).view(3, 5, 16))
+    torch.testing.assert_close(ov.mm_ar(a, w, bias, "sum", name, "p2p"), a @ w + bias)
+
+
+# -------------------------------------------------------------------- per-group state, recompiles
+def test_recompile_reuses_p2p_group_state(fake_pg, clean_env):
+    """A second compiled graph (a recompile on a new shape) runs on the same per-group state."""
+    import torch.distributed._functional_collectives as funcol
+
+    import overlap_backend
+    from overlap_backend.runtime import p2p
+
+    def f(x, w):
+        return funcol.all_gather_tensor(x, 0, fake_pg) @ w
+
+    backend = overlap_backend.make_backend(inductor=False, passes=["ag_mm"], lowering="p2p")
+    compiled = torch.compile(f, backend=backend)
+    w = torch.randn(8, 16)
+    compiled(torch.randn(2, 8), w)
+    state = p2p._GROUPS[fake_pg.group_name]
+    calls = state.calls
+    compiled(torch.randn(3, 8), w)  # new shape: recompiles
+    compiled(torch.randn(5, 8), w)
+    graphs = [r for r in backend.reports if any(m.applied for m in r.matches)]
+    assert len(graphs) >= 2, [r.to_json() for r in backend.reports]
+    assert list(p2p._GROUPS) == [fake_pg.group_name]
+    assert p2p._GROUPS[fake_pg.group_name] is state
+    assert state.calls == calls + 2
+
+
+def test_p2p_group_state_follows_the_group(clean_env):
+    """A destroyed group's state is dropped; a new group under the same name gets fresh state."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from overlap_backend.runtime import p2p
+
+    states = []
+    for _ in range(2):
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+        try:
+            name = dist.group.WORLD.group_name
+            states.append(p2p.group_state(name))
+            assert p2p.group_state(name) is states[-1]
+            assert states[-1].group is dist.group.WORLD
+        finally:
+            dist.destroy_process_group()
+        assert name not in p2p._GROUPS
+    assert states[0] is not states[1]
+
+
+def test_timeout_is_read_once_per_group(clean_env):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from overlap_backend.runtime import p2p
+
+    clean_env.setenv("OVERLAP_TIMEOUT_S", "7.5")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        st = p2p.group_state(dist.group.WORLD.group_name)
+        assert st.timeout_s == 7.5 and st.timeout.total_seconds() == 7.5
+    finally:
+        dist.destroy_process_group()
+
+
+def test_symm_view_cache_is_bounded(monkeypatch):
+    """GroupState.data_view caches one view per (dtype, shape, offset): bounded, for dynamic shapes."""
+    from types import SimpleNamespace
+
+    from overlap_backend.runtime import symm
+
+    monkeypatch.setattr(symm._cuda, "as_tensor", lambda ptr, nbytes, dev: torch.empty(nbytes, dtype=torch.uint8))
+    st = object.__new__(symm.GroupState)
+    st.data, st.device, st._views = SimpleNamespace(nbytes=1 << 20, local=0), torch.device("cpu"), {}
+    first = st.data_view(torch.float32, (4, 8))
+    assert st.data_view(torch.float32, (4, 8)) is first  # reused
+    for rows in range(1, 3 * symm.MAX_VIEWS):
+        st.data_view(torch.bfloat16, (rows, 64))
+        assert len(st._views) <= symm.MAX_VIEWS
+
+
+def test_cta_placements_of_dead_weights_are_pruned():
+    from overlap_backend.runtime import cta_symm
+
+    live, dead = torch.randn(4, 4), torch.randn(4, 4)
+    saved = dict(cta_symm._placements)
+    try:
+        cta_symm._placements.clear()
+        cta_symm._placements["live"] = cta_symm._Placement((cta_symm._storage_ref(live),), (0,), w1=live.clone())
+        cta_symm._placements["dead"] = cta_symm._Placement((cta_symm._storage_ref(dead),), (0,), w1=dead.clone())
+        del dead
+        assert cta_symm.prune_placements() == 1
+        assert list(cta_symm._placements) == ["live"]
+    finally:
+        cta_symm._placements.clear()
+        cta_symm._placements.update(saved)
+
+
+# ------------------------------------------- gloo, 2 ranks: graph breaks, recompiles, late and dead peers
+def _graph_breaks_and_recompiles(rank, debug_dir):
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    import overlap_backend
+    from overlap_backend.runtime import p2p
+
+    pg = dist.group.WORLD
+    torch.manual_seed(0)
+    w = torch.randn(8, 16)
+
+    def ag_break_mm(x):
+        g = funcol.all_gather_tensor(x, 0, pg)
+        torch._dynamo.graph_break()
+        return g @ w
+
+    def mm_break_rs(a):
+        y = a @ w
+        torch._dynamo.graph_break()
+        return funcol.reduce_scatter_tensor(y, "sum", 0, pg)
+
+    def ag_mm(x):
+        return funcol.all_gather_tensor(x, 0, pg) @ w
+
+    backend = overlap_backend.make_backend(inductor=False, debug_dir=debug_dir, lowering="p2p")
+    errs = {}
+    x = torch.randn(4, 8) + rank
+    for fn in (ag_break_mm, mm_break_rs):
+        errs[fn.__name__] = (torch.compile(fn, backend=backend)(x) - fn(x)).abs().max().item()
+    # recompiles: a new shape is a new graph; the p2p state of the group is the one created first
+    compiled = torch.compile(ag_mm, backend=backend)
+    ids = []
+    for rows in (2, 3, 6):
+        x = torch.randn(rows, 8) + rank
+        errs[f"ag_mm_{rows}"] = (compiled(x) - ag_mm(x)).abs().max().item()
+        ids.append(id(p2p._GROUPS[pg.group_name]))
+    return {"errs": errs, "state_ids": ids, "groups": list(p2p._GROUPS),
+            "reports": [r.to_json() for r in backend.reports]}
+
+
+def _late_and_dead_peers(rank, timeout_s):
+    import torch.distributed as dist
+
+    from overlap_backend.runtime.p2p import P2PError
+
+    # A short timeout, read by groups created from now on (the state of WORLD, used while the ranks
+    # compiled at different speeds above, keeps the default 60 s).
+    os.environ["OVERLAP_TIMEOUT_S"] = str(timeout_s)
+    name = dist.new_group([0, 1]).group_name
+    x, w = torch.randn(4, 8), torch.randn(8, 16)
+    result = {}
+    # 1. a late peer: rank 1 skips the call; rank 0 must give up after OVERLAP_TIMEOUT_S
+    dist.barrier()
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            torch.ops.overlap.ag_mm(x, [w], [None], 0, name, "p2p", False)
+            result["late"] = None
+        except P2PError as e:
+            result["late"] = (time.monotonic() - start, str(e))
+    else:
+        time.sleep(timeout_s + 2)  # alive, but never makes its side of the transfer
+    # 2. a dead peer, on a fresh group (the timeout closed the first one's connections): rank 1 leaves
+    sub = dist.new_group([0, 1])
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            torch.ops.overlap.mm_ar(torch.randn(8, 4), torch.randn(4, 4), None, "sum", sub.group_name, "p2p")
+            result["dead"] = None
+        except P2PError as e:
+            result["dead"] = (time.monotonic() - start, str(e))
+    return result  # rank 1 returns at once: its process exits while rank 0 waits for it
+
+
+def gloo_worker(rank, ws, debug_dir, timeout_s):
+    out = _graph_breaks_and_recompiles(rank, debug_dir)
+    out.update(_late_and_dead_peers(rank, timeout_s))  # last: it leaves the group broken
+    return out
+
+
+@pytest.fixture(scope="module")
+def gloo_results(tmp_path_factory):
+    """One spawn of 2 gloo ranks for the multi-process checks below (spawning costs most of the time)."""
+    debug_dir = tmp_path_factory.mktemp("dumps")
+    out = run_ranks(gloo_worker, 2, str(debug_dir), TIMEOUT_S, timeout=200)
+    return out, debug_dir
+
+
+@pytest.mark.timeout(240)
+def test_graph_break_inside_a_pattern_is_reported(gloo_results):
+    out, debug_dir = gloo_results
+    for rank, res in enumerate(out):
+        assert res["errs"]["ag_break_mm"] < 1e-4 and res["errs"]["mm_break_rs"] < 1e-4, res["errs"]
+        matches = [m for r in res["reports"] for m in r["matches"]]
+        ag = [m for m in matches if m["pass"] == "ag_mm" and not m["applied"]]
+        rs = [m for m in matches if m["pass"] == "mm_rs" and not m["applied"]]
+        assert ag and "graph break" in ag[0]["reason"] and "output of this graph" in ag[0]["reason"], matches
+        assert rs and "graph break" in rs[0]["reason"] and "input of this graph" in rs[0]["reason"], matches
+        summary = json.loads((debug_dir / f"rank{rank}" / "summary.json").read_text())
+        reasons = [m["reason"] for g in summary["graphs"] for m in g["matches"] if not m["applied"]]
+        assert sum("graph break" in why for why in reasons) == 2, summary
+
+
+@pytest.mark.timeout(240)
+def test_recompiles_reuse_the_p2p_group_state_on_gloo(gloo_results):
+    out, _ = gloo_results
+    for res in out:
+        assert all(res["errs"][f"ag_mm_{rows}"] < 1e-4 for rows in (2, 3, 6)), res["errs"]
+        assert len(set(res["state_ids"])) == 1, res["state_ids"]
+        matches = [m for r in res["reports"] for m in r["matches"]]
+        assert sum(m["pass"] == "ag_mm" and m["applied"] for m in matches) >= 2, matches  # each recompile rewritten
+
+
+@pytest.mark.timeout(240)
+def test_late_or_dead_peer_raises_within_the_timeout(gloo_results):
+    out, _ = gloo_results
+    late, dead = out[0]["late"], out[0]["dead"]
+    assert late is not None and dead is not None, out[0]
+    elapsed, msg = late
+    assert TIMEOUT_S - 0.5 <= elapsed <= TIMEOUT_S + SLACK_S, late
+    assert "overlap p2p: ag_mm on rank 0" in msg and f"OVERLAP_TIMEOUT_S={TIMEOUT_S:g} s" in msg, msg
+    elapsed, msg = dead
+    assert elapsed <= TIMEOUT_S + SLACK_S, dead
+    assert "overlap p2p: mm_ar on rank 0" in msg, msg
