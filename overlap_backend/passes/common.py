@@ -306,6 +306,33 @@ def producer_matmul(node: torch.fx.Node) -> tuple[Matmul | None, torch.fx.Node |
     return None, None
 
 
+def producer_matmul_sum(
+    node: torch.fx.Node,
+) -> tuple[list[tuple[Matmul, torch.fx.Node | None]], list[torch.fx.Node]] | None:
+    """``node`` as a sum of matmuls: ``add(add(mm_q, mm_k), mm_v)``, each term a matmul or one
+    reshape of one (the input gradient of projections that read the same tensor: Q/K/V, SwiGLU's
+    w1/w3). Returns the terms ``[(matmul, reshape or None)]`` in order and the ``add`` nodes; None
+    unless ``node`` is an ``aten.add.Tensor`` (alpha 1) whose every leaf is such a term."""
+    if not (isinstance(node, torch.fx.Node) and node.target is aten.add.Tensor):
+        return None
+    if node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:
+        return None
+    terms, adds = [], [node]
+    for operand in node.args:
+        if not isinstance(operand, torch.fx.Node):
+            return None
+        mm, reshape = producer_matmul(operand)
+        if mm is not None:
+            terms.append((mm, reshape))
+            continue
+        inner = producer_matmul_sum(operand)
+        if inner is None:
+            return None
+        terms += inner[0]
+        adds += inner[1]
+    return terms, adds
+
+
 # ------------------------------------------------------------------------------ symbolic sizes
 # Sizes may be SymInts (``dynamic=True``, ``mark_dynamic``). Facts about them are decided in two ways:
 # ``known_*`` holds for every value of the symbols (no guard: e.g. the gathered dim is ``ws * s0``
