@@ -10,6 +10,9 @@
 #                                      TESTS_K= runs them all)
 #   TEST_FILES="tests/test_gpu_cta.py" BENCHES="cta" bash bench/run_device.sh   # a subset
 #                                      (defaults: every tests/test_gpu*.py; BENCHES="collective block cta")
+#   BENCHES="models" bash bench/run_device.sh bench   # the real-model benchmark (bench_models.py, issue 6):
+#                                      opt-in, not in the default list (a few minutes per world size;
+#                                      cap LIMIT_MODELS, default 300 s; DEADLINE=900 leaves room for ws 4 and 2)
 #
 # Nothing is installed: PYTHONPATH points at the repo. NVLink multicast stays off (the three
 # variables below). Every stage runs under `timeout`: its own cap, cut to what is left of a
@@ -61,6 +64,7 @@ LIMIT_TESTS="${LIMIT_TESTS:-210}"
 LIMIT_BENCH="${LIMIT_BENCH:-150}"
 LIMIT_BLOCK="${LIMIT_BLOCK:-120}"
 LIMIT_CTA="${LIMIT_CTA:-240}"
+LIMIT_MODELS="${LIMIT_MODELS:-300}"
 BENCHES="${BENCHES:-collective block cta}"
 TEST_FILES="${TEST_FILES:-tests/test_gpu.py tests/test_gpu_cta.py}"
 LIMIT_DEMO="${LIMIT_DEMO:-90}"
@@ -118,13 +122,16 @@ benchmarks() { # benchmarks N : the collective and block benchmarks on GPUs 0..N
   [[ " $BENCHES " == *" cta "* ]] && stage "cta_ws$n" "$LIMIT_CTA" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
     bench/bench_cta.py --out-dir "$RESULTS" --graphs --trace "$TRACES" "${quick[@]}"
+  [[ " $BENCHES " == *" models "* ]] && stage "models_ws$n" "$LIMIT_MODELS" env CUDA_VISIBLE_DEVICES="$devs" \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+    bench/bench_models.py --out "$RESULTS" "${quick[@]}"
   return 0
 }
 
 package() {
   if compgen -G "$RESULTS/*.md" >/dev/null; then
     for n in 2 4; do
-      for s in ag_mm mm_rs mm_ar block cta; do
+      for s in ag_mm mm_rs mm_ar block cta models; do
         [ -f "$RESULTS/${s}_ws$n.md" ] && { cat "$RESULTS/${s}_ws$n.md"; echo; }
       done
       for f in "$RESULTS"/epilogue_*_ws$n.md; do
