@@ -196,6 +196,28 @@ def test_mm_rs_sum_of_matmuls_is_one_matmul_over_concatenated_k(fake_pg, capture
     assert out.shape == (2, 2, 16)
 
 
+def test_mm_rs_sum_of_matmuls_folded_into_addmm(fake_pg, capture):
+    """Inductor's post-grad addmm fusion turns ``add(mm(a1, b1), mm(a2, b2))`` of 2-D activations into
+    ``addmm(mm(a1, b1), a2, b2)`` (a full [M, N] "bias"): still a sum of matmuls (here nested twice)."""
+
+    def f(a1, a2, a3, b1, b2, b3):
+        return reduce_scatter(torch.addmm(torch.addmm(a1 @ b1, a2, b2), a3, b3), "sum", 0, fake_pg)
+
+    args = (torch.randn(16, 6), torch.randn(16, 4), torch.randn(16, 2),
+            torch.randn(6, 8), torch.randn(4, 8), torch.randn(2, 8))
+    be, out = compile_and_run(f, *args)
+    g = be.graphs[0]
+    op = only(g, torch.ops.overlap.mm_rs.default)
+    a, b, bias = op.args[:3]
+    # placeholders in the order of first use: a1, b1, a2, b2, a3, b3
+    assert a.target is torch.ops.aten.cat.default and [n.name for n in a.args[0]] == ["arg0_1", "arg2_1", "arg4_1"]
+    assert b.target is torch.ops.aten.cat.default and [n.name for n in b.args[0]] == ["arg1_1", "arg3_1", "arg5_1"]
+    assert bias is None
+    ts = targets(g)
+    assert torch.ops.aten.mm.default not in ts and torch.ops.aten.addmm.default not in ts
+    assert out.shape == (4, 8)
+
+
 @pytest.mark.parametrize("variant, reason", [
     ("residual", "not produced by a matmul"),  # a + b @ w: not a sum of matmuls
     ("bias", "addmm (bias) in a sum of matmuls"),

@@ -41,7 +41,7 @@ class MmRsMatch:
 
 def find_match(rs: common.ReduceScatter) -> MmRsMatch:
     mm, reshape = common.producer_matmul(rs.input)
-    if mm is None and (summed := common.producer_matmul_sum(rs.input)) is not None:
+    if (mm is None or mm.bias is not None) and (summed := common.producer_matmul_sum(rs.input)) is not None:
         (first, *more), adds = summed
         return MmRsMatch(rs, first[0], first[1], more=more, adds=adds)
     return MmRsMatch(rs, mm, reshape)
