@@ -30,6 +30,9 @@
 #   bash bench/run_device.sh bench                      # collective, MoE, block, CTA at ws=8
 #   BENCHES="block cta" bash bench/run_device.sh bench  # what the previous command did not reach
 #   BENCH_WS="4 2" bash bench/run_device.sh bench       # ws=4 and ws=2 on GPUs 0-3 / 0-1 of the same node
+#   BENCHES="models" bash bench/run_device.sh bench   # the real-model benchmark (bench_models.py, issue 6):
+#                                      opt-in, not in the default list (a few minutes per world size;
+#                                      cap LIMIT_MODELS, default 300 s; DEADLINE=900 leaves room for ws 4 and 2)
 #
 # Nothing is installed: PYTHONPATH points at the repo. NVLink multicast stays off (the three
 # variables below). Every stage runs under `timeout`: its own cap, cut to what is left of a
@@ -97,6 +100,7 @@ TEST_FILES="${TEST_FILES:-$DEFAULT_TEST_FILES}"
 # then the 32-expert one; MOE_ARGS replaces these arguments of bench_moe.py.
 MOE_ARGS="${MOE_ARGS:---configs deepseek-ep8,deepseek --routing balanced,skewed --comm-sms 8}"
 EPILOGUE_WS="${EPILOGUE_WS:-2}"
+LIMIT_MODELS="${LIMIT_MODELS:-300}"
 LIMIT_DEMO="${LIMIT_DEMO:-90}"
 TRACES_MAX_BYTES=$((15 * 1024 * 1024))
 
@@ -157,13 +161,16 @@ benchmarks() { # benchmarks N : the benchmarks of BENCHES on GPUs 0..N-1
   [[ " $BENCHES " == *" cta "* ]] && stage "cta_ws$n" "$LIMIT_CTA" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
     bench/bench_cta.py --out-dir "$RESULTS" --graphs --trace "$TRACES" "${quick[@]}"
+  [[ " $BENCHES " == *" models "* ]] && stage "models_ws$n" "$LIMIT_MODELS" env CUDA_VISIBLE_DEVICES="$devs" \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+    bench/bench_models.py --out "$RESULTS" "${quick[@]}"
   return 0
 }
 
 package() {
   if compgen -G "$RESULTS/*.md" >/dev/null; then
     for n in 2 4 8; do
-      for s in ag_mm mm_rs mm_ar moe block cta; do
+      for s in ag_mm mm_rs mm_ar moe block cta models; do
         [ -f "$RESULTS/${s}_ws$n.md" ] && { cat "$RESULTS/${s}_ws$n.md"; echo; }
       done
       for f in "$RESULTS"/epilogue_*_ws$n.md; do

@@ -172,6 +172,73 @@ def test_rs_of_non_matmul_reported(fake_pg, capture):
     assert "not produced by a matmul" in rej.reason
 
 
+def test_mm_rs_sum_of_matmuls_is_one_matmul_over_concatenated_k(fake_pg, capture):
+    """The input gradient of Q/K/V in the backward of TP + SP: (gq @ Wq + gk @ Wk) + gv @ Wv on the
+    3-D [b, s, h] layout, then the sequence reduce-scatter: one op on cat(g, 1) @ cat(W, 0)."""
+
+    def f(gq, gk, gv, wq, wk, wv):
+        return reduce_scatter(gq @ wq + gk @ wk + gv @ wv, "sum", 1, fake_pg)
+
+    args = (torch.randn(2, 8, 12), torch.randn(2, 8, 4), torch.randn(2, 8, 4),
+            torch.randn(12, 16), torch.randn(4, 16), torch.randn(4, 16))
+    be, out = compile_and_run(f, *args)
+    g = be.graphs[0]
+    op = only(g, torch.ops.overlap.mm_rs.default)
+    a, b, bias, out_shape, scatter_dim = op.args[:5]
+    assert a.target is torch.ops.aten.cat.default and a.args[1] == 1 and len(a.args[0]) == 3
+    assert b.target is torch.ops.aten.cat.default and b.args[1] == 0 and [n.op for n in b.args[0]] == ["placeholder"] * 3
+    assert bias is None and out_shape == [2, 8, 16] and scatter_dim == 1
+    ts = targets(g)
+    assert torch.ops.aten.mm.default not in ts and torch.ops.aten.add.Tensor not in ts
+    assert C10D.reduce_scatter_tensor.default not in ts
+    (rec,) = applied(be, "mm_rs")
+    assert sum(n.startswith("add") for n in rec.nodes) == 2 and sum(n.startswith("mm") for n in rec.nodes) == 3
+    assert out.shape == (2, 2, 16)
+
+
+def test_mm_rs_sum_of_matmuls_folded_into_addmm(fake_pg, capture):
+    """Inductor's post-grad addmm fusion turns ``add(mm(a1, b1), mm(a2, b2))`` of 2-D activations into
+    ``addmm(mm(a1, b1), a2, b2)`` (a full [M, N] "bias"): still a sum of matmuls (here nested twice)."""
+
+    def f(a1, a2, a3, b1, b2, b3):
+        return reduce_scatter(torch.addmm(torch.addmm(a1 @ b1, a2, b2), a3, b3), "sum", 0, fake_pg)
+
+    args = (torch.randn(16, 6), torch.randn(16, 4), torch.randn(16, 2),
+            torch.randn(6, 8), torch.randn(4, 8), torch.randn(2, 8))
+    be, out = compile_and_run(f, *args)
+    g = be.graphs[0]
+    op = only(g, torch.ops.overlap.mm_rs.default)
+    a, b, bias = op.args[:3]
+    # placeholders in the order of first use: a1, b1, a2, b2, a3, b3
+    assert a.target is torch.ops.aten.cat.default and [n.name for n in a.args[0]] == ["arg0_1", "arg2_1", "arg4_1"]
+    assert b.target is torch.ops.aten.cat.default and [n.name for n in b.args[0]] == ["arg1_1", "arg3_1", "arg5_1"]
+    assert bias is None
+    ts = targets(g)
+    assert torch.ops.aten.mm.default not in ts and torch.ops.aten.addmm.default not in ts
+    assert out.shape == (4, 8)
+
+
+@pytest.mark.parametrize("variant, reason", [
+    ("residual", "not produced by a matmul"),  # a + b @ w: not a sum of matmuls
+    ("bias", "addmm (bias) in a sum of matmuls"),
+    ("reused", "also used by"),
+])
+def test_mm_rs_sum_of_matmuls_rejections(fake_pg, capture, variant, reason):
+    def f(x1, x2, w1, w2, bias):
+        y1 = x1 @ w1
+        if variant == "residual":
+            return reduce_scatter(x1[:, :8] + x2 @ w2, "sum", 0, fake_pg)
+        if variant == "bias":
+            return reduce_scatter(F.linear(x1, w1.t(), bias) + x2 @ w2, "sum", 0, fake_pg)
+        return reduce_scatter(y1 + x2 @ w2, "sum", 0, fake_pg), y1.sum()
+
+    be, _ = compile_and_run(f, torch.randn(16, 12), torch.randn(16, 4), torch.randn(12, 8), torch.randn(4, 8),
+                            torch.randn(8))
+    (rej,) = rejected(be, "mm_rs")
+    assert reason in rej.reason, rej.reason
+    assert torch.ops.overlap.mm_rs.default not in targets(be.graphs[0])
+
+
 # ------------------------------------------------------------------------------------ mm_ar
 def test_mm_ar_funcol_3d(fake_pg, capture):
     def f(x, w):

@@ -2,15 +2,18 @@
 
 Matches every reduce-scatter (dim 0, or split/cat and slice/cat forms for other dims) whose input
 is an ``mm``/``addmm``, directly or through one reshape (``mm → reshape`` of 3-D activations), and
-whose matmul result feeds nothing else. With ``fuse_epilogues`` the pointwise chain after the
-reduce-scatter (a residual add of the matching row chunk, scaling, a cast, ...) goes into the op's
-``epilogue`` (``passes/epilogue.py``): it runs on the reduced chunk.
+whose matmul result feeds nothing else. A sum of such matmuls (``mm(a_q, b_q) + mm(a_k, b_k) + ...``:
+the input gradient of projections that read one gathered tensor, Q/K/V or SwiGLU's w1/w3, in the
+backward of tensor + sequence parallelism) is one matmul over the concatenated contraction dim,
+``cat([a_i], 1) @ cat([b_i], 0)``: the op gets those two ``cat`` nodes. With ``fuse_epilogues``
+the pointwise chain after the reduce-scatter (a residual add of the matching row chunk, scaling, a
+cast, ...) goes into the op's ``epilogue`` (``passes/epilogue.py``): it runs on the reduced chunk.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx
@@ -27,19 +30,34 @@ class MmRsMatch:
     matmul: Matmul | None
     reshape: torch.fx.Node | None
     capture: ep.Capture | None = None  # the chain after the wait that the op computes (set by check)
+    # a sum of matmuls: the terms after the first (``matmul``/``reshape``) and the add nodes
+    more: list[tuple[Matmul, torch.fx.Node | None]] = field(default_factory=list)
+    adds: list[torch.fx.Node] = field(default_factory=list)
+
+    @property
+    def terms(self) -> list[tuple[Matmul, torch.fx.Node | None]]:
+        return [(self.matmul, self.reshape)] + self.more if self.matmul is not None else []
+
+
+def find_match(rs: common.ReduceScatter) -> MmRsMatch:
+    mm, reshape = common.producer_matmul(rs.input)
+    if (mm is None or mm.bias is not None) and (summed := common.producer_matmul_sum(rs.input)) is not None:
+        (first, *more), adds = summed
+        return MmRsMatch(rs, first[0], first[1], more=more, adds=adds)
+    return MmRsMatch(rs, mm, reshape)
 
 
 class MmRsPass(OverlapPass):
     name = "mm_rs"
 
     def find(self, graph):
-        return [MmRsMatch(rs, *common.producer_matmul(rs.input)) for rs in common.find_reduce_scatters(graph)]
+        return [find_match(rs) for rs in common.find_reduce_scatters(graph)]
 
     def key(self, m):
         return m.scatter.collective
 
     def describe(self, m: MmRsMatch):
-        pre = ([m.matmul.node] if m.matmul else []) + ([m.reshape] if m.reshape is not None else [])
+        pre = [n for mm, reshape in m.terms for n in (mm.node, reshape) if n is not None] + m.adds
         return [n.name for n in pre + m.scatter.nodes]
 
     def check(self, m: MmRsMatch) -> str:
@@ -52,13 +70,16 @@ class MmRsPass(OverlapPass):
             raise Rejected(f"reduce op {rs.reduce_op!r} not supported")
         if err := common.scatter_layout_error(rs, ws):
             raise Rejected(err)
-        common.require_backed(mm.a, mm.b, rs.input)
+        operands = [n for t, _ in m.terms for n in (t.a, t.b)]
+        common.require_backed(*operands, rs.input)
         out_shape, mm_shape = common.val(rs.input).shape, common.val(mm.node).shape
         if not (common.known_eq(out_shape[-1], mm_shape[1]) and common.known_eq(common.prod(out_shape[:-1]), mm_shape[0])):
             raise Rejected(f"reshape {tuple(mm_shape)} -> {tuple(out_shape)} does not keep the matmul's rows and columns")
-        common.require_dtype(mm.a, mm.b)
+        common.require_dtype(*operands)
         common.require_bias_vector(mm)
-        produced = [mm.node] + ([m.reshape] if m.reshape is not None else [])
+        if m.more:
+            self._check_sum(m)
+        produced = [n for t, reshape in m.terms for n in (t.node, reshape) if n is not None] + m.adds
         for node in produced:
             others = [u for u in node.users if u not in rs.nodes and u not in produced]
             if others:
@@ -80,8 +101,28 @@ class MmRsPass(OverlapPass):
         return common.written_lowering(self.ctx, lowering, decision)
 
     @staticmethod
+    def _check_sum(m: MmRsMatch) -> None:
+        """Every term is a bias-free ``[M, K_i] @ [K_i, N]`` of the first term's ``[M, N]`` with the
+        reduce-scattered shape; no add broadcasts."""
+        shape = common.val(m.scatter.input).shape
+        mm_shape = common.val(m.matmul.node).shape
+        for t, reshape in m.terms:
+            if t.bias is not None:
+                raise Rejected(f"{t.node.name}: addmm (bias) in a sum of matmuls")
+            ts = common.val(t.node).shape
+            if not (common.known_eq(ts[0], mm_shape[0]) and common.known_eq(ts[1], mm_shape[1])):
+                raise Rejected(f"sum of matmuls of different shapes {tuple(mm_shape)} and {tuple(ts)} ({t.node.name})")
+            value = common.val(reshape if reshape is not None else t.node).shape
+            if len(value) != len(shape) or not all(common.known_eq(a, b) for a, b in zip(value, shape)):
+                raise Rejected(f"term {(reshape or t.node).name} {tuple(value)} of the sum is not {tuple(shape)}")
+        for add in m.adds:
+            if common.val(add).dtype != common.val(m.matmul.node).dtype:
+                raise Rejected(f"{add.name} changes the dtype of the sum")
+
+    @staticmethod
     def _matched(m: MmRsMatch) -> list[torch.fx.Node]:
-        return list(m.scatter.nodes) + [m.matmul.node] + ([m.reshape] if m.reshape is not None else [])
+        terms = [n for t, reshape in m.terms for n in (t.node, reshape) if n is not None]
+        return list(m.scatter.nodes) + terms + m.adds
 
     def epilogue_report(self, m: MmRsMatch):
         if m.capture is None:
@@ -95,15 +136,20 @@ class MmRsPass(OverlapPass):
         cap = m.capture or ep.Capture()
         extra = (cap.spec({a: i for i, a in enumerate(cap.args)}), list(cap.args)) if cap.steps else ()
         with graph.inserting_before(rs.wait):
+            a, b = mm.a, mm.b
+            if m.more:  # sum_i a_i @ b_i == cat(a_i, 1) @ cat(b_i, 0)
+                a = common.call(graph, torch.ops.aten.cat.default, ([t.a for t, _ in m.terms], 1))
+                b = common.call(graph, torch.ops.aten.cat.default, ([t.b for t, _ in m.terms], 0))
             fused = common.call(
                 graph,
                 torch.ops.overlap.mm_rs.default,
-                (mm.a, mm.b, mm.bias, out_shape, rs.scatter_dim, rs.reduce_op, rs.group_name, lowering, *extra),
+                (a, b, mm.bias, out_shape, rs.scatter_dim, rs.reduce_op, rs.group_name, lowering, *extra),
             )
         common.hoist_before(fused, list(cap.args))
         captured = ep.rewrite_after_collective(graph, fused, cap)
         rs.wait.replace_all_uses_with(fused)
         # The un-waited collective can also be an output (saved for backward): same value.
         rs.collective.replace_all_uses_with(fused, delete_user_cb=lambda user: user is not rs.wait)
-        nodes = captured + list(reversed(rs.nodes)) + ([m.reshape] if m.reshape is not None else []) + [mm.node]
-        common.erase_dead(nodes)
+        terms = [n for t, reshape in m.terms for n in (reshape, t.node) if n is not None]
+        nodes = captured + list(reversed(rs.nodes)) + list(reversed(m.adds)) + terms
+        common.erase_dead(list(dict.fromkeys(nodes)))  # a term may appear twice: add(mm, mm)
