@@ -4,7 +4,8 @@
     python bench/plot.py bench/results/2026-11-30_h200x2_cta [--out-dir DIR]
 
 Reads the JSON files the benchmarks write (``bench_collective_gemm.py``: ``<suite>_ws<N>.json``;
-``bench_block.py``: ``block_ws<N>.json``; ``bench_cta.py``: ``cta_ws<N>.json``) and writes
+``bench_block.py``: ``block_ws<N>.json``; ``bench_cta.py``: ``cta_ws<N>.json``; ``bench_moe.py``:
+``moe_ws<N>.json``; ``bench_epilogue.py``: ``epilogue_*_ws<N>.json``) and writes
 ``<same name>.svg`` next to each (or into ``--out-dir``). Each panel is one shape: horizontal bars of
 the wall-clock time per call in ms (shorter is better), ours in orange, the baselines in grey/blue,
 and a dashed line at the bound overlap aims for (max(mm, comm) for the collective GEMMs; one GPU's
@@ -133,6 +134,37 @@ def cta(data: dict) -> tuple[str, str, list[dict]]:
     return title, [_machine(info)], panels
 
 
+def moe(data: dict) -> tuple[str, str, list[dict]]:
+    """``bench_moe.py``: per config and routing, the baseline, its parts, ours (default transport) and
+    the sweep's variants (comm SMs, transports, tile orders)."""
+    info = data["info"]
+    panels = []
+    for r in data["results"]:
+        t = r.get("times_ms", {})
+        if not t:
+            continue
+        bars = [("NCCL a2a + grouped_mm (baseline)", t.get("baseline"), "ref"),
+                ("the two all-to-alls alone", t.get("a2a"), "base"),
+                ("the experts alone", t.get("experts"), "base"),
+                ("p2p, ours", t.get("p2p"), "ours"),
+                ("symm, ours (default)", t.get("symm"), "ours")]
+        for name, v in r.get("sweep", {}).items():
+            label = f"symm, SM combine, {name} SMs" if name.isdigit() else f"symm, {name}"
+            bars.append((label, v.get("ms"), "ours"))
+        panels.append({"title": f"{r['config']}, {r['routing']}", "bars": [b for b in bars if b[1] is not None],
+                       "line": ("max(experts, a2a)", t.get("max")) if t.get("max") else None})
+    return f"MoE layer, ws={info.get('world_size', '?')}", [_machine(info)], panels
+
+
+def epilogue(data: dict) -> tuple[str, str, list[dict]]:
+    """``bench_epilogue.py``: one step of the block per variant (fused epilogues vs unfused vs Inductor)."""
+    info, args = data["info"], data.get("args", {})
+    bars = [(f"{v['variant']} ({v.get('kernels_per_step', 0):.0f} kernels)", v.get("time_ms"),
+             "ref" if v["variant"] == "inductor" else "ours") for v in data["rows"]]
+    title = f"fused epilogues: {args.get('block', '?')} block, {args.get('mode', '?')}, ws={info.get('world_size', '?')}"
+    return title, [_machine(info)], [{"title": "one step", "bars": bars}]
+
+
 def plot_file(path: Path, out_dir: Path | None = None) -> Path | None:
     """Write the SVG of one result JSON; None for a file of no known format."""
     data = json.loads(path.read_text())
@@ -142,6 +174,10 @@ def plot_file(path: Path, out_dir: Path | None = None) -> Path | None:
         title, sub, panels = block(data)
     elif "info" in data and data.get("rows") and "CTA 2" in data["rows"][0]:
         title, sub, panels = cta(data)
+    elif "info" in data and data.get("results") and "sweep" in data["results"][0]:
+        title, sub, panels = moe(data)
+    elif "info" in data and data.get("rows") and "kernels_per_step" in data["rows"][0]:
+        title, sub, panels = epilogue(data)
     else:
         return None
     dest = (out_dir or path.parent) / (path.stem + ".svg")
