@@ -487,3 +487,25 @@ def test_gpu_epilogue_tests_import():
 
     mod = importlib.import_module("test_gpu_epilogues")
     assert len(mod._cases(2)) == 9 and callable(mod.ops_worker) and callable(mod.compiled_worker)
+
+
+def test_fusion_auto_captures_on_cpu_only(clean_env):
+    """OVERLAP_FUSE_EPILOGUES=auto (the default): captured after a CPU GEMM, left to Inductor after a
+    CUDA one (the fused kernels measured slower on 2×H200); 1 / 0 force it either way."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from overlap_backend import OverlapConfig
+    from overlap_backend.passes.epilogue import fusion_off
+
+    with FakeTensorMode():
+        on_cuda = torch.empty(4, 8, device="cuda")
+    on_cpu = torch.empty(4, 8)
+    assert OverlapConfig.from_env().fuse_epilogues == "auto"
+    assert fusion_off("auto", on_cpu) is None
+    assert "off on CUDA by default" in fusion_off("auto", on_cuda)
+    assert fusion_off(True, on_cuda) is None
+    assert "OVERLAP_FUSE_EPILOGUES=0" in fusion_off(False, on_cpu)
+    clean_env.setenv("OVERLAP_FUSE_EPILOGUES", "auto")
+    assert OverlapConfig.from_env().fuse_epilogues == "auto"
+    clean_env.setenv("OVERLAP_FUSE_EPILOGUES", "1")
+    assert OverlapConfig.from_env().fuse_epilogues is True

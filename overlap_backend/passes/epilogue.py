@@ -144,15 +144,28 @@ def _activation(cur: torch.fx.Node, partners: dict[torch.fx.Node, int]):
     return None
 
 
+def fusion_off(setting: bool | str, value) -> str | None:
+    """Why no epilogue is captured after a GEMM whose output is ``value`` (None: capture).
+    ``setting``: ``OverlapConfig.fuse_epilogues``; ``auto`` captures for CPU tensors only (the
+    fused kernels measured slower than the unfused ops on CUDA: docs/codegen.md)."""
+    if setting is False:
+        return "epilogue fusion is off (OVERLAP_FUSE_EPILOGUES=0)"
+    if setting == "auto" and isinstance(value, torch.Tensor) and value.device.type == "cuda":
+        return ("epilogue fusion is off on CUDA by default (OVERLAP_FUSE_EPILOGUES=auto: the fused kernels measured "
+                "slower than the unfused ops, docs/codegen.md); OVERLAP_FUSE_EPILOGUES=1 turns it on")
+    return None
+
+
 def walk(head: torch.fx.Node, forbidden: set[torch.fx.Node], partners: dict[torch.fx.Node, int] | None = None,
-         enabled: bool = True) -> Capture:
+         enabled: bool | str = True) -> Capture:
     """The epilogue chain after ``head`` (see the module docstring). ``forbidden``: nodes a
     captured tensor argument must not be computed from (the match's own nodes); ``partners``:
     ``ag_mm``'s other outputs (their values' nodes) that ``swiglu`` may read."""
     cap = Capture()
     hv = val(head)
-    if not enabled:
-        cap.stop = "epilogue fusion is off (OVERLAP_FUSE_EPILOGUES=0)"
+    off = fusion_off(enabled, hv)
+    if off:
+        cap.stop = off
         return cap
     if not isinstance(hv, torch.Tensor) or hv.dim() < 1:
         cap.stop = f"no tensor metadata on {head.name}"
