@@ -89,6 +89,37 @@ def cta_rows(path: Path) -> list[dict]:
     return out
 
 
+MOE_CONFIGS = {  # bench_moe.CONFIGS: (hidden, ffn, experts, top_k, tokens per rank)
+    "mixtral": (4096, 14336, 8, 2, 4096), "deepseek": (7168, 2048, 32, 8, 4096),
+    "mixtral-decode": (4096, 14336, 8, 2, 128), "deepseek-decode": (7168, 2048, 32, 8, 128),
+    "deepseek-ep8": (7168, 2048, 64, 8, 4096),
+}
+
+
+def moe_rows(path: Path) -> list[dict]:
+    """``bench_moe.py``: the baseline (NCCL all-to-alls + grouped_mm) and ours symm with the combine
+    transport the model prices (``ce`` of the sweep, 8 comm SMs: the default transport)."""
+    d = json.loads(path.read_text())
+    info, run = d["info"], path.parent.name
+    ws = int(info["world_size"])
+    out = []
+    for r in d["results"]:
+        t = r.get("times_ms", {})
+        if not t or r["config"] not in MOE_CONFIGS:
+            continue
+        h, f, experts, top_k, tokens = MOE_CONFIGS[r["config"]]
+        prob = Problem("moe_experts", m=int(r["recv_rows_max"]), n=h, k=h, f=f, experts=experts // ws,
+                       rows_sent=tokens * top_k, dtype="bfloat16", ws=ws)
+        shape = f"{r['config']} {r['routing']}"
+        cols = [("baseline", "baseline", None, t.get("baseline")),
+                ("symm ce", "ours", "symm", r.get("sweep", {}).get("ce", {}).get("ms"))]
+        for col, what, low, ms in cols:
+            if ms is not None:
+                out.append(dict(run=run, file=path.name, op="moe", ws=ws, shape=shape, column=col, what=what,
+                                lowering=low, measured=float(ms), problem=prob, note="", criterion=True))
+    return out
+
+
 def predicted(row: dict, cal) -> float:
     prob = row["problem"]
     if row["what"] in ("baseline", "gemm term", "comm term"):
@@ -96,7 +127,8 @@ def predicted(row: dict, cal) -> float:
         return {"baseline": pred.baseline_ms, "gemm term": pred.baseline_terms["gemm_ms"],
                 "comm term": pred.baseline_terms["comm_ms"]}[row["what"]]
     stages = 2 if prob.op == "cta_pipeline_mlp" else None
-    pred = predict(prob, cal, [row["lowering"]], stages=stages)
+    comm_sms = 8 if prob.op == "moe_experts" else None  # what the measured default ran with
+    pred = predict(prob, cal, [row["lowering"]], stages=stages, comm_sms=comm_sms)
     (plan,) = [p for p in pred.plans if p.lowering == row["lowering"]]
     return plan.ms
 
@@ -115,6 +147,8 @@ def main(argv=None) -> int:
             rows += collective_rows(path)
         elif "info" in d and "rows" in d and path.name.startswith("cta_"):
             rows += cta_rows(path)
+        elif "info" in d and "results" in d and path.name.startswith("moe_"):
+            rows += moe_rows(path)
     for r in rows:
         r["predicted"] = predicted(r, cal)
         r["error"] = r["predicted"] / r["measured"] - 1.0
