@@ -312,14 +312,10 @@ class Bench:
                 row["losses"] = losses
                 row["rewrites"], row["details"] = info()
             except Exception as e:  # noqa: BLE001
-                if self.args.verbose:
-                    traceback.print_exc()
-                err = f"raised at compile/first steps: {_short(e)}"
+                err = f"raised at compile/first steps: {self._raised(e)}"
             err = _agree(err)
             if err is not None:
-                kind = "ERROR" if name in OURS else "n/a"
-                row.update(check=kind, note=f"{kind}: {err}")
-                self.ok &= name not in OURS
+                self._failed(name, row, err)
                 del model, opt
                 _free(self.device)
                 self.write()
@@ -423,15 +419,11 @@ class Bench:
                 row["losses"] = losses
                 del model
             except Exception as e:  # noqa: BLE001
-                if self.args.verbose:
-                    traceback.print_exc()
-                err = _short(e)
+                err = self._raised(e)
             err = _agree(err)
             _free(self.device)
             if err is not None:
-                kind = "ERROR" if name in OURS else "n/a"
-                row.update(check=kind, note=f"{kind}: {err}")
-                self.ok &= name not in OURS
+                self._failed(name, row, err)
             elif name == "eager":
                 ref = losses
             elif ref is not None:
@@ -475,15 +467,11 @@ class Bench:
                 gens = [generate(model, prompts, run["new_tokens"]) for _ in range(run["reps"])]
                 del model
             except Exception as e:  # noqa: BLE001
-                if self.args.verbose:
-                    traceback.print_exc()
-                err = _short(e)
+                err = self._raised(e)
             err = _agree(err)
             _free(self.device)
             if err is not None:
-                kind = "ERROR" if name in OURS else "n/a"
-                row["note"] = f"{kind}: {err}"
-                self.ok &= name not in OURS
+                self._failed(name, row, err, check=False)
                 self.write()
                 continue
             prefill = statistics.median(g.prefill_s for g in gens)
@@ -500,6 +488,18 @@ class Bench:
             self.write()
 
     # ------------------------------------------------------------------ output
+    def _raised(self, e: BaseException) -> str:
+        """A variant's exception, short (with its traceback printed under ``--verbose``)."""
+        if self.args.verbose:
+            traceback.print_exc()
+        return _short(e)
+
+    def _failed(self, name: str, row: dict, err: str, check: bool = True) -> None:
+        """A variant that raised on some rank: ERROR for ours (the run fails), n/a for a baseline."""
+        kind = "ERROR" if name in OURS else "n/a"
+        row.update(note=f"{kind}: {err}", **({"check": kind} if check else {}))
+        self.ok &= name not in OURS
+
     def write(self) -> None:
         if self.rank != 0:
             return

@@ -434,15 +434,30 @@ def _compare_fwd_bwd(eager, compiled, make_input, dtype, steps: int = 2) -> dict
     return errs
 
 
+def _own_compile_caches(rank: int) -> None:
+    """Per-rank Inductor and Triton caches: ranks compile the same kernels at the same time."""
+    cache = tempfile.mkdtemp(prefix=f"overlap_gpu_test_r{rank}_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+
+
+def _tp_models(gn: str, dtype, device, seq: int) -> dict:
+    """name: (model, input maker, passes expected in its forward graph). Batch 2, ``seq`` rows per
+    rank, hidden 96, ffn 160 / 144 per rank (not multiples of 128)."""
+    return {
+        "tp_block": (TPBlock(96, 160, gn, dtype, device), lambda: _randn(2, seq, 96, dtype=dtype, device=device),
+                     {"ag_mm", "mm_rs"}),
+        "row_parallel_mlp": (RowParallelMLP(96, 144, gn, dtype, device),
+                             lambda: _replicated_input(40, 96, dtype, device), {"mm_ar"}),
+    }
+
+
 def compiled_worker(rank: int, ws: int, device: str, lowering: str = "p2p", inductor: bool = True):
     import copy
 
     import torch.distributed as dist
 
-    # Per-rank compile caches: ranks compile the same kernels at the same time.
-    cache = tempfile.mkdtemp(prefix=f"overlap_gpu_test_r{rank}_")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    _own_compile_caches(rank)
     _setup_rank(rank, device)
     import overlap_backend
 
@@ -451,15 +466,9 @@ def compiled_worker(rank: int, ws: int, device: str, lowering: str = "p2p", indu
     tol = _tol(dtype)
     out: dict[str, object] = {}
     bad = []
-    # p2p: batch 2, sequence 6 per rank, hidden 96, ffn 160 per rank (not multiples of 128);
-    # symm: sequence 64 per rank so that the reduce-scatter's runs of rows fit a block height.
-    seq = 64 if lowering == "symm" else 6
-    models = {
-        "tp_block": (TPBlock(96, 160, gn, dtype, device), lambda: _randn(2, seq, 96, dtype=dtype, device=device),
-                     {"ag_mm", "mm_rs"}),
-        "row_parallel_mlp": (RowParallelMLP(96, 144, gn, dtype, device),
-                             lambda: _replicated_input(40, 96, dtype, device), {"mm_ar"}),
-    }
+    # p2p: sequence 6 per rank (not a multiple of 128); symm: 64, so that the reduce-scatter's runs
+    # of rows fit a block height.
+    models = _tp_models(gn, dtype, device, seq=64 if lowering == "symm" else 6)
     for name, (model, make_input, expected) in models.items():
         torch._dynamo.reset()
         backend = overlap_backend.make_backend(lowering=lowering, inductor=inductor)
@@ -550,22 +559,17 @@ def reduce_overhead_worker(rank: int, ws: int, device: str):
     every replay on fresh inputs matches eager."""
     import torch.distributed as dist
 
-    cache = tempfile.mkdtemp(prefix=f"overlap_gpu_test_r{rank}_")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    _own_compile_caches(rank)
     _setup_rank(rank, device)
     import overlap_backend
     from overlap_backend.runtime import symm_lowering
 
     gn = dist.group.WORLD.group_name
     dtype = torch.bfloat16
-    models = {
-        "tp_block": (TPBlock(96, 160, gn, dtype, device), lambda: _randn(2, 64, 96, dtype=dtype, device=device)),
-        "row_parallel_mlp": (RowParallelMLP(96, 144, gn, dtype, device), lambda: _replicated_input(40, 96, dtype, device)),
-    }
+    models = _tp_models(gn, dtype, device, seq=64)
     out, bad = {}, []
     with torch.no_grad():
-        for name, (model, make_input) in models.items():
+        for name, (model, make_input, _) in models.items():
             torch._dynamo.reset()
             backend = overlap_backend.make_backend(lowering="symm")
             compiled = torch.compile(model, backend=backend, mode="reduce-overhead")

@@ -17,6 +17,9 @@ A variant is compiled not only for a new shape: Triton specialises integer argum
 and divisible by 16, and pointers by alignment. Per-call scalars (the epoch, row offsets) are
 therefore ``do_not_specialize`` in the kernels, and every lowering runs its launches once inside
 ``preloading()`` before ``GroupState.begin``: there they only compile and load (no launch).
+Cost: Triton's argument binding and cache lookup run twice per launch (once to preload, once to
+launch), host time not measured yet; a memo keyed by Triton's specialisation would have to
+re-derive that key, which is what the lookup does.
 """
 
 from __future__ import annotations
