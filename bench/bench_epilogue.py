@@ -74,6 +74,21 @@ def count_launches(events) -> dict[str, int]:
     return {"kernels": kernels, "copies": copies, "launch_calls": launches}
 
 
+def kernel_times(events, steps: int, top: int = 12) -> list[tuple[str, float, float]]:
+    """The ``top`` GPU kernels by total time: (name cut to 90 characters, ms per step, calls per
+    step), from profiler ``events`` of ``steps`` steps (where a variant's time goes)."""
+    from torch.autograd import DeviceType
+
+    total: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            acc = total.setdefault(e.name[:90], [0.0, 0])
+            acc[0] += e.time_range.elapsed_us() / 1e3
+            acc[1] += 1
+    ranked = sorted(total.items(), key=lambda kv: -kv[1][0])[:top]
+    return [(name, ms / steps, calls / steps) for name, (ms, calls) in ranked]
+
+
 def build_block(args, ws: int, device: torch.device):
     dtype = DTYPES[args.dtype]
     if args.block == "tp":
@@ -159,6 +174,7 @@ def run_variant(name, backend_kw, args, ws, device, x, ref, timing) -> dict:
             step()
         common.synchronize(device)
     counts = count_launches(prof.events())
+    row["top_kernels"] = kernel_times(prof.events(), PROFILE_STEPS)
     if device.type == "cuda":
         row["kernels_per_step"] = counts["kernels"] / PROFILE_STEPS
         row["copies_per_step"] = counts["copies"] / PROFILE_STEPS
@@ -251,6 +267,8 @@ def main(argv=None) -> int:
             common.write_json(stem.with_suffix(".json"), {"info": info, "args": vars(args), "rows": rows})
             print(f"{name}: {common.fmt_ms(row['time_ms'])} ms, kernels/step {row['kernels_per_step']}, "
                   f"{row['check']} ({row['max_rel_err']}), epilogues {row['epilogues']}", flush=True)
+            for kname, ms, calls in row.get("top_kernels") or []:
+                print(f"    {ms:8.3f} ms/step {calls:5.1f}x  {kname}", flush=True)
     if rank == 0:
         print(render(rows, info, args, ws))
     dist.destroy_process_group()

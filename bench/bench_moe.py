@@ -76,7 +76,7 @@ def describe(cfg: str, ws: int) -> dict:
 ROUTINGS = ("balanced", "skewed")
 # sweep columns besides the comm-SM counts (SM transport): the combine transports, the tile orders
 # forced, and a quarter of the own experts computed while the dispatch is in flight
-SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "own-first=0.25")
+SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "schedule=phased", "own-first=0.25")
 TOL = 1e-2
 BAR_MAX_RATIO, BAR_BASE_RATIO = 1.10, 1.25
 
@@ -258,11 +258,12 @@ def main(argv=None):
                     moe_symm.TRANSPORT = n if n in ("ce", "ce-only") else "sm" if isinstance(n, int) else DEFAULT_TRANSPORT
                     moe_symm.ORDER = n.split("=")[1] if str(n).startswith("order=") else "auto"
                     moe_symm.OWN_FIRST = float(n.split("=")[1]) if str(n).startswith("own-first=") else 0.0
+                    moe_symm.SCHEDULE = "phased" if str(n).startswith(("own-first=", "schedule=phased")) else "rotated"
                     err = common.allreduce_max([common.rel_err(prob.ours("symm").float(), ref.float())], device)[0]
                     ms, _ = timing.bench(lambda: prob.ours("symm"))
                     sweep[str(n)] = {"ms": ms, "err": err}
                 moe_symm.COMM_SMS, moe_symm.TRANSPORT, moe_symm.ORDER = None, DEFAULT_TRANSPORT, "auto"
-                moe_symm.OWN_FIRST = 0.0
+                moe_symm.OWN_FIRST, moe_symm.SCHEDULE = 0.0, "rotated"
                 res["sweep"] = sweep
                 sweep_rows.append([cfg, routing] + [common.fmt_ms(v["ms"]) + ("" if v["err"] <= TOL else " FAIL")
                                                     for v in sweep.values()])

@@ -322,6 +322,24 @@ def test_mm_ar_residual_add_and_cast(fake_pg, capture, clean_env):
     assert torch.ops.prims.convert_element_type.default not in _targets(g)
 
 
+def test_widening_cast_is_left_with_its_consumer(fake_pg, capture, clean_env):
+    """A bfloat16 mm_rs whose result is added to a residual, then cast to float32 (a loss in
+    float32): the add is captured, the cast is not (the op would write, and ship, float32)."""
+    def f(a, w, x):
+        y = reduce_scatter(a @ w, "sum", 0, fake_pg)
+        return (x + y).float().sum()
+
+    bf = torch.bfloat16
+    a, w, x = torch.randn(16, 8).to(bf), torch.randn(8, 6).to(bf), torch.randn(4, 6).to(bf)
+    be, out = _compile(f, a, w, x)
+    op = _op(be.graphs[0], "mm_rs")
+    assert op.args[8] == "add:0" and op.meta["val"].dtype == bf
+    rec = _record(be, "mm_rs")
+    assert "widens torch.bfloat16 to torch.float32" in rec.epilogue[0]["left"]
+    assert torch.ops.prims.convert_element_type.default in _targets(be.graphs[0])
+    assert out.dtype == torch.float32  # (the fake group's collectives return no data: shapes only)
+
+
 def test_unsupported_pointwise_is_left_and_reported(fake_pg, capture, clean_env, tmp_path):
     def f(a, w, r):
         y = funcol.all_reduce(a @ w, "sum", fake_pg)

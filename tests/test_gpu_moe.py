@@ -143,7 +143,10 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
                     ends = torch.clamp(ends, max=rows.numel() - 3)
                 use_offsets = call % 2 == 0
                 moe_symm.ORDER = ("source", "expert")[call % 2]  # both tile orders (auto: expert at these sizes)
-                moe_symm.OWN_FIRST = 0.5 if call % 4 == 0 else 0.0  # source order with own experts split around it
+                # the default one-launch schedule (own groups first), and one launch pair per source
+                # position, once with the own experts split around the remote ones
+                moe_symm.SCHEDULE = "phased" if call % 4 in (0, 3) else "rotated"
+                moe_symm.OWN_FIRST = 0.5 if call % 4 == 0 else 0.0
                 # reference: NCCL all-to-all + float32 experts + NCCL all-to-all back
                 r_rows = x.new_empty((sum(recv), h))
                 dist.all_to_all_single(r_rows, x, recv, send, group=group)

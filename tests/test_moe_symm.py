@@ -42,7 +42,7 @@ def _cpu_allocator(monkeypatch):
     alloc = lambda size, align, stream: torch.empty(size, dtype=torch.int8)  # noqa: E731
     monkeypatch.setattr(symm_lowering, "_scratch", alloc)
     triton.set_allocator(alloc)
-CFG = (16, 16, 16, 1, 1, 1, False)  # BM, BN, BK (the rest unused by the interpreter)
+CFG = (16, 16, 16, 2, 1, 1, False)  # BM, BN, BK, GROUP_M (stages, warps unused by the interpreter)
 
 
 def _prefix(sizes):
@@ -111,25 +111,38 @@ def _rel(a, b):
 # --------------------------------------------------------------------------- plan and tile map
 @triton.jit
 def _tile_map_probe(out_ptr, srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, tiles_n, G, E,
-                    LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr):
+                    LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr,
+                    GROUP_M: tl.constexpr):
     t = tl.program_id(0)
-    g, e, pos, pid_n, offs_p, mask, srow = moe_gemm.tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
-                                                              srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
-    tl.store(out_ptr + t * 5 + 0, g)
-    tl.store(out_ptr + t * 5 + 1, e)
-    tl.store(out_ptr + t * 5 + 2, pos)
-    tl.store(out_ptr + t * 5 + 3, pid_n)
-    tl.store(out_ptr + t * 5 + 4, tl.sum(mask.to(tl.int32)))
+    g, e, pos, pid_n, first, offs_p, mask, srow = moe_gemm.tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr,
+                                                                     counts_ptr, srows_ptr, G, E, LOG_G, BM, WS,
+                                                                     EXPERT_MAJOR, GROUP_M)
+    tl.store(out_ptr + t * 6 + 0, g)
+    tl.store(out_ptr + t * 6 + 1, e)
+    tl.store(out_ptr + t * 6 + 2, pos)
+    tl.store(out_ptr + t * 6 + 3, pid_n)
+    tl.store(out_ptr + t * 6 + 4, tl.sum(mask.to(tl.int32)))
+    tl.store(out_ptr + t * 6 + 5, first - tl.load(row_start_ptr + g))  # the tile's first row in its group
 
 
-@pytest.mark.parametrize("skew,expert_major", [(False, False), (True, False), (True, True)],
-                         ids=["balanced", "skewed", "skewed-expert-major"])
+def _grouped_order(tiles_m, tiles_n, group_m):
+    """(row tile, column tile) in the order ``tiles.grouped_tile`` walks one group's tiles."""
+    order = []
+    for first in range(0, tiles_m, group_m):
+        size = min(group_m, tiles_m - first)
+        order += [(first + m, n) for n in range(tiles_n) for m in range(size)]
+    return order
+
+
+@pytest.mark.parametrize("skew,expert_major,group_m", [(False, False, 1), (False, False, 2), (True, False, 3),
+                                                         (True, True, 2)],
+                         ids=["balanced", "balanced-grouped", "skewed-grouped", "skewed-expert-major-grouped"])
 @pytest.mark.parametrize("ws,rank", [(2, 0), (4, 2)])
-def test_plan_and_tile_map(ws, rank, skew, expert_major):
+def test_plan_and_tile_map(ws, rank, skew, expert_major, group_m):
     """Groups come remote-first (sources rank+1, rank+2, ..., own last), expert order inside (or
     expert-major, source order inside); every valid grouped row appears once; tile t maps to the
-    group, expert, source position, column tile and rows that a host-side enumeration gives, empty
-    experts and empty sources included."""
+    group, expert, source position, column tile and rows that a host-side enumeration gives
+    (inside a group, ``group_m`` row tiles at a time), empty experts and empty sources included."""
     gen = torch.Generator().manual_seed(ws * 10 + rank + skew)
     experts = 3
     case = _case(ws, rank, experts, 8, 8, gen, skew=skew, empty=(1,), idle=3)
@@ -157,18 +170,18 @@ def test_plan_and_tile_map(ws, rank, skew, expert_major):
     ts = pl["tile_start"][bm]
     expect = []
     for g, c in enumerate(counts):
-        for m in range(-(-c // bm)):
-            for n in range(tiles_n):
-                expect.append((g, pos_expert(g)[1], pos_expert(g)[0], n, min(bm, c - m * bm)))
+        for m, n in _grouped_order(-(-c // bm), tiles_n, group_m):
+            expect.append((g, pos_expert(g)[1], pos_expert(g)[0], n, min(bm, c - m * bm), m * bm))
     assert int(ts[-1]) * tiles_n == len(expect)
     assert pl["src_tiles"][bm].tolist() == [sum(-(-c // bm) for g, c in enumerate(counts) if pos_expert(g)[0] == p)
                                             for p in range(ws)]
     if expect:
-        out = torch.full((len(expect) * 5,), -1, dtype=torch.int32)
+        out = torch.full((len(expect) * 6,), -1, dtype=torch.int32)
         G = ws * experts
         _tile_map_probe[(len(expect),)](out, pl["srows"], pl["counts"], pl["row_start"], ts, tiles_n, G, experts,
-                                        LOG_G=moe_gemm.log_groups(G), BM=bm, WS=ws, EXPERT_MAJOR=expert_major)
-        assert [tuple(v) for v in out.view(-1, 5).tolist()] == expect
+                                        LOG_G=moe_gemm.log_groups(G), BM=bm, WS=ws, EXPERT_MAJOR=expert_major,
+                                        GROUP_M=group_m)
+        assert [tuple(v) for v in out.view(-1, 6).tolist()] == expect
 
 
 # ------------------------------------------------------------------------------ GEMM kernels
@@ -259,6 +272,44 @@ def test_gate_up_times_out_on_missing_dispatch():
     assert "moe_experts on rank 0" in str(err) and "rank 1's dispatched tokens" in str(err)
 
 
+@triton.jit
+def _walk_probe(out_ptr, srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, tiles_n, G, E, group_lo, group_hi,
+                start_group, LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, GROUP_M: tl.constexpr):
+    """One CTA's walk as ``gate_up_kernel`` makes it: the group of each tile, in order."""
+    first_tile, n_tiles, shift = moe_gemm.walk(tile_start_ptr, tiles_n, group_lo, group_hi, start_group)
+    for i in range(0, n_tiles):
+        tile = first_tile + (i + shift) % n_tiles
+        g, e, pos, pid_n, first, offs_p, mask, srow = moe_gemm.tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr,
+                                                                         counts_ptr, srows_ptr, G, E, LOG_G, BM, WS,
+                                                                         False, GROUP_M)
+        tl.store(out_ptr + i * 3, g)
+        tl.store(out_ptr + i * 3 + 1, pid_n)
+        tl.store(out_ptr + i * 3 + 2, first)
+
+
+@pytest.mark.parametrize("ws,rank,lo,hi,start", [(2, 0, 0, 6, 3), (3, 1, 0, 9, 6), (3, 1, 3, 9, 6), (2, 1, 0, 6, 0)],
+                         ids=["ws2-own-first", "ws3-own-first", "ws3-phase-own-first", "ws2-source-order"])
+def test_walk_starts_at_start_group_and_covers_every_tile_once(ws, rank, lo, hi, start):
+    """The gate/up walk from ``start_group`` (the own groups, position ws - 1): their tiles first,
+    then groups ``lo ..`` in order, every tile of the launch exactly once."""
+    gen = torch.Generator().manual_seed(ws + rank)
+    experts, bm, tiles_n = 3, 4, 2
+    case = _case(ws, rank, experts, 8, 8, gen, empty=(1,))
+    pl = moe_symm.plan(case["rows"], case["ends"], torch.tensor(_prefix(case["recv"]), dtype=torch.int32), rank, ws,
+                       experts, [bm])
+    ts = pl["tile_start"][bm]
+    n = int(ts[hi] - ts[lo]) * tiles_n
+    out = torch.full((max(n, 1) * 3,), -1, dtype=torch.int32)
+    G = ws * experts
+    _walk_probe[(1,)](out, pl["srows"], pl["counts"], pl["row_start"], ts, tiles_n, G, experts, lo, hi, start,
+                      LOG_G=moe_gemm.log_groups(G), BM=bm, WS=ws, GROUP_M=2)
+    visits = [tuple(v) for v in out[: n * 3].view(-1, 3).tolist()]
+    groups = [v[0] for v in visits]
+    expect_groups = [g for g in list(range(start, hi)) + list(range(lo, start)) for _ in range(int(ts[g + 1] - ts[g]) * tiles_n)]
+    assert groups == expect_groups
+    assert len(set(visits)) == len(visits) == n  # every (group, column tile, row tile) once
+
+
 # ----------------------------------------------------------------------------- comm kernel
 @pytest.mark.parametrize("ws,rank", [(2, 0), (4, 1)])
 def test_comm_kernel_push_and_pull(ws, rank):
@@ -345,11 +396,14 @@ class FakeState:
                 torch.tensor([f.data_ptr() for f in self.flag_bufs], dtype=torch.int64))
 
 
-@pytest.mark.parametrize("skew,order,own_first", [(False, "source", 0.0), (True, "source", 0.0), (True, "auto", 0.0),
-                                                  (False, "source", 0.5)],
-                         ids=["balanced", "skewed", "skewed-auto", "own-first"])
+@pytest.mark.parametrize("skew,order,schedule,own_first", [(False, "source", "rotated", 0.0),
+                                                           (True, "source", "rotated", 0.0),
+                                                           (True, "auto", "rotated", 0.0),
+                                                           (False, "source", "phased", 0.0),
+                                                           (False, "source", "phased", 0.5)],
+                         ids=["balanced", "skewed", "skewed-auto", "phased", "phased-own-first"])
 @pytest.mark.parametrize("ws,rank", [(2, 1), (3, 0)])
-def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, own_first):
+def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule, own_first):
     """``moe_symm.moe_experts`` end to end on one fake rank: dispatch pushes (to rank-1 first, into
     slot ``rank``), the kernels, the peer stores of the results, and ``out`` == the op's semantics
     (own rows computed here, peers' rows as they 'returned' them). ``auto`` takes the expert-major
@@ -385,7 +439,9 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, own_first
     monkeypatch.setattr(symm, "state", lambda *a: st)
     monkeypatch.setattr(moe_symm, "problem", lambda *a: None)
     monkeypatch.setattr(moe_symm, "ENABLED", True)
-    monkeypatch.setattr(moe_gemm, "CONFIGS_16BIT", (CFG,))
+    monkeypatch.setattr(moe_gemm, "GATE_UP_16BIT", (CFG,))
+    monkeypatch.setattr(moe_gemm, "DOWN_16BIT", (CFG,))
+    monkeypatch.setattr(moe_symm, "SCHEDULE", schedule)
     monkeypatch.setattr(moe_symm, "COMM_SMS", 2)
     monkeypatch.setattr(moe_symm, "TRANSPORT", "sm")  # the copy-engine transport needs CUDA streams
     monkeypatch.setattr(moe_symm, "ORDER", order)

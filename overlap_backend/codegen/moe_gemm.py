@@ -17,9 +17,12 @@ gate/up GEMM, so the combine overlaps the remaining (ws-1)/ws.
 
 Tiles: group g has ``cdiv(counts[g], BM)`` row tiles; ``tile_start`` ([G + 1], int32, on the
 device) is their prefix sum, so the tile -> (group, row tile, column tile) map is a binary search
-on the device: variable (unbacked) group sizes need no host synchronisation. Tile t is row tile
-``t // tiles_n``, column tile ``t % tiles_n`` (a row tile's column tiles are consecutive: its A
-rows stay in L2). CTA i takes tiles i, i + grid, ... (a ``tl.range`` loop): static assignment is
+on the device: variable (unbacked) group sizes need no host synchronisation. Group g owns tiles
+``tile_start[g] * tiles_n ..`` (its row tiles times the column tiles); inside it they go GROUP_M row
+tiles at a time (``tiles.grouped_tile``), so the CTAs running side by side share both their A rows
+and their weight columns in L2. (Row by row, 132 CTAs walking all 112 column tiles of a Mixtral-like
+expert would stream its whole 235 MB gate/up weight from HBM once per ~1.2 row tiles.)
+CTA i takes tiles i, i + grid, ... (a ``tl.range`` loop): static assignment is
 safe here because no tile waits for another GPU's SMs (the gate/up tiles wait only for copy-engine
 transfers, the down tiles for nothing), so a CTA that is not resident yet delays but cannot block.
 
@@ -44,6 +47,7 @@ import triton.language as tl
 
 from . import launcher
 from .flags import OP_MOE, count_tile_done, signal_flag, wait_flag
+from .tiles import grouped_tile
 
 
 @triton.jit
@@ -70,15 +74,17 @@ def expert_descriptor(w_ptr, E, K, N, BK: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, G, E,
-              LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr):
-    """Tile t -> (group, expert, source position, column tile, sorted rows, row mask, received rows)."""
-    rt = t // tiles_n
-    pid_n = t % tiles_n
-    g = find_group(rt, tile_start_ptr, G, LOG_G)
-    pid_m = rt - tl.load(tile_start_ptr + g)
-    first = tl.load(row_start_ptr + g)
-    offs_p = first + pid_m * BM + tl.arange(0, BM)
-    mask = offs_p < first + tl.load(counts_ptr + g)
+              LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr,
+              GROUP_M: tl.constexpr):
+    """Tile t -> (group, expert, source position, column tile, first sorted row, sorted rows, row
+    mask, received rows)."""
+    g = find_group(t // tiles_n, tile_start_ptr, G, LOG_G)
+    g_first = tl.load(tile_start_ptr + g)
+    pid_m, pid_n = grouped_tile(t - g_first * tiles_n, tl.load(tile_start_ptr + g + 1) - g_first, tiles_n, GROUP_M)
+    group_row = tl.load(row_start_ptr + g)
+    tile_row = group_row + pid_m * BM
+    offs_p = tile_row + tl.arange(0, BM)
+    mask = offs_p < group_row + tl.load(counts_ptr + g)
     srow = tl.load(srows_ptr + offs_p, mask=mask, other=0)
     if EXPERT_MAJOR:  # groups e * ws + pos
         e = g // WS
@@ -86,29 +92,40 @@ def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, 
     else:  # groups pos * E + e
         e = g % E
         pos = g // E
-    return g, e, pos, pid_n, offs_p, mask, srow
+    return g, e, pos, pid_n, tile_row, offs_p, mask, srow
 
 
-@triton.jit(do_not_specialize=["epoch", "group_lo", "group_hi"])  # per-call values: see launcher.py
+@triton.jit
+def walk(tile_start_ptr, tiles_n, group_lo, group_hi, start_group):
+    """(first tile, tile count, shift) of a launch over groups ``group_lo .. group_hi`` whose walk
+    starts at group ``start_group``'s first tile and wraps around: its i-th tile is
+    ``first + (i + shift) % count``."""
+    first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
+    n_tiles = tl.load(tile_start_ptr + group_hi) * tiles_n - first_tile
+    shift = tl.load(tile_start_ptr + start_group) * tiles_n - first_tile
+    return first_tile, n_tiles, shift
+
+
+@triton.jit(do_not_specialize=["epoch", "group_lo", "group_hi", "start_group"])  # per-call values: see launcher.py
 def gate_up_kernel(
     disp_ptr, w_gate_ptr, w_up_ptr, act_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, contig_ptr,
     arrived_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-    rank, cap, H, F, G, E, group_lo, group_hi,
+    rank, cap, H, F, G, E, group_lo, group_hi, start_group,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    EXPERT_MAJOR: tl.constexpr, TIMED: tl.constexpr,
+    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, TIMED: tl.constexpr,
 ):
     tiles_n = tl.cdiv(F, BN)
-    first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
-    end_tile = tl.load(tile_start_ptr + group_hi) * tiles_n
+    first_tile, n_tiles, shift = walk(tile_start_ptr, tiles_n, group_lo, group_hi, start_group)
     x_desc = tl.make_tensor_descriptor(disp_ptr, shape=[WS * cap, H], strides=[H, 1], block_shape=[BM, BK])
     wg_desc = expert_descriptor(w_gate_ptr, E, H, F, BK, BN)
     wu_desc = expert_descriptor(w_up_ptr, E, H, F, BK, BN)
     waited = 0  # bit s: this CTA has seen source s's dispatch flag
     offs_k = tl.arange(0, BK)
-    for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
-        g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
-                                                         srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
+    for i in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        tile = first_tile + (i + shift) % n_tiles  # the i-th tile of the walk
+        g, e, pos, pid_n, _, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
+                                                            srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR, GROUP_M)
         src = (rank + 1 + pos) % WS
         if ((waited >> src) & 1) == 0:  # the tile reads source src's slot: wait for it (once per CTA)
             wait_flag(arrived_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src, 1, timeout_ns, TIMED)
@@ -149,7 +166,7 @@ def down_kernel(
     counters_ptr, done_ptr, epoch,
     rank, own_row0, M, H, F, G, E, group_lo, group_hi, pos_lo, pos_hi,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    EXPERT_MAJOR: tl.constexpr,
+    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr,
 ):
     tiles_n = tl.cdiv(H, BN)
     first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
@@ -162,11 +179,11 @@ def down_kernel(
                 if tl.load(src_tiles_ptr + p) == 0:
                     signal_flag(done_ptr + p, epoch)
     for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
-        g, e, pos, pid_n, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
-                                                         srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR)
+        g, e, pos, pid_n, first, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr,
+                                                                counts_ptr, srows_ptr, G, E, LOG_G, BM, WS,
+                                                                EXPERT_MAJOR, GROUP_M)
         offs_n = pid_n * BN + tl.arange(0, BN)
         n_ok = offs_n < H
-        first = tl.load(row_start_ptr + g) + (tile // tiles_n - tl.load(tile_start_ptr + g)) * BM
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k in range(0, tl.cdiv(F, BK)):
             # rows past this group's end belong to the next group (or are TMA's zeros): computed, never stored
@@ -208,18 +225,23 @@ def log_groups(groups: int) -> int:
 
 
 def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, epoch, status, timeout_ns, rank, ws, cap, config, grid,
-                   timed=True, phase=None):
+                   timed=True, phase=None, start_group=None):
     """``plan``: dict with srows, counts, row_start, recv_off, contig and ``tile_start`` of this BM
     (see runtime/moe_symm.py). ``disp``: [ws * cap, H] dispatch buffer (x dtype; slot s holds
-    source s's rows, this rank's own included); ``act`` [M, F]."""
+    source s's rows, this rank's own included); ``act`` [M, F]. ``start_group`` (in the phase's
+    groups; default its first): the tiles are walked from this group's first one, wrapping around
+    to the phase's first group: e.g. the own groups first, whose rows need no transfer, while the
+    peers' dispatch is in flight."""
     E, H, F = w_gate.shape
-    BM, BN, BK, _, stages, warps, _ = config
+    BM, BN, BK, GROUP_M, stages, warps, _ = config
     G = ws * E
+    lo, hi = (phase or (0, G, 0, ws))[:2]
+    start = lo if start_group is None else start_group
+    assert lo <= start <= hi, (lo, start, hi)
     launcher.launch(gate_up_kernel, (grid,),
         disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
-        plan["recv_off"], plan["contig"], arrived, epoch, *status, timeout_ns, rank, cap, H, F, G, E,
-        *(phase or (0, G, 0, ws))[:2],
-        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, EXPERT_MAJOR=plan["expert_major"], TIMED=timed,
+        plan["recv_off"], plan["contig"], arrived, epoch, *status, timeout_ns, rank, cap, H, F, G, E, lo, hi, start,
+        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"], TIMED=timed,
         num_stages=stages, num_warps=warps,
     )
 
@@ -229,23 +251,35 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     ``phase``: (first group, end group, first source position, end position) of this launch
     (default: all)."""
     E, F, H = w_down.shape
-    BM, BN, BK, _, stages, warps, _ = config
+    BM, BN, BK, GROUP_M, stages, warps, _ = config
     G = ws * E
     launcher.launch(down_kernel, (grid,),
         act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
         plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
         *(phase or (0, G, 0, ws)),
-        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, EXPERT_MAJOR=plan["expert_major"],
+        WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"],
         num_stages=stages, num_warps=warps,
     )
 
 
-CONFIGS_16BIT = (  # (BM, BN, BK, GROUP_M unused, stages, warps, TMA store unused)
-    (128, 128, 64, 1, 3, 8, False),
-    (128, 64, 64, 1, 4, 4, False),
-    (64, 128, 64, 1, 4, 4, False),
+# (BM, BN, BK, GROUP_M, stages, warps, TMA store unused); the first of each is the one bench/probe_moe_gemm.py
+# measured fastest on H200 at the Mixtral-/DeepSeek-like shapes (2xH200 run of 2026-11-30: gate/up 2.93 ms,
+# down 1.37 ms Mixtral-like, vs 4.55 ms for the three torch._grouped_mm), the others win at decode sizes
+GATE_UP_16BIT = (  # two [BM, BN] float32 accumulators (gate and up)
+    (128, 128, 64, 8, 3, 8, False),
+    (128, 128, 64, 8, 4, 8, False),
+    (64, 256, 64, 8, 3, 8, False),
+    (64, 128, 64, 8, 4, 4, False),
+)
+DOWN_16BIT = (
+    (128, 256, 64, 8, 3, 8, False),
+    (128, 128, 64, 8, 4, 8, False),
+    (64, 128, 64, 8, 4, 4, False),
 )
 
 
-def candidates(dtype: torch.dtype) -> list:
-    return list(CONFIGS_16BIT)
+def candidates(dtype: torch.dtype, kernel: str = "gate_up") -> list:
+    """Block configs to tune ``kernel`` ("gate_up" or "down") over, for a 16-bit compute ``dtype``."""
+    if kernel not in ("gate_up", "down"):
+        raise ValueError(f"kernel must be 'gate_up' or 'down', not {kernel!r}")
+    return list(GATE_UP_16BIT if kernel == "gate_up" else DOWN_16BIT)

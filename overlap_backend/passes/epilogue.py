@@ -6,7 +6,8 @@ while each one is a step of ``runtime/epilogue.py``'s closed set:
 
 - ``add(x, t)``: ``t`` a ``[N]`` vector (``bias``) or a tensor of ``x``'s shape (``add``: a residual), same dtype;
 - ``mul(x, s)``, ``s`` a Python number (``mul``);
-- ``convert_element_type(x, dtype)`` (``cast``);
+- ``convert_element_type(x, dtype)`` (``cast``), unless it widens the output past the GEMM's dtype
+  (the op would write more bytes; the consumer of the cast fuses it for free);
 - GELU (erf or tanh form), SiLU, and (``ag_mm``) ``silu(x) * y`` where ``y`` is another output of the
   same op (``swiglu``), matched in their decomposed post-grad forms with Inductor's matcher (as
   ``cta_pipeline`` does);
@@ -203,7 +204,7 @@ def walk(head: torch.fx.Node, forbidden: set[torch.fx.Node], partners: dict[torc
             cap.stop = f"{cur.name} has {len(users)} users ({', '.join(u.name for u in users)})"
             break
         (u,) = users
-        step, why = _pointwise_step(u, cur, n, numel, dtype, forbidden | set(cap.nodes) | set(pending))
+        step, why = _pointwise_step(u, cur, n, numel, dtype, forbidden | set(cap.nodes) | set(pending), hv.dtype)
         if step is None:
             cap.stop = why
             break
@@ -224,8 +225,9 @@ def walk(head: torch.fx.Node, forbidden: set[torch.fx.Node], partners: dict[torc
 
 
 def _pointwise_step(u: torch.fx.Node, cur: torch.fx.Node, n: int, numel: int, dtype: torch.dtype,
-                    forbidden: set[torch.fx.Node]):
-    """((kind, tensor arg or None), None) when ``u`` is a step applied to ``cur``; else (None, why)."""
+                    forbidden: set[torch.fx.Node], gemm_dtype: torch.dtype):
+    """((kind, tensor arg or None), None) when ``u`` is a step applied to ``cur``; else (None, why).
+    ``gemm_dtype``: the GEMM's output dtype (a cast may not make the op's output wider)."""
     uv = val(u)
     what = f"{u.name} ({u.target})"
     if u.op == "output":
@@ -258,6 +260,10 @@ def _pointwise_step(u: torch.fx.Node, cur: torch.fx.Node, n: int, numel: int, dt
     if u.target is prims.convert_element_type.default and u.args[0] is cur:
         if u.args[1] not in spec_mod.DTYPE_NAMES:
             return None, f"{what} casts to {u.args[1]}"
+        if u.args[1].itemsize > gemm_dtype.itemsize:
+            # the op would write (and mm_rs ship) the wider tensor, where the consumer that reads
+            # the cast's value fuses it for free (2xH200, TP block: `out.float()` after mm_rs)
+            return None, f"{what} widens {gemm_dtype} to {u.args[1]}: it stays with its consumer"
         return (f"cast:{spec_mod.DTYPE_NAMES[u.args[1]]}", None), None
     return None, f"{what} is not an epilogue step"
 

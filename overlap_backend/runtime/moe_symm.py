@@ -47,7 +47,11 @@ TRANSPORT = "ce"  # "ce": the copy engine ships the segments, the comm kernel on
 # "ce-only": no comm kernel at all, the GEMMs take every SM and the copy engine also copies the results
 # out of the combine slots (GPU-tested at test sizes, not measured yet)
 COMM_SMS: int | None = None  # None: OVERLAP_MOE_COMM_SMS (read per call; bench/ sets this to sweep)
-OWN_FIRST = 0.0  # fraction of the own experts computed before the remote rows (moe_gemm.phases); not measured yet
+SCHEDULE = "rotated"  # "rotated": one gate/up launch walking the own groups first (no transfer to wait for)
+# then the remote ones, one down launch remote-first; "phased": gate/up + down once per source position
+# (moe_gemm.phases), each phase ending in a partial wave: on 2xH200 the phased gate/up took 3.23 ms where
+# one launch took 2.93 (Mixtral-like, bench/probe_moe_gemm.py), more than the combine it lets start early
+OWN_FIRST = 0.0  # "phased" only: fraction of the own experts computed before the remote rows (moe_gemm.phases)
 ORDER = "auto"  # tile order: "auto" (see expert_major), "source" (remote-critical first) or "expert"
 EXPERT_MAJOR_ROWS = 128  # auto: expert-major below this many rows per (source, expert) group on average
 
@@ -194,18 +198,28 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     # the op's argument (the cost model's choice), else the setting
     sms = 0 if ce_only else (comm_sms or _comm_sms_setting())
     grid = max(1, st.num_sms - sms)  # the comm kernel holds `sms` SMs for the whole call
-    cands = moe_gemm.candidates(cd)
-    cfg_a, cfg_b = cands[0], cands[0]
-    pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands], expert_major(m, ws, experts))
+    cands_a, cands_b = moe_gemm.candidates(cd, "gate_up"), moe_gemm.candidates(cd, "down")
+    cfg_a, cfg_b = cands_a[0], cands_b[0]
+    pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands_a + cands_b],
+              expert_major(m, ws, experts))
     act = x.new_empty((max(m, 1), f), dtype=cd)
     stage = x.new_empty((max(n_recv, 1), h))
     out = x.new_empty(x.shape)
     flag = st.flag_arg
     status = st.status_arg()
 
+    if SCHEDULE == "rotated" or pl["expert_major"]:
+        gemm_phases = [(0, ws * experts, 0, ws)]
+        # the own groups (source position ws - 1) first: their rows are local, the peers' are in flight
+        own_start = None if pl["expert_major"] else (ws - 1) * experts
+    elif SCHEDULE == "phased":
+        gemm_phases, own_start = moe_gemm.phases(ws, experts, False, OWN_FIRST), None
+    else:
+        raise ValueError(f"moe_symm.SCHEDULE must be 'rotated' or 'phased', not {SCHEDULE!r}")
+
     def gate_up(cfg, epoch, phase=None):
         moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), epoch, status, st.timeout_ns,
-                                r, ws, cap, cfg, grid, timed=x.is_cuda, phase=phase)
+                                r, ws, cap, cfg, grid, timed=x.is_cuda, phase=phase, start_group=own_start)
 
     def down(cfg, epoch, phase=None):
         moe_gemm.launch_down(act, w_down, out, stage, pl, flag(symm.MOE_COUNTERS), flag(symm.MOE_DONE),
@@ -214,8 +228,8 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     if x.is_cuda:  # tune on the real problem with every flag raised (epoch 0: no communication)
         # rows vary per call (dropless): tune once per power-of-two bucket of them
         key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), grid)
-        cfg_a = _tune("moe_gate_up", key, cands, lambda c: gate_up(c, 0))
-        cfg_b = _tune("moe_down", key, cands, lambda c: down(c, 0))
+        cfg_a = _tune("moe_gate_up", key, cands_a, lambda c: gate_up(c, 0))
+        cfg_b = _tune("moe_down", key, cands_b, lambda c: down(c, 0))
 
     compute = torch.cuda.current_stream(dev) if x.is_cuda else None
     data_tab, flag_tab = st.peer_tables()  # (built on the compute stream: before the comm stream's wait)
@@ -226,7 +240,6 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
                         st.timeout_ns, r, ws, cap, lay["comb"] // es, symm.MOE_RETURNED, sms,
                         push=TRANSPORT == "sm" or not x.is_cuda, timed=x.is_cuda)
 
-    gemm_phases = moe_gemm.phases(ws, experts, pl["expert_major"], OWN_FIRST)
     # Compile and load every kernel first: the comm kernel spins until the GEMMs launched after it
     # finish, and loading a kernel may synchronise the context (codegen/launcher.py).
     with launcher.preloading():
@@ -244,7 +257,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
                 symm.MOE_ARRIVED + r)
     side = st.copy_stream
     with _on(side):
-        # this rank's own rows into its own slot (its tiles come last), then its arrival flag
+        # this rank's own rows into its own slot, then its arrival flag (its gate/up tiles come first)
         if x.is_cuda:  # copy engine: the GEMM kernels may hold every SM while they wait for this
             from . import cuda as _cuda
 
