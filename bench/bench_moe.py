@@ -89,6 +89,8 @@ def parse_args(argv=None):
                         "from 8 ranks on deepseek-ep8 first)")
     p.add_argument("--routing", default=",".join(ROUTINGS), help="balanced,skewed")
     p.add_argument("--comm-sms", default="2,4,8,16,32", help="OVERLAP_MOE_COMM_SMS values of the sweep ('' for none)")
+    p.add_argument("--sweep", default=",".join(SWEEP_VARIANTS),
+                   help=f"symm variants of the sweep, from {', '.join(SWEEP_VARIANTS)} ('' for none)")
     p.add_argument("--no-p2p", action="store_true", help="skip the p2p lowering")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     p.add_argument("--list-configs", metavar="WS", type=int, default=None,
@@ -99,6 +101,10 @@ def parse_args(argv=None):
     args.configs = None if args.configs is None else [c for c in args.configs.split(",") if c]
     args.routing = [r for r in args.routing.split(",") if r]
     args.comm_sms = [int(v) for v in args.comm_sms.split(",") if v]
+    args.sweep = [v for v in args.sweep.split(",") if v]
+    for v in args.sweep:
+        if v not in SWEEP_VARIANTS:
+            p.error(f"unknown sweep variant {v!r}; allowed: {', '.join(SWEEP_VARIANTS)}")
     for c in args.configs or ():
         if c not in CONFIGS:
             p.error(f"unknown config {c!r}; allowed: {', '.join(CONFIGS)}")
@@ -206,7 +212,7 @@ def main(argv=None):
             return
         head = ["config", "routing", "rows recv (max)", "baseline", "a2a", "experts", "max", "p2p", "symm",
                 "symm/max", "base/symm", "check"]
-        sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + list(SWEEP_VARIANTS)
+        sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + list(args.sweep)
         text = (f"# MoE block, {ws} ranks, bf16 (ms)\n\n{common.info_markdown(info)}\n\n"
                 + common.markdown_table(head, rows) + "\n\n## symm: comm-SM sweep (ms)\n\n"
                 + common.markdown_table(sweep_head, sweep_rows) + "\n")
@@ -253,7 +259,7 @@ def main(argv=None):
                              ("baseline", "a2a", "experts", "max", "p2p", "symm")),
                              f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
                 sweep = {}
-                for n in args.comm_sms + list(SWEEP_VARIANTS):
+                for n in args.comm_sms + list(args.sweep):
                     moe_symm.COMM_SMS = n if isinstance(n, int) else None
                     moe_symm.TRANSPORT = n if n in ("ce", "ce-only") else "sm" if isinstance(n, int) else DEFAULT_TRANSPORT
                     moe_symm.ORDER = n.split("=")[1] if str(n).startswith("order=") else "auto"
