@@ -258,6 +258,8 @@ def main(argv=None):
                 rows.append([cfg, routing, int(recv_max), *(common.fmt_ms(t.get(k)) for k in
                              ("baseline", "a2a", "experts", "max", "p2p", "symm")),
                              f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
+                if rank == 0:
+                    print(rows[-1], flush=True)  # before the sweep: a cut run still shows it
                 sweep = {}
                 for n in args.comm_sms + list(args.sweep):
                     moe_symm.COMM_SMS = n if isinstance(n, int) else None
@@ -283,7 +285,7 @@ def main(argv=None):
             torch.cuda.empty_cache()
             write()
             if rank == 0:
-                print(rows[-1], flush=True)
+                print(f"sweep: {sweep_rows[-1]}" if "sweep" in res else rows[-1], flush=True)
     dist.barrier()
     from overlap_backend.runtime import symm
 

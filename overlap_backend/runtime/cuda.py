@@ -133,31 +133,6 @@ def memcpy_async(dst: int, src: int, nbytes: int, stream: torch.cuda.Stream) -> 
     _check("cuMemcpyAsync", driver.cuMemcpyAsync(dst, src, nbytes, _stream_handle(stream)))
 
 
-MAX_PITCH = 2**31 - 1  # CU_DEVICE_ATTRIBUTE_MAX_PITCH on current GPUs: larger pitches take one copy per row
-
-
-def memcpy2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int,
-                   stream: torch.cuda.Stream) -> None:
-    """``height`` rows of ``width`` bytes, row i from ``src + i * src_pitch`` to ``dst + i * dst_pitch``,
-    device to device on ``stream`` by the copy engine (a strided ``copy_`` would take SMs)."""
-    if height <= 0 or width <= 0:
-        return
-    if height == 1 or (dst_pitch == width and src_pitch == width):
-        memcpy_async(dst, src, width * height if height > 1 else width, stream)
-        return
-    if max(dst_pitch, src_pitch) > MAX_PITCH:
-        for i in range(height):
-            memcpy_async(dst + i * dst_pitch, src + i * src_pitch, width, stream)
-        return
-    driver, _ = _bindings()
-    cp = driver.CUDA_MEMCPY2D()
-    cp.srcMemoryType = cp.dstMemoryType = driver.CUmemorytype.CU_MEMORYTYPE_DEVICE
-    cp.srcDevice, cp.srcPitch = src, src_pitch
-    cp.dstDevice, cp.dstPitch = dst, dst_pitch
-    cp.WidthInBytes, cp.Height = width, height
-    _check("cuMemcpy2DAsync", driver.cuMemcpy2DAsync(cp, _stream_handle(stream)))
-
-
 def write_value32(addr: int, value: int, stream: torch.cuda.Stream) -> None:
     """``*addr = value`` once all earlier work on ``stream`` is done (with a memory barrier, so the
     data written before is visible to whoever sees the value)."""

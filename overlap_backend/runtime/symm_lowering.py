@@ -221,22 +221,17 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     for i in sorted(range(len(weights)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
         launch(i, cfgs[i], epoch)
     if return_gathered and rows:
-        # chunk c = `outer` blocks of run * K elements, every ws-th block of `gathered`: a 2-D copy by
-        # the copy engine (a strided copy_ is an SM kernel racing the GEMM: 9 of them took 1.7 ms of
-        # a 10.3 ms TP-block training step on 2xH200, bench_epilogue's kernel table)
-        block = run * row_bytes
-        g0 = gathered.data_ptr()
-
-        def gather_chunk(c, src):
-            _cuda.memcpy2d_async(g0 + c * block, ws * block, src, block, block, outer, st.copy_stream)
-
+        # strided copies on the copy stream (SM kernels). Copy-engine 2-D copies (cuMemcpy2DAsync) were
+        # measured slower end to end: TP block training step 11.77 vs 10.34 ms on 2xH200 (bench_epilogue,
+        # 2026-11-30), although the copies themselves took less time; why is not known
+        gview = gathered.view(outer, ws, run, K)
         with torch.cuda.stream(st.copy_stream):
-            gather_chunk(r, shard2d.data_ptr())
+            gview[:, r].copy_(shard2d.view(outer, run, K))
             for j in range(1, ws):
                 c = (r + j) % ws
                 # bands are pushed in order on one stream: the last band's flag covers the chunk
                 _cuda.wait_value32(st.flag_addr(symm.AG_ARRIVED + c * nbands + nbands - 1), epoch, st.copy_stream)
-                gather_chunk(c, buf[c].data_ptr())
+                gview[:, c].copy_(buf[c].view(outer, run, K))
     st.end(compute)
     if any(spec and g is None for spec, g in zip(specs, gens)):
         outs = _epilogue.apply_all([spec if g is None else "" for spec, g in zip(specs, gens)], outs, epilogue_args)
