@@ -75,8 +75,33 @@ def describe(cfg: str, ws: int) -> dict:
             "rows_per_rank": tokens * k, "experts_per_rank": None if why else experts // ws, "problem": why}
 ROUTINGS = ("balanced", "skewed")
 # sweep columns besides the comm-SM counts (SM transport): the combine transports, the tile orders
-# forced, and a quarter of the own experts computed while the dispatch is in flight
-SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "schedule=phased", "own-first=0.25")
+# forced, the schedules, and a quarter of the own experts computed while the dispatch is in flight
+# (phased); a column may join several with "+", e.g. "ce-only+schedule=phased"
+SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "schedule=phased", "schedule=rotated",
+                  "own-first=0.25")
+
+
+SETTINGS = ("COMM_SMS", "TRANSPORT", "ORDER", "OWN_FIRST", "SCHEDULE")  # what a sweep column sets in moe_symm
+
+
+def sweep_settings(column, defaults: dict) -> dict:
+    """The ``moe_symm`` settings of one sweep column (an int: that many comm SMs, SM transport);
+    ``defaults``: the module's settings before the sweep (what a column does not name)."""
+    out = dict(defaults)
+    if isinstance(column, int):
+        return {**out, "COMM_SMS": column, "TRANSPORT": "sm"}
+    for part in column.split("+"):
+        if part not in SWEEP_VARIANTS:
+            raise ValueError(f"unknown sweep variant {part!r}; allowed: {', '.join(SWEEP_VARIANTS)} (joined by +)")
+        if part in ("ce", "ce-only"):
+            out["TRANSPORT"] = part
+        elif part.startswith("order="):
+            out["ORDER"] = part.split("=")[1]
+        elif part.startswith("schedule="):
+            out["SCHEDULE"] = part.split("=")[1]
+        elif part.startswith("own-first="):
+            out.update(OWN_FIRST=float(part.split("=")[1]), SCHEDULE="phased")
+    return out
 TOL = 1e-2
 BAR_MAX_RATIO, BAR_BASE_RATIO = 1.10, 1.25
 
@@ -103,8 +128,10 @@ def parse_args(argv=None):
     args.comm_sms = [int(v) for v in args.comm_sms.split(",") if v]
     args.sweep = [v for v in args.sweep.split(",") if v]
     for v in args.sweep:
-        if v not in SWEEP_VARIANTS:
-            p.error(f"unknown sweep variant {v!r}; allowed: {', '.join(SWEEP_VARIANTS)}")
+        try:
+            sweep_settings(v, {})
+        except ValueError as e:
+            p.error(str(e))
     for c in args.configs or ():
         if c not in CONFIGS:
             p.error(f"unknown config {c!r}; allowed: {', '.join(CONFIGS)}")
@@ -198,7 +225,7 @@ def main(argv=None):
     import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
     from overlap_backend.runtime import moe_symm, symm_lowering
 
-    DEFAULT_TRANSPORT = moe_symm.TRANSPORT  # the symm column measures the default, the sweep each transport
+    defaults = {name: getattr(moe_symm, name) for name in SETTINGS}  # the symm column measures these
 
     timing = common.Timing(device, *((5.0, 20.0, 10) if args.quick else (25.0, 100.0, 20)))
     out_dir = Path(args.out)
@@ -235,7 +262,8 @@ def main(argv=None):
                 recv_max = common.allreduce_max([sum(prob.recv)], device)[0]
                 ref = prob.baseline()
                 checks = []
-                moe_symm.COMM_SMS, moe_symm.TRANSPORT = None, DEFAULT_TRANSPORT
+                for name, value in defaults.items():
+                    setattr(moe_symm, name, value)
                 lowerings = ["symm"] if args.no_p2p else ["p2p", "symm"]
                 for low in lowerings:
                     err = common.rel_err(prob.ours(low).float(), ref.float())
@@ -262,16 +290,13 @@ def main(argv=None):
                     print(rows[-1], flush=True)  # before the sweep: a cut run still shows it
                 sweep = {}
                 for n in args.comm_sms + list(args.sweep):
-                    moe_symm.COMM_SMS = n if isinstance(n, int) else None
-                    moe_symm.TRANSPORT = n if n in ("ce", "ce-only") else "sm" if isinstance(n, int) else DEFAULT_TRANSPORT
-                    moe_symm.ORDER = n.split("=")[1] if str(n).startswith("order=") else "auto"
-                    moe_symm.OWN_FIRST = float(n.split("=")[1]) if str(n).startswith("own-first=") else 0.0
-                    moe_symm.SCHEDULE = "phased" if str(n).startswith(("own-first=", "schedule=phased")) else "rotated"
+                    for name, value in sweep_settings(n, defaults).items():
+                        setattr(moe_symm, name, value)
                     err = common.allreduce_max([common.rel_err(prob.ours("symm").float(), ref.float())], device)[0]
                     ms, _ = timing.bench(lambda: prob.ours("symm"))
                     sweep[str(n)] = {"ms": ms, "err": err}
-                moe_symm.COMM_SMS, moe_symm.TRANSPORT, moe_symm.ORDER = None, DEFAULT_TRANSPORT, "auto"
-                moe_symm.OWN_FIRST, moe_symm.SCHEDULE = 0.0, "rotated"
+                for name, value in defaults.items():
+                    setattr(moe_symm, name, value)
                 res["sweep"] = sweep
                 sweep_rows.append([cfg, routing] + [common.fmt_ms(v["ms"]) + ("" if v["err"] <= TOL else " FAIL")
                                                     for v in sweep.values()])

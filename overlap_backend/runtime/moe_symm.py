@@ -47,10 +47,12 @@ TRANSPORT = "ce"  # "ce": the copy engine ships the segments, the comm kernel on
 # "ce-only": no comm kernel at all, the GEMMs take every SM and the copy engine also copies the results
 # out of the combine slots (GPU-tested at test sizes, not measured yet)
 COMM_SMS: int | None = None  # None: OVERLAP_MOE_COMM_SMS (read per call; bench/ sets this to sweep)
-SCHEDULE = "rotated"  # "rotated": one gate/up launch walking the own groups first (no transfer to wait for)
-# then the remote ones, one down launch remote-first; "phased": gate/up + down once per source position
-# (moe_gemm.phases), each phase ending in a partial wave: on 2xH200 the phased gate/up took 3.23 ms where
-# one launch took 2.93 (Mixtral-like, bench/probe_moe_gemm.py), more than the combine it lets start early
+SCHEDULE = "phased"  # "phased": gate/up + down once per source position (moe_gemm.phases), each phase
+# ending in a partial wave (Mixtral-like gate/up 3.23 ms vs 2.93 in one launch, 2xH200, bench/probe_moe_gemm.py);
+# "rotated": one gate/up launch walking the own groups first (no transfer to wait for), then one down launch
+# remote-first. End to end on 2xH200 (bench_moe, "ce" transport) phased measured faster: DeepSeek-like 6.30
+# vs 7.60 ms, Mixtral-like 5.47 vs 5.50: in one launch the remote results are ready only after all of
+# gate/up, and the comm kernel's copy-out of them (8 SMs) is left after the GEMMs
 OWN_FIRST = 0.0  # "phased" only: fraction of the own experts computed before the remote rows (moe_gemm.phases)
 ORDER = "auto"  # tile order: "auto" (see expert_major), "source" (remote-critical first) or "expert"
 EXPERT_MAJOR_ROWS = 128  # auto: expert-major below this many rows per (source, expert) group on average
