@@ -168,6 +168,8 @@ def epilogue(data: dict) -> tuple[str, str, list[dict]]:
 def plot_file(path: Path, out_dir: Path | None = None) -> Path | None:
     """Write the SVG of one result JSON; None for a file of no known format."""
     data = json.loads(path.read_text())
+    if not isinstance(data, dict):  # e.g. a probe's list of measurements: no plot
+        return None
     if "suite" in data and "rows" in data:
         title, sub, panels = collective(data)
     elif data.get("benchmark") == "block":

@@ -108,8 +108,9 @@ class Rank:
         yr[self.rows] = y
         return yr
 
-    def plan(self, bms, expert_major):
-        return moe_symm.plan(self.rows, self.offsets, self.recv_off, 0, self.ws, self.e_local, bms, expert_major)
+    def plan(self, bms, expert_major, reference=False):
+        fn = moe_symm.plan_reference if reference else moe_symm.plan
+        return fn(self.rows, self.offsets, self.recv_off, 0, self.ws, self.e_local, bms, expert_major)
 
     def run(self, pl, cfg_a, cfg_b, grid, phases, part="both", start_group=None):
         for ph in phases:
@@ -175,6 +176,20 @@ def probe(cfg: str, routing: str, ws: int, dev, grid: int) -> dict:
                 host[k].append(dt * 1e3)
             torch.cuda.synchronize()  # host times of one call, not of a queue that is full
         res["host_ms"] = {k: statistics.median(v[5:]) for k, v in host.items()}
+        # the plan: torch ops (plan_reference) vs the plan kernel where it applies; host and GPU time
+        bms2 = sorted({ca[0], cb[0]})
+        for name, ref in (("plan_torch", True), ("plan_kernel", False)):
+            hs = []
+            for _ in range(25):
+                t0 = time.perf_counter()
+                p.plan(bms2, em, reference=ref)
+                hs.append((time.perf_counter() - t0) * 1e3)
+                torch.cuda.synchronize()
+            res["host_ms"][name] = statistics.median(hs[5:])
+            res[f"{name}_gpu_ms"] = med_ms(lambda ref=ref: p.plan(bms2, em, reference=ref))
+        from overlap_backend.codegen import moe_plan
+
+        res["plan_kernel_applies"] = moe_plan.unsupported(p.rows.shape[0], ws * p.e_local, bms2) is None
         res["tflops_ours"] = p.flops / res["ours_best_ms"] / 1e9
     res["tflops_grouped_mm"] = p.flops / res["grouped_mm_ms"] / 1e9
     return res
@@ -207,7 +222,8 @@ def main(argv=None):
                 host = ", ".join(f"{k} {v:.3f}" for k, v in r["host_ms"].items())
                 print(f"   best {r['best']}: one launch each {r['ours_best_ms']:.3f} ms ({r['tflops_ours']:.0f} "
                       f"TFLOP/s), phased {r['ours_best_phased_ms']:.3f} ms, rel err {r['rel_err']:.2e}, "
-                      f"host ms/call: {host}")
+                      f"host ms/call: {host}; plan GPU ms: torch {r['plan_torch_gpu_ms']:.3f}, kernel "
+                      f"{r['plan_kernel_gpu_ms']:.3f} (applies: {r['plan_kernel_applies']})")
             sys.stdout.flush()
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1))

@@ -184,6 +184,46 @@ def test_plan_and_tile_map(ws, rank, skew, expert_major, group_m):
         assert [tuple(v) for v in out.view(-1, 6).tolist()] == expect
 
 
+@pytest.mark.parametrize("ws,rank,experts,skew,expert_major,bms", [
+    (2, 0, 3, False, False, (16,)), (2, 1, 4, True, False, (64, 128)), (3, 2, 5, False, True, (4, 16)),
+    (4, 1, 2, True, True, (128,)), (4, 3, 7, False, False, (16, 64))])
+def test_plan_kernel_matches_torch_plan(ws, rank, experts, skew, expert_major, bms):
+    """``codegen/moe_plan.py``'s one kernel gives the torch reference's work list: the same groups,
+    the same stable order of rows inside them, contig flags and tile prefixes, with rows that
+    point nowhere (-1), rows past the last expert's end, empty experts and an empty source."""
+    from overlap_backend.codegen import moe_plan
+
+    gen = torch.Generator().manual_seed(ws * 100 + rank * 10 + experts)
+    case = _case(ws, rank, experts, 8, 8, gen, skew=skew, empty=(1,), idle=5, sorted_sources=not skew)
+    if skew:
+        case["recv"][(rank + 1) % ws] = 0
+        case = _case(ws, rank, experts, 8, 8, gen, skew=True, empty=(1,), idle=5, send=case["send"],
+                     recv=case["recv"])
+    rows = case["rows"].clone()
+    rows[::9] = -1
+    recv_off = torch.tensor(_prefix(case["recv"]), dtype=torch.int32)
+    ref = moe_symm.plan_reference(rows, case["ends"], recv_off, rank, ws, experts, bms, expert_major)
+    got = moe_plan.plan(rows, case["ends"].to(torch.int32), recv_off, rank, ws, experts, bms, expert_major)
+    valid = int(ref["counts"].sum())
+    assert valid > 0
+    for key in ("counts", "row_start", "contig"):
+        assert got[key].tolist() == ref[key].tolist(), key
+    assert got["srows"][:valid].tolist() == ref["srows"][:valid].tolist()
+    for bm in bms:
+        assert got["tile_start"][bm].tolist() == ref["tile_start"][bm].tolist(), bm
+        assert got["src_tiles"][bm].tolist() == ref["src_tiles"][bm].tolist(), bm
+    assert got["expert_major"] == expert_major and got["recv_off"] is recv_off
+
+
+def test_plan_takes_the_kernel_only_where_it_applies():
+    from overlap_backend.codegen import moe_plan
+
+    assert moe_plan.unsupported(1000, 32, (64, 128)) is None
+    assert "rows" in moe_plan.unsupported(moe_plan.MAX_ROWS + 1, 32, (64,))
+    assert "groups" in moe_plan.unsupported(10, moe_plan.MAX_GROUPS + 1, (64,))
+    assert "block heights" in moe_plan.unsupported(10, 4, (16, 64, 128))
+
+
 # ------------------------------------------------------------------------------ GEMM kernels
 def _buffers(ws, rank, case, h, dtype, gen):
     """x (this rank's rows), the dispatch buffer with every peer's rows already in its slot, R."""

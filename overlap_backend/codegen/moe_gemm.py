@@ -262,19 +262,17 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     )
 
 
-# (BM, BN, BK, GROUP_M, stages, warps, TMA store unused); the first of each is the one bench/probe_moe_gemm.py
-# measured fastest on H200 at the Mixtral-/DeepSeek-like shapes (2xH200 run of 2026-11-30: gate/up 2.93 ms,
-# down 1.37 ms Mixtral-like, vs 4.55 ms for the three torch._grouped_mm), the others win at decode sizes
+# (BM, BN, BK, GROUP_M, stages, warps, TMA store unused): the fastest of the configs bench/probe_moe_gemm.py
+# timed on H200 (2 runs on 2026-11-30, bench/results/2026-11-30_h200x2_session5): gate/up (128, 128) at the
+# Mixtral-/DeepSeek-like sizes (2.93-3.07 ms Mixtral-like, 3.01-3.05 DeepSeek-like), (64, 256) at decode sizes
+# (0.39 vs 0.49); down (128, 256) everywhere (1.37-1.41 / 1.61-1.67 / 0.27 ms). Few candidates on purpose:
+# each one is a compilation on the first call (a fresh machine spent > 190 s compiling seven)
 GATE_UP_16BIT = (  # two [BM, BN] float32 accumulators (gate and up)
     (128, 128, 64, 8, 3, 8, False),
-    (128, 128, 64, 8, 4, 8, False),
     (64, 256, 64, 8, 3, 8, False),
-    (64, 128, 64, 8, 4, 4, False),
 )
 DOWN_16BIT = (
     (128, 256, 64, 8, 3, 8, False),
-    (128, 128, 64, 8, 4, 8, False),
-    (64, 128, 64, 8, 4, 4, False),
 )
 
 

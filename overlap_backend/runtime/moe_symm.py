@@ -108,9 +108,23 @@ def symm_dtypes():
     return (torch.bfloat16, torch.float16, torch.float32)
 
 
+PLAN_KERNEL = True  # False: always the torch ops (plan_reference)
+
+
 def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, experts: int, block_rows,
          expert_major: bool = False) -> dict:
-    """Device-side work list (no host read). ``recv_off`` [ws + 1] int32, ``ends`` [E] cumulative ends.
+    """Device-side work list (no host read): ``codegen/moe_plan.py``'s one kernel where it applies
+    (decode sizes: host time is most of such a layer), else ``plan_reference``'s torch ops."""
+    from ..codegen import moe_plan
+
+    if PLAN_KERNEL and not moe_plan.unsupported(rows.shape[0], ws * experts, block_rows):
+        return moe_plan.plan(rows, ends, recv_off, rank, ws, experts, block_rows, expert_major)
+    return plan_reference(rows, ends, recv_off, rank, ws, experts, block_rows, expert_major)
+
+
+def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, experts: int, block_rows,
+                   expert_major: bool = False) -> dict:
+    """Device-side work list (no host read), from torch ops. ``recv_off`` [ws + 1] int32, ``ends`` [E] cumulative ends.
 
     Returns ``srows`` (received-row index of each sorted row), ``counts``/``row_start``/``contig``
     (rows are consecutive received rows) per group ``pos * E + e`` (``e * ws + pos`` with
