@@ -239,12 +239,14 @@ def main(argv=None):
             return
         head = ["config", "routing", "rows recv (max)", "baseline", "a2a", "experts", "max", "p2p", "symm",
                 "symm/max", "base/symm", "check"]
+        defaults_text = ", ".join(f"{k}={v}" for k, v in defaults.items())
         sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + list(args.sweep)
         text = (f"# MoE block, {ws} ranks, bf16 (ms)\n\n{common.info_markdown(info)}\n\n"
-                + common.markdown_table(head, rows) + "\n\n## symm: comm-SM sweep (ms)\n\n"
+                + common.markdown_table(head, rows) + "\n\n## symm: sweep (ms)\n\nEach column changes the named "
+                f"settings of `moe_symm`; the rest are those of the symm column: {defaults_text}.\n\n"
                 + common.markdown_table(sweep_head, sweep_rows) + "\n")
         (out_dir / f"moe_ws{ws}.md").write_text(text)
-        common.write_json(out_dir / f"moe_ws{ws}.json", {"info": info, "results": results})
+        common.write_json(out_dir / f"moe_ws{ws}.json", {"info": info, "moe_defaults": defaults, "results": results})
 
     for cfg in args.configs:
         why = config_problem(cfg, ws)

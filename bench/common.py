@@ -45,7 +45,21 @@ def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timedelta(seconds=180))
+    stall_dump(rank)
     return rank, world_size, device
+
+
+def stall_dump(rank: int) -> None:
+    """``BENCH_STALL_DUMP_S=N``: every N seconds, each rank writes every thread's Python stack to
+    stderr (``faulthandler``), so a run that stops printing shows where its host is waiting (a
+    benchmark that printed nothing for minutes on 2xH200 left no other trace)."""
+    every = float(os.environ.get("BENCH_STALL_DUMP_S", "0") or 0)
+    if every > 0:
+        import faulthandler
+        import sys
+
+        print(f"rank {rank}: Python stacks to stderr every {every:g} s (BENCH_STALL_DUMP_S)", file=sys.stderr)
+        faulthandler.dump_traceback_later(every, repeat=True, file=sys.stderr)
 
 
 def group_name(group=None) -> str:

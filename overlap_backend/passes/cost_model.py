@@ -56,13 +56,23 @@ SYMM_DEVICE_MS = 0.03  # flag waits, the first tile wave's wait, stream operatio
 CTA_EFF = 1.10  # a CTA-pipeline stage (flag waits per K-chunk, chunk-major A) / cuBLAS (fitted: cta_ws2, M >= 512)
 CTA_K_CHUNKS = 4  # = runtime.cta_symm.K_CHUNKS (K-chunks per stage-0 rank)
 CTA_BM, CTA_BN1 = 128, 256  # = runtime.cta_symm STAGE1_CONFIG's block (row groups of the pipeline)
-# moe symm (copy-engine combine, the default transport): its time / the model's experts time on rows
-# padded to whole 128-row tiles per (source, expert) group, and what one SM of the comm kernel copies
-# (fitted on bench/results/2026-11-30_h200x2_moe_epilogue: deepseek/mixtral, balanced/skewed: 1.37-1.51;
-# the SM combine with 4 / 8 / 16 SMs: 14.7 / 9.7 / 7.3 ms on deepseek, ~4-5 GB/s per SM)
-MOE_SYMM_EFF = 1.45
+# moe, fitted on bench/results/2026-11-30_h200x2_session5/moe_ws2.json (DeepSeek-/Mixtral-like, balanced
+# and skewed, 2xH200; docs/cost_model.md):
+# - the baseline's grouped experts (torch._grouped_mm x3 + silu*up, plus the row gather and scatter):
+#   measured / the model's cuBLAS-rate GEMMs = 1.09-1.20 once the gather/scatter traffic is counted
+#   (compute-bound side only: at decode sizes grouped_mm reads the weights at the model's rate)
+BASE_GROUPED_EFF = 1.14
+# - symm (phased schedule, copy-engine combine, the default): the persistent expert GEMMs' time / the
+#   model's experts time on rows padded to whole 128-row tiles per (source, expert) group: all four rows
+#   within 4% with 1.05 (the kernels of before the grouped raster, 2026-11-30_h200x2_moe_epilogue: 1.45)
+MOE_SYMM_EFF = 1.05
 MOE_TILE_ROWS = 128
+# - what one SM of the comm kernel stores into a peer (SM transport, 4 / 8 / 16 SMs: 14.7 / 9.7 / 7.3 ms on
+#   DeepSeek-like, ~4-5 GB/s per SM), and copies locally out of the combine slots (copy-engine transport;
+#   not fitted: in every measured row the copy-out ended under the own rows' GEMMs; taken as ~3x the peer
+#   rate, the ratio of NVLink to local HBM latency with the same bytes in flight)
 SM_STORE_GBPS = 4.5
+SM_PULL_GBPS = 15.0
 MOE_COMM_SMS = (4, 8, 16, 32)  # candidates of the moe symm communication SM count
 CTA_STAGES = (1, 2, 4, 8)  # candidates of the cta p2p stage count (OVERLAP_CTA_STAGES=auto)
 ONESHOT_MAX_BYTES = 4 << 20  # = runtime.symm.ONESHOT_MAX_BYTES (mm_ar symm: one-shot below it)
@@ -174,14 +184,16 @@ def _round(ms: float) -> float:
 
 
 # ------------------------------------------------------------------------------ building blocks
-def gemm_ms(cal: Calibration, m: float, n: float, k: float, dtype: str, eff: float = 1.0) -> float:
-    """One matmul ``[m, k] @ [k, n]``: launch + roofline (compute- or memory-bound)."""
+def gemm_ms(cal: Calibration, m: float, n: float, k: float, dtype: str, eff: float = 1.0,
+            compute_eff: float = 1.0) -> float:
+    """One matmul ``[m, k] @ [k, n]``: launch + roofline (compute- or memory-bound); ``eff`` scales
+    both, ``compute_eff`` only the compute-bound side."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     e = ELEMENT_BYTES.get(dtype, 4)
     flops = 2.0 * m * n * k
     nbytes = (m * k + k * n + m * n) * e
-    return cal.launch_ms + max(flops / (cal.rate(dtype) * 1e9), nbytes / (cal.hbm_gbps * 1e6)) * eff
+    return cal.launch_ms + max(flops / (cal.rate(dtype) * 1e9) * compute_eff, nbytes / (cal.hbm_gbps * 1e6)) * eff
 
 
 def mem_ms(cal: Calibration, nbytes: float) -> float:
@@ -242,8 +254,8 @@ def baseline(cal: Calibration, p: Problem) -> tuple[float, dict[str, float]]:
     elif p.op == "cta_pipeline_mlp":
         g = _mlp_ms(cal, p, p.m)
         c = coll_ms(cal, "all_reduce", p.m * p.n * e, ws)
-    else:  # moe_experts: dispatch, experts, combine
-        g = _experts_ms(cal, p, p.m)
+    else:  # moe_experts: dispatch, experts (rows gathered into expert order and scattered back), combine
+        g = _experts_ms(cal, p, p.m, compute_eff=BASE_GROUPED_EFF) + mem_ms(cal, 4 * p.m * p.k * e)
         c = 2 * coll_ms(cal, "all_to_all", p.rows_sent * p.k * e, ws)
     return SEQ_FACTOR * (g + c), {"gemm_ms": g, "comm_ms": c}
 
@@ -255,10 +267,11 @@ def _mlp_ms(cal: Calibration, p: Problem, rows: float, eff: float = 1.0) -> floa
     return gemm_ms(cal, rows, gate * p.f, p.k, p.dtype, eff) + act + gemm_ms(cal, rows, p.n, p.f, p.dtype, eff)
 
 
-def _experts_ms(cal: Calibration, p: Problem, rows: float, eff: float = 1.0) -> float:
+def _experts_ms(cal: Calibration, p: Problem, rows: float, eff: float = 1.0, compute_eff: float = 1.0) -> float:
     """The SwiGLU experts on ``rows`` grouped rows, spread evenly over the experts."""
     per = rows / max(1, p.experts)
-    one = 2 * gemm_ms(cal, per, p.f, p.k, p.dtype, eff) + gemm_ms(cal, per, p.k, p.f, p.dtype, eff)
+    one = (2 * gemm_ms(cal, per, p.f, p.k, p.dtype, eff, compute_eff)
+           + gemm_ms(cal, per, p.k, p.f, p.dtype, eff, compute_eff))
     return max(1, p.experts) * one + mem_ms(cal, rows * p.f * p.e * 3)
 
 
@@ -363,21 +376,25 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         dev = SYMM_DEVICE_MS + stage + fill + collect
         return _symm_plan(host["cta_pipeline_mlp"], dev, groups * CTA_K_CHUNKS,
                           {"stage_ms": stage, "fill_ms": fill, "collect_ms": collect}, stages=2)
-    # moe_experts: the persistent expert GEMMs (fitted end to end with 8 comm SMs: MOE_SYMM_EFF, tiles
-    # of MOE_TILE_ROWS rows per (source, expert) group), the copy engine shipping the results, and a
-    # communication kernel on c SMs copying the returned rows out
+    # moe_experts (runtime/moe_symm.py's defaults: phased schedule, copy-engine combine): the persistent
+    # expert GEMMs on the SMs the comm kernel leaves (MOE_SYMM_EFF, tiles of MOE_TILE_ROWS rows per
+    # (source, expert) group), one launch pair per source position; each remote source's results leave
+    # after its phase (copy engine, then the comm kernel on c SMs copies them out on the source rank), so
+    # only the last remote source's share can outlast the last phase (the own rows)
     cands = [comm_sms] if comm_sms is not None else [c for c in MOE_COMM_SMS if c <= cal.num_sms // 2] or [1]
     groups = ws * max(1, p.experts)
     padded = -(-p.m // (groups * MOE_TILE_ROWS)) * groups * MOE_TILE_ROWS if p.m else 0
     best = None
     for c in cands:
         sms = max(1, cal.num_sms - c)
-        g = _experts_ms(cal, p, padded, MOE_SYMM_EFF) * (cal.num_sms - 8) / sms
+        g = _experts_ms(cal, p, padded, MOE_SYMM_EFF) * cal.num_sms / sms
         moved = (ws - 1) * p.rows_sent * p.k * e / ws
         first = ce_ms(cal, p.rows_sent * p.k * e / ws)  # the first source's rows arrive (copy engine)
-        comm = moved / (min(cal.ce_gbps, c * SM_STORE_GBPS) * 1e6)  # the returned rows, copied out
-        dev = SYMM_DEVICE_MS + first + max(g, comm)
-        plan = _symm_plan(host["moe_experts"], dev, ws, {"gemm_ms": g, "transfer_ms": comm}, comm_sms=c)
+        comm = ce_ms(cal, moved) + moved / (c * SM_PULL_GBPS * 1e6)  # returned by copy engine, copied out
+        tail = max(0.0, comm / max(1, ws - 1) - g / ws)
+        dev = SYMM_DEVICE_MS + first + g + tail
+        plan = _symm_plan(host["moe_experts"], dev, ws, {"gemm_ms": g, "transfer_ms": comm, "tail_ms": tail},
+                          comm_sms=c)
         if best is None or plan.ms < best.ms:
             best = plan
     return best
