@@ -69,6 +69,9 @@ esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
+# every rank of a bench prints its Python stacks this often (bench/common.py: stall_dump): a stage
+# that stops printing then shows where its host waits (bench_moe did, unexplained, in 3 of 5 runs)
+export BENCH_STALL_DUMP_S="${BENCH_STALL_DUMP_S:-120}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 PY="${PYTHON:-python3}"
 command -v "$PY" >/dev/null || PY=python

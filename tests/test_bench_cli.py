@@ -113,6 +113,25 @@ def test_moe_configs(bench):
         m.parse_args(["--out", "/tmp/x", "--configs", "nope"])
 
 
+def test_moe_sweep_columns(bench):
+    """A sweep column sets only the moe_symm settings it names (joined by +); the rest stay the
+    defaults the run started with; comm-SM columns take the SM transport; unknown parts are refused."""
+    m = bench["bench_moe"]
+    defaults = {"COMM_SMS": None, "TRANSPORT": "ce", "ORDER": "auto", "OWN_FIRST": 0.0, "SCHEDULE": "phased"}
+    assert set(defaults) == set(m.SETTINGS)
+    assert m.sweep_settings("ce-only+schedule=rotated", defaults) == {**defaults, "TRANSPORT": "ce-only",
+                                                                      "SCHEDULE": "rotated"}
+    assert m.sweep_settings(16, defaults) == {**defaults, "COMM_SMS": 16, "TRANSPORT": "sm"}
+    assert m.sweep_settings("own-first=0.25+order=source", {**defaults, "SCHEDULE": "rotated"}) == {
+        **defaults, "OWN_FIRST": 0.25, "ORDER": "source", "SCHEDULE": "phased"}
+    assert m.sweep_settings("ce", defaults) == defaults
+    args = m.parse_args(["--out", "/tmp/x", "--sweep", "ce,ce-only+schedule=rotated", "--comm-sms", ""])
+    assert args.sweep == ["ce", "ce-only+schedule=rotated"] and args.comm_sms == []
+    for bad in ("bogus", "ce+nope", "schedule=phased+"):
+        with pytest.raises(SystemExit):
+            m.parse_args(["--out", "/tmp/x", "--sweep", bad])
+
+
 # ----------------------------------------------------------------------------------- CTA
 def test_cta_layouts(bench):
     c = bench["bench_cta"]
