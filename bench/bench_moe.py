@@ -264,7 +264,7 @@ def main(argv=None):
                 recv_max = common.allreduce_max([sum(prob.recv)], device)[0]
                 ref = prob.baseline()
                 checks = []
-                for name, value in defaults.items():
+                for name, value in defaults.items():  # (also undoes a sweep an error cut short)
                     setattr(moe_symm, name, value)
                 lowerings = ["symm"] if args.no_p2p else ["p2p", "symm"]
                 for low in lowerings:
@@ -297,8 +297,6 @@ def main(argv=None):
                     err = common.allreduce_max([common.rel_err(prob.ours("symm").float(), ref.float())], device)[0]
                     ms, _ = timing.bench(lambda: prob.ours("symm"))
                     sweep[str(n)] = {"ms": ms, "err": err}
-                for name, value in defaults.items():
-                    setattr(moe_symm, name, value)
                 res["sweep"] = sweep
                 sweep_rows.append([cfg, routing] + [common.fmt_ms(v["ms"]) + ("" if v["err"] <= TOL else " FAIL")
                                                     for v in sweep.values()])

@@ -30,6 +30,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.bench_moe import CONFIGS  # noqa: E402
+from overlap_backend.calibrate import timed_ms  # noqa: E402
 from overlap_backend.codegen import moe_gemm  # noqa: E402
 from overlap_backend.runtime import moe_symm, symm_lowering  # noqa: E402
 
@@ -37,23 +38,7 @@ GATE_UP = list(moe_gemm.GATE_UP_16BIT)  # (BM, BN, BK, GROUP_M, stages, warps, -
 DOWN = list(moe_gemm.DOWN_16BIT)
 
 
-def dev_is_cuda(t) -> bool:
-    return t.is_cuda  # the bounded (timed) wait reads the GPU's global timer
-
-
-def med_ms(fn, n=20, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+REPS = 20  # timed_ms: CUDA events, median of REPS calls after warm-up (the calibration's timer)
 
 
 class Rank:
@@ -116,7 +101,7 @@ class Rank:
         for ph in phases:
             if part in ("both", "gate_up"):
                 moe_gemm.launch_gate_up(self.disp, self.w_gate, self.w_up, self.act, pl, self.flags, 0, self.status,
-                                        10**10, 0, self.ws, self.cap, cfg_a, grid, timed=dev_is_cuda(self.disp), phase=ph,
+                                        10**10, 0, self.ws, self.cap, cfg_a, grid, timed=self.disp.is_cuda, phase=ph,
                                         start_group=start_group)
             if part in ("both", "down"):
                 moe_gemm.launch_down(self.act, self.w_down, self.own, self.stage, pl, self.flags[16:],
@@ -126,8 +111,8 @@ class Rank:
 def probe(cfg: str, routing: str, ws: int, dev, grid: int) -> dict:
     p = Rank(cfg, routing, ws, dev)
     res = {"config": cfg, "routing": routing, "ws": ws, "rows": p.rows.shape[0], "recv": p.recv}
-    res["baseline_ms"] = med_ms(lambda: p.baseline())
-    res["grouped_mm_ms"] = med_ms(lambda: p.baseline(gemms_only=True))
+    res["baseline_ms"] = timed_ms(lambda: p.baseline(), REPS)
+    res["grouped_mm_ms"] = timed_ms(lambda: p.baseline(gemms_only=True), REPS)
     em = moe_symm.expert_major(p.rows.shape[0], ws, p.e_local)
     res["expert_major"] = em
     bms = sorted({c[0] for c in GATE_UP + DOWN})
@@ -139,8 +124,8 @@ def probe(cfg: str, routing: str, ws: int, dev, grid: int) -> dict:
     for name, cands, part in (("gate_up", GATE_UP, "gate_up"), ("down", DOWN, "down")):
         for c in cands:
             try:
-                t1 = med_ms(lambda: p.run(pl, c, c, grid, one, part, own))
-                tp = med_ms(lambda: p.run(pl, c, c, grid, phased, part))
+                t1 = timed_ms(lambda: p.run(pl, c, c, grid, one, part, own), REPS)
+                tp = timed_ms(lambda: p.run(pl, c, c, grid, phased, part), REPS)
                 res[name][str(c)] = {"one": t1, "phased": tp}
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
                 res[name][str(c)] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
@@ -150,9 +135,10 @@ def probe(cfg: str, routing: str, ws: int, dev, grid: int) -> dict:
         best[name] = min(ok, key=lambda k: ok[k]["one"]) if ok else None
     res["best"] = best
     if all(best.values()):
-        ca, cb = eval(best["gate_up"]), eval(best["down"])  # noqa: S307 - our own repr of a tuple
-        res["ours_best_phased_ms"] = med_ms(lambda: p.run(pl, ca, cb, grid, phased))
-        res["ours_best_ms"] = med_ms(lambda: p.run(pl, ca, cb, grid, one, start_group=own))
+        ca = next(c for c in GATE_UP if str(c) == best["gate_up"])
+        cb = next(c for c in DOWN if str(c) == best["down"])
+        res["ours_best_phased_ms"] = timed_ms(lambda: p.run(pl, ca, cb, grid, phased), REPS)
+        res["ours_best_ms"] = timed_ms(lambda: p.run(pl, ca, cb, grid, one, start_group=own), REPS)
         # numerics: the baseline's rows vs ours (own rows in `own`, remote in `stage`)
         ref = p.baseline().float()
         p.own.fill_(float("nan"))
@@ -186,7 +172,7 @@ def probe(cfg: str, routing: str, ws: int, dev, grid: int) -> dict:
                 hs.append((time.perf_counter() - t0) * 1e3)
                 torch.cuda.synchronize()
             res["host_ms"][name] = statistics.median(hs[5:])
-            res[f"{name}_gpu_ms"] = med_ms(lambda ref=ref: p.plan(bms2, em, reference=ref))
+            res[f"{name}_gpu_ms"] = timed_ms(lambda ref=ref: p.plan(bms2, em, reference=ref), REPS)
         from overlap_backend.codegen import moe_plan
 
         res["plan_kernel_applies"] = moe_plan.unsupported(p.rows.shape[0], ws * p.e_local, bms2) is None

@@ -285,7 +285,7 @@ def load_or_default(cache_dir: str | os.PathLike | None = None) -> Calibration:
 
 
 # ------------------------------------------------------------------------------------ measuring
-def _timed(fn, reps: int) -> float:
+def timed_ms(fn, reps: int) -> float:
     """Median ms of ``fn`` over ``reps`` calls (CUDA events), after 3 warm-up calls."""
     for _ in range(3):
         fn()
@@ -313,14 +313,14 @@ def measure_gemm(device, reps: int = 20) -> tuple[dict[str, float], float]:
         for m, k, n in shapes:
             a = torch.randn(m, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
-            ms = _timed(lambda: torch.mm(a, b), reps)
+            ms = timed_ms(lambda: torch.mm(a, b), reps)
             best = max(best, 2 * m * n * k / (ms * 1e9))
             del a, b
         rates[str(dtype).removeprefix("torch.")] = round(best, 1)
     # weight-bound: 128 rows against 7168 x 8192 bf16 weights
     a = torch.randn(128, 7168, device=device, dtype=torch.bfloat16)
     b = torch.randn(7168, 8192, device=device, dtype=torch.bfloat16)
-    ms = _timed(lambda: torch.mm(a, b), reps * 5)
+    ms = timed_ms(lambda: torch.mm(a, b), reps * 5)
     hbm = (a.numel() + b.numel() + 128 * 8192) * 2 / (ms * 1e6)
     rates["float64"] = rates["float32"]
     return rates, round(hbm, 1)
@@ -336,11 +336,11 @@ def measure_links(group, device, reps: int = 20) -> dict[str, Any]:
     big = 64 << 20  # bytes per rank
     shard = torch.empty(big // 2, device=device, dtype=torch.bfloat16)
     full = torch.empty(ws * shard.numel(), device=device, dtype=torch.bfloat16)
-    ms = _timed(lambda: dist.all_gather_into_tensor(full, shard, group=group), reps)
+    ms = timed_ms(lambda: dist.all_gather_into_tensor(full, shard, group=group), reps)
     out["busbw"] = round(big * (ws - 1) / (ms * 1e6), 1)
     tiny_s = torch.empty(1024, device=device, dtype=torch.bfloat16)
     tiny_f = torch.empty(ws * 1024, device=device, dtype=torch.bfloat16)
-    out["latency_ms"] = round(_timed(lambda: dist.all_gather_into_tensor(tiny_f, tiny_s, group=group), reps), 4)
+    out["latency_ms"] = round(timed_ms(lambda: dist.all_gather_into_tensor(tiny_f, tiny_s, group=group), reps), 4)
     nxt, prv = (rank + 1) % ws, (rank - 1) % ws
     recv = torch.empty_like(shard)
     granks = dist.get_process_group_ranks(group)
@@ -350,7 +350,7 @@ def measure_links(group, device, reps: int = 20) -> dict[str, Any]:
         for w in dist.batch_isend_irecv(ops):
             w.wait()
 
-    ms = _timed(shift, reps)
+    ms = timed_ms(shift, reps)
     out["p2p_gbps"] = round(big / (ms * 1e6), 1)
     out["p2p_latency_ms"] = round(max(0.0, ms - big / (out["p2p_gbps"] * 1e6)), 4)
     out["ce_gbps"] = _measure_ce(group, device, reps)
@@ -367,7 +367,7 @@ def _measure_ce(group, device, reps: int) -> float | None:
         return None
     src = torch.empty(128 << 20, dtype=torch.bfloat16, device=f"cuda:{src_dev}")
     dst = torch.empty_like(src, device=device)
-    ms = _timed(lambda: dst.copy_(src, non_blocking=True), reps)
+    ms = timed_ms(lambda: dst.copy_(src, non_blocking=True), reps)
     return round(src.numel() * 2 / (ms * 1e6), 1)
 
 
