@@ -52,12 +52,15 @@ def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
 def stall_dump(rank: int) -> None:
     """``BENCH_STALL_DUMP_S=N``: every N seconds, each rank writes every thread's Python stack to
     stderr (``faulthandler``), so a run that stops printing shows where its host is waiting (a
-    benchmark that printed nothing for minutes on 2xH200 left no other trace)."""
+    benchmark that printed nothing for minutes on 2xH200 left no other trace). Always: a crash
+    (SIGSEGV, SIGABRT, ...) writes the Python stacks of every thread first (one rank of the MoE
+    benchmark died of a SIGSEGV on 2xH200 with no trace)."""
+    import faulthandler
+    import sys
+
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     every = float(os.environ.get("BENCH_STALL_DUMP_S", "0") or 0)
     if every > 0:
-        import faulthandler
-        import sys
-
         print(f"rank {rank}: Python stacks to stderr every {every:g} s (BENCH_STALL_DUMP_S)", file=sys.stderr)
         faulthandler.dump_traceback_later(every, repeat=True, file=sys.stderr)
 

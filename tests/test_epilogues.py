@@ -128,6 +128,7 @@ def test_generated_source_is_cached_in_memory_and_on_disk(tmp_path, monkeypatch)
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(gen, "_memory", {})
+    monkeypatch.setattr(gen, "_built", {})
     monkeypatch.setattr(gen, "STATS", {"generated": 0, "memory_hits": 0, "disk_hits": 0})
     a = gen.build("bias:0,gelu", torch.bfloat16)
     assert gen.build("bias:0,gelu", torch.bfloat16) is a

@@ -649,6 +649,56 @@ def test_symm_timeout_names_op_rank_flag():
     print(results)
 
 
+def dead_peer_worker(rank: int, ws: int, device: str):
+    """Rank 1 skips the second call (as if it died). Rank 0's copy-engine pushes wait for rank 1's
+    READY flag in ``cuStreamWaitValue32``, which has no timeout: without the watchdog its
+    synchronize would never return. With it, the synchronize returns within ~1.25x
+    OVERLAP_TIMEOUT_S, the next check raises SymmTimeoutError and so does every later call."""
+    import time
+
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    from overlap_backend.runtime import symm
+
+    group = dist.group.WORLD
+    timeout_s = float(os.environ["OVERLAP_TIMEOUT_S"])
+    dtype = torch.bfloat16
+    shard = _randn(64, 128, dtype=dtype, device=device)
+    w = _randn(128, 256, dtype=dtype, device=device, scale=128**-0.5)
+    torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda.synchronize()
+    if rank == 1:
+        time.sleep(timeout_s * symm.WATCHDOG_FACTOR + 8)  # alive (its buffers mapped), never calling
+        return "skipped the call"
+    st = symm.state(group.group_name, torch.device(device, torch.cuda.current_device()))
+    start = time.monotonic()
+    torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", True)  # gathered: a copy-stream wait too
+    torch.cuda.synchronize()
+    took = time.monotonic() - start
+    assert took < timeout_s * symm.WATCHDOG_FACTOR + 3, f"synchronize returned after {took:.1f} s"
+    assert st.stalled is not None and "ag_mm on rank 0" in st.stalled, st.stalled
+    try:
+        symm.check_status()
+    except symm.SymmTimeoutError as e:
+        msg = str(e)
+    else:
+        raise AssertionError(f"no error after the dead peer's call: status {list(st.status)}")
+    try:
+        torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)
+    except symm.SymmTimeoutError:
+        return f"synchronize returned after {took:.2f} s; raised: {msg}"
+    raise AssertionError("the next call after the watchdog fired did not raise")
+
+
+@pytest.mark.timeout(200)
+def test_symm_dead_peer_unblocks_stream_waits():
+    _need_gpus(2)
+    print(_run(dead_peer_worker, 2, env={"OVERLAP_TIMEOUT_S": "2"}))
+
+
 def recompile_state_worker(rank: int, ws: int, device: str, lowering: str):
     """A function compiled for three token counts (a recompile each, OVERLAP_INDUCTOR=0): every
     graph's ops run on the one per-group state of the lowering; the symm data buffer is the same

@@ -422,7 +422,7 @@ class FakeState:
     def status_arg(self):
         return self.flags[symm.CLAIM :], self.report
 
-    def begin(self, compute):
+    def begin(self, compute, what="a symm call"):
         return EPOCH
 
     def push(self, peer, dst, src, nbytes, flag):

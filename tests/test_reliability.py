@@ -353,3 +353,108 @@ def test_late_or_dead_peer_raises_within_the_timeout(gloo_results):
     elapsed, msg = dead
     assert elapsed <= TIMEOUT_S + SLACK_S, dead
     assert "overlap p2p: mm_ar on rank 0" in msg, msg
+
+
+# ---------------------------------------------------------------- watchdog of the symm stream waits
+class _Flag:
+    """A fake CUDA event: ``query()`` is what it was set to."""
+
+    def __init__(self, done: bool = False):
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_watchdog_counts_only_from_the_call_start_and_fires_until_it_finishes():
+    from overlap_backend.runtime import watchdog
+
+    fired = []
+    w = watchdog.Watched(1.0, lambda what, waited: fired.append((what, round(waited, 3))))
+    queued_start, queued_end = _Flag(), _Flag()
+    w.add(queued_start, queued_end, "ag_mm")
+    w.poll(100.0)
+    w.poll(200.0)  # queued behind earlier work for 100 s: not counted
+    assert fired == []
+    queued_start.done = True
+    w.poll(300.0)  # the compute stream reached it now
+    w.poll(300.9)
+    assert fired == []
+    w.poll(301.5)
+    w.poll(302.0)  # fires on every poll until the call finishes (flags may be lowered again)
+    assert fired == [("ag_mm", 1.5), ("ag_mm", 2.0)]
+    queued_end.done = True
+    w.poll(400.0)
+    assert len(fired) == 2 and not w.calls
+
+
+def test_watchdog_drops_finished_calls_and_watches_the_oldest_unfinished():
+    from overlap_backend.runtime import watchdog
+
+    fired = []
+    w = watchdog.Watched(0.5, lambda what, waited: fired.append(what))
+    w.add(_Flag(True), _Flag(True), "mm_rs")
+    stuck = _Flag(True)
+    w.add(stuck, _Flag(False), "mm_ar")
+    w.add(_Flag(False), _Flag(False), "ag_mm")
+    w.poll(10.0)
+    assert [c.what for c in w.calls] == ["mm_ar", "ag_mm"] and fired == []
+    w.poll(10.6)
+    assert fired == ["mm_ar"]
+    # a fast caller's finished calls are dropped on add as well, so the queue stays bounded
+    w2 = watchdog.Watched(0.5, lambda *a: None)
+    for _ in range(200):
+        w2.add(_Flag(True), _Flag(True), "ag_mm")
+    assert len(w2.calls) <= 65
+
+
+def test_watchdog_thread_runs_on_overdue_and_survives_its_errors():
+    from overlap_backend.runtime import watchdog
+
+    seen = []
+
+    def on_overdue(what, waited):
+        seen.append(what)
+        if len(seen) == 1:
+            raise RuntimeError("first release failed")  # logged; the thread must go on
+
+    w = watchdog.watch(0.1, on_overdue)
+    try:
+        end = _Flag(False)
+        w.add(_Flag(True), end, "moe_experts")
+        deadline = time.monotonic() + 10
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert seen[:2] == ["moe_experts", "moe_experts"], seen
+        end.done = True
+        time.sleep(3 * watchdog.POLL_S)
+        n = len(seen)
+        time.sleep(3 * watchdog.POLL_S)
+        assert len(seen) == n and not w.calls
+    finally:
+        watchdog.unwatch(w)
+
+
+def test_overdue_symm_call_releases_flags_and_the_next_call_raises(monkeypatch):
+    """GroupState._overdue (watchdog thread): the group is marked unusable with a message naming the
+    op, rank, group and timeout; every poll releases the flags again; a kernel's own report (status
+    word) wins over the watchdog's message."""
+    from overlap_backend.runtime import symm
+
+    st = object.__new__(symm.GroupState)
+    st.rank, st.group_name, st.timeout_ns, st.stalled = 1, "tp", int(2e9), None
+    st.status = [0] * 8
+    released = []
+    monkeypatch.setattr(st, "_release_flags", lambda: released.append(1), raising=False)
+    st.check_status()
+    st._overdue("ag_mm", 2.8)
+    st._overdue("ag_mm", 2.85)
+    assert len(released) == 2
+    with pytest.raises(symm.SymmTimeoutError) as e:
+        st.check_status()
+    msg = str(e.value)
+    assert "ag_mm on rank 1 of group 'tp'" in msg and "2.8 s" in msg and "OVERLAP_TIMEOUT_S=2" in msg, msg
+    st.status[:7] = [1, 0, 1, 3, 0, 5, 1]  # a kernel timed out too: its report names the flag
+    monkeypatch.setattr(symm, "_resolve_process_group", lambda name: type("G", (), {"size": lambda self: 2})())
+    with pytest.raises(symm.SymmTimeoutError, match="on flag 3"):
+        st.check_status()

@@ -17,9 +17,11 @@ A variant is compiled not only for a new shape: Triton specialises integer argum
 and divisible by 16, and pointers by alignment. Per-call scalars (the epoch, row offsets) are
 therefore ``do_not_specialize`` in the kernels, and every lowering runs its launches once inside
 ``preloading()`` before ``GroupState.begin``: there they only compile and load (no launch).
-Cost: Triton's argument binding and cache lookup run twice per launch (once to preload, once to
-launch), host time not measured yet; a memo keyed by Triton's specialisation would have to
-re-derive that key, which is what the lookup does.
+Preloading costs as much host time as a launch (Triton's argument binding and cache lookup), so
+it is skipped for a variant preloaded before: ``_variant_key`` classifies the arguments at least
+as finely as Triton's specialisation does (dtype and 16-byte alignment of pointers; integers
+equal to 0 or 1, divisible by 16, beyond 32 bits; the constexprs and launch options), so a
+variant it has seen is one Triton has compiled and loaded.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import os
 import threading
 
 _state = threading.local()
+_preloaded: set = set()
 
 
 def interpreting() -> bool:
@@ -49,10 +52,31 @@ def preloading():
 def launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)``, or, inside ``preloading()``, its compilation and loading."""
     if getattr(_state, "preload", False):
-        if not interpreting():
+        if interpreting():
+            return None
+        key = _variant_key(kernel, args, kwargs)
+        if key not in _preloaded:
             compiled = kernel.warmup(*args, grid=grid, **kwargs)
             init = getattr(compiled, "_init_handles", None)  # loads the module (Triton 3.x)
             if init is not None:
                 init()
+            _preloaded.add(key)
         return None
     return kernel[grid](*args, **kwargs)
+
+
+def _variant_key(kernel, args, kwargs) -> tuple:
+    import torch
+
+    sig = []
+    for a in args:
+        if hasattr(a, "data_ptr"):
+            sig.append((getattr(a, "dtype", None), a.data_ptr() % 16 == 0))
+        elif isinstance(a, bool) or a is None:
+            sig.append(a)
+        elif isinstance(a, int):
+            sig.append(("int", a == 0, a == 1, a % 16 == 0, not -(2**31) <= a < 2**31))
+        else:
+            sig.append(type(a))
+    device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    return (kernel, device, tuple(sig), tuple(sorted(kwargs.items(), key=lambda kv: kv[0])))

@@ -328,7 +328,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         st.check_status()
         cta.launch_begin(epoch_word, flags, base + symm.CTA_READY, r, ws)
     else:
-        epoch = st.begin(compute)
+        epoch = st.begin(compute, "cta_pipeline_mlp")
         _cuda.write_value32(st.flag_addr(base + symm.CTA_EPOCH), epoch, compute)
         # Stores into peers' buffers (stage 1's Y, stage 0's tiles without the copy engine) wait
         # until they started this call (READY), i.e. stopped reading those buffers in their previous op.

@@ -141,6 +141,20 @@ def write_value32(addr: int, value: int, stream: torch.cuda.Stream) -> None:
     _check("cuStreamWriteValue32", driver.cuStreamWriteValue32(_stream_handle(stream), addr, value, flags))
 
 
+def stream_create_nonblocking():
+    """A stream of our own that never waits for the legacy default stream (for the watchdog: it
+    must run while other streams are blocked)."""
+    driver, _ = _bindings()
+    return _check("cuStreamCreate", driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
+
+
+def memset32_async(ptr: int, value: int, count: int, stream) -> None:
+    """``count`` int32 words at ``ptr`` = ``value``, on ``stream`` (a handle from
+    :func:`stream_create_nonblocking`)."""
+    driver, _ = _bindings()
+    _check("cuMemsetD32Async", driver.cuMemsetD32Async(ptr, value, count, stream))
+
+
 def wait_value32(addr: int, value: int, stream: torch.cuda.Stream) -> None:
     """Later work on ``stream`` waits until ``*addr >= value`` (unsigned)."""
     driver, _ = _bindings()

@@ -264,7 +264,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         for phase in gemm_phases:
             gate_up(cfg_a, 0, phase)
             down(cfg_b, 0, phase)
-    epoch = st.begin(compute)
+    epoch = st.begin(compute, "moe_experts")
     begun = _record(compute)
     row_bytes = h * es
     for j in range(1, ws):  # dispatch, to r-1 first: rank d takes source d+1 first

@@ -16,7 +16,9 @@ One op call, on every rank (``epoch`` = the group's call counter, identical on e
 
 Flags are only ever raised to the current epoch (compare ``>=``), so nothing is reset between calls
 and the host never synchronises. A kernel that times out leaves a word in the status buffer which
-the next op call (or :func:`check_status`) raises as :class:`SymmTimeoutError`.
+the next op call (or :func:`check_status`) raises as :class:`SymmTimeoutError`. Stream waits have
+no timeout of their own: ``runtime/watchdog.py`` releases them when a call is overdue
+(``WATCHDOG_FACTOR`` x the timeout), which the next call raises in the same way.
 
 Falls back to the ``p2p`` lowering, on every rank of the group at once, for what the kernels do not
 cover (see ``_unsupported_*``) and when setting up the buffers fails (reason logged).
@@ -37,6 +39,7 @@ from torch import Tensor
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from . import cuda as _cuda
+from . import watchdog
 from .streams import SYMM_COPY_OUT, SYMM_PUSH, comm_stream
 
 log = logging.getLogger("overlap_backend.symm")
@@ -44,6 +47,9 @@ log = logging.getLogger("overlap_backend.symm")
 WS_MAX = 8  # ranks of one node
 MAX_VIEWS = 64  # GroupState.data_view's cache of tensor views over the data buffer, per group
 AR_ROWS_PER_CHUNK = 512  # mm_ar: at least this many rows per chunk and round (an efficient GEMM)...
+WATCHDOG_FACTOR = 1.25  # a call not finished this many OVERLAP_TIMEOUT_S after it started is dead...
+WATCHDOG_SLACK_S = 0.25  # ...plus this: later than the kernels' own bounded waits, which say more
+RELEASED = 0x7FFFFFFF  # what an overdue call's flags are set to: >= every epoch (stream waits, kernels)
 AR_MAX_ROUNDS = 4  # ...and at most this many rounds (each costs ~3 host calls per peer and band)
 ONESHOT_MAX_BYTES = 4 << 20  # mm_ar: one-shot (push the whole partial) up to this partial size
 BAND_ROWS_MIN = 512  # chunks travel in bands of at least this many rows (a multiple of every BM)...
@@ -265,6 +271,10 @@ class GroupState:
         self._peer_tables: tuple | None = None
         self._flag_args: dict[int, _cuda.DevicePointer] = {}
         self._status_arg = (self.flag_arg(CLAIM), _cuda.DevicePointer(self.status_ptr, torch.int32))
+        self.stalled: str | None = None  # set by the watchdog: why this group is unusable
+        self._call: tuple[torch.cuda.Event, str] | None = None
+        self._release_stream = None
+        self._watched = watchdog.watch(self.timeout_ns / 1e9 * WATCHDOG_FACTOR + WATCHDOG_SLACK_S, self._overdue)
 
     # ------------------------------------------------------------------ pointers for the kernels
     def status_arg(self) -> tuple[_cuda.DevicePointer, _cuda.DevicePointer]:
@@ -331,6 +341,7 @@ class GroupState:
         log.info("overlap symm: group %s rank %d data buffer %d MiB", self.group_name, self.rank, size >> 20)
 
     def release(self) -> None:
+        watchdog.unwatch(self._watched)
         if self.data is not None:
             self.data.release()
             self.data = None
@@ -341,13 +352,42 @@ class GroupState:
 
     # ---------------------------------------------------------------------------------- one call
     def check_status(self) -> None:
-        if self.status[0] != 0:
+        if self.status[0] != 0:  # a kernel's own report names the flag: it comes first
             raise status_error(list(self.status), self.group_name, self.timeout_ns / 1e9)
+        if self.stalled is not None:
+            raise SymmTimeoutError(self.stalled)
 
-    def begin(self, compute: torch.cuda.Stream) -> int:
-        """Start a call: new epoch; tell every peer this rank's buffers are free (after everything
-        already queued on ``compute``)."""
+    def _overdue(self, what: str, waited_s: float) -> None:
+        """Watchdog thread: the oldest unfinished call started ``waited_s`` ago. Mark the group
+        unusable and raise every local flag to ``RELEASED`` so that the stream waits (and kernel
+        waits) end; again on every poll until the call finishes (a late peer may write an older
+        epoch over a released flag)."""
+        if self.stalled is None:
+            self.stalled = (
+                f"overlap symm: {what} on rank {self.rank} of group {self.group_name!r} did not finish within "
+                f"{waited_s:.1f} s (OVERLAP_TIMEOUT_S={self.timeout_ns / 1e9:g} x {WATCHDOG_FACTOR}): a stream "
+                "waited for a peer's flag that never came (a peer died, diverged or is far behind). Its waits "
+                "were released, so this call's output and every later one's is garbage; the group is unusable."
+            )
+            log.error("%s", self.stalled)
+        self._release_flags()
+
+    def _release_flags(self) -> None:
+        # On a stream of its own that does not wait for the legacy default stream, which a blocked
+        # compute stream may be.
+        with torch.cuda.device(self.device):  # the driver calls need this device's context current
+            if self._release_stream is None:
+                self._release_stream = _cuda.stream_create_nonblocking()
+            _cuda.memset32_async(self.flags.local, RELEASED, FLAG_WORDS, self._release_stream)
+
+    def begin(self, compute: torch.cuda.Stream, what: str = "a symm call") -> int:
+        """Start a call (``what``: the op, for the watchdog's error): new epoch; tell every peer
+        this rank's buffers are free (after everything already queued on ``compute``)."""
         self.check_status()
+        if not torch.cuda.is_current_stream_capturing():  # a captured event would never complete here
+            start = torch.cuda.Event()
+            start.record(compute)
+            self._call = (start, what)
         self.epoch += 1
         if self.epoch >= 2**31 - 1:
             raise RuntimeError("overlap symm: epoch counter exhausted (2^31 calls on one group)")
@@ -373,6 +413,12 @@ class GroupState:
     def end(self, compute: torch.cuda.Stream) -> None:
         compute.wait_stream(self.push_stream)
         compute.wait_stream(self.copy_stream)
+        if self._call is not None:
+            start, what = self._call
+            self._call = None
+            done = torch.cuda.Event()
+            done.record(compute)
+            self._watched.add(start, done, what)
 
 
 def persistent(make, device: torch.device):

@@ -209,7 +209,7 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
         for i in range(len(weights)):
             launch(i, cfgs[i], 0)
     compute = torch.cuda.current_stream(shard.device)
-    epoch = st.begin(compute)
+    epoch = st.begin(compute, "ag_mm")
     row_bytes = K * shard.element_size()
     band_list = symm.bands(rows)
     nbands = len(band_list)
@@ -299,7 +299,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     with launcher.preloading():
         launch(cfg, 0, peer, stage)
     compute = torch.cuda.current_stream(a.device)
-    epoch = st.begin(compute)
+    epoch = st.begin(compute, "mm_rs")
     launch(cfg, epoch, peer, stage)
     row_bytes = N * a.element_size()
     band_list = symm.bands(rows)
@@ -385,7 +385,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=()):
     with launcher.preloading():
         launch(cfg, 0, peer, stage)
     compute = torch.cuda.current_stream(a.device)
-    epoch = st.begin(compute)
+    epoch = st.begin(compute, "mm_ar")
     launch(cfg, epoch, peer, stage)
     gather_base = st.data_addr(r, region)
     row_bytes = N * es
@@ -443,7 +443,7 @@ def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=()):
     with launcher.preloading():
         launch(0)
     compute = torch.cuda.current_stream(a.device)
-    epoch = st.begin(compute)
+    epoch = st.begin(compute, "mm_ar (one-shot)")
     for j in range(1, ws):
         st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, symm.RS_ARRIVED + r)
     launch(epoch)

@@ -1,0 +1,103 @@
+"""Probe: host time per ``symm`` op call (explains host-bound steps; not a test).
+
+    torchrun --nproc-per-node=N bench/probe_host.py [--profile] [--out FILE.json]
+
+For the TP block's ops (batch 4 x seq 2048 tokens, hidden 4096, ffn 14336, bf16) and a decode
+size (M=512): the host time of one op call (``time.perf_counter`` around ``CALLS`` calls that
+are not waited for, after warm-up; the GPU queue is deep enough not to push back), next to the
+same work done as NCCL collective + ``torch.mm``. ``--profile`` adds a cProfile of the ag_mm calls
+(top functions by own time), to say where the host time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
+
+import overlap_backend  # noqa: E402,F401
+
+CALLS = 20
+HIDDEN, FFN, TOKENS = 4096, 14336, 8192
+
+
+def host_us(fn, calls=CALLS):
+    """Median over 5 rounds of the host time per call of ``calls`` unwaited calls (us)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    rounds = []
+    for _ in range(5):
+        dist.barrier()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    rounds.sort()
+    return rounds[len(rounds) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    rank, ws, device = common.init_distributed("cuda")
+    group = dist.group.WORLD
+    name = group.group_name
+    dt = torch.bfloat16
+    results = []
+    for tokens in (TOKENS, 512):
+        m = tokens // ws
+        x = torch.randn(m, HIDDEN, device=device, dtype=dt)
+        w_up = torch.randn(FFN // ws, HIDDEN, device=device, dtype=dt).t()  # nn.Linear layout
+        h = torch.randn(tokens, FFN // ws, device=device, dtype=dt)
+        w_down = torch.randn(HIDDEN, FFN // ws, device=device, dtype=dt).t()
+        cases = {
+            "ag_mm": lambda: torch.ops.overlap.ag_mm(x, [w_up], [None], 0, name, "symm", False),
+            "ag_mm (gathered)": lambda: torch.ops.overlap.ag_mm(x, [w_up], [None], 0, name, "symm", True),
+            "mm_rs": lambda: torch.ops.overlap.mm_rs(h, w_down, None, [tokens, HIDDEN], 0, "sum", name, "symm"),
+            "NCCL all_gather + mm": lambda: funcol.wait_tensor(funcol.all_gather_tensor(x, 0, group)) @ w_up,
+            "mm + NCCL reduce_scatter": lambda: funcol.wait_tensor(
+                funcol.reduce_scatter_tensor(h @ w_down, "sum", 0, group)),
+        }
+        for case, fn in cases.items():
+            us = common.allreduce_max([host_us(fn)], device)[0]
+            results.append({"tokens": tokens, "case": case, "host_us_per_call": us})
+            if rank == 0:
+                print(f"tokens {tokens:5d}  {case:28s} host {us:8.1f} us/call", flush=True)
+        if args.profile and tokens == TOKENS:
+            prof = cProfile.Profile()
+            torch.cuda.synchronize()
+            prof.enable()
+            for _ in range(CALLS):
+                cases["ag_mm"]()
+            prof.disable()
+            torch.cuda.synchronize()
+            if rank == 0:
+                s = io.StringIO()
+                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
+                print(s.getvalue(), flush=True)
+    if args.out and rank == 0:
+        Path(args.out).write_text(json.dumps({"info": common.machine_info(device, ws), "results": results}, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
