@@ -19,8 +19,11 @@ use ``--no-inductor``):
 ``--mode inference`` (default) times the forward under ``torch.no_grad()``, where every epilogue
 can be captured; ``--mode train`` times forward + backward (values saved for backward stay in the
 graph, so fewer captures). Each variant is checked against eager first (relative error, max over
-ranks: <= 1e-2 bf16, 1e-4 fp32, else FAIL), then timed: median of >= ``--steps`` (default 30)
-steps, CUDA events, max over ranks (``bench/common.py: Timing``). Kernel launches per step come
+ranks: <= 1e-2 bf16, 1e-4 fp32, else FAIL), then timed: every variant is compiled first, then
+timed in ``--rounds`` (default 5) interleaved rounds (variant A, B, C, A, B, C, ...), each the median
+of >= ``--steps`` (default 30) steps, CUDA events, max over ranks (``bench/common.py: Timing``); a
+variant's time is the median of its rounds. Interleaving keeps slow drifts of the machine (host
+speed, clocks) out of the comparison: one variant's time moved by 30% between two runs on 2xH200. Kernel launches per step come
 from a torch.profiler trace of ``PROFILE_STEPS`` steps: GPU kernel events (memcpy/memset counted
 apart) and the host's launch calls (``cudaLaunchKernel`` / ``cuLaunchKernel*``), divided by the
 steps. The captured epilogue specs (from the backend's reports) are listed per variant. Rank 0
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import traceback
 import warnings
@@ -134,11 +138,12 @@ def variants(args) -> list[tuple[str, dict | None]]:
     return out
 
 
-def run_variant(name, backend_kw, args, ws, device, x, ref, timing) -> dict:
-    row = {"variant": name, "time_ms": None, "reps": None, "check": "—", "max_rel_err": None,
+def run_variant(name, backend_kw, args, ws, device, x, ref) -> tuple[dict, object]:
+    """Compile, check and profile one variant: (its row, its step function or None on an error).
+    Timing is left to ``time_rounds`` (interleaved with the other variants)."""
+    row = {"variant": name, "time_ms": None, "reps": None, "round_ms": [], "check": "—", "max_rel_err": None,
            "kernels_per_step": None, "copies_per_step": None, "launch_calls_per_step": None, "epilogues": [],
            "note": None}
-    torch._dynamo.reset()
     model = build_block(args, ws, device)
     if backend_kw is None:
         backend = "inductor" if args.inductor else "eager"
@@ -152,7 +157,7 @@ def run_variant(name, backend_kw, args, ws, device, x, ref, timing) -> dict:
         if args.verbose:
             traceback.print_exc()
         row["check"], row["note"] = "ERROR", f"raised: {type(e).__name__}: {str(e)[:300]}"
-        return row
+        return row, None
     errs = [common.rel_err(g.float(), r.float()) for g, r in zip(got, ref)]
     err = common.allreduce_max([max(errs)], device)[0]
     tol = TOL[DTYPES[args.dtype]]
@@ -162,7 +167,7 @@ def run_variant(name, backend_kw, args, ws, device, x, ref, timing) -> dict:
         row["epilogues"] = [e["spec"] for r in backend.reports for m in r.matches if m.epilogue
                             for e in m.epilogue if e["spec"]]
     step = make_step(compiled, xi, args.mode)
-    row["time_ms"], row["reps"] = timing.bench(step)
+    step()  # warm (the profile below must not see compilation)
     # launches per step from a profiler trace of PROFILE_STEPS steps
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -182,7 +187,20 @@ def run_variant(name, backend_kw, args, ws, device, x, ref, timing) -> dict:
     if args.trace and dist.get_rank() in (0, 1):
         Path(args.trace).mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(Path(args.trace) / f"epilogue_{args.block}_{name}_rank{dist.get_rank()}.json"))
-    return row
+    return row, step
+
+
+def time_rounds(rows, steps, rounds: int, timing) -> None:
+    """``rounds`` interleaved rounds over the variants that have a step; each row gets its round
+    medians (``round_ms``), their median (``time_ms``) and the timed steps in all (``reps``)."""
+    timed = [(row, step) for row, step in zip(rows, steps) if step is not None]
+    for _ in range(rounds):
+        for row, step in timed:
+            ms, reps = timing.bench(step)
+            row["round_ms"].append(ms)
+            row["reps"] = (row["reps"] or 0) + reps
+    for row, _ in timed:
+        row["time_ms"] = statistics.median(row["round_ms"])
 
 
 def render(rows, info, args, ws) -> str:
@@ -195,16 +213,18 @@ def render(rows, info, args, ws) -> str:
         unfused = base.get(r["variant"].replace("_fused", "_unfused")) if r["variant"].endswith("_fused") else None
         speedup = (f"{unfused['time_ms'] / r['time_ms']:.3f}×" if unfused and unfused["time_ms"] and r["time_ms"]
                    else "—")
-        table.append([r["variant"], common.fmt_ms(r["time_ms"]), r["reps"] or "—", speedup,
+        table.append([r["variant"], common.fmt_ms(r["time_ms"]), " ".join(f"{v:.2f}" for v in r["round_ms"]) or "—",
+                      r["reps"] or "—", speedup,
                       fmt(r["kernels_per_step"]), fmt(r["copies_per_step"]), fmt(r["launch_calls_per_step"]),
                       r["check"], fmt(r["max_rel_err"], "{:.2e}"), ", ".join(r["epilogues"]) or "—", r["note"] or ""])
     sizes = f"batch {args.batch}, seq {args.seq}, hidden {args.hidden}, heads {args.heads}, ffn {args.ffn}, {args.dtype}"
     return "\n\n".join([
         f"# Epilogue fusion: {args.block} block, {args.mode}, ws={ws}",
         common.info_markdown(info),
-        f"Sizes: {sizes}. Time: median step (ms), max over ranks. Kernels/copies/launch calls: per step, "
+        f"Sizes: {sizes}. Time: median over {args.rounds} interleaved rounds of the median step (ms), max over "
+        "ranks; rounds: each round's time. Kernels/copies/launch calls: per step, "
         f"from a profiler trace of {PROFILE_STEPS} steps. Speed-up: the unfused variant's time over the fused one's.",
-        common.markdown_table(["variant", "step ms", "reps", "fused speed-up", "kernels", "copies", "launch calls",
+        common.markdown_table(["variant", "step ms", "rounds", "reps", "fused speed-up", "kernels", "copies", "launch calls",
                                "check", "max rel err", "captured epilogues", "note"], table),
     ]) + "\n"
 
@@ -217,7 +237,8 @@ def parse_args(argv=None, ws: int | None = None):
     p.add_argument("--mode", choices=("inference", "train"), default="inference")
     p.add_argument("--lowerings", default=None, help="comma-separated: symm,p2p (default: symm on CUDA, p2p on CPU)")
     p.add_argument("--steps", type=int, default=30, help="at least this many timed steps")
-    p.add_argument("--quick", action="store_true", help="10 timed steps")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds over the variants")
+    p.add_argument("--quick", action="store_true", help="10 timed steps, 2 rounds")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-inductor", dest="inductor", action="store_false", help="CPU smoke: no Inductor codegen")
     p.add_argument("--trace", default=None, help="write the profiler traces (ranks 0 and 1) here")
@@ -234,7 +255,7 @@ def parse_args(argv=None, ws: int | None = None):
     if args.lowerings is None:
         args.lowerings = "symm" if args.device == "cuda" else "p2p"
     if args.quick:
-        args.steps = 10
+        args.steps, args.rounds = 10, 2
     return args
 
 
@@ -257,20 +278,27 @@ def main(argv=None) -> int:
     rows, ok = [], True
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"epilogue_{args.block}_{args.mode}_ws{ws}"
+    # Every variant stays compiled until the timing rounds (one model and backend each): no reset in
+    # between, and room for their cache entries.
+    torch._dynamo.reset()
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(variants(args)))
+    steps = []
     for name, kw in variants(args):
-        row = run_variant(name, kw, args, ws, device, x, ref, timing)
+        row, step = run_variant(name, kw, args, ws, device, x, ref)
         rows.append(row)
+        steps.append(step)
         ok &= row["check"] in ("PASS", "—")
         if rank == 0:
-            text = render(rows, info, args, ws)
-            stem.with_suffix(".md").write_text(text)
-            common.write_json(stem.with_suffix(".json"), {"info": info, "args": vars(args), "rows": rows})
-            print(f"{name}: {common.fmt_ms(row['time_ms'])} ms, kernels/step {row['kernels_per_step']}, "
+            print(f"{name}: kernels/step {row['kernels_per_step']}, "
                   f"{row['check']} ({row['max_rel_err']}), epilogues {row['epilogues']}", flush=True)
             for kname, ms, calls in row.get("top_kernels") or []:
                 print(f"    {ms:8.3f} ms/step {calls:5.1f}x  {kname}", flush=True)
+    time_rounds(rows, steps, args.rounds, timing)
     if rank == 0:
-        print(render(rows, info, args, ws))
+        text = render(rows, info, args, ws)
+        stem.with_suffix(".md").write_text(text)
+        common.write_json(stem.with_suffix(".json"), {"info": info, "args": vars(args), "rows": rows})
+        print(text)
     dist.destroy_process_group()
     return 0 if ok else 1
 

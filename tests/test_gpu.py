@@ -28,6 +28,7 @@ import contextlib
 import math
 import os
 import tempfile
+import time
 
 # NVLink multicast stays off on the GPU machines; spawned ranks inherit this environment.
 os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
@@ -647,6 +648,31 @@ def test_symm_timeout_names_op_rank_flag():
     _need_gpus(2)
     results = _run(late_peer_worker, 2, env={"OVERLAP_TIMEOUT_S": "1"})
     print(results)
+
+
+def test_stream_operations_fast_path():
+    """The ctypes entry points of the hot stream operations load, use cuda.h's flag values, and
+    do what they say on one GPU: a copy, a flag write, and a wait that a later write releases."""
+    _need_gpus(1)
+    from overlap_backend.runtime import cuda as c
+
+    assert c._fast() is not None, "libcuda.so.1 entry points not found: every call goes through cuda-python"
+    driver, _ = c._bindings()
+    assert c._WAIT_VALUE_GEQ == int(driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+    assert c._WRITE_VALUE_DEFAULT == int(driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)
+    src = torch.randn(1 << 16, device="cuda")
+    dst = torch.full_like(src, float("nan"))
+    flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+    waiter, writer = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    c.wait_value32(flags.data_ptr() + 4, 7, waiter)  # the copy waits for flag 1 >= 7
+    c.memcpy_async(dst.data_ptr(), src.data_ptr(), src.numel() * 4, waiter)
+    c.write_value32(flags.data_ptr(), 3, waiter)
+    time.sleep(0.2)
+    assert not waiter.query(), "the wait did not hold the stream"
+    c.write_value32(flags.data_ptr() + 4, 7, writer)
+    waiter.synchronize()
+    assert torch.equal(dst, src) and flags.tolist() == [3, 7]
 
 
 def dead_peer_worker(rank: int, ws: int, device: str):
