@@ -5,8 +5,10 @@
 For the TP block's ops (batch 4 x seq 2048 tokens, hidden 4096, ffn 14336, bf16) and a decode
 size (M=512): the host time of one op call (``time.perf_counter`` around ``CALLS`` calls that
 are not waited for, after warm-up; the GPU queue is deep enough not to push back), next to the
-same work done as NCCL collective + ``torch.mm``. ``--profile`` adds a cProfile of the ag_mm calls
-(top functions by own time), to say where the host time goes.
+same work done as NCCL collective + ``torch.mm``. ``--ab`` times the symm ops again with the stream
+operations through cuda-python instead of the ctypes entry points (``runtime/cuda.py: _fast``), in
+alternating rounds. ``--profile`` adds a cProfile of the ag_mm and mm_rs calls at the decode size
+(top functions by cumulative and by own time), to say where the host time goes.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def host_us(fn, calls=CALLS):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--ab", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")
@@ -81,18 +84,38 @@ def main():
             results.append({"tokens": tokens, "case": case, "host_us_per_call": us})
             if rank == 0:
                 print(f"tokens {tokens:5d}  {case:28s} host {us:8.1f} us/call", flush=True)
-        if args.profile and tokens == TOKENS:
-            prof = cProfile.Profile()
-            torch.cuda.synchronize()
-            prof.enable()
-            for _ in range(CALLS):
-                cases["ag_mm"]()
-            prof.disable()
-            torch.cuda.synchronize()
-            if rank == 0:
-                s = io.StringIO()
-                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
-                print(s.getvalue(), flush=True)
+        if args.ab:
+            from overlap_backend.runtime import cuda as _cuda
+
+            fast = _cuda._fast
+            for case in ("ag_mm", "mm_rs"):
+                ab = {"ctypes": [], "cuda-python": []}
+                for _ in range(3):
+                    for variant in ab:
+                        _cuda._fast = fast if variant == "ctypes" else (lambda: None)
+                        ab[variant].append(common.allreduce_max([host_us(cases[case])], device)[0])
+                _cuda._fast = fast
+                for variant, values in ab.items():
+                    us = sorted(values)[1]
+                    results.append({"tokens": tokens, "case": f"{case} ({variant})", "host_us_per_call": us})
+                    if rank == 0:
+                        print(f"tokens {tokens:5d}  {case + ' (' + variant + ')':28s} host {us:8.1f} us/call "
+                              f"(rounds {', '.join(f'{v:.0f}' for v in values)})", flush=True)
+        if args.profile and tokens != TOKENS:
+            for case in ("ag_mm", "mm_rs"):
+                prof = cProfile.Profile()
+                torch.cuda.synchronize()
+                prof.enable()
+                for _ in range(CALLS):
+                    cases[case]()
+                prof.disable()
+                torch.cuda.synchronize()
+                if rank == 0:
+                    s = io.StringIO()
+                    st = pstats.Stats(prof, stream=s)
+                    st.sort_stats("cumulative").print_stats(45)
+                    st.sort_stats("tottime").print_stats(25)
+                    print(f"== cProfile of {CALLS} {case} calls, {tokens} tokens\n" + s.getvalue(), flush=True)
     if args.out and rank == 0:
         Path(args.out).write_text(json.dumps({"info": common.machine_info(device, ws), "results": results}, indent=1))
     dist.barrier()
