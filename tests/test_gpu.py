@@ -565,23 +565,43 @@ def reduce_overhead_worker(rank: int, ws: int, device: str):
     import overlap_backend
     from overlap_backend.runtime import symm_lowering
 
+    import faulthandler
+    import sys
+    import time
+
+    faulthandler.dump_traceback_later(100, repeat=True)  # a run cut by its cap still shows where it was
     gn = dist.group.WORLD.group_name
     dtype = torch.bfloat16
     models = _tp_models(gn, dtype, device, seq=64)
     out, bad = {}, []
+    start = time.monotonic()
     with torch.no_grad():
         for name, (model, make_input, _) in models.items():
             torch._dynamo.reset()
             backend = overlap_backend.make_backend(lowering="symm")
             compiled = torch.compile(model, backend=backend, mode="reduce-overhead")
             errs = []
-            for _ in range(6):
+            for i in range(6):
                 x = make_input()
                 got = compiled(x).clone()
                 errs.append(_rel_err(got, model(x)))
+                print(f"rank {rank} [{time.monotonic() - start:.0f} s] {name} call {i}: rel err {errs[-1]:.1e}",
+                      file=sys.stderr, flush=True)
             out[name] = max(errs)
             if not max(errs) <= _tol(dtype):
                 bad.append(f"rank {rank}: {name}: rel errs {errs}")
+    # 2xH200, 2026-11-30: every replay matched within 9 s, then the worker hung past the harness'
+    # 280 s after returning (in destroy_process_group or the release before it?). The stack dumps
+    # stay armed through the teardown; the graphs are dropped first, each step announced.
+    print(f"rank {rank} [{time.monotonic() - start:.0f} s] replays done; dropping the graphs", file=sys.stderr, flush=True)
+    del compiled, models
+    torch._dynamo.reset()
+    from torch._inductor import cudagraph_trees
+
+    cudagraph_trees.reset_cudagraph_trees()
+    torch.cuda.synchronize()
+    print(f"rank {rank} [{time.monotonic() - start:.0f} s] graphs dropped; the harness destroys the group next",
+          file=sys.stderr, flush=True)
     out["paths"] = _paths()
     if not any(k.endswith(":p2p") for k in out["paths"]):
         bad.append(f"rank {rank}: no call inside the capture went to p2p: {out['paths']}")
