@@ -33,7 +33,8 @@ def bench():
     sys.path.insert(0, str(REPO))
     try:
         mods = {n: importlib.import_module(f"bench.{n}")
-                for n in ("common", "bench_collective_gemm", "bench_moe", "bench_cta", "bench_block", "bench_epilogue")}
+                for n in ("common", "bench_collective_gemm", "bench_moe", "bench_cta", "bench_block", "bench_epilogue",
+                          "probe_host")}
         yield mods
     finally:  # bench_collective_gemm adds a log handler, bench.common sets NCCL variables
         symm_log.setLevel(level)
@@ -234,6 +235,31 @@ def test_block_and_epilogue_sizes(bench, ws):
     # the old fixed CPU size (4 heads) cannot split over 8 ranks: the problem names it
     assert "heads 4" in common.block_sizes_problem(32, 64, 4, 128, 8)
     assert common.block_sizes_problem(32, 64, None, 128, 8) is None  # no attention: heads not split
+
+
+def test_epilogue_variants_are_timed_in_interleaved_rounds(bench):
+    """bench_epilogue.time_rounds: A, B, C, A, B, C, ...; a variant's time is the median of its rounds;
+    a variant that failed its check (no step) is not timed."""
+    mod = bench["bench_epilogue"]
+    calls = []
+
+    class FakeTiming:
+        def bench(self, step):
+            calls.append(step.__name__)
+            return {"a": [5.0, 1.0, 3.0], "b": [2.0, 2.5, 9.0]}[step.__name__][calls.count(step.__name__) - 1], 10
+
+    def a():
+        pass
+
+    def b():
+        pass
+
+    rows = [{"variant": v, "time_ms": None, "reps": None, "round_ms": []} for v in ("a", "failed", "b")]
+    mod.time_rounds(rows, [a, None, b], 3, FakeTiming())
+    assert calls == ["a", "b", "a", "b", "a", "b"]
+    assert rows[0]["round_ms"] == [5.0, 1.0, 3.0] and rows[0]["time_ms"] == 3.0 and rows[0]["reps"] == 30
+    assert rows[2]["time_ms"] == 2.5 and rows[1]["time_ms"] is None and rows[1]["round_ms"] == []
+    assert "probe_host" in bench and callable(bench["probe_host"].host_us)
 
 
 # ------------------------------------------------------------------------------ run_device.sh

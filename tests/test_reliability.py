@@ -458,3 +458,27 @@ def test_overdue_symm_call_releases_flags_and_the_next_call_raises(monkeypatch):
     monkeypatch.setattr(symm, "_resolve_process_group", lambda name: type("G", (), {"size": lambda self: 2})())
     with pytest.raises(symm.SymmTimeoutError, match="on flag 3"):
         st.check_status()
+
+
+def test_destroying_the_default_group_frees_cudagraph_trees_first(clean_env, monkeypatch):
+    """pytorch#115388: destroy_process_group hangs while CUDA graphs that captured NCCL work are alive
+    (the symm ops' p2p fallback is captured under mode="reduce-overhead"): the hook frees the
+    cudagraph trees before the default group is destroyed, and not for a subgroup."""
+    import torch.distributed as dist
+    from torch._inductor import cudagraph_trees
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import overlap_backend  # noqa: F401  installs the hook
+    from overlap_backend.runtime import symm
+
+    order = []
+    monkeypatch.setattr(cudagraph_trees, "reset_cudagraph_trees", lambda: order.append("graphs freed"))
+    monkeypatch.setattr(symm, "release_all", lambda: order.append("symm released"))
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        sub = dist.new_group([0, 1])
+        dist.destroy_process_group(sub)
+        assert order == []
+    finally:
+        dist.destroy_process_group()
+    assert order == ["graphs freed", "symm released"]

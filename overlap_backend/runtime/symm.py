@@ -560,6 +560,25 @@ def _on_group_destroyed() -> None:
         _fallback.pop(name, None)
 
 
+def drop_cuda_graphs() -> None:
+    """Free the graphs of ``mode="reduce-overhead"`` (cudagraph trees) before the default group goes:
+    a CUDA graph that captured NCCL work makes ``ncclCommDestroy`` hang (pytorch#115388), and under
+    that mode the ``p2p`` fallback of the symm ops (like any collective) is captured. Seen on 2xH200:
+    every replay right, then the ranks hung in ``destroy_process_group``. Only when Inductor's
+    cudagraph trees were imported at all."""
+    import gc
+    import sys
+
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:
+        return
+    gc.collect()  # compiled functions dropped by the caller still hold their graphs until collected
+    try:
+        trees.reset_cudagraph_trees()
+    except Exception as e:  # noqa: BLE001 - a failure here must not stop the shutdown
+        log.warning("overlap: freeing CUDA graphs before destroy_process_group failed: %s", e)
+
+
 def _group_alive(group_name: str) -> bool:
     try:
         _resolve_process_group(group_name)
@@ -577,6 +596,7 @@ def _install_destroy_hook() -> None:
         from . import p2p
 
         if group is None:
+            drop_cuda_graphs()
             release_all()
             _support.clear()
             _fallback.clear()
