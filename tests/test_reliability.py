@@ -482,3 +482,22 @@ def test_destroying_the_default_group_frees_cudagraph_trees_first(clean_env, mon
     finally:
         dist.destroy_process_group()
     assert order == ["graphs freed", "symm released"]
+
+
+def test_watchdog_thread_stops_at_exit_after_the_symm_release():
+    """The watchdog's atexit hook stops its thread (not left inside a CUDA call while the context
+    goes away), and runs after symm.release_all (registered before it), which may need it."""
+    from overlap_backend.runtime import symm, watchdog
+
+    w = watchdog.watch(60.0, lambda *a: None)
+    try:
+        assert watchdog._thread is not None and watchdog._thread.is_alive()
+        watchdog._shutdown()
+        assert not watchdog._thread.is_alive()
+    finally:
+        watchdog.unwatch(w)
+        watchdog._stop.clear()
+    # atexit runs last-registered first: symm imports the watchdog (registering its hook) before it
+    # registers release_all
+    src = open(symm.__file__).read()
+    assert src.index("from . import watchdog") < src.index("atexit.register(release_all)")

@@ -20,6 +20,7 @@ on GPUs; fakes in the CPU tests).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import threading
@@ -76,6 +77,7 @@ class Watched:
 _watched: list[Watched] = []
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
+_stop = threading.Event()
 
 
 def watch(limit_s: float, on_overdue: Callable[[str, float], None]) -> Watched:
@@ -97,8 +99,7 @@ def unwatch(w: Watched) -> None:
 
 
 def _loop() -> None:
-    while True:
-        time.sleep(POLL_S)
+    while not _stop.wait(POLL_S):
         with _lock:
             groups = list(_watched)
         now = time.monotonic()
@@ -107,3 +108,14 @@ def _loop() -> None:
                 w.poll(now)
             except Exception as e:  # noqa: BLE001 - a watchdog that dies would bring the hangs back
                 log.error("overlap symm: watchdog: %s: %s", type(e).__name__, e)
+
+
+@atexit.register
+def _shutdown() -> None:
+    """Stop the thread before the interpreter and the CUDA context go away, so that it is not inside
+    an event query when they do. Registered when this module is imported, i.e. before
+    ``symm.release_all``, so it runs after it (atexit is last-in, first-out): an exit that
+    synchronises on a stalled call is still released."""
+    _stop.set()
+    if _thread is not None and _thread.is_alive():
+        _thread.join(timeout=2 * POLL_S + 1)
