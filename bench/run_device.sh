@@ -30,6 +30,7 @@
 #   bash bench/run_device.sh bench                      # collective, MoE, block, CTA at ws=8
 #   BENCHES="block cta" bash bench/run_device.sh bench  # what the previous command did not reach
 #   BENCH_WS="4 2" bash bench/run_device.sh bench       # ws=4 and ws=2 on GPUs 0-3 / 0-1 of the same node
+#   BENCHES="host" bash bench/run_device.sh bench     # host time per symm op call (bench/probe_host.py), opt-in
 #   BENCHES="models" bash bench/run_device.sh bench   # the real-model benchmark (bench_models.py, issue 6):
 #                                      opt-in, not in the default list (a few minutes per world size;
 #                                      cap LIMIT_MODELS, default 300 s; DEADLINE=900 leaves room for ws 4 and 2)
@@ -164,6 +165,9 @@ benchmarks() { # benchmarks N : the benchmarks of BENCHES on GPUs 0..N-1
   [[ " $BENCHES " == *" cta "* ]] && stage "cta_ws$n" "$LIMIT_CTA" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
     bench/bench_cta.py --out-dir "$RESULTS" --graphs --trace "$TRACES" "${quick[@]}"
+  [[ " $BENCHES " == *" host "* ]] && stage "host_ws$n" 90 env CUDA_VISIBLE_DEVICES="$devs" \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+    bench/probe_host.py --out "$RESULTS/probe_host_ws$n.json"
   [[ " $BENCHES " == *" models "* ]] && stage "models_ws$n" "$LIMIT_MODELS" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
     bench/bench_models.py --out "$RESULTS" "${quick[@]}"
