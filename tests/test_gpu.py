@@ -745,6 +745,79 @@ def test_symm_dead_peer_unblocks_stream_waits():
     print(_run(dead_peer_worker, 2, env={"OVERLAP_TIMEOUT_S": "2"}))
 
 
+def captured_symm_worker(rank: int, ws: int, device: str):
+    """symm_lowering.CAPTURE_ON_SYMM: ag_mm (returning the gathered input), mm_rs, and mm_ar one-shot
+    and in rounds captured in one CUDA graph after eager warm-up calls (which set the group up, size
+    its buffer and tune); 12 replays on fresh inputs with poisoned outputs, eager calls of the same
+    ops in between (the epoch block and the graph block interleaved), everything against NCCL +
+    float32 matmuls."""
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    from overlap_backend.runtime import symm_lowering
+
+    symm_lowering.CAPTURE_ON_SYMM = True
+    symm_lowering.TRANSPORT = "ce"
+    group = dist.group.WORLD
+    gn, dtype = group.group_name, torch.bfloat16
+    x = _randn(200, 512, dtype=dtype, device=device)  # 200 rows: not a multiple of any block height
+    w1 = _randn(384, 512, dtype=dtype, device=device, scale=512**-0.5).t()  # nn.Linear layout
+    a = _randn(ws * 100, 256, dtype=dtype, device=device)
+    w2 = _randn(256, 320, dtype=dtype, device=device, scale=256**-0.5)
+    a1 = _randn(256, 128, dtype=dtype, device=device)  # mm_ar one-shot (small partial)
+    a2 = _randn(4096, 128, dtype=dtype, device=device)  # mm_ar in rounds
+    w3 = _randn(128, 1024, dtype=dtype, device=device, scale=128**-0.5)
+
+    def ops():
+        gathered, (y1,) = torch.ops.overlap.ag_mm(x, [w1], [None], 0, gn, "symm", True)
+        y2 = torch.ops.overlap.mm_rs(a, w2, None, [ws * 100, 320], 0, "sum", gn, "symm")
+        y3 = torch.ops.overlap.mm_ar(a1, w3, None, "sum", gn, "symm")
+        y4 = torch.ops.overlap.mm_ar(a2, w3, None, "sum", gn, "symm")
+        return gathered, y1, y2, y3, y4
+
+    def check(outs, label):
+        gathered, y1, y2, y3, y4 = outs
+        G = _gather_ref(x, 0, group)
+        errs = {"gathered": 0.0 if torch.equal(gathered, G) else math.inf,
+                "ag_mm": _rel_err(y1, G.float() @ w1.float()),
+                "mm_rs": _rel_err(y2, _all_reduce_ref(a.float() @ w2.float(), group).chunk(ws, 0)[rank]),
+                "mm_ar one-shot": _rel_err(y3, _all_reduce_ref(a1.float() @ w3.float(), group)),
+                "mm_ar rounds": _rel_err(y4, _all_reduce_ref(a2.float() @ w3.float(), group))}
+        bad = {k: v for k, v in errs.items() if not v <= _tol(dtype)}
+        assert not bad, f"rank {rank} {label}: {errs}"
+        return max(errs.values())
+
+    for i in range(2):  # eager warm-up: state, data buffer, block configs
+        check(ops(), f"eager warm-up {i}")
+    torch.cuda.synchronize()
+    before = _paths()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_outs = ops()
+    captured = {k: v - before.get(k, 0) for k, v in _paths().items() if v != before.get(k, 0)}
+    assert not any(k.endswith(":p2p") for k in captured), f"rank {rank}: captured calls went to p2p: {captured}"
+    assert captured.get("ag_mm:symm") == 1 and captured.get("mm_rs:symm") == 1, captured
+    worst = 0.0
+    for i in range(12):
+        for t in (x, a, a1, a2):
+            t.copy_(torch.randn(t.shape, device=device).to(dtype))
+        for t in static_outs:
+            t.fill_(float("nan"))
+        graph.replay()
+        worst = max(worst, check(static_outs, f"replay {i}"))
+        if i % 3 == 1:
+            worst = max(worst, check(ops(), f"eager call after replay {i}"))
+    torch.cuda.synchronize()
+    del graph
+    return f"captured {captured}; 12 replays + 4 eager calls, max rel err {worst:.1e}"
+
+
+@pytest.mark.timeout(200)
+def test_captured_symm_ops_replay():
+    _need_gpus(2)
+    print(_run(captured_symm_worker, 2, timeout=180))
+
+
 def recompile_state_worker(rank: int, ws: int, device: str, lowering: str):
     """A function compiled for three token counts (a recompile each, OVERLAP_INDUCTOR=0): every
     graph's ops run on the one per-group state of the lowering; the symm data buffer is the same

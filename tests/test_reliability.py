@@ -356,81 +356,65 @@ def test_late_or_dead_peer_raises_within_the_timeout(gloo_results):
 
 
 # ---------------------------------------------------------------- watchdog of the symm stream waits
-class _Flag:
-    """A fake CUDA event: ``query()`` is what it was set to."""
+class _Progress:
+    """What the compute stream wrote into the two host-mapped words: (started, finished)."""
 
-    def __init__(self, done: bool = False):
-        self.done = done
+    def __init__(self):
+        self.started = self.finished = 0
 
-    def query(self) -> bool:
-        return self.done
+    def __call__(self):
+        return self.started, self.finished
 
 
-def test_watchdog_counts_only_from_the_call_start_and_fires_until_it_finishes():
+def test_watchdog_counts_from_when_a_call_is_seen_started_and_fires_until_it_finishes():
     from overlap_backend.runtime import watchdog
 
-    fired = []
-    w = watchdog.Watched(1.0, lambda what, waited: fired.append((what, round(waited, 3))))
-    queued_start, queued_end = _Flag(), _Flag()
-    w.add(queued_start, queued_end, "ag_mm")
+    fired, progress = [], _Progress()
+    w = watchdog.Watched(1.0, progress, lambda what, waited: fired.append((what, round(waited, 3))),
+                         lambda epoch: {7: "ag_mm", 8: "mm_rs"}[epoch])
+    progress.started = progress.finished = 6
     w.poll(100.0)
-    w.poll(200.0)  # queued behind earlier work for 100 s: not counted
+    w.poll(200.0)  # idle (or the GPU still busy with earlier work): nothing counts
     assert fired == []
-    queued_start.done = True
-    w.poll(300.0)  # the compute stream reached it now
+    progress.started = 7  # the compute stream reached call 7
+    w.poll(300.0)
     w.poll(300.9)
     assert fired == []
     w.poll(301.5)
     w.poll(302.0)  # fires on every poll until the call finishes (flags may be lowered again)
     assert fired == [("ag_mm", 1.5), ("ag_mm", 2.0)]
-    queued_end.done = True
+    progress.finished = 7
     w.poll(400.0)
-    assert len(fired) == 2 and not w.calls
-
-
-def test_watchdog_drops_finished_calls_and_watches_the_oldest_unfinished():
-    from overlap_backend.runtime import watchdog
-
-    fired = []
-    w = watchdog.Watched(0.5, lambda what, waited: fired.append(what))
-    w.add(_Flag(True), _Flag(True), "mm_rs")
-    stuck = _Flag(True)
-    w.add(stuck, _Flag(False), "mm_ar")
-    w.add(_Flag(False), _Flag(False), "ag_mm")
-    w.poll(10.0)
-    assert [c.what for c in w.calls] == ["mm_ar", "ag_mm"] and fired == []
-    w.poll(10.6)
-    assert fired == ["mm_ar"]
-    # a fast caller's finished calls are dropped on add as well, so the queue stays bounded
-    w2 = watchdog.Watched(0.5, lambda *a: None)
-    for _ in range(200):
-        w2.add(_Flag(True), _Flag(True), "ag_mm")
-    assert len(w2.calls) <= 65
+    progress.started = 8  # the next call starts: its own clock
+    w.poll(400.5)
+    w.poll(401.2)
+    assert len(fired) == 2
+    w.poll(401.6)
+    assert fired[-1] == ("mm_rs", 1.1)
 
 
 def test_watchdog_thread_runs_on_overdue_and_survives_its_errors():
     from overlap_backend.runtime import watchdog
 
-    seen = []
+    seen, progress = [], _Progress()
 
     def on_overdue(what, waited):
         seen.append(what)
         if len(seen) == 1:
             raise RuntimeError("first release failed")  # logged; the thread must go on
 
-    w = watchdog.watch(0.1, on_overdue)
+    progress.started = 1
+    w = watchdog.watch(0.1, progress, on_overdue, lambda epoch: "moe_experts")
     try:
-        end = _Flag(False)
-        w.add(_Flag(True), end, "moe_experts")
         deadline = time.monotonic() + 10
         while len(seen) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert seen[:2] == ["moe_experts", "moe_experts"], seen
-        end.done = True
+        progress.finished = 1
         time.sleep(3 * watchdog.POLL_S)
         n = len(seen)
         time.sleep(3 * watchdog.POLL_S)
-        assert len(seen) == n and not w.calls
+        assert len(seen) == n
     finally:
         watchdog.unwatch(w)
 
@@ -489,7 +473,7 @@ def test_watchdog_thread_stops_at_exit_after_the_symm_release():
     goes away), and runs after symm.release_all (registered before it), which may need it."""
     from overlap_backend.runtime import symm, watchdog
 
-    w = watchdog.watch(60.0, lambda *a: None)
+    w = watchdog.watch(60.0, lambda: (0, 0), lambda *a: None)
     try:
         assert watchdog._thread is not None and watchdog._thread.is_alive()
         watchdog._shutdown()

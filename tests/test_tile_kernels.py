@@ -280,18 +280,34 @@ def test_peer_store_transport(ws, r, M, rounds, gather):
                 assert flags[c][AG_WORD + own * nb:AG_WORD + (own + 1) * nb].tolist() == [EPOCH] * nb
 
 
-def test_symm_ops_leave_cuda_graph_captures_to_p2p(monkeypatch):
-    """ag_mm / mm_rs / mm_ar / moe_experts take their epoch from the host: a captured call would
-    replay the same epoch, so inside a capture they run on p2p (cta_pipeline_mlp counts on the device)."""
+def test_symm_ops_under_cuda_graph_capture(monkeypatch):
+    """Inside a capture: ag_mm / mm_rs / mm_ar run on symm with the toggling flag block only with
+    CAPTURE_ON_SYMM (else p2p), and only on a state, buffer and block configs that eager calls set up
+    (setting them up synchronises); moe_experts always runs on p2p (host epochs)."""
     import types
 
     import torch
 
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime import moe_symm, symm, symm_lowering
 
     cuda_tensor = types.SimpleNamespace(is_cuda=True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert symm_lowering.capture_problem(cuda_tensor) is None
+    assert symm_lowering.capture_problem(cuda_tensor) is None and not symm_lowering.capturing(cuda_tensor)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(symm_lowering, "CAPTURE_ON_SYMM", False)
     assert "CUDA-graph capture" in symm_lowering.capture_problem(cuda_tensor)
+    monkeypatch.setattr(symm_lowering, "CAPTURE_ON_SYMM", True)
+    assert symm_lowering.capture_problem(cuda_tensor) is None and symm_lowering.capturing(cuda_tensor)
     assert symm_lowering.capture_problem(types.SimpleNamespace(is_cuda=False)) is None
+    assert "epoch from the host" in moe_symm.CAPTURE_WHY
+
+    # a captured call never sets a group up (collective) ...
+    monkeypatch.setattr(symm, "_states", {})
+    st, why = symm_lowering._state("tp", torch.device("cpu"), graph=True)
+    assert st is None and "warm up eagerly" in why
+    # ... nor grows the buffer or tunes a block config (both synchronise)
+    fake = types.SimpleNamespace(data=types.SimpleNamespace(nbytes=1 << 20))
+    assert symm_lowering._captured_fit(fake, 1 << 20, [(128, 256, 64, 8, 3, 8, False)]) is None
+    assert "grow" in symm_lowering._captured_fit(fake, (1 << 20) + 1, [(128, 256, 64, 8, 3, 8, False)])
+    assert "tuned" in symm_lowering._captured_fit(fake, 1 << 10, [None])
+    assert "grow" in symm_lowering._captured_fit(types.SimpleNamespace(data=None), 1, [])

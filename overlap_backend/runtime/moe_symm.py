@@ -37,7 +37,7 @@ from . import symm
 from .lowering import register
 from .moe_p2p import _prefix
 from .streams import SYMM_MOE_COMM, comm_stream
-from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem, _tune, capture_problem
+from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem, _tune, capturing
 
 log = logging.getLogger("overlap_backend.symm")
 
@@ -175,13 +175,17 @@ def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: 
 # moe_experts on p2p under the symm lowering (the same decision on every rank).
 ENABLED = True
 DISABLED_WHY = "the symm moe_experts kernels are turned off (moe_symm.ENABLED = False)"
+CAPTURE_WHY = ("inside a CUDA-graph capture: the moe_experts kernels take their epoch from the host, which a "
+               "replay would repeat (only ag_mm, mm_rs and mm_ar have a captured flag block); p2p's NCCL calls "
+               "are captured")
 
 
 @register("symm", "moe_experts")
 def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved,
                 comm_sms=0):
     args = (x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
-    why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY) or capture_problem(x)
+    why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY) or (
+        CAPTURE_WHY if capturing(x) else None)
     st = None if why else symm.state(group_name, x.device)
     if st is None:
         return _p2p("moe_experts", why, group_name, *args)

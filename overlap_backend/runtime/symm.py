@@ -47,6 +47,7 @@ log = logging.getLogger("overlap_backend.symm")
 WS_MAX = 8  # ranks of one node
 MAX_VIEWS = 64  # GroupState.data_view's cache of tensor views over the data buffer, per group
 AR_ROWS_PER_CHUNK = 512  # mm_ar: at least this many rows per chunk and round (an efficient GEMM)...
+STARTED, FINISHED = 8, 9  # status words the compute stream writes for the watchdog (runtime/watchdog.py)
 WATCHDOG_FACTOR = 1.25  # a call not finished this many OVERLAP_TIMEOUT_S after it started is dead...
 WATCHDOG_SLACK_S = 0.25  # ...plus this: later than the kernels' own bounded waits, which say more
 RELEASED = 0x7FFFFFFF  # what an overdue call's flags are set to: >= every epoch (stream waits, kernels)
@@ -92,7 +93,17 @@ def cta_block(graph: bool) -> int:
     return CTA_BLOCKS + (CTA_BLOCK_WORDS if graph else 0)
 
 
-FLAG_WORDS = CTA_BLOCKS + 2 * CTA_BLOCK_WORDS
+# Calls captured into CUDA graphs (ag_mm, mm_rs, mm_ar): a copy of the words READY .. TICKET at
+# GRAPH_BLOCK. A stream memory operation's value is baked into the graph, so there flags *toggle*
+# instead of counting epochs: every raise writes 1, every wait is for >= 1, and the consumer resets
+# each flag to 0 once consumed, in stream order before it next tells the raiser to go on (READY:
+# the push stream, right after waiting for it; arrival and done flags: the compute stream, after
+# the call's streams joined). Each word then sees 0, 1, 0, 1, ... with one raiser and one resetter
+# per call, and a replay needs no value from the host (``GroupState.begin(graph=True)``).
+GRAPH_BLOCK = CTA_BLOCKS + 2 * CTA_BLOCK_WORDS
+GRAPH_WORDS = TICKET + 1
+GRAPH_RESET = (AG_ARRIVED, COUNTERS)  # the words a captured call's end resets: arrivals and done flags
+FLAG_WORDS = GRAPH_BLOCK + GRAPH_WORDS
 
 
 def band_rows(rows: int) -> int:
@@ -262,8 +273,10 @@ class GroupState:
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.push_stream = comm_stream(device.index, SYMM_PUSH)
         self.copy_stream = comm_stream(device.index, SYMM_COPY_OUT)
-        self.status_ptr = _cuda.host_alloc_mapped(4 * 8)
-        self.status = (ctypes.c_int32 * 8).from_address(self.status_ptr)
+        # words 0-7: a kernel's timeout report (codegen/flags.py); STARTED / FINISHED: the epochs of
+        # the last call the compute stream reached / completed (read by the watchdog)
+        self.status_ptr = _cuda.host_alloc_mapped(4 * 16)
+        self.status = (ctypes.c_int32 * 16).from_address(self.status_ptr)
         self.flags = _Mapped(self.group, 4 * FLAG_WORDS)
         self.data: _Mapped | None = None
         self._ready_waited: set[int] = set()
@@ -271,10 +284,19 @@ class GroupState:
         self._peer_tables: tuple | None = None
         self._flag_args: dict[int, _cuda.DevicePointer] = {}
         self._status_arg = (self.flag_arg(CLAIM), _cuda.DevicePointer(self.status_ptr, torch.int32))
+        self.base = 0  # first word of the current call's flag block: 0, or GRAPH_BLOCK while capturing
+        self.value = 0  # what the current call raises its flags to and waits for: the epoch, or 1 captured
+        self._kept: list[_Mapped] = []  # data buffers that captured graphs may still use
+        lo, hi = GRAPH_RESET  # made here, not during a capture (it queries the pointer's attributes)
+        self._graph_reset = _cuda.as_tensor(self.flags.local + 4 * (GRAPH_BLOCK + lo), 4 * (hi - lo),
+                                            device).view(torch.int32)
+        self.graph_pinned = False  # a call was captured: its data buffer must never be freed or moved
         self.stalled: str | None = None  # set by the watchdog: why this group is unusable
-        self._call: tuple[torch.cuda.Event, str] | None = None
+        self._names = [""] * 64  # the op of each of the last 64 eager calls, by epoch % 64
         self._release_stream = None
-        self._watched = watchdog.watch(self.timeout_ns / 1e9 * WATCHDOG_FACTOR + WATCHDOG_SLACK_S, self._overdue)
+        self._watched = watchdog.watch(self.timeout_ns / 1e9 * WATCHDOG_FACTOR + WATCHDOG_SLACK_S,
+                                       lambda: (self.status[STARTED], self.status[FINISHED]), self._overdue,
+                                       lambda epoch: self._names[epoch % 64] or "a symm call")
 
     # ------------------------------------------------------------------ pointers for the kernels
     def status_arg(self) -> tuple[_cuda.DevicePointer, _cuda.DevicePointer]:
@@ -334,9 +356,13 @@ class GroupState:
             old, self.data = self.data, None
             self._views.clear()
             self._peer_tables = None
-            old.close_peers()
-            _agree(self.group, None, None, "growing the data buffer")  # every peer closed its mapping
-            old.free_local()
+            if self.graph_pinned:  # captured graphs hold its addresses (and the peers' mappings of it)
+                self._kept.append(old)
+                _agree(self.group, None, None, "growing the data buffer")
+            else:
+                old.close_peers()
+                _agree(self.group, None, None, "growing the data buffer")  # every peer closed its mapping
+                old.free_local()
         self.data = _Mapped(self.group, size)
         log.info("overlap symm: group %s rank %d data buffer %d MiB", self.group_name, self.rank, size >> 20)
 
@@ -345,6 +371,9 @@ class GroupState:
         if self.data is not None:
             self.data.release()
             self.data = None
+        for kept in self._kept:
+            kept.release()
+        self._kept.clear()
         self.flags.release()
         if self.status_ptr:
             _cuda.host_free(self.status_ptr)
@@ -380,45 +409,68 @@ class GroupState:
                 self._release_stream = _cuda.stream_create_nonblocking()
             _cuda.memset32_async(self.flags.local, RELEASED, FLAG_WORDS, self._release_stream)
 
-    def begin(self, compute: torch.cuda.Stream, what: str = "a symm call") -> int:
-        """Start a call (``what``: the op, for the watchdog's error): new epoch; tell every peer
-        this rank's buffers are free (after everything already queued on ``compute``)."""
+    def word(self, index: int) -> int:
+        """Flag word ``index`` of the current call's block (eager, or captured: ``GRAPH_BLOCK``)."""
+        return self.base + index
+
+    def begin(self, compute: torch.cuda.Stream, what: str = "a symm call", graph: bool = False) -> int:
+        """Start a call (``what``: the op, for the watchdog's error); tell every peer this rank's
+        buffers are free (after everything already queued on ``compute``). Returns the value the
+        call's flags are raised to: a new epoch, or 1 for a call being captured (``graph``: the
+        toggling block, see ``GRAPH_BLOCK``; its READY words are awaited and reset here)."""
         self.check_status()
-        if not torch.cuda.is_current_stream_capturing():  # a captured event would never complete here
-            start = torch.cuda.Event()
-            start.record(compute)
-            self._call = (start, what)
-        self.epoch += 1
-        if self.epoch >= 2**31 - 1:
-            raise RuntimeError("overlap symm: epoch counter exhausted (2^31 calls on one group)")
+        if graph:
+            self.base, self.value = GRAPH_BLOCK, 1
+            self.graph_pinned = True
+        else:
+            self.epoch += 1
+            if self.epoch >= 2**31 - 1:
+                raise RuntimeError("overlap symm: epoch counter exhausted (2^31 calls on one group)")
+            self.base, self.value = 0, self.epoch
+            self._names[self.epoch % 64] = what
+            _cuda.write_value32(self.status_ptr + 4 * STARTED, self.epoch, compute)  # for the watchdog
         for p in range(self.ws):
             if p != self.rank:
-                _cuda.write_value32(self.flag_addr(READY + self.rank, p), self.epoch, compute)
+                _cuda.write_value32(self.flag_addr(self.word(READY + self.rank), p), self.value, compute)
         self.push_stream.wait_stream(compute)
         self.copy_stream.wait_stream(compute)
         self._ready_waited.clear()
-        return self.epoch
+        if graph:
+            # Consume every peer's READY now, whether or not this call pushes to it, and reset it on
+            # the same stream: the peer raises it again only in its next call, which starts after
+            # this call's data reached it (so after this reset).
+            for p in range(self.ws):
+                if p != self.rank:
+                    _cuda.wait_value32(self.flag_addr(self.word(READY + p)), 1, self.push_stream)
+                    _cuda.write_value32(self.flag_addr(self.word(READY + p)), 0, self.push_stream)
+                    self._ready_waited.add(p)
+        return self.value
 
     def push(self, peer: int, dst_offset: int, src_ptr: int, nbytes: int, flag: int) -> None:
         """Copy ``nbytes`` at ``src_ptr`` into ``peer``'s data buffer at ``dst_offset`` with the copy
         engine, then raise ``peer``'s flag ``flag`` to the epoch (push stream)."""
         stream = self.push_stream
         if peer not in self._ready_waited:
-            _cuda.wait_value32(self.flag_addr(READY + peer), self.epoch, stream)
+            _cuda.wait_value32(self.flag_addr(self.word(READY + peer)), self.value, stream)
             self._ready_waited.add(peer)
         if nbytes:
             _cuda.memcpy_async(self.data_addr(peer, dst_offset), src_ptr, nbytes, stream)
-        _cuda.write_value32(self.flag_addr(flag, peer), self.epoch, stream)
+        _cuda.write_value32(self.flag_addr(self.word(flag), peer), self.value, stream)
 
     def end(self, compute: torch.cuda.Stream) -> None:
         compute.wait_stream(self.push_stream)
         compute.wait_stream(self.copy_stream)
-        if self._call is not None:
-            start, what = self._call
-            self._call = None
-            done = torch.cuda.Event()
-            done.record(compute)
-            self._watched.add(start, done, what)
+        if self.base == GRAPH_BLOCK:
+            self._zero_graph_flags(compute)
+            self.base, self.value = 0, self.epoch
+        else:
+            _cuda.write_value32(self.status_ptr + 4 * FINISHED, self.epoch, compute)  # for the watchdog
+
+    def _zero_graph_flags(self, compute: torch.cuda.Stream) -> None:
+        """A captured call consumed its arrival and done flags: back to 0 on ``compute``, after its
+        streams joined and before its next READY (a kernel node in the graph)."""
+        with torch.cuda.stream(compute):
+            self._graph_reset.zero_()
 
 
 def persistent(make, device: torch.device):

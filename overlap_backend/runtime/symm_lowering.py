@@ -53,14 +53,46 @@ def _p2p(op: str, why: str | None, group_name: str, *args):
     return implementation("p2p", op)(*args)
 
 
-CAPTURE_WHY = ("inside a CUDA-graph capture: these symm kernels take their epoch from the host, which a replay "
-               "would repeat (only cta_pipeline_mlp counts epochs on the device); p2p's NCCL calls are captured")
+# Calls made while a CUDA graph is captured: True runs them on symm with the toggling flag block
+# (symm.GRAPH_BLOCK: no epoch from the host, which a replay would repeat); False runs them on p2p,
+# whose NCCL calls are captured. False until the captured symm path has passed its GPU tests
+# (tests/test_gpu.py -k captured_symm; written 2026-11-30 without a GPU run).
+CAPTURE_ON_SYMM = False
+CAPTURE_WHY = ("inside a CUDA-graph capture (symm_lowering.CAPTURE_ON_SYMM is off: the captured symm path "
+               "has not run on GPUs yet); p2p's NCCL calls are captured")
+
+
+def capturing(t: Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def capture_problem(t: Tensor) -> str | None:
-    """Why a call being captured into a CUDA graph cannot take the symm path (None: not capturing).
-    Every rank of a group captures the same graph, so the decision is the same on every rank."""
-    return CAPTURE_WHY if t.is_cuda and torch.cuda.is_current_stream_capturing() else None
+    """Why a call being captured into a CUDA graph cannot take the symm path (None: it can, or it is
+    not being captured). Every rank of a group captures the same graph, so the decision is the same
+    on every rank."""
+    return CAPTURE_WHY if capturing(t) and not CAPTURE_ON_SYMM else None
+
+
+def _state(group_name: str, device: torch.device, graph: bool) -> tuple[symm.GroupState | None, str | None]:
+    """The group's symm state, or (None, why not). A captured call only uses a state that eager
+    calls set up before (setting one up is collective and synchronises); every rank made the same
+    calls, so every rank decides alike."""
+    if not graph:
+        return symm.state(group_name, device), None
+    st = symm._states.get((group_name, device.index))
+    if st is None:
+        return None, "captured before any eager symm call set the group up (warm up eagerly first)"
+    return st, None
+
+
+def _captured_fit(st: symm.GroupState, nbytes: int, tuned: list) -> str | None:
+    """Why a captured call cannot run on symm: its data buffer would have to grow (synchronising,
+    collective) or a block config was never tuned (timing runs synchronise) in an eager call."""
+    if st.data is None or st.data.nbytes < nbytes:
+        return "inside a CUDA-graph capture the symm data buffer would have to grow (warm up eagerly first)"
+    if None in tuned:
+        return "inside a CUDA-graph capture with a shape no eager call tuned (warm up eagerly first)"
+    return None
 
 
 def _generated(spec: str, dtype: torch.dtype):
@@ -160,10 +192,10 @@ def _ag_mm_problem(shard, weights, biases, gather_dim) -> str | None:
 def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilogues=(), epilogue_args=()):
     args = (shard, weights, biases, gather_dim, group_name, return_gathered, epilogues, epilogue_args)
     why = _ag_mm_problem(shard, weights, biases, gather_dim) or capture_problem(shard)
-    st = None if why else symm.state(group_name, shard.device)
+    graph = why is None and capturing(shard)
+    st, why = (None, why) if why else _state(group_name, shard.device, graph)
     if st is None:
         return _p2p("ag_mm", why, group_name, *args)
-    PATHS["ag_mm:symm"] += 1
     ag_kernel, _, _, configs = _kernels()
     ws, r = st.ws, st.rank
     shard = _aligned(shard)
@@ -173,6 +205,10 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     run = math.prod(shard.shape[dim:-1])
     outer = rows // run if run else 0
     chunk_bytes = rows * K * shard.element_size()
+    keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows) for w in weights]
+    if graph and (why := _captured_fit(st, ws * chunk_bytes, [_picked.get(("ag_mm", k)) for k in keys])):
+        return _p2p("ag_mm", why, group_name, *args)
+    PATHS["ag_mm:symm"] += 1
     st.ensure_data(ws * chunk_bytes)
     buf = st.data_view(shard.dtype, (ws, rows, K))
     shard2d = shard.view(rows, K)
@@ -189,7 +225,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     outs = [shard.new_empty((ws * rows, w.shape[1]), dtype=shard.dtype if spec and g is None else
                             _epilogue.out_dtype(spec, shard.dtype)) for w, spec, g in zip(weights, specs, gens)]
     gathered = shard.new_empty(gshape) if return_gathered else shard.new_empty((0,))
-    flags, status = st.flag_arg(symm.AG_ARRIVED), st.status_arg()
+    base = symm.GRAPH_BLOCK if graph else 0
+    flags, status = st.flag_arg(base + symm.AG_ARRIVED), st.status_arg()
 
     band_rows = symm.band_rows(rows)
 
@@ -199,17 +236,16 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
                          ep_ptrs=_ep_pointers(gens[i], epilogue_args, outs))
 
     cfgs = [
-        _tune("ag_mm", (rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows),
-              configs.candidates(shard.dtype, tma_store_rows=rows if run == rows else None),
+        _tune("ag_mm", keys[i], configs.candidates(shard.dtype, tma_store_rows=rows if run == rows else None),
               lambda cfg, i=i: launch(i, cfg, 0))
-        for i, w in enumerate(weights)
+        for i in range(len(weights))
     ]
 
     with launcher.preloading():  # compile and load before anything waits on a peer (codegen/launcher.py)
         for i in range(len(weights)):
             launch(i, cfgs[i], 0)
     compute = torch.cuda.current_stream(shard.device)
-    epoch = st.begin(compute, "ag_mm")
+    epoch = st.begin(compute, "ag_mm", graph=graph)
     row_bytes = K * shard.element_size()
     band_list = symm.bands(rows)
     nbands = len(band_list)
@@ -230,7 +266,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
             for j in range(1, ws):
                 c = (r + j) % ws
                 # bands are pushed in order on one stream: the last band's flag covers the chunk
-                _cuda.wait_value32(st.flag_addr(symm.AG_ARRIVED + c * nbands + nbands - 1), epoch, st.copy_stream)
+                _cuda.wait_value32(st.flag_addr(base + symm.AG_ARRIVED + c * nbands + nbands - 1), epoch,
+                                   st.copy_stream)
                 gview[:, c].copy_(buf[c].view(outer, run, K))
     st.end(compute)
     if any(spec and g is None for spec, g in zip(specs, gens)):
@@ -260,6 +297,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     if why is None and dim == len(out_shape) - 1:
         why = "scatter along the output's columns"
     configs = _kernels()[3] if why is None else None
+    graph = why is None and capturing(a)
     st = None
     if why is None:
         ws = _group_size(group_name)
@@ -270,8 +308,12 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
         if not cands:
             why = f"runs of {run} rows are not a multiple of any block height"
         else:
-            st = symm.state(group_name, a.device)
-    if st is None:
+            st, why = _state(group_name, a.device, graph)
+    if st is not None:
+        key = (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0)
+        nbytes = ws * outer * run * b.shape[1] * a.element_size()
+        why = _captured_fit(st, nbytes, [_picked.get(("mm_rs", key))]) if graph else None
+    if st is None or why:
         return _p2p("mm_rs", why, group_name, *args)
     PATHS["mm_rs:symm"] += 1
     ws, r = st.ws, st.rank
@@ -281,7 +323,9 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     chunk_bytes = rows * N * a.element_size()
     st.ensure_data(ws * chunk_bytes)
     recv = st.data_view(a.dtype, (ws * rows, N))
-    peer = _peer_args(st, 0) if TRANSPORT == "peer" else None
+    base = symm.GRAPH_BLOCK if graph else 0
+    # captured calls ship by copy engine: peer stores wait for READY by epoch, inside the kernel
+    peer = _peer_args(st, 0) if TRANSPORT == "peer" and not graph else None
     g = _generated(epilogue, a.dtype)
     out = a.new_empty((rows, N), dtype=_epilogue.out_dtype(epilogue, a.dtype) if g is not None else a.dtype)
     stage = a.new_empty((ws * rows, N)) if peer is None else out
@@ -290,16 +334,15 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
 
     def launch(cfg, epoch, peer, stage):
         _launch_rs(st, a, b, bias, stage, recv, None, out, epoch, rows, run, 1, 0, 0, average, cfg, peer,
-                   epilogue=g, ep_ptrs=ep_ptrs)
+                   epilogue=g, ep_ptrs=ep_ptrs, base=base)
 
     # Tuning runs without communication: with the local staging transport even when peer stores are
     # on (a peer-store run at epoch 0 would write into peers' buffers while they may be reading them).
-    cfg = _tune("mm_rs", (a.shape[0], N, a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0),
-                cands, lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
+    cfg = _tune("mm_rs", key, cands, lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
     with launcher.preloading():
         launch(cfg, 0, peer, stage)
     compute = torch.cuda.current_stream(a.device)
-    epoch = st.begin(compute, "mm_rs")
+    epoch = st.begin(compute, "mm_rs", graph=graph)
     launch(cfg, epoch, peer, stage)
     row_bytes = N * a.element_size()
     band_list = symm.bands(rows)
@@ -307,7 +350,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     for pos in range(ws - 1 if peer is None else 0):
         c = (r + 1 + pos) % ws
         for b, (lo, n) in enumerate(band_list):
-            _cuda.wait_value32(st.flag_addr(symm.DONE + c * nb + b), epoch, st.push_stream)
+            _cuda.wait_value32(st.flag_addr(base + symm.DONE + c * nb + b), epoch, st.push_stream)
             st.push(c, r * chunk_bytes + lo * row_bytes, stage.data_ptr() + (c * rows + lo) * row_bytes, n * row_bytes,
                     symm.RS_ARRIVED + r * nb + b)
     st.end(compute)
@@ -318,11 +361,13 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
 
 
 def _launch_rs(st, a, b, bias, stage, recv, gather, out, epoch, rows, run, rounds, out_round_stride, out_offset,
-               average, cfg, peer, epilogue=None, ep_ptrs=()):
-    """The mm_rs / mm_ar producer kernel on this group's counters, flags, ticket and status word."""
+               average, cfg, peer, epilogue=None, ep_ptrs=(), base=0):
+    """The mm_rs / mm_ar producer kernel on this group's counters, flags, ticket and status word
+    (those of the flag block at ``base``: 0, or ``symm.GRAPH_BLOCK`` for a captured call)."""
     _, rs_kernel, _, _ = _kernels()
-    rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(symm.COUNTERS), st.flag_arg(symm.DONE),
-                     st.flag_arg(symm.RS_ARRIVED), st.flag_arg(symm.TICKET), epoch, st.status_arg(), st.timeout_ns,
+    rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(base + symm.COUNTERS),
+                     st.flag_arg(base + symm.DONE), st.flag_arg(base + symm.RS_ARRIVED),
+                     st.flag_arg(base + symm.TICKET), epoch, st.status_arg(), st.timeout_ns,
                      st.rank, st.ws, rows, run, rounds, out_round_stride, out_offset, average, symm.band_rows(rows),
                      cfg, st.num_sms, peer=peer, epilogue=epilogue, ep_ptrs=ep_ptrs)
 
@@ -341,11 +386,14 @@ def mm_ar(a, b, bias, reduce_op, group_name, epilogue="", epilogue_args=()):
     GEMM's last tile, so no GEMM tile could apply it)."""
     args = (a, b, bias, reduce_op, group_name, epilogue, epilogue_args)
     why = _mm_problem(a, b, bias, reduce_op) or capture_problem(a)
-    st = None if why else symm.state(group_name, a.device)
-    if st is None:
+    graph = why is None and capturing(a)
+    st, why = (None, why) if why else _state(group_name, a.device, graph)
+    if st is not None and graph:
+        why = _captured_fit(st, *_mm_ar_needs(a, b, st.ws))
+    if st is None or why:
         return _p2p("mm_ar", why, group_name, *args)
     g = _generated(epilogue, a.dtype)
-    out, fused = _mm_ar_symm(st, a, b, bias, reduce_op, g, epilogue_args)
+    out, fused = _mm_ar_symm(st, a, b, bias, reduce_op, g, epilogue_args, graph)
     if not epilogue or fused:
         return out
     if g is None:
@@ -355,15 +403,29 @@ def mm_ar(a, b, bias, reduce_op, group_name, epilogue="", epilogue_args=()):
     return gen.apply_pointwise(g, out, epilogue_args)
 
 
-def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=()):
+def _mm_ar_key(a, b) -> tuple:
+    return (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1)
+
+
+def _mm_ar_needs(a, b, ws: int) -> tuple[int, list]:
+    """(data bytes, [the tuned config or None]) of an ``mm_ar`` call: what a captured call needs."""
+    M, N, es = a.shape[0], b.shape[1], a.element_size()
+    if M * N * es <= symm.ONESHOT_MAX_BYTES:
+        return ws * M * N * es, []  # one-shot: no tuned kernel
+    rows = -(-M // (ar_rounds(M, ws) * ws))
+    return 2 * ar_rounds(M, ws) * ws * rows * N * es, [_picked.get(("mm_ar", _mm_ar_key(a, b)))]
+
+
+def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False):
     """(the all-reduced result, whether the epilogue ``g`` was applied in it: one-shot only)."""
     PATHS["mm_ar:symm"] += 1
     ws, r = st.ws, st.rank
     a, b, bias = _aligned(a), _weight(b), (bias.contiguous() if bias is not None else None)
     M, N = a.shape[0], b.shape[1]
     es = a.element_size()
+    base = symm.GRAPH_BLOCK if graph else 0
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
-        return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args), g is not None
+        return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args, graph), g is not None
     configs = _kernels()[3]
     rounds = ar_rounds(M, ws)
     rows = -(-M // (rounds * ws))
@@ -372,20 +434,20 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=()):
     st.ensure_data(2 * region)
     recv = st.data_view(a.dtype, (rounds * ws * rows, N))
     gather = st.data_view(a.dtype, (rounds * ws * rows, N), region)
-    peer = _peer_args(st, region) if TRANSPORT == "peer" else None
+    peer = _peer_args(st, region) if TRANSPORT == "peer" and not graph else None
     out = a.new_empty((M, N))
     stage = a.new_empty((rounds * ws * rows, N)) if peer is None else out
 
     def launch(cfg, epoch, peer, stage):
         _launch_rs(st, a, b, bias, stage, recv, gather, out, epoch, rows, rows, rounds, ws * rows, r * rows,
-                   reduce_op == "avg", cfg, peer)
+                   reduce_op == "avg", cfg, peer, base=base)
 
-    cfg = _tune("mm_ar", (M, N, a.shape[1], str(a.dtype), b.stride(0) == 1), configs.candidates(a.dtype),
+    cfg = _tune("mm_ar", _mm_ar_key(a, b), configs.candidates(a.dtype),
                 lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
     with launcher.preloading():
         launch(cfg, 0, peer, stage)
     compute = torch.cuda.current_stream(a.device)
-    epoch = st.begin(compute, "mm_ar")
+    epoch = st.begin(compute, "mm_ar", graph=graph)
     launch(cfg, epoch, peer, stage)
     gather_base = st.data_addr(r, region)
     row_bytes = N * es
@@ -396,12 +458,12 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=()):
             c = (r + 1 + pos) % ws
             slot = rnd * ws + c
             for b, (lo, n) in enumerate(band_list):
-                _cuda.wait_value32(st.flag_addr(symm.DONE + slot * nb + b), epoch, st.push_stream)
+                _cuda.wait_value32(st.flag_addr(base + symm.DONE + slot * nb + b), epoch, st.push_stream)
                 st.push(c, (rnd * ws + r) * slot_bytes + lo * row_bytes, stage.data_ptr() + (slot * rows + lo) * row_bytes,
                         n * row_bytes, symm.RS_ARRIVED + (rnd * ws + r) * nb + b)
         own = rnd * ws + r
         for b, (lo, n) in enumerate(band_list if peer is None else ()):  # all-gather: reduced bands, to every peer
-            _cuda.wait_value32(st.flag_addr(symm.DONE + own * nb + b), epoch, st.push_stream)
+            _cuda.wait_value32(st.flag_addr(base + symm.DONE + own * nb + b), epoch, st.push_stream)
             for j in range(1, ws):
                 st.push((r - j) % ws, region + own * slot_bytes + lo * row_bytes,
                         gather_base + own * slot_bytes + lo * row_bytes, n * row_bytes, symm.GATHERED + own * nb + b)
@@ -410,7 +472,8 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=()):
             for b, (lo, n) in enumerate(band_list):
                 first = (rnd * ws + q) * rows + lo
                 count = min(n, M - first)
-                _cuda.wait_value32(st.flag_addr(symm.GATHERED + (rnd * ws + q) * nb + b), epoch, st.copy_stream)
+                _cuda.wait_value32(st.flag_addr(base + symm.GATHERED + (rnd * ws + q) * nb + b), epoch,
+                                   st.copy_stream)
                 if count > 0:
                     _cuda.memcpy_async(out[first].data_ptr(), gather_base + (rnd * ws + q) * slot_bytes + lo * row_bytes,
                                        count * row_bytes, st.copy_stream)
@@ -424,11 +487,12 @@ def _peer_args(st, gather_offset: int) -> dict:
                 rs_flag_word=symm.RS_ARRIVED, ag_flag_word=symm.GATHERED)
 
 
-def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=()):
+def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=(), graph=False):
     PATHS["mm_ar:oneshot"] += 1
     _, _, reduce_kernel, _ = _kernels()
     ws, r = st.ws, st.rank
     M, N = a.shape[0], b.shape[1]
+    base = symm.GRAPH_BLOCK if graph else 0
     partial = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
     nbytes = M * N * a.element_size()
     st.ensure_data(ws * nbytes)
@@ -437,13 +501,13 @@ def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=()):
     ep_ptrs = _ep_pointers(g, epilogue_args)
 
     def launch(epoch):
-        reduce_kernel.launch(partial, recv, out, st.flag_arg(symm.RS_ARRIVED), epoch, st.status_arg(), st.timeout_ns,
-                             r, ws, average, epilogue=g, ep_ptrs=ep_ptrs)
+        reduce_kernel.launch(partial, recv, out, st.flag_arg(base + symm.RS_ARRIVED), epoch, st.status_arg(),
+                             st.timeout_ns, r, ws, average, epilogue=g, ep_ptrs=ep_ptrs)
 
     with launcher.preloading():
         launch(0)
     compute = torch.cuda.current_stream(a.device)
-    epoch = st.begin(compute, "mm_ar (one-shot)")
+    epoch = st.begin(compute, "mm_ar (one-shot)", graph=graph)
     for j in range(1, ws):
         st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, symm.RS_ARRIVED + r)
     launch(epoch)

@@ -6,27 +6,29 @@ gathers and sends for flags that kernels raise. A peer that died or diverged lea
 and everything queued after it on the compute stream, waiting forever, so the host hangs in its
 next synchronisation instead of raising.
 
-Every ``symm`` call is therefore *watched*: it records an event when the compute stream reaches it
-(start) and one when its streams have joined again (end). This thread polls the oldest unfinished
-call of each watched group; once its start event has completed (so time spent queued behind
-earlier work does not count) and its end has not within ``limit_s``, the group's ``on_overdue``
-runs -- for a ``GroupState`` that records the error and releases every local flag, so the
-streams finish (with garbage) and the next call or ``check_status`` raises. It runs again on
-every poll until the call finishes, since a late peer may lower a released flag again.
+Every eager ``symm`` call therefore has the compute stream write its epoch into two words of
+pinned, host-mapped memory: *started* when the stream reaches the call, *finished* once the call's
+streams joined again (``GroupState.begin`` / ``end``). This thread reads them (plain host reads:
+no CUDA call, so a CUDA-graph capture elsewhere in the process is never disturbed, and a call
+costs two stream writes instead of two events); once a call has been started, not finished, for
+``limit_s`` (counted from when the thread first saw it start, so time queued behind earlier work
+does not count), the group's ``on_overdue`` runs -- for a ``GroupState`` that records the error and
+releases every local flag, so the streams finish (with garbage) and the next call or
+``check_status`` raises. It runs again on every poll until the call finishes, since a late peer may
+lower a released flag again.
 
-The thread knows nothing of CUDA: a watched call is two objects with ``query()`` (``torch.cuda.Event``
-on GPUs; fakes in the CPU tests).
+The thread knows nothing of CUDA: a watched group is a ``progress()`` callable returning
+``(last call started, last call finished)`` (fakes in the CPU tests).
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 log = logging.getLogger("overlap_backend.symm")
 
@@ -34,44 +36,28 @@ POLL_S = 0.05  # poll period: the overdue report comes at most this late
 
 
 @dataclass
-class _Call:
-    start: object  # .query() -> bool: the compute stream reached the call
-    end: object  # .query() -> bool: the call's streams are done
-    what: str
-    started_at: float | None = None
-
-
-@dataclass
 class Watched:
-    """The calls of one group, oldest first, and what to do when the oldest is overdue."""
+    """One group: where its progress is read, what a call is called, what to do when it is overdue."""
 
     limit_s: float
+    progress: Callable[[], tuple[int, int]]  # (epoch of the last call started, of the last finished)
     on_overdue: Callable[[str, float], None]  # (what the call was, seconds since it started)
-    calls: collections.deque = field(default_factory=collections.deque)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, start, end, what: str) -> None:
-        with self.lock:
-            self.calls.append(_Call(start, end, what))
-            # The thread may lag behind a fast caller: drop finished calls here as well (cheap queries).
-            while len(self.calls) > 64 and self.calls[0].end.query():
-                self.calls.popleft()
+    name: Callable[[int], str] = str  # the op of call (epoch) n
+    _seen: int = 0  # the unfinished call seen started, and since when
+    _seen_at: float = 0.0
 
     def poll(self, now: float) -> None:
-        """Drop finished calls; run ``on_overdue`` if the oldest unfinished one is past its limit."""
-        with self.lock:
-            while self.calls and self.calls[0].end.query():
-                self.calls.popleft()
-            if not self.calls:
-                return
-            head = self.calls[0]
-            if head.started_at is None:
-                if not head.start.query():
-                    return  # still queued behind earlier work: not counted
-                head.started_at = now
-            waited = now - head.started_at
+        """Run ``on_overdue`` if the call in flight started more than ``limit_s`` ago."""
+        started, finished = self.progress()
+        if started <= finished:
+            self._seen = 0
+            return
+        if started != self._seen:  # calls are ordered on the compute stream: this is the one in flight
+            self._seen, self._seen_at = started, now
+            return
+        waited = now - self._seen_at
         if waited > self.limit_s:
-            self.on_overdue(head.what, waited)
+            self.on_overdue(self.name(started), waited)
 
 
 _watched: list[Watched] = []
@@ -80,10 +66,11 @@ _thread: threading.Thread | None = None
 _stop = threading.Event()
 
 
-def watch(limit_s: float, on_overdue: Callable[[str, float], None]) -> Watched:
-    """Register a group; its calls are then added with ``Watched.add``."""
+def watch(limit_s: float, progress: Callable[[], tuple[int, int]], on_overdue: Callable[[str, float], None],
+          name: Callable[[int], str] = str) -> Watched:
+    """Watch a group from now on (``unwatch`` when it is released)."""
     global _thread
-    w = Watched(limit_s, on_overdue)
+    w = Watched(limit_s, progress, on_overdue, name)
     with _lock:
         _watched.append(w)
         if _thread is None or not _thread.is_alive():
@@ -112,10 +99,9 @@ def _loop() -> None:
 
 @atexit.register
 def _shutdown() -> None:
-    """Stop the thread before the interpreter and the CUDA context go away, so that it is not inside
-    an event query when they do. Registered when this module is imported, i.e. before
-    ``symm.release_all``, so it runs after it (atexit is last-in, first-out): an exit that
-    synchronises on a stalled call is still released."""
+    """Stop the thread before the interpreter goes away. Registered when this module is imported,
+    i.e. before ``symm.release_all``, so it runs after it (atexit is last-in, first-out): an exit
+    that synchronises on a stalled call is still released."""
     _stop.set()
     if _thread is not None and _thread.is_alive():
         _thread.join(timeout=2 * POLL_S + 1)

@@ -1,0 +1,216 @@
+"""The toggling flag block of captured ``symm`` calls (``symm.GRAPH_BLOCK``), checked by simulation.
+
+Inside a CUDA graph a stream memory operation's value is fixed, so captured calls raise flags to 1,
+wait for >= 1 and reset them to 0 once consumed (``GroupState.begin(graph=True)`` / ``end``). These
+tests drive the real ``GroupState.begin`` / ``push`` / ``end`` of every rank with fake streams that
+record the operations, add what the kernels do (raise done flags, wait for arrivals), queue several
+replays back to back, then execute all ranks' streams in random orders (each stream in order;
+``wait_stream`` as a join). Every wait must be released by a raise *of the same call* (a stale flag
+left over from the previous replay would release it early) and no order may deadlock.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from overlap_backend.runtime import symm
+
+FLAG_SPAN = 1 << 20  # fake flag buffer address of rank p: p * FLAG_SPAN
+
+
+class FakeStream:
+    def __init__(self, rank: int, name: str):
+        self.rank, self.name, self.ops, self.done = rank, name, [], 0
+
+    def wait_stream(self, other: "FakeStream") -> None:
+        self.ops.append(("join", other, len(other.ops)))
+
+
+class Sim:
+    """Every rank's memory (word -> (value, call that raised it)) and its recorded streams."""
+
+    def __init__(self, ws: int):
+        self.ws = ws
+        self.mem = [dict() for _ in range(ws)]
+        self.call = [0] * ws  # the replay each rank is enqueuing
+        self.current_rank = 0
+        self.streams = [{n: FakeStream(r, n) for n in ("compute", "push", "copy")} for r in range(ws)]
+
+    # the runtime's CUDA calls, recorded on the stream they are queued on
+    def write_value32(self, addr, value, stream):
+        stream.ops.append(("write", addr // FLAG_SPAN, (addr % FLAG_SPAN) // 4, value, self.call[stream.rank]))
+
+    def wait_value32(self, addr, value, stream):
+        assert addr // FLAG_SPAN == stream.rank, "stream waits are on this rank's own flags"
+        stream.ops.append(("wait", stream.rank, (addr % FLAG_SPAN) // 4, value, self.call[stream.rank]))
+
+    def memcpy_async(self, dst, src, nbytes, stream):
+        stream.ops.append(("copy",))
+
+    def run(self, seed: int) -> int:
+        """Execute every stream in a random interleaving; returns the number of operations run."""
+        rng = random.Random(seed)
+        streams = [s for per_rank in self.streams for s in per_rank.values()]
+        ran = 0
+        while True:
+            ready = [s for s in streams if s.done < len(s.ops) and self._ready(s, s.ops[s.done])]
+            if not ready:
+                stuck = {f"rank {s.rank} {s.name}": s.ops[s.done] for s in streams if s.done < len(s.ops)}
+                assert not stuck, f"deadlock (seed {seed}): {stuck}"
+                return ran
+            s = rng.choice(ready)
+            self._execute(s, s.ops[s.done])
+            s.done += 1
+            ran += 1
+
+    def _ready(self, s, op) -> bool:
+        if op[0] == "join":
+            return op[1].done >= op[2]
+        if op[0] == "wait":
+            return self.mem[op[1]].get(op[2], (0, None))[0] >= op[3]
+        return True
+
+    def _execute(self, s, op) -> None:
+        kind = op[0]
+        if kind == "write":
+            _, rank, word, value, call = op
+            self.mem[rank][word] = (value, call if value else None)
+        elif kind == "wait":
+            _, rank, word, _, call = op
+            raised_by = self.mem[rank][word][1]
+            assert raised_by == call, (f"rank {rank} word {word} ({s.name} stream) released by call {raised_by}'s "
+                                       f"raise while waiting in call {call}: a stale flag")
+        elif kind == "zero":
+            _, rank, lo, hi = op
+            for word in range(lo, hi):
+                self.mem[rank].pop(word, None)
+
+
+def make_states(sim: Sim, monkeypatch):
+    monkeypatch.setattr(symm._cuda, "write_value32", sim.write_value32)
+    monkeypatch.setattr(symm._cuda, "wait_value32", sim.wait_value32)
+    monkeypatch.setattr(symm._cuda, "memcpy_async", sim.memcpy_async)
+    states = []
+    for r in range(sim.ws):
+        st = object.__new__(symm.GroupState)
+        st.rank, st.ws, st.epoch, st.base, st.value = r, sim.ws, 0, 0, 0
+        st.status, st.stalled, st._call, st.graph_pinned = [0] * 8, None, None, False
+        st.flags = SimpleNamespace(ptrs=[p * FLAG_SPAN for p in range(sim.ws)], local=r * FLAG_SPAN)
+        st.data = SimpleNamespace(ptrs=[0] * sim.ws)
+        st.push_stream, st.copy_stream = sim.streams[r]["push"], sim.streams[r]["copy"]
+        st._ready_waited = set()
+        lo, hi = symm.GRAPH_RESET
+
+        def zero(compute, r=r, lo=lo, hi=hi):
+            compute.ops.append(("zero", r, symm.GRAPH_BLOCK + lo, symm.GRAPH_BLOCK + hi))
+
+        st._zero_graph_flags = zero
+        states.append(st)
+    return states
+
+
+def kernel_raise(sim, r, word):  # a kernel (compute stream) raises one of its rank's own flags
+    sim.streams[r]["compute"].ops.append(("write", r, word, 1, sim.call[r]))
+
+
+def kernel_wait(sim, r, word, stream="compute"):
+    sim.streams[r][stream].ops.append(("wait", r, word, 1, sim.call[r]))
+
+
+def queue_mm_rs(sim, states, r):
+    """mm_rs's schedule (runtime/symm_lowering.py) with the kernel's flag traffic: remote chunks
+    first (done flag per chunk), the push stream ships each once done, the own chunk's tiles wait
+    for every peer's partial."""
+    st, base, ws = states[r], symm.GRAPH_BLOCK, sim.ws
+    compute = sim.streams[r]["compute"]
+    value = st.begin(compute, "mm_rs", graph=True)
+    assert value == 1 and st.base == base
+    for pos in range(ws - 1):
+        kernel_raise(sim, r, base + symm.DONE + (r + 1 + pos) % ws)
+    for p in range(ws):
+        if p != r:
+            kernel_wait(sim, r, base + symm.RS_ARRIVED + p)
+    for pos in range(ws - 1):
+        c = (r + 1 + pos) % ws
+        symm._cuda.wait_value32(st.flag_addr(base + symm.DONE + c), value, st.push_stream)
+        st.push(c, 0, 0, 64, symm.RS_ARRIVED + r)
+    st.end(compute)
+    assert st.base == 0
+
+
+def queue_ag_mm(sim, states, r):
+    """ag_mm's schedule: shard pushed to every peer; the kernel and the gathered copy both wait for
+    each peer's chunk."""
+    st, base, ws = states[r], symm.GRAPH_BLOCK, sim.ws
+    compute = sim.streams[r]["compute"]
+    st.begin(compute, "ag_mm", graph=True)
+    for j in range(ws - 1):
+        st.push((r - 1 - j) % ws, 0, 0, 64, symm.AG_ARRIVED + r)
+    for p in range(ws):
+        if p != r:
+            kernel_wait(sim, r, base + symm.AG_ARRIVED + p)
+            kernel_wait(sim, r, base + symm.AG_ARRIVED + p, stream="copy")
+    st.end(compute)
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, monkeypatch):
+    sim = Sim(ws)
+    states = make_states(sim, monkeypatch)
+    for call in range(4):  # replays queued back to back, the two ops alternating
+        for r in range(ws):
+            sim.call[r] = call
+            (queue_mm_rs if call % 2 == 0 else queue_ag_mm)(sim, states, r)
+    ops = sum(len(s.ops) for per_rank in sim.streams for s in per_rank.values())
+    for seed in range(60):
+        for per_rank in sim.streams:
+            for s in per_rank.values():
+                s.done = 0
+        sim.mem = [dict() for _ in range(ws)]
+        assert sim.run(seed) == ops
+        # after the last replay every per-call word of the block is 0 again (READY included)
+        for r in range(ws):
+            left = {w: v for w, v in sim.mem[r].items() if v[0] and w >= symm.GRAPH_BLOCK}
+            assert not left, (seed, r, left)
+    assert all(st.graph_pinned for st in states)
+
+
+def test_the_check_catches_a_missing_reset(monkeypatch):
+    """The simulation can fail: without the READY reset, a replay's push is released by the
+    previous replay's READY (or an order deadlocks)."""
+    sim = Sim(2)
+    states = make_states(sim, monkeypatch)
+    real_write = sim.write_value32
+
+    def write_no_reset(addr, value, stream):
+        if value == 0:
+            return  # the resets of READY go missing
+        real_write(addr, value, stream)
+
+    monkeypatch.setattr(symm._cuda, "write_value32", write_no_reset)
+    for call in range(3):
+        for r in range(2):
+            sim.call[r] = call
+            queue_mm_rs(sim, states, r)
+    failures = 0
+    for seed in range(40):
+        for per_rank in sim.streams:
+            for s in per_rank.values():
+                s.done = 0
+        sim.mem = [dict(), dict()]
+        try:
+            sim.run(seed)
+        except AssertionError:
+            failures += 1
+    assert failures > 0
+
+
+def test_graph_block_is_a_copy_of_the_per_call_words():
+    assert symm.GRAPH_BLOCK >= symm.CTA_BLOCKS + 2 * symm.CTA_BLOCK_WORDS  # after every other block
+    assert symm.GRAPH_BLOCK + symm.GRAPH_WORDS == symm.FLAG_WORDS
+    lo, hi = symm.GRAPH_RESET
+    assert symm.READY < lo and lo == symm.AG_ARRIVED and hi == symm.COUNTERS  # READY is reset by its consumer
+    assert symm.COUNTERS < symm.TICKET < symm.GRAPH_WORDS  # counters and ticket reset by the kernels
