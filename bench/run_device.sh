@@ -8,7 +8,8 @@
 #   bash bench/run_device.sh help     # this text
 #   TESTS_K="ws4 or names_op_rank" bash bench/run_device.sh   # a pytest -k selection of the GPU tests
 #                                      (-k matches marker names too: "timeout" would select every test)
-#                                      (default: the symm tests at the largest world size + timeout;
+#                                      (default: the symm tests at the largest world size + timeout,
+#                                      dead peer, captured symm, stream operations;
 #                                      TESTS_K= runs them all)
 #   TEST_FILES="tests/test_gpu_cta.py" BENCHES="cta" bash bench/run_device.sh   # a subset
 #                                      (defaults: tests/test_gpu.py tests/test_gpu_cta.py, in `tests` mode
@@ -237,9 +238,10 @@ main() {
 
   if [ "$MODE" != bench ]; then
     # All GPU tests (3 lowerings x 3 world sizes) take longer than LIMIT_TESTS: by default the symm
-    # ones at the largest world size here, plus the timeout test (p2p's ran on 2026-11-29);
+    # ones at the largest world size here, plus the 2-GPU timeout, dead-peer (watchdog), captured-symm
+    # and stream-operation tests (p2p's ran on 2026-11-29);
     # TESTS_K="" runs everything, TESTS_K="<expr>" any pytest -k selection.
-    local select=(-k "ws$ws_max and symm or names_op_rank")
+    local select=(-k "ws$ws_max and symm or names_op_rank or dead_peer or captured_symm or fast_path")
     [ "$MODE" = quick ] && select=(-k "ws2 and symm and not compiled")
     if [ -n "${TESTS_K+set}" ]; then
       select=()

@@ -338,10 +338,10 @@ OLD_TESTS = ["tests/test_gpu.py", "tests/test_gpu_cta.py"]
 def test_run_device_2_and_4_gpus_unchanged(tmp_path):
     """The commands of the script before 8 GPUs were added (bench/run_device.sh at 8ce79dd)."""
     cmds, _ = _run_device(tmp_path, 4, "full")
-    assert cmds == [VERSIONS, _pytest("-q", OLD_TESTS, "ws4 and symm or names_op_rank"),
+    assert cmds == [VERSIONS, _pytest("-q", OLD_TESTS, "ws4 and symm or names_op_rank or dead_peer or captured_symm or fast_path"),
                     *_benches(4, True), *_benches(2, False)]
     cmds, out = _run_device(tmp_path, 2, "full")
-    assert cmds == [VERSIONS, _pytest("-q", OLD_TESTS, "ws2 and symm or names_op_rank"), *_benches(2, False)]
+    assert cmds == [VERSIONS, _pytest("-q", OLD_TESTS, "ws2 and symm or names_op_rank or dead_peer or captured_symm or fast_path"), *_benches(2, False)]
     assert "bench_ws4, block_ws4: skipped, 2 GPU(s)" in out
     cmds, _ = _run_device(tmp_path, 4, "bench")
     assert cmds == [VERSIONS, *_benches(4, True), *_benches(2, False)]
@@ -359,13 +359,13 @@ def test_run_device_8_gpus(tmp_path):
     moe = _torchrun(8, "bench/bench_moe.py", "--out", "TMP/results", "--configs", "deepseek-ep8,deepseek",
                     "--routing", "balanced,skewed", "--comm-sms", "8")
     collective, block, cta = _benches(8, True)
-    assert cmds == [VERSIONS, _pytest("-v", OLD_TESTS, "ws8 and symm or names_op_rank"), collective, moe, block, cta]
+    assert cmds == [VERSIONS, _pytest("-v", OLD_TESTS, "ws8 and symm or names_op_rank or dead_peer or captured_symm or fast_path"), collective, moe, block, cta]
     stages = re.findall(r"^=== \[t=\d+s\] (\S+) \(limit", out, re.M)
     assert stages == ["versions", "gpu_tests", "bench_ws8", "moe_ws8", "block_ws8", "cta_ws8"]
     # tests only: every GPU test file, the whole deadline
     cmds, out = _run_device(tmp_path, 8, "tests")
     files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_gpu*.py"))
-    assert cmds == [VERSIONS, _pytest("-v", files, "ws8 and symm or names_op_rank")]
+    assert cmds == [VERSIONS, _pytest("-v", files, "ws8 and symm or names_op_rank or dead_peer or captured_symm or fast_path")]
     limit = int(re.search(r"gpu_tests \(limit (\d+)s\)", out).group(1))
     assert limit > 500, out  # 540 s less the packaging reserve and what the versions took
     # ws=8, then 4, then 2 on request; traces at ws=8 only
