@@ -42,6 +42,8 @@ from overlap_backend.passes.cost_model import Problem, predict  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 # runs whose ours-symm column was measured on a tree the lowering has changed since
 OLDER_SYMM = {"2026-11-29_h200x2_symm": "older tree (b2a4053: before per-band signalling)"}
+# MoE decode rows measured before the plan kernel (host-bound at 2.7-2.9 ms; 0.85-1.7 ms after it)
+OLDER_MOE_DECODE = {"2026-11-30_h200x2_session5": "before the plan kernel"}
 
 
 def _dtype(d: dict) -> str:
@@ -122,13 +124,15 @@ def moe_rows(path: Path) -> list[dict]:
             ours, older = t.get("symm"), False
         else:
             ours, older = sweep.get("ce", {}).get("ms"), True
-        cols = [("baseline", "baseline", None, t.get("baseline"), False),
-                ("symm (defaults)", "ours", "symm", ours, older)]
-        for col, what, low, ms, old in cols:
+        note = "older kernels" if older else ""
+        if not note and r["config"].endswith("-decode"):
+            note = OLDER_MOE_DECODE.get(run, "")
+        cols = [("baseline", "baseline", None, t.get("baseline"), ""),
+                ("symm (defaults)", "ours", "symm", ours, note)]
+        for col, what, low, ms, why_old in cols:
             if ms is not None:
                 out.append(dict(run=run, file=path.name, op="moe", ws=ws, shape=shape, column=col, what=what,
-                                lowering=low, measured=float(ms), problem=prob,
-                                note="older kernels" if old else "", criterion=not old))
+                                lowering=low, measured=float(ms), problem=prob, note=why_old, criterion=not why_old))
     return out
 
 

@@ -126,10 +126,10 @@ def _by_size(table: dict[int, float], ws: int) -> float:
 # Host times per symm call, fitted on bench/results/2026-11-29_h200x2_symm_bands and
 # 2026-11-30_h200x2_cta ("back-to-back" times of decode shapes, where the device work is ~0.1 ms):
 # the same Python code on another host CPU runs at another speed, so they belong to the machine.
-# moe_experts: bench/results/2026-11-30_h200x2_session5 (decode sizes, ~0.7 ms of device work: 2.3-2.9 ms
-# per call, before the plan kernel took ~0.9 ms of host time off; not measured end to end since)
+# moe_experts: bench/results/2026-11-30_h200x2_session6 (decode sizes with the plan kernel, ~0.5-0.6 ms
+# of device work: 0.85-1.72 ms per call, median 1.23; 2.3-2.9 ms before the plan kernel, session 5)
 _H200_SYMM_CALL_MS = {"ag_mm": 0.45, "mm_rs": 0.50, "mm_ar_oneshot": 0.23, "mm_ar": 0.50,
-                      "cta_pipeline_mlp": 0.45, "moe_experts": 2.3}
+                      "cta_pipeline_mlp": 0.45, "moe_experts": 1.2}
 
 # Built-in calibrations per device class. H200: measured on the 2x/4xH200 bench machines
 # (bench/results/2026-11-29_*, 2026-11-30_*; DESIGN.md "Measured on 4xH200"), see
