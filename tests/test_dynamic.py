@@ -335,3 +335,59 @@ def test_dynamic_min_numel_guard(fake_pg, capture):
     assert be.frames == 2
     (last,) = be.backend.reports[-1].matches
     assert not last.applied and "OVERLAP_MIN_NUMEL=1000" in last.reason
+
+
+# ------------------------------------------------------------------- cta_pipeline, symbolic tokens
+def _gelu_tp_mlp(group):
+    import torch.nn.functional as F
+
+    def f(x, w1, b1, w2, b2):
+        return funcol.all_reduce(F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2), "sum", group)
+
+    return f
+
+
+def test_dynamic_cta_pipeline_compiles_once(fake_pg, capture):
+    """``cta_pipeline`` on a symbolic token count (a 3-D input ``[2, s, h]``): one graph for every
+    length, the op's result reshaped back with sizes taken from the graph."""
+    be = Counting(inductor=False, passes=["cta_pipeline"], cost_model="off")
+    c = torch.compile(_gelu_tp_mlp(fake_pg), backend=be, fullgraph=True)
+    w1, b1, w2, b2 = torch.randn(32, 16), torch.randn(32), torch.randn(16, 32), torch.randn(16)
+    with torch.no_grad():
+        for s in (3, 5, 8):
+            x = torch.randn(2, s, 16)
+            torch._dynamo.mark_dynamic(x, 1)  # the tokens; the weights stay static, as parameters do
+            assert c(x, w1, b1, w2, b2).shape == (2, s, 16)
+    assert be.frames == 1, be.decisions()
+    assert _has_symbolic_input(be.backend.graphs[0])
+    assert OV.cta_pipeline_mlp.default in targets(be.backend.graphs[0]), be.decisions()
+    assert [(p, ok) for _, p, ok, _ in be.decisions()] == [("cta_pipeline", True)]
+
+
+def dynamic_cta_worker(rank, ws, lengths):
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randn(64 * ws, 32, generator=g).chunk(ws)[rank].contiguous()  # column-parallel [F/ws, H]
+    b1 = torch.randn(64 * ws, generator=g).chunk(ws)[rank].contiguous()
+    w2 = torch.randn(32, 64 * ws, generator=g).chunk(ws, dim=1)[rank].contiguous()  # row-parallel [H, F/ws]
+    b2 = torch.randn(32, generator=g) / ws
+    f = _gelu_tp_mlp(group)
+    be = Counting(inductor=False, passes=["cta_pipeline"], cost_model="off", lowering="p2p")
+    c = torch.compile(f, backend=be, fullgraph=True)
+    errs = []
+    with torch.no_grad():
+        for s in lengths:
+            x = torch.randn(s, 32, generator=torch.Generator().manual_seed(s))
+            torch._dynamo.mark_dynamic(x, 0)
+            errs.append(_rel(c(x, w1, b1, w2, b2), f(x, w1, b1, w2, b2)))
+    return errs, be.frames, be.decisions()
+
+
+@pytest.mark.timeout(200)
+def test_dynamic_cta_pipeline_gloo_matches_eager():
+    for errs, frames, decisions in run_ranks(dynamic_cta_worker, 2, (5, 9, 16), timeout=180):
+        assert frames == 1, decisions
+        assert [(p, ok) for _, p, ok, _ in decisions] == [("cta_pipeline", True)], decisions
+        assert all(e <= 1e-4 for e in errs), errs

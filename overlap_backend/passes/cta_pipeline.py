@@ -21,7 +21,6 @@ decompositions the backend's graphs went through), so they follow the decomposit
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -197,6 +196,11 @@ def find_mlps(graph: torch.fx.Graph) -> list[CtaMatch]:
     return found
 
 
+def _same_shape(a, b) -> bool:
+    """Known equal for every value of the symbols (no guard)."""
+    return len(a) == len(b) and all(common.known_eq(x, y) for x, y in zip(a, b))
+
+
 class CtaPipelinePass(OverlapPass):
     name = "cta_pipeline"
 
@@ -236,7 +240,9 @@ class CtaPipelinePass(OverlapPass):
         if gu is not None and _source(gu.matmul.a) is not _source(x):
             raise Rejected(f"the two projections of silu(a) * b read different inputs ({x.name}, {gu.matmul.a.name})")
         operands = [x, up.matmul.b, down.matmul.b] + ([gu.matmul.b] if gu is not None else [])
-        common.require_static(*operands, ar.input)
+        # the token count may be symbolic (backed: decided by hint + guard); the weights are static
+        common.require_backed(*operands, ar.input)
+        common.require_static(*operands[1:])
         common.require_dtype(*operands)
         for v_lin in (up, gu, down):
             if v_lin is None:
@@ -246,13 +252,15 @@ class CtaPipelinePass(OverlapPass):
             common.require_bias_vector(v_lin.matmul)
         f = val(up.matmul.node).shape[1]
         for lin in (up, gu):
-            if lin is not None and (val(lin.out).shape[-1] != f or tuple(val(lin.out).shape) != tuple(val(m.act).shape)):
+            if lin is not None and not (common.known_eq(val(lin.out).shape[-1], f)
+                                        and _same_shape(val(lin.out).shape, val(m.act).shape)):
                 raise Rejected(f"{lin.out.name} {tuple(val(lin.out).shape)} is not the activation's [..., {f}] input")
         if m.act_in is not None and not common.is_flatten_to_2d(m.act_in):
             raise Rejected(f"{m.act_in.name} does not flatten the activation to [rows, F]")
-        if gu is not None and val(gu.matmul.node).shape != val(up.matmul.node).shape:
+        if gu is not None and not _same_shape(val(gu.matmul.node).shape, val(up.matmul.node).shape):
             raise Rejected("the two projections of silu(a) * b have different shapes")
-        if val(down.matmul.a).shape[1] != f or val(m.act).numel() != val(up.matmul.node).numel():
+        if not (common.known_eq(val(down.matmul.a).shape[1], f)
+                and common.known_eq(val(m.act).numel(), val(up.matmul.node).numel())):
             raise Rejected("the activation's shape does not match the two matmuls")
         # Intermediate values must feed nothing outside the match.
         matched = set(m.matched_nodes())
@@ -266,7 +274,8 @@ class CtaPipelinePass(OverlapPass):
         for op in operands + bias_nodes:
             if (common.ancestors(op) | {op}) & set(internal):
                 raise Rejected(f"operand {op.name} depends on the matched MLP")
-        common.require_min_numel(self.ctx, math.prod(val(down.matmul.node).shape))
+        common.require_min_numel(self.ctx, common.prod(val(down.matmul.node).shape))
+        common.require_sizes_available(ar.wait.graph, val(ar.input).shape, ar.wait)
         lowering = common.choose_lowering(self.ctx, ar.group_name)
         from ..runtime.lowering import available
         from . import cost_model
@@ -275,7 +284,7 @@ class CtaPipelinePass(OverlapPass):
         ws = common.require_group(ar.group_name)
         stages = self.ctx.config.cta_stages
         problem = cost_model.Problem(
-            "cta_pipeline_mlp", m=val(up.matmul.node).shape[0], k=val(up.matmul.b).shape[0], f=f,
+            "cta_pipeline_mlp", m=common.hint(val(up.matmul.node).shape[0]), k=val(up.matmul.b).shape[0], f=f,
             n=val(down.matmul.b).shape[1], dtype=common.dtype_name(x), ws=ws, activation=m.activation,
         )
         # the symm kernels run 2 stages of ws/2 ranks; other stage counts fall back to p2p at run time
@@ -296,8 +305,8 @@ class CtaPipelinePass(OverlapPass):
         )
         with graph.inserting_before(ar.wait):
             result = common.call(graph, torch.ops.overlap.cta_pipeline_mlp.default, args)
-            shape = list(val(ar.input).shape)
-            if shape != list(val(result).shape):
+            if not _same_shape(val(ar.input).shape, val(result).shape):
+                shape = common.size_args(graph, val(ar.input).shape, ar.wait)
                 result = common.call(graph, aten.reshape.default, (result, shape))
         ar.wait.replace_all_uses_with(result)
         ar.collective.replace_all_uses_with(result, delete_user_cb=lambda user: user is not ar.wait)
