@@ -622,8 +622,12 @@ def hint(size: Any, fallback: int = 4096) -> int:
     node = getattr(size, "node", None)
     value = getattr(node, "hint", None)
     if value is None and node is not None:
-        try:
-            value = node.shape_env.size_hint(node.expr, allow_none=True)
+        env = node.shape_env
+        try:  # optimization_hint where it exists (torch >= 2.13 deprecates size_hint), else size_hint
+            if hasattr(env, "optimization_hint"):
+                value = env.optimization_hint(node.expr, fallback=fallback)
+            else:
+                value = env.size_hint(node.expr, allow_none=True)
         except Exception:  # noqa: BLE001 - no hint: the fallback
             value = None
     try:
