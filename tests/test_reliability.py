@@ -485,3 +485,26 @@ def test_watchdog_thread_stops_at_exit_after_the_symm_release():
     # registers release_all
     src = open(symm.__file__).read()
     assert src.index("from . import watchdog") < src.index("atexit.register(release_all)")
+
+
+def test_group_runs_unwatched_if_the_progress_write_is_refused(monkeypatch, caplog):
+    """Should the driver refuse a stream write into pinned host memory, the ops go on (warned once)
+    without the watchdog instead of failing."""
+    from overlap_backend.runtime import symm, watchdog
+
+    st = object.__new__(symm.GroupState)
+    st.status_ptr, st.epoch, st.group_name, st._watch_progress = 4096, 3, "tp", True
+    st._watched = watchdog.watch(60.0, lambda: (0, 0), lambda *a: None)
+    calls = []
+
+    def refuse(addr, value, stream):
+        calls.append((addr, value))
+        raise symm._cuda.CudaError("cuStreamWriteValue32 failed: CUDA_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setattr(symm._cuda, "write_value32", refuse)
+    with caplog.at_level("WARNING", logger="overlap_backend.symm"):
+        st._progress(symm.STARTED, None)
+        st._progress(symm.FINISHED, None)
+    assert calls == [(4096 + 4 * symm.STARTED, 3)]  # tried once, then off
+    assert not st._watch_progress and st._watched not in watchdog._watched
+    assert "without the stream-wait watchdog" in caplog.text

@@ -293,6 +293,7 @@ class GroupState:
         self.graph_pinned = False  # a call was captured: its data buffer must never be freed or moved
         self.stalled: str | None = None  # set by the watchdog: why this group is unusable
         self._names = [""] * 64  # the op of each of the last 64 eager calls, by epoch % 64
+        self._watch_progress = True
         self._release_stream = None
         self._watched = watchdog.watch(self.timeout_ns / 1e9 * WATCHDOG_FACTOR + WATCHDOG_SLACK_S,
                                        lambda: (self.status[STARTED], self.status[FINISHED]), self._overdue,
@@ -428,7 +429,7 @@ class GroupState:
                 raise RuntimeError("overlap symm: epoch counter exhausted (2^31 calls on one group)")
             self.base, self.value = 0, self.epoch
             self._names[self.epoch % 64] = what
-            _cuda.write_value32(self.status_ptr + 4 * STARTED, self.epoch, compute)  # for the watchdog
+            self._progress(STARTED, compute)
         for p in range(self.ws):
             if p != self.rank:
                 _cuda.write_value32(self.flag_addr(self.word(READY + self.rank), p), self.value, compute)
@@ -464,7 +465,20 @@ class GroupState:
             self._zero_graph_flags(compute)
             self.base, self.value = 0, self.epoch
         else:
-            _cuda.write_value32(self.status_ptr + 4 * FINISHED, self.epoch, compute)  # for the watchdog
+            self._progress(FINISHED, compute)
+
+    def _progress(self, word: int, compute: torch.cuda.Stream) -> None:
+        """The compute stream writes the epoch into status word ``word`` (STARTED / FINISHED) for
+        the watchdog. Should the driver refuse a stream write into pinned host memory, the group
+        runs unwatched (warned once) rather than failing its ops."""
+        if not self._watch_progress:
+            return
+        try:
+            _cuda.write_value32(self.status_ptr + 4 * word, self.epoch, compute)
+        except _cuda.CudaError as e:
+            self._watch_progress = False
+            watchdog.unwatch(self._watched)
+            log.warning("overlap symm: group %s runs without the stream-wait watchdog: %s", self.group_name, e)
 
     def _zero_graph_flags(self, compute: torch.cuda.Stream) -> None:
         """A captured call consumed its arrival and done flags: back to 0 on ``compute``, after its
