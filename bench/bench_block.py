@@ -355,6 +355,17 @@ class Bench:
         self.models[name] = (model, x)
         self.write()
 
+    def interleave(self, rounds: int) -> None:
+        """``rounds`` more timings of every variant that was timed, interleaved (``common.time_in_rounds``)."""
+        timed = []
+        for row in self.rows:
+            if row["variant"] in self.models and row["time_ms"] is not None:
+                model, x = self.models[row["variant"]]
+                row["round_ms"] = [row["time_ms"]]
+                timed.append((row, lambda model=model, x=x: fwd_bwd(model, x, self.grad_out)))
+        common.time_in_rounds(timed, rounds, self.timing)
+        self.write()
+
     # -------------------------------------------------------------- output
     def write(self) -> None:
         if self.rank != 0:
@@ -407,7 +418,8 @@ class Bench:
             f"`overlap_backend.models.TPBlock` (sequence parallel): batch {a.batch}, seq {a.seq} (each rank "
             f"{a.seq // self.ws}), hidden {a.hidden}, {a.heads} heads, ffn {a.ffn}. Step = forward + backward "
             f"of the block with fresh gradients. Times in ms: per-rank median of the timed steps "
-            f"({timer}, after warm-up), maximum over ranks; vs eager / vs Inductor = their step time / this "
+            f"({timer}, after warm-up), maximum over ranks, then the median of {1 + a.rounds} interleaved rounds "
+            f"over the variants (the JSON's round_ms); vs eager / vs Inductor = their step time / this "
             f"variant's (— when the check did not PASS). Check: output, input grad and every weight grad "
             f"against eager, relative error, worst tensor and rank (tolerance {self.tol:g}). step mem = peak "
             f"memory allocated during the timed steps above what was allocated before (max over ranks). "
@@ -466,6 +478,9 @@ def parse_args(argv=None, ws: int | None = None):
                    help=f"comma-separated, out of {', '.join(VARIANTS)} (default: all; eager is always run, "
                         "it is the reference)")
     p.add_argument("--quick", action="store_true", help="smoke test: >= 10 timed steps instead of >= 30")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="after every variant was timed once, this many more interleaved rounds over them "
+                        "(a variant's time: the median of its rounds)")
     p.add_argument("--trace", metavar="DIR", default=None,
                    help="after all timing, write one torch.profiler (Chrome/Perfetto JSON) trace of one step per "
                         "variant to DIR/block_ws<N>_<variant>_rank<R>.json, ranks 0 and 1 only")
@@ -524,6 +539,7 @@ def main(argv=None) -> int:
             bench.run(name)
             common.synchronize(device)
             dist.barrier()
+        bench.interleave(args.rounds)
         if trace_dir is not None:
             n = bench.traces(trace_dir)
             if rank == 0:

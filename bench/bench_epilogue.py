@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import traceback
 import warnings
@@ -191,16 +190,8 @@ def run_variant(name, backend_kw, args, ws, device, x, ref) -> tuple[dict, objec
 
 
 def time_rounds(rows, steps, rounds: int, timing) -> None:
-    """``rounds`` interleaved rounds over the variants that have a step; each row gets its round
-    medians (``round_ms``), their median (``time_ms``) and the timed steps in all (``reps``)."""
-    timed = [(row, step) for row, step in zip(rows, steps) if step is not None]
-    for _ in range(rounds):
-        for row, step in timed:
-            ms, reps = timing.bench(step)
-            row["round_ms"].append(ms)
-            row["reps"] = (row["reps"] or 0) + reps
-    for row, _ in timed:
-        row["time_ms"] = statistics.median(row["round_ms"])
+    """``rounds`` interleaved rounds over the variants that have a step (``common.time_in_rounds``)."""
+    common.time_in_rounds([(row, step) for row, step in zip(rows, steps) if step is not None], rounds, timing)
 
 
 def render(rows, info, args, ws) -> str:

@@ -132,6 +132,22 @@ class Timing:
         return allreduce_max([median], self.device)[0], n_reps
 
 
+def time_in_rounds(timed: Sequence[tuple[dict, Callable[[], object]]], rounds: int, timing: Timing) -> None:
+    """Time the steps of ``timed`` (``[(row, step)]``) in ``rounds`` interleaved rounds (A, B, C, A,
+    B, C, ...): each row collects its rounds' times in ``round_ms`` (after any it has), its steps in
+    ``reps``, and gets their median as ``time_ms``. Interleaving keeps slow drifts of the machine
+    (host speed, clocks) out of the comparison: one variant of the TP block moved by 30% between two
+    one-after-the-other runs on 2xH200 (bench/results/2026-11-30_h200x2_session6)."""
+    for _ in range(rounds):
+        for row, step in timed:
+            ms, reps = timing.bench(step)
+            row.setdefault("round_ms", []).append(ms)
+            row["reps"] = (row.get("reps") or 0) + reps
+    for row, _ in timed:
+        if row.get("round_ms"):
+            row["time_ms"] = statistics.median(row["round_ms"])
+
+
 # ----------------------------------------------------------------------------- numerics
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """‖out − ref‖ / ‖ref‖ in float64 (inf when out has a NaN/inf or the shapes differ)."""
