@@ -47,15 +47,17 @@ log = logging.getLogger("overlap_backend.symm")
 WS_MAX = 8  # ranks of one node
 MAX_VIEWS = 64  # GroupState.data_view's cache of tensor views over the data buffer, per group
 AR_ROWS_PER_CHUNK = 512  # mm_ar: at least this many rows per chunk and round (an efficient GEMM)...
-STARTED, FINISHED = 8, 9  # status words the compute stream writes for the watchdog (runtime/watchdog.py)
-WATCHDOG_FACTOR = 1.25  # a call not finished this many OVERLAP_TIMEOUT_S after it started is dead...
-WATCHDOG_SLACK_S = 0.25  # ...plus this: later than the kernels' own bounded waits, which say more
-RELEASED = 0x7FFFFFFF  # what an overdue call's flags are set to: >= every epoch (stream waits, kernels)
 AR_MAX_ROUNDS = 4  # ...and at most this many rounds (each costs ~3 host calls per peer and band)
 ONESHOT_MAX_BYTES = 4 << 20  # mm_ar: one-shot (push the whole partial) up to this partial size
 BAND_ROWS_MIN = 512  # chunks travel in bands of at least this many rows (a multiple of every BM)...
 MAX_BANDS = 8  # ...and at most this many bands per chunk
 _SLOTS = AR_MAX_ROUNDS * WS_MAX * MAX_BANDS
+
+# The stream-wait watchdog (runtime/watchdog.py)
+STARTED, FINISHED = 8, 9  # status words the compute stream writes for it
+WATCHDOG_FACTOR = 1.25  # a call not finished this many OVERLAP_TIMEOUT_S after it started is dead...
+WATCHDOG_SLACK_S = 0.25  # ...plus this: later than the kernels' own bounded waits, which say more
+RELEASED = 0x7FFFFFFF  # what an overdue call's flags are set to: >= every epoch (stream waits, kernels)
 
 # Flag buffer layout, in int32 words. "Arrived" flags are written by peers, the others locally.
 READY = 0  # [p]: rank p's buffers are free for this call (p wrote its epoch here)
