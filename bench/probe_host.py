@@ -8,7 +8,10 @@ are not waited for, after warm-up; the GPU queue is deep enough not to push back
 same work done as NCCL collective + ``torch.mm``. ``--ab`` times the symm ops again with the stream
 operations through cuda-python instead of the ctypes entry points (``runtime/cuda.py: _fast``), in
 alternating rounds. ``--profile`` adds a cProfile of the ag_mm and mm_rs calls at the decode size
-(top functions by cumulative and by own time), to say where the host time goes.
+(top functions by cumulative and by own time), to say where the host time goes. ``--graph`` turns on
+``symm_lowering.CAPTURE_ON_SYMM``, captures one ag_mm + one mm_rs at each size in a CUDA graph after
+eager warm-up, and reports the host time per replay and the GPU time (CUDA events, median of 20) of a
+replay next to the same two eager calls: what captured calls save once the captured path is on.
 """
 
 from __future__ import annotations
@@ -54,10 +57,61 @@ def host_us(fn, calls=CALLS):
     return rounds[len(rounds) // 2]
 
 
+def gpu_ms(fn, n=20):
+    """Median GPU time of ``fn`` (CUDA events), max over ranks."""
+    times = []
+    for _ in range(n):
+        dist.barrier()
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return common.allreduce_max([times[len(times) // 2]], torch.device("cuda", torch.cuda.current_device()))[0]
+
+
+def graph_rows(tokens, cases, device, rank):
+    """Eager ag_mm + mm_rs vs the same two calls captured once and replayed (CAPTURE_ON_SYMM)."""
+    from overlap_backend.runtime import symm_lowering
+
+    def both():
+        cases["ag_mm"]()
+        cases["mm_rs"]()
+
+    symm_lowering.CAPTURE_ON_SYMM = True
+    try:
+        for _ in range(2):
+            both()  # eager warm-up: group state, buffer, tuned configs
+        torch.cuda.synchronize()
+        before = dict(symm_lowering.PATHS)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            both()
+        went = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items() if v != before.get(k, 0)}
+    finally:
+        symm_lowering.CAPTURE_ON_SYMM = False
+    rows = [
+        {"tokens": tokens, "case": "ag_mm + mm_rs eager", "host_us_per_call": host_us(both),
+         "gpu_ms": gpu_ms(both)},
+        {"tokens": tokens, "case": "ag_mm + mm_rs replay", "host_us_per_call": host_us(graph.replay),
+         "gpu_ms": gpu_ms(graph.replay), "captured_paths": went},
+    ]
+    for r in rows:
+        r["host_us_per_call"] = common.allreduce_max([r["host_us_per_call"]], device)[0]
+        if rank == 0:
+            print(f"tokens {tokens:5d}  {r['case']:28s} host {r['host_us_per_call']:8.1f} us/call, "
+                  f"GPU {r['gpu_ms']:.3f} ms {r.get('captured_paths', '')}", flush=True)
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--profile", action="store_true")
     p.add_argument("--ab", action="store_true")
+    p.add_argument("--graph", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")
@@ -116,6 +170,8 @@ def main():
                     st.sort_stats("cumulative").print_stats(45)
                     st.sort_stats("tottime").print_stats(25)
                     print(f"== cProfile of {CALLS} {case} calls, {tokens} tokens\n" + s.getvalue(), flush=True)
+        if args.graph:
+            results += graph_rows(tokens, cases, device, rank)
     if args.out and rank == 0:
         Path(args.out).write_text(json.dumps({"info": common.machine_info(device, ws), "results": results}, indent=1))
     dist.barrier()
