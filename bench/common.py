@@ -132,6 +132,23 @@ class Timing:
         return allreduce_max([median], self.device)[0], n_reps
 
 
+def host_us(fn: Callable[[], object], device: torch.device, calls: int = 20, rounds: int = 5) -> float:
+    """Host time per call of ``fn`` in microseconds: ``rounds`` bursts of ``calls`` calls that are not
+    waited for (the GPU queue is deep enough not to push back), median burst, max over ranks."""
+    fn()
+    synchronize(device)
+    bursts = []
+    for _ in range(rounds):
+        dist.barrier()
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        bursts.append((time.perf_counter() - t0) / calls * 1e6)
+        synchronize(device)
+    return allreduce_max([statistics.median(bursts)], device)[0]
+
+
 def time_in_rounds(timed: Sequence[tuple[dict, Callable[[], object]]], rounds: int, timing: Timing) -> None:
     """Time the steps of ``timed`` (``[(row, step)]``) in ``rounds`` interleaved rounds (A, B, C, A,
     B, C, ...): each row collects its rounds' times in ``round_ms`` (after any it has), its steps in

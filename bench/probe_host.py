@@ -22,7 +22,6 @@ import io
 import json
 import pstats
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,41 +38,19 @@ CALLS = 20
 HIDDEN, FFN, TOKENS = 4096, 14336, 8192
 
 
-def host_us(fn, calls=CALLS):
-    """Median over 5 rounds of the host time per call of ``calls`` unwaited calls (us)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        dist.barrier()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    rounds.sort()
-    return rounds[len(rounds) // 2]
+def host_us(fn):
+    """Host µs per call, max over ranks (``common.host_us``: 5 bursts of ``CALLS`` unwaited calls)."""
+    return common.host_us(fn, torch.device("cuda", torch.cuda.current_device()), calls=CALLS, rounds=5)
 
 
-def gpu_ms(fn, n=20):
-    """Median GPU time of ``fn`` (CUDA events), max over ranks."""
-    times = []
-    for _ in range(n):
-        dist.barrier()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return common.allreduce_max([times[len(times) // 2]], torch.device("cuda", torch.cuda.current_device()))[0]
+def gpu_ms(fn):
+    """Median GPU ms of ``fn`` over 20 calls (CUDA events, ``calibrate.timed_ms``), max over ranks."""
+    from overlap_backend.calibrate import timed_ms
+
+    return common.allreduce_max([timed_ms(fn, 20)], torch.device("cuda", torch.cuda.current_device()))[0]
 
 
-def graph_rows(tokens, cases, device, rank):
+def graph_rows(tokens, cases, rank):
     """Eager ag_mm + mm_rs vs the same two calls captured once and replayed (CAPTURE_ON_SYMM)."""
     from overlap_backend.runtime import symm_lowering
 
@@ -100,7 +77,6 @@ def graph_rows(tokens, cases, device, rank):
          "gpu_ms": gpu_ms(graph.replay), "captured_paths": went},
     ]
     for r in rows:
-        r["host_us_per_call"] = common.allreduce_max([r["host_us_per_call"]], device)[0]
         if rank == 0:
             print(f"tokens {tokens:5d}  {r['case']:28s} host {r['host_us_per_call']:8.1f} us/call, "
                   f"GPU {r['gpu_ms']:.3f} ms {r.get('captured_paths', '')}", flush=True)
@@ -134,7 +110,7 @@ def main():
                 funcol.reduce_scatter_tensor(h @ w_down, "sum", 0, group)),
         }
         for case, fn in cases.items():
-            us = common.allreduce_max([host_us(fn)], device)[0]
+            us = host_us(fn)
             results.append({"tokens": tokens, "case": case, "host_us_per_call": us})
             if rank == 0:
                 print(f"tokens {tokens:5d}  {case:28s} host {us:8.1f} us/call", flush=True)
@@ -147,7 +123,7 @@ def main():
                 for _ in range(3):
                     for variant in ab:
                         _cuda._fast = fast if variant == "ctypes" else (lambda: None)
-                        ab[variant].append(common.allreduce_max([host_us(cases[case])], device)[0])
+                        ab[variant].append(host_us(cases[case]))
                 _cuda._fast = fast
                 for variant, values in ab.items():
                     us = sorted(values)[1]
@@ -171,7 +147,7 @@ def main():
                     st.sort_stats("tottime").print_stats(25)
                     print(f"== cProfile of {CALLS} {case} calls, {tokens} tokens\n" + s.getvalue(), flush=True)
         if args.graph:
-            results += graph_rows(tokens, cases, device, rank)
+            results += graph_rows(tokens, cases, rank)
     if args.out and rank == 0:
         Path(args.out).write_text(json.dumps({"info": common.machine_info(device, ws), "results": results}, indent=1))
     dist.barrier()

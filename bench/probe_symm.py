@@ -56,22 +56,7 @@ def b2b_ms(fn):
 
 def host_us(fn, n=20):
     """Host time per call (no synchronisation), median of 3 bursts, max over ranks."""
-    import time
-
-    fn()
-    torch.cuda.synchronize()
-    bursts = []
-    for _ in range(3):
-        dist.barrier()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        bursts.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    t = torch.tensor([sorted(bursts)[1]], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return common.host_us(fn, torch.device("cuda", torch.cuda.current_device()), calls=n, rounds=3)
 
 
 TIMING = None

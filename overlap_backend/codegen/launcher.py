@@ -30,6 +30,8 @@ import contextlib
 import os
 import threading
 
+import torch
+
 _state = threading.local()
 _preloaded: set = set()
 
@@ -66,8 +68,6 @@ def launch(kernel, grid, *args, **kwargs):
 
 
 def _variant_key(kernel, args, kwargs) -> tuple:
-    import torch
-
     sig = []
     for a in args:
         if hasattr(a, "data_ptr"):

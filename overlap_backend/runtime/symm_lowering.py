@@ -407,13 +407,19 @@ def _mm_ar_key(a, b) -> tuple:
     return (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1)
 
 
+def _mm_ar_rounds_layout(M: int, ws: int) -> tuple[int, int]:
+    """(rounds, rows per chunk and round) of ``mm_ar``'s rounds path."""
+    rounds = ar_rounds(M, ws)
+    return rounds, -(-M // (rounds * ws))
+
+
 def _mm_ar_needs(a, b, ws: int) -> tuple[int, list]:
     """(data bytes, [the tuned config or None]) of an ``mm_ar`` call: what a captured call needs."""
     M, N, es = a.shape[0], b.shape[1], a.element_size()
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
         return ws * M * N * es, []  # one-shot: no tuned kernel
-    rows = -(-M // (ar_rounds(M, ws) * ws))
-    return 2 * ar_rounds(M, ws) * ws * rows * N * es, [_picked.get(("mm_ar", _mm_ar_key(a, b)))]
+    rounds, rows = _mm_ar_rounds_layout(M, ws)
+    return 2 * rounds * ws * rows * N * es, [_picked.get(("mm_ar", _mm_ar_key(a, b)))]
 
 
 def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False):
@@ -427,8 +433,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
         return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args, graph), g is not None
     configs = _kernels()[3]
-    rounds = ar_rounds(M, ws)
-    rows = -(-M // (rounds * ws))
+    rounds, rows = _mm_ar_rounds_layout(M, ws)
     slot_bytes = rows * N * es
     region = rounds * ws * slot_bytes
     st.ensure_data(2 * region)
