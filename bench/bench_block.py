@@ -125,9 +125,12 @@ def inductor_backend(micro_pipeline_tp: bool, fused: Counter):
     if micro_pipeline_tp:
         patches["_micro_pipeline_tp"] = True
 
-    def backend(gm, example_inputs):
+    def backend(gm, example_inputs, mode=None, options=None):  # what torch.compile(mode=...) passes on
+        from torch._inductor import list_mode_options
+
         with torch._functorch.config.patch(enable_autograd_cache=False):
-            return compile_fx(gm, example_inputs, config_patches=patches)
+            return compile_fx(gm, example_inputs,
+                              config_patches={**(list_mode_options(mode) if mode else {}), **(options or {}), **patches})
 
     return backend
 

@@ -36,6 +36,10 @@ keys: the config fields of ``LlamaConfig`` / ``MixtralConfig`` plus ``batch``, `
 ``curve`` ``steps``, ``lr``, ``tol``, for ``serve`` ``prompt``, ``new_tokens``, ``reps``). The
 defaults fit 2-4 H200s and keep the whole run to a few minutes (most of it compile time).
 
+``--mode reduce-overhead``: every compiled variant with ``torch.compile(mode="reduce-overhead")``
+(Inductor's CUDA graphs; the overlap backend's cost model then drops the host time of the ops a
+graph captures); results in ``models_cudagraphs_ws<N>``, graphs Inductor did not capture counted.
+
 Rank 0 writes ``DIR/models_ws<N>.md`` and ``.json`` (machine, versions, command; rewritten after every
 variant). Exit status 1 if an overlap variant's check FAILs or it raises.
 
@@ -143,6 +147,9 @@ def parse_args(argv=None):
     p.add_argument("--compile", choices=("block", "model"), default="block",
                    help="block: each transformer block (and the embedding) compiled on its own, as torchtitan; "
                         "model: the whole model as one graph")
+    p.add_argument("--mode", choices=("default", "reduce-overhead"), default="default",
+                   help="torch.compile's mode for every compiled variant (reduce-overhead: CUDA graphs; "
+                        "results in models_cudagraphs_ws<N>.md / .json)")
     p.add_argument("--check-steps", type=int, default=3, help="training steps compared with eager before timing")
     p.add_argument("--quick", action="store_true", help="smoke run: >= 10 timed steps instead of >= 30")
     p.add_argument("--seed", type=int, default=0)
@@ -206,11 +213,21 @@ def _rewrites(backend) -> tuple[str, list]:
     return text, rejected
 
 
+def _cudagraph_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("cudagraph_skips", 0))
+
+
 def _free(device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+
+
+def _mode_tag(mode: str) -> str:
+    return "" if mode == "default" else "_cudagraphs"
 
 
 def _ratio(base, t) -> str:
@@ -272,7 +289,20 @@ class Bench:
     def compiled(self, model, name: str):
         be, info = self.backend(name)
         if be is not None:
-            model = compile_llama(model, be, per_block=self.args.compile == "block", dynamic=False)
+            mode = {} if self.args.mode == "default" else {"mode": self.args.mode}
+            model = compile_llama(model, be, per_block=self.args.compile == "block", dynamic=False, **mode)
+            skips_before = _cudagraph_skips()
+
+            def info_with_skips():  # graphs Inductor did not capture under reduce-overhead run eagerly
+                text, details = info()
+                skips = _cudagraph_skips() - skips_before
+                if self.args.mode != "default":
+                    details = {**details, "cudagraph_skips": skips}
+                    if skips:
+                        text += f"; {skips} graph(s) not captured"
+                return text, details
+
+            return model, info_with_skips
         return model, info
 
     # ------------------------------------------------------------------ training sections
@@ -503,10 +533,11 @@ class Bench:
     def write(self) -> None:
         if self.rank != 0:
             return
-        stem = self.out_dir / f"models_ws{self.ws}"
+        stem = self.out_dir / f"models{_mode_tag(self.args.mode)}_ws{self.ws}"
         stem.with_suffix(".md").write_text(self.render())
         common.write_json(stem.with_suffix(".json"), {
             "benchmark": "models", "world_size": self.ws, "dtype": str(self.dtype), "compile": self.args.compile,
+            "mode": self.args.mode,
             "tolerance": self.tol, "machine": self.info, "sections": self.results,
         })
 
@@ -515,7 +546,8 @@ class Bench:
         timer = "CUDA events" if self.device.type == "cuda" else "the wall clock (CPU smoke test: times mean nothing)"
         parts = [f"# Real models end to end, world size {self.ws}, {a.dtype}", "",
                  common.info_markdown(self.info), "",
-                 f"Compiled {'per transformer block (and the embedding)' if a.compile == 'block' else 'as one graph'}. "
+                 f"Compiled {'per transformer block (and the embedding)' if a.compile == 'block' else 'as one graph'}"
+                 f"{', mode=' + repr(a.mode) + ' (CUDA graphs)' if a.mode != 'default' else ''}. "
                  f"Times in ms: per-rank median ({timer}, after warm-up), maximum over ranks; "
                  f"`vs X` = X's time / this variant's. Check: the first {a.check_steps} training losses against "
                  f"eager's (relative; tolerance {self.tol:g}).", ""]
@@ -625,7 +657,7 @@ def main(argv=None) -> int:
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        print((out_dir / f"models_ws{ws}.md").read_text(), flush=True)
+        print((out_dir / f"models{_mode_tag(args.mode)}_ws{ws}.md").read_text(), flush=True)
         print("bench_models: all checks of the overlap variants PASS (or n/a)" if bench.ok
               else "bench_models: a check of an overlap variant FAILED or it raised", flush=True)
     return 0 if bench.ok else 1

@@ -37,6 +37,16 @@ def _guess_kind(graph: torch.fx.Graph) -> str:
     return "forward" if names and all(n.startswith("primals") for n in names) else "inference"
 
 
+def _cuda_graphs_on(config: OverlapConfig) -> bool:
+    """Will Inductor replay this graph from a CUDA graph? Read while the pass runs, inside
+    ``compile_fx``'s config patches (``mode="reduce-overhead"`` sets ``triton.cudagraphs``)."""
+    if not config.inductor:
+        return False
+    from torch._inductor import config as inductor_config
+
+    return bool(inductor_config.triton.cudagraphs)
+
+
 class OverlapBackend:
     """A ``torch.compile`` backend callable bound to one :class:`OverlapConfig`."""
 
@@ -50,7 +60,8 @@ class OverlapBackend:
         kind = kind or _graph_kind.get() or _guess_kind(graph)
         report = GraphReport(id=f"{next(_graph_counter):03d}_{kind}", kind=kind)
         dumper = debug.GraphDumper(self.config.debug_dir, report.id) if self.config.debug_dir else None
-        self.manager.run(graph, PassContext(self.config, kind), report, observer=dumper)
+        ctx = PassContext(self.config, kind, cuda_graphs=_cuda_graphs_on(self.config))
+        self.manager.run(graph, ctx, report, observer=dumper)
         if dumper is not None:
             dumper.ops(graph)
             dumper.finish()

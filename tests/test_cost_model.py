@@ -126,6 +126,42 @@ def test_symbolic_size_hints():
     assert hint(env.create_unbacked_symint(), fallback=123) == 123
 
 
+def test_cuda_graphs_drop_the_host_time_of_captured_ops(monkeypatch):
+    """Under CUDA graphs a replay pays no host time per call: the serving prefill's mm_ar (host-bound
+    eagerly) is predicted to win on symm; moe_experts (not captured) keeps its host time; with the
+    captured symm path off, symm is no candidate."""
+    from overlap_backend.runtime import symm_lowering
+
+    prefill = Problem("mm_ar", m=4096, n=4096, k=2048, dtype=BF16, ws=2)
+    eager = predict(prefill, H200, ["symm", "p2p"])
+    graphs = predict(prefill, H200, ["symm", "p2p"], cuda_graphs=True)
+    assert not eager.wins and eager.best.terms["host_ms"] > 0.2
+    assert graphs.wins and graphs.best.lowering == "symm" and graphs.best.terms["host_ms"] == 0.0
+    assert graphs.baseline_ms == eager.baseline_ms
+    assert graphs.to_json("on", True)["cuda_graphs"] is True and "cuda_graphs" not in eager.to_json("on", True)
+    moe = Problem("moe_experts", m=4096, n=2048, k=2048, dtype=BF16, ws=2, f=1408, experts=8, rows_sent=4096)
+    assert predict(moe, H200, ["symm"], cuda_graphs=True).best.ms == predict(moe, H200, ["symm"]).best.ms
+    monkeypatch.setattr(symm_lowering, "CAPTURE_ON_SYMM", False)
+    assert [p.lowering for p in predict(prefill, H200, ["symm", "p2p"], cuda_graphs=True).plans] == ["p2p"]
+
+
+def test_reduce_overhead_mode_reaches_the_pass_context(monkeypatch):
+    """The passes see PassContext.cuda_graphs when Inductor's cudagraphs are on (what
+    mode="reduce-overhead" patches in while they run), never without Inductor."""
+    from torch._inductor import config as inductor_config
+
+    seen = []
+    graph = torch.fx.symbolic_trace(lambda x: x + 1).graph
+    for inductor in (True, False):
+        be = make_backend(inductor=inductor)
+        monkeypatch.setattr(be.manager, "run", lambda g, ctx, report, observer=None: seen.append(ctx.cuda_graphs))
+        with inductor_config.patch({"triton.cudagraphs": True}):
+            be.run_pipeline(graph, "inference")
+        with inductor_config.patch({"triton.cudagraphs": False}):
+            be.run_pipeline(graph, "inference")
+    assert seen == [True, False, False, False]
+
+
 # ------------------------------------------------------------------------- the passes (fake group)
 def _tiny_ag(fake_pg):
     def f(x, w):

@@ -554,10 +554,11 @@ def test_compiled_tp_models(ws, lowering):
         print(f"ws={ws} {lowering} {name}: errs {res['errs']}\n  applied {res['applied']}\n  rejected {res['rejected']}")
 
 
-def reduce_overhead_worker(rank: int, ws: int, device: str):
+def reduce_overhead_worker(rank: int, ws: int, device: str, capture_on_symm: bool):
     """mode="reduce-overhead" (cudagraph trees) on the TP models, inference: the symm ops run their
-    kernels in the eager warm-up and leave the capture to p2p (host epochs cannot be replayed);
-    every replay on fresh inputs matches eager."""
+    kernels in the eager warm-up; the capture runs them on symm with the toggling flag block
+    (``capture_on_symm``, the default) or leaves them to p2p; every replay on fresh inputs matches
+    eager."""
     import torch.distributed as dist
 
     _own_compile_caches(rank)
@@ -570,6 +571,7 @@ def reduce_overhead_worker(rank: int, ws: int, device: str):
     import time
 
     faulthandler.dump_traceback_later(100, repeat=True)  # a run cut by its cap still shows where it was
+    symm_lowering.CAPTURE_ON_SYMM = capture_on_symm
     gn = dist.group.WORLD.group_name
     dtype = torch.bfloat16
     models = _tp_models(gn, dtype, device, seq=64)
@@ -603,18 +605,22 @@ def reduce_overhead_worker(rank: int, ws: int, device: str):
     print(f"rank {rank} [{time.monotonic() - start:.0f} s] graphs dropped; the harness destroys the group next",
           file=sys.stderr, flush=True)
     out["paths"] = _paths()
-    if not any(k.endswith(":p2p") for k in out["paths"]):
+    went_p2p = [k for k in out["paths"] if k.endswith(":p2p")]
+    if capture_on_symm and went_p2p:
+        bad.append(f"rank {rank}: calls went to p2p with the captured symm path on: {out['paths']}")
+    if not capture_on_symm and not went_p2p:
         bad.append(f"rank {rank}: no call inside the capture went to p2p: {out['paths']}")
     assert not bad, "\n".join(bad)
     return out
 
 
+@pytest.mark.parametrize("capture", ["capture_symm", "capture_p2p"])
 @WORLD_SIZES
 @pytest.mark.timeout(300)
-def test_symm_reduce_overhead_tp_models(ws):
+def test_symm_reduce_overhead_tp_models(ws, capture):
     _need_gpus(ws)
     env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-    print(_run(reduce_overhead_worker, ws, timeout=280, env=env)[0])
+    print(_run(reduce_overhead_worker, ws, capture == "capture_symm", timeout=280, env=env)[0])
 
 
 def late_peer_worker(rank: int, ws: int, device: str):

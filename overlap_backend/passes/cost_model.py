@@ -21,6 +21,11 @@ Building blocks, times in ms (``e`` bytes per element, ``ws`` the group size):
   the host time (0.2-0.5 ms per call measured); the device time is the GEMM overlapped with the
   copy-engine transfers, plus what cannot overlap (the first or last chunk, the combine).
 
+Under CUDA graphs (``mode="reduce-overhead"``, :attr:`PassContext.cuda_graphs`) the ops that can be
+captured (:data:`GRAPH_OPS`) cost their device time only: a replay launches the whole graph at
+once, so no host time per call or per ring step is paid; ``symm`` stays a candidate only where its
+calls are captured on ``symm`` (``runtime.symm_lowering.CAPTURE_ON_SYMM``; else they run on p2p).
+
 Every rank must make the same decision (no deadlock by construction): the inputs are shapes, dtype,
 group size, config and a calibration that the ranks agreed on (:func:`calibration_for`), and the
 model is pure arithmetic on them. Nothing is measured while compiling.
@@ -75,6 +80,9 @@ SM_STORE_GBPS = 4.5
 SM_PULL_GBPS = 15.0
 MOE_COMM_SMS = (4, 8, 16, 32)  # candidates of the moe symm communication SM count
 CTA_STAGES = (1, 2, 4, 8)  # candidates of the cta p2p stage count (OVERLAP_CTA_STAGES=auto)
+# ops whose calls a CUDA graph captures (moe_experts reads counts on the host, cta_pipeline_mlp's
+# captured path is not written: both keep their host time)
+GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar")
 ONESHOT_MAX_BYTES = 4 << 20  # = runtime.symm.ONESHOT_MAX_BYTES (mm_ar symm: one-shot below it)
 AR_ROWS_PER_CHUNK, AR_MAX_ROUNDS = 512, 4  # = runtime.symm (mm_ar symm rounds)
 BAND_ROWS_MIN, MAX_BANDS = 512, 8  # = runtime.symm (bands of a chunk)
@@ -139,6 +147,7 @@ class Prediction:
     baseline_terms: dict[str, float]
     plans: list[Plan]
     calibration: Calibration
+    cuda_graphs: bool = False  # predicted for CUDA-graph replays (no host time per call)
 
     @property
     def best(self) -> Plan:
@@ -172,6 +181,7 @@ class Prediction:
                       "overlapped": {k: _round(v) for k, v in b.terms.items()}},
             "problem": self.problem.to_json(),
             "calibration": {"key": self.calibration.key, "source": self.calibration.source},
+            **({"cuda_graphs": True} if self.cuda_graphs else {}),
         }
 
 
@@ -405,10 +415,18 @@ def _symm_plan(host_ms: float, dev_ms: float, chunks: int, terms: dict, **kw) ->
 
 
 def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *, stages: int | None = None,
-            comm_sms: int | None = None) -> Prediction:
+            comm_sms: int | None = None, cuda_graphs: bool = False) -> Prediction:
     """The baseline and one plan per candidate lowering (in preference order; a ``symm`` that cannot
-    run ``p`` is dropped). ``stages`` / ``comm_sms``: fixed knobs, or None to choose by the model."""
+    run ``p`` is dropped). ``stages`` / ``comm_sms``: fixed knobs, or None to choose by the model.
+    ``cuda_graphs``: the graph is replayed from a CUDA graph (see the module's docstring)."""
     base, terms = baseline(cal, p)
+    if cuda_graphs and p.op in GRAPH_OPS:
+        from ..runtime import symm_lowering
+
+        cal = dataclasses.replace(cal, p2p_call_ms=0.0, p2p_step_ms=0.0,
+                                  symm_call_ms=dict.fromkeys(cal.symm_call_ms, 0.0))
+        if not symm_lowering.CAPTURE_ON_SYMM:
+            lowerings = [low for low in lowerings if low != "symm"] or ["p2p"]
     plans = []
     for low in dict.fromkeys(lowerings):
         plan = plan_symm(cal, p, stages, comm_sms) if low == "symm" else plan_p2p(cal, p, stages)
@@ -416,7 +434,7 @@ def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *
             plans.append(plan)
     if not plans:
         plans.append(plan_p2p(cal, p, stages))
-    return Prediction(p, base, terms, plans, cal)
+    return Prediction(p, base, terms, plans, cal, cuda_graphs and p.op in GRAPH_OPS)
 
 
 # ------------------------------------------------------------------------------- the decision
@@ -453,7 +471,8 @@ def decide(ctx, problem: Problem, group_name: str, device_type: str, lowerings: 
     default_stages = 2 if stages == "auto" else stages
     try:
         cal = calibration_for(group_name, device_type, cfg.cache_dir, agree=on)
-        pred = predict(problem, cal, lowerings, stages=fixed_stages, comm_sms=fixed_sms)
+        pred = predict(problem, cal, lowerings, stages=fixed_stages, comm_sms=fixed_sms,
+                       cuda_graphs=getattr(ctx, "cuda_graphs", False))
     except Exception as e:  # noqa: BLE001 - the same inputs fail the same way on every rank
         log.warning("overlap cost model: no prediction for %s (%s: %s)", problem.op, type(e).__name__, e)
         cost = {"mode": mode, "active": on, "error": f"{type(e).__name__}: {e}"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -46,6 +47,9 @@ class PassContext:
     # passes that run only because the cost model may turn them on (not named by the user): they
     # look only where the model is active and rewrite only where it predicts a win
     model_gated: frozenset[str] = frozenset()
+    # the graph will be replayed from a CUDA graph (Inductor's cudagraphs, mode="reduce-overhead"):
+    # the host time of a call is paid once at capture, not per step (the cost model drops it)
+    cuda_graphs: bool = False
 
 
 class Rejected(Exception):
@@ -147,7 +151,7 @@ class PassManager:
         from .common import GUARDS_ALLOWED, forward_collective_copies
 
         if self.model_gated and not ctx.model_gated:
-            ctx = PassContext(ctx.config, ctx.graph_kind, self.model_gated)
+            ctx = dataclasses.replace(ctx, model_gated=self.model_gated)
         token = GUARDS_ALLOWED.set(ctx.graph_kind != "backward")
         try:
             self._run(graph, ctx, report, observer, forward_collective_copies)

@@ -187,6 +187,17 @@ def write_value32(addr: int, value: int, stream: torch.cuda.Stream) -> None:
     _check("cuStreamWriteValue32", driver.cuStreamWriteValue32(_stream_handle(stream), addr, value, flags))
 
 
+def make_primary_context_current(device_index: int) -> None:
+    """Make ``device_index``'s primary context (the one torch uses) current on the calling thread.
+    A thread that never made a runtime call has no current context, and driver calls there fail
+    with CUDA_ERROR_INVALID_CONTEXT (the watchdog's thread: ``torch.cuda.device`` does not help when
+    the thread's current device already is that index)."""
+    driver, _ = _bindings()
+    dev = _check("cuDeviceGet", driver.cuDeviceGet(device_index))
+    ctx = _check("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(dev))
+    _check("cuCtxSetCurrent", driver.cuCtxSetCurrent(ctx))
+
+
 def stream_create_nonblocking():
     """A stream of our own that never waits for the legacy default stream (for the watchdog: it
     must run while other streams are blocked)."""

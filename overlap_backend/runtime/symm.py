@@ -296,7 +296,8 @@ class GroupState:
         self.stalled: str | None = None  # set by the watchdog: why this group is unusable
         self._names = [""] * 64  # the op of each of the last 64 eager calls, by epoch % 64
         self._watch_progress = True
-        self._release_stream = None
+        # made here, on the thread that has torch's context current; the watchdog thread only uses it
+        self._release_stream = _cuda.stream_create_nonblocking()
         self._watched = watchdog.watch(self.timeout_ns / 1e9 * WATCHDOG_FACTOR + WATCHDOG_SLACK_S,
                                        lambda: (self.status[STARTED], self.status[FINISHED]), self._overdue,
                                        lambda epoch: self._names[epoch % 64] or "a symm call")
@@ -407,10 +408,9 @@ class GroupState:
     def _release_flags(self) -> None:
         # On a stream of its own that does not wait for the legacy default stream, which a blocked
         # compute stream may be.
-        with torch.cuda.device(self.device):  # the driver calls need this device's context current
-            if self._release_stream is None:
-                self._release_stream = _cuda.stream_create_nonblocking()
-            _cuda.memset32_async(self.flags.local, RELEASED, FLAG_WORDS, self._release_stream)
+        # The watchdog thread has no current context until this (driver calls fail without one).
+        _cuda.make_primary_context_current(self.device.index)
+        _cuda.memset32_async(self.flags.local, RELEASED, FLAG_WORDS, self._release_stream)
 
     def word(self, index: int) -> int:
         """Flag word ``index`` of the current call's block (eager, or captured: ``GRAPH_BLOCK``)."""

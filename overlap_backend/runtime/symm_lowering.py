@@ -55,11 +55,12 @@ def _p2p(op: str, why: str | None, group_name: str, *args):
 
 # Calls made while a CUDA graph is captured: True runs them on symm with the toggling flag block
 # (symm.GRAPH_BLOCK: no epoch from the host, which a replay would repeat); False runs them on p2p,
-# whose NCCL calls are captured. False until the captured symm path has passed its GPU tests
-# (tests/test_gpu.py -k captured_symm; written 2026-11-30 without a GPU run).
-CAPTURE_ON_SYMM = False
-CAPTURE_WHY = ("inside a CUDA-graph capture (symm_lowering.CAPTURE_ON_SYMM is off: the captured symm path "
-               "has not run on GPUs yet); p2p's NCCL calls are captured")
+# whose NCCL calls are captured. On since the captured path passed on 2xH200 (2026-11-30:
+# tests/test_gpu.py -k captured_symm, 12 replays of ag_mm, mm_rs, mm_ar one-shot and in rounds
+# interleaved with eager calls; -k reduce_overhead on the TP models).
+CAPTURE_ON_SYMM = True
+CAPTURE_WHY = ("inside a CUDA-graph capture (symm_lowering.CAPTURE_ON_SYMM is off); p2p's NCCL calls are "
+               "captured")
 
 
 def capturing(t: Tensor) -> bool:
