@@ -11,7 +11,8 @@ alternating rounds. ``--profile`` adds a cProfile of the ag_mm and mm_rs calls a
 (top functions by cumulative and by own time), to say where the host time goes. ``--graph`` turns on
 ``symm_lowering.CAPTURE_ON_SYMM``, captures one ag_mm + one mm_rs at each size in a CUDA graph after
 eager warm-up, and reports the host time per replay and the GPU time (CUDA events, median of 20) of a
-replay next to the same two eager calls: what captured calls save once the captured path is on.
+replay next to the same two eager calls, and the same for the baseline pair (NCCL all-gather + mm,
+mm + NCCL reduce-scatter): what captured calls save, and how they compare with captured NCCL.
 """
 
 from __future__ import annotations
@@ -50,31 +51,49 @@ def gpu_ms(fn):
     return common.allreduce_max([timed_ms(fn, 20)], torch.device("cuda", torch.cuda.current_device()))[0]
 
 
+def _captured(fn):
+    """``fn`` captured once in a CUDA graph (after the caller's eager warm-up)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def graph_rows(tokens, cases, rank):
-    """Eager ag_mm + mm_rs vs the same two calls captured once and replayed (CAPTURE_ON_SYMM)."""
+    """Eager ag_mm + mm_rs vs the same two calls captured once and replayed (CAPTURE_ON_SYMM), next to
+    the baseline pair (NCCL all-gather + mm, mm + NCCL reduce-scatter) eager and captured."""
     from overlap_backend.runtime import symm_lowering
 
     def both():
         cases["ag_mm"]()
         cases["mm_rs"]()
 
+    def nccl_both():
+        cases["NCCL all_gather + mm"]()
+        cases["mm + NCCL reduce_scatter"]()
+
+    was = symm_lowering.CAPTURE_ON_SYMM
     symm_lowering.CAPTURE_ON_SYMM = True
     try:
         for _ in range(2):
             both()  # eager warm-up: group state, buffer, tuned configs
-        torch.cuda.synchronize()
+            nccl_both()
         before = dict(symm_lowering.PATHS)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            both()
+        graph = _captured(both)
         went = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items() if v != before.get(k, 0)}
+        nccl_graph = _captured(nccl_both)
     finally:
-        symm_lowering.CAPTURE_ON_SYMM = False
+        symm_lowering.CAPTURE_ON_SYMM = was
     rows = [
         {"tokens": tokens, "case": "ag_mm + mm_rs eager", "host_us_per_call": host_us(both),
          "gpu_ms": gpu_ms(both)},
         {"tokens": tokens, "case": "ag_mm + mm_rs replay", "host_us_per_call": host_us(graph.replay),
          "gpu_ms": gpu_ms(graph.replay), "captured_paths": went},
+        {"tokens": tokens, "case": "NCCL + mm pair eager", "host_us_per_call": host_us(nccl_both),
+         "gpu_ms": gpu_ms(nccl_both)},
+        {"tokens": tokens, "case": "NCCL + mm pair replay", "host_us_per_call": host_us(nccl_graph.replay),
+         "gpu_ms": gpu_ms(nccl_graph.replay)},
     ]
     for r in rows:
         if rank == 0:

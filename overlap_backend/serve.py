@@ -61,6 +61,7 @@ def generate(model: nn.Module, prompts: torch.Tensor, new_tokens: int) -> Genera
     model.reset_cache()
     _sync(device)
     t0 = time.perf_counter()
+    _new_step()
     logits = model(prompts, torch.arange(p, device=device))
     tok = logits[:, -1].argmax(-1)
     out = [tok]
@@ -68,6 +69,7 @@ def generate(model: nn.Module, prompts: torch.Tensor, new_tokens: int) -> Genera
     t1 = time.perf_counter()
     pos = torch.full((1,), p, dtype=torch.long, device=device)  # advanced in place: no host-to-device copy
     for _ in range(new_tokens - 1):
+        _new_step()
         logits = model(tok[:, None], pos)
         tok = logits[:, -1].argmax(-1)
         out.append(tok)
@@ -75,6 +77,13 @@ def generate(model: nn.Module, prompts: torch.Tensor, new_tokens: int) -> Genera
     _sync(device)
     t2 = time.perf_counter()
     return Generation(torch.stack(out, dim=1), t1 - t0, t2 - t1, b, p, new_tokens)
+
+
+def _new_step() -> None:
+    """Each model call is a step of its own for Inductor's CUDA graphs (mode="reduce-overhead"): the
+    previous call's outputs may be overwritten (the loop only keeps the argmax of the logits, computed
+    outside the graph). Nothing happens without CUDA graphs."""
+    torch.compiler.cudagraph_mark_step_begin()
 
 
 def random_prompts(vocab: int, batch: int, prompt_len: int, seed: int = 0, device=None) -> torch.Tensor:
