@@ -105,6 +105,23 @@ def _ref_experts(xg, ends, wg, wu, wd):
     return y
 
 
+def _reference(x, send, recv, rows, ends, wg, wu, wd, group):
+    """NCCL all-to-all + float32 experts + NCCL all-to-all back."""
+    import torch.distributed as dist
+
+    h = x.shape[1]
+    r_rows = x.new_empty((sum(recv), h))
+    dist.all_to_all_single(r_rows, x, recv, send, group=group)
+    xg = torch.where((rows >= 0)[:, None], r_rows[rows.clamp(min=0)], 0).to(wg.dtype)
+    yg = _ref_experts(xg, ends, wg, wu, wd)
+    yr = torch.zeros(sum(recv), h, device=x.device)
+    valid = (rows >= 0) & (torch.arange(rows.numel(), device=x.device) < ends[-1])
+    yr[rows[valid]] = yg[valid]
+    ref = x.new_empty(x.shape)
+    dist.all_to_all_single(ref, yr.to(x.dtype), send, recv, group=group)
+    return ref
+
+
 def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
     import torch.distributed as dist
 
@@ -147,16 +164,7 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
                 # position, once with the own experts split around the remote ones
                 moe_symm.SCHEDULE = "phased" if call % 4 in (0, 3) else "rotated"
                 moe_symm.OWN_FIRST = 0.5 if call % 4 == 0 else 0.0
-                # reference: NCCL all-to-all + float32 experts + NCCL all-to-all back
-                r_rows = x.new_empty((sum(recv), h))
-                dist.all_to_all_single(r_rows, x, recv, send, group=group)
-                xg = torch.where((rows >= 0)[:, None], r_rows[rows.clamp(min=0)], 0).to(cd)
-                yg = _ref_experts(xg, ends, wg, wu, wd)
-                yr = torch.zeros(sum(recv), h, device=device)
-                valid = (rows >= 0) & (torch.arange(rows.numel(), device=device) < ends[-1])
-                yr[rows[valid]] = yg[valid]
-                ref = x.new_empty(x.shape)
-                dist.all_to_all_single(ref, yr.to(x_dtype), send, recv, group=group)
+                ref = _reference(x, send, recv, rows, ends, wg, wu, wd, group)
                 if device == "cuda":
                     _poison(x.numel() * x.element_size() * 4)
                 out, saved = torch.ops.overlap.moe_experts(
@@ -195,6 +203,84 @@ def test_moe_op_numerics_repeated(ws, variant):
     results = run_ranks(op_worker, ws, "cuda", lowering, transport, comm_sms, calls, timeout=580, backend="nccl")
     for rank, res in enumerate(results):
         print(f"ws={ws} {variant} rank {rank}: {res['errs']} {res['paths']}")
+
+
+# ------------------------------------------------------------------------- CUDA graphs
+def captured_worker(rank, ws, device, transport):
+    """One moe_experts call (fixed splits: capacity routing) captured in a CUDA graph after eager
+    warm-up calls, replayed 12 times on fresh tokens and grouped-row maps with poisoned outputs,
+    eager calls with other splits in between (the eager epoch block and the graph's toggling block
+    interleaved); every result against NCCL + float32 experts."""
+    import torch.distributed as dist
+
+    import overlap_backend  # noqa: F401
+    from overlap_backend.codegen import configs
+    from overlap_backend.runtime import moe_symm, symm, symm_lowering
+
+    configs.AUTOTUNE = False
+    torch.manual_seed(rank)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    moe_symm.TRANSPORT, symm_lowering.CAPTURE_ON_SYMM = transport, True
+    group = dist.group.WORLD
+    gn = group.group_name
+    n_rows, h, f, experts, _ = CASES["balanced"]
+    gen = torch.Generator().manual_seed(11)  # the same on every rank
+    wg, wu = ((torch.randn(experts, h, f, device=device) / math.sqrt(h)).to(torch.bfloat16) for _ in range(2))
+    wd = (torch.randn(experts, f, h, device=device) / math.sqrt(f)).to(torch.bfloat16)
+
+    def routing():
+        counts, experts_of = _routing("balanced", ws, experts, gen)
+        send, recv = counts[rank].tolist(), counts[:, rank].tolist()
+        e_of = experts_of[rank].to(device)
+        rows = torch.sort(e_of, stable=True).indices
+        ends = torch.cumsum(torch.bincount(e_of, minlength=experts), 0).to(torch.int32)
+        return send, recv, rows, ends
+
+    send, recv, rows, ends = routing()
+    x = torch.randn(sum(send), h, device=device).to(torch.bfloat16)
+
+    def call(x, send, recv, rows, ends):
+        return torch.ops.overlap.moe_experts(x, send, recv, rows, ends, [], wg, wu, wd, gn, "symm", [False] * 5)[0]
+
+    def check(out, x, send, recv, rows, ends, label):
+        err = _rel(out.float(), _reference(x, send, recv, rows, ends, wg, wu, wd, group).float())
+        assert err <= 1e-2, f"rank {rank} {transport} {label}: rel err {err:.3e}"
+        return err
+
+    for i in range(2):  # group state, buffer, tuned configs, the kept offsets
+        check(call(x, send, recv, rows, ends), x, send, recv, rows, ends, f"eager warm-up {i}")
+    torch.cuda.synchronize()
+    before = dict(symm_lowering.PATHS)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = call(x, send, recv, rows, ends)
+    went = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items() if v != before.get(k, 0)}
+    assert went == {"moe_experts:symm": 1}, f"rank {rank}: captured call went {went}"
+    worst = 0.0
+    for i in range(12):
+        x.copy_(torch.randn(x.shape, device=device).to(torch.bfloat16))
+        lo = 0  # a new grouped-row order within each expert (same experts, same splits): a new plan
+        for hi in ends.tolist():
+            rows[lo:hi] = rows[lo:hi][torch.randperm(hi - lo, device=device)]
+            lo = hi
+        static_out.fill_(float("nan"))
+        graph.replay()
+        worst = max(worst, check(static_out, x, send, recv, rows, ends, f"replay {i}"))
+        if i % 3 == 1:  # an eager call with other splits (the epoch block) between replays
+            s2, r2, rows2, ends2 = routing()
+            x2 = torch.randn(sum(s2), h, device=device).to(torch.bfloat16)
+            worst = max(worst, check(call(x2, s2, r2, rows2, ends2), x2, s2, r2, rows2, ends2, f"eager after {i}"))
+    torch.cuda.synchronize()
+    symm.check_status()
+    del graph
+    return f"{transport}: captured {went}; 12 replays + 4 eager calls, max rel err {worst:.1e}"
+
+
+@pytest.mark.parametrize("transport", ["ce", "sm"])
+@pytest.mark.timeout(300)
+def test_captured_moe_experts_replay(transport):
+    _need_gpus(2)
+    print(run_ranks(captured_worker, 2, "cuda", transport, timeout=280, backend="nccl"))
 
 
 # ------------------------------------------------------------------------- compiled layer

@@ -212,5 +212,11 @@ def test_graph_block_is_a_copy_of_the_per_call_words():
     assert symm.GRAPH_BLOCK >= symm.CTA_BLOCKS + 2 * symm.CTA_BLOCK_WORDS  # after every other block
     assert symm.GRAPH_BLOCK + symm.GRAPH_WORDS == symm.FLAG_WORDS
     lo, hi = symm.GRAPH_RESET
-    assert symm.READY < lo and lo == symm.AG_ARRIVED and hi == symm.COUNTERS  # READY is reset by its consumer
-    assert symm.COUNTERS < symm.TICKET < symm.GRAPH_WORDS  # counters and ticket reset by the kernels
+    assert symm.READY < lo and lo == symm.AG_ARRIVED  # READY is reset by its consumer
+    # arrivals and done flags of ag_mm / mm_rs / mm_ar, then of moe_experts
+    assert lo < symm.RS_ARRIVED < symm.GATHERED < symm.DONE < symm.COUNTERS <= hi
+    assert symm.MOE_ARRIVED < symm.MOE_RETURNED < symm.MOE_DONE < hi == symm.MOE_COUNTERS
+    # in between, and after: words the kernels leave at 0 between calls (counters, the ticket, the
+    # CTA counters of moe's comm kernel) or that a captured call never uses (CLAIM: the eager block's)
+    assert symm.COUNTERS < symm.CLAIM < symm.TICKET < symm.MOE_ARRIVED
+    assert hi < symm.MOE_PUSHED < symm.GRAPH_WORDS == symm.MOE_PUSHED + symm.WS_MAX

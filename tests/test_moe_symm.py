@@ -422,8 +422,8 @@ class FakeState:
     def status_arg(self):
         return self.flags[symm.CLAIM :], self.report
 
-    def begin(self, compute, what="a symm call"):
-        return EPOCH
+    def begin(self, compute, what="a symm call", graph=False):
+        return 1 if graph else EPOCH  # a captured call's flags toggle to 1 (symm.GRAPH_BLOCK)
 
     def push(self, peer, dst, src, nbytes, flag):
         self.pushes.append((peer, dst, nbytes, flag))
@@ -436,18 +436,21 @@ class FakeState:
                 torch.tensor([f.data_ptr() for f in self.flag_bufs], dtype=torch.int64))
 
 
-@pytest.mark.parametrize("skew,order,schedule,own_first", [(False, "source", "rotated", 0.0),
-                                                           (True, "source", "rotated", 0.0),
-                                                           (True, "auto", "rotated", 0.0),
-                                                           (False, "source", "phased", 0.0),
-                                                           (False, "source", "phased", 0.5)],
-                         ids=["balanced", "skewed", "skewed-auto", "phased", "phased-own-first"])
+@pytest.mark.parametrize("skew,order,schedule,own_first,graph", [(False, "source", "rotated", 0.0, False),
+                                                                 (True, "source", "rotated", 0.0, False),
+                                                                 (True, "auto", "rotated", 0.0, False),
+                                                                 (False, "source", "phased", 0.0, False),
+                                                                 (False, "source", "phased", 0.5, False),
+                                                                 (True, "source", "phased", 0.0, True)],
+                         ids=["balanced", "skewed", "skewed-auto", "phased", "phased-own-first", "captured"])
 @pytest.mark.parametrize("ws,rank", [(2, 1), (3, 0)])
-def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule, own_first):
+def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule, own_first, graph):
     """``moe_symm.moe_experts`` end to end on one fake rank: dispatch pushes (to rank-1 first, into
     slot ``rank``), the kernels, the peer stores of the results, and ``out`` == the op's semantics
     (own rows computed here, peers' rows as they 'returned' them). ``auto`` takes the expert-major
-    tile order at these sizes."""
+    tile order at these sizes. ``captured``: the call as a CUDA-graph capture makes it (after an
+    eager call of the same splits and sizes): every flag in the toggling block (symm.GRAPH_BLOCK,
+    raised to 1), none of the eager block touched; without that eager call it runs on p2p."""
     gen = torch.Generator().manual_seed(ws * 3 + rank + skew)
     experts, h, f = 2, 16, 32
     n_send = 18
@@ -474,9 +477,22 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
         if s != rank:
             disp[s, : case["recv"][s]] = recv_rows[recv_off[s] : recv_off[s + 1]]
             comb[s] = returned[s]
+    base, value = (symm.GRAPH_BLOCK, 1) if graph else (0, EPOCH)
     for w in (symm.MOE_ARRIVED, symm.MOE_RETURNED, symm.READY):
-        st.flags[w : w + ws] = EPOCH
+        st.flags[base + w : base + w + ws] = value
     monkeypatch.setattr(symm, "state", lambda *a: st)
+    if graph:
+        from overlap_backend.runtime import symm_lowering
+
+        monkeypatch.setattr(moe_symm, "capturing", lambda t: True)
+        monkeypatch.setattr(moe_symm, "capture_problem", lambda t: None)
+        monkeypatch.setattr(moe_symm, "_state", lambda *a: (st, None))
+        st.data = type("D", (), {"nbytes": lay["bytes"]})()
+        monkeypatch.setattr(moe_symm, "_metas", {})
+        monkeypatch.setattr(symm_lowering, "_picked", {})
+        monkeypatch.setattr(moe_symm, "_picked", symm_lowering._picked)
+        fell_back = []
+        monkeypatch.setattr(moe_symm, "_p2p", lambda op, why, *a: fell_back.append(why) or ("p2p", None))
     monkeypatch.setattr(moe_symm, "problem", lambda *a: None)
     monkeypatch.setattr(moe_symm, "ENABLED", True)
     monkeypatch.setattr(moe_gemm, "GATE_UP_16BIT", (CFG,))
@@ -487,8 +503,17 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
     monkeypatch.setattr(moe_symm, "ORDER", order)
     monkeypatch.setattr(moe_symm, "OWN_FIRST", own_first)  # 0.5 of 2 experts: own expert 0 before the remote rows
     ends = None if skew else case["ends"].to(torch.int32)
-    out, saved = moe_symm.moe_experts(x, case["send"], case["recv"], case["rows"], ends,
-                                      [] if ends is not None else case["sizes"], wg, wu, wd, "g", [False] * 5)
+    call = lambda: moe_symm.moe_experts(x, case["send"], case["recv"], case["rows"], ends,  # noqa: E731
+                                        [] if ends is not None else case["sizes"], wg, wu, wd, "g", [False] * 5)
+    if graph:  # nothing an eager call set up: p2p, with the reason
+        assert call() == ("p2p", None) and "tuned" in fell_back[0]
+        m = case["rows"].shape[0]
+        key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(dtype), str(torch.float16), st.num_sms - 2)
+        symm_lowering._picked.update({("moe_gate_up", key): CFG, ("moe_down", key): CFG})
+        assert call() == ("p2p", None) and "splits" in fell_back[1]
+        ends_host = [] if ends is not None else _prefix(case["sizes"])[1:]
+        moe_symm._meta(_prefix(case["send"]) + _prefix(case["recv"]) + ends_host, x.device, False)
+    out, saved = call()
     assert st.report[0].item() == 0
     ref = _reference_yr(recv_rows.float(), case["rows"], case["ends"], wg, wu, wd)
     assert _rel(out[send_off[rank] : send_off[rank + 1]].float(), ref[recv_off[rank] : recv_off[rank + 1]]) < 2e-2 \
@@ -500,14 +525,19 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
         peer_comb = st.datas[d][lay["comb"] : lay["bytes"]].view(dtype).view(ws, n_send, h)[rank]
         if case["recv"][d]:
             assert _rel(peer_comb[: case["recv"][d]].float(), ref[recv_off[d] : recv_off[d + 1]]) < 2e-2
-        assert st.flag_bufs[d][symm.MOE_RETURNED + rank].item() == EPOCH
+        assert st.flag_bufs[d][base + symm.MOE_RETURNED + rank].item() == value
     # dispatch: rank-1 first, each into the peer's slot `rank`, with the arrival flag of `rank`
     assert [p[0] for p in st.pushes] == [(rank - j) % ws for j in range(1, ws)]
     assert all(p[1] == lay["disp"] + rank * lay["slot"] and p[3] == symm.MOE_ARRIVED + rank for p in st.pushes)
+    # (push takes the word within the call's block: GroupState.push adds the block's base)
     assert [p[2] for p in st.pushes] == [case["send"][(rank - j) % ws] * h * 2 for j in range(1, ws)]
     assert len(saved) == 5 and all(v.numel() == 0 for v in saved)
     lo, hi = symm.MOE_COUNTERS, symm.MOE_PUSHED + symm.WS_MAX
-    assert st.flags[lo:hi].tolist() == [0] * (hi - lo)  # tile and CTA counters back to 0
+    assert st.flags[base + lo : base + hi].tolist() == [0] * (hi - lo)  # tile and CTA counters back to 0
+    own_done = st.flags[base + symm.MOE_DONE : base + symm.MOE_DONE + ws - 1].tolist()
+    assert own_done == [value] * (ws - 1)  # the producer finished every remote source
+    if graph:  # the eager block untouched (and the other ranks' eager words)
+        assert all(not fb[: symm.GRAPH_BLOCK].any() for fb in st.flag_bufs)
 
 
 def test_fallback_reasons():

@@ -283,12 +283,12 @@ def test_peer_store_transport(ws, r, M, rounds, gather):
 def test_symm_ops_under_cuda_graph_capture(monkeypatch):
     """Inside a capture: ag_mm / mm_rs / mm_ar run on symm with the toggling flag block only with
     CAPTURE_ON_SYMM (else p2p), and only on a state, buffer and block configs that eager calls set up
-    (setting them up synchronises); moe_experts always runs on p2p (host epochs)."""
+    (setting them up synchronises)."""
     import types
 
     import torch
 
-    from overlap_backend.runtime import moe_symm, symm, symm_lowering
+    from overlap_backend.runtime import symm, symm_lowering
 
     cuda_tensor = types.SimpleNamespace(is_cuda=True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
@@ -299,7 +299,6 @@ def test_symm_ops_under_cuda_graph_capture(monkeypatch):
     monkeypatch.setattr(symm_lowering, "CAPTURE_ON_SYMM", True)
     assert symm_lowering.capture_problem(cuda_tensor) is None and symm_lowering.capturing(cuda_tensor)
     assert symm_lowering.capture_problem(types.SimpleNamespace(is_cuda=False)) is None
-    assert "epoch from the host" in moe_symm.CAPTURE_WHY
 
     # a captured call never sets a group up (collective) ...
     monkeypatch.setattr(symm, "_states", {})

@@ -37,7 +37,8 @@ from . import symm
 from .lowering import register
 from .moe_p2p import _prefix
 from .streams import SYMM_MOE_COMM, comm_stream
-from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem, _tune, capturing
+from .symm_lowering import (PATHS, _aligned, _captured_fit, _kernels, _p2p, _picked, _state, _tma_problem, _tune,
+                            capture_problem, capturing)
 
 log = logging.getLogger("overlap_backend.symm")
 
@@ -175,49 +176,56 @@ def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: 
 # moe_experts on p2p under the symm lowering (the same decision on every rank).
 ENABLED = True
 DISABLED_WHY = "the symm moe_experts kernels are turned off (moe_symm.ENABLED = False)"
-CAPTURE_WHY = ("inside a CUDA-graph capture: the moe_experts kernels take their epoch from the host, which a "
-               "replay would repeat (only ag_mm, mm_rs and mm_ar have a captured flag block); p2p's NCCL calls "
-               "are captured")
 
 
 @register("symm", "moe_experts")
 def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved,
                 comm_sms=0):
     args = (x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
-    why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY) or (
-        CAPTURE_WHY if capturing(x) else None)
-    st = None if why else symm.state(group_name, x.device)
+    why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY) or capture_problem(x)
+    graph = why is None and capturing(x)
+    st, why = (None, why) if why else _state(group_name, x.device, graph)
     if st is None:
         return _p2p("moe_experts", why, group_name, *args)
-    PATHS["moe_experts:symm"] += 1
     from ..codegen import moe_comm, moe_gemm
 
-    _kernels()  # Triton's allocator (scratch for device-side descriptors), as the other ops
     ws, r = st.ws, st.rank
     send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
-    # inputs validated by the op (runtime/checks.py)
-    x = _aligned(x)
-    w_gate, w_up, w_down = (_aligned(w) for w in (w_gate, w_up, w_down))
     experts, h, f = w_gate.shape
     dev, es, cd = x.device, x.element_size(), w_gate.dtype
     cap = max(1, x.shape[0])
     lay = layout(ws, cap, h, es)
-    st.ensure_data(lay["bytes"])
-    disp = st.data_view(x.dtype, (ws * cap, h), lay["disp"])
-    comb = st.data_view(x.dtype, (ws * cap, h), lay["comb"])
-    send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
-    ends_host = [] if offsets is not None else _prefix(group_sizes)[1:]
-    # pinned + non_blocking: a pageable host-to-device copy would synchronise the stream
-    meta = torch.tensor(send_off + recv_off + ends_host, dtype=torch.int32, pin_memory=x.is_cuda)
-    meta = meta.to(dev, non_blocking=True)
-    send_off_d, recv_off_d = meta[: ws + 1], meta[ws + 1 : 2 * ws + 2]
-    ends = offsets if offsets is not None else meta[2 * ws + 2 :]
-    m, n_recv = rows.shape[0], recv_off[-1]
-
+    m = rows.shape[0]
     ce_only = TRANSPORT == "ce-only" and x.is_cuda  # no comm kernel: every SM computes
     # the op's argument (the cost model's choice), else the setting
     sms = 0 if ce_only else (comm_sms or _comm_sms_setting())
     grid = max(1, st.num_sms - sms)  # the comm kernel holds `sms` SMs for the whole call
+    # rows vary per call (dropless): tuned once per power-of-two bucket of them
+    tune_key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), grid)
+    send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
+    ends_host = [] if offsets is not None else _prefix(group_sizes)[1:]
+    meta = _meta(send_off + recv_off + ends_host, dev, graph)
+    if graph and (why := _captured_fit(st, lay["bytes"], [_picked.get(("moe_gate_up", tune_key)),
+                                                          _picked.get(("moe_down", tune_key))])
+                  or (meta is None and "inside a CUDA-graph capture with splits no eager call used (warm up "
+                                       "eagerly first)")):
+        return _p2p("moe_experts", why, group_name, *args)
+    PATHS["moe_experts:symm"] += 1
+    _kernels()  # Triton's allocator (scratch for device-side descriptors), as the other ops
+    # inputs validated by the op (runtime/checks.py)
+    x = _aligned(x)
+    w_gate, w_up, w_down = (_aligned(w) for w in (w_gate, w_up, w_down))
+    st.ensure_data(lay["bytes"])
+    disp = st.data_view(x.dtype, (ws * cap, h), lay["disp"])
+    comb = st.data_view(x.dtype, (ws * cap, h), lay["comb"])
+    send_off_d, recv_off_d = meta[: ws + 1], meta[ws + 1 : 2 * ws + 2]
+    ends = offsets if offsets is not None else meta[2 * ws + 2 :]
+    n_recv = recv_off[-1]
+    # A captured call's flags toggle in the graph block (symm.GRAPH_BLOCK: raised to 1, reset at its
+    # end); its peers' READY words are consumed by begin(), so the comm kernel must not wait on them:
+    # segments go by the copy engine, whose pushes begin() already ordered after READY.
+    base = symm.GRAPH_BLOCK if graph else 0
+    transport = "ce" if graph and TRANSPORT == "sm" else TRANSPORT
     cands_a, cands_b = moe_gemm.candidates(cd, "gate_up"), moe_gemm.candidates(cd, "down")
     cfg_a, cfg_b = cands_a[0], cands_b[0]
     pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands_a + cands_b],
@@ -225,7 +233,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     act = x.new_empty((max(m, 1), f), dtype=cd)
     stage = x.new_empty((max(n_recv, 1), h))
     out = x.new_empty(x.shape)
-    flag = st.flag_arg
+    flag = lambda word: st.flag_arg(base + word)  # noqa: E731
     status = st.status_arg()
 
     if SCHEDULE == "rotated" or pl["expert_major"]:
@@ -246,10 +254,9 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
                              epoch, r, ws, send_off[r], cfg, grid, phase=phase)
 
     if x.is_cuda:  # tune on the real problem with every flag raised (epoch 0: no communication)
-        # rows vary per call (dropless): tune once per power-of-two bucket of them
-        key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), grid)
-        cfg_a = _tune("moe_gate_up", key, cands_a, lambda c: gate_up(c, 0))
-        cfg_b = _tune("moe_down", key, cands_b, lambda c: down(c, 0))
+        # (a captured call: tuned by an eager call, checked above; _tune only looks it up)
+        cfg_a = _tune("moe_gate_up", tune_key, cands_a, lambda c: gate_up(c, 0))
+        cfg_b = _tune("moe_down", tune_key, cands_b, lambda c: down(c, 0))
 
     compute = torch.cuda.current_stream(dev) if x.is_cuda else None
     data_tab, flag_tab = st.peer_tables()  # (built on the compute stream: before the comm stream's wait)
@@ -257,8 +264,8 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     def launch_comm(epoch):
         moe_comm.launch(stage, comb, out, data_tab, flag_tab, recv_off_d, send_off_d, flag(symm.MOE_DONE),
                         flag(symm.MOE_PUSHED), flag(symm.READY), flag(symm.MOE_RETURNED), epoch, status,
-                        st.timeout_ns, r, ws, cap, lay["comb"] // es, symm.MOE_RETURNED, sms,
-                        push=TRANSPORT == "sm" or not x.is_cuda, timed=x.is_cuda)
+                        st.timeout_ns, r, ws, cap, lay["comb"] // es, base + symm.MOE_RETURNED, sms,
+                        push=transport == "sm" or not x.is_cuda, timed=x.is_cuda)
 
     # Compile and load every kernel first: the comm kernel spins until the GEMMs launched after it
     # finish, and loading a kernel may synchronise the context (codegen/launcher.py).
@@ -268,7 +275,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         for phase in gemm_phases:
             gate_up(cfg_a, 0, phase)
             down(cfg_b, 0, phase)
-    epoch = st.begin(compute, "moe_experts")
+    epoch = st.begin(compute, "moe_experts", graph=graph)
     begun = _record(compute)
     row_bytes = h * es
     for j in range(1, ws):  # dispatch, to r-1 first: rank d takes source d+1 first
@@ -286,7 +293,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
                                    send_splits[r] * row_bytes, side)
         else:
             disp[r * cap : r * cap + send_splits[r]].copy_(x[send_off[r] : send_off[r + 1]])
-        _raise_local(st, symm.MOE_ARRIVED + r, epoch, side)
+        _raise_local(st, base + symm.MOE_ARRIVED + r, epoch, side)
         # received rows no grouped row points at are 0: zero the staging rows and own output rows
         stage.zero_()
         out[send_off[r] : send_off[r + 1]].zero_()
@@ -306,18 +313,18 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         down(cfg_b, epoch, phase)
     if comm is None and not ce_only:  # the interpreter runs kernels one after the other: the comm kernel last
         launch_comm(epoch)
-    if TRANSPORT in ("ce", "ce-only") and x.is_cuda:
+    if transport in ("ce", "ce-only") and x.is_cuda:
         from . import cuda as _cuda
 
         for pos in range(ws - 1):
             s = (r + 1 + pos) % ws
-            _cuda.wait_value32(st.flag_addr(symm.MOE_DONE + pos), epoch, st.push_stream)
+            _cuda.wait_value32(st.flag_addr(base + symm.MOE_DONE + pos), epoch, st.push_stream)
             st.push(s, lay["comb"] + r * lay["slot"], stage.data_ptr() + recv_off[s] * row_bytes,
                     recv_splits[s] * row_bytes, symm.MOE_RETURNED + r)
     if ce_only:  # the peers' results for this rank's rows, out of the combine slots as each arrives
         for j in range(1, ws):
             d = (r - j) % ws  # rank r-1 computes them first
-            _cuda.wait_value32(st.flag_addr(symm.MOE_RETURNED + d), epoch, st.copy_stream)
+            _cuda.wait_value32(st.flag_addr(base + symm.MOE_RETURNED + d), epoch, st.copy_stream)
             if send_splits[d]:
                 _cuda.memcpy_async(out.data_ptr() + send_off[d] * row_bytes, comb.data_ptr() + d * cap * row_bytes,
                                    send_splits[d] * row_bytes, st.copy_stream)
@@ -325,6 +332,28 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         compute.wait_stream(comm)
     st.end(compute)
     return out, [x.new_empty((0,)) for _ in saved]
+
+
+_META_MAX = 64  # distinct offset lists kept on the device (dropless routing makes a new one per call)
+_metas: dict[tuple, Tensor] = {}
+
+
+def _meta(values: list[int], device: torch.device, graph: bool) -> Tensor | None:
+    """The call's offsets as an int32 device tensor. Each distinct list is kept on the device
+    (capacity routing sends the same splits every call: no copy then), made with
+    ``symm.persistent`` (outside any CUDA-graph pool). A captured call only uses a kept one (None
+    if there is none: a replay would copy from host memory freed after the capture); past
+    ``_META_MAX`` lists, eager calls copy theirs (pinned, non-blocking: a pageable copy would
+    synchronise the stream) without keeping it."""
+    key = (device.index, tuple(values))
+    t = _metas.get(key)
+    if t is not None or graph:
+        return t
+    host = torch.tensor(values, dtype=torch.int32, pin_memory=device.type == "cuda")
+    if len(_metas) >= _META_MAX:
+        return host.to(device, non_blocking=True)
+    t = _metas[key] = symm.persistent(lambda: host.to(device, non_blocking=True), device)
+    return t
 
 
 def _raise_local(st, word: int, epoch: int, stream) -> None:

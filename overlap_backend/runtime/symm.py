@@ -95,16 +95,19 @@ def cta_block(graph: bool) -> int:
     return CTA_BLOCKS + (CTA_BLOCK_WORDS if graph else 0)
 
 
-# Calls captured into CUDA graphs (ag_mm, mm_rs, mm_ar): a copy of the words READY .. TICKET at
-# GRAPH_BLOCK. A stream memory operation's value is baked into the graph, so there flags *toggle*
+# Calls captured into CUDA graphs (ag_mm, mm_rs, mm_ar, moe_experts): a copy of the words READY ..
+# MOE_PUSHED at GRAPH_BLOCK. A stream memory operation's value is baked into the graph, so there flags *toggle*
 # instead of counting epochs: every raise writes 1, every wait is for >= 1, and the consumer resets
 # each flag to 0 once consumed, in stream order before it next tells the raiser to go on (READY:
 # the push stream, right after waiting for it; arrival and done flags: the compute stream, after
 # the call's streams joined). Each word then sees 0, 1, 0, 1, ... with one raiser and one resetter
 # per call, and a replay needs no value from the host (``GroupState.begin(graph=True)``).
 GRAPH_BLOCK = CTA_BLOCKS + 2 * CTA_BLOCK_WORDS
-GRAPH_WORDS = TICKET + 1
-GRAPH_RESET = (AG_ARRIVED, COUNTERS)  # the words a captured call's end resets: arrivals and done flags
+GRAPH_WORDS = MOE_PUSHED + WS_MAX
+# The words a captured call's end resets: arrivals and done flags (AG_ARRIVED .. DONE, MOE_ARRIVED ..
+# MOE_DONE), and between them COUNTERS, CLAIM and TICKET, which are 0 between calls anyway (one
+# kernel for the whole range)
+GRAPH_RESET = (AG_ARRIVED, MOE_COUNTERS)
 FLAG_WORDS = GRAPH_BLOCK + GRAPH_WORDS
 
 
