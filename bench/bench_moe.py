@@ -20,6 +20,9 @@ events (warm-up, >= 20 repetitions, median per rank, max over ranks):
   ``OVERLAP_MOE_COMM_SMS`` (8) and, in the sweep table, each ``--comm-sms`` value, the copy-engine
   combine (``ce``) and both tile orders forced (``order=source``: remote-critical first,
   ``order=expert``; the default picks by size, see ``moe_symm.expert_major``). Each is checked first against the baseline (rel err <= 1e-2, else FAIL).
+- ``--graphs``: the baseline and ``symm`` each captured once in a CUDA graph after eager warm-up
+  (fixed splits, as capacity routing has them) and timed as replays, symm checked after a replay:
+  what is left once the host time per call is gone (decode sizes are host-bound eagerly);
 - ``max`` = max(experts, a2a): a perfect overlap; ``symm/max`` and ``base/symm`` (issue 4's bar on 4
   GPUs, DeepSeek-like balanced: symm <= 1.10 x max and >= 1.25x faster than the baseline; never slower
   than the baseline).
@@ -118,6 +121,8 @@ def parse_args(argv=None):
                    help=f"symm variants of the sweep, from {', '.join(SWEEP_VARIANTS)} ('' for none)")
     p.add_argument("--no-p2p", action="store_true", help="skip the p2p lowering")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    p.add_argument("--graphs", action="store_true",
+                   help="also time the baseline and symm captured in a CUDA graph (replays; table 'CUDA graphs')")
     p.add_argument("--list-configs", metavar="WS", type=int, default=None,
                    help="print the configs a run with WS ranks takes (per-rank sizes, or why not), then exit")
     args = p.parse_args(argv)
@@ -206,6 +211,42 @@ class Problem:
         return out
 
 
+def graph_times(prob: Problem, ref, timing, device) -> dict:
+    """The baseline and symm each captured in a CUDA graph (after two eager calls) and timed as
+    replays; symm's replay checked against ``ref``. Errors are reported, not raised."""
+    from overlap_backend.runtime import symm_lowering
+
+    out = {}
+    try:
+        graphs = {}
+        for name, fn in (("baseline", prob.baseline), ("symm", lambda: prob.ours("symm"))):
+            fn()
+            fn()
+            torch.cuda.synchronize()
+            before = dict(symm_lowering.PATHS)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                result = fn()
+            graphs[name] = (g, result)
+            if name == "symm":
+                out["captured_paths"] = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items()
+                                         if v != before.get(k, 0)}
+        g, result = graphs["symm"]
+        result.fill_(float("nan"))
+        g.replay()
+        err = common.allreduce_max([common.rel_err(result.float(), ref.float())], device)[0]
+        out["err_symm"] = err
+        out["check"] = f"symm graph {err:.1e}" + ("" if err <= TOL else " FAIL") + f" {out['captured_paths']}"
+        for name, (g, _) in graphs.items():
+            out[name], _ = timing.bench(g.replay)
+        del graphs
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        out["check"] = f"ERROR {type(e).__name__}: {str(e)[:160]}"
+        if dist.get_rank() == 0:
+            traceback.print_exc()
+    return out
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.list_configs is not None:
@@ -232,7 +273,7 @@ def main(argv=None):
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
     info = common.machine_info(device, ws)
-    rows, sweep_rows, results = [], [], []
+    rows, sweep_rows, graph_rows, results = [], [], [], []
 
     def write():
         if rank:
@@ -244,7 +285,12 @@ def main(argv=None):
         text = (f"# MoE block, {ws} ranks, bf16 (ms)\n\n{common.info_markdown(info)}\n\n"
                 + common.markdown_table(head, rows) + "\n\n## symm: sweep (ms)\n\nEach column changes the named "
                 f"settings of `moe_symm`; the rest are those of the symm column: {defaults_text}.\n\n"
-                + common.markdown_table(sweep_head, sweep_rows) + "\n")
+                + common.markdown_table(sweep_head, sweep_rows) + "\n"
+                + ("\n## CUDA graphs (ms)\n\nEach captured once after eager warm-up, timed as graph replays "
+                   "(same timing as above); eager columns from the first table.\n\n"
+                   + common.markdown_table(["config", "routing", "baseline eager", "symm eager", "baseline graph",
+                                            "symm graph", "base/symm graph", "check"], graph_rows) + "\n"
+                   if args.graphs else ""))
         (out_dir / f"moe_ws{ws}.md").write_text(text)
         common.write_json(out_dir / f"moe_ws{ws}.json", {"info": info, "moe_defaults": defaults, "results": results})
 
@@ -290,6 +336,14 @@ def main(argv=None):
                              f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
                 if rank == 0:
                     print(rows[-1], flush=True)  # before the sweep: a cut run still shows it
+                if args.graphs:
+                    res["graphs"] = graphs = graph_times(prob, ref, timing, device)
+                    graph_rows.append([cfg, routing, common.fmt_ms(t["baseline"]), common.fmt_ms(t["symm"]),
+                                       common.fmt_ms(graphs.get("baseline")), common.fmt_ms(graphs.get("symm")),
+                                       f"{graphs['baseline'] / graphs['symm']:.2f}" if graphs.get("symm") else "—",
+                                       graphs["check"]])
+                    if rank == 0:
+                        print(f"graphs: {graph_rows[-1]}", flush=True)
                 sweep = {}
                 for n in args.comm_sms + list(args.sweep):
                     for name, value in sweep_settings(n, defaults).items():
