@@ -145,6 +145,23 @@ def test_cuda_graphs_drop_the_host_time_of_captured_ops(monkeypatch):
     assert [p.lowering for p in predict(prefill, H200, ["symm", "p2p"], cuda_graphs=True).plans] == ["p2p"]
 
 
+def test_moe_kept_plain_under_cuda_graphs(monkeypatch):
+    """Where the model is active, moe_experts under CUDA graphs is kept plain with the reason (its
+    captured path measured slower than the captured baseline); eagerly the same match is rewritten."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(cost_model, "calibration_for", lambda *a, **k: H200)
+    deepseek = Problem("moe_experts", m=32768, n=7168, k=7168, dtype=BF16, ws=2, f=2048, experts=16,
+                       rows_sent=32768)
+    cfg = OverlapConfig.from_env(cost_model="on")
+    for graphs, rewrite in ((False, True), (True, False)):
+        ctx = SimpleNamespace(config=cfg, cuda_graphs=graphs)
+        d = cost_model.decide(ctx, deepseek, "tp", "cuda", ["symm"])
+        assert d.rewrite is rewrite, d.reason
+        if graphs:
+            assert "under CUDA graphs moe_experts is kept plain" in d.reason and d.cost["decision"] == "keep plain"
+
+
 def test_reduce_overhead_mode_reaches_the_pass_context(monkeypatch):
     """The passes see PassContext.cuda_graphs when Inductor's cudagraphs are on (what
     mode="reduce-overhead" patches in while they run), never without Inductor."""
