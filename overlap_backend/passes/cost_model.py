@@ -80,15 +80,14 @@ SM_STORE_GBPS = 4.5
 SM_PULL_GBPS = 15.0
 MOE_COMM_SMS = (4, 8, 16, 32)  # candidates of the moe symm communication SM count
 CTA_STAGES = (1, 2, 4, 8)  # candidates of the cta p2p stage count (OVERLAP_CTA_STAGES=auto)
-# ops whose calls a CUDA graph captures (moe_experts reads counts on the host, cta_pipeline_mlp's
-# captured path is not written: both keep their host time)
-GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar")
-# ...and ops the model keeps plain under CUDA graphs, where it is active: moe_experts captured on symm
-# measured 0.70-0.97x of the captured baseline on all four bench_moe configs (2xH200, 2026-11-30,
-# bench_moe --graphs; DeepSeek-like 8.96 vs 7.21 ms: the combine's copy-out ends ~3.5 ms after the last
-# GEMM in a replay, 0.4 ms eagerly, not understood yet)
-GRAPH_KEEP_PLAIN = {"moe_experts": "cost model: under CUDA graphs moe_experts is kept plain (its captured symm path "
-                                   "measured 0.70-0.97x of the captured baseline, docs/cost_model.md)"}
+# ops whose calls a CUDA graph captures (cta_pipeline_mlp keeps its host time: its captured path
+# has not been timed)
+GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts")
+# ...but moe_experts' p2p path keeps its host time (dropless routing reads counts on the host; a
+# captured p2p moe_experts was never measured). Its captured symm path (copy-engine combine) measured
+# on 2xH200 (bench_moe --graphs): DeepSeek-like 5.65 ms vs the captured baseline's 7.23 (predicted
+# 6.08 vs 7.11), Mixtral-like decode 0.72 vs 0.57 (predicted 0.69 vs 0.49: kept plain).
+GRAPH_P2P_HOST_KEPT = ("moe_experts",)
 ONESHOT_MAX_BYTES = 4 << 20  # = runtime.symm.ONESHOT_MAX_BYTES (mm_ar symm: one-shot below it)
 AR_ROWS_PER_CHUNK, AR_MAX_ROUNDS = 512, 4  # = runtime.symm (mm_ar symm rounds)
 BAND_ROWS_MIN, MAX_BANDS = 512, 8  # = runtime.symm (bands of a chunk)
@@ -429,8 +428,8 @@ def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *
     if cuda_graphs and p.op in GRAPH_OPS:
         from ..runtime import symm_lowering
 
-        cal = dataclasses.replace(cal, p2p_call_ms=0.0, p2p_step_ms=0.0,
-                                  symm_call_ms=dict.fromkeys(cal.symm_call_ms, 0.0))
+        p2p_host = {} if p.op in GRAPH_P2P_HOST_KEPT else {"p2p_call_ms": 0.0, "p2p_step_ms": 0.0}
+        cal = dataclasses.replace(cal, **p2p_host, symm_call_ms=dict.fromkeys(cal.symm_call_ms, 0.0))
         if not symm_lowering.CAPTURE_ON_SYMM:
             lowerings = [low for low in lowerings if low != "symm"] or ["p2p"]
     plans = []
@@ -493,8 +492,6 @@ def decide(ctx, problem: Problem, group_name: str, device_type: str, lowerings: 
         return Decision(True, lowerings[0], "rewritten", cost, default_stages)
     best = pred.best
     cost = pred.to_json(mode, True, best)
-    if getattr(ctx, "cuda_graphs", False) and problem.op in GRAPH_KEEP_PLAIN:
-        return Decision(False, best.lowering, GRAPH_KEEP_PLAIN[problem.op], {**cost, "decision": "keep plain"})
     if not pred.wins:
         return Decision(False, best.lowering, pred.reason(), cost)
     chosen_sms = best.comm_sms if (comm_sms == "auto" and best.lowering == "symm" and best.comm_sms) else 0
