@@ -553,7 +553,7 @@ class Bench:
         parts = [f"# Real models end to end, world size {self.ws}, {a.dtype}", "",
                  common.info_markdown(self.info), "",
                  f"Compiled {'per transformer block (and the embedding)' if a.compile == 'block' else 'as one graph'}"
-                 f"{', mode=' + repr(a.mode) + ' (CUDA graphs)' if a.mode != 'default' else ''}. "
+                 f"{', mode=' + repr(a.mode) + ' (CUDA graphs; serving: one graph, see its section)' if a.mode != 'default' else ''}. "
                  f"Times in ms: per-rank median ({timer}, after warm-up), maximum over ranks; "
                  f"`vs X` = X's time / this variant's. Check: the first {a.check_steps} training losses against "
                  f"eager's (relative; tolerance {self.tol:g}).", ""]
