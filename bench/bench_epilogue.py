@@ -104,12 +104,14 @@ def build_block(args, ws: int, device: torch.device):
 def make_step(model, x, mode: str):
     if mode == "inference":
         def step():
+            torch.compiler.cudagraph_mark_step_begin()  # (--cudagraphs) each step a new one; else nothing
             with torch.no_grad():
                 return model(x)
         return step
     grad_out = torch.ones((), device=x.device)
 
     def train_step():
+        torch.compiler.cudagraph_mark_step_begin()  # (--cudagraphs) each step a new one; else nothing
         x.grad = None
         for p in model.parameters():
             p.grad = None
@@ -148,7 +150,7 @@ def run_variant(name, backend_kw, args, ws, device, x, ref) -> tuple[dict, objec
         backend = "inductor" if args.inductor else "eager"
     else:
         backend = overlap_backend.make_backend(inductor=args.inductor, **{"cost_model": "off", **backend_kw})
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(model, backend=backend, **({"mode": "reduce-overhead"} if args.cudagraphs else {}))
     xi = x.detach().clone().requires_grad_(args.mode == "train")
     try:
         got = reference(compiled, xi, args.mode)
@@ -185,7 +187,7 @@ def run_variant(name, backend_kw, args, ws, device, x, ref) -> tuple[dict, objec
         row["launch_calls_per_step"] = counts["launch_calls"] / PROFILE_STEPS
     if args.trace and dist.get_rank() in (0, 1):
         Path(args.trace).mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(Path(args.trace) / f"epilogue_{args.block}_{name}_rank{dist.get_rank()}.json"))
+        prof.export_chrome_trace(str(Path(args.trace) / f"epilogue_{args.block}{_tag(args)}_{name}_rank{dist.get_rank()}.json"))
     return row, step
 
 
@@ -210,7 +212,8 @@ def render(rows, info, args, ws) -> str:
                       r["check"], fmt(r["max_rel_err"], "{:.2e}"), ", ".join(r["epilogues"]) or "—", r["note"] or ""])
     sizes = f"batch {args.batch}, seq {args.seq}, hidden {args.hidden}, heads {args.heads}, ffn {args.ffn}, {args.dtype}"
     return "\n\n".join([
-        f"# Epilogue fusion: {args.block} block, {args.mode}, ws={ws}",
+        f"# Epilogue fusion: {args.block} block, {args.mode}, ws={ws}"
+        + (", CUDA graphs (mode='reduce-overhead')" if args.cudagraphs else ""),
         common.info_markdown(info),
         f"Sizes: {sizes}. Time: median over {args.rounds} interleaved rounds of the median step (ms), max over "
         "ranks; rounds: each round's time. Kernels/copies/launch calls: per step, "
@@ -233,6 +236,8 @@ def parse_args(argv=None, ws: int | None = None):
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-inductor", dest="inductor", action="store_false", help="CPU smoke: no Inductor codegen")
     p.add_argument("--trace", default=None, help="write the profiler traces (ranks 0 and 1) here")
+    p.add_argument("--cudagraphs", action="store_true",
+                   help="compile every variant with mode='reduce-overhead' (CUDA graphs): files *_cudagraphs_ws<N>")
     p.add_argument("--verbose", action="store_true")
     for k in ("batch", "seq", "hidden", "heads", "ffn"):
         p.add_argument(f"--{k}", type=int, default=None)
@@ -247,7 +252,13 @@ def parse_args(argv=None, ws: int | None = None):
         args.lowerings = "symm" if args.device == "cuda" else "p2p"
     if args.quick:
         args.steps, args.rounds = 10, 2
+    if args.cudagraphs and args.device != "cuda":
+        p.error("--cudagraphs needs --device cuda")
     return args
+
+
+def _tag(args) -> str:
+    return "_cudagraphs" if args.cudagraphs else ""
 
 
 def main(argv=None) -> int:
@@ -268,7 +279,7 @@ def main(argv=None) -> int:
     ref = reference(build_block(args, ws, device), x.detach().clone().requires_grad_(args.mode == "train"), args.mode)
     rows, ok = [], True
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.out_dir / f"epilogue_{args.block}_{args.mode}_ws{ws}"
+    stem = args.out_dir / f"epilogue_{args.block}_{args.mode}{_tag(args)}_ws{ws}"
     # Every variant stays compiled until the timing rounds (one model and backend each): no reset in
     # between, and room for their cache entries.
     torch._dynamo.reset()

@@ -135,8 +135,8 @@ def cta(data: dict) -> tuple[str, str, list[dict]]:
 
 
 def moe(data: dict) -> tuple[str, str, list[dict]]:
-    """``bench_moe.py``: per config and routing, the baseline, its parts, ours (default transport) and
-    the sweep's variants (comm SMs, transports, tile orders)."""
+    """``bench_moe.py``: per config and routing, the baseline, its parts, ours (default transport), the
+    sweep's variants (comm SMs, transports, tile orders) and, with ``--graphs``, both replayed."""
     info = data["info"]
     panels = []
     for r in data["results"]:
@@ -151,6 +151,9 @@ def moe(data: dict) -> tuple[str, str, list[dict]]:
         for name, v in r.get("sweep", {}).items():
             label = f"symm, SM combine, {name} SMs" if name.isdigit() else f"symm, {name}"
             bars.append((label, v.get("ms"), "ours"))
+        g = r.get("graphs", {})  # bench_moe --graphs: both captured in a CUDA graph, replays
+        bars += [("baseline, CUDA graph replay", g.get("baseline"), "ref"),
+                 ("symm, ours, CUDA graph replay", g.get("symm"), "ours")]
         panels.append({"title": f"{r['config']}, {r['routing']}", "bars": [b for b in bars if b[1] is not None],
                        "line": ("max(experts, a2a)", t.get("max")) if t.get("max") else None})
     return f"MoE layer, ws={info.get('world_size', '?')}", [_machine(info)], panels

@@ -237,6 +237,16 @@ def test_block_and_epilogue_sizes(bench, ws):
     assert common.block_sizes_problem(32, 64, None, 128, 8) is None  # no attention: heads not split
 
 
+def test_epilogue_cudagraphs_flag(bench):
+    """--cudagraphs: CUDA only, and its results go to files of their own (not over the eager ones)."""
+    mod = bench["bench_epilogue"]
+    args = mod.parse_args(["--out-dir", "/tmp/x", "--device", "cuda", "--cudagraphs"], ws=2)
+    assert args.cudagraphs and mod._tag(args) == "_cudagraphs"
+    assert mod._tag(mod.parse_args(["--out-dir", "/tmp/x", "--device", "cuda"], ws=2)) == ""
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--out-dir", "/tmp/x", "--device", "cpu", "--cudagraphs"], ws=2)
+
+
 def test_epilogue_variants_are_timed_in_interleaved_rounds(bench):
     """bench_epilogue.time_rounds: A, B, C, A, B, C, ...; a variant's time is the median of its rounds;
     a variant that failed its check (no step) is not timed."""
