@@ -38,7 +38,8 @@ defaults fit 2-4 H200s and keep the whole run to a few minutes (most of it compi
 
 ``--mode reduce-overhead``: every compiled variant with ``torch.compile(mode="reduce-overhead")``
 (Inductor's CUDA graphs; the overlap backend's cost model then drops the host time of the ops a
-graph captures); results in ``models_cudagraphs_ws<N>``, graphs Inductor did not capture counted.
+graph captures), each model compiled as one graph (per block: pytorch#152887); results in
+``models_cudagraphs_ws<N>``, graphs Inductor did not capture counted.
 
 Rank 0 writes ``DIR/models_ws<N>.md`` and ``.json`` (machine, versions, command; rewritten after every
 variant). Exit status 1 if an overlap variant's check FAILs or it raises.
@@ -287,10 +288,10 @@ class Bench:
         return be, info
 
     def per_block(self, section: str) -> bool:
-        """Compiled per transformer block? Not the serving loop under CUDA graphs: a block's
-        cudagraph output fed to the next call of the same compiled block is overwritten by that call
-        (pytorch#152887, open), so it is compiled as one graph there."""
-        return self.args.compile == "block" and not (section == "serve" and self.args.mode != "default")
+        """Compiled per transformer block? Not under CUDA graphs: a block's cudagraph output fed to
+        the next call of the same compiled block is overwritten by that call (pytorch#152887, open),
+        so every section is compiled as one graph there."""
+        return self.args.compile == "block" and self.args.mode == "default"
 
     def compiled(self, model, name: str, section: str):
         be, info = self.backend(name)
@@ -552,8 +553,8 @@ class Bench:
         timer = "CUDA events" if self.device.type == "cuda" else "the wall clock (CPU smoke test: times mean nothing)"
         parts = [f"# Real models end to end, world size {self.ws}, {a.dtype}", "",
                  common.info_markdown(self.info), "",
-                 f"Compiled {'per transformer block (and the embedding)' if a.compile == 'block' else 'as one graph'}"
-                 f"{', mode=' + repr(a.mode) + ' (CUDA graphs; serving: one graph, see its section)' if a.mode != 'default' else ''}. "
+                 f"Compiled {'per transformer block (and the embedding)' if self.per_block('llama') else 'as one graph'}"
+                 f"{', mode=' + repr(a.mode) + ' (CUDA graphs)' if a.mode != 'default' else ''}. "
                  f"Times in ms: per-rank median ({timer}, after warm-up), maximum over ranks; "
                  f"`vs X` = X's time / this variant's. Check: the first {a.check_steps} training losses against "
                  f"eager's (relative; tolerance {self.tol:g}).", ""]
@@ -616,9 +617,8 @@ class Bench:
             rows = res["variants"]
             pre = {r["variant"]: r["prefill_ms"] for r in rows}
             dec = {r["variant"]: r["decode_ms_per_step"] for r in rows}
-            how = "" if self.per_block("serve") else " Compiled as one graph (per block, CUDA graphs fail: pytorch#152887)."
             parts += ["## Serving, Llama tensor parallel (no SP), prefill + greedy decode with static KV caches", "",
-                      f"Sizes: {res['sizes']}.{how} Wall clock with device synchronisation, median of `reps` generations "
+                      f"Sizes: {res['sizes']}. Wall clock with device synchronisation, median of `reps` generations "
                       "after a warm-up one, max over ranks. tokens equal: share of the greedy tokens equal to eager's.",
                       ""]
             body = []
