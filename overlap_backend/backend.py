@@ -47,6 +47,30 @@ def _cuda_graphs_on(config: OverlapConfig) -> bool:
     return bool(inductor_config.triton.cudagraphs)
 
 
+def cudagraph_blocker(graph: torch.fx.Graph) -> str | None:
+    """Why Inductor will not capture this graph even with cudagraphs on (None: it will, as far as
+    the graph shows): the checks of ``torch._inductor.utils.get_first_incompatible_cudagraph_node``
+    (a data-dependent size, e.g. dropless MoE's split sizes; an op tagged cudagraph-unsafe) and a
+    tensor on the CPU (``check_multiple_devices_or_any_cpu_nodes``). Mutated inputs, the other
+    reason, show only at run time: not seen here."""
+    import torch._inductor.utils as inductor_utils
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    unsafe = getattr(inductor_utils, "is_cudagraph_unsafe_fx_node", lambda n: False)
+    for n in graph.nodes:
+        if unsafe(n):
+            return f"{n.name}: an op that cannot be captured"
+        val = n.meta.get("val")
+        if val is None:
+            continue
+        if free_unbacked_symbols(val):
+            return f"{n.name}: a data-dependent size"
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        if any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
+            return f"{n.name}: a CPU tensor"
+    return None
+
+
 class OverlapBackend:
     """A ``torch.compile`` backend callable bound to one :class:`OverlapConfig`."""
 
@@ -60,7 +84,7 @@ class OverlapBackend:
         kind = kind or _graph_kind.get() or _guess_kind(graph)
         report = GraphReport(id=f"{next(_graph_counter):03d}_{kind}", kind=kind)
         dumper = debug.GraphDumper(self.config.debug_dir, report.id) if self.config.debug_dir else None
-        ctx = PassContext(self.config, kind, cuda_graphs=_cuda_graphs_on(self.config))
+        ctx = PassContext(self.config, kind, cuda_graphs=_cuda_graphs_on(self.config) and not cudagraph_blocker(graph))
         self.manager.run(graph, ctx, report, observer=dumper)
         if dumper is not None:
             dumper.ops(graph)

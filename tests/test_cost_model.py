@@ -164,6 +164,36 @@ def test_moe_under_cuda_graphs_as_measured():
     assert graphs.best.ms < predict(decode, H200, ["symm"]).best.ms  # no host time: closer, still a loss
 
 
+def test_graphs_inductor_will_not_capture_are_priced_eagerly(monkeypatch):
+    """cudagraph_blocker: a data-dependent size or a CPU tensor in the graph means Inductor runs it
+    without CUDA graphs (its own checks), so the passes are not told cuda_graphs there."""
+    from torch._inductor import config as inductor_config
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from overlap_backend.backend import cudagraph_blocker
+
+    def graph_with(val):
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        x.meta["val"] = torch.empty(4, device="meta")
+        y = g.call_function(torch.ops.aten.relu.default, (x,))
+        y.meta["val"] = val
+        g.output(y)
+        return g
+
+    assert cudagraph_blocker(graph_with(torch.empty(4, device="meta"))) is None
+    assert "CPU tensor" in cudagraph_blocker(graph_with(torch.empty(4)))
+    assert "CPU tensor" in cudagraph_blocker(graph_with([torch.empty(4, device="meta"), torch.empty(1)]))
+    assert "data-dependent" in cudagraph_blocker(graph_with(ShapeEnv().create_unbacked_symint()))
+    seen = []
+    be = make_backend(inductor=True)
+    monkeypatch.setattr(be.manager, "run", lambda g, ctx, report, observer=None: seen.append(ctx.cuda_graphs))
+    with inductor_config.patch({"triton.cudagraphs": True}):
+        be.run_pipeline(graph_with(torch.empty(4, device="meta")), "inference")
+        be.run_pipeline(graph_with(ShapeEnv().create_unbacked_symint()), "inference")
+    assert seen == [True, False]
+
+
 def test_reduce_overhead_mode_reaches_the_pass_context(monkeypatch):
     """The passes see PassContext.cuda_graphs when Inductor's cudagraphs are on (what
     mode="reduce-overhead" patches in while they run), never without Inductor."""
