@@ -27,8 +27,8 @@ events (warm-up, >= 20 repetitions, median per rank, max over ranks):
   GPUs, DeepSeek-like balanced: symm <= 1.10 x max and >= 1.25x faster than the baseline; never slower
   than the baseline).
 
-Rank 0 writes ``DIR/moe_ws<N>.md`` (machine info, command, versions, tables) and ``DIR/moe_ws<N>.json``,
-rewritten after every row.
+Rank 0 writes ``DIR/moe_ws<N>.md`` (machine info, command, versions, tables) and ``DIR/moe_ws<N>.json``
+(``moe_graphs_ws<N>.*`` with ``--graphs``), rewritten after every row.
 """
 
 from __future__ import annotations
@@ -291,8 +291,9 @@ def main(argv=None):
                    + common.markdown_table(["config", "routing", "baseline eager", "symm eager", "baseline graph",
                                             "symm graph", "base/symm graph", "check"], graph_rows) + "\n"
                    if args.graphs else ""))
-        (out_dir / f"moe_ws{ws}.md").write_text(text)
-        common.write_json(out_dir / f"moe_ws{ws}.json", {"info": info, "moe_defaults": defaults, "results": results})
+        stem = out_dir / f"moe{'_graphs' if args.graphs else ''}_ws{ws}"  # --graphs: not over a run without
+        stem.with_suffix(".md").write_text(text)
+        common.write_json(stem.with_suffix(".json"), {"info": info, "moe_defaults": defaults, "results": results})
 
     for cfg in args.configs:
         why = config_problem(cfg, ws)

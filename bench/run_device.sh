@@ -32,6 +32,9 @@
 #   BENCHES="block cta" bash bench/run_device.sh bench  # what the previous command did not reach
 #   BENCH_WS="4 2" bash bench/run_device.sh bench       # ws=4 and ws=2 on GPUs 0-3 / 0-1 of the same node
 #   BENCHES="host" bash bench/run_device.sh bench     # host time per symm op call (bench/probe_host.py), opt-in
+#   BENCHES="graphs" bash bench/run_device.sh bench   # under CUDA graphs, opt-in: bench_models.py --mode
+#                                      reduce-overhead (llama, serve), bench_epilogue.py --cudagraphs (TP block,
+#                                      train), bench_moe.py --graphs (4 configs, balanced)
 #   BENCHES="models" bash bench/run_device.sh bench   # the real-model benchmark (bench_models.py, issue 6):
 #                                      opt-in, not in the default list (a few minutes per world size;
 #                                      cap LIMIT_MODELS, default 300 s; DEADLINE=900 leaves room for ws 4 and 2)
@@ -172,13 +175,25 @@ benchmarks() { # benchmarks N : the benchmarks of BENCHES on GPUs 0..N-1
   [[ " $BENCHES " == *" models "* ]] && stage "models_ws$n" "$LIMIT_MODELS" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
     bench/bench_models.py --out "$RESULTS" "${quick[@]}"
+  if [[ " $BENCHES " == *" graphs "* ]]; then # everything under CUDA graphs (mode="reduce-overhead")
+    stage "graphs_models_ws$n" "$LIMIT_MODELS" env CUDA_VISIBLE_DEVICES="$devs" \
+      "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+      bench/bench_models.py --out "$RESULTS" --mode reduce-overhead --sections llama,serve "${quick[@]}"
+    stage "graphs_epilogue_ws$n" "${LIMIT_EPILOGUE:-150}" env CUDA_VISIBLE_DEVICES="$devs" \
+      "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+      bench/bench_epilogue.py --out-dir "$RESULTS" --block tp --mode train --cudagraphs "${quick[@]}"
+    stage "graphs_moe_ws$n" "$LIMIT_MOE" env CUDA_VISIBLE_DEVICES="$devs" \
+      "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+      bench/bench_moe.py --out "$RESULTS" --configs deepseek,mixtral,deepseek-decode,mixtral-decode \
+      --routing balanced --comm-sms "" --sweep "" --no-p2p --graphs "${quick[@]}"
+  fi
   return 0
 }
 
 package() {
   if compgen -G "$RESULTS/*.md" >/dev/null; then
     for n in 2 4 8; do
-      for s in ag_mm mm_rs mm_ar moe block cta models; do
+      for s in ag_mm mm_rs mm_ar moe moe_graphs block cta models models_cudagraphs; do
         [ -f "$RESULTS/${s}_ws$n.md" ] && { cat "$RESULTS/${s}_ws$n.md"; echo; }
       done
       for f in "$RESULTS"/epilogue_*_ws$n.md; do

@@ -381,3 +381,21 @@ def test_run_device_8_gpus(tmp_path):
     # ws=8, then 4, then 2 on request; traces at ws=8 only
     cmds, out = _run_device(tmp_path, 8, "bench", BENCH_WS="8 4 2", BENCHES="collective")
     assert cmds == [VERSIONS, _benches(8, True)[0], _benches(4, False)[0], _benches(2, False)[0]]
+
+
+def test_run_device_graphs_benches(tmp_path):
+    """BENCHES=graphs: the real models, the TP block's epilogue variants and the MoE layer under CUDA
+    graphs, each in its own stage and result files."""
+    cmds, out = _run_device(tmp_path, 2, "bench", BENCHES="graphs")
+    assert cmds == [
+        VERSIONS,
+        _torchrun(2, "bench/bench_models.py", "--out", "TMP/results", "--mode", "reduce-overhead", "--sections",
+                  "llama,serve"),
+        _torchrun(2, "bench/bench_epilogue.py", "--out-dir", "TMP/results", "--block", "tp", "--mode", "train",
+                  "--cudagraphs"),
+        _torchrun(2, "bench/bench_moe.py", "--out", "TMP/results", "--configs",
+                  "deepseek,mixtral,deepseek-decode,mixtral-decode", "--routing", "balanced", "--comm-sms", "",
+                  "--sweep", "", "--no-p2p", "--graphs"),
+    ]
+    stages = re.findall(r"^=== \[t=\d+s\] (\S+) \(limit", out, re.M)
+    assert stages == ["versions", "graphs_models_ws2", "graphs_epilogue_ws2", "graphs_moe_ws2"]
