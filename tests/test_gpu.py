@@ -751,6 +751,64 @@ def test_symm_dead_peer_unblocks_stream_waits():
     print(_run(dead_peer_worker, 2, env={"OVERLAP_TIMEOUT_S": "2"}))
 
 
+def dead_peer_replay_worker(rank: int, ws: int, device: str):
+    """As dead_peer_worker, inside a CUDA-graph replay: both ranks capture an ag_mm (returning the
+    gathered input: a copy-stream wait too) and replay it once together; then rank 1 skips a replay.
+    Rank 0's replay waits in stream waits for rank 1's READY; the watchdog sees the replay in flight
+    (GRAPH_STARTED / GRAPH_FINISHED, counted by a captured kernel) and releases it: the synchronize
+    returns within ~1.25x OVERLAP_TIMEOUT_S and check_status raises."""
+    import time
+
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    from overlap_backend.runtime import symm, symm_lowering
+
+    symm_lowering.CAPTURE_ON_SYMM = True
+    group = dist.group.WORLD
+    timeout_s = float(os.environ["OVERLAP_TIMEOUT_S"])
+    dtype = torch.bfloat16
+    shard = _randn(64, 128, dtype=dtype, device=device)
+    w = _randn(128, 256, dtype=dtype, device=device, scale=128**-0.5)
+
+    def call():
+        return torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", True)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    dist.barrier()
+    graph.replay()
+    torch.cuda.synchronize()
+    st = symm.state(group.group_name, torch.device(device, torch.cuda.current_device()))
+    counts = (st.status[symm.GRAPH_STARTED], st.status[symm.GRAPH_FINISHED])
+    assert counts == (1, 1), f"replay counters {counts}, expected (1, 1)"
+    dist.barrier()
+    torch.cuda.synchronize()
+    if rank == 1:
+        time.sleep(timeout_s * symm.WATCHDOG_FACTOR + 8)  # alive (its buffers mapped), never replaying
+        return "skipped the replay"
+    start = time.monotonic()
+    graph.replay()
+    torch.cuda.synchronize()
+    took = time.monotonic() - start
+    assert took < timeout_s * symm.WATCHDOG_FACTOR + 3, f"synchronize returned after {took:.1f} s"
+    assert st.stalled is not None, "the watchdog did not fire"
+    try:
+        symm.check_status()
+    except symm.SymmTimeoutError as e:
+        return f"synchronize returned after {took:.2f} s; raised: {e}"
+    raise AssertionError(f"no error after the dead peer's replay: status {list(st.status)}")
+
+
+@pytest.mark.timeout(200)
+def test_symm_dead_peer_in_a_replay():
+    _need_gpus(2)
+    print(_run(dead_peer_replay_worker, 2, env={"OVERLAP_TIMEOUT_S": "2"}))
+
+
 def captured_symm_worker(rank: int, ws: int, device: str):
     """symm_lowering.CAPTURE_ON_SYMM: ag_mm (returning the gathered input), mm_rs, and mm_ar one-shot
     and in rounds captured in one CUDA graph after eager warm-up calls (which set the group up, size

@@ -419,6 +419,32 @@ def test_watchdog_thread_runs_on_overdue_and_survives_its_errors():
         watchdog.unwatch(w)
 
 
+def test_watchdog_bounds_captured_replays_too():
+    """Captured calls count their replays in GRAPH_STARTED / GRAPH_FINISHED (a kernel; a stream
+    write's value would be baked in): the watchdog sees a replay in flight like an eager call, and
+    names it as one; eager epochs and replay counts add up."""
+    from overlap_backend.runtime import symm, watchdog
+
+    st = object.__new__(symm.GroupState)
+    st.status = [0] * 16
+    st._names = [""] * 64
+    st._names[5] = "mm_rs"
+    st.status[symm.STARTED] = st.status[symm.FINISHED] = 5  # eager calls 1..5 done
+    st.status[symm.GRAPH_STARTED], st.status[symm.GRAPH_FINISHED] = 3, 2  # the third replay in flight
+    started, finished = st._calls_in_flight()
+    assert (started, finished) == (8, 7) and "CUDA-graph replay" in st._call_name(started)
+    seen = []
+    w = watchdog.Watched(1.0, st._calls_in_flight, lambda what, s: seen.append(what), st._call_name)
+    w.poll(0.0)
+    w.poll(1.5)
+    assert seen == ["a captured symm call (CUDA-graph replay)"]
+    st.status[symm.GRAPH_FINISHED] = 3
+    st.status[symm.STARTED] = 6  # then an eager call in flight: named by its epoch
+    st._names[6] = "ag_mm"
+    assert st._calls_in_flight() == (9, 8) and st._call_name(9) == "ag_mm"
+    assert symm.STARTED < symm.FINISHED < symm.GRAPH_STARTED < symm.GRAPH_FINISHED < 16  # the status buffer
+
+
 def test_overdue_symm_call_releases_flags_and_the_next_call_raises(monkeypatch):
     """GroupState._overdue (watchdog thread): the group is marked unusable with a message naming the
     op, rank, group and timeout; every poll releases the flags again; a kernel's own report (status

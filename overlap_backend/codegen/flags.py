@@ -125,3 +125,18 @@ def count_tile_done_to_peers(counter_ptr, peer_flags_ptr, flag_word, tiles_in_ch
                              WS: tl.constexpr):
     """``count_tile_done_to_ranks`` for every peer of ``rank``."""
     count_tile_done_to_ranks(counter_ptr, peer_flags_ptr, flag_word, tiles_in_chunk, epoch, rank + 1, WS - 1, WS)
+
+
+@triton.jit
+def bump_kernel(word_ptr):
+    """``*word_ptr += 1`` (one program, pinned host memory): a captured call's progress for the
+    watchdog (runtime/watchdog.py). A stream write would bake its value into the graph; this counts
+    every replay."""
+    tl.store(word_ptr, tl.load(word_ptr, volatile=True) + 1)
+
+
+def launch_bump(word_ptr) -> None:
+    """On the current stream (``word_ptr``: a ``DevicePointer`` into the status words)."""
+    from . import launcher
+
+    launcher.launch(bump_kernel, (1,), word_ptr, num_warps=1)

@@ -54,7 +54,8 @@ MAX_BANDS = 8  # ...and at most this many bands per chunk
 _SLOTS = AR_MAX_ROUNDS * WS_MAX * MAX_BANDS
 
 # The stream-wait watchdog (runtime/watchdog.py)
-STARTED, FINISHED = 8, 9  # status words the compute stream writes for it
+STARTED, FINISHED = 8, 9  # status words the compute stream writes for it (eager calls: their epochs)
+GRAPH_STARTED, GRAPH_FINISHED = 10, 11  # captured calls: counted up by a kernel at each replay
 WATCHDOG_FACTOR = 1.25  # a call not finished this many OVERLAP_TIMEOUT_S after it started is dead...
 WATCHDOG_SLACK_S = 0.25  # ...plus this: later than the kernels' own bounded waits, which say more
 RELEASED = 0x7FFFFFFF  # what an overdue call's flags are set to: >= every epoch (stream waits, kernels)
@@ -279,7 +280,8 @@ class GroupState:
         self.push_stream = comm_stream(device.index, SYMM_PUSH)
         self.copy_stream = comm_stream(device.index, SYMM_COPY_OUT)
         # words 0-7: a kernel's timeout report (codegen/flags.py); STARTED / FINISHED: the epochs of
-        # the last call the compute stream reached / completed (read by the watchdog)
+        # the last call the compute stream reached / completed, GRAPH_STARTED / GRAPH_FINISHED: how
+        # many captured calls replays reached / completed (read by the watchdog)
         self.status_ptr = _cuda.host_alloc_mapped(4 * 16)
         self.status = (ctypes.c_int32 * 16).from_address(self.status_ptr)
         self.flags = _Mapped(self.group, 4 * FLAG_WORDS)
@@ -301,9 +303,15 @@ class GroupState:
         self._watch_progress = True
         # made here, on the thread that has torch's context current; the watchdog thread only uses it
         self._release_stream = _cuda.stream_create_nonblocking()
+        self._bump_args = {w: _cuda.DevicePointer(self.status_ptr + 4 * w, torch.int32)
+                           for w in (GRAPH_STARTED, GRAPH_FINISHED)}
+        from ..codegen import flags as _flags, launcher
+
+        with launcher.preloading():  # compiled and loaded here, never inside a capture (a module load
+            for arg in self._bump_args.values():  # may synchronise); both: their alignments differ
+                _flags.launch_bump(arg)
         self._watched = watchdog.watch(self.timeout_ns / 1e9 * WATCHDOG_FACTOR + WATCHDOG_SLACK_S,
-                                       lambda: (self.status[STARTED], self.status[FINISHED]), self._overdue,
-                                       lambda epoch: self._names[epoch % 64] or "a symm call")
+                                       self._calls_in_flight, self._overdue, self._call_name)
 
     # ------------------------------------------------------------------ pointers for the kernels
     def status_arg(self) -> tuple[_cuda.DevicePointer, _cuda.DevicePointer]:
@@ -428,6 +436,7 @@ class GroupState:
         if graph:
             self.base, self.value = GRAPH_BLOCK, 1
             self.graph_pinned = True
+            self._count_replay(GRAPH_STARTED, compute)
         else:
             self.epoch += 1
             if self.epoch >= 2**31 - 1:
@@ -468,9 +477,31 @@ class GroupState:
         compute.wait_stream(self.copy_stream)
         if self.base == GRAPH_BLOCK:
             self._zero_graph_flags(compute)
+            self._count_replay(GRAPH_FINISHED, compute)
             self.base, self.value = 0, self.epoch
         else:
             self._progress(FINISHED, compute)
+
+    def _calls_in_flight(self) -> tuple[int, int]:
+        """(calls the GPU started, calls it finished): eager epochs plus captured replays (watchdog)."""
+        s = self.status
+        return s[STARTED] + s[GRAPH_STARTED], s[FINISHED] + s[GRAPH_FINISHED]
+
+    def _call_name(self, _started: int) -> str:
+        s = self.status
+        if s[STARTED] > s[FINISHED]:
+            return self._names[s[STARTED] % 64] or "a symm call"
+        return "a captured symm call (CUDA-graph replay)"
+
+    def _count_replay(self, word: int, compute: torch.cuda.Stream) -> None:
+        """A kernel on ``compute`` adds 1 to status word ``word`` (GRAPH_STARTED / GRAPH_FINISHED):
+        captured, it counts every replay, which the watchdog then bounds like an eager call."""
+        if not self._watch_progress:
+            return
+        from ..codegen import flags as _flags
+
+        with torch.cuda.stream(compute):
+            _flags.launch_bump(self._bump_args[word])
 
     def _progress(self, word: int, compute: torch.cuda.Stream) -> None:
         """The compute stream writes the epoch into status word ``word`` (STARTED / FINISHED) for

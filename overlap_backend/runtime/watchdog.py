@@ -15,7 +15,9 @@ costs two stream writes instead of two events); once a call has been started, no
 does not count), the group's ``on_overdue`` runs -- for a ``GroupState`` that records the error and
 releases every local flag, so the streams finish (with garbage) and the next call or
 ``check_status`` raises. It runs again on every poll until the call finishes, since a late peer may
-lower a released flag again.
+lower a released flag again. Calls captured in a CUDA graph cannot write an epoch (the value would
+be baked into the graph): a kernel counts their replays in two more words instead, and the group's
+``progress`` adds both.
 
 The thread knows nothing of CUDA: a watched group is a ``progress()`` callable returning
 ``(last call started, last call finished)`` (fakes in the CPU tests).
