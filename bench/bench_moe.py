@@ -366,11 +366,7 @@ def main(argv=None):
             write()
             if rank == 0:
                 print(f"sweep: {sweep_rows[-1]}" if "sweep" in res else rows[-1], flush=True)
-    dist.barrier()
-    from overlap_backend.runtime import symm
-
-    symm.release_all()
-    dist.destroy_process_group()
+    common.shutdown()
     return 0
 
 

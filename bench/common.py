@@ -132,6 +132,38 @@ class Timing:
         return allreduce_max([median], self.device)[0], n_reps
 
 
+def together_ms(fn: Callable[[], object], n: int = 10, warm: int = 0) -> float:
+    """Median ms of one call of ``fn`` started on every rank at once (a barrier and a synchronize
+    before each; CUDA events around it), max over ranks. For probes: a call's latency without
+    back-to-back queueing, where ``Timing`` measures throughput."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return allreduce_max([times[n // 2]], torch.device("cuda", torch.cuda.current_device()))[0]
+
+
+def shutdown() -> None:
+    """End of a symm benchmark: every rank done, the symmetric buffers released (collectively),
+    then the process group."""
+    from overlap_backend.runtime import symm
+
+    torch.cuda.synchronize()
+    dist.barrier()
+    symm.release_all()
+    dist.destroy_process_group()
+
+
 def host_us(fn: Callable[[], object], device: torch.device, calls: int = 20, rounds: int = 5) -> float:
     """Host time per call of ``fn`` in microseconds: ``rounds`` bursts of ``calls`` calls that are not
     waited for (the GPU queue is deep enough not to push back), median burst, max over ranks."""

@@ -25,23 +25,8 @@ from bench import common  # noqa: E402
 from bench.bench_moe import Problem  # noqa: E402
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402,F401
-
-
-def ms(fn, n: int = 10) -> float:
-    times = []
-    for _ in range(n):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        dist.barrier()
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[n // 2]
 
 
 def captured(fn):
@@ -72,22 +57,17 @@ def main() -> int:
             graph.replay()
             torch.cuda.synchronize()
             err = common.allreduce_max([common.rel_err(out.float(), ref.float())], device)[0]
-            eager, replay = common.allreduce_max([ms(lambda: prob.ours("symm")), ms(graph.replay)], device)
+            eager, replay = (common.together_ms(lambda: prob.ours("symm")), common.together_ms(graph.replay))
             del graph, out
             if rank == 0:
                 print(f"{cfg:15s} {transport:8s} eager {eager:.3f} ms  replay {replay:.3f} ms  rel err {err:.1e}",
                       flush=True)
         graph, _ = captured(prob.baseline)
-        eager, replay = common.allreduce_max([ms(prob.baseline), ms(graph.replay)], device)
+        eager, replay = common.together_ms(prob.baseline), common.together_ms(graph.replay)
         del graph
         if rank == 0:
             print(f"{cfg:15s} baseline eager {eager:.3f} ms  replay {replay:.3f} ms", flush=True)
-    torch.cuda.synchronize()
-    dist.barrier()
-    from overlap_backend.runtime import symm
-
-    symm.release_all()
-    dist.destroy_process_group()
+    common.shutdown()
     return 0
 
 

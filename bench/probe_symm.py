@@ -29,24 +29,7 @@ from overlap_backend.codegen import configs  # noqa: E402
 
 
 def med_ms(fn, n=30, warm=5):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        dist.barrier()
-        torch.cuda.synchronize()
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    local = times[len(times) // 2]
-    t = torch.tensor([local], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return common.together_ms(fn, n, warm)
 
 
 def b2b_ms(fn):
@@ -194,10 +177,7 @@ def main():
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-    torch.cuda.synchronize()
-    dist.barrier()
-    symm.release_all()
-    dist.destroy_process_group()
+    common.shutdown()
 
 
 if __name__ == "__main__":
