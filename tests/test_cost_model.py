@@ -194,6 +194,19 @@ def test_graphs_inductor_will_not_capture_are_priced_eagerly(monkeypatch):
     assert seen == [True, False]
 
 
+def test_cta_pipeline_under_cuda_graphs_stays_plain():
+    """bench_cta --graphs (2xH200): TP2 replays beat the captured CTA pipeline at every M; the model
+    without host time agrees, and drops only symm's host time (the p2p pipeline keeps its own)."""
+    for act in ("gelu", "swiglu"):
+        for m in (128, 512, 1024, 4096):
+            p = Problem("cta_pipeline_mlp", m=m, n=8192, k=8192, dtype=BF16, ws=2, f=28672 // 2, activation=act)
+            pred = predict(p, H200, ["symm", "p2p"], cuda_graphs=True)
+            assert not pred.wins, (act, m, pred.reason())
+            symm_plan, p2p_plan = pred.plans
+            assert symm_plan.terms["host_ms"] == 0.0
+            assert p2p_plan.ms == predict(p, H200, ["p2p"]).best.ms
+
+
 def test_reduce_overhead_mode_reaches_the_pass_context(monkeypatch):
     """The passes see PassContext.cuda_graphs when Inductor's cudagraphs are on (what
     mode="reduce-overhead" patches in while they run), never without Inductor."""

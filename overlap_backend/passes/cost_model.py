@@ -80,14 +80,15 @@ SM_STORE_GBPS = 4.5
 SM_PULL_GBPS = 15.0
 MOE_COMM_SMS = (4, 8, 16, 32)  # candidates of the moe symm communication SM count
 CTA_STAGES = (1, 2, 4, 8)  # candidates of the cta p2p stage count (OVERLAP_CTA_STAGES=auto)
-# ops whose calls a CUDA graph captures (cta_pipeline_mlp keeps its host time: its captured path
-# has not been timed)
-GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts")
-# ...but moe_experts' p2p path keeps its host time (dropless routing reads counts on the host; a
-# captured p2p moe_experts was never measured). Its captured symm path (copy-engine combine) measured
-# on 2xH200 (bench_moe --graphs): DeepSeek-like 5.65 ms vs the captured baseline's 7.23 (predicted
-# 6.08 vs 7.11), Mixtral-like decode 0.72 vs 0.57 (predicted 0.69 vs 0.49: kept plain).
-GRAPH_P2P_HOST_KEPT = ("moe_experts",)
+# ops whose calls a CUDA graph captures (on symm: with the toggling flag block; cta_pipeline_mlp with
+# device-counted epochs and peer stores)
+GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts", "cta_pipeline_mlp")
+# ...but the p2p paths of these keep their host time: dropless moe_experts reads counts on the host,
+# and neither was measured captured. Captured symm measured on 2xH200 (bench_moe --graphs):
+# DeepSeek-like 6.10 ms vs the captured baseline's 7.26 (predicted 6.08 vs 7.11), Mixtral-like decode
+# 0.81 vs 0.56 (predicted 0.69 vs 0.49: kept plain); cta_pipeline_mlp (bench_cta --graphs, 2xH200,
+# H 8192, F 28672): TP2 faster at every M, as predicted (M >= 512 within 17 %; M=128 0.22 vs 0.45).
+GRAPH_P2P_HOST_KEPT = ("moe_experts", "cta_pipeline_mlp")
 ONESHOT_MAX_BYTES = 4 << 20  # = runtime.symm.ONESHOT_MAX_BYTES (mm_ar symm: one-shot below it)
 AR_ROWS_PER_CHUNK, AR_MAX_ROUNDS = 512, 4  # = runtime.symm (mm_ar symm rounds)
 BAND_ROWS_MIN, MAX_BANDS = 512, 8  # = runtime.symm (bands of a chunk)
@@ -430,7 +431,7 @@ def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *
 
         p2p_host = {} if p.op in GRAPH_P2P_HOST_KEPT else {"p2p_call_ms": 0.0, "p2p_step_ms": 0.0}
         cal = dataclasses.replace(cal, **p2p_host, symm_call_ms=dict.fromkeys(cal.symm_call_ms, 0.0))
-        if not symm_lowering.CAPTURE_ON_SYMM:
+        if not symm_lowering.CAPTURE_ON_SYMM and p.op != "cta_pipeline_mlp":  # (cta: always captured on symm)
             lowerings = [low for low in lowerings if low != "symm"] or ["p2p"]
     plans = []
     for low in dict.fromkeys(lowerings):
