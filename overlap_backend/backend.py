@@ -87,7 +87,7 @@ class OverlapBackend:
         ctx = PassContext(self.config, kind, cuda_graphs=_cuda_graphs_on(self.config) and not cudagraph_blocker(graph))
         self.manager.run(graph, ctx, report, observer=dumper)
         if dumper is not None:
-            dumper.ops(graph)
+            dumper.ops(graph, captured=ctx.cuda_graphs)
             dumper.finish()
         self.reports.append(report)
         REPORTS.append(report)

@@ -75,12 +75,13 @@ class GraphDumper:
             (self.dir / f"{self.step:02d}_{pass_name}.diff").write_text("".join(diff))
         self.last = src
 
-    def ops(self, graph: torch.fx.Graph) -> None:
-        """One file per GEMM-collective op of ``graph``: call, generated epilogues, runtime calls."""
+    def ops(self, graph: torch.fx.Graph, captured: bool = False) -> None:
+        """One file per GEMM-collective op of ``graph``: call, generated epilogues, runtime calls
+        (``captured``: the graph will be replayed from a CUDA graph)."""
         for node in graph.nodes:
             if node.op == "call_function" and node.target in _dumped_ops():
                 try:
-                    text = op_listing(node)
+                    text = op_listing(node, captured)
                 except Exception as e:  # noqa: BLE001 - a dump must never fail the compile
                     text = f"# could not describe {node.name}: {type(e).__name__}: {e}\n"
                 (self.dir / "ops").mkdir(exist_ok=True)
@@ -113,7 +114,7 @@ def _dumped_ops():
             torch.ops.overlap.mm_ar.default: "mm_ar"}
 
 
-def op_listing(node: torch.fx.Node) -> str:
+def op_listing(node: torch.fx.Node, captured: bool = False) -> str:
     """The dump of one op node: its graph call, the Triton source generated for each epilogue
     spec, and ``runtime.plan.render``'s runtime calls, as one Python file."""
     from torch.distributed.distributed_c10d import _resolve_process_group
@@ -150,5 +151,5 @@ def op_listing(node: torch.fx.Node) -> str:
             parts += [f"# ---- epilogue of output {i}: {s!r} (cache key {gen.cache_key(source)[:24]}) ----", renamed, ""]
         except gen.Unsupported as e:
             parts += [f"# epilogue of output {i}: {s!r} has no generated kernel ({e}): torch ops run it", ""]
-    parts += ["# ---- runtime calls ----", plan.render(op, values, rank, ws)]
+    parts += ["# ---- runtime calls ----", plan.render(op, values, rank, ws, captured)]
     return "\n".join(parts)

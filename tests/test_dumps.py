@@ -54,3 +54,18 @@ def test_no_dump_without_debug_dir(fake_pg, clean_env, tmp_path, monkeypatch):
     backend = make_backend(inductor=False)
     torch.compile(lambda x, w: all_gather(x, 0, fake_pg) @ w, backend=backend)(torch.randn(4, 8), torch.randn(8, 8))
     assert backend.reports and list(tmp_path.iterdir()) == []
+
+
+def test_op_listing_of_a_captured_graph_says_how_its_flags_differ():
+    """Under CUDA graphs (PassContext.cuda_graphs) a symm op's runtime-call listing carries the note on
+    the toggling flag block; an eager one and a p2p one do not."""
+    from overlap_backend.runtime import plan
+
+    args = {"shard": torch.empty(512, 128, device="meta", dtype=torch.bfloat16),
+            "weights": [torch.empty(128, 256, device="meta", dtype=torch.bfloat16)], "biases": [None],
+            "gather_dim": 0, "group_name": "g", "lowering": "symm", "return_gathered": False}
+    captured = plan.render("ag_mm", args, 0, 2, captured=True)
+    compile(captured, "ag_mm.py", "exec")
+    assert "symm.GRAPH_BLOCK + w" in captured and "def ag_mm_calls():" in captured
+    assert "GRAPH_BLOCK" not in plan.render("ag_mm", args, 0, 2)
+    assert "GRAPH_BLOCK" not in plan.render("ag_mm", {**args, "lowering": "p2p"}, 0, 2, captured=True)

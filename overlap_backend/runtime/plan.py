@@ -182,10 +182,23 @@ def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
     return lines
 
 
-def render(op: str, args: dict, rank: int, ws: int) -> str:
-    """The listing for one call of ``overlap::<op>`` with ``args`` (name -> value, schema names)."""
+CAPTURED_NOTE = [
+    "# Captured in a CUDA graph (mode='reduce-overhead'; symm_lowering.CAPTURE_ON_SYMM): the calls below run",
+    "# with the toggling flag block instead: every flag word w is symm.GRAPH_BLOCK + w, every raise writes 1",
+    "# and every wait is for >= 1 (read `epoch` as 1), begin() consumes and resets the peers' READY on the",
+    "# push stream, end() zeroes the arrival and done words (symm.GRAPH_RESET); moe_experts combines by the",
+    "# copy engine only (no comm kernel). A call whose group, buffer or block config no eager call set up",
+    "# runs on p2p instead (docs/symm.md#limits).",
+]
+
+
+def render(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> str:
+    """The listing for one call of ``overlap::<op>`` with ``args`` (name -> value, schema names);
+    ``captured``: the graph is replayed from a CUDA graph (a note on how the flags differ)."""
     lowering = args["lowering"]
     head = [f"# overlap::{op} on rank {rank} of {ws}, lowering {lowering!r}"]
+    if captured and lowering == "symm" and op != "cta_pipeline_mlp":
+        head += CAPTURED_NOTE
     head += [f"# {k} = {_t(v) if not isinstance(v, (list, tuple)) else '[' + ', '.join(map(_t, v)) + ']'}"
              for k, v in args.items()]
     body = []
