@@ -307,9 +307,15 @@ class GroupState:
                            for w in (GRAPH_STARTED, GRAPH_FINISHED)}
         from ..codegen import flags as _flags, launcher
 
-        with launcher.preloading():  # compiled and loaded here, never inside a capture (a module load
-            for arg in self._bump_args.values():  # may synchronise); both: their alignments differ
-                _flags.launch_bump(arg)
+        self._count_replays = True
+        try:
+            with launcher.preloading():  # compiled and loaded here, never inside a capture (a module load
+                for arg in self._bump_args.values():  # may synchronise); both: their alignments differ
+                    _flags.launch_bump(arg)
+        except Exception as e:  # noqa: BLE001 - the ops must not fail for the watchdog's sake
+            self._count_replays = False
+            log.warning("overlap symm: group %s: CUDA-graph replays run without the watchdog (%s: %s)",
+                        group_name, type(e).__name__, e)
         self._watched = watchdog.watch(self.timeout_ns / 1e9 * WATCHDOG_FACTOR + WATCHDOG_SLACK_S,
                                        self._calls_in_flight, self._overdue, self._call_name)
 
@@ -496,7 +502,7 @@ class GroupState:
     def _count_replay(self, word: int, compute: torch.cuda.Stream) -> None:
         """A kernel on ``compute`` adds 1 to status word ``word`` (GRAPH_STARTED / GRAPH_FINISHED):
         captured, it counts every replay, which the watchdog then bounds like an eager call."""
-        if not self._watch_progress:
+        if not (self._watch_progress and self._count_replays):
             return
         from ..codegen import flags as _flags
 
