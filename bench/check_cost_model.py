@@ -12,6 +12,7 @@ No GPU needed: it reads the JSON tables under ``bench/results/`` (``<suite>_ws<N
 | ``seq`` (NCCL then mm / mm then NCCL), ``TP2`` (cta) | the baseline (plain sequence) |
 | ``ours_p2p`` / ``ours`` (p2p-only runs) | the ``p2p`` plan |
 | ``ours_symm``, ``CTA 2`` (cta) | the ``symm`` plan |
+| ``TP2 (graph)``, ``CTA 2 (graph)`` (cta), MoE ``graphs`` | the same, as CUDA-graph replays (``cuda_graphs=True``: no host time) |
 | ``mm``, ``comm`` | the baseline's GEMM and collective terms (shown, not in the criterion) |
 
 Error = predicted / measured - 1. The criterion (``--limit``, 20%) covers the baseline and ours
@@ -44,6 +45,9 @@ RESULTS = REPO / "bench" / "results"
 OLDER_SYMM = {"2026-11-29_h200x2_symm": "older tree (b2a4053: before per-band signalling)"}
 # MoE decode rows measured before the plan kernel (host-bound at 2.7-2.9 ms; 0.85-1.7 ms after it)
 OLDER_MOE_DECODE = {"2026-11-30_h200x2_session5": "before the plan kernel"}
+# captured moe_experts measured with the comm kernel's combine (a captured call now takes ce-only)
+OLDER_MOE_GRAPH = {("2026-11-30_h200x2_session7", "moe_graphs_ws2_run5_comm_kernel.json"):
+                   "captured with the comm-kernel combine (now ce-only)"}
 
 
 def _dtype(d: dict) -> str:
@@ -83,11 +87,13 @@ def cta_rows(path: Path) -> list[dict]:
     for r in d["rows"]:
         m = int(r["M"])
         prob = Problem("cta_pipeline_mlp", m=m, n=h, k=h, f=ffn // ws, dtype=dtype, ws=ws, activation=r["act"])
-        for col, what, low in (("TP2", "baseline", None), ("CTA 2", "ours", "symm")):
+        for col, what, low, graphs in (("TP2", "baseline", None, False), ("CTA 2", "ours", "symm", False),
+                                       ("TP2 (graph)", "baseline", None, True), ("CTA 2 (graph)", "ours", "symm", True)):
             if r.get(col) is None:
                 continue
-            out.append(dict(run=run, file=path.name, op=f"cta {r['act']}", ws=ws, shape=f"{m}x{h}x{ffn}", column=col,
-                            what=what, lowering=low, measured=float(r[col]), problem=prob, note="", criterion=True))
+            out.append(dict(run=run, file=path.name, op=f"cta {r['act']}" + (" graph" if graphs else ""), ws=ws,
+                            shape=f"{m}x{h}x{ffn}", column=col, what=what, lowering=low, measured=float(r[col]),
+                            problem=prob, note="", criterion=True, graphs=graphs))
     return out
 
 
@@ -127,12 +133,17 @@ def moe_rows(path: Path) -> list[dict]:
         note = "older kernels" if older else ""
         if not note and r["config"].endswith("-decode"):
             note = OLDER_MOE_DECODE.get(run, "")
-        cols = [("baseline", "baseline", None, t.get("baseline"), ""),
-                ("symm (defaults)", "ours", "symm", ours, note)]
-        for col, what, low, ms, why_old in cols:
+        cols = [("baseline", "baseline", None, t.get("baseline"), "", False),
+                ("symm (defaults)", "ours", "symm", ours, note, False)]
+        g = r.get("graphs", {})  # bench_moe --graphs: both captured, timed as replays
+        graph_note = OLDER_MOE_GRAPH.get((run, path.name), "")
+        cols += [("baseline (graph)", "baseline", None, g.get("baseline"), "", True),
+                 ("symm (graph)", "ours", "symm", g.get("symm"), graph_note, True)]
+        for col, what, low, ms, why_old, graphs in cols:
             if ms is not None:
-                out.append(dict(run=run, file=path.name, op="moe", ws=ws, shape=shape, column=col, what=what,
-                                lowering=low, measured=float(ms), problem=prob, note=why_old, criterion=not why_old))
+                out.append(dict(run=run, file=path.name, op="moe graph" if graphs else "moe", ws=ws, shape=shape,
+                                column=col, what=what, lowering=low, measured=float(ms), problem=prob, note=why_old,
+                                criterion=not why_old, graphs=graphs))
     return out
 
 
@@ -144,7 +155,7 @@ def predicted(row: dict, cal) -> float:
                 "comm term": pred.baseline_terms["comm_ms"]}[row["what"]]
     stages = 2 if prob.op == "cta_pipeline_mlp" else None
     comm_sms = 8 if prob.op == "moe_experts" else None  # what the measured default ran with
-    pred = predict(prob, cal, [row["lowering"]], stages=stages, comm_sms=comm_sms)
+    pred = predict(prob, cal, [row["lowering"]], stages=stages, comm_sms=comm_sms, cuda_graphs=row.get("graphs", False))
     (plan,) = [p for p in pred.plans if p.lowering == row["lowering"]]
     return plan.ms
 
