@@ -623,6 +623,63 @@ def test_symm_reduce_overhead_tp_models(ws, capture):
     print(_run(reduce_overhead_worker, ws, capture == "capture_symm", timeout=280, env=env)[0])
 
 
+def reduce_overhead_train_worker(rank: int, ws: int, device: str):
+    """mode="reduce-overhead" in training: the TP models' forward and backward graphs replayed from
+    CUDA graphs with their ag_mm / mm_rs / mm_ar captured on symm; 6 steps on fresh inputs, output,
+    input grad and parameter grads against eager each step; no call may run on p2p."""
+    import copy
+
+    import torch.distributed as dist
+
+    _own_compile_caches(rank)
+    _setup_rank(rank, device)
+    import overlap_backend
+
+    gn = dist.group.WORLD.group_name
+    dtype = torch.bfloat16
+    out, bad = {}, []
+    for name, (model, make_input, _) in _tp_models(gn, dtype, device, seq=64).items():
+        torch._dynamo.reset()
+        compiled = torch.compile(copy.deepcopy(model), backend=overlap_backend.make_backend(lowering="symm"),
+                                 mode="reduce-overhead")
+        errs: dict[str, float] = {}
+        for _ in range(6):
+            torch.compiler.cudagraph_mark_step_begin()
+            x = make_input()
+            xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+            ye, yc = model(xe), compiled(xc)
+            dy = torch.randn_like(ye, dtype=torch.float32)
+            (ye.float() * dy).sum().backward()
+            (yc.float() * dy).sum().backward()
+            pairs = {"out": (yc, ye), "x.grad": (xc.grad, xe.grad)}
+            for (pname, pe), (_, pc) in zip(model.named_parameters(), compiled.named_parameters()):
+                pairs[f"{pname}.grad"] = (pc.grad, pe.grad)
+            for t, (c, e) in pairs.items():
+                errs[t] = max(errs.get(t, 0.0), math.inf if c is None or e is None else _rel_err(c, e))
+            for prm in (*model.parameters(), *compiled.parameters()):
+                prm.grad = None
+        out[name] = max(errs.values())
+        bad += [f"rank {rank}: {name}: {t} rel err {e:.3e}" for t, e in errs.items() if not e <= _tol(dtype)]
+    del compiled
+    torch._dynamo.reset()
+    from torch._inductor import cudagraph_trees
+
+    cudagraph_trees.reset_cudagraph_trees()
+    torch.cuda.synchronize()
+    out["paths"] = _paths()
+    if any(k.endswith(":p2p") for k in out["paths"]) or not out["paths"].get("ag_mm:symm"):
+        bad.append(f"rank {rank}: expected every call on symm: {out['paths']}")
+    assert not bad, "\n".join(bad)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_symm_reduce_overhead_training():
+    _need_gpus(2)
+    env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    print(_run(reduce_overhead_train_worker, 2, timeout=280, env=env)[0])
+
+
 def late_peer_worker(rank: int, ws: int, device: str):
     """Rank 1 calls ag_mm 3 s after rank 0, whose kernel gives up after 1 s: rank 0 gets a
     SymmTimeoutError naming the op, its rank and the flag; rank 1's result is still right."""
