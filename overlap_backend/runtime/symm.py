@@ -506,8 +506,13 @@ class GroupState:
             return
         from ..codegen import flags as _flags
 
-        with torch.cuda.stream(compute):
-            _flags.launch_bump(self._bump_args[word])
+        try:
+            with torch.cuda.stream(compute):
+                _flags.launch_bump(self._bump_args[word])
+        except Exception as e:  # noqa: BLE001 - (raised before the launch reached CUDA) the op goes on
+            self._count_replays = False
+            log.warning("overlap symm: group %s: CUDA-graph replays run without the watchdog (%s: %s)",
+                        self.group_name, type(e).__name__, e)
 
     def _progress(self, word: int, compute: torch.cuda.Stream) -> None:
         """The compute stream writes the epoch into status word ``word`` (STARTED / FINISHED) for
