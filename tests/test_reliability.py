@@ -442,6 +442,9 @@ def test_watchdog_bounds_captured_replays_too():
     st.status[symm.STARTED] = 6  # then an eager call in flight: named by its epoch
     st._names[6] = "ag_mm"
     assert st._calls_in_flight() == (9, 8) and st._call_name(9) == "ag_mm"
+    st._count_replays = False  # replay counting turned off (its kernel failed): only eager calls count
+    st.status[symm.GRAPH_STARTED] = 4
+    assert st._calls_in_flight() == (6, 5)
     assert symm.STARTED < symm.FINISHED < symm.GRAPH_STARTED < symm.GRAPH_FINISHED < 16  # the status buffer
 
 

@@ -491,6 +491,8 @@ class GroupState:
     def _calls_in_flight(self) -> tuple[int, int]:
         """(calls the GPU started, calls it finished): eager epochs plus captured replays (watchdog)."""
         s = self.status
+        if not getattr(self, "_count_replays", True):  # (turned off mid-way: the counts may not pair up)
+            return s[STARTED], s[FINISHED]
         return s[STARTED] + s[GRAPH_STARTED], s[FINISHED] + s[GRAPH_FINISHED]
 
     def _call_name(self, _started: int) -> str:
