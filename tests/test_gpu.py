@@ -414,10 +414,13 @@ class RowParallelMLP(torch.nn.Module):
         return _AllReduceSum.apply(torch.nn.functional.gelu(x @ self.w1) @ self.w2, self.group_name)
 
 
-def _compare_fwd_bwd(eager, compiled, make_input, dtype, steps: int = 2) -> dict[str, float]:
-    """Max relative error per tensor (output, input grad, parameter grads) over ``steps`` steps."""
+def _compare_fwd_bwd(eager, compiled, make_input, dtype, steps: int = 2, before_step=None) -> dict[str, float]:
+    """Max relative error per tensor (output, input grad, parameter grads) over ``steps`` steps
+    (``before_step``: called at the start of each)."""
     errs: dict[str, float] = {}
     for _ in range(steps):
+        if before_step is not None:
+            before_step()
         x = make_input()
         xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
         ye, yc = eager(xe), compiled(xc)
@@ -642,22 +645,8 @@ def reduce_overhead_train_worker(rank: int, ws: int, device: str):
         torch._dynamo.reset()
         compiled = torch.compile(copy.deepcopy(model), backend=overlap_backend.make_backend(lowering="symm"),
                                  mode="reduce-overhead")
-        errs: dict[str, float] = {}
-        for _ in range(6):
-            torch.compiler.cudagraph_mark_step_begin()
-            x = make_input()
-            xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-            ye, yc = model(xe), compiled(xc)
-            dy = torch.randn_like(ye, dtype=torch.float32)
-            (ye.float() * dy).sum().backward()
-            (yc.float() * dy).sum().backward()
-            pairs = {"out": (yc, ye), "x.grad": (xc.grad, xe.grad)}
-            for (pname, pe), (_, pc) in zip(model.named_parameters(), compiled.named_parameters()):
-                pairs[f"{pname}.grad"] = (pc.grad, pe.grad)
-            for t, (c, e) in pairs.items():
-                errs[t] = max(errs.get(t, 0.0), math.inf if c is None or e is None else _rel_err(c, e))
-            for prm in (*model.parameters(), *compiled.parameters()):
-                prm.grad = None
+        errs = _compare_fwd_bwd(model, compiled, make_input, dtype, steps=6,
+                                before_step=torch.compiler.cudagraph_mark_step_begin)
         out[name] = max(errs.values())
         bad += [f"rank {rank}: {name}: {t} rel err {e:.3e}" for t, e in errs.items() if not e <= _tol(dtype)]
     del compiled

@@ -428,6 +428,7 @@ def test_watchdog_bounds_captured_replays_too():
     st = object.__new__(symm.GroupState)
     st.status = [0] * 16
     st._names = [""] * 64
+    st._count_replays = True
     st._names[5] = "mm_rs"
     st.status[symm.STARTED] = st.status[symm.FINISHED] = 5  # eager calls 1..5 done
     st.status[symm.GRAPH_STARTED], st.status[symm.GRAPH_FINISHED] = 3, 2  # the third replay in flight

@@ -202,13 +202,16 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     # begin(), which the comm kernel's pushes ("sm") would wait on.
     transport = "ce-only" if graph else TRANSPORT
     ce_only = transport == "ce-only" and x.is_cuda  # no comm kernel: every SM computes
-    # the op's argument (the cost model's choice), else the setting
-    sms_setting = comm_sms or _comm_sms_setting()
-    sms = 0 if ce_only else sms_setting
-    grid = max(1, st.num_sms - sms)  # the comm kernel holds `sms` SMs for the whole call
+
+    def comm_sms_of(t: str) -> int:  # SMs the comm kernel holds for the whole call under transport t
+        # the op's argument (the cost model's choice), else the setting
+        return 0 if t == "ce-only" and x.is_cuda else (comm_sms or _comm_sms_setting())
+
+    sms = comm_sms_of(transport)
+    grid = max(1, st.num_sms - sms)
     # Block configs are tuned by eager calls, with their transport's grid (a captured call uses theirs);
     # rows vary per call (dropless): tuned once per power-of-two bucket of them
-    eager_grid = max(1, st.num_sms - (0 if TRANSPORT == "ce-only" and x.is_cuda else sms_setting))
+    eager_grid = max(1, st.num_sms - comm_sms_of(TRANSPORT))
     tune_key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), eager_grid)
     send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
     ends_host = [] if offsets is not None else _prefix(group_sizes)[1:]

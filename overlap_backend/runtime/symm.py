@@ -313,9 +313,7 @@ class GroupState:
                 for arg in self._bump_args.values():  # may synchronise); both: their alignments differ
                     _flags.launch_bump(arg)
         except Exception as e:  # noqa: BLE001 - the ops must not fail for the watchdog's sake
-            self._count_replays = False
-            log.warning("overlap symm: group %s: CUDA-graph replays run without the watchdog (%s: %s)",
-                        group_name, type(e).__name__, e)
+            self._stop_counting_replays(e)
         self._watched = watchdog.watch(self.timeout_ns / 1e9 * WATCHDOG_FACTOR + WATCHDOG_SLACK_S,
                                        self._calls_in_flight, self._overdue, self._call_name)
 
@@ -491,7 +489,7 @@ class GroupState:
     def _calls_in_flight(self) -> tuple[int, int]:
         """(calls the GPU started, calls it finished): eager epochs plus captured replays (watchdog)."""
         s = self.status
-        if not getattr(self, "_count_replays", True):  # (turned off mid-way: the counts may not pair up)
+        if not self._count_replays:  # (turned off mid-way: the counts may not pair up)
             return s[STARTED], s[FINISHED]
         return s[STARTED] + s[GRAPH_STARTED], s[FINISHED] + s[GRAPH_FINISHED]
 
@@ -512,9 +510,12 @@ class GroupState:
             with torch.cuda.stream(compute):
                 _flags.launch_bump(self._bump_args[word])
         except Exception as e:  # noqa: BLE001 - (raised before the launch reached CUDA) the op goes on
-            self._count_replays = False
-            log.warning("overlap symm: group %s: CUDA-graph replays run without the watchdog (%s: %s)",
-                        self.group_name, type(e).__name__, e)
+            self._stop_counting_replays(e)
+
+    def _stop_counting_replays(self, e: Exception) -> None:
+        self._count_replays = False
+        log.warning("overlap symm: group %s: CUDA-graph replays run without the watchdog (%s: %s)",
+                    self.group_name, type(e).__name__, e)
 
     def _progress(self, word: int, compute: torch.cuda.Stream) -> None:
         """The compute stream writes the epoch into status word ``word`` (STARTED / FINISHED) for
