@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import torch
 
-from .spawn import collect
+from .spawn import collect, dump_stacks_on_signal
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -331,6 +331,7 @@ def print_report(args: argparse.Namespace, results: list[dict], device_desc: str
 
 # --------------------------------------------------------------------------------- processes
 def _worker(rank: int, ws: int, store_path: str, args: argparse.Namespace, results) -> None:
+    dump_stacks_on_signal()
     try:
         import torch.distributed as dist
 

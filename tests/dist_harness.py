@@ -14,7 +14,7 @@ import tempfile
 import traceback
 from datetime import timedelta
 
-from overlap_backend.spawn import collect
+from overlap_backend.spawn import collect, dump_stacks_on_signal
 
 # One intra-op thread per rank: the ranks share a 2-core CI machine. Inductor off by default
 # (its C++ codegen costs ~25 s per graph there); Inductor tests set OVERLAP_INDUCTOR=1.
@@ -23,6 +23,7 @@ _RANK_ENV = {"OMP_NUM_THREADS": "1", "OVERLAP_INDUCTOR": "0"}
 
 def _worker(fn, rank, world_size, store_path, results, env, backend, args):
     os.environ.update(env)
+    dump_stacks_on_signal()
     try:
         import torch
         import torch.distributed as dist

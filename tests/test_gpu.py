@@ -684,9 +684,11 @@ def late_peer_worker(rank: int, ws: int, device: str):
     shard = _randn(64, 128, dtype=dtype, device=device)
     w = _randn(128, 256, dtype=dtype, device=device, scale=128**-0.5)
     ref = _gather_ref(shard, 0, group).float() @ w.float()
-    # Set up buffers and compile/tune the kernel first, so that the only delay is the sleep below.
+    # Set up buffers and compile/tune the kernel first, under the default bound (a cold compile
+    # skews the ranks by seconds), so that the only delay is the sleep below.
     torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)
     torch.cuda.synchronize()
+    symm.state(group.group_name, torch.device(device, torch.cuda.current_device())).set_timeout(1.0)
     dist.barrier()
     if rank == 1:
         time.sleep(3.0)
@@ -718,7 +720,7 @@ def late_peer_worker(rank: int, ws: int, device: str):
 @pytest.mark.timeout(200)
 def test_symm_timeout_names_op_rank_flag():
     _need_gpus(2)
-    results = _run(late_peer_worker, 2, env={"OVERLAP_TIMEOUT_S": "1"})
+    results = _run(late_peer_worker, 2, timeout=90)
     print(results)
 
 
@@ -747,11 +749,14 @@ def test_stream_operations_fast_path():
     assert torch.equal(dst, src) and flags.tolist() == [3, 7]
 
 
+DEAD_PEER_TIMEOUT_S = 2.0  # set after the warm-up call (GroupState.set_timeout)
+
+
 def dead_peer_worker(rank: int, ws: int, device: str):
     """Rank 1 skips the second call (as if it died). Rank 0's copy-engine pushes wait for rank 1's
     READY flag in ``cuStreamWaitValue32``, which has no timeout: without the watchdog its
     synchronize would never return. With it, the synchronize returns within ~1.25x
-    OVERLAP_TIMEOUT_S, the next check raises SymmTimeoutError and so does every later call."""
+    the timeout, the next check raises SymmTimeoutError and so does every later call."""
     import time
 
     import torch.distributed as dist
@@ -760,12 +765,13 @@ def dead_peer_worker(rank: int, ws: int, device: str):
     from overlap_backend.runtime import symm
 
     group = dist.group.WORLD
-    timeout_s = float(os.environ["OVERLAP_TIMEOUT_S"])
+    timeout_s = DEAD_PEER_TIMEOUT_S
     dtype = torch.bfloat16
     shard = _randn(64, 128, dtype=dtype, device=device)
     w = _randn(128, 256, dtype=dtype, device=device, scale=128**-0.5)
-    torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", True)
+    torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", True)  # (default bound)
     torch.cuda.synchronize()
+    symm.state(group.group_name, torch.device(device, torch.cuda.current_device())).set_timeout(timeout_s)
     dist.barrier()
     torch.cuda.synchronize()
     if rank == 1:
@@ -794,7 +800,7 @@ def dead_peer_worker(rank: int, ws: int, device: str):
 @pytest.mark.timeout(200)
 def test_symm_dead_peer_unblocks_stream_waits():
     _need_gpus(2)
-    print(_run(dead_peer_worker, 2, env={"OVERLAP_TIMEOUT_S": "2"}))
+    print(_run(dead_peer_worker, 2, timeout=90))
 
 
 def dead_peer_replay_worker(rank: int, ws: int, device: str):
@@ -802,7 +808,7 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
     gathered input: a copy-stream wait too) and replay it once together; then rank 1 skips a replay.
     Rank 0's replay waits in stream waits for rank 1's READY; the watchdog sees the replay in flight
     (GRAPH_STARTED / GRAPH_FINISHED, counted by a captured kernel) and releases it: the synchronize
-    returns within ~1.25x OVERLAP_TIMEOUT_S and check_status raises."""
+    returns within ~1.25x the timeout and check_status raises."""
     import time
 
     import torch.distributed as dist
@@ -812,7 +818,7 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
 
     symm_lowering.CAPTURE_ON_SYMM = True
     group = dist.group.WORLD
-    timeout_s = float(os.environ["OVERLAP_TIMEOUT_S"])
+    timeout_s = DEAD_PEER_TIMEOUT_S
     dtype = torch.bfloat16
     shard = _randn(64, 128, dtype=dtype, device=device)
     w = _randn(128, 256, dtype=dtype, device=device, scale=128**-0.5)
@@ -820,8 +826,9 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
     def call():
         return torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", True)
 
-    call()
+    call()  # (default bound: see late_peer_worker)
     torch.cuda.synchronize()
+    symm.state(group.group_name, torch.device(device, torch.cuda.current_device())).set_timeout(timeout_s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
@@ -852,7 +859,7 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
 @pytest.mark.timeout(200)
 def test_symm_dead_peer_in_a_replay():
     _need_gpus(2)
-    print(_run(dead_peer_replay_worker, 2, env={"OVERLAP_TIMEOUT_S": "2"}))
+    print(_run(dead_peer_replay_worker, 2, timeout=90))
 
 
 def captured_symm_worker(rank: int, ws: int, device: str):

@@ -398,6 +398,16 @@ class GroupState:
             _cuda.host_free(self.status_ptr)
             self.status_ptr = 0
 
+    def set_timeout(self, seconds: float) -> None:
+        """Bound this group's waits by ``seconds`` from the next call on (the kernels' flag waits and
+        the watchdog; ``OVERLAP_TIMEOUT_S`` set the first value). Calls already captured in a CUDA
+        graph keep the value they were captured with. For a first call that compiles kernels on
+        every rank (ranks skewed by seconds) under a long bound, then a short one."""
+        if not seconds > 0:
+            raise ValueError(f"overlap symm: timeout must be > 0 s, got {seconds!r}")
+        self.timeout_ns = int(seconds * 1e9)
+        self._watched.limit_s = seconds * WATCHDOG_FACTOR + WATCHDOG_SLACK_S
+
     # ---------------------------------------------------------------------------------- one call
     def check_status(self) -> None:
         if self.status[0] != 0:  # a kernel's own report names the flag: it comes first
