@@ -35,11 +35,39 @@ def events_ms(fn, n=20, warm=3):
     return statistics.median(common.Timing(torch.device("cuda"))._elapsed_ms(fn, n))
 
 
+def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, data, flags, counters, done, one, B,
+                    symm, st, dtype, device, tiles_m):
+    """Stage 0 alone (local stores, flags pre-raised) in a variant of its block config / loop: ms,
+    or the error's name if it does not compile."""
+    BM, BN, BK, GROUP_M, stages, warps = cfg0
+    parts = set(variant.split("+"))
+    if "stages4" in parts:
+        stages = 4
+    if "bn128" in parts:
+        BN = 128
+    if "group8" in parts:
+        GROUP_M = 8
+    cfg = (BM, BN, BK, GROUP_M, stages, warps)
+    vgroups = -(-tiles_m // GROUP_M)
+    kchunk, nch = cta_symm.k_chunks(Fd, BN, cfg1[2], vgroups, 1)
+    staging = torch.empty(nch * -(-x.shape[0] // BM) * BM * kchunk, dtype=dtype, device=device)
+    try:
+        return round(events_ms(lambda: cta.launch_stage0(
+            x, placed.w1, None, None, None, staging, data, flags, counters, done, one, 0, kchunk, nch,
+            B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms, flatten="flatten" in parts)), 3)
+    except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
+        return f"{type(e).__name__}: {str(e)[:80]}"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="512,4096", help="M values")
     p.add_argument("--hidden", type=int, default=8192)
     p.add_argument("--ffn", type=int, default=28672)
+    p.add_argument("--stage0-variants", default="",
+                   help="also time stage 0 alone (local stores) in these variants, comma-separated: "
+                        "stages4 (4 pipeline stages), flatten (tile loop fused with the K-loop), bn128, "
+                        "group8 (GROUP_M 8), and combinations joined by '+'")
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")
     assert ws == 2, "probe_cta runs on exactly 2 GPUs"
@@ -108,6 +136,10 @@ def main():
                 alone[name] = events_ms(lambda buf=buf: cta.launch_stage0(
                     x, placed.w1, None, None, None, buf, data, flags, counters, done, one, 0, kchunk, nch,
                     B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
+            for variant in filter(None, args.stage0_variants.split(",")):
+                alone[f"stage0 {variant}"] = _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed,
+                                                             data, flags, counters, done, one, B, symm, st, dtype,
+                                                             device, tiles_m)
             alone["cublas GEMM1"] = events_ms(lambda: torch.mm(x, placed.w1))
             y = st.data_view(dtype, (M, H), y_offset)
             alone["collect"] = events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(B + symm.CTA_Y_DONE), one,
