@@ -35,6 +35,24 @@ def events_ms(fn, n=20, warm=3):
     return statistics.median(common.Timing(torch.device("cuda"))._elapsed_ms(fn, n))
 
 
+def _op_variant(variant, cta_symm, timing, op):
+    """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back."""
+    saved = (cta_symm.STAGE0_SWIZZLE_GROUPS, cta_symm.COUNT_FIRST_GROUP_AT_ONCE, cta_symm.K_CHUNKS)
+    for part in variant.split("+"):
+        if part.startswith("swz"):
+            cta_symm.STAGE0_SWIZZLE_GROUPS = int(part[3:])
+        elif part == "first":
+            cta_symm.COUNT_FIRST_GROUP_AT_ONCE = True
+        elif part.startswith("k"):
+            cta_symm.K_CHUNKS = int(part[1:])
+        else:
+            raise SystemExit(f"unknown op variant {part!r}")
+    try:
+        return timing.bench(op)[0]
+    finally:
+        cta_symm.STAGE0_SWIZZLE_GROUPS, cta_symm.COUNT_FIRST_GROUP_AT_ONCE, cta_symm.K_CHUNKS = saved
+
+
 def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, data, flags, counters, done, one, B,
                     symm, st, dtype, device, tiles_m):
     """Stage 0 alone (local stores, flags pre-raised) in a variant of its block config / loop: ms,
@@ -47,6 +65,7 @@ def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, d
         BN = 128
     if "group8" in parts:
         GROUP_M = 8
+    swizzle = next((GROUP_M * int(q[3:]) for q in parts if q.startswith("swz")), 0)
     cfg = (BM, BN, BK, GROUP_M, stages, warps)
     vgroups = -(-tiles_m // GROUP_M)
     kchunk, nch = cta_symm.k_chunks(Fd, BN, cfg1[2], vgroups, 1)
@@ -54,7 +73,8 @@ def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, d
     try:
         return round(events_ms(lambda: cta.launch_stage0(
             x, placed.w1, None, None, None, staging, data, flags, counters, done, one, 0, kchunk, nch,
-            B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms, flatten="flatten" in parts)), 3)
+            B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms, flatten="flatten" in parts,
+            swizzle_m=swizzle, count_first_at_once="first" in parts)), 3)
     except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
         return f"{type(e).__name__}: {str(e)[:80]}"
 
@@ -68,6 +88,10 @@ def main():
                    help="also time stage 0 alone (local stores) in these variants, comma-separated: "
                         "stages4 (4 pipeline stages), flatten (tile loop fused with the K-loop), bn128, "
                         "group8 (GROUP_M 8), and combinations joined by '+'")
+    p.add_argument("--op-variants", default="",
+                   help="also time the whole op (ce) with these cta_symm settings, comma-separated: "
+                        "swzN (STAGE0_SWIZZLE_GROUPS=N), first (COUNT_FIRST_GROUP_AT_ONCE), kN (K_CHUNKS=N), "
+                        "and combinations joined by '+'")
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")
     assert ws == 2, "probe_cta runs on exactly 2 GPUs"
@@ -95,6 +119,8 @@ def main():
             cta_symm.TRANSPORT = transport
             full[transport], _ = timing.bench(op)
         cta_symm.TRANSPORT = "ce"
+        for variant in filter(None, args.op_variants.split(",")):
+            full[variant] = _op_variant(variant, cta_symm, timing, op)
         # Host time of one call (enqueue only), median of 20 after a sync.
         host = []
         for _ in range(20):

@@ -45,6 +45,10 @@ K_CHUNKS = 4  # K-chunks per stage-0 rank: a stage-1 CTA waits (and refills its 
 # straight into the consumers' memory). The same on every rank (a module setting); bench/ compares.
 TRANSPORT = "ce"
 STAGE1_SHARE = True  # SwiGLU: stage-1 ranks compute a share of the first GEMM (see stage1_share)
+# Stage 0's tile order after the first row group: swizzle groups of this many row groups (W1 read from
+# HBM once per swizzle group; codegen/cta.py: stage0_tile). 1: row group by row group.
+STAGE0_SWIZZLE_GROUPS = 1
+COUNT_FIRST_GROUP_AT_ONCE = False  # stage 0 counts the first row group's tiles right after their stores
 _staging: dict[tuple, Tensor] = {}
 # Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
 STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
@@ -299,7 +303,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
             cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, stage_buf, data, flags,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
-                              timeout_ns=st.timeout_ns, rank=r)
+                              timeout_ns=st.timeout_ns, rank=r, swizzle_m=cfg0[3] * STAGE0_SWIZZLE_GROUPS,
+                              count_first_at_once=COUNT_FIRST_GROUP_AT_ONCE)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
