@@ -37,12 +37,10 @@ def events_ms(fn, n=20, warm=3):
 
 def _op_variant(variant, cta_symm, timing, op):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back."""
-    saved = (cta_symm.STAGE0_SWIZZLE_GROUPS, cta_symm.COUNT_FIRST_GROUP_AT_ONCE, cta_symm.K_CHUNKS)
+    saved = (cta_symm.COUNT_FIRST_GROUP_AT_ONCE, cta_symm.K_CHUNKS)
     for part in variant.split("+"):
-        if part.startswith("swz"):
-            cta_symm.STAGE0_SWIZZLE_GROUPS = int(part[3:])
-        elif part == "first":
-            cta_symm.COUNT_FIRST_GROUP_AT_ONCE = True
+        if part in ("first", "late"):
+            cta_symm.COUNT_FIRST_GROUP_AT_ONCE = part == "first"
         elif part.startswith("k"):
             cta_symm.K_CHUNKS = int(part[1:])
         else:
@@ -50,7 +48,7 @@ def _op_variant(variant, cta_symm, timing, op):
     try:
         return timing.bench(op)[0]
     finally:
-        cta_symm.STAGE0_SWIZZLE_GROUPS, cta_symm.COUNT_FIRST_GROUP_AT_ONCE, cta_symm.K_CHUNKS = saved
+        cta_symm.COUNT_FIRST_GROUP_AT_ONCE, cta_symm.K_CHUNKS = saved
 
 
 def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, data, flags, counters, done, one, B,
@@ -65,7 +63,6 @@ def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, d
         BN = 128
     if "group8" in parts:
         GROUP_M = 8
-    swizzle = next((GROUP_M * int(q[3:]) for q in parts if q.startswith("swz")), 0)
     cfg = (BM, BN, BK, GROUP_M, stages, warps)
     vgroups = -(-tiles_m // GROUP_M)
     kchunk, nch = cta_symm.k_chunks(Fd, BN, cfg1[2], vgroups, 1)
@@ -74,7 +71,7 @@ def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, d
         return round(events_ms(lambda: cta.launch_stage0(
             x, placed.w1, None, None, None, staging, data, flags, counters, done, one, 0, kchunk, nch,
             B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms, flatten="flatten" in parts,
-            swizzle_m=swizzle, count_first_at_once="first" in parts)), 3)
+            count_first_at_once="first" in parts)), 3)
     except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
         return f"{type(e).__name__}: {str(e)[:80]}"
 
@@ -87,10 +84,10 @@ def main():
     p.add_argument("--stage0-variants", default="",
                    help="also time stage 0 alone (local stores) in these variants, comma-separated: "
                         "stages4 (4 pipeline stages), flatten (tile loop fused with the K-loop), bn128, "
-                        "group8 (GROUP_M 8), and combinations joined by '+'")
+                        "group8 (GROUP_M 8), first (first row group counted at once), and combinations joined by '+'")
     p.add_argument("--op-variants", default="",
                    help="also time the whole op (ce) with these cta_symm settings, comma-separated: "
-                        "swzN (STAGE0_SWIZZLE_GROUPS=N), first (COUNT_FIRST_GROUP_AT_ONCE), kN (K_CHUNKS=N), "
+                        "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), "
                         "and combinations joined by '+'")
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")

@@ -671,7 +671,10 @@ def test_symm_reduce_overhead_training():
 
 def late_peer_worker(rank: int, ws: int, device: str):
     """Rank 1 calls ag_mm 3 s after rank 0, whose kernel gives up after 1 s: rank 0 gets a
-    SymmTimeoutError naming the op, its rank and the flag; rank 1's result is still right."""
+    SymmTimeoutError naming the op, its rank and the flag. Rank 0's watchdog then released its waits
+    and told rank 1 (symm.PEER_OK): rank 1's result is right (what rank 0 pushed was its shard), but
+    its call stalls at its end until its own watchdog fires, and it raises naming rank 0 as the
+    peer that gave up first: a rank never goes on with what a peer sent after giving up."""
     import time
 
     import torch.distributed as dist
@@ -714,7 +717,13 @@ def late_peer_worker(rank: int, ws: int, device: str):
             f"claim {flags[symm.CLAIM].item()}")
     err = _rel_err(out, ref)
     assert err <= _tol(dtype), err
-    return f"late rank's result ok (rel err {err:.1e})"
+    try:
+        symm.check_status()
+    except symm.SymmTimeoutError as e:
+        msg = str(e)
+        assert "ag_mm on rank 1" in msg and "Rank(s) [0] had given up" in msg, msg
+        return f"late rank's result ok (rel err {err:.1e}), then it raised: {msg}"
+    raise AssertionError("rank 1 went on although rank 0 had given up the call")
 
 
 @pytest.mark.timeout(200)

@@ -34,10 +34,14 @@ class Sim:
 
     def __init__(self, ws: int):
         self.ws = ws
-        self.mem = [dict() for _ in range(ws)]
+        self.reset_memory()
         self.call = [0] * ws  # the replay each rank is enqueuing
         self.current_rank = 0
         self.streams = [{n: FakeStream(r, n) for n in ("compute", "push", "copy")} for r in range(ws)]
+
+    def reset_memory(self) -> None:
+        """Every word 0, but PEER_OK (1 from the group's setup: no peer gave up)."""
+        self.mem = [{symm.PEER_OK: (1, None)} for _ in range(self.ws)]
 
     # the runtime's CUDA calls, recorded on the stream they are queued on
     def write_value32(self, addr, value, stream):
@@ -80,6 +84,8 @@ class Sim:
             self.mem[rank][word] = (value, call if value else None)
         elif kind == "wait":
             _, rank, word, _, call = op
+            if word == symm.PEER_OK:
+                return  # set at setup, lowered only by a peer that gave up: not a per-call flag
             raised_by = self.mem[rank][word][1]
             assert raised_by == call, (f"rank {rank} word {word} ({s.name} stream) released by call {raised_by}'s "
                                        f"raise while waiting in call {call}: a stale flag")
@@ -170,11 +176,11 @@ def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, mon
         for per_rank in sim.streams:
             for s in per_rank.values():
                 s.done = 0
-        sim.mem = [dict() for _ in range(ws)]
+        sim.reset_memory()
         assert sim.run(seed) == ops
         # after the last replay every per-call word of the block is 0 again (READY included)
         for r in range(ws):
-            left = {w: v for w, v in sim.mem[r].items() if v[0] and w >= symm.GRAPH_BLOCK}
+            left = {w: v for w, v in sim.mem[r].items() if v[0] and symm.GRAPH_BLOCK <= w < symm.PEER_OK}
             assert not left, (seed, r, left)
     assert all(st.graph_pinned for st in states)
 
@@ -201,7 +207,7 @@ def test_the_check_catches_a_missing_reset(monkeypatch):
         for per_rank in sim.streams:
             for s in per_rank.values():
                 s.done = 0
-        sim.mem = [dict(), dict()]
+        sim.reset_memory()
         try:
             sim.run(seed)
         except AssertionError:
@@ -211,7 +217,10 @@ def test_the_check_catches_a_missing_reset(monkeypatch):
 
 def test_graph_block_is_a_copy_of_the_per_call_words():
     assert symm.GRAPH_BLOCK >= symm.CTA_BLOCKS + 2 * symm.CTA_BLOCK_WORDS  # after every other block
-    assert symm.GRAPH_BLOCK + symm.GRAPH_WORDS == symm.FLAG_WORDS
+    # then the words a watchdog's release must not raise to RELEASED (see GroupState._release_flags),
+    # which end the buffer
+    assert symm.GRAPH_BLOCK + symm.GRAPH_WORDS == symm.PEER_OK < symm.GAVE_UP
+    assert symm.GAVE_UP + symm.WS_MAX == symm.FLAG_WORDS
     lo, hi = symm.GRAPH_RESET
     assert symm.READY < lo and lo == symm.AG_ARRIVED  # READY is reset by its consumer
     # arrivals and done flags of ag_mm / mm_rs / mm_ar, then of moe_experts
@@ -221,3 +230,47 @@ def test_graph_block_is_a_copy_of_the_per_call_words():
     # CTA counters of moe's comm kernel) or that a captured call never uses (CLAIM: the eager block's)
     assert symm.COUNTERS < symm.CLAIM < symm.TICKET < symm.MOE_ARRIVED
     assert hi < symm.MOE_PUSHED < symm.GRAPH_WORDS == symm.MOE_PUSHED + symm.WS_MAX
+
+
+def test_a_peer_that_gave_up_stalls_the_rank_at_the_end_of_its_call(monkeypatch):
+    """Rank 0 gave up a call (its watchdog lowered PEER_OK in rank 1's flags): rank 1's next call
+    runs, but its compute stream stops at the end instead of going on with what rank 0 sent."""
+    sim = Sim(2)
+    states = make_states(sim, monkeypatch)
+    for r in range(2):
+        queue_ag_mm(sim, states, r)
+    sim.reset_memory()
+    sim.mem[1][symm.PEER_OK] = (0, None)
+    with pytest.raises(AssertionError, match="deadlock") as e:
+        sim.run(0)
+    assert f"'rank 1 compute': ('wait', 1, {symm.PEER_OK}, 1" in str(e.value), str(e.value)
+    assert "'rank 0 compute'" not in str(e.value), "rank 0 should have finished its call"
+
+
+def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypatch):
+    """GroupState._overdue on rank 1 of 3: on the first report, every peer's GAVE_UP[1] = 1 and
+    PEER_OK = 0, and its own GAVE_UP words copied to the status words, all before its own flags
+    are raised to RELEASED (below GAVE_UP only); later reports release again without telling."""
+    ops = []
+    monkeypatch.setattr(symm._cuda, "make_primary_context_current", lambda index: None)
+    monkeypatch.setattr(symm._cuda, "memset32_async", lambda ptr, v, n, stream: ops.append(("set", ptr, v, n)))
+    monkeypatch.setattr(symm._cuda, "copy_async", lambda dst, src, n, stream: ops.append(("copy", dst, src, n)))
+    monkeypatch.setattr(symm.log, "error", lambda *a: None)
+    st = object.__new__(symm.GroupState)
+    st.rank, st.ws, st.group_name, st.timeout_ns, st.stalled = 1, 3, "g", 10**9, None
+    st.flags = SimpleNamespace(ptrs=[p * FLAG_SPAN for p in range(3)], local=FLAG_SPAN)
+    st.device, st._release_stream, st.status_ptr = SimpleNamespace(index=0), None, 7 << 40
+    st._overdue("ag_mm", 2.0)
+    word = lambda p, w: p * FLAG_SPAN + 4 * w  # noqa: E731
+    assert ops == [("set", word(0, symm.GAVE_UP + 1), 1, 1), ("set", word(0, symm.PEER_OK), 0, 1),
+                   ("set", word(2, symm.GAVE_UP + 1), 1, 1), ("set", word(2, symm.PEER_OK), 0, 1),
+                   ("copy", st.status_ptr + 4 * symm.STATUS_GAVE_UP, word(1, symm.GAVE_UP), 4 * symm.WS_MAX),
+                   ("set", FLAG_SPAN, symm.RELEASED, symm.GAVE_UP)]
+    assert "ag_mm on rank 1" in st.stalled
+    ops.clear()
+    st._overdue("ag_mm", 2.05)
+    assert ops == [("set", FLAG_SPAN, symm.RELEASED, symm.GAVE_UP)]
+    st.status = [0] * symm.STATUS_WORDS
+    st.status[symm.STATUS_GAVE_UP + 2] = 1
+    with pytest.raises(symm.SymmTimeoutError, match=r"Rank\(s\) \[2\] had given up"):
+        st.check_status()

@@ -456,14 +456,14 @@ def test_overdue_symm_call_releases_flags_and_the_next_call_raises(monkeypatch):
     from overlap_backend.runtime import symm
 
     st = object.__new__(symm.GroupState)
-    st.rank, st.group_name, st.timeout_ns, st.stalled = 1, "tp", int(2e9), None
-    st.status = [0] * 8
+    st.rank, st.ws, st.group_name, st.timeout_ns, st.stalled = 1, 2, "tp", int(2e9), None
+    st.status = [0] * symm.STATUS_WORDS
     released = []
-    monkeypatch.setattr(st, "_release_flags", lambda: released.append(1), raising=False)
+    monkeypatch.setattr(st, "_release_flags", lambda tell_peers: released.append(tell_peers), raising=False)
     st.check_status()
     st._overdue("ag_mm", 2.8)
     st._overdue("ag_mm", 2.85)
-    assert len(released) == 2
+    assert released == [True, False]  # the peers are told once (see test_graph_flags.py)
     with pytest.raises(symm.SymmTimeoutError) as e:
         st.check_status()
     msg = str(e.value)

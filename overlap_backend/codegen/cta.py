@@ -77,7 +77,7 @@ def stage0_kernel(
     M, Mp, H, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, WAIT_READY: tl.constexpr,
-    PRECISION: tl.constexpr, TIMED: tl.constexpr, FLATTEN: tl.constexpr = False, SWIZZLE_M: tl.constexpr = 0,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr, FLATTEN: tl.constexpr = False,
     COUNT_FIRST_AT_ONCE: tl.constexpr = False,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
@@ -114,7 +114,7 @@ def stage0_kernel(
     # FLATTEN: Triton fuses the tile loop with the K-loop, so that the next tile's loads are issued
     # during this tile's epilogue (a persistent kernel otherwise drains its pipeline per tile)
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN):
-        pid_m, pid_n = stage0_tile(tile, tiles_m, tiles_n, GROUP_M, SWIZZLE_M)
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
         acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, pid_n * BN, H, acc1, acc3, BK, DUAL, PRECISION)
@@ -150,23 +150,6 @@ def stage0_kernel(
     if prev_m >= 0:
         _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m, tiles_n,
                           kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
-
-
-@triton.jit
-def stage0_tile(t, tiles_m, tiles_n, GROUP_M: tl.constexpr, SWIZZLE_M: tl.constexpr):
-    """(pid_m, pid_n) of stage 0's t-th tile. The first row group (GROUP_M row blocks: stage 1's
-    flag granularity) alone, column by column: its chunks are the pipeline's fill. The others in
-    groups of ``SWIZZLE_M`` row blocks (a multiple of GROUP_M; 0: GROUP_M), column by column: W1
-    column tiles are read from HBM once per swizzle group, not once per row group, and the row
-    groups of a swizzle group finish each chunk together."""
-    pid_m, pid_n = grouped_tile(t, tiles_m, tiles_n, GROUP_M)
-    if SWIZZLE_M > GROUP_M:
-        first = GROUP_M * tiles_n
-        late_m, late_n = grouped_tile(t - first, tl.maximum(tiles_m - GROUP_M, 1), tiles_n, SWIZZLE_M)
-        late = t >= first
-        pid_m = tl.where(late, late_m + GROUP_M, pid_m)
-        pid_n = tl.where(late, late_n, pid_n)
-    return pid_m, pid_n
 
 
 @triton.jit
@@ -299,7 +282,7 @@ def padded_rows(M: int, BM: int) -> int:
 
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
                   a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
-                  rank=0, timed=True, flatten=False, swizzle_m=0, count_first_at_once=False):
+                  rank=0, timed=True, flatten=False, count_first_at_once=False):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
     straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
     words to wait on in the kernel (None: the caller made the stream wait)."""
@@ -316,8 +299,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
         STAGED=stage is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed, FLATTEN=flatten,
-        SWIZZLE_M=swizzle_m if swizzle_m > GROUP_M else 0, COUNT_FIRST_AT_ONCE=count_first_at_once,
-        num_stages=stages, num_warps=warps,
+        COUNT_FIRST_AT_ONCE=count_first_at_once, num_stages=stages, num_warps=warps,
     )
 
 

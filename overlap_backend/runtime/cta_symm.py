@@ -45,10 +45,10 @@ K_CHUNKS = 4  # K-chunks per stage-0 rank: a stage-1 CTA waits (and refills its 
 # straight into the consumers' memory). The same on every rank (a module setting); bench/ compares.
 TRANSPORT = "ce"
 STAGE1_SHARE = True  # SwiGLU: stage-1 ranks compute a share of the first GEMM (see stage1_share)
-# Stage 0's tile order after the first row group: swizzle groups of this many row groups (W1 read from
-# HBM once per swizzle group; codegen/cta.py: stage0_tile). 1: row group by row group.
-STAGE0_SWIZZLE_GROUPS = 1
-COUNT_FIRST_GROUP_AT_ONCE = False  # stage 0 counts the first row group's tiles right after their stores
+# Stage 0 counts the first row group's tiles right after their stores, not a main loop later: they
+# are the pipeline's fill. Measured on 2xH200 (bench/probe_cta.py, GELU): 3.17 vs 3.25 ms at M=4096,
+# 0.60 vs 0.66 at M=512 (noisy there), equal at 1024.
+COUNT_FIRST_GROUP_AT_ONCE = True
 _staging: dict[tuple, Tensor] = {}
 # Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
 STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
@@ -303,8 +303,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
             cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, stage_buf, data, flags,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
-                              timeout_ns=st.timeout_ns, rank=r, swizzle_m=cfg0[3] * STAGE0_SWIZZLE_GROUPS,
-                              count_first_at_once=COUNT_FIRST_GROUP_AT_ONCE)
+                              timeout_ns=st.timeout_ns, rank=r, count_first_at_once=COUNT_FIRST_GROUP_AT_ONCE)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
@@ -331,6 +330,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         # is counted on the device (begin_kernel), READY is raised and awaited by the kernels, and
         # tiles go by peer stores (the copy-engine path needs the epoch on the host).
         st.check_status()
+        st.captured_call(compute, finished=False)
         cta.launch_begin(epoch_word, flags, base + symm.CTA_READY, r, ws)
     else:
         epoch = st.begin(compute, "cta_pipeline_mlp")
@@ -344,7 +344,10 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     if stage_buf is not None:
         _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base)
     collect()
-    if not graph:
+    if graph:
+        st.stall_if_a_peer_gave_up(compute)
+        st.captured_call(compute, finished=True)
+    else:
         st.end(compute)
     return out
 

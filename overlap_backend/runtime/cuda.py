@@ -212,6 +212,13 @@ def memset32_async(ptr: int, value: int, count: int, stream) -> None:
     _check("cuMemsetD32Async", driver.cuMemsetD32Async(ptr, value, count, stream))
 
 
+def copy_async(dst: int, src: int, nbytes: int, stream) -> None:
+    """``nbytes`` from ``src`` to ``dst`` (any memory the device can address, host-mapped included), on
+    ``stream`` (a handle from :func:`stream_create_nonblocking`)."""
+    driver, _ = _bindings()
+    _check("cuMemcpyAsync", driver.cuMemcpyAsync(dst, src, nbytes, stream))
+
+
 def wait_value32(addr: int, value: int, stream: torch.cuda.Stream) -> None:
     """Later work on ``stream`` waits until ``(int32)(*addr - value) >= 0``."""
     fast = _fast()

@@ -109,7 +109,7 @@ def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
                 c = (rank + p) % ws
                 lines += [f"cuStreamWaitValue32(flag=flags.AG_ARRIVED[{c * nb + nb - 1}], geq=epoch, stream=copy_stream)",
                           f"gathered[chunk({c})].copy_(buf[{c}])  # on copy_stream"]
-        lines.append("group.end(compute)  # compute waits for the push and copy streams")
+        lines.append("group.end(compute)  # compute waits for the push and copy streams, and for PEER_OK >= 1")
         return lines
     a, b = args["a"], args["b"]
     why = sl._mm_problem(a, b, args["bias"], args["reduce_op"])

@@ -109,7 +109,17 @@ GRAPH_WORDS = MOE_PUSHED + WS_MAX
 # MOE_DONE), and between them COUNTERS, CLAIM and TICKET, which are 0 between calls anyway (one
 # kernel for the whole range)
 GRAPH_RESET = (AG_ARRIVED, MOE_COUNTERS)
-FLAG_WORDS = GRAPH_BLOCK + GRAPH_WORDS
+# A rank whose watchdog fires releases its own waits, so its kernels and pushes run on and send its
+# peers garbage under flags that look valid. Before that it lowers PEER_OK in every peer (1 from setup,
+# 0 once a peer gave up) and marks itself in their GAVE_UP words; every call's end waits for PEER_OK
+# >= 1 on the compute stream, so a peer that consumed such garbage stalls there instead of going on,
+# and its own watchdog turns that into an exception (its release raises PEER_OK to RELEASED). GAVE_UP
+# lies past the words a release raises: it says which peer gave up.
+PEER_OK = GRAPH_BLOCK + GRAPH_WORDS
+GAVE_UP = PEER_OK + 1  # [p]: rank p gave up a call (written by p)
+FLAG_WORDS = GAVE_UP + WS_MAX
+STATUS_GAVE_UP = 16  # status words 16..23: a copy of GAVE_UP, made by the watchdog when it fires
+STATUS_WORDS = STATUS_GAVE_UP + WS_MAX
 
 
 def band_rows(rows: int) -> int:
@@ -282,9 +292,10 @@ class GroupState:
         # words 0-7: a kernel's timeout report (codegen/flags.py); STARTED / FINISHED: the epochs of
         # the last call the compute stream reached / completed, GRAPH_STARTED / GRAPH_FINISHED: how
         # many captured calls replays reached / completed (read by the watchdog)
-        self.status_ptr = _cuda.host_alloc_mapped(4 * 16)
-        self.status = (ctypes.c_int32 * 16).from_address(self.status_ptr)
+        self.status_ptr = _cuda.host_alloc_mapped(4 * STATUS_WORDS)
+        self.status = (ctypes.c_int32 * STATUS_WORDS).from_address(self.status_ptr)
         self.flags = _Mapped(self.group, 4 * FLAG_WORDS)
+        _cuda.memset(self.flags.local + 4 * PEER_OK, 1, 1)  # (the word was 0: its low byte makes it 1)
         self.data: _Mapped | None = None
         self._ready_waited: set[int] = set()
         self._views: dict[tuple, Tensor] = {}
@@ -411,16 +422,27 @@ class GroupState:
     # ---------------------------------------------------------------------------------- one call
     def check_status(self) -> None:
         if self.status[0] != 0:  # a kernel's own report names the flag: it comes first
-            raise status_error(list(self.status), self.group_name, self.timeout_ns / 1e9)
+            e = status_error(list(self.status), self.group_name, self.timeout_ns / 1e9)
+            raise SymmTimeoutError(str(e) + self._gave_up_note())
         if self.stalled is not None:
-            raise SymmTimeoutError(self.stalled)
+            raise SymmTimeoutError(self.stalled + self._gave_up_note())
+
+    def _gave_up_note(self) -> str:
+        """Which peers gave up a call first (their waits released: what they sent is garbage), as read
+        by the watchdog when it fired."""
+        peers = [p for p in range(self.ws) if p != self.rank and self.status[STATUS_GAVE_UP + p]]
+        if not peers:
+            return ""
+        return (f" Rank(s) {peers} had given up a call of this group first (their watchdog fired and released "
+                "their waits), so what they sent this rank since is garbage.")
 
     def _overdue(self, what: str, waited_s: float) -> None:
         """Watchdog thread: the oldest unfinished call started ``waited_s`` ago. Mark the group
         unusable and raise every local flag to ``RELEASED`` so that the stream waits (and kernel
         waits) end; again on every poll until the call finishes (a late peer may write an older
         epoch over a released flag)."""
-        if self.stalled is None:
+        first = self.stalled is None
+        if first:
             self.stalled = (
                 f"overlap symm: {what} on rank {self.rank} of group {self.group_name!r} did not finish within "
                 f"{waited_s:.1f} s (OVERLAP_TIMEOUT_S={self.timeout_ns / 1e9:g} x {WATCHDOG_FACTOR}): a stream "
@@ -428,14 +450,21 @@ class GroupState:
                 "were released, so this call's output and every later one's is garbage; the group is unusable."
             )
             log.error("%s", self.stalled)
-        self._release_flags()
+        self._release_flags(tell_peers=first)
 
-    def _release_flags(self) -> None:
+    def _release_flags(self, tell_peers: bool) -> None:
         # On a stream of its own that does not wait for the legacy default stream, which a blocked
         # compute stream may be.
         # The watchdog thread has no current context until this (driver calls fail without one).
         _cuda.make_primary_context_current(self.device.index)
-        _cuda.memset32_async(self.flags.local, RELEASED, FLAG_WORDS, self._release_stream)
+        stream = self._release_stream
+        if tell_peers:  # before this rank's kernels run on (in stream order): see PEER_OK
+            for p in range(self.ws):
+                if p != self.rank:
+                    _cuda.memset32_async(self.flag_addr(GAVE_UP + self.rank, p), 1, 1, stream)
+                    _cuda.memset32_async(self.flag_addr(PEER_OK, p), 0, 1, stream)
+            _cuda.copy_async(self.status_ptr + 4 * STATUS_GAVE_UP, self.flag_addr(GAVE_UP), 4 * WS_MAX, stream)
+        _cuda.memset32_async(self.flags.local, RELEASED, GAVE_UP, stream)
 
     def word(self, index: int) -> int:
         """Flag word ``index`` of the current call's block (eager, or captured: ``GRAPH_BLOCK``)."""
@@ -489,12 +518,23 @@ class GroupState:
     def end(self, compute: torch.cuda.Stream) -> None:
         compute.wait_stream(self.push_stream)
         compute.wait_stream(self.copy_stream)
+        self.stall_if_a_peer_gave_up(compute)
         if self.base == GRAPH_BLOCK:
             self._zero_graph_flags(compute)
             self._count_replay(GRAPH_FINISHED, compute)
             self.base, self.value = 0, self.epoch
         else:
             self._progress(FINISHED, compute)
+
+    def captured_call(self, compute: torch.cuda.Stream, finished: bool) -> None:
+        """A captured call that does not go through ``begin``/``end`` (cta_pipeline_mlp's, which counts
+        its epochs on the device) tells the watchdog where each replay starts and ends."""
+        self._count_replay(GRAPH_FINISHED if finished else GRAPH_STARTED, compute)
+
+    def stall_if_a_peer_gave_up(self, compute: torch.cuda.Stream) -> None:
+        """End of every call: a peer that gave up a call sent garbage under valid flags, so
+        ``compute`` stops here (until the watchdog fires and raises) instead of going on with it."""
+        _cuda.wait_value32(self.flag_addr(PEER_OK), 1, compute)
 
     def _calls_in_flight(self) -> tuple[int, int]:
         """(calls the GPU started, calls it finished): eager epochs plus captured replays (watchdog)."""
