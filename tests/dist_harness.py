@@ -53,6 +53,11 @@ def run_ranks(
 
     ``backend="nccl"`` puts rank r on GPU r.
     """
+    # OVERLAP_TEST_TIMEOUT_S caps every test's timeout (a device run under a shorter stage limit still
+    # gets the stuck ranks' stacks, which are printed when the timeout is reached)
+    cap = os.environ.get("OVERLAP_TEST_TIMEOUT_S")
+    if cap:
+        timeout = min(timeout, float(cap))
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     full_env = {**_RANK_ENV, **(env or {})}
