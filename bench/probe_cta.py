@@ -6,7 +6,12 @@ op without the stream-level READY waits (unsafe, measurement only); and the roun
 a flag written by one GPU's stream (``cuStreamWriteValue32`` into the peer's memory) and awaited by
 the other's (``cuStreamWaitValue32``). Not a benchmark of record: a diagnostic.
 
-    torchrun --nproc-per-node=2 bench/probe_cta.py [--sizes 512,4096]
+    torchrun --nproc-per-node=2 bench/probe_cta.py [--sizes 512,4096] [--stage0-variants group8,stages4]
+        [--op-variants late,k8]
+
+``--stage0-variants`` times stage 0 alone in other block configs, ``--op-variants`` the whole op
+with other ``cta_symm`` settings (same process, so comparable with the defaults: machines differ
+by up to 15 % in the same kernel's time).
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, d
     try:
         return round(events_ms(lambda: cta.launch_stage0(
             x, placed.w1, None, None, None, staging, data, flags, counters, done, one, 0, kchunk, nch,
-            B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms, flatten="flatten" in parts,
+            B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms,
             count_first_at_once="first" in parts)), 3)
     except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
         return f"{type(e).__name__}: {str(e)[:80]}"
@@ -83,7 +88,7 @@ def main():
     p.add_argument("--ffn", type=int, default=28672)
     p.add_argument("--stage0-variants", default="",
                    help="also time stage 0 alone (local stores) in these variants, comma-separated: "
-                        "stages4 (4 pipeline stages), flatten (tile loop fused with the K-loop), bn128, "
+                        "stages4 (4 pipeline stages), bn128, "
                         "group8 (GROUP_M 8), first (first row group counted at once), and combinations joined by '+'")
     p.add_argument("--op-variants", default="",
                    help="also time the whole op (ce) with these cta_symm settings, comma-separated: "

@@ -77,8 +77,7 @@ def stage0_kernel(
     M, Mp, H, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, WAIT_READY: tl.constexpr,
-    PRECISION: tl.constexpr, TIMED: tl.constexpr, FLATTEN: tl.constexpr = False,
-    COUNT_FIRST_AT_ONCE: tl.constexpr = False,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
@@ -111,9 +110,9 @@ def stage0_kernel(
     w3_desc = b_descriptor(w3_ptr, H, Fp, BK, BN, False)
     prev_m = -1  # the tile stored in the previous iteration, counted after this one's main loop
     prev_n = 0
-    # FLATTEN: Triton fuses the tile loop with the K-loop, so that the next tile's loads are issued
-    # during this tile's epilogue (a persistent kernel otherwise drains its pipeline per tile)
-    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN):
+    # (tl.range(..., flatten=True), fusing this loop with the K-loop, made stage 0 3x slower with
+    # Triton 3.6 on H200: bench/results/2026-11-30_h200x2_session8)
+    for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
@@ -282,7 +281,7 @@ def padded_rows(M: int, BM: int) -> int:
 
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
                   a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
-                  rank=0, timed=True, flatten=False, count_first_at_once=False):
+                  rank=0, timed=True, count_first_at_once=False):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
     straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
     words to wait on in the kernel (None: the caller made the stream wait)."""
@@ -298,7 +297,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         M, padded_rows(M, BM), H, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
         STAGED=stage is not None, WAIT_READY=ready is not None,
-        PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed, FLATTEN=flatten,
+        PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed,
         COUNT_FIRST_AT_ONCE=count_first_at_once, num_stages=stages, num_warps=warps,
     )
 

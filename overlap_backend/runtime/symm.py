@@ -296,6 +296,7 @@ class GroupState:
         self.status = (ctypes.c_int32 * STATUS_WORDS).from_address(self.status_ptr)
         self.flags = _Mapped(self.group, 4 * FLAG_WORDS)
         _cuda.memset(self.flags.local + 4 * PEER_OK, 1, 1)  # (the word was 0: its low byte makes it 1)
+        torch.cuda.synchronize(device)  # before any stream waits for it (set-up is eager, never captured)
         self.data: _Mapped | None = None
         self._ready_waited: set[int] = set()
         self._views: dict[tuple, Tensor] = {}
