@@ -11,6 +11,8 @@
 #                                      (default: the symm tests at the largest world size + timeout,
 #                                      dead peer, captured symm, stream operations;
 #                                      TESTS_K= runs them all)
+#   OVERLAP_TEST_TIMEOUT_S=150 bash bench/run_device.sh tests   # caps every test's own timeout, so a hang
+#                                      prints the stuck ranks' Python stacks before the stage limit kills it
 #   TEST_FILES="tests/test_gpu_cta.py" BENCHES="cta" bash bench/run_device.sh   # a subset
 #                                      (defaults: tests/test_gpu.py tests/test_gpu_cta.py, in `tests` mode
 #                                      every tests/test_gpu*.py; BENCHES="collective block cta", with
