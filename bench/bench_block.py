@@ -560,9 +560,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Results are written and the process group is gone: skip interpreter teardown (symmetric memory,
-    # CUDA state, compile workers) where a run with nothing left to do could hang.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    common.exit_now(main())

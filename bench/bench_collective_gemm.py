@@ -33,7 +33,6 @@ import argparse
 import gc
 import logging
 import math
-import os
 import sys
 import traceback
 import warnings
@@ -746,9 +745,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Results are written and the process group is gone: skip interpreter teardown, where freeing
-    # symmetric-memory buffers and CUDA state could hang a run that has nothing left to do.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    common.exit_now(main())

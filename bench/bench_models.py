@@ -671,7 +671,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # results are written; skip interpreter teardown (symmetric memory, compile workers)
+    common.exit_now(main())
