@@ -56,12 +56,17 @@ def _op_variant(variant, cta_symm, timing, op):
         cta_symm.COUNT_FIRST_GROUP_AT_ONCE, cta_symm.K_CHUNKS = saved
 
 
-def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, data, flags, counters, done, one, B,
-                    symm, st, dtype, device, tiles_m):
-    """Stage 0 alone (local stores, flags pre-raised) in a variant of its block config / loop: ms,
-    or the error's name if it does not compile."""
+def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one):
+    """Stage 0 alone (local stores, flags pre-raised) in a variant of its block config: ms, or the
+    error's name if it does not compile."""
+    from overlap_backend.codegen import cta
+    from overlap_backend.runtime import cta_symm, symm
+
     BM, BN, BK, GROUP_M, stages, warps = cfg0
     parts = set(variant.split("+"))
+    unknown = parts - {"stages4", "bn128", "group8", "first"}
+    if unknown:
+        raise SystemExit(f"unknown stage-0 variant(s) {sorted(unknown)}")
     if "stages4" in parts:
         stages = 4
     if "bn128" in parts:
@@ -69,13 +74,14 @@ def _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed, d
     if "group8" in parts:
         GROUP_M = 8
     cfg = (BM, BN, BK, GROUP_M, stages, warps)
-    vgroups = -(-tiles_m // GROUP_M)
-    kchunk, nch = cta_symm.k_chunks(Fd, BN, cfg1[2], vgroups, 1)
-    staging = torch.empty(nch * -(-x.shape[0] // BM) * BM * kchunk, dtype=dtype, device=device)
+    tiles_m = -(-x.shape[0] // BM)
+    kchunk, nch = cta_symm.k_chunks(Fd, BN, cfg1[2], -(-tiles_m // GROUP_M), 1)
+    staging = torch.empty(nch * tiles_m * BM * kchunk, dtype=x.dtype, device=x.device)
+    data, flags = st.peer_tables()
     try:
         return round(events_ms(lambda: cta.launch_stage0(
             x, placed.w1, None, None, None, staging, data, flags, counters, done, one, 0, kchunk, nch,
-            B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms,
+            symm.cta_block(False) + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms,
             count_first_at_once="first" in parts)), 3)
     except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
         return f"{type(e).__name__}: {str(e)[:80]}"
@@ -165,9 +171,8 @@ def main():
                     x, placed.w1, None, None, None, buf, data, flags, counters, done, one, 0, kchunk, nch,
                     B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
             for variant in filter(None, args.stage0_variants.split(",")):
-                alone[f"stage0 {variant}"] = _stage0_variant(variant, cta, cfg0, Fd, cta_symm, groups, cfg1, x, placed,
-                                                             data, flags, counters, done, one, B, symm, st, dtype,
-                                                             device, tiles_m)
+                alone[f"stage0 {variant}"] = _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done,
+                                                             one)
             alone["cublas GEMM1"] = events_ms(lambda: torch.mm(x, placed.w1))
             y = st.data_view(dtype, (M, H), y_offset)
             alone["collect"] = events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(B + symm.CTA_Y_DONE), one,

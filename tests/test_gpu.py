@@ -101,6 +101,13 @@ def _stream(device: str, stream):
     return torch.cuda.stream(stream) if device == "cuda" else contextlib.nullcontext()
 
 
+def _group_state(group, device: str):
+    """The symm state of ``group`` on this rank's GPU (set up by an earlier eager call)."""
+    from overlap_backend.runtime import symm
+
+    return symm.state(group.group_name, torch.device(device, torch.cuda.current_device()))
+
+
 def _setup_rank(rank: int, device: str) -> None:
     import warnings
 
@@ -691,7 +698,7 @@ def late_peer_worker(rank: int, ws: int, device: str):
     # skews the ranks by seconds), so that the only delay is the sleep below.
     torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)
     torch.cuda.synchronize()
-    symm.state(group.group_name, torch.device(device, torch.cuda.current_device())).set_timeout(1.0)
+    _group_state(group, device).set_timeout(1.0)
     dist.barrier()
     if rank == 1:
         time.sleep(3.0)
@@ -708,7 +715,7 @@ def late_peer_worker(rank: int, ws: int, device: str):
             except symm.SymmTimeoutError:
                 return msg
             raise AssertionError("the next call after a timeout did not raise")
-        st = symm.state(group.group_name, torch.device(device, torch.cuda.current_device()))
+        st = _group_state(group, device)
         flags = symm._cuda.as_tensor(st.flags.local, 4 * symm.FLAG_WORDS, st.device).view(torch.int32)
         raise AssertionError(
             "rank 0 did not time out although rank 1 was 3 s late: status words "
@@ -780,13 +787,13 @@ def dead_peer_worker(rank: int, ws: int, device: str):
     w = _randn(128, 256, dtype=dtype, device=device, scale=128**-0.5)
     torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", True)  # (default bound)
     torch.cuda.synchronize()
-    symm.state(group.group_name, torch.device(device, torch.cuda.current_device())).set_timeout(timeout_s)
+    st = _group_state(group, device)
+    st.set_timeout(timeout_s)
     dist.barrier()
     torch.cuda.synchronize()
     if rank == 1:
         time.sleep(timeout_s * symm.WATCHDOG_FACTOR + 8)  # alive (its buffers mapped), never calling
         return "skipped the call"
-    st = symm.state(group.group_name, torch.device(device, torch.cuda.current_device()))
     start = time.monotonic()
     torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", True)  # gathered: a copy-stream wait too
     torch.cuda.synchronize()
@@ -837,14 +844,14 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
 
     call()  # (default bound: see late_peer_worker)
     torch.cuda.synchronize()
-    symm.state(group.group_name, torch.device(device, torch.cuda.current_device())).set_timeout(timeout_s)
+    st = _group_state(group, device)
+    st.set_timeout(timeout_s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
     dist.barrier()
     graph.replay()
     torch.cuda.synchronize()
-    st = symm.state(group.group_name, torch.device(device, torch.cuda.current_device()))
     counts = (st.status[symm.GRAPH_STARTED], st.status[symm.GRAPH_FINISHED])
     assert counts == (1, 1), f"replay counters {counts}, expected (1, 1)"
     dist.barrier()
