@@ -1,6 +1,6 @@
 """Probe of the symm lowering's parts on N GPUs (explains the benchmark's numbers; not a test).
 
-    torchrun --nproc-per-node=N bench/probe_symm.py [--quick]
+    torchrun --nproc-per-node=N bench/probe_symm.py [--quick] [--ops ag_mm,mm_rs,mm_ar,host]
 
 Per DESIGN.md shape, bf16, CUDA events, median of 30 after warm-up, max over ranks:
 
@@ -45,20 +45,24 @@ def host_us(fn, n=20):
 TIMING = None
 
 
-def with_transport(transport, fn):
-    """Run ``fn`` with mm_rs / mm_ar shipping partials by ``transport`` ("ce" or "peer")."""
-    saved, symm_lowering.TRANSPORT = symm_lowering.TRANSPORT, transport
+def with_setting(name, value, fn):
+    """Run ``fn`` with the module setting ``symm_lowering.<name>`` set to ``value`` (TRANSPORT: how
+    mm_rs / mm_ar ship partials, "ce" or "peer"; MM_RS_GEMM: "cublas" or "triton")."""
+    saved = getattr(symm_lowering, name)
+    setattr(symm_lowering, name, value)
     try:
         return fn()
     finally:
-        symm_lowering.TRANSPORT = saved
+        setattr(symm_lowering, name, saved)
 
 
 def main():
     global TIMING
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--ops", default="ag_mm,mm_rs,mm_ar,host", help="which parts to probe (comma-separated)")
     args = p.parse_args()
+    ops = set(args.ops.split(","))
     rank, ws, device = common.init_distributed("cuda")
     TIMING = common.Timing(device)
     gn = common.group_name()
@@ -68,6 +72,8 @@ def main():
     ar_shapes = [(128, 7168, 8192), (1024, 7168, 8192), (4096, 7168, 8192), (8192, 7168, 8192)]
     if args.quick:
         ag_shapes, rs_shapes, ar_shapes = ag_shapes[:1], rs_shapes[:1], ar_shapes[:2]
+    ag_shapes, rs_shapes, ar_shapes = [s if op in ops else [] for op, s in
+                                       (("ag_mm", ag_shapes), ("mm_rs", rs_shapes), ("mm_ar", ar_shapes))]
     lines = [f"probe_symm ws={ws} {torch.cuda.get_device_name()} torch {torch.__version__}"]
     ag_kernel, rs_kernel, _, _ = symm_lowering._kernels()
     claim = torch.zeros(1, dtype=torch.int32, device=device)
@@ -124,7 +130,9 @@ def main():
         t_rs = med_ms(lambda: dist.reduce_scatter_tensor(o, c))
         op = lambda: torch.ops.overlap.mm_rs(a, b, None, [M, N], 0, "sum", gn, "symm")  # noqa: E731
         t_op, t_b2b, t_host = med_ms(op), b2b_ms(op), host_us(op)
-        t_peer = with_transport("peer", lambda: b2b_ms(op))
+        t_peer = with_setting("TRANSPORT", "peer", lambda: b2b_ms(op))
+        t_kernel_op = with_setting("MM_RS_GEMM", "triton", lambda: b2b_ms(op))
+        gemm = symm_lowering.rs_gemm(1, M // ws)
         rows = M // ws
         stage = torch.empty(M, N, device=device, dtype=dt)
         recv = torch.randn(M, N, device=device, dtype=dt)
@@ -140,7 +148,8 @@ def main():
         best = min(kt, key=kt.get)
         lines.append(f"mm_rs M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL rs {t_rs:.3f} kernel {kt[best]:.3f} ({best}) "
                      f"ratio {kt[best] / t_mm:.2f} | op {t_op:.3f} (back-to-back {t_b2b:.3f}, host {t_host:.0f} us) "
-                     f"-> {t_b2b / max(t_mm, t_rs):.2f}x of max | peer-store transport {t_peer:.3f}")
+                     f"-> {t_b2b / max(t_mm, t_rs):.2f}x of max ({gemm}) | Triton-kernel path {t_kernel_op:.3f} | "
+                     f"peer-store transport {t_peer:.3f}")
         print(lines[-1], flush=True) if rank == 0 else None
 
     for M, K, N in ar_shapes:
@@ -151,11 +160,14 @@ def main():
         t_ar = med_ms(lambda: dist.all_reduce(c))
         op = lambda: torch.ops.overlap.mm_ar(a, b, None, "sum", gn, "symm")  # noqa: E731
         t_op, t_b2b, t_host = med_ms(op), b2b_ms(op), host_us(op)
-        t_peer = with_transport("peer", lambda: b2b_ms(op))
+        t_peer = with_setting("TRANSPORT", "peer", lambda: b2b_ms(op))
         lines.append(f"mm_ar M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL ar {t_ar:.3f} op {t_op:.3f} "
                      f"(back-to-back {t_b2b:.3f}, host {t_host:.0f} us) -> {t_b2b / max(t_mm, t_ar):.2f}x of max "
                      f"(rounds {symm_lowering.ar_rounds(M, ws)}) | peer-store transport {t_peer:.3f}")
         print(lines[-1], flush=True) if rank == 0 else None
+    if "host" not in ops:
+        common.shutdown()
+        return
     # Where the host time of a decode-size call goes (rank 0's profile).
     import cProfile
     import pstats

@@ -206,6 +206,8 @@ def _symm_cases(ws: int):
         ("mm_rs 3-D dim1, runs of 64", _case_mm_rs, dict(lead=(2, ws * 64), k=56, n=96, dim=1, with_bias=False)),
         ("mm_rs avg, 1000 rows per rank", _case_mm_rs,
          dict(lead=(ws * 1000,), k=256, n=264, dim=0, with_bias=False, reduce_op="avg")),
+        ("mm_rs 3-D dim1, runs of 256 (a cuBLAS GEMM per run)", _case_mm_rs,
+         dict(lead=(3, ws * 256), k=128, n=200, dim=1, with_bias=False)),
         ("mm_ar one-shot, bias", _case_mm_ar, dict(m=91, k=64, n=152, with_bias=True)),
         ("mm_ar one-shot, fewer rows than ranks", _case_mm_ar, dict(m=3, k=24, n=16, with_bias=False)),
         ("mm_ar rounds, rows not divisible, bias", _case_mm_ar, dict(m=2100, k=136, n=1032, with_bias=True)),
@@ -217,16 +219,18 @@ def _symm_cases(ws: int):
     ]
 
 
-SYMM_CASES_ON_KERNELS = 11  # the first 11 of _symm_cases
+SYMM_CASES_ON_KERNELS = 12  # the first 12 of _symm_cases
 
 
 def _use_lowering(lowering: str) -> str:
     """The op's lowering argument for a test's lowering id; ``symm-peer`` is ``symm`` with the
-    reduce-scatter partials shipped by peer stores from the kernel instead of the copy engine."""
+    reduce-scatter partials shipped by peer stores from the kernel instead of the copy engine,
+    ``symm-kernel`` ``symm`` with mm_rs on the Triton producer kernel instead of cuBLAS."""
     from overlap_backend.runtime import symm_lowering
 
     symm_lowering.TRANSPORT = "peer" if lowering == "symm-peer" else "ce"
-    return "symm" if lowering == "symm-peer" else lowering
+    symm_lowering.MM_RS_GEMM = "triton" if lowering == "symm-kernel" else "cublas"
+    return "symm" if lowering.startswith("symm") else lowering
 
 
 def _paths() -> dict:
@@ -515,7 +519,8 @@ def _replicated_input(tokens: int, hidden: int, dtype, device):
 # ============================================================================ tests
 LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm"])
 # symm-peer: mm_rs / mm_ar ship partials with peer stores from the kernel (symm_lowering.TRANSPORT)
-OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer"])
+# symm-kernel: mm_rs on the Triton producer kernel (symm_lowering.MM_RS_GEMM) instead of cuBLAS
+OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", "symm-kernel"])
 
 
 @OP_LOWERINGS

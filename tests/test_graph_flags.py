@@ -15,6 +15,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from overlap_backend.runtime import symm
 
@@ -163,14 +164,34 @@ def queue_ag_mm(sim, states, r):
     st.end(compute)
 
 
+def queue_mm_rs_cublas(sim, states, r, outer=2, run=3):
+    """mm_rs's cuBLAS path, the real schedule (``symm_lowering._mm_rs_cublas``): its GEMMs run on
+    CPU tensors at once (their data is not checked here), its flag traffic is recorded."""
+    from overlap_backend.runtime import symm_lowering
+
+    ws, K, N = sim.ws, 4, 8
+    sim.current_rank = r
+    recv = torch.zeros(ws * outer * run, N)
+    symm_lowering._mm_rs_cublas(states[r], torch.randn(outer * ws * run, K), torch.randn(K, N), None, recv, outer,
+                                run, False, graph=True)
+    assert states[r].base == 0
+
+
+def compute_stream_of_current_rank(sim, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: sim.streams[sim.current_rank]["compute"])
+
+
 @pytest.mark.parametrize("ws", [2, 4])
-def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, monkeypatch):
+@pytest.mark.parametrize("rs", ["kernel", "cublas"])
+def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, rs, monkeypatch):
     sim = Sim(ws)
     states = make_states(sim, monkeypatch)
+    compute_stream_of_current_rank(sim, monkeypatch)
+    queue_rs = queue_mm_rs if rs == "kernel" else queue_mm_rs_cublas
     for call in range(4):  # replays queued back to back, the two ops alternating
         for r in range(ws):
             sim.call[r] = call
-            (queue_mm_rs if call % 2 == 0 else queue_ag_mm)(sim, states, r)
+            (queue_rs if call % 2 == 0 else queue_ag_mm)(sim, states, r)
     ops = sum(len(s.ops) for per_rank in sim.streams for s in per_rank.values())
     for seed in range(60):
         for per_rank in sim.streams:

@@ -136,6 +136,12 @@ def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
             "group.end(compute)",
         ]
         return lines
+    if op == "mm_rs":
+        shape = list(args["out_shape"])
+        dim = args["scatter_dim"] % len(shape)
+        outer, run = math.prod(shape[:dim]), shape[dim] // ws * math.prod(shape[dim + 1 : -1])
+        if sl.rs_gemm(outer, run) == "cublas":
+            return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es)
     rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":
         rows = -(-M // (rounds * ws))
@@ -179,6 +185,53 @@ def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
     lines.append("group.end(compute)")
     if spec and op == "mm_ar":
         lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue, after the all-gather")
+    return lines
+
+
+def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, es: int) -> list[str]:
+    from . import symm_lowering as sl
+
+    bands = sl.rs_cublas_bands(outer, run)
+    nb = len(bands)
+    rows = outer * run
+    peers = [(rank + p) % ws for p in range(1, ws)]
+    fused = ws == 2 and args["bias"] is None
+    scale = "1/ws" if args["reduce_op"] == "avg" else "1"
+    lines = [
+        f"# lowering 'symm': mm_rs on cuBLAS (symm_lowering.MM_RS_GEMM), {ws} chunks of {outer} x {run} rows, "
+        f"{nb} band(s) each; chunk c of a is a.view({outer}, {ws}, {run}, K)[:, c]",
+        f"recv = symm_data_view({_t(args['a'].dtype)}, ({ws}, {outer}, {run}, {N}))",
+        f"stage = torch.empty(({ws}, {outer}, {run}, {N}))  # remote chunks' partials, pushed by the copy engine",
+        "epoch = group.begin(compute)",
+    ]
+    for c in [(rank + 1 + p) % ws for p in range(ws - 1)]:
+        for i, band in enumerate(bands):
+            lines += [f"stage[{c}, {o}, {j}:{j + n}] = a[{o}, {c}, {j}:{j + n}] @ b + bias  # cuBLAS (bias if any)"
+                      for o, j, n in band]
+            lines.append(f"cuStreamWriteValue32(flag=flags.DONE[{c * nb + i}], value=epoch, stream=compute)")
+    for c in [(rank + 1 + p) % ws for p in range(ws - 1)]:
+        lines.append(f"cuStreamWaitValue32(flag=flags.READY[{c}], geq=epoch, stream=push_stream)")
+        for i, band in enumerate(bands):
+            lo, n = band[0][0] * run + band[0][1], sum(p[2] for p in band)
+            lines += [
+                f"cuStreamWaitValue32(flag=flags.DONE[{c * nb + i}], geq=epoch, stream=push_stream)",
+                f"cuMemcpyAsync(dst=peer_recv({c})[{rank}].view(-1, {N})[{lo}:{lo + n}], src=stage[{c}].view(-1, {N})"
+                f"[{lo}:{lo + n}], "
+                f"nbytes={n * N * es}, stream=push_stream)",
+                f"cuStreamWriteValue32(flag=peer_flags({c}).RS_ARRIVED[{rank * nb + i}], value=epoch, stream=push_stream)",
+            ]
+    for i, band in enumerate(bands):
+        lines += [f"cuStreamWaitValue32(flag=flags.RS_ARRIVED[{p * nb + i}], geq=epoch, stream=compute)" for p in peers]
+        for o, j, n in band:
+            if fused:
+                lines.append(f"out[{o}, {j}:{j + n}] = torch.addmm(recv[{peers[0]}, {o}, {j}:{j + n}], "
+                             f"a[{o}, {rank}, {j}:{j + n}], b, beta={scale}, alpha={scale})  # cuBLAS")
+            else:
+                lines += [f"recv[{rank}, {o}, {j}:{j + n}] = a[{o}, {rank}, {j}:{j + n}] @ b + bias  # cuBLAS",
+                          f"out[{o}, {j}:{j + n}] = recv[:, {o}, {j}:{j + n}].{'mean' if scale != '1' else 'sum'}(0)"]
+    lines.append("group.end(compute)  # compute waits for the push stream, and for PEER_OK >= 1")
+    if args.get("epilogue"):
+        lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue (torch ops if none)")
     return lines
 
 

@@ -39,6 +39,13 @@ _logged: set[tuple[str, str]] = set()
 # queues cuMemcpyAsync per band) or "peer" (the kernel's epilogue stores into the owner's buffer and
 # raises its flag). The same on every rank (a module setting, not a tuning result); bench/ compares.
 TRANSPORT = "ce"
+# How mm_rs computes its partials: "cublas" (one cuBLAS GEMM per band, remote bands first, each
+# raising its done flag by a stream write; the own bands wait for the peers' partials and reduce
+# them: addmm at ws 2, a summing kernel otherwise) or "triton" (the persistent producer kernel,
+# which reduces in its epilogue). Both ship the same bands under the same flags. "cublas" is taken
+# where ``rs_gemm`` allows it; bench/probe_symm.py compares the two.
+MM_RS_GEMM = "cublas"
+RS_CUBLAS_MIN_RUN = 128  # chunks made of runs shorter than this (many tiny GEMMs) stay on the kernel
 _picked: dict[tuple, tuple] = {}  # (kernel, shape key) -> block config, without configs.pick's lookups
 PATHS: Counter = Counter()  # "op:symm" / "op:p2p" calls of this process (tests check the path taken)
 
@@ -289,6 +296,25 @@ def _mm_problem(a, b, bias, reduce_op) -> str | None:
     return _tma_problem(a.dtype, a.shape[1], b.shape[1])
 
 
+def rs_gemm(outer: int, run: int, transport: str | None = None) -> str:
+    """How ``mm_rs`` computes a chunk of ``outer`` runs of ``run`` rows: "cublas" or "triton" (see
+    ``MM_RS_GEMM``). Depends only on shapes and module settings, so every rank decides alike."""
+    if MM_RS_GEMM != "cublas" or (transport or TRANSPORT) != "ce":  # peer stores come from the kernel
+        return "triton"
+    return "cublas" if outer == 1 or run >= RS_CUBLAS_MIN_RUN else "triton"
+
+
+def rs_cublas_bands(outer: int, run: int) -> list[list[tuple[int, int, int]]]:
+    """The bands of the cuBLAS path over a chunk of ``outer`` runs of ``run`` rows: each a list of
+    (run index, first row, rows) pieces, one contiguous GEMM each, covering consecutive local rows
+    (local row ``o * run + j``). One run: ``symm.bands(run)``; several: whole runs, at most
+    ``symm.MAX_BANDS`` bands."""
+    if outer == 1:
+        return [[(0, lo, n)] for lo, n in symm.bands(run)]
+    per = -(-outer // symm.MAX_BANDS)
+    return [[(o, 0, run) for o in range(o0, min(o0 + per, outer))] for o0 in range(0, outer, per)]
+
+
 @register("symm", "mm_rs")
 def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue="", epilogue_args=()):
     args = (a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, epilogue_args)
@@ -299,24 +325,27 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
         why = "scatter along the output's columns"
     configs = _kernels()[3] if why is None else None
     graph = why is None and capturing(a)
-    st = None
+    st = gemm = None
     if why is None:
         ws = _group_size(group_name)
         seg = out_shape[dim] // ws
         run = seg * math.prod(out_shape[dim + 1 : -1])
         outer = math.prod(out_shape[:dim])
+        gemm = rs_gemm(outer, run)
         cands = configs.candidates(a.dtype, None if outer == 1 else run)
-        if not cands:
+        if gemm == "triton" and not cands:
             why = f"runs of {run} rows are not a multiple of any block height"
         else:
             st, why = _state(group_name, a.device, graph)
     if st is not None:
         key = (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0)
         nbytes = ws * outer * run * b.shape[1] * a.element_size()
-        why = _captured_fit(st, nbytes, [_picked.get(("mm_rs", key))]) if graph else None
+        tuned = [_picked.get(("mm_rs", key))] if gemm == "triton" else []
+        why = _captured_fit(st, nbytes, tuned) if graph else None
     if st is None or why:
         return _p2p("mm_rs", why, group_name, *args)
     PATHS["mm_rs:symm"] += 1
+    PATHS[f"mm_rs:symm:{gemm}"] += 1
     ws, r = st.ws, st.rank
     a, b, bias = _aligned(a), _weight(b), (bias.contiguous() if bias is not None else None)
     N = b.shape[1]
@@ -325,12 +354,23 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     st.ensure_data(ws * chunk_bytes)
     recv = st.data_view(a.dtype, (ws * rows, N))
     base = symm.GRAPH_BLOCK if graph else 0
+    average = reduce_op == "avg"
+    g = _generated(epilogue, a.dtype)
+    chunk_shape = list(out_shape)
+    chunk_shape[dim] = seg
+    if gemm == "cublas":
+        out = _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph).view(chunk_shape)
+        if not epilogue:
+            return out
+        if g is None:
+            return _epilogue.apply(epilogue, out, epilogue_args)
+        from ..codegen import epilogue as gen
+
+        return gen.apply_pointwise(g, out, epilogue_args)
     # captured calls ship by copy engine: peer stores wait for READY by epoch, inside the kernel
     peer = _peer_args(st, 0) if TRANSPORT == "peer" and not graph else None
-    g = _generated(epilogue, a.dtype)
     out = a.new_empty((rows, N), dtype=_epilogue.out_dtype(epilogue, a.dtype) if g is not None else a.dtype)
     stage = a.new_empty((ws * rows, N)) if peer is None else out
-    average = reduce_op == "avg"
     ep_ptrs = _ep_pointers(g, epilogue_args)
 
     def launch(cfg, epoch, peer, stage):
@@ -345,20 +385,81 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute, "mm_rs", graph=graph)
     launch(cfg, epoch, peer, stage)
-    row_bytes = N * a.element_size()
-    band_list = symm.bands(rows)
+    if peer is None:
+        _push_partials(st, stage, rows, N, symm.bands(rows), epoch, base)
+    st.end(compute)
+    out = out.view(chunk_shape)
+    return _epilogue.apply(epilogue, out, epilogue_args) if epilogue and g is None else out
+
+
+def _push_partials(st, stage, rows, N, band_list, epoch, base):
+    """Push stream: each band of each peer's chunk in ``stage`` [ws * rows, N], once its done flag
+    is raised, into that peer's receive buffer, raising the peer's arrival flag."""
+    ws, r = st.ws, st.rank
+    row_bytes = N * stage.element_size()
     nb = len(band_list)
-    for pos in range(ws - 1 if peer is None else 0):
+    for pos in range(ws - 1):
         c = (r + 1 + pos) % ws
         for b, (lo, n) in enumerate(band_list):
             _cuda.wait_value32(st.flag_addr(base + symm.DONE + c * nb + b), epoch, st.push_stream)
-            st.push(c, r * chunk_bytes + lo * row_bytes, stage.data_ptr() + (c * rows + lo) * row_bytes, n * row_bytes,
-                    symm.RS_ARRIVED + r * nb + b)
+            st.push(c, r * rows * row_bytes + lo * row_bytes, stage.data_ptr() + (c * rows + lo) * row_bytes,
+                    n * row_bytes, symm.RS_ARRIVED + r * nb + b)
+
+
+def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph) -> Tensor:
+    """The cuBLAS path of ``mm_rs`` (``MM_RS_GEMM``): the reduced own chunk [outer * run, N].
+
+    Chunk c of ``a`` is ``a3[:, c]`` with ``a3 = a.view(outer, ws, run, K)``. Remote chunks first,
+    band by band (``rs_cublas_bands``): each band's GEMMs write ``stage`` and a stream write raises
+    its done flag; the push stream ships it as for the kernel. Then the own bands: the compute stream
+    waits for every peer's partial of the band, and at ws 2 without bias one ``addmm`` adds it in
+    cuBLAS's epilogue (alpha = beta = 1/2 for ``avg``); otherwise the own partial goes into the
+    receive buffer's own slot and one kernel reduces the ws slots."""
+    ws, r = st.ws, st.rank
+    K, N = a.shape[1], b.shape[1]
+    rows = outer * run
+    base = symm.GRAPH_BLOCK if graph else 0
+    a3 = a.view(outer, ws, run, K)
+    recv4 = recv.view(ws, outer, run, N)
+    stage = a.new_empty((ws * rows, N))
+    stage4 = stage.view(ws, outer, run, N)
+    out = a.new_empty((rows, N))
+    out3 = out.view(outer, run, N)
+    bands = rs_cublas_bands(outer, run)
+    nb = len(bands)
+    scale = 1.0 / ws if average else 1.0
+    compute = torch.cuda.current_stream(a.device)
+    epoch = st.begin(compute, "mm_rs", graph=graph)
+    for pos in range(ws - 1):
+        c = (r + 1 + pos) % ws
+        for i, band in enumerate(bands):
+            for o, j, n in band:
+                _mm(a3[o, c, j : j + n], b, bias, stage4[c, o, j : j + n])
+            _cuda.write_value32(st.flag_addr(base + symm.DONE + c * nb + i), epoch, compute)
+    _push_partials(st, stage, rows, N, [(band[0][0] * run + band[0][1], sum(p[2] for p in band)) for band in bands],
+                   epoch, base)
+    peers = [(r + p) % ws for p in range(1, ws)]
+    fused = ws == 2 and bias is None
+    for i, band in enumerate(bands):
+        for p in peers:
+            _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + p * nb + i), epoch, compute)
+        for o, j, n in band:
+            if fused:
+                torch.addmm(recv4[peers[0], o, j : j + n], a3[o, r, j : j + n], b, beta=scale, alpha=scale,
+                            out=out3[o, j : j + n])
+            else:
+                _mm(a3[o, r, j : j + n], b, bias, recv4[r, o, j : j + n])
+                reduce = torch.mean if average else torch.sum
+                reduce(recv4[:, o, j : j + n], dim=0, out=out3[o, j : j + n])
     st.end(compute)
-    chunk_shape = list(out_shape)
-    chunk_shape[dim] = seg
-    out = out.view(chunk_shape)
-    return _epilogue.apply(epilogue, out, epilogue_args) if epilogue and g is None else out
+    return out
+
+
+def _mm(a, b, bias, out) -> None:
+    if bias is None:
+        torch.mm(a, b, out=out)
+    else:
+        torch.addmm(bias, a, b, out=out)
 
 
 def _launch_rs(st, a, b, bias, stage, recv, gather, out, epoch, rows, run, rounds, out_round_stride, out_offset,

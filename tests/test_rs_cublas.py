@@ -1,0 +1,180 @@
+"""``mm_rs``'s cuBLAS path (``symm_lowering._mm_rs_cublas``) on CPU: every rank in a thread, the
+real ``GroupState.begin`` / ``push`` / ``end``, with the driver's stream memory operations done at
+once (a write sets the word, a wait blocks the thread until the word is reached, a copy is a
+``memmove`` into the peer's receive tensor). Checks the data path (chunk rows, bands, push offsets,
+flag indices, the reduction) against the float32 reduce-scatter; the flag protocol under every
+stream interleaving is ``test_graph_flags.py``'s."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from overlap_backend.runtime import symm, symm_lowering
+
+SPAN = 1 << 24  # fake flag buffer address of rank p: p * SPAN
+
+
+class Memory:
+    """Every rank's flag words; waits block (bounded) until another thread writes."""
+
+    def __init__(self, ws: int):
+        self.words = [{symm.PEER_OK: 1} for _ in range(ws)]
+        self.cond = threading.Condition()
+
+    def write_value32(self, addr, value, stream):
+        with self.cond:
+            self.words[addr // SPAN][(addr % SPAN) // 4] = value
+            self.cond.notify_all()
+
+    def wait_value32(self, addr, value, stream):
+        rank, word = addr // SPAN, (addr % SPAN) // 4
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.words[rank].get(word, 0) >= value, timeout=30):
+                raise TimeoutError(f"rank {rank} word {word} never reached {value}")
+
+    @staticmethod
+    def memcpy_async(dst, src, nbytes, stream):
+        ctypes.memmove(dst, src, nbytes)
+
+
+class Stream:
+    def wait_stream(self, other) -> None:
+        pass
+
+
+def states(ws: int, recvs, monkeypatch):
+    mem = Memory(ws)
+    for name in ("write_value32", "wait_value32", "memcpy_async"):
+        monkeypatch.setattr(symm._cuda, name, getattr(mem, name))
+    local = threading.local()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: local.compute)
+    out = []
+    for r in range(ws):
+        st = object.__new__(symm.GroupState)
+        st.rank, st.ws, st.epoch, st.base, st.value = r, ws, 0, 0, 0
+        st.status, st.stalled, st.graph_pinned, st._names = [0] * symm.STATUS_WORDS, None, False, {}
+        st.flags = SimpleNamespace(ptrs=[p * SPAN for p in range(ws)])
+        st.data = SimpleNamespace(ptrs=[t.data_ptr() for t in recvs])
+        st.push_stream, st.copy_stream, st._ready_waited = Stream(), Stream(), set()
+        st._progress = lambda word, compute: None  # the watchdog's status words: not modelled
+        out.append(st)
+    return out, local
+
+
+def run_ranks(ws, calls, local):
+    """``calls[r]()`` in one thread per rank; returns their results, re-raising any error."""
+    results, errors = [None] * ws, []
+
+    def body(r):
+        local.compute = Stream()
+        try:
+            results[r] = calls[r]()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(ws)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank is stuck"
+    if errors:
+        raise errors[0]
+    return results
+
+
+CASES = [  # ws, outer, run, bias, reduce_op, dtype
+    (2, 1, 1200, False, "sum", torch.float32),  # three bands of one run (addmm path)
+    (2, 1, 40, False, "avg", torch.float32),
+    (2, 3, 16, False, "sum", torch.bfloat16),  # a band per run
+    (2, 2, 24, True, "sum", torch.float32),  # bias: the summing kernel path
+    (3, 1, 600, False, "sum", torch.float32),
+    (4, 10, 8, True, "avg", torch.float32),  # more runs than MAX_BANDS: several runs per band
+]
+
+
+@pytest.mark.parametrize("ws,outer,run,bias,reduce_op,dtype", CASES)
+def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, reduce_op, dtype, monkeypatch):
+    torch.manual_seed(ws * 100 + outer * 10 + run)
+    K, N = 24, 40
+    rows = outer * run
+    a = [torch.randn(outer * ws * run, K, dtype=dtype) for _ in range(ws)]
+    b = [torch.randn(K, N, dtype=dtype) for _ in range(ws)]
+    c = [torch.randn(N, dtype=dtype) if bias else None for _ in range(ws)]
+    recvs = [torch.full((ws * rows, N), float("nan"), dtype=dtype) for _ in range(ws)]  # poisoned
+    sts, local = states(ws, recvs, monkeypatch)
+    outs = run_ranks(ws, [lambda r=r: symm_lowering._mm_rs_cublas(sts[r], a[r], b[r], c[r], recvs[r], outer, run,
+                                                                  reduce_op == "avg", graph=False)
+                          for r in range(ws)], local)
+    full = sum(a[r].float() @ b[r].float() + (c[r].float() if bias else 0) for r in range(ws))
+    if reduce_op == "avg":
+        full = full / ws
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    for r in range(ws):
+        want = full.view(outer, ws, run, N)[:, r].reshape(rows, N)
+        assert outs[r].shape == (rows, N) and outs[r].dtype == dtype
+        err = ((outs[r].float() - want).norm() / want.norm()).item()
+        assert err < tol, (r, err)
+        assert sts[r].epoch == 1 and sts[r]._ready_waited == {p for p in range(ws) if p != r}
+
+
+def test_a_band_pushed_at_the_wrong_offset_is_caught(monkeypatch):
+    """The check can fail: with every push shifted by one row the reduction reads poison."""
+    ws, outer, run, K, N = 2, 1, 600, 8, 16
+    real_push = symm.GroupState.push
+    monkeypatch.setattr(symm.GroupState, "push", lambda self, peer, dst, src, n, flag: real_push(
+        self, peer, dst + 4 * N if n else dst, src, max(0, n - 4 * N), flag))
+    a = [torch.randn(ws * run, K) for _ in range(ws)]
+    b = [torch.randn(K, N) for _ in range(ws)]
+    recvs = [torch.full((ws * run, N), float("nan")) for _ in range(ws)]
+    sts, local = states(ws, recvs, monkeypatch)
+    outs = run_ranks(ws, [lambda r=r: symm_lowering._mm_rs_cublas(sts[r], a[r], b[r], None, recvs[r], outer, run,
+                                                                  False, graph=False) for r in range(ws)], local)
+    assert all(torch.isnan(o).any() for o in outs)
+
+
+def test_bands_cover_each_chunk_once_in_local_row_order():
+    for outer, run in [(1, 1), (1, 5000), (3, 700), (8, 64), (17, 32), (64, 128)]:
+        bands = symm_lowering.rs_cublas_bands(outer, run)
+        assert 1 <= len(bands) <= symm.MAX_BANDS
+        local_rows = [o * run + j + i for band in bands for o, j, n in band for i in range(n)]
+        assert local_rows == list(range(outer * run)), (outer, run)
+        for band in bands:  # a band's pieces are consecutive local rows (pushed as one copy)
+            firsts = [o * run + j for o, j, n in band]
+            assert all(f == firsts[0] + sum(p[2] for p in band[:i]) for i, f in enumerate(firsts))
+
+
+def test_rs_gemm_decision(monkeypatch):
+    assert symm_lowering.rs_gemm(1, 64) == "cublas"  # one contiguous chunk: any length
+    assert symm_lowering.rs_gemm(4, 1024) == "cublas"
+    assert symm_lowering.rs_gemm(4, 64) == "triton"  # many short runs: the kernel's row map
+    assert symm_lowering.rs_gemm(1, 4096, transport="peer") == "triton"  # peer stores come from the kernel
+    monkeypatch.setattr(symm_lowering, "MM_RS_GEMM", "triton")
+    assert symm_lowering.rs_gemm(1, 4096) == "triton"
+
+
+@pytest.mark.parametrize("ws,bias", [(2, False), (4, True)])
+def test_runtime_call_listing_follows_the_cublas_path(ws, bias, monkeypatch):
+    """The debug dump's listing (runtime/plan.py) of a call that takes the cuBLAS path: Python that
+    parses, one GEMM per run and chunk, the reduction the path uses."""
+    from overlap_backend.runtime import plan
+
+    monkeypatch.setattr(symm_lowering, "_mm_problem", lambda *a: None)  # meta tensors stand for CUDA ones
+    bf16 = dict(device="meta", dtype=torch.bfloat16)
+    args = {"a": torch.empty(4 * 2048, 512, **bf16), "b": torch.empty(512, 1024, **bf16),
+            "bias": torch.empty(1024, **bf16) if bias else None, "out_shape": [4, 2048, 1024], "scatter_dim": 1,
+            "reduce_op": "sum", "group_name": "g", "lowering": "symm", "epilogue": ""}
+    listing = plan.render("mm_rs", args, 1, ws)
+    compile(listing, "mm_rs.py", "exec")
+    assert "mm_rs on cuBLAS" in listing and "mm_rs_kernel" not in listing
+    assert listing.count("cuBLAS (bias if any)") == 4 * (ws - 1)  # remote chunks: a GEMM per run
+    assert listing.count("flags.DONE[") == 2 * 4 * (ws - 1)  # raised on compute, awaited on push
+    assert ("torch.addmm(recv[" in listing) == (ws == 2 and not bias)
+    assert (".sum(0)" in listing) == (ws > 2 or bias)
+    monkeypatch.setattr(symm_lowering, "MM_RS_GEMM", "triton")
+    assert "mm_rs_kernel" in plan.render("mm_rs", args, 1, ws)
