@@ -37,6 +37,18 @@ def b2b_ms(fn):
     return TIMING.bench(fn)[0]
 
 
+def replay_ms(fn):
+    """``fn`` captured in a CUDA graph (after eager warm-up), replayed back to back: the GPU time of
+    a call without its host time."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return b2b_ms(graph.replay)
+
+
 def host_us(fn, n=20):
     """Host time per call (no synchronisation), median of 3 bursts, max over ranks."""
     return common.host_us(fn, torch.device("cuda", torch.cuda.current_device()), calls=n, rounds=3)
@@ -132,7 +144,13 @@ def main():
         t_op, t_b2b, t_host = med_ms(op), b2b_ms(op), host_us(op)
         t_peer = with_setting("TRANSPORT", "peer", lambda: b2b_ms(op))
         t_kernel_op = with_setting("MM_RS_GEMM", "triton", lambda: b2b_ms(op))
-        gemm = symm_lowering.rs_gemm(1, M // ws)
+        gemm = symm_lowering.rs_gemm(1, M // ws, K // ws)
+        # the cuBLAS path by band size (RS_CUBLAS_BAND_FLOPS; 1e15: one band per chunk): back-to-back
+        # eager calls, host time per call, and replays of the call captured in a CUDA graph (GPU time)
+        by_band = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: (
+                       len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N)), b2b_ms(op), host_us(op),
+                       replay_ms(op))) for f in (0, 16e9, 64e9, 1e15)}
+        t_kernel_replay = with_setting("MM_RS_GEMM", "triton", lambda: replay_ms(op))
         rows = M // ws
         stage = torch.empty(M, N, device=device, dtype=dt)
         recv = torch.randn(M, N, device=device, dtype=dt)
@@ -149,7 +167,10 @@ def main():
         lines.append(f"mm_rs M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL rs {t_rs:.3f} kernel {kt[best]:.3f} ({best}) "
                      f"ratio {kt[best] / t_mm:.2f} | op {t_op:.3f} (back-to-back {t_b2b:.3f}, host {t_host:.0f} us) "
                      f"-> {t_b2b / max(t_mm, t_rs):.2f}x of max ({gemm}) | Triton-kernel path {t_kernel_op:.3f} | "
-                     f"peer-store transport {t_peer:.3f}")
+                     f"peer-store transport {t_peer:.3f} | Triton-kernel path replayed {t_kernel_replay:.3f} | "
+                     "cuBLAS path by band GFLOP: " + ", ".join(
+                         f"{f / 1e9:g}: {nb} bands {t:.3f} ms host {h:.0f} us replayed {g:.3f}"
+                         for f, (nb, t, h, g) in by_band.items()))
         print(lines[-1], flush=True) if rank == 0 else None
 
     for M, K, N in ar_shapes:
@@ -175,8 +196,11 @@ def main():
     a = torch.randn(512, 8192, device=device, dtype=dt)
     b = (torch.randn(8192, 8192, device=device, dtype=dt) * 8192**-0.5).t()
     shard = torch.randn(512 // ws, 8192, device=device, dtype=dt)
+    a_big = torch.randn(4096, 3584, device=device, dtype=dt)
+    b_big = (torch.randn(8192, 3584, device=device, dtype=dt) * 3584**-0.5).t()
     calls = [lambda: torch.ops.overlap.ag_mm(shard, [b], [None], 0, gn, "symm", False),
-             lambda: torch.ops.overlap.mm_rs(a, b, None, [512, 8192], 0, "sum", gn, "symm")]
+             lambda: torch.ops.overlap.mm_rs(a, b, None, [512, 8192], 0, "sum", gn, "symm"),
+             lambda: torch.ops.overlap.mm_rs(a_big, b_big, None, [4096, 8192], 0, "sum", gn, "symm")]
     for c in calls:
         c()
     torch.cuda.synchronize()
@@ -188,7 +212,7 @@ def main():
             c()
     if prof:
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     common.shutdown()
 
 

@@ -204,10 +204,12 @@ def _symm_cases(ws: int):
         ("ag_mm 512 rows, K 1024", _case_ag_mm, dict(lead=(512,), k=1024, ns=(384,), dim=0, with_bias=True)),
         ("mm_rs 2-D dim0, bias", _case_mm_rs, dict(lead=(ws * 45,), k=72, n=136, dim=0, with_bias=True)),
         ("mm_rs 3-D dim1, runs of 64", _case_mm_rs, dict(lead=(2, ws * 64), k=56, n=96, dim=1, with_bias=False)),
-        ("mm_rs avg, 1000 rows per rank", _case_mm_rs,
-         dict(lead=(ws * 1000,), k=256, n=264, dim=0, with_bias=False, reduce_op="avg")),
-        ("mm_rs 3-D dim1, runs of 256 (a cuBLAS GEMM per run)", _case_mm_rs,
-         dict(lead=(3, ws * 256), k=128, n=200, dim=1, with_bias=False)),
+        ("mm_rs avg, 1000 rows per rank, K 2048 (cuBLAS, addmm at ws 2)", _case_mm_rs,
+         dict(lead=(ws * 1000,), k=2048, n=264, dim=0, with_bias=False, reduce_op="avg")),
+        ("mm_rs 3-D dim1, runs of 256, K 2048 (cuBLAS, a GEMM per run)", _case_mm_rs,
+         dict(lead=(3, ws * 256), k=2048, n=200, dim=1, with_bias=False)),
+        ("mm_rs 2-D, bias, K 2048 (cuBLAS, summed)", _case_mm_rs,
+         dict(lead=(ws * 600,), k=2048, n=136, dim=0, with_bias=True)),
         ("mm_ar one-shot, bias", _case_mm_ar, dict(m=91, k=64, n=152, with_bias=True)),
         ("mm_ar one-shot, fewer rows than ranks", _case_mm_ar, dict(m=3, k=24, n=16, with_bias=False)),
         ("mm_ar rounds, rows not divisible, bias", _case_mm_ar, dict(m=2100, k=136, n=1032, with_bias=True)),
@@ -219,7 +221,7 @@ def _symm_cases(ws: int):
     ]
 
 
-SYMM_CASES_ON_KERNELS = 12  # the first 12 of _symm_cases
+SYMM_CASES_ON_KERNELS = 13  # the first 13 of _symm_cases
 
 
 def _use_lowering(lowering: str) -> str:
@@ -278,12 +280,15 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
     b_rs = _randn(72, 104, dtype=dtype, device=device, scale=72**-0.5)
     a_ar = _randn(50, 64, dtype=dtype, device=device)
     b_ar = _randn(64, 96, dtype=dtype, device=device, scale=64**-0.5)
+    a_rs2 = _randn(ws * 600, 2048, dtype=dtype, device=device)  # symm: mm_rs on cuBLAS
+    b_rs2 = _randn(2048, 104, dtype=dtype, device=device, scale=2048**-0.5)
     a_ar2 = _randn(2100, 64, dtype=dtype, device=device)  # symm: rounds, not one-shot
     b_ar2 = _randn(64, 1024, dtype=dtype, device=device, scale=64**-0.5)
     low = lowering
     ops = {
         "ag_mm": lambda s: torch.ops.overlap.ag_mm(s, [w], [None], 0, gn, low, False)[1][0],
         "mm_rs": lambda a: torch.ops.overlap.mm_rs(a, b_rs, None, [a.shape[0], 104], 0, "sum", gn, low),
+        "mm_rs_cublas": lambda a: torch.ops.overlap.mm_rs(a, b_rs2, None, [a.shape[0], 104], 0, "sum", gn, low),
         "mm_ar": lambda a: torch.ops.overlap.mm_ar(a, b_ar, None, "sum", gn, low),
         "mm_ar_rounds": lambda a: torch.ops.overlap.mm_ar(a, b_ar2, None, "sum", gn, low),
     }
@@ -293,12 +298,14 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
             return _gather_ref(x, 0, group).float() @ w.float()
         if name == "mm_rs":
             return _all_reduce_ref(x.float() @ b_rs.float(), group).chunk(ws)[rank]
+        if name == "mm_rs_cublas":
+            return _all_reduce_ref(x.float() @ b_rs2.float(), group).chunk(ws)[rank]
         if name == "mm_ar_rounds":
             return _all_reduce_ref(x.float() @ b_ar2.float(), group)
         return _all_reduce_ref(x.float() @ b_ar.float(), group)
 
     bad, summary = [], {}
-    for name, x in (("ag_mm", shard), ("mm_rs", a_rs), ("mm_ar", a_ar), ("mm_ar_rounds", a_ar2)):
+    for name, x in (("ag_mm", shard), ("mm_rs", a_rs), ("mm_rs_cublas", a_rs2), ("mm_ar", a_ar), ("mm_ar_rounds", a_ar2)):
         op = ops[name]
         # Same inputs, back to back with no host synchronisation: bit-identical results.
         outs = [op(x) for _ in range(calls)]
@@ -905,22 +912,26 @@ def captured_symm_worker(rank: int, ws: int, device: str):
     a1 = _randn(256, 128, dtype=dtype, device=device)  # mm_ar one-shot (small partial)
     a2 = _randn(4096, 128, dtype=dtype, device=device)  # mm_ar in rounds
     w3 = _randn(128, 1024, dtype=dtype, device=device, scale=128**-0.5)
+    a5 = _randn(ws * 1024, 2048, dtype=dtype, device=device)  # mm_rs on cuBLAS (above, the kernel)
+    w5 = _randn(2048, 256, dtype=dtype, device=device, scale=2048**-0.5)
 
     def ops():
         gathered, (y1,) = torch.ops.overlap.ag_mm(x, [w1], [None], 0, gn, "symm", True)
         y2 = torch.ops.overlap.mm_rs(a, w2, None, [ws * 100, 320], 0, "sum", gn, "symm")
         y3 = torch.ops.overlap.mm_ar(a1, w3, None, "sum", gn, "symm")
         y4 = torch.ops.overlap.mm_ar(a2, w3, None, "sum", gn, "symm")
-        return gathered, y1, y2, y3, y4
+        y5 = torch.ops.overlap.mm_rs(a5, w5, None, [ws * 1024, 256], 0, "sum", gn, "symm")
+        return gathered, y1, y2, y3, y4, y5
 
     def check(outs, label):
-        gathered, y1, y2, y3, y4 = outs
+        gathered, y1, y2, y3, y4, y5 = outs
         G = _gather_ref(x, 0, group)
         errs = {"gathered": 0.0 if torch.equal(gathered, G) else math.inf,
                 "ag_mm": _rel_err(y1, G.float() @ w1.float()),
                 "mm_rs": _rel_err(y2, _all_reduce_ref(a.float() @ w2.float(), group).chunk(ws, 0)[rank]),
                 "mm_ar one-shot": _rel_err(y3, _all_reduce_ref(a1.float() @ w3.float(), group)),
-                "mm_ar rounds": _rel_err(y4, _all_reduce_ref(a2.float() @ w3.float(), group))}
+                "mm_ar rounds": _rel_err(y4, _all_reduce_ref(a2.float() @ w3.float(), group)),
+                "mm_rs cuBLAS": _rel_err(y5, _all_reduce_ref(a5.float() @ w5.float(), group).chunk(ws, 0)[rank])}
         bad = {k: v for k, v in errs.items() if not v <= _tol(dtype)}
         assert not bad, f"rank {rank} {label}: {errs}"
         return max(errs.values())
@@ -934,10 +945,11 @@ def captured_symm_worker(rank: int, ws: int, device: str):
         static_outs = ops()
     captured = {k: v - before.get(k, 0) for k, v in _paths().items() if v != before.get(k, 0)}
     assert not any(k.endswith(":p2p") for k in captured), f"rank {rank}: captured calls went to p2p: {captured}"
-    assert captured.get("ag_mm:symm") == 1 and captured.get("mm_rs:symm") == 1, captured
+    assert captured.get("ag_mm:symm") == 1 and captured.get("mm_rs:symm") == 2, captured
+    assert captured.get("mm_rs:symm:cublas") == 1 and captured.get("mm_rs:symm:triton") == 1, captured
     worst = 0.0
     for i in range(12):
-        for t in (x, a, a1, a2):
+        for t in (x, a, a1, a2, a5):
             t.copy_(torch.randn(t.shape, device=device).to(dtype))
         for t in static_outs:
             t.fill_(float("nan"))

@@ -188,6 +188,7 @@ def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, rs,
     states = make_states(sim, monkeypatch)
     compute_stream_of_current_rank(sim, monkeypatch)
     queue_rs = queue_mm_rs if rs == "kernel" else queue_mm_rs_cublas
+    monkeypatch.setattr(symm, "BAND_ROWS_MIN", 2)  # the cuBLAS path's 2 runs of 3 rows: a band each
     for call in range(4):  # replays queued back to back, the two ops alternating
         for r in range(ws):
             sim.call[r] = call

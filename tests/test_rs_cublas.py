@@ -88,19 +88,27 @@ def run_ranks(ws, calls, local):
     return results
 
 
+def many_bands(monkeypatch):
+    """Bands of 16 rows and up (the tests' GEMMs are tiny), so that chunks have several."""
+    monkeypatch.setattr(symm_lowering, "RS_CUBLAS_BAND_FLOPS", 0)
+    monkeypatch.setattr(symm, "BAND_ROWS_MIN", 16)
+
+
 CASES = [  # ws, outer, run, bias, reduce_op, dtype
-    (2, 1, 1200, False, "sum", torch.float32),  # three bands of one run (addmm path)
-    (2, 1, 40, False, "avg", torch.float32),
+    (2, 1, 1200, False, "sum", torch.float32),  # eight bands of one run (addmm path)
+    (2, 1, 40, False, "avg", torch.float32),  # two bands
     (2, 3, 16, False, "sum", torch.bfloat16),  # a band per run
     (2, 2, 24, True, "sum", torch.float32),  # bias: the summing kernel path
     (3, 1, 600, False, "sum", torch.float32),
-    (4, 10, 8, True, "avg", torch.float32),  # more runs than MAX_BANDS: several runs per band
+    (4, 10, 8, True, "avg", torch.float32),  # several runs per band
+    (2, 1, 0, False, "sum", torch.float32),  # empty chunks: one empty band
 ]
 
 
 @pytest.mark.parametrize("ws,outer,run,bias,reduce_op,dtype", CASES)
 def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, reduce_op, dtype, monkeypatch):
     torch.manual_seed(ws * 100 + outer * 10 + run)
+    many_bands(monkeypatch)
     K, N = 24, 40
     rows = outer * run
     a = [torch.randn(outer * ws * run, K, dtype=dtype) for _ in range(ws)]
@@ -118,6 +126,8 @@ def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, re
     for r in range(ws):
         want = full.view(outer, ws, run, N)[:, r].reshape(rows, N)
         assert outs[r].shape == (rows, N) and outs[r].dtype == dtype
+        if not rows:
+            continue
         err = ((outs[r].float() - want).norm() / want.norm()).item()
         assert err < tol, (r, err)
         assert sts[r].epoch == 1 and sts[r]._ready_waited == {p for p in range(ws) if p != r}
@@ -125,6 +135,7 @@ def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, re
 
 def test_a_band_pushed_at_the_wrong_offset_is_caught(monkeypatch):
     """The check can fail: with every push shifted by one row the reduction reads poison."""
+    many_bands(monkeypatch)
     ws, outer, run, K, N = 2, 1, 600, 8, 16
     real_push = symm.GroupState.push
     monkeypatch.setattr(symm.GroupState, "push", lambda self, peer, dst, src, n, flag: real_push(
@@ -139,9 +150,14 @@ def test_a_band_pushed_at_the_wrong_offset_is_caught(monkeypatch):
 
 
 def test_bands_cover_each_chunk_once_in_local_row_order():
-    for outer, run in [(1, 1), (1, 5000), (3, 700), (8, 64), (17, 32), (64, 128)]:
-        bands = symm_lowering.rs_cublas_bands(outer, run)
+    for outer, run, K, N in [(1, 1, 64, 64), (1, 0, 64, 64), (1, 5000, 64, 64), (1, 2048, 3584, 8192),
+                             (1, 8192, 1024, 8192), (3, 700, 4096, 4096), (8, 64, 64, 64), (17, 32, 8192, 8192),
+                             (64, 128, 4096, 4096)]:
+        bands = symm_lowering.rs_cublas_bands(outer, run, K, N)
         assert 1 <= len(bands) <= symm.MAX_BANDS
+        flops = [2 * K * N * sum(p[2] for p in band) for band in bands]
+        if len(bands) > 1:  # bands are only cut where each keeps enough GEMM work for its host time
+            assert min(flops) >= symm_lowering.RS_CUBLAS_BAND_FLOPS / 2, (outer, run, K, N, flops)
         local_rows = [o * run + j + i for band in bands for o, j, n in band for i in range(n)]
         assert local_rows == list(range(outer * run)), (outer, run)
         for band in bands:  # a band's pieces are consecutive local rows (pushed as one copy)
@@ -150,12 +166,21 @@ def test_bands_cover_each_chunk_once_in_local_row_order():
 
 
 def test_rs_gemm_decision(monkeypatch):
-    assert symm_lowering.rs_gemm(1, 64) == "cublas"  # one contiguous chunk: any length
-    assert symm_lowering.rs_gemm(4, 1024) == "cublas"
-    assert symm_lowering.rs_gemm(4, 64) == "triton"  # many short runs: the kernel's row map
-    assert symm_lowering.rs_gemm(1, 4096, transport="peer") == "triton"  # peer stores come from the kernel
+    """Where each path measured faster (symm_lowering.MM_RS_GEMM's comment)."""
+    assert symm_lowering.rs_gemm(1, 2048, 3584) == "cublas"  # M=4096 K=7168 on 2 GPUs
+    assert symm_lowering.rs_gemm(4, 1024, 2048) == "cublas"  # runs of 1024 rows: a GEMM per run
+    assert symm_lowering.rs_gemm(1, 8192, 1024) == "triton"  # short K: the transfer dominates
+    assert symm_lowering.rs_gemm(1, 256, 3584) == "triton"  # decode size
+    assert symm_lowering.rs_gemm(16, 64, 4096) == "triton"  # many short runs: the kernel's row map
+    assert symm_lowering.rs_gemm(1, 4096, 4096, transport="peer") == "triton"  # peer stores come from the kernel
     monkeypatch.setattr(symm_lowering, "MM_RS_GEMM", "triton")
-    assert symm_lowering.rs_gemm(1, 4096) == "triton"
+    assert symm_lowering.rs_gemm(1, 4096, 4096) == "triton"
+
+
+def test_captured_calls_take_finer_bands():
+    eager = symm_lowering.rs_cublas_bands(1, 2048, 3584, 8192)
+    captured = symm_lowering.rs_cublas_bands(1, 2048, 3584, 8192, graph=True)
+    assert len(eager) == 1 and len(captured) == 2048 // symm.BAND_ROWS_MIN
 
 
 @pytest.mark.parametrize("ws,bias", [(2, False), (4, True)])
@@ -165,8 +190,9 @@ def test_runtime_call_listing_follows_the_cublas_path(ws, bias, monkeypatch):
     from overlap_backend.runtime import plan
 
     monkeypatch.setattr(symm_lowering, "_mm_problem", lambda *a: None)  # meta tensors stand for CUDA ones
+    many_bands(monkeypatch)  # a band per run
     bf16 = dict(device="meta", dtype=torch.bfloat16)
-    args = {"a": torch.empty(4 * 2048, 512, **bf16), "b": torch.empty(512, 1024, **bf16),
+    args = {"a": torch.empty(4 * 2048, 2048, **bf16), "b": torch.empty(2048, 1024, **bf16),
             "bias": torch.empty(1024, **bf16) if bias else None, "out_shape": [4, 2048, 1024], "scatter_dim": 1,
             "reduce_op": "sum", "group_name": "g", "lowering": "symm", "epilogue": ""}
     listing = plan.render("mm_rs", args, 1, ws)

@@ -140,7 +140,7 @@ def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
         shape = list(args["out_shape"])
         dim = args["scatter_dim"] % len(shape)
         outer, run = math.prod(shape[:dim]), shape[dim] // ws * math.prod(shape[dim + 1 : -1])
-        if sl.rs_gemm(outer, run) == "cublas":
+        if sl.rs_gemm(outer, run, a.shape[1]) == "cublas":
             return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es)
     rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":
@@ -191,7 +191,7 @@ def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
 def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, es: int) -> list[str]:
     from . import symm_lowering as sl
 
-    bands = sl.rs_cublas_bands(outer, run)
+    bands = sl.rs_cublas_bands(outer, run, args["a"].shape[1], N)
     nb = len(bands)
     rows = outer * run
     peers = [(rank + p) % ws for p in range(1, ws)]
