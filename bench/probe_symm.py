@@ -57,15 +57,15 @@ def host_us(fn, n=20):
 TIMING = None
 
 
-def with_setting(name, value, fn):
-    """Run ``fn`` with the module setting ``symm_lowering.<name>`` set to ``value`` (TRANSPORT: how
+def with_setting(name, value, fn, module=symm_lowering):
+    """Run ``fn`` with the module setting ``<module>.<name>`` set to ``value`` (TRANSPORT: how
     mm_rs / mm_ar ship partials, "ce" or "peer"; MM_RS_GEMM: "cublas" or "triton")."""
-    saved = getattr(symm_lowering, name)
-    setattr(symm_lowering, name, value)
+    saved = getattr(module, name)
+    setattr(module, name, value)
     try:
         return fn()
     finally:
-        setattr(symm_lowering, name, saved)
+        setattr(module, name, saved)
 
 
 def main():
@@ -145,12 +145,18 @@ def main():
         t_peer = with_setting("TRANSPORT", "peer", lambda: b2b_ms(op))
         t_kernel_op = with_setting("MM_RS_GEMM", "triton", lambda: b2b_ms(op))
         gemm = symm_lowering.rs_gemm(1, M // ws, K // ws)
-        # the cuBLAS path by band size (RS_CUBLAS_BAND_FLOPS; 1e15: one band per chunk): back-to-back
-        # eager calls, host time per call, and replays of the call captured in a CUDA graph (GPU time)
+        # the cuBLAS path by band size: eager (RS_CUBLAS_BAND_FLOPS; 1e15: one band per chunk) back to
+        # back and host time per call; captured (symm.BAND_ROWS_MIN rows per band) replayed back to
+        # back, i.e. GPU time; the kernel path replayed before and after (the spread is the noise)
         by_band = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: (
-                       len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N)), b2b_ms(op), host_us(op),
-                       replay_ms(op))) for f in (0, 16e9, 64e9, 1e15)}
-        t_kernel_replay = with_setting("MM_RS_GEMM", "triton", lambda: replay_ms(op))
+                       len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N)), b2b_ms(op), host_us(op)))
+                   for f in (0, 16e9, 64e9, 1e15)}
+        t_kernel_replay = replay_ms(op)  # captured calls take the kernel (symm_lowering.rs_gemm)
+        cublas_replay = lambda: with_setting("rs_gemm", lambda *a, **k: "cublas", lambda: replay_ms(op))  # noqa: E731
+        by_graph_band = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: (
+                             len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N)), cublas_replay()))
+                         for f in (0, 32e9, 64e9, 1e15)}
+        t_kernel_replay2 = replay_ms(op)
         rows = M // ws
         stage = torch.empty(M, N, device=device, dtype=dt)
         recv = torch.randn(M, N, device=device, dtype=dt)
@@ -167,10 +173,11 @@ def main():
         lines.append(f"mm_rs M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL rs {t_rs:.3f} kernel {kt[best]:.3f} ({best}) "
                      f"ratio {kt[best] / t_mm:.2f} | op {t_op:.3f} (back-to-back {t_b2b:.3f}, host {t_host:.0f} us) "
                      f"-> {t_b2b / max(t_mm, t_rs):.2f}x of max ({gemm}) | Triton-kernel path {t_kernel_op:.3f} | "
-                     f"peer-store transport {t_peer:.3f} | Triton-kernel path replayed {t_kernel_replay:.3f} | "
-                     "cuBLAS path by band GFLOP: " + ", ".join(
-                         f"{f / 1e9:g}: {nb} bands {t:.3f} ms host {h:.0f} us replayed {g:.3f}"
-                         for f, (nb, t, h, g) in by_band.items()))
+                     f"peer-store transport {t_peer:.3f} | Triton-kernel path replayed {t_kernel_replay:.3f} / "
+                     f"{t_kernel_replay2:.3f} | cuBLAS path eager, by band GFLOP: " + ", ".join(
+                         f"{f / 1e9:g}: {nb} bands {t:.3f} ms host {h:.0f} us" for f, (nb, t, h) in by_band.items())
+                     + " | cuBLAS path replayed, by band GFLOP: " + ", ".join(
+                         f"{f / 1e9:g}: {nb} bands {t:.3f}" for f, (nb, t) in by_graph_band.items()))
         print(lines[-1], flush=True) if rank == 0 else None
 
     for M, K, N in ar_shapes:

@@ -177,10 +177,9 @@ def test_rs_gemm_decision(monkeypatch):
     assert symm_lowering.rs_gemm(1, 4096, 4096) == "triton"
 
 
-def test_captured_calls_take_finer_bands():
-    eager = symm_lowering.rs_cublas_bands(1, 2048, 3584, 8192)
-    captured = symm_lowering.rs_cublas_bands(1, 2048, 3584, 8192, graph=True)
-    assert len(eager) == 1 and len(captured) == 2048 // symm.BAND_ROWS_MIN
+def test_captured_calls_take_the_kernel():
+    assert symm_lowering.rs_gemm(1, 2048, 3584) == "cublas"
+    assert symm_lowering.rs_gemm(1, 2048, 3584, graph=True) == "triton"
 
 
 @pytest.mark.parametrize("ws,bias", [(2, False), (4, True)])
@@ -202,5 +201,6 @@ def test_runtime_call_listing_follows_the_cublas_path(ws, bias, monkeypatch):
     assert listing.count("flags.DONE[") == 2 * 4 * (ws - 1)  # raised on compute, awaited on push
     assert ("torch.addmm(recv[" in listing) == (ws == 2 and not bias)
     assert (".sum(0)" in listing) == (ws > 2 or bias)
+    assert "mm_rs_kernel" in plan.render("mm_rs", args, 1, ws, captured=True)  # captured: the kernel
     monkeypatch.setattr(symm_lowering, "MM_RS_GEMM", "triton")
     assert "mm_rs_kernel" in plan.render("mm_rs", args, 1, ws)

@@ -63,7 +63,7 @@ def _ring_p2p(op: str, args: dict, rank: int, ws: int) -> list[str]:
     return lines
 
 
-def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
+def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> list[str] | None:
     """The symm path, or None when the call falls back to p2p (the reason is in the first line)."""
     from . import symm
     from . import symm_lowering as sl
@@ -140,7 +140,7 @@ def _symm(op: str, args: dict, rank: int, ws: int) -> list[str] | None:
         shape = list(args["out_shape"])
         dim = args["scatter_dim"] % len(shape)
         outer, run = math.prod(shape[:dim]), shape[dim] // ws * math.prod(shape[dim + 1 : -1])
-        if sl.rs_gemm(outer, run, a.shape[1]) == "cublas":
+        if sl.rs_gemm(outer, run, a.shape[1], graph=captured) == "cublas":
             return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es)
     rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":
@@ -256,7 +256,7 @@ def render(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> s
              for k, v in args.items()]
     body = []
     if lowering == "symm":
-        body = _symm(op, args, rank, ws) or []
+        body = _symm(op, args, rank, ws, captured) or []
         if body and body[0].startswith("# symm falls back"):
             body += _ring_p2p(op, args, rank, ws)
     else:

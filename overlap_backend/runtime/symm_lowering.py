@@ -43,19 +43,20 @@ TRANSPORT = "ce"
 # raising its done flag by a stream write; the own bands wait for the peers' partials and reduce
 # them: addmm at ws 2, a summing kernel otherwise) or "triton" (the persistent producer kernel,
 # which reduces in its epilogue). Both ship partials by copy engine under the same flags.
-# "cublas" is taken where ``rs_gemm`` allows it. Measured on 2xH200 (bench/probe_symm.py,
-# 2026-11-30 ninth session, ms per call, GPU time of CUDA-graph replays / eager back to back):
-# K=7168 N=8192 M=4096: cuBLAS 0.432 / 0.470, kernel 0.441 / 0.483; M=8192: 0.853 / 0.823 vs
-# 0.917 / 0.849; but K=2048 M=16384 (transfer-bound): 0.662 / 0.680 vs 0.595 / 0.846 and M=512:
-# 0.100 vs 0.087 replayed. Hence the cuBLAS path from RS_CUBLAS_MIN_K local K and
-# BAND_ROWS_MIN rows per chunk, the kernel below.
+# "cublas" is taken where ``rs_gemm`` allows it. Measured on 2xH200 (bench/probe_symm.py, ninth
+# session, bench/results/2026-11-30_h200x2_session9): on the GPU the two are alike (CUDA-graph
+# replays, K=7168 N=8192, M=4096: kernel 0.416-0.441 ms, cuBLAS 0.419-0.480 by band count;
+# M=8192: 0.847-0.917 vs 0.853-0.935), the kernel ahead where the transfer dominates (K=2048
+# M=16384: 0.588-0.637 vs 0.592-0.662) and at M=512 (0.085 vs 0.086-0.102). Eager calls are
+# host-bound and the cuBLAS path costs less host time: back to back 0.470-0.510 vs 0.483-0.738
+# at M=4096, 0.817-0.826 vs 0.846-0.856 at M=8192 (four runs). Hence: eager calls with at least
+# RS_CUBLAS_MIN_K of local K and BAND_ROWS_MIN rows per chunk on cuBLAS, the rest on the kernel.
 MM_RS_GEMM = "cublas"
 RS_CUBLAS_MIN_K = 2048
 RS_CUBLAS_MIN_RUN = 128  # chunks made of runs shorter than this (many tiny GEMMs) stay on the kernel
 # Each band of the cuBLAS path costs host time (views, a GEMM, stream writes and waits, a copy:
-# ~150 us measured): eager calls take bands of at least this much GEMM work (4 bands of 512 rows
-# at M=4096: 0.696 ms back to back vs 0.470 in one band). Captured calls, with no host time per
-# replay, take bands of symm.BAND_ROWS_MIN rows (0.432 vs 0.476 replayed).
+# ~150 us measured), so bands are at least this much GEMM work (M=4096: one band, 0.470-0.510 ms
+# back to back, vs four bands of 512 rows, 0.696-0.899).
 RS_CUBLAS_BAND_FLOPS = 64e9
 _picked: dict[tuple, tuple] = {}  # (kernel, shape key) -> block config, without configs.pick's lookups
 PATHS: Counter = Counter()  # "op:symm" / "op:p2p" calls of this process (tests check the path taken)
@@ -307,26 +308,27 @@ def _mm_problem(a, b, bias, reduce_op) -> str | None:
     return _tma_problem(a.dtype, a.shape[1], b.shape[1])
 
 
-def rs_gemm(outer: int, run: int, K: int, transport: str | None = None) -> str:
+def rs_gemm(outer: int, run: int, K: int, transport: str | None = None, graph: bool = False) -> str:
     """How ``mm_rs`` computes a chunk of ``outer`` runs of ``run`` rows with ``K`` (local)
-    contraction: "cublas" or "triton" (see ``MM_RS_GEMM``). Depends only on shapes and module
-    settings, so every rank decides alike."""
+    contraction: "cublas" or "triton" (see ``MM_RS_GEMM``); ``graph``: a call being captured.
+    Depends only on shapes, module settings and capture (every rank captures the same calls), so
+    every rank decides alike."""
     if MM_RS_GEMM != "cublas" or (transport or TRANSPORT) != "ce":  # peer stores come from the kernel
+        return "triton"
+    if graph:  # no host time per replay: the kernel's GPU time is as good or better
         return "triton"
     if K < RS_CUBLAS_MIN_K or outer * run < symm.BAND_ROWS_MIN:
         return "triton"
     return "cublas" if outer == 1 or run >= RS_CUBLAS_MIN_RUN else "triton"
 
 
-def rs_cublas_bands(outer: int, run: int, K: int = 0, N: int = 0,
-                    graph: bool = False) -> list[list[tuple[int, int, int]]]:
+def rs_cublas_bands(outer: int, run: int, K: int = 0, N: int = 0) -> list[list[tuple[int, int, int]]]:
     """The bands of the cuBLAS path over a chunk of ``outer`` runs of ``run`` rows of a [.., K] @
     [K, N] GEMM: each a list of (run index, first row, rows) pieces, one contiguous GEMM each,
     covering consecutive local rows (local row ``o * run + j``). At most ``symm.MAX_BANDS`` bands of
-    at least ``symm.BAND_ROWS_MIN`` rows and, unless ``graph`` (a captured call: no host time per
-    replay), ``RS_CUBLAS_BAND_FLOPS``; one run is cut into equal bands, several are grouped whole."""
-    flops = 0 if graph else RS_CUBLAS_BAND_FLOPS
-    min_rows = max(symm.BAND_ROWS_MIN, math.ceil(flops / max(1, 2 * K * N)))
+    at least ``symm.BAND_ROWS_MIN`` rows and ``RS_CUBLAS_BAND_FLOPS``; one run is cut into equal
+    bands, several are grouped whole."""
+    min_rows = max(symm.BAND_ROWS_MIN, math.ceil(RS_CUBLAS_BAND_FLOPS / max(1, 2 * K * N)))
     if outer == 1:
         nb = max(1, min(symm.MAX_BANDS, run // min_rows))
         per = max(1, -(-run // nb))
@@ -352,7 +354,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
         seg = out_shape[dim] // ws
         run = seg * math.prod(out_shape[dim + 1 : -1])
         outer = math.prod(out_shape[:dim])
-        gemm = rs_gemm(outer, run, a.shape[1])
+        gemm = rs_gemm(outer, run, a.shape[1], graph=graph)
         cands = configs.candidates(a.dtype, None if outer == 1 else run)
         if gemm == "triton" and not cands:
             why = f"runs of {run} rows are not a multiple of any block height"
@@ -446,7 +448,7 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph) -> Tensor:
     stage4 = stage.view(ws, outer, run, N)
     out = a.new_empty((rows, N))
     out3 = out.view(outer, run, N)
-    bands = rs_cublas_bands(outer, run, K, N, graph)
+    bands = rs_cublas_bands(outer, run, K, N)
     nb = len(bands)
     scale = 1.0 / ws if average else 1.0
     compute = torch.cuda.current_stream(a.device)
