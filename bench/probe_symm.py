@@ -189,9 +189,17 @@ def main():
         op = lambda: torch.ops.overlap.mm_ar(a, b, None, "sum", gn, "symm")  # noqa: E731
         t_op, t_b2b, t_host = med_ms(op), b2b_ms(op), host_us(op)
         t_peer = with_setting("TRANSPORT", "peer", lambda: b2b_ms(op))
+        t_kernel_op = with_setting("MM_RS_GEMM", "triton", lambda: (b2b_ms(op), host_us(op)))
+        cublas_rounds = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: (
+                             symm_lowering.ar_cublas_rounds(M, K, N, ws), b2b_ms(op), host_us(op)))
+                         for f in (32e9, 64e9, 128e9)}
+        gemm = symm_lowering.rs_gemm(1, -(-M // ws), K)
         lines.append(f"mm_ar M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL ar {t_ar:.3f} op {t_op:.3f} "
                      f"(back-to-back {t_b2b:.3f}, host {t_host:.0f} us) -> {t_b2b / max(t_mm, t_ar):.2f}x of max "
-                     f"(rounds {symm_lowering.ar_rounds(M, ws)}) | peer-store transport {t_peer:.3f}")
+                     f"({gemm}) | peer-store transport {t_peer:.3f} | Triton-kernel path (rounds "
+                     f"{symm_lowering.ar_rounds(M, ws)}) {t_kernel_op[0]:.3f} host {t_kernel_op[1]:.0f} us | "
+                     "cuBLAS path by GFLOP per chunk: " + ", ".join(
+                         f"{f / 1e9:g}: {n} rounds {t:.3f} ms host {h:.0f} us" for f, (n, t, h) in cublas_rounds.items()))
         print(lines[-1], flush=True) if rank == 0 else None
     if "host" not in ops:
         common.shutdown()

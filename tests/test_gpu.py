@@ -214,6 +214,9 @@ def _symm_cases(ws: int):
         ("mm_ar one-shot, fewer rows than ranks", _case_mm_ar, dict(m=3, k=24, n=16, with_bias=False)),
         ("mm_ar rounds, rows not divisible, bias", _case_mm_ar, dict(m=2100, k=136, n=1032, with_bias=True)),
         ("mm_ar rounds avg", _case_mm_ar, dict(m=ws * 1024, k=64, n=1024, with_bias=False, reduce_op="avg")),
+        ("mm_ar rounds, K 2048, bias (cuBLAS, summed)", _case_mm_ar, dict(m=2100, k=2048, n=1032, with_bias=True)),
+        ("mm_ar avg, K 2048, 2 rounds at ws 2 (cuBLAS, addmm)", _case_mm_ar,
+         dict(m=8192, k=2048, n=8192, with_bias=False, reduce_op="avg")),
         # fall back to p2p: contraction-dim gather, unaligned K, runs of 7 rows
         ("fallback: ag_mm gather last dim", _case_ag_mm, dict(lead=(45,), k=40, ns=(64,), dim=-1, with_bias=True)),
         ("fallback: mm_rs unaligned K", _case_mm_rs, dict(lead=(ws * 9,), k=77, n=64, dim=0, with_bias=False)),
@@ -221,7 +224,7 @@ def _symm_cases(ws: int):
     ]
 
 
-SYMM_CASES_ON_KERNELS = 13  # the first 13 of _symm_cases
+SYMM_CASES_ON_KERNELS = 15  # the first 15 of _symm_cases
 
 
 def _use_lowering(lowering: str) -> str:
@@ -283,6 +286,8 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
     a_rs2 = _randn(ws * 600, 2048, dtype=dtype, device=device)  # symm: mm_rs on cuBLAS
     b_rs2 = _randn(2048, 104, dtype=dtype, device=device, scale=2048**-0.5)
     a_ar2 = _randn(2100, 64, dtype=dtype, device=device)  # symm: rounds, not one-shot
+    a_ar3 = _randn(4096, 2048, dtype=dtype, device=device)  # symm: on cuBLAS
+    b_ar3 = _randn(2048, 1032, dtype=dtype, device=device, scale=2048**-0.5)
     b_ar2 = _randn(64, 1024, dtype=dtype, device=device, scale=64**-0.5)
     low = lowering
     ops = {
@@ -291,6 +296,7 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
         "mm_rs_cublas": lambda a: torch.ops.overlap.mm_rs(a, b_rs2, None, [a.shape[0], 104], 0, "sum", gn, low),
         "mm_ar": lambda a: torch.ops.overlap.mm_ar(a, b_ar, None, "sum", gn, low),
         "mm_ar_rounds": lambda a: torch.ops.overlap.mm_ar(a, b_ar2, None, "sum", gn, low),
+        "mm_ar_cublas": lambda a: torch.ops.overlap.mm_ar(a, b_ar3, None, "sum", gn, low),
     }
 
     def ref(name, x):
@@ -302,10 +308,13 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
             return _all_reduce_ref(x.float() @ b_rs2.float(), group).chunk(ws)[rank]
         if name == "mm_ar_rounds":
             return _all_reduce_ref(x.float() @ b_ar2.float(), group)
+        if name == "mm_ar_cublas":
+            return _all_reduce_ref(x.float() @ b_ar3.float(), group)
         return _all_reduce_ref(x.float() @ b_ar.float(), group)
 
     bad, summary = [], {}
-    for name, x in (("ag_mm", shard), ("mm_rs", a_rs), ("mm_rs_cublas", a_rs2), ("mm_ar", a_ar), ("mm_ar_rounds", a_ar2)):
+    for name, x in (("ag_mm", shard), ("mm_rs", a_rs), ("mm_rs_cublas", a_rs2), ("mm_ar", a_ar), ("mm_ar_rounds", a_ar2),
+                    ("mm_ar_cublas", a_ar3)):
         op = ops[name]
         # Same inputs, back to back with no host synchronisation: bit-identical results.
         outs = [op(x) for _ in range(calls)]

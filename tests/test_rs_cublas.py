@@ -8,6 +8,7 @@ stream interleaving is ``test_graph_flags.py``'s."""
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from types import SimpleNamespace
 
@@ -204,3 +205,52 @@ def test_runtime_call_listing_follows_the_cublas_path(ws, bias, monkeypatch):
     assert "mm_rs_kernel" in plan.render("mm_rs", args, 1, ws, captured=True)  # captured: the kernel
     monkeypatch.setattr(symm_lowering, "MM_RS_GEMM", "triton")
     assert "mm_rs_kernel" in plan.render("mm_rs", args, 1, ws)
+
+
+AR_CASES = [  # ws, M, bias, reduce_op, rounds
+    (2, 1000, False, "sum", 3),  # addmm path; the last round's chunks partly empty
+    (2, 64, True, "avg", 1),
+    (3, 301, False, "sum", 2),
+    (4, 90, True, "sum", 4),  # fewer rows than chunks in the last round
+]
+
+
+@pytest.mark.parametrize("ws,M,bias,reduce_op,rounds", AR_CASES)
+def test_mm_ar_cublas_path_matches_the_float32_all_reduce(ws, M, bias, reduce_op, rounds, monkeypatch):
+    """``_mm_ar_cublas`` on every rank (threads): rounds of reduce-scatter, then each reduced chunk
+    pushed to every peer's gather region and copied out; every row of every rank's result checked."""
+    torch.manual_seed(ws * 1000 + M)
+    monkeypatch.setattr(symm_lowering, "ar_cublas_rounds", lambda *a: rounds)
+    K, N = 16, 24
+    a = [torch.randn(M, K) for _ in range(ws)]
+    b = [torch.randn(K, N) for _ in range(ws)]
+    c = [torch.randn(N) if bias else None for _ in range(ws)]
+    rows = -(-M // (rounds * ws))
+    data = [torch.full((2 * rounds * ws * rows * N,), float("nan")) for _ in range(ws)]  # recv + gather, poisoned
+    sts, local = states(ws, data, monkeypatch)
+    for st, d in zip(sts, data):
+        st.ensure_data = lambda nbytes, d=d: None if nbytes <= d.numel() * 4 else pytest.fail("data buffer too small")
+        st.data_view = lambda dtype, shape, offset=0, d=d: d.view(torch.uint8)[offset:].view(dtype)[
+            : math.prod(shape)].view(shape)
+    outs = run_ranks(ws, [lambda r=r: symm_lowering._mm_ar_cublas(sts[r], a[r], b[r], c[r], reduce_op == "avg")
+                          for r in range(ws)], local)
+    want = sum(a[r] @ b[r] + (c[r] if bias else 0) for r in range(ws))
+    if reduce_op == "avg":
+        want = want / ws
+    for r in range(ws):
+        assert outs[r].shape == (M, N) and not torch.isnan(outs[r]).any(), r
+        torch.testing.assert_close(outs[r], want, rtol=1e-4, atol=1e-4)
+
+
+def test_mm_ar_listing_follows_the_cublas_path(monkeypatch):
+    from overlap_backend.runtime import plan
+
+    monkeypatch.setattr(symm_lowering, "_mm_problem", lambda *a: None)  # meta tensors stand for CUDA ones
+    bf16 = dict(device="meta", dtype=torch.bfloat16)
+    args = {"a": torch.empty(8192, 7168, **bf16), "b": torch.empty(7168, 8192, **bf16), "bias": None,
+            "reduce_op": "sum", "group_name": "g", "lowering": "symm", "epilogue": ""}
+    listing = plan.render("mm_ar", args, 0, 2)
+    compile(listing, "mm_ar.py", "exec")
+    rounds = symm_lowering.ar_cublas_rounds(8192, 7168, 8192, 2)
+    assert "mm_ar on cuBLAS" in listing and rounds > 1 and listing.count("torch.addmm(") == rounds
+    assert "mm_rs_kernel" in plan.render("mm_ar", args, 0, 2, captured=True)  # captured: the kernel's rounds

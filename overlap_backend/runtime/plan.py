@@ -136,6 +136,8 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
             "group.end(compute)",
         ]
         return lines
+    if op == "mm_ar" and sl.rs_gemm(1, -(-M // ws), a.shape[1], graph=captured) == "cublas":
+        return lines + _mm_ar_cublas(args, rank, ws, M, a.shape[1], N, es)
     if op == "mm_rs":
         shape = list(args["out_shape"])
         dim = args["scatter_dim"] % len(shape)
@@ -232,6 +234,50 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
     lines.append("group.end(compute)  # compute waits for the push stream, and for PEER_OK >= 1")
     if args.get("epilogue"):
         lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue (torch ops if none)")
+    return lines
+
+
+def _mm_ar_cublas(args: dict, rank: int, ws: int, M: int, K: int, N: int, es: int) -> list[str]:
+    from . import symm_lowering as sl
+
+    rounds = sl.ar_cublas_rounds(M, K, N, ws)
+    rows = -(-M // (rounds * ws))
+    peers = [(rank + p) % ws for p in range(1, ws)]
+    fused = ws == 2 and args["bias"] is None
+    lines = [f"# lowering 'symm': mm_ar on cuBLAS (symm_lowering.MM_RS_GEMM), {rounds} round(s) x {ws} chunks of "
+             f"{rows} rows; chunk c of round t: rows (t * {ws} + c) * {rows} on",
+             f"recv, gather = symm_data_view(...), symm_data_view(...)  # ({rounds * ws * rows}, {N}) each",
+             "epoch = group.begin(compute)"]
+    for t in range(rounds):
+        for c in [(rank + 1 + p) % ws for p in range(ws - 1)]:
+            s = t * ws + c
+            lines += [f"stage[chunk({s})] = a[chunk({s})] @ b + bias  # cuBLAS (bias if any)",
+                      f"cuStreamWriteValue32(flag=flags.DONE[{s}], value=epoch, stream=compute)",
+                      f"cuStreamWaitValue32(flag=flags.DONE[{s}], geq=epoch, stream=push_stream)",
+                      f"cuMemcpyAsync(dst=peer_recv({c})[chunk({t * ws + rank})], src=stage[chunk({s})], "
+                      f"nbytes={rows * N * es}, stream=push_stream)  # after READY[{c}] once",
+                      f"cuStreamWriteValue32(flag=peer_flags({c}).RS_ARRIVED[{t * ws + rank}], value=epoch, "
+                      "stream=push_stream)"]
+        own = t * ws + rank
+        lines += [f"cuStreamWaitValue32(flag=flags.RS_ARRIVED[{t * ws + p}], geq=epoch, stream=compute)" for p in peers]
+        if fused:
+            lines.append(f"out[chunk({own})] = torch.addmm(recv[chunk({t * ws + peers[0]})], a[chunk({own})], b)  "
+                         "# cuBLAS (beta = alpha = 1/ws for avg)")
+        else:
+            lines += [f"recv[chunk({own})] = a[chunk({own})] @ b + bias  # cuBLAS",
+                      f"out[chunk({own})] = recv[chunks of round {t}].sum(0)  # mean for avg"]
+        lines += [f"cuStreamWriteValue32(flag=flags.DONE[{own}], value=epoch, stream=compute)",
+                  f"cuStreamWaitValue32(flag=flags.DONE[{own}], geq=epoch, stream=push_stream)"]
+        for p in peers:
+            lines += [f"cuMemcpyAsync(dst=peer_gather({p})[chunk({own})], src=out[chunk({own})], stream=push_stream)",
+                      f"cuStreamWriteValue32(flag=peer_flags({p}).GATHERED[{own}], value=epoch, stream=push_stream)"]
+        for q in peers:
+            lines += [f"cuStreamWaitValue32(flag=flags.GATHERED[{t * ws + q}], geq=epoch, stream=copy_stream)",
+                      f"cuMemcpyAsync(dst=out[chunk({t * ws + q})], src=gather[chunk({t * ws + q})], "
+                      "stream=copy_stream)"]
+    lines.append("group.end(compute)")
+    if args.get("epilogue"):
+        lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue, after the all-gather")
     return lines
 
 

@@ -557,6 +557,9 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     base = symm.GRAPH_BLOCK if graph else 0
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
         return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args, graph), g is not None
+    if rs_gemm(1, -(-M // ws), a.shape[1], graph=graph) == "cublas":
+        PATHS["mm_ar:symm:cublas"] += 1
+        return _mm_ar_cublas(st, a, b, bias, reduce_op == "avg"), False
     configs = _kernels()[3]
     rounds, rows = _mm_ar_rounds_layout(M, ws)
     slot_bytes = rows * N * es
@@ -609,6 +612,82 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
                                        count * row_bytes, st.copy_stream)
     st.end(compute)
     return out, False
+
+
+def ar_cublas_rounds(M: int, K: int, N: int, ws: int) -> int:
+    """Row blocks of ``mm_ar``'s cuBLAS path: as for the kernel (``ar_rounds``), but with chunks of
+    at least ``RS_CUBLAS_BAND_FLOPS`` of GEMM work (each round costs host time, as a band does)."""
+    min_rows = max(symm.BAND_ROWS_MIN, math.ceil(RS_CUBLAS_BAND_FLOPS / max(1, 2 * K * N)))
+    return max(1, min(symm.AR_MAX_ROUNDS, M // (ws * min_rows)))
+
+
+def _mm_ar_cublas(st, a, b, bias, average) -> Tensor:
+    """``mm_ar``'s rounds on cuBLAS (eager calls; see ``MM_RS_GEMM``): the all-reduced [M, N].
+
+    Per round t (``ar_cublas_rounds``; chunk c of round t is rows ``(t * ws + c) * rows`` on, one
+    band each): the peers' chunks first, each GEMM into ``stage`` then raising its done flag, the
+    push stream shipping it to its owner as in ``mm_rs``; then the own chunk waits for the peers'
+    partials and is reduced into ``out`` (``addmm`` at ws 2 without bias, else the own partial into
+    the receive slot and one summing kernel); a stream write raises its done flag and the push
+    stream sends those rows of ``out`` to every peer's gather region (the all-gather), while the
+    next round computes; the copy stream copies the peers' reduced chunks into ``out`` as their
+    flags rise."""
+    ws, r = st.ws, st.rank
+    M, K, N = a.shape[0], a.shape[1], b.shape[1]
+    es = a.element_size()
+    rounds = ar_cublas_rounds(M, K, N, ws)
+    rows = -(-M // (rounds * ws))
+    slot_bytes, row_bytes = rows * N * es, N * es
+    region = rounds * ws * slot_bytes
+    st.ensure_data(2 * region)
+    recv = st.data_view(a.dtype, (rounds * ws * rows, N))
+    gather_base = st.data_addr(r, region)
+    stage = a.new_empty((rounds * ws * rows, N))
+    out = a.new_empty((M, N))
+    peers = [(r + p) % ws for p in range(1, ws)]
+    fused = ws == 2 and bias is None
+    scale = 1.0 / ws if average else 1.0
+
+    def rows_of(slot):  # (first row of a, rows) of chunk ``slot`` = t * ws + c
+        return slot * rows, max(0, min(rows, M - slot * rows))
+
+    compute = torch.cuda.current_stream(a.device)
+    epoch = st.begin(compute, "mm_ar", graph=False)
+    for t in range(rounds):
+        for pos in range(ws - 1):  # reduce-scatter: this rank's partials of the chunks peers own
+            c = (r + 1 + pos) % ws
+            slot = t * ws + c
+            lo, n = rows_of(slot)
+            if n:
+                _mm(a[lo : lo + n], b, bias, stage[lo : lo + n])
+            _cuda.write_value32(st.flag_addr(symm.DONE + slot), epoch, compute)
+            _cuda.wait_value32(st.flag_addr(symm.DONE + slot), epoch, st.push_stream)
+            st.push(c, (t * ws + r) * slot_bytes, stage.data_ptr() + lo * row_bytes, n * row_bytes,
+                    symm.RS_ARRIVED + t * ws + r)
+        own = t * ws + r
+        lo, n = rows_of(own)
+        for p in peers:
+            _cuda.wait_value32(st.flag_addr(symm.RS_ARRIVED + t * ws + p), epoch, compute)
+        if n and fused:
+            plo = (t * ws + peers[0]) * rows
+            torch.addmm(recv[plo : plo + n], a[lo : lo + n], b, beta=scale, alpha=scale, out=out[lo : lo + n])
+        elif n:
+            _mm(a[lo : lo + n], b, bias, recv[lo : lo + n])
+            reduce = torch.mean if average else torch.sum
+            reduce(recv.view(rounds, ws, rows, N)[t, :, :n], dim=0, out=out[lo : lo + n])
+        _cuda.write_value32(st.flag_addr(symm.DONE + own), epoch, compute)
+        _cuda.wait_value32(st.flag_addr(symm.DONE + own), epoch, st.push_stream)
+        for j in range(1, ws):  # all-gather: the reduced chunk, to every peer
+            st.push((r - j) % ws, region + own * slot_bytes, out.data_ptr() + lo * row_bytes, n * row_bytes,
+                    symm.GATHERED + own)
+        for q in peers:  # the peers' reduced chunks, out of the gather region as they arrive
+            qlo, qn = rows_of(t * ws + q)
+            _cuda.wait_value32(st.flag_addr(symm.GATHERED + t * ws + q), epoch, st.copy_stream)
+            if qn:
+                _cuda.memcpy_async(out.data_ptr() + qlo * row_bytes, gather_base + (t * ws + q) * slot_bytes,
+                                   qn * row_bytes, st.copy_stream)
+    st.end(compute)
+    return out
 
 
 def _peer_args(st, gather_offset: int) -> dict:
