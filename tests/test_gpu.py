@@ -214,9 +214,9 @@ def _symm_cases(ws: int):
         ("mm_ar one-shot, fewer rows than ranks", _case_mm_ar, dict(m=3, k=24, n=16, with_bias=False)),
         ("mm_ar rounds, rows not divisible, bias", _case_mm_ar, dict(m=2100, k=136, n=1032, with_bias=True)),
         ("mm_ar rounds avg", _case_mm_ar, dict(m=ws * 1024, k=64, n=1024, with_bias=False, reduce_op="avg")),
-        ("mm_ar rounds, K 2048, bias (cuBLAS, summed)", _case_mm_ar, dict(m=2100, k=2048, n=1032, with_bias=True)),
-        ("mm_ar avg, K 2048, 2 rounds at ws 2 (cuBLAS, addmm)", _case_mm_ar,
-         dict(m=8192, k=2048, n=8192, with_bias=False, reduce_op="avg")),
+        ("mm_ar, K 2048, bias (cuBLAS at ws 2, summed)", _case_mm_ar, dict(m=1500, k=2048, n=1504, with_bias=True)),
+        ("mm_ar avg, K 2048 (cuBLAS at ws 2, addmm)", _case_mm_ar,
+         dict(m=1536, k=2048, n=2048, with_bias=False, reduce_op="avg")),
         # fall back to p2p: contraction-dim gather, unaligned K, runs of 7 rows
         ("fallback: ag_mm gather last dim", _case_ag_mm, dict(lead=(45,), k=40, ns=(64,), dim=-1, with_bias=True)),
         ("fallback: mm_rs unaligned K", _case_mm_rs, dict(lead=(ws * 9,), k=77, n=64, dim=0, with_bias=False)),
@@ -286,8 +286,8 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
     a_rs2 = _randn(ws * 600, 2048, dtype=dtype, device=device)  # symm: mm_rs on cuBLAS
     b_rs2 = _randn(2048, 104, dtype=dtype, device=device, scale=2048**-0.5)
     a_ar2 = _randn(2100, 64, dtype=dtype, device=device)  # symm: rounds, not one-shot
-    a_ar3 = _randn(4096, 2048, dtype=dtype, device=device)  # symm: on cuBLAS
-    b_ar3 = _randn(2048, 1032, dtype=dtype, device=device, scale=2048**-0.5)
+    a_ar3 = _randn(1536, 2048, dtype=dtype, device=device)  # symm: on cuBLAS at ws 2
+    b_ar3 = _randn(2048, 1504, dtype=dtype, device=device, scale=2048**-0.5)
     b_ar2 = _randn(64, 1024, dtype=dtype, device=device, scale=64**-0.5)
     low = lowering
     ops = {

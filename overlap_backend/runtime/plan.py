@@ -136,7 +136,7 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
             "group.end(compute)",
         ]
         return lines
-    if op == "mm_ar" and sl.rs_gemm(1, -(-M // ws), a.shape[1], graph=captured) == "cublas":
+    if op == "mm_ar" and sl.ar_gemm(M, a.shape[1], ws, captured) == "cublas":
         return lines + _mm_ar_cublas(args, rank, ws, M, a.shape[1], N, es)
     if op == "mm_rs":
         shape = list(args["out_shape"])

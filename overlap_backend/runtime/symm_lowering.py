@@ -557,7 +557,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     base = symm.GRAPH_BLOCK if graph else 0
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
         return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args, graph), g is not None
-    if rs_gemm(1, -(-M // ws), a.shape[1], graph=graph) == "cublas":
+    if ar_gemm(M, a.shape[1], ws, graph) == "cublas":
         PATHS["mm_ar:symm:cublas"] += 1
         return _mm_ar_cublas(st, a, b, bias, reduce_op == "avg"), False
     configs = _kernels()[3]
@@ -612,6 +612,17 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
                                        count * row_bytes, st.copy_stream)
     st.end(compute)
     return out, False
+
+
+def ar_gemm(M: int, K: int, ws: int, graph: bool = False) -> str:
+    """How ``mm_ar``'s rounds path computes: "cublas" where ``mm_rs`` would and the kernel would run
+    one round, else "triton". Measured on 2xH200 (probe_symm, ninth session, K=7168 N=8192, back to
+    back): M=1024 (one round) cuBLAS 0.570 ms vs kernel 0.782; but M=4096: 0.898-0.956 vs 0.834 and
+    M=8192: 1.738-1.764 vs 1.666, where the kernel's four rounds hide the all-gather and cuBLAS
+    rounds cost host time."""
+    if ar_rounds(M, ws) > 1:
+        return "triton"
+    return rs_gemm(1, -(-M // ws), K, graph=graph)
 
 
 def ar_cublas_rounds(M: int, K: int, N: int, ws: int) -> int:
