@@ -145,18 +145,19 @@ def main():
         t_peer = with_setting("TRANSPORT", "peer", lambda: b2b_ms(op))
         t_kernel_op = with_setting("MM_RS_GEMM", "triton", lambda: b2b_ms(op))
         gemm = symm_lowering.rs_gemm(1, M // ws, K // ws)
-        # the cuBLAS path by band size: eager (RS_CUBLAS_BAND_FLOPS; 1e15: one band per chunk) back to
-        # back and host time per call; captured (symm.BAND_ROWS_MIN rows per band) replayed back to
-        # back, i.e. GPU time; the kernel path replayed before and after (the spread is the noise)
+        # the cuBLAS path by band size (RS_CUBLAS_BAND_FLOPS; 1e15: one band per chunk): eager back to
+        # back, host time per call, and captured in a CUDA graph, replayed back to back (GPU time);
+        # the kernel path replayed before and after (the spread is the noise)
+        kernel_replay = lambda: with_setting("rs_gemm", lambda *a, **k: "triton", lambda: replay_ms(op))  # noqa: E731
+        cublas_replay = lambda: with_setting("rs_gemm", lambda *a, **k: "cublas", lambda: replay_ms(op))  # noqa: E731
+        t_kernel_replay = kernel_replay()
         by_band = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: (
                        len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N)), b2b_ms(op), host_us(op)))
                    for f in (0, 16e9, 64e9, 1e15)}
-        t_kernel_replay = replay_ms(op)  # captured calls take the kernel (symm_lowering.rs_gemm)
-        cublas_replay = lambda: with_setting("rs_gemm", lambda *a, **k: "cublas", lambda: replay_ms(op))  # noqa: E731
         by_graph_band = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: (
                              len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N)), cublas_replay()))
                          for f in (0, 32e9, 64e9, 1e15)}
-        t_kernel_replay2 = replay_ms(op)
+        t_kernel_replay2 = kernel_replay()
         rows = M // ws
         stage = torch.empty(M, N, device=device, dtype=dt)
         recv = torch.randn(M, N, device=device, dtype=dt)

@@ -177,17 +177,34 @@ def queue_mm_rs_cublas(sim, states, r, outer=2, run=3):
     assert states[r].base == 0
 
 
+def queue_mm_ar_cublas(sim, states, r, M=10):
+    """mm_ar's cuBLAS path, the real schedule (``symm_lowering._mm_ar_cublas``) over two rounds:
+    reduce-scatter pushes, then the reduced chunks pushed to every peer and copied out."""
+    from overlap_backend.runtime import symm_lowering
+
+    ws, K, N = sim.ws, 4, 8
+    sim.current_rank = r
+    st = states[r]
+    st.ensure_data = lambda nbytes: None
+    st.data_view = lambda dtype, shape, offset=0: torch.zeros(shape, dtype=dtype)
+    symm_lowering._mm_ar_cublas(st, torch.randn(M, K), torch.randn(K, N), None, False, graph=True)
+    assert st.base == 0
+
+
 def compute_stream_of_current_rank(sim, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: sim.streams[sim.current_rank]["compute"])
 
 
 @pytest.mark.parametrize("ws", [2, 4])
-@pytest.mark.parametrize("rs", ["kernel", "cublas"])
+@pytest.mark.parametrize("rs", ["kernel", "cublas", "mm_ar_cublas"])
 def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, rs, monkeypatch):
+    from overlap_backend.runtime import symm_lowering
+
     sim = Sim(ws)
     states = make_states(sim, monkeypatch)
     compute_stream_of_current_rank(sim, monkeypatch)
-    queue_rs = queue_mm_rs if rs == "kernel" else queue_mm_rs_cublas
+    monkeypatch.setattr(symm_lowering, "ar_cublas_rounds", lambda *a: 2)
+    queue_rs = {"kernel": queue_mm_rs, "cublas": queue_mm_rs_cublas, "mm_ar_cublas": queue_mm_ar_cublas}[rs]
     monkeypatch.setattr(symm, "BAND_ROWS_MIN", 2)  # the cuBLAS path's 2 runs of 3 rows: a band each
     for call in range(4):  # replays queued back to back, the two ops alternating
         for r in range(ws):

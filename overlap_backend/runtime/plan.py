@@ -136,13 +136,13 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
             "group.end(compute)",
         ]
         return lines
-    if op == "mm_ar" and sl.ar_gemm(M, a.shape[1], ws, captured) == "cublas":
+    if op == "mm_ar" and sl.ar_gemm(M, a.shape[1], ws, "ce" if captured else None) == "cublas":
         return lines + _mm_ar_cublas(args, rank, ws, M, a.shape[1], N, es)
     if op == "mm_rs":
         shape = list(args["out_shape"])
         dim = args["scatter_dim"] % len(shape)
         outer, run = math.prod(shape[:dim]), shape[dim] // ws * math.prod(shape[dim + 1 : -1])
-        if sl.rs_gemm(outer, run, a.shape[1], graph=captured) == "cublas":
+        if sl.rs_gemm(outer, run, a.shape[1], "ce" if captured else None) == "cublas":
             return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es)
     rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":

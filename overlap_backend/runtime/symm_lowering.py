@@ -49,8 +49,11 @@ TRANSPORT = "ce"
 # M=8192: 0.847-0.917 vs 0.853-0.935), the kernel ahead where the transfer dominates (K=2048
 # M=16384: 0.588-0.637 vs 0.592-0.662) and at M=512 (0.085 vs 0.086-0.102). Eager calls are
 # host-bound and the cuBLAS path costs less host time: back to back 0.470-0.510 vs 0.483-0.738
-# at M=4096, 0.817-0.826 vs 0.846-0.856 at M=8192 (four runs). Hence: eager calls with at least
+# at M=4096, 0.817-0.826 vs 0.846-0.856 at M=8192 (four runs). Hence: calls with at least
 # RS_CUBLAS_MIN_K of local K and BAND_ROWS_MIN rows per chunk on cuBLAS, the rest on the kernel.
+# Captured calls take the same path as the eager calls that warm them up: those tuned no kernel
+# config for the shape, and a captured call cannot tune (its cuBLAS path passed the GPU capture
+# test; in replays it is within a few percent of the kernel, above).
 MM_RS_GEMM = "cublas"
 RS_CUBLAS_MIN_K = 2048
 RS_CUBLAS_MIN_RUN = 128  # chunks made of runs shorter than this (many tiny GEMMs) stay on the kernel
@@ -308,14 +311,11 @@ def _mm_problem(a, b, bias, reduce_op) -> str | None:
     return _tma_problem(a.dtype, a.shape[1], b.shape[1])
 
 
-def rs_gemm(outer: int, run: int, K: int, transport: str | None = None, graph: bool = False) -> str:
+def rs_gemm(outer: int, run: int, K: int, transport: str | None = None) -> str:
     """How ``mm_rs`` computes a chunk of ``outer`` runs of ``run`` rows with ``K`` (local)
-    contraction: "cublas" or "triton" (see ``MM_RS_GEMM``); ``graph``: a call being captured.
-    Depends only on shapes, module settings and capture (every rank captures the same calls), so
-    every rank decides alike."""
+    contraction: "cublas" or "triton" (see ``MM_RS_GEMM``). Depends only on shapes and module
+    settings, so every rank decides alike."""
     if MM_RS_GEMM != "cublas" or (transport or TRANSPORT) != "ce":  # peer stores come from the kernel
-        return "triton"
-    if graph:  # no host time per replay: the kernel's GPU time is as good or better
         return "triton"
     if K < RS_CUBLAS_MIN_K or outer * run < symm.BAND_ROWS_MIN:
         return "triton"
@@ -354,7 +354,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
         seg = out_shape[dim] // ws
         run = seg * math.prod(out_shape[dim + 1 : -1])
         outer = math.prod(out_shape[:dim])
-        gemm = rs_gemm(outer, run, a.shape[1], graph=graph)
+        gemm = rs_gemm(outer, run, a.shape[1], "ce" if graph else None)
         cands = configs.candidates(a.dtype, None if outer == 1 else run)
         if gemm == "triton" and not cands:
             why = f"runs of {run} rows are not a multiple of any block height"
@@ -543,6 +543,9 @@ def _mm_ar_needs(a, b, ws: int) -> tuple[int, list]:
     M, N, es = a.shape[0], b.shape[1], a.element_size()
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
         return ws * M * N * es, []  # one-shot: no tuned kernel
+    if ar_gemm(M, a.shape[1], ws, "ce") == "cublas":
+        rounds = ar_cublas_rounds(M, a.shape[1], N, ws)
+        return 2 * rounds * ws * -(-M // (rounds * ws)) * N * es, []  # no tuned kernel
     rounds, rows = _mm_ar_rounds_layout(M, ws)
     return 2 * rounds * ws * rows * N * es, [_picked.get(("mm_ar", _mm_ar_key(a, b)))]
 
@@ -557,9 +560,9 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     base = symm.GRAPH_BLOCK if graph else 0
     if M * N * es <= symm.ONESHOT_MAX_BYTES:
         return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args, graph), g is not None
-    if ar_gemm(M, a.shape[1], ws, graph) == "cublas":
+    if ar_gemm(M, a.shape[1], ws, "ce" if graph else None) == "cublas":
         PATHS["mm_ar:symm:cublas"] += 1
-        return _mm_ar_cublas(st, a, b, bias, reduce_op == "avg"), False
+        return _mm_ar_cublas(st, a, b, bias, reduce_op == "avg", graph), False
     configs = _kernels()[3]
     rounds, rows = _mm_ar_rounds_layout(M, ws)
     slot_bytes = rows * N * es
@@ -614,7 +617,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     return out, False
 
 
-def ar_gemm(M: int, K: int, ws: int, graph: bool = False) -> str:
+def ar_gemm(M: int, K: int, ws: int, transport: str | None = None) -> str:
     """How ``mm_ar``'s rounds path computes: "cublas" where ``mm_rs`` would and the kernel would run
     one round, else "triton". Measured on 2xH200 (probe_symm, ninth session, K=7168 N=8192, back to
     back): M=1024 (one round) cuBLAS 0.570 ms vs kernel 0.782; but M=4096: 0.898-0.956 vs 0.834 and
@@ -622,7 +625,7 @@ def ar_gemm(M: int, K: int, ws: int, graph: bool = False) -> str:
     rounds cost host time."""
     if ar_rounds(M, ws) > 1:
         return "triton"
-    return rs_gemm(1, -(-M // ws), K, graph=graph)
+    return rs_gemm(1, -(-M // ws), K, transport)
 
 
 def ar_cublas_rounds(M: int, K: int, N: int, ws: int) -> int:
@@ -632,7 +635,7 @@ def ar_cublas_rounds(M: int, K: int, N: int, ws: int) -> int:
     return max(1, min(symm.AR_MAX_ROUNDS, M // (ws * min_rows)))
 
 
-def _mm_ar_cublas(st, a, b, bias, average) -> Tensor:
+def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
     """``mm_ar``'s rounds on cuBLAS (eager calls; see ``MM_RS_GEMM``): the all-reduced [M, N].
 
     Per round t (``ar_cublas_rounds``; chunk c of round t is rows ``(t * ws + c) * rows`` on, one
@@ -642,8 +645,9 @@ def _mm_ar_cublas(st, a, b, bias, average) -> Tensor:
     the receive slot and one summing kernel); a stream write raises its done flag and the push
     stream sends those rows of ``out`` to every peer's gather region (the all-gather), while the
     next round computes; the copy stream copies the peers' reduced chunks into ``out`` as their
-    flags rise."""
+    flags rise. ``graph``: a call being captured (the flag block ``symm.GRAPH_BLOCK``)."""
     ws, r = st.ws, st.rank
+    base = symm.GRAPH_BLOCK if graph else 0
     M, K, N = a.shape[0], a.shape[1], b.shape[1]
     es = a.element_size()
     rounds = ar_cublas_rounds(M, K, N, ws)
@@ -663,7 +667,7 @@ def _mm_ar_cublas(st, a, b, bias, average) -> Tensor:
         return slot * rows, max(0, min(rows, M - slot * rows))
 
     compute = torch.cuda.current_stream(a.device)
-    epoch = st.begin(compute, "mm_ar", graph=False)
+    epoch = st.begin(compute, "mm_ar", graph=graph)
     for t in range(rounds):
         for pos in range(ws - 1):  # reduce-scatter: this rank's partials of the chunks peers own
             c = (r + 1 + pos) % ws
@@ -671,14 +675,14 @@ def _mm_ar_cublas(st, a, b, bias, average) -> Tensor:
             lo, n = rows_of(slot)
             if n:
                 _mm(a[lo : lo + n], b, bias, stage[lo : lo + n])
-            _cuda.write_value32(st.flag_addr(symm.DONE + slot), epoch, compute)
-            _cuda.wait_value32(st.flag_addr(symm.DONE + slot), epoch, st.push_stream)
+            _cuda.write_value32(st.flag_addr(base + symm.DONE + slot), epoch, compute)
+            _cuda.wait_value32(st.flag_addr(base + symm.DONE + slot), epoch, st.push_stream)
             st.push(c, (t * ws + r) * slot_bytes, stage.data_ptr() + lo * row_bytes, n * row_bytes,
                     symm.RS_ARRIVED + t * ws + r)
         own = t * ws + r
         lo, n = rows_of(own)
         for p in peers:
-            _cuda.wait_value32(st.flag_addr(symm.RS_ARRIVED + t * ws + p), epoch, compute)
+            _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + t * ws + p), epoch, compute)
         if n and fused:
             plo = (t * ws + peers[0]) * rows
             torch.addmm(recv[plo : plo + n], a[lo : lo + n], b, beta=scale, alpha=scale, out=out[lo : lo + n])
@@ -686,14 +690,14 @@ def _mm_ar_cublas(st, a, b, bias, average) -> Tensor:
             _mm(a[lo : lo + n], b, bias, recv[lo : lo + n])
             reduce = torch.mean if average else torch.sum
             reduce(recv.view(rounds, ws, rows, N)[t, :, :n], dim=0, out=out[lo : lo + n])
-        _cuda.write_value32(st.flag_addr(symm.DONE + own), epoch, compute)
-        _cuda.wait_value32(st.flag_addr(symm.DONE + own), epoch, st.push_stream)
+        _cuda.write_value32(st.flag_addr(base + symm.DONE + own), epoch, compute)
+        _cuda.wait_value32(st.flag_addr(base + symm.DONE + own), epoch, st.push_stream)
         for j in range(1, ws):  # all-gather: the reduced chunk, to every peer
             st.push((r - j) % ws, region + own * slot_bytes, out.data_ptr() + lo * row_bytes, n * row_bytes,
                     symm.GATHERED + own)
         for q in peers:  # the peers' reduced chunks, out of the gather region as they arrive
             qlo, qn = rows_of(t * ws + q)
-            _cuda.wait_value32(st.flag_addr(symm.GATHERED + t * ws + q), epoch, st.copy_stream)
+            _cuda.wait_value32(st.flag_addr(base + symm.GATHERED + t * ws + q), epoch, st.copy_stream)
             if qn:
                 _cuda.memcpy_async(out.data_ptr() + qlo * row_bytes, gather_base + (t * ws + q) * slot_bytes,
                                    qn * row_bytes, st.copy_stream)
