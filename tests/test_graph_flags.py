@@ -182,7 +182,7 @@ def queue_mm_ar_cublas(sim, states, r, M=10):
     reduce-scatter pushes, then the reduced chunks pushed to every peer and copied out."""
     from overlap_backend.runtime import symm_lowering
 
-    ws, K, N = sim.ws, 4, 8
+    K, N = 4, 8
     sim.current_rank = r
     st = states[r]
     st.ensure_data = lambda nbytes: None

@@ -195,7 +195,6 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
 
     bands = sl.rs_cublas_bands(outer, run, args["a"].shape[1], N)
     nb = len(bands)
-    rows = outer * run
     peers = [(rank + p) % ws for p in range(1, ws)]
     fused = ws == 2 and args["bias"] is None
     scale = "1/ws" if args["reduce_op"] == "avg" else "1"

@@ -369,7 +369,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
         return _p2p("mm_rs", why, group_name, *args)
     PATHS["mm_rs:symm"] += 1
     PATHS[f"mm_rs:symm:{gemm}"] += 1
-    ws, r = st.ws, st.rank
+    ws = st.ws
     a, b, bias = _aligned(a), _weight(b), (bias.contiguous() if bias is not None else None)
     N = b.shape[1]
     rows = outer * run
@@ -450,7 +450,6 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph) -> Tensor:
     out3 = out.view(outer, run, N)
     bands = rs_cublas_bands(outer, run, K, N)
     nb = len(bands)
-    scale = 1.0 / ws if average else 1.0
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute, "mm_rs", graph=graph)
     for pos in range(ws - 1):
@@ -461,21 +460,27 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph) -> Tensor:
             _cuda.write_value32(st.flag_addr(base + symm.DONE + c * nb + i), epoch, compute)
     _push_partials(st, stage, rows, N, [(band[0][0] * run + band[0][1], sum(p[2] for p in band)) for band in bands],
                    epoch, base)
-    peers = [(r + p) % ws for p in range(1, ws)]
-    fused = ws == 2 and bias is None
     for i, band in enumerate(bands):
-        for p in peers:
-            _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + p * nb + i), epoch, compute)
+        for p in range(1, ws):
+            _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + (r + p) % ws * nb + i), epoch, compute)
         for o, j, n in band:
-            if fused:
-                torch.addmm(recv4[peers[0], o, j : j + n], a3[o, r, j : j + n], b, beta=scale, alpha=scale,
-                            out=out3[o, j : j + n])
-            else:
-                _mm(a3[o, r, j : j + n], b, bias, recv4[r, o, j : j + n])
-                reduce = torch.mean if average else torch.sum
-                reduce(recv4[:, o, j : j + n], dim=0, out=out3[o, j : j + n])
+            _reduce_own(a3[o, r, j : j + n], b, bias, recv4[:, o, j : j + n], r, out3[o, j : j + n], average)
     st.end(compute)
     return out
+
+
+def _reduce_own(a, b, bias, slots, rank, out, average) -> None:
+    """``out`` = the sum (``average``: mean) over ranks of their partials of these rows: this
+    rank's, ``a @ b (+ bias)``, and the peers' in ``slots`` [ws, rows, N] (slot ``rank`` is free).
+    At ws 2 without bias one ``addmm`` adds the peer's in cuBLAS's epilogue; otherwise the own
+    partial goes into its slot and one kernel reduces the slots (in float32 for 16-bit types)."""
+    ws = slots.shape[0]
+    scale = 1.0 / ws if average else 1.0
+    if ws == 2 and bias is None:
+        torch.addmm(slots[1 - rank], a, b, beta=scale, alpha=scale, out=out)
+    else:
+        _mm(a, b, bias, slots[rank])
+        (torch.mean if average else torch.sum)(slots, dim=0, out=out)
 
 
 def _mm(a, b, bias, out) -> None:
@@ -660,8 +665,6 @@ def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
     stage = a.new_empty((rounds * ws * rows, N))
     out = a.new_empty((M, N))
     peers = [(r + p) % ws for p in range(1, ws)]
-    fused = ws == 2 and bias is None
-    scale = 1.0 / ws if average else 1.0
 
     def rows_of(slot):  # (first row of a, rows) of chunk ``slot`` = t * ws + c
         return slot * rows, max(0, min(rows, M - slot * rows))
@@ -683,13 +686,9 @@ def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
         lo, n = rows_of(own)
         for p in peers:
             _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + t * ws + p), epoch, compute)
-        if n and fused:
-            plo = (t * ws + peers[0]) * rows
-            torch.addmm(recv[plo : plo + n], a[lo : lo + n], b, beta=scale, alpha=scale, out=out[lo : lo + n])
-        elif n:
-            _mm(a[lo : lo + n], b, bias, recv[lo : lo + n])
-            reduce = torch.mean if average else torch.sum
-            reduce(recv.view(rounds, ws, rows, N)[t, :, :n], dim=0, out=out[lo : lo + n])
+        if n:
+            _reduce_own(a[lo : lo + n], b, bias, recv.view(rounds, ws, rows, N)[t, :, :n], r, out[lo : lo + n],
+                        average)
         _cuda.write_value32(st.flag_addr(base + symm.DONE + own), epoch, compute)
         _cuda.wait_value32(st.flag_addr(base + symm.DONE + own), epoch, st.push_stream)
         for j in range(1, ws):  # all-gather: the reduced chunk, to every peer
