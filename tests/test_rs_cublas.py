@@ -265,3 +265,13 @@ def test_ar_gemm_decision():
     assert symm_lowering.ar_gemm(1024, 7168, 2) == "cublas"  # one round: cuBLAS's lower host time
     assert symm_lowering.ar_gemm(4096, 7168, 2) == "triton"  # rounds: the kernel hides the all-gather
     assert symm_lowering.ar_gemm(1024, 1024, 2) == "triton"  # short K
+
+
+def test_a_generated_epilogue_keeps_the_kernel_where_it_fuses():
+    """OVERLAP_FUSE_EPILOGUES: an epilogue captured into mm_rs fuses into the kernel's own tiles;
+    after cuBLAS it would be one more kernel, so such calls stay on the kernel (where it can run)."""
+    bf16 = torch.bfloat16
+    assert symm_lowering.rs_path(1, 2048, 3584, bf16) == "cublas"
+    assert symm_lowering.rs_path(1, 2048, 3584, bf16, "add:0") == "triton"
+    assert symm_lowering.rs_path(1, 2048, 3584, bf16, "bias:0,gelu") == "triton"
+    assert symm_lowering.rs_path(3, 200, 3584, bf16, "add:0") == "cublas"  # runs of 200: no block height fits

@@ -142,7 +142,7 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
         shape = list(args["out_shape"])
         dim = args["scatter_dim"] % len(shape)
         outer, run = math.prod(shape[:dim]), shape[dim] // ws * math.prod(shape[dim + 1 : -1])
-        if sl.rs_gemm(outer, run, a.shape[1], "ce" if captured else None) == "cublas":
+        if sl.rs_path(outer, run, a.shape[1], a.dtype, spec, "ce" if captured else None) == "cublas":
             return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es)
     rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":

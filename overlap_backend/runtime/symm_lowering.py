@@ -322,6 +322,19 @@ def rs_gemm(outer: int, run: int, K: int, transport: str | None = None) -> str:
     return "cublas" if outer == 1 or run >= RS_CUBLAS_MIN_RUN else "triton"
 
 
+def rs_path(outer: int, run: int, K: int, dtype: torch.dtype, epilogue: str = "",
+            transport: str | None = None) -> str:
+    """``rs_gemm``, except that an epilogue the codegen can generate keeps the kernel where the
+    kernel can run the chunk: it fuses into the own tiles there, while after cuBLAS it would be one
+    more kernel (fused epilogues are opt-in: ``OVERLAP_FUSE_EPILOGUES``)."""
+    gemm = rs_gemm(outer, run, K, transport)
+    if gemm == "cublas" and epilogue and _generated(epilogue, dtype) is not None:
+        configs = _kernels()[3]
+        if configs.candidates(dtype, None if outer == 1 else run):
+            return "triton"
+    return gemm
+
+
 def rs_cublas_bands(outer: int, run: int, K: int = 0, N: int = 0) -> list[list[tuple[int, int, int]]]:
     """The bands of the cuBLAS path over a chunk of ``outer`` runs of ``run`` rows of a [.., K] @
     [K, N] GEMM: each a list of (run index, first row, rows) pieces, one contiguous GEMM each,
@@ -354,7 +367,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
         seg = out_shape[dim] // ws
         run = seg * math.prod(out_shape[dim + 1 : -1])
         outer = math.prod(out_shape[:dim])
-        gemm = rs_gemm(outer, run, a.shape[1], "ce" if graph else None)
+        gemm = rs_path(outer, run, a.shape[1], a.dtype, epilogue, "ce" if graph else None)
         cands = configs.candidates(a.dtype, None if outer == 1 else run)
         if gemm == "triton" and not cands:
             why = f"runs of {run} rows are not a multiple of any block height"
