@@ -253,7 +253,7 @@ class Check:
     status: str  # PASS | FAIL | ERROR (ours raised on some rank) | n/a (not registered / not supported / p2p fallback)
     err: float  # max over ranks of the relative error (inf: raised; nan: not run)
     reason: str | None = None  # why, for every status but PASS/FAIL
-    path: str | None = None  # symm only: "symm", "one-shot" (mm_ar), or None when not known
+    path: str | None = None  # symm only: "symm", "one-shot" (mm_ar), "cuBLAS" (mm_rs / mm_ar), or None when not known
 
 
 def check_ours(suite, shape, ws, dtype, device, gn, lowering) -> Check:
@@ -283,7 +283,8 @@ def check_ours(suite, shape, ws, dtype, device, gn, lowering) -> Check:
     path = None
     if before is not None:
         new = {k for k, v in paths.items() if v > before.get(k, 0)}
-        path = "p2p" if f"{suite}:p2p" in new else "one-shot" if f"{suite}:oneshot" in new else "symm" if new else None
+        path = ("p2p" if f"{suite}:p2p" in new else "one-shot" if f"{suite}:oneshot" in new
+                else "cuBLAS" if f"{suite}:symm:cublas" in new else "symm" if new else None)
     err = common.allreduce_max([err], device)[0]
     got: list = [None] * dist.get_world_size()
     dist.all_gather_object(got, (mine, path))
@@ -496,8 +497,8 @@ def render(suite: str, ws: int, dtype, info: dict, rows: list[dict], lowerings) 
             key = ours_key(lo)
             status, err = row["check"][key], row["rel_err"][key]
             cell = status if status in ("n/a", "ERROR") else f"{status} ({err:.1e})"
-            if lo == "symm" and row.get("symm_path") == "one-shot":
-                cell += " one-shot"
+            if lo == "symm" and row.get("symm_path") in ("one-shot", "cuBLAS"):
+                cell += f" {row['symm_path']}"
             cells.append(cell)
             if status == "FAIL":  # (ERROR and n/a are explained under the time column)
                 notes.setdefault(f"check {lo}", row["notes"].get(key, ""))

@@ -399,3 +399,21 @@ def test_run_device_graphs_benches(tmp_path):
     ]
     stages = re.findall(r"^=== \[t=\d+s\] (\S+) \(limit", out, re.M)
     assert stages == ["versions", "graphs_models_ws2", "graphs_epilogue_ws2", "graphs_moe_ws2"]
+
+
+def test_collective_table_names_the_symm_path(bench):
+    """A row of ours on symm says which path ran where it is not the kernels' default: mm_ar's
+    one-shot, mm_rs / mm_ar on cuBLAS (symm_lowering.PATHS)."""
+    b, common = bench["bench_collective_gemm"], bench["common"]
+    rows = []
+    for path in ("cuBLAS", "symm", "one-shot"):
+        row = {"M": 4096, "K": 7168, "N": 8192, "origin": "test", "local_a": [4096, 3584], "reps": {}, "notes": {},
+               "times_ms": {"mm": 0.35, "comm": 0.17, "seq": 0.48, "ours_symm": 0.47},
+               "check": {"ours_symm": "PASS"}, "rel_err": {"ours_symm": 2.5e-3}, "symm_path": path}
+        b.derive(row, "mm_rs", ["symm"])
+        rows.append(row)
+    md = b.render("mm_rs", 2, torch.bfloat16, common.machine_info(torch.device("cpu"), 2), rows, ["symm"])
+    table = [line for line in md.splitlines() if line.startswith("| 4096")]
+    assert len(table) == 3
+    assert "PASS (2.5e-03) cuBLAS" in table[0] and "one-shot" in table[2]
+    assert "cuBLAS" not in table[1] and "one-shot" not in table[1]
