@@ -57,15 +57,15 @@ def host_us(fn, n=20):
 TIMING = None
 
 
-def with_setting(name, value, fn, module=symm_lowering):
-    """Run ``fn`` with the module setting ``<module>.<name>`` set to ``value`` (TRANSPORT: how
-    mm_rs / mm_ar ship partials, "ce" or "peer"; MM_RS_GEMM: "cublas" or "triton")."""
-    saved = getattr(module, name)
-    setattr(module, name, value)
+def with_setting(name, value, fn):
+    """Run ``fn`` with ``symm_lowering.<name>`` set to ``value`` (TRANSPORT: how mm_rs / mm_ar ship
+    partials, "ce" or "peer"; MM_RS_GEMM: "cublas" or "triton"; RS_CUBLAS_BAND_FLOPS; rs_gemm)."""
+    saved = getattr(symm_lowering, name)
+    setattr(symm_lowering, name, value)
     try:
         return fn()
     finally:
-        setattr(module, name, saved)
+        setattr(symm_lowering, name, saved)
 
 
 def main():

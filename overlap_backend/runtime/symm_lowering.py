@@ -335,7 +335,7 @@ def rs_path(outer: int, run: int, K: int, dtype: torch.dtype, epilogue: str = ""
     return gemm
 
 
-def rs_cublas_bands(outer: int, run: int, K: int = 0, N: int = 0) -> list[list[tuple[int, int, int]]]:
+def rs_cublas_bands(outer: int, run: int, K: int, N: int) -> list[list[tuple[int, int, int]]]:
     """The bands of the cuBLAS path over a chunk of ``outer`` runs of ``run`` rows of a [.., K] @
     [K, N] GEMM: each a list of (run index, first row, rows) pieces, one contiguous GEMM each,
     covering consecutive local rows (local row ``o * run + j``). At most ``symm.MAX_BANDS`` bands of
@@ -396,13 +396,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     chunk_shape[dim] = seg
     if gemm == "cublas":
         out = _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph).view(chunk_shape)
-        if not epilogue:
-            return out
-        if g is None:
-            return _epilogue.apply(epilogue, out, epilogue_args)
-        from ..codegen import epilogue as gen
-
-        return gen.apply_pointwise(g, out, epilogue_args)
+        return _epilogue_after(epilogue, g, out, epilogue_args)
     # captured calls ship by copy engine: peer stores wait for READY by epoch, inside the kernel
     peer = _peer_args(st, 0) if TRANSPORT == "peer" and not graph else None
     out = a.new_empty((rows, N), dtype=_epilogue.out_dtype(epilogue, a.dtype) if g is not None else a.dtype)
@@ -537,7 +531,13 @@ def mm_ar(a, b, bias, reduce_op, group_name, epilogue="", epilogue_args=()):
         return _p2p("mm_ar", why, group_name, *args)
     g = _generated(epilogue, a.dtype)
     out, fused = _mm_ar_symm(st, a, b, bias, reduce_op, g, epilogue_args, graph)
-    if not epilogue or fused:
+    return out if fused else _epilogue_after(epilogue, g, out, epilogue_args)
+
+
+def _epilogue_after(epilogue: str, g, out: Tensor, epilogue_args) -> Tensor:
+    """``epilogue`` applied to a finished ``out``: one generated pointwise kernel (``g``), or the
+    reference torch ops where it could not be generated."""
+    if not epilogue:
         return out
     if g is None:
         return _epilogue.apply(epilogue, out, epilogue_args)
