@@ -42,18 +42,24 @@ def events_ms(fn, n=20, warm=3):
 
 def _op_variant(variant, cta_symm, timing, op):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back."""
-    saved = (cta_symm.COUNT_FIRST_GROUP_AT_ONCE, cta_symm.K_CHUNKS)
+    names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS")
+    saved = {n: getattr(cta_symm, n) for n in names}
     for part in variant.split("+"):
         if part in ("first", "late"):
             cta_symm.COUNT_FIRST_GROUP_AT_ONCE = part == "first"
         elif part.startswith("k"):
             cta_symm.K_CHUNKS = int(part[1:])
+        elif part == "noshare":
+            cta_symm.GELU_FILL_SHARE = False
+        elif part.startswith("share"):
+            cta_symm.GELU_SHARE_COLS = int(part[5:])
         else:
             raise SystemExit(f"unknown op variant {part!r}")
     try:
         return timing.bench(op)[0]
     finally:
-        cta_symm.COUNT_FIRST_GROUP_AT_ONCE, cta_symm.K_CHUNKS = saved
+        for n, v in saved.items():
+            setattr(cta_symm, n, v)
 
 
 def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one):
@@ -98,7 +104,8 @@ def main():
                         "group8 (GROUP_M 8), first (first row group counted at once), and combinations joined by '+'")
     p.add_argument("--op-variants", default="",
                    help="also time the whole op (ce) with these cta_symm settings, comma-separated: "
-                        "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), "
+                        "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), noshare (no GELU "
+                        "stage-1 share), shareN (a GELU stage-1 share of N columns), "
                         "and combinations joined by '+'")
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")
@@ -148,7 +155,7 @@ def main():
             _cuda.wait_value32 = real_wait
         # Kernels alone, flags already raised (epoch 1 <= every flag after the calls above).
         st = symm.state(g.group_name, device)
-        placed = next(iter(cta_symm._placements.values()))
+        placed = next(p for k, p in cta_symm._placements.items() if k[1] == cta_symm.share_window(Fd, 1, False))
         cfg0, cfg1 = cta_symm._configs(dtype, False, M, H, st.num_sms)
         tiles_m = -(-M // cfg0[0])
         mp = tiles_m * cfg0[0]
@@ -208,7 +215,8 @@ def main():
         pingpong_us = s_ev.elapsed_time(e_ev) / n * 1e3
         line = (f"rank {rank} M={M}: op {({k: round(v, 3) for k, v in full.items()})} ms, op without READY waits {no_ready:.3f} ms, host enqueue "
                 f"{statistics.median(host):.3f} ms, alone {({k: round(v, 3) for k, v in alone.items()})}, "
-                f"groups {groups} kchunk {kchunk} nch {nch} cfg {cfg0}/{cfg1}, stream-memop round trip "
+                f"groups {groups} kchunk {kchunk} nch {nch} cfg {cfg0}/{cfg1}, default GELU share "
+                f"{cta_symm.chunk_plan(M, Fd, H, 1, False, dtype, st.num_sms).f1} columns, stream-memop round trip "
                 f"{pingpong_us:.1f} us")
         print(line, flush=True)
         out_lines.append(line)

@@ -205,16 +205,12 @@ def _cta_symm_problem(cta_symm, symm, M, H, F, N, act, ws, k_chunks, stages=2, d
     if why:
         return why
     tp, swiglu = ws // 2, act == "swiglu"
-    f1 = cta_symm.stage1_share(F, tp, swiglu)
-    cfg0, cfg1 = cta_symm._configs(dtype, swiglu, M, N // tp, 132)
-    groups = -(-(-(-M // cfg0[0])) // cfg0[3])
     old = cta_symm.K_CHUNKS
     try:
         for kc in k_chunks:
             cta_symm.K_CHUNKS = kc
-            kchunk, nch = cta_symm.k_chunks((F - f1) // tp, cfg0[1], cfg1[2], groups, tp)
-            nch1 = -(-f1 // kchunk)
-            if groups * max(tp * nch, nch1) > symm.CTA_CHUNK_WORDS // 2:
+            plan = cta_symm.chunk_plan(M, F, N, tp, swiglu, dtype, 132)
+            if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
                 return f"K_CHUNKS={kc}: {M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}"
     finally:
         cta_symm.K_CHUNKS = old

@@ -337,10 +337,14 @@ class FakeGroup:
 
 
 @pytest.mark.parametrize("transport", ["ce", "peer"])
-@pytest.mark.parametrize("ws,act,F_", [(2, "gelu", 256), (2, "swiglu", 1024), (4, "swiglu", 1536)])
-def test_host_path_matches_mlp(monkeypatch, ws, act, F_, transport):
+@pytest.mark.parametrize("ws,act,F_,gelu_shares", [(2, "gelu", 256, (None, None)), (2, "swiglu", 1024, (None, None)),
+                                                   (4, "swiglu", 1536, (None, None)), (2, "gelu", 1024, (512, 256)),
+                                                   (4, "gelu", 1024, (0, 512))])
+def test_host_path_matches_mlp(monkeypatch, ws, act, F_, gelu_shares, transport):
     """``cta_symm.cta_pipeline_mlp`` end to end for every rank of a fake group: weight placement
-    (the stage-1 share for SwiGLU), chunking, flag blocks, copy-engine pushes, kernel arguments."""
+    (the stage-1 share for SwiGLU), chunking, flag blocks, copy-engine pushes, kernel arguments.
+    ``gelu_shares``: the GELU stage-1 share of each call (columns), different from call to call
+    as M makes it: the placement, made once, covers both (stage-0 weights are windows of it)."""
     import ctypes
 
     from overlap_backend.runtime import cta_symm
@@ -388,10 +392,14 @@ def test_host_path_matches_mlp(monkeypatch, ws, act, F_, transport):
     real_stage1 = cta.launch_stage1
     monkeypatch.setattr(cta, "launch_stage1", lambda *a, **k: real_stage1(*a, **{**k, "timed": False}))
     monkeypatch.setattr(cta_symm, "_placements", {})
+    monkeypatch.setattr(cta_symm, "GELU_SHARE_MAX", 0.5)
 
     approx = "tanh" if act == "gelu" else "none"
     outs = [None] * ws
     for call in range(2):  # a second call: new epoch, placement reused, counters were reset
+        monkeypatch.setattr(cta_symm, "GELU_SHARE_COLS", gelu_shares[call])
+        if gelu_shares[call] is not None:  # the op's plan takes it
+            assert cta_symm.chunk_plan(M, F_, N, ws // 2, False, torch.float32, 3).f1 == gelu_shares[call]
         x = xs * (call + 1)
         deferred.clear()
         for r in range(ws):  # every rank enters the call (READY) before any rank's pushes run

@@ -74,14 +74,15 @@ def _mainloop2(x_desc, x_row, w1_desc, w3_desc, off_n, K, acc1, acc3, BK: tl.con
 def stage0_kernel(
     x_ptr, w1_ptr, b1_ptr, w3_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr,
     epoch_ptr, ready_ptr, claim_ptr, report_ptr, timeout_ns, rank,
-    M, Mp, H, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
+    M, Mp, H, Fp, ldw, producer, kchunk, nch, a_flag_word, first_consumer,
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, WAIT_READY: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
-    ``w1``/``w3``: [H, Fp] row-major (this producer's columns). A is kept *chunk-major*: chunk j
+    ``w1``/``w3``: [H, Fp], rows ``ldw`` elements apart (this producer's columns: a window of the
+    placed weights). A is kept *chunk-major*: chunk j
     (columns ``[j*kchunk, (j+1)*kchunk)`` of this producer) is a ``[Mp, kchunk]`` block
     (``Mp`` = M rounded up to BM), so that the rows of a group of one chunk are contiguous.
     Counters/flags are per (group of GROUP_M row blocks g, chunk j), 0 between calls.
@@ -106,8 +107,8 @@ def stage0_kernel(
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Fp, BN)
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, H], strides=[H, 1], block_shape=[BM, BK])
-    w1_desc = b_descriptor(w1_ptr, H, Fp, BK, BN, False)
-    w3_desc = b_descriptor(w3_ptr, H, Fp, BK, BN, False)
+    w1_desc = tl.make_tensor_descriptor(w1_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, BN])
+    w3_desc = tl.make_tensor_descriptor(w3_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, BN])
     prev_m = -1  # the tile stored in the previous iteration, counted after this one's main loop
     prev_n = 0
     # (tl.range(..., flatten=True), fusing this loop with the K-loop, made stage 0 3x slower with
@@ -289,12 +290,13 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
     assert kchunk % BN == 0, (kchunk, BN)
+    assert w1.stride(1) == 1 and (w3 is None or w3.stride() == w1.stride()), (w1.stride(), w3 and w3.stride())
     grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Fp, BN))),)
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
         epoch, ready if ready is not None else counters, *(status or (counters, counters)), timeout_ns, rank,
-        M, padded_rows(M, BM), H, Fp, producer, kchunk, nch, a_flag_word, first_consumer,
+        M, padded_rows(M, BM), H, Fp, w1.stride(0), producer, kchunk, nch, a_flag_word, first_consumer,
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
         STAGED=stage is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed,

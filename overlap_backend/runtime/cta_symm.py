@@ -45,6 +45,13 @@ K_CHUNKS = 4  # K-chunks per stage-0 rank: a stage-1 CTA waits (and refills its 
 # straight into the consumers' memory). The same on every rank (a module setting); bench/ compares.
 TRANSPORT = "ce"
 STAGE1_SHARE = True  # SwiGLU: stage-1 ranks compute a share of the first GEMM (see stage1_share)
+# GELU: stage-1 ranks compute, first, about one round of tiles of the first GEMM's last columns, so
+# that they work while stage 0's first round makes the first K-chunk (the pipeline's fill; see
+# stage1_share). At most GELU_SHARE_MAX of F: the placement keeps that window of W1 on the stage-1
+# ranks for every M (memory per stage-1 rank: GELU_SHARE_MAX x H x F more elements).
+GELU_FILL_SHARE = True
+GELU_SHARE_MAX = 0.3
+GELU_SHARE_COLS: int | None = None  # bench/ override of the per-call GELU share (columns; within the window)
 # Stage 0 counts the first row group's tiles right after their stores, not a main loop later: they
 # are the pipeline's fill. Measured on 2xH200 (bench/probe_cta.py, GELU): 3.17 vs 3.25 ms at M=4096,
 # 0.60 vs 0.66 at M=512 (noisy there), equal at 1024.
@@ -118,12 +125,15 @@ def _gather(t: Tensor, group, dim: int) -> Tensor:
     return torch.cat(parts, dim)
 
 
-def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, f1: int, capturing: bool = False) -> _Placement:
-    """This rank's weights: stage-0 rank p keeps W1/W3/b1/b3 columns ``[p*Fp0, (p+1)*Fp0)`` of the
-    first ``F - f1``; stage-1 rank t keeps the last ``f1`` of them (its share of the first GEMM) and
-    W2 / sum(b2) columns ``[t*N/tp, (t+1)*N/tp)``."""
+def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, window: tuple[int, int],
+           capturing: bool = False) -> _Placement:
+    """This rank's weights, for every stage-1 share ``f1`` in ``window = (lo, hi)`` (``share_window``:
+    the same for every M, so one placement serves every call): stage-0 rank p keeps the W1/W3/b1/b3
+    columns that its range ``[p*(F-f1)/tp, (p+1)*(F-f1)/tp)`` can cover, ``[p*(F-hi)/tp,
+    (p+1)*(F-lo)/tp)``; stage-1 rank t keeps the last ``hi`` columns (its share of the first GEMM is
+    the last ``f1`` of them) and W2 / sum(b2) columns ``[t*N/tp, (t+1)*N/tp)``."""
     tensors = (w1, b1, w3, b3, w2, b2)
-    key = (st.group_name, f1,
+    key = (st.group_name, window,
            *(None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors))
     hit = _placements.get(key)
     if hit is not None and hit.valid(tensors):
@@ -140,14 +150,14 @@ def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, f1: int, capturing: bool
             torch.cuda.synchronize(w1.device)
         log.info("overlap symm: cta_pipeline_mlp weights changed (version or identity): laying them out again")
     prune_placements()
-    placed = symm.persistent(lambda: _lay_out(st, tensors, f1), w1.device)
+    placed = symm.persistent(lambda: _lay_out(st, tensors, window), w1.device)
     _placements[key] = placed
     log.info("overlap symm: cta_pipeline_mlp rank %d (stage %d) holds %.1f MiB of re-laid-out weights "
              "(%.1f MiB in all)", st.rank, st.rank // (st.ws // 2), placed.nbytes() / 2**20, placement_bytes() / 2**20)
     return placed
 
 
-def _lay_out(st: symm.GroupState, tensors, f1: int) -> _Placement:
+def _lay_out(st: symm.GroupState, tensors, window: tuple[int, int]) -> _Placement:
     """The collective part of ``_place``: gather every weight, keep this rank's slices."""
     w1, b1, w3, b3, w2, b2 = tensors
     tp = st.ws // 2
@@ -161,9 +171,9 @@ def _lay_out(st: symm.GroupState, tensors, f1: int) -> _Placement:
     if b2 is not None:
         b2_sum = _gather(b2.float().reshape(1, -1), st.group, 0).sum(0)
     F = full["w1"].shape[1]
-    fp0 = (F - f1) // tp
-    first = slice(idx * fp0, (idx + 1) * fp0) if stage == 0 else slice(F - f1, F)
-    if stage == 0 or f1:
+    lo, hi = window
+    first = slice(idx * (F - hi) // tp, (idx + 1) * (F - lo) // tp) if stage == 0 else slice(F - hi, F)
+    if stage == 0 or hi:
         placed.w1 = full["w1"][:, first].contiguous()
         placed.w3 = full["w3"][:, first].contiguous() if w3 is not None else None
         placed.b1 = full["b1"][first].contiguous() if b1 is not None else None
@@ -221,15 +231,81 @@ def _configs(dtype, swiglu: bool, m: int, ns: int, num_sms: int):
     return (bm, c0[1], c0[2], group_m, *c0[4:]), (bm, c1[1], c1[2], group_m, *c1[4:])
 
 
-def stage1_share(F: int, tp: int, swiglu: bool) -> int:
-    """Columns of the first GEMM that every stage-1 rank computes itself (``f1``), so that both stages
-    do the same work: a SwiGLU MLP's first stage is two GEMMs, its second one; with ``f1`` columns
-    moved, stage 0 does ``2 (F - f1) / tp`` and stage 1 ``2 f1 + F / tp`` (in units of H x N GEMM
-    columns): equal at ``f1 = F / (2 (tp + 1))``. Rounded down to whole tiles of both stages."""
-    if not swiglu or not STAGE1_SHARE:
+def _share_unit(tp: int) -> int:
+    return math.lcm(256, 128 * tp)  # whole tiles of both stages, split evenly over the stage-0 ranks
+
+
+def share_window(F: int, tp: int, swiglu: bool) -> tuple[int, int]:
+    """(lo, hi): the stage-1 shares ``f1`` that a call may take (``stage1_share``); the placement
+    keeps the weights for all of them, so it does not depend on M."""
+    if swiglu:
+        f1 = _swiglu_share(F, tp)
+        return f1, f1
+    if not GELU_FILL_SHARE:
+        return 0, 0
+    unit = _share_unit(tp)
+    return 0, int(F * GELU_SHARE_MAX) // unit * unit
+
+
+def _swiglu_share(F: int, tp: int) -> int:
+    if not STAGE1_SHARE:
         return 0
-    unit = math.lcm(256, 128 * tp)
+    unit = _share_unit(tp)
     return (F // (2 * (tp + 1))) // unit * unit
+
+
+def stage1_share(F: int, tp: int, swiglu: bool, tiles_m: int | None = None, bn: int = 256,
+                 num_sms: int = 132) -> int:
+    """Columns of the first GEMM that every stage-1 rank computes itself (``f1``, the last ones),
+    before its own GEMM, which reads them first.
+
+    - **SwiGLU** (balance): its first stage is two GEMMs, its second one; with ``f1`` columns moved,
+      stage 0 does ``2 (F - f1) / tp`` and stage 1 ``2 f1 + F / tp`` (in units of H x N GEMM
+      columns): equal at ``f1 = F / (2 (tp + 1))``.
+    - **GELU** (fill): stage 1 would idle until stage 0's first round of tiles (one tile's time,
+      about 0.1 ms at H=8192 on an H200) made the first K-chunk. With ``f1`` columns of its own, as
+      many as one round of its own tiles of ``tiles_m`` row blocks x ``bn`` columns covers
+      (``num_sms // tiles_m`` column tiles), it computes those first and then their part of its GEMM,
+      while stage 0's first chunk is made and shipped. Within ``share_window``; 0 without ``tiles_m``.
+
+    Whole units of ``lcm(256, 128 tp)`` columns."""
+    if swiglu:
+        return _swiglu_share(F, tp)
+    lo, hi = share_window(F, tp, False)
+    if hi == 0 or tiles_m is None:
+        return 0
+    unit = _share_unit(tp)
+    want = GELU_SHARE_COLS if GELU_SHARE_COLS is not None else (num_sms // tiles_m) * bn
+    return max(lo, min(hi, want // unit * unit))
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How one call splits its work (shapes only, so the same on every rank)."""
+    cfg0: tuple  # block configs of stage 0 and stage 1
+    cfg1: tuple
+    tp: int
+    tiles_m: int
+    groups: int  # row groups
+    window: tuple[int, int]  # share_window: what the placement covers
+    f1: int  # this call's stage-1 share
+    kchunk: int
+    nch: int  # K-chunks per stage-0 rank
+    nch1: int  # K-chunks of the stage-1 share
+
+    @property
+    def flag_words(self) -> int:
+        """Chunk flags per flag region; more than ``symm.CTA_CHUNK_WORDS // 2`` runs on p2p."""
+        return self.groups * max(self.tp * self.nch, self.nch1)
+
+
+def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: int) -> ChunkPlan:
+    cfg0, cfg1 = _configs(dtype, swiglu, M, N // tp, num_sms)
+    tiles_m = -(-M // cfg0[0])
+    groups = -(-tiles_m // cfg0[3])
+    f1 = stage1_share(F, tp, swiglu, tiles_m, cfg0[1], num_sms)
+    kchunk, nch = k_chunks((F - f1) // tp, cfg0[1], cfg1[2], groups, tp)
+    return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, share_window(F, tp, swiglu), f1, kchunk, nch, -(-f1 // kchunk))
 
 
 def k_chunks(fp: int, bn0: int, bk1: int, groups: int, tp: int) -> tuple[int, int]:
@@ -265,19 +341,16 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     if M == 0:
         return out
     swiglu = activation == "swiglu"
-    f1 = stage1_share(F, tp, swiglu)
-    graph = torch.cuda.is_current_stream_capturing()
-    placed = _place(st, w1, b1, w3, b3, w2, b2, f1, graph)
-    cfg0, cfg1 = _configs(x.dtype, swiglu, M, N // tp, st.num_sms)
-    bm, group_m = cfg0[0], cfg0[3]
-    tiles_m = -(-M // bm)
-    groups = -(-tiles_m // group_m)
-    fp = (F - f1) // tp
-    kchunk, nch = k_chunks(fp, cfg0[1], cfg1[2], groups, tp)
-    nch1 = -(-f1 // kchunk)
-    if groups * max(tp * nch, nch1) > symm.CTA_CHUNK_WORDS // 2:
+    plan = chunk_plan(M, F, N, tp, swiglu, x.dtype, st.num_sms)
+    if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
         return _p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
+    graph = torch.cuda.is_current_stream_capturing()
+    placed = _place(st, w1, b1, w3, b3, w2, b2, plan.window, graph)
+    cfg0, cfg1, f1, kchunk, nch, nch1 = plan.cfg0, plan.cfg1, plan.f1, plan.kchunk, plan.nch, plan.nch1
+    bm, group_m, tiles_m, groups = cfg0[0], cfg0[3], plan.tiles_m, plan.groups
+    fp = (F - f1) // tp
+    first = _first_gemm_weights(placed, stage, idx, tp, F, f1, plan.window[1])
     es = x.element_size()
     mp = tiles_m * bm
     block_bytes = mp * kchunk * es  # one K-chunk of one stage-0 rank, chunk-major
@@ -300,7 +373,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
 
     def gemms():
         if stage == 0:
-            cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, stage_buf, data, flags,
+            cta.launch_stage0(xa, *first, stage_buf, data, flags,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
                               timeout_ns=st.timeout_ns, rank=r, count_first_at_once=COUNT_FIRST_GROUP_AT_ONCE)
@@ -308,7 +381,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
             own = a[tp * nch * mp:].view(-1)
-            cta.launch_stage0(xa, placed.w1, placed.b1, placed.w3, placed.b3, own, data, flags,
+            cta.launch_stage0(xa, *first, own, data, flags,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, 0, kchunk, nch1,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms)
         cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm.CTA_ARRIVED),
@@ -350,6 +423,18 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     else:
         st.end(compute)
     return out
+
+
+def _first_gemm_weights(placed: _Placement, stage: int, idx: int, tp: int, F: int, f1: int, hi: int) -> tuple:
+    """(w1, b1, w3, b3) of this call's part of the first GEMM, views into the placement (which
+    covers every share up to ``hi``, see ``_place``): stage-0 rank ``idx``'s columns
+    ``[idx*(F-f1)/tp, (idx+1)*(F-f1)/tp)``, or the stage-1 share, the last ``f1`` columns."""
+    if stage == 0:
+        cols = slice(idx * (hi - f1) // tp, idx * (hi - f1) // tp + (F - f1) // tp)
+    else:
+        cols = slice(hi - f1, hi)
+    return tuple(None if t is None else (t[:, cols] if t.dim() == 2 else t[cols])
+                 for t in (placed.w1, placed.b1, placed.w3, placed.b3))
 
 
 def _staging_buffer(x: Tensor, numel: int) -> Tensor:
