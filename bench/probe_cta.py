@@ -42,7 +42,7 @@ def events_ms(fn, n=20, warm=3):
 
 def _op_variant(variant, cta_symm, timing, op):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back."""
-    names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS")
+    names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS", "STAGE0_TAIL", "TAIL_COLS")
     saved = {n: getattr(cta_symm, n) for n in names}
     for part in variant.split("+"):
         if part in ("first", "late"):
@@ -53,6 +53,10 @@ def _op_variant(variant, cta_symm, timing, op):
             cta_symm.GELU_FILL_SHARE = False
         elif part.startswith("share"):
             cta_symm.GELU_SHARE_COLS = int(part[5:])
+        elif part == "notail":
+            cta_symm.STAGE0_TAIL = False
+        elif part.startswith("tail"):
+            cta_symm.TAIL_COLS = int(part[4:])
         else:
             raise SystemExit(f"unknown op variant {part!r}")
     try:
@@ -93,6 +97,10 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
         return f"{type(e).__name__}: {str(e)[:80]}"
 
 
+def _plan_str(plan) -> str:
+    return f"(share {plan.f1}, ships {plan.fship}, tail {plan.tail}, kchunk {plan.kchunk} x {plan.nch})"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="512,4096", help="M values")
@@ -105,7 +113,8 @@ def main():
     p.add_argument("--op-variants", default="",
                    help="also time the whole op (ce) with these cta_symm settings, comma-separated: "
                         "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), noshare (no GELU "
-                        "stage-1 share), shareN (a GELU stage-1 share of N columns), "
+                        "stage-1 share), shareN (a GELU stage-1 share of N columns), notail (no stage-0 tails), "
+                        "tailN (stage-0 tails of about N columns), "
                         "and combinations joined by '+'")
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")
@@ -215,8 +224,8 @@ def main():
         pingpong_us = s_ev.elapsed_time(e_ev) / n * 1e3
         line = (f"rank {rank} M={M}: op {({k: round(v, 3) for k, v in full.items()})} ms, op without READY waits {no_ready:.3f} ms, host enqueue "
                 f"{statistics.median(host):.3f} ms, alone {({k: round(v, 3) for k, v in alone.items()})}, "
-                f"groups {groups} kchunk {kchunk} nch {nch} cfg {cfg0}/{cfg1}, default GELU share "
-                f"{cta_symm.chunk_plan(M, Fd, H, 1, False, dtype, st.num_sms).f1} columns, stream-memop round trip "
+                f"groups {groups} kchunk {kchunk} nch {nch} cfg {cfg0}/{cfg1}, default plan "
+                f"{_plan_str(cta_symm.chunk_plan(M, Fd, H, 1, False, dtype, st.num_sms, H=H))}, stream-memop round trip "
                 f"{pingpong_us:.1f} us")
         print(line, flush=True)
         out_lines.append(line)

@@ -268,6 +268,17 @@ def test_missing_producer_times_out_with_a_report():
     assert (flag // nch) % 2 == 1, (flag, nch)
 
 
+def test_tail_wait_report_names_the_stage0_rank_and_row_block():
+    """A stage-1 epilogue that gave up on a stage-0 rank's tail (partial products) says whose and
+    which row block: flag ``p * tiles_m + m`` with ``tiles_m`` in the report's count word."""
+    from overlap_backend.codegen.flags import OP_CTA_TAIL
+
+    words = [1, OP_CTA_TAIL.value, 3, 1 * 4 + 2, 6, 7, 4, 0]
+    err = status_error(words, "", 60.0)
+    assert isinstance(err, SymmTimeoutError)
+    assert "cta_pipeline_mlp (stage 1, tail)" in str(err) and "row block 2 from stage-0 rank 1" in str(err), str(err)
+
+
 # ------------------------------------------------------------------ the host path (cta_symm), faked
 class FakeRank:
     """What ``cta_symm`` uses of a ``symm.GroupState``, over CPU tensors shared by a fake group: the
@@ -393,13 +404,17 @@ def test_host_path_matches_mlp(monkeypatch, ws, act, F_, gelu_shares, transport)
     monkeypatch.setattr(cta, "launch_stage1", lambda *a, **k: real_stage1(*a, **{**k, "timed": False}))
     monkeypatch.setattr(cta_symm, "_placements", {})
     monkeypatch.setattr(cta_symm, "GELU_SHARE_MAX", 0.5)
+    if gelu_shares[0] is not None:  # room for one row group's stage-1 tiles: the stage-0 tails run too
+        for rk in group.ranks:
+            rk.num_sms = 8
 
     approx = "tanh" if act == "gelu" else "none"
     outs = [None] * ws
     for call in range(2):  # a second call: new epoch, placement reused, counters were reset
         monkeypatch.setattr(cta_symm, "GELU_SHARE_COLS", gelu_shares[call])
         if gelu_shares[call] is not None:  # the op's plan takes it
-            assert cta_symm.chunk_plan(M, F_, N, ws // 2, False, torch.float32, 3).f1 == gelu_shares[call]
+            plan = cta_symm.chunk_plan(M, F_, N, ws // 2, False, torch.float32, 8, H=H)
+            assert plan.f1 == gelu_shares[call] and plan.tail > 0 and plan.fship > 0, plan
         x = xs * (call + 1)
         deferred.clear()
         for r in range(ws):  # every rank enters the call (READY) before any rank's pushes run

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import launcher
-from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, READY_FLAG_BASE, count_tile_done,
+from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, OP_CTA_TAIL, READY_FLAG_BASE, count_tile_done,
                     count_tile_done_to_ranks, signal_flag, wait_flag)
 from .tiles import add_bias, b_descriptor, grouped_tile
 
@@ -74,7 +74,7 @@ def _mainloop2(x_desc, x_row, w1_desc, w3_desc, off_n, K, acc1, acc3, BK: tl.con
 def stage0_kernel(
     x_ptr, w1_ptr, b1_ptr, w3_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr,
     epoch_ptr, ready_ptr, claim_ptr, report_ptr, timeout_ns, rank,
-    M, Mp, H, Fp, ldw, producer, kchunk, nch, a_flag_word, first_consumer,
+    M, Mp, H, Fp, ldw, Fship, keep_ptr, producer, kchunk, nch, a_flag_word, first_consumer,
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, WAIT_READY: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
@@ -96,6 +96,10 @@ def stage0_kernel(
     The epoch is read from ``epoch_ptr`` (written before the launch, by the host or by
     ``begin_kernel`` in a captured graph). ``WAIT_READY``: first wait until every consumer's
     ``ready_ptr[consumer] >= epoch`` (it started this call; the host waits on the stream otherwise).
+
+    Only the first ``Fship`` columns (whole tiles) are shipped and counted. The others, this
+    producer's *tail* (``tail_kernel`` multiplies them by their W2 rows here), go to the local
+    ``keep_ptr`` ``[Mp, Fp - Fship]``.
     """
     DUAL: tl.constexpr = ACT == 2
     epoch = tl.load(epoch_ptr, volatile=True)
@@ -106,6 +110,8 @@ def stage0_kernel(
                           READY_FLAG_BASE + first_consumer + q, 1, timeout_ns, TIMED)
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Fp, BN)
+    tiles_ship = tl.cdiv(Fship, BN)
+    dk = Fp - Fship
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, H], strides=[H, 1], block_shape=[BM, BK])
     w1_desc = tl.make_tensor_descriptor(w1_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, BN])
     w3_desc = tl.make_tensor_descriptor(w3_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, BN])
@@ -122,34 +128,40 @@ def stage0_kernel(
         # below does not stall this CTA on them (counting right after the stores did).
         if prev_m >= 0:
             _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
-                              tiles_n, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
+                              tiles_ship, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         acc1 = add_bias(acc1, b1_ptr, offs_n, Fp, HAS_B1)
         if DUAL:
             acc3 = add_bias(acc3, b3_ptr, offs_n, Fp, HAS_B3)
         act = _activation(acc1, acc3, ACT).to(x_ptr.dtype.element_ty)
-        j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
-        mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
-        rel = (j * Mp + offs_m).to(tl.int64)[:, None] * kchunk + (offs_n - j * kchunk)[None, :]
-        if STAGED:
-            tl.store(stage_ptr + rel, act, mask=mask)
+        if pid_n >= tiles_ship:  # the tail: kept here, not counted
+            mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
+            tl.store(keep_ptr + offs_m.to(tl.int64)[:, None] * dk + (offs_n - Fship)[None, :], act, mask=mask)
+            prev_m = -1
         else:
-            for q in range(TP):
-                buf = tl.load(peer_data_ptr + first_consumer + q).to(tl.pointer_type(x_ptr.dtype.element_ty))
-                tl.store(buf + producer * nch * Mp * kchunk + rel, act, mask=mask)
-        prev_m = pid_m
-        prev_n = pid_n
-        if COUNT_FIRST_AT_ONCE:
-            # The first row group's chunks are what stage 1 waits for first (the pipeline's fill):
-            # counted right after their stores instead of a main loop later.
-            if pid_m < GROUP_M:
-                _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m,
-                                  tiles_n, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
-                prev_m = -1
+            j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
+            mask = (offs_m < M)[:, None] & (offs_n < Fship)[None, :]
+            rel = (j * Mp + offs_m).to(tl.int64)[:, None] * kchunk + (offs_n - j * kchunk)[None, :]
+            if STAGED:
+                tl.store(stage_ptr + rel, act, mask=mask)
+            else:
+                for q in range(TP):
+                    buf = tl.load(peer_data_ptr + first_consumer + q).to(tl.pointer_type(x_ptr.dtype.element_ty))
+                    tl.store(buf + producer * nch * Mp * kchunk + rel, act, mask=mask)
+            prev_m = pid_m
+            prev_n = pid_n
+            if COUNT_FIRST_AT_ONCE:
+                # The first row group's chunks are what stage 1 waits for first (the pipeline's fill):
+                # counted right after their stores instead of a main loop later.
+                if pid_m < GROUP_M:
+                    _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
+                                      tiles_m, tiles_ship, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
+                                      STAGED)
+                    prev_m = -1
     if prev_m >= 0:
-        _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m, tiles_n,
-                          kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
+        _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
+                          tiles_ship, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
 
 
 @triton.jit
@@ -168,13 +180,52 @@ def _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch
 
 
 @triton.jit
+def tail_kernel(keep_ptr, w2_ptr, peer_data_ptr, peer_flags_ptr, part_offset, counters_ptr, epoch_ptr, ready_ptr,
+                claim_ptr, report_ptr, timeout_ns, rank, M, dk, Ns, producer, tail_flag_word,
+                TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT_READY: tl.constexpr,
+                PRECISION: tl.constexpr, TIMED: tl.constexpr):
+    """Stage-0 producer ``producer``'s tail: ``P = keep @ w2`` (``keep``: its last ``dk`` columns of A,
+    ``[M, dk]``; ``w2``: their rows, ``[dk, TP * Ns]``). Columns ``[t*Ns, (t+1)*Ns)`` of P go to
+    stage-1 rank t's data buffer, slot ``producer`` at byte ``part_offset`` (``[TP, M, Ns]``), which
+    adds them in its epilogue; the last tile of (t, row block m) raises word
+    ``tail_flag_word + producer * tiles_m + m`` of rank t's flags (counters ``[t * tiles_m + m]``,
+    local). Stage 1 then does not wait for the columns stage 0 makes last: no pipeline drain.
+    ``WAIT_READY``: wait for every stage-1 rank's READY first (captured graphs)."""
+    epoch = tl.load(epoch_ptr, volatile=True)
+    if WAIT_READY:
+        for q in range(TP):
+            wait_flag(ready_ptr + TP + q, epoch, claim_ptr, report_ptr, OP_CTA_STAGE0, rank, READY_FLAG_BASE + TP + q, 1,
+                      timeout_ns, TIMED)
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(Ns, BN)
+    k_desc = tl.make_tensor_descriptor(keep_ptr, shape=[M, dk], strides=[dk, 1], block_shape=[BM, BK])
+    w2_desc = tl.make_tensor_descriptor(w2_ptr, shape=[dk, TP * Ns], strides=[TP * Ns, 1], block_shape=[BK, BN])
+    for tile in range(tl.program_id(0), TP * tiles_m * tiles_n, tl.num_programs(0)):
+        t = tile // (tiles_m * tiles_n)
+        pid_m = (tile // tiles_n) % tiles_m
+        pid_n = tile % tiles_n
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, tl.cdiv(dk, BK)):
+            acc = tl.dot(k_desc.load([pid_m * BM, k * BK]), w2_desc.load([k * BK, t * Ns + pid_n * BN]), acc,
+                         input_precision=PRECISION)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        mask = (offs_m < M)[:, None] & (offs_n < Ns)[None, :]
+        buf = (tl.load(peer_data_ptr + TP + t) + part_offset).to(tl.pointer_type(w2_ptr.dtype.element_ty))
+        tl.store(buf + (producer * M + offs_m).to(tl.int64)[:, None] * Ns + offs_n[None, :],
+                 acc.to(w2_ptr.dtype.element_ty), mask=mask)
+        count_tile_done_to_ranks(counters_ptr + t * tiles_m + pid_m, peer_flags_ptr,
+                                 tail_flag_word + producer * tiles_m + pid_m, tiles_n, epoch, TP + t, 1, 2 * TP)
+
+
+@triton.jit
 def stage1_kernel(
     a_ptr, w2_ptr, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, a_flags_ptr, counters_ptr,
     epoch_ptr, ready_ptr, claim_ptr, report_ptr, timeout_ns,
-    rank, M, Mp, Fp, F1, N, Ns, consumer, kchunk, nch, nch1, y_flag_word,
+    rank, M, Mp, Fp, Fship, F1, N, Ns, consumer, kchunk, nch, nch1, y_flag_word, part_ptr, tail_flags_ptr,
     WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, WAIT_READY: tl.constexpr, PRECISION: tl.constexpr,
-    TIMED: tl.constexpr, INTERPRET: tl.constexpr,
+    TIMED: tl.constexpr, INTERPRET: tl.constexpr, HAS_TAIL: tl.constexpr = False,
 ):
     """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
 
@@ -187,6 +238,10 @@ def stage1_kernel(
     Y buffers at byte ``y_offset`` of each data buffer, [M, N]; row block m of this consumer raises
     word ``y_flag_word + consumer * tiles_m + m`` of every other rank's flag buffer. Epoch and
     ``WAIT_READY`` (every other rank's): as in ``stage0_kernel``.
+
+    Each stage-0 rank ships its first ``Fship`` of ``Fp`` columns (W2 rows ``p * Fp + ...``).
+    ``HAS_TAIL``: the rest came as partial products (``tail_kernel``), in ``part_ptr`` ``[TP, M, Ns]``
+    under ``tail_flags_ptr[p * tiles_m + m]``: the epilogue adds them.
     """
     epoch = tl.load(epoch_ptr, volatile=True)
     if WAIT_READY:
@@ -218,7 +273,7 @@ def stage1_kernel(
                 _fence_proxy_async(INTERPRET)
                 block = p * nch + j
                 k0 = p * Fp + j * kchunk
-                width = tl.minimum(kchunk, Fp - j * kchunk)
+                width = tl.minimum(kchunk, Fship - j * kchunk)
             a_row = block * Mp + pid_m * BM
             for k in range(0, width, BK):
                 acc = tl.dot(a_desc.load([a_row, k]), w2_desc.load([k0 + k, pid_n * BN]), acc,
@@ -226,6 +281,14 @@ def stage1_kernel(
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         acc = add_bias(acc, b2_ptr, offs_n, Ns, HAS_B2)
+        if HAS_TAIL:
+            tail_mask = (offs_m < M)[:, None] & (offs_n < Ns)[None, :]
+            for p in range(TP):
+                wait_flag(tail_flags_ptr + p * tiles_m + pid_m, epoch, claim_ptr, report_ptr, OP_CTA_TAIL, rank,
+                          p * tiles_m + pid_m, tiles_m, timeout_ns, TIMED)
+                part = tl.load(part_ptr + (p * M + offs_m).to(tl.int64)[:, None] * Ns + offs_n[None, :], mask=tail_mask,
+                               other=0.0)
+                acc += part.to(tl.float32)
         row_ok = offs_m < M
         cols = consumer * Ns + offs_n
         mask = row_ok[:, None] & (offs_n < Ns)[None, :]
@@ -282,21 +345,25 @@ def padded_rows(M: int, BM: int) -> int:
 
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
                   a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
-                  rank=0, timed=True, count_first_at_once=False):
+                  rank=0, timed=True, count_first_at_once=False, fship=None, keep=None):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
     straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
-    words to wait on in the kernel (None: the caller made the stream wait)."""
+    words to wait on in the kernel (None: the caller made the stream wait); ``fship``: columns
+    shipped (default all), the rest into ``keep`` ``[Mp, Fp - fship]`` (the tail)."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
     assert kchunk % BN == 0, (kchunk, BN)
     assert w1.stride(1) == 1 and (w3 is None or w3.stride() == w1.stride()), (w1.stride(), w3 and w3.stride())
+    fship = Fp if fship is None else fship
+    assert fship == Fp or (fship % BN == 0 and keep is not None), (fship, Fp, BN)
     grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Fp, BN))),)
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
         epoch, ready if ready is not None else counters, *(status or (counters, counters)), timeout_ns, rank,
-        M, padded_rows(M, BM), H, Fp, w1.stride(0), producer, kchunk, nch, a_flag_word, first_consumer,
+        M, padded_rows(M, BM), H, Fp, w1.stride(0), fship, keep if keep is not None else x, producer, kchunk, nch,
+        a_flag_word, first_consumer,
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
         STAGED=stage is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed,
@@ -306,20 +373,38 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
 
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
                   rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True, f1=0,
-                  ready=None):
-    """``a``: this rank's buffer, ``[(tp * nch + cdiv(f1, kchunk)) * Mp, kchunk]``."""
+                  ready=None, fship=None, part=None, tail_flags=None):
+    """``a``: this rank's buffer, ``[(tp * nch + cdiv(f1, kchunk)) * Mp, kchunk]``; ``fship``: columns
+    each stage-0 rank ships (default ``Fp``); ``part`` / ``tail_flags``: the tails' partial products
+    ``[tp, M, Ns]`` and their flags (``tail_kernel``), None without tails."""
     Ns = w2.shape[1]
     N = out.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
-    assert kchunk % BK == 0 and Fp % BK == 0 and f1 % BK == 0, (kchunk, Fp, f1, BK)
+    fship = Fp if fship is None else fship
+    assert kchunk % BK == 0 and Fp % BK == 0 and fship % BK == 0 and f1 % BK == 0, (kchunk, Fp, fship, f1, BK)
     grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Ns, BN))),)
     launcher.launch(stage1_kernel, grid,
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
         epoch, ready if ready is not None else counters, *status, timeout_ns,
-        rank, M, padded_rows(M, BM), Fp, f1, N, Ns, consumer, kchunk, nch, triton.cdiv(f1, kchunk), y_flag_word,
-        WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
+        rank, M, padded_rows(M, BM), Fp, fship, f1, N, Ns, consumer, kchunk, nch, triton.cdiv(f1, kchunk), y_flag_word,
+        part if part is not None else out, tail_flags if tail_flags is not None else counters, WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=not timed,
-        num_stages=stages, num_warps=warps,
+        HAS_TAIL=part is not None, num_stages=stages, num_warps=warps,
+    )
+
+
+def launch_tail(keep, w2, peer_data, peer_flags, part_offset, counters, epoch, status, timeout_ns, rank, M, producer,
+                tail_flag_word, tp, config, num_sms, ready=None, timed=True):
+    """``keep``: ``[Mp, dk]`` (this stage-0 rank's tail of A); ``w2``: its rows, ``[dk, N]``."""
+    dk, N = w2.shape
+    Ns = N // tp
+    BM, BN, BK, _, stages, warps = config
+    grid = (max(1, min(num_sms, tp * triton.cdiv(M, BM) * triton.cdiv(Ns, BN))),)
+    launcher.launch(tail_kernel, grid,
+        keep, w2, peer_data, peer_flags, part_offset, counters, epoch, ready if ready is not None else counters,
+        *status, timeout_ns, rank, M, dk, Ns, producer, tail_flag_word,
+        TP=tp, BM=BM, BN=BN, BK=BK, WAIT_READY=ready is not None,
+        PRECISION="ieee" if keep.dtype == torch.float32 else None, TIMED=timed, num_stages=stages, num_warps=warps,
     )
 
 

@@ -25,8 +25,9 @@ OP_MOE = tl.constexpr(5)
 OP_CTA_STAGE1 = tl.constexpr(6)
 OP_CTA_COLLECT = tl.constexpr(7)
 OP_CTA_STAGE0 = tl.constexpr(8)
+OP_CTA_TAIL = tl.constexpr(9)  # stage 1's epilogue waiting for a stage-0 rank's tail (partial products)
 OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)", 5: "moe_experts", 6: "cta_pipeline_mlp (stage 1)",
-            7: "cta_pipeline_mlp (collect)", 8: "cta_pipeline_mlp (stage 0)"}
+            7: "cta_pipeline_mlp (collect)", 8: "cta_pipeline_mlp (stage 0)", 9: "cta_pipeline_mlp (stage 1, tail)"}
 MOE_DONE_FLAG_BASE = tl.constexpr(100)  # moe_experts status flag 100 + pos: the local wait for source pos's tiles
 MOE_RETURN_FLAG_BASE = tl.constexpr(200)  # moe_experts status flag 200 + d: the wait for rank d's results
 READY_FLAG_BASE = tl.constexpr(1000)  # status flag index 1000 + p: the wait for rank p's READY

@@ -52,6 +52,15 @@ STAGE1_SHARE = True  # SwiGLU: stage-1 ranks compute a share of the first GEMM (
 GELU_FILL_SHARE = True
 GELU_SHARE_MAX = 0.3
 GELU_SHARE_COLS: int | None = None  # bench/ override of the per-call GELU share (columns; within the window)
+# GELU, one row group: each stage-0 rank keeps the last columns it makes (its *tail*) and multiplies
+# them by their W2 rows itself (codegen/cta.py: tail_kernel); stage 1 adds those partial products in
+# its epilogue instead of waiting for the columns stage 0 makes last (the pipeline's drain), and
+# the stages' work balances (stage0_tail). At most TAIL_MAX of F / tp per stage-0 rank: the
+# placement keeps the W2 rows of that window (memory per stage-0 rank: about (GELU_SHARE_MAX +
+# TAIL_MAX) x F x N / tp elements).
+STAGE0_TAIL = True
+TAIL_MAX = 0.3
+TAIL_COLS: int | None = None  # bench/ override of the per-call tail (columns per stage-0 rank)
 # Stage 0 counts the first row group's tiles right after their stores, not a main loop later: they
 # are the pipeline's fill. Measured on 2xH200 (bench/probe_cta.py, GELU): 3.17 vs 3.25 ms at M=4096,
 # 0.60 vs 0.66 at M=512 (noisy there), equal at 1024.
@@ -74,10 +83,12 @@ class _Placement:
     b3: Tensor | None = None
     w2: Tensor | None = None  # stage 1: [F, N/tp]
     b2: Tensor | None = None  # stage 1: [N/tp] float32, the sum of every rank's b2
+    w2_tail: Tensor | None = None  # stage 0: the W2 rows [tail_rows[0], tail_rows[1]) its tails can take, [., N]
+    tail_rows: tuple[int, int] = (0, 0)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.w1, self.b1, self.w3, self.b3, self.w2, self.b2)
-                   if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.w1, self.b1, self.w3, self.b3, self.w2, self.b2,
+                                                          self.w2_tail) if t is not None)
 
     def valid(self, tensors) -> bool:
         return all((r is None and t is None) or (r is not None and t is not None and _same_storage(r, t))
@@ -125,13 +136,15 @@ def _gather(t: Tensor, group, dim: int) -> Tensor:
     return torch.cat(parts, dim)
 
 
-def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, window: tuple[int, int],
+def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, window: tuple[int, int, int],
            capturing: bool = False) -> _Placement:
     """This rank's weights, for every stage-1 share ``f1`` in ``window = (lo, hi)`` (``share_window``:
     the same for every M, so one placement serves every call): stage-0 rank p keeps the W1/W3/b1/b3
     columns that its range ``[p*(F-f1)/tp, (p+1)*(F-f1)/tp)`` can cover, ``[p*(F-hi)/tp,
     (p+1)*(F-lo)/tp)``; stage-1 rank t keeps the last ``hi`` columns (its share of the first GEMM is
-    the last ``f1`` of them) and W2 / sum(b2) columns ``[t*N/tp, (t+1)*N/tp)``."""
+    the last ``f1`` of them) and W2 / sum(b2) columns ``[t*N/tp, (t+1)*N/tp)``. With tails
+    (``window[2]`` = the most tail columns per stage-0 rank), stage-0 rank p also keeps the W2 rows
+    its tails can take: the last ``window[2]`` rows before ``(p+1)*(F-f1)/tp``, for any ``f1``."""
     tensors = (w1, b1, w3, b3, w2, b2)
     key = (st.group_name, window,
            *(None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors))
@@ -157,7 +170,7 @@ def _place(st: symm.GroupState, w1, b1, w3, b3, w2, b2, window: tuple[int, int],
     return placed
 
 
-def _lay_out(st: symm.GroupState, tensors, window: tuple[int, int]) -> _Placement:
+def _lay_out(st: symm.GroupState, tensors, window: tuple[int, int, int]) -> _Placement:
     """The collective part of ``_place``: gather every weight, keep this rank's slices."""
     w1, b1, w3, b3, w2, b2 = tensors
     tp = st.ws // 2
@@ -171,8 +184,11 @@ def _lay_out(st: symm.GroupState, tensors, window: tuple[int, int]) -> _Placemen
     if b2 is not None:
         b2_sum = _gather(b2.float().reshape(1, -1), st.group, 0).sum(0)
     F = full["w1"].shape[1]
-    lo, hi = window
+    lo, hi, tail_max = window
     first = slice(idx * (F - hi) // tp, (idx + 1) * (F - lo) // tp) if stage == 0 else slice(F - hi, F)
+    if stage == 0 and tail_max:
+        placed.tail_rows = (max(first.start, (idx + 1) * (F - hi) // tp - tail_max), first.stop)
+        placed.w2_tail = full["w2"][placed.tail_rows[0]:placed.tail_rows[1]].contiguous()
     if stage == 0 or hi:
         placed.w1 = full["w1"][:, first].contiguous()
         placed.w3 = full["w3"][:, first].contiguous() if w3 is not None else None
@@ -235,16 +251,16 @@ def _share_unit(tp: int) -> int:
     return math.lcm(256, 128 * tp)  # whole tiles of both stages, split evenly over the stage-0 ranks
 
 
-def share_window(F: int, tp: int, swiglu: bool) -> tuple[int, int]:
-    """(lo, hi): the stage-1 shares ``f1`` that a call may take (``stage1_share``); the placement
-    keeps the weights for all of them, so it does not depend on M."""
+def share_window(F: int, tp: int, swiglu: bool) -> tuple[int, int, int]:
+    """(lo, hi, tail_max): the stage-1 shares ``f1`` that a call may take (``stage1_share``) and the
+    most tail columns per stage-0 rank (``stage0_tail``); the placement keeps the weights for all
+    of them, so it does not depend on M."""
     if swiglu:
         f1 = _swiglu_share(F, tp)
-        return f1, f1
-    if not GELU_FILL_SHARE:
-        return 0, 0
+        return f1, f1, 0
     unit = _share_unit(tp)
-    return 0, int(F * GELU_SHARE_MAX) // unit * unit
+    hi = int(F * GELU_SHARE_MAX) // unit * unit if GELU_FILL_SHARE else 0
+    return 0, hi, (int(F * TAIL_MAX) // tp // 128 * 128 if STAGE0_TAIL else 0)
 
 
 def _swiglu_share(F: int, tp: int) -> int:
@@ -271,7 +287,7 @@ def stage1_share(F: int, tp: int, swiglu: bool, tiles_m: int | None = None, bn: 
     Whole units of ``lcm(256, 128 tp)`` columns."""
     if swiglu:
         return _swiglu_share(F, tp)
-    lo, hi = share_window(F, tp, False)
+    lo, hi, _ = share_window(F, tp, False)
     if hi == 0 or tiles_m is None:
         return 0
     unit = _share_unit(tp)
@@ -289,6 +305,8 @@ class ChunkPlan:
     groups: int  # row groups
     window: tuple[int, int]  # share_window: what the placement covers
     f1: int  # this call's stage-1 share
+    fship: int  # columns each stage-0 rank ships; the rest of its (F - f1) / tp is its tail
+    tail: int
     kchunk: int
     nch: int  # K-chunks per stage-0 rank
     nch1: int  # K-chunks of the stage-1 share
@@ -299,13 +317,34 @@ class ChunkPlan:
         return self.groups * max(self.tp * self.nch, self.nch1)
 
 
-def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: int) -> ChunkPlan:
+def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: int, H: int | None = None) -> ChunkPlan:
     cfg0, cfg1 = _configs(dtype, swiglu, M, N // tp, num_sms)
     tiles_m = -(-M // cfg0[0])
     groups = -(-tiles_m // cfg0[3])
+    window = share_window(F, tp, swiglu)
     f1 = stage1_share(F, tp, swiglu, tiles_m, cfg0[1], num_sms)
-    kchunk, nch = k_chunks((F - f1) // tp, cfg0[1], cfg1[2], groups, tp)
-    return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, share_window(F, tp, swiglu), f1, kchunk, nch, -(-f1 // kchunk))
+    fp = (F - f1) // tp
+    tail = stage0_tail(F, N, H if H is not None else N, tp, f1, fp, groups, cfg0[1], window[2])
+    kchunk, nch = k_chunks(fp - tail, cfg0[1], cfg1[2], groups, tp)
+    return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, kchunk, nch, -(-f1 // kchunk))
+
+
+def stage0_tail(F: int, N: int, H: int, tp: int, f1: int, fp: int, groups: int, bn: int, tail_max: int) -> int:
+    """Columns each stage-0 rank keeps and multiplies by their W2 rows itself (its tail; 0: none).
+
+    Only with one row group: every stage-1 tile then finishes at the end, when the tails' partial
+    products are there (with more groups the first ones would wait for them). Sized so that both
+    stages do the same work: per rank, stage 0 ``(F - f1)/tp`` first-GEMM columns (cost H each) and
+    ``d/tp`` W2 rows (cost N each), stage 1 ``f1`` columns and ``(F - d)/tp`` rows of its ``N/tp``
+    columns: equal at ``d = (f1 H (tp + 1) + F (N - H)) / (2 N)``. Stage 0 ships whole tiles of
+    ``bn`` columns, at least one; at most ``tail_max``."""
+    if not tail_max or groups != 1:
+        return 0
+    want = TAIL_COLS if TAIL_COLS is not None else (f1 * H * (tp + 1) + F * (N - H)) // (2 * N) // tp
+    fship = max(bn, (fp - max(0, want)) // bn * bn)
+    if fp - fship > tail_max:
+        fship = -(-(fp - tail_max) // bn) * bn
+    return max(0, fp - fship)
 
 
 def k_chunks(fp: int, bn0: int, bk1: int, groups: int, tp: int) -> tuple[int, int]:
@@ -341,7 +380,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     if M == 0:
         return out
     swiglu = activation == "swiglu"
-    plan = chunk_plan(M, F, N, tp, swiglu, x.dtype, st.num_sms)
+    plan = chunk_plan(M, F, N, tp, swiglu, x.dtype, st.num_sms, H=H)
     if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
         return _p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
@@ -351,15 +390,18 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     bm, group_m, tiles_m, groups = cfg0[0], cfg0[3], plan.tiles_m, plan.groups
     fp = (F - f1) // tp
     first = _first_gemm_weights(placed, stage, idx, tp, F, f1, plan.window[1])
+    tail = plan.tail
     es = x.element_size()
     mp = tiles_m * bm
     block_bytes = mp * kchunk * es  # one K-chunk of one stage-0 rank, chunk-major
     y_offset = -(-((tp * nch + nch1) * block_bytes) // 256) * 256
-    if graph and (st.data is None or st.data.nbytes < y_offset + M * N * es):
+    part_offset = -(-(y_offset + M * N * es) // 256) * 256  # the tails' partial products [tp, M, N/tp]
+    need = part_offset + (M * N * es if tail else 0)
+    if graph and (st.data is None or st.data.nbytes < need):
         raise RuntimeError("overlap symm: cta_pipeline_mlp was captured in a CUDA graph before an eager call of this "
                            "size: run it once eagerly first (the symmetric buffers grow, collectively, outside the "
                            "capture; torch.compile's mode='reduce-overhead' warms up eagerly)")
-    st.ensure_data(y_offset + M * N * es)
+    st.ensure_data(need)
     data, flags = st.peer_tables()
     compute = torch.cuda.current_stream(x.device)
     base = symm.cta_block(graph)
@@ -369,14 +411,16 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     ready, staged = (word(symm.CTA_READY), False) if graph else (None, TRANSPORT == "ce")
     act = cta.ACTIVATIONS[(activation, approximate)]
     xa = _aligned(x)
-    stage_buf = _staging_buffer(x, nch * mp * kchunk) if stage == 0 and staged else None
+    stage_buf = _staging_buffer(x, nch * mp * kchunk, "blocks") if stage == 0 and staged else None
+    keep = _staging_buffer(x, mp * tail, "tail") if stage == 0 and tail else None
 
     def gemms():
         if stage == 0:
             cta.launch_stage0(xa, *first, stage_buf, data, flags,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
-                              timeout_ns=st.timeout_ns, rank=r, count_first_at_once=COUNT_FIRST_GROUP_AT_ONCE)
+                              timeout_ns=st.timeout_ns, rank=r, count_first_at_once=COUNT_FIRST_GROUP_AT_ONCE,
+                              fship=plan.fship, keep=keep)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
@@ -386,7 +430,18 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms)
         cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm.CTA_ARRIVED),
                           word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
-                          nch, base + symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready)
+                          nch, base + symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,
+                          part=st.data_view(x.dtype, (tp * M * (N // tp),), part_offset) if tail else None,
+                          tail_flags=word(symm.CTA_TAIL_ARRIVED))
+
+    def tails():
+        """Stage 0: its tail's partial products, into the stage-1 ranks' buffers (stream order: after
+        stage 0's kernel wrote ``keep``)."""
+        if stage == 0 and tail:
+            r0 = (idx + 1) * fp - tail - placed.tail_rows[0]
+            cta.launch_tail(keep[:mp * tail].view(mp, tail), placed.w2_tail[r0:r0 + tail], data, flags, part_offset,
+                            word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, M, idx,
+                            base + symm.CTA_TAIL_ARRIVED, tp, cfg1, st.num_sms, ready=ready)
 
     def collect():
         if stage == 0 or tp > 1:
@@ -397,6 +452,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     if not graph:
         with launcher.preloading():  # compile and load before the stream waits below (codegen/launcher.py)
             gemms()
+            tails()
             collect()
     if graph:
         # Inside a captured graph every value baked into the graph repeats on each replay: the epoch
@@ -416,6 +472,10 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     gemms()
     if stage_buf is not None:
         _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base)
+    if tail and not graph and staged:  # the tails store into the stage-1 ranks' buffers: their READY first
+        for p in range(tp, ws):
+            _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
+    tails()
     collect()
     if graph:
         st.stall_if_a_peer_gave_up(compute)
@@ -437,10 +497,11 @@ def _first_gemm_weights(placed: _Placement, stage: int, idx: int, tp: int, F: in
                  for t in (placed.w1, placed.b1, placed.w3, placed.b3))
 
 
-def _staging_buffer(x: Tensor, numel: int) -> Tensor:
-    """Stage 0's local chunk-major blocks (reused: the next call's kernel runs after this call's
-    pushes, which ``GroupState.end`` orders before anything later on the compute stream)."""
-    key = (x.device, x.dtype)
+def _staging_buffer(x: Tensor, numel: int, what: str) -> Tensor:
+    """Stage 0's local buffers (``what``: "blocks", the chunk-major blocks the copy engine ships;
+    "tail", its tail of A). Reused: the next call's kernels run after this call's pushes, which
+    ``GroupState.end`` orders before anything later on the compute stream."""
+    key = (x.device, x.dtype, what)
     buf = _staging.get(key)
     if buf is None or buf.numel() < numel:
         if buf is not None and x.is_cuda:

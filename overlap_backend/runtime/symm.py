@@ -84,8 +84,10 @@ CTA_ARRIVED = 0  # [(g * tp + p) * nch + j]: stage-0 rank p's block (g, j) is in
 CTA_COUNTERS = CTA_ARRIVED + CTA_CHUNK_WORDS  # [g * nch + j]: tiles of block (g, j) stored (stage 0, local)
 CTA_DONE = CTA_COUNTERS + CTA_CHUNK_WORDS // 2  # [g * nch + j]: block (g, j) staged (stage 0, local)
 CTA_Y_DONE = CTA_DONE + CTA_CHUNK_WORDS // 2  # [t * tiles_m + m]: stage-1 rank t's row block m is here
-CTA_Y_COUNTERS = CTA_Y_DONE + CTA_ROW_WORDS  # [m]: tiles of row block m done (stage 1, local)
-CTA_EPOCH = CTA_Y_COUNTERS + CTA_ROW_WORDS  # the epoch the kernels read (local)
+# [m]: tiles of row block m done (stage 1, local); stage 0: [t * tiles_m + m], its tail tiles for rank t
+CTA_Y_COUNTERS = CTA_Y_DONE + CTA_ROW_WORDS
+CTA_TAIL_ARRIVED = CTA_Y_COUNTERS + CTA_ROW_WORDS  # [p * tiles_m + m]: stage-0 rank p's tail of row block m is here
+CTA_EPOCH = CTA_TAIL_ARRIVED + CTA_ROW_WORDS  # the epoch the kernels read (local)
 CTA_READY = CTA_EPOCH + 1  # [p]: graph block: rank p started this call (peers write)
 CTA_BLOCK_WORDS = CTA_READY + WS_MAX
 CTA_BLOCKS = MOE_PUSHED + WS_MAX  # the eager block, then the graph block
@@ -625,7 +627,8 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
     """The exception that a kernel's status words ``[1, op, rank, flag, seen, epoch, ...]`` stand for."""
     if not words[0]:
         return None
-    from ..codegen.flags import OP_AG_MM, OP_AR_ONESHOT, OP_CTA_COLLECT, OP_CTA_STAGE1, OP_MOE, OP_NAMES
+    from ..codegen.flags import (OP_AG_MM, OP_AR_ONESHOT, OP_CTA_COLLECT, OP_CTA_STAGE1, OP_CTA_TAIL, OP_MOE,
+                                 OP_NAMES)
 
     _, op, rank, flag, seen, epoch, nbands = (int(w) for w in words[:7])
     nbands = max(nbands, 1)
@@ -640,6 +643,9 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
         block, j = divmod(flag, nbands)
         g, p = divmod(block, max(ws // 2, 1))
         what = f"K-chunk {j} of row group {g} from stage-0 rank {p} to arrive"
+    elif op == OP_CTA_TAIL.value:
+        p, m = divmod(flag, nbands)
+        what = f"the tail (partial products) of row block {m} from stage-0 rank {p} to arrive"
     elif op == OP_CTA_COLLECT.value and ws:
         t, m = divmod(flag, nbands)
         what = f"row block {m} of the output from stage-1 rank {ws // 2 + t} to arrive"
