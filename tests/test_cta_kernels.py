@@ -417,9 +417,10 @@ def test_host_path_matches_mlp(monkeypatch, ws, act, F_, gelu_shares, transport)
             assert plan.f1 == gelu_shares[call] and plan.tail > 0 and plan.fship > 0, plan
         x = xs * (call + 1)
         deferred.clear()
-        for r in range(ws):  # every rank enters the call (READY) before any rank's pushes run
+        for r in range(ws):  # every rank enters the call (READY in its peers' flags) before any rank's pushes run
             for p in range(ws):
-                group.flags[p][symm.READY + r] = call + 1
+                if p != r:  # never its own: a wait on that would hang on a GPU
+                    group.flags[p][symm.READY + r] = call + 1
         for r in sorted(range(ws), key=lambda r: r // (ws // 2)):  # stage 0 first
             current["rank"] = r
             s = shards[r]

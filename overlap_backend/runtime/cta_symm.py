@@ -472,7 +472,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     gemms()
     if stage_buf is not None:
         _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base)
-    if tail and not graph and staged:  # the tails store into the stage-1 ranks' buffers: their READY first
+    if stage == 0 and tail and not graph and staged:  # the tails store into the stage-1 ranks' buffers: READY first
         for p in range(tp, ws):
             _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
     tails()
