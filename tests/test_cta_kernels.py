@@ -403,7 +403,11 @@ def test_host_path_matches_mlp(monkeypatch, ws, act, F_, gelu_shares, transport)
     real_stage1 = cta.launch_stage1
     monkeypatch.setattr(cta, "launch_stage1", lambda *a, **k: real_stage1(*a, **{**k, "timed": False}))
     monkeypatch.setattr(cta_symm, "_placements", {})
+    monkeypatch.setattr(cta_symm, "_preloaded_calls", set())
     monkeypatch.setattr(cta_symm, "GELU_SHARE_MAX", 0.5)
+    preloads = []
+    real_preloading = cta_symm.launcher.preloading
+    monkeypatch.setattr(cta_symm.launcher, "preloading", lambda: preloads.append(1) or real_preloading())
     if gelu_shares[0] is not None:  # room for one row group's stage-1 tiles: the stage-0 tails run too
         for rk in group.ranks:
             rk.num_sms = 8
@@ -441,6 +445,9 @@ def test_host_path_matches_mlp(monkeypatch, ws, act, F_, gelu_shares, transport)
     if act == "swiglu":
         assert cta_symm.stage1_share(F_, ws // 2, True) > 0  # the share path ran
     assert len(cta_symm._placements) == ws  # one placement per rank, reused by the second call
+    # Kernel variants are compiled and loaded once per call signature: the second call preloads
+    # only where its plan differs (another GELU share)
+    assert len(preloads) == ws * (2 if gelu_shares[0] != gelu_shares[1] else 1), preloads
 
 
 def test_placement_is_tied_to_the_weight_storage_not_the_tensor_object():
