@@ -468,3 +468,15 @@ def test_placement_is_tied_to_the_weight_storage_not_the_tensor_object():
     ref = placed.refs[4]
     del w2, tensors
     assert ref.expired()  # freed: no later tensor can match it
+
+
+def test_per_signature_caches_are_bounded(monkeypatch):
+    """The host path's caches (verdicts, plans, preloaded call signatures) are keyed by shapes: a
+    server seeing ever new token counts must not grow them without bound."""
+    from overlap_backend.runtime import cta_symm
+
+    monkeypatch.setattr(cta_symm, "_CACHE_MAX", 3)
+    cache = {}
+    for i in range(7):
+        assert cta_symm._remember(cache, i, i * 10) == i * 10
+        assert len(cache) <= 3 and cache[i] == i * 10

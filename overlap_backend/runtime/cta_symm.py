@@ -105,6 +105,16 @@ _plans: dict[tuple, "ChunkPlan"] = {}
 _preloaded_calls: set[tuple] = set()
 
 
+_CACHE_MAX = 4096  # entries per cache (distinct shapes); beyond it a cache starts over
+
+
+def _remember(cache: dict, key, value):
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def _settings() -> tuple:
     """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
     return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
@@ -383,9 +393,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     args = (x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name)
     ws = _group_size(group_name)
     verdict_key = (_shapes(x, w1, b1, w3, b3, w2, b2), activation, approximate, stages, ws)
-    if verdict_key not in _verdicts:
-        _verdicts[verdict_key] = _problem(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, ws)
-    why = _verdicts[verdict_key]
+    why = _verdicts[verdict_key] if verdict_key in _verdicts else _remember(
+        _verdicts, verdict_key, _problem(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, ws))
     st = None if why else symm.state(group_name, x.device)
     if st is None:
         return _p2p("cta_pipeline_mlp", why, group_name, *args)
@@ -405,7 +414,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     plan_key = (M, F, N, H, tp, swiglu, x.dtype, st.num_sms, settings)
     plan = _plans.get(plan_key)
     if plan is None:
-        plan = _plans[plan_key] = chunk_plan(M, F, N, tp, swiglu, x.dtype, st.num_sms, H=H)
+        plan = _remember(_plans, plan_key, chunk_plan(M, F, N, tp, swiglu, x.dtype, st.num_sms, H=H))
     if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
         return _p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
@@ -482,6 +491,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
             gemms()
             tails()
             collect()
+        if len(_preloaded_calls) >= _CACHE_MAX:
+            _preloaded_calls.clear()
         _preloaded_calls.add(call_key)
     if graph:
         # Inside a captured graph every value baked into the graph repeats on each replay: the epoch
