@@ -347,6 +347,104 @@ class FakeGroup:
                 self.data[r] = torch.full((nbytes,), 255, dtype=torch.uint8)  # NaN-ish garbage for floats
 
 
+class FakeHostPath:
+    """``cta_symm.cta_pipeline_mlp`` run for every rank of a ``FakeGroup`` (stage 0 first, the collect
+    kernels deferred until stage 1 ran), with random TP shards of an MLP: M=20 rows, H=16, N=32."""
+
+    M, H, N = 20, 16, 32
+
+    def __init__(self, monkeypatch, ws, F_, transport, num_sms=None):
+        import ctypes
+
+        from overlap_backend.runtime import cta_symm
+        from overlap_backend.runtime import cuda as _cuda
+
+        self.ws, self.F = ws, F_
+        self.group = group = FakeGroup(ws)
+        self.current = {"rank": 0}
+        self.deferred = []
+        self.preloads = []
+        f = F_ // ws
+        H, N = self.H, self.N
+        self.xs = torch.randn(self.M, H)
+        self.shards = [dict(w1=torch.randn(H, f) / H**0.5, w3=torch.randn(H, f) / H**0.5,
+                            w2=torch.randn(f, N) / F_**0.5, b1=torch.randn(f), b3=torch.randn(f), b2=torch.randn(N))
+                       for _ in range(ws)]
+        by_ptr = {}
+        for name, dim in (("w1", 1), ("w3", 1), ("w2", 0), ("b1", 0), ("b3", 0)):
+            full = torch.cat([s[name] for s in self.shards], dim)
+            for s in self.shards:
+                by_ptr[s[name].data_ptr()] = full
+        b2_all = torch.stack([s["b2"] for s in self.shards])
+
+        def gather(t, grp, dim):
+            return b2_all if t.dim() == 2 and t.shape[0] == 1 else by_ptr[t.data_ptr()]
+
+        def wait_value32(addr, value, stream):
+            assert ctypes.c_int32.from_address(addr).value >= value, "a stream wait on a flag that is not up"
+
+        def write_value32(addr, value, stream):
+            ctypes.c_int32.from_address(addr).value = value
+
+        mp = monkeypatch.setattr
+        mp(cta_symm, "_problem", lambda *a: None)
+        mp(cta_symm, "_group_size", lambda g: ws)
+        mp(cta_symm, "_kernels", lambda: None)
+        mp(cta_symm, "_gather", gather)
+        mp(cta_symm, "TRANSPORT", transport)
+        mp(cta_symm, "STAGE0_CONFIG_FP32", {False: (16, 32, 16, 0, 1, 1), True: (16, 32, 16, 0, 1, 1)})
+        mp(cta_symm, "STAGE1_CONFIG_FP32", (16, 16, 16, 0, 1, 1))
+        mp(cta_symm.symm, "state", lambda name, dev: group.ranks[self.current["rank"]])
+        mp(_cuda, "wait_value32", wait_value32)
+        mp(_cuda, "write_value32", write_value32)
+        mp(torch.cuda, "current_stream", lambda *a: None)
+        mp(torch.cuda, "is_current_stream_capturing", lambda: False)
+        self.real_collect = cta.launch_collect
+        # Collect kernels wait for stage 1, which runs after them in this sequential world: defer them.
+        mp(cta, "launch_collect", lambda *a, **k: self.deferred.append((a, {**k, "timed": False})))
+        real_stage1 = cta.launch_stage1
+        mp(cta, "launch_stage1", lambda *a, **k: real_stage1(*a, **{**k, "timed": False}))
+        mp(cta_symm, "_placements", {})
+        mp(cta_symm, "_preloaded_calls", set())
+        mp(cta_symm, "GELU_SHARE_MAX", 0.5)
+        real_preloading = cta_symm.launcher.preloading
+        mp(cta_symm.launcher, "preloading", lambda: self.preloads.append(1) or real_preloading())
+        if num_sms is not None:
+            for rk in group.ranks:
+                rk.num_sms = num_sms
+        self.calls = 0
+
+    def call(self, x, act):
+        """One op call on every rank; returns every rank's output."""
+        from overlap_backend.runtime import cta_symm
+
+        self.calls += 1
+        ws, outs = self.ws, [None] * self.ws
+        self.deferred.clear()
+        for r in range(ws):  # every rank enters the call (READY in its peers' flags) before any rank's pushes run
+            for p in range(ws):
+                if p != r:  # never its own: a wait on that would hang on a GPU
+                    self.group.flags[p][symm.READY + r] = self.calls
+        for r in sorted(range(ws), key=lambda r: r // (ws // 2)):  # stage 0 first
+            self.current["rank"] = r
+            s = self.shards[r]
+            swiglu = act == "swiglu"
+            outs[r] = cta_symm.cta_pipeline_mlp(x, s["w1"], s["b1"], s["w3"] if swiglu else None,
+                                                s["b3"] if swiglu else None, s["w2"], s["b2"], act,
+                                                "tanh" if act == "gelu" else "none", 2, "fake")
+        for a, k in self.deferred:
+            self.real_collect(*a, **k)
+        return outs
+
+    def reference(self, x, act):
+        h = [x @ s["w1"] + s["b1"] for s in self.shards]
+        if act == "swiglu":
+            a_parts = [F.silu(hh) * (x @ s["w3"] + s["b3"]) for hh, s in zip(h, self.shards)]
+        else:
+            a_parts = [F.gelu(hh, approximate="tanh") for hh in h]
+        return sum(a @ s["w2"] + s["b2"] for a, s in zip(a_parts, self.shards))
+
+
 @pytest.mark.parametrize("transport", ["ce", "peer"])
 @pytest.mark.parametrize("ws,act,F_,gelu_shares", [(2, "gelu", 256, (None, None)), (2, "swiglu", 1024, (None, None)),
                                                    (4, "swiglu", 1536, (None, None)), (2, "gelu", 1024, (512, 256)),
@@ -355,99 +453,48 @@ def test_host_path_matches_mlp(monkeypatch, ws, act, F_, gelu_shares, transport)
     """``cta_symm.cta_pipeline_mlp`` end to end for every rank of a fake group: weight placement
     (the stage-1 share for SwiGLU), chunking, flag blocks, copy-engine pushes, kernel arguments.
     ``gelu_shares``: the GELU stage-1 share of each call (columns), different from call to call
-    as M makes it: the placement, made once, covers both (stage-0 weights are windows of it)."""
-    import ctypes
-
+    as M makes it: the placement, made once, covers both (stage-0 weights are windows of it).
+    With room for one row group's stage-1 tiles (8 SMs), the stage-0 tails run too."""
     from overlap_backend.runtime import cta_symm
-    from overlap_backend.runtime import cuda as _cuda
 
-    group = FakeGroup(ws)
-    current = {"rank": 0}
-    deferred = []
-    M, H, N = 20, 16, 32
-    f = F_ // ws
-    xs = torch.randn(M, H)
-    shards = [dict(w1=torch.randn(H, f) / H**0.5, w3=torch.randn(H, f) / H**0.5, w2=torch.randn(f, N) / F_**0.5,
-                   b1=torch.randn(f), b3=torch.randn(f), b2=torch.randn(N)) for _ in range(ws)]
-    by_ptr = {}
-    for name, dim in (("w1", 1), ("w3", 1), ("w2", 0), ("b1", 0), ("b3", 0)):
-        full = torch.cat([s[name] for s in shards], dim)
-        for s in shards:
-            by_ptr[s[name].data_ptr()] = full
-    b2_all = torch.stack([s["b2"] for s in shards])
-
-    def gather(t, grp, dim):
-        return b2_all if t.dim() == 2 and t.shape[0] == 1 else by_ptr[t.data_ptr()]
-
-    def wait_value32(addr, value, stream):
-        assert ctypes.c_int32.from_address(addr).value >= value, "a stream wait on a flag that is not up"
-
-    def write_value32(addr, value, stream):
-        ctypes.c_int32.from_address(addr).value = value
-
-    monkeypatch.setattr(cta_symm, "_problem", lambda *a: None)
-    monkeypatch.setattr(cta_symm, "_group_size", lambda g: ws)
-    monkeypatch.setattr(cta_symm, "_kernels", lambda: None)
-    monkeypatch.setattr(cta_symm, "_gather", gather)
-    monkeypatch.setattr(cta_symm, "TRANSPORT", transport)
-    monkeypatch.setattr(cta_symm, "STAGE0_CONFIG_FP32", {False: (16, 32, 16, 0, 1, 1), True: (16, 32, 16, 0, 1, 1)})
-    monkeypatch.setattr(cta_symm, "STAGE1_CONFIG_FP32", (16, 16, 16, 0, 1, 1))
-    monkeypatch.setattr(cta_symm.symm, "state", lambda name, dev: group.ranks[current["rank"]])
-    monkeypatch.setattr(_cuda, "wait_value32", wait_value32)
-    monkeypatch.setattr(_cuda, "write_value32", write_value32)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    real_collect = cta.launch_collect
-    # Collect kernels wait for stage 1, which runs after them in this sequential world: defer them.
-    monkeypatch.setattr(cta, "launch_collect", lambda *a, **k: deferred.append((a, {**k, "timed": False})))
-    real_stage1 = cta.launch_stage1
-    monkeypatch.setattr(cta, "launch_stage1", lambda *a, **k: real_stage1(*a, **{**k, "timed": False}))
-    monkeypatch.setattr(cta_symm, "_placements", {})
-    monkeypatch.setattr(cta_symm, "_preloaded_calls", set())
-    monkeypatch.setattr(cta_symm, "GELU_SHARE_MAX", 0.5)
-    preloads = []
-    real_preloading = cta_symm.launcher.preloading
-    monkeypatch.setattr(cta_symm.launcher, "preloading", lambda: preloads.append(1) or real_preloading())
-    if gelu_shares[0] is not None:  # room for one row group's stage-1 tiles: the stage-0 tails run too
-        for rk in group.ranks:
-            rk.num_sms = 8
-
-    approx = "tanh" if act == "gelu" else "none"
-    outs = [None] * ws
+    fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=8 if gelu_shares[0] is not None else None)
+    M, H, N = fake.M, fake.H, fake.N
     for call in range(2):  # a second call: new epoch, placement reused, counters were reset
         monkeypatch.setattr(cta_symm, "GELU_SHARE_COLS", gelu_shares[call])
         if gelu_shares[call] is not None:  # the op's plan takes it
             plan = cta_symm.chunk_plan(M, F_, N, ws // 2, False, torch.float32, 8, H=H)
             assert plan.f1 == gelu_shares[call] and plan.tail > 0 and plan.fship > 0, plan
-        x = xs * (call + 1)
-        deferred.clear()
-        for r in range(ws):  # every rank enters the call (READY in its peers' flags) before any rank's pushes run
-            for p in range(ws):
-                if p != r:  # never its own: a wait on that would hang on a GPU
-                    group.flags[p][symm.READY + r] = call + 1
-        for r in sorted(range(ws), key=lambda r: r // (ws // 2)):  # stage 0 first
-            current["rank"] = r
-            s = shards[r]
-            outs[r] = cta_symm.cta_pipeline_mlp(x, s["w1"], s["b1"], s["w3"] if act == "swiglu" else None,
-                                                s["b3"] if act == "swiglu" else None, s["w2"], s["b2"], act, approx,
-                                                2, "fake")
-        for a, k in deferred:
-            real_collect(*a, **k)
-        h = [x @ s["w1"] + s["b1"] for s in shards]
-        if act == "swiglu":
-            a_parts = [F.silu(hh) * (x @ s["w3"] + s["b3"]) for hh, s in zip(h, shards)]
-        else:
-            a_parts = [F.gelu(hh, approximate="tanh") for hh in h]
-        ref = sum(a @ s["w2"] + s["b2"] for a, s in zip(a_parts, shards))
+        x = fake.xs * (call + 1)
+        outs = fake.call(x, act)
+        ref = fake.reference(x, act)
         for r in range(ws):
-            assert group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
+            assert fake.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
             torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
     if act == "swiglu":
         assert cta_symm.stage1_share(F_, ws // 2, True) > 0  # the share path ran
     assert len(cta_symm._placements) == ws  # one placement per rank, reused by the second call
     # Kernel variants are compiled and loaded once per call signature: the second call preloads
     # only where its plan differs (another GELU share)
-    assert len(preloads) == ws * (2 if gelu_shares[0] != gelu_shares[1] else 1), preloads
+    assert len(fake.preloads) == ws * (2 if gelu_shares[0] != gelu_shares[1] else 1), fake.preloads
+
+
+def test_missing_tail_times_out_with_a_report(monkeypatch):
+    """A stage-0 rank whose tail never comes (its tail kernel did not run): the stage-1 epilogue gives
+    up on the first row block's tail and reports which stage-0 rank and row block it waited for."""
+    from overlap_backend.codegen.flags import OP_CTA_TAIL
+    from overlap_backend.runtime import cta_symm
+
+    fake = FakeHostPath(monkeypatch, 2, 1024, "ce", num_sms=8)
+    assert cta_symm.chunk_plan(fake.M, 1024, fake.N, 1, False, torch.float32, 8, H=fake.H).tail > 0
+    monkeypatch.setattr(cta, "launch_tail", lambda *a, **k: None)
+    fake.call(fake.xs, "gelu")
+    assert fake.group.ranks[0].status[1][0] == 0  # stage 0 waits for nothing of the tails
+    words = fake.group.ranks[1].status[1].tolist()
+    assert words[0] == 1 and words[1] == OP_CTA_TAIL.value, words
+    tiles_m = -(-fake.M // 16)
+    assert words[6] == tiles_m and divmod(words[3], tiles_m)[0] == 0, words  # stage-0 rank 0's tail
+    err = status_error(words, "", 60.0)
+    assert "cta_pipeline_mlp (stage 1, tail)" in str(err) and "from stage-0 rank 0" in str(err), str(err)
 
 
 def test_placement_is_tied_to_the_weight_storage_not_the_tensor_object():
