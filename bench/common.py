@@ -327,10 +327,6 @@ def print_versions() -> None:
         print(f"{k}={os.environ.get(k)}")
 
 
-if __name__ == "__main__":
-    print_versions()
-
-
 def exit_now(code: int) -> None:
     """End a benchmark whose results are written and whose process group is gone: flush and skip
     interpreter teardown, where freeing symmetric-memory buffers, CUDA state or compile workers could
@@ -338,3 +334,7 @@ def exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    print_versions()

@@ -405,7 +405,7 @@ class FakeHostPath:
         real_stage1 = cta.launch_stage1
         mp(cta, "launch_stage1", lambda *a, **k: real_stage1(*a, **{**k, "timed": False}))
         mp(cta_symm, "_placements", {})
-        mp(cta_symm, "_preloaded_calls", set())
+        mp(cta_symm, "_preloaded_calls", {})
         mp(cta_symm, "GELU_SHARE_MAX", 0.5)
         real_preloading = cta_symm.launcher.preloading
         mp(cta_symm.launcher, "preloading", lambda: self.preloads.append(1) or real_preloading())
@@ -525,5 +525,5 @@ def test_per_signature_caches_are_bounded(monkeypatch):
     monkeypatch.setattr(cta_symm, "_CACHE_MAX", 3)
     cache = {}
     for i in range(7):
-        assert cta_symm._remember(cache, i, i * 10) == i * 10
+        assert cta_symm._cached(cache, i, lambda: i * 10) == i * 10
         assert len(cache) <= 3 and cache[i] == i * 10

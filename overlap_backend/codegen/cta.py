@@ -387,7 +387,8 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
         epoch, ready if ready is not None else counters, *status, timeout_ns,
         rank, M, padded_rows(M, BM), Fp, fship, f1, N, Ns, consumer, kchunk, nch, triton.cdiv(f1, kchunk), y_flag_word,
-        part if part is not None else out, tail_flags if tail_flags is not None else counters, WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
+        part if part is not None else out, tail_flags if tail_flags is not None else counters,
+        WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=not timed,
         HAS_TAIL=part is not None, num_stages=stages, num_warps=warps,
     )

@@ -102,17 +102,18 @@ _placements: dict[tuple, _Placement] = {}
 # compiled and loaded already (launcher.preloading computes a variant key per launch otherwise).
 _verdicts: dict[tuple, str | None] = {}
 _plans: dict[tuple, "ChunkPlan"] = {}
-_preloaded_calls: set[tuple] = set()
-
-
+_preloaded_calls: dict[tuple, bool] = {}
 _CACHE_MAX = 4096  # entries per cache (distinct shapes); beyond it a cache starts over
 
 
-def _remember(cache: dict, key, value):
-    if len(cache) >= _CACHE_MAX:
-        cache.clear()
-    cache[key] = value
-    return value
+def _cached(cache: dict, key, compute):
+    """``cache[key]``, from ``compute()`` the first time (a server with ever new token counts: a cache
+    beyond ``_CACHE_MAX`` entries starts over)."""
+    if key not in cache:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[key] = compute()
+    return cache[key]
 
 
 def _settings() -> tuple:
@@ -393,8 +394,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     args = (x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name)
     ws = _group_size(group_name)
     verdict_key = (_shapes(x, w1, b1, w3, b3, w2, b2), activation, approximate, stages, ws)
-    why = _verdicts[verdict_key] if verdict_key in _verdicts else _remember(
-        _verdicts, verdict_key, _problem(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, ws))
+    why = _cached(_verdicts, verdict_key,
+                  lambda: _problem(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, ws))
     st = None if why else symm.state(group_name, x.device)
     if st is None:
         return _p2p("cta_pipeline_mlp", why, group_name, *args)
@@ -412,9 +413,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     swiglu = activation == "swiglu"
     settings = _settings()
     plan_key = (M, F, N, H, tp, swiglu, x.dtype, st.num_sms, settings)
-    plan = _plans.get(plan_key)
-    if plan is None:
-        plan = _remember(_plans, plan_key, chunk_plan(M, F, N, tp, swiglu, x.dtype, st.num_sms, H=H))
+    plan = _cached(_plans, plan_key, lambda: chunk_plan(M, F, N, tp, swiglu, x.dtype, st.num_sms, H=H))
     if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
         return _p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
@@ -486,14 +485,15 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     # Every pointer argument is 16-byte aligned (x via _aligned, placed weights and views at whole
     # tiles, buffers from the allocator), so the kernel variants follow from this key alone.
     call_key = (plan_key, r, activation, approximate, _shapes(b1, b3, b2), x.device.index, st.timeout_ns, graph)
-    if not graph and call_key not in _preloaded_calls:
+    def preload() -> bool:
         with launcher.preloading():  # compile and load before the stream waits below (codegen/launcher.py)
             gemms()
             tails()
             collect()
-        if len(_preloaded_calls) >= _CACHE_MAX:
-            _preloaded_calls.clear()
-        _preloaded_calls.add(call_key)
+        return True
+
+    if not graph:
+        _cached(_preloaded_calls, call_key, preload)
     if graph:
         # Inside a captured graph every value baked into the graph repeats on each replay: the epoch
         # is counted on the device (begin_kernel), READY is raised and awaited by the kernels, and

@@ -213,7 +213,7 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
     for c in [(rank + 1 + p) % ws for p in range(ws - 1)]:
         lines.append(f"cuStreamWaitValue32(flag=flags.READY[{c}], geq=epoch, stream=push_stream)")
         for i, band in enumerate(bands):
-            lo, n = band[0][0] * run + band[0][1], sum(p[2] for p in band)
+            lo, n = sl.rs_band_span(band, run)
             lines += [
                 f"cuStreamWaitValue32(flag=flags.DONE[{c * nb + i}], geq=epoch, stream=push_stream)",
                 f"cuMemcpyAsync(dst=peer_recv({c})[{rank}].view(-1, {N})[{lo}:{lo + n}], src=stage[{c}].view(-1, {N})"

@@ -335,13 +335,24 @@ def rs_path(outer: int, run: int, K: int, dtype: torch.dtype, epilogue: str = ""
     return gemm
 
 
+def _cublas_min_rows(K: int, N: int) -> int:
+    """Rows of a cuBLAS-path band or chunk: each costs host time (~150 us), so at least
+    ``RS_CUBLAS_BAND_FLOPS`` of GEMM work and ``symm.BAND_ROWS_MIN`` rows."""
+    return max(symm.BAND_ROWS_MIN, math.ceil(RS_CUBLAS_BAND_FLOPS / max(1, 2 * K * N)))
+
+
+def rs_band_span(band: list[tuple[int, int, int]], run: int) -> tuple[int, int]:
+    """(first local row, rows) of a band of ``rs_cublas_bands``: its pieces are consecutive rows."""
+    return band[0][0] * run + band[0][1], sum(n for _, _, n in band)
+
+
 def rs_cublas_bands(outer: int, run: int, K: int, N: int) -> list[list[tuple[int, int, int]]]:
     """The bands of the cuBLAS path over a chunk of ``outer`` runs of ``run`` rows of a [.., K] @
     [K, N] GEMM: each a list of (run index, first row, rows) pieces, one contiguous GEMM each,
     covering consecutive local rows (local row ``o * run + j``). At most ``symm.MAX_BANDS`` bands of
     at least ``symm.BAND_ROWS_MIN`` rows and ``RS_CUBLAS_BAND_FLOPS``; one run is cut into equal
     bands, several are grouped whole."""
-    min_rows = max(symm.BAND_ROWS_MIN, math.ceil(RS_CUBLAS_BAND_FLOPS / max(1, 2 * K * N)))
+    min_rows = _cublas_min_rows(K, N)
     if outer == 1:
         nb = max(1, min(symm.MAX_BANDS, run // min_rows))
         per = max(1, -(-run // nb))
@@ -465,8 +476,7 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph) -> Tensor:
             for o, j, n in band:
                 _mm(a3[o, c, j : j + n], b, bias, stage4[c, o, j : j + n])
             _cuda.write_value32(st.flag_addr(base + symm.DONE + c * nb + i), epoch, compute)
-    _push_partials(st, stage, rows, N, [(band[0][0] * run + band[0][1], sum(p[2] for p in band)) for band in bands],
-                   epoch, base)
+    _push_partials(st, stage, rows, N, [rs_band_span(band, run) for band in bands], epoch, base)
     for i, band in enumerate(bands):
         for p in range(1, ws):
             _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + (r + p) % ws * nb + i), epoch, compute)
@@ -649,8 +659,7 @@ def ar_gemm(M: int, K: int, ws: int, transport: str | None = None) -> str:
 def ar_cublas_rounds(M: int, K: int, N: int, ws: int) -> int:
     """Row blocks of ``mm_ar``'s cuBLAS path: as for the kernel (``ar_rounds``), but with chunks of
     at least ``RS_CUBLAS_BAND_FLOPS`` of GEMM work (each round costs host time, as a band does)."""
-    min_rows = max(symm.BAND_ROWS_MIN, math.ceil(RS_CUBLAS_BAND_FLOPS / max(1, 2 * K * N)))
-    return max(1, min(symm.AR_MAX_ROUNDS, M // (ws * min_rows)))
+    return max(1, min(symm.AR_MAX_ROUNDS, M // (ws * _cublas_min_rows(K, N))))
 
 
 def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
