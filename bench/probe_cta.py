@@ -7,16 +7,21 @@ a flag written by one GPU's stream (``cuStreamWriteValue32`` into the peer's mem
 the other's (``cuStreamWaitValue32``). Not a benchmark of record: a diagnostic.
 
     torchrun --nproc-per-node=2 bench/probe_cta.py [--sizes 512,4096] [--stage0-variants group8,stages4]
-        [--op-variants late,k8]
+        [--op-variants late,k8] [--profile]
 
 ``--stage0-variants`` times stage 0 alone in other block configs, ``--op-variants`` the whole op
 with other ``cta_symm`` settings (same process, so comparable with the defaults: machines differ
-by up to 15 % in the same kernel's time).
+by up to 15 % in the same kernel's time). ``--profile`` prints a cProfile of 20 eager calls per M on
+each rank (functions by own time); ``--host-breakdown`` the host time of each step of a call, with
+Triton's launch path and with ``codegen.launcher``'s fast path (and the op's time with each).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import sys
 import time
@@ -97,6 +102,80 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
         return f"{type(e).__name__}: {str(e)[:80]}"
 
 
+def _host_breakdown(op, rank, M, calls=20) -> str:
+    """Host microseconds per call spent in each step of the op (inclusive; wrappers around module
+    functions, a few hundred ns each), and the host enqueue time, with Triton's launch path and with
+    ``launcher``'s fast path."""
+    from overlap_backend.codegen import cta, launcher
+    from overlap_backend.runtime import cta_symm, symm
+    from overlap_backend.runtime import cuda as _cuda
+
+    spent: dict[str, float] = {}
+    patched = []
+
+    def wrap(owner, name, label):
+        real = getattr(owner, name)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+
+        patched.append((owner, name, real))
+        setattr(owner, name, timed)
+
+    for n in ("launch_stage0", "launch_stage1", "launch_tail", "launch_collect", "launch_begin"):
+        wrap(cta, n, n)
+    wrap(launcher, "launch", "triton launches (all)")
+    wrap(launcher, "_variant_key", "  of which variant keys")
+    wrap(cta_symm, "_push_blocks", "_push_blocks")
+    wrap(cta_symm, "_place", "_place")
+    for n in ("write_value32", "wait_value32", "memcpy_async"):
+        wrap(_cuda, n, f"cuda.{n}")
+    for n in ("begin", "end", "peer_tables", "ensure_data", "check_status"):
+        wrap(symm.GroupState, n, f"GroupState.{n}")
+    lines = []
+    try:
+        for fast in (False, True, False, True):
+            launcher.FAST_LAUNCH = fast
+            spent.clear()
+            host = []
+            for i in range(calls):
+                if i % 5 == 0:
+                    torch.cuda.synchronize()
+                t = time.perf_counter()
+                op()
+                host.append((time.perf_counter() - t) * 1e6)
+            torch.cuda.synchronize()
+            dist.barrier()
+            parts = ", ".join(f"{k} {v / calls * 1e6:.0f}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1]))
+            lines.append(f"[host rank {rank} M={M} fast_launch={fast}] enqueue median {statistics.median(host):.0f} us "
+                         f"(mean {statistics.mean(host):.0f}); per call, us: {parts}")
+    finally:
+        for owner, name, real in reversed(patched):
+            setattr(owner, name, real)
+        launcher.FAST_LAUNCH = True
+    return "\n".join(lines)
+
+
+def _host_profile(op, rank, M, calls=20) -> str:
+    """cProfile of ``calls`` eager calls (a sync every 5, so the GPU queue never pushes back)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(calls):
+        op()
+        if i % 5 == 4:
+            torch.cuda.synchronize()
+    prof.disable()
+    torch.cuda.synchronize()
+    dist.barrier()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    return "\n".join(f"[profile rank {rank} M={M}] {line}" for line in text.getvalue().splitlines() if line.strip())
+
+
 def _plan_str(plan) -> str:
     return f"(share {plan.f1}, ships {plan.fship}, tail {plan.tail}, kchunk {plan.kchunk} x {plan.nch})"
 
@@ -110,6 +189,9 @@ def main():
                    help="also time stage 0 alone (local stores) in these variants, comma-separated: "
                         "stages4 (4 pipeline stages), bn128, "
                         "group8 (GROUP_M 8), first (first row group counted at once), and combinations joined by '+'")
+    p.add_argument("--profile", action="store_true", help="cProfile of 20 eager calls per M (host time)")
+    p.add_argument("--host-breakdown", action="store_true",
+                   help="host time per call in each step, and the op's time, with and without launcher's fast path")
     p.add_argument("--op-variants", default="",
                    help="also time the whole op (ce) with these cta_symm settings, comma-separated: "
                         "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), noshare (no GELU "
@@ -156,6 +238,15 @@ def main():
             host.append((time.perf_counter() - t) * 1e3)
         torch.cuda.synchronize()
         dist.barrier()
+        if args.profile:
+            print(_host_profile(op, rank, M), flush=True)
+        if args.host_breakdown:
+            print(_host_breakdown(op, rank, M), flush=True)
+            from overlap_backend.codegen import launcher
+            for fast in (False, True, False, True):
+                launcher.FAST_LAUNCH = fast
+                full[f"fast_launch={fast}"] = timing.bench(op)[0]
+            launcher.FAST_LAUNCH = True
         # The op without READY stream waits (unsafe; measurement only).
         real_wait = _cuda.wait_value32
         _cuda.wait_value32 = lambda *a: None

@@ -1,13 +1,14 @@
 """Probe: host time per ``symm`` op call (explains host-bound steps; not a test).
 
-    torchrun --nproc-per-node=N bench/probe_host.py [--profile] [--out FILE.json]
+    torchrun --nproc-per-node=N bench/probe_host.py [--profile] [--ab] [--launch-ab] [--graph] [--out FILE.json]
 
 For the TP block's ops (batch 4 x seq 2048 tokens, hidden 4096, ffn 14336, bf16) and a decode
 size (M=512): the host time of one op call (``time.perf_counter`` around ``CALLS`` calls that
 are not waited for, after warm-up; the GPU queue is deep enough not to push back), next to the
 same work done as NCCL collective + ``torch.mm``. ``--ab`` times the symm ops again with the stream
 operations through cuda-python instead of the ctypes entry points (``runtime/cuda.py: _fast``), in
-alternating rounds. ``--profile`` adds a cProfile of the ag_mm and mm_rs calls at the decode size
+alternating rounds. ``--launch-ab`` does the same with ``codegen.launcher``'s fast launch path against Triton's own
+launch path. ``--profile`` adds a cProfile of the ag_mm and mm_rs calls at the decode size
 (top functions by cumulative and by own time), to say where the host time goes. ``--graph`` turns on
 ``symm_lowering.CAPTURE_ON_SYMM``, captures one ag_mm + one mm_rs at each size in a CUDA graph after
 eager warm-up, and reports the host time per replay and the GPU time (CUDA events, median of 20) of a
@@ -106,6 +107,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--profile", action="store_true")
     p.add_argument("--ab", action="store_true")
+    p.add_argument("--launch-ab", action="store_true",
+                   help="time the symm ops with codegen.launcher's fast launch path and with Triton's own, alternating")
     p.add_argument("--graph", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -144,6 +147,22 @@ def main():
                         _cuda._fast = fast if variant == "ctypes" else (lambda: None)
                         ab[variant].append(host_us(cases[case]))
                 _cuda._fast = fast
+                for variant, values in ab.items():
+                    us = sorted(values)[1]
+                    results.append({"tokens": tokens, "case": f"{case} ({variant})", "host_us_per_call": us})
+                    if rank == 0:
+                        print(f"tokens {tokens:5d}  {case + ' (' + variant + ')':28s} host {us:8.1f} us/call "
+                              f"(rounds {', '.join(f'{v:.0f}' for v in values)})", flush=True)
+        if args.launch_ab:
+            from overlap_backend.codegen import launcher
+
+            for case in ("ag_mm", "mm_rs"):
+                ab = {"fast launch": [], "Triton launch": []}
+                for _ in range(3):
+                    for variant in ab:
+                        launcher.FAST_LAUNCH = variant == "fast launch"
+                        ab[variant].append(host_us(cases[case]))
+                launcher.FAST_LAUNCH = True
                 for variant, values in ab.items():
                     us = sorted(values)[1]
                     results.append({"tokens": tokens, "case": f"{case} ({variant})", "host_us_per_call": us})

@@ -786,6 +786,36 @@ def test_stream_operations_fast_path():
     assert torch.equal(dst, src) and flags.tolist() == [3, 7]
 
 
+def test_fast_triton_launch_matches_tritons_own():
+    """``codegen.launcher``'s fast path (a seen variant's launcher called directly) computes what
+    Triton's launch computes, on fresh tensors and scalars each call, and a scalar that Triton
+    specialises (== 1) or a new constexpr takes a variant of its own."""
+    _need_gpus(1)
+    import triton
+    import triton.language as tl
+
+    from overlap_backend.codegen import launcher
+
+    @triton.jit
+    def axpy(x_ptr, y_ptr, out_ptr, n, a, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        y = tl.load(y_ptr + offs, mask=mask)
+        tl.store(out_ptr + offs, (a * x + y) * SCALE, mask=mask)
+
+    assert launcher.FAST_LAUNCH and not launcher._launch_hooks()
+    before = len(launcher._fast_launches)
+    for i, (n, a, scale) in enumerate([(1000, 3, 1), (777, 5, 1), (1, 1, 1), (4097, 2, 1), (5000, 7, 2), (999, 9, 2)]):
+        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        out = torch.full((n,), float("nan"), device="cuda")
+        launcher.launch(axpy, (triton.cdiv(n, 256),), x, y, out, n, a, SCALE=scale, BLOCK=256)
+        torch.testing.assert_close(out, (a * x + y) * scale, rtol=1e-6, atol=1e-6, msg=f"launch {i}")
+    fast = [v for k, v in launcher._fast_launches.items() if k[0] is axpy]
+    assert len(launcher._fast_launches) > before and all(v is not launcher._NO_FAST_LAUNCH for v in fast), fast
+    assert len(fast) >= 3, "n == 1 and SCALE=2 must be variants of their own"
+
+
 DEAD_PEER_TIMEOUT_S = 2.0  # set after the warm-up call (GroupState.set_timeout)
 
 

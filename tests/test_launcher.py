@@ -78,3 +78,84 @@ def test_a_preloaded_variant_is_not_preloaded_again(monkeypatch):
     assert preload(FakeTensor(4096), 7, BM=128) == ["warmup", "load"]  # constexprs
     assert preload(FakeTensor(4096), None, BM=64) == ["warmup", "load"]
     assert preload(FakeTensor(4096), 7, BM=64) == []
+
+
+class FakeJitKernel:
+    """What the fast path reads of a Triton ``JITFunction``: ``params`` and ``signature``; ``kernel[grid]``
+    returns a compiled kernel whose ``run`` (the launcher) records its arguments."""
+
+    def __init__(self):
+        import inspect
+
+        def fn(x_ptr, n, flag_ptr, epoch, BM: "tl.constexpr" = 64, HAS_B: "tl.constexpr" = False):  # noqa: F821
+            pass
+
+        self.signature = inspect.signature(fn)
+        self.params = [type("P", (), {"name": n})() for n in self.signature.parameters]
+        self.slow, self.fast = [], []
+        kernel = self
+
+        class Compiled:
+            function, packed_metadata = "fn-handle", "meta"
+
+            def run(self, *a):
+                kernel.fast.append(a)
+
+        self.compiled = Compiled()
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.slow.append((grid, args, kwargs)) or self.compiled
+
+
+def test_fast_launch_calls_the_compiled_launcher_with_every_parameter_in_order(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(launcher, "_current_stream", lambda: 1234)
+    monkeypatch.setattr(launcher, "_launch_hooks", lambda: False)
+    monkeypatch.setattr(launcher, "_fast_launches", {})
+    k = FakeJitKernel()
+    x = __import__("torch").zeros(8)
+    launcher.launch(k, (4,), x, 7, x, 3, HAS_B=True, num_warps=8)  # first: Triton's path
+    assert len(k.slow) == 1 and not k.fast
+    launcher.launch(k, (6, 2), x, 9, x, 5, HAS_B=True, num_warps=8)  # same variant: the launcher directly
+    assert len(k.slow) == 1
+    assert k.fast == [(6, 2, 1, 1234, "fn-handle", "meta", None, None, None, x, 9, x, 5, 64, True)]
+    launcher.launch(k, (4,), x, 1, x, 5, HAS_B=True, num_warps=8)  # n == 1: Triton specialises it, a new variant
+    launcher.launch(k, (4,), x, 9, x, 5, HAS_B=True, num_warps=4)  # another compile option: a new variant
+    launcher.launch(k, (4,), x, 9, x, 5, HAS_B=False, num_warps=8)  # another constexpr: a new variant
+    assert len(k.slow) == 4 and len(k.fast) == 1
+    monkeypatch.setattr(launcher, "FAST_LAUNCH", False)
+    launcher.launch(k, (4,), x, 9, x, 5, HAS_B=True, num_warps=8)
+    assert len(k.slow) == 5 and len(k.fast) == 1
+
+
+def test_fast_launch_falls_back_where_triton_differs(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(launcher, "_current_stream", lambda: 1234)
+    monkeypatch.setattr(launcher, "_launch_hooks", lambda: False)
+    monkeypatch.setattr(launcher, "_fast_launches", {})
+    k = FakeJitKernel()
+    del type(k.compiled).packed_metadata  # another Triton: no fast path, Triton's launch every time
+    for n in (7, 9):
+        launcher.launch(k, (4,), None, n, None, 3)
+    assert len(k.slow) == 2 and not k.fast
+    monkeypatch.setattr(launcher, "_launch_hooks", lambda: True)  # a profiler's launch hooks: Triton's path
+    k2 = FakeJitKernel()
+    for n in (7, 9):
+        launcher.launch(k2, (4,), None, n, None, 3)
+    assert len(k2.slow) == 2 and not k2.fast
+
+
+def test_launch_hooks_are_unset_until_a_profiler_adds_one():
+    """Triton's launch hooks: an empty hook chain (Triton >= 3.5) or None (older) counts as unset."""
+    from triton import knobs
+
+    assert not launcher._launch_hooks()
+    hook = knobs.runtime.launch_enter_hook
+    if hasattr(hook, "add"):
+        f = lambda *a: None  # noqa: E731
+        hook.add(f)
+        try:
+            assert launcher._launch_hooks()
+        finally:
+            hook.remove(f)
+        assert not launcher._launch_hooks()

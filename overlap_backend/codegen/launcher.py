@@ -64,19 +64,121 @@ def launch(kernel, grid, *args, **kwargs):
                 init()
             _preloaded.add(key)
         return None
-    return kernel[grid](*args, **kwargs)
+    if not FAST_LAUNCH or interpreting() or _launch_hooks():
+        return kernel[grid](*args, **kwargs)
+    key = _variant_key(kernel, args, kwargs)
+    fast = _fast_launches.get(key)
+    if fast is None:  # first launch of this variant: Triton's own path (binds, compiles if needed, launches)
+        compiled = kernel[grid](*args, **kwargs)
+        _fast_launches[key] = _FastLaunch.of(kernel, compiled, len(args), kwargs)
+        return compiled
+    if fast is _NO_FAST_LAUNCH:
+        return kernel[grid](*args, **kwargs)
+    fast(grid, args, kwargs)
+    return fast.compiled
+
+
+# Triton's ``kernel[grid](...)`` binds every argument, specialises it (alignment, ==1, %16), looks
+# the variant up in its cache and checks the kernel's globals on every launch: tens of microseconds
+# for our 30-40-argument kernels, several times per op call, where eager calls at decode sizes are
+# host-bound. A variant ``_variant_key`` has seen is one Triton has compiled (see above), so later
+# launches of it call the compiled kernel's launcher directly with the same argument list Triton
+# builds (every parameter in order, defaults filled in). Off (``FAST_LAUNCH = False``), under the
+# interpreter and while Triton's launch hooks are set (profilers such as proton use them).
+FAST_LAUNCH = True
+_fast_launches: dict = {}
+_NO_FAST_LAUNCH = object()
+
+
+def _launch_hooks() -> bool:
+    try:
+        from triton import knobs
+    except ImportError:  # Triton < 3.4 has no knobs: keep its own launch path
+        return True
+    return _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook)
+
+
+def _hook_set(hook) -> bool:
+    """A hook (a function before Triton 3.5; since then a chain, always there, that may be empty)."""
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else hook is not None
+
+
+def _current_stream() -> int:
+    """The current CUDA stream's handle (what Triton launches on)."""
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+
+
+class _FastLaunch:
+    """A compiled variant's launcher, called as ``JITFunction.run`` calls it."""
+
+    def __init__(self, compiled, run, tail_names, defaults):
+        self.compiled, self.run, self.tail_names, self.defaults = compiled, run, tail_names, defaults
+        self.function, self.metadata = compiled.function, compiled.packed_metadata
+
+    @classmethod
+    def of(cls, kernel, compiled, npos: int, kwargs):
+        """The fast launch of ``compiled`` (what ``kernel[grid](...)`` returned for ``npos`` positional
+        arguments and these keywords), or ``_NO_FAST_LAUNCH`` where this Triton differs from the
+        layout assumed here (then every launch takes Triton's path)."""
+        try:
+            names = [p.name for p in kernel.params]
+            params = kernel.signature.parameters
+            if not all(k in params or k in _LAUNCH_OPTIONS for k in kwargs):
+                return _NO_FAST_LAUNCH
+            tail = names[npos:]
+            defaults = {n: params[n].default for n in tail if params[n].default is not params[n].empty}
+            if any(n not in kwargs and n not in defaults for n in tail):
+                return _NO_FAST_LAUNCH
+            return cls(compiled, compiled.run, tail, defaults)
+        except AttributeError:
+            return _NO_FAST_LAUNCH
+
+    def __call__(self, grid, args, kwargs):
+        vals = list(args)
+        for n in self.tail_names:
+            vals.append(kwargs[n] if n in kwargs else self.defaults[n])
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        self.run(grid[0], g1, g2, _current_stream(), self.function, self.metadata, None, None, None, *vals)
+
+
+# Keywords of a launch that are compile options, not kernel parameters (Triton's backend options).
+_LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
+                             "launch_cooperative_grid", "launch_pdl", "debug"})
 
 
 def _variant_key(kernel, args, kwargs) -> tuple:
+    # On every launch (the fast path's lookup): type tests first, the few distinct integers' classes
+    # remembered. The keywords' order is the caller's (a different order only makes another entry).
     sig = []
     for a in args:
-        if hasattr(a, "data_ptr"):
-            sig.append((getattr(a, "dtype", None), a.data_ptr() % 16 == 0))
-        elif isinstance(a, bool) or a is None:
+        t = type(a)
+        if t is int:
+            c = _int_classes.get(a)
+            if c is None:
+                c = ("int", a == 0, a == 1, a % 16 == 0, not -(2**31) <= a < 2**31)
+                if len(_int_classes) < 4096:
+                    _int_classes[a] = c
+            sig.append(c)
+        elif t is bool or a is None:
             sig.append(a)
-        elif isinstance(a, int):
-            sig.append(("int", a == 0, a == 1, a % 16 == 0, not -(2**31) <= a < 2**31))
+        elif hasattr(a, "data_ptr"):
+            sig.append((getattr(a, "dtype", None), a.data_ptr() % 16 == 0))
         else:
-            sig.append(type(a))
-    device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-    return (kernel, device, tuple(sig), tuple(sorted(kwargs.items(), key=lambda kv: kv[0])))
+            sig.append(t)
+    device = torch.cuda.current_device() if _cuda_available() else -1
+    return (kernel, device, tuple(sig), tuple(kwargs.items()))
+
+
+_int_classes: dict = {}
+
+
+def _cuda_available() -> bool:
+    global _CUDA
+    if _CUDA is None:
+        _CUDA = torch.cuda.is_available()
+    return _CUDA
+
+
+_CUDA = None
