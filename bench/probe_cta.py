@@ -13,7 +13,8 @@ the other's (``cuStreamWaitValue32``). Not a benchmark of record: a diagnostic.
 with other ``cta_symm`` settings (same process, so comparable with the defaults: machines differ
 by up to 15 % in the same kernel's time). ``--profile`` prints a cProfile of 20 eager calls per M on
 each rank (functions by own time); ``--host-breakdown`` the host time of each step of a call, with
-Triton's launch path and with ``codegen.launcher``'s fast path (and the op's time with each).
+Triton's launch path and with ``codegen.launcher``'s fast path (and the op's time with each);
+``--gpu-bound`` the GPU time per call of the op (and of TP2) with calls queued behind a GPU sleep.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def events_ms(fn, n=20, warm=3):
 
 
 def _op_variant(variant, cta_symm, timing, op):
-    """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back."""
+    """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back
+    (``timing`` None: GPU-bound, ``gpu_bound_ms``)."""
     names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS", "STAGE0_TAIL", "TAIL_COLS")
     saved = {n: getattr(cta_symm, n) for n in names}
     for part in variant.split("+"):
@@ -65,7 +67,8 @@ def _op_variant(variant, cta_symm, timing, op):
         else:
             raise SystemExit(f"unknown op variant {part!r}")
     try:
-        return timing.bench(op)[0]
+        op()  # the variant's first call lays out and compiles
+        return timing.bench(op)[0] if timing is not None else gpu_bound_ms(op)
     finally:
         for n, v in saved.items():
             setattr(cta_symm, n, v)
@@ -100,6 +103,29 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
             count_first_at_once="first" in parts)), 3)
     except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
         return f"{type(e).__name__}: {str(e)[:80]}"
+
+
+def gpu_bound_ms(fn, n=20, sleep_cycles=120_000_000):
+    """Time per call of ``n`` calls queued behind a GPU sleep (~60 ms) that outlasts their host
+    enqueue: the GPU runs them back to back, so this is the op's GPU time without the host's pace
+    (eager calls at small M are host-bound). Collective: every rank calls it at once."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    before.record()
+    torch.cuda._sleep(sleep_cycles)
+    start.record()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    enqueue_ms = (time.perf_counter() - t) * 1e3
+    end.record()
+    torch.cuda.synchronize()
+    gpu = start.elapsed_time(end) / n
+    sleep_ms = before.elapsed_time(start)
+    if enqueue_ms > 0.8 * sleep_ms:  # the queue may have drained: say so rather than report a host-paced time
+        print(f"gpu_bound_ms: enqueue {enqueue_ms:.1f} ms vs sleep ~{sleep_ms:.1f} ms: not GPU-bound", flush=True)
+    return gpu
 
 
 def _host_breakdown(op, rank, M, calls=20) -> str:
@@ -190,6 +216,9 @@ def main():
                         "stages4 (4 pipeline stages), bn128, "
                         "group8 (GROUP_M 8), first (first row group counted at once), and combinations joined by '+'")
     p.add_argument("--profile", action="store_true", help="cProfile of 20 eager calls per M (host time)")
+    p.add_argument("--gpu-bound", action="store_true",
+                   help="also time the op (ce, peer, each --op-variants) and TP2 with 20 calls queued behind a GPU "
+                        "sleep: GPU time per call without the host's pace")
     p.add_argument("--host-breakdown", action="store_true",
                    help="host time per call in each step, and the op's time, with and without launcher's fast path")
     p.add_argument("--op-variants", default="",
@@ -228,6 +257,22 @@ def main():
         cta_symm.TRANSPORT = "ce"
         for variant in filter(None, args.op_variants.split(",")):
             full[variant] = _op_variant(variant, cta_symm, timing, op)
+        if args.gpu_bound:
+            bound = {"ce": gpu_bound_ms(op)}
+            cta_symm.TRANSPORT = "peer"
+            bound["peer"] = gpu_bound_ms(op)
+            cta_symm.TRANSPORT = "ce"
+            for variant in filter(None, args.op_variants.split(",")):
+                bound[variant] = _op_variant(variant, cta_symm, None, op)
+
+            def tp2():  # the same MLP in TP2: these ranks' shards, cuBLAS, an NCCL all-reduce
+                y = torch.nn.functional.gelu(x @ w1, approximate="tanh") @ w2
+                dist.all_reduce(y)
+                return y
+
+            bound["TP2 (cuBLAS + NCCL)"] = gpu_bound_ms(tp2)
+            print(f"[gpu-bound rank {rank} M={M}] ms per call: " + ", ".join(f"{k} {v:.3f}" for k, v in bound.items()),
+                  flush=True)
         # Host time of one call (enqueue only), median of 20 after a sync.
         host = []
         for _ in range(20):
