@@ -87,13 +87,13 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     assert band_rows % BM == 0, (band_rows, BM)
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     assert not tma_store or (run == rows and rows % BM == 0), (tma_store, run, rows, BM)
-    grid = (min(num_sms, ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
+    grid = (min(num_sms, ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     fn, ptrs = epilogue_fn(epilogue, ep_ptrs, shard.dtype, out)
     launcher.launch(ag_mm_kernel, grid,
         shard, buf, b.t() if b_kmajor else b, bias if bias is not None else out, out,
         flags, epoch, *status, timeout_ns,
-        rank, rows, run, N, K, band_rows, max(1, triton.cdiv(rows, band_rows)), *ptrs,
+        rank, rows, run, N, K, band_rows, max(1, launcher.cdiv(rows, band_rows)), *ptrs,
         EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor,
         HAS_BIAS=bias is not None, PRECISION="ieee" if shard.dtype == torch.float32 else None,
         TIMED=timed, TMA_STORE=tma_store, num_stages=stages, num_warps=warps,

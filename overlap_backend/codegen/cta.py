@@ -340,7 +340,7 @@ def begin_kernel(epoch_ptr, peer_flags_ptr, ready_word, rank, WS: tl.constexpr):
 
 # ------------------------------------------------------------------------------------ launchers
 def padded_rows(M: int, BM: int) -> int:
-    return triton.cdiv(M, BM) * BM
+    return launcher.cdiv(M, BM) * BM
 
 
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
@@ -357,7 +357,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     assert w1.stride(1) == 1 and (w3 is None or w3.stride() == w1.stride()), (w1.stride(), w3 and w3.stride())
     fship = Fp if fship is None else fship
     assert fship == Fp or (fship % BN == 0 and keep is not None), (fship, Fp, BN)
-    grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Fp, BN))),)
+    grid = (max(1, min(num_sms, launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN))),)
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
@@ -382,11 +382,11 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     BM, BN, BK, GROUP_M, stages, warps = config
     fship = Fp if fship is None else fship
     assert kchunk % BK == 0 and Fp % BK == 0 and fship % BK == 0 and f1 % BK == 0, (kchunk, Fp, fship, f1, BK)
-    grid = (max(1, min(num_sms, triton.cdiv(M, BM) * triton.cdiv(Ns, BN))),)
+    grid = (max(1, min(num_sms, launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN))),)
     launcher.launch(stage1_kernel, grid,
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
         epoch, ready if ready is not None else counters, *status, timeout_ns,
-        rank, M, padded_rows(M, BM), Fp, fship, f1, N, Ns, consumer, kchunk, nch, triton.cdiv(f1, kchunk), y_flag_word,
+        rank, M, padded_rows(M, BM), Fp, fship, f1, N, Ns, consumer, kchunk, nch, launcher.cdiv(f1, kchunk), y_flag_word,
         part if part is not None else out, tail_flags if tail_flags is not None else counters,
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=not timed,
@@ -400,7 +400,7 @@ def launch_tail(keep, w2, peer_data, peer_flags, part_offset, counters, epoch, s
     dk, N = w2.shape
     Ns = N // tp
     BM, BN, BK, _, stages, warps = config
-    grid = (max(1, min(num_sms, tp * triton.cdiv(M, BM) * triton.cdiv(Ns, BN))),)
+    grid = (max(1, min(num_sms, tp * launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN))),)
     launcher.launch(tail_kernel, grid,
         keep, w2, peer_data, peer_flags, part_offset, counters, epoch, ready if ready is not None else counters,
         *status, timeout_ns, rank, M, dk, Ns, producer, tail_flag_word,
@@ -416,10 +416,10 @@ def launch_begin(epoch, peer_flags, ready_word, rank, ws):
 def launch_collect(y, out, y_flags, epoch, status, timeout_ns, rank, tp, skip, BM, timed=True, col_blocks=8):
     M, N = out.shape
     Ns = N // tp
-    tiles_m = triton.cdiv(M, BM)
+    tiles_m = launcher.cdiv(M, BM)
     bc = 64 if y.element_size() >= 4 else 128
-    col_blocks = max(1, min(col_blocks, triton.cdiv(Ns, bc)))
-    cols_per_block = triton.cdiv(triton.cdiv(Ns, col_blocks), bc) * bc
+    col_blocks = max(1, min(col_blocks, launcher.cdiv(Ns, bc)))
+    cols_per_block = launcher.cdiv(launcher.cdiv(Ns, col_blocks), bc) * bc
     grid = (tp * tiles_m * col_blocks,)
     launcher.launch(collect_kernel, grid, y, out, y_flags, epoch, *status, timeout_ns, rank, M, N, Ns, tiles_m, skip, col_blocks,
                          cols_per_block, BM=BM, BC=bc, TIMED=timed, num_warps=4)

@@ -217,15 +217,13 @@ def pointers(gen: Generated, args, outs=()) -> list:
 
 def apply_pointwise(gen: Generated, x: torch.Tensor, args, outs=(), out=None) -> torch.Tensor:
     """``epilogue(x)`` with the generated pointwise kernel (``x`` [M, N] contiguous)."""
-    import triton
-
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     m, n = x2.shape
     if out is None:
         out = torch.empty((m, n), dtype=spec_mod.out_dtype(gen.spec, x.dtype), device=x.device)
     ptrs = [p if p is not None else x2 for p in pointers(gen, args, outs)]
     bm, bn = 32, 64
-    launcher.launch(gen.pointwise, (triton.cdiv(m, bm), triton.cdiv(n, bn)), x2, out, m, n, *ptrs, BM=bm, BN=bn)
+    launcher.launch(gen.pointwise, (launcher.cdiv(m, bm), launcher.cdiv(n, bn)), x2, out, m, n, *ptrs, BM=bm, BN=bn)
     return out.view(*x.shape[:-1], n)
 
 

@@ -51,6 +51,12 @@ def preloading():
         _state.preload = prev
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for host code (grids, row counts): ``triton.cdiv`` is a constexpr function,
+    whose call from Python costs microseconds (argument unwrapping), several times per op call."""
+    return -(-a // b)
+
+
 def launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)``, or, inside ``preloading()``, its compilation and loading."""
     if getattr(_state, "preload", False):

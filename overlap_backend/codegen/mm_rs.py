@@ -165,14 +165,14 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     BM, BN, BK, GROUP_M, stages, warps, _ = config  # no TMA-store epilogue: stores are signalled
     assert band_rows % BM == 0, (band_rows, BM)
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
-    grid = (min(num_sms, rounds * ws * triton.cdiv(rows, BM) * triton.cdiv(N, BN)),)
+    grid = (min(num_sms, rounds * ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     launcher.launch(mm_rs_kernel, grid,
         a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv,
         gather if gather is not None else out, out,
         counters, done, recv_flags, ticket, epoch, *status, timeout_ns,
         rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out.shape[0], band_rows,
-        max(1, triton.cdiv(rows, band_rows)),
+        max(1, launcher.cdiv(rows, band_rows)),
         *((peer["data"], peer["flags"], peer["ready"], peer["gather_offset"], peer["rs_flag_word"],
            peer["ag_flag_word"]) if peer is not None else (counters, counters, counters, 0, 0, 0)), *ptrs,
         EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,

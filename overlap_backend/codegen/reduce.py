@@ -40,7 +40,7 @@ def launch(own, recv, out, recv_flags, epoch, status, timeout_ns, rank, ws, aver
     fn, ptrs = epilogue_fn(epilogue, ep_ptrs, own.dtype, out)
     M, N = own.shape
     BM, BN = 32, 256
-    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
+    grid = (launcher.cdiv(M, BM), launcher.cdiv(N, BN))
     launcher.launch(oneshot_sum_kernel, grid,
         own, recv, out, recv_flags, epoch, *status, timeout_ns, rank, M, N, *ptrs,
         EPILOGUE=fn, WS=ws, BM=BM, BN=BN, AVERAGE=average, TIMED=timed, num_warps=4,

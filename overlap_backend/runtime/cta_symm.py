@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -85,10 +85,27 @@ class _Placement:
     b2: Tensor | None = None  # stage 1: [N/tp] float32, the sum of every rank's b2
     w2_tail: Tensor | None = None  # stage 0: the W2 rows [tail_rows[0], tail_rows[1]) its tails can take, [., N]
     tail_rows: tuple[int, int] = (0, 0)
+    first_views: dict = field(default_factory=dict)  # first_gemm_weights, per share
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.w1, self.b1, self.w3, self.b3, self.w2, self.b2,
                                                           self.w2_tail) if t is not None)
+
+    def first_gemm_weights(self, stage: int, idx: int, tp: int, F: int, f1: int, hi: int) -> tuple:
+        """(w1, b1, w3, b3) of a call's part of the first GEMM, views into this placement (which
+        covers every share up to ``hi``, see ``_place``): stage-0 rank ``idx``'s columns
+        ``[idx*(F-f1)/tp, (idx+1)*(F-f1)/tp)``, or the stage-1 share, the last ``f1`` columns.
+        Made once per share (slicing costs host time on every call)."""
+        key = (stage, idx, tp, F, f1, hi)
+        views = self.first_views.get(key)
+        if views is None:
+            if stage == 0:
+                cols = slice(idx * (hi - f1) // tp, idx * (hi - f1) // tp + (F - f1) // tp)
+            else:
+                cols = slice(hi - f1, hi)
+            views = self.first_views[key] = tuple(None if t is None else (t[:, cols] if t.dim() == 2 else t[cols])
+                                                  for t in (self.w1, self.b1, self.w3, self.b3))
+        return views
 
     def valid(self, tensors) -> bool:
         return all((r is None and t is None) or (r is not None and t is not None and _same_storage(r, t))
@@ -119,12 +136,12 @@ def _cached(cache: dict, key, compute):
 def _settings() -> tuple:
     """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
     return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
-            TAIL_COLS, COUNT_FIRST_GROUP_AT_ONCE, tuple(sorted(STAGE0_CONFIG.items())), STAGE1_CONFIG,
-            tuple(sorted(STAGE0_CONFIG_FP32.items())), STAGE1_CONFIG_FP32)
+            TAIL_COLS, COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False], STAGE0_CONFIG[True], STAGE1_CONFIG,
+            STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
 
 
 def _shapes(*tensors) -> tuple:
-    return tuple(None if t is None else (tuple(t.shape), t.dtype, t.device.type) for t in tensors)
+    return tuple(None if t is None else (t.shape, t.dtype, t.device.type) for t in tensors)  # torch.Size hashes
 
 
 def prune_placements() -> int:
@@ -393,7 +410,8 @@ def k_chunks(fp: int, bn0: int, bk1: int, groups: int, tp: int) -> tuple[int, in
 def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name):
     args = (x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name)
     ws = _group_size(group_name)
-    verdict_key = (_shapes(x, w1, b1, w3, b3, w2, b2), activation, approximate, stages, ws)
+    shapes = _shapes(x, w1, b1, w3, b3, w2, b2)
+    verdict_key = (shapes, activation, approximate, stages, ws)
     why = _cached(_verdicts, verdict_key,
                   lambda: _problem(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, ws))
     st = None if why else symm.state(group_name, x.device)
@@ -422,7 +440,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     cfg0, cfg1, f1, kchunk, nch, nch1 = plan.cfg0, plan.cfg1, plan.f1, plan.kchunk, plan.nch, plan.nch1
     bm, group_m, tiles_m, groups = cfg0[0], cfg0[3], plan.tiles_m, plan.groups
     fp = (F - f1) // tp
-    first = _first_gemm_weights(placed, stage, idx, tp, F, f1, plan.window[1])
+    first = placed.first_gemm_weights(stage, idx, tp, F, f1, plan.window[1])
     tail = plan.tail
     es = x.element_size()
     mp = tiles_m * bm
@@ -484,7 +502,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
 
     # Every pointer argument is 16-byte aligned (x via _aligned, placed weights and views at whole
     # tiles, buffers from the allocator), so the kernel variants follow from this key alone.
-    call_key = (plan_key, r, activation, approximate, _shapes(b1, b3, b2), x.device.index, st.timeout_ns, graph)
+    call_key = (plan_key, r, activation, approximate, shapes, x.device.index, st.timeout_ns, graph)
     def preload() -> bool:
         with launcher.preloading():  # compile and load before the stream waits below (codegen/launcher.py)
             gemms()
@@ -523,18 +541,6 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     else:
         st.end(compute)
     return out
-
-
-def _first_gemm_weights(placed: _Placement, stage: int, idx: int, tp: int, F: int, f1: int, hi: int) -> tuple:
-    """(w1, b1, w3, b3) of this call's part of the first GEMM, views into the placement (which
-    covers every share up to ``hi``, see ``_place``): stage-0 rank ``idx``'s columns
-    ``[idx*(F-f1)/tp, (idx+1)*(F-f1)/tp)``, or the stage-1 share, the last ``f1`` columns."""
-    if stage == 0:
-        cols = slice(idx * (hi - f1) // tp, idx * (hi - f1) // tp + (F - f1) // tp)
-    else:
-        cols = slice(hi - f1, hi)
-    return tuple(None if t is None else (t[:, cols] if t.dim() == 2 else t[cols])
-                 for t in (placed.w1, placed.b1, placed.w3, placed.b3))
 
 
 def _staging_buffer(x: Tensor, numel: int, what: str) -> Tensor:
