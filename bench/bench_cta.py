@@ -246,8 +246,11 @@ def run(args) -> int:
                     row[f"{lay.name} path"] = "p2p"
                 ok &= err <= 2e-2
                 if lay.sweep:
-                    row[lay.name], row[f"{lay.name} kc"] = _sweep_k_chunks(timing, fn, args.k_chunks, row, lay.name,
-                                                                          args.transports)
+                    tails = args.swiglu_tails if act == "swiglu" and lay.lowering == "symm" else (False,)
+                    row[lay.name], row[f"{lay.name} kc"] = _sweep_k_chunks(
+                        timing, fn, args.k_chunks, row, lay.name, args.transports, tails,
+                        check=lambda out, ref=refs[lay.group]: common.rel_err(out.float(), ref))
+                    ok &= row.get(f"{lay.name} err tail", 0.0) <= 2e-2
                 else:
                     row[lay.name], _ = timing.bench(fn)
                     row[f"{lay.name} kc"] = "—"
@@ -289,22 +292,29 @@ def run(args) -> int:
     return 0 if ok else 1
 
 
-def _sweep_k_chunks(timing, fn, values, row, name, transports=("ce", "peer")):
-    """Time ``fn`` for each transport (cta_symm.TRANSPORT) and K-chunk count (cta_symm.K_CHUNKS,
-    the stage-1 wait granularity); keep every time in ``row``; return (best time, "transport/count")."""
+def _sweep_k_chunks(timing, fn, values, row, name, transports=("ce", "peer"), swiglu_tails=(False,), check=None):
+    """Time ``fn`` for each transport (cta_symm.TRANSPORT), K-chunk count (cta_symm.K_CHUNKS, the
+    stage-1 wait granularity) and SwiGLU tail setting (cta_symm.SWIGLU_TAIL; with tails, the result
+    is checked first: ``check(out)`` -> relative error, kept as "<name> err tail"); keep every time
+    in ``row``; return (best time, "transport/count[+tail]")."""
     from overlap_backend.runtime import cta_symm
 
-    default, best = (cta_symm.TRANSPORT, cta_symm.K_CHUNKS), None
+    default, best = (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL), None
     try:
-        for transport in transports:
-            for kc in values:
-                cta_symm.TRANSPORT, cta_symm.K_CHUNKS = transport, kc
-                t, _ = timing.bench(fn)
-                row[f"{name} {transport} kc={kc}"] = t
-                if best is None or t < best[0]:
-                    best = (t, f"{transport}/{kc}")
+        for tails in swiglu_tails:
+            cta_symm.SWIGLU_TAIL = tails
+            if tails and check is not None:
+                row[f"{name} err tail"] = check(fn())
+            for transport in transports:
+                for kc in values:
+                    cta_symm.TRANSPORT, cta_symm.K_CHUNKS = transport, kc
+                    label = f"{transport}/{kc}" + ("+tail" if tails else "")
+                    t, _ = timing.bench(fn)
+                    row[f"{name} {transport} kc={kc}" + (" tail" if tails else "")] = t
+                    if best is None or t < best[0]:
+                        best = (t, label)
     finally:
-        cta_symm.TRANSPORT, cta_symm.K_CHUNKS = default
+        cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL = default
     return best
 
 
@@ -410,6 +420,8 @@ def parse_args(argv=None):
     p.add_argument("--micro-batches", default="2,4,8")
     p.add_argument("--k-chunks", default="4,8,16", help="K-chunks per stage-0 rank to sweep (ours)")
     p.add_argument("--transports", default="ce,peer", help="stage-0 transports to sweep (ours): ce, peer")
+    p.add_argument("--swiglu-tails", default="off",
+                   help="SwiGLU stage-0 tails to sweep (ours, symm; cta_symm.SWIGLU_TAIL): off, on, or off,on")
     p.add_argument("--graphs", action="store_true", help="also time the baselines captured in CUDA graphs")
     p.add_argument("--trace", metavar="DIR", help="torch.profiler traces of ours on ranks 0 and 1")
     p.add_argument("--trace-m", default="4096", help="with --trace: the M values to trace")
@@ -425,6 +437,10 @@ def parse_args(argv=None):
     args.micro_batches = [int(v) for v in args.micro_batches.split(",")]
     args.k_chunks = [int(v) for v in args.k_chunks.split(",")]
     args.transports = [t for t in args.transports.split(",") if t]
+    tails = [v for v in args.swiglu_tails.split(",") if v]
+    if not tails or any(v not in ("on", "off") for v in tails):
+        p.error("--swiglu-tails: off, on, or off,on")
+    args.swiglu_tails = tuple(dict.fromkeys(v == "on" for v in tails))
     args.trace_m = {int(v) for v in args.trace_m.split(",")}
     return args
 

@@ -185,6 +185,43 @@ def test_cta_symm_takes_the_bench_sizes(bench, ws):
         assert why is not None and "stages=4" in why
 
 
+def test_cta_swiglu_tails_sweep(bench):
+    """``--swiglu-tails off,on`` times ours with and without SwiGLU stage-0 tails, checks the result
+    with tails first, labels the best variant, and leaves cta_symm's settings as they were; the
+    bench's sizes keep within the flag budget with tails too."""
+    from overlap_backend.runtime import cta_symm, symm
+
+    c = bench["bench_cta"]
+    assert c.parse_args([]).swiglu_tails == (False,)
+    assert c.parse_args(["--swiglu-tails", "off,on"]).swiglu_tails == (False, True)
+    with pytest.raises(SystemExit):
+        c.parse_args(["--swiglu-tails", "yes"])
+    seen = []
+
+    class Timing:
+        def bench(self, fn):
+            seen.append((cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL))
+            return (1.0 if cta_symm.SWIGLU_TAIL else 2.0) + cta_symm.K_CHUNKS / 100, None
+
+    before = (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL)
+    row = {}
+    best = c._sweep_k_chunks(Timing(), lambda: "out", [4, 8], row, "CTA 2", ("ce",), (False, True),
+                             check=lambda out: 0.001 if cta_symm.SWIGLU_TAIL and out == "out" else 1.0)
+    assert best == (1.04, "ce/4+tail") and row["CTA 2 err tail"] == 0.001
+    assert row["CTA 2 ce kc=8"] == 2.08 and row["CTA 2 ce kc=8 tail"] == 1.08
+    assert seen == [("ce", 4, False), ("ce", 8, False), ("ce", 4, True), ("ce", 8, True)]
+    assert (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL) == before
+    args = c.parse_args([])
+    try:
+        cta_symm.SWIGLU_TAIL = True
+        for M in args.m:
+            for ws in (2, 4, 8):
+                assert _cta_symm_problem(cta_symm, symm, M, args.hidden, args.ffn, args.hidden, "swiglu", ws,
+                                         args.k_chunks) is None, (M, ws)
+    finally:
+        cta_symm.SWIGLU_TAIL = before[2]
+
+
 class _Meta:
     """A tensor as cta_symm._problem looks at it (shape, dtype, device), without memory."""
 

@@ -478,6 +478,38 @@ def test_host_path_matches_mlp(monkeypatch, ws, act, F_, gelu_shares, transport)
     assert len(fake.preloads) == ws * (2 if gelu_shares[0] != gelu_shares[1] else 1), fake.preloads
 
 
+@pytest.mark.parametrize("transport", ["ce", "peer"])
+@pytest.mark.parametrize("ws,F_", [(2, 1024), (4, 2048)])
+def test_host_path_swiglu_tails(monkeypatch, ws, F_, transport):
+    """SwiGLU with stage-0 tails (``SWIGLU_TAIL``, one row group): a larger stage-1 share pays for
+    them, the stages' work still balances, and every rank's result is the MLP's; with more row
+    groups the plan keeps the tail-less share (the placement covers both)."""
+    from overlap_backend.runtime import cta_symm
+
+    monkeypatch.setattr(cta_symm, "SWIGLU_TAIL", True)
+    fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=8)
+    M, H, N, tp = fake.M, fake.H, fake.N, ws // 2
+    plan = cta_symm.chunk_plan(M, F_, N, tp, True, torch.float32, 8, H=H)
+    base = cta_symm.stage1_share(F_, tp, True)
+    assert plan.groups == 1 and plan.tail > 0 and plan.fship > 0 and plan.f1 >= base > 0, plan
+    fp = (F_ - plan.f1) // tp
+    stage0 = 2 * H * fp + N * plan.tail  # per row: gate+up columns, then the tail's W2 rows (all N)
+    stage1 = 2 * H * plan.f1 + (F_ - tp * plan.tail) * N // tp
+    assert abs(stage0 - stage1) <= 2 * H * 256 + N * 32, (stage0, stage1, plan)  # balanced to whole tiles
+    many = cta_symm.chunk_plan(16 * 64, F_, N, tp, True, torch.float32, 8, H=H)
+    assert many.groups > 1 and many.tail == 0 and many.f1 == base, many
+    lo, hi, _ = cta_symm.share_window(F_, tp, True)
+    assert lo == base and hi == plan.f1
+    for call in range(2):
+        x = fake.xs * (call + 1)
+        outs = fake.call(x, "swiglu")
+        ref = fake.reference(x, "swiglu")
+        for r in range(ws):
+            assert fake.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
+            torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
+    assert len(cta_symm._placements) == ws
+
+
 def test_missing_tail_times_out_with_a_report(monkeypatch):
     """A stage-0 rank whose tail never comes (its tail kernel did not run): the stage-1 epilogue gives
     up on the first row block's tail and reports which stage-0 rank and row block it waited for."""

@@ -61,6 +61,12 @@ GELU_SHARE_COLS: int | None = None  # bench/ override of the per-call GELU share
 STAGE0_TAIL = True
 TAIL_MAX = 0.3
 TAIL_COLS: int | None = None  # bench/ override of the per-call tail (columns per stage-0 rank)
+# SwiGLU, one row group: the same tails, paid for by a larger stage-1 share so that the stages still
+# balance (swiglu_tail_share). Each stage-0 rank keeps about SWIGLU_TAIL_FRACTION of its columns, one
+# K-chunk's worth: the last chunk stage 1 would otherwise still consume after stage 0 finished.
+# Off until measured on GPUs (bench/probe_cta.py --op-variants swiglutail); CPU-tested.
+SWIGLU_TAIL = False
+SWIGLU_TAIL_FRACTION = 0.2
 # Stage 0 counts the first row group's tiles right after their stores, not a main loop later: they
 # are the pipeline's fill. Measured on 2xH200 (bench/probe_cta.py, GELU): 3.17 vs 3.25 ms at M=4096,
 # 0.60 vs 0.66 at M=512 (noisy there), equal at 1024.
@@ -136,7 +142,7 @@ def _cached(cache: dict, key, compute):
 def _settings() -> tuple:
     """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
     return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
-            TAIL_COLS, COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False], STAGE0_CONFIG[True], STAGE1_CONFIG,
+            TAIL_COLS, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False], STAGE0_CONFIG[True], STAGE1_CONFIG,
             STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
 
 
@@ -302,11 +308,15 @@ def share_window(F: int, tp: int, swiglu: bool) -> tuple[int, int, int]:
     most tail columns per stage-0 rank (``stage0_tail``); the placement keeps the weights for all
     of them, so it does not depend on M."""
     if swiglu:
-        f1 = _swiglu_share(F, tp)
-        return f1, f1, 0
+        f1, hi = _swiglu_share(F, tp), swiglu_tail_share(F, tp)
+        return f1, max(f1, hi), (_tail_max(F, tp) if hi else 0)
     unit = _share_unit(tp)
     hi = int(F * GELU_SHARE_MAX) // unit * unit if GELU_FILL_SHARE else 0
-    return 0, hi, (int(F * TAIL_MAX) // tp // 128 * 128 if STAGE0_TAIL else 0)
+    return 0, hi, _tail_max(F, tp)
+
+
+def _tail_max(F: int, tp: int) -> int:
+    return int(F * TAIL_MAX) // tp // 128 * 128 if STAGE0_TAIL else 0
 
 
 def _swiglu_share(F: int, tp: int) -> int:
@@ -316,14 +326,29 @@ def _swiglu_share(F: int, tp: int) -> int:
     return (F // (2 * (tp + 1))) // unit * unit
 
 
+def swiglu_tail_share(F: int, tp: int) -> int:
+    """SwiGLU's stage-1 share when stage 0 keeps tails (one row group; 0: no tails). With a tail of
+    ``t`` columns per stage-0 rank, the balance of ``stage1_share`` becomes (H = N, first-GEMM
+    columns cost 2H, W2 rows N): ``2 (F - f1) / tp + t = 2 f1 + (F - tp t) / tp``, i.e.
+    ``f1 = F / (2 (tp + 1)) + tp t / (tp + 1)``; ``t`` about ``SWIGLU_TAIL_FRACTION`` of a stage-0
+    rank's columns. ``stage0_tail`` then sizes the tail for the rounded share (any H, N)."""
+    base = _swiglu_share(F, tp)
+    if not (SWIGLU_TAIL and STAGE0_TAIL and base):
+        return 0
+    unit = _share_unit(tp)
+    t = min(int((F - base) // tp * SWIGLU_TAIL_FRACTION), _tail_max(F, tp))
+    return (base + tp * t // (tp + 1) + unit // 2) // unit * unit
+
+
 def stage1_share(F: int, tp: int, swiglu: bool, tiles_m: int | None = None, bn: int = 256,
-                 num_sms: int = 132) -> int:
+                 num_sms: int = 132, one_group: bool = False) -> int:
     """Columns of the first GEMM that every stage-1 rank computes itself (``f1``, the last ones),
     before its own GEMM, which reads them first.
 
     - **SwiGLU** (balance): its first stage is two GEMMs, its second one; with ``f1`` columns moved,
       stage 0 does ``2 (F - f1) / tp`` and stage 1 ``2 f1 + F / tp`` (in units of H x N GEMM
-      columns): equal at ``f1 = F / (2 (tp + 1))``.
+      columns): equal at ``f1 = F / (2 (tp + 1))``; more with tails (``one_group`` and
+      ``SWIGLU_TAIL``: ``swiglu_tail_share``).
     - **GELU** (fill): stage 1 would idle until stage 0's first round of tiles (one tile's time,
       about 0.1 ms at H=8192 on an H200) made the first K-chunk. With ``f1`` columns of its own, as
       many as one round of its own tiles of ``tiles_m`` row blocks x ``bn`` columns covers
@@ -332,7 +357,7 @@ def stage1_share(F: int, tp: int, swiglu: bool, tiles_m: int | None = None, bn: 
 
     Whole units of ``lcm(256, 128 tp)`` columns."""
     if swiglu:
-        return _swiglu_share(F, tp)
+        return (one_group and swiglu_tail_share(F, tp)) or _swiglu_share(F, tp)
     lo, hi, _ = share_window(F, tp, False)
     if hi == 0 or tiles_m is None:
         return 0
@@ -368,9 +393,10 @@ def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: in
     tiles_m = -(-M // cfg0[0])
     groups = -(-tiles_m // cfg0[3])
     window = share_window(F, tp, swiglu)
-    f1 = stage1_share(F, tp, swiglu, tiles_m, cfg0[1], num_sms)
+    f1 = stage1_share(F, tp, swiglu, tiles_m, cfg0[1], num_sms, one_group=groups == 1)
     fp = (F - f1) // tp
-    tail = stage0_tail(F, N, H if H is not None else N, tp, f1, fp, groups, cfg0[1], window[2])
+    h = H if H is not None else N
+    tail = stage0_tail(F, N, 2 * h if swiglu else h, tp, f1, fp, groups, cfg0[1], window[2])
     kchunk, nch = k_chunks(fp - tail, cfg0[1], cfg1[2], groups, tp)
     return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, kchunk, nch, -(-f1 // kchunk))
 
@@ -380,7 +406,8 @@ def stage0_tail(F: int, N: int, H: int, tp: int, f1: int, fp: int, groups: int, 
 
     Only with one row group: every stage-1 tile then finishes at the end, when the tails' partial
     products are there (with more groups the first ones would wait for them). Sized so that both
-    stages do the same work: per rank, stage 0 ``(F - f1)/tp`` first-GEMM columns (cost H each) and
+    stages do the same work (``H``: a first-GEMM column's cost, the hidden size, twice it for
+    SwiGLU's gate and up): per rank, stage 0 ``(F - f1)/tp`` first-GEMM columns (cost H each) and
     ``d/tp`` W2 rows (cost N each), stage 1 ``f1`` columns and ``(F - d)/tp`` rows of its ``N/tp``
     columns: equal at ``d = (f1 H (tp + 1) + F (N - H)) / (2 N)``. Stage 0 ships whole tiles of
     ``bn`` columns, at least one; at most ``tail_max``."""
