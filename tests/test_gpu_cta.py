@@ -8,6 +8,7 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
 - numerics on fresh random data for GELU (erf, tanh) and SwiGLU, with and without biases, bf16,
   fp16 and fp32, M not a multiple of the tile (1, 200, 129 rows), M over several row groups; the
   group's symmetric buffer is poisoned with NaN before the checked call (stale data would show);
+  the SwiGLU cases again with stage-0 tails (``cta_symm.SWIGLU_TAIL``);
 - 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical;
 - an in-place weight update (version counter) is seen by the next call (the placement is redone);
 - what the kernels do not cover (``stages=3``) falls back to p2p and is still right;
@@ -116,6 +117,33 @@ def cta_worker(rank: int, ws: int, device: str):
             bad.append(f"rank {rank}: {label} did not run on the symm kernels ({dict(symm_lowering.PATHS)})")
         if not err <= _tol(dtype):
             bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
+
+    # SwiGLU with stage-0 tails (cta_symm.SWIGLU_TAIL, off by default until measured): the SwiGLU
+    # cases again, poisoned buffers, at least one of them with a tail (one row group).
+    from overlap_backend.runtime import cta_symm
+
+    tails_ran = 0
+    cta_symm.SWIGLU_TAIL = True
+    try:
+        for M, H, F, N, act, approximate, bias, dtype in CASES:
+            if act != "swiglu":
+                continue
+            tp = ws // 2
+            tails_ran += cta_symm.chunk_plan(M, F, N, tp, True, dtype, torch.cuda.get_device_properties(
+                device).multi_processor_count, H=H).tail > 0
+            args = _shards(ws, M, H, F, N, act, bias, dtype, device)
+            call(args, act, approximate)  # the placement with the tails' window
+            _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
+            args = _shards(ws, M, H, F, N, act, bias, dtype, device)
+            err = _rel_err(call(args, act, approximate), _reference(args, act, approximate, group))
+            label = f"SwiGLU tails: M={M} H={H} F={F} N={N} bias={bias} {dtype}"
+            report.append(f"{label}: rel err {err:.2e}")
+            if not err <= _tol(dtype):
+                bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
+    finally:
+        cta_symm.SWIGLU_TAIL = False
+    if not tails_ran and ws <= 4:  # at tp=4 the shares' whole units (512 columns) leave these F no tail
+        bad.append(f"rank {rank}: no SwiGLU case had a stage-0 tail")
 
     # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical.
     M, H, F, N = 300, 512, 2048, 512

@@ -397,6 +397,9 @@ def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: in
     fp = (F - f1) // tp
     h = H if H is not None else N
     tail = stage0_tail(F, N, 2 * h if swiglu else h, tp, f1, fp, groups, cfg0[1], window[2])
+    if swiglu and not tail and f1 != window[0]:  # no tail to pay for (e.g. N << 2H): the balanced share
+        f1 = window[0]
+        fp = (F - f1) // tp
     kchunk, nch = k_chunks(fp - tail, cfg0[1], cfg1[2], groups, tp)
     return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, kchunk, nch, -(-f1 // kchunk))
 
