@@ -46,9 +46,9 @@ def events_ms(fn, n=20, warm=3):
     return statistics.median(common.Timing(torch.device("cuda"))._elapsed_ms(fn, n))
 
 
-def _op_variant(variant, cta_symm, timing, op):
+def _op_variant(variant, cta_symm, timing, op, queued=20):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back
-    (``timing`` None: GPU-bound, ``gpu_bound_ms``)."""
+    (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
     names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS", "STAGE0_TAIL", "TAIL_COLS")
     saved = {n: getattr(cta_symm, n) for n in names}
     for part in variant.split("+"):
@@ -68,7 +68,7 @@ def _op_variant(variant, cta_symm, timing, op):
             raise SystemExit(f"unknown op variant {part!r}")
     try:
         op()  # the variant's first call lays out and compiles
-        return timing.bench(op)[0] if timing is not None else gpu_bound_ms(op)
+        return timing.bench(op)[0] if timing is not None else gpu_bound_ms(op, queued)
     finally:
         for n, v in saved.items():
             setattr(cta_symm, n, v)
@@ -258,19 +258,22 @@ def main():
         for variant in filter(None, args.op_variants.split(",")):
             full[variant] = _op_variant(variant, cta_symm, timing, op)
         if args.gpu_bound:
-            bound = {"ce": gpu_bound_ms(op)}
+            # Fewer calls at large M: each queues tp*G*nch copy-engine pushes (3 stream operations
+            # each), and a full stream queue would make the host wait (M=4096: 32 blocks per call).
+            queued = max(4, min(20, 20 * 1024 // M))
+            bound = {"ce": gpu_bound_ms(op, queued)}
             cta_symm.TRANSPORT = "peer"
-            bound["peer"] = gpu_bound_ms(op)
+            bound["peer"] = gpu_bound_ms(op, queued)
             cta_symm.TRANSPORT = "ce"
             for variant in filter(None, args.op_variants.split(",")):
-                bound[variant] = _op_variant(variant, cta_symm, None, op)
+                bound[variant] = _op_variant(variant, cta_symm, None, op, queued)
 
             def tp2():  # the same MLP in TP2: these ranks' shards, cuBLAS, an NCCL all-reduce
                 y = torch.nn.functional.gelu(x @ w1, approximate="tanh") @ w2
                 dist.all_reduce(y)
                 return y
 
-            bound["TP2 (cuBLAS + NCCL)"] = gpu_bound_ms(tp2)
+            bound["TP2 (cuBLAS + NCCL)"] = gpu_bound_ms(tp2, queued)
             print(f"[gpu-bound rank {rank} M={M}] ms per call: " + ", ".join(f"{k} {v:.3f}" for k, v in bound.items()),
                   flush=True)
         # Host time of one call (enqueue only), median of 20 after a sync.
