@@ -103,6 +103,25 @@ def graph_rows(tokens, cases, rank):
     return rows
 
 
+def _alternating(cases, tokens, rank, variants, select):
+    """Host time of the ag_mm and mm_rs calls under each of ``variants`` (``select(variant)`` switches
+    to it), in three alternating rounds, the median round kept; the caller restores the default."""
+    rows = []
+    for case in ("ag_mm", "mm_rs"):
+        ab = {v: [] for v in variants}
+        for _ in range(3):
+            for variant in ab:
+                select(variant)
+                ab[variant].append(host_us(cases[case]))
+        for variant, values in ab.items():
+            us = sorted(values)[1]
+            rows.append({"tokens": tokens, "case": f"{case} ({variant})", "host_us_per_call": us})
+            if rank == 0:
+                print(f"tokens {tokens:5d}  {case + ' (' + variant + ')':28s} host {us:8.1f} us/call "
+                      f"(rounds {', '.join(f'{v:.0f}' for v in values)})", flush=True)
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--profile", action="store_true")
@@ -140,35 +159,20 @@ def main():
             from overlap_backend.runtime import cuda as _cuda
 
             fast = _cuda._fast
-            for case in ("ag_mm", "mm_rs"):
-                ab = {"ctypes": [], "cuda-python": []}
-                for _ in range(3):
-                    for variant in ab:
-                        _cuda._fast = fast if variant == "ctypes" else (lambda: None)
-                        ab[variant].append(host_us(cases[case]))
-                _cuda._fast = fast
-                for variant, values in ab.items():
-                    us = sorted(values)[1]
-                    results.append({"tokens": tokens, "case": f"{case} ({variant})", "host_us_per_call": us})
-                    if rank == 0:
-                        print(f"tokens {tokens:5d}  {case + ' (' + variant + ')':28s} host {us:8.1f} us/call "
-                              f"(rounds {', '.join(f'{v:.0f}' for v in values)})", flush=True)
+
+            def stream_ops(variant):
+                _cuda._fast = fast if variant == "ctypes" else (lambda: None)
+
+            results += _alternating(cases, tokens, rank, ("ctypes", "cuda-python"), stream_ops)
+            _cuda._fast = fast
         if args.launch_ab:
             from overlap_backend.codegen import launcher
 
-            for case in ("ag_mm", "mm_rs"):
-                ab = {"fast launch": [], "Triton launch": []}
-                for _ in range(3):
-                    for variant in ab:
-                        launcher.FAST_LAUNCH = variant == "fast launch"
-                        ab[variant].append(host_us(cases[case]))
-                launcher.FAST_LAUNCH = True
-                for variant, values in ab.items():
-                    us = sorted(values)[1]
-                    results.append({"tokens": tokens, "case": f"{case} ({variant})", "host_us_per_call": us})
-                    if rank == 0:
-                        print(f"tokens {tokens:5d}  {case + ' (' + variant + ')':28s} host {us:8.1f} us/call "
-                              f"(rounds {', '.join(f'{v:.0f}' for v in values)})", flush=True)
+            def launches(variant):
+                launcher.FAST_LAUNCH = variant == "fast launch"
+
+            results += _alternating(cases, tokens, rank, ("fast launch", "Triton launch"), launches)
+            launcher.FAST_LAUNCH = True
         if args.profile and tokens != TOKENS:
             for case in ("ag_mm", "mm_rs"):
                 prof = cProfile.Profile()

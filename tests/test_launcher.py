@@ -1,6 +1,8 @@
 """``codegen.launcher``: inside ``preloading()`` a launch compiles and loads the kernel variant
 (Triton's ``warmup`` + ``_init_handles``) and launches nothing; outside it launches."""
 
+import pytest
+
 from overlap_backend.codegen import launcher
 
 
@@ -107,11 +109,18 @@ class FakeJitKernel:
         return lambda *args, **kwargs: self.slow.append((grid, args, kwargs)) or self.compiled
 
 
-def test_fast_launch_calls_the_compiled_launcher_with_every_parameter_in_order(monkeypatch):
+@pytest.fixture
+def fast_path(monkeypatch):
+    """The fast path on, as on a GPU without profiler hooks: stream 1234, no variant seen yet."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(launcher, "_current_stream", lambda: 1234)
     monkeypatch.setattr(launcher, "_launch_hooks", lambda: False)
     monkeypatch.setattr(launcher, "_fast_launches", {})
+    return monkeypatch
+
+
+def test_fast_launch_calls_the_compiled_launcher_with_every_parameter_in_order(fast_path):
+    monkeypatch = fast_path
     k = FakeJitKernel()
     x = __import__("torch").zeros(8)
     launcher.launch(k, (4,), x, 7, x, 3, HAS_B=True, num_warps=8)  # first: Triton's path
@@ -128,11 +137,8 @@ def test_fast_launch_calls_the_compiled_launcher_with_every_parameter_in_order(m
     assert len(k.slow) == 5 and len(k.fast) == 1
 
 
-def test_fast_launch_falls_back_where_triton_differs(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(launcher, "_current_stream", lambda: 1234)
-    monkeypatch.setattr(launcher, "_launch_hooks", lambda: False)
-    monkeypatch.setattr(launcher, "_fast_launches", {})
+def test_fast_launch_falls_back_where_triton_differs(fast_path):
+    monkeypatch = fast_path
     k = FakeJitKernel()
     del type(k.compiled).packed_metadata  # another Triton: no fast path, Triton's launch every time
     for n in (7, 9):

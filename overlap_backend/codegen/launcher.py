@@ -27,6 +27,7 @@ variant it has seen is one Triton has compiled and loaded.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 
@@ -155,20 +156,15 @@ _LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "
 
 
 def _variant_key(kernel, args, kwargs) -> tuple:
-    # On every launch (the fast path's lookup): type tests first, the few distinct integers' classes
-    # remembered. The keywords' order is the caller's (a different order only makes another entry).
+    # On every launch (the fast path's lookup): exact type tests first, as ints, tensors and None
+    # are most arguments. The keywords' order is the caller's (another order only makes another entry).
     sig = []
     for a in args:
         t = type(a)
-        if t is int:
-            c = _int_classes.get(a)
-            if c is None:
-                c = ("int", a == 0, a == 1, a % 16 == 0, not -(2**31) <= a < 2**31)
-                if len(_int_classes) < 4096:
-                    _int_classes[a] = c
-            sig.append(c)
-        elif t is bool or a is None:
+        if t is bool or a is None:
             sig.append(a)
+        elif t is int or isinstance(a, int):  # int subclasses (numpy, enums) are classified like ints
+            sig.append(("int", a == 0, a == 1, a % 16 == 0, not -(2**31) <= a < 2**31))
         elif hasattr(a, "data_ptr"):
             sig.append((getattr(a, "dtype", None), a.data_ptr() % 16 == 0))
         else:
@@ -177,14 +173,6 @@ def _variant_key(kernel, args, kwargs) -> tuple:
     return (kernel, device, tuple(sig), tuple(kwargs.items()))
 
 
-_int_classes: dict = {}
-
-
+@functools.cache
 def _cuda_available() -> bool:
-    global _CUDA
-    if _CUDA is None:
-        _CUDA = torch.cuda.is_available()
-    return _CUDA
-
-
-_CUDA = None
+    return torch.cuda.is_available()

@@ -64,7 +64,7 @@ TAIL_COLS: int | None = None  # bench/ override of the per-call tail (columns pe
 # SwiGLU, one row group: the same tails, paid for by a larger stage-1 share so that the stages still
 # balance (swiglu_tail_share). Each stage-0 rank keeps about SWIGLU_TAIL_FRACTION of its columns, one
 # K-chunk's worth: the last chunk stage 1 would otherwise still consume after stage 0 finished.
-# Off until measured on GPUs (bench/probe_cta.py --op-variants swiglutail); CPU-tested.
+# Off until measured on GPUs (bench/bench_cta.py --swiglu-tails off,on); CPU-tested.
 SWIGLU_TAIL = False
 SWIGLU_TAIL_FRACTION = 0.2
 # Stage 0 counts the first row group's tiles right after their stores, not a main loop later: they
@@ -142,8 +142,8 @@ def _cached(cache: dict, key, compute):
 def _settings() -> tuple:
     """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
     return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
-            TAIL_COLS, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False], STAGE0_CONFIG[True], STAGE1_CONFIG,
-            STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
+            TAIL_COLS, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False],
+            STAGE0_CONFIG[True], STAGE1_CONFIG, STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
 
 
 def _shapes(*tensors) -> tuple:
@@ -341,14 +341,14 @@ def swiglu_tail_share(F: int, tp: int) -> int:
 
 
 def stage1_share(F: int, tp: int, swiglu: bool, tiles_m: int | None = None, bn: int = 256,
-                 num_sms: int = 132, one_group: bool = False) -> int:
+                 num_sms: int = 132) -> int:
     """Columns of the first GEMM that every stage-1 rank computes itself (``f1``, the last ones),
     before its own GEMM, which reads them first.
 
     - **SwiGLU** (balance): its first stage is two GEMMs, its second one; with ``f1`` columns moved,
       stage 0 does ``2 (F - f1) / tp`` and stage 1 ``2 f1 + F / tp`` (in units of H x N GEMM
-      columns): equal at ``f1 = F / (2 (tp + 1))``; more with tails (``one_group`` and
-      ``SWIGLU_TAIL``: ``swiglu_tail_share``).
+      columns): equal at ``f1 = F / (2 (tp + 1))`` (more with tails: ``swiglu_tail_share``, which
+      ``chunk_plan`` takes where a tail comes out of it).
     - **GELU** (fill): stage 1 would idle until stage 0's first round of tiles (one tile's time,
       about 0.1 ms at H=8192 on an H200) made the first K-chunk. With ``f1`` columns of its own, as
       many as one round of its own tiles of ``tiles_m`` row blocks x ``bn`` columns covers
@@ -357,7 +357,7 @@ def stage1_share(F: int, tp: int, swiglu: bool, tiles_m: int | None = None, bn: 
 
     Whole units of ``lcm(256, 128 tp)`` columns."""
     if swiglu:
-        return (one_group and swiglu_tail_share(F, tp)) or _swiglu_share(F, tp)
+        return _swiglu_share(F, tp)
     lo, hi, _ = share_window(F, tp, False)
     if hi == 0 or tiles_m is None:
         return 0
@@ -393,13 +393,15 @@ def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: in
     tiles_m = -(-M // cfg0[0])
     groups = -(-tiles_m // cfg0[3])
     window = share_window(F, tp, swiglu)
-    f1 = stage1_share(F, tp, swiglu, tiles_m, cfg0[1], num_sms, one_group=groups == 1)
+    f1 = stage1_share(F, tp, swiglu, tiles_m, cfg0[1], num_sms)
     fp = (F - f1) // tp
     h = H if H is not None else N
     tail = stage0_tail(F, N, 2 * h if swiglu else h, tp, f1, fp, groups, cfg0[1], window[2])
-    if swiglu and not tail and f1 != window[0]:  # no tail to pay for (e.g. N << 2H): the balanced share
-        f1 = window[0]
-        fp = (F - f1) // tp
+    if swiglu and groups == 1 and window[1] > f1:  # SwiGLU tails: the larger share, where a tail comes of it
+        fp_t = (F - window[1]) // tp
+        tail_t = stage0_tail(F, N, 2 * h, tp, window[1], fp_t, groups, cfg0[1], window[2])
+        if tail_t:  # (none when N is well under 2H: the balanced share then)
+            f1, fp, tail = window[1], fp_t, tail_t
     kchunk, nch = k_chunks(fp - tail, cfg0[1], cfg1[2], groups, tp)
     return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, kchunk, nch, -(-f1 // kchunk))
 
