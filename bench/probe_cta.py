@@ -9,7 +9,8 @@ the other's (``cuStreamWaitValue32``). Not a benchmark of record: a diagnostic.
     torchrun --nproc-per-node=2 bench/probe_cta.py [--sizes 512,4096] [--stage0-variants group8,stages4]
         [--op-variants late,k8] [--profile]
 
-``--stage0-variants`` times stage 0 alone in other block configs, ``--op-variants`` the whole op
+``--stage0-variants`` / ``--stage1-variants`` time stage 0 / stage 1 alone in other block configs
+(``stages4``, ``bk128+stages2``, ...), ``--op-variants`` the whole op
 with other ``cta_symm`` settings (same process, so comparable with the defaults: machines differ
 by up to 15 % in the same kernel's time). ``--profile`` prints a cProfile of 20 eager calls per M on
 each rank (functions by own time); ``--host-breakdown`` the host time of each step of a call, with
@@ -49,8 +50,10 @@ def events_ms(fn, n=20, warm=3):
 def _op_variant(variant, cta_symm, timing, op, queued=20):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back
     (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
-    names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS", "STAGE0_TAIL", "TAIL_COLS")
+    names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS", "GELU_SHARE_MAX",
+             "STAGE0_TAIL", "TAIL_COLS", "TAIL_MAX", "MULTI_GROUP_TAIL")
     saved = {n: getattr(cta_symm, n) for n in names}
+    saved_stage0 = dict(cta_symm.STAGE0_CONFIG)
     for part in variant.split("+"):
         if part in ("first", "late"):
             cta_symm.COUNT_FIRST_GROUP_AT_ONCE = part == "first"
@@ -60,8 +63,16 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
             cta_symm.GELU_FILL_SHARE = False
         elif part.startswith("share"):
             cta_symm.GELU_SHARE_COLS = int(part[5:])
+        elif part.startswith("smax"):  # a wider share window (a new placement)
+            cta_symm.GELU_SHARE_MAX = float(part[4:])
+        elif part.startswith("tmax"):  # a wider tail window (a new placement)
+            cta_symm.TAIL_MAX = float(part[4:])
+        elif part == "s0bn128":  # GELU's stage 0 in 128x128 tiles (finer waves at small M)
+            cta_symm.STAGE0_CONFIG = {**cta_symm.STAGE0_CONFIG, False: (128, 128, 64, 0, 3, 8)}
         elif part == "notail":
             cta_symm.STAGE0_TAIL = False
+        elif part == "nogrouptail":  # tails with one row group only (as before MULTI_GROUP_TAIL)
+            cta_symm.MULTI_GROUP_TAIL = False
         elif part.startswith("tail"):
             cta_symm.TAIL_COLS = int(part[4:])
         else:
@@ -72,6 +83,22 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
     finally:
         for n, v in saved.items():
             setattr(cta_symm, n, v)
+        cta_symm.STAGE0_CONFIG = saved_stage0
+
+
+def _variant_config(cfg, variant):
+    """``cfg`` (BM, BN, BK, GROUP_M, stages, warps) with the parts of ``variant`` joined by '+':
+    stagesN, bnN, bkN, groupN, warpsN (and "first", stage 0's counting order, not a config)."""
+    fields = {"bm": 0, "bn": 1, "bk": 2, "group": 3, "stages": 4, "warps": 5}
+    cfg = list(cfg)
+    for part in variant.split("+"):
+        if part == "first":
+            continue
+        name = part.rstrip("0123456789")
+        if name not in fields or name == part:
+            raise SystemExit(f"unknown config variant {part!r} (stagesN, bmN, bnN, bkN, groupN, warpsN, first)")
+        cfg[fields[name]] = int(part[len(name):])
+    return tuple(cfg)
 
 
 def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one):
@@ -80,18 +107,8 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
     from overlap_backend.codegen import cta
     from overlap_backend.runtime import cta_symm, symm
 
-    BM, BN, BK, GROUP_M, stages, warps = cfg0
-    parts = set(variant.split("+"))
-    unknown = parts - {"stages4", "bn128", "group8", "first"}
-    if unknown:
-        raise SystemExit(f"unknown stage-0 variant(s) {sorted(unknown)}")
-    if "stages4" in parts:
-        stages = 4
-    if "bn128" in parts:
-        BN = 128
-    if "group8" in parts:
-        GROUP_M = 8
-    cfg = (BM, BN, BK, GROUP_M, stages, warps)
+    cfg = _variant_config(cfg0, variant)
+    BM, BN, GROUP_M = cfg[0], cfg[1], cfg[3]
     tiles_m = -(-x.shape[0] // BM)
     kchunk, nch = cta_symm.k_chunks(Fd, BN, cfg1[2], -(-tiles_m // GROUP_M), 1)
     staging = torch.empty(nch * tiles_m * BM * kchunk, dtype=x.dtype, device=x.device)
@@ -100,8 +117,32 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
         return round(events_ms(lambda: cta.launch_stage0(
             x, placed.w1, None, None, None, staging, data, flags, counters, done, one, 0, kchunk, nch,
             symm.cta_block(False) + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms,
-            count_first_at_once="first" in parts)), 3)
+            count_first_at_once="first" in variant.split("+"))), 3)
     except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
+        return f"{type(e).__name__}: {str(e)[:80]}"
+
+
+def _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one):
+    """Stage 1 alone (every chunk flag already raised) in a variant of its block config: ms, or the
+    error's name. Reads whatever the staging area holds (timing only)."""
+    from overlap_backend.codegen import cta
+    from overlap_backend.runtime import cta_symm, symm
+
+    cfg = _variant_config(cfg1, variant)
+    tiles_m = -(-M // cfg[0])
+    mp = tiles_m * cfg[0]
+    kchunk, nch = cta_symm.k_chunks(Fd, cfg0[1], cfg[2], -(-tiles_m // cfg[3]), 1)
+    if nch * mp * kchunk * out.element_size() > y_offset:
+        return "does not fit the staging area"
+    a = st.data_view(out.dtype, (nch * mp, kchunk))
+    data, flags = st.peer_tables()
+    B = symm.cta_block(False)
+    try:
+        return round(events_ms(lambda: cta.launch_stage1(
+            a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm.CTA_ARRIVED),
+            torch.zeros(tiles_m, dtype=torch.int32, device=out.device), one, st.status_arg(), st.timeout_ns, 1, 2, M,
+            Fd, 0, kchunk, nch, B + symm.CTA_Y_DONE, 1, cfg, st.num_sms)), 3)
+    except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {str(e)[:80]}"
 
 
@@ -114,8 +155,12 @@ def gpu_bound_ms(fn, n=20, sleep_cycles=120_000_000):
     before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     before.record()
     torch.cuda._sleep(sleep_cycles)
-    start.record()
     t = time.perf_counter()
+    # One call before the start event lines the ranks' streams up (the op and the all-reduce wait
+    # for their peers): the sleeps end up to the barrier's skew apart, which the first timed call
+    # would otherwise absorb on the earlier rank (0.58 vs 0.45 ms per call at M=512, rank 0 vs 1).
+    fn()
+    start.record()
     for _ in range(n):
         fn()
     enqueue_ms = (time.perf_counter() - t) * 1e3
@@ -211,6 +256,8 @@ def main():
     p.add_argument("--sizes", default="512,4096", help="M values")
     p.add_argument("--hidden", type=int, default=8192)
     p.add_argument("--ffn", type=int, default=28672)
+    p.add_argument("--stage1-variants", default="",
+                   help="also time stage 1 alone in these block-config variants (as --stage0-variants)")
     p.add_argument("--stage0-variants", default="",
                    help="also time stage 0 alone (local stores) in these variants, comma-separated: "
                         "stages4 (4 pipeline stages), bn128, "
@@ -225,8 +272,9 @@ def main():
                    help="also time the whole op (ce) with these cta_symm settings, comma-separated: "
                         "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), noshare (no GELU "
                         "stage-1 share), shareN (a GELU stage-1 share of N columns), notail (no stage-0 tails), "
-                        "tailN (stage-0 tails of about N columns), "
-                        "and combinations joined by '+'")
+                        "tailN (stage-0 tails of about N columns), nogrouptail (tails with one row group only), "
+                        "smaxF / tmaxF (GELU_SHARE_MAX / TAIL_MAX = F: wider windows, a new placement), s0bn128 "
+                        "(GELU's stage 0 in 128x128 tiles), and combinations joined by '+'")
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")
     assert ws == 2, "probe_cta runs on exactly 2 GPUs"
@@ -273,6 +321,7 @@ def main():
                 dist.all_reduce(y)
                 return y
 
+            tp2()  # warm: the first all-reduce sets NCCL up (the sixth call's enqueue took 140 ms without this)
             bound["TP2 (cuBLAS + NCCL)"] = gpu_bound_ms(tp2, queued)
             print(f"[gpu-bound rank {rank} M={M}] ms per call: " + ", ".join(f"{k} {v:.3f}" for k, v in bound.items()),
                   flush=True)
@@ -340,6 +389,8 @@ def main():
                 a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm.CTA_ARRIVED),
                 torch.zeros(tiles_m, dtype=torch.int32, device=device), one, st.status_arg(), st.timeout_ns, 1, 2, M,
                 Fd, 0, kchunk, nch, B + symm.CTA_Y_DONE, 1, cfg1, st.num_sms))
+            for variant in filter(None, args.stage1_variants.split(",")):
+                alone[f"stage1 {variant}"] = _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one)
             alone["cublas GEMM2"] = events_ms(lambda: torch.mm(out.new_empty(M, Fd), placed.w2))
         torch.cuda.synchronize()
         dist.barrier()

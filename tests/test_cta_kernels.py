@@ -353,13 +353,14 @@ class FakeHostPath:
 
     M, H, N = 20, 16, 32
 
-    def __init__(self, monkeypatch, ws, F_, transport, num_sms=None):
+    def __init__(self, monkeypatch, ws, F_, transport, num_sms=None, M=None):
         import ctypes
 
         from overlap_backend.runtime import cta_symm
         from overlap_backend.runtime import cuda as _cuda
 
         self.ws, self.F = ws, F_
+        self.M = M if M is not None else self.M
         self.group = group = FakeGroup(ws)
         self.current = {"rank": 0}
         self.deferred = []
@@ -508,6 +509,59 @@ def test_host_path_swiglu_tails(monkeypatch, ws, F_, transport):
             assert fake.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
             torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
     assert len(cta_symm._placements) == ws
+
+
+@pytest.mark.parametrize("transport", ["ce", "peer"])
+@pytest.mark.parametrize("ws,F_,M,num_sms,share", [(2, 1024, 40, 4, None), (2, 1024, 50, 4, 256),
+                                                   (4, 2048, 50, 3, None)])
+def test_host_path_last_group_tail(monkeypatch, ws, F_, M, num_sms, share, transport):
+    """GELU with more than one row group (``MULTI_GROUP_TAIL``): only the last group has a tail, so
+    its rows ship fewer columns and its stage-1 tiles add the tails' partial products, while the
+    earlier groups ship and walk every column. The last group smaller than the others (M=40: row
+    blocks {0, 1}, {2}), rows not a multiple of the block, with and without a stage-1 share."""
+    from overlap_backend.runtime import cta_symm
+
+    fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=num_sms, M=M)
+    monkeypatch.setattr(cta_symm, "GELU_SHARE_COLS", share)
+    plan = cta_symm.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H)
+    assert plan.groups > 1 and plan.tail > 0 and plan.tail_group == plan.groups - 1, plan
+    assert plan.fship < plan.kchunk * plan.nch, plan  # the last group ships fewer chunks than the others
+    assert plan.f1 == (share or 0), plan
+    for call in range(2):
+        x = fake.xs * (call + 1)
+        outs = fake.call(x, "gelu")
+        ref = fake.reference(x, "gelu")
+        for r in range(ws):
+            assert fake.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
+            torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(cta_symm, "MULTI_GROUP_TAIL", False)
+    assert cta_symm.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H).tail == 0
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("M", [512, 1024, 2048, 4096])
+def test_stage0_tail_balances_whole_rounds(M, tp):
+    """The tail balances the stages in ``stage_costs``' model of whole rounds (H200: 132 SMs; GELU,
+    H=8192, F=28672): a tile of tail more or less would leave them further apart. At M=512 that is
+    6144 columns (stage 0's 316 tiles take 3 rounds), in the range measured best on 2xH200
+    (4096-6144, 0.45 ms GPU-bound, against 0.48 for the equal-work 8448); with more row groups only
+    the last one has a tail."""
+    from overlap_backend.runtime import cta_symm
+
+    F_, N = 28672, 8192
+    plan = cta_symm.chunk_plan(M, F_, N, tp, False, torch.bfloat16, 132)
+    shape = dict(tiles_m=plan.tiles_m, group_m=plan.cfg0[3], bn0=plan.cfg0[1], bn1=plan.cfg1[1], num_sms=132)
+    assert plan.tail > 0 and plan.tail_group == plan.groups - 1 and plan.fship + plan.tail == (F_ - plan.f1) // tp
+
+    def gap(tail):
+        s0, s1 = cta_symm.stage_costs(F_, N, N, tp, plan.f1, tail, **shape)
+        return abs(s0 - s1)
+
+    bn0 = plan.cfg0[1]
+    capped = plan.tail + bn0 > plan.window[2]  # TAIL_MAX: the placement keeps no more W2 rows
+    assert gap(plan.tail) <= min(gap(plan.tail - bn0), float("inf") if capped else gap(plan.tail + bn0)), plan
+    if M == 512 and tp == 1:
+        assert plan.groups == 1 and plan.f1 == 8448 and plan.tail == 6144, plan
 
 
 def test_missing_tail_times_out_with_a_report(monkeypatch):

@@ -45,6 +45,9 @@ CASES = [
     # F large enough that the stage-1 ranks' share of the first GEMM (cta_symm.stage1_share, whole
     # lcm(256, 128 tp) tiles) is not 0 at tp=4 too (8 GPUs: 512 columns; the cases above give 0 there)
     (320, 512, 5120, 512, "swiglu", "none", True, torch.bfloat16),
+    # GELU in several row groups (wide N: a group holds one wave of stage-1 tiles), so only the last
+    # group has a stage-0 tail (cta_symm.MULTI_GROUP_TAIL); rows not a multiple of the block
+    (1100, 1024, 4096, 8192, "gelu", "tanh", True, torch.bfloat16),
 ]
 # Every F is a multiple of 128 * tp (tp = ws/2 ranks per stage: 4 at 8 GPUs) and every N of tp, so the
 # kernels take every case at 2, 4 and 8 GPUs; F / ws is each rank's shard.
@@ -103,7 +106,13 @@ def cta_worker(rank: int, ws: int, device: str):
         x, w1, b1, w3, b3, w2, b2 = args
         return op(x, w1, b1, w3, b3, w2, b2, act, approximate, stages, group.group_name, "symm")
 
+    from overlap_backend.runtime import cta_symm
+
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    last_group_tails = 0
     for M, H, F, N, act, approximate, bias, dtype in CASES:
+        plan = cta_symm.chunk_plan(M, F, N, ws // 2, act == "swiglu", dtype, num_sms, H=H)
+        last_group_tails += plan.groups > 1 and plan.tail > 0
         args = _shards(ws, M, H, F, N, act, bias, dtype, device)
         call(args, act, approximate)  # set up buffers, compile
         _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
@@ -118,10 +127,11 @@ def cta_worker(rank: int, ws: int, device: str):
         if not err <= _tol(dtype):
             bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
 
+    if not last_group_tails and ws <= 4:
+        bad.append(f"rank {rank}: no case had several row groups and a tail (the last group's)")
+
     # SwiGLU with stage-0 tails (cta_symm.SWIGLU_TAIL, off by default until measured): the SwiGLU
     # cases again, poisoned buffers, at least one of them with a tail (one row group).
-    from overlap_backend.runtime import cta_symm
-
     tails_ran = 0
     cta_symm.SWIGLU_TAIL = True
     try:
@@ -129,8 +139,7 @@ def cta_worker(rank: int, ws: int, device: str):
             if act != "swiglu":
                 continue
             tp = ws // 2
-            tails_ran += cta_symm.chunk_plan(M, F, N, tp, True, dtype, torch.cuda.get_device_properties(
-                device).multi_processor_count, H=H).tail > 0
+            tails_ran += cta_symm.chunk_plan(M, F, N, tp, True, dtype, num_sms, H=H).tail > 0
             args = _shards(ws, M, H, F, N, act, bias, dtype, device)
             call(args, act, approximate)  # the placement with the tails' window
             _poison(group.group_name, torch.device(device, torch.cuda.current_device()))

@@ -74,7 +74,7 @@ def _mainloop2(x_desc, x_row, w1_desc, w3_desc, off_n, K, acc1, acc3, BK: tl.con
 def stage0_kernel(
     x_ptr, w1_ptr, b1_ptr, w3_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr,
     epoch_ptr, ready_ptr, claim_ptr, report_ptr, timeout_ns, rank,
-    M, Mp, H, Fp, ldw, Fship, keep_ptr, producer, kchunk, nch, a_flag_word, first_consumer,
+    M, Mp, H, Fp, ldw, Fship, keep_ptr, tail_group, producer, kchunk, nch, a_flag_word, first_consumer,
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, WAIT_READY: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
@@ -97,9 +97,11 @@ def stage0_kernel(
     ``begin_kernel`` in a captured graph). ``WAIT_READY``: first wait until every consumer's
     ``ready_ptr[consumer] >= epoch`` (it started this call; the host waits on the stream otherwise).
 
-    Only the first ``Fship`` columns (whole tiles) are shipped and counted. The others, this
-    producer's *tail* (``tail_kernel`` multiplies them by their W2 rows here), go to the local
-    ``keep_ptr`` ``[Mp, Fp - Fship]``.
+    In row group ``tail_group`` only the first ``Fship`` columns (whole tiles) are shipped and
+    counted (every column in the other groups). The others, this producer's *tail* (``tail_kernel``
+    multiplies them by their W2 rows here), go to the local ``keep_ptr`` ``[Mp - m0, Fp - Fship]``
+    (``m0``: the group's first row): only the last group has a tail, so that no earlier row block
+    waits for what stage 0 makes at the end.
     """
     DUAL: tl.constexpr = ACT == 2
     epoch = tl.load(epoch_ptr, volatile=True)
@@ -112,6 +114,7 @@ def stage0_kernel(
     tiles_n = tl.cdiv(Fp, BN)
     tiles_ship = tl.cdiv(Fship, BN)
     dk = Fp - Fship
+    m0 = tail_group * GROUP_M * BM
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, H], strides=[H, 1], block_shape=[BM, BK])
     w1_desc = tl.make_tensor_descriptor(w1_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, BN])
     w3_desc = tl.make_tensor_descriptor(w3_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, BN])
@@ -128,20 +131,22 @@ def stage0_kernel(
         # below does not stall this CTA on them (counting right after the stores did).
         if prev_m >= 0:
             _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
-                              tiles_ship, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
+                              tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
+                              STAGED)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         acc1 = add_bias(acc1, b1_ptr, offs_n, Fp, HAS_B1)
         if DUAL:
             acc3 = add_bias(acc3, b3_ptr, offs_n, Fp, HAS_B3)
         act = _activation(acc1, acc3, ACT).to(x_ptr.dtype.element_ty)
-        if pid_n >= tiles_ship:  # the tail: kept here, not counted
+        in_tail_group = pid_m // GROUP_M == tail_group
+        if in_tail_group & (pid_n >= tiles_ship):  # the tail: kept here, not counted
             mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
-            tl.store(keep_ptr + offs_m.to(tl.int64)[:, None] * dk + (offs_n - Fship)[None, :], act, mask=mask)
+            tl.store(keep_ptr + (offs_m - m0).to(tl.int64)[:, None] * dk + (offs_n - Fship)[None, :], act, mask=mask)
             prev_m = -1
         else:
             j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
-            mask = (offs_m < M)[:, None] & (offs_n < Fship)[None, :]
+            mask = (offs_m < M)[:, None] & (offs_n < tl.where(in_tail_group, Fship, Fp))[None, :]
             rel = (j * Mp + offs_m).to(tl.int64)[:, None] * kchunk + (offs_n - j * kchunk)[None, :]
             if STAGED:
                 tl.store(stage_ptr + rel, act, mask=mask)
@@ -156,22 +161,24 @@ def stage0_kernel(
                 # counted right after their stores instead of a main loop later.
                 if pid_m < GROUP_M:
                     _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
-                                      tiles_m, tiles_ship, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
-                                      STAGED)
+                                      tiles_m, tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer,
+                                      first_consumer, TP, GROUP_M, STAGED)
                     prev_m = -1
     if prev_m >= 0:
         _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
-                          tiles_ship, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M, STAGED)
+                          tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
+                          STAGED)
 
 
 @triton.jit
 def _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m, tiles_n,
-                      tiles_per_chunk, nch, producer, first_consumer, TP: tl.constexpr, GROUP_M: tl.constexpr,
-                      STAGED: tl.constexpr):
+                      tiles_ship, tail_group, tiles_per_chunk, nch, producer, first_consumer, TP: tl.constexpr,
+                      GROUP_M: tl.constexpr, STAGED: tl.constexpr):
     """One more stored tile of (group of pid_m, chunk of pid_n); see ``stage0_kernel``."""
     g = pid_m // GROUP_M
     j = pid_n // tiles_per_chunk
-    tiles = tl.minimum(GROUP_M, tiles_m - g * GROUP_M) * tl.minimum(tiles_per_chunk, tiles_n - j * tiles_per_chunk)
+    shipped = tl.where(g == tail_group, tiles_ship, tiles_n)  # column tiles this group ships
+    tiles = tl.minimum(GROUP_M, tiles_m - g * GROUP_M) * tl.minimum(tiles_per_chunk, shipped - j * tiles_per_chunk)
     if STAGED:
         count_tile_done(counters_ptr + g * nch + j, done_ptr + g * nch + j, tiles, epoch, SYS=True)
     else:
@@ -181,11 +188,12 @@ def _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch
 
 @triton.jit
 def tail_kernel(keep_ptr, w2_ptr, peer_data_ptr, peer_flags_ptr, part_offset, counters_ptr, epoch_ptr, ready_ptr,
-                claim_ptr, report_ptr, timeout_ns, rank, M, dk, Ns, producer, tail_flag_word,
+                claim_ptr, report_ptr, timeout_ns, rank, M, m0, dk, Ns, producer, tail_flag_word,
                 TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT_READY: tl.constexpr,
                 PRECISION: tl.constexpr, TIMED: tl.constexpr):
-    """Stage-0 producer ``producer``'s tail: ``P = keep @ w2`` (``keep``: its last ``dk`` columns of A,
-    ``[M, dk]``; ``w2``: their rows, ``[dk, TP * Ns]``). Columns ``[t*Ns, (t+1)*Ns)`` of P go to
+    """Stage-0 producer ``producer``'s tail: ``P = keep @ w2`` for rows ``[m0, M)`` (the last row
+    group's; ``keep``: its last ``dk`` columns of A, ``[M - m0, dk]``; ``w2``: their rows,
+    ``[dk, TP * Ns]``). Columns ``[t*Ns, (t+1)*Ns)`` of P go to
     stage-1 rank t's data buffer, slot ``producer`` at byte ``part_offset`` (``[TP, M, Ns]``), which
     adds them in its epilogue; the last tile of (t, row block m) raises word
     ``tail_flag_word + producer * tiles_m + m`` of rank t's flags (counters ``[t * tiles_m + m]``,
@@ -196,17 +204,19 @@ def tail_kernel(keep_ptr, w2_ptr, peer_data_ptr, peer_flags_ptr, part_offset, co
         for q in range(TP):
             wait_flag(ready_ptr + TP + q, epoch, claim_ptr, report_ptr, OP_CTA_STAGE0, rank, READY_FLAG_BASE + TP + q, 1,
                       timeout_ns, TIMED)
-    tiles_m = tl.cdiv(M, BM)
+    tiles_m = tl.cdiv(M, BM)  # flags and counters are per row block of all M
+    tiles_mt = tl.cdiv(M - m0, BM)  # the tail's row blocks (m0: a whole number of blocks)
     tiles_n = tl.cdiv(Ns, BN)
-    k_desc = tl.make_tensor_descriptor(keep_ptr, shape=[M, dk], strides=[dk, 1], block_shape=[BM, BK])
+    k_desc = tl.make_tensor_descriptor(keep_ptr, shape=[M - m0, dk], strides=[dk, 1], block_shape=[BM, BK])
     w2_desc = tl.make_tensor_descriptor(w2_ptr, shape=[dk, TP * Ns], strides=[TP * Ns, 1], block_shape=[BK, BN])
-    for tile in range(tl.program_id(0), TP * tiles_m * tiles_n, tl.num_programs(0)):
-        t = tile // (tiles_m * tiles_n)
-        pid_m = (tile // tiles_n) % tiles_m
+    for tile in range(tl.program_id(0), TP * tiles_mt * tiles_n, tl.num_programs(0)):
+        t = tile // (tiles_mt * tiles_n)
+        local_m = (tile // tiles_n) % tiles_mt
+        pid_m = m0 // BM + local_m
         pid_n = tile % tiles_n
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k in range(0, tl.cdiv(dk, BK)):
-            acc = tl.dot(k_desc.load([pid_m * BM, k * BK]), w2_desc.load([k * BK, t * Ns + pid_n * BN]), acc,
+            acc = tl.dot(k_desc.load([local_m * BM, k * BK]), w2_desc.load([k * BK, t * Ns + pid_n * BN]), acc,
                          input_precision=PRECISION)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
@@ -222,7 +232,7 @@ def tail_kernel(keep_ptr, w2_ptr, peer_data_ptr, peer_flags_ptr, part_offset, co
 def stage1_kernel(
     a_ptr, w2_ptr, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, a_flags_ptr, counters_ptr,
     epoch_ptr, ready_ptr, claim_ptr, report_ptr, timeout_ns,
-    rank, M, Mp, Fp, Fship, F1, N, Ns, consumer, kchunk, nch, nch1, y_flag_word, part_ptr, tail_flags_ptr,
+    rank, M, Mp, Fp, Fship, F1, N, Ns, consumer, kchunk, nch, nch1, y_flag_word, part_ptr, tail_flags_ptr, tail_group,
     WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, WAIT_READY: tl.constexpr, PRECISION: tl.constexpr,
     TIMED: tl.constexpr, INTERPRET: tl.constexpr, HAS_TAIL: tl.constexpr = False,
@@ -239,9 +249,10 @@ def stage1_kernel(
     word ``y_flag_word + consumer * tiles_m + m`` of every other rank's flag buffer. Epoch and
     ``WAIT_READY`` (every other rank's): as in ``stage0_kernel``.
 
-    Each stage-0 rank ships its first ``Fship`` of ``Fp`` columns (W2 rows ``p * Fp + ...``).
-    ``HAS_TAIL``: the rest came as partial products (``tail_kernel``), in ``part_ptr`` ``[TP, M, Ns]``
-    under ``tail_flags_ptr[p * tiles_m + m]``: the epilogue adds them.
+    Each stage-0 rank ships its ``Fp`` columns (W2 rows ``p * Fp + ...``), only the first ``Fship``
+    of them for row group ``tail_group``. ``HAS_TAIL``: that group's rest came as partial products
+    (``tail_kernel``), in ``part_ptr`` ``[TP, M, Ns]`` under ``tail_flags_ptr[p * tiles_m + m]``:
+    the epilogue adds them.
     """
     epoch = tl.load(epoch_ptr, volatile=True)
     if WAIT_READY:
@@ -256,10 +267,12 @@ def stage1_kernel(
     w2_desc = b_descriptor(w2_ptr, TP * Fp + F1, Ns, BK, BN, False)
     for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        in_tail_group = pid_m // GROUP_M == tail_group
+        shipped = tl.where(in_tail_group, Fship, Fp)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         # K in arrival order: this rank's own chunks (already here), then chunk j of every
         # producer, then j + 1.
-        for i in range(0, nch1 + TP * nch):
+        for i in range(0, nch1 + TP * tl.cdiv(shipped, kchunk)):
             if i < nch1:
                 block = TP * nch + i
                 k0 = TP * Fp + i * kchunk  # W2 row of the chunk's first column
@@ -273,7 +286,7 @@ def stage1_kernel(
                 _fence_proxy_async(INTERPRET)
                 block = p * nch + j
                 k0 = p * Fp + j * kchunk
-                width = tl.minimum(kchunk, Fship - j * kchunk)
+                width = tl.minimum(kchunk, shipped - j * kchunk)
             a_row = block * Mp + pid_m * BM
             for k in range(0, width, BK):
                 acc = tl.dot(a_desc.load([a_row, k]), w2_desc.load([k0 + k, pid_n * BN]), acc,
@@ -282,13 +295,14 @@ def stage1_kernel(
         offs_n = pid_n * BN + tl.arange(0, BN)
         acc = add_bias(acc, b2_ptr, offs_n, Ns, HAS_B2)
         if HAS_TAIL:
-            tail_mask = (offs_m < M)[:, None] & (offs_n < Ns)[None, :]
-            for p in range(TP):
-                wait_flag(tail_flags_ptr + p * tiles_m + pid_m, epoch, claim_ptr, report_ptr, OP_CTA_TAIL, rank,
-                          p * tiles_m + pid_m, tiles_m, timeout_ns, TIMED)
-                part = tl.load(part_ptr + (p * M + offs_m).to(tl.int64)[:, None] * Ns + offs_n[None, :], mask=tail_mask,
-                               other=0.0)
-                acc += part.to(tl.float32)
+            if in_tail_group:
+                tail_mask = (offs_m < M)[:, None] & (offs_n < Ns)[None, :]
+                for p in range(TP):
+                    wait_flag(tail_flags_ptr + p * tiles_m + pid_m, epoch, claim_ptr, report_ptr, OP_CTA_TAIL, rank,
+                              p * tiles_m + pid_m, tiles_m, timeout_ns, TIMED)
+                    part = tl.load(part_ptr + (p * M + offs_m).to(tl.int64)[:, None] * Ns + offs_n[None, :],
+                                   mask=tail_mask, other=0.0)
+                    acc += part.to(tl.float32)
         row_ok = offs_m < M
         cols = consumer * Ns + offs_n
         mask = row_ok[:, None] & (offs_n < Ns)[None, :]
@@ -345,11 +359,12 @@ def padded_rows(M: int, BM: int) -> int:
 
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
                   a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
-                  rank=0, timed=True, count_first_at_once=False, fship=None, keep=None):
+                  rank=0, timed=True, count_first_at_once=False, fship=None, keep=None, tail_group=0):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
     straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
     words to wait on in the kernel (None: the caller made the stream wait); ``fship``: columns
-    shipped (default all), the rest into ``keep`` ``[Mp, Fp - fship]`` (the tail)."""
+    row group ``tail_group`` ships (default all), the rest of that group's into ``keep``
+    ``[Mp - m0, Fp - fship]`` (the tail; ``m0``: the group's first row)."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -362,7 +377,8 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
         epoch, ready if ready is not None else counters, *(status or (counters, counters)), timeout_ns, rank,
-        M, padded_rows(M, BM), H, Fp, w1.stride(0), fship, keep if keep is not None else x, producer, kchunk, nch,
+        M, padded_rows(M, BM), H, Fp, w1.stride(0), fship, keep if keep is not None else x, tail_group, producer,
+        kchunk, nch,
         a_flag_word, first_consumer,
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
         STAGED=stage is not None, WAIT_READY=ready is not None,
@@ -373,10 +389,11 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
 
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
                   rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True, f1=0,
-                  ready=None, fship=None, part=None, tail_flags=None):
+                  ready=None, fship=None, part=None, tail_flags=None, tail_group=0):
     """``a``: this rank's buffer, ``[(tp * nch + cdiv(f1, kchunk)) * Mp, kchunk]``; ``fship``: columns
-    each stage-0 rank ships (default ``Fp``); ``part`` / ``tail_flags``: the tails' partial products
-    ``[tp, M, Ns]`` and their flags (``tail_kernel``), None without tails."""
+    each stage-0 rank ships for row group ``tail_group`` (default ``Fp``; ``Fp`` for the others);
+    ``part`` / ``tail_flags``: that group's tails' partial products ``[tp, M, Ns]`` and their flags
+    (``tail_kernel``), None without tails."""
     Ns = w2.shape[1]
     N = out.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -387,7 +404,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
         epoch, ready if ready is not None else counters, *status, timeout_ns,
         rank, M, padded_rows(M, BM), Fp, fship, f1, N, Ns, consumer, kchunk, nch, launcher.cdiv(f1, kchunk), y_flag_word,
-        part if part is not None else out, tail_flags if tail_flags is not None else counters,
+        part if part is not None else out, tail_flags if tail_flags is not None else counters, tail_group,
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=not timed,
         HAS_TAIL=part is not None, num_stages=stages, num_warps=warps,
@@ -395,15 +412,17 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
 
 
 def launch_tail(keep, w2, peer_data, peer_flags, part_offset, counters, epoch, status, timeout_ns, rank, M, producer,
-                tail_flag_word, tp, config, num_sms, ready=None, timed=True):
-    """``keep``: ``[Mp, dk]`` (this stage-0 rank's tail of A); ``w2``: its rows, ``[dk, N]``."""
+                tail_flag_word, tp, config, num_sms, ready=None, timed=True, m0=0):
+    """``keep``: ``[Mp - m0, dk]`` (this stage-0 rank's tail of A, rows from ``m0``, a whole number of
+    row blocks); ``w2``: its rows, ``[dk, N]``."""
     dk, N = w2.shape
     Ns = N // tp
     BM, BN, BK, _, stages, warps = config
-    grid = (max(1, min(num_sms, tp * launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN))),)
+    assert m0 % BM == 0 and 0 <= m0 < M, (m0, M, BM)
+    grid = (max(1, min(num_sms, tp * launcher.cdiv(M - m0, BM) * launcher.cdiv(Ns, BN))),)
     launcher.launch(tail_kernel, grid,
         keep, w2, peer_data, peer_flags, part_offset, counters, epoch, ready if ready is not None else counters,
-        *status, timeout_ns, rank, M, dk, Ns, producer, tail_flag_word,
+        *status, timeout_ns, rank, M, m0, dk, Ns, producer, tail_flag_word,
         TP=tp, BM=BM, BN=BN, BK=BK, WAIT_READY=ready is not None,
         PRECISION="ieee" if keep.dtype == torch.float32 else None, TIMED=timed, num_stages=stages, num_warps=warps,
     )

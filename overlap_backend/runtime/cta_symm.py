@@ -61,6 +61,10 @@ GELU_SHARE_COLS: int | None = None  # bench/ override of the per-call GELU share
 STAGE0_TAIL = True
 TAIL_MAX = 0.3
 TAIL_COLS: int | None = None  # bench/ override of the per-call tail (columns per stage-0 rank)
+# GELU with more than one row group: the last group's tail only (the earlier groups' stage-1 tiles
+# would otherwise wait for tails made at the end). Stage 1 does more GEMM work than stage 0 there
+# (all of GEMM2 plus its share), and the last group's tail moves some of it over.
+MULTI_GROUP_TAIL = True
 # SwiGLU, one row group: the same tails, paid for by a larger stage-1 share so that the stages still
 # balance (swiglu_tail_share). Each stage-0 rank keeps about SWIGLU_TAIL_FRACTION of its columns, one
 # K-chunk's worth: the last chunk stage 1 would otherwise still consume after stage 0 finished.
@@ -142,7 +146,7 @@ def _cached(cache: dict, key, compute):
 def _settings() -> tuple:
     """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
     return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
-            TAIL_COLS, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False],
+            TAIL_COLS, MULTI_GROUP_TAIL, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False],
             STAGE0_CONFIG[True], STAGE1_CONFIG, STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
 
 
@@ -376,8 +380,9 @@ class ChunkPlan:
     groups: int  # row groups
     window: tuple[int, int]  # share_window: what the placement covers
     f1: int  # this call's stage-1 share
-    fship: int  # columns each stage-0 rank ships; the rest of its (F - f1) / tp is its tail
+    fship: int  # columns each stage-0 rank ships for row group tail_group; the rest of its (F - f1) / tp is its tail
     tail: int
+    tail_group: int  # the row group with the tail: the last one
     kchunk: int
     nch: int  # K-chunks per stage-0 rank
     nch1: int  # K-chunks of the stage-1 share
@@ -396,32 +401,71 @@ def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: in
     f1 = stage1_share(F, tp, swiglu, tiles_m, cfg0[1], num_sms)
     fp = (F - f1) // tp
     h = H if H is not None else N
-    tail = stage0_tail(F, N, 2 * h if swiglu else h, tp, f1, fp, groups, cfg0[1], window[2])
+    # SwiGLU's tails (one row group) come with their own share; GELU's with any number of groups.
+    tail_max = window[2] if groups == 1 or (not swiglu and MULTI_GROUP_TAIL) else 0
+    shape = dict(tiles_m=tiles_m, group_m=cfg0[3], bn0=cfg0[1], bn1=cfg1[1], num_sms=num_sms)
+    tail = stage0_tail(F, N, 2 * h if swiglu else h, tp, f1, fp, tail_max=tail_max, **shape)
     if swiglu and groups == 1 and window[1] > f1:  # SwiGLU tails: the larger share, where a tail comes of it
         fp_t = (F - window[1]) // tp
-        tail_t = stage0_tail(F, N, 2 * h, tp, window[1], fp_t, groups, cfg0[1], window[2])
+        tail_t = stage0_tail(F, N, 2 * h, tp, window[1], fp_t, tail_max=tail_max, **shape)
         if tail_t:  # (none when N is well under 2H: the balanced share then)
             f1, fp, tail = window[1], fp_t, tail_t
-    kchunk, nch = k_chunks(fp - tail, cfg0[1], cfg1[2], groups, tp)
-    return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, kchunk, nch, -(-f1 // kchunk))
+    # Chunks cover what the widest group ships: all of fp, but for one group only its shipped part.
+    kchunk, nch = k_chunks(fp - tail if groups == 1 else fp, cfg0[1], cfg1[2], groups, tp)
+    return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, groups - 1, kchunk, nch,
+                     -(-f1 // kchunk))
 
 
-def stage0_tail(F: int, N: int, H: int, tp: int, f1: int, fp: int, groups: int, bn: int, tail_max: int) -> int:
-    """Columns each stage-0 rank keeps and multiplies by their W2 rows itself (its tail; 0: none).
+def _rounds(tiles: int, num_sms: int) -> int:
+    return -(-tiles // num_sms)
 
-    Only with one row group: every stage-1 tile then finishes at the end, when the tails' partial
-    products are there (with more groups the first ones would wait for them). Sized so that both
-    stages do the same work (``H``: a first-GEMM column's cost, the hidden size, twice it for
-    SwiGLU's gate and up): per rank, stage 0 ``(F - f1)/tp`` first-GEMM columns (cost H each) and
-    ``d/tp`` W2 rows (cost N each), stage 1 ``f1`` columns and ``(F - d)/tp`` rows of its ``N/tp``
-    columns: equal at ``d = (f1 H (tp + 1) + F (N - H)) / (2 N)``. Stage 0 ships whole tiles of
-    ``bn`` columns, at least one; at most ``tail_max``."""
-    if not tail_max or groups != 1:
+
+def stage_costs(F: int, N: int, H: int, tp: int, f1: int, tail: int, *, tiles_m: int, group_m: int, bn0: int,
+                bn1: int, num_sms: int) -> tuple[int, int]:
+    """The time of each stage's GEMMs in a model of whole rounds (a persistent kernel's tiles run
+    ``num_sms`` at a time, and a round lasts as long as its deepest tile; units: one SM's tile
+    width x K): stage 0 makes its ``tiles_m x (F - f1)/tp`` first-GEMM tiles (``bn0`` wide, ``H``
+    deep: the hidden size, twice it for SwiGLU's gate and up), then its tail for the last row
+    group, ``tp x`` that group's row blocks x ``N/tp/bn1`` tiles, ``tail`` deep. Stage 1 makes its
+    share (``f1`` columns), then one round of GEMM2 tiles per row group (a group holds at most one
+    wave), ``F`` deep but ``F - tp * tail`` for the last group."""
+    groups = -(-tiles_m // group_m)
+    fp = (F - f1) // tp
+    last_rows = tiles_m - (groups - 1) * group_m
+    stage0 = _rounds(tiles_m * -(-fp // bn0), num_sms) * bn0 * H
+    stage0 += _rounds(tp * last_rows * -(-(N // tp) // bn1), num_sms) * bn1 * tail if tail else 0
+    stage1 = (_rounds(tiles_m * -(-f1 // bn0), num_sms) * bn0 * H if f1 else 0) + bn1 * (groups * F - tp * tail)
+    return stage0, stage1
+
+
+def stage0_tail(F: int, N: int, H: int, tp: int, f1: int, fp: int, *, tiles_m: int, group_m: int, bn0: int, bn1: int,
+                num_sms: int, tail_max: int) -> int:
+    """Columns each stage-0 rank keeps and multiplies by their W2 rows itself, for the last row
+    group (its tail; 0: none). That group's stage-1 tiles then finish without waiting for the
+    columns stage 0 makes last; the earlier groups' tiles wait for nothing of it.
+
+    Sized so that both stages take the same time in ``stage_costs``' model of whole rounds: stage
+    0's ``R0`` rounds of first-GEMM tiles and the tail's ``Rt`` rounds, ``tail`` deep, against stage
+    1's ``Rs`` rounds of share and one round of GEMM2 per row group:
+    ``R0 bn0 H + Rt bn1 d = Rs bn0 H + bn1 (G F - tp d)``. Rounds, not work: at M=512 on an H200
+    (GELU, F=28672) stage 0's 316 tiles take 3 rounds of 132 SMs, the time of 396; a tail sized for
+    equal work (8448 columns) measured slower than ones of 4096-6144 (0.48 vs 0.45 ms GPU-bound),
+    and this gives 6144. Stage 0 ships whole tiles of ``bn0`` columns, at least one; at most
+    ``tail_max``."""
+    if not tail_max:
         return 0
-    want = TAIL_COLS if TAIL_COLS is not None else (f1 * H * (tp + 1) + F * (N - H)) // (2 * N) // tp
-    fship = max(bn, (fp - max(0, want)) // bn * bn)
+    if TAIL_COLS is not None:
+        want = TAIL_COLS
+    else:
+        groups = -(-tiles_m // group_m)
+        last_rows = tiles_m - (groups - 1) * group_m
+        r0 = _rounds(tiles_m * -(-fp // bn0), num_sms)
+        rs = _rounds(tiles_m * -(-f1 // bn0), num_sms) if f1 else 0
+        rt = _rounds(tp * last_rows * -(-(N // tp) // bn1), num_sms)
+        want = (bn1 * groups * F + (rs - r0) * bn0 * H) // (bn1 * (rt + tp))
+    fship = max(bn0, (fp - max(0, want)) // bn0 * bn0)
     if fp - fship > tail_max:
-        fship = -(-(fp - tail_max) // bn) * bn
+        fship = -(-(fp - tail_max) // bn0) * bn0
     return max(0, fp - fship)
 
 
@@ -495,7 +539,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     act = cta.ACTIVATIONS[(activation, approximate)]
     xa = _aligned(x)
     stage_buf = _staging_buffer(x, nch * mp * kchunk, "blocks") if stage == 0 and staged else None
-    keep = _staging_buffer(x, mp * tail, "tail") if stage == 0 and tail else None
+    m0 = plan.tail_group * group_m * bm  # the tail's rows: the last row group's
+    keep = _staging_buffer(x, (mp - m0) * tail, "tail") if stage == 0 and tail else None
 
     def gemms():
         if stage == 0:
@@ -503,7 +548,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
                               timeout_ns=st.timeout_ns, rank=r, count_first_at_once=COUNT_FIRST_GROUP_AT_ONCE,
-                              fship=plan.fship, keep=keep)
+                              fship=plan.fship, keep=keep, tail_group=plan.tail_group)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
@@ -515,16 +560,16 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                           word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
                           nch, base + symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,
                           part=st.data_view(x.dtype, (tp * M * (N // tp),), part_offset) if tail else None,
-                          tail_flags=word(symm.CTA_TAIL_ARRIVED))
+                          tail_flags=word(symm.CTA_TAIL_ARRIVED), tail_group=plan.tail_group)
 
     def tails():
         """Stage 0: its tail's partial products, into the stage-1 ranks' buffers (stream order: after
         stage 0's kernel wrote ``keep``)."""
         if stage == 0 and tail:
             r0 = (idx + 1) * fp - tail - placed.tail_rows[0]
-            cta.launch_tail(keep[:mp * tail].view(mp, tail), placed.w2_tail[r0:r0 + tail], data, flags, part_offset,
-                            word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, M, idx,
-                            base + symm.CTA_TAIL_ARRIVED, tp, cfg1, st.num_sms, ready=ready)
+            cta.launch_tail(keep[:(mp - m0) * tail].view(mp - m0, tail), placed.w2_tail[r0:r0 + tail], data, flags,
+                            part_offset, word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, M, idx,
+                            base + symm.CTA_TAIL_ARRIVED, tp, cfg1, st.num_sms, ready=ready, m0=m0)
 
     def collect():
         if stage == 0 or tp > 1:
@@ -561,7 +606,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
             _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
     gemms()
     if stage_buf is not None:
-        _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base)
+        _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base,
+                     plan.tail_group, plan.fship, fp)
     if stage == 0 and tail and not graph and staged:  # the tails store into the stage-1 ranks' buffers: READY first
         for p in range(tp, ws):
             _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
@@ -588,15 +634,17 @@ def _staging_buffer(x: Tensor, numel: int, what: str) -> Tensor:
     return buf
 
 
-def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, kchunk, nch, es, base):
+def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, kchunk, nch, es, base, tail_group,
+                 fship, fp):
     """Copy engine: each (row group, K-chunk) block to every stage-1 rank as soon as stage 0's kernel
-    raised its local done flag, then raise the consumer's flag; in the order the kernel makes them."""
+    raised its local done flag, then raise the consumer's flag; in the order the kernel makes them.
+    Row group ``tail_group`` ships ``fship`` of the ``fp`` columns (the rest is its tail)."""
     row_bytes = kchunk * es
     src = stage_buf.data_ptr()
     for g in range(groups):
         r0 = g * group_rows
         rows = min(M, r0 + group_rows) - r0
-        for j in range(nch):
+        for j in range(min(nch, -(-(fship if g == tail_group else fp) // kchunk))):
             _cuda.wait_value32(st.flag_addr(base + symm.CTA_DONE + g * nch + j), epoch, st.push_stream)
             for q in range(tp):
                 st.push(tp + q, ((producer * nch + j) * mp + r0) * row_bytes, src + (j * mp + r0) * row_bytes,
