@@ -87,18 +87,22 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
 
 
 def _variant_config(cfg, variant):
-    """``cfg`` (BM, BN, BK, GROUP_M, stages, warps) with the parts of ``variant`` joined by '+':
-    stagesN, bnN, bkN, groupN, warpsN (and "first", stage 0's counting order, not a config)."""
+    """(``cfg`` (BM, BN, BK, GROUP_M, stages, warps) with the parts of ``variant`` joined by '+':
+    stagesN, bmN, bnN, bkN, groupN, warpsN; persistent CTAs per SM (occN, default 1)). "first"
+    (stage 0's counting order) is not a config part."""
     fields = {"bm": 0, "bn": 1, "bk": 2, "group": 3, "stages": 4, "warps": 5}
-    cfg = list(cfg)
+    cfg, occ = list(cfg), 1
     for part in variant.split("+"):
         if part == "first":
             continue
         name = part.rstrip("0123456789")
-        if name not in fields or name == part:
-            raise SystemExit(f"unknown config variant {part!r} (stagesN, bmN, bnN, bkN, groupN, warpsN, first)")
-        cfg[fields[name]] = int(part[len(name):])
-    return tuple(cfg)
+        if name == "occ" and name != part:
+            occ = int(part[3:])
+        elif name in fields and name != part:
+            cfg[fields[name]] = int(part[len(name):])
+        else:
+            raise SystemExit(f"unknown config variant {part!r} (stagesN, bmN, bnN, bkN, groupN, warpsN, occN, first)")
+    return tuple(cfg), occ
 
 
 def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one):
@@ -107,7 +111,7 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
     from overlap_backend.codegen import cta
     from overlap_backend.runtime import cta_symm, symm
 
-    cfg = _variant_config(cfg0, variant)
+    cfg, occ = _variant_config(cfg0, variant)
     BM, BN, GROUP_M = cfg[0], cfg[1], cfg[3]
     tiles_m = -(-x.shape[0] // BM)
     kchunk, nch = cta_symm.k_chunks(Fd, BN, cfg1[2], -(-tiles_m // GROUP_M), 1)
@@ -116,7 +120,7 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
     try:
         return round(events_ms(lambda: cta.launch_stage0(
             x, placed.w1, None, None, None, staging, data, flags, counters, done, one, 0, kchunk, nch,
-            symm.cta_block(False) + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms,
+            symm.cta_block(False) + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms * occ,
             count_first_at_once="first" in variant.split("+"))), 3)
     except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
         return f"{type(e).__name__}: {str(e)[:80]}"
@@ -128,7 +132,7 @@ def _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one):
     from overlap_backend.codegen import cta
     from overlap_backend.runtime import cta_symm, symm
 
-    cfg = _variant_config(cfg1, variant)
+    cfg, occ = _variant_config(cfg1, variant)
     tiles_m = -(-M // cfg[0])
     mp = tiles_m * cfg[0]
     kchunk, nch = cta_symm.k_chunks(Fd, cfg0[1], cfg[2], -(-tiles_m // cfg[3]), 1)
@@ -141,7 +145,7 @@ def _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one):
         return round(events_ms(lambda: cta.launch_stage1(
             a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm.CTA_ARRIVED),
             torch.zeros(tiles_m, dtype=torch.int32, device=out.device), one, st.status_arg(), st.timeout_ns, 1, 2, M,
-            Fd, 0, kchunk, nch, B + symm.CTA_Y_DONE, 1, cfg, st.num_sms)), 3)
+            Fd, 0, kchunk, nch, B + symm.CTA_Y_DONE, 1, cfg, st.num_sms * occ)), 3)
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {str(e)[:80]}"
 

@@ -234,8 +234,9 @@ def cta_graph_worker(rank: int, ws: int, device: str):
     group = dist.group.WORLD
     op = torch.ops.overlap.cta_pipeline_mlp
     report, bad = [], []
-    for M, act, approximate in ((64, "swiglu", "none"), (300, "gelu", "tanh")):
-        args = _shards(ws, M, 512, 2048, 512, act, True, torch.bfloat16, device)
+    # (M=1100, N=8192: several row groups, the last one's stage-0 tail, replayed)
+    for M, N, act, approximate in ((64, 512, "swiglu", "none"), (300, 512, "gelu", "tanh"), (1100, 8192, "gelu", "tanh")):
+        args = _shards(ws, M, 512, 2048, N, act, True, torch.bfloat16, device)
         x = args[0]
 
         def call():
