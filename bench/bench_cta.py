@@ -246,11 +246,11 @@ def run(args) -> int:
                     row[f"{lay.name} path"] = "p2p"
                 ok &= err <= 2e-2
                 if lay.sweep:
-                    tails = args.swiglu_tails if act == "swiglu" and lay.lowering == "symm" else (False,)
+                    settings = args.swiglu_settings if act == "swiglu" and lay.lowering == "symm" else [("", {})]
                     row[lay.name], row[f"{lay.name} kc"] = _sweep_k_chunks(
-                        timing, fn, args.k_chunks, row, lay.name, args.transports, tails,
+                        timing, fn, args.k_chunks, row, lay.name, args.transports, settings,
                         check=lambda out, ref=refs[lay.group]: common.rel_err(out.float(), ref))
-                    ok &= row.get(f"{lay.name} err tail", 0.0) <= 2e-2
+                    ok &= all(v <= 2e-2 for k, v in row.items() if k.startswith(f"{lay.name} err "))
                 else:
                     row[lay.name], _ = timing.bench(fn)
                     row[f"{lay.name} kc"] = "—"
@@ -292,29 +292,34 @@ def run(args) -> int:
     return 0 if ok else 1
 
 
-def _sweep_k_chunks(timing, fn, values, row, name, transports=("ce", "peer"), swiglu_tails=(False,), check=None):
+def _sweep_k_chunks(timing, fn, values, row, name, transports=("ce", "peer"), settings=(("", {}),), check=None):
     """Time ``fn`` for each transport (cta_symm.TRANSPORT), K-chunk count (cta_symm.K_CHUNKS, the
-    stage-1 wait granularity) and SwiGLU tail setting (cta_symm.SWIGLU_TAIL; with tails, the result
-    is checked first: ``check(out)`` -> relative error, kept as "<name> err tail"); keep every time
-    in ``row``; return (best time, "transport/count[+tail]")."""
+    stage-1 wait granularity) and settings variant (``(label, {cta_symm name: value})``, e.g. SwiGLU
+    tails; a variant other than the defaults is checked first: ``check(out)`` -> relative error,
+    kept as "<name> err <label>"); keep every time in ``row``; return (best time,
+    "transport/count[+label]")."""
     from overlap_backend.runtime import cta_symm
 
-    default, best = (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL), None
+    names = {n for _, values_ in settings for n in values_}
+    default = (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, {n: getattr(cta_symm, n) for n in names})
+    best = None
     try:
-        for tails in swiglu_tails:
-            cta_symm.SWIGLU_TAIL = tails
-            if tails and check is not None:
-                row[f"{name} err tail"] = check(fn())
+        for label, values_ in settings:
+            for n in names:
+                setattr(cta_symm, n, values_.get(n, default[2][n]))
+            if label and check is not None:
+                row[f"{name} err {label}"] = check(fn())
             for transport in transports:
                 for kc in values:
                     cta_symm.TRANSPORT, cta_symm.K_CHUNKS = transport, kc
-                    label = f"{transport}/{kc}" + ("+tail" if tails else "")
                     t, _ = timing.bench(fn)
-                    row[f"{name} {transport} kc={kc}" + (" tail" if tails else "")] = t
+                    row[f"{name} {transport} kc={kc}" + (f" {label}" if label else "")] = t
                     if best is None or t < best[0]:
-                        best = (t, label)
+                        best = (t, f"{transport}/{kc}" + (f"+{label}" if label else ""))
     finally:
-        cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL = default
+        cta_symm.TRANSPORT, cta_symm.K_CHUNKS = default[:2]
+        for n, v in default[2].items():
+            setattr(cta_symm, n, v)
     return best
 
 
@@ -422,6 +427,9 @@ def parse_args(argv=None):
     p.add_argument("--transports", default="ce,peer", help="stage-0 transports to sweep (ours): ce, peer")
     p.add_argument("--swiglu-tails", default="off",
                    help="SwiGLU stage-0 tails to sweep (ours, symm; cta_symm.SWIGLU_TAIL): off, on, or off,on")
+    p.add_argument("--swiglu-shares", default="work",
+                   help="SwiGLU stage-1 shares to sweep (ours, symm; cta_symm.SWIGLU_SHARE_ROUNDS): rounds (balanced "
+                        "in whole rounds of SMs), work (balanced work), or rounds,work")
     p.add_argument("--graphs", action="store_true", help="also time the baselines captured in CUDA graphs")
     p.add_argument("--trace", metavar="DIR", help="torch.profiler traces of ours on ranks 0 and 1")
     p.add_argument("--trace-m", default="4096", help="with --trace: the M values to trace")
@@ -441,6 +449,14 @@ def parse_args(argv=None):
     if not tails or any(v not in ("on", "off") for v in tails):
         p.error("--swiglu-tails: off, on, or off,on")
     args.swiglu_tails = tuple(dict.fromkeys(v == "on" for v in tails))
+    shares = [v for v in args.swiglu_shares.split(",") if v]
+    if not shares or any(v not in ("rounds", "work") for v in shares):
+        p.error("--swiglu-shares: rounds, work, or rounds,work")
+    # (label, cta_symm settings) per swept SwiGLU variant; the label is empty for the defaults
+    args.swiglu_settings = [
+        ("+".join((["rounds"] if share == "rounds" else []) + (["tail"] if tail else [])),
+         {"SWIGLU_TAIL": tail, "SWIGLU_SHARE_ROUNDS": share == "rounds"})
+        for share in dict.fromkeys(shares) for tail in args.swiglu_tails]
     args.trace_m = {int(v) for v in args.trace_m.split(",")}
     return args
 

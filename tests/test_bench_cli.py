@@ -185,32 +185,41 @@ def test_cta_symm_takes_the_bench_sizes(bench, ws):
         assert why is not None and "stages=4" in why
 
 
-def test_cta_swiglu_tails_sweep(bench):
-    """``--swiglu-tails off,on`` times ours with and without SwiGLU stage-0 tails, checks the result
-    with tails first, labels the best variant, and leaves cta_symm's settings as they were; the
-    bench's sizes keep within the flag budget with tails too."""
+def test_cta_swiglu_variants_sweep(bench):
+    """``--swiglu-tails off,on`` / ``--swiglu-shares work,rounds`` time ours in every combination of
+    SwiGLU stage-0 tails and share sizing, check each non-default variant's result first, label the
+    best variant, and leave cta_symm's settings as they were; the bench's sizes keep within the flag
+    budget with tails too."""
     from overlap_backend.runtime import cta_symm, symm
 
     c = bench["bench_cta"]
     assert c.parse_args([]).swiglu_tails == (False,)
+    assert c.parse_args([]).swiglu_settings == [("", {"SWIGLU_TAIL": False, "SWIGLU_SHARE_ROUNDS": False})]
     assert c.parse_args(["--swiglu-tails", "off,on"]).swiglu_tails == (False, True)
-    with pytest.raises(SystemExit):
-        c.parse_args(["--swiglu-tails", "yes"])
+    both = c.parse_args(["--swiglu-tails", "off,on", "--swiglu-shares", "work,rounds"]).swiglu_settings
+    assert [label for label, _ in both] == ["", "tail", "rounds", "rounds+tail"], both
+    for bad in (["--swiglu-tails", "yes"], ["--swiglu-shares", "even"]):
+        with pytest.raises(SystemExit):
+            c.parse_args(bad)
     seen = []
+    settings = lambda: (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL, cta_symm.SWIGLU_SHARE_ROUNDS)  # noqa: E731
 
     class Timing:
         def bench(self, fn):
-            seen.append((cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL))
-            return (1.0 if cta_symm.SWIGLU_TAIL else 2.0) + cta_symm.K_CHUNKS / 100, None
+            seen.append(settings())
+            return ((1.0 if cta_symm.SWIGLU_TAIL else 2.0) + (0.5 if cta_symm.SWIGLU_SHARE_ROUNDS else 0)
+                    + cta_symm.K_CHUNKS / 100), None
 
-    before = (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL)
+    before = settings()
     row = {}
-    best = c._sweep_k_chunks(Timing(), lambda: "out", [4, 8], row, "CTA 2", ("ce",), (False, True),
-                             check=lambda out: 0.001 if cta_symm.SWIGLU_TAIL and out == "out" else 1.0)
-    assert best == (1.04, "ce/4+tail") and row["CTA 2 err tail"] == 0.001
-    assert row["CTA 2 ce kc=8"] == 2.08 and row["CTA 2 ce kc=8 tail"] == 1.08
-    assert seen == [("ce", 4, False), ("ce", 8, False), ("ce", 4, True), ("ce", 8, True)]
-    assert (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL) == before
+    best = c._sweep_k_chunks(Timing(), lambda: "out", [4, 8], row, "CTA 2", ("ce",), both,
+                             check=lambda out: 0.001 if out == "out" else 1.0)
+    assert best == (1.04, "ce/4+tail") and row["CTA 2 err tail"] == 0.001 and row["CTA 2 err rounds+tail"] == 0.001
+    assert "CTA 2 err " not in row  # the defaults are not checked again
+    assert row["CTA 2 ce kc=8"] == 2.08 and row["CTA 2 ce kc=8 tail"] == 1.08 and row["CTA 2 ce kc=4 rounds"] == 2.54
+    assert seen == [("ce", 4, False, False), ("ce", 8, False, False), ("ce", 4, True, False), ("ce", 8, True, False),
+                    ("ce", 4, False, True), ("ce", 8, False, True), ("ce", 4, True, True), ("ce", 8, True, True)]
+    assert settings() == before
     args = c.parse_args([])
     try:
         cta_symm.SWIGLU_TAIL = True

@@ -48,6 +48,8 @@ CASES = [
     # GELU in several row groups (wide N: a group holds one wave of stage-1 tiles), so only the last
     # group has a stage-0 tail (cta_symm.MULTI_GROUP_TAIL); rows not a multiple of the block
     (1100, 1024, 4096, 8192, "gelu", "tanh", True, torch.bfloat16),
+    # SwiGLU whose share in whole rounds (cta_symm.SWIGLU_SHARE_ROUNDS) differs at 2 GPUs on 132 SMs
+    (640, 1024, 16384, 1024, "swiglu", "none", True, torch.bfloat16),
 ]
 # Every F is a multiple of 128 * tp (tp = ws/2 ranks per stage: 4 at 8 GPUs) and every N of tp, so the
 # kernels take every case at 2, 4 and 8 GPUs; F / ws is each rank's shard.
@@ -130,29 +132,34 @@ def cta_worker(rank: int, ws: int, device: str):
     if not last_group_tails and ws <= 4:
         bad.append(f"rank {rank}: no case had several row groups and a tail (the last group's)")
 
-    # SwiGLU with stage-0 tails (cta_symm.SWIGLU_TAIL, off by default until measured): the SwiGLU
-    # cases again, poisoned buffers, at least one of them with a tail (one row group).
-    tails_ran = 0
-    cta_symm.SWIGLU_TAIL = True
-    try:
-        for M, H, F, N, act, approximate, bias, dtype in CASES:
-            if act != "swiglu":
-                continue
-            tp = ws // 2
-            tails_ran += cta_symm.chunk_plan(M, F, N, tp, True, dtype, num_sms, H=H).tail > 0
-            args = _shards(ws, M, H, F, N, act, bias, dtype, device)
-            call(args, act, approximate)  # the placement with the tails' window
-            _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
-            args = _shards(ws, M, H, F, N, act, bias, dtype, device)
-            err = _rel_err(call(args, act, approximate), _reference(args, act, approximate, group))
-            label = f"SwiGLU tails: M={M} H={H} F={F} N={N} bias={bias} {dtype}"
-            report.append(f"{label}: rel err {err:.2e}")
-            if not err <= _tol(dtype):
-                bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
-    finally:
-        cta_symm.SWIGLU_TAIL = False
-    if not tails_ran and ws <= 4:  # at tp=4 the shares' whole units (512 columns) leave these F no tail
-        bad.append(f"rank {rank}: no SwiGLU case had a stage-0 tail")
+    # SwiGLU settings that are off by default until measured: stage-0 tails (cta_symm.SWIGLU_TAIL; at
+    # least one case with a tail: one row group) and the share in whole rounds (SWIGLU_SHARE_ROUNDS;
+    # at least one case where it differs from the balanced-work share). The SwiGLU cases again,
+    # poisoned buffers.
+    for setting, what in (("SWIGLU_TAIL", "a stage-0 tail"), ("SWIGLU_SHARE_ROUNDS", "another share")):
+        changed = 0
+        setattr(cta_symm, setting, True)
+        try:
+            for M, H, F, N, act, approximate, bias, dtype in CASES:
+                if act != "swiglu":
+                    continue
+                tp = ws // 2
+                plan = cta_symm.chunk_plan(M, F, N, tp, True, dtype, num_sms, H=H)
+                changed += plan.tail > 0 if setting == "SWIGLU_TAIL" else plan.f1 != cta_symm.stage1_share(F, tp, True)
+                args = _shards(ws, M, H, F, N, act, bias, dtype, device)
+                call(args, act, approximate)  # the placement with the setting's window
+                _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
+                args = _shards(ws, M, H, F, N, act, bias, dtype, device)
+                err = _rel_err(call(args, act, approximate), _reference(args, act, approximate, group))
+                label = f"SwiGLU {setting}: M={M} H={H} F={F} N={N} bias={bias} {dtype}"
+                report.append(f"{label}: rel err {err:.2e}")
+                if not err <= _tol(dtype):
+                    bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
+        finally:
+            setattr(cta_symm, setting, False)
+        # (at tp=4 the shares' whole units, 512 columns, leave these F no tail and the same share)
+        if not changed and ws <= (4 if setting == "SWIGLU_TAIL" else 2):
+            bad.append(f"rank {rank}: {setting}: no SwiGLU case had {what}")
 
     # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical.
     M, H, F, N = 300, 512, 2048, 512

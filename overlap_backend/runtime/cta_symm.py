@@ -72,6 +72,13 @@ MULTI_GROUP_TAIL = True
 # with the same plan differed by 3 %; bench/bench_cta.py --swiglu-tails off,on).
 SWIGLU_TAIL = False
 SWIGLU_TAIL_FRACTION = 0.2
+# SwiGLU: the stage-1 share that balances the stages in whole rounds of SMs (stage_costs), within
+# SWIGLU_SHARE_SLACK share units of the one that balances work (stage1_share). At M=512 on an H200
+# (F=28672) the balanced-work share leaves stage 0 with 672 tiles, 5.1 rounds of 132 SMs; 512 more
+# columns on stage 1 make it 5 (the model's critical path -8 %). Off until measured on GPUs (the
+# 2-GPU machine was withdrawn before it could run; bench/bench_cta.py --swiglu-shares work,rounds).
+SWIGLU_SHARE_ROUNDS = False
+SWIGLU_SHARE_SLACK = 4
 # Stage 0 counts the first row group's tiles right after their stores, not a main loop later: they
 # are the pipeline's fill. Measured on 2xH200 (bench/probe_cta.py, GELU): 3.17 vs 3.25 ms at M=4096,
 # 0.60 vs 0.66 at M=512 (noisy there), equal at 1024.
@@ -147,7 +154,8 @@ def _cached(cache: dict, key, compute):
 def _settings() -> tuple:
     """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
     return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
-            TAIL_COLS, MULTI_GROUP_TAIL, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False],
+            TAIL_COLS, MULTI_GROUP_TAIL, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, SWIGLU_SHARE_ROUNDS, SWIGLU_SHARE_SLACK,
+            COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False],
             STAGE0_CONFIG[True], STAGE1_CONFIG, STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
 
 
@@ -314,7 +322,8 @@ def share_window(F: int, tp: int, swiglu: bool) -> tuple[int, int, int]:
     of them, so it does not depend on M."""
     if swiglu:
         f1, hi = _swiglu_share(F, tp), swiglu_tail_share(F, tp)
-        return f1, max(f1, hi), (_tail_max(F, tp) if hi else 0)
+        lo, top = _swiglu_share_range(F, tp, f1)
+        return lo, max(top, hi), (_tail_max(F, tp) if hi else 0)
     unit = _share_unit(tp)
     hi = int(F * GELU_SHARE_MAX) // unit * unit if GELU_FILL_SHARE else 0
     return 0, hi, _tail_max(F, tp)
@@ -329,6 +338,24 @@ def _swiglu_share(F: int, tp: int) -> int:
         return 0
     unit = _share_unit(tp)
     return (F // (2 * (tp + 1))) // unit * unit
+
+
+def _swiglu_share_range(F: int, tp: int, base: int) -> tuple[int, int]:
+    """The SwiGLU shares ``chunk_plan`` may pick in whole rounds (``SWIGLU_SHARE_ROUNDS``)."""
+    if not (SWIGLU_SHARE_ROUNDS and base):
+        return base, base
+    unit = _share_unit(tp)
+    slack = SWIGLU_SHARE_SLACK * unit
+    return max(unit, base - slack), min(base + slack, (F - tp * 256) // unit * unit)
+
+
+def swiglu_share_in_rounds(F: int, N: int, H: int, tp: int, base: int, **shape) -> int:
+    """The share in ``_swiglu_share_range`` whose stages' longer one is shortest in ``stage_costs``
+    (``H``: twice the hidden size, gate and up), the nearest to ``base`` among equals."""
+    lo, hi = _swiglu_share_range(F, tp, base)
+    unit = _share_unit(tp)
+    return min(range(lo, hi + 1, unit),
+               key=lambda f1: (max(stage_costs(F, N, H, tp, f1, 0, **shape)), abs(f1 - base)))
 
 
 def swiglu_tail_share(F: int, tp: int) -> int:
@@ -399,18 +426,21 @@ def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: in
     tiles_m = -(-M // cfg0[0])
     groups = -(-tiles_m // cfg0[3])
     window = share_window(F, tp, swiglu)
-    f1 = stage1_share(F, tp, swiglu, tiles_m, cfg0[1], num_sms)
-    fp = (F - f1) // tp
     h = H if H is not None else N
+    shape = dict(tiles_m=tiles_m, group_m=cfg0[3], bn0=cfg0[1], bn1=cfg1[1], num_sms=num_sms)
+    f1 = stage1_share(F, tp, swiglu, tiles_m, cfg0[1], num_sms)
+    if swiglu:
+        f1 = swiglu_share_in_rounds(F, N, 2 * h, tp, f1, **shape)
+    fp = (F - f1) // tp
     # SwiGLU's tails (one row group) come with their own share; GELU's with any number of groups.
     tail_max = window[2] if groups == 1 or (not swiglu and MULTI_GROUP_TAIL) else 0
-    shape = dict(tiles_m=tiles_m, group_m=cfg0[3], bn0=cfg0[1], bn1=cfg1[1], num_sms=num_sms)
     tail = stage0_tail(F, N, 2 * h if swiglu else h, tp, f1, fp, tail_max=tail_max, **shape)
-    if swiglu and groups == 1 and window[1] > f1:  # SwiGLU tails: the larger share, where a tail comes of it
-        fp_t = (F - window[1]) // tp
-        tail_t = stage0_tail(F, N, 2 * h, tp, window[1], fp_t, tail_max=tail_max, **shape)
+    tail_share = swiglu_tail_share(F, tp) if swiglu else 0
+    if groups == 1 and tail_share > f1:  # SwiGLU tails: the larger share, where a tail comes of it
+        fp_t = (F - tail_share) // tp
+        tail_t = stage0_tail(F, N, 2 * h, tp, tail_share, fp_t, tail_max=tail_max, **shape)
         if tail_t:  # (none when N is well under 2H: the balanced share then)
-            f1, fp, tail = window[1], fp_t, tail_t
+            f1, fp, tail = tail_share, fp_t, tail_t
     # Chunks cover what the widest group ships: all of fp, but for one group only its shipped part.
     kchunk, nch = k_chunks(fp - tail if groups == 1 else fp, cfg0[1], cfg1[2], groups, tp)
     return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, groups - 1, kchunk, nch,
