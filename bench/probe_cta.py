@@ -51,7 +51,7 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back
     (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
     names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS", "GELU_SHARE_MAX",
-             "STAGE0_TAIL", "TAIL_COLS", "TAIL_MAX", "MULTI_GROUP_TAIL")
+             "STAGE0_TAIL", "TAIL_COLS", "TAIL_MAX", "MULTI_GROUP_TAIL", "STAGE0_TMA_STORE")
     saved = {n: getattr(cta_symm, n) for n in names}
     saved_stage0 = dict(cta_symm.STAGE0_CONFIG)
     for part in variant.split("+"):
@@ -73,6 +73,8 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
             cta_symm.STAGE0_TAIL = False
         elif part == "nogrouptail":  # tails with one row group only (as before MULTI_GROUP_TAIL)
             cta_symm.MULTI_GROUP_TAIL = False
+        elif part == "tma":  # stage 0's staged tiles stored by TMA (STAGE0_TMA_STORE)
+            cta_symm.STAGE0_TMA_STORE = True
         elif part.startswith("tail"):
             cta_symm.TAIL_COLS = int(part[4:])
         else:
@@ -276,7 +278,8 @@ def main():
                    help="also time the whole op (ce) with these cta_symm settings, comma-separated: "
                         "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), noshare (no GELU "
                         "stage-1 share), shareN (a GELU stage-1 share of N columns), notail (no stage-0 tails), "
-                        "tailN (stage-0 tails of about N columns), nogrouptail (tails with one row group only), "
+                        "tailN (stage-0 tails of about N columns), nogrouptail (tails with one row group only), tma (stage 0's "
+                        "staged tiles by TMA), "
                         "smaxF / tmaxF (GELU_SHARE_MAX / TAIL_MAX = F: wider windows, a new placement), s0bn128 "
                         "(GELU's stage 0 in 128x128 tiles), and combinations joined by '+'")
     args = p.parse_args()

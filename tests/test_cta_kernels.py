@@ -221,6 +221,29 @@ def test_first_row_group_counted_at_once_matches_mlp(ws, transport):
         assert world.flags[r][B + symm.CTA_COUNTERS:B + symm.CTA_DONE].eq(0).all()
 
 
+@pytest.mark.parametrize("ws,M,H,F_,N,act,bias,f1,first", [
+    (2, 40, 32, 128, 48, "gelu", True, 0, False),       # rows past M in the tile: TMA writes the padding
+    (2, 33, 32, 160, 16, "swiglu", True, 32, True),     # a stage-1 share; the first group counted at once
+    (4, 20, 32, 160, 32, "gelu", True, 0, False),       # Fp = 80: the last tile runs past Fp in its block
+    (4, 24, 16, 192, 64, "swiglu", False, 64, True),
+])
+def test_stage0_tma_store_matches_mlp(ws, M, H, F_, N, act, bias, f1, first):
+    """Stage 0's staged tiles stored by TMA (``tma_store``, ``cta_symm.STAGE0_TMA_STORE``): the same
+    chunk-major blocks (padding aside), flags and counters as the pointer stores, the MLP's result."""
+    res = _run(ws, M, H, F_, N, act, bias, transport="ce", f1=f1,
+               stage0_order=dict(tma_store=True, count_first_at_once=first))
+    world, tp = res["world"], ws // 2
+    real = ~res["a_ref"].isnan()  # whole tiles: TMA also writes the blocks' padding, which nothing reads
+    for r in range(tp, ws):
+        torch.testing.assert_close(world.a(r, res["kchunk"])[real], res["a_ref"][real], atol=1e-4, rtol=1e-4)
+        n_chunk = res["groups"] * tp * res["nch"]
+        assert world.flags[r][B + symm.CTA_ARRIVED:B + symm.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
+    for r in range(ws):
+        assert res["statuses"][r][1].tolist() == [0] * 8, f"rank {r} gave up a wait"
+        torch.testing.assert_close(res["outs"][r], res["y_ref"], atol=1e-4, rtol=1e-4)
+        assert world.flags[r][B + symm.CTA_COUNTERS:B + symm.CTA_DONE].eq(0).all()
+
+
 def test_in_kernel_ready_waits_graph_mode():
     """Captured calls wait for the peers' READY inside the kernels (peer stores, both stages)."""
     res = _run(4, 24, 16, 192, 64, "swiglu", True, transport="peer", f1=64, ready=True)

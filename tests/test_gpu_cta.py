@@ -132,26 +132,28 @@ def cta_worker(rank: int, ws: int, device: str):
     if not last_group_tails and ws <= 4:
         bad.append(f"rank {rank}: no case had several row groups and a tail (the last group's)")
 
-    # SwiGLU settings that are off by default until measured: stage-0 tails (cta_symm.SWIGLU_TAIL; at
-    # least one case with a tail: one row group) and the share in whole rounds (SWIGLU_SHARE_ROUNDS;
-    # at least one case where it differs from the balanced-work share). The SwiGLU cases again,
-    # poisoned buffers.
-    for setting, what in (("SWIGLU_TAIL", "a stage-0 tail"), ("SWIGLU_SHARE_ROUNDS", "another share")):
+    # Settings that are off by default until measured: SwiGLU stage-0 tails (cta_symm.SWIGLU_TAIL; at
+    # least one case with a tail: one row group), SwiGLU's share in whole rounds (SWIGLU_SHARE_ROUNDS;
+    # at least one case where it differs from the balanced-work share), stage 0's staged tiles by TMA
+    # (STAGE0_TMA_STORE, every case). The cases again, poisoned buffers.
+    for setting, what in (("SWIGLU_TAIL", "a stage-0 tail"), ("SWIGLU_SHARE_ROUNDS", "another share"),
+                          ("STAGE0_TMA_STORE", "a case")):
         changed = 0
         setattr(cta_symm, setting, True)
         try:
             for M, H, F, N, act, approximate, bias, dtype in CASES:
-                if act != "swiglu":
+                if act != "swiglu" and setting != "STAGE0_TMA_STORE":
                     continue
                 tp = ws // 2
-                plan = cta_symm.chunk_plan(M, F, N, tp, True, dtype, num_sms, H=H)
-                changed += plan.tail > 0 if setting == "SWIGLU_TAIL" else plan.f1 != cta_symm.stage1_share(F, tp, True)
+                plan = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
+                changed += {"SWIGLU_TAIL": plan.tail > 0, "STAGE0_TMA_STORE": True,
+                            "SWIGLU_SHARE_ROUNDS": plan.f1 != cta_symm.stage1_share(F, tp, True)}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 err = _rel_err(call(args, act, approximate), _reference(args, act, approximate, group))
-                label = f"SwiGLU {setting}: M={M} H={H} F={F} N={N} bias={bias} {dtype}"
+                label = f"{setting}: M={M} H={H} F={F} N={N} {act} bias={bias} {dtype}"
                 report.append(f"{label}: rel err {err:.2e}")
                 if not err <= _tol(dtype):
                     bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
@@ -159,23 +161,29 @@ def cta_worker(rank: int, ws: int, device: str):
             setattr(cta_symm, setting, False)
         # (at tp=4 the shares' whole units, 512 columns, leave these F no tail and the same share)
         if not changed and ws <= (4 if setting == "SWIGLU_TAIL" else 2):
-            bad.append(f"rank {rank}: {setting}: no SwiGLU case had {what}")
+            bad.append(f"rank {rank}: {setting}: no case had {what}")
 
-    # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical.
+    # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical; also with
+    # stage 0's tiles stored by TMA (a tile counted before its bulk store landed would ship stale data).
     M, H, F, N = 300, 512, 2048, 512
     args = _shards(ws, M, H, F, N, "swiglu", True, torch.bfloat16, device)
-    for i in range(30):
-        x = torch.randn(M, H, device=device).to(torch.bfloat16)
-        dist.broadcast(x, src=0)
-        args = (x,) + args[1:]
-        err = _rel_err(call(args, "swiglu", "none"), _reference(args, "swiglu", "none", group))
-        if not err <= 1e-2:
-            bad.append(f"rank {rank}: distinct call {i}: rel err {err:.3e}")
-    first = call(args, "swiglu", "none")
-    for i in range(50):
-        if not torch.equal(call(args, "swiglu", "none"), first):
-            bad.append(f"rank {rank}: repeated call {i} differs from the first")
-            break
+    for tma in (False, True):
+        cta_symm.STAGE0_TMA_STORE = tma
+        try:
+            for i in range(30):
+                x = torch.randn(M, H, device=device).to(torch.bfloat16)
+                dist.broadcast(x, src=0)
+                args = (x,) + args[1:]
+                err = _rel_err(call(args, "swiglu", "none"), _reference(args, "swiglu", "none", group))
+                if not err <= 1e-2:
+                    bad.append(f"rank {rank}: distinct call {i} (TMA stores: {tma}): rel err {err:.3e}")
+            first = call(args, "swiglu", "none")
+            for i in range(50):
+                if not torch.equal(call(args, "swiglu", "none"), first):
+                    bad.append(f"rank {rank}: repeated call {i} (TMA stores: {tma}) differs from the first")
+                    break
+        finally:
+            cta_symm.STAGE0_TMA_STORE = False
 
     # An in-place weight update: the placement must be redone (version counter).
     args[1].mul_(0.5)

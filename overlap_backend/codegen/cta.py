@@ -46,6 +46,17 @@ def _fence_proxy_async(INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _bulk_stores_done(INTERPRET: tl.constexpr):
+    """This CTA's TMA (bulk) stores are complete and ordered before its later generic-proxy accesses
+    (the release that counts a tile): the issuing thread waits for its bulk groups and fences the
+    async proxy, then the CTA synchronises so the thread that counts comes after it."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _activation(h, g, ACT: tl.constexpr):
     """act(h) in float32; SwiGLU: ``silu(h) * g``."""
     if ACT == 0:
@@ -78,6 +89,7 @@ def stage0_kernel(
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, WAIT_READY: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
+    TMA_STORE: tl.constexpr = False, INTERPRET: tl.constexpr = False,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
@@ -88,7 +100,9 @@ def stage0_kernel(
     Counters/flags are per (group of GROUP_M row blocks g, chunk j), 0 between calls.
 
     - ``STAGED``: blocks go to the local ``stage_ptr`` ``[nch, Mp, kchunk]``; the last tile of
-      (g, j) raises the local ``done_ptr[g * nch + j]`` (the host's copy engine ships it);
+      (g, j) raises the local ``done_ptr[g * nch + j]`` (the host's copy engine ships it).
+      ``TMA_STORE``: whole tiles by TMA (rows past M and columns past the shipped ones land in the
+      block's padding, which nothing reads), each counted only once its bulk store completed;
     - else: blocks go to block ``producer * nch + j`` of every consumer's buffer (offset 0 of its
       data buffer, ``[TP * nch, Mp, kchunk]``), and the last tile raises word
       ``a_flag_word + (g * TP + producer) * nch + j`` of every consumer's flags.
@@ -118,6 +132,9 @@ def stage0_kernel(
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, H], strides=[H, 1], block_shape=[BM, BK])
     w1_desc = tl.make_tensor_descriptor(w1_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, BN])
     w3_desc = tl.make_tensor_descriptor(w3_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, BN])
+    if TMA_STORE:
+        stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[nch * Mp, kchunk], strides=[kchunk, 1],
+                                               block_shape=[BM, BN])
     prev_m = -1  # the tile stored in the previous iteration, counted after this one's main loop
     prev_n = 0
     # (tl.range(..., flatten=True), fusing this loop with the K-loop, made stage 0 3x slower with
@@ -130,6 +147,8 @@ def stage0_kernel(
         # Count the previous tile now: its stores had a whole main loop to drain, so the release
         # below does not stall this CTA on them (counting right after the stores did).
         if prev_m >= 0:
+            if TMA_STORE:
+                _bulk_stores_done(INTERPRET)  # long done by now: a main loop ran since
             _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
                               tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
                               STAGED)
@@ -148,7 +167,9 @@ def stage0_kernel(
             j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
             mask = (offs_m < M)[:, None] & (offs_n < tl.where(in_tail_group, Fship, Fp))[None, :]
             rel = (j * Mp + offs_m).to(tl.int64)[:, None] * kchunk + (offs_n - j * kchunk)[None, :]
-            if STAGED:
+            if TMA_STORE:
+                stage_desc.store([j * Mp + pid_m * BM, pid_n * BN - j * kchunk], act)
+            elif STAGED:
                 tl.store(stage_ptr + rel, act, mask=mask)
             else:
                 for q in range(TP):
@@ -160,11 +181,15 @@ def stage0_kernel(
                 # The first row group's chunks are what stage 1 waits for first (the pipeline's fill):
                 # counted right after their stores instead of a main loop later.
                 if pid_m < GROUP_M:
+                    if TMA_STORE:
+                        _bulk_stores_done(INTERPRET)
                     _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
                                       tiles_m, tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer,
                                       first_consumer, TP, GROUP_M, STAGED)
                     prev_m = -1
     if prev_m >= 0:
+        if TMA_STORE:
+            _bulk_stores_done(INTERPRET)
         _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
                           tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
                           STAGED)
@@ -359,12 +384,14 @@ def padded_rows(M: int, BM: int) -> int:
 
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
                   a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
-                  rank=0, timed=True, count_first_at_once=False, fship=None, keep=None, tail_group=0):
+                  rank=0, timed=True, count_first_at_once=False, fship=None, keep=None, tail_group=0,
+                  tma_store=False):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
     straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
     words to wait on in the kernel (None: the caller made the stream wait); ``fship``: columns
     row group ``tail_group`` ships (default all), the rest of that group's into ``keep``
-    ``[Mp - m0, Fp - fship]`` (the tail; ``m0``: the group's first row)."""
+    ``[Mp - m0, Fp - fship]`` (the tail; ``m0``: the group's first row); ``tma_store``: the
+    staged tiles by TMA (with ``stage`` only)."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -383,7 +410,8 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
         STAGED=stage is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed,
-        COUNT_FIRST_AT_ONCE=count_first_at_once, num_stages=stages, num_warps=warps,
+        COUNT_FIRST_AT_ONCE=count_first_at_once, TMA_STORE=tma_store and stage is not None, INTERPRET=not timed,
+        num_stages=stages, num_warps=warps,
     )
 
 

@@ -83,6 +83,11 @@ SWIGLU_SHARE_SLACK = 4
 # are the pipeline's fill. Measured on 2xH200 (bench/probe_cta.py, GELU): 3.17 vs 3.25 ms at M=4096,
 # 0.60 vs 0.66 at M=512 (noisy there), equal at 1024.
 COUNT_FIRST_GROUP_AT_ONCE = True
+# Stage 0 (and the stage-1 share) stores its staged tiles by TMA instead of masked pointer stores,
+# counting each tile once its bulk store completed. One H200, stage 0 alone: the pointer-store kernel
+# took 1.13x cuBLAS's time where the same persistent GEMM with a TMA-stored GELU epilogue took 1.06x
+# (bench/probe_ws.py). Off until run on two GPUs (the copy engine reads what the TMA wrote).
+STAGE0_TMA_STORE = False
 _staging: dict[tuple, Tensor] = {}
 # Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
 STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
@@ -155,7 +160,7 @@ def _settings() -> tuple:
     """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
     return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
             TAIL_COLS, MULTI_GROUP_TAIL, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, SWIGLU_SHARE_ROUNDS, SWIGLU_SHARE_SLACK,
-            COUNT_FIRST_GROUP_AT_ONCE, STAGE0_CONFIG[False],
+            COUNT_FIRST_GROUP_AT_ONCE, STAGE0_TMA_STORE, STAGE0_CONFIG[False],
             STAGE0_CONFIG[True], STAGE1_CONFIG, STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
 
 
@@ -579,14 +584,14 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
                               timeout_ns=st.timeout_ns, rank=r, count_first_at_once=COUNT_FIRST_GROUP_AT_ONCE,
-                              fship=plan.fship, keep=keep, tail_group=plan.tail_group)
+                              fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=STAGE0_TMA_STORE)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
             own = a[tp * nch * mp:].view(-1)
             cta.launch_stage0(xa, *first, own, data, flags,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, 0, kchunk, nch1,
-                              base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms)
+                              base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, tma_store=STAGE0_TMA_STORE)
         cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm.CTA_ARRIVED),
                           word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
                           nch, base + symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,

@@ -1,0 +1,161 @@
+"""Probe (one GPU): does Triton's warp specialization close the gap between our persistent TMA GEMMs
+and cuBLAS on Hopper?
+
+The CTA op's stage-0 and stage-1 kernels are persistent Triton GEMMs (an outer loop over tiles, an
+inner K-loop) at 1.07-1.16x cuBLAS's time on H200s (bench/results/2026-11-30_h200x2_session12). A
+CTA's epilogue does not overlap its next tile's main loop. ``tl.range(..., warp_specialize=True)``
+splits loads and MMAs into separate warp groups; Triton documented it for Blackwell first, and later
+versions run it on Hopper too. This times the same persistent GEMM (C = A @ B, B row-major like the
+op's weights; optionally the op's GELU epilogue) with and without it, against ``torch.mm``, after
+checking each result against a float32 reference on fresh random inputs (outputs poisoned first).
+
+    python bench/probe_ws.py [--shapes 1024x8192x28672,512x8192x28672] [--configs 128x256x64x3x8,...]
+
+Not a benchmark of record: a diagnostic. Prints one line per (shape, config, variant): ms (median of
+CUDA-event timings after warm-up) and the ratio to cuBLAS, or why the variant did not compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gelu_tanh(h):
+    u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
+    return 0.5 * h * (1.0 + (2.0 * tl.sigmoid(2.0 * u) - 1.0))
+
+
+@triton.jit
+def persistent_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, WS: tl.constexpr, GELU: tl.constexpr):
+    """C = A @ B (GELU(A @ B)), tiles in groups of GROUP_M row blocks, column by column."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=False, warp_specialize=WS):
+        per_group = GROUP_M * tiles_n
+        first_m = (tile // per_group) * GROUP_M
+        rows = tl.minimum(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % per_group) % rows
+        pid_n = (tile % per_group) // rows
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BK)):
+            acc = tl.dot(a_desc.load([pid_m * BM, k * BK]), b_desc.load([k * BK, pid_n * BN]), acc)
+        if GELU:
+            acc = _gelu_tanh(acc)
+        c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
+
+
+def events_ms(fn, n=20, warm=5):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
+    """The op's stage-0 kernel alone on this GPU: A = GELU(a @ b) into a local chunk-major staging
+    buffer (the copy-engine transport's), counting tiles per chunk; checked, then timed."""
+    from overlap_backend.codegen import cta
+    from overlap_backend.runtime import cta_symm
+
+    M, _ = a.shape
+    N = b.shape[1]
+    cfg0, cfg1 = cta_symm._configs(a.dtype, False, M, a.shape[1], num_sms)  # group size as the op (N of stage 1 = H)
+    BM, BN = cfg0[0], cfg0[1]
+    tiles_m = -(-M // BM)
+    kchunk, nch = cta_symm.k_chunks(N, BN, cfg1[2], -(-tiles_m // cfg0[3]), 1)
+    mp = tiles_m * BM
+    stage = torch.full((nch * mp * kchunk,), float("nan"), device=a.device, dtype=a.dtype)
+    counters = torch.zeros(4096, dtype=torch.int32, device=a.device)
+    done = torch.zeros(4096, dtype=torch.int32, device=a.device)
+    one = torch.ones(1, dtype=torch.int32, device=a.device)
+    tables = torch.zeros(8, dtype=torch.int64, device=a.device)  # peer tables: unused by local stores
+
+    def run():
+        cta.launch_stage0(a, b, None, None, None, stage, tables, tables, counters, done, one, 0, kchunk, nch, 0,
+                          1, 1, cta.ACT_GELU_TANH, cfg0, num_sms, tma_store=tma_store)
+
+    run()
+    torch.cuda.synchronize()
+    got = stage.view(nch, mp, kchunk)[:, :M].permute(1, 0, 2).reshape(M, nch * kchunk)[:, :N]
+    err = ((got.float() - ref).norm() / ref.norm()).item()
+    if not err <= 1e-2:
+        return f"WRONG (rel err {err:.2e})"
+    t = events_ms(run)
+    return f"{t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e} (config {cfg0}, {nch} chunks of {kchunk})"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="1024x8192x28672,512x8192x28672,1024x28672x8192",
+                   help="MxKxN, comma-separated (default: the CTA op's GEMMs at M=1024 and 512)")
+    p.add_argument("--configs", default="128x256x64x3x8,128x256x64x4x8,128x128x64x4x8,128x128x64x4x4",
+                   help="BMxBNxBKxSTAGESxWARPS, comma-separated")
+    p.add_argument("--gelu", action="store_true", help="also the op's GELU epilogue")
+    p.add_argument("--stage0", action="store_true",
+                   help="also the CTA op's stage-0 kernel (GELU, chunk-major local stores, tiles counted; "
+                        "flags local) at each MxKxN, in its default config")
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}, {num_sms} SMs",
+          flush=True)
+    for shape in args.shapes.split(","):
+        M, K, N = (int(v) for v in shape.split("x"))
+        a = torch.randn(M, K, device=dev).to(torch.bfloat16)
+        b = (torch.randn(K, N, device=dev) / K**0.5).to(torch.bfloat16)
+        ref = a.float() @ b.float()
+        refs = {False: ref, True: torch.nn.functional.gelu(ref, approximate="tanh")}
+        cublas = events_ms(lambda: torch.mm(a, b))
+        print(f"M={M} K={K} N={N}: cuBLAS {cublas:.3f} ms", flush=True)
+        if args.stage0:
+            for tma in (False, True):
+                print(f"  stage0 (cta.launch_stage0, tma_store={tma}): {_stage0_ms(a, b, refs[True], num_sms, cublas, tma)}",
+                      flush=True)
+        for cfg in args.configs.split(","):
+            BM, BN, BK, stages, warps = (int(v) for v in cfg.split("x"))
+            for gelu in (False, True) if args.gelu else (False,):
+                for ws in (False, True):
+                    c = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
+                    grid = (min(num_sms, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
+
+                    def run():
+                        persistent_gemm[grid](a, b, c, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=8, NUM_SMS=grid[0],
+                                              WS=ws, GELU=gelu, num_stages=stages, num_warps=warps)
+
+                    label = f"  {cfg} {'gelu ' if gelu else ''}ws={ws}"
+                    try:
+                        run()
+                        torch.cuda.synchronize()
+                    except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
+                        print(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+                        continue
+                    err = ((c.float() - refs[gelu]).norm() / refs[gelu].norm()).item()
+                    if not err <= 1e-2:
+                        print(f"{label}: WRONG (rel err {err:.2e})", flush=True)
+                        continue
+                    t = events_ms(run)
+                    print(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
