@@ -534,9 +534,8 @@ def test_host_path_swiglu_tails(monkeypatch, ws, F_, transport):
     assert len(cta_symm._placements) == ws
 
 
-@pytest.mark.parametrize("transport", ["ce", "peer"])
-@pytest.mark.parametrize("ws,F_,M,num_sms,share", [(2, 1024, 40, 4, None), (2, 1024, 50, 4, 256),
-                                                   (4, 2048, 50, 3, None)])
+@pytest.mark.parametrize("ws,F_,M,num_sms,share,transport", [(2, 1024, 40, 4, None, "ce"), (2, 1024, 50, 4, 256, "peer"),
+                                                             (4, 2048, 50, 3, None, "ce")])
 def test_host_path_last_group_tail(monkeypatch, ws, F_, M, num_sms, share, transport):
     """GELU with more than one row group (``MULTI_GROUP_TAIL``): only the last group has a tail, so
     its rows ship fewer columns and its stage-1 tiles add the tails' partial products, while the
@@ -587,8 +586,7 @@ def test_stage0_tail_balances_whole_rounds(M, tp):
         assert plan.groups == 1 and plan.f1 == 8448 and plan.tail == 6144, plan
 
 
-@pytest.mark.parametrize("ws,F_,M,num_sms,transport", [(2, 2048, 40, 4, "ce"), (2, 2048, 40, 4, "peer"),
-                                                      (4, 3072, 20, 4, "ce")])
+@pytest.mark.parametrize("ws,F_,M,num_sms,transport", [(2, 2048, 40, 4, "peer"), (4, 3072, 20, 4, "ce")])
 def test_host_path_swiglu_share_in_rounds(monkeypatch, ws, F_, M, num_sms, transport):
     """``SWIGLU_SHARE_ROUNDS``: a share other than the balanced-work one (here 256 columns instead of
     512), inside the placement's wider window, gives every rank the MLP's result."""
