@@ -535,7 +535,7 @@ def test_host_path_swiglu_tails(monkeypatch, ws, F_, transport):
 
 
 @pytest.mark.parametrize("ws,F_,M,num_sms,share,transport", [(2, 1024, 40, 4, None, "ce"), (2, 1024, 50, 4, 256, "peer"),
-                                                             (4, 2048, 50, 3, None, "ce")])
+                                                             (4, 1024, 40, 2, None, "ce")])
 def test_host_path_last_group_tail(monkeypatch, ws, F_, M, num_sms, share, transport):
     """GELU with more than one row group (``MULTI_GROUP_TAIL``): only the last group has a tail, so
     its rows ship fewer columns and its stage-1 tiles add the tails' partial products, while the
