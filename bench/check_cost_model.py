@@ -54,9 +54,22 @@ def _dtype(d: dict) -> str:
     return str(d.get("dtype", "torch.bfloat16")).removeprefix("torch.")
 
 
+def _run_name(path: Path) -> str:
+    """A result's run: its folder under bench/results, with the device call's subfolder (runN/) when
+    a session keeps one per call."""
+    rel = path.parent.relative_to(RESULTS)
+    return "/".join(rel.parts)
+
+
+def _result_files() -> list[Path]:
+    """Every committed suite result: ``<run>/<suite>_ws<N>.json`` and, for sessions that keep a folder per
+    device call, ``<run>/runN/<suite>_ws<N>.json``."""
+    return sorted([*RESULTS.glob("*/*_ws*.json"), *RESULTS.glob("*/run*/*_ws*.json")])
+
+
 def collective_rows(path: Path) -> list[dict]:
     d = json.loads(path.read_text())
-    suite, ws, dtype, run = d["suite"], int(d["world_size"]), _dtype(d), path.parent.name
+    suite, ws, dtype, run = d["suite"], int(d["world_size"]), _dtype(d), _run_name(path)
     out = []
     for r in d["rows"]:
         m, k, n = int(r["M"]), int(r["K"]), int(r["N"])
@@ -82,7 +95,7 @@ def collective_rows(path: Path) -> list[dict]:
 def cta_rows(path: Path) -> list[dict]:
     d = json.loads(path.read_text())
     info = d["info"]
-    ws, h, ffn, dtype, run = int(info["world_size"]), int(info["hidden"]), int(info["ffn"]), _dtype(info), path.parent.name
+    ws, h, ffn, dtype, run = int(info["world_size"]), int(info["hidden"]), int(info["ffn"]), _dtype(info), _run_name(path)
     out = []
     for r in d["rows"]:
         m = int(r["M"])
@@ -108,7 +121,7 @@ def moe_rows(path: Path) -> list[dict]:
     """``bench_moe.py``: the baseline (NCCL all-to-alls + grouped_mm) and ours symm with the combine
     transport the model prices (``ce`` of the sweep, 8 comm SMs: the default transport)."""
     d = json.loads(path.read_text())
-    info, run = d["info"], path.parent.name
+    info, run = d["info"], _run_name(path)
     ws = int(info["world_size"])
     out = []
     for r in d["results"]:
@@ -168,7 +181,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cal = DEFAULTS["h200"]
     rows = []
-    for path in sorted(RESULTS.glob("*/*_ws*.json")):
+    for path in _result_files():
         d = json.loads(path.read_text())
         if "suite" in d and d["suite"] in ("ag_mm", "mm_rs", "mm_ar"):
             rows += collective_rows(path)
