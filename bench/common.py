@@ -132,6 +132,15 @@ class Timing:
         return allreduce_max([median], self.device)[0], n_reps
 
 
+def events_ms(fn: Callable[[], object], n: int = 20, warm: int = 3) -> float:
+    """Median CUDA-event time of ``fn`` in ms on this process alone (not collective, unlike
+    ``Timing.bench``): for probes of one kernel on one GPU."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    return statistics.median(Timing(torch.device("cuda"))._elapsed_ms(fn, n))
+
+
 def together_ms(fn: Callable[[], object], n: int = 10, warm: int = 0) -> float:
     """Median ms of one call of ``fn`` started on every rank at once (a barrier and a synchronize
     before each; CUDA events around it), max over ranks. For probes: a call's latency without

@@ -39,14 +39,6 @@ import overlap_backend  # noqa: E402,F401
 from bench import common  # noqa: E402
 
 
-def events_ms(fn, n=20, warm=3):
-    """Median CUDA-event time of ``fn`` on this rank alone (not collective, unlike Timing.bench)."""
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    return statistics.median(common.Timing(torch.device("cuda"))._elapsed_ms(fn, n))
-
-
 def _op_variant(variant, cta_symm, timing, op, queued=20):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back
     (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
@@ -120,7 +112,7 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
     staging = torch.empty(nch * tiles_m * BM * kchunk, dtype=x.dtype, device=x.device)
     data, flags = st.peer_tables()
     try:
-        return round(events_ms(lambda: cta.launch_stage0(
+        return round(common.events_ms(lambda: cta.launch_stage0(
             x, placed.w1, None, None, None, staging, data, flags, counters, done, one, 0, kchunk, nch,
             symm.cta_block(False) + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms * occ,
             count_first_at_once="first" in variant.split("+"))), 3)
@@ -144,7 +136,7 @@ def _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one):
     data, flags = st.peer_tables()
     B = symm.cta_block(False)
     try:
-        return round(events_ms(lambda: cta.launch_stage1(
+        return round(common.events_ms(lambda: cta.launch_stage1(
             a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm.CTA_ARRIVED),
             torch.zeros(tiles_m, dtype=torch.int32, device=out.device), one, st.status_arg(), st.timeout_ns, 1, 2, M,
             Fd, 0, kchunk, nch, B + symm.CTA_Y_DONE, 1, cfg, st.num_sms * occ)), 3)
@@ -379,26 +371,26 @@ def main():
             done = torch.zeros(2048, dtype=torch.int32, device=device)
             staging = torch.empty(nch * mp * kchunk, dtype=dtype, device=device)
             for name, buf in (("stage0 local stores", staging), ("stage0 peer stores", None)):
-                alone[name] = events_ms(lambda buf=buf: cta.launch_stage0(
+                alone[name] = common.events_ms(lambda buf=buf: cta.launch_stage0(
                     x, placed.w1, None, None, None, buf, data, flags, counters, done, one, 0, kchunk, nch,
                     B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
             for variant in filter(None, args.stage0_variants.split(",")):
                 alone[f"stage0 {variant}"] = _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done,
                                                              one)
-            alone["cublas GEMM1"] = events_ms(lambda: torch.mm(x, placed.w1))
+            alone["cublas GEMM1"] = common.events_ms(lambda: torch.mm(x, placed.w1))
             y = st.data_view(dtype, (M, H), y_offset)
-            alone["collect"] = events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(B + symm.CTA_Y_DONE), one,
+            alone["collect"] = common.events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(B + symm.CTA_Y_DONE), one,
                                                                     st.status_arg(), st.timeout_ns, 0, 1, -1,
                                                                     cfg0[0]))
         else:
             a = st.data_view(dtype, (nch * mp, kchunk))
-            alone["stage1"] = events_ms(lambda: cta.launch_stage1(
+            alone["stage1"] = common.events_ms(lambda: cta.launch_stage1(
                 a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm.CTA_ARRIVED),
                 torch.zeros(tiles_m, dtype=torch.int32, device=device), one, st.status_arg(), st.timeout_ns, 1, 2, M,
                 Fd, 0, kchunk, nch, B + symm.CTA_Y_DONE, 1, cfg1, st.num_sms))
             for variant in filter(None, args.stage1_variants.split(",")):
                 alone[f"stage1 {variant}"] = _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one)
-            alone["cublas GEMM2"] = events_ms(lambda: torch.mm(out.new_empty(M, Fd), placed.w2))
+            alone["cublas GEMM2"] = common.events_ms(lambda: torch.mm(out.new_empty(M, Fd), placed.w2))
         torch.cuda.synchronize()
         dist.barrier()
         # Stream-memop ping-pong latency between the two GPUs.

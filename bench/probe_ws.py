@@ -18,11 +18,17 @@ CUDA-event timings after warm-up) and the ratio to cuBLAS, or why the variant di
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
+from pathlib import Path
 
-import torch
-import triton
-import triton.language as tl
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from bench.common import events_ms  # noqa: E402
 
 
 @triton.jit
@@ -54,21 +60,6 @@ def persistent_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.const
         c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
 
 
-def events_ms(fn, n=20, warm=5):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
     """The op's stage-0 kernel alone on this GPU: A = GELU(a @ b) into a local chunk-major staging
     buffer (the copy-engine transport's), counting tiles per chunk; checked, then timed."""
@@ -98,7 +89,7 @@ def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
     err = ((got.float() - ref).norm() / ref.norm()).item()
     if not err <= 1e-2:
         return f"WRONG (rel err {err:.2e})"
-    t = events_ms(run)
+    t = events_ms(run, warm=5)
     return f"{t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e} (config {cfg0}, {nch} chunks of {kchunk})"
 
 
@@ -124,7 +115,7 @@ def main() -> int:
         b = (torch.randn(K, N, device=dev) / K**0.5).to(torch.bfloat16)
         ref = a.float() @ b.float()
         refs = {False: ref, True: torch.nn.functional.gelu(ref, approximate="tanh")}
-        cublas = events_ms(lambda: torch.mm(a, b))
+        cublas = events_ms(lambda: torch.mm(a, b), warm=5)
         print(f"M={M} K={K} N={N}: cuBLAS {cublas:.3f} ms", flush=True)
         if args.stage0:
             for tma in (False, True):
@@ -152,7 +143,7 @@ def main() -> int:
                     if not err <= 1e-2:
                         print(f"{label}: WRONG (rel err {err:.2e})", flush=True)
                         continue
-                    t = events_ms(run)
+                    t = events_ms(run, warm=5)
                     print(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e}", flush=True)
     return 0
 

@@ -460,6 +460,17 @@ class FakeHostPath:
             self.real_collect(*a, **k)
         return outs
 
+    def check_calls(self, act, calls=2):
+        """``calls`` op calls on fresh inputs (new epochs, placement reused): no rank gave up a wait,
+        and every rank returned the MLP's result."""
+        for call in range(calls):
+            x = self.xs * (call + 1)
+            outs = self.call(x, act)
+            ref = self.reference(x, act)
+            for r in range(self.ws):
+                assert self.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
+                torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
+
     def reference(self, x, act):
         h = [x @ s["w1"] + s["b1"] for s in self.shards]
         if act == "swiglu":
@@ -524,13 +535,7 @@ def test_host_path_swiglu_tails(monkeypatch, ws, F_, transport):
     lo, hi, _ = cta_symm.share_window(F_, tp, True)
     assert many.groups > 1 and many.tail == 0 and lo <= many.f1 <= hi, many  # the share without tails
     assert lo <= base and hi >= plan.f1  # the placement covers both
-    for call in range(2):
-        x = fake.xs * (call + 1)
-        outs = fake.call(x, "swiglu")
-        ref = fake.reference(x, "swiglu")
-        for r in range(ws):
-            assert fake.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
-            torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
+    fake.check_calls("swiglu")
     assert len(cta_symm._placements) == ws
 
 
@@ -549,13 +554,7 @@ def test_host_path_last_group_tail(monkeypatch, ws, F_, M, num_sms, share, trans
     assert plan.groups > 1 and plan.tail > 0 and plan.tail_group == plan.groups - 1, plan
     assert plan.fship < plan.kchunk * plan.nch, plan  # the last group ships fewer chunks than the others
     assert plan.f1 == (share or 0), plan
-    for call in range(2):
-        x = fake.xs * (call + 1)
-        outs = fake.call(x, "gelu")
-        ref = fake.reference(x, "gelu")
-        for r in range(ws):
-            assert fake.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
-            torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
+    fake.check_calls("gelu")
     monkeypatch.setattr(cta_symm, "MULTI_GROUP_TAIL", False)
     assert cta_symm.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H).tail == 0
 
@@ -596,13 +595,7 @@ def test_host_path_swiglu_share_in_rounds(monkeypatch, ws, F_, M, num_sms, trans
     fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=num_sms, M=M)
     plan = cta_symm.chunk_plan(M, F_, fake.N, ws // 2, True, torch.float32, num_sms, H=fake.H)
     assert plan.f1 != cta_symm.stage1_share(F_, ws // 2, True) and plan.f1 > 0, plan
-    for call in range(2):
-        x = fake.xs * (call + 1)
-        outs = fake.call(x, "swiglu")
-        ref = fake.reference(x, "swiglu")
-        for r in range(ws):
-            assert fake.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
-            torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
+    fake.check_calls("swiglu")
 
 
 @pytest.mark.parametrize("tp", [1, 2])

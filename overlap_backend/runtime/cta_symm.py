@@ -492,13 +492,11 @@ def stage0_tail(F: int, N: int, H: int, tp: int, f1: int, fp: int, *, tiles_m: i
         return 0
     if TAIL_COLS is not None:
         want = TAIL_COLS
-    else:
-        groups = -(-tiles_m // group_m)
-        last_rows = tiles_m - (groups - 1) * group_m
-        r0 = _rounds(tiles_m * -(-fp // bn0), num_sms)
-        rs = _rounds(tiles_m * -(-f1 // bn0), num_sms) if f1 else 0
-        rt = _rounds(tp * last_rows * -(-(N // tp) // bn1), num_sms)
-        want = (bn1 * groups * F + (rs - r0) * bn0 * H) // (bn1 * (rt + tp))
+    else:  # both stages' times are linear in the tail: solve stage0(d) = stage1(d)
+        shape = dict(tiles_m=tiles_m, group_m=group_m, bn0=bn0, bn1=bn1, num_sms=num_sms)
+        s0, s1 = stage_costs(F, N, H, tp, f1, 0, **shape)
+        t0, t1 = stage_costs(F, N, H, tp, f1, 1, **shape)
+        want = (s1 - s0) // ((t0 - s0) - (t1 - s1))
     fship = max(bn0, (fp - max(0, want)) // bn0 * bn0)
     if fp - fship > tail_max:
         fship = -(-(fp - tail_max) // bn0) * bn0
