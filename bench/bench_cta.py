@@ -427,9 +427,9 @@ def parse_args(argv=None):
     p.add_argument("--transports", default="ce,peer", help="stage-0 transports to sweep (ours): ce, peer")
     p.add_argument("--swiglu-tails", default="off",
                    help="SwiGLU stage-0 tails to sweep (ours, symm; cta_symm.SWIGLU_TAIL): off, on, or off,on")
-    p.add_argument("--swiglu-shares", default="work",
+    p.add_argument("--swiglu-shares", default="rounds",
                    help="SwiGLU stage-1 shares to sweep (ours, symm; cta_symm.SWIGLU_SHARE_ROUNDS): rounds (balanced "
-                        "in whole rounds of SMs), work (balanced work), or rounds,work")
+                        "in whole rounds of SMs, the default), work (balanced work), or rounds,work")
     p.add_argument("--graphs", action="store_true", help="also time the baselines captured in CUDA graphs")
     p.add_argument("--trace", metavar="DIR", help="torch.profiler traces of ours on ranks 0 and 1")
     p.add_argument("--trace-m", default="4096", help="with --trace: the M values to trace")
@@ -452,9 +452,9 @@ def parse_args(argv=None):
     shares = [v for v in args.swiglu_shares.split(",") if v]
     if not shares or any(v not in ("rounds", "work") for v in shares):
         p.error("--swiglu-shares: rounds, work, or rounds,work")
-    # (label, cta_symm settings) per swept SwiGLU variant; the label is empty for the defaults
+    # (label, cta_symm settings) per swept SwiGLU variant: what differs from the defaults (none: "")
     args.swiglu_settings = [
-        ("+".join((["rounds"] if share == "rounds" else []) + (["tail"] if tail else [])),
+        ("+".join((["work"] if share == "work" else []) + (["tail"] if tail else [])),
          {"SWIGLU_TAIL": tail, "SWIGLU_SHARE_ROUNDS": share == "rounds"})
         for share in dict.fromkeys(shares) for tail in args.swiglu_tails]
     args.trace_m = {int(v) for v in args.trace_m.split(",")}

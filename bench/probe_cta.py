@@ -65,8 +65,8 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
             cta_symm.STAGE0_TAIL = False
         elif part == "nogrouptail":  # tails with one row group only (as before MULTI_GROUP_TAIL)
             cta_symm.MULTI_GROUP_TAIL = False
-        elif part == "tma":  # stage 0's staged tiles stored by TMA (STAGE0_TMA_STORE)
-            cta_symm.STAGE0_TMA_STORE = True
+        elif part in ("tma", "notma"):  # stage 0's staged tiles stored by TMA or not (STAGE0_TMA_STORE)
+            cta_symm.STAGE0_TMA_STORE = part == "tma"
         elif part.startswith("tail"):
             cta_symm.TAIL_COLS = int(part[4:])
         else:
@@ -264,6 +264,9 @@ def main():
     p.add_argument("--gpu-bound", action="store_true",
                    help="also time the op (ce, peer, each --op-variants) and TP2 with 20 calls queued behind a GPU "
                         "sleep: GPU time per call without the host's pace")
+    p.add_argument("--gpu-bound-trace", metavar="DIR",
+                   help="with --gpu-bound: also a torch.profiler trace of 6 queued calls per M and rank "
+                        "(DIR/cta_gpubound_M{M}_rank{r}.json; bench/trace_summary.py lines the ranks up)")
     p.add_argument("--host-breakdown", action="store_true",
                    help="host time per call in each step, and the op's time, with and without launcher's fast path")
     p.add_argument("--op-variants", default="",
@@ -319,6 +322,13 @@ def main():
                 y = torch.nn.functional.gelu(x @ w1, approximate="tanh") @ w2
                 dist.all_reduce(y)
                 return y
+
+            if args.gpu_bound_trace:  # the calls' kernels back to back, as the GPUs ran them
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                        torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    gpu_bound_ms(op, 6)
+                Path(args.gpu_bound_trace).mkdir(parents=True, exist_ok=True)
+                prof.export_chrome_trace(f"{args.gpu_bound_trace}/cta_gpubound_M{M}_rank{rank}.json")
 
             tp2()  # warm: the first all-reduce sets NCCL up (the sixth call's enqueue took 140 ms without this)
             bound["TP2 (cuBLAS + NCCL)"] = gpu_bound_ms(tp2, queued)

@@ -194,10 +194,10 @@ def test_cta_swiglu_variants_sweep(bench):
 
     c = bench["bench_cta"]
     assert c.parse_args([]).swiglu_tails == (False,)
-    assert c.parse_args([]).swiglu_settings == [("", {"SWIGLU_TAIL": False, "SWIGLU_SHARE_ROUNDS": False})]
+    assert c.parse_args([]).swiglu_settings == [("", {"SWIGLU_TAIL": False, "SWIGLU_SHARE_ROUNDS": True})]
     assert c.parse_args(["--swiglu-tails", "off,on"]).swiglu_tails == (False, True)
     both = c.parse_args(["--swiglu-tails", "off,on", "--swiglu-shares", "work,rounds"]).swiglu_settings
-    assert [label for label, _ in both] == ["", "tail", "rounds", "rounds+tail"], both
+    assert [label for label, _ in both] == ["work", "work+tail", "", "tail"], both
     for bad in (["--swiglu-tails", "yes"], ["--swiglu-shares", "even"]):
         with pytest.raises(SystemExit):
             c.parse_args(bad)
@@ -214,9 +214,9 @@ def test_cta_swiglu_variants_sweep(bench):
     row = {}
     best = c._sweep_k_chunks(Timing(), lambda: "out", [4, 8], row, "CTA 2", ("ce",), both,
                              check=lambda out: 0.001 if out == "out" else 1.0)
-    assert best == (1.04, "ce/4+tail") and row["CTA 2 err tail"] == 0.001 and row["CTA 2 err rounds+tail"] == 0.001
+    assert best == (1.04, "ce/4+work+tail") and row["CTA 2 err tail"] == 0.001 and row["CTA 2 err work+tail"] == 0.001
     assert "CTA 2 err " not in row  # the defaults are not checked again
-    assert row["CTA 2 ce kc=8"] == 2.08 and row["CTA 2 ce kc=8 tail"] == 1.08 and row["CTA 2 ce kc=4 rounds"] == 2.54
+    assert row["CTA 2 ce kc=8 work"] == 2.08 and row["CTA 2 ce kc=8 work+tail"] == 1.08 and row["CTA 2 ce kc=4"] == 2.54
     assert seen == [("ce", 4, False, False), ("ce", 8, False, False), ("ce", 4, True, False), ("ce", 8, True, False),
                     ("ce", 4, False, True), ("ce", 8, False, True), ("ce", 4, True, True), ("ce", 8, True, True)]
     assert settings() == before

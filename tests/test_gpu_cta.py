@@ -8,7 +8,8 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
 - numerics on fresh random data for GELU (erf, tanh) and SwiGLU, with and without biases, bf16,
   fp16 and fp32, M not a multiple of the tile (1, 200, 129 rows), M over several row groups; the
   group's symmetric buffer is poisoned with NaN before the checked call (stale data would show);
-  the SwiGLU cases again with stage-0 tails (``cta_symm.SWIGLU_TAIL``);
+  the cases again with each of ``cta_symm.SWIGLU_TAIL``, ``SWIGLU_SHARE_ROUNDS`` and
+  ``STAGE0_TMA_STORE`` set to its other value;
 - 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical;
 - an in-place weight update (version counter) is seen by the next call (the placement is redone);
 - what the kernels do not cover (``stages=3``) falls back to p2p and is still right;
@@ -132,41 +133,46 @@ def cta_worker(rank: int, ws: int, device: str):
     if not last_group_tails and ws <= 4:
         bad.append(f"rank {rank}: no case had several row groups and a tail (the last group's)")
 
-    # Settings that are off by default until measured: SwiGLU stage-0 tails (cta_symm.SWIGLU_TAIL; at
-    # least one case with a tail: one row group), SwiGLU's share in whole rounds (SWIGLU_SHARE_ROUNDS;
-    # at least one case where it differs from the balanced-work share), stage 0's staged tiles by TMA
-    # (STAGE0_TMA_STORE, every case). The cases again, poisoned buffers.
+    # Settings whose other value must stay correct (the cases again, poisoned buffers): SwiGLU stage-0
+    # tails (cta_symm.SWIGLU_TAIL, off by default; at least one case with a tail: one row group),
+    # SwiGLU's share in whole rounds (SWIGLU_SHARE_ROUNDS, on; off: at least one case with another
+    # share), stage 0's staged tiles by TMA (STAGE0_TMA_STORE, on; off: every case).
     for setting, what in (("SWIGLU_TAIL", "a stage-0 tail"), ("SWIGLU_SHARE_ROUNDS", "another share"),
                           ("STAGE0_TMA_STORE", "a case")):
         changed = 0
-        setattr(cta_symm, setting, True)
+        default = getattr(cta_symm, setting)
         try:
             for M, H, F, N, act, approximate, bias, dtype in CASES:
                 if act != "swiglu" and setting != "STAGE0_TMA_STORE":
                     continue
                 tp = ws // 2
+                usual = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
+                setattr(cta_symm, setting, not default)
                 plan = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
                 changed += {"SWIGLU_TAIL": plan.tail > 0, "STAGE0_TMA_STORE": True,
-                            "SWIGLU_SHARE_ROUNDS": plan.f1 != cta_symm.stage1_share(F, tp, True)}[setting]
+                            "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 err = _rel_err(call(args, act, approximate), _reference(args, act, approximate, group))
-                label = f"{setting}: M={M} H={H} F={F} N={N} {act} bias={bias} {dtype}"
+                label = f"{setting}={not default}: M={M} H={H} F={F} N={N} {act} bias={bias} {dtype}"
                 report.append(f"{label}: rel err {err:.2e}")
                 if not err <= _tol(dtype):
                     bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
+                setattr(cta_symm, setting, default)
         finally:
-            setattr(cta_symm, setting, False)
+            setattr(cta_symm, setting, default)
         # (at tp=4 the shares' whole units, 512 columns, leave these F no tail and the same share)
         if not changed and ws <= (4 if setting == "SWIGLU_TAIL" else 2):
-            bad.append(f"rank {rank}: {setting}: no case had {what}")
+            bad.append(f"rank {rank}: {setting}={not default}: no case had {what}")
 
-    # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical; also with
-    # stage 0's tiles stored by TMA (a tile counted before its bulk store landed would ship stale data).
+    # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical; with stage
+    # 0's tiles stored by TMA (a tile counted before its bulk store landed would ship stale data) and
+    # without.
     M, H, F, N = 300, 512, 2048, 512
     args = _shards(ws, M, H, F, N, "swiglu", True, torch.bfloat16, device)
+    tma_default = cta_symm.STAGE0_TMA_STORE
     for tma in (False, True):
         cta_symm.STAGE0_TMA_STORE = tma
         try:
@@ -183,7 +189,7 @@ def cta_worker(rank: int, ws: int, device: str):
                     bad.append(f"rank {rank}: repeated call {i} (TMA stores: {tma}) differs from the first")
                     break
         finally:
-            cta_symm.STAGE0_TMA_STORE = False
+            cta_symm.STAGE0_TMA_STORE = tma_default
 
     # An in-place weight update: the placement must be redone (version counter).
     args[1].mul_(0.5)

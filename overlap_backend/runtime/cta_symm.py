@@ -75,19 +75,20 @@ SWIGLU_TAIL_FRACTION = 0.2
 # SwiGLU: the stage-1 share that balances the stages in whole rounds of SMs (stage_costs), within
 # SWIGLU_SHARE_SLACK share units of the one that balances work (stage1_share). At M=512 on an H200
 # (F=28672) the balanced-work share leaves stage 0 with 672 tiles, 5.1 rounds of 132 SMs; 512 more
-# columns on stage 1 make it 5 (the model's critical path -8 %). Off until measured on GPUs (the
-# 2-GPU machine was withdrawn before it could run; bench/bench_cta.py --swiglu-shares work,rounds).
-SWIGLU_SHARE_ROUNDS = False
+# columns on stage 1 make it 5. Measured on 2xH200 (bench/bench_cta.py --swiglu-shares work,rounds,
+# thirteenth session): M=512 0.624 vs 0.696 ms; at M=1024 and 4096 it picks the same share as before.
+SWIGLU_SHARE_ROUNDS = True
 SWIGLU_SHARE_SLACK = 4
 # Stage 0 counts the first row group's tiles right after their stores, not a main loop later: they
 # are the pipeline's fill. Measured on 2xH200 (bench/probe_cta.py, GELU): 3.17 vs 3.25 ms at M=4096,
 # 0.60 vs 0.66 at M=512 (noisy there), equal at 1024.
 COUNT_FIRST_GROUP_AT_ONCE = True
 # Stage 0 (and the stage-1 share) stores its staged tiles by TMA instead of masked pointer stores,
-# counting each tile once its bulk store completed. One H200, stage 0 alone: the pointer-store kernel
-# took 1.13x cuBLAS's time where the same persistent GEMM with a TMA-stored GELU epilogue took 1.06x
-# (bench/probe_ws.py). Off until run on two GPUs (the copy engine reads what the TMA wrote).
-STAGE0_TMA_STORE = False
+# counting each tile once its bulk store completed. Measured (thirteenth session): stage 0 alone on
+# one H200 (bench/probe_ws.py --stage0) 0.640 vs 0.649 ms at M=1024, 0.379 vs 0.385 at 512, 2.849
+# vs 2.994 at 4096; the whole op on 2xH200, GPU-bound (bench/probe_cta.py --gpu-bound, GELU)
+# 0.430 / 0.752 / 2.798 vs 0.434 / 0.756 / 2.827 ms at M = 512 / 1024 / 4096.
+STAGE0_TMA_STORE = True
 _staging: dict[tuple, Tensor] = {}
 # Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
 STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
