@@ -43,7 +43,8 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back
     (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
     names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS", "GELU_SHARE_MAX",
-             "STAGE0_TAIL", "TAIL_COLS", "TAIL_MAX", "MULTI_GROUP_TAIL", "STAGE0_TMA_STORE")
+             "STAGE0_TAIL", "TAIL_COLS", "TAIL_MAX", "MULTI_GROUP_TAIL", "STAGE0_TMA_STORE",
+             "STAGE0_SPLIT_LAST")
     saved = {n: getattr(cta_symm, n) for n in names}
     saved_stage0 = dict(cta_symm.STAGE0_CONFIG)
     for part in variant.split("+"):
@@ -67,6 +68,8 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
             cta_symm.MULTI_GROUP_TAIL = False
         elif part in ("tma", "notma"):  # stage 0's staged tiles stored by TMA or not (STAGE0_TMA_STORE)
             cta_symm.STAGE0_TMA_STORE = part == "tma"
+        elif part in ("split", "nosplit"):  # stage 0's last round of tail tiles in half-width tiles or not
+            cta_symm.STAGE0_SPLIT_LAST = part == "split"
         elif part.startswith("tail"):
             cta_symm.TAIL_COLS = int(part[4:])
         else:
@@ -267,14 +270,15 @@ def main():
     p.add_argument("--gpu-bound-trace", metavar="DIR",
                    help="with --gpu-bound: also a torch.profiler trace of 6 queued calls per M and rank "
                         "(DIR/cta_gpubound_M{M}_rank{r}.json; bench/trace_summary.py lines the ranks up)")
+    p.add_argument("--trace-variant", default="", help="with --gpu-bound-trace: the op variant traced (default: the op)")
     p.add_argument("--host-breakdown", action="store_true",
                    help="host time per call in each step, and the op's time, with and without launcher's fast path")
     p.add_argument("--op-variants", default="",
                    help="also time the whole op (ce) with these cta_symm settings, comma-separated: "
                         "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), noshare (no GELU "
                         "stage-1 share), shareN (a GELU stage-1 share of N columns), notail (no stage-0 tails), "
-                        "tailN (stage-0 tails of about N columns), nogrouptail (tails with one row group only), tma (stage 0's "
-                        "staged tiles by TMA), "
+                        "tailN (stage-0 tails of about N columns), nogrouptail (tails with one row group only), tma / notma (stage 0's "
+                        "staged tiles by TMA or not), split / nosplit (STAGE0_SPLIT_LAST), "
                         "smaxF / tmaxF (GELU_SHARE_MAX / TAIL_MAX = F: wider windows, a new placement), s0bn128 "
                         "(GELU's stage 0 in 128x128 tiles), and combinations joined by '+'")
     args = p.parse_args()
@@ -326,7 +330,10 @@ def main():
             if args.gpu_bound_trace:  # the calls' kernels back to back, as the GPUs ran them
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                         torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    gpu_bound_ms(op, 6)
+                    if args.trace_variant:
+                        _op_variant(args.trace_variant, cta_symm, None, op, 6)
+                    else:
+                        gpu_bound_ms(op, 6)
                 Path(args.gpu_bound_trace).mkdir(parents=True, exist_ok=True)
                 prof.export_chrome_trace(f"{args.gpu_bound_trace}/cta_gpubound_M{M}_rank{rank}.json")
 

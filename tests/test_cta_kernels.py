@@ -559,6 +559,37 @@ def test_host_path_last_group_tail(monkeypatch, ws, F_, M, num_sms, share, trans
     assert cta_symm.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H).tail == 0
 
 
+@pytest.mark.parametrize("ws,F_,M,num_sms,transport", [(2, 1024, 50, 6, "ce"), (4, 2048, 16, 8, "peer"),
+                                                       (2, 512, 20, 6, "ce")])
+def test_host_path_split_last_round(monkeypatch, ws, F_, M, num_sms, transport):
+    """``STAGE0_SPLIT_LAST``: stage 0's final, partial round of tail tiles made as half-width tiles
+    (several row groups, a stage-1 share, one row group) gives every rank the MLP's result."""
+    from overlap_backend.runtime import cta_symm
+
+    monkeypatch.setattr(cta_symm, "STAGE0_SPLIT_LAST", True)
+    fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=num_sms, M=M)
+    tp = ws // 2
+    plan = cta_symm.chunk_plan(M, F_, fake.N, tp, False, torch.float32, num_sms, H=fake.H)
+    fp = (F_ - plan.f1) // tp
+    bm, bn, group_m = plan.cfg0[0], plan.cfg0[1], plan.cfg0[3]
+    programs = min(num_sms, -(-M // bm) * -(-fp // bn))
+    assert cta.split_tail_tiles(M, fp, plan.fship, bm, bn, group_m, plan.tail_group, programs) > 0, plan
+    fake.check_calls("gelu")
+
+
+def test_split_tail_tiles_takes_only_a_short_last_round_of_tail_tiles():
+    """H200 (132 SMs), GELU, F=28672 at 2 GPUs (128x256 tiles): at M=512 stage 0's 316 tiles leave a
+    last round of 52, all in the 6144-column tail (96 tiles): split; at M=1024 the last round (108
+    tiles) is over half a round: not split; never without a tail, or with a last round that is not
+    all tail tiles."""
+    assert cta.split_tail_tiles(512, 20224, 14080, 128, 256, 4, 0, 132) == 52
+    assert cta.split_tail_tiles(1024, 24576, 16384, 128, 256, 4, 1, 132) == 0  # 768 = 5 x 132 + 108
+    assert cta.split_tail_tiles(512, 20224, 20224, 128, 256, 4, 0, 132) == 0  # no tail
+    assert cta.split_tail_tiles(512, 20224, 20224 - 2 * 256, 128, 256, 4, 0, 132) == 0  # 8 tail tiles < 52
+    assert cta.split_tail_tiles(4096, 27648, 19456, 128, 256, 4, 7, 132) == 24  # 3456 = 26 x 132 + 24
+    assert cta.split_tail_tiles(256, 512, 256, 128, 256, 4, 0, 132) == 0  # one round: nothing to split
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("M", [512, 1024, 2048, 4096])
 def test_stage0_tail_balances_whole_rounds(M, tp):

@@ -51,9 +51,22 @@ CASES = [
     (1100, 1024, 4096, 8192, "gelu", "tanh", True, torch.bfloat16),
     # SwiGLU whose share in whole rounds (cta_symm.SWIGLU_SHARE_ROUNDS) differs at 2 GPUs on 132 SMs
     (640, 1024, 16384, 1024, "swiglu", "none", True, torch.bfloat16),
+    # GELU whose stage 0 ends in a short round of tail tiles at 2 GPUs on 132 SMs (180 tiles: 48 left
+    # for the last round, all in the tail): cta_symm.STAGE0_SPLIT_LAST splits them
+    (512, 1024, 16384, 1024, "gelu", "tanh", True, torch.bfloat16),
 ]
 # Every F is a multiple of 128 * tp (tp = ws/2 ranks per stage: 4 at 8 GPUs) and every N of tp, so the
 # kernels take every case at 2, 4 and 8 GPUs; F / ws is each rank's shard.
+
+
+def _splits_last_round(plan, M, F, tp, num_sms) -> bool:
+    """Stage 0 of this plan makes its last round in half-width tiles (with STAGE0_SPLIT_LAST)."""
+    from overlap_backend.codegen import cta
+
+    fp = (F - plan.f1) // tp
+    bm, bn, group_m = plan.cfg0[0], plan.cfg0[1], plan.cfg0[3]
+    programs = min(num_sms, -(-M // bm) * -(-fp // bn))
+    return cta.split_tail_tiles(M, fp, plan.fship, bm, bn, group_m, plan.tail_group, programs) > 0
 
 
 def _shards(ws, M, H, F, N, act, bias, dtype, device):
@@ -136,21 +149,25 @@ def cta_worker(rank: int, ws: int, device: str):
     # Settings whose other value must stay correct (the cases again, poisoned buffers): SwiGLU stage-0
     # tails (cta_symm.SWIGLU_TAIL, off by default; at least one case with a tail: one row group),
     # SwiGLU's share in whole rounds (SWIGLU_SHARE_ROUNDS, on; off: at least one case with another
-    # share), stage 0's staged tiles by TMA (STAGE0_TMA_STORE, on; off: every case).
+    # share), stage 0's staged tiles by TMA (STAGE0_TMA_STORE, on; off: every case), stage 0's last
+    # round of tail tiles in half-width tiles (STAGE0_SPLIT_LAST; at least one case where it splits).
     for setting, what in (("SWIGLU_TAIL", "a stage-0 tail"), ("SWIGLU_SHARE_ROUNDS", "another share"),
-                          ("STAGE0_TMA_STORE", "a case")):
+                          ("STAGE0_TMA_STORE", "a case"), ("STAGE0_SPLIT_LAST", "a split last round")):
         changed = 0
         default = getattr(cta_symm, setting)
         try:
             for M, H, F, N, act, approximate, bias, dtype in CASES:
-                if act != "swiglu" and setting != "STAGE0_TMA_STORE":
+                applies = {"SWIGLU_TAIL": act == "swiglu", "SWIGLU_SHARE_ROUNDS": act == "swiglu",
+                           "STAGE0_TMA_STORE": True, "STAGE0_SPLIT_LAST": act != "swiglu"}[setting]
+                if not applies:
                     continue
                 tp = ws // 2
                 usual = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
                 setattr(cta_symm, setting, not default)
                 plan = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
                 changed += {"SWIGLU_TAIL": plan.tail > 0, "STAGE0_TMA_STORE": True,
-                            "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1}[setting]
+                            "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,
+                            "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms)}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))

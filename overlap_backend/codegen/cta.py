@@ -89,7 +89,7 @@ def stage0_kernel(
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, WAIT_READY: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
-    TMA_STORE: tl.constexpr = False, INTERPRET: tl.constexpr = False,
+    TMA_STORE: tl.constexpr = False, INTERPRET: tl.constexpr = False, split_tiles=0, SPLIT_LAST: tl.constexpr = False,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
@@ -116,6 +116,10 @@ def stage0_kernel(
     multiplies them by their W2 rows here), go to the local ``keep_ptr`` ``[Mp - m0, Fp - Fship]``
     (``m0``: the group's first row): only the last group has a tail, so that no earlier row block
     waits for what stage 0 makes at the end.
+
+    ``SPLIT_LAST``: the last ``split_tiles`` tiles (all of them tail tiles, at most half a round:
+    ``launch_stage0`` decides) are made as two half-width tiles each, by twice as many programs, so
+    that the final, partial round of tiles takes about half a tile's time instead of a whole one.
     """
     DUAL: tl.constexpr = ACT == 2
     epoch = tl.load(epoch_ptr, volatile=True)
@@ -139,7 +143,8 @@ def stage0_kernel(
     prev_n = 0
     # (tl.range(..., flatten=True), fusing this loop with the K-loop, made stage 0 3x slower with
     # Triton 3.6 on H200: bench/results/2026-11-30_h200x2_session8)
-    for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+    wide_tiles = tiles_m * tiles_n - split_tiles if SPLIT_LAST else tiles_m * tiles_n
+    for tile in range(tl.program_id(0), wide_tiles, tl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
@@ -187,12 +192,42 @@ def stage0_kernel(
                                       tiles_m, tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer,
                                       first_consumer, TP, GROUP_M, STAGED)
                     prev_m = -1
+    if SPLIT_LAST:
+        _split_tail_tiles(x_desc, w1_ptr, w3_ptr, b1_ptr, b3_ptr, keep_ptr, M, H, Fp, ldw, Fship, m0, wide_tiles,
+                          split_tiles, tiles_m, tiles_n, BM, BN, BK, GROUP_M, ACT, HAS_B1, HAS_B3, PRECISION)
     if prev_m >= 0:
         if TMA_STORE:
             _bulk_stores_done(INTERPRET)
         _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
                           tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
                           STAGED)
+
+
+@triton.jit
+def _split_tail_tiles(x_desc, w1_ptr, w3_ptr, b1_ptr, b3_ptr, keep_ptr, M, H, Fp, ldw, Fship, m0, first, count,
+                      tiles_m, tiles_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                      ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, PRECISION: tl.constexpr):
+    """Tiles ``[first, first + count)`` of stage 0's order, all tail tiles (kept, not counted), as
+    ``2 * count`` half-width tiles spread over the programs (see ``stage0_kernel``'s SPLIT_LAST)."""
+    HALF: tl.constexpr = BN // 2
+    DUAL: tl.constexpr = ACT == 2
+    dk = Fp - Fship
+    w1_desc = tl.make_tensor_descriptor(w1_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, HALF])
+    w3_desc = tl.make_tensor_descriptor(w3_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, HALF])
+    for h in range(tl.program_id(0), 2 * count, tl.num_programs(0)):
+        pid_m, pid_n = grouped_tile(first + h // 2, tiles_m, tiles_n, GROUP_M)
+        off_n = pid_n * BN + (h % 2) * HALF
+        acc1 = tl.zeros((BM, HALF), dtype=tl.float32)
+        acc3 = tl.zeros((BM, HALF), dtype=tl.float32)
+        acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, off_n, H, acc1, acc3, BK, DUAL, PRECISION)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = off_n + tl.arange(0, HALF)
+        acc1 = add_bias(acc1, b1_ptr, offs_n, Fp, HAS_B1)
+        if DUAL:
+            acc3 = add_bias(acc3, b3_ptr, offs_n, Fp, HAS_B3)
+        act = _activation(acc1, acc3, ACT).to(keep_ptr.dtype.element_ty)
+        mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
+        tl.store(keep_ptr + (offs_m - m0).to(tl.int64)[:, None] * dk + (offs_n - Fship)[None, :], act, mask=mask)
 
 
 @triton.jit
@@ -385,13 +420,14 @@ def padded_rows(M: int, BM: int) -> int:
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
                   a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
                   rank=0, timed=True, count_first_at_once=False, fship=None, keep=None, tail_group=0,
-                  tma_store=False):
+                  tma_store=False, split_last=False):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
     straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
     words to wait on in the kernel (None: the caller made the stream wait); ``fship``: columns
     row group ``tail_group`` ships (default all), the rest of that group's into ``keep``
     ``[Mp - m0, Fp - fship]`` (the tail; ``m0``: the group's first row); ``tma_store``: the
-    staged tiles by TMA (with ``stage`` only)."""
+    staged tiles by TMA (with ``stage`` only); ``split_last``: a final partial round of tail tiles
+    made in half-width tiles (``split_tail_tiles``)."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -400,6 +436,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     fship = Fp if fship is None else fship
     assert fship == Fp or (fship % BN == 0 and keep is not None), (fship, Fp, BN)
     grid = (max(1, min(num_sms, launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN))),)
+    split = split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, grid[0]) if split_last else 0
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
@@ -410,9 +447,24 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
         STAGED=stage is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed,
-        COUNT_FIRST_AT_ONCE=count_first_at_once, TMA_STORE=tma_store and stage is not None, INTERPRET=not timed,
-        num_stages=stages, num_warps=warps,
+        COUNT_FIRST_AT_ONCE=count_first_at_once, TMA_STORE=tma_store and stage is not None, INTERPRET=launcher.interpreting(),
+        split_tiles=split, SPLIT_LAST=split > 0, num_stages=stages, num_warps=warps,
     )
+
+
+def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int, tail_group: int, programs: int) -> int:
+    """How many of stage 0's last tiles to make in half-width tiles (0: none): the final, partial
+    round's, when it is at most half a round (so the halves fit in one round) and every one of
+    them is a tail tile (kept, never counted: the last tiles in ``grouped_tile`` order are the
+    last group's last columns, and only ``tail_group``, the last group, has a tail)."""
+    tiles_m, tiles_n = -(-M // BM), -(-Fp // BN)
+    total = tiles_m * tiles_n
+    last = total % programs if total > programs else 0
+    groups = -(-tiles_m // GROUP_M)
+    if not last or 2 * last > programs or BN % 32 or fship >= Fp or tail_group != groups - 1:
+        return 0
+    rows_last = tiles_m - (groups - 1) * GROUP_M
+    return last if last <= rows_last * (tiles_n - fship // BN) else 0
 
 
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
@@ -434,7 +486,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
         rank, M, padded_rows(M, BM), Fp, fship, f1, N, Ns, consumer, kchunk, nch, launcher.cdiv(f1, kchunk), y_flag_word,
         part if part is not None else out, tail_flags if tail_flags is not None else counters, tail_group,
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
-        PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=not timed,
+        PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=launcher.interpreting(),
         HAS_TAIL=part is not None, num_stages=stages, num_warps=warps,
     )
 

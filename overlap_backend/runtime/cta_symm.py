@@ -89,6 +89,11 @@ COUNT_FIRST_GROUP_AT_ONCE = True
 # vs 2.994 at 4096; the whole op on 2xH200, GPU-bound (bench/probe_cta.py --gpu-bound, GELU)
 # 0.430 / 0.752 / 2.798 vs 0.434 / 0.756 / 2.827 ms at M = 512 / 1024 / 4096.
 STAGE0_TMA_STORE = True
+# Stage 0's final, partial round of tiles in half-width tiles when they are all tail tiles and at
+# most half a round (cta.split_tail_tiles). At M=512 (GELU, F=28672, H200) stage 0's 316 tiles make
+# 2.4 rounds; the trace of a GPU-bound call showed stage 0 (285 us) -> its tail (96 us) -> stage
+# 1's epilogue as the critical path. Off until measured on GPUs.
+STAGE0_SPLIT_LAST = False
 _staging: dict[tuple, Tensor] = {}
 # Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
 STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
@@ -161,7 +166,7 @@ def _settings() -> tuple:
     """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
     return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
             TAIL_COLS, MULTI_GROUP_TAIL, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, SWIGLU_SHARE_ROUNDS, SWIGLU_SHARE_SLACK,
-            COUNT_FIRST_GROUP_AT_ONCE, STAGE0_TMA_STORE, STAGE0_CONFIG[False],
+            COUNT_FIRST_GROUP_AT_ONCE, STAGE0_TMA_STORE, STAGE0_SPLIT_LAST, STAGE0_CONFIG[False],
             STAGE0_CONFIG[True], STAGE1_CONFIG, STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
 
 
@@ -583,7 +588,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
                               timeout_ns=st.timeout_ns, rank=r, count_first_at_once=COUNT_FIRST_GROUP_AT_ONCE,
-                              fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=STAGE0_TMA_STORE)
+                              fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=STAGE0_TMA_STORE,
+                              split_last=STAGE0_SPLIT_LAST)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
