@@ -150,7 +150,7 @@ def cta_worker(rank: int, ws: int, device: str):
     # tails (cta_symm.SWIGLU_TAIL, off by default; at least one case with a tail: one row group),
     # SwiGLU's share in whole rounds (SWIGLU_SHARE_ROUNDS, on; off: at least one case with another
     # share), stage 0's staged tiles by TMA (STAGE0_TMA_STORE, on; off: every case), stage 0's last
-    # round of tail tiles in half-width tiles (STAGE0_SPLIT_LAST; at least one case where it splits).
+    # round of tail tiles in half-width tiles (STAGE0_SPLIT_LAST, on; off: at least one case that splits).
     for setting, what in (("SWIGLU_TAIL", "a stage-0 tail"), ("SWIGLU_SHARE_ROUNDS", "another share"),
                           ("STAGE0_TMA_STORE", "a case"), ("STAGE0_SPLIT_LAST", "a split last round")):
         changed = 0

@@ -91,9 +91,10 @@ COUNT_FIRST_GROUP_AT_ONCE = True
 STAGE0_TMA_STORE = True
 # Stage 0's final, partial round of tiles in half-width tiles when they are all tail tiles and at
 # most half a round (cta.split_tail_tiles). At M=512 (GELU, F=28672, H200) stage 0's 316 tiles make
-# 2.4 rounds; the trace of a GPU-bound call showed stage 0 (285 us) -> its tail (96 us) -> stage
-# 1's epilogue as the critical path. Off until measured on GPUs.
-STAGE0_SPLIT_LAST = False
+# 2.4 rounds, and stage 0 -> its tail -> stage 1's epilogue is the critical path. Measured on 2xH200
+# (thirteenth session, bench/probe_cta.py --gpu-bound --gpu-bound-trace): stage 0 265 vs 285 us,
+# the op 0.421 vs 0.434 ms per call; M=1024 does not split, M=4096 splits 24 tiles (2.835 vs 2.833).
+STAGE0_SPLIT_LAST = True
 _staging: dict[tuple, Tensor] = {}
 # Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
 STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
