@@ -254,7 +254,7 @@ def run(args) -> int:
                 else:
                     row[lay.name], _ = timing.bench(fn)
                     row[f"{lay.name} kc"] = "—"
-                if args.graphs and lay.name == "CTA 2":  # captured: device epochs, peer stores
+                if args.graphs and lay.name == "CTA 2":  # captured: device epochs, the default transport
                     row["CTA 2 (graph)"] = _bench_graph(timing, fn)
             # Micro-batching over the same transport (rank pairs; stage weights: full W1/W3 on the
             # pair's rank 0, full W2 on its rank 1 — gathered here, outside the timing).

@@ -267,13 +267,19 @@ def cta_graph_worker(rank: int, ws: int, device: str):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
-    from overlap_backend.runtime import symm
+    from overlap_backend.runtime import cta_symm, symm
 
     group = dist.group.WORLD
     op = torch.ops.overlap.cta_pipeline_mlp
     report, bad = [], []
-    # (M=1100, N=8192: several row groups, the last one's stage-0 tail, replayed)
-    for M, N, act, approximate in ((64, 512, "swiglu", "none"), (300, 512, "gelu", "tanh"), (1100, 8192, "gelu", "tanh")):
+    # (M=1100, N=8192: several row groups, the last one's stage-0 tail, replayed); stage 0's tiles by
+    # the copy engine (done flags awaited and reset by the captured stream operations, the consumer's
+    # flag raised by a copy of the device epoch) and by peer stores
+    cases = [(transport, *case) for transport in ("ce", "peer")
+             for case in ((64, 512, "swiglu", "none"), (300, 512, "gelu", "tanh"), (1100, 8192, "gelu", "tanh"))]
+    default_transport = cta_symm.TRANSPORT
+    for transport, M, N, act, approximate in cases:
+        cta_symm.TRANSPORT = transport
         args = _shards(ws, M, 512, 2048, N, act, True, torch.bfloat16, device)
         x = args[0]
 
@@ -302,9 +308,10 @@ def cta_graph_worker(rank: int, ws: int, device: str):
             errs.append(_rel_err(out, _reference(args, act, approximate, group)))
         torch.cuda.synchronize()
         symm.check_status()
-        report.append(f"M={M} {act}: graph replays + eager calls, max rel err {max(errs):.2e}")
+        report.append(f"{transport} M={M} {act}: graph replays + eager calls, max rel err {max(errs):.2e}")
         if not max(errs) <= 1e-2:
-            bad.append(f"rank {rank}: M={M} {act}: errs {errs}")
+            bad.append(f"rank {rank}: {transport} M={M} {act}: errs {errs}")
+    cta_symm.TRANSPORT = default_transport
     assert not bad, "\n".join(bad)
     return report
 

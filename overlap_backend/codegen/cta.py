@@ -123,11 +123,10 @@ def stage0_kernel(
     """
     DUAL: tl.constexpr = ACT == 2
     epoch = tl.load(epoch_ptr, volatile=True)
-    if WAIT_READY:
-        if not STAGED:
-            for q in range(TP):
-                wait_flag(ready_ptr + first_consumer + q, epoch, claim_ptr, report_ptr, OP_CTA_STAGE0, rank,
-                          READY_FLAG_BASE + first_consumer + q, 1, timeout_ns, TIMED)
+    if WAIT_READY:  # (staged: the copy engine ships the tiles after their done flags, so after this)
+        for q in range(TP):
+            wait_flag(ready_ptr + first_consumer + q, epoch, claim_ptr, report_ptr, OP_CTA_STAGE0, rank,
+                      READY_FLAG_BASE + first_consumer + q, 1, timeout_ns, TIMED)
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Fp, BN)
     tiles_ship = tl.cdiv(Fship, BN)

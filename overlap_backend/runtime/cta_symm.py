@@ -576,7 +576,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     word = lambda off: st.flag_arg(base + off)  # noqa: E731
     status = st.status_arg()
     epoch_word = word(symm.CTA_EPOCH)
-    ready, staged = (word(symm.CTA_READY), False) if graph else (None, TRANSPORT == "ce")
+    ready, staged = (word(symm.CTA_READY) if graph else None), TRANSPORT == "ce"
     act = cta.ACTIVATIONS[(activation, approximate)]
     xa = _aligned(x)
     stage_buf = _staging_buffer(x, nch * mp * kchunk, "blocks") if stage == 0 and staged else None
@@ -633,11 +633,14 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         _cached(_preloaded_calls, call_key, preload)
     if graph:
         # Inside a captured graph every value baked into the graph repeats on each replay: the epoch
-        # is counted on the device (begin_kernel), READY is raised and awaited by the kernels, and
-        # tiles go by peer stores (the copy-engine path needs the epoch on the host).
+        # is counted on the device (begin_kernel) and READY is raised and awaited by the kernels; the
+        # copy engine's pushes see it through their done flags (see _push_blocks).
         st.check_status()
         st.captured_call(compute, finished=False)
         cta.launch_begin(epoch_word, flags, base + symm.CTA_READY, r, ws)
+        epoch = None
+        if stage_buf is not None:
+            st.push_stream.wait_stream(compute)  # after begin_kernel, before stage 0 (not after it)
     else:
         epoch = st.begin(compute, "cta_pipeline_mlp")
         _cuda.write_value32(st.flag_addr(base + symm.CTA_EPOCH), epoch, compute)
@@ -656,6 +659,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     tails()
     collect()
     if graph:
+        if stage_buf is not None:
+            compute.wait_stream(st.push_stream)
         st.stall_if_a_peer_gave_up(compute)
         st.captured_call(compute, finished=True)
     else:
@@ -680,14 +685,32 @@ def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, 
                  fship, fp):
     """Copy engine: each (row group, K-chunk) block to every stage-1 rank as soon as stage 0's kernel
     raised its local done flag, then raise the consumer's flag; in the order the kernel makes them.
-    Row group ``tail_group`` ships ``fship`` of the ``fp`` columns (the rest is its tail)."""
+    Row group ``tail_group`` ships ``fship`` of the ``fp`` columns (the rest is its tail).
+
+    ``epoch`` None: a call being captured in a CUDA graph, whose epoch is on the device and whose
+    stream waits and writes bake their values in. Each done flag is then awaited for >= 1 and reset
+    to 0 right after (the next replay's kernel raises it again: a stream wait for the epoch would
+    pass on the previous replay's value), and the consumer's flag is raised by copying the epoch
+    word into it behind the block's copy on the same stream. The consumers' READY need no stream
+    wait: stage 0's kernel awaited it before raising any done flag."""
     row_bytes = kchunk * es
     src = stage_buf.data_ptr()
+    stream = st.push_stream
     for g in range(groups):
         r0 = g * group_rows
         rows = min(M, r0 + group_rows) - r0
         for j in range(min(nch, -(-(fship if g == tail_group else fp) // kchunk))):
-            _cuda.wait_value32(st.flag_addr(base + symm.CTA_DONE + g * nch + j), epoch, st.push_stream)
+            done = st.flag_addr(base + symm.CTA_DONE + g * nch + j)
+            arrived = base + symm.CTA_ARRIVED + (g * tp + producer) * nch + j
+            if epoch is not None:
+                _cuda.wait_value32(done, epoch, stream)
+                for q in range(tp):
+                    st.push(tp + q, ((producer * nch + j) * mp + r0) * row_bytes, src + (j * mp + r0) * row_bytes,
+                            rows * row_bytes, arrived)
+                continue
+            _cuda.wait_value32(done, 1, stream)
+            _cuda.write_value32(done, 0, stream)
             for q in range(tp):
-                st.push(tp + q, ((producer * nch + j) * mp + r0) * row_bytes, src + (j * mp + r0) * row_bytes,
-                        rows * row_bytes, base + symm.CTA_ARRIVED + (g * tp + producer) * nch + j)
+                _cuda.memcpy_async(st.data_addr(tp + q, ((producer * nch + j) * mp + r0) * row_bytes),
+                                   src + (j * mp + r0) * row_bytes, rows * row_bytes, stream)
+                _cuda.memcpy_async(st.flag_addr(arrived, tp + q), st.flag_addr(base + symm.CTA_EPOCH), 4, stream)
