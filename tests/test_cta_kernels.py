@@ -462,7 +462,7 @@ class FakeHostPath:
 
     def check_calls(self, act, calls=2):
         """``calls`` op calls on fresh inputs (new epochs, placement reused): no rank gave up a wait,
-        and every rank returned the MLP's result."""
+        and every rank returned the MLP's result, the same bits on every rank (as an all-reduce)."""
         for call in range(calls):
             x = self.xs * (call + 1)
             outs = self.call(x, act)
@@ -470,6 +470,7 @@ class FakeHostPath:
             for r in range(self.ws):
                 assert self.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
                 torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
+                assert torch.equal(outs[r], outs[0]), f"rank {r}'s result differs from rank 0's"
 
     def reference(self, x, act):
         h = [x @ s["w1"] + s["b1"] for s in self.shards]
@@ -539,17 +540,21 @@ def test_host_path_swiglu_tails(monkeypatch, ws, F_, transport):
     assert len(cta_symm._placements) == ws
 
 
-@pytest.mark.parametrize("ws,F_,M,num_sms,share,transport", [(2, 1024, 40, 4, None, "ce"), (2, 1024, 50, 4, 256, "peer"),
-                                                             (4, 1024, 40, 2, None, "ce")])
-def test_host_path_last_group_tail(monkeypatch, ws, F_, M, num_sms, share, transport):
+@pytest.mark.parametrize("ws,F_,M,num_sms,share,transport,ship_first", [
+    (2, 1024, 40, 4, None, "ce", True), (2, 1024, 40, 4, None, "ce", False), (2, 1024, 50, 4, 256, "peer", True),
+    (4, 1024, 40, 2, None, "ce", True)])
+def test_host_path_last_group_tail(monkeypatch, ws, F_, M, num_sms, share, transport, ship_first):
     """GELU with more than one row group (``MULTI_GROUP_TAIL``): only the last group has a tail, so
     its rows ship fewer columns and its stage-1 tiles add the tails' partial products, while the
     earlier groups ship and walk every column. The last group smaller than the others (M=40: row
-    blocks {0, 1}, {2}), rows not a multiple of the block, with and without a stage-1 share."""
+    blocks {0, 1}, {2}), rows not a multiple of the block, with and without a stage-1 share; at 2
+    GPUs with the last group's rows shipped before the tails are added (``SHIP_BEFORE_TAILS``: the
+    stage-0 rank adds its own copy in its collect) and after (at 4 GPUs the setting does nothing)."""
     from overlap_backend.runtime import cta_symm
 
     fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=num_sms, M=M)
     monkeypatch.setattr(cta_symm, "GELU_SHARE_COLS", share)
+    monkeypatch.setattr(cta_symm, "SHIP_BEFORE_TAILS", ship_first)
     plan = cta_symm.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H)
     assert plan.groups > 1 and plan.tail > 0 and plan.tail_group == plan.groups - 1, plan
     assert plan.fship < plan.kchunk * plan.nch, plan  # the last group ships fewer chunks than the others

@@ -8,8 +8,9 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
 - numerics on fresh random data for GELU (erf, tanh) and SwiGLU, with and without biases, bf16,
   fp16 and fp32, M not a multiple of the tile (1, 200, 129 rows), M over several row groups; the
   group's symmetric buffer is poisoned with NaN before the checked call (stale data would show);
-  the cases again with each of ``cta_symm.SWIGLU_TAIL``, ``SWIGLU_SHARE_ROUNDS`` and
-  ``STAGE0_TMA_STORE`` set to its other value;
+  every rank's result the same bits (as an all-reduce); the cases again with each of
+  ``cta_symm.SWIGLU_TAIL``, ``SWIGLU_SHARE_ROUNDS``, ``STAGE0_TMA_STORE``, ``STAGE0_SPLIT_LAST`` and
+  ``SHIP_BEFORE_TAILS`` set to its other value;
 - 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical;
 - an in-place weight update (version counter) is seen by the next call (the placement is redone);
 - what the kernels do not cover (``stages=3``) falls back to p2p and is still right;
@@ -96,6 +97,15 @@ def _reference(args, act, approximate, group):
     return y
 
 
+def _same_on_every_rank(out, group) -> bool:
+    """Every rank returned the same bits (as an all-reduce does)."""
+    import torch.distributed as dist
+
+    outs = [torch.empty_like(out) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(outs, out.contiguous(), group=group)
+    return all(torch.equal(o, outs[0]) for o in outs)
+
+
 def _poison(group_name, device):
     import torch.distributed as dist
 
@@ -142,6 +152,8 @@ def cta_worker(rank: int, ws: int, device: str):
             bad.append(f"rank {rank}: {label} did not run on the symm kernels ({dict(symm_lowering.PATHS)})")
         if not err <= _tol(dtype):
             bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
+        if not _same_on_every_rank(out, group):
+            bad.append(f"rank {rank}: {label}: the ranks' results differ")
 
     if not last_group_tails and ws <= 4:
         bad.append(f"rank {rank}: no case had several row groups and a tail (the last group's)")
@@ -150,33 +162,41 @@ def cta_worker(rank: int, ws: int, device: str):
     # tails (cta_symm.SWIGLU_TAIL, off by default; at least one case with a tail: one row group),
     # SwiGLU's share in whole rounds (SWIGLU_SHARE_ROUNDS, on; off: at least one case with another
     # share), stage 0's staged tiles by TMA (STAGE0_TMA_STORE, on; off: every case), stage 0's last
-    # round of tail tiles in half-width tiles (STAGE0_SPLIT_LAST, on; off: at least one case that splits).
+    # round of tail tiles in half-width tiles (STAGE0_SPLIT_LAST, on; off: at least one case that splits),
+    # the last group's rows shipped before the tails are added (SHIP_BEFORE_TAILS, on; off: a GELU
+    # case with a tail, at 2 GPUs).
     for setting, what in (("SWIGLU_TAIL", "a stage-0 tail"), ("SWIGLU_SHARE_ROUNDS", "another share"),
-                          ("STAGE0_TMA_STORE", "a case"), ("STAGE0_SPLIT_LAST", "a split last round")):
+                          ("STAGE0_TMA_STORE", "a case"), ("STAGE0_SPLIT_LAST", "a split last round"),
+                          ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank")):
         changed = 0
         default = getattr(cta_symm, setting)
         try:
             for M, H, F, N, act, approximate, bias, dtype in CASES:
+                tp = ws // 2
                 applies = {"SWIGLU_TAIL": act == "swiglu", "SWIGLU_SHARE_ROUNDS": act == "swiglu",
-                           "STAGE0_TMA_STORE": True, "STAGE0_SPLIT_LAST": act != "swiglu"}[setting]
+                           "STAGE0_TMA_STORE": True, "STAGE0_SPLIT_LAST": act != "swiglu",
+                           "SHIP_BEFORE_TAILS": act != "swiglu" and tp == 1}[setting]
                 if not applies:
                     continue
-                tp = ws // 2
                 usual = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
                 setattr(cta_symm, setting, not default)
                 plan = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
                 changed += {"SWIGLU_TAIL": plan.tail > 0, "STAGE0_TMA_STORE": True,
                             "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,
-                            "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms)}[setting]
+                            "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms),
+                            "SHIP_BEFORE_TAILS": plan.tail > 0}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
-                err = _rel_err(call(args, act, approximate), _reference(args, act, approximate, group))
+                out = call(args, act, approximate)
+                err = _rel_err(out, _reference(args, act, approximate, group))
                 label = f"{setting}={not default}: M={M} H={H} F={F} N={N} {act} bias={bias} {dtype}"
                 report.append(f"{label}: rel err {err:.2e}")
                 if not err <= _tol(dtype):
                     bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
+                if not _same_on_every_rank(out, group):
+                    bad.append(f"rank {rank}: {label}: the ranks' results differ")
                 setattr(cta_symm, setting, default)
         finally:
             setattr(cta_symm, setting, default)

@@ -249,7 +249,7 @@ def _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch
 def tail_kernel(keep_ptr, w2_ptr, peer_data_ptr, peer_flags_ptr, part_offset, counters_ptr, epoch_ptr, ready_ptr,
                 claim_ptr, report_ptr, timeout_ns, rank, M, m0, dk, Ns, producer, tail_flag_word,
                 TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT_READY: tl.constexpr,
-                PRECISION: tl.constexpr, TIMED: tl.constexpr):
+                PRECISION: tl.constexpr, TIMED: tl.constexpr, KEEP_LOCAL: tl.constexpr = False):
     """Stage-0 producer ``producer``'s tail: ``P = keep @ w2`` for rows ``[m0, M)`` (the last row
     group's; ``keep``: its last ``dk`` columns of A, ``[M - m0, dk]``; ``w2``: their rows,
     ``[dk, TP * Ns]``). Columns ``[t*Ns, (t+1)*Ns)`` of P go to
@@ -257,7 +257,9 @@ def tail_kernel(keep_ptr, w2_ptr, peer_data_ptr, peer_flags_ptr, part_offset, co
     adds them in its epilogue; the last tile of (t, row block m) raises word
     ``tail_flag_word + producer * tiles_m + m`` of rank t's flags (counters ``[t * tiles_m + m]``,
     local). Stage 1 then does not wait for the columns stage 0 makes last: no pipeline drain.
-    ``WAIT_READY``: wait for every stage-1 rank's READY first (captured graphs)."""
+    ``WAIT_READY``: wait for every stage-1 rank's READY first (captured graphs). ``KEEP_LOCAL``
+    (``TP == 1``): P also goes to this rank's own buffer at ``part_offset``, where its collect adds
+    it to stage 1's rows (``stage1_kernel``'s ``SHIP_BEFORE_TAIL``)."""
     epoch = tl.load(epoch_ptr, volatile=True)
     if WAIT_READY:
         for q in range(TP):
@@ -281,8 +283,11 @@ def tail_kernel(keep_ptr, w2_ptr, peer_data_ptr, peer_flags_ptr, part_offset, co
         offs_n = pid_n * BN + tl.arange(0, BN)
         mask = (offs_m < M)[:, None] & (offs_n < Ns)[None, :]
         buf = (tl.load(peer_data_ptr + TP + t) + part_offset).to(tl.pointer_type(w2_ptr.dtype.element_ty))
-        tl.store(buf + (producer * M + offs_m).to(tl.int64)[:, None] * Ns + offs_n[None, :],
-                 acc.to(w2_ptr.dtype.element_ty), mask=mask)
+        rel = (producer * M + offs_m).to(tl.int64)[:, None] * Ns + offs_n[None, :]
+        tl.store(buf + rel, acc.to(w2_ptr.dtype.element_ty), mask=mask)
+        if KEEP_LOCAL:
+            own = (tl.load(peer_data_ptr + rank) + part_offset).to(tl.pointer_type(w2_ptr.dtype.element_ty))
+            tl.store(own + rel, acc.to(w2_ptr.dtype.element_ty), mask=mask)
         count_tile_done_to_ranks(counters_ptr + t * tiles_m + pid_m, peer_flags_ptr,
                                  tail_flag_word + producer * tiles_m + pid_m, tiles_n, epoch, TP + t, 1, 2 * TP)
 
@@ -295,6 +300,7 @@ def stage1_kernel(
     WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, WAIT_READY: tl.constexpr, PRECISION: tl.constexpr,
     TIMED: tl.constexpr, INTERPRET: tl.constexpr, HAS_TAIL: tl.constexpr = False,
+    SHIP_BEFORE_TAIL: tl.constexpr = False,
 ):
     """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
 
@@ -311,7 +317,10 @@ def stage1_kernel(
     Each stage-0 rank ships its ``Fp`` columns (W2 rows ``p * Fp + ...``), only the first ``Fship``
     of them for row group ``tail_group``. ``HAS_TAIL``: that group's rest came as partial products
     (``tail_kernel``), in ``part_ptr`` ``[TP, M, Ns]`` under ``tail_flags_ptr[p * tiles_m + m]``:
-    the epilogue adds them.
+    the epilogue adds them. ``SHIP_BEFORE_TAIL`` (``TP == 1``): it first ships that group's rows
+    without them (the stage-0 rank adds its own copy in its collect), then adds them into ``out``
+    only, so the two transfers (partial products in, rows out) overlap instead of following
+    each other.
     """
     epoch = tl.load(epoch_ptr, volatile=True)
     if WAIT_READY:
@@ -353,35 +362,58 @@ def stage1_kernel(
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         acc = add_bias(acc, b2_ptr, offs_n, Ns, HAS_B2)
-        if HAS_TAIL:
-            if in_tail_group:
-                tail_mask = (offs_m < M)[:, None] & (offs_n < Ns)[None, :]
-                for p in range(TP):
-                    wait_flag(tail_flags_ptr + p * tiles_m + pid_m, epoch, claim_ptr, report_ptr, OP_CTA_TAIL, rank,
-                              p * tiles_m + pid_m, tiles_m, timeout_ns, TIMED)
-                    part = tl.load(part_ptr + (p * M + offs_m).to(tl.int64)[:, None] * Ns + offs_n[None, :],
-                                   mask=tail_mask, other=0.0)
-                    acc += part.to(tl.float32)
         row_ok = offs_m < M
         cols = consumer * Ns + offs_n
         mask = row_ok[:, None] & (offs_n < Ns)[None, :]
         ptrs = offs_m.to(tl.int64)[:, None] * N + cols[None, :]
-        tl.store(out_ptr + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        tails_later = False
+        if HAS_TAIL:
+            if in_tail_group:
+                if SHIP_BEFORE_TAIL:
+                    tails_later = True
+                else:
+                    acc = _add_tails(acc, part_ptr, tail_flags_ptr, offs_m, offs_n, M, Ns, tiles_m, pid_m, epoch,
+                                     claim_ptr, report_ptr, rank, timeout_ns, TP, TIMED)
+        if not tails_later:
+            tl.store(out_ptr + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
         for q in range(1, WS):
             peer = (rank + q) % WS
             buf = (tl.load(peer_data_ptr + peer) + y_offset).to(tl.pointer_type(out_ptr.dtype.element_ty))
             tl.store(buf + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
         count_tile_done_to_ranks(counters_ptr + pid_m, peer_flags_ptr, y_flag_word + consumer * tiles_m + pid_m,
                                  tiles_n, epoch, rank + 1, WS - 1, WS)
+        if tails_later:
+            # Rounded as shipped first: the stage-0 rank adds the same partial products to the same
+            # rounded rows, so every rank returns the same bits (as an all-reduce does).
+            acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
+            acc = _add_tails(acc, part_ptr, tail_flags_ptr, offs_m, offs_n, M, Ns, tiles_m, pid_m, epoch,
+                             claim_ptr, report_ptr, rank, timeout_ns, TP, TIMED)
+            tl.store(out_ptr + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_tails(acc, part_ptr, tail_flags_ptr, offs_m, offs_n, M, Ns, tiles_m, pid_m, epoch, claim_ptr, report_ptr,
+               rank, timeout_ns, TP: tl.constexpr, TIMED: tl.constexpr):
+    """``acc`` plus every stage-0 rank's tail partial products for this tile, each once its flag is up."""
+    tail_mask = (offs_m < M)[:, None] & (offs_n < Ns)[None, :]
+    for p in range(TP):
+        wait_flag(tail_flags_ptr + p * tiles_m + pid_m, epoch, claim_ptr, report_ptr, OP_CTA_TAIL, rank,
+                  p * tiles_m + pid_m, tiles_m, timeout_ns, TIMED)
+        part = tl.load(part_ptr + (p * M + offs_m).to(tl.int64)[:, None] * Ns + offs_n[None, :], mask=tail_mask,
+                       other=0.0)
+        acc += part.to(tl.float32)
+    return acc
 
 
 @triton.jit
 def collect_kernel(y_ptr, out_ptr, y_flags_ptr, epoch_ptr, claim_ptr, report_ptr, timeout_ns,
-                   rank, M, N, Ns, tiles_m, skip, col_blocks, cols_per_block,
-                   BM: tl.constexpr, BC: tl.constexpr, TIMED: tl.constexpr):
+                   rank, M, N, Ns, tiles_m, skip, col_blocks, cols_per_block, part_ptr, m0,
+                   BM: tl.constexpr, BC: tl.constexpr, TIMED: tl.constexpr, ADD_TAIL: tl.constexpr = False):
     """One program per (consumer t, row block m, column block): wait for Y flag (t, m), copy
     ``Y[m rows, t*Ns + column block]`` into ``out``. Consumer ``skip`` (this rank's own) is skipped.
-    ``cols_per_block`` is a multiple of BC and N, Ns of 16 bytes: every access is a full vector."""
+    ``cols_per_block`` is a multiple of BC and N, Ns of 16 bytes: every access is a full vector.
+    ``ADD_TAIL`` (one stage-1 rank): rows from ``m0`` came without this rank's tail partial products,
+    ``part_ptr`` ``[M, N]`` (its own copy, ``tail_kernel``'s ``KEEP_LOCAL``): added here."""
     epoch = tl.load(epoch_ptr, volatile=True)
     pid = tl.program_id(0)
     cb = pid % col_blocks
@@ -397,7 +429,11 @@ def collect_kernel(y_ptr, out_ptr, y_flags_ptr, epoch_ptr, claim_ptr, report_ptr
             offs_c = cb * cols_per_block + c + tl.arange(0, BC)
             mask = (offs_m < M)[:, None] & (offs_c < Ns)[None, :]
             ptrs = row_base + offs_c[None, :]
-            tl.store(out_ptr + ptrs, tl.load(y_ptr + ptrs, mask=mask), mask=mask)
+            rows = tl.load(y_ptr + ptrs, mask=mask)
+            if ADD_TAIL:
+                if m * BM >= m0:
+                    rows = (rows.to(tl.float32) + tl.load(part_ptr + ptrs, mask=mask).to(tl.float32)).to(rows.dtype)
+            tl.store(out_ptr + ptrs, rows, mask=mask)
 
 
 @triton.jit
@@ -468,11 +504,13 @@ def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int
 
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
                   rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True, f1=0,
-                  ready=None, fship=None, part=None, tail_flags=None, tail_group=0):
+                  ready=None, fship=None, part=None, tail_flags=None, tail_group=0, ship_before_tail=False):
     """``a``: this rank's buffer, ``[(tp * nch + cdiv(f1, kchunk)) * Mp, kchunk]``; ``fship``: columns
     each stage-0 rank ships for row group ``tail_group`` (default ``Fp``; ``Fp`` for the others);
     ``part`` / ``tail_flags``: that group's tails' partial products ``[tp, M, Ns]`` and their flags
-    (``tail_kernel``), None without tails."""
+    (``tail_kernel``), None without tails; ``ship_before_tail`` (``tp == 1``): that group's rows go
+    out before the tails are added (``stage1_kernel``'s ``SHIP_BEFORE_TAIL``)."""
+    assert not ship_before_tail or (tp == 1 and part is not None), (tp, ship_before_tail)
     Ns = w2.shape[1]
     N = out.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -486,14 +524,16 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
         part if part is not None else out, tail_flags if tail_flags is not None else counters, tail_group,
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=launcher.interpreting(),
-        HAS_TAIL=part is not None, num_stages=stages, num_warps=warps,
+        HAS_TAIL=part is not None, SHIP_BEFORE_TAIL=ship_before_tail, num_stages=stages, num_warps=warps,
     )
 
 
 def launch_tail(keep, w2, peer_data, peer_flags, part_offset, counters, epoch, status, timeout_ns, rank, M, producer,
-                tail_flag_word, tp, config, num_sms, ready=None, timed=True, m0=0):
+                tail_flag_word, tp, config, num_sms, ready=None, timed=True, m0=0, keep_local=False):
     """``keep``: ``[Mp - m0, dk]`` (this stage-0 rank's tail of A, rows from ``m0``, a whole number of
-    row blocks); ``w2``: its rows, ``[dk, N]``."""
+    row blocks); ``w2``: its rows, ``[dk, N]``; ``keep_local`` (``tp == 1``): the partial products
+    also into this rank's own buffer at ``part_offset`` (for ``launch_collect``'s ``part``)."""
+    assert not keep_local or tp == 1, tp
     dk, N = w2.shape
     Ns = N // tp
     BM, BN, BK, _, stages, warps = config
@@ -503,7 +543,8 @@ def launch_tail(keep, w2, peer_data, peer_flags, part_offset, counters, epoch, s
         keep, w2, peer_data, peer_flags, part_offset, counters, epoch, ready if ready is not None else counters,
         *status, timeout_ns, rank, M, m0, dk, Ns, producer, tail_flag_word,
         TP=tp, BM=BM, BN=BN, BK=BK, WAIT_READY=ready is not None,
-        PRECISION="ieee" if keep.dtype == torch.float32 else None, TIMED=timed, num_stages=stages, num_warps=warps,
+        PRECISION="ieee" if keep.dtype == torch.float32 else None, TIMED=timed, KEEP_LOCAL=keep_local,
+        num_stages=stages, num_warps=warps,
     )
 
 
@@ -511,13 +552,18 @@ def launch_begin(epoch, peer_flags, ready_word, rank, ws):
     launcher.launch(begin_kernel, (1,), epoch, peer_flags, ready_word, rank, WS=ws, num_warps=1)
 
 
-def launch_collect(y, out, y_flags, epoch, status, timeout_ns, rank, tp, skip, BM, timed=True, col_blocks=8):
+def launch_collect(y, out, y_flags, epoch, status, timeout_ns, rank, tp, skip, BM, timed=True, col_blocks=8,
+                   part=None, m0=0):
+    """``part``: this rank's own tail partial products ``[M, N]`` (``tp == 1``), added to rows from
+    ``m0`` (a whole number of BM blocks), which stage 1 shipped without them."""
     M, N = out.shape
+    assert part is None or (tp == 1 and m0 % BM == 0), (tp, m0, BM)
     Ns = N // tp
     tiles_m = launcher.cdiv(M, BM)
     bc = 64 if y.element_size() >= 4 else 128
     col_blocks = max(1, min(col_blocks, launcher.cdiv(Ns, bc)))
     cols_per_block = launcher.cdiv(launcher.cdiv(Ns, col_blocks), bc) * bc
     grid = (tp * tiles_m * col_blocks,)
-    launcher.launch(collect_kernel, grid, y, out, y_flags, epoch, *status, timeout_ns, rank, M, N, Ns, tiles_m, skip, col_blocks,
-                         cols_per_block, BM=BM, BC=bc, TIMED=timed, num_warps=4)
+    launcher.launch(collect_kernel, grid, y, out, y_flags, epoch, *status, timeout_ns, rank, M, N, Ns, tiles_m, skip,
+                    col_blocks, cols_per_block, part if part is not None else out, m0, BM=BM, BC=bc, TIMED=timed,
+                    ADD_TAIL=part is not None, num_warps=4)

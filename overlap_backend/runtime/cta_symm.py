@@ -95,6 +95,12 @@ STAGE0_TMA_STORE = True
 # (thirteenth session, bench/probe_cta.py --gpu-bound --gpu-bound-trace): stage 0 265 vs 285 us,
 # the op 0.421 vs 0.434 ms per call; M=1024 does not split, M=4096 splits 24 tiles (2.835 vs 2.833).
 STAGE0_SPLIT_LAST = True
+# One stage-0 rank (2 GPUs): the last row group's stage-1 rows are shipped before the tails' partial
+# products are added, and each rank adds them itself (the stage-0 rank its own copy, in its collect),
+# so that the partial products' transfer and the rows' transfer overlap instead of following each
+# other (8 MB each at M=512, H=8192: about 20 us of NVLink each). With more stage-0 ranks every rank
+# would need every stage-0 rank's partial products: not done there.
+SHIP_BEFORE_TAILS = True
 _staging: dict[tuple, Tensor] = {}
 # Block configs (BM, BN, BK, GROUP_M placeholder, num_stages, num_warps); bench/ may override.
 STAGE0_CONFIG = {False: (128, 256, 64, 0, 3, 8), True: (128, 128, 64, 0, 3, 8)}  # by "SwiGLU" (two accumulators)
@@ -167,7 +173,7 @@ def _settings() -> tuple:
     """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
     return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
             TAIL_COLS, MULTI_GROUP_TAIL, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, SWIGLU_SHARE_ROUNDS, SWIGLU_SHARE_SLACK,
-            COUNT_FIRST_GROUP_AT_ONCE, STAGE0_TMA_STORE, STAGE0_SPLIT_LAST, STAGE0_CONFIG[False],
+            COUNT_FIRST_GROUP_AT_ONCE, STAGE0_TMA_STORE, STAGE0_SPLIT_LAST, SHIP_BEFORE_TAILS, STAGE0_CONFIG[False],
             STAGE0_CONFIG[True], STAGE1_CONFIG, STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
 
 
@@ -582,6 +588,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     stage_buf = _staging_buffer(x, nch * mp * kchunk, "blocks") if stage == 0 and staged else None
     m0 = plan.tail_group * group_m * bm  # the tail's rows: the last row group's
     keep = _staging_buffer(x, (mp - m0) * tail, "tail") if stage == 0 and tail else None
+    ship_first = bool(tail) and tp == 1 and SHIP_BEFORE_TAILS
+    part = st.data_view(x.dtype, (tp * M * (N // tp),), part_offset) if tail else None
 
     def gemms():
         if stage == 0:
@@ -601,8 +609,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm.CTA_ARRIVED),
                           word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
                           nch, base + symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,
-                          part=st.data_view(x.dtype, (tp * M * (N // tp),), part_offset) if tail else None,
-                          tail_flags=word(symm.CTA_TAIL_ARRIVED), tail_group=plan.tail_group)
+                          part=part, tail_flags=word(symm.CTA_TAIL_ARRIVED), tail_group=plan.tail_group,
+                          ship_before_tail=ship_first)
 
     def tails():
         """Stage 0: its tail's partial products, into the stage-1 ranks' buffers (stream order: after
@@ -611,13 +619,14 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
             r0 = (idx + 1) * fp - tail - placed.tail_rows[0]
             cta.launch_tail(keep[:(mp - m0) * tail].view(mp - m0, tail), placed.w2_tail[r0:r0 + tail], data, flags,
                             part_offset, word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, M, idx,
-                            base + symm.CTA_TAIL_ARRIVED, tp, cfg1, st.num_sms, ready=ready, m0=m0)
+                            base + symm.CTA_TAIL_ARRIVED, tp, cfg1, st.num_sms, ready=ready, m0=m0,
+                            keep_local=ship_first)
 
     def collect():
         if stage == 0 or tp > 1:
             y = st.data_view(x.dtype, (M, N), y_offset)
             cta.launch_collect(y, out, word(symm.CTA_Y_DONE), epoch_word, status, st.timeout_ns, r, tp,
-                               idx if stage == 1 else -1, bm)
+                               idx if stage == 1 else -1, bm, part=part if ship_first else None, m0=m0)
 
     # Every pointer argument is 16-byte aligned (x via _aligned, placed weights and views at whole
     # tiles, buffers from the allocator), so the kernel variants follow from this key alone.
