@@ -44,7 +44,7 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
     (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
     names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS", "GELU_SHARE_MAX",
              "STAGE0_TAIL", "TAIL_COLS", "TAIL_MAX", "MULTI_GROUP_TAIL", "STAGE0_TMA_STORE",
-             "STAGE0_SPLIT_LAST", "SHIP_BEFORE_TAILS")
+             "STAGE0_SPLIT_LAST", "SHIP_BEFORE_TAILS", "EAGER_GRAPHS")
     saved = {n: getattr(cta_symm, n) for n in names}
     saved_stage0 = dict(cta_symm.STAGE0_CONFIG)
     for part in variant.split("+"):
@@ -70,6 +70,8 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
             cta_symm.STAGE0_TMA_STORE = part == "tma"
         elif part in ("split", "nosplit"):  # stage 0's last round of tail tiles in half-width tiles or not
             cta_symm.STAGE0_SPLIT_LAST = part == "split"
+        elif part == "eagergraphs":  # eager calls replay the op's own captured graph (EAGER_GRAPHS)
+            cta_symm.EAGER_GRAPHS = True
         elif part in ("shipfirst", "noshipfirst"):  # SHIP_BEFORE_TAILS on or off
             cta_symm.SHIP_BEFORE_TAILS = part == "shipfirst"
         elif part.startswith("tail"):
@@ -280,7 +282,7 @@ def main():
                         "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), noshare (no GELU "
                         "stage-1 share), shareN (a GELU stage-1 share of N columns), notail (no stage-0 tails), "
                         "tailN (stage-0 tails of about N columns), nogrouptail (tails with one row group only), tma / notma (stage 0's "
-                        "staged tiles by TMA or not), split / nosplit (STAGE0_SPLIT_LAST), shipfirst / noshipfirst (SHIP_BEFORE_TAILS), "
+                        "staged tiles by TMA or not), split / nosplit (STAGE0_SPLIT_LAST), shipfirst / noshipfirst (SHIP_BEFORE_TAILS), eagergraphs (EAGER_GRAPHS), "
                         "smaxF / tmaxF (GELU_SHARE_MAX / TAIL_MAX = F: wider windows, a new placement), s0bn128 "
                         "(GELU's stage 0 in 128x128 tiles), and combinations joined by '+'")
     args = p.parse_args()

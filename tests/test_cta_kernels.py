@@ -716,3 +716,55 @@ def test_per_signature_caches_are_bounded(monkeypatch):
     for i in range(7):
         assert cta_symm._cached(cache, i, lambda: i * 10) == i * 10
         assert len(cache) <= 3 and cache[i] == i * 10
+
+
+def test_eager_graphs_capture_the_second_call_and_replay_later(monkeypatch):
+    """``EAGER_GRAPHS`` bookkeeping (CUDA replaced by fakes; the GPU test runs the real thing): the
+    first call of a signature runs eagerly, the second is captured (the op run once, on a static copy
+    of the input) and replayed, later ones copy their input into that copy and replay; a new weight
+    layout captures again at once; at most ``EAGER_GRAPHS_KEPT`` signatures are kept."""
+    import contextlib
+
+    from overlap_backend.runtime import cta_symm
+
+    replays = []
+
+    class FakeGraph:
+        def replay(self):
+            replays.append(self)
+
+    class FakeStream:
+        def __init__(self, *a):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: None)
+    monkeypatch.setattr(cta_symm, "_eager_graphs", {})
+    monkeypatch.setattr(cta_symm, "_eager_calls", {})
+    runs = []
+
+    def run(xs):
+        runs.append(xs)
+        return xs * 2
+
+    layout, new_layout = object(), object()
+    x1, x2, x3 = torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 3)
+    assert cta_symm._eager_replay("sig", layout, x1, run) is None and not runs  # eager
+    out = cta_symm._eager_replay("sig", layout, x2, run)  # captured, then replayed
+    assert len(runs) == 1 and runs[0] is not x2 and torch.equal(runs[0], x2) and len(replays) == 1
+    torch.testing.assert_close(out, x2 * 2)
+    assert out.data_ptr() != cta_symm._eager_graphs["sig"].out.data_ptr()  # a copy: the next replay overwrites
+    cta_symm._eager_replay("sig", layout, x3, run)  # replayed: the input copied in, nothing run
+    assert len(runs) == 1 and len(replays) == 2 and torch.equal(runs[0], x3)
+    cta_symm._eager_replay("sig", new_layout, x3, run)  # the weights were laid out again: captured again
+    assert len(runs) == 2 and cta_symm._eager_graphs["sig"].placed is new_layout
+    monkeypatch.setattr(cta_symm, "EAGER_GRAPHS_KEPT", 2)
+    for sig in ("a", "b"):
+        for _ in range(2):
+            cta_symm._eager_replay(sig, layout, x1, run)
+    assert list(cta_symm._eager_graphs) == ["a", "b"]  # "sig", the oldest, gave its place

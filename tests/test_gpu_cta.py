@@ -9,10 +9,12 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
   fp16 and fp32, M not a multiple of the tile (1, 200, 129 rows), M over several row groups; the
   group's symmetric buffer is poisoned with NaN before the checked call (stale data would show);
   every rank's result the same bits (as an all-reduce); the cases again with each of
-  ``cta_symm.SWIGLU_TAIL``, ``SWIGLU_SHARE_ROUNDS``, ``STAGE0_TMA_STORE``, ``STAGE0_SPLIT_LAST`` and
-  ``SHIP_BEFORE_TAILS`` set to its other value;
-- 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical;
-- an in-place weight update (version counter) is seen by the next call (the placement is redone);
+  ``cta_symm.SWIGLU_TAIL``, ``SWIGLU_SHARE_ROUNDS``, ``STAGE0_TMA_STORE``, ``STAGE0_SPLIT_LAST``,
+  ``SHIP_BEFORE_TAILS`` and ``EAGER_GRAPHS`` (the checked call replays the op's own captured graph)
+  set to its other value;
+- 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical; an
+  in-place weight update (version counter) seen by the next call (the placement is redone); with and
+  without TMA stores and eager graphs;
 - what the kernels do not cover (``stages=3``) falls back to p2p and is still right;
 - the compiled row-parallel MLP with the ``cta_pipeline`` pass and ``lowering="symm"`` vs eager;
 - CUDA graphs: the op captured once and replayed on new inputs (each replay right), eager calls
@@ -167,7 +169,7 @@ def cta_worker(rank: int, ws: int, device: str):
     # case with a tail, at 2 GPUs).
     for setting, what in (("SWIGLU_TAIL", "a stage-0 tail"), ("SWIGLU_SHARE_ROUNDS", "another share"),
                           ("STAGE0_TMA_STORE", "a case"), ("STAGE0_SPLIT_LAST", "a split last round"),
-                          ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank")):
+                          ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank"), ("EAGER_GRAPHS", "a small case")):
         changed = 0
         default = getattr(cta_symm, setting)
         try:
@@ -175,7 +177,8 @@ def cta_worker(rank: int, ws: int, device: str):
                 tp = ws // 2
                 applies = {"SWIGLU_TAIL": act == "swiglu", "SWIGLU_SHARE_ROUNDS": act == "swiglu",
                            "STAGE0_TMA_STORE": True, "STAGE0_SPLIT_LAST": act != "swiglu",
-                           "SHIP_BEFORE_TAILS": act != "swiglu" and tp == 1}[setting]
+                           "SHIP_BEFORE_TAILS": act != "swiglu" and tp == 1,
+                           "EAGER_GRAPHS": M <= cta_symm.EAGER_GRAPH_MAX_M}[setting]
                 if not applies:
                     continue
                 usual = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
@@ -184,7 +187,7 @@ def cta_worker(rank: int, ws: int, device: str):
                 changed += {"SWIGLU_TAIL": plan.tail > 0, "STAGE0_TMA_STORE": True,
                             "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,
                             "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms),
-                            "SHIP_BEFORE_TAILS": plan.tail > 0}[setting]
+                            "SHIP_BEFORE_TAILS": plan.tail > 0, "EAGER_GRAPHS": True}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
@@ -206,12 +209,16 @@ def cta_worker(rank: int, ws: int, device: str):
 
     # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical; with stage
     # 0's tiles stored by TMA (a tile counted before its bulk store landed would ship stale data) and
-    # without.
+    # without, and replayed from the op's own captured graph (EAGER_GRAPHS: the first call eager, the
+    # second captured). Then an in-place weight update: the placement must be redone (version
+    # counter), and a captured call recaptured.
     M, H, F, N = 300, 512, 2048, 512
-    args = _shards(ws, M, H, F, N, "swiglu", True, torch.bfloat16, device)
-    tma_default = cta_symm.STAGE0_TMA_STORE
-    for tma in (False, True):
-        cta_symm.STAGE0_TMA_STORE = tma
+    defaults = {n: getattr(cta_symm, n) for n in ("STAGE0_TMA_STORE", "EAGER_GRAPHS")}
+    for settings in ({"STAGE0_TMA_STORE": False, "EAGER_GRAPHS": False}, {"STAGE0_TMA_STORE": True, "EAGER_GRAPHS": False},
+                     {"STAGE0_TMA_STORE": True, "EAGER_GRAPHS": True}):
+        for n, v in settings.items():
+            setattr(cta_symm, n, v)
+        args = _shards(ws, M, H, F, N, "swiglu", True, torch.bfloat16, device)
         try:
             for i in range(30):
                 x = torch.randn(M, H, device=device).to(torch.bfloat16)
@@ -219,21 +226,20 @@ def cta_worker(rank: int, ws: int, device: str):
                 args = (x,) + args[1:]
                 err = _rel_err(call(args, "swiglu", "none"), _reference(args, "swiglu", "none", group))
                 if not err <= 1e-2:
-                    bad.append(f"rank {rank}: distinct call {i} (TMA stores: {tma}): rel err {err:.3e}")
+                    bad.append(f"rank {rank}: distinct call {i} ({settings}): rel err {err:.3e}")
             first = call(args, "swiglu", "none")
             for i in range(50):
                 if not torch.equal(call(args, "swiglu", "none"), first):
-                    bad.append(f"rank {rank}: repeated call {i} (TMA stores: {tma}) differs from the first")
+                    bad.append(f"rank {rank}: repeated call {i} ({settings}) differs from the first")
                     break
+            args[1].mul_(0.5)
+            err = _rel_err(call(args, "swiglu", "none"), _reference(args, "swiglu", "none", group))
+            report.append(f"{settings}: after w1 *= 0.5: rel err {err:.2e}")
+            if not err <= 1e-2:
+                bad.append(f"rank {rank}: stale weights after an in-place update ({settings}): rel err {err:.3e}")
         finally:
-            cta_symm.STAGE0_TMA_STORE = tma_default
-
-    # An in-place weight update: the placement must be redone (version counter).
-    args[1].mul_(0.5)
-    err = _rel_err(call(args, "swiglu", "none"), _reference(args, "swiglu", "none", group))
-    report.append(f"after w1 *= 0.5: rel err {err:.2e}")
-    if not err <= 1e-2:
-        bad.append(f"rank {rank}: stale weights after an in-place update: rel err {err:.3e}")
+            for n, v in defaults.items():
+                setattr(cta_symm, n, v)
 
     # Not covered by the kernels: falls back to p2p.
     before = symm_lowering.PATHS["cta_pipeline_mlp:p2p"]
