@@ -45,6 +45,12 @@ RESULTS = REPO / "bench" / "results"
 OLDER_SYMM = {"2026-11-29_h200x2_symm": "older tree (b2a4053: before per-band signalling)"}
 # MoE decode rows measured before the plan kernel (host-bound at 2.7-2.9 ms; 0.85-1.7 ms after it)
 OLDER_MOE_DECODE = {"2026-11-30_h200x2_session5": "before the plan kernel"}
+# CTA runs from before the stage-1 share and the stage-0 tails, which hide the pipeline's fill and drain
+OLDER_CTA = {run: "before the stage-1 share and the stage-0 tails"
+             for run in ("2026-11-30_h200x2_cta", "2026-11-30_h200x2_session8")}
+# CTA graph replays measured with peer stores (a captured call ships by the copy engine since these)
+CTA_GRAPHS_BY_CE = ("2026-11-30_h200x2_session13/run4", "2026-11-30_h200x2_session13/run5",
+                    "2026-11-30_h200x2_session13/run6")
 # captured moe_experts measured with the comm kernel's combine (a captured call now takes ce-only)
 OLDER_MOE_GRAPH = {("2026-11-30_h200x2_session7", "moe_graphs_ws2_run5_comm_kernel.json"):
                    "captured with the comm-kernel combine (now ce-only)"}
@@ -104,9 +110,12 @@ def cta_rows(path: Path) -> list[dict]:
                                        ("TP2 (graph)", "baseline", None, True), ("CTA 2 (graph)", "ours", "symm", True)):
             if r.get(col) is None:
                 continue
+            note = OLDER_CTA.get(run, "")
+            if not note and graphs and what == "ours" and run not in CTA_GRAPHS_BY_CE:
+                note = "captured with peer stores (now the copy engine)"
             out.append(dict(run=run, file=path.name, op=f"cta {r['act']}" + (" graph" if graphs else ""), ws=ws,
                             shape=f"{m}x{h}x{ffn}", column=col, what=what, lowering=low, measured=float(r[col]),
-                            problem=prob, note="", criterion=True, graphs=graphs))
+                            problem=prob, note=note, criterion=not note, graphs=graphs))
     return out
 
 

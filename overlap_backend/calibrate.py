@@ -128,8 +128,10 @@ def _by_size(table: dict[int, float], ws: int) -> float:
 # the same Python code on another host CPU runs at another speed, so they belong to the machine.
 # moe_experts: bench/results/2026-11-30_h200x2_session6 (decode sizes with the plan kernel, ~0.5-0.6 ms
 # of device work: 0.85-1.72 ms per call, median 1.23; 2.3-2.9 ms before the plan kernel, session 5)
+# cta_pipeline_mlp: eager GELU M=512, host-bound, 0.45-0.46 ms per call in the twelfth session and
+# 0.58-0.66 in the thirteenth (other hosts; 0.42 ms of GPU time): between them
 _H200_SYMM_CALL_MS = {"ag_mm": 0.45, "mm_rs": 0.50, "mm_ar_oneshot": 0.23, "mm_ar": 0.50,
-                      "cta_pipeline_mlp": 0.45, "moe_experts": 1.2}
+                      "cta_pipeline_mlp": 0.52, "moe_experts": 1.2}
 
 # Built-in calibrations per device class. H200: measured on the 2x/4xH200 bench machines
 # (bench/results/2026-11-29_*, 2026-11-30_*; DESIGN.md "Measured on 4xH200"), see

@@ -62,7 +62,8 @@ def test_tiny_match_predicted_to_lose():
         (Problem("mm_ar", m=8192, n=8192, k=7168, dtype=BF16, ws=2), True),  # measured 1.06x
         (Problem("mm_ar", m=128, n=8192, k=7168, dtype=BF16, ws=4), False),  # decode: host-bound
         (Problem("mm_rs", m=512, n=8192, k=7168 // 2, dtype=BF16, ws=2), False),
-        # the CTA pipeline never beat TP2 on 2xH200 (bench/results/2026-11-30_h200x2_cta)
+        # the CTA pipeline is at best at parity with TP2 on 2xH200 (within +-5 %, which run decides:
+        # bench/results/2026-11-30_h200x2_session13): not a predicted win beyond the model's margin
         (Problem("cta_pipeline_mlp", m=4096, n=8192, k=8192, f=28672 // 2, dtype=BF16, ws=2, activation="gelu"), False),
         (Problem("cta_pipeline_mlp", m=512, n=8192, k=8192, f=28672 // 2, dtype=BF16, ws=2, activation="swiglu"), False),
     ],
@@ -195,8 +196,9 @@ def test_graphs_inductor_will_not_capture_are_priced_eagerly(monkeypatch):
 
 
 def test_cta_pipeline_under_cuda_graphs_stays_plain():
-    """bench_cta --graphs (2xH200): TP2 replays beat the captured CTA pipeline at every M; the model
-    without host time agrees, and drops only symm's host time (the p2p pipeline keeps its own)."""
+    """bench_cta --graphs (2xH200): the captured CTA pipeline is within +-5 % of TP2's replays at
+    M >= 512 (thirteenth session; slower before it, and at M=128): no predicted win beyond the
+    model's margin without host time, which drops only symm's host time (the p2p pipeline keeps its own)."""
     for act in ("gelu", "swiglu"):
         for m in (128, 512, 1024, 4096):
             p = Problem("cta_pipeline_mlp", m=m, n=8192, k=8192, dtype=BF16, ws=2, f=28672 // 2, activation=act)

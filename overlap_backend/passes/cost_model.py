@@ -387,11 +387,15 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         tiles_m, tiles_n1 = -(-p.m // CTA_BM), -(-(p.n // tp) // CTA_BN1)
         most = max(1, min(tiles_m, cal.num_sms // max(1, tiles_n1)))
         groups = -(-tiles_m // most)
-        fill = stage / (groups * CTA_K_CHUNKS)  # stage 1 starts one K-chunk after stage 0, ends one after
-        collect = ce_ms(cal, p.m * p.n * e / groups)  # the last row group's output to every rank
-        dev = SYMM_DEVICE_MS + stage + fill + collect
+        # The pipeline's fill is hidden by the stage-1 share (stage 1's own first-GEMM columns) and its
+        # drain by the stage-0 tails; what is left at the end is the last row group's transfers: its
+        # tails' partial products to the stage-1 ranks and their rows back to every rank, one after
+        # the other, or at once with one stage-0 rank (cta_symm.SHIP_BEFORE_TAILS).
+        last = ce_ms(cal, p.m * p.n * e / groups)
+        end = last * (1 if tp == 1 else 2)
+        dev = SYMM_DEVICE_MS + stage + end
         return _symm_plan(host["cta_pipeline_mlp"], dev, groups * CTA_K_CHUNKS,
-                          {"stage_ms": stage, "fill_ms": fill, "collect_ms": collect}, stages=2)
+                          {"stage_ms": stage, "end_ms": end}, stages=2)
     # moe_experts (runtime/moe_symm.py's defaults: phased schedule, copy-engine combine): the persistent
     # expert GEMMs on the SMs the comm kernel leaves (MOE_SYMM_EFF, tiles of MOE_TILE_ROWS rows per
     # (source, expert) group), one launch pair per source position; each remote source's results leave
