@@ -42,11 +42,7 @@ from bench import common  # noqa: E402
 def _op_variant(variant, cta_symm, timing, op, queued=20):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back
     (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
-    names = ("COUNT_FIRST_GROUP_AT_ONCE", "K_CHUNKS", "GELU_FILL_SHARE", "GELU_SHARE_COLS", "GELU_SHARE_MAX",
-             "STAGE0_TAIL", "TAIL_COLS", "TAIL_MAX", "MULTI_GROUP_TAIL", "STAGE0_TMA_STORE",
-             "STAGE0_SPLIT_LAST", "SHIP_BEFORE_TAILS", "EAGER_GRAPHS")
-    saved = {n: getattr(cta_symm, n) for n in names}
-    saved_stage0 = dict(cta_symm.STAGE0_CONFIG)
+    saved = {n: getattr(cta_symm, n) for n in cta_symm.SETTINGS}  # (the config dicts are replaced, not mutated)
     for part in variant.split("+"):
         if part in ("first", "late"):
             cta_symm.COUNT_FIRST_GROUP_AT_ONCE = part == "first"
@@ -84,7 +80,6 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
     finally:
         for n, v in saved.items():
             setattr(cta_symm, n, v)
-        cta_symm.STAGE0_CONFIG = saved_stage0
 
 
 def _variant_config(cfg, variant):

@@ -178,13 +178,19 @@ def _cached(cache: dict, key, compute):
     return cache[key]
 
 
+# The module settings a plan or a kernel variant depends on, by name (bench/ changes them): part of
+# every cache key, and what a probe saves and restores around a variant.
+SETTINGS = ("K_CHUNKS", "TRANSPORT", "STAGE1_SHARE", "GELU_FILL_SHARE", "GELU_SHARE_MAX", "GELU_SHARE_COLS",
+            "STAGE0_TAIL", "TAIL_MAX", "TAIL_COLS", "MULTI_GROUP_TAIL", "SWIGLU_TAIL", "SWIGLU_TAIL_FRACTION",
+            "SWIGLU_SHARE_ROUNDS", "SWIGLU_SHARE_SLACK", "COUNT_FIRST_GROUP_AT_ONCE", "STAGE0_TMA_STORE",
+            "STAGE0_SPLIT_LAST", "SHIP_BEFORE_TAILS", "EAGER_GRAPHS", "EAGER_GRAPH_MAX_M", "STAGE0_CONFIG",
+            "STAGE1_CONFIG", "STAGE0_CONFIG_FP32", "STAGE1_CONFIG_FP32")
+
+
 def _settings() -> tuple:
-    """The module settings a plan or a kernel variant depends on (bench/ changes them)."""
-    return (K_CHUNKS, TRANSPORT, STAGE1_SHARE, GELU_FILL_SHARE, GELU_SHARE_MAX, GELU_SHARE_COLS, STAGE0_TAIL, TAIL_MAX,
-            TAIL_COLS, MULTI_GROUP_TAIL, SWIGLU_TAIL, SWIGLU_TAIL_FRACTION, SWIGLU_SHARE_ROUNDS, SWIGLU_SHARE_SLACK,
-            COUNT_FIRST_GROUP_AT_ONCE, STAGE0_TMA_STORE, STAGE0_SPLIT_LAST, SHIP_BEFORE_TAILS, EAGER_GRAPHS,
-            EAGER_GRAPH_MAX_M, STAGE0_CONFIG[False],
-            STAGE0_CONFIG[True], STAGE1_CONFIG, STAGE0_CONFIG_FP32[False], STAGE0_CONFIG_FP32[True], STAGE1_CONFIG_FP32)
+    """The current values of ``SETTINGS`` (hashable: the config dicts as item tuples)."""
+    values = (globals()[name] for name in SETTINGS)
+    return tuple(tuple(v.items()) if isinstance(v, dict) else v for v in values)
 
 
 def _shapes(*tensors) -> tuple:
