@@ -768,3 +768,23 @@ def test_eager_graphs_capture_the_second_call_and_replay_later(monkeypatch):
         for _ in range(2):
             cta_symm._eager_replay(sig, layout, x1, run)
     assert list(cta_symm._eager_graphs) == ["a", "b"]  # "sig", the oldest, gave its place
+
+
+def test_staging_buffers_outgrown_after_a_capture_are_kept(monkeypatch):
+    """A captured call's graph keeps using the staging buffers it was captured with: once a call was
+    captured, a larger call gets a new buffer and the old one is kept, not freed (before any capture
+    it is dropped)."""
+    from overlap_backend.runtime import cta_symm
+
+    monkeypatch.setattr(cta_symm, "_staging", {})
+    monkeypatch.setattr(cta_symm, "_staging_kept", [])
+    monkeypatch.setattr(cta_symm, "_captured", False)
+    x = torch.zeros(2, 2)
+    small = cta_symm._staging_buffer(x, 16, "blocks")
+    assert cta_symm._staging_buffer(x, 8, "blocks") is small  # big enough: reused
+    cta_symm._staging_buffer(x, 32, "blocks")
+    assert cta_symm._staging_kept == []  # nothing captured: the old buffer goes
+    monkeypatch.setattr(cta_symm, "_captured", True)
+    old = cta_symm._staging_buffer(x, 32, "blocks")
+    new = cta_symm._staging_buffer(x, 64, "blocks")
+    assert new is not old and new.numel() == 64 and cta_symm._staging_kept == [old]
