@@ -18,7 +18,8 @@ For each activation (GELU, SwiGLU) and M (tokens), at H=8192, F=28672 by default
   are 4 row micro-chunks, each reduced over all N ranks (a ring reduce-scatter fused with the MLP, then
   an all-gather overlapping the next chunk): TP<N> with overlapped communication, not a 4-GPU-stage pipeline;
 - ``--graphs``: the baselines and ``CTA 2`` captured in CUDA graphs and replayed (ours then counts
-  epochs on the device and ships tiles by peer stores).
+  epochs on the device; its tiles go by the default transport, the copy engine, since the
+  thirteenth session, by peer stores before).
 
 Timing: CUDA events after warm-up, median, maximum over ranks (bench/common.py). Each of ours is
 checked against the float32 MLP first (relative error). Writes ``cta_ws<N>.md`` / ``.json``
