@@ -1,6 +1,6 @@
 """SVG plots of the committed benchmark results: ours vs the baselines, one panel per shape.
 
-    python bench/plot.py                       # every run under bench/results/
+    python bench/plot.py                       # every run under bench/results/ (and its runN/ folders)
     python bench/plot.py bench/results/2026-11-30_h200x2_cta [--out-dir DIR]
 
 Reads the JSON files the benchmarks write (``bench_collective_gemm.py``: ``<suite>_ws<N>.json``;
@@ -199,7 +199,8 @@ def main(argv=None) -> int:
     dirs = opts.dirs or sorted(d for d in RESULTS.iterdir() if d.is_dir())
     written = []
     for d in dirs:
-        for f in sorted(d.glob("*.json")):
+        # (sessions keep each device call's results in runN/: those too)
+        for f in sorted(d.glob("*.json")) + sorted(d.glob("run*/*.json")):
             dest = plot_file(f, opts.out_dir / d.name if opts.out_dir else None)
             if dest is not None:
                 written.append(dest)
