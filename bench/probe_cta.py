@@ -39,6 +39,11 @@ import overlap_backend  # noqa: E402,F401
 from bench import common  # noqa: E402
 
 
+# op variants that switch a boolean cta_symm setting on ("tma") or off ("notma")
+_SWITCHES = {"tma": "STAGE0_TMA_STORE", "split": "STAGE0_SPLIT_LAST", "shipfirst": "SHIP_BEFORE_TAILS",
+             "eagergraphs": "EAGER_GRAPHS"}
+
+
 def _op_variant(variant, cta_symm, timing, op, queued=20):
     """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back
     (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
@@ -62,14 +67,8 @@ def _op_variant(variant, cta_symm, timing, op, queued=20):
             cta_symm.STAGE0_TAIL = False
         elif part == "nogrouptail":  # tails with one row group only (as before MULTI_GROUP_TAIL)
             cta_symm.MULTI_GROUP_TAIL = False
-        elif part in ("tma", "notma"):  # stage 0's staged tiles stored by TMA or not (STAGE0_TMA_STORE)
-            cta_symm.STAGE0_TMA_STORE = part == "tma"
-        elif part in ("split", "nosplit"):  # stage 0's last round of tail tiles in half-width tiles or not
-            cta_symm.STAGE0_SPLIT_LAST = part == "split"
-        elif part == "eagergraphs":  # eager calls replay the op's own captured graph (EAGER_GRAPHS)
-            cta_symm.EAGER_GRAPHS = True
-        elif part in ("shipfirst", "noshipfirst"):  # SHIP_BEFORE_TAILS on or off
-            cta_symm.SHIP_BEFORE_TAILS = part == "shipfirst"
+        elif part.removeprefix("no") in _SWITCHES:  # a boolean setting on, or off with "no"
+            setattr(cta_symm, _SWITCHES[part.removeprefix("no")], not part.startswith("no"))
         elif part.startswith("tail"):
             cta_symm.TAIL_COLS = int(part[4:])
         else:

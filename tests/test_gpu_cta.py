@@ -68,8 +68,7 @@ def _splits_last_round(plan, M, F, tp, num_sms) -> bool:
 
     fp = (F - plan.f1) // tp
     bm, bn, group_m = plan.cfg0[0], plan.cfg0[1], plan.cfg0[3]
-    programs = min(num_sms, -(-M // bm) * -(-fp // bn))
-    return cta.split_tail_tiles(M, fp, plan.fship, bm, bn, group_m, plan.tail_group, programs) > 0
+    return cta.split_tail_tiles(M, fp, plan.fship, bm, bn, group_m, plan.tail_group, num_sms) > 0
 
 
 def _shards(ws, M, H, F, N, act, bias, dtype, device):

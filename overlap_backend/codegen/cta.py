@@ -70,6 +70,22 @@ def _activation(h, g, ACT: tl.constexpr):
 
 
 @triton.jit
+def _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr):
+    """act(acc1 (+ b1) [, acc3 (+ b3)]) in float32: a stage-0 tile's epilogue before its stores."""
+    acc1 = add_bias(acc1, b1_ptr, offs_n, Fp, HAS_B1)
+    if ACT == 2:
+        acc3 = add_bias(acc3, b3_ptr, offs_n, Fp, HAS_B3)
+    return _activation(acc1, acc3, ACT)
+
+
+@triton.jit
+def _keep_tail_tile(keep_ptr, act, offs_m, offs_n, M, Fp, Fship, m0):
+    """A tail tile into ``keep`` ``[Mp - m0, Fp - Fship]`` (kept here, never shipped or counted)."""
+    mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
+    tl.store(keep_ptr + (offs_m - m0).to(tl.int64)[:, None] * (Fp - Fship) + (offs_n - Fship)[None, :], act, mask=mask)
+
+
+@triton.jit
 def _mainloop2(x_desc, x_row, w1_desc, w3_desc, off_n, K, acc1, acc3, BK: tl.constexpr, DUAL: tl.constexpr,
                PRECISION: tl.constexpr):
     """acc1 += x @ W1 tile (and acc3 += x @ W3 tile, the same x tile, when DUAL) over all of K."""
@@ -130,7 +146,6 @@ def stage0_kernel(
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Fp, BN)
     tiles_ship = tl.cdiv(Fship, BN)
-    dk = Fp - Fship
     m0 = tail_group * GROUP_M * BM
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, H], strides=[H, 1], block_shape=[BM, BK])
     w1_desc = tl.make_tensor_descriptor(w1_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, BN])
@@ -158,14 +173,10 @@ def stage0_kernel(
                               STAGED)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
-        acc1 = add_bias(acc1, b1_ptr, offs_n, Fp, HAS_B1)
-        if DUAL:
-            acc3 = add_bias(acc3, b3_ptr, offs_n, Fp, HAS_B3)
-        act = _activation(acc1, acc3, ACT).to(x_ptr.dtype.element_ty)
+        act = _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT, HAS_B1, HAS_B3).to(x_ptr.dtype.element_ty)
         in_tail_group = pid_m // GROUP_M == tail_group
         if in_tail_group & (pid_n >= tiles_ship):  # the tail: kept here, not counted
-            mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
-            tl.store(keep_ptr + (offs_m - m0).to(tl.int64)[:, None] * dk + (offs_n - Fship)[None, :], act, mask=mask)
+            _keep_tail_tile(keep_ptr, act, offs_m, offs_n, M, Fp, Fship, m0)
             prev_m = -1
         else:
             j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
@@ -210,7 +221,6 @@ def _split_tail_tiles(x_desc, w1_ptr, w3_ptr, b1_ptr, b3_ptr, keep_ptr, M, H, Fp
     ``2 * count`` half-width tiles spread over the programs (see ``stage0_kernel``'s SPLIT_LAST)."""
     HALF: tl.constexpr = BN // 2
     DUAL: tl.constexpr = ACT == 2
-    dk = Fp - Fship
     w1_desc = tl.make_tensor_descriptor(w1_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, HALF])
     w3_desc = tl.make_tensor_descriptor(w3_ptr, shape=[H, Fp], strides=[ldw, 1], block_shape=[BK, HALF])
     for h in range(tl.program_id(0), 2 * count, tl.num_programs(0)):
@@ -221,12 +231,8 @@ def _split_tail_tiles(x_desc, w1_ptr, w3_ptr, b1_ptr, b3_ptr, keep_ptr, M, H, Fp
         acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, off_n, H, acc1, acc3, BK, DUAL, PRECISION)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = off_n + tl.arange(0, HALF)
-        acc1 = add_bias(acc1, b1_ptr, offs_n, Fp, HAS_B1)
-        if DUAL:
-            acc3 = add_bias(acc3, b3_ptr, offs_n, Fp, HAS_B3)
-        act = _activation(acc1, acc3, ACT).to(keep_ptr.dtype.element_ty)
-        mask = (offs_m < M)[:, None] & (offs_n < Fp)[None, :]
-        tl.store(keep_ptr + (offs_m - m0).to(tl.int64)[:, None] * dk + (offs_n - Fship)[None, :], act, mask=mask)
+        act = _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT, HAS_B1, HAS_B3).to(keep_ptr.dtype.element_ty)
+        _keep_tail_tile(keep_ptr, act, offs_m, offs_n, M, Fp, Fship, m0)
 
 
 @triton.jit
@@ -471,7 +477,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     fship = Fp if fship is None else fship
     assert fship == Fp or (fship % BN == 0 and keep is not None), (fship, Fp, BN)
     grid = (max(1, min(num_sms, launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN))),)
-    split = split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, grid[0]) if split_last else 0
+    split = split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, num_sms) if split_last else 0
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
@@ -482,21 +488,24 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
         STAGED=stage is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed,
-        COUNT_FIRST_AT_ONCE=count_first_at_once, TMA_STORE=tma_store and stage is not None, INTERPRET=launcher.interpreting(),
+        COUNT_FIRST_AT_ONCE=count_first_at_once, TMA_STORE=tma_store and stage is not None,
+        INTERPRET=launcher.interpreting(),
         split_tiles=split, SPLIT_LAST=split > 0, num_stages=stages, num_warps=warps,
     )
 
 
-def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int, tail_group: int, programs: int) -> int:
+def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int, tail_group: int,
+                     num_sms: int) -> int:
     """How many of stage 0's last tiles to make in half-width tiles (0: none): the final, partial
     round's, when it is at most half a round (so the halves fit in one round) and every one of
     them is a tail tile (kept, never counted: the last tiles in ``grouped_tile`` order are the
-    last group's last columns, and only ``tail_group``, the last group, has a tail)."""
+    last group's last columns, and only ``tail_group``, the last group, has a tail). Rounds of
+    ``num_sms`` programs, the persistent grid of ``launch_stage0`` when there are more tiles."""
     tiles_m, tiles_n = -(-M // BM), -(-Fp // BN)
     total = tiles_m * tiles_n
-    last = total % programs if total > programs else 0
+    last = total % num_sms if total > num_sms else 0
     groups = -(-tiles_m // GROUP_M)
-    if not last or 2 * last > programs or BN % 32 or fship >= Fp or tail_group != groups - 1:
+    if not last or 2 * last > num_sms or BN % 32 or fship >= Fp or tail_group != groups - 1:
         return 0
     rows_last = tiles_m - (groups - 1) * GROUP_M
     return last if last <= rows_last * (tiles_n - fship // BN) else 0

@@ -774,19 +774,17 @@ def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, 
     stream = st.push_stream
     for g in range(groups):
         r0 = g * group_rows
-        rows = min(M, r0 + group_rows) - r0
+        nbytes = (min(M, r0 + group_rows) - r0) * row_bytes
         for j in range(min(nch, -(-(fship if g == tail_group else fp) // kchunk))):
             done = st.flag_addr(base + symm.CTA_DONE + g * nch + j)
             arrived = base + symm.CTA_ARRIVED + (g * tp + producer) * nch + j
-            if epoch is not None:
-                _cuda.wait_value32(done, epoch, stream)
-                for q in range(tp):
-                    st.push(tp + q, ((producer * nch + j) * mp + r0) * row_bytes, src + (j * mp + r0) * row_bytes,
-                            rows * row_bytes, arrived)
-                continue
-            _cuda.wait_value32(done, 1, stream)
-            _cuda.write_value32(done, 0, stream)
+            dst, block = ((producer * nch + j) * mp + r0) * row_bytes, src + (j * mp + r0) * row_bytes
+            _cuda.wait_value32(done, 1 if epoch is None else epoch, stream)
+            if epoch is None:
+                _cuda.write_value32(done, 0, stream)
             for q in range(tp):
-                _cuda.memcpy_async(st.data_addr(tp + q, ((producer * nch + j) * mp + r0) * row_bytes),
-                                   src + (j * mp + r0) * row_bytes, rows * row_bytes, stream)
-                _cuda.memcpy_async(st.flag_addr(arrived, tp + q), st.flag_addr(base + symm.CTA_EPOCH), 4, stream)
+                if epoch is not None:
+                    st.push(tp + q, dst, block, nbytes, arrived)
+                else:
+                    _cuda.memcpy_async(st.data_addr(tp + q, dst), block, nbytes, stream)
+                    _cuda.memcpy_async(st.flag_addr(arrived, tp + q), st.flag_addr(base + symm.CTA_EPOCH), 4, stream)

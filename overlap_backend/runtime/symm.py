@@ -309,7 +309,6 @@ class GroupState:
         self.value = 0  # what the current call raises its flags to and waits for: the epoch, or 1 captured
         self._kept: list[_Mapped] = []  # data buffers that captured graphs may still use
         self._kept_tables: list[tuple] = []  # peer tables (device tensors) that captured graphs may still read
-        self._old_tables = None
         lo, hi = GRAPH_RESET  # made here, not during a capture (it queries the pointer's attributes)
         self._graph_reset = _cuda.as_tensor(self.flags.local + 4 * (GRAPH_BLOCK + lo), 4 * (hi - lo),
                                             device).view(torch.int32)
@@ -390,11 +389,11 @@ class GroupState:
             torch.cuda.synchronize(self.device)
             old, self.data = self.data, None
             self._views.clear()
-            self._old_tables, self._peer_tables = self._peer_tables, None
+            old_tables, self._peer_tables = self._peer_tables, None
             if self.graph_pinned:  # captured graphs hold its addresses (and the peers' mappings of it)
                 self._kept.append(old)
-                if self._old_tables is not None:  # ... and the peer tables' tensors
-                    self._kept_tables.append(self._old_tables)
+                if old_tables is not None:  # ... and the peer tables' tensors
+                    self._kept_tables.append(old_tables)
                 _agree(self.group, None, None, "growing the data buffer")
             else:
                 old.close_peers()
