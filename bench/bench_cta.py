@@ -247,7 +247,8 @@ def run(args) -> int:
                     row[f"{lay.name} path"] = "p2p"
                 ok &= err <= 2e-2
                 if lay.sweep:
-                    settings = args.swiglu_settings if act == "swiglu" and lay.lowering == "symm" else [("", {})]
+                    settings = ([("", {})] if lay.lowering != "symm" else
+                                args.swiglu_settings if act == "swiglu" else args.gelu_settings)
                     row[lay.name], row[f"{lay.name} kc"] = _sweep_k_chunks(
                         timing, fn, args.k_chunks, row, lay.name, args.transports, settings,
                         check=lambda out, ref=refs[lay.group]: common.rel_err(out.float(), ref))
@@ -431,6 +432,9 @@ def parse_args(argv=None):
     p.add_argument("--swiglu-shares", default="rounds",
                    help="SwiGLU stage-1 shares to sweep (ours, symm; cta_symm.SWIGLU_SHARE_ROUNDS): rounds (balanced "
                         "in whole rounds of SMs, the default), work (balanced work), or rounds,work")
+    p.add_argument("--eager-graphs", default="off",
+                   help="eager calls of ours replayed from the op's own CUDA graph (symm; cta_symm.EAGER_GRAPHS) to "
+                        "sweep: off, on, or off,on")
     p.add_argument("--graphs", action="store_true", help="also time the baselines captured in CUDA graphs")
     p.add_argument("--trace", metavar="DIR", help="torch.profiler traces of ours on ranks 0 and 1")
     p.add_argument("--trace-m", default="4096", help="with --trace: the M values to trace")
@@ -453,11 +457,17 @@ def parse_args(argv=None):
     shares = [v for v in args.swiglu_shares.split(",") if v]
     if not shares or any(v not in ("rounds", "work") for v in shares):
         p.error("--swiglu-shares: rounds, work, or rounds,work")
-    # (label, cta_symm settings) per swept SwiGLU variant: what differs from the defaults (none: "")
+    eager_graphs = [v for v in args.eager_graphs.split(",") if v]
+    if not eager_graphs or any(v not in ("on", "off") for v in eager_graphs):
+        p.error("--eager-graphs: off, on, or off,on")
+    eager_graphs = tuple(dict.fromkeys(v == "on" for v in eager_graphs))
+    # (label, cta_symm settings) per swept variant of ours on symm: what differs from the defaults
+    # (none: ""); SwiGLU's tails and shares only apply to SwiGLU
     args.swiglu_settings = [
-        ("+".join((["work"] if share == "work" else []) + (["tail"] if tail else [])),
-         {"SWIGLU_TAIL": tail, "SWIGLU_SHARE_ROUNDS": share == "rounds"})
-        for share in dict.fromkeys(shares) for tail in args.swiglu_tails]
+        ("+".join((["work"] if share == "work" else []) + (["tail"] if tail else []) + (["eg"] if eg else [])),
+         {"SWIGLU_TAIL": tail, "SWIGLU_SHARE_ROUNDS": share == "rounds", "EAGER_GRAPHS": eg})
+        for share in dict.fromkeys(shares) for tail in args.swiglu_tails for eg in eager_graphs]
+    args.gelu_settings = [("eg" if eg else "", {"EAGER_GRAPHS": eg}) for eg in eager_graphs]
     args.trace_m = {int(v) for v in args.trace_m.split(",")}
     return args
 

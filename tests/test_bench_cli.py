@@ -194,11 +194,16 @@ def test_cta_swiglu_variants_sweep(bench):
 
     c = bench["bench_cta"]
     assert c.parse_args([]).swiglu_tails == (False,)
-    assert c.parse_args([]).swiglu_settings == [("", {"SWIGLU_TAIL": False, "SWIGLU_SHARE_ROUNDS": True})]
+    assert c.parse_args([]).swiglu_settings == [("", {"SWIGLU_TAIL": False, "SWIGLU_SHARE_ROUNDS": True,
+                                                      "EAGER_GRAPHS": False})]
+    assert c.parse_args([]).gelu_settings == [("", {"EAGER_GRAPHS": False})]
+    eg = c.parse_args(["--eager-graphs", "off,on"])
+    assert [label for label, _ in eg.gelu_settings] == ["", "eg"]
+    assert [label for label, _ in eg.swiglu_settings] == ["", "eg"]
     assert c.parse_args(["--swiglu-tails", "off,on"]).swiglu_tails == (False, True)
     both = c.parse_args(["--swiglu-tails", "off,on", "--swiglu-shares", "work,rounds"]).swiglu_settings
     assert [label for label, _ in both] == ["work", "work+tail", "", "tail"], both
-    for bad in (["--swiglu-tails", "yes"], ["--swiglu-shares", "even"]):
+    for bad in (["--swiglu-tails", "yes"], ["--swiglu-shares", "even"], ["--eager-graphs", "1"]):
         with pytest.raises(SystemExit):
             c.parse_args(bad)
     seen = []
