@@ -147,7 +147,8 @@ def op_listing(node: torch.fx.Node, captured: bool = False) -> str:
             source, _ = gen.emit(s, dtype)
             renamed = (source.replace("def epilogue(", f"def epilogue_{i}(")
                        .replace("def pointwise_kernel(", f"def pointwise_kernel_{i}(")
-                       .replace("= epilogue(x, rows", f"= epilogue_{i}(x, rows"))
+                       .replace("def reduce_kernel(", f"def reduce_kernel_{i}(")
+                       .replace("= epilogue(x", f"= epilogue_{i}(x"))
             parts += [f"# ---- epilogue of output {i}: {s!r} (cache key {gen.cache_key(source)[:24]}) ----", renamed, ""]
         except gen.Unsupported as e:
             parts += [f"# epilogue of output {i}: {s!r} has no generated kernel ({e}): torch ops run it", ""]

@@ -505,7 +505,7 @@ def test_gpu_epilogue_tests_import():
     import importlib
 
     mod = importlib.import_module("test_gpu_epilogues")
-    assert len(mod._cases(2)) == 9 and callable(mod.ops_worker) and callable(mod.compiled_worker)
+    assert len(mod._cases(2)) == 10 and callable(mod.ops_worker) and callable(mod.compiled_worker)
 
 
 def test_fusion_auto_captures_on_cpu_only(clean_env):

@@ -5,7 +5,8 @@ GPUs are visible every test skips. Same pattern as tests/test_gpu.py (whose help
 process per GPU through ``dist_harness.run_ranks(..., backend="nccl")``.
 
 - the ops with an epilogue (``ag_mm``: bias + GELU, GELU-tanh + scale, SwiGLU of two outputs, a
-  residual add; ``mm_rs``: residual add, scale, GELU, cast to float32; ``mm_ar``: one-shot and
+  residual add; ``mm_rs``: residual add, scale, GELU, cast to float32, on the kernel and on the
+  cuBLAS path (epilogue in its reducing kernel); ``mm_ar``: one-shot and
   rounds paths with a residual add + SiLU) against a float32 reference (NCCL collective, float32
   matmul, the steps in float32) in bf16, fp16 and fp32, outputs poisoned by running each case after
   NaN-filled allocations; on ``symm`` the kernels' path must be taken (``PATHS``);
@@ -99,6 +100,8 @@ def _cases(ws):
         ("mm_rs residual add", _rs_case, dict(rows=45, k=72, n=136, spec="add:0")),
         ("mm_rs scale,add,gelu", _rs_case, dict(rows=1000, k=256, n=264, spec="mul:0.5,add:0,gelu")),
         ("mm_rs add,cast fp32", _rs_case, dict(rows=64, k=64, n=96, spec="add:0,cast:float32")),
+        # long K: the cuBLAS path (transport ce), the epilogue in its reducing kernel
+        ("mm_rs cuBLAS add,gelu", _rs_case, dict(rows=1024, k=2048, n=264, spec="add:0,gelu")),
         ("mm_ar one-shot add,silu", _ar_case, dict(m=91, k=64, n=152, spec="add:0,silu")),
         ("mm_ar rounds add", _ar_case, dict(m=2100, k=136, n=1032, spec="add:0")),
     ]
@@ -110,6 +113,8 @@ def ops_worker(rank: int, ws: int, device: str, lowering: str):
     cache = tempfile.mkdtemp(prefix=f"overlap_gpu_ep_r{rank}_")
     os.environ["XDG_CACHE_HOME"] = cache  # generated epilogues of this run
     _setup_rank(rank, device)
+    from overlap_backend.runtime import symm_lowering
+
     lowering = _use_lowering(lowering)
     group = dist.group.WORLD
     bad, results = [], []
@@ -122,6 +127,9 @@ def ops_worker(rank: int, ws: int, device: str, lowering: str):
             results.append((f"{label} [{','.join(took) or lowering}]", str(dtype), err))
             if lowering == "symm" and not any(":symm" in t or ":oneshot" in t for t in took):
                 bad.append(f"rank {rank}: {label} {dtype}: did not run on the symm kernels ({took})")
+            if (lowering == "symm" and "cuBLAS" in label and symm_lowering.TRANSPORT == "ce"
+                    and "mm_rs:symm:cublas" not in took):
+                bad.append(f"rank {rank}: {label} {dtype}: did not take the cuBLAS path ({took})")
             if not err <= _tol(dtype):
                 bad.append(f"rank {rank}: {label} {dtype}: rel err {err:.3e} > {_tol(dtype):g}")
     assert not bad, "\n".join(bad)

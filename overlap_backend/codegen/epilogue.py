@@ -64,6 +64,10 @@ class Generated:
     def pointwise(self):
         return self.module.pointwise_kernel
 
+    @property
+    def reduce(self):
+        return self.module.reduce_kernel
+
 
 def _round(dtype: torch.dtype) -> list[str]:
     if dtype == torch.float32:
@@ -136,6 +140,25 @@ def emit(spec: str, dtype: torch.dtype) -> tuple[str, tuple[tuple[str, int], ...
         "    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]",
         "    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)",
         f"    x = epilogue(x, rows, cols, mask, N, {params})",
+        "    tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=mask)",
+        "",
+        "",
+        "@triton.jit",
+        f"def reduce_kernel(slots_ptr, out_ptr, WS, slot_stride, row0, M, N, scale, {params}, BM: tl.constexpr, "
+        "BN: tl.constexpr):",
+        '    """out[row0 + i] = epilogue(scale * (sum of the WS slots[s, row0 + i])) for i < M; slots: WS',
+        "    [rows, N] partials slot_stride elements apart, rows numbered as the op's output (summed in",
+        '    float32 and rounded once, as torch.sum over the slots)."""',
+        "    rows = row0 + tl.program_id(0) * BM + tl.arange(0, BM)",
+        "    cols = tl.program_id(1) * BN + tl.arange(0, BN)",
+        "    mask = (rows < row0 + M)[:, None] & (cols < N)[None, :]",
+        "    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]",
+        "    src = slots_ptr + offs",
+        "    x = tl.zeros((BM, BN), dtype=tl.float32)",
+        "    for _ in range(WS):",
+        "        x += tl.load(src, mask=mask, other=0.0).to(tl.float32)",
+        "        src += slot_stride",
+        f"    x = epilogue(x * scale, rows, cols, mask, N, {params})",
         "    tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=mask)",
         "",
     ]
@@ -225,6 +248,20 @@ def apply_pointwise(gen: Generated, x: torch.Tensor, args, outs=(), out=None) ->
     bm, bn = 32, 64
     launcher.launch(gen.pointwise, (launcher.cdiv(m, bm), launcher.cdiv(n, bn)), x2, out, m, n, *ptrs, BM=bm, BN=bn)
     return out.view(*x.shape[:-1], n)
+
+
+def apply_reduce(gen: Generated, slots: torch.Tensor, out: torch.Tensor, row0: int, rows: int, scale: float,
+                 ptrs) -> None:
+    """``out[row0 : row0 + rows] = epilogue(scale * slots.sum(0)[row0 : row0 + rows])`` in one kernel:
+    ``slots`` [ws, R, N] and ``out`` [R, N] contiguous, rows numbered as the op's output (what the
+    epilogue's ``add`` steps read); ``ptrs``: ``pointers(gen, ...)``."""
+    ws, _, n = slots.shape
+    if not rows:
+        return
+    ptrs = [p if p is not None else out for p in ptrs]
+    bm, bn = 32, 64
+    launcher.launch(gen.reduce, (launcher.cdiv(rows, bm), launcher.cdiv(n, bn)), slots, out, ws, slots.stride(0),
+                    row0, rows, n, scale, *ptrs, BM=bm, BN=bn)
 
 
 def epilogue_fn(gen: Generated | None, ptrs, dtype: torch.dtype, dummy: torch.Tensor):

@@ -142,7 +142,7 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
         shape = list(args["out_shape"])
         dim = args["scatter_dim"] % len(shape)
         outer, run = math.prod(shape[:dim]), shape[dim] // ws * math.prod(shape[dim + 1 : -1])
-        if sl.rs_path(outer, run, a.shape[1], a.dtype, spec, "ce" if captured else None) == "cublas":
+        if sl.rs_gemm(outer, run, a.shape[1], "ce" if captured else None) == "cublas":
             return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es)
     rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":
@@ -196,7 +196,8 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
     bands = sl.rs_cublas_bands(outer, run, args["a"].shape[1], N)
     nb = len(bands)
     peers = [(rank + p) % ws for p in range(1, ws)]
-    fused = ws == 2 and args["bias"] is None
+    spec = args.get("epilogue", "")
+    fused = ws == 2 and args["bias"] is None and not spec
     scale = "1/ws" if args["reduce_op"] == "avg" else "1"
     lines = [
         f"# lowering 'symm': mm_rs on cuBLAS (symm_lowering.MM_RS_GEMM), {ws} chunks of {outer} x {run} rows, "
@@ -228,11 +229,12 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
                 lines.append(f"out[{o}, {j}:{j + n}] = torch.addmm(recv[{peers[0]}, {o}, {j}:{j + n}], "
                              f"a[{o}, {rank}, {j}:{j + n}], b, beta={scale}, alpha={scale})  # cuBLAS")
             else:
-                lines += [f"recv[{rank}, {o}, {j}:{j + n}] = a[{o}, {rank}, {j}:{j + n}] @ b + bias  # cuBLAS",
-                          f"out[{o}, {j}:{j + n}] = recv[:, {o}, {j}:{j + n}].{'mean' if scale != '1' else 'sum'}(0)"]
+                lines.append(f"recv[{rank}, {o}, {j}:{j + n}] = a[{o}, {rank}, {j}:{j + n}] @ b + bias  # cuBLAS")
+                lines.append(f"launch(reduce_kernel_0, slots=recv[:, {o}, {j}:{j + n}], out=out[{o}, {j}:{j + n}], "
+                             f"scale={scale})  # sum over ranks, then the generated epilogue"
+                             if spec else
+                             f"out[{o}, {j}:{j + n}] = recv[:, {o}, {j}:{j + n}].{'mean' if scale != '1' else 'sum'}(0)")
     lines.append("group.end(compute)  # compute waits for the push stream, and for PEER_OK >= 1")
-    if args.get("epilogue"):
-        lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue (torch ops if none)")
     return lines
 
 
