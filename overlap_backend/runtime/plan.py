@@ -197,7 +197,7 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
     nb = len(bands)
     peers = [(rank + p) % ws for p in range(1, ws)]
     spec = args.get("epilogue", "")
-    fused = ws == 2 and args["bias"] is None and not spec
+    fused = ws == 2 and args["bias"] is None  # addmm reduces; an epilogue then follows the op
     scale = "1/ws" if args["reduce_op"] == "avg" else "1"
     lines = [
         f"# lowering 'symm': mm_rs on cuBLAS (symm_lowering.MM_RS_GEMM), {ws} chunks of {outer} x {run} rows, "
@@ -235,6 +235,8 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
                              if spec else
                              f"out[{o}, {j}:{j + n}] = recv[:, {o}, {j}:{j + n}].{'mean' if scale != '1' else 'sum'}(0)")
     lines.append("group.end(compute)  # compute waits for the push stream, and for PEER_OK >= 1")
+    if spec and fused:
+        lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue (torch ops if none)")
     return lines
 
 

@@ -393,8 +393,12 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     chunk_shape = list(out_shape)
     chunk_shape[dim] = seg
     if gemm == "cublas":
-        out = _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, g, epilogue_args).view(chunk_shape)
-        return _epilogue.apply(epilogue, out, epilogue_args) if epilogue and g is None else out
+        # the epilogue in the kernel that reduces the partials; at ws 2 without bias addmm reduces
+        # them (no such kernel), and the epilogue follows as one pointwise kernel over the chunk
+        in_reduce = g if not (ws == 2 and bias is None) else None
+        out = _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, in_reduce, epilogue_args)
+        out = out.view(chunk_shape)
+        return out if in_reduce is not None else _epilogue_after(epilogue, g, out, epilogue_args)
     # captured calls ship by copy engine: peer stores wait for READY by epoch, inside the kernel
     peer = _peer_args(st, 0) if TRANSPORT == "peer" and not graph else None
     out = a.new_empty((rows, N), dtype=_epilogue.out_dtype(epilogue, a.dtype) if g is not None else a.dtype)
@@ -443,11 +447,12 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=Non
     its done flag; the push stream ships it as for the kernel. Then the own bands: the compute stream
     waits for every peer's partial of the band, and at ws 2 without bias one ``addmm`` adds it in
     cuBLAS's epilogue (alpha = beta = 1/2 for ``avg``); otherwise the own partial goes into the
-    receive buffer's own slot and one kernel reduces the ws slots. An epilogue runs in that reducing
-    kernel (the generated ``reduce_kernel``, band by band as they arrive), also at ws 2: mm + reduce
-    move as many bytes as addmm + a pointwise epilogue, with no kernel after the op (fusing it
-    instead by running the chunk on the Triton kernel cost that kernel's slower GEMM: TP block
-    training step under CUDA graphs 9.18 vs 8.78 ms unfused, 2xH200, fourteenth session)."""
+    receive buffer's own slot and one kernel reduces the ws slots. An ``epilogue`` runs in that
+    reducing kernel (the generated ``reduce_kernel``, band by band as they arrive; at ws 2 without
+    bias too, as mm + reduce instead of addmm, but ``mm_rs`` keeps addmm there and applies the
+    epilogue after: one kernel per band fewer for as many bytes). Fusing it instead by running the
+    chunk on the Triton kernel cost that kernel's slower GEMM (TP block training step under CUDA
+    graphs 9.18 vs 8.78 ms unfused, 2xH200, fourteenth session)."""
     ws, r = st.ws, st.rank
     K, N = a.shape[1], b.shape[1]
     rows = outer * run
