@@ -1,7 +1,7 @@
 """GEMM + collective benchmark: cuBLAS, NCCL, torch async-TP / symmetric memory, and ours.
 
     torchrun --nproc-per-node=N bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --out-dir DIR
-        [--lowerings p2p,symm] [--trace TRACE_DIR [--trace-m 4096]] [--quick]
+        [--lowerings p2p,symm] [--graphs] [--trace TRACE_DIR [--trace-m 4096]] [--quick]
 
 For each suite and shape (DESIGN.md's measured tables, plus a decode-size M=512 row for ag_mm and
 mm_rs) it times, in bf16, with CUDA events (warm-up, >= 20 timed repetitions, median per rank, max
@@ -19,6 +19,11 @@ over ranks; a barrier before each measurement):
   bf16, no NaN: else FAIL); ``n/a: reason`` when the lowering is not registered for the op;
 - ``max(mm, comm)``: the time a perfect overlap would take; ``speedup`` = seq / ours; for symm also
   ``symm / max(mm, comm)`` and ``async-TP / symm`` (issue 3's bar: <= 1.10 and >= 1.15).
+
+With ``--graphs`` each timed variant except ours on ``p2p`` is also captured once in a CUDA graph
+(after its eager timing, which warmed it up) and its replays are timed: the GPU time without the
+host's, as under ``torch.compile(mode="reduce-overhead")``; a second table gives those times and the
+bar's ratios on them. A variant is replayed only if every rank captured it (``n/a`` otherwise).
 
 Rank 0 writes ``DIR/<suite>_ws<N>.md`` (machine info + table) and ``DIR/<suite>_ws<N>.json``,
 rewritten after every row so that an interrupted run keeps what it measured. With ``--trace``,
@@ -314,6 +319,54 @@ def _time_ours(r: Runner, suite: str, t: dict, gn: str, checks: dict[str, Check]
             r.run(key, ours_fn(suite, lowering, t, gn))
 
 
+# Ours on p2p runs NCCL P2P on side streams with host-side events: not captured by this benchmark.
+GRAPH_SKIP = {ours_key("p2p"): "not captured (ours p2p: eager side streams)"}
+
+
+def _capture(fn) -> "torch.cuda.CUDAGraph":
+    """``fn`` captured once in a CUDA graph, after two calls on a side stream (what capture needs:
+    NCCL and the allocator warmed up off the capturing stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def time_graphs(r: Runner, keys: list[str]) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Replay times (ms) of ``r``'s timed variants captured in CUDA graphs, and why any is missing.
+    Collective: every rank captures the same keys in the same order, and a graph is replayed only
+    if every rank captured it (a rank replaying alone would wait for its peers forever)."""
+    times: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
+    for key in keys:
+        if key in GRAPH_SKIP:
+            times[key], notes[key] = None, GRAPH_SKIP[key]
+            continue
+        have = common.allreduce_max([0.0 if key in r.fns else 1.0], r.timing.device)[0] == 0.0
+        if not have:
+            times[key] = None
+            continue
+        g, why = None, None
+        try:
+            g = _capture(r.fns[key])
+        except Exception as e:  # noqa: BLE001 - a variant this torch cannot capture shows as n/a
+            why = f"capture failed: {_short(e, 150)}"
+        everyone = common.allreduce_max([0.0 if g is not None else 1.0], r.timing.device)[0] == 0.0
+        if everyone:
+            times[key], _ = r.timing.bench(g.replay)
+        else:
+            times[key], notes[key] = None, why or "capture failed on another rank"
+        del g
+        torch.cuda.synchronize()
+    return times, notes
+
+
 # ------------------------------------------------------------------------------ the suites
 def bench_ag_mm(r: Runner, s: Shape, ws: int, dtype, device, gn, checks) -> None:
     shard = _randn((s.M // ws, s.K), dtype, device)
@@ -461,6 +514,20 @@ def derive(row: dict, suite: str, lowerings) -> None:
             row["meets_bar"] = None
         else:
             row["meets_bar"] = row["symm_over_max"] <= BAR_MAX_RATIO and row["torch_over_symm"] >= BAR_TORCH_RATIO
+        g = row.get("graph_ms")
+        if g is not None:
+            gmm, gcomm, gsymm = g.get("mm"), g.get("comm"), g.get("ours_symm")
+            gideal = max(gmm, gcomm) if gmm is not None and gcomm is not None else None
+            grefs = [g[k] for k in TORCH_REF[suite] if g.get(k) is not None]
+            gok = row["check"]["ours_symm"] == "PASS" and gsymm is not None and gsymm > 0
+            row["graph_max_mm_comm_ms"] = gideal
+            row["graph_symm_over_max"] = gsymm / gideal if gok and gideal else None
+            row["graph_torch_over_symm"] = min(grefs) / gsymm if gok and grefs else None
+            if row["graph_symm_over_max"] is None or row["graph_torch_over_symm"] is None:
+                row["graph_meets_bar"] = None
+            else:
+                row["graph_meets_bar"] = (row["graph_symm_over_max"] <= BAR_MAX_RATIO
+                                          and row["graph_torch_over_symm"] >= BAR_TORCH_RATIO)
 
 
 def _fmt_ratio(v: float | None) -> str:
@@ -525,7 +592,39 @@ def render(suite: str, ws: int, dtype, info: dict, rows: list[dict], lowerings) 
     ]
     if notes:
         parts += ["", *[f"- {h}: {n}" for h, n in notes.items()]]
+    if any(row.get("graph_ms") is not None for row in rows):
+        parts += ["", *_render_graphs(suite, rows, lowerings)]
     return "\n".join(parts) + "\n"
+
+
+def _render_graphs(suite: str, rows: list[dict], lowerings) -> list[str]:
+    """The table of CUDA-graph replay times (``--graphs``) and the bar's ratios on them."""
+    cols = columns(suite, lowerings)
+    headers = ["M", "K", "N", *[h for _, h in cols], "max(mm, comm)"]
+    if "symm" in lowerings:
+        headers += ["symm / max", TORCH_REF_HEADER[suite], "bar"]
+    body, notes = [], {}
+    for row in rows:
+        g = row.get("graph_ms") or {}
+        cells = [row["M"], row["K"], row["N"]]
+        for key, header in cols:
+            if g.get(key) is None and key in row.get("graph_notes", {}):
+                cells.append("n/a")
+                notes.setdefault(header, row["graph_notes"][key])
+            else:
+                cells.append(common.fmt_ms(g.get(key)))
+        cells.append(common.fmt_ms(row.get("graph_max_mm_comm_ms")))
+        if "symm" in lowerings:
+            cells += [_fmt_ratio(row.get("graph_symm_over_max")), _fmt_ratio(row.get("graph_torch_over_symm")),
+                      {True: "yes", False: "no", None: "—"}[row.get("graph_meets_bar")]]
+        body.append(cells)
+    out = ["## CUDA-graph replays (`--graphs`)", "",
+           "Each variant captured once in a CUDA graph after its eager timing, replays timed the same way: "
+           "GPU time without host time, as under `torch.compile(mode=\"reduce-overhead\")`. Ratios as above, "
+           "on these times.", "", common.markdown_table(headers, body)]
+    if notes:
+        out += ["", *[f"- {h}: {n}" for h, n in notes.items()]]
+    return out
 
 
 # ------------------------------------------------------------------------------ traces
@@ -599,6 +698,8 @@ def run_suite(suite: str, args, ws: int, dtype, device, timing: common.Timing, i
             "rel_err": {ours_key(lo): None if c.status == "n/a" else c.err for lo, c in checks.items()},
             "symm_path": checks["symm"].path if "symm" in checks else None,
         }
+        if args.graphs and device.type == "cuda":
+            row["graph_ms"], row["graph_notes"] = time_graphs(r, [k for k, _ in columns(suite, lowerings)])
         for lo, c in checks.items():
             if c.status == "FAIL":
                 row["notes"][ours_key(lo)] = (f"FAIL: relative error {c.err:.3e} vs NCCL + fp32 mm "
@@ -659,6 +760,8 @@ def parse_args(argv=None):
                         "DIR/<suite>_ws<N>_M<M>_<variant>_rank<R>.json, ranks 0 and 1 only")
     p.add_argument("--trace-m", metavar="M[,M...]", default=None,
                    help="with --trace: trace only the rows with these M (global M as in the table, e.g. 4096)")
+    p.add_argument("--graphs", action="store_true",
+                   help="also time every variant (but ours on p2p) captured in a CUDA graph: a second table")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of baselines that are n/a")
     p.add_argument("--list-shapes", metavar="WS", type=int, default=None,
                    help="print the rows (global problem, per-rank operands) a run with WS processes takes, then "
@@ -666,6 +769,8 @@ def parse_args(argv=None):
     # Hidden: exercise the code paths on the CPU with gloo, float32 and tiny shapes.
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.graphs and args.device != "cuda":
+        p.error("--graphs needs CUDA")
     suites = _csv(args.suite)
     bad = [s for s in suites if s not in SUITES]
     if bad or not suites:

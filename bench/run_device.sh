@@ -98,7 +98,7 @@ RESERVE=15 # kept for packaging the results at the end
 MIN_STAGE=20
 LIMIT_INFO="${LIMIT_INFO:-30}"
 if [ "$MODE" = tests ]; then LIMIT_TESTS="${LIMIT_TESTS:-$DEADLINE}"; else LIMIT_TESTS="${LIMIT_TESTS:-210}"; fi
-LIMIT_BENCH="${LIMIT_BENCH:-150}"
+LIMIT_BENCH="${LIMIT_BENCH:-210}"  # with --graphs: every variant also captured and replayed
 LIMIT_MOE="${LIMIT_MOE:-180}"
 LIMIT_BLOCK="${LIMIT_BLOCK:-120}"
 LIMIT_CTA="${LIMIT_CTA:-240}"
@@ -158,7 +158,7 @@ benchmarks() { # benchmarks N : the benchmarks of BENCHES on GPUs 0..N-1
   fi
   [[ " $BENCHES " == *" collective "* ]] && stage "bench_ws$n" "$LIMIT_BENCH" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-    bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --lowerings p2p,symm --out-dir "$RESULTS" \
+    bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --lowerings p2p,symm --out-dir "$RESULTS" --graphs \
     "${quick[@]}" "${trace[@]}"
   # shellcheck disable=SC2206  # MOE_ARGS is a list of arguments
   moe_args=($MOE_ARGS)

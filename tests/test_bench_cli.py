@@ -382,7 +382,7 @@ def _benches(n: int, traced: bool) -> list[list[str]]:
     trace = ["--trace", "TMP/traces", "--trace-m", "4096"] if traced else []
     return [
         _torchrun(n, "bench/bench_collective_gemm.py", "--suite", "ag_mm,mm_rs,mm_ar", "--lowerings", "p2p,symm",
-                  "--out-dir", "TMP/results", *trace),
+                  "--out-dir", "TMP/results", "--graphs", *trace),
         _torchrun(n, "bench/bench_block.py", "--out-dir", "TMP/results", *(["--trace", "TMP/traces"] if traced else [])),
         _torchrun(n, "bench/bench_cta.py", "--out-dir", "TMP/results", "--graphs", "--trace", "TMP/traces"),
     ]
@@ -404,7 +404,7 @@ def test_run_device_2_and_4_gpus_unchanged(tmp_path):
     assert cmds == [VERSIONS, *_benches(4, True), *_benches(2, False)]
     cmds, _ = _run_device(tmp_path, 2, "quick")
     quick = [_torchrun(2, "bench/bench_collective_gemm.py", "--suite", "ag_mm,mm_rs,mm_ar", "--lowerings",
-                       "p2p,symm", "--out-dir", "TMP/results", "--quick"),
+                       "p2p,symm", "--out-dir", "TMP/results", "--graphs", "--quick"),
              _torchrun(2, "bench/bench_block.py", "--out-dir", "TMP/results", "--quick"),
              _torchrun(2, "bench/bench_cta.py", "--out-dir", "TMP/results", "--graphs", "--trace", "TMP/traces",
                        "--quick")]
@@ -464,3 +464,29 @@ def test_collective_table_names_the_symm_path(bench):
     assert len(table) == 3
     assert "PASS (2.5e-03) cuBLAS" in table[0] and "one-shot" in table[2]
     assert "cuBLAS" not in table[1] and "one-shot" not in table[1]
+
+
+def test_collective_graph_table(bench):
+    """``--graphs``: a second table with the replay times and the bar's ratios on them (here the
+    eager row misses the bar, the replayed one meets it); a variant not captured shows n/a and why."""
+    b, common = bench["bench_collective_gemm"], bench["common"]
+    row = {"M": 4096, "K": 7168, "N": 8192, "origin": "test", "local_a": [4096, 3584], "reps": {}, "notes": {},
+           "times_ms": {"mm": 0.35, "comm": 0.17, "seq": 0.48, "torch": 0.60, "ours_p2p": 0.9, "ours_symm": 0.47},
+           "check": {"ours_p2p": "PASS", "ours_symm": "PASS"}, "rel_err": {"ours_p2p": 1e-3, "ours_symm": 2.5e-3},
+           "symm_path": "symm",
+           "graph_ms": {"mm": 0.34, "comm": 0.16, "seq": 0.47, "torch": 0.58, "ours_p2p": None, "ours_symm": 0.36},
+           "graph_notes": {"ours_p2p": b.GRAPH_SKIP["ours_p2p"]}}
+    b.derive(row, "mm_rs", ["p2p", "symm"])
+    assert row["meets_bar"] is False  # eager: 0.47 / 0.35 = 1.34
+    assert row["graph_symm_over_max"] == pytest.approx(0.36 / 0.34)
+    assert row["graph_torch_over_symm"] == pytest.approx(0.58 / 0.36) and row["graph_meets_bar"] is True
+    md = b.render("mm_rs", 2, torch.bfloat16, common.machine_info(torch.device("cpu"), 2), [row], ["p2p", "symm"])
+    assert "## CUDA-graph replays" in md
+    graph_part = md.split("## CUDA-graph replays")[1]
+    line = [ln for ln in graph_part.splitlines() if ln.startswith("| 4096")][0]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[-3:] == ["1.06×", "1.61×", "yes"] and "n/a" in cells
+    assert "not captured (ours p2p" in graph_part
+    with pytest.raises(SystemExit):
+        b.parse_args(["--graphs", "--device", "cpu"])
+    assert b.parse_args(["--graphs"]).graphs
