@@ -106,10 +106,13 @@ CASES = [  # ws, outer, run, bias, reduce_op, dtype
 ]
 
 
+@pytest.mark.parametrize("own_first", [True, False], ids=["own_first", "own_after_wait"])
 @pytest.mark.parametrize("ws,outer,run,bias,reduce_op,dtype", CASES)
-def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, reduce_op, dtype, monkeypatch):
+def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, reduce_op, dtype, own_first,
+                                                        monkeypatch):
     torch.manual_seed(ws * 100 + outer * 10 + run)
     many_bands(monkeypatch)
+    monkeypatch.setattr(symm_lowering, "RS_OWN_FIRST", own_first)
     K, N = 24, 40
     rows = outer * run
     a = [torch.randn(outer * ws * run, K, dtype=dtype) for _ in range(ws)]
@@ -203,6 +206,14 @@ def test_runtime_call_listing_follows_the_cublas_path(ws, bias, monkeypatch):
     assert "mm_rs on cuBLAS" in listing and "mm_rs_kernel" not in listing
     assert listing.count("cuBLAS (bias if any)") == 4 * (ws - 1)  # remote chunks: a GEMM per run
     assert listing.count("flags.DONE[") == 2 * 4 * (ws - 1)  # raised on compute, awaited on push
+    # RS_OWN_FIRST: every own GEMM is listed before the first wait for a peer's partial, then the sums
+    lines = listing.splitlines()
+    own = [k for k, ln in enumerate(lines) if ln.strip().startswith("recv[1, ") and "@ b" in ln]  # rank 1's
+    first_wait = min(k for k, ln in enumerate(lines) if "RS_ARRIVED" in ln and "stream=compute" in ln)
+    assert len(own) == 4 and max(own) < first_wait
+    assert "torch.addmm(" not in listing and listing.count(".sum(0)") == 4
+    monkeypatch.setattr(symm_lowering, "RS_OWN_FIRST", False)  # before: each own band waits first
+    listing = plan.render("mm_rs", args, 1, ws)
     assert ("torch.addmm(recv[" in listing) == (ws == 2 and not bias)
     assert (".sum(0)" in listing) == (ws > 2 or bias)
     assert "mm_rs on cuBLAS" in plan.render("mm_rs", args, 1, ws, captured=True)  # captured: the same path
@@ -218,11 +229,13 @@ AR_CASES = [  # ws, M, bias, reduce_op, rounds
 ]
 
 
+@pytest.mark.parametrize("own_first", [True, False], ids=["own_first", "own_after_wait"])
 @pytest.mark.parametrize("ws,M,bias,reduce_op,rounds", AR_CASES)
-def test_mm_ar_cublas_path_matches_the_float32_all_reduce(ws, M, bias, reduce_op, rounds, monkeypatch):
+def test_mm_ar_cublas_path_matches_the_float32_all_reduce(ws, M, bias, reduce_op, rounds, own_first, monkeypatch):
     """``_mm_ar_cublas`` on every rank (threads): rounds of reduce-scatter, then each reduced chunk
     pushed to every peer's gather region and copied out; every row of every rank's result checked."""
     torch.manual_seed(ws * 1000 + M)
+    monkeypatch.setattr(symm_lowering, "RS_OWN_FIRST", own_first)
     monkeypatch.setattr(symm_lowering, "ar_cublas_rounds", lambda *a: rounds)
     K, N = 16, 24
     a = [torch.randn(M, K) for _ in range(ws)]
@@ -255,7 +268,10 @@ def test_mm_ar_listing_follows_the_cublas_path(monkeypatch):
     monkeypatch.setattr(symm_lowering, "ar_cublas_rounds", lambda *a: 2)  # the listing follows any round count
     listing = plan.render("mm_ar", args, 0, 2)
     compile(listing, "mm_ar.py", "exec")
-    assert "mm_ar on cuBLAS" in listing and listing.count("torch.addmm(") == 2
+    assert "mm_ar on cuBLAS" in listing and listing.count(".sum(0)") == 2 and "torch.addmm(" not in listing
+    monkeypatch.setattr(symm_lowering, "RS_OWN_FIRST", False)
+    assert plan.render("mm_ar", args, 0, 2).count("torch.addmm(") == 2
+    monkeypatch.setattr(symm_lowering, "RS_OWN_FIRST", True)
     assert "mm_ar on cuBLAS" in plan.render("mm_ar", args, 0, 2, captured=True)  # captured: the same path
     args["a"] = torch.empty(8192, 7168, **bf16)  # the kernel's four rounds measured faster
     assert "mm_rs_kernel" in plan.render("mm_ar", args, 0, 2)
@@ -322,8 +338,8 @@ def test_cublas_path_applies_a_generated_epilogue_in_its_reduction(ws, outer, ru
 @pytest.mark.parametrize("ws", [2, 4])
 def test_a_captured_epilogue_keeps_mm_rs_on_cublas(ws, monkeypatch):
     """Fused epilogues no longer move a chunk from cuBLAS to the slower Triton kernel (the path
-    depends on shapes only): the listing reduces every band in the generated reduce_kernel; at ws
-    2 addmm adds the peer's partial and one pointwise kernel applies the epilogue after."""
+    depends on shapes only): the listing reduces every band in the generated reduce_kernel, at
+    ws 2 too."""
     from overlap_backend.runtime import plan
 
     monkeypatch.setattr(symm_lowering, "_mm_problem", lambda *a: None)  # meta tensors stand for CUDA ones
@@ -335,9 +351,5 @@ def test_a_captured_epilogue_keeps_mm_rs_on_cublas(ws, monkeypatch):
     listing = plan.render("mm_rs", args, 0, ws)
     compile(listing, "mm_rs.py", "exec")
     assert "mm_rs on cuBLAS" in listing and "mm_rs_kernel" not in listing
-    if ws == 2:
-        assert listing.count("torch.addmm(recv[") == 4 and listing.count("launch(pointwise_kernel_0") == 1
-        assert "reduce_kernel_0" not in listing
-    else:
-        assert listing.count("launch(reduce_kernel_0") == 4 and "torch.addmm(" not in listing
-        assert ".sum(0)" not in listing and "pointwise_kernel_0" not in listing
+    assert listing.count("launch(reduce_kernel_0") == 4 and "torch.addmm(" not in listing
+    assert ".sum(0)" not in listing and "pointwise_kernel_0" not in listing

@@ -197,7 +197,7 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
     nb = len(bands)
     peers = [(rank + p) % ws for p in range(1, ws)]
     spec = args.get("epilogue", "")
-    fused = ws == 2 and args["bias"] is None  # addmm reduces; an epilogue then follows the op
+    fused = ws == 2 and args["bias"] is None  # (RS_OWN_FIRST off) addmm reduces
     scale = "1/ws" if args["reduce_op"] == "avg" else "1"
     lines = [
         f"# lowering 'symm': mm_rs on cuBLAS (symm_lowering.MM_RS_GEMM), {ws} chunks of {outer} x {run} rows, "
@@ -222,21 +222,24 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
                 f"nbytes={n * N * es}, stream=push_stream)",
                 f"cuStreamWriteValue32(flag=peer_flags({c}).RS_ARRIVED[{rank * nb + i}], value=epoch, stream=push_stream)",
             ]
+    own_first = sl.RS_OWN_FIRST or bool(spec)
+    if own_first:  # the own partials overlap the peers' transfers
+        lines += [f"recv[{rank}, {o}, {j}:{j + n}] = a[{o}, {rank}, {j}:{j + n}] @ b + bias  # cuBLAS"
+                  for band in bands for o, j, n in band]
     for i, band in enumerate(bands):
         lines += [f"cuStreamWaitValue32(flag=flags.RS_ARRIVED[{p * nb + i}], geq=epoch, stream=compute)" for p in peers]
         for o, j, n in band:
-            if fused:
+            if not own_first and fused:
                 lines.append(f"out[{o}, {j}:{j + n}] = torch.addmm(recv[{peers[0]}, {o}, {j}:{j + n}], "
                              f"a[{o}, {rank}, {j}:{j + n}], b, beta={scale}, alpha={scale})  # cuBLAS")
-            else:
+                continue
+            if not own_first:
                 lines.append(f"recv[{rank}, {o}, {j}:{j + n}] = a[{o}, {rank}, {j}:{j + n}] @ b + bias  # cuBLAS")
-                lines.append(f"launch(reduce_kernel_0, slots=recv[:, {o}, {j}:{j + n}], out=out[{o}, {j}:{j + n}], "
-                             f"scale={scale})  # sum over ranks, then the generated epilogue"
-                             if spec else
-                             f"out[{o}, {j}:{j + n}] = recv[:, {o}, {j}:{j + n}].{'mean' if scale != '1' else 'sum'}(0)")
+            lines.append(f"launch(reduce_kernel_0, slots=recv[:, {o}, {j}:{j + n}], out=out[{o}, {j}:{j + n}], "
+                         f"scale={scale})  # sum over ranks, then the generated epilogue"
+                         if spec else
+                         f"out[{o}, {j}:{j + n}] = recv[:, {o}, {j}:{j + n}].{'mean' if scale != '1' else 'sum'}(0)")
     lines.append("group.end(compute)  # compute waits for the push stream, and for PEER_OK >= 1")
-    if spec and fused:
-        lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue (torch ops if none)")
     return lines
 
 
@@ -262,13 +265,17 @@ def _mm_ar_cublas(args: dict, rank: int, ws: int, M: int, K: int, N: int, es: in
                       f"cuStreamWriteValue32(flag=peer_flags({c}).RS_ARRIVED[{t * ws + rank}], value=epoch, "
                       "stream=push_stream)"]
         own = t * ws + rank
+        if sl.RS_OWN_FIRST:  # the own partial overlaps the peers' transfers
+            lines.append(f"recv[chunk({own})] = a[chunk({own})] @ b + bias  # cuBLAS")
         lines += [f"cuStreamWaitValue32(flag=flags.RS_ARRIVED[{t * ws + p}], geq=epoch, stream=compute)" for p in peers]
-        if fused:
+        if sl.RS_OWN_FIRST:
+            lines.append(f"out[chunk({own})] = recv[chunks_of_round({t})].sum(0)  # mean for avg")
+        elif fused:
             lines.append(f"out[chunk({own})] = torch.addmm(recv[chunk({t * ws + peers[0]})], a[chunk({own})], b)  "
                          "# cuBLAS (beta = alpha = 1/ws for avg)")
         else:
             lines += [f"recv[chunk({own})] = a[chunk({own})] @ b + bias  # cuBLAS",
-                      f"out[chunk({own})] = recv[chunks of round {t}].sum(0)  # mean for avg"]
+                      f"out[chunk({own})] = recv[chunks_of_round({t})].sum(0)  # mean for avg"]
         lines += [f"cuStreamWriteValue32(flag=flags.DONE[{own}], value=epoch, stream=compute)",
                   f"cuStreamWaitValue32(flag=flags.DONE[{own}], geq=epoch, stream=push_stream)"]
         for p in peers:

@@ -40,8 +40,8 @@ _logged: set[tuple[str, str]] = set()
 # raises its flag). The same on every rank (a module setting, not a tuning result); bench/ compares.
 TRANSPORT = "ce"
 # How mm_rs computes its partials: "cublas" (one cuBLAS GEMM per band, remote bands first, each
-# raising its done flag by a stream write; the own bands wait for the peers' partials and reduce
-# them: addmm at ws 2, a summing kernel otherwise) or "triton" (the persistent producer kernel,
+# raising its done flag by a stream write; then the own bands, and a summing kernel per band once
+# the peers' partials arrived: RS_OWN_FIRST) or "triton" (the persistent producer kernel,
 # which reduces in its epilogue). Both ship partials by copy engine under the same flags.
 # "cublas" is taken where ``rs_gemm`` allows it. Measured on 2xH200 (bench/probe_symm.py, ninth
 # session, bench/results/2026-11-30_h200x2_session9): on the GPU the two are alike (CUDA-graph
@@ -61,6 +61,13 @@ RS_CUBLAS_MIN_RUN = 128  # chunks made of runs shorter than this (many tiny GEMM
 # ~150 us measured), so bands are at least this much GEMM work (M=4096: one band, 0.470-0.510 ms
 # back to back, vs four bands of 512 rows, 0.696-0.899).
 RS_CUBLAS_BAND_FLOPS = 64e9
+# The cuBLAS paths of mm_rs and mm_ar compute the own chunk's partials before waiting for the
+# peers' (into the receive buffer's own slot; then one kernel per band reduces the slots), so that
+# they overlap the transfers. False: each own band waits first and, at ws 2 without bias, one addmm
+# adds the peer's partial in cuBLAS's epilogue; in CUDA-graph replays on 2xH200 (fourteenth
+# session) that serialised the own GEMM behind the transfer: mm_rs M=4096 K=7168 N=8192 took
+# 0.476 ms against max(mm, reduce-scatter) 0.340 and mm then NCCL 0.483.
+RS_OWN_FIRST = True
 _picked: dict[tuple, tuple] = {}  # (kernel, shape key) -> block config, without configs.pick's lookups
 PATHS: Counter = Counter()  # "op:symm" / "op:p2p" calls of this process (tests check the path taken)
 
@@ -392,13 +399,9 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     g = _generated(epilogue, a.dtype)
     chunk_shape = list(out_shape)
     chunk_shape[dim] = seg
-    if gemm == "cublas":
-        # the epilogue in the kernel that reduces the partials; at ws 2 without bias addmm reduces
-        # them (no such kernel), and the epilogue follows as one pointwise kernel over the chunk
-        in_reduce = g if not (ws == 2 and bias is None) else None
-        out = _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, in_reduce, epilogue_args)
-        out = out.view(chunk_shape)
-        return out if in_reduce is not None else _epilogue_after(epilogue, g, out, epilogue_args)
+    if gemm == "cublas":  # a generated epilogue runs in the kernel that reduces the partials
+        out = _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, g, epilogue_args).view(chunk_shape)
+        return _epilogue.apply(epilogue, out, epilogue_args) if epilogue and g is None else out
     # captured calls ship by copy engine: peer stores wait for READY by epoch, inside the kernel
     peer = _peer_args(st, 0) if TRANSPORT == "peer" and not graph else None
     out = a.new_empty((rows, N), dtype=_epilogue.out_dtype(epilogue, a.dtype) if g is not None else a.dtype)
@@ -444,20 +447,19 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=Non
 
     Chunk c of ``a`` is ``a3[:, c]`` with ``a3 = a.view(outer, ws, run, K)``. Remote chunks first,
     band by band (``rs_cublas_bands``): each band's GEMMs write ``stage`` and a stream write raises
-    its done flag; the push stream ships it as for the kernel. Then the own bands: the compute stream
-    waits for every peer's partial of the band, and at ws 2 without bias one ``addmm`` adds it in
-    cuBLAS's epilogue (alpha = beta = 1/2 for ``avg``); otherwise the own partial goes into the
-    receive buffer's own slot and one kernel reduces the ws slots. An ``epilogue`` runs in that
-    reducing kernel (the generated ``reduce_kernel``, band by band as they arrive; at ws 2 without
-    bias too, as mm + reduce instead of addmm, but ``mm_rs`` keeps addmm there and applies the
-    epilogue after: one kernel per band fewer for as many bytes). Fusing it instead by running the
-    chunk on the Triton kernel cost that kernel's slower GEMM (TP block training step under CUDA
-    graphs 9.18 vs 8.78 ms unfused, 2xH200, fourteenth session)."""
+    its done flag; the push stream ships it as for the kernel. Then the own chunk's partials, into
+    the receive buffer's own slot, while the transfers run (``RS_OWN_FIRST``); then per band the
+    compute stream waits for every peer's partial and one kernel reduces the ws slots (in float32
+    for 16-bit types), with the ``epilogue`` in it where there is one (the generated
+    ``reduce_kernel``). Fusing an epilogue by running the chunk on the Triton kernel instead cost that
+    kernel's slower GEMM (TP block training step under CUDA graphs 9.18 vs 8.78 ms unfused, 2xH200,
+    fourteenth session)."""
     ws, r = st.ws, st.rank
     K, N = a.shape[1], b.shape[1]
     rows = outer * run
     base = symm.GRAPH_BLOCK if graph else 0
     a3 = a.view(outer, ws, run, K)
+    slots = recv.view(ws, rows, N)
     recv4 = recv.view(ws, outer, run, N)
     stage = a.new_empty((ws * rows, N))
     stage4 = stage.view(ws, outer, run, N)
@@ -475,24 +477,28 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=Non
                 _mm(a3[o, c, j : j + n], b, bias, stage4[c, o, j : j + n])
             _cuda.write_value32(st.flag_addr(base + symm.DONE + c * nb + i), epoch, compute)
     _push_partials(st, stage, rows, N, [rs_band_span(band, run) for band in bands], epoch, base)
+    own_first = RS_OWN_FIRST or epilogue is not None
+    if own_first:
+        for band in bands:
+            for o, j, n in band:
+                _mm(a3[o, r, j : j + n], b, bias, recv4[r, o, j : j + n])
     for i, band in enumerate(bands):
         for p in range(1, ws):
             _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + (r + p) % ws * nb + i), epoch, compute)
         for o, j, n in band:
-            if epilogue is None:
-                _reduce_own(a3[o, r, j : j + n], b, bias, recv4[:, o, j : j + n], r, out3[o, j : j + n], average)
+            if own_first:
+                _reduce_slots(slots, out, o * run + j, n, average, epilogue, ep_ptrs)
             else:
-                _reduce_own_epilogue(a3[o, r, j : j + n], b, bias, recv.view(ws, rows, N), r, out, o * run + j, n,
-                                     average, epilogue, ep_ptrs)
+                _reduce_own(a3[o, r, j : j + n], b, bias, recv4[:, o, j : j + n], r, out3[o, j : j + n], average)
     st.end(compute)
     return out
 
 
 def _reduce_own(a, b, bias, slots, rank, out, average) -> None:
-    """``out`` = the sum (``average``: mean) over ranks of their partials of these rows: this
-    rank's, ``a @ b (+ bias)``, and the peers' in ``slots`` [ws, rows, N] (slot ``rank`` is free).
-    At ws 2 without bias one ``addmm`` adds the peer's in cuBLAS's epilogue; otherwise the own
-    partial goes into its slot and one kernel reduces the slots (in float32 for 16-bit types)."""
+    """(``RS_OWN_FIRST`` off) ``out`` = the sum (``average``: mean) over ranks of their partials of
+    these rows: this rank's, ``a @ b (+ bias)``, and the peers' in ``slots`` [ws, rows, N] (slot
+    ``rank`` is free). At ws 2 without bias one ``addmm`` adds the peer's in cuBLAS's epilogue;
+    otherwise the own partial goes into its slot and one kernel reduces the slots."""
     ws = slots.shape[0]
     scale = 1.0 / ws if average else 1.0
     if ws == 2 and bias is None:
@@ -502,13 +508,17 @@ def _reduce_own(a, b, bias, slots, rank, out, average) -> None:
         (torch.mean if average else torch.sum)(slots, dim=0, out=out)
 
 
-def _reduce_own_epilogue(a, b, bias, slots, rank, out, row0, n, average, epilogue, ep_ptrs) -> None:
-    """``_reduce_own`` with ``epilogue`` applied in the summing kernel: ``out[row0 : row0 + n]`` from
-    this rank's partial ``a @ b (+ bias)`` and the peers' in ``slots`` [ws, rows, N] (slot ``rank``
-    is free), rows numbered as the op's output."""
+def _reduce_slots(slots, out, row0, n, average, epilogue=None, ep_ptrs=()) -> None:
+    """``out[row0 : row0 + n]`` = the sum (``average``: mean) of the ranks' partials of those rows
+    in ``slots`` [ws, rows, N] (rows numbered as the op's output), summed in float32 and rounded
+    once; with the generated ``epilogue`` applied in the same kernel."""
+    if not n:
+        return
+    if epilogue is None:
+        (torch.mean if average else torch.sum)(slots[:, row0 : row0 + n], dim=0, out=out[row0 : row0 + n])
+        return
     from ..codegen import epilogue as gen
 
-    _mm(a, b, bias, slots[rank, row0 : row0 + n])
     gen.apply_reduce(epilogue, slots, out, row0, n, 1.0 / slots.shape[0] if average else 1.0, ep_ptrs)
 
 
@@ -679,9 +689,9 @@ def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
 
     Per round t (``ar_cublas_rounds``; chunk c of round t is rows ``(t * ws + c) * rows`` on, one
     band each): the peers' chunks first, each GEMM into ``stage`` then raising its done flag, the
-    push stream shipping it to its owner as in ``mm_rs``; then the own chunk waits for the peers'
-    partials and is reduced into ``out`` (``addmm`` at ws 2 without bias, else the own partial into
-    the receive slot and one summing kernel); a stream write raises its done flag and the push
+    push stream shipping it to its owner as in ``mm_rs``; then the own chunk's partial goes into
+    the receive slot (``RS_OWN_FIRST``: before waiting for the peers', so it overlaps their
+    transfers) and one summing kernel reduces the slots into ``out``; a stream write raises its done flag and the push
     stream sends those rows of ``out`` to every peer's gather region (the all-gather), while the
     next round computes; the copy stream copies the peers' reduced chunks into ``out`` as their
     flags rise. ``graph``: a call being captured (the flag block ``symm.GRAPH_BLOCK``)."""
@@ -718,11 +728,15 @@ def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
                     symm.RS_ARRIVED + t * ws + r)
         own = t * ws + r
         lo, n = rows_of(own)
+        slots = recv.view(rounds, ws, rows, N)[t, :, :n]
+        if RS_OWN_FIRST and n:  # the own partial overlaps the peers' transfers
+            _mm(a[lo : lo + n], b, bias, slots[r])
         for p in peers:
             _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + t * ws + p), epoch, compute)
-        if n:
-            _reduce_own(a[lo : lo + n], b, bias, recv.view(rounds, ws, rows, N)[t, :, :n], r, out[lo : lo + n],
-                        average)
+        if RS_OWN_FIRST:
+            _reduce_slots(slots, out[lo : lo + n], 0, n, average)
+        elif n:
+            _reduce_own(a[lo : lo + n], b, bias, slots, r, out[lo : lo + n], average)
         _cuda.write_value32(st.flag_addr(base + symm.DONE + own), epoch, compute)
         _cuda.wait_value32(st.flag_addr(base + symm.DONE + own), epoch, st.push_stream)
         for j in range(1, ws):  # all-gather: the reduced chunk, to every peer
