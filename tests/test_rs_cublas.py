@@ -106,12 +106,17 @@ CASES = [  # ws, outer, run, bias, reduce_op, dtype
 ]
 
 
+@pytest.mark.parametrize("one_band", [False, True], ids=["bands", "one_band"])
 @pytest.mark.parametrize("own_first", [True, False], ids=["own_first", "own_after_wait"])
 @pytest.mark.parametrize("ws,outer,run,bias,reduce_op,dtype", CASES)
-def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, reduce_op, dtype, own_first,
+def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, reduce_op, dtype, own_first, one_band,
                                                         monkeypatch):
+    """Both orders of the own bands (RS_OWN_FIRST applies to chunks of one band)."""
     torch.manual_seed(ws * 100 + outer * 10 + run)
     many_bands(monkeypatch)
+    if one_band:
+        monkeypatch.setattr(symm_lowering, "RS_CUBLAS_BAND_FLOPS", 1e18)
+        assert len(symm_lowering.rs_cublas_bands(outer, run, 24, 40)) == 1
     monkeypatch.setattr(symm_lowering, "RS_OWN_FIRST", own_first)
     K, N = 24, 40
     rows = outer * run
@@ -206,16 +211,22 @@ def test_runtime_call_listing_follows_the_cublas_path(ws, bias, monkeypatch):
     assert "mm_rs on cuBLAS" in listing and "mm_rs_kernel" not in listing
     assert listing.count("cuBLAS (bias if any)") == 4 * (ws - 1)  # remote chunks: a GEMM per run
     assert listing.count("flags.DONE[") == 2 * 4 * (ws - 1)  # raised on compute, awaited on push
-    # RS_OWN_FIRST: every own GEMM is listed before the first wait for a peer's partial, then the sums
-    lines = listing.splitlines()
+    # several bands: each own band waits first; at ws 2 without bias addmm adds the peer's partial
+    assert ("torch.addmm(recv[" in listing) == (ws == 2 and not bias)
+    assert (".sum(0)" in listing) == (ws > 2 or bias)
+    # one band (the default floor of GEMM work per band: the four runs are one band): RS_OWN_FIRST
+    # lists every own GEMM before the first wait for a peer's partial, then the sums
+    monkeypatch.setattr(symm_lowering, "RS_CUBLAS_BAND_FLOPS", 64e9)
+    one_band = plan.render("mm_rs", args, 1, ws)
+    compile(one_band, "mm_rs.py", "exec")
+    assert "1 band(s) each" in one_band
+    lines = one_band.splitlines()
     own = [k for k, ln in enumerate(lines) if ln.strip().startswith("recv[1, ") and "@ b" in ln]  # rank 1's
     first_wait = min(k for k, ln in enumerate(lines) if "RS_ARRIVED" in ln and "stream=compute" in ln)
     assert len(own) == 4 and max(own) < first_wait
-    assert "torch.addmm(" not in listing and listing.count(".sum(0)") == 4
-    monkeypatch.setattr(symm_lowering, "RS_OWN_FIRST", False)  # before: each own band waits first
-    listing = plan.render("mm_rs", args, 1, ws)
-    assert ("torch.addmm(recv[" in listing) == (ws == 2 and not bias)
-    assert (".sum(0)" in listing) == (ws > 2 or bias)
+    assert "torch.addmm(" not in one_band and one_band.count(".sum(0)") == 4
+    monkeypatch.setattr(symm_lowering, "RS_OWN_FIRST", False)  # off: the band waits first
+    assert ("torch.addmm(recv[" in plan.render("mm_rs", args, 1, ws)) == (ws == 2 and not bias)
     assert "mm_rs on cuBLAS" in plan.render("mm_rs", args, 1, ws, captured=True)  # captured: the same path
     monkeypatch.setattr(symm_lowering, "MM_RS_GEMM", "triton")
     assert "mm_rs_kernel" in plan.render("mm_rs", args, 1, ws)
@@ -353,3 +364,58 @@ def test_a_captured_epilogue_keeps_mm_rs_on_cublas(ws, monkeypatch):
     assert "mm_rs on cuBLAS" in listing and "mm_rs_kernel" not in listing
     assert listing.count("launch(reduce_kernel_0") == 4 and "torch.addmm(" not in listing
     assert ".sum(0)" not in listing and "pointwise_kernel_0" not in listing
+
+
+@pytest.mark.parametrize("one_band", [True, False])
+def test_own_partial_before_the_wait_only_for_one_band(one_band, monkeypatch):
+    """RS_OWN_FIRST in the runtime (not only the listing): with one band the own partial's GEMM is
+    enqueued on the compute stream before its wait for the peer's partial; with several bands each
+    own band waits first (and at ws 2 without bias reduces in addmm)."""
+    ws, outer, run, K, N = 2, 1, 64, 8, 16
+    many_bands(monkeypatch)
+    if one_band:
+        monkeypatch.setattr(symm_lowering, "RS_CUBLAS_BAND_FLOPS", 1e18)
+    a = [torch.randn(ws * run, K) for _ in range(ws)]
+    b = [torch.randn(K, N) for _ in range(ws)]
+    recvs = [torch.full((ws * run, N), float("nan")) for _ in range(ws)]
+    sts, local = states(ws, recvs, monkeypatch)
+    events = {r: [] for r in range(ws)}
+    real_mm, real_wait, real_addmm = symm_lowering._mm, symm._cuda.wait_value32, torch.addmm
+
+    def rank_of_thread():
+        return next(r for r in range(ws) if local.compute is streams[r])
+
+    streams = {}
+
+    def mm(x, w, bias, out):
+        r = rank_of_thread()
+        if out.data_ptr() >= recvs[r].data_ptr() and out.data_ptr() < recvs[r].data_ptr() + recvs[r].nbytes:
+            events[r].append("own mm")
+        return real_mm(x, w, bias, out)
+
+    def wait(addr, value, stream):
+        if stream is local.compute:
+            events[rank_of_thread()].append("wait")
+        return real_wait(addr, value, stream)
+
+    def addmm(*args, **kw):
+        events[rank_of_thread()].append("own addmm")
+        return real_addmm(*args, **kw)
+
+    monkeypatch.setattr(symm_lowering, "_mm", mm)
+    monkeypatch.setattr(symm._cuda, "wait_value32", wait)
+    monkeypatch.setattr(torch, "addmm", addmm)
+
+    def call(r):
+        streams[r] = local.compute
+        return symm_lowering._mm_rs_cublas(sts[r], a[r], b[r], None, recvs[r], outer, run, False, graph=False)
+
+    outs = run_ranks(ws, [lambda r=r: call(r) for r in range(ws)], local)
+    for r in range(ws):
+        want = sum(a[q] @ b[q] for q in range(ws)).view(ws, run, N)[r]
+        torch.testing.assert_close(outs[r], want, rtol=1e-4, atol=1e-4)
+        seq = events[r]
+        if one_band:
+            assert seq.index("own mm") < seq.index("wait") and "own addmm" not in seq, seq
+        else:
+            assert "own mm" not in seq and seq.index("wait") < seq.index("own addmm"), seq

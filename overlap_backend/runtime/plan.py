@@ -197,7 +197,7 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
     nb = len(bands)
     peers = [(rank + p) % ws for p in range(1, ws)]
     spec = args.get("epilogue", "")
-    fused = ws == 2 and args["bias"] is None  # (RS_OWN_FIRST off) addmm reduces
+    fused = ws == 2 and args["bias"] is None  # several bands (or RS_OWN_FIRST off): addmm reduces
     scale = "1/ws" if args["reduce_op"] == "avg" else "1"
     lines = [
         f"# lowering 'symm': mm_rs on cuBLAS (symm_lowering.MM_RS_GEMM), {ws} chunks of {outer} x {run} rows, "
@@ -222,11 +222,12 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
                 f"nbytes={n * N * es}, stream=push_stream)",
                 f"cuStreamWriteValue32(flag=peer_flags({c}).RS_ARRIVED[{rank * nb + i}], value=epoch, stream=push_stream)",
             ]
-    own_first = sl.RS_OWN_FIRST or bool(spec)
-    if own_first:  # the own partials overlap the peers' transfers
-        lines += [f"recv[{rank}, {o}, {j}:{j + n}] = a[{o}, {rank}, {j}:{j + n}] @ b + bias  # cuBLAS"
-                  for band in bands for o, j, n in band]
+    own_first = sl.RS_OWN_FIRST and nb == 1
+    fused = fused and not spec
     for i, band in enumerate(bands):
+        if own_first:  # one band: the own partial overlaps the transfer of the peers'
+            lines += [f"recv[{rank}, {o}, {j}:{j + n}] = a[{o}, {rank}, {j}:{j + n}] @ b + bias  # cuBLAS"
+                      for o, j, n in band]
         lines += [f"cuStreamWaitValue32(flag=flags.RS_ARRIVED[{p * nb + i}], geq=epoch, stream=compute)" for p in peers]
         for o, j, n in band:
             if not own_first and fused:

@@ -61,12 +61,15 @@ RS_CUBLAS_MIN_RUN = 128  # chunks made of runs shorter than this (many tiny GEMM
 # ~150 us measured), so bands are at least this much GEMM work (M=4096: one band, 0.470-0.510 ms
 # back to back, vs four bands of 512 rows, 0.696-0.899).
 RS_CUBLAS_BAND_FLOPS = 64e9
-# The cuBLAS paths of mm_rs and mm_ar compute the own chunk's partials before waiting for the
-# peers' (into the receive buffer's own slot; then one kernel per band reduces the slots), so that
-# they overlap the transfers. False: each own band waits first and, at ws 2 without bias, one addmm
-# adds the peer's partial in cuBLAS's epilogue; in CUDA-graph replays on 2xH200 (fourteenth
-# session) that serialised the own GEMM behind the transfer: mm_rs M=4096 K=7168 N=8192 took
-# 0.476 ms against max(mm, reduce-scatter) 0.340 and mm then NCCL 0.483.
+# Where a chunk is ONE band (mm_rs; every round of mm_ar), the cuBLAS paths compute the own
+# partial before waiting for the peers' (into the receive buffer's own slot, then one kernel
+# reduces the slots), so that it overlaps the transfer, which only starts once the remote band's
+# GEMM is done. With several bands each own band waits first (the peers' band arrived while the
+# later remote bands computed) and, at ws 2 without bias, one addmm adds the peer's partial in
+# cuBLAS's epilogue, which saves the summing pass. Measured on 2xH200 (fourteenth session, run 6,
+# same host, CUDA-graph replays / eager, K=7168 N=8192): mm_rs M=4096 (one band) 0.456 / 0.443 ms
+# own first vs 0.478 / 0.477 waiting; M=8192 (three bands) 0.900 / 0.908 vs 0.842 / 0.829;
+# mm_ar M=1024 (one round) 0.258 vs 0.278 replayed. False: every band waits first.
 RS_OWN_FIRST = True
 _picked: dict[tuple, tuple] = {}  # (kernel, shape key) -> block config, without configs.pick's lookups
 PATHS: Counter = Counter()  # "op:symm" / "op:p2p" calls of this process (tests check the path taken)
@@ -447,11 +450,12 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=Non
 
     Chunk c of ``a`` is ``a3[:, c]`` with ``a3 = a.view(outer, ws, run, K)``. Remote chunks first,
     band by band (``rs_cublas_bands``): each band's GEMMs write ``stage`` and a stream write raises
-    its done flag; the push stream ships it as for the kernel. Then the own chunk's partials, into
-    the receive buffer's own slot, while the transfers run (``RS_OWN_FIRST``); then per band the
-    compute stream waits for every peer's partial and one kernel reduces the ws slots (in float32
-    for 16-bit types), with the ``epilogue`` in it where there is one (the generated
-    ``reduce_kernel``). Fusing an epilogue by running the chunk on the Triton kernel instead cost that
+    its done flag; the push stream ships it as for the kernel. Then the own bands: a chunk of one
+    band computes its own partial into the receive buffer's own slot while the transfer runs
+    (``RS_OWN_FIRST``), then waits for the peers' and one kernel reduces the ws slots (in float32
+    for 16-bit types); with several bands each waits first, and at ws 2 without bias one ``addmm``
+    adds the peer's partial in cuBLAS's epilogue. An ``epilogue`` runs in the reducing kernel (the
+    generated ``reduce_kernel``; at ws 2 too, instead of ``addmm``). Fusing an epilogue by running the chunk on the Triton kernel instead cost that
     kernel's slower GEMM (TP block training step under CUDA graphs 9.18 vs 8.78 ms unfused, 2xH200,
     fourteenth session)."""
     ws, r = st.ws, st.rank
@@ -477,19 +481,20 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=Non
                 _mm(a3[o, c, j : j + n], b, bias, stage4[c, o, j : j + n])
             _cuda.write_value32(st.flag_addr(base + symm.DONE + c * nb + i), epoch, compute)
     _push_partials(st, stage, rows, N, [rs_band_span(band, run) for band in bands], epoch, base)
-    own_first = RS_OWN_FIRST or epilogue is not None
-    if own_first:
-        for band in bands:
+    own_first = RS_OWN_FIRST and nb == 1
+    for i, band in enumerate(bands):
+        if own_first:  # the own partial overlaps the transfer of the peers' (one band)
             for o, j, n in band:
                 _mm(a3[o, r, j : j + n], b, bias, recv4[r, o, j : j + n])
-    for i, band in enumerate(bands):
         for p in range(1, ws):
             _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + (r + p) % ws * nb + i), epoch, compute)
         for o, j, n in band:
-            if own_first:
-                _reduce_slots(slots, out, o * run + j, n, average, epilogue, ep_ptrs)
-            else:
+            if epilogue is None and not own_first:
                 _reduce_own(a3[o, r, j : j + n], b, bias, recv4[:, o, j : j + n], r, out3[o, j : j + n], average)
+                continue
+            if not own_first:
+                _mm(a3[o, r, j : j + n], b, bias, recv4[r, o, j : j + n])
+            _reduce_slots(slots, out, o * run + j, n, average, epilogue, ep_ptrs)
     st.end(compute)
     return out
 
