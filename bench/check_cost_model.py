@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -48,9 +49,16 @@ OLDER_MOE_DECODE = {"2026-11-30_h200x2_session5": "before the plan kernel"}
 # CTA runs from before the stage-1 share and the stage-0 tails, which hide the pipeline's fill and drain
 OLDER_CTA = {run: "before the stage-1 share and the stage-0 tails"
              for run in ("2026-11-30_h200x2_cta", "2026-11-30_h200x2_session8")}
-# CTA graph replays measured with peer stores (a captured call ships by the copy engine since these)
+# CTA graph replays measured with peer stores: a captured call ships by the copy engine since these
+# runs of the thirteenth session, and in every later session
 CTA_GRAPHS_BY_CE = ("2026-11-30_h200x2_session13/run4", "2026-11-30_h200x2_session13/run5",
                     "2026-11-30_h200x2_session13/run6")
+CTA_GRAPHS_BY_CE_FROM_SESSION = 14
+
+
+def _cta_graphs_by_ce(run: str) -> bool:
+    session = re.search(r"_session(\d+)", run)
+    return run in CTA_GRAPHS_BY_CE or (session is not None and int(session.group(1)) >= CTA_GRAPHS_BY_CE_FROM_SESSION)
 # captured moe_experts measured with the comm kernel's combine (a captured call now takes ce-only)
 OLDER_MOE_GRAPH = {("2026-11-30_h200x2_session7", "moe_graphs_ws2_run5_comm_kernel.json"):
                    "captured with the comm-kernel combine (now ce-only)"}
@@ -111,7 +119,7 @@ def cta_rows(path: Path) -> list[dict]:
             if r.get(col) is None:
                 continue
             note = OLDER_CTA.get(run, "")
-            if not note and graphs and what == "ours" and run not in CTA_GRAPHS_BY_CE:
+            if not note and graphs and what == "ours" and not _cta_graphs_by_ce(run):
                 note = "captured with peer stores (now the copy engine)"
             out.append(dict(run=run, file=path.name, op=f"cta {r['act']}" + (" graph" if graphs else ""), ws=ws,
                             shape=f"{m}x{h}x{ffn}", column=col, what=what, lowering=low, measured=float(r[col]),

@@ -61,6 +61,11 @@ SYMM_DEVICE_MS = 0.03  # flag waits, the first tile wave's wait, stream operatio
 CTA_EFF = 1.10  # a CTA-pipeline stage (flag waits per K-chunk, chunk-major A) / cuBLAS (fitted: cta_ws2, M >= 512)
 CTA_K_CHUNKS = 4  # = runtime.cta_symm.K_CHUNKS (K-chunks per stage-0 rank)
 CTA_BM, CTA_BN1 = 128, 256  # = runtime.cta_symm STAGE1_CONFIG's block (row groups of the pipeline)
+CTA_GELU_SHARE_MAX = 0.3  # = runtime.cta_symm.GELU_SHARE_MAX (stage 1's own first-GEMM columns, GELU)
+# Fraction of the SMs whose weight loads reach the memory bandwidth: at small M stage 1 streams all
+# of W2 with one CTA per tile, 32 tiles at M <= 128 (fitted: cta_ws2 graph replays at M = 16 / 128,
+# 2xH200, fourteenth session: 0.326-0.334 ms GELU, 0.396-0.415 SwiGLU)
+CTA_BW_SMS = 0.43
 # moe, fitted on bench/results/2026-11-30_h200x2_session5/moe_ws2.json (DeepSeek-/Mixtral-like, balanced
 # and skewed, 2xH200; docs/cost_model.md):
 # - the baseline's grouped experts (torch._grouped_mm x3 + silu*up, plus the row gather and scatter):
@@ -393,6 +398,14 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         # the other, or at once with one stage-0 rank (cta_symm.SHIP_BEFORE_TAILS).
         last = ce_ms(cal, p.m * p.n * e / groups)
         end = last * (1 if tp == 1 else 2)
+        # Stage 1 streams its W2 columns and the W1 columns of its share with tiles_m x tiles_n1 CTAs
+        # (a row group at a time): fewer than CTA_BW_SMS of the SMs cannot saturate the memory
+        share = (big_f // (2 * (tp + 1)) * 2 if gate == 2
+                 else min(cal.num_sms // most * CTA_BN1, int(CTA_GELU_SHARE_MAX * big_f)))
+        stage1_bytes = (big_f * (p.n // tp) + share * p.k) * e
+        active = min(cal.num_sms, most * tiles_n1)
+        bw = cal.hbm_gbps * min(1.0, active / (CTA_BW_SMS * cal.num_sms))
+        stage = max(stage, cal.launch_ms + stage1_bytes / (bw * 1e6))
         dev = SYMM_DEVICE_MS + stage + end
         return _symm_plan(host["cta_pipeline_mlp"], dev, groups * CTA_K_CHUNKS,
                           {"stage_ms": stage, "end_ms": end}, stages=2)

@@ -1,4 +1,4 @@
-"""bench_collective_gemm with symm_lowering.RS_OWN_FIRST set from $RS_OWN_FIRST (1/0): the A/B of
+"""(Ran as devrun/bench_rs_ab.py from the repository root.) bench_collective_gemm with symm_lowering.RS_OWN_FIRST set from $RS_OWN_FIRST (1/0): the A/B of
 the fourteenth session's change (own partials before the waits), same machine, one after the other."""
 import os
 import sys
