@@ -12,7 +12,7 @@ No GPU needed: it reads the JSON tables under ``bench/results/`` (``<suite>_ws<N
 | ``seq`` (NCCL then mm / mm then NCCL), ``TP2`` (cta) | the baseline (plain sequence) |
 | ``ours_p2p`` / ``ours`` (p2p-only runs) | the ``p2p`` plan |
 | ``ours_symm``, ``CTA 2`` (cta) | the ``symm`` plan |
-| ``TP2 (graph)``, ``CTA 2 (graph)`` (cta), MoE ``graphs`` | the same, as CUDA-graph replays (``cuda_graphs=True``: no host time) |
+| ``TP2 (graph)``, ``CTA 2 (graph)`` (cta), MoE ``graphs``, ``graph_ms`` (``bench_collective_gemm --graphs``) | the same, as CUDA-graph replays (``cuda_graphs=True``: no host time) |
 | ``mm``, ``comm`` | the baseline's GEMM and collective terms (shown, not in the criterion) |
 
 Error = predicted / measured - 1. The criterion (``--limit``, 20%) covers the baseline and ours
@@ -96,13 +96,17 @@ def collective_rows(path: Path) -> list[dict]:
         t = r["times_ms"]
         cols = {"seq": ("baseline", None), "mm": ("gemm term", None), "comm": ("comm term", None),
                 "ours_p2p": ("ours", "p2p"), "ours": ("ours", "p2p"), "ours_symm": ("ours", "symm")}
-        for col, (what, low) in cols.items():
-            if t.get(col) is None:
-                continue
-            note = OLDER_SYMM.get(run, "") if low == "symm" else ""
-            out.append(dict(run=run, file=path.name, op=suite, ws=ws, shape=f"{m}x{k}x{n}", column=col, what=what,
-                            lowering=low, measured=float(t[col]), problem=prob, note=note,
-                            criterion=what in ("baseline", "ours") and not note))
+        # bench_collective_gemm --graphs: the same columns replayed from CUDA graphs (ours on p2p is
+        # not captured there)
+        for times, graphs in ((t, False), (r.get("graph_ms") or {}, True)):
+            for col, (what, low) in cols.items():
+                if times.get(col) is None:
+                    continue
+                note = OLDER_SYMM.get(run, "") if low == "symm" else ""
+                out.append(dict(run=run, file=path.name, op=suite + (" graph" if graphs else ""), ws=ws,
+                                shape=f"{m}x{k}x{n}", column=col + (" (graph)" if graphs else ""), what=what,
+                                lowering=low, measured=float(times[col]), problem=prob, note=note,
+                                criterion=what in ("baseline", "ours") and not note, graphs=graphs))
     return out
 
 
