@@ -2,7 +2,7 @@
 #  - mm_rs's cuBLAS path computes the own partial before the wait only where the chunk is one band
 #    (symm_lowering.RS_OWN_FIRST; run 6 measured own-first for every band: better at one band, worse
 #    at three); the two orders were each GPU-tested in run 6, the rule choosing between them is CPU-tested.
-#   mkdir devrun; cp bench/results/2026-11-30_h200x2_session14/commands/{dev_run.sh,next.sh} devrun/
+#   mkdir devrun; cp bench/results/2026-11-30_h200x2_session6/commands/dev_run.sh bench/results/2026-11-30_h200x2_session14/commands/next.sh devrun/
 #   DEADLINE=400 bash devrun/dev_run.sh devrun/next.sh
 TAILN=6 run t_rs 170 env OVERLAP_TEST_TIMEOUT_S=160 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu.py -k "(ws2 and (ops_numerics or repeated_calls) and symm and not peer and not kernel) or captured_symm_ops_replay"
 TAILN=4 run t_epi 110 env OVERLAP_TEST_TIMEOUT_S=100 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu_epilogues.py -k "ws2 and numerics and symm and not peer"
