@@ -500,17 +500,18 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=Non
 
 
 def _reduce_own(a, b, bias, slots, rank, out, average) -> None:
-    """(``RS_OWN_FIRST`` off) ``out`` = the sum (``average``: mean) over ranks of their partials of
-    these rows: this rank's, ``a @ b (+ bias)``, and the peers' in ``slots`` [ws, rows, N] (slot
-    ``rank`` is free). At ws 2 without bias one ``addmm`` adds the peer's in cuBLAS's epilogue;
-    otherwise the own partial goes into its slot and one kernel reduces the slots."""
+    """An own band that waited for the peers' partials first (several bands, or ``RS_OWN_FIRST``
+    off): ``out`` = the sum (``average``: mean) over ranks of their partials of these rows, this
+    rank's ``a @ b (+ bias)`` and the peers' in ``slots`` [ws, rows, N] (slot ``rank`` is free).
+    At ws 2 without bias one ``addmm`` adds the peer's in cuBLAS's epilogue; otherwise the own
+    partial goes into its slot and one kernel reduces the slots."""
     ws = slots.shape[0]
     scale = 1.0 / ws if average else 1.0
     if ws == 2 and bias is None:
         torch.addmm(slots[1 - rank], a, b, beta=scale, alpha=scale, out=out)
     else:
         _mm(a, b, bias, slots[rank])
-        (torch.mean if average else torch.sum)(slots, dim=0, out=out)
+        _reduce_slots(slots, out, 0, out.shape[0], average)
 
 
 def _reduce_slots(slots, out, row0, n, average, epilogue=None, ep_ptrs=()) -> None:
