@@ -323,21 +323,6 @@ def _time_ours(r: Runner, suite: str, t: dict, gn: str, checks: dict[str, Check]
 GRAPH_SKIP = {ours_key("p2p"): "not captured (ours p2p: eager side streams)"}
 
 
-def _capture(fn) -> "torch.cuda.CUDAGraph":
-    """``fn`` captured once in a CUDA graph, after two calls on a side stream (what capture needs:
-    NCCL and the allocator warmed up off the capturing stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
-
-
 def time_graphs(r: Runner, keys: list[str]) -> tuple[dict[str, float | None], dict[str, str]]:
     """Replay times (ms) of ``r``'s timed variants captured in CUDA graphs, and why any is missing.
     Collective: every rank captures the same keys in the same order, and a graph is replayed only
@@ -354,7 +339,7 @@ def time_graphs(r: Runner, keys: list[str]) -> tuple[dict[str, float | None], di
             continue
         g, why = None, None
         try:
-            g = _capture(r.fns[key])
+            g = common.capture_graph(r.fns[key])
         except Exception as e:  # noqa: BLE001 - a variant this torch cannot capture shows as n/a
             why = f"capture failed: {_short(e, 150)}"
         everyone = common.allreduce_max([0.0 if g is not None else 1.0], r.timing.device)[0] == 0.0

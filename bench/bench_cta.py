@@ -341,15 +341,7 @@ def _stage_weights(shards: MLP, pair, pair_rank):
 def _bench_graph(timing, fn):
     """The same call captured once in a CUDA graph and replayed."""
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
+        g = common.capture_graph(fn)
         t, _ = timing.bench(g.replay)
         return t
     except Exception as e:  # noqa: BLE001 - a baseline that cannot be captured shows as n/a

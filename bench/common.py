@@ -132,6 +132,21 @@ class Timing:
         return allreduce_max([median], self.device)[0], n_reps
 
 
+def capture_graph(fn: Callable[[], object]) -> "torch.cuda.CUDAGraph":
+    """``fn`` captured once in a CUDA graph, after two calls on a side stream (what capture needs:
+    NCCL and the allocator warmed up off the capturing stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
 def events_ms(fn: Callable[[], object], n: int = 20, warm: int = 3) -> float:
     """Median CUDA-event time of ``fn`` in ms on this process alone (not collective, unlike
     ``Timing.bench``): for probes of one kernel on one GPU."""
