@@ -3,15 +3,15 @@
     python bench/check_cost_model.py [--out-dir bench/results/<date>_cost_model] [--limit 0.20]
 
 No GPU needed: it reads the JSON tables under ``bench/results/`` (``<suite>_ws<N>.json`` of
-``bench_collective_gemm.py``, ``cta_ws2.json`` of ``bench_cta.py``), rebuilds each row's problem
+``bench_collective_gemm.py``, ``cta_ws<N>.json`` of ``bench_cta.py``, ``moe_ws<N>.json`` of ``bench_moe.py``), rebuilds each row's problem
 (op, M, N, K, dtype, world size) and predicts with the **built-in H200 calibration**
 (``calibrate.DEFAULTS["h200"]``, the defaults a 2x/4xH200 machine uses without a calibration file):
 
 | measured column | predicted |
 |---|---|
-| ``seq`` (NCCL then mm / mm then NCCL), ``TP2`` (cta) | the baseline (plain sequence) |
+| ``seq`` (NCCL then mm / mm then NCCL), ``TP2`` / ``TP4`` (cta: a 2- / 4-GPU problem) | the baseline (plain sequence) |
 | ``ours_p2p`` / ``ours`` (p2p-only runs) | the ``p2p`` plan |
-| ``ours_symm``, ``CTA 2`` (cta) | the ``symm`` plan |
+| ``ours_symm``, ``CTA 2`` / ``CTA 2×TP2`` (cta) | the ``symm`` plan |
 | ``TP2 (graph)``, ``CTA 2 (graph)`` (cta), MoE ``graphs``, ``graph_ms`` (``bench_collective_gemm --graphs``) | the same, as CUDA-graph replays (``cuda_graphs=True``: no host time) |
 | ``mm``, ``comm`` | the baseline's GEMM and collective terms (shown, not in the criterion) |
 
@@ -115,17 +115,24 @@ def cta_rows(path: Path) -> list[dict]:
     info = d["info"]
     ws, h, ffn, dtype, run = int(info["world_size"]), int(info["hidden"]), int(info["ffn"]), _dtype(info), _run_name(path)
     out = []
+    # A run on N GPUs times the 2-GPU layouts too (TP2, CTA 2: on a pair of them); the N-GPU ones are
+    # TPN and CTA 2×TP(N/2). Each column is the problem of its own GPU count.
+    cols = [("TP2", "baseline", None, False, 2), ("CTA 2", "ours", "symm", False, 2),
+            ("TP2 (graph)", "baseline", None, True, 2), ("CTA 2 (graph)", "ours", "symm", True, 2)]
+    if ws > 2:
+        cols += [(f"TP{ws}", "baseline", None, False, ws), (f"CTA 2×TP{ws // 2}", "ours", "symm", False, ws),
+                 (f"TP{ws} (graph)", "baseline", None, True, ws)]
     for r in d["rows"]:
         m = int(r["M"])
-        prob = Problem("cta_pipeline_mlp", m=m, n=h, k=h, f=ffn // ws, dtype=dtype, ws=ws, activation=r["act"])
-        for col, what, low, graphs in (("TP2", "baseline", None, False), ("CTA 2", "ours", "symm", False),
-                                       ("TP2 (graph)", "baseline", None, True), ("CTA 2 (graph)", "ours", "symm", True)):
+        for col, what, low, graphs, gpus in cols:
             if r.get(col) is None:
                 continue
+            prob = Problem("cta_pipeline_mlp", m=m, n=h, k=h, f=ffn // gpus, dtype=dtype, ws=gpus,
+                           activation=r["act"])
             note = OLDER_CTA.get(run, "")
             if not note and graphs and what == "ours" and not _cta_graphs_by_ce(run):
                 note = "captured with peer stores (now the copy engine)"
-            out.append(dict(run=run, file=path.name, op=f"cta {r['act']}" + (" graph" if graphs else ""), ws=ws,
+            out.append(dict(run=run, file=path.name, op=f"cta {r['act']}" + (" graph" if graphs else ""), ws=gpus,
                             shape=f"{m}x{h}x{ffn}", column=col, what=what, lowering=low, measured=float(r[col]),
                             problem=prob, note=note, criterion=not note, graphs=graphs))
     return out
