@@ -52,11 +52,15 @@ def cudagraph_blocker(graph: torch.fx.Graph) -> str | None:
     the graph shows): the checks of ``torch._inductor.utils.get_first_incompatible_cudagraph_node``
     (a data-dependent size, e.g. dropless MoE's split sizes; an op tagged cudagraph-unsafe) and a
     tensor on the CPU (``check_multiple_devices_or_any_cpu_nodes``). Mutated inputs, the other
-    reason, show only at run time: not seen here."""
+    reason, show only at run time: not seen here. With Inductor's graph partitions (its default
+    under CUDA graphs) CPU nodes do not stop the capture: Inductor captures the partitions around
+    them, where the matched ops are (the Llama TP+SP forward, 4xH200: a CPU scalar of the vocab-parallel
+    embedding's index_put priced every op of that graph eagerly, while Inductor captured it all)."""
     import torch._inductor.utils as inductor_utils
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     unsafe = getattr(inductor_utils, "is_cudagraph_unsafe_fx_node", lambda n: False)
+    cpu_blocks = not getattr(inductor_utils, "is_using_cudagraph_partition", lambda: False)()
     for n in graph.nodes:
         if unsafe(n):
             return f"{n.name}: an op that cannot be captured"
@@ -66,7 +70,7 @@ def cudagraph_blocker(graph: torch.fx.Graph) -> str | None:
         if free_unbacked_symbols(val):
             return f"{n.name}: a data-dependent size"
         vals = val if isinstance(val, (list, tuple)) else [val]
-        if any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
+        if cpu_blocks and any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
             return f"{n.name}: a CPU tensor"
     return None
 
