@@ -221,8 +221,16 @@ def _cudagraph_skips() -> int:
 
 
 def _free(device) -> None:
+    """Between variants. Under ``mode="reduce-overhead"`` the CUDA-graph trees (one memory pool per
+    device, shared by every compiled function) are dropped too: a variant that raised at its first
+    steps left live tensors in that pool, and the next variant then raised "Detected N tensor(s) in
+    the cudagraph pool not tracked as outputs" (4xH200, fifteenth session: async-TP raised, then ours)."""
     gc.collect()
     if device.type == "cuda":
+        from torch._inductor import cudagraph_trees
+
+        cudagraph_trees.reset_cudagraph_trees()
+        gc.collect()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
 
