@@ -47,20 +47,28 @@ def _cuda_graphs_on(config: OverlapConfig) -> bool:
     return bool(inductor_config.triton.cudagraphs)
 
 
+def _graph_partitions_on() -> bool:
+    """Does Inductor split this graph into partitions under CUDA graphs (``graph_partition``, its
+    default since torch 2.9)? Then what it cannot capture (a data-dependent size, a CPU op, an
+    unsafe op) runs between captured partitions instead of keeping the whole graph out: the Llama
+    TP+SP forward (the vocab-parallel embedding's masked index_put) was captured by Inductor while
+    the passes priced every op in it eagerly (2xH200 and 4xH200, fifteenth session)."""
+    from torch._inductor import config as inductor_config
+
+    return bool(getattr(inductor_config, "graph_partition", False))
+
+
 def cudagraph_blocker(graph: torch.fx.Graph) -> str | None:
     """Why Inductor will not capture this graph even with cudagraphs on (None: it will, as far as
     the graph shows): the checks of ``torch._inductor.utils.get_first_incompatible_cudagraph_node``
     (a data-dependent size, e.g. dropless MoE's split sizes; an op tagged cudagraph-unsafe) and a
     tensor on the CPU (``check_multiple_devices_or_any_cpu_nodes``). Mutated inputs, the other
-    reason, show only at run time: not seen here. With Inductor's graph partitions (its default
-    under CUDA graphs) CPU nodes do not stop the capture: Inductor captures the partitions around
-    them, where the matched ops are (the Llama TP+SP forward, 4xH200: a CPU scalar of the vocab-parallel
-    embedding's index_put priced every op of that graph eagerly, while Inductor captured it all)."""
+    reason, show only at run time: not seen here. Without graph partitions only (see
+    :func:`_graph_partitions_on`)."""
     import torch._inductor.utils as inductor_utils
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     unsafe = getattr(inductor_utils, "is_cudagraph_unsafe_fx_node", lambda n: False)
-    cpu_blocks = not getattr(inductor_utils, "is_using_cudagraph_partition", lambda: False)()
     for n in graph.nodes:
         if unsafe(n):
             return f"{n.name}: an op that cannot be captured"
@@ -70,7 +78,7 @@ def cudagraph_blocker(graph: torch.fx.Graph) -> str | None:
         if free_unbacked_symbols(val):
             return f"{n.name}: a data-dependent size"
         vals = val if isinstance(val, (list, tuple)) else [val]
-        if cpu_blocks and any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
+        if any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
             return f"{n.name}: a CPU tensor"
     return None
 
@@ -88,7 +96,10 @@ class OverlapBackend:
         kind = kind or _graph_kind.get() or _guess_kind(graph)
         report = GraphReport(id=f"{next(_graph_counter):03d}_{kind}", kind=kind)
         dumper = debug.GraphDumper(self.config.debug_dir, report.id) if self.config.debug_dir else None
-        ctx = PassContext(self.config, kind, cuda_graphs=_cuda_graphs_on(self.config) and not cudagraph_blocker(graph))
+        graphs = _cuda_graphs_on(self.config)
+        partitioned = graphs and _graph_partitions_on()
+        ctx = PassContext(self.config, kind, cuda_graphs=graphs and (partitioned or not cudagraph_blocker(graph)),
+                          partitioned=partitioned)
         self.manager.run(graph, ctx, report, observer=dumper)
         if dumper is not None:
             dumper.ops(graph, captured=ctx.cuda_graphs)

@@ -168,7 +168,9 @@ def test_moe_under_cuda_graphs_as_measured():
 
 def test_graphs_inductor_will_not_capture_are_priced_eagerly(monkeypatch):
     """cudagraph_blocker: a data-dependent size or a CPU tensor in the graph means Inductor runs it
-    without CUDA graphs (its own checks), so the passes are not told cuda_graphs there."""
+    without CUDA graphs (its own checks), so the passes are not told cuda_graphs there. With graph
+    partitions Inductor captures around such nodes: the graph counts as captured, and a match only
+    when its own values have no data-dependent size (PassContext.captured)."""
     from torch._inductor import config as inductor_config
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -184,22 +186,32 @@ def test_graphs_inductor_will_not_capture_are_priced_eagerly(monkeypatch):
         return g
 
     assert cudagraph_blocker(graph_with(torch.empty(4, device="meta"))) is None
-    with inductor_config.patch({"graph_partition": False, "triton.cudagraphs": True}):
-        assert "CPU tensor" in cudagraph_blocker(graph_with(torch.empty(4)))
-        assert "CPU tensor" in cudagraph_blocker(graph_with([torch.empty(4, device="meta"), torch.empty(1)]))
-    # with graph partitions Inductor captures around CPU nodes; a data-dependent size still counts
-    with inductor_config.patch({"graph_partition": True, "triton.cudagraphs": True}):
-        assert cudagraph_blocker(graph_with(torch.empty(4))) is None
-        assert cudagraph_blocker(graph_with([torch.empty(4, device="meta"), torch.empty(1)])) is None
-        assert "data-dependent" in cudagraph_blocker(graph_with(ShapeEnv().create_unbacked_symint()))
+    assert "CPU tensor" in cudagraph_blocker(graph_with(torch.empty(4)))
+    assert "CPU tensor" in cudagraph_blocker(graph_with([torch.empty(4, device="meta"), torch.empty(1)]))
     assert "data-dependent" in cudagraph_blocker(graph_with(ShapeEnv().create_unbacked_symint()))
     seen = []
     be = make_backend(inductor=True)
-    monkeypatch.setattr(be.manager, "run", lambda g, ctx, report, observer=None: seen.append(ctx.cuda_graphs))
-    with inductor_config.patch({"triton.cudagraphs": True}):
-        be.run_pipeline(graph_with(torch.empty(4, device="meta")), "inference")
-        be.run_pipeline(graph_with(ShapeEnv().create_unbacked_symint()), "inference")
-    assert seen == [True, False]
+    monkeypatch.setattr(be.manager, "run", lambda g, ctx, report, observer=None: seen.append(ctx))
+    graphs = [graph_with(torch.empty(4, device="meta")), graph_with(ShapeEnv().create_unbacked_symint()),
+              graph_with(torch.empty(4))]
+    with inductor_config.patch({"triton.cudagraphs": True, "graph_partition": False}):
+        for g in graphs:
+            be.run_pipeline(g, "inference")
+    assert [c.cuda_graphs for c in seen] == [True, False, False]
+    assert not any(c.partitioned for c in seen)
+    seen.clear()
+    with inductor_config.patch({"triton.cudagraphs": True, "graph_partition": True}):
+        for g in graphs:
+            be.run_pipeline(g, "inference")
+    assert [c.cuda_graphs for c in seen] == [True, True, True] and all(c.partitioned for c in seen)
+    relu = lambda g: [n for n in g.nodes if n.op == "call_function"]  # noqa: E731
+    assert seen[0].captured(relu(graphs[0])) and seen[2].captured(relu(graphs[2]))
+    assert not seen[1].captured(relu(graphs[1]))  # its own size is data-dependent: Inductor splits it out
+    assert seen[1].captured([])
+    seen.clear()
+    with inductor_config.patch({"triton.cudagraphs": False}):
+        be.run_pipeline(graphs[0], "inference")
+    assert not seen[0].cuda_graphs and not seen[0].captured(relu(graphs[0]))
 
 
 def test_cta_pipeline_under_cuda_graphs_stays_plain():

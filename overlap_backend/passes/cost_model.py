@@ -480,12 +480,14 @@ class Decision:
 
 
 def decide(ctx, problem: Problem, group_name: str, device_type: str, lowerings: Sequence[str], *,
-           gated: bool = False, stages: int | str | None = None, comm_sms: int | str | None = None) -> Decision:
+           gated: bool = False, stages: int | str | None = None, comm_sms: int | str | None = None,
+           captured: bool | None = None) -> Decision:
     """The model's decision for one match that passed its preconditions.
 
     ``lowerings``: the candidates, the pass's own choice first (what runs when the model is not
     active); with ``OVERLAP_LOWERING=auto`` and a symm-capable group, ``["symm", "p2p"]``.
-    ``stages`` / ``comm_sms``: the config's value, ``"auto"`` to let the model pick.
+    ``stages`` / ``comm_sms``: the config's value, ``"auto"`` to let the model pick. ``captured``:
+    is the match replayed from a CUDA graph (None: the graph's ``ctx.cuda_graphs``)?
     """
     cfg = ctx.config
     mode, on = cfg.cost_model, active(cfg, device_type)
@@ -495,7 +497,7 @@ def decide(ctx, problem: Problem, group_name: str, device_type: str, lowerings: 
     try:
         cal = calibration_for(group_name, device_type, cfg.cache_dir, agree=on)
         pred = predict(problem, cal, lowerings, stages=fixed_stages, comm_sms=fixed_sms,
-                       cuda_graphs=getattr(ctx, "cuda_graphs", False))
+                       cuda_graphs=getattr(ctx, "cuda_graphs", False) if captured is None else captured)
     except Exception as e:  # noqa: BLE001 - the same inputs fail the same way on every rank
         log.warning("overlap cost model: no prediction for %s (%s: %s)", problem.op, type(e).__name__, e)
         cost = {"mode": mode, "active": on, "error": f"{type(e).__name__}: {e}"}

@@ -6,6 +6,7 @@ import abc
 import dataclasses
 import logging
 from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch.fx
@@ -50,6 +51,22 @@ class PassContext:
     # the graph will be replayed from a CUDA graph (Inductor's cudagraphs, mode="reduce-overhead"):
     # the host time of a call is paid once at capture, not per step (the cost model drops it)
     cuda_graphs: bool = False
+    # ... in Inductor's graph partitions: what Inductor cannot capture (a data-dependent size, a CPU
+    # op) runs between captured partitions, so a match is captured unless its own values are such
+    partitioned: bool = False
+
+    def captured(self, nodes: Sequence[torch.fx.Node] = ()) -> bool:
+        """Is a match over ``nodes`` replayed from a CUDA graph?"""
+        if not self.cuda_graphs:
+            return False
+        return not (self.partitioned and any(_data_dependent(n) for n in nodes if n is not None))
+
+
+def _data_dependent(node: torch.fx.Node) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    val = node.meta.get("val")
+    return val is not None and bool(free_unbacked_symbols(val))
 
 
 class Rejected(Exception):
@@ -70,13 +87,16 @@ class OverlapPass(abc.ABC):
         """This pass runs only where the cost model turns it on (see ``PassContext.model_gated``)."""
         return self.name in self.ctx.model_gated
 
-    def price(self, problem: Any, group_name: str, device_type: str, lowerings: list[str], **knobs: Any):
+    def price(self, problem: Any, group_name: str, device_type: str, lowerings: list[str], *,
+              nodes: Sequence[torch.fx.Node] = (), **knobs: Any):
         """The cost model's decision for a match that passed the preconditions (``check`` calls it
         last): a :class:`~.cost_model.Decision` (the lowering and knobs to write), or
-        :class:`Rejected` with the model's reason. The prediction goes into the match's record."""
+        :class:`Rejected` with the model's reason. The prediction goes into the match's record.
+        ``nodes``: the match's values whose sizes decide whether it is captured (``PassContext.captured``)."""
         from . import cost_model
 
-        decision = cost_model.decide(self.ctx, problem, group_name, device_type, lowerings, gated=self.gated, **knobs)
+        decision = cost_model.decide(self.ctx, problem, group_name, device_type, lowerings, gated=self.gated,
+                                     captured=self.ctx.captured(nodes), **knobs)
         self.cost = decision.cost
         if not decision.rewrite:
             raise Rejected(decision.reason)

@@ -582,7 +582,7 @@ class MoePass(OverlapPass):
         # the symm kernels are off until they pass on GPUs (moe_symm.ENABLED): symm runs as p2p
         decision = self.price(problem, c.group_name, common.device_type(d.input),
                               common.lowering_candidates(self.ctx, lowering, moe_symm.ENABLED),
-                              comm_sms=self.ctx.config.moe_comm_sms)
+                              nodes=(d.input, d.wait, e.grouped, c.input), comm_sms=self.ctx.config.moe_comm_sms)
         m.comm_sms = decision.comm_sms
         return common.written_lowering(self.ctx, lowering, decision)
 
