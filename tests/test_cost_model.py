@@ -189,6 +189,10 @@ def test_graphs_inductor_will_not_capture_are_priced_eagerly(monkeypatch):
     assert "CPU tensor" in cudagraph_blocker(graph_with(torch.empty(4)))
     assert "CPU tensor" in cudagraph_blocker(graph_with([torch.empty(4, device="meta"), torch.empty(1)]))
     assert "data-dependent" in cudagraph_blocker(graph_with(ShapeEnv().create_unbacked_symint()))
+    assert cudagraph_blocker(graph_with(torch.tensor(0.0))) is None  # a CPU scalar: a constant to Inductor
+    g = graph_with(torch.empty(4, device="meta"))
+    next(iter(g.nodes)).meta["val"] = torch.tensor(0.0)  # ... but a CPU scalar input is a CPU buffer
+    assert "CPU tensor" in cudagraph_blocker(g)
     seen = []
     be = make_backend(inductor=True)
     monkeypatch.setattr(be.manager, "run", lambda g, ctx, report, observer=None: seen.append(ctx))
