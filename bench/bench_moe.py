@@ -87,6 +87,13 @@ SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "schedule=pha
 SETTINGS = ("COMM_SMS", "TRANSPORT", "ORDER", "OWN_FIRST", "SCHEDULE")  # what a sweep column sets in moe_symm
 
 
+def check_lowering(prob, ref, low: str, res: dict, device) -> str:
+    """Ours on lowering ``low`` against the baseline's result (max over ranks) into ``res``; the table's note."""
+    err = common.allreduce_max([common.rel_err(prob.ours(low).float(), ref.float())], device)[0]
+    res[f"err_{low}"] = err
+    return f"{low} {err:.1e}" + ("" if err <= TOL else " FAIL")
+
+
 def sweep_settings(column, defaults: dict) -> dict:
     """The ``moe_symm`` settings of one sweep column (an int: that many comm SMs, SM transport);
     ``defaults``: the module's settings before the sweep (what a column does not name)."""
@@ -313,12 +320,11 @@ def main(argv=None):
                 checks = []
                 for name, value in defaults.items():  # (also undoes a sweep an error cut short)
                     setattr(moe_symm, name, value)
-                lowerings = ["symm"] if args.no_p2p else ["p2p", "symm"]
-                for low in lowerings:
-                    err = common.rel_err(prob.ours(low).float(), ref.float())
-                    err = common.allreduce_max([err], device)[0]
-                    res[f"err_{low}"] = err
-                    checks.append(f"{low} {err:.1e}" + ("" if err <= TOL else " FAIL"))
+                # Everything of symm (check, times, graphs, sweep) before anything of p2p: run after the p2p
+                # lowering's NCCL send/recv in the same process, the symm op took 9.10 ms instead of 6.38
+                # (DeepSeek-like, 2xH200) and 10.07 instead of 6.12 (4xH200), unexplained yet (docs/moe.md);
+                # a program uses one lowering per op.
+                checks.append(check_lowering(prob, ref, "symm", res, device))
                 res["paths"] = dict(symm_lowering.PATHS)
                 res["expert_major_auto"] = moe_symm.expert_major(prob.rows.shape[0], ws, prob.e_local)
                 r_fixed = prob.dispatch().clone()
@@ -326,17 +332,11 @@ def main(argv=None):
                 t["baseline"], _ = timing.bench(prob.baseline)
                 t["a2a"], _ = timing.bench(prob.a2a)
                 t["experts"], _ = timing.bench(lambda: prob.experts(r_fixed))
-                for low in lowerings:
-                    t[low], _ = timing.bench(lambda low=low: prob.ours(low))
+                t["symm"], _ = timing.bench(lambda: prob.ours("symm"))
                 t["max"] = max(t["experts"], t["a2a"])
                 res.update(times_ms=t, recv_rows_max=recv_max)
                 res["symm_over_max"] = t["symm"] / t["max"]
                 res["base_over_symm"] = t["baseline"] / t["symm"]
-                rows.append([cfg, routing, int(recv_max), *(common.fmt_ms(t.get(k)) for k in
-                             ("baseline", "a2a", "experts", "max", "p2p", "symm")),
-                             f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
-                if rank == 0:
-                    print(rows[-1], flush=True)  # before the sweep: a cut run still shows it
                 if args.graphs:
                     res["graphs"] = graphs = graph_times(prob, ref, timing, device)
                     graph_rows.append([cfg, routing, common.fmt_ms(t["baseline"]), common.fmt_ms(t["symm"]),
@@ -355,6 +355,16 @@ def main(argv=None):
                 res["sweep"] = sweep
                 sweep_rows.append([cfg, routing] + [common.fmt_ms(v["ms"]) + ("" if v["err"] <= TOL else " FAIL")
                                                     for v in sweep.values()])
+                for name, value in defaults.items():
+                    setattr(moe_symm, name, value)
+                if not args.no_p2p:
+                    checks.append(check_lowering(prob, ref, "p2p", res, device))
+                    t["p2p"], _ = timing.bench(lambda: prob.ours("p2p"))
+                rows.append([cfg, routing, int(recv_max), *(common.fmt_ms(t.get(k)) for k in
+                             ("baseline", "a2a", "experts", "max", "p2p", "symm")),
+                             f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
+                if rank == 0:
+                    print(rows[-1], flush=True)
                 del prob, ref, r_fixed
             except Exception as e:  # noqa: BLE001 - keep going, report the failure in the table
                 res["error"] = f"{type(e).__name__}: {e}"
