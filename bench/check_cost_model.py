@@ -172,6 +172,8 @@ def moe_rows(path: Path) -> list[dict]:
         else:
             ours, older = sweep.get("ce", {}).get("ms"), True
         note = "older kernels" if older else ""
+        if not note and t.get("p2p") is not None and not r.get("symm_timed_first"):
+            note = "symm timed after p2p in the same process"  # slower then, cause unknown (docs/moe.md)
         if not note and r["config"].endswith("-decode"):
             note = OLDER_MOE_DECODE.get(run, "")
         cols = [("baseline", "baseline", None, t.get("baseline"), "", False),
