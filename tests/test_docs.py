@@ -79,3 +79,20 @@ def test_bench_plots_regenerate(tmp_path):
     doc = (ROOT / "docs" / "results.md").read_text()
     for ref in re.findall(r"\]\((\.\./bench/results/[^)]+\.svg)\)", doc):
         assert (ROOT / "docs" / ref).resolve().exists(), ref
+
+
+def test_relative_links_point_at_files():
+    """Every relative link of README.md, docs/*.md and the results READMEs names a file or folder that
+    exists (a template placeholder such as ``({S14})`` once stood in docs/limitations.md)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "bench" / "results").glob("*/README.md")), ROOT / "bench" / "README.md"]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code blocks hold no links
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a URL or an anchor in the same page
+            path = target.split("#", 1)[0]
+            if not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "links to nothing:\n" + "\n".join(broken)
