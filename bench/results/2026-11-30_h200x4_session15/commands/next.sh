@@ -1,0 +1,18 @@
+# The next GPU calls, for what this session could not run at 4 GPUs (the x4 kind was withdrawn after call 4).
+# Ask `status` first; with nvidia-h200-x4 lent, two calls:
+#   mkdir devrun; cp bench/results/2026-11-30_h200x2_session6/commands/dev_run.sh devrun/
+#   DEADLINE=560 bash devrun/dev_run.sh bench/results/2026-11-30_h200x4_session15/commands/next.sh        # call A
+#   PART=B DEADLINE=560 bash devrun/dev_run.sh bench/results/2026-11-30_h200x4_session15/commands/next.sh # call B
+# Call A: issue 4 at EP 4 (the MoE numerics test needs > 120 s to compile at ws 4; the clean table of every
+# config, symm timed before p2p now); issue 8 (the TP block under graphs, fused vs unfused: 1.016x once).
+# Call B: issue 6 (the Llama step under graphs after the forward's ops are priced as captured: expect more
+# than 13 rewrites); the ws-4 symm tests of the peer-store and Triton-kernel variants.
+if [ "${PART:-A}" = A ]; then
+TAILN=8 run t4_moe 300 env OVERLAP_TEST_TIMEOUT_S=290 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu_moe.py -k "ws4-symm-ce and not only"
+TAILN=30 run moe4 150 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_moe.py --out $RES --configs deepseek,mixtral,deepseek-decode,mixtral-decode --routing balanced,skewed --comm-sms '' --sweep ''
+TAILN=12 run epi4_g 90 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_epilogue.py --out-dir $RES --block tp --mode train --cudagraphs
+else
+TAILN=25 run models4_g 140 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_models.py --out $RES --mode reduce-overhead --sections llama --variants inductor,overlap
+TAILN=25 run models4 120 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_models.py --out $RES --sections llama --variants inductor,async_tp,overlap
+TAILN=12 run t4_pk 280 env OVERLAP_TEST_TIMEOUT_S=140 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu.py -k "ws4 and symm and (peer or kernel)"
+fi
