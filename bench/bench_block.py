@@ -31,6 +31,7 @@ overlap variant FAILs or it raises. See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -68,7 +69,7 @@ LABELS = {
     "overlap_symm": "overlap symm",
 }
 OURS = ("overlap_p2p", "overlap_symm")
-TRACE_RANKS = (0, 1)
+TRACE_RANKS = common.TRACE_RANKS
 TRACE_WARMUP = 2
 # Exceptions by which the backend or a lowering says "not available here": n/a, not a failure.
 _UNSUPPORTED = tuple(c for c in (overlap_backend.ConfigError, overlap_backend.runtime.LoweringError, NotImplementedError,
@@ -439,35 +440,10 @@ class Bench:
 
     # -------------------------------------------------------------- traces
     def traces(self, trace_dir: Path) -> int:
-        """One profiler trace of ONE step per timed variant (after warm-up), ranks 0 and 1."""
-        from torch.profiler import ProfilerActivity, profile, record_function
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        n = 0
-        for name, (model, x) in self.models.items():
-            def step():
-                return fwd_bwd(model, x, self.grad_out)
-
-            for _ in range(TRACE_WARMUP):
-                step()
-            common.synchronize(self.device)
-            dist.barrier()
-            if self.rank in TRACE_RANKS:
-                with profile(activities=activities) as prof:
-                    dist.barrier()  # inside the trace: the ranks start the traced step together
-                    common.synchronize(self.device)
-                    with record_function(f"bench block {name}"):
-                        step()
-                    common.synchronize(self.device)
-                prof.export_chrome_trace(str(trace_dir / f"block_ws{self.ws}_{name}_rank{self.rank}.json"))
-                n += 1
-            else:
-                dist.barrier()
-                common.synchronize(self.device)
-                step()
-                common.synchronize(self.device)
-        dist.barrier()
-        return n
+        """One profiler trace of ONE step per timed variant (after warm-up), ranks TRACE_RANKS."""
+        variants = [(name, functools.partial(fwd_bwd, model, x, self.grad_out))
+                    for name, (model, x) in self.models.items()]
+        return len(common.write_traces(variants, trace_dir, self.device, f"block_ws{self.ws}", warmup=TRACE_WARMUP))
 
 
 # ------------------------------------------------------------------------------ main

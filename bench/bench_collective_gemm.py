@@ -61,7 +61,7 @@ LOWERINGS = ("p2p", "symm")  # ours, in column order; --lowerings picks a subset
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
 # Issue 3's bar for the symm lowering: symm <= 1.10 x max(mm, comm) and >= 1.15x faster than torch.
 BAR_MAX_RATIO, BAR_TORCH_RATIO = 1.10, 1.15
-TRACE_RANKS = (0, 1)
+TRACE_RANKS = common.TRACE_RANKS
 TRACE_WARMUP = 3  # calls of a variant right before its traced call
 
 
@@ -629,37 +629,6 @@ def trace_variants(suite: str, r: Runner, lowerings) -> list[tuple[str, object]]
     return [(TRACE_NAMES[k], r.fns[k]) for k in keys if k is not None and ok[k]]
 
 
-def write_traces(stem: str, variants, trace_dir: Path, device: torch.device) -> list[Path]:
-    """One profiler trace of ONE call of each variant (after a few warm-up calls), ranks 0 and 1."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    rank = dist.get_rank()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    written = []
-    for name, fn in variants:
-        for _ in range(TRACE_WARMUP):
-            fn()
-        common.synchronize(device)
-        dist.barrier()
-        if rank in TRACE_RANKS:
-            with profile(activities=activities) as prof:
-                dist.barrier()  # inside the trace: the ranks start the traced call together
-                common.synchronize(device)
-                with record_function(f"bench {stem} {name}"):
-                    fn()
-                common.synchronize(device)
-            path = trace_dir / f"{stem}_{name}_rank{rank}.json"
-            prof.export_chrome_trace(str(path))
-            written.append(path)
-        else:
-            dist.barrier()
-            common.synchronize(device)
-            fn()
-            common.synchronize(device)
-    dist.barrier()
-    return written
-
-
 # ------------------------------------------------------------------------------ one suite
 def run_suite(suite: str, args, ws: int, dtype, device, timing: common.Timing, info: dict, out_dir: Path,
               trace_jobs: list) -> bool:
@@ -820,7 +789,7 @@ def main(argv=None) -> int:
                 trace_dir.mkdir(parents=True, exist_ok=True)
             n = 0
             for stem, variants in trace_jobs:
-                n += len(write_traces(stem, variants, trace_dir, device))
+                n += len(common.write_traces(variants, trace_dir, device, stem, warmup=TRACE_WARMUP))
             if rank == 0:
                 print(f"bench_collective_gemm: {n} trace(s) per traced rank written to {trace_dir} "
                       f"(ranks {', '.join(map(str, TRACE_RANKS))})", flush=True)

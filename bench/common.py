@@ -205,6 +205,43 @@ def host_us(fn: Callable[[], object], device: torch.device, calls: int = 20, rou
     return allreduce_max([statistics.median(bursts)], device)[0]
 
 
+TRACE_RANKS = (0, 1)  # the ranks whose profiler traces are written
+
+
+def write_traces(variants: Sequence[tuple[str, Callable[[], object]]], trace_dir: Path, device: torch.device,
+                 stem: str, warmup: int = 3) -> list[Path]:
+    """One torch.profiler trace (Chrome/Perfetto JSON) of ONE call of each ``(name, fn)`` of
+    ``variants`` after ``warmup`` calls, on ranks TRACE_RANKS: ``trace_dir/<stem>_<name>_rank<R>.json``.
+    Every rank calls it (the calls are collective); the ranks start each traced call together."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    rank = dist.get_rank()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    written = []
+    for name, fn in variants:
+        for _ in range(warmup):
+            fn()
+        synchronize(device)
+        dist.barrier()
+        if rank in TRACE_RANKS:
+            with profile(activities=activities) as prof:
+                dist.barrier()  # inside the trace: the ranks start the traced call together
+                synchronize(device)
+                with record_function(f"bench {stem} {name}"):
+                    fn()
+                synchronize(device)
+            path = trace_dir / f"{stem}_{name}_rank{rank}.json"
+            prof.export_chrome_trace(str(path))
+            written.append(path)
+        else:
+            dist.barrier()
+            synchronize(device)
+            fn()
+            synchronize(device)
+    dist.barrier()
+    return written
+
+
 def time_in_rounds(timed: Sequence[tuple[dict, Callable[[], object]]], rounds: int, timing: Timing) -> None:
     """Time the steps of ``timed`` (``[(row, step)]``) in ``rounds`` interleaved rounds (A, B, C, A,
     B, C, ...): each row collects its rounds' times in ``round_ms`` (after any it has), its steps in
