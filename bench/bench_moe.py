@@ -94,6 +94,12 @@ def check_lowering(prob, ref, low: str, res: dict, device) -> str:
     return f"{low} {err:.1e}" + ("" if err <= TOL else " FAIL")
 
 
+def time_lowering(prob, low: str, timing) -> float:
+    """ms of ours on lowering ``low`` (``timing.bench``: median after warm-up, max over ranks)."""
+    ms, _ = timing.bench(lambda: prob.ours(low))
+    return ms
+
+
 def sweep_settings(column, defaults: dict) -> dict:
     """The ``moe_symm`` settings of one sweep column (an int: that many comm SMs, SM transport);
     ``defaults``: the module's settings before the sweep (what a column does not name)."""
@@ -127,6 +133,12 @@ def parse_args(argv=None):
     p.add_argument("--sweep", default=",".join(SWEEP_VARIANTS),
                    help=f"symm variants of the sweep, from {', '.join(SWEEP_VARIANTS)} ('' for none)")
     p.add_argument("--no-p2p", action="store_true", help="skip the p2p lowering")
+    p.add_argument("--p2p-first", action="store_true",
+                   help="check and time p2p before everything of symm (the order that slowed the symm op down "
+                        "on the DeepSeek-like shape, 2 and 4 H200: docs/moe.md), to reproduce it")
+    p.add_argument("--trace", metavar="DIR", default=None,
+                   help="one torch.profiler trace of the baseline and of symm per config and routing (after "
+                        "p2p with --p2p-first), ranks 0 and 1: DIR/moe_ws<N>_<config>_<routing>_<variant>_rank<R>.json")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     p.add_argument("--graphs", action="store_true",
                    help="also time the baseline and symm captured in a CUDA graph (replays; table 'CUDA graphs')")
@@ -135,6 +147,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.out is None and args.list_configs is None:
         p.error("--out DIR is required")
+    if args.p2p_first and args.no_p2p:
+        p.error("--p2p-first and --no-p2p exclude each other")
     args.configs = None if args.configs is None else [c for c in args.configs.split(",") if c]
     args.routing = [r for r in args.routing.split(",") if r]
     args.comm_sms = [int(v) for v in args.comm_sms.split(",") if v]
@@ -323,16 +337,20 @@ def main(argv=None):
                 # Everything of symm (check, times, graphs, sweep) before anything of p2p: run after the p2p
                 # lowering's NCCL send/recv in the same process, the symm op took 9.10 ms instead of 6.38
                 # (DeepSeek-like, 2xH200) and 10.07 instead of 6.12 (4xH200), unexplained yet (docs/moe.md);
-                # a program uses one lowering per op.
+                # a program uses one lowering per op. --p2p-first reproduces the old order.
+                t = {}
+                if args.p2p_first:
+                    checks.append(check_lowering(prob, ref, "p2p", res, device))
+                    t["p2p"] = time_lowering(prob, "p2p", timing)
+                res["symm_timed_first"] = not args.p2p_first  # (check_cost_model: earlier runs timed p2p first)
                 checks.append(check_lowering(prob, ref, "symm", res, device))
                 res["paths"] = dict(symm_lowering.PATHS)
                 res["expert_major_auto"] = moe_symm.expert_major(prob.rows.shape[0], ws, prob.e_local)
                 r_fixed = prob.dispatch().clone()
-                t = {}
                 t["baseline"], _ = timing.bench(prob.baseline)
                 t["a2a"], _ = timing.bench(prob.a2a)
                 t["experts"], _ = timing.bench(lambda: prob.experts(r_fixed))
-                t["symm"], _ = timing.bench(lambda: prob.ours("symm"))
+                t["symm"] = time_lowering(prob, "symm", timing)
                 t["max"] = max(t["experts"], t["a2a"])
                 res.update(times_ms=t, recv_rows_max=recv_max)
                 res["symm_over_max"] = t["symm"] / t["max"]
@@ -357,10 +375,14 @@ def main(argv=None):
                                                     for v in sweep.values()])
                 for name, value in defaults.items():
                     setattr(moe_symm, name, value)
-                res["symm_timed_first"] = True  # (check_cost_model: earlier runs timed p2p first)
-                if not args.no_p2p:
+                if args.trace:
+                    trace_dir = Path(args.trace)
+                    trace_dir.mkdir(parents=True, exist_ok=True)
+                    common.write_traces([("baseline", prob.baseline), ("symm", lambda: prob.ours("symm"))],
+                                        trace_dir, device, f"moe_ws{ws}_{cfg}_{routing}")
+                if not args.no_p2p and not args.p2p_first:
                     checks.append(check_lowering(prob, ref, "p2p", res, device))
-                    t["p2p"], _ = timing.bench(lambda: prob.ours("p2p"))
+                    t["p2p"] = time_lowering(prob, "p2p", timing)
                 rows.append([cfg, routing, int(recv_max), *(common.fmt_ms(t.get(k)) for k in
                              ("baseline", "a2a", "experts", "max", "p2p", "symm")),
                              f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
