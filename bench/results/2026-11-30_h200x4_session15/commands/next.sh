@@ -4,15 +4,24 @@
 #   DEADLINE=560 bash devrun/dev_run.sh bench/results/2026-11-30_h200x4_session15/commands/next.sh        # call A
 #   PART=B DEADLINE=560 bash devrun/dev_run.sh bench/results/2026-11-30_h200x4_session15/commands/next.sh # call B
 # Call A: issue 4 at EP 4 (the MoE numerics test needs > 120 s to compile at ws 4; the clean table of every
-# config, symm timed before p2p now); issue 8 (the TP block under graphs, fused vs unfused: 1.016x once).
+# config, symm timed before p2p now; the p2p-first slowdown reproduced with profiler traces of symm, to
+# compare with the clean run's); issue 8 (the TP block under graphs, fused vs unfused: 1.016x once).
 # Call B: issue 6 (the Llama step under graphs after the forward's ops are priced as captured: expect more
 # than 13 rewrites); the ws-4 symm tests of the peer-store and Triton-kernel variants.
 if [ "${PART:-A}" = A ]; then
 TAILN=8 run t4_moe 300 env OVERLAP_TEST_TIMEOUT_S=290 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu_moe.py -k "ws4-symm-ce and not only"
 TAILN=30 run moe4 150 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_moe.py --out $RES --configs deepseek,mixtral,deepseek-decode,mixtral-decode --routing balanced,skewed --comm-sms '' --sweep ''
+TAILN=6 run moe4_diag 60 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_moe.py --out $RES/p2p_first --configs deepseek --routing balanced --comm-sms '' --sweep '' --p2p-first --trace $TRACES
 TAILN=12 run epi4_g 90 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_epilogue.py --out-dir $RES --block tp --mode train --cudagraphs
-else
+elif [ "${PART:-A}" = B ]; then
 TAILN=25 run models4_g 140 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_models.py --out $RES --mode reduce-overhead --sections llama --variants inductor,overlap
 TAILN=25 run models4 120 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_models.py --out $RES --sections llama --variants inductor,async_tp,overlap
 TAILN=12 run t4_pk 280 env OVERLAP_TEST_TIMEOUT_S=140 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu.py -k "ws4 and symm and (peer or kernel)"
+fi
+# With only nvidia-h200-x2 lent: PART=X2 (the same questions at 2 GPUs).
+if [ "${PART:-A}" = X2 ]; then
+TAILN=6 run moe2_diag 90 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/bench_moe.py --out $RES/p2p_first --configs deepseek --routing balanced --comm-sms '' --sweep '' --p2p-first --trace $TRACES
+TAILN=6 run moe2_clean 60 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/bench_moe.py --out $RES --configs deepseek --routing balanced --comm-sms '' --sweep '' --no-p2p --trace $TRACES/clean
+TAILN=16 run models2_g 120 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/bench_models.py --out $RES --mode reduce-overhead --sections llama --variants inductor,overlap
+TAILN=12 run epi2_g 100 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/bench_epilogue.py --out-dir $RES --block tp --mode train --cudagraphs
 fi
