@@ -158,6 +158,46 @@ def test_a_band_pushed_at_the_wrong_offset_is_caught(monkeypatch):
     assert all(torch.isnan(o).any() for o in outs)
 
 
+def test_captured_calls_take_their_own_band_floor(monkeypatch):
+    """RS_CUBLAS_BAND_FLOPS_CAPTURED: unset, a captured call cuts its chunks like an eager one; set,
+    only captured calls take it (no host time per band there), eager calls keep RS_CUBLAS_BAND_FLOPS."""
+    shape = (1, 2048, 1792, 8192)  # mm_rs M=8192, K=7168 at 4 GPUs: 60 GFLOP per chunk
+    monkeypatch.setattr(symm_lowering, "RS_CUBLAS_BAND_FLOPS", 64e9)
+    eager = symm_lowering.rs_cublas_bands(*shape)
+    assert len(eager) == 1 and symm_lowering.rs_cublas_bands(*shape, captured=True) == eager
+    monkeypatch.setattr(symm_lowering, "RS_CUBLAS_BAND_FLOPS_CAPTURED", 0.0)
+    captured = symm_lowering.rs_cublas_bands(*shape, captured=True)
+    assert [n for (band,) in captured for _, _, n in [band]] == [symm.BAND_ROWS_MIN] * 4  # bands of 512 rows
+    assert symm_lowering.rs_cublas_bands(*shape) == eager
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_captured_bands_match_the_float32_reduce_scatter(ws, monkeypatch):
+    """A call priced as captured (``graph=True``: the flag block for replays) with the finer captured
+    bands gives the reduce-scatter's result, and every rank cuts its chunks alike."""
+    torch.manual_seed(ws)
+    monkeypatch.setattr(symm_lowering, "RS_CUBLAS_BAND_FLOPS", 1e18)
+    monkeypatch.setattr(symm_lowering, "RS_CUBLAS_BAND_FLOPS_CAPTURED", 0.0)
+    monkeypatch.setattr(symm, "BAND_ROWS_MIN", 4)
+    outer, run, K, N = 1, 12, 24, 40
+    assert len(symm_lowering.rs_cublas_bands(outer, run, K, N, captured=True)) == 3
+    cut, seen = symm_lowering.rs_cublas_bands, []
+    monkeypatch.setattr(symm_lowering, "rs_cublas_bands", lambda *a, **kw: seen.append(cut(*a, **kw)) or seen[-1])
+    a = [torch.randn(outer * ws * run, K) for _ in range(ws)]
+    b = [torch.randn(K, N) for _ in range(ws)]
+    recvs = [torch.full((ws * outer * run, N), float("nan")) for _ in range(ws)]
+    sts, local = states(ws, recvs, monkeypatch)
+    for st in sts:  # a replay's status counts and its flag reset (a kernel on the compute stream): not modelled
+        st._count_replay = lambda word, compute: None
+        st._zero_graph_flags = lambda compute: None
+    outs = run_ranks(ws, [lambda r=r: symm_lowering._mm_rs_cublas(sts[r], a[r], b[r], None, recvs[r], outer, run,
+                                                                  False, graph=True) for r in range(ws)], local)
+    assert [len(bands) for bands in seen] == [3] * ws  # the captured call cut its chunks finer
+    full = sum(a[r].double() @ b[r].double() for r in range(ws))
+    for r in range(ws):
+        torch.testing.assert_close(outs[r].double(), full[r * run : (r + 1) * run], rtol=1e-4, atol=1e-4)
+
+
 def test_bands_cover_each_chunk_once_in_local_row_order():
     for outer, run, K, N in [(1, 1, 64, 64), (1, 0, 64, 64), (1, 5000, 64, 64), (1, 2048, 3584, 8192),
                              (1, 8192, 1024, 8192), (3, 700, 4096, 4096), (8, 64, 64, 64), (17, 32, 8192, 8192),

@@ -61,6 +61,12 @@ RS_CUBLAS_MIN_RUN = 128  # chunks made of runs shorter than this (many tiny GEMM
 # ~150 us measured), so bands are at least this much GEMM work (M=4096: one band, 0.470-0.510 ms
 # back to back, vs four bands of 512 rows, 0.696-0.899).
 RS_CUBLAS_BAND_FLOPS = 64e9
+# A captured call pays no host time per band, and a finer first band starts the transfer earlier: at
+# 4 GPUs one 2048-row band per chunk (M=8192, K=7168/4) left the pushes behind the first chunk's whole
+# GEMM, 0.499 ms replayed where the cost model (bands of symm.BAND_ROWS_MIN rows) predicts 0.425
+# (4xH200, fifteenth session). None: captured calls take RS_CUBLAS_BAND_FLOPS too (bench/probe_symm.py
+# --ops mm_rs sweeps it replayed; at 2 GPUs 32 GFLOP bands were best in 2 of 3 shapes, ninth session).
+RS_CUBLAS_BAND_FLOPS_CAPTURED: float | None = None
 # Where a chunk is ONE band (mm_rs; every round of mm_ar), the cuBLAS paths compute the own
 # partial before waiting for the peers' (into the receive buffer's own slot, then one kernel
 # reduces the slots), so that it overlaps the transfer, which only starts once the remote band's
@@ -332,10 +338,14 @@ def rs_gemm(outer: int, run: int, K: int, transport: str | None = None) -> str:
     return "cublas" if outer == 1 or run >= RS_CUBLAS_MIN_RUN else "triton"
 
 
-def _cublas_min_rows(K: int, N: int) -> int:
+def _cublas_min_rows(K: int, N: int, captured: bool = False) -> int:
     """Rows of a cuBLAS-path band or chunk: each costs host time (~150 us), so at least
-    ``RS_CUBLAS_BAND_FLOPS`` of GEMM work and ``symm.BAND_ROWS_MIN`` rows."""
-    return max(symm.BAND_ROWS_MIN, math.ceil(RS_CUBLAS_BAND_FLOPS / max(1, 2 * K * N)))
+    ``RS_CUBLAS_BAND_FLOPS`` of GEMM work (``RS_CUBLAS_BAND_FLOPS_CAPTURED`` in a captured call,
+    where it is set) and ``symm.BAND_ROWS_MIN`` rows."""
+    flops = RS_CUBLAS_BAND_FLOPS
+    if captured and RS_CUBLAS_BAND_FLOPS_CAPTURED is not None:
+        flops = RS_CUBLAS_BAND_FLOPS_CAPTURED
+    return max(symm.BAND_ROWS_MIN, math.ceil(flops / max(1, 2 * K * N)))
 
 
 def rs_band_span(band: list[tuple[int, int, int]], run: int) -> tuple[int, int]:
@@ -343,13 +353,14 @@ def rs_band_span(band: list[tuple[int, int, int]], run: int) -> tuple[int, int]:
     return band[0][0] * run + band[0][1], sum(n for _, _, n in band)
 
 
-def rs_cublas_bands(outer: int, run: int, K: int, N: int) -> list[list[tuple[int, int, int]]]:
+def rs_cublas_bands(outer: int, run: int, K: int, N: int, captured: bool = False) -> list[list[tuple[int, int, int]]]:
     """The bands of the cuBLAS path over a chunk of ``outer`` runs of ``run`` rows of a [.., K] @
     [K, N] GEMM: each a list of (run index, first row, rows) pieces, one contiguous GEMM each,
     covering consecutive local rows (local row ``o * run + j``). At most ``symm.MAX_BANDS`` bands of
     at least ``symm.BAND_ROWS_MIN`` rows and ``RS_CUBLAS_BAND_FLOPS``; one run is cut into equal
-    bands, several are grouped whole."""
-    min_rows = _cublas_min_rows(K, N)
+    bands, several are grouped whole. ``captured``: for a call captured in a CUDA graph (every rank
+    of the group captures it alike)."""
+    min_rows = _cublas_min_rows(K, N, captured)
     if outer == 1:
         nb = max(1, min(symm.MAX_BANDS, run // min_rows))
         per = max(1, -(-run // nb))
@@ -470,7 +481,7 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=Non
     out = a.new_empty((rows, N), dtype=_epilogue.out_dtype(epilogue.spec, a.dtype) if epilogue is not None else a.dtype)
     out3 = out.view(outer, run, N)
     ep_ptrs = _ep_pointers(epilogue, epilogue_args)
-    bands = rs_cublas_bands(outer, run, K, N)
+    bands = rs_cublas_bands(outer, run, K, N, captured=graph)
     nb = len(bands)
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute, "mm_rs", graph=graph)

@@ -7,7 +7,9 @@
 # config, symm timed before p2p now; the p2p-first slowdown reproduced with profiler traces of symm, to
 # compare with the clean run's); issue 8 (the TP block under graphs, fused vs unfused: 1.016x once).
 # Call B: issue 6 (the Llama step under graphs after the forward's ops are priced as captured: expect more
-# than 13 rewrites); the ws-4 symm tests of the peer-store and Triton-kernel variants.
+# than 13 rewrites); issue 3 (mm_rs replayed by band size, symm_lowering.RS_CUBLAS_BAND_FLOPS_CAPTURED: at
+# ws 4 one band per chunk left 0.499 ms where the model's banded schedule predicts 0.425: set it from the
+# probe's "cuBLAS path replayed, by band GFLOP"); the ws-4 symm tests of the peer-store and Triton-kernel variants.
 if [ "${PART:-A}" = A ]; then
 TAILN=8 run t4_moe 300 env OVERLAP_TEST_TIMEOUT_S=290 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu_moe.py -k "ws4-symm-ce and not only"
 TAILN=30 run moe4 150 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_moe.py --out $RES --configs deepseek,mixtral,deepseek-decode,mixtral-decode --routing balanced,skewed --comm-sms '' --sweep ''
@@ -16,7 +18,8 @@ TAILN=12 run epi4_g 90 python -m torch.distributed.run --standalone --nproc-per-
 elif [ "${PART:-A}" = B ]; then
 TAILN=25 run models4_g 140 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_models.py --out $RES --mode reduce-overhead --sections llama --variants inductor,overlap
 TAILN=25 run models4 120 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_models.py --out $RES --sections llama --variants inductor,async_tp,overlap
-TAILN=12 run t4_pk 280 env OVERLAP_TEST_TIMEOUT_S=140 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu.py -k "ws4 and symm and (peer or kernel)"
+TAILN=8 run probe4_rs 150 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/probe_symm.py --ops mm_rs
+TAILN=12 run t4_pk 200 env OVERLAP_TEST_TIMEOUT_S=140 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu.py -k "ws4 and symm and (peer or kernel)"
 fi
 # With only nvidia-h200-x2 lent: PART=X2 (the same questions at 2 GPUs).
 if [ "${PART:-A}" = X2 ]; then
