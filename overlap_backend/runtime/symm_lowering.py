@@ -61,11 +61,11 @@ RS_CUBLAS_MIN_RUN = 128  # chunks made of runs shorter than this (many tiny GEMM
 # ~150 us measured), so bands are at least this much GEMM work (M=4096: one band, 0.470-0.510 ms
 # back to back, vs four bands of 512 rows, 0.696-0.899).
 RS_CUBLAS_BAND_FLOPS = 64e9
-# A captured call pays no host time per band, and a finer first band starts the transfer earlier: at
-# 4 GPUs one 2048-row band per chunk (M=8192, K=7168/4) left the pushes behind the first chunk's whole
-# GEMM, 0.499 ms replayed where the cost model (bands of symm.BAND_ROWS_MIN rows) predicts 0.425
-# (4xH200, fifteenth session). None: captured calls take RS_CUBLAS_BAND_FLOPS too (bench/probe_symm.py
-# --ops mm_rs sweeps it replayed; at 2 GPUs 32 GFLOP bands were best in 2 of 3 shapes, ninth session).
+# A captured call pays no host time per band, and a finer first band starts the transfer earlier:
+# replayed at 2 GPUs (bench/probe_symm.py, ninth session) 32 GFLOP bands took 0.434 ms at M=4096
+# (0.476 with one band) and 0.634 at M=16384, K=2048 (0.681 with 64 GFLOP bands), but 0.953 at
+# M=8192 (0.862 with 64). None: captured calls take RS_CUBLAS_BAND_FLOPS too; probe_symm --ops mm_rs
+# sweeps this setting replayed.
 RS_CUBLAS_BAND_FLOPS_CAPTURED: float | None = None
 # Where a chunk is ONE band (mm_rs; every round of mm_ar), the cuBLAS paths compute the own
 # partial before waiting for the peers' (into the receive buffer's own slot, then one kernel

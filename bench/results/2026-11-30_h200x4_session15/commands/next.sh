@@ -7,9 +7,9 @@
 # config, symm timed before p2p now; the p2p-first slowdown reproduced with profiler traces of symm, to
 # compare with the clean run's); issue 8 (the TP block under graphs, fused vs unfused: 1.016x once).
 # Call B: issue 6 (the Llama step under graphs after the forward's ops are priced as captured: expect more
-# than 13 rewrites); issue 3 (mm_rs replayed by band size, symm_lowering.RS_CUBLAS_BAND_FLOPS_CAPTURED: at
-# ws 4 one band per chunk left 0.499 ms where the model's banded schedule predicts 0.425: set it from the
-# probe's "cuBLAS path replayed, by band GFLOP"); the ws-4 symm tests of the peer-store and Triton-kernel variants.
+# than 13 rewrites); issue 3 (mm_rs at ws 4 ran on the Triton kernel, local K 1792 < RS_CUBLAS_MIN_K: the
+# probe's "kernel replayed" vs "cuBLAS path replayed, by band GFLOP" says whether cuBLAS wins there, and
+# sets RS_CUBLAS_BAND_FLOPS_CAPTURED); the ws-4 symm tests of the peer-store and Triton-kernel variants.
 if [ "${PART:-A}" = A ]; then
 TAILN=8 run t4_moe 300 env OVERLAP_TEST_TIMEOUT_S=290 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu_moe.py -k "ws4-symm-ce and not only"
 TAILN=30 run moe4 150 python -m torch.distributed.run --standalone --nproc-per-node=4 bench/bench_moe.py --out $RES --configs deepseek,mixtral,deepseek-decode,mixtral-decode --routing balanced,skewed --comm-sms '' --sweep ''
