@@ -81,9 +81,9 @@ def cudagraph_blocker(graph: torch.fx.Graph) -> str | None:
         # a CPU scalar computed in the graph (lift_fresh_copy of a constant, e.g. the 0 that the
         # vocab-parallel embedding's masked index_put writes) is a constant to Inductor, not a CPU
         # buffer: the Llama TP+SP forward holding one was captured (0 cudagraph skips, torch 2.11)
-        # while this check priced its ops eagerly. A CPU graph input with users is not.
-        if any(isinstance(v, torch.Tensor) and v.device.type == "cpu" and (v.dim() > 0 or n.op == "placeholder")
-               for v in vals):
+        # while this check priced its ops eagerly. A CPU graph input with users, or a CPU output, is not.
+        buffer = n.op == "placeholder" or any(u.op == "output" for u in n.users)
+        if any(isinstance(v, torch.Tensor) and v.device.type == "cpu" and (v.dim() > 0 or buffer) for v in vals):
             return f"{n.name}: a CPU tensor"
     return None
 

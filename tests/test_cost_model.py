@@ -189,7 +189,17 @@ def test_graphs_inductor_will_not_capture_are_priced_eagerly(monkeypatch):
     assert "CPU tensor" in cudagraph_blocker(graph_with(torch.empty(4)))
     assert "CPU tensor" in cudagraph_blocker(graph_with([torch.empty(4, device="meta"), torch.empty(1)]))
     assert "data-dependent" in cudagraph_blocker(graph_with(ShapeEnv().create_unbacked_symint()))
-    assert cudagraph_blocker(graph_with(torch.tensor(0.0))) is None  # a CPU scalar: a constant to Inductor
+    # a CPU scalar computed in the graph is a constant to Inductor, unless the graph returns it
+    assert "CPU tensor" in cudagraph_blocker(graph_with(torch.tensor(0.0)))
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(4, device="meta")
+    zero = g.call_function(torch.ops.aten.lift_fresh_copy.default, (x,))
+    zero.meta["val"] = torch.tensor(0.0)
+    y = g.call_function(torch.ops.aten.add.Tensor, (x, zero))
+    y.meta["val"] = torch.empty(4, device="meta")
+    g.output(y)
+    assert cudagraph_blocker(g) is None
     g = graph_with(torch.empty(4, device="meta"))
     next(iter(g.nodes)).meta["val"] = torch.tensor(0.0)  # ... but a CPU scalar input is a CPU buffer
     assert "CPU tensor" in cudagraph_blocker(g)
