@@ -48,11 +48,11 @@ def _cuda_graphs_on(config: OverlapConfig) -> bool:
 
 
 def _graph_partitions_on() -> bool:
-    """Does Inductor split this graph into partitions under CUDA graphs (``graph_partition``, its
-    default since torch 2.9)? Then what it cannot capture (a data-dependent size, a CPU op, an
-    unsafe op) runs between captured partitions instead of keeping the whole graph out: the Llama
-    TP+SP forward (the vocab-parallel embedding's masked index_put) was captured by Inductor while
-    the passes priced every op in it eagerly (2xH200 and 4xH200, fifteenth session)."""
+    """Does Inductor split this graph into partitions under CUDA graphs (``graph_partition``, on by
+    default in torch 2.13; ``TORCHINDUCTOR_GRAPH_PARTITION``)? Then what it cannot capture (a
+    data-dependent size, a CPU op, an unsafe op) runs between captured partitions instead of keeping
+    the whole graph out, and the ops of a match are captured unless their own sizes are
+    data-dependent (``PassContext.captured``)."""
     from torch._inductor import config as inductor_config
 
     return bool(getattr(inductor_config, "graph_partition", False))
