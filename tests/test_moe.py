@@ -477,3 +477,18 @@ def test_symbolic_token_count_2_ranks():
             moe = [d for d in r["decisions"] if d[0] == "moe"]
             assert moe and all(d[1] is (policy == "dropless") for d in moe), (policy, moe)
         assert "symbolic shapes" in [d for d in res["capacity"]["decisions"] if d[0] == "moe"][0][2]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_graph_partitions_price_dropless_eagerly(fake_pg, graphs, policy, monkeypatch):
+    """Under CUDA graphs with Inductor's graph partitions the graph counts as captured, but a dropless
+    block's data-dependent sizes put its op outside the captured partitions: it is priced with its host
+    time (no ``cuda_graphs`` in its cost record); a capacity block's op is priced as a replay."""
+    from overlap_backend import backend
+
+    monkeypatch.setattr(backend, "_cuda_graphs_on", lambda config: True)
+    monkeypatch.setattr(backend, "_graph_partitions_on", lambda: True)
+    _, be = _compile_layer(policy, "grouped_mm", cost_model="on")
+    (rec,) = _moe_records(be)
+    assert rec.cost is not None and rec.cost.get("active"), rec.cost
+    assert rec.cost.get("cuda_graphs", False) == (policy == "capacity"), rec.cost
