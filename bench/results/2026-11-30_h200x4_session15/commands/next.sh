@@ -1,5 +1,5 @@
 # The next GPU calls, for what this session could not run at 4 GPUs (the x4 kind was withdrawn after call 4).
-# Ask `status` first; with nvidia-h200-x4 lent, two calls:
+# Ask `status` first; with nvidia-h200-x4 lent, three calls (keep the machine warm: issue each within 30 s of the last):
 #   mkdir devrun; cp bench/results/2026-11-30_h200x2_session6/commands/dev_run.sh devrun/
 #   DEADLINE=560 bash devrun/dev_run.sh bench/results/2026-11-30_h200x4_session15/commands/next.sh        # call A
 #   PART=B DEADLINE=560 bash devrun/dev_run.sh bench/results/2026-11-30_h200x4_session15/commands/next.sh # call B
