@@ -69,7 +69,6 @@ LABELS = {
     "overlap_symm": "overlap symm",
 }
 OURS = ("overlap_p2p", "overlap_symm")
-TRACE_RANKS = common.TRACE_RANKS
 TRACE_WARMUP = 2
 # Exceptions by which the backend or a lowering says "not available here": n/a, not a failure.
 _UNSUPPORTED = tuple(c for c in (overlap_backend.ConfigError, overlap_backend.runtime.LoweringError, NotImplementedError,
@@ -440,7 +439,7 @@ class Bench:
 
     # -------------------------------------------------------------- traces
     def traces(self, trace_dir: Path) -> int:
-        """One profiler trace of ONE step per timed variant (after warm-up), ranks TRACE_RANKS."""
+        """One profiler trace of ONE step per timed variant (after warm-up), ranks common.TRACE_RANKS."""
         variants = [(name, functools.partial(fwd_bwd, model, x, self.grad_out))
                     for name, (model, x) in self.models.items()]
         return len(common.write_traces(variants, trace_dir, self.device, f"block_ws{self.ws}", warmup=TRACE_WARMUP))
@@ -507,7 +506,7 @@ def main(argv=None) -> int:
     trace_dir = Path(args.trace) if args.trace else None
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-    if trace_dir is not None and rank in TRACE_RANKS:
+    if trace_dir is not None and rank in common.TRACE_RANKS:
         trace_dir.mkdir(parents=True, exist_ok=True)
     info = common.machine_info(device, ws)
     info.update(dtype=str(dtype), quick=args.quick, lowerings_registered=list(overlap_backend.runtime.available()))
@@ -523,7 +522,7 @@ def main(argv=None) -> int:
             n = bench.traces(trace_dir)
             if rank == 0:
                 print(f"bench_block: {n} trace(s) per traced rank written to {trace_dir} "
-                      f"(ranks {', '.join(map(str, TRACE_RANKS))})", flush=True)
+                      f"(ranks {', '.join(map(str, common.TRACE_RANKS))})", flush=True)
         common.synchronize(device)
         dist.barrier()
     finally:

@@ -61,7 +61,6 @@ LOWERINGS = ("p2p", "symm")  # ours, in column order; --lowerings picks a subset
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
 # Issue 3's bar for the symm lowering: symm <= 1.10 x max(mm, comm) and >= 1.15x faster than torch.
 BAR_MAX_RATIO, BAR_TORCH_RATIO = 1.10, 1.15
-TRACE_RANKS = common.TRACE_RANKS
 TRACE_WARMUP = 3  # calls of a variant right before its traced call
 
 
@@ -785,14 +784,14 @@ def main(argv=None) -> int:
         common.synchronize(device)
         dist.barrier()
         if trace_jobs:
-            if trace_dir is not None and rank in TRACE_RANKS:
+            if trace_dir is not None and rank in common.TRACE_RANKS:
                 trace_dir.mkdir(parents=True, exist_ok=True)
             n = 0
             for stem, variants in trace_jobs:
                 n += len(common.write_traces(variants, trace_dir, device, stem, warmup=TRACE_WARMUP))
             if rank == 0:
                 print(f"bench_collective_gemm: {n} trace(s) per traced rank written to {trace_dir} "
-                      f"(ranks {', '.join(map(str, TRACE_RANKS))})", flush=True)
+                      f"(ranks {', '.join(map(str, common.TRACE_RANKS))})", flush=True)
             trace_jobs.clear()
             common.synchronize(device)
             dist.barrier()

@@ -293,6 +293,9 @@ def main(argv=None):
     out_dir = Path(args.out)
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
+    trace_dir = Path(args.trace) if args.trace else None
+    if trace_dir is not None:
+        trace_dir.mkdir(parents=True, exist_ok=True)
     info = common.machine_info(device, ws)
     rows, sweep_rows, graph_rows, results = [], [], [], []
 
@@ -375,9 +378,7 @@ def main(argv=None):
                                                     for v in sweep.values()])
                 for name, value in defaults.items():
                     setattr(moe_symm, name, value)
-                if args.trace:
-                    trace_dir = Path(args.trace)
-                    trace_dir.mkdir(parents=True, exist_ok=True)
+                if trace_dir is not None:
                     common.write_traces([("baseline", prob.baseline), ("symm", lambda: prob.ours("symm"))],
                                         trace_dir, device, f"moe_ws{ws}_{cfg}_{routing}")
                 if not args.no_p2p and not args.p2p_first:

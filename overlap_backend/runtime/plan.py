@@ -143,7 +143,7 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
         dim = args["scatter_dim"] % len(shape)
         outer, run = math.prod(shape[:dim]), shape[dim] // ws * math.prod(shape[dim + 1 : -1])
         if sl.rs_gemm(outer, run, a.shape[1], "ce" if captured else None) == "cublas":
-            return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es)
+            return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es, captured)
     rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":
         rows = -(-M // (rounds * ws))
@@ -190,14 +190,14 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
     return lines
 
 
-def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, es: int) -> list[str]:
+def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, es: int,
+                  captured: bool = False) -> list[str]:
     from . import symm_lowering as sl
 
-    bands = sl.rs_cublas_bands(outer, run, args["a"].shape[1], N)
+    bands = sl.rs_cublas_bands(outer, run, args["a"].shape[1], N, captured=captured)
     nb = len(bands)
     peers = [(rank + p) % ws for p in range(1, ws)]
     spec = args.get("epilogue", "")
-    fused = ws == 2 and args["bias"] is None  # several bands (or RS_OWN_FIRST off): addmm reduces
     scale = "1/ws" if args["reduce_op"] == "avg" else "1"
     lines = [
         f"# lowering 'symm': mm_rs on cuBLAS (symm_lowering.MM_RS_GEMM), {ws} chunks of {outer} x {run} rows, "
@@ -223,7 +223,7 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
                 f"cuStreamWriteValue32(flag=peer_flags({c}).RS_ARRIVED[{rank * nb + i}], value=epoch, stream=push_stream)",
             ]
     own_first = sl.RS_OWN_FIRST and nb == 1
-    fused = fused and not spec
+    fused = ws == 2 and args["bias"] is None and not spec  # several bands (or RS_OWN_FIRST off): addmm reduces
     for i, band in enumerate(bands):
         if own_first:  # one band: the own partial overlaps the transfer of the peers'
             lines += [f"recv[{rank}, {o}, {j}:{j + n}] = a[{o}, {rank}, {j}:{j + n}] @ b + bias  # cuBLAS"
