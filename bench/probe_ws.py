@@ -10,6 +10,12 @@ op's weights; optionally the op's GELU epilogue) with and without it, against ``
 checking each result against a float32 reference on fresh random inputs (outputs poisoned first).
 
     python bench/probe_ws.py [--shapes 1024x8192x28672,512x8192x28672] [--configs 128x256x64x3x8,...]
+                             [--epilogues none,gelu,gelu_fast,...] [--no-ws] [--stage0]
+
+``--epilogues`` compares ways of writing the activation in the epilogue (what a persistent kernel's
+epilogue costs is not overlapped with its next tile's main loop): the op's current GELU (tanh form,
+``2 sigmoid(2u) - 1`` with an IEEE division), ``h sigmoid(2u)``, the same with ``exp2`` and
+``rcp.approx`` (two MUFU instructions), ``tanh.approx``, exact GELU (erf), and SiLU plain / fast.
 
 Not a benchmark of record: a diagnostic. Prints one line per (shape, config, variant): ms (median of
 CUDA-event timings after warm-up) and the ratio to cuBLAS, or why the variant did not compile.
@@ -32,15 +38,56 @@ from bench.common import events_ms  # noqa: E402
 
 
 @triton.jit
-def _gelu_tanh(h):
-    u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
-    return 0.5 * h * (1.0 + (2.0 * tl.sigmoid(2.0 * u) - 1.0))
+def _fast_rcp(x):
+    """1 / x by one MUFU instruction (rcp.approx, about 1 ulp) instead of an IEEE division."""
+    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _epilogue(h, EPI: tl.constexpr):
+    """The activation variants compared by --epilogues (EPILOGUES: their names), in float32."""
+    if EPI == 1:  # GELU tanh as the op's codegen writes it (cta._activation): 0.5 h (1 + (2 sigmoid(2u) - 1))
+        u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
+        h = 0.5 * h * (1.0 + (2.0 * tl.sigmoid(2.0 * u) - 1.0))
+    elif EPI == 2:  # the same function as h sigmoid(2u) (0.5 (1 + tanh u) = sigmoid(2u)), tl.sigmoid
+        u = 1.5957691216057308 * (h + 0.044715 * h * h * h)
+        h = h * tl.sigmoid(u)
+    elif EPI == 3:  # h sigmoid(2u) with exp2 and rcp.approx: two MUFU instructions, no IEEE division
+        u = -2.302208198144325 * (h + 0.044715 * h * h * h)  # -2 * sqrt(2/pi) * log2(e)
+        h = h * _fast_rcp(1.0 + tl.math.exp2(u))
+    elif EPI == 4:  # 0.5 h (1 + tanh.approx(u)): one MUFU instruction (abs. error ~2^-11 near h << 0)
+        u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [u], dtype=tl.float32, is_pure=True, pack=1)
+        h = 0.5 * h * (1.0 + t)
+    elif EPI == 5:  # exact GELU (erf), as cta._activation's ACT_GELU
+        h = 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
+    elif EPI == 6:  # SiLU as codegen writes it: h * sigmoid(h)
+        h = h * tl.sigmoid(h)
+    elif EPI == 7:  # SiLU with exp2 and rcp.approx
+        h = h * _fast_rcp(1.0 + tl.math.exp2(-1.4426950408889634 * h))
+    return h
+
+
+EPILOGUES = {"none": 0, "gelu": 1, "gelu_hsig": 2, "gelu_fast": 3, "gelu_tanh_approx": 4, "gelu_erf": 5,
+             "silu": 6, "silu_fast": 7}
+
+
+def _reference(ref, name):
+    F = torch.nn.functional
+    if name.startswith("gelu_erf"):
+        return F.gelu(ref)
+    if name.startswith("gelu"):
+        return F.gelu(ref, approximate="tanh")
+    if name.startswith("silu"):
+        return F.silu(ref)
+    return ref
 
 
 @triton.jit
 def persistent_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, WS: tl.constexpr, GELU: tl.constexpr):
-    """C = A @ B (GELU(A @ B)), tiles in groups of GROUP_M row blocks, column by column."""
+                    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, WS: tl.constexpr, EPI: tl.constexpr):
+    """C = act(A @ B) (EPI: EPILOGUES), tiles in groups of GROUP_M row blocks, column by column."""
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
@@ -55,8 +102,7 @@ def persistent_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.const
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BK)):
             acc = tl.dot(a_desc.load([pid_m * BM, k * BK]), b_desc.load([k * BK, pid_n * BN]), acc)
-        if GELU:
-            acc = _gelu_tanh(acc)
+        acc = _epilogue(acc, EPI)
         c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
 
 
@@ -99,7 +145,11 @@ def main() -> int:
                    help="MxKxN, comma-separated (default: the CTA op's GEMMs at M=1024 and 512)")
     p.add_argument("--configs", default="128x256x64x3x8,128x256x64x4x8,128x128x64x4x8,128x128x64x4x4",
                    help="BMxBNxBKxSTAGESxWARPS, comma-separated")
-    p.add_argument("--gelu", action="store_true", help="also the op's GELU epilogue")
+    p.add_argument("--gelu", action="store_true", help="also the op's GELU epilogue (= --epilogues none,gelu)")
+    p.add_argument("--epilogues", default=None,
+                   help=f"activation variants of the plain GEMM, comma-separated from {', '.join(EPILOGUES)} "
+                        "(default: none)")
+    p.add_argument("--no-ws", action="store_true", help="only warp_specialize=False")
     p.add_argument("--stage0", action="store_true",
                    help="also the CTA op's stage-0 kernel (GELU, chunk-major local stores, tiles counted; "
                         "flags local) at each MxKxN, in its default config")
@@ -107,6 +157,10 @@ def main() -> int:
     dev = torch.device("cuda")
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    epilogues = (args.epilogues or ("none,gelu" if args.gelu else "none")).split(",")
+    for epi in epilogues:
+        if epi not in EPILOGUES:
+            p.error(f"--epilogues: {epi!r} is not one of {', '.join(EPILOGUES)}")
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}, {num_sms} SMs",
           flush=True)
     for shape in args.shapes.split(","):
@@ -114,37 +168,40 @@ def main() -> int:
         a = torch.randn(M, K, device=dev).to(torch.bfloat16)
         b = (torch.randn(K, N, device=dev) / K**0.5).to(torch.bfloat16)
         ref = a.float() @ b.float()
-        refs = {False: ref, True: torch.nn.functional.gelu(ref, approximate="tanh")}
+        gelu_ref = torch.nn.functional.gelu(ref, approximate="tanh")
         cublas = events_ms(lambda: torch.mm(a, b), warm=5)
         print(f"M={M} K={K} N={N}: cuBLAS {cublas:.3f} ms", flush=True)
         if args.stage0:
             for tma in (False, True):
-                print(f"  stage0 (cta.launch_stage0, tma_store={tma}): {_stage0_ms(a, b, refs[True], num_sms, cublas, tma)}",
+                print(f"  stage0 (cta.launch_stage0, tma_store={tma}): {_stage0_ms(a, b, gelu_ref, num_sms, cublas, tma)}",
                       flush=True)
         for cfg in args.configs.split(","):
             BM, BN, BK, stages, warps = (int(v) for v in cfg.split("x"))
-            for gelu in (False, True) if args.gelu else (False,):
-                for ws in (False, True):
+            for epi in epilogues:
+                expected = _reference(ref, epi)
+                for ws in (False,) if args.no_ws else (False, True):
                     c = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
                     grid = (min(num_sms, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
 
                     def run():
                         persistent_gemm[grid](a, b, c, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=8, NUM_SMS=grid[0],
-                                              WS=ws, GELU=gelu, num_stages=stages, num_warps=warps)
+                                              WS=ws, EPI=EPILOGUES[epi], num_stages=stages, num_warps=warps)
 
-                    label = f"  {cfg} {'gelu ' if gelu else ''}ws={ws}"
+                    label = f"  {cfg} {epi} ws={ws}"
                     try:
                         run()
                         torch.cuda.synchronize()
                     except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
                         print(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
                         continue
-                    err = ((c.float() - refs[gelu]).norm() / refs[gelu].norm()).item()
+                    err = ((c.float() - expected).norm() / expected.norm()).item()
+                    worst = (c.float() - expected).abs().max().item()
                     if not err <= 1e-2:
                         print(f"{label}: WRONG (rel err {err:.2e})", flush=True)
                         continue
                     t = events_ms(run, warm=5)
-                    print(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e}", flush=True)
+                    print(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e}, max abs err {worst:.1e}",
+                          flush=True)
     return 0
 
 
