@@ -108,13 +108,59 @@ def _graph_kind(graph: torch.fx.Graph) -> str:
     return "fwd" if names and all(n.startswith("primals") for n in names) else "inference"
 
 
-def inductor_backend(micro_pipeline_tp: bool, fused: Counter):
+def drop_collectives(graph: torch.fx.Graph, dropped: Counter | None = None) -> None:
+    """Replace every functional collective of a post-grad graph by a local stand-in of the same
+    shape and dtype that moves about as many bytes through this GPU's memory (all-gather: the shard
+    repeated; reduce-scatter: a copy of this rank's slice; all-reduce and equal-split all-to-all: a
+    copy), and drop the waits. The graph then computes garbage, as fast as the same graph would
+    with free communication: a bench variant that bounds what any overlap can gain, never a result."""
+    c10d = torch.ops._c10d_functional
+    aten = torch.ops.aten
+    for n in list(graph.nodes):
+        if n.op != "call_function":
+            continue
+        x = n.args[0] if n.args else None
+        if n.target is c10d.all_gather_into_tensor.default:
+            gs = n.args[1]
+            rep = [gs] + [1] * (x.meta["val"].dim() - 1)
+            with graph.inserting_before(n):
+                new = graph.call_function(aten.repeat.default, (x, rep))
+        elif n.target is c10d.reduce_scatter_tensor.default:
+            rows = n.meta["val"].shape[0]
+            with graph.inserting_before(n):
+                new = graph.call_function(aten.clone.default, (graph.call_function(aten.slice.Tensor, (x, 0, 0, rows)),))
+        elif n.target is c10d.all_reduce.default or (
+                n.target is c10d.all_to_all_single.default and n.meta["val"].shape == x.meta["val"].shape):
+            with graph.inserting_before(n):
+                new = graph.call_function(aten.clone.default, (x,))
+        elif n.target is c10d.wait_tensor.default:
+            n.replace_all_uses_with(x)
+            graph.erase_node(n)
+            continue
+        else:
+            continue
+        new.meta.update(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        if dropped is not None:
+            dropped[n.target.__name__.split(".")[0]] += 1
+    graph.eliminate_dead_code()
+
+
+def inductor_backend(micro_pipeline_tp: bool, fused: Counter, no_comm: bool = False):
     """Inductor (``compile_fx``), optionally with async-TP, counting the ``symm_mem.fused_*`` ops that
     end up in each post-grad graph. A fresh callable per variant: Dynamo keeps one cache entry per
-    backend, so two variants of the same module class never share a compiled graph."""
+    backend, so two variants of the same module class never share a compiled graph. ``no_comm``:
+    every collective replaced by a local stand-in (``drop_collectives``; counted in ``fused`` as
+    "dropped <op>"): the step time with free communication, a bound, not a result."""
     from torch._inductor.compile_fx import compile_fx
 
     def count_fused(graph: torch.fx.Graph) -> None:  # runs after the micro-pipeline pass
+        if no_comm:
+            dropped: Counter = Counter()
+            drop_collectives(graph, dropped)
+            for k, v in dropped.items():
+                fused[f"dropped {k}"] += v
         kind = _graph_kind(graph)
         for n in graph.nodes:
             name = getattr(n.target, "__name__", str(n.target))

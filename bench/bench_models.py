@@ -90,10 +90,14 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distribu
 warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
 
 SECTIONS = ("llama", "curve", "mixtral", "serve")
-VARIANTS = ("eager", "inductor", "async_tp", "overlap", "overlap_p2p")
+VARIANTS = ("eager", "inductor", "async_tp", "overlap", "overlap_p2p", "inductor_nocomm")
 DEFAULT_VARIANTS = ("eager", "inductor", "async_tp", "overlap")
 LABELS = {"eager": "eager", "inductor": "Inductor", "async_tp": "Inductor + async-TP", "overlap": "overlap",
-          "overlap_p2p": "overlap (p2p)"}
+          "overlap_p2p": "overlap (p2p)", "inductor_nocomm": "Inductor, no communication (bound)"}
+# inductor_nocomm: Inductor with every collective replaced by a local copy of its size
+# (bench_block.drop_collectives): the step with free communication, i.e. the fastest any overlap of
+# communication with computation could make it. Its losses are garbage (not checked); a bound, not a result.
+BOUNDS = ("inductor_nocomm",)
 OURS = ("overlap", "overlap_p2p")
 BAR_VS_INDUCTOR, BAR_VS_ASYNC_TP, MAX_SLOWDOWN = 1.10, 1.05, 0.98
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
@@ -271,7 +275,7 @@ class Bench:
             if not hasattr(torch._inductor.config, "_micro_pipeline_tp"):
                 return f"torch {torch.__version__} has no torch._inductor.config._micro_pipeline_tp"
             return _enable_symm_mem(common.group_name())
-        if name == "inductor" and cpu and not self.args.cpu_inductor:
+        if name in ("inductor", "inductor_nocomm") and cpu and not self.args.cpu_inductor:
             return "skipped in the --device cpu smoke mode (Inductor's C++ codegen: ~25 s per graph; --cpu-inductor)"
         return None
 
@@ -279,9 +283,9 @@ class Bench:
         """(backend callable or None for eager, info callable -> (rewrites text, details))."""
         if name == "eager":
             return None, lambda: ("—", {})
-        if name in ("inductor", "async_tp"):
+        if name in ("inductor", "async_tp", "inductor_nocomm"):
             fused: Counter = Counter()
-            be = inductor_backend(name == "async_tp", fused)
+            be = inductor_backend(name == "async_tp", fused, no_comm=name == "inductor_nocomm")
             return be, lambda: ("; ".join(f"{k}×{v}" for k, v in sorted(fused.items()))
                                 or ("fused nothing" if name == "async_tp" else "—"), dict(fused))
         inductor = self.device.type == "cuda" or self.args.cpu_inductor
@@ -367,6 +371,8 @@ class Bench:
                 continue
             if name == "eager":
                 ref_losses = losses
+            elif name in BOUNDS:
+                row["check"] = "n/a (bound)"
             elif ref_losses is not None:
                 cmp = compare_curves(losses, ref_losses)
                 row["max_rel_loss_diff"] = cmp["max_rel_diff"]
@@ -577,7 +583,7 @@ class Bench:
             parts += [f"## {title}", "", f"Sizes: {res['sizes']}", ""]
             body, notes = [], []
             for r in rows:
-                ok = r["check"] in ("PASS", "—") and r["step_ms"] is not None
+                ok = r["check"] in ("PASS", "—", "n/a (bound)") and r["step_ms"] is not None
                 chk = r["check"] + (f" ({r['max_rel_loss_diff']:.1e})" if r["max_rel_loss_diff"] is not None else "")
                 body.append([r["label"], common.fmt_ms(r["step_ms"]), common.fmt_ms(r["fwd_bwd_ms"]),
                              f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "—",
@@ -602,6 +608,11 @@ class Bench:
                 else:
                     line += f" (never slower than Inductor by > 2 %: {'yes' if ind / ours >= MAX_SLOWDOWN else 'NO'})"
                 parts += [line, ""]
+            free = t.get("inductor_nocomm")
+            if free and ind:
+                parts += [f"Inductor with free communication (collectives replaced by local copies, a bound): "
+                          f"{free:.3f} ms, {ind / free:.3f}× Inductor: the most that overlapping all communication "
+                          f"could gain on this step{f' (overlap has {ind / ours:.3f}×)' if ours else ''}.", ""]
             parts += notes + ([""] if notes else [])
         if "curve" in self.results:
             res = self.results["curve"]

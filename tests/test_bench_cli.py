@@ -490,3 +490,34 @@ def test_collective_graph_table(bench):
     with pytest.raises(SystemExit):
         b.parse_args(["--graphs", "--device", "cpu"])
     assert b.parse_args(["--graphs"]).graphs
+
+
+def test_drop_collectives_leaves_local_stand_ins(bench, fake_pg):
+    """bench_models' ``inductor_nocomm`` bound: every collective of a post-grad (ATen) graph becomes a
+    local op of its shape (all-gather: the shard repeated; reduce-scatter: this rank's slice copied;
+    all-reduce: a copy), the waits go, and the graph still runs."""
+    from collections import Counter
+
+    import torch.distributed._functional_collectives as funcol
+    from torch._dynamo.backends.common import aot_autograd
+
+    def f(x, w):
+        gathered = funcol.all_gather_tensor(x, 0, fake_pg)
+        y = funcol.reduce_scatter_tensor(gathered @ w, "sum", 0, fake_pg)
+        return funcol.all_reduce(y, "sum", fake_pg) * 2
+
+    dropped: Counter = Counter()
+    left: list = []
+
+    def fw(gm, example_inputs):
+        bench["bench_block"].drop_collectives(gm.graph, dropped)
+        gm.recompile()
+        left.extend(str(n.target) for n in gm.graph.nodes if "c10d" in str(n.target))
+        return gm.forward
+
+    x, w = torch.randn(8, 16), torch.randn(16, 32)
+    out = torch.compile(f, backend=aot_autograd(fw_compiler=fw), fullgraph=True)(x, w)
+    assert left == []
+    assert dropped == Counter({"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1, "all_reduce": 1})
+    # rows of the gathered product that are this rank's slice: the shard's own product (stand-ins are local)
+    torch.testing.assert_close(out, (x @ w) * 2)
