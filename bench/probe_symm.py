@@ -57,6 +57,11 @@ def host_us(fn, n=20):
 TIMING = None
 
 
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """"MxKxN,MxKxN" -> [(M, K, N), ...] (a fourth number: ag_mm's weight count)"""
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item.strip()]
+
+
 def with_setting(name, value, fn):
     """Run ``fn`` with ``symm_lowering.<name>`` set to ``value`` (TRANSPORT: how mm_rs / mm_ar ship
     partials, "ce" or "peer"; MM_RS_GEMM: "cublas" or "triton"; RS_CUBLAS_BAND_FLOPS; rs_gemm)."""
@@ -73,6 +78,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--ops", default="ag_mm,mm_rs,mm_ar,host", help="which parts to probe (comma-separated)")
+    p.add_argument("--rs-shapes", default="", help="mm_rs shapes MxKxN (K: the whole contraction, split ws ways), "
+                   "comma-separated, instead of DESIGN.md's; e.g. 2048x3584x8192 at ws 2 has ws 4's local problem "
+                   "of 4096x7168x8192 (local K 1792, 1024 rows per chunk)")
+    p.add_argument("--ag-shapes", default="", help="ag_mm shapes MxKxN[xW] (M gathered rows; W weights of N/W "
+                   "columns each, default 1), comma-separated, instead of DESIGN.md's")
+    p.add_argument("--ar-shapes", default="", help="mm_ar shapes MxKxN (K local), comma-separated, instead of DESIGN.md's")
     args = p.parse_args()
     ops = set(args.ops.split(","))
     rank, ws, device = common.init_distributed("cuda")
@@ -84,6 +95,9 @@ def main():
     ar_shapes = [(128, 7168, 8192), (1024, 7168, 8192), (4096, 7168, 8192), (8192, 7168, 8192)]
     if args.quick:
         ag_shapes, rs_shapes, ar_shapes = ag_shapes[:1], rs_shapes[:1], ar_shapes[:2]
+    ag_shapes = parse_shapes(args.ag_shapes) or ag_shapes
+    rs_shapes = parse_shapes(args.rs_shapes) or rs_shapes
+    ar_shapes = parse_shapes(args.ar_shapes) or ar_shapes
     ag_shapes, rs_shapes, ar_shapes = [s if op in ops else [] for op, s in
                                        (("ag_mm", ag_shapes), ("mm_rs", rs_shapes), ("mm_ar", ar_shapes))]
     lines = [f"probe_symm ws={ws} {torch.cuda.get_device_name()} torch {torch.__version__}"]
@@ -92,13 +106,15 @@ def main():
     report = torch.zeros(8, dtype=torch.int32, device=device)
     nsm = torch.cuda.get_device_properties(device).multi_processor_count
 
-    for M, K, N in ag_shapes:
+    for M, K, N, *nw in ag_shapes:
+        nw = nw[0] if nw else 1
         rows = M // ws
         shard = torch.randn(rows, K, device=device, dtype=dt)
-        w = (torch.randn(N, K, device=device, dtype=dt) * K**-0.5).t()  # nn.Linear layout
+        ws_ = [(torch.randn(N // nw, K, device=device, dtype=dt) * K**-0.5).t() for _ in range(nw)]  # nn.Linear layout
+        w = ws_[0]
         G = torch.randn(M, K, device=device, dtype=dt)
         buf = G.view(ws, rows, K)
-        out = torch.empty(M, N, device=device, dtype=dt)
+        out = torch.empty(M, N // nw, device=device, dtype=dt)
         flags = torch.zeros(ws * symm.MAX_BANDS, dtype=torch.int32, device=device)
         cfg_times = {}
         for cfg in configs.candidates(dt):
@@ -106,13 +122,17 @@ def main():
                                                                      10**9, rank, ws, rows, symm.band_rows(rows), cfg,
                                                                      nsm), n=10)
         best = min(cfg_times, key=cfg_times.get)
-        t_kernel = cfg_times[best]
-        t_mm = med_ms(lambda: torch.mm(G, w))
+        t_kernel = cfg_times[best] * nw
+        t_mm = med_ms(lambda: [torch.mm(G, x) for x in ws_])
         flat = torch.empty(M, K, device=device, dtype=dt)
         t_ag = med_ms(lambda: dist.all_gather_into_tensor(flat, shard))
-        op = lambda: torch.ops.overlap.ag_mm(shard, [w], [None], 0, gn, "symm", False)  # noqa: E731
+        op = lambda: torch.ops.overlap.ag_mm(shard, ws_, [None] * nw, 0, gn, "symm", False)  # noqa: E731
         t_op = med_ms(op)
         t_b2b, t_host = b2b_ms(op), host_us(op)
+        gemm = symm_lowering.ag_gemm(1, rows, K, N)
+        # both GEMM paths forced (symm_lowering.ag_gemm): eager back to back, host time, CUDA-graph replays
+        path = {g: with_setting("ag_gemm", lambda *a, g=g, **k: g, lambda: (b2b_ms(op), host_us(op), replay_ms(op)))
+                for g in ("triton", "cublas")}
         st = symm.state(gn, device)
         chunk = rows * K * 2
 
@@ -125,11 +145,13 @@ def main():
 
         t_push = med_ms(pushes)
         lines.append(
-            f"ag_mm M={M} K={K} N={N}: kernel {t_kernel:.3f} ({best}) cuBLAS {t_mm:.3f} ratio {t_kernel / t_mm:.2f} | "
-            f"NCCL ag {t_ag:.3f} CE push {t_push:.3f} ({(ws - 1) * chunk / t_push / 1e6:.0f} GB/s recv) | "
-            f"op {t_op:.3f} (back-to-back {t_b2b:.3f}, host {t_host:.0f} us) max(mm,ag) {max(t_mm, t_ag):.3f} "
-            f"-> {t_b2b / max(t_mm, t_ag):.2f}x | "
-            f"configs {', '.join(f'{c[:2]}/{c[4]}st/{c[5]}w {t:.3f}' for c, t in cfg_times.items())}"
+            f"ag_mm M={M} K={K} N={N} ({nw} weight(s)): kernel {t_kernel:.3f} ({best}) cuBLAS {t_mm:.3f} ratio "
+            f"{t_kernel / t_mm:.2f} | NCCL ag {t_ag:.3f} CE push {t_push:.3f} ({(ws - 1) * chunk / t_push / 1e6:.0f} GB/s "
+            f"recv) | op {t_op:.3f} (back-to-back {t_b2b:.3f}, host {t_host:.0f} us; {gemm}) max(mm,ag) "
+            f"{max(t_mm, t_ag):.3f} -> {t_b2b / max(t_mm, t_ag):.2f}x | " + " | ".join(
+                f"{g} path: back-to-back {b:.3f} host {h:.0f} us replayed {rp:.3f} ({rp / max(t_mm, t_ag):.2f}x)"
+                for g, (b, h, rp) in path.items())
+            + f" | configs {', '.join(f'{c[:2]}/{c[4]}st/{c[5]}w {t:.3f}' for c, t in cfg_times.items())}"
         )
         print(lines[-1], flush=True) if rank == 0 else None
 
@@ -151,8 +173,10 @@ def main():
         kernel_replay = lambda: with_setting("rs_gemm", lambda *a, **k: "triton", lambda: replay_ms(op))  # noqa: E731
         cublas_replay = lambda: with_setting("rs_gemm", lambda *a, **k: "cublas", lambda: replay_ms(op))  # noqa: E731
         t_kernel_replay = kernel_replay()
+        cublas_eager = lambda: with_setting("rs_gemm", lambda *a, **k: "cublas",  # noqa: E731
+                                            lambda: (b2b_ms(op), host_us(op)))
         by_band = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: (
-                       len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N)), b2b_ms(op), host_us(op)))
+                       len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N)), *cublas_eager()))
                    for f in (0, 16e9, 64e9, 1e15)}
         by_graph_band = {f: with_setting("RS_CUBLAS_BAND_FLOPS_CAPTURED", f, lambda: (
                              len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N, captured=True)),
@@ -192,16 +216,21 @@ def main():
         t_op, t_b2b, t_host = med_ms(op), b2b_ms(op), host_us(op)
         t_peer = with_setting("TRANSPORT", "peer", lambda: b2b_ms(op))
         t_kernel_op = with_setting("MM_RS_GEMM", "triton", lambda: (b2b_ms(op), host_us(op)))
-        cublas_rounds = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: (
-                             symm_lowering.ar_cublas_rounds(M, K, N, ws), b2b_ms(op), host_us(op)))
-                         for f in (32e9, 64e9, 128e9)}
-        gemm = symm_lowering.rs_gemm(1, -(-M // ws), K)
+        # the cuBLAS rounds forced (ar_gemm takes the kernel wherever it would run several rounds),
+        # eager back to back and captured (replayed), beside the kernel path replayed
+        force_cublas = lambda fn: with_setting("ar_gemm", lambda *a, **k: "cublas", fn)  # noqa: E731
+        cublas_rounds = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: force_cublas(lambda: (
+                             symm_lowering.ar_cublas_rounds(M, K, N, ws), b2b_ms(op), host_us(op), replay_ms(op))))
+                         for f in (16e9, 32e9, 64e9, 128e9)}
+        t_kernel_replay = with_setting("ar_gemm", lambda *a, **k: "triton", lambda: replay_ms(op))
+        gemm = symm_lowering.ar_gemm(M, K, ws)
         lines.append(f"mm_ar M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL ar {t_ar:.3f} op {t_op:.3f} "
                      f"(back-to-back {t_b2b:.3f}, host {t_host:.0f} us) -> {t_b2b / max(t_mm, t_ar):.2f}x of max "
                      f"({gemm}) | peer-store transport {t_peer:.3f} | Triton-kernel path (rounds "
-                     f"{symm_lowering.ar_rounds(M, ws)}) {t_kernel_op[0]:.3f} host {t_kernel_op[1]:.0f} us | "
-                     "cuBLAS path by GFLOP per chunk: " + ", ".join(
-                         f"{f / 1e9:g}: {n} rounds {t:.3f} ms host {h:.0f} us" for f, (n, t, h) in cublas_rounds.items()))
+                     f"{symm_lowering.ar_rounds(M, ws)}) {t_kernel_op[0]:.3f} host {t_kernel_op[1]:.0f} us, replayed "
+                     f"{t_kernel_replay:.3f} | cuBLAS path by GFLOP per chunk (eager, host, replayed): " + ", ".join(
+                         f"{f / 1e9:g}: {n} rounds {t:.3f} ms host {h:.0f} us replayed {tr:.3f}"
+                         for f, (n, t, h, tr) in cublas_rounds.items()))
         print(lines[-1], flush=True) if rank == 0 else None
     if "host" not in ops:
         common.shutdown()

@@ -230,11 +230,14 @@ SYMM_CASES_ON_KERNELS = 15  # the first 15 of _symm_cases
 def _use_lowering(lowering: str) -> str:
     """The op's lowering argument for a test's lowering id; ``symm-peer`` is ``symm`` with the
     reduce-scatter partials shipped by peer stores from the kernel instead of the copy engine,
-    ``symm-kernel`` ``symm`` with mm_rs on the Triton producer kernel instead of cuBLAS."""
+    ``symm-kernel`` ``symm`` with mm_rs on the Triton producer kernel instead of cuBLAS,
+    ``symm-agcublas`` ``symm`` with ag_mm on cuBLAS per chunk instead of the consumer kernel."""
     from overlap_backend.runtime import symm_lowering
 
     symm_lowering.TRANSPORT = "peer" if lowering == "symm-peer" else "ce"
     symm_lowering.MM_RS_GEMM = "triton" if lowering == "symm-kernel" else "cublas"
+    if lowering == "symm-agcublas":  # every ag_mm without a generated epilogue on its cuBLAS path
+        symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N = "cublas", 0
     return "symm" if lowering.startswith("symm") else lowering
 
 
@@ -249,7 +252,7 @@ def numerics_worker(rank: int, ws: int, device: str, lowering: str = "p2p"):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
-    lowering = _use_lowering(lowering)
+    lowering_id, lowering = lowering, _use_lowering(lowering)
     group = dist.group.WORLD
     results, bad = [], []
     for dtype in DTYPES:
@@ -264,6 +267,8 @@ def numerics_worker(rank: int, ws: int, device: str, lowering: str = "p2p"):
             results.append((label, str(dtype), err))
             if not err <= _tol(dtype):
                 bad.append(f"rank {rank}: {label} {dtype}: rel err {err:.3e} > {_tol(dtype):g}")
+    if lowering_id == "symm-agcublas" and not _paths().get("ag_mm:symm:cublas"):
+        bad.append(f"rank {rank}: no ag_mm ran on its cuBLAS path: {_paths()}")
     assert not bad, "\n".join(bad)
     return results
 
@@ -536,7 +541,8 @@ def _replicated_input(tokens: int, hidden: int, dtype, device):
 LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm"])
 # symm-peer: mm_rs / mm_ar ship partials with peer stores from the kernel (symm_lowering.TRANSPORT)
 # symm-kernel: mm_rs on the Triton producer kernel (symm_lowering.MM_RS_GEMM) instead of cuBLAS
-OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", "symm-kernel"])
+# symm-agcublas: ag_mm on cuBLAS per chunk (symm_lowering.AG_MM_GEMM) instead of the consumer kernel
+OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", "symm-kernel", "symm-agcublas"])
 
 
 @OP_LOWERINGS
@@ -942,9 +948,13 @@ def captured_symm_worker(rank: int, ws: int, device: str):
 
     symm_lowering.CAPTURE_ON_SYMM = True
     symm_lowering.TRANSPORT = "ce"
+    # ag_mm with at least 1024 columns in all on cuBLAS per chunk (y6), the narrower one (y1) on the kernel
+    symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N = "cublas", 1024
     group = dist.group.WORLD
     gn, dtype = group.group_name, torch.bfloat16
     x = _randn(200, 512, dtype=dtype, device=device)  # 200 rows: not a multiple of any block height
+    x6 = _randn(136, 512, dtype=dtype, device=device)
+    w6 = [_randn(n, 512, dtype=dtype, device=device, scale=512**-0.5).t() for n in (640, 512)]
     w1 = _randn(384, 512, dtype=dtype, device=device, scale=512**-0.5).t()  # nn.Linear layout
     a = _randn(ws * 100, 256, dtype=dtype, device=device)
     w2 = _randn(256, 320, dtype=dtype, device=device, scale=256**-0.5)
@@ -960,17 +970,20 @@ def captured_symm_worker(rank: int, ws: int, device: str):
         y3 = torch.ops.overlap.mm_ar(a1, w3, None, "sum", gn, "symm")
         y4 = torch.ops.overlap.mm_ar(a2, w3, None, "sum", gn, "symm")
         y5 = torch.ops.overlap.mm_rs(a5, w5, None, [ws * 1024, 256], 0, "sum", gn, "symm")
-        return gathered, y1, y2, y3, y4, y5
+        _, (y6, y7) = torch.ops.overlap.ag_mm(x6, w6, [None, None], 0, gn, "symm", False)
+        return gathered, y1, y2, y3, y4, y5, y6, y7
 
     def check(outs, label):
-        gathered, y1, y2, y3, y4, y5 = outs
+        gathered, y1, y2, y3, y4, y5, y6, y7 = outs
+        G6 = _gather_ref(x6, 0, group).float()
         G = _gather_ref(x, 0, group)
         errs = {"gathered": 0.0 if torch.equal(gathered, G) else math.inf,
                 "ag_mm": _rel_err(y1, G.float() @ w1.float()),
                 "mm_rs": _rel_err(y2, _all_reduce_ref(a.float() @ w2.float(), group).chunk(ws, 0)[rank]),
                 "mm_ar one-shot": _rel_err(y3, _all_reduce_ref(a1.float() @ w3.float(), group)),
                 "mm_ar rounds": _rel_err(y4, _all_reduce_ref(a2.float() @ w3.float(), group)),
-                "mm_rs cuBLAS": _rel_err(y5, _all_reduce_ref(a5.float() @ w5.float(), group).chunk(ws, 0)[rank])}
+                "mm_rs cuBLAS": _rel_err(y5, _all_reduce_ref(a5.float() @ w5.float(), group).chunk(ws, 0)[rank]),
+                "ag_mm cuBLAS": max(_rel_err(y6, G6 @ w6[0].float()), _rel_err(y7, G6 @ w6[1].float()))}
         bad = {k: v for k, v in errs.items() if not v <= _tol(dtype)}
         assert not bad, f"rank {rank} {label}: {errs}"
         return max(errs.values())
@@ -984,11 +997,12 @@ def captured_symm_worker(rank: int, ws: int, device: str):
         static_outs = ops()
     captured = {k: v - before.get(k, 0) for k, v in _paths().items() if v != before.get(k, 0)}
     assert not any(k.endswith(":p2p") for k in captured), f"rank {rank}: captured calls went to p2p: {captured}"
-    assert captured.get("ag_mm:symm") == 1 and captured.get("mm_rs:symm") == 2, captured
+    assert captured.get("ag_mm:symm") == 2 and captured.get("mm_rs:symm") == 2, captured
+    assert captured.get("ag_mm:symm:cublas") == 1 and captured.get("ag_mm:symm:triton") == 1, captured
     assert captured.get("mm_rs:symm:cublas") == 1 and captured.get("mm_rs:symm:triton") == 1, captured
     worst = 0.0
     for i in range(12):
-        for t in (x, a, a1, a2, a5):
+        for t in (x, a, a1, a2, a5, x6):
             t.copy_(torch.randn(t.shape, device=device).to(dtype))
         for t in static_outs:
             t.fill_(float("nan"))

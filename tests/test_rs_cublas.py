@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -459,3 +460,75 @@ def test_own_partial_before_the_wait_only_for_one_band(one_band, monkeypatch):
             assert seq.index("own mm") < seq.index("wait") and "own addmm" not in seq, seq
         else:
             assert "own mm" not in seq and seq.index("wait") < seq.index("own addmm"), seq
+
+
+# ------------------------------------------------------------------------------ ag_mm on cuBLAS
+AG_CASES = [  # ws, outer, run, bias, weights, dtype
+    (2, 1, 40, False, 1, torch.float32),
+    (2, 1, 1200, True, 2, torch.float32),  # several bands per chunk: the chunk's last band is awaited
+    (3, 1, 24, False, 2, torch.bfloat16),
+    (4, 3, 16, True, 1, torch.float32),  # gathered along an inner dim: one GEMM per (outer index, chunk)
+    (4, 2, 8, False, 3, torch.float32),
+]
+
+
+@pytest.mark.parametrize("ws,outer,run,bias,n_weights,dtype", AG_CASES)
+def test_ag_cublas_path_matches_the_float32_gather_then_matmul(ws, outer, run, bias, n_weights, dtype, monkeypatch):
+    """``_push_shard`` + ``_ag_mm_cublas`` (what ``ag_mm`` runs with ``AG_MM_GEMM = "cublas"``) on
+    every rank: each output is the float32 all-gather (rows in the gathered order) times its weight;
+    the receive buffers start poisoned, so a chunk read before its push or from the wrong slot shows."""
+    torch.manual_seed(ws * 100 + outer * 10 + run)
+    monkeypatch.setattr(symm, "BAND_ROWS_MIN", 16)
+    K = 24
+    rows = outer * run
+    shards = [torch.randn(outer, run, K, dtype=dtype) for _ in range(ws)]
+    weights = [torch.randn(K, 8 * (i + 2), dtype=dtype) for i in range(n_weights)]
+    biases = [torch.randn(w.shape[1], dtype=dtype) if bias else None for w in weights]
+    recvs = [torch.full((ws * rows, K), float("nan"), dtype=dtype) for _ in range(ws)]  # poisoned
+    sts, local = states(ws, recvs, monkeypatch)
+    copy = symm._cuda.memcpy_async
+    slow = shards[1].data_ptr(), shards[1].data_ptr() + shards[1].numel() * shards[1].element_size()
+
+    def late_copy(dst, src, nbytes, stream):  # rank 1's pushes land late: a GEMM that does not wait reads poison
+        if slow[0] <= src < slow[1]:
+            time.sleep(0.1)
+        copy(dst, src, nbytes, stream)
+
+    monkeypatch.setattr(symm._cuda, "memcpy_async", late_copy)
+
+    def call(r):
+        st = sts[r]
+        epoch = st.begin(torch.cuda.current_stream())
+        nb = symm_lowering._push_shard(st, shards[r].view(rows, K))
+        outs = [torch.full((ws * rows, w.shape[1]), float("nan"), dtype=dtype) for w in weights]
+        symm_lowering._ag_mm_cublas(st, shards[r].view(rows, K), recvs[r].view(ws, rows, K), weights, biases, outs,
+                                    outer, run, epoch, 0, nb, torch.cuda.current_stream())
+        st.end(torch.cuda.current_stream())
+        return outs
+
+    monkeypatch.setattr(symm.GroupState, "_progress", lambda self, word, compute: None, raising=False)
+    results = run_ranks(ws, [lambda r=r: call(r) for r in range(ws)], local)
+    gathered = torch.cat([s.float() for s in shards], dim=1).reshape(outer * ws * run, K)  # [outer, ws*run, K]
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    for r in range(ws):
+        for w, b, out in zip(weights, biases, results[r]):
+            want = gathered @ w.float() + (b.float() if bias else 0)
+            err = ((out.float() - want).norm() / want.norm()).item()
+            assert err < tol, (r, err)
+
+
+def test_ag_gemm_rule():
+    """ag_mm takes cuBLAS only where AG_MM_GEMM says so, never with a generated epilogue, and not for
+    chunks made of many short runs; every input is a shape (every rank decides alike)."""
+    saved = symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N
+    try:
+        symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N = "cublas", 4096
+        assert symm_lowering.ag_gemm(1, 4096, 4096, 14336) == "cublas"
+        assert symm_lowering.ag_gemm(1, 4096, 4096, 14336, epilogue=True) == "triton"
+        assert symm_lowering.ag_gemm(4, 64, 4096, 14336) == "triton"  # runs of 64 rows
+        assert symm_lowering.ag_gemm(4, 1024, 4096, 14336) == "cublas"
+        assert symm_lowering.ag_gemm(1, 4096, 4096, 2048) == "triton"  # below AG_CUBLAS_MIN_N
+        symm_lowering.AG_MM_GEMM = "triton"
+        assert symm_lowering.ag_gemm(1, 4096, 4096, 14336) == "triton"
+    finally:
+        symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N = saved

@@ -352,6 +352,16 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
     """The symm lowering's plan, or None where its kernels do not run this problem (it would run on p2p)."""
     e, ws, dt = p.e, p.ws, p.dtype
     host = cal.symm_call_ms
+    if p.op == "ag_mm" and _ag_on_cublas(p):
+        # runtime.symm_lowering._ag_mm_cublas: each chunk's GEMMs on cuBLAS, the own chunk first, each
+        # peer's chunk once it arrived (they arrive one after the other: every rank pushes to r-1 first)
+        chunk_g = p.gemms * gemm_ms(cal, p.m / ws, p.n / p.gemms, p.k, dt)
+        x = ce_ms(cal, p.m * p.k * e / ws)  # one peer's shard
+        done = chunk_g
+        for j in range(1, ws):
+            done = max(done, j * x) + chunk_g
+        return _symm_plan(host["ag_mm"], SYMM_DEVICE_MS + done, ws,
+                          {"gemm_ms": ws * chunk_g, "transfer_ms": (ws - 1) * x, "cublas_gemms": 1.0})
     if p.op == "ag_mm":
         g = p.gemms * gemm_ms(cal, p.m, p.n / p.gemms, p.k, dt, TRITON_EFF)
         x = ce_ms(cal, (ws - 1) * p.m * p.k * e / ws)  # the peers' shards into this rank
@@ -431,6 +441,14 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         if best is None or plan.ms < best.ms:
             best = plan
     return best
+
+
+def _ag_on_cublas(p: Problem) -> bool:
+    """Does the symm ag_mm of ``p`` run on cuBLAS per chunk (``runtime.symm_lowering.ag_gemm``; the
+    model sees no gather layout or epilogue: one run per chunk, none)?"""
+    from ..runtime import symm_lowering
+
+    return symm_lowering.ag_gemm(1, p.m // p.ws, p.k, p.n) == "cublas"
 
 
 def _symm_plan(host_ms: float, dev_ms: float, chunks: int, terms: dict, **kw) -> Plan:

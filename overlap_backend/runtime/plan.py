@@ -98,7 +98,22 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
                     f"cuStreamWriteValue32(flag=peer_flags({peer}).AG_ARRIVED[{rank * nb + b}], value=epoch, "
                     "stream=push_stream)",
                 ]
-        for i in sorted(range(len(weights)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
+        dim = args["gather_dim"] % shard.dim()
+        run = math.prod(shard.shape[dim:-1])
+        outer = rows // run if run else 0
+        on_cublas = sl.ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), any(specs)) == "cublas"
+        if on_cublas:
+            lines.append(f"# ag_mm on cuBLAS (symm_lowering.AG_MM_GEMM): chunk c of output i is "
+                         f"outs[i].view({outer}, {ws}, {run}, N)[:, c], the own chunk first")
+            for p in range(ws):
+                c = (rank + p) % ws
+                if p:
+                    lines.append(f"cuStreamWaitValue32(flag=flags.AG_ARRIVED[{c * nb + nb - 1}], geq=epoch, "
+                                 "stream=compute)")
+                src = "shard" if not p else f"buf[{c}]"
+                lines += [f"outs[{i}][{o}, {c}] = {src}[{o}] @ weights[{i}] + biases[{i}]  # cuBLAS"
+                          for i in range(len(weights)) for o in range(outer)]
+        for i in sorted(range(len(weights) * (not on_cublas)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
             ep = f"epilogue_{i}" if specs[i] else "identity"
             lines.append(
                 f"launch(ag_mm_kernel, grid=num_sms, out=outs[{i}], b=weights[{i}], EPILOGUE={ep})  "

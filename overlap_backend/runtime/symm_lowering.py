@@ -77,6 +77,15 @@ RS_CUBLAS_BAND_FLOPS_CAPTURED: float | None = None
 # own first vs 0.478 / 0.477 waiting; M=8192 (three bands) 0.900 / 0.908 vs 0.842 / 0.829;
 # mm_ar M=1024 (one round) 0.258 vs 0.278 replayed. False: every band waits first.
 RS_OWN_FIRST = True
+# How ag_mm computes: "cublas" (one cuBLAS GEMM per chunk and weight, the own chunk first while the
+# copy engine brings the peers' shards, each peer chunk after a stream wait on its arrival flag:
+# _ag_mm_cublas) or "triton" (the persistent consumer kernel, which waits per band tile by tile and
+# fuses generated epilogues). "cublas" is taken where ``ag_gemm`` allows it: outputs without a generated
+# epilogue, at least AG_CUBLAS_MIN_N columns in all, and (gathers along an inner dimension) chunks made of
+# runs of at least AG_CUBLAS_MIN_RUN rows.
+AG_MM_GEMM = "triton"
+AG_CUBLAS_MIN_N = 0
+AG_CUBLAS_MIN_RUN = 128
 _picked: dict[tuple, tuple] = {}  # (kernel, shape key) -> block config, without configs.pick's lookups
 PATHS: Counter = Counter()  # "op:symm" / "op:p2p" calls of this process (tests check the path taken)
 
@@ -245,9 +254,12 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     outer = rows // run if run else 0
     chunk_bytes = rows * K * shard.element_size()
     keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows) for w in weights]
-    if graph and (why := _captured_fit(st, ws * chunk_bytes, [_picked.get(("ag_mm", k)) for k in keys])):
+    gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)))
+    tuned = [_picked.get(("ag_mm", k)) for k in keys] if gemm == "triton" else []
+    if graph and (why := _captured_fit(st, ws * chunk_bytes, tuned)):
         return _p2p("ag_mm", why, group_name, *args)
     PATHS["ag_mm:symm"] += 1
+    PATHS[f"ag_mm:symm:{gemm}"] += 1
     st.ensure_data(ws * chunk_bytes)
     buf = st.data_view(shard.dtype, (ws, rows, K))
     shard2d = shard.view(rows, K)
@@ -274,26 +286,22 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
                          r, ws, run, band_rows, cfg, st.num_sms, epilogue=gens[i],
                          ep_ptrs=_ep_pointers(gens[i], epilogue_args, outs))
 
-    cfgs = [
+    cfgs = [] if gemm == "cublas" else [
         _tune("ag_mm", keys[i], configs.candidates(shard.dtype, tma_store_rows=rows if run == rows else None),
               lambda cfg, i=i: launch(i, cfg, 0))
         for i in range(len(weights))
     ]
 
     with launcher.preloading():  # compile and load before anything waits on a peer (codegen/launcher.py)
-        for i in range(len(weights)):
+        for i in range(len(cfgs)):
             launch(i, cfgs[i], 0)
     compute = torch.cuda.current_stream(shard.device)
     epoch = st.begin(compute, "ag_mm", graph=graph)
-    row_bytes = K * shard.element_size()
-    band_list = symm.bands(rows)
-    nbands = len(band_list)
-    for j in range(ws - 1):
-        for b, (lo, n) in enumerate(band_list):
-            st.push((r - 1 - j) % ws, r * chunk_bytes + lo * row_bytes, shard2d.data_ptr() + lo * row_bytes,
-                    n * row_bytes, symm.AG_ARRIVED + r * nbands + b)
+    nbands = _push_shard(st, shard2d)
+    if gemm == "cublas":
+        _ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute)
     # outputs that a swiglu step reads are computed first
-    for i in sorted(range(len(weights)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
+    for i in sorted(range(len(cfgs)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
         launch(i, cfgs[i], epoch)
     if return_gathered and rows:
         # strided copies on the copy stream (SM kernels). Copy-engine 2-D copies (cuMemcpy2DAsync) were
@@ -312,6 +320,51 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     if any(spec and g is None for spec, g in zip(specs, gens)):
         outs = _epilogue.apply_all([spec if g is None else "" for spec, g in zip(specs, gens)], outs, epilogue_args)
     return gathered, outs
+
+
+def _push_shard(st, shard2d: Tensor) -> int:
+    """Push stream: this rank's shard [rows, K], band by band (``symm.bands``), into slot ``rank``
+    of every peer's receive buffer, raising the peer's AG_ARRIVED flag of each band; rank r pushes
+    to r-1 first, then r-2, ... Returns the number of bands per chunk."""
+    ws, r = st.ws, st.rank
+    rows, K = shard2d.shape
+    row_bytes = K * shard2d.element_size()
+    band_list = symm.bands(rows)
+    nbands = len(band_list)
+    for j in range(ws - 1):
+        for b, (lo, n) in enumerate(band_list):
+            st.push((r - 1 - j) % ws, r * rows * row_bytes + lo * row_bytes, shard2d.data_ptr() + lo * row_bytes,
+                    n * row_bytes, symm.AG_ARRIVED + r * nbands + b)
+    return nbands
+
+
+def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False) -> str:
+    """How ``ag_mm`` computes a gathered [outer, ws * run, K] @ [K, N] (``N``: all its weights'
+    columns): "cublas" or "triton" (see ``AG_MM_GEMM``). Depends only on shapes and module settings,
+    so every rank decides alike."""
+    if AG_MM_GEMM != "cublas" or epilogue:  # generated epilogues are fused into the kernel's tiles
+        return "triton"
+    if outer > 1 and run < AG_CUBLAS_MIN_RUN:  # one GEMM per (outer index, chunk): too many tiny ones
+        return "triton"
+    return "cublas" if N >= AG_CUBLAS_MIN_N else "triton"
+
+
+def _ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute) -> None:
+    """``ag_mm``'s cuBLAS path (``AG_MM_GEMM``): each output's rows of the own chunk first, from the
+    shard itself, while the copy engine brings the peers' shards; then each peer's chunk in the order
+    they arrive (rank r receives r+1's first: every rank pushes to r-1 first), each after a stream
+    wait on its last band's flag (bands are pushed in order on one stream). Chunk c of an output is
+    ``out.view(outer, ws, run, N)[:, c]``: one GEMM per outer index."""
+    ws, r, K = st.ws, st.rank, shard2d.shape[1]
+    outs4 = [o.view(outer, ws, run, o.shape[1]) for o in outs]
+    for p in range(ws):
+        c = (r + p) % ws
+        if p:
+            _cuda.wait_value32(st.flag_addr(base + symm.AG_ARRIVED + c * nbands + nbands - 1), epoch, compute)
+        src = (shard2d if c == r else buf[c]).view(outer, run, K)
+        for w, bias, out4 in zip(weights, biases, outs4):
+            for o in range(outer):
+                _mm(src[o], w, bias, out4[o, c])
 
 
 # ------------------------------------------------------------------------------------- mm_rs
