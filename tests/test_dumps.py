@@ -81,6 +81,7 @@ def test_op_listing_follows_ag_mms_gemm_path(monkeypatch):
             "weights": [torch.empty(128, 256, device="meta", dtype=torch.bfloat16)] * 2, "biases": [None, None],
             "gather_dim": 1, "group_name": "g", "lowering": "symm", "return_gathered": False}
     monkeypatch.setattr(symm_lowering, "_ag_mm_problem", lambda *a: None)  # meta tensors stand for CUDA ones
+    monkeypatch.setattr(symm_lowering, "AG_MM_GEMM", "triton")
     kernel = plan.render("ag_mm", args, 1, 4)
     assert kernel.count("launch(ag_mm_kernel") == 2 and "cuBLAS" not in kernel
     monkeypatch.setattr(symm_lowering, "AG_MM_GEMM", "cublas")

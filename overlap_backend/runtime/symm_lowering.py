@@ -83,7 +83,12 @@ RS_OWN_FIRST = True
 # fuses generated epilogues). "cublas" is taken where ``ag_gemm`` allows it: outputs without a generated
 # epilogue, at least AG_CUBLAS_MIN_N columns in all, and (gathers along an inner dimension) chunks made of
 # runs of at least AG_CUBLAS_MIN_RUN rows.
-AG_MM_GEMM = "triton"
+# Measured on 2xH200 (probe_symm --ops ag_mm, sixteenth session; back to back / CUDA-graph replays, ms):
+# 4096x8192x7168 cuBLAS 0.728 / 0.886 vs kernel 0.746 / 0.752; 8192x8192x7168 1.482 / 1.444 vs
+# 1.488 / 1.588; 16384x8192x2048 0.834 / 0.971 vs 0.863 / 0.852; the Llama step's MLP up-projection
+# (8192x4096, two weights of 7168) 1.511 / 1.494 vs 1.577 / 1.697 and its QKV (three of 1024)
+# 0.369 / 0.332 vs 0.485 / 0.403; M=512 0.233 / 0.118 vs 0.278 / 0.140.
+AG_MM_GEMM = "cublas"
 AG_CUBLAS_MIN_N = 0
 AG_CUBLAS_MIN_RUN = 128
 _picked: dict[tuple, tuple] = {}  # (kernel, shape key) -> block config, without configs.pick's lookups
