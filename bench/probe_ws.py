@@ -10,12 +10,16 @@ op's weights; optionally the op's GELU epilogue) with and without it, against ``
 checking each result against a float32 reference on fresh random inputs (outputs poisoned first).
 
     python bench/probe_ws.py [--shapes 1024x8192x28672,512x8192x28672] [--configs 128x256x64x3x8,...]
-                             [--epilogues none,gelu,gelu_fast,...] [--no-ws] [--stage0]
+                             [--epilogues none,gelu,gelu_fast,...] [--no-ws] [--stage0] [--mm-rs 2,4]
 
 ``--epilogues`` compares ways of writing the activation in the epilogue (what a persistent kernel's
 epilogue costs is not overlapped with its next tile's main loop): the op's current GELU (tanh form,
 ``2 sigmoid(2u) - 1`` with an IEEE division), ``h sigmoid(2u)``, the same with ``exp2`` and
 ``rcp.approx`` (two MUFU instructions), ``tanh.approx``, exact GELU (erf), and SiLU plain / fast.
+
+``--mm-rs`` times the ``mm_rs`` producer kernel alone instead (rank 0 of a group of each size, every
+flag raised, the peers' partials already local): its GEMM rate against cuBLAS at the local shapes of
+issue 3's table, with pointer stores and with its TMA variant.
 
 Not a benchmark of record: a diagnostic. Prints one line per (shape, config, variant): ms (median of
 CUDA-event timings after warm-up) and the ratio to cuBLAS, or why the variant did not compile.
@@ -139,6 +143,54 @@ def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
     return f"{t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e} (config {cfg0}, {nch} chunks of {kchunk})"
 
 
+def _mm_rs_lines(a, b, ws, num_sms, cublas) -> list[str]:
+    """The mm_rs producer kernel alone on this GPU, as rank 0 of a ``ws``-rank group: ``a`` [M, K] is
+    the op's local operand (ws chunks of M/ws rows), every peer's partial already in the receive
+    buffer and every flag raised (epoch 0, as the op's tuning runs). Each candidate config
+    (pointer stores, and the TMA variants where they apply) is checked (the staged remote chunks,
+    the reduced own chunk, outputs poisoned) and timed against cuBLAS's whole [M, K] @ [K, N]."""
+    from overlap_backend.codegen import configs, mm_rs
+    from overlap_backend.runtime import symm
+
+    M, _ = a.shape
+    N = b.shape[1]
+    rows, r = M // ws, 0
+    dev = a.device
+    recv = torch.randn(ws * rows, N, device=dev).to(a.dtype)  # the peers' partials of chunk r
+    ref = a.float() @ b.float()
+    want_own = ref[r * rows:(r + 1) * rows] + sum(recv[p * rows:(p + 1) * rows].float() for p in range(ws) if p != r)
+    band_rows = symm.band_rows(rows)
+    nb = -(-rows // band_rows)
+    flags = [torch.zeros(ws * nb, dtype=torch.int32, device=dev) for _ in range(3)]  # counters, done, arrived
+    ticket = torch.zeros(1, dtype=torch.int32, device=dev)
+    status = (torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(8, dtype=torch.int32, device=dev))
+    lines = []
+    for cfg in configs.candidates(a.dtype, tma_store_rows=rows):
+        stage = torch.full((ws * rows, N), float("nan"), device=dev, dtype=a.dtype)
+        out = torch.full((rows, N), float("nan"), device=dev, dtype=a.dtype)
+
+        def run():
+            mm_rs.launch(a, b, None, stage, recv, None, out, *flags, ticket, 0, status, 10**9, r, ws, rows, rows, 1,
+                         0, 0, False, band_rows, cfg, num_sms)
+
+        label = f"  mm_rs ws={ws} {cfg}"
+        try:
+            run()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
+            lines.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            continue
+        remote = stage[rows:].float()
+        err = max(((remote - ref[rows:]).norm() / ref[rows:].norm()).item(),
+                  ((out.float() - want_own).norm() / want_own.norm()).item())
+        if not err <= 1e-2:
+            lines.append(f"{label}: WRONG (rel err {err:.2e})")
+            continue
+        t = events_ms(run, warm=5)
+        lines.append(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e}")
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="1024x8192x28672,512x8192x28672,1024x28672x8192",
@@ -153,6 +205,9 @@ def main() -> int:
     p.add_argument("--stage0", action="store_true",
                    help="also the CTA op's stage-0 kernel (GELU, chunk-major local stores, tiles counted; "
                         "flags local) at each MxKxN, in its default config")
+    p.add_argument("--mm-rs", default=None, metavar="WS,...",
+                   help="also the mm_rs producer kernel alone (rank 0 of each group size; flags raised, partials "
+                        "local) at each MxKxN (the op's local problem), every candidate config, then stop")
     args = p.parse_args()
     dev = torch.device("cuda")
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
@@ -171,6 +226,11 @@ def main() -> int:
         gelu_ref = torch.nn.functional.gelu(ref, approximate="tanh")
         cublas = events_ms(lambda: torch.mm(a, b), warm=5)
         print(f"M={M} K={K} N={N}: cuBLAS {cublas:.3f} ms", flush=True)
+        if args.mm_rs:
+            for ws in (int(w) for w in args.mm_rs.split(",")):
+                for line in _mm_rs_lines(a, b, ws, num_sms, cublas):
+                    print(line, flush=True)
+            continue
         if args.stage0:
             for tma in (False, True):
                 print(f"  stage0 (cta.launch_stage0, tma_store={tma}): {_stage0_ms(a, b, gelu_ref, num_sms, cublas, tma)}",

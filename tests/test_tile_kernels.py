@@ -114,7 +114,7 @@ def test_ag_mm_wait_gives_up_and_reports():
 
 
 # ------------------------------------------------------------------------------------ mm_rs
-def _run_mm_rs(ws, r, outer, run, K, N, bias, average):
+def _run_mm_rs(ws, r, outer, run, K, N, bias, average, cfg=CFG):
     rows = outer * run
     M = ws * rows
     A = [torch.randn(M, K) for _ in range(ws)]
@@ -134,7 +134,7 @@ def _run_mm_rs(ws, r, outer, run, K, N, bias, average):
     status = _status()
     ticket = torch.zeros(1, dtype=torch.int32)
     mm_rs.launch(A[r], B[r], b, stage, recv, None, out, counters, done, rflags, ticket, EPOCH, status, 10**6,
-                 r, ws, rows, run, 1, 0, 0, average, BAND, CFG, 4, timed=False)
+                 r, ws, rows, run, 1, 0, 0, average, BAND, cfg, 4, timed=False)
     assert ticket.item() == 0, "the tile ticket counter is reset for the next call"
     ref = sum(_chunk(c, r, outer, ws, run) for c in C) / (ws if average else 1)
     return out, ref, stage, C[r], counters, done, status
@@ -154,6 +154,22 @@ def test_mm_rs_stages_remote_chunks_and_reduces_own(ws, r, outer, run, K, N, bia
         if c != r:  # what the copy engine ships to rank c: this rank's partial of chunk c
             torch.testing.assert_close(stage[c * rows:(c + 1) * rows], _chunk(mine, c, outer, ws, run), atol=1e-4, rtol=1e-4)
     assert torch.isnan(stage[r * rows:(r + 1) * rows]).all(), "the own chunk must not be staged"
+    nb = -(-rows // BAND)
+    assert counters.tolist() == [0] * (ws * nb), "tile counters are reset for the next call"
+    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
+
+
+@pytest.mark.parametrize("ws,r,rows,N,bias,average", [(2, 0, 32, 24, True, False), (4, 2, 48, 40, False, True)])
+def test_mm_rs_tma_stages_counts_and_reduces(ws, r, rows, N, bias, average):
+    # contiguous chunks whose rows BM divides: remote tiles stored by TMA and counted a main loop
+    # later (the last one after the loop), partials loaded and the own tiles stored by TMA
+    assert mm_rs.tma_ok(rows, rows, 1, CFG[0], False, False) and not mm_rs.tma_ok(rows + 1, rows + 1, 1, CFG[0], False, False)
+    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 32, N, bias, average, cfg=CFG_TMA_STORE)
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    for c in range(ws):
+        if c != r:
+            torch.testing.assert_close(stage[c * rows:(c + 1) * rows], mine[c * rows:(c + 1) * rows], atol=1e-4, rtol=1e-4)
     nb = -(-rows // BAND)
     assert counters.tolist() == [0] * (ws * nb), "tile counters are reset for the next call"
     assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"

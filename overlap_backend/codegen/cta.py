@@ -27,33 +27,14 @@ import triton
 import triton.language as tl
 
 from . import launcher
-from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, OP_CTA_TAIL, READY_FLAG_BASE, count_tile_done,
-                    count_tile_done_to_ranks, signal_flag, wait_flag)
+from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, OP_CTA_TAIL, READY_FLAG_BASE, bulk_stores_done,
+                    count_tile_done, count_tile_done_to_ranks, fence_proxy_async, signal_flag, wait_flag)
 from .tiles import add_bias, b_descriptor, grouped_tile
 
 ACT_GELU = 0
 ACT_GELU_TANH = 1
 ACT_SWIGLU = 2
 ACTIVATIONS = {("gelu", "none"): ACT_GELU, ("gelu", "tanh"): ACT_GELU_TANH, ("swiglu", "none"): ACT_SWIGLU}
-
-
-@triton.jit
-def _fence_proxy_async(INTERPRET: tl.constexpr):
-    """Order this thread's earlier (generic-proxy) acquire before its later TMA (async-proxy) loads."""
-    if not INTERPRET:
-        tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _bulk_stores_done(INTERPRET: tl.constexpr):
-    """This CTA's TMA (bulk) stores are complete and ordered before its later generic-proxy accesses
-    (the release that counts a tile): the issuing thread waits for its bulk groups and fences the
-    async proxy, then the CTA synchronises so the thread that counts comes after it."""
-    if not INTERPRET:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
 
 
 @triton.jit
@@ -167,7 +148,7 @@ def stage0_kernel(
         # below does not stall this CTA on them (counting right after the stores did).
         if prev_m >= 0:
             if TMA_STORE:
-                _bulk_stores_done(INTERPRET)  # long done by now: a main loop ran since
+                bulk_stores_done(INTERPRET)  # long done by now: a main loop ran since
             _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
                               tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
                               STAGED)
@@ -197,7 +178,7 @@ def stage0_kernel(
                 # counted right after their stores instead of a main loop later.
                 if pid_m < GROUP_M:
                     if TMA_STORE:
-                        _bulk_stores_done(INTERPRET)
+                        bulk_stores_done(INTERPRET)
                     _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
                                       tiles_m, tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer,
                                       first_consumer, TP, GROUP_M, STAGED)
@@ -207,7 +188,7 @@ def stage0_kernel(
                           split_tiles, tiles_m, tiles_n, BM, BN, BK, GROUP_M, ACT, HAS_B1, HAS_B3, PRECISION)
     if prev_m >= 0:
         if TMA_STORE:
-            _bulk_stores_done(INTERPRET)
+            bulk_stores_done(INTERPRET)
         _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
                           tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
                           STAGED)
@@ -357,7 +338,7 @@ def stage1_kernel(
                 flag = ((pid_m // GROUP_M) * TP + p) * nch + j
                 wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch,
                           timeout_ns, TIMED)
-                _fence_proxy_async(INTERPRET)
+                fence_proxy_async(INTERPRET)
                 block = p * nch + j
                 k0 = p * Fp + j * kchunk
                 width = tl.minimum(kchunk, shipped - j * kchunk)

@@ -78,6 +78,25 @@ def wait_flag(flag_ptr, epoch, claim_ptr, report_ptr, op_code, rank, flag_index,
 
 
 @triton.jit
+def fence_proxy_async(INTERPRET: tl.constexpr):
+    """Order this thread's earlier (generic-proxy) acquire before its later TMA (async-proxy) loads."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def bulk_stores_done(INTERPRET: tl.constexpr):
+    """This CTA's TMA (bulk) stores are complete and ordered before its later generic-proxy accesses
+    (the release that counts a tile): the issuing thread waits for its bulk groups and fences the
+    async proxy, then the CTA synchronises so the thread that counts comes after it."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
+
+
+@triton.jit
 def signal_flag(flag_ptr, epoch):
     """``*flag_ptr = epoch`` after every store this CTA made before (caller: ``tl.debug_barrier()``
     first, so that all threads' stores are ordered before this release)."""

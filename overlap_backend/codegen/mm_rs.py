@@ -16,6 +16,11 @@ every rank); flags and counters are per (round, chunk, band): index ``(round * w
   ``WRITE_GATHER`` (``mm_ar``) it also stores into ``gather[round, rank]`` and counts the tile, so
   that the copy engine pushes each reduced band to every peer as soon as it is complete.
 
+``TMA`` (``mm_rs`` on the copy-engine transport, contiguous chunks whose rows BM divides): remote
+tiles go to ``stage`` by TMA stores and are counted after the CTA's next main loop (the bulk store
+drained meanwhile; always before any wait), the own tiles load the peers' partials by TMA and store
+by TMA. Pointer stores and the counting right after them otherwise.
+
 ``PEER_STORE`` ships with the SMs instead of the copy engine: a remote tile is stored straight into
 its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY``), and the last
 tile of a band raises the owner's flag itself (system-scope release); with ``WRITE_GATHER`` the
@@ -35,7 +40,8 @@ import triton.language as tl
 
 from . import launcher
 from .epilogue import epilogue_fn
-from .flags import OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, count_tile_done, count_tile_done_to_peers, wait_flag
+from .flags import (OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, bulk_stores_done, count_tile_done, count_tile_done_to_peers,
+                    fence_proxy_async, wait_flag)
 from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, mainloop, store_rows
 
 
@@ -47,7 +53,8 @@ def mm_rs_kernel(
     peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3,
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
-    PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr = False,
+    INTERPRET: tl.constexpr = False,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_m = tl.cdiv(rows, BM)
@@ -56,6 +63,12 @@ def mm_rs_kernel(
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
     band_tile_rows = band_rows // BM
+    if TMA:  # one round, contiguous chunks, BM divides them (launch): tiles never straddle two
+        stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
+        recv_desc = tl.make_tensor_descriptor(recv_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
+        out_desc = tl.make_tensor_descriptor(out_ptr, shape=[out_rows, N], strides=[N, 1], block_shape=[BM, BN])
+    pending = -1  # TMA: the band (slot * nbands + band) of the remote tile stored last, not yet counted
+    pending_tiles = 0
     waited = -1  # this CTA has seen every peer's partial of (round, band) keys <= waited
     ready_seen = 0  # PEER_STORE: bit p set once rank p's READY was seen by this CTA
     num_tiles = rounds * WS * tiles_per_chunk
@@ -68,6 +81,14 @@ def mm_rs_kernel(
         a_row = rnd * WS * rows + global_row(pid_m * BM, chunk, run, WS)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
+        if TMA:
+            if pending >= 0:
+                # Count the previous remote tile now: its bulk store had a main loop to drain, so this
+                # does not stall on it. Always before this tile's waits (below): a CTA never waits on
+                # a peer while holding a tile it has not counted, so waits across GPUs form no cycle.
+                bulk_stores_done(INTERPRET)
+                count_tile_done(counters_ptr + pending, done_ptr + pending, pending_tiles, epoch)
+                pending = -1
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         in_chunk = offs_m < rows
@@ -87,6 +108,10 @@ def mm_rs_kernel(
                 count_tile_done(counters_ptr + slot * nbands + band,
                                 owner_flags + rs_flag_word + (rnd * WS + rank) * nbands + band, tiles_in_band, epoch,
                                 SYS=True)
+            elif TMA:
+                stage_desc.store([slot * rows + pid_m * BM, pid_n * BN], acc.to(stage_ptr.dtype.element_ty))
+                pending = slot * nbands + band
+                pending_tiles = tiles_in_band
             else:
                 store_rows(stage_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
                 count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band, tiles_in_band,
@@ -100,16 +125,24 @@ def mm_rs_kernel(
                     wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP, rank, flag, nbands, timeout_ns,
                               TIMED)
                 waited = key
+                if TMA:  # the acquiring waits above, then TMA (async-proxy) loads of what they guard
+                    fence_proxy_async(INTERPRET)
             for p in range(1, WS):
                 peer = (rank + p) % WS
-                part = load_rows(recv_ptr, (rnd * WS + peer) * rows + offs_m, in_chunk, offs_n, N, N)
+                if TMA:
+                    part = recv_desc.load([peer * rows + pid_m * BM, pid_n * BN])
+                else:
+                    part = load_rows(recv_ptr, (rnd * WS + peer) * rows + offs_m, in_chunk, offs_n, N, N)
                 acc += part.to(tl.float32)
             if AVERAGE:
                 acc = acc / WS
             out_row = rnd * out_round_stride + out_offset + offs_m
             acc = EPILOGUE(acc, out_row, offs_n, (in_chunk & (out_row < out_rows))[:, None] & (offs_n < N)[None, :],
                            N, ep0, ep1, ep2, ep3)
-            store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, acc)
+            if TMA:
+                out_desc.store([pid_m * BM, pid_n * BN], acc.to(out_ptr.dtype.element_ty))
+            else:
+                store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, acc)
             if WRITE_GATHER:
                 if PEER_STORE:
                     for p in range(1, WS):
@@ -126,6 +159,10 @@ def mm_rs_kernel(
                     count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band,
                                     tiles_in_band, epoch)
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
+    if TMA:
+        if pending >= 0:
+            bulk_stores_done(INTERPRET)
+            count_tile_done(counters_ptr + pending, done_ptr + pending, pending_tiles, epoch)
     if tile == num_tiles + tl.num_programs(0) - 1:  # every CTA drew its last ticket: reset for the next call
         tl.atomic_xchg(tile_ticket_ptr, 0, sem="relaxed", scope="gpu")
 
@@ -140,6 +177,13 @@ def _wait_ready(ready_seen, peer, ready_ptr, epoch, claim_ptr, report_ptr, OP: t
                   TIMED)
         ready_seen = ready_seen | (1 << peer)
     return ready_seen
+
+
+def tma_ok(rows: int, run: int, rounds: int, BM: int, write_gather: bool, peer_store: bool) -> bool:
+    """Whether a config's ``tma`` variant applies: ``mm_rs`` (no gather) on the copy-engine transport
+    (a staged tile is counted after its bulk store completed), one round of contiguous chunks whose
+    rows BM divides (a TMA tile never straddles two chunks)."""
+    return not write_gather and not peer_store and rounds == 1 and run == rows and rows % BM == 0
 
 
 def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns,
@@ -162,8 +206,10 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     fn, ptrs = epilogue_fn(epilogue, ep_ptrs, a.dtype, out)
     M, K = a.shape
     N = b.shape[1]
-    BM, BN, BK, GROUP_M, stages, warps, _ = config  # no TMA-store epilogue: stores are signalled
+    BM, BN, BK, GROUP_M, stages, warps, tma = config
     assert band_rows % BM == 0, (band_rows, BM)
+    assert not tma or (tma_ok(rows, run, rounds, BM, gather is not None, peer is not None) and out_offset == 0), (
+        rows, run, rounds, BM, out_offset)
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     grid = (min(num_sms, rounds * ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
@@ -178,6 +224,6 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
-        num_stages=stages, num_warps=warps,
+        TMA=tma, INTERPRET=launcher.interpreting(), num_stages=stages, num_warps=warps,
     )
     return out

@@ -77,6 +77,10 @@ RS_CUBLAS_BAND_FLOPS_CAPTURED: float | None = None
 # own first vs 0.478 / 0.477 waiting; M=8192 (three bands) 0.900 / 0.908 vs 0.842 / 0.829;
 # mm_ar M=1024 (one round) 0.258 vs 0.278 replayed. False: every band waits first.
 RS_OWN_FIRST = True
+# The mm_rs kernel's TMA variants (stage and output tiles stored by TMA, each remote tile counted a
+# main loop later; the peers' partials loaded by TMA) are tuning candidates next to the pointer-store
+# ones where they apply (codegen/mm_rs.py: tma_ok); False: pointer stores only.
+RS_TMA = True
 # How ag_mm computes: "cublas" (one cuBLAS GEMM per chunk and weight, the own chunk first while the
 # copy engine brings the peers' shards, each peer chunk after a stream wait on its arrival flag:
 # _ag_mm_cublas) or "triton" (the persistent consumer kernel, which waits per band tile by tile and
@@ -445,7 +449,10 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
         run = seg * math.prod(out_shape[dim + 1 : -1])
         outer = math.prod(out_shape[:dim])
         gemm = rs_gemm(outer, run, a.shape[1], "ce" if graph else None)
-        cands = configs.candidates(a.dtype, None if outer == 1 else run)
+        # TMA variants (codegen/mm_rs.py) where the transport is the copy engine and chunks are contiguous
+        ce = graph or TRANSPORT == "ce"
+        cands = configs.candidates(a.dtype, None if outer == 1 else run,
+                                   tma_store_rows=run if ce and outer == 1 and RS_TMA else None)
         if gemm == "triton" and not cands:
             why = f"runs of {run} rows are not a multiple of any block height"
         else:
