@@ -210,6 +210,8 @@ def _symm_cases(ws: int):
          dict(lead=(3, ws * 256), k=2048, n=200, dim=1, with_bias=False)),
         ("mm_rs 2-D, bias, K 2048 (cuBLAS, summed)", _case_mm_rs,
          dict(lead=(ws * 600,), k=2048, n=136, dim=0, with_bias=True)),
+        ("mm_rs 2-D, bias, 512 rows per rank (the kernel's TMA variant applies)", _case_mm_rs,
+         dict(lead=(ws * 512,), k=1024, n=384, dim=0, with_bias=True)),
         ("mm_ar one-shot, bias", _case_mm_ar, dict(m=91, k=64, n=152, with_bias=True)),
         ("mm_ar one-shot, fewer rows than ranks", _case_mm_ar, dict(m=3, k=24, n=16, with_bias=False)),
         ("mm_ar rounds, rows not divisible, bias", _case_mm_ar, dict(m=2100, k=136, n=1032, with_bias=True)),
@@ -224,18 +226,20 @@ def _symm_cases(ws: int):
     ]
 
 
-SYMM_CASES_ON_KERNELS = 15  # the first 15 of _symm_cases
+SYMM_CASES_ON_KERNELS = 16  # the first 16 of _symm_cases
 
 
 def _use_lowering(lowering: str) -> str:
     """The op's lowering argument for a test's lowering id; ``symm-peer`` is ``symm`` with the
     reduce-scatter partials shipped by peer stores from the kernel instead of the copy engine,
     ``symm-kernel`` ``symm`` with mm_rs on the Triton producer kernel instead of cuBLAS,
-    ``symm-agcublas`` ``symm`` with ag_mm on cuBLAS per chunk instead of the consumer kernel."""
+    ``symm-agcublas`` ``symm`` with ag_mm on cuBLAS per chunk instead of the consumer kernel,
+    ``symm-rstma`` ``symm`` with mm_rs on the producer kernel's TMA variant where it applies."""
     from overlap_backend.runtime import symm_lowering
 
     symm_lowering.TRANSPORT = "peer" if lowering == "symm-peer" else "ce"
-    symm_lowering.MM_RS_GEMM = "triton" if lowering == "symm-kernel" else "cublas"
+    symm_lowering.MM_RS_GEMM = "triton" if lowering in ("symm-kernel", "symm-rstma") else "cublas"
+    symm_lowering.RS_TMA = "only" if lowering == "symm-rstma" else False
     if lowering == "symm-agcublas":  # every ag_mm without a generated epilogue on its cuBLAS path
         symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N = "cublas", 0
     return "symm" if lowering.startswith("symm") else lowering
@@ -269,6 +273,8 @@ def numerics_worker(rank: int, ws: int, device: str, lowering: str = "p2p"):
                 bad.append(f"rank {rank}: {label} {dtype}: rel err {err:.3e} > {_tol(dtype):g}")
     if lowering_id == "symm-agcublas" and not _paths().get("ag_mm:symm:cublas"):
         bad.append(f"rank {rank}: no ag_mm ran on its cuBLAS path: {_paths()}")
+    if lowering_id == "symm-rstma" and not _paths().get("mm_rs:symm:triton-tma"):
+        bad.append(f"rank {rank}: no mm_rs ran on the kernel's TMA variant: {_paths()}")
     assert not bad, "\n".join(bad)
     return results
 
@@ -542,7 +548,9 @@ LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm"])
 # symm-peer: mm_rs / mm_ar ship partials with peer stores from the kernel (symm_lowering.TRANSPORT)
 # symm-kernel: mm_rs on the Triton producer kernel (symm_lowering.MM_RS_GEMM) instead of cuBLAS
 # symm-agcublas: ag_mm on cuBLAS per chunk (symm_lowering.AG_MM_GEMM) instead of the consumer kernel
-OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", "symm-kernel", "symm-agcublas"])
+# symm-rstma: mm_rs on the producer kernel's TMA variant (symm_lowering.RS_TMA) where it applies
+OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", "symm-kernel", "symm-agcublas",
+                                                    "symm-rstma"])
 
 
 @OP_LOWERINGS

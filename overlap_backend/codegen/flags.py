@@ -127,6 +127,16 @@ def count_tile_done(counter_ptr, done_flag_ptr, tiles_in_chunk, epoch, SYS: tl.c
 
 
 @triton.jit
+def count_tiles_done(counter_ptr, done_flag_ptr, n, tiles_in_chunk, epoch):
+    """``count_tile_done`` for ``n`` finished tiles of one chunk (or band) at once (local flag)."""
+    tl.debug_barrier()  # every thread's stores of these tiles happen before the release below
+    old = tl.atomic_add(counter_ptr, n, sem="acq_rel", scope="gpu")
+    if old + n == tiles_in_chunk:
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        signal_flag(done_flag_ptr, epoch)
+
+
+@triton.jit
 def count_tile_done_to_ranks(counter_ptr, peer_flags_ptr, flag_word, tiles_in_chunk, epoch, first,
                              COUNT: tl.constexpr, WS: tl.constexpr):
     """As ``count_tile_done`` for tiles stored into other ranks' memory: the last tile raises word

@@ -17,9 +17,10 @@ every rank); flags and counters are per (round, chunk, band): index ``(round * w
   that the copy engine pushes each reduced band to every peer as soon as it is complete.
 
 ``TMA`` (``mm_rs`` on the copy-engine transport, contiguous chunks whose rows BM divides): remote
-tiles go to ``stage`` by TMA stores and are counted after the CTA's next main loop (the bulk store
-drained meanwhile; always before any wait), the own tiles load the peers' partials by TMA and store
-by TMA. Pointer stores and the counting right after them otherwise.
+tiles go to ``stage`` by TMA stores, and a CTA counts its staged tiles of one band together, after
+the main loop of its next tile of another band or of its own chunk (so before any wait; the bulk
+stores drained meanwhile), and at the end; the own tiles load the peers' partials by TMA and store
+by TMA. Otherwise pointer stores, each tile counted right after them.
 
 ``PEER_STORE`` ships with the SMs instead of the copy engine: a remote tile is stored straight into
 its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY``), and the last
@@ -41,7 +42,7 @@ import triton.language as tl
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import (OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, bulk_stores_done, count_tile_done, count_tile_done_to_peers,
-                    fence_proxy_async, wait_flag)
+                    count_tiles_done, fence_proxy_async, wait_flag)
 from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, mainloop, store_rows
 
 
@@ -67,8 +68,11 @@ def mm_rs_kernel(
         stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
         recv_desc = tl.make_tensor_descriptor(recv_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
         out_desc = tl.make_tensor_descriptor(out_ptr, shape=[out_rows, N], strides=[N, 1], block_shape=[BM, BN])
-    pending = -1  # TMA: the band (slot * nbands + band) of the remote tile stored last, not yet counted
-    pending_tiles = 0
+    # TMA: staged remote tiles are counted later, several of one band at once: after the main loop of
+    # the CTA's next tile of another band (or of its own chunk, before its waits), and at the end
+    pending = -1  # TMA: the band (slot * nbands + band) of the uncounted staged tiles
+    pending_n = 0  # how many of its tiles
+    pending_tiles = 0  # tiles in that band
     waited = -1  # this CTA has seen every peer's partial of (round, band) keys <= waited
     ready_seen = 0  # PEER_STORE: bit p set once rank p's READY was seen by this CTA
     num_tiles = rounds * WS * tiles_per_chunk
@@ -81,21 +85,21 @@ def mm_rs_kernel(
         a_row = rnd * WS * rows + global_row(pid_m * BM, chunk, run, WS)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
+        slot = rnd * WS + chunk
+        band = pid_m // band_tile_rows
+        tiles_in_band = tl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n
         if TMA:
-            if pending >= 0:
-                # Count the previous remote tile now: its bulk store had a main loop to drain, so this
-                # does not stall on it. Always before this tile's waits (below): a CTA never waits on
-                # a peer while holding a tile it has not counted, so waits across GPUs form no cycle.
-                bulk_stores_done(INTERPRET)
-                count_tile_done(counters_ptr + pending, done_ptr + pending, pending_tiles, epoch)
+            if (pending >= 0) & ((pos == WS - 1) | (pending != slot * nbands + band)):
+                # Count the earlier tiles now: their bulk stores had a main loop to drain, so this
+                # does not stall on them. Always before this tile's waits (below): a CTA never waits on a
+                # peer while holding tiles it has not counted, so waits across GPUs form no cycle.
+                _count_staged(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
                 pending = -1
+                pending_n = 0
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         in_chunk = offs_m < rows
         acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
-        slot = rnd * WS + chunk
-        band = pid_m // band_tile_rows
-        tiles_in_band = tl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n
         if pos < WS - 1:
             if PEER_STORE:
                 ready_seen = _wait_ready(ready_seen, chunk, ready_ptr, epoch, claim_ptr, report_ptr, OP, rank,
@@ -111,6 +115,7 @@ def mm_rs_kernel(
             elif TMA:
                 stage_desc.store([slot * rows + pid_m * BM, pid_n * BN], acc.to(stage_ptr.dtype.element_ty))
                 pending = slot * nbands + band
+                pending_n += 1
                 pending_tiles = tiles_in_band
             else:
                 store_rows(stage_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N, acc)
@@ -161,10 +166,17 @@ def mm_rs_kernel(
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if TMA:
         if pending >= 0:
-            bulk_stores_done(INTERPRET)
-            count_tile_done(counters_ptr + pending, done_ptr + pending, pending_tiles, epoch)
+            _count_staged(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
     if tile == num_tiles + tl.num_programs(0) - 1:  # every CTA drew its last ticket: reset for the next call
         tl.atomic_xchg(tile_ticket_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _count_staged(counters_ptr, done_ptr, band, n, tiles_in_band, epoch, INTERPRET: tl.constexpr):
+    """``n`` TMA-staged tiles of ``band`` (a counter and done-flag index) are finished: once their bulk
+    stores completed, count them; the CTA that completes the band raises its done flag."""
+    bulk_stores_done(INTERPRET)
+    count_tiles_done(counters_ptr + band, done_ptr + band, n, tiles_in_band, epoch)
 
 
 @triton.jit

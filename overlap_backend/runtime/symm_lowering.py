@@ -77,10 +77,15 @@ RS_CUBLAS_BAND_FLOPS_CAPTURED: float | None = None
 # own first vs 0.478 / 0.477 waiting; M=8192 (three bands) 0.900 / 0.908 vs 0.842 / 0.829;
 # mm_ar M=1024 (one round) 0.258 vs 0.278 replayed. False: every band waits first.
 RS_OWN_FIRST = True
-# The mm_rs kernel's TMA variants (stage and output tiles stored by TMA, each remote tile counted a
-# main loop later; the peers' partials loaded by TMA) are tuning candidates next to the pointer-store
-# ones where they apply (codegen/mm_rs.py: tma_ok); False: pointer stores only.
-RS_TMA = True
+# The mm_rs kernel's TMA variants (codegen/mm_rs.py: staged and output tiles stored by TMA, staged
+# tiles counted in batches a main loop later, the peers' partials loaded by TMA), where they apply
+# (tma_ok): True: tuning candidates next to the pointer-store configs; "only": the only candidates
+# (tests); False: pointer stores only. Measured alone on one H200 (bench/probe_ws.py --mm-rs,
+# seventeenth session, ms, pointer / TMA): ws 4's local 16384x512x8192 0.381 / 0.349 and 0.408 /
+# 0.354, 4096x1792x8192 0.209 / 0.205, ws 2's 8192x3584x8192 0.725 / 0.799 (the tuner keeps the
+# faster). Off until the multi-GPU tests pass with it (tests/test_gpu.py, lowering "symm-rstma"):
+# there the copy engine reads what the TMA stores wrote.
+RS_TMA: bool | str = False
 # How ag_mm computes: "cublas" (one cuBLAS GEMM per chunk and weight, the own chunk first while the
 # copy engine brings the peers' shards, each peer chunk after a stream wait on its arrival flag:
 # _ag_mm_cublas) or "triton" (the persistent consumer kernel, which waits per band tile by tile and
@@ -453,12 +458,15 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
         ce = graph or TRANSPORT == "ce"
         cands = configs.candidates(a.dtype, None if outer == 1 else run,
                                    tma_store_rows=run if ce and outer == 1 and RS_TMA else None)
+        if RS_TMA == "only":
+            cands = [c for c in cands if c[6]] or cands
         if gemm == "triton" and not cands:
             why = f"runs of {run} rows are not a multiple of any block height"
         else:
             st, why = _state(group_name, a.device, graph)
     if st is not None:
-        key = (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0)
+        key = (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0,
+               f"tma={RS_TMA}")  # the candidates differ with RS_TMA
         nbytes = ws * outer * run * b.shape[1] * a.element_size()
         tuned = [_picked.get(("mm_rs", key))] if gemm == "triton" else []
         why = _captured_fit(st, nbytes, tuned) if graph else None
@@ -494,6 +502,8 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     # Tuning runs without communication: with the local staging transport even when peer stores are
     # on (a peer-store run at epoch 0 would write into peers' buffers while they may be reading them).
     cfg = _tune("mm_rs", key, cands, lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
+    if cfg[6]:
+        PATHS["mm_rs:symm:triton-tma"] += 1
     with launcher.preloading():
         launch(cfg, 0, peer, stage)
     compute = torch.cuda.current_stream(a.device)
