@@ -721,7 +721,12 @@ def parse_args(argv=None):
                         "exit (no torchrun, no GPU)")
     # Hidden: exercise the code paths on the CPU with gloo, float32 and tiny shapes.
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
+    common.add_set_argument(p)
     args = p.parse_args(argv)
+    try:
+        args.settings = common.apply_sets(args.set)
+    except ValueError as e:
+        p.error(str(e))
     if args.graphs and args.device != "cuda":
         p.error("--graphs needs CUDA")
     suites = _csv(args.suite)

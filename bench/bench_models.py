@@ -166,7 +166,12 @@ def parse_args(argv=None):
     # Hidden: the CPU smoke test (gloo, tiny float32 models; Inductor variants n/a unless --cpu-inductor).
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--cpu-inductor", action="store_true", help=argparse.SUPPRESS)
+    common.add_set_argument(p)
     args = p.parse_args(argv)
+    try:
+        args.settings = common.apply_sets(args.set)
+    except ValueError as e:
+        p.error(str(e))
     args.sections = [s for s in args.sections.split(",") if s]
     args.variants = ["eager"] + [v for v in args.variants.split(",") if v and v != "eager"]
     args.curve_variants = ["eager"] + [v for v in args.curve_variants.split(",") if v and v != "eager"]

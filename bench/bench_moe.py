@@ -144,7 +144,12 @@ def parse_args(argv=None):
                    help="also time the baseline and symm captured in a CUDA graph (replays; table 'CUDA graphs')")
     p.add_argument("--list-configs", metavar="WS", type=int, default=None,
                    help="print the configs a run with WS ranks takes (per-rank sizes, or why not), then exit")
+    common.add_set_argument(p)
     args = p.parse_args(argv)
+    try:
+        args.settings = common.apply_sets(args.set)
+    except ValueError as e:
+        p.error(str(e))
     if args.out is None and args.list_configs is None:
         p.error("--out DIR is required")
     if args.p2p_first and args.no_p2p:

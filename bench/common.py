@@ -302,6 +302,44 @@ def machine_info(device: torch.device, world_size: int) -> dict:
     return info
 
 
+SETTABLE = ("overlap_backend.runtime.", "overlap_backend.codegen.", "overlap_backend.passes.")
+
+
+def add_set_argument(parser) -> None:
+    """``--set module.NAME=value``: a module setting of the runtime, codegen or passes for this run
+    (A/B runs of settings that have no environment variable), recorded in the result's command."""
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                        help="set a module setting before the run, e.g. runtime.symm.PUSH_STREAM_PER_PEER=True "
+                             "(module under overlap_backend.runtime/codegen/passes; value a Python literal); "
+                             "repeatable")
+
+
+def apply_sets(items: Sequence[str]) -> list[str]:
+    """Apply ``--set`` items (``runtime.symm.NAME=literal``); returns them as applied. Raises
+    ValueError on an unknown module or name, or a value that is not a literal."""
+    import ast
+    import importlib
+
+    applied = []
+    for item in items:
+        target, sep, raw = item.partition("=")
+        module_name, _, name = target.strip().rpartition(".")
+        module_name = f"overlap_backend.{module_name}"
+        if not sep or not name or not module_name.startswith(SETTABLE):
+            raise ValueError(f"--set {item!r}: expected MODULE.NAME=VALUE with MODULE under "
+                             "runtime., codegen. or passes.")
+        module = importlib.import_module(module_name)
+        if not hasattr(module, name):
+            raise ValueError(f"--set {item!r}: {module_name} has no setting {name}")
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--set {item!r}: {raw!r} is not a Python literal") from None
+        setattr(module, name, value)
+        applied.append(f"{module_name}.{name}={value!r}")
+    return applied
+
+
 def command_line(world_size: int) -> str:
     script = os.path.relpath(os.path.abspath(sys.argv[0]), os.getcwd())
     args = " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -84,7 +84,12 @@ def main():
     p.add_argument("--ag-shapes", default="", help="ag_mm shapes MxKxN[xW] (M gathered rows; W weights of N/W "
                    "columns each, default 1), comma-separated, instead of DESIGN.md's")
     p.add_argument("--ar-shapes", default="", help="mm_ar shapes MxKxN (K local), comma-separated, instead of DESIGN.md's")
+    common.add_set_argument(p)
     args = p.parse_args()
+    try:
+        args.settings = common.apply_sets(args.set)
+    except ValueError as e:
+        p.error(str(e))
     ops = set(args.ops.split(","))
     rank, ws, device = common.init_distributed("cuda")
     TIMING = common.Timing(device)

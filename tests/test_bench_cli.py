@@ -521,3 +521,19 @@ def test_drop_collectives_leaves_local_stand_ins(bench, fake_pg):
     assert dropped == Counter({"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1, "all_reduce": 1})
     # rows of the gathered product that are this rank's slice: the shard's own product (stand-ins are local)
     torch.testing.assert_close(out, (x @ w) * 2)
+
+
+def test_set_applies_module_settings_and_rejects_bad_ones(monkeypatch):
+    """bench --set: a runtime/codegen/passes module setting for one run (A/B of settings without an
+    environment variable); unknown names, other packages and non-literals are errors."""
+    from bench import common
+    from overlap_backend.runtime import symm
+
+    monkeypatch.setattr(symm, "PUSH_STREAM_PER_PEER", False)
+    assert common.apply_sets(["runtime.symm.PUSH_STREAM_PER_PEER=True"]) == [
+        "overlap_backend.runtime.symm.PUSH_STREAM_PER_PEER=True"]
+    assert symm.PUSH_STREAM_PER_PEER is True
+    for bad in ("runtime.symm.NO_SUCH=1", "config.DEFAULT_PASS_ORDER=()", "runtime.symm.PUSH_STREAM_PER_PEER=yes",
+                "runtime.symm.PUSH_STREAM_PER_PEER"):
+        with pytest.raises(ValueError):
+            common.apply_sets([bad])

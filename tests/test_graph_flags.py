@@ -38,7 +38,8 @@ class Sim:
         self.reset_memory()
         self.call = [0] * ws  # the replay each rank is enqueuing
         self.current_rank = 0
-        self.streams = [{n: FakeStream(r, n) for n in ("compute", "push", "copy")} for r in range(ws)]
+        names = ("compute", "push", "copy", *(f"push to {p}" for p in range(ws)))  # (per-peer push streams)
+        self.streams = [{n: FakeStream(r, n) for n in names} for r in range(ws)]
 
     def reset_memory(self) -> None:
         """Every word 0, but PEER_OK (1 from the group's setup: no peer gave up)."""
@@ -96,7 +97,13 @@ class Sim:
                 self.mem[rank].pop(word, None)
 
 
-def make_states(sim: Sim, monkeypatch):
+def make_states(sim: Sim, monkeypatch, per_peer: bool = False):
+    """Every rank's GroupState on the simulation (``per_peer``: symm.PUSH_STREAM_PER_PEER, the
+    per-peer push streams being the simulation's "push to p" streams)."""
+    from overlap_backend.runtime.streams import SYMM_PUSH_TO
+
+    monkeypatch.setattr(symm, "PUSH_STREAM_PER_PEER", per_peer)
+    monkeypatch.setattr(symm, "comm_stream", lambda index, slot: sim.streams[index][f"push to {slot - SYMM_PUSH_TO}"])
     monkeypatch.setattr(symm._cuda, "write_value32", sim.write_value32)
     monkeypatch.setattr(symm._cuda, "wait_value32", sim.wait_value32)
     monkeypatch.setattr(symm._cuda, "memcpy_async", sim.memcpy_async)
@@ -108,7 +115,7 @@ def make_states(sim: Sim, monkeypatch):
         st.flags = SimpleNamespace(ptrs=[p * FLAG_SPAN for p in range(sim.ws)], local=r * FLAG_SPAN)
         st.data = SimpleNamespace(ptrs=[0] * sim.ws)
         st.push_stream, st.copy_stream = sim.streams[r]["push"], sim.streams[r]["copy"]
-        st._ready_waited = set()
+        st._ready_waited, st._push_to, st.device = set(), {}, SimpleNamespace(index=r)
         lo, hi = symm.GRAPH_RESET
 
         def zero(compute, r=r, lo=lo, hi=hi):
@@ -143,8 +150,8 @@ def queue_mm_rs(sim, states, r):
             kernel_wait(sim, r, base + symm.RS_ARRIVED + p)
     for pos in range(ws - 1):
         c = (r + 1 + pos) % ws
-        symm._cuda.wait_value32(st.flag_addr(base + symm.DONE + c), value, st.push_stream)
-        st.push(c, 0, 0, 64, symm.RS_ARRIVED + r)
+        symm._cuda.wait_value32(st.flag_addr(base + symm.DONE + c), value, st.push_stream_to(c))
+        st.push(c, 0, 0, 64, symm.RS_ARRIVED + r, st.push_stream_to(c))
     st.end(compute)
     assert st.base == 0
 
@@ -156,7 +163,7 @@ def queue_ag_mm(sim, states, r):
     compute = sim.streams[r]["compute"]
     st.begin(compute, "ag_mm", graph=True)
     for j in range(ws - 1):
-        st.push((r - 1 - j) % ws, 0, 0, 64, symm.AG_ARRIVED + r)
+        st.push((r - 1 - j) % ws, 0, 0, 64, symm.AG_ARRIVED + r, st.push_stream_to((r - 1 - j) % ws))
     for p in range(ws):
         if p != r:
             kernel_wait(sim, r, base + symm.AG_ARRIVED + p)
@@ -195,13 +202,14 @@ def compute_stream_of_current_rank(sim, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: sim.streams[sim.current_rank]["compute"])
 
 
-@pytest.mark.parametrize("ws", [2, 4])
+@pytest.mark.parametrize("ws,per_peer", [(2, False), (4, False), (4, True)], ids=["ws2", "ws4", "ws4-per-peer"])
 @pytest.mark.parametrize("rs", ["kernel", "cublas", "mm_ar_cublas"])
-def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, rs, monkeypatch):
+def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, per_peer, rs, monkeypatch):
+    """``per_peer``: the pushes to each peer on a stream of their own (symm.PUSH_STREAM_PER_PEER)."""
     from overlap_backend.runtime import symm_lowering
 
     sim = Sim(ws)
-    states = make_states(sim, monkeypatch)
+    states = make_states(sim, monkeypatch, per_peer)
     compute_stream_of_current_rank(sim, monkeypatch)
     monkeypatch.setattr(symm_lowering, "ar_cublas_rounds", lambda *a: 2)
     queue_rs = {"kernel": queue_mm_rs, "cublas": queue_mm_rs_cublas, "mm_ar_cublas": queue_mm_ar_cublas}[rs]
@@ -222,6 +230,9 @@ def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, rs,
             left = {w: v for w, v in sim.mem[r].items() if v[0] and symm.GRAPH_BLOCK <= w < symm.PEER_OK}
             assert not left, (seed, r, left)
     assert all(st.graph_pinned for st in states)
+    if per_peer:  # the pushes did spread over the peers' streams
+        for r in range(ws):
+            assert all(sim.streams[r][f"push to {p}"].ops for p in range(ws) if p != r), r
 
 
 def test_the_check_catches_a_missing_reset(monkeypatch):

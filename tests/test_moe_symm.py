@@ -425,7 +425,10 @@ class FakeState:
     def begin(self, compute, what="a symm call", graph=False):
         return 1 if graph else EPOCH  # a captured call's flags toggle to 1 (symm.GRAPH_BLOCK)
 
-    def push(self, peer, dst, src, nbytes, flag):
+    def push_stream_to(self, peer):
+        return self.push_stream
+
+    def push(self, peer, dst, src, nbytes, flag, stream=None):
         self.pushes.append((peer, dst, nbytes, flag))
 
     def end(self, compute):

@@ -49,8 +49,11 @@ class Stream:
         pass
 
 
-def states(ws: int, recvs, monkeypatch):
+def states(ws: int, recvs, monkeypatch, per_peer: bool = False):
+    """Every rank's GroupState on ``Memory`` (``per_peer``: symm.PUSH_STREAM_PER_PEER)."""
     mem = Memory(ws)
+    monkeypatch.setattr(symm, "PUSH_STREAM_PER_PEER", per_peer)
+    monkeypatch.setattr(symm, "comm_stream", lambda index, slot: Stream())
     for name in ("write_value32", "wait_value32", "memcpy_async"):
         monkeypatch.setattr(symm._cuda, name, getattr(mem, name))
     local = threading.local()
@@ -63,6 +66,7 @@ def states(ws: int, recvs, monkeypatch):
         st.flags = SimpleNamespace(ptrs=[p * SPAN for p in range(ws)])
         st.data = SimpleNamespace(ptrs=[t.data_ptr() for t in recvs])
         st.push_stream, st.copy_stream, st._ready_waited = Stream(), Stream(), set()
+        st._push_to, st.device = {}, SimpleNamespace(index=r)
         st._progress = lambda word, compute: None  # the watchdog's status words: not modelled
         out.append(st)
     return out, local
@@ -140,7 +144,29 @@ def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, re
             continue
         err = ((outs[r].float() - want).norm() / want.norm()).item()
         assert err < tol, (r, err)
-        assert sts[r].epoch == 1 and sts[r]._ready_waited == {p for p in range(ws) if p != r}
+        assert sts[r].epoch == 1 and {p for p, _ in sts[r]._ready_waited} == {p for p in range(ws) if p != r}
+
+
+@pytest.mark.parametrize("ws,outer,run", [(3, 1, 600), (4, 10, 8)])
+def test_cublas_path_with_a_push_stream_per_peer(ws, outer, run, monkeypatch):
+    """symm.PUSH_STREAM_PER_PEER: each peer's partials go on a stream of its own, whose READY wait
+    and done-flag waits precede them there; the result is the reduce-scatter's."""
+    torch.manual_seed(ws)
+    many_bands(monkeypatch)
+    K, N = 24, 40
+    rows = outer * run
+    a = [torch.randn(outer * ws * run, K) for _ in range(ws)]
+    b = [torch.randn(K, N) for _ in range(ws)]
+    recvs = [torch.full((ws * rows, N), float("nan")) for _ in range(ws)]
+    sts, local = states(ws, recvs, monkeypatch, per_peer=True)
+    outs = run_ranks(ws, [lambda r=r: symm_lowering._mm_rs_cublas(sts[r], a[r], b[r], None, recvs[r], outer, run,
+                                                                  False, graph=False) for r in range(ws)], local)
+    full = sum(a[r].double() @ b[r].double() for r in range(ws))
+    for r in range(ws):
+        want = full.view(outer, ws, run, N)[:, r].reshape(rows, N)
+        torch.testing.assert_close(outs[r].double(), want, rtol=1e-4, atol=1e-4)
+        waited = sts[r]._ready_waited
+        assert len({s for _, s in waited}) == ws - 1 and {p for p, _ in waited} == {p for p in range(ws) if p != r}
 
 
 def test_a_band_pushed_at_the_wrong_offset_is_caught(monkeypatch):
@@ -148,8 +174,8 @@ def test_a_band_pushed_at_the_wrong_offset_is_caught(monkeypatch):
     many_bands(monkeypatch)
     ws, outer, run, K, N = 2, 1, 600, 8, 16
     real_push = symm.GroupState.push
-    monkeypatch.setattr(symm.GroupState, "push", lambda self, peer, dst, src, n, flag: real_push(
-        self, peer, dst + 4 * N if n else dst, src, max(0, n - 4 * N), flag))
+    monkeypatch.setattr(symm.GroupState, "push", lambda self, peer, dst, src, n, flag, stream=None: real_push(
+        self, peer, dst + 4 * N if n else dst, src, max(0, n - 4 * N), flag, stream))
     a = [torch.randn(ws * run, K) for _ in range(ws)]
     b = [torch.randn(K, N) for _ in range(ws)]
     recvs = [torch.full((ws * run, N), float("nan")) for _ in range(ws)]

@@ -289,7 +289,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     for j in range(1, ws):  # dispatch, to r-1 first: rank d takes source d+1 first
         d = (r - j) % ws
         st.push(d, lay["disp"] + r * lay["slot"], x.data_ptr() + send_off[d] * row_bytes, send_splits[d] * row_bytes,
-                symm.MOE_ARRIVED + r)
+                symm.MOE_ARRIVED + r, st.push_stream_to(d))
     side = st.copy_stream
     with _on(side):
         # this rank's own rows into its own slot, then its arrival flag (its gate/up tiles come first)
@@ -326,9 +326,9 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
 
         for pos in range(ws - 1):
             s = (r + 1 + pos) % ws
-            _cuda.wait_value32(st.flag_addr(base + symm.MOE_DONE + pos), epoch, st.push_stream)
+            _cuda.wait_value32(st.flag_addr(base + symm.MOE_DONE + pos), epoch, st.push_stream_to(s))
             st.push(s, lay["comb"] + r * lay["slot"], stage.data_ptr() + recv_off[s] * row_bytes,
-                    recv_splits[s] * row_bytes, symm.MOE_RETURNED + r)
+                    recv_splits[s] * row_bytes, symm.MOE_RETURNED + r, st.push_stream_to(s))
     if ce_only:  # the peers' results for this rank's rows, out of the combine slots as each arrives
         for j in range(1, ws):
             d = (r - j) % ws  # rank r-1 computes them first

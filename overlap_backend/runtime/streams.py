@@ -2,7 +2,7 @@
 
 Communication streams get the highest priority so that a transfer's launch is not queued behind a
 long GEMM's blocks. Lowerings take distinct slots: ``p2p`` its ring (0), ``symm`` its copy-engine
-pushes (1), its local copy-outs (2) and the
+pushes (1; or one per peer, 16 + peer), its local copy-outs (2) and the
 ``moe_experts`` communication kernel (3), so that a wait on one never stalls another.
 """
 
@@ -11,6 +11,7 @@ from functools import cache
 import torch
 
 P2P_RING, SYMM_PUSH, SYMM_COPY_OUT, SYMM_MOE_COMM = 0, 1, 2, 3
+SYMM_PUSH_TO = 16  # + peer rank: symm's pushes to one peer (symm.PUSH_STREAM_PER_PEER)
 
 
 @cache

@@ -40,7 +40,7 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 
 from . import cuda as _cuda
 from . import watchdog
-from .streams import SYMM_COPY_OUT, SYMM_PUSH, comm_stream
+from .streams import SYMM_COPY_OUT, SYMM_PUSH, SYMM_PUSH_TO, comm_stream
 
 log = logging.getLogger("overlap_backend.symm")
 
@@ -135,6 +135,15 @@ def bands(rows: int) -> list[tuple[int, int]]:
     """(first row, row count) of each band of a chunk of ``rows`` rows (one empty band if rows == 0)."""
     step = band_rows(rows)
     return [(lo, min(step, rows - lo)) for lo in range(0, rows, step)] or [(0, 0)]
+
+
+# Copy-engine pushes to different peers on different streams (True), so that the driver can run them
+# on different copy engines at once, or all on one push stream in the order they are queued (False).
+# A module setting, read at each call's ``begin``; it changes nothing at 2 ranks (one peer). With one
+# stream, a rank's pushes to its ws - 1 peers go one after the other: at 4 GPUs the mm_rs op took
+# 0.303 ms where its kernel alone takes 0.205 and NCCL's reduce-scatter 0.197 (fifteenth and
+# seventeenth sessions). Not measured on 4 GPUs yet: off.
+PUSH_STREAM_PER_PEER = False
 
 
 class SymmUnavailable(RuntimeError):
@@ -300,7 +309,8 @@ class GroupState:
         _cuda.memset(self.flags.local + 4 * PEER_OK, 1, 1)  # (the word was 0: its low byte makes it 1)
         torch.cuda.synchronize(device)  # before any stream waits for it (set-up is eager, never captured)
         self.data: _Mapped | None = None
-        self._ready_waited: set[int] = set()
+        self._ready_waited: set[tuple[int, int]] = set()  # (peer, stream id) this call waited for READY on
+        self._push_to: dict[int, torch.cuda.Stream] = {}  # this call's per-peer push streams (PUSH_STREAM_PER_PEER)
         self._views: dict[tuple, Tensor] = {}
         self._peer_tables: tuple | None = None
         self._flag_args: dict[int, _cuda.DevicePointer] = {}
@@ -500,29 +510,43 @@ class GroupState:
         self.push_stream.wait_stream(compute)
         self.copy_stream.wait_stream(compute)
         self._ready_waited.clear()
+        peers = [p for p in range(self.ws) if p != self.rank]
+        self._push_to = ({p: comm_stream(self.device.index, SYMM_PUSH_TO + p) for p in peers}
+                         if PUSH_STREAM_PER_PEER and len(peers) > 1 else {})
         if graph:
             # Consume every peer's READY now, whether or not this call pushes to it, and reset it on
             # the same stream: the peer raises it again only in its next call, which starts after
             # this call's data reached it (so after this reset).
-            for p in range(self.ws):
-                if p != self.rank:
-                    _cuda.wait_value32(self.flag_addr(self.word(READY + p)), 1, self.push_stream)
-                    _cuda.write_value32(self.flag_addr(self.word(READY + p)), 0, self.push_stream)
-                    self._ready_waited.add(p)
+            for p in peers:
+                _cuda.wait_value32(self.flag_addr(self.word(READY + p)), 1, self.push_stream)
+                _cuda.write_value32(self.flag_addr(self.word(READY + p)), 0, self.push_stream)
+                for stream in (self.push_stream, *self._push_to.values()):
+                    self._ready_waited.add((p, id(stream)))
+        for stream in self._push_to.values():  # after compute's work and the READY handling above
+            stream.wait_stream(self.push_stream)
         return self.value
 
-    def push(self, peer: int, dst_offset: int, src_ptr: int, nbytes: int, flag: int) -> None:
+    def push_stream_to(self, peer: int) -> torch.cuda.Stream:
+        """The stream this call's pushes to ``peer`` go on (and the stream waits that must precede
+        them): the push stream, or the peer's own with ``PUSH_STREAM_PER_PEER``."""
+        return self._push_to.get(peer, self.push_stream)
+
+    def push(self, peer: int, dst_offset: int, src_ptr: int, nbytes: int, flag: int,
+             stream: torch.cuda.Stream | None = None) -> None:
         """Copy ``nbytes`` at ``src_ptr`` into ``peer``'s data buffer at ``dst_offset`` with the copy
-        engine, then raise ``peer``'s flag ``flag`` to the epoch (push stream)."""
-        stream = self.push_stream
-        if peer not in self._ready_waited:
+        engine, then raise ``peer``'s flag ``flag`` to the epoch, on ``stream`` (default: the push
+        stream; ``push_stream_to(peer)`` for callers that spread their pushes over the peers)."""
+        stream = stream or self.push_stream
+        if (peer, id(stream)) not in self._ready_waited:
             _cuda.wait_value32(self.flag_addr(self.word(READY + peer)), self.value, stream)
-            self._ready_waited.add(peer)
+            self._ready_waited.add((peer, id(stream)))
         if nbytes:
             _cuda.memcpy_async(self.data_addr(peer, dst_offset), src_ptr, nbytes, stream)
         _cuda.write_value32(self.flag_addr(self.word(flag), peer), self.value, stream)
 
     def end(self, compute: torch.cuda.Stream) -> None:
+        for stream in self._push_to.values():
+            compute.wait_stream(stream)
         compute.wait_stream(self.push_stream)
         compute.wait_stream(self.copy_stream)
         self.stall_if_a_peer_gave_up(compute)

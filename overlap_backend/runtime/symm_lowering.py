@@ -337,18 +337,20 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
 
 
 def _push_shard(st, shard2d: Tensor) -> int:
-    """Push stream: this rank's shard [rows, K], band by band (``symm.bands``), into slot ``rank``
-    of every peer's receive buffer, raising the peer's AG_ARRIVED flag of each band; rank r pushes
-    to r-1 first, then r-2, ... Returns the number of bands per chunk."""
+    """Push stream(s): this rank's shard [rows, K], band by band (``symm.bands``), into slot
+    ``rank`` of every peer's receive buffer, raising the peer's AG_ARRIVED flag of each band; rank r
+    pushes to r-1 first, then r-2, ... (on one stream; or at once, ``symm.PUSH_STREAM_PER_PEER``:
+    either way a peer's bands go in order on one stream). Returns the number of bands per chunk."""
     ws, r = st.ws, st.rank
     rows, K = shard2d.shape
     row_bytes = K * shard2d.element_size()
     band_list = symm.bands(rows)
     nbands = len(band_list)
     for j in range(ws - 1):
+        peer = (r - 1 - j) % ws
         for b, (lo, n) in enumerate(band_list):
-            st.push((r - 1 - j) % ws, r * rows * row_bytes + lo * row_bytes, shard2d.data_ptr() + lo * row_bytes,
-                    n * row_bytes, symm.AG_ARRIVED + r * nbands + b)
+            st.push(peer, r * rows * row_bytes + lo * row_bytes, shard2d.data_ptr() + lo * row_bytes,
+                    n * row_bytes, symm.AG_ARRIVED + r * nbands + b, st.push_stream_to(peer))
     return nbands
 
 
@@ -524,10 +526,18 @@ def _push_partials(st, stage, rows, N, band_list, epoch, base):
     nb = len(band_list)
     for pos in range(ws - 1):
         c = (r + 1 + pos) % ws
+        stream = st.push_stream_to(c)
         for b, (lo, n) in enumerate(band_list):
-            _cuda.wait_value32(st.flag_addr(base + symm.DONE + c * nb + b), epoch, st.push_stream)
+            _cuda.wait_value32(st.flag_addr(base + symm.DONE + c * nb + b), epoch, stream)
             st.push(c, r * rows * row_bytes + lo * row_bytes, stage.data_ptr() + (c * rows + lo) * row_bytes,
-                    n * row_bytes, symm.RS_ARRIVED + r * nb + b)
+                    n * row_bytes, symm.RS_ARRIVED + r * nb + b, stream)
+
+
+def _wait_on_push_streams(st, flag_addr: int, epoch: int) -> None:
+    """Every stream this call pushes to its peers on waits for ``flag_addr`` >= ``epoch`` (one stream
+    wait per distinct stream)."""
+    for stream in {id(s): s for s in (st.push_stream_to(p) for p in range(st.ws) if p != st.rank)}.values():
+        _cuda.wait_value32(flag_addr, epoch, stream)
 
 
 def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=None, epilogue_args=()) -> Tensor:
@@ -735,16 +745,18 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
         for pos in range(ws - 1 if peer is None else 0):  # reduce-scatter: this rank's partials of the chunks peers own
             c = (r + 1 + pos) % ws
             slot = rnd * ws + c
+            stream = st.push_stream_to(c)
             for b, (lo, n) in enumerate(band_list):
-                _cuda.wait_value32(st.flag_addr(base + symm.DONE + slot * nb + b), epoch, st.push_stream)
+                _cuda.wait_value32(st.flag_addr(base + symm.DONE + slot * nb + b), epoch, stream)
                 st.push(c, (rnd * ws + r) * slot_bytes + lo * row_bytes, stage.data_ptr() + (slot * rows + lo) * row_bytes,
-                        n * row_bytes, symm.RS_ARRIVED + (rnd * ws + r) * nb + b)
+                        n * row_bytes, symm.RS_ARRIVED + (rnd * ws + r) * nb + b, stream)
         own = rnd * ws + r
         for b, (lo, n) in enumerate(band_list if peer is None else ()):  # all-gather: reduced bands, to every peer
-            _cuda.wait_value32(st.flag_addr(base + symm.DONE + own * nb + b), epoch, st.push_stream)
+            _wait_on_push_streams(st, st.flag_addr(base + symm.DONE + own * nb + b), epoch)
             for j in range(1, ws):
                 st.push((r - j) % ws, region + own * slot_bytes + lo * row_bytes,
-                        gather_base + own * slot_bytes + lo * row_bytes, n * row_bytes, symm.GATHERED + own * nb + b)
+                        gather_base + own * slot_bytes + lo * row_bytes, n * row_bytes, symm.GATHERED + own * nb + b,
+                        st.push_stream_to((r - j) % ws))
         for j in range(1, ws):  # copy the peers' reduced bands out of the receive buffer
             q = (r + j) % ws
             for b, (lo, n) in enumerate(band_list):
@@ -815,9 +827,9 @@ def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
             if n:
                 _mm(a[lo : lo + n], b, bias, stage[lo : lo + n])
             _cuda.write_value32(st.flag_addr(base + symm.DONE + slot), epoch, compute)
-            _cuda.wait_value32(st.flag_addr(base + symm.DONE + slot), epoch, st.push_stream)
+            _cuda.wait_value32(st.flag_addr(base + symm.DONE + slot), epoch, st.push_stream_to(c))
             st.push(c, (t * ws + r) * slot_bytes, stage.data_ptr() + lo * row_bytes, n * row_bytes,
-                    symm.RS_ARRIVED + t * ws + r)
+                    symm.RS_ARRIVED + t * ws + r, st.push_stream_to(c))
         own = t * ws + r
         lo, n = rows_of(own)
         slots = recv.view(rounds, ws, rows, N)[t, :, :n]
@@ -830,10 +842,10 @@ def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
         elif n:
             _reduce_own(a[lo : lo + n], b, bias, slots, r, out[lo : lo + n], average)
         _cuda.write_value32(st.flag_addr(base + symm.DONE + own), epoch, compute)
-        _cuda.wait_value32(st.flag_addr(base + symm.DONE + own), epoch, st.push_stream)
+        _wait_on_push_streams(st, st.flag_addr(base + symm.DONE + own), epoch)
         for j in range(1, ws):  # all-gather: the reduced chunk, to every peer
             st.push((r - j) % ws, region + own * slot_bytes, out.data_ptr() + lo * row_bytes, n * row_bytes,
-                    symm.GATHERED + own)
+                    symm.GATHERED + own, st.push_stream_to((r - j) % ws))
         for q in peers:  # the peers' reduced chunks, out of the gather region as they arrive
             qlo, qn = rows_of(t * ws + q)
             _cuda.wait_value32(st.flag_addr(base + symm.GATHERED + t * ws + q), epoch, st.copy_stream)
@@ -872,7 +884,7 @@ def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=(), graph=Fals
     compute = torch.cuda.current_stream(a.device)
     epoch = st.begin(compute, "mm_ar (one-shot)", graph=graph)
     for j in range(1, ws):
-        st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, symm.RS_ARRIVED + r)
+        st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, symm.RS_ARRIVED + r, st.push_stream_to((r - j) % ws))
     launch(epoch)
     st.end(compute)
     return out
