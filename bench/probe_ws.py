@@ -6,7 +6,8 @@ inner K-loop) at 1.07-1.16x cuBLAS's time on H200s (bench/results/2026-11-30_h20
 CTA's epilogue does not overlap its next tile's main loop. ``tl.range(..., warp_specialize=True)``
 splits loads and MMAs into separate warp groups; Triton documented it for Blackwell first, and later
 versions run it on Hopper too. This times the same persistent GEMM (C = A @ B, B row-major like the
-op's weights; optionally the op's GELU epilogue) with and without it, against ``torch.mm``, after
+op's weights; optionally the op's GELU epilogue) with and without it, and with its tiles drawn
+from an atomic ticket in a while loop (``ws=ticket``: the mm_rs kernel's loop), against ``torch.mm``, after
 checking each result against a float32 reference on fresh random inputs (outputs poisoned first).
 
     python bench/probe_ws.py [--shapes 1024x8192x28672,512x8192x28672] [--configs 128x256x64x3x8,...]
@@ -89,25 +90,42 @@ def _reference(ref, name):
 
 
 @triton.jit
-def persistent_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, WS: tl.constexpr, EPI: tl.constexpr):
-    """C = act(A @ B) (EPI: EPILOGUES), tiles in groups of GROUP_M row blocks, column by column."""
+def _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, GROUP_M: tl.constexpr, EPI: tl.constexpr):
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % rows
+    pid_n = (tile % per_group) // rows
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        acc = tl.dot(a_desc.load([pid_m * BM, k * BK]), b_desc.load([k * BK, pid_n * BN]), acc)
+    acc = _epilogue(acc, EPI)
+    c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
+
+
+@triton.jit
+def persistent_gemm(a_ptr, b_ptr, c_ptr, ticket_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, WS: tl.constexpr, EPI: tl.constexpr,
+                    TICKET: tl.constexpr = False):
+    """C = act(A @ B) (EPI: EPILOGUES), tiles in groups of GROUP_M row blocks, column by column.
+    ``TICKET``: tiles drawn from an atomic counter in a while loop (as the mm_rs kernel does) instead
+    of a static ``for`` over this program's tiles."""
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
-    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=False, warp_specialize=WS):
-        per_group = GROUP_M * tiles_n
-        first_m = (tile // per_group) * GROUP_M
-        rows = tl.minimum(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % per_group) % rows
-        pid_n = (tile % per_group) // rows
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BK)):
-            acc = tl.dot(a_desc.load([pid_m * BM, k * BK]), b_desc.load([k * BK, pid_n * BN]), acc)
-        acc = _epilogue(acc, EPI)
-        c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
+    if TICKET:
+        tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+        while tile < tiles_m * tiles_n:
+            _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI)
+            tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+        if tile == tiles_m * tiles_n + tl.num_programs(0) - 1:
+            tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+    else:
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=False, warp_specialize=WS):
+            _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI)
 
 
 def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
@@ -229,6 +247,7 @@ def main() -> int:
             p.error(f"--epilogues: {epi!r} is not one of {', '.join(EPILOGUES)}")
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}, {num_sms} SMs",
           flush=True)
+    ticket = torch.zeros(1, dtype=torch.int32, device=dev)  # the TICKET variant's tile counter (0 between calls)
     for shape in args.shapes.split(","):
         M, K, N = (int(v) for v in shape.split("x"))
         a = torch.randn(M, K, device=dev).to(torch.bfloat16)
@@ -250,13 +269,14 @@ def main() -> int:
             BM, BN, BK, stages, warps = (int(v) for v in cfg.split("x"))
             for epi in epilogues:
                 expected = _reference(ref, epi)
-                for ws in (False,) if args.no_ws else (False, True):
+                for ws in (False,) if args.no_ws else (False, True, "ticket"):
                     c = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
                     grid = (min(num_sms, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
 
                     def run():
-                        persistent_gemm[grid](a, b, c, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=8, NUM_SMS=grid[0],
-                                              WS=ws, EPI=EPILOGUES[epi], num_stages=stages, num_warps=warps)
+                        persistent_gemm[grid](a, b, c, ticket, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=8,
+                                              NUM_SMS=grid[0], WS=ws is True, EPI=EPILOGUES[epi],
+                                              TICKET=ws == "ticket", num_stages=stages, num_warps=warps)
 
                     label = f"  {cfg} {epi} ws={ws}"
                     try:

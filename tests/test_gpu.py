@@ -234,9 +234,11 @@ def _use_lowering(lowering: str) -> str:
     reduce-scatter partials shipped by peer stores from the kernel instead of the copy engine,
     ``symm-kernel`` ``symm`` with mm_rs on the Triton producer kernel instead of cuBLAS,
     ``symm-agcublas`` ``symm`` with ag_mm on cuBLAS per chunk instead of the consumer kernel,
-    ``symm-rstma`` ``symm`` with mm_rs on the producer kernel's TMA variant where it applies."""
-    from overlap_backend.runtime import symm_lowering
+    ``symm-rstma`` ``symm`` with mm_rs on the producer kernel's TMA variant where it applies,
+    ``symm-perpeer`` ``symm`` with the pushes to each peer on a stream of their own."""
+    from overlap_backend.runtime import symm, symm_lowering
 
+    symm.PUSH_STREAM_PER_PEER = lowering == "symm-perpeer"
     symm_lowering.TRANSPORT = "peer" if lowering == "symm-peer" else "ce"
     symm_lowering.MM_RS_GEMM = "triton" if lowering in ("symm-kernel", "symm-rstma") else "cublas"
     symm_lowering.RS_TMA = "only" if lowering == "symm-rstma" else False
@@ -549,8 +551,9 @@ LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm"])
 # symm-kernel: mm_rs on the Triton producer kernel (symm_lowering.MM_RS_GEMM) instead of cuBLAS
 # symm-agcublas: ag_mm on cuBLAS per chunk (symm_lowering.AG_MM_GEMM) instead of the consumer kernel
 # symm-rstma: mm_rs on the producer kernel's TMA variant (symm_lowering.RS_TMA) where it applies
+# symm-perpeer: pushes to each peer on a stream of their own (symm.PUSH_STREAM_PER_PEER; ws > 2)
 OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", "symm-kernel", "symm-agcublas",
-                                                    "symm-rstma"])
+                                                    "symm-rstma", "symm-perpeer"])
 
 
 @OP_LOWERINGS
