@@ -159,6 +159,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="smoke run: >= 10 timed steps instead of >= 30")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true", help="print tracebacks of variants that raise")
+    p.add_argument("--trace", metavar="DIR", default=None,
+                   help="write a torch.profiler trace of one training step of each variant (ranks 0 and 1) into "
+                        "DIR: <section>_ws<N>_<variant>_rank<R>.json; compare them with bench/trace_compare.py")
     for section in SECTIONS:
         p.add_argument(f"--{section}", default=None, metavar="K=V,...",
                        help=f"size overrides; GPU defaults: {', '.join(f'{k}={v}' for k, v in GPU[section].items())}")
@@ -395,7 +398,7 @@ class Bench:
             else:
                 inputs, targets = synthetic_batch(vocab, batch, seq, 0, seed=self.args.seed, device=self.device)
             try:
-                self.time_training(row, model, opt, inputs, targets, data_parallel, grad_hook)
+                self.time_training(row, model, opt, inputs, targets, data_parallel, grad_hook, section)
                 row["tokens_per_s"] = batch * seq * (self.ws if data_parallel else 1) / (row["step_ms"] / 1e3)
             except Exception as e:  # noqa: BLE001
                 row["note"] = f"timing raised {_short(e)}"
@@ -404,8 +407,10 @@ class Bench:
             _free(self.device)
             self.write()
 
-    def time_training(self, row: dict, model, opt, inputs, targets, data_parallel: bool, grad_hook) -> None:
-        """``step_ms`` (forward + backward + hook + AdamW), ``fwd_bwd_ms``, ``reps``, ``step_mem_gib``."""
+    def time_training(self, row: dict, model, opt, inputs, targets, data_parallel: bool, grad_hook,
+                      section: str = "") -> None:
+        """``step_ms`` (forward + backward + hook + AdamW), ``fwd_bwd_ms``, ``reps``, ``step_mem_gib``;
+        with ``--trace``, a profiler trace of one step (``bench/trace_compare.py`` compares them)."""
         scale = 1.0 / self.ws if data_parallel else 1.0
         hook = functools.partial(grad_hook, model) if grad_hook else None
 
@@ -425,6 +430,11 @@ class Bench:
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device) - base
             row["step_mem_gib"] = common.allreduce_max([peak / 2**30], self.device)[0]
+        if self.args.trace:
+            stem = f"{section}{_mode_tag(self.args.mode)}_ws{self.ws}"
+            Path(self.args.trace).mkdir(parents=True, exist_ok=True)
+            row["traces"] = [str(p) for p in common.write_traces([(row["variant"], step)], Path(self.args.trace),
+                                                                  self.device, stem, warmup=1)]
         opt.zero_grad(set_to_none=True)
 
     def llama(self) -> None:

@@ -10,6 +10,7 @@ GPUs were added).
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import re
@@ -537,3 +538,50 @@ def test_set_applies_module_settings_and_rejects_bad_ones(monkeypatch):
                 "runtime.symm.PUSH_STREAM_PER_PEER"):
         with pytest.raises(ValueError):
             common.apply_sets([bad])
+
+
+def test_trace_compare_sums_categories_and_exclusive_time(tmp_path):
+    """bench/trace_compare.py: per category the summed time and the time nothing else runs; the
+    kernels whose time differs most between two traces."""
+    sys.path.insert(0, str(REPO))
+    from bench import trace_compare as tc
+
+    assert [tc.category(n, "kernel") for n in (
+        "ncclDevKernel_AllGather_RING_LL", "sm90_xmma_gemm_bf16bf16_bf16f32", "nvjet_tst_128x256", "mm_rs_kernel",
+        "ag_mm_kernel", "triton_per_fused_add_0", "flash_fwd_kernel", "CatArrayBatchedCopy", "void at::foo")] == [
+        "nccl", "gemm", "gemm", "overlap", "overlap", "triton", "attention", "copy", "other"]
+    assert tc.category("Memcpy DtoD (Device -> Device)", "gpu_memcpy") == "copy"
+
+    def trace(path, events):
+        evs = [{"cat": cat, "name": name, "ts": ts, "dur": dur} for cat, name, ts, dur in events]
+        evs.append({"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1000})  # not GPU activity: ignored
+        path.write_text(json.dumps({"traceEvents": evs}))
+        return path
+
+    # base: gemm 0-100, nccl 100-150 (exposed); ours: an overlap kernel 0-110 with nccl 20-70 under it
+    base = trace(tmp_path / "base.json", [("kernel", "sm90_xmma_gemm", 0, 100), ("kernel", "ncclKernel", 100, 50)])
+    ours = trace(tmp_path / "ours.json", [("kernel", "mm_rs_kernel", 0, 110), ("kernel", "ncclKernel", 20, 50),
+                                          ("gpu_memcpy", "Memcpy PtoP", 105, 10)])
+    s0, s1 = tc.summarize(tc.load(base)), tc.summarize(tc.load(ours))
+    assert s0["span_us"] == 150 and s0["total_us"] == {"gemm": 100, "nccl": 50}
+    assert s0["exclusive_us"] == {"gemm": 100, "nccl": 50}
+    assert s1["span_us"] == 115 and s1["total_us"] == {"overlap": 110, "nccl": 50, "copy": 10}
+    assert s1["exclusive_us"] == {"overlap": 20 + 35, "copy": 5}  # nccl never alone: hidden
+    text = tc.render([base, ours], [s0, s1], top=3)
+    assert "| nccl | 0.050 (0.050) | 0.050 (0.000) |" in text
+    assert "+0.110  mm_rs_kernel" in text and "-0.100  sm90_xmma_gemm" in text
+
+
+def test_bench_models_writes_a_trace_per_variant(tmp_path):
+    """``bench_models.py --trace DIR`` (2 gloo ranks, tiny Llama): one trace of a training step per
+    variant and rank 0/1, readable by trace_compare."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "bench/bench_models.py",
+           "--out", str(tmp_path / "res"), "--device", "cpu", "--sections", "llama", "--variants", "overlap",
+           "--quick", "--check-steps", "1", "--trace", str(tmp_path / "tr")]
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=240, capture_output=True)
+    names = sorted(p.name for p in (tmp_path / "tr").iterdir())
+    assert names == [f"llama_ws2_{v}_rank{r}.json" for v in ("eager", "overlap") for r in (0, 1)]
+    out = subprocess.run([sys.executable, "bench/trace_compare.py", *(str(tmp_path / "tr" / n) for n in names[::2])],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "| span |" in out
