@@ -1,0 +1,14 @@
+# For the next session that gets nvidia-h200-x4 (or -x2: the ws-4 parts then say "skipped"):
+#   mkdir devrun; cp bench/results/2026-11-30_h200x2_session6/commands/dev_run.sh devrun/
+#   DEADLINE=545 bash devrun/dev_run.sh bench/results/2026-12-01_h200x1_session17/commands/next_x4.sh   (carry devrun)
+# Part A: are the seventeenth session's two switches correct on 4 GPUs, and do they pay?
+TR="python -m torch.distributed.run --standalone --nproc-per-node=4"
+TAILN=12 run t_perpeer 200 python -m pytest -q -x tests/test_gpu.py -k "ws4 and (symm-perpeer or symm-rstma) and (ops_numerics or repeated_calls)"
+TAILN=30 run rs_one 90 $TR bench/bench_collective_gemm.py --suite mm_rs,mm_ar --lowerings symm --out-dir $RES/one
+TAILN=30 run rs_perpeer 90 $TR bench/bench_collective_gemm.py --suite mm_rs,mm_ar --lowerings symm --out-dir $RES/perpeer --set runtime.symm.PUSH_STREAM_PER_PEER=True
+TAILN=30 run rs_perpeer_tma 90 $TR bench/bench_collective_gemm.py --suite mm_rs --lowerings symm --out-dir $RES/perpeer_tma --set runtime.symm.PUSH_STREAM_PER_PEER=True --set runtime.symm_lowering.RS_TMA=True
+TAILN=20 run ag_perpeer 60 $TR bench/bench_collective_gemm.py --suite ag_mm --lowerings symm --out-dir $RES/perpeer --set runtime.symm.PUSH_STREAM_PER_PEER=True
+# Part B (a second call): where the Llama step loses, traced; MoE at EP 4 with per-peer pushes.
+# TAILN=20 run llama4 300 $TR bench/bench_models.py --out $RES --sections llama --variants inductor,inductor_nocomm,overlap --mode reduce-overhead --trace $TRACES
+# TAILN=30 run cmp 30 sh -c "python bench/trace_compare.py $TRACES/llama_cudagraphs_ws4_{inductor,inductor_nocomm,overlap}_rank0.json"
+# TAILN=10 run moe4 150 $TR bench/bench_moe.py --out $RES/perpeer --configs deepseek --routing balanced --comm-sms '' --sweep '' --no-p2p --set runtime.symm.PUSH_STREAM_PER_PEER=True
