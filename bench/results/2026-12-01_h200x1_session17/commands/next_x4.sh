@@ -10,5 +10,5 @@ TAILN=30 run rs_perpeer_tma 90 $TR bench/bench_collective_gemm.py --suite mm_rs 
 TAILN=20 run ag_perpeer 60 $TR bench/bench_collective_gemm.py --suite ag_mm --lowerings symm --out-dir $RES/perpeer --set runtime.symm.PUSH_STREAM_PER_PEER=True
 # Part B (a second call): where the Llama step loses, traced; MoE at EP 4 with per-peer pushes.
 # TAILN=20 run llama4 300 $TR bench/bench_models.py --out $RES --sections llama --variants inductor,inductor_nocomm,overlap --mode reduce-overhead --trace $TRACES
-# TAILN=30 run cmp 30 sh -c "python bench/trace_compare.py $TRACES/llama_cudagraphs_ws4_{inductor,inductor_nocomm,overlap}_rank0.json"
+# TAILN=30 run cmp 30 bash -c "python bench/trace_compare.py $TRACES/llama_cudagraphs_ws4_{inductor,inductor_nocomm,overlap}_rank0.json"
 # TAILN=10 run moe4 150 $TR bench/bench_moe.py --out $RES/perpeer --configs deepseek --routing balanced --comm-sms '' --sweep '' --no-p2p --set runtime.symm.PUSH_STREAM_PER_PEER=True
