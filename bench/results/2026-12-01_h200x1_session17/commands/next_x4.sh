@@ -12,3 +12,6 @@ TAILN=20 run ag_perpeer 60 $TR bench/bench_collective_gemm.py --suite ag_mm --lo
 # TAILN=20 run llama4 300 $TR bench/bench_models.py --out $RES --sections llama --variants inductor,inductor_nocomm,overlap --mode reduce-overhead --trace $TRACES
 # TAILN=30 run cmp 30 bash -c "python bench/trace_compare.py $TRACES/llama_cudagraphs_ws4_{inductor,inductor_nocomm,overlap}_rank0.json"
 # TAILN=10 run moe4 150 $TR bench/bench_moe.py --out $RES/perpeer --configs deepseek --routing balanced --comm-sms '' --sweep '' --no-p2p --set runtime.symm.PUSH_STREAM_PER_PEER=True
+# Part C: is the Llama step host-bound in default mode with every match rewritten (the cost model prices
+# each symm op's host time as if the step were; 34 ops x ~0.45 ms)? Compare with the cost model on.
+# TAILN=12 run llama4_off 240 env OVERLAP_COST_MODEL=off $TR bench/bench_models.py --out $RES/cost_model_off --sections llama --variants inductor,overlap
