@@ -15,3 +15,8 @@ TAILN=20 run ag_perpeer 60 $TR bench/bench_collective_gemm.py --suite ag_mm --lo
 # Part C: is the Llama step host-bound in default mode with every match rewritten (the cost model prices
 # each symm op's host time as if the step were; 34 ops x ~0.45 ms)? Compare with the cost model on.
 # TAILN=12 run llama4_off 240 env OVERLAP_COST_MODEL=off $TR bench/bench_models.py --out $RES/cost_model_off --sections llama --variants inductor,overlap
+# Part D: the MoE symm op's slowdown after the p2p lowering ran (9.05 vs 6.34 ms at 2 GPUs; a traced single call
+# is not slower, so back-to-back calls are). Hypothesis: host-bound calls (NCCL's proxy thread, busy after P2P,
+# takes CPU from the op's enqueue). If replays (no host time) show no slowdown, the cause is on the host.
+# TAILN=10 run moe_p2pfirst_graphs 150 $TR bench/bench_moe.py --out $RES/p2p_first_graphs --configs deepseek --routing balanced --comm-sms '' --sweep '' --p2p-first --graphs
+# TAILN=10 run moe_clean_graphs 120 $TR bench/bench_moe.py --out $RES/clean_graphs --configs deepseek --routing balanced --comm-sms '' --sweep '' --no-p2p --graphs
