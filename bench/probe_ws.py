@@ -7,7 +7,8 @@ CTA's epilogue does not overlap its next tile's main loop. ``tl.range(..., warp_
 splits loads and MMAs into separate warp groups; Triton documented it for Blackwell first, and later
 versions run it on Hopper too. This times the same persistent GEMM (C = A @ B, B row-major like the
 op's weights; optionally the op's GELU epilogue) with and without it, and with its tiles drawn
-from an atomic ticket in a while loop (``ws=ticket``: the mm_rs kernel's loop), against ``torch.mm``, after
+from an atomic ticket in a while loop (``ws=ticket``: the mm_rs kernel's loop) or statically in a while
+loop (``ws=while``), or drawn in a for loop then a while loop (``ws=ticket_for``), against ``torch.mm``, after
 checking each result against a float32 reference on fresh random inputs (outputs poisoned first).
 
     python bench/probe_ws.py [--shapes 1024x8192x28672,512x8192x28672] [--configs 128x256x64x3x8,...]
@@ -107,10 +108,12 @@ def _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM: tl
 @triton.jit
 def persistent_gemm(a_ptr, b_ptr, c_ptr, ticket_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, WS: tl.constexpr, EPI: tl.constexpr,
-                    TICKET: tl.constexpr = False):
+                    TICKET: tl.constexpr = False, WHILE: tl.constexpr = False, TICKET_FOR: tl.constexpr = False):
     """C = act(A @ B) (EPI: EPILOGUES), tiles in groups of GROUP_M row blocks, column by column.
     ``TICKET``: tiles drawn from an atomic counter in a while loop (as the mm_rs kernel does) instead
-    of a static ``for`` over this program's tiles."""
+    of a static ``for`` over this program's tiles; ``WHILE``: the static tiles in a while loop (no
+    atomic: which of the two costs); ``TICKET_FOR``: ticket draws in a ``for`` loop of the even share
+    of tiles plus one, each iteration guarded, then a while loop for what is left."""
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
@@ -123,6 +126,23 @@ def persistent_gemm(a_ptr, b_ptr, c_ptr, ticket_ptr, M, N, K, BM: tl.constexpr, 
             tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
         if tile == tiles_m * tiles_n + tl.num_programs(0) - 1:
             tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+    elif TICKET_FOR:
+        n = tiles_m * tiles_n
+        tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+        for _ in range(0, tl.cdiv(n, tl.num_programs(0)) + 1):
+            if tile < n:
+                _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI)
+                tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+        while tile < n:  # tiles left by programs that started late
+            _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI)
+            tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+        if tile == n + tl.num_programs(0) - 1:
+            tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+    elif WHILE:
+        tile = tl.program_id(0)
+        while tile < tiles_m * tiles_n:
+            _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI)
+            tile += tl.num_programs(0)
     else:
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=False, warp_specialize=WS):
             _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI)
@@ -269,14 +289,16 @@ def main() -> int:
             BM, BN, BK, stages, warps = (int(v) for v in cfg.split("x"))
             for epi in epilogues:
                 expected = _reference(ref, epi)
-                for ws in (False,) if args.no_ws else (False, True, "ticket"):
+                for ws in (False,) if args.no_ws else (False, True, "ticket", "while", "ticket_for"):
                     c = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
                     grid = (min(num_sms, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
 
                     def run():
                         persistent_gemm[grid](a, b, c, ticket, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=8,
                                               NUM_SMS=grid[0], WS=ws is True, EPI=EPILOGUES[epi],
-                                              TICKET=ws == "ticket", num_stages=stages, num_warps=warps)
+                                              TICKET=ws == "ticket", WHILE=ws == "while",
+                                              TICKET_FOR=ws == "ticket_for", num_stages=stages,
+                                              num_warps=warps)
 
                     label = f"  {cfg} {epi} ws={ws}"
                     try:

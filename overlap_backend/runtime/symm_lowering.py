@@ -81,10 +81,10 @@ RS_OWN_FIRST = True
 # tiles counted in batches a main loop later, the peers' partials loaded by TMA), where they apply
 # (tma_ok): True: tuning candidates next to the pointer-store configs; "only": the only candidates
 # (tests); False: pointer stores only. Measured alone on one H200 (bench/probe_ws.py --mm-rs,
-# seventeenth session, ms, pointer / TMA): ws 4's local 16384x512x8192 0.381 / 0.349 and 0.408 /
-# 0.354, 4096x1792x8192 0.209 / 0.205, ws 2's 8192x3584x8192 0.725 / 0.799 (the tuner keeps the
-# faster). Off until the multi-GPU tests pass with it (tests/test_gpu.py, lowering "symm-rstma"):
-# there the copy engine reads what the TMA stores wrote.
+# seventeenth session, run 10, ms, pointer / TMA): ws 4's local 16384x512x8192 0.378 / 0.319,
+# 4096x1792x8192 0.206 / 0.198, ws 2's 16384x1024x8192 0.489 / 0.443 and 8192x3584x8192 0.688 / 0.720
+# (the tuner keeps the faster). Off until the multi-GPU tests pass with it (tests/test_gpu.py,
+# lowering "symm-rstma"): there the copy engine reads what the TMA stores wrote.
 RS_TMA: bool | str = False
 # How ag_mm computes: "cublas" (one cuBLAS GEMM per chunk and weight, the own chunk first while the
 # copy engine brings the peers' shards, each peer chunk after a stream wait on its arrival flag:
