@@ -12,13 +12,15 @@ loop (``ws=while``), or drawn in a for loop then a while loop (``ws=ticket_for``
 checking each result against a float32 reference on fresh random inputs (outputs poisoned first).
 
     python bench/probe_ws.py [--shapes 1024x8192x28672,512x8192x28672] [--configs 128x256x64x3x8,...]
-                             [--epilogues none,gelu,gelu_fast,...] [--no-ws] [--stage0] [--mm-rs 2,4]
+                             [--epilogues none,gelu,gelu_fast,...] [--no-ws] [--stage0] [--mm-rs 2,4] [--ag-mm 2,4]
 
 ``--epilogues`` compares ways of writing the activation in the epilogue (what a persistent kernel's
 epilogue costs is not overlapped with its next tile's main loop): the op's current GELU (tanh form,
 ``2 sigmoid(2u) - 1`` with an IEEE division), ``h sigmoid(2u)``, the same with ``exp2`` and
 ``rcp.approx`` (two MUFU instructions), ``tanh.approx``, exact GELU (erf), and SiLU plain / fast.
 
+``--ag-mm`` does the same for the ``ag_mm`` consumer kernel, plain and with a fused bias + GELU
+epilogue against cuBLAS ``addmm`` followed by ``F.gelu`` (is fusing worth the Triton GEMM?).
 ``--mm-rs`` times the ``mm_rs`` producer kernel alone instead (rank 0 of a group of each size, every
 flag raised, the peers' partials already local): its GEMM rate against cuBLAS at the local shapes of
 issue 3's table, with pointer stores and with its TMA variant.
@@ -239,6 +241,58 @@ def _mm_rs_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
     return lines
 
 
+def _ag_mm_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
+    """The ag_mm consumer kernel alone on this GPU, as rank 0 of a ``ws``-rank group: ``a`` [M, K] is
+    the gathered input (its first M/ws rows the own shard, the rest already in the receive buffer,
+    every flag raised), plain and with the TP block's fused epilogue (bias, then erf GELU, generated
+    by codegen/epilogue.py), against cuBLAS: ``addmm`` alone, and ``addmm`` then ``F.gelu`` (the
+    unfused graph's two kernels). Each result checked (outputs poisoned), then timed."""
+    from overlap_backend.codegen import ag_mm, configs
+    from overlap_backend.codegen import epilogue as gen
+    from overlap_backend.runtime import symm
+
+    F = torch.nn.functional
+    M, K = a.shape
+    N = b.shape[1]
+    rows, dev = M // ws, a.device
+    shard, buf = a[:rows].contiguous(), a.view(ws, rows, K)
+    bias = torch.randn(N, device=dev).to(a.dtype)
+    ref = a.float() @ b.float() + bias.float()
+    refs = {"": ref, "gelu": F.gelu(ref)}
+    band_rows = symm.band_rows(rows)
+    flags = torch.zeros(ws * -(-rows // band_rows), dtype=torch.int32, device=dev)
+    status = (torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(8, dtype=torch.int32, device=dev))
+    lines = [f"  cuBLAS addmm {events_ms(lambda: torch.addmm(bias, a, b), warm=5):.3f} ms, addmm + F.gelu "
+             f"{events_ms(lambda: F.gelu(torch.addmm(bias, a, b)), warm=5):.3f} ms"]
+    cands = configs.candidates(a.dtype, tma_store_rows=rows) if configs_text is None else [
+        (BM, BN, BK, 8, stages, warps, tma) for BM, BN, BK, stages, warps in _parse_configs(configs_text)
+        for tma in (False, True)]
+    for spec in ("", "gelu"):
+        g = gen.build(spec, a.dtype) if spec else None
+        for cfg in cands:
+            out = torch.full((M, N), float("nan"), device=dev, dtype=a.dtype)
+
+            def run():
+                ag_mm.launch(shard, buf, b, bias, out, flags, 0, status, 10**9, 0, ws, rows, band_rows, cfg, num_sms,
+                             epilogue=g, ep_ptrs=gen.pointers(g, ()) if g is not None else ())
+
+            label = f"  ag_mm ws={ws} {cfg} epilogue={spec or 'none'}"
+            try:
+                run()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
+                lines.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                continue
+            want = refs[spec]
+            err = ((out.float() - want).norm() / want.norm()).item()
+            if not err <= 1e-2:
+                lines.append(f"{label}: WRONG (rel err {err:.2e})")
+                continue
+            t = events_ms(run, warm=5)
+            lines.append(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS mm, rel err {err:.1e}")
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="1024x8192x28672,512x8192x28672,1024x28672x8192",
@@ -257,6 +311,10 @@ def main() -> int:
     p.add_argument("--mm-rs", default=None, metavar="WS,...",
                    help="also the mm_rs producer kernel alone (rank 0 of each group size; flags raised, partials "
                         "local) at each MxKxN (the op's local problem), every candidate config, then stop")
+    p.add_argument("--ag-mm", default=None, metavar="WS,...",
+                   help="also the ag_mm consumer kernel alone (rank 0 of each group size; shards local, flags "
+                        "raised) at each MxKxN (M: gathered rows), plain and with the TP block's bias + GELU "
+                        "epilogue fused, against cuBLAS addmm (+ F.gelu), then stop")
     args = p.parse_args()
     dev = torch.device("cuda")
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
@@ -276,6 +334,11 @@ def main() -> int:
         gelu_ref = torch.nn.functional.gelu(ref, approximate="tanh")
         cublas = events_ms(lambda: torch.mm(a, b), warm=5)
         print(f"M={M} K={K} N={N}: cuBLAS {cublas:.3f} ms", flush=True)
+        if args.ag_mm:
+            for ws in (int(w) for w in args.ag_mm.split(",")):
+                for line in _ag_mm_lines(a, b, ws, num_sms, cublas, args.configs):
+                    print(line, flush=True)
+            continue
         if args.mm_rs:
             for ws in (int(w) for w in args.mm_rs.split(",")):
                 for line in _mm_rs_lines(a, b, ws, num_sms, cublas, args.configs):
