@@ -190,13 +190,16 @@ def _parse_configs(text: str) -> list[tuple[int, ...]]:
     return [tuple(int(v) for v in cfg.split("x")) for cfg in text.split(",")]
 
 
-def _mm_rs_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
+def _mm_rs_lines(a, b, ws, num_sms, cublas, configs_text=None, residual_add=False) -> list[str]:
     """The mm_rs producer kernel alone on this GPU, as rank 0 of a ``ws``-rank group: ``a`` [M, K] is
     the op's local operand (ws chunks of M/ws rows), every peer's partial already in the receive
     buffer and every flag raised (epoch 0, as the op's tuning runs). Each candidate config
     (pointer stores, and the TMA variants where they apply) is checked (the staged remote chunks,
-    the reduced own chunk, outputs poisoned) and timed against cuBLAS's whole [M, K] @ [K, N]."""
+    the reduced own chunk, outputs poisoned) and timed against cuBLAS's whole [M, K] @ [K, N].
+    ``residual_add``: also with the TP block's residual add fused into the own tiles' epilogue (the
+    generated ``add:0``) against the same kernel followed by a separate ``torch.add``."""
     from overlap_backend.codegen import configs, mm_rs
+    from overlap_backend.codegen import epilogue as gen
     from overlap_backend.runtime import symm
 
     M, _ = a.shape
@@ -238,7 +241,38 @@ def _mm_rs_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
             continue
         t = events_ms(run, warm=5)
         lines.append(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e}")
+        if residual_add:
+            lines.append(_residual_add_line(a, b, ws, num_sms, cfg, recv, out, want_own, flags, ticket, status,
+                                            band_rows, run, gen, mm_rs))
     return lines
+
+
+def _residual_add_line(a, b, ws, num_sms, cfg, recv, out, want_own, flags, ticket, status, band_rows, run, gen,
+                       mm_rs) -> str:
+    """The own chunk's residual add fused (``add:0``) vs the plain kernel then ``torch.add``."""
+    rows, N = out.shape
+    residual = torch.randn(rows, N, device=a.device).to(a.dtype)
+    g = gen.build("add:0", a.dtype)
+    fused_out = torch.full_like(out, float("nan"))
+    stage = torch.empty(ws * rows, N, device=a.device, dtype=a.dtype)
+    summed = torch.empty_like(out)
+
+    def fused():
+        mm_rs.launch(a, b, None, stage, recv, None, fused_out, *flags, ticket, 0, status, 10**9, 0, ws, rows, rows, 1,
+                     0, 0, False, band_rows, cfg, num_sms, epilogue=g, ep_ptrs=gen.pointers(g, [residual]))
+
+    def unfused():
+        run()
+        torch.add(out, residual, out=summed)
+
+    fused()
+    torch.cuda.synchronize()
+    want = want_own.to(a.dtype).float() + residual.float()
+    err = ((fused_out.float() - want).norm() / want.norm()).item()
+    if not err <= 1e-2:
+        return f"    + residual add fused: WRONG (rel err {err:.2e})"
+    return (f"    + residual add: fused {events_ms(fused, warm=5):.3f} ms, kernel then torch.add "
+            f"{events_ms(unfused, warm=5):.3f} ms (rel err {err:.1e})")
 
 
 def _ag_mm_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
@@ -311,6 +345,9 @@ def main() -> int:
     p.add_argument("--mm-rs", default=None, metavar="WS,...",
                    help="also the mm_rs producer kernel alone (rank 0 of each group size; flags raised, partials "
                         "local) at each MxKxN (the op's local problem), every candidate config, then stop")
+    p.add_argument("--rs-residual-add", action="store_true",
+                   help="with --mm-rs: also each config with the residual add fused into its epilogue, against "
+                        "the kernel then a separate torch.add")
     p.add_argument("--ag-mm", default=None, metavar="WS,...",
                    help="also the ag_mm consumer kernel alone (rank 0 of each group size; shards local, flags "
                         "raised) at each MxKxN (M: gathered rows), plain and with the TP block's bias + GELU "
@@ -341,7 +378,7 @@ def main() -> int:
             continue
         if args.mm_rs:
             for ws in (int(w) for w in args.mm_rs.split(",")):
-                for line in _mm_rs_lines(a, b, ws, num_sms, cublas, args.configs):
+                for line in _mm_rs_lines(a, b, ws, num_sms, cublas, args.configs, args.rs_residual_add):
                     print(line, flush=True)
             continue
         if args.stage0:
