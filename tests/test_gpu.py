@@ -285,7 +285,7 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
     import torch.distributed as dist
 
     _setup_rank(rank, device)
-    lowering = _use_lowering(lowering)
+    lowering_id, lowering = lowering, _use_lowering(lowering)
     group = dist.group.WORLD
     gn = group.group_name
     dtype = torch.bfloat16
@@ -302,11 +302,14 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
     a_ar3 = _randn(1536, 2048, dtype=dtype, device=device)  # symm: on cuBLAS at ws 2
     b_ar3 = _randn(2048, 1504, dtype=dtype, device=device, scale=2048**-0.5)
     b_ar2 = _randn(64, 1024, dtype=dtype, device=device, scale=64**-0.5)
+    a_rs3 = _randn(ws * 512, 1024, dtype=dtype, device=device)  # symm: the kernel, whole tiles (its TMA variant applies)
+    b_rs3 = _randn(1024, 128, dtype=dtype, device=device, scale=1024**-0.5)
     low = lowering
     ops = {
         "ag_mm": lambda s: torch.ops.overlap.ag_mm(s, [w], [None], 0, gn, low, False)[1][0],
         "mm_rs": lambda a: torch.ops.overlap.mm_rs(a, b_rs, None, [a.shape[0], 104], 0, "sum", gn, low),
         "mm_rs_cublas": lambda a: torch.ops.overlap.mm_rs(a, b_rs2, None, [a.shape[0], 104], 0, "sum", gn, low),
+        "mm_rs_tiles": lambda a: torch.ops.overlap.mm_rs(a, b_rs3, None, [a.shape[0], 128], 0, "sum", gn, low),
         "mm_ar": lambda a: torch.ops.overlap.mm_ar(a, b_ar, None, "sum", gn, low),
         "mm_ar_rounds": lambda a: torch.ops.overlap.mm_ar(a, b_ar2, None, "sum", gn, low),
         "mm_ar_cublas": lambda a: torch.ops.overlap.mm_ar(a, b_ar3, None, "sum", gn, low),
@@ -319,6 +322,8 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
             return _all_reduce_ref(x.float() @ b_rs.float(), group).chunk(ws)[rank]
         if name == "mm_rs_cublas":
             return _all_reduce_ref(x.float() @ b_rs2.float(), group).chunk(ws)[rank]
+        if name == "mm_rs_tiles":
+            return _all_reduce_ref(x.float() @ b_rs3.float(), group).chunk(ws)[rank]
         if name == "mm_ar_rounds":
             return _all_reduce_ref(x.float() @ b_ar2.float(), group)
         if name == "mm_ar_cublas":
@@ -326,8 +331,8 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
         return _all_reduce_ref(x.float() @ b_ar.float(), group)
 
     bad, summary = [], {}
-    for name, x in (("ag_mm", shard), ("mm_rs", a_rs), ("mm_rs_cublas", a_rs2), ("mm_ar", a_ar), ("mm_ar_rounds", a_ar2),
-                    ("mm_ar_cublas", a_ar3)):
+    for name, x in (("ag_mm", shard), ("mm_rs", a_rs), ("mm_rs_cublas", a_rs2), ("mm_rs_tiles", a_rs3), ("mm_ar", a_ar),
+                    ("mm_ar_rounds", a_ar2), ("mm_ar_cublas", a_ar3)):
         op = ops[name]
         # Same inputs, back to back with no host synchronisation: bit-identical results.
         outs = [op(x) for _ in range(calls)]
@@ -347,6 +352,8 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
     summary["paths"] = _paths()
     if lowering == "symm" and not all(summary["paths"].get(f"{op}:symm", 0) for op in ("ag_mm", "mm_rs", "mm_ar")):
         bad.append(f"rank {rank}: not every op ran on the symm kernels: {summary['paths']}")
+    if lowering_id == "symm-rstma" and not summary["paths"].get("mm_rs:symm:triton-tma"):
+        bad.append(f"rank {rank}: no mm_rs call took the kernel's TMA variant: {summary['paths']}")
     assert not bad, "\n".join(bad)
     return summary
 
