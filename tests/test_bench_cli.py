@@ -585,3 +585,24 @@ def test_bench_models_writes_a_trace_per_variant(tmp_path):
     out = subprocess.run([sys.executable, "bench/trace_compare.py", *(str(tmp_path / "tr" / n) for n in names[::2])],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert "| span |" in out
+
+
+def test_probe_host_cpu_counts_the_stream_operations_of_a_call():
+    """bench/probe_host_cpu.py runs the real cuBLAS paths of mm_rs and ag_mm against a mocked CUDA
+    layer. The stream operations per call are the protocol's (rank 0 of 4, one band per chunk):
+    mm_rs: READY raised to and awaited from 3 peers, 3 done flags raised and awaited, 3 pushes with
+    their arrival flags, 3 arrivals awaited, PEER_OK awaited, 2 progress words; ag_mm: READY, 3
+    pushes with their flags, each peer's chunk awaited by the GEMMs and by the gathered copy, PEER_OK,
+    2 progress words. A new stream operation per call shows here first."""
+    sys.path.insert(0, str(REPO))
+    from bench import probe_host_cpu
+
+    res = probe_host_cpu.measure(4, 512, calls=5)
+    rs, ag = res["mm_rs (cuBLAS per band)"], res["ag_mm (cuBLAS per chunk)"]
+    assert rs["stream_ops"] == {"memcpy_async": 3, "wait_stream": 4, "wait_value32": 10, "write_value32": 11}
+    assert ag["stream_ops"] == {"memcpy_async": 3, "wait_stream": 4, "wait_value32": 10, "write_value32": 8}
+    assert all(r["us"] > 0 for r in res.values())
+    from overlap_backend.runtime import cuda as _cuda, symm_lowering
+
+    # the mocks are undone
+    assert symm_lowering.rs_gemm.__module__ == symm_lowering.__name__ and _cuda.write_value32.__module__ == _cuda.__name__
