@@ -538,3 +538,23 @@ def test_group_runs_unwatched_if_the_progress_write_is_refused(monkeypatch, capl
     assert calls == [(4096 + 4 * symm.STARTED, 3)]  # tried once, then off
     assert not st._watch_progress and st._watched not in watchdog._watched
     assert "without the stream-wait watchdog" in caplog.text
+
+
+def test_a_peer_found_dead_when_a_transfer_starts_is_a_p2p_error(monkeypatch):
+    """gloo raises at a send whose connection the dead peer closed (before any wait): the ring turns
+    that into the same P2PError, naming the op and the peers, as a failed wait."""
+    from types import SimpleNamespace
+
+    from overlap_backend.runtime import p2p
+
+    def refused(ops):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:30336")
+
+    monkeypatch.setattr(p2p, "start_batch", refused)
+    ring = object.__new__(p2p.Ring)
+    ring.state = SimpleNamespace(name="g", size=2, timeout_s=2.0)
+    ring.op, ring.rank, ring.next, ring.prev, ring._cuda = "mm_ar", 0, 1, 1, False
+    op = SimpleNamespace(tensor=torch.zeros(1))
+    with pytest.raises(p2p.P2PError, match=r"mm_ar on rank 0 of group 'g'.*starting a ring step's transfers.*"
+                                           r"Connection closed by peer"):
+        ring.start([op])

@@ -140,10 +140,15 @@ class Ring:
         return self.start(ops)
 
     def start(self, ops: Sequence[dist.P2POp]) -> list[dist.Work]:
-        """Start ``ops`` (P2P operations on this ring's group) as one batch."""
+        """Start ``ops`` (P2P operations on this ring's group) as one batch. A peer found dead at
+        this point (gloo raises on a send whose connection its peer closed) is a :class:`P2PError`
+        too, as at a wait."""
         if ops and ops[0].tensor.is_cuda:
             self._cuda = True
-        return start_batch(ops)
+        try:
+            return start_batch(ops)
+        except RuntimeError as e:
+            raise self.error("starting a ring step's transfers", e) from e
 
     def wait(self, works: Sequence[dist.Work], what: str = "") -> None:
         """Wait for ``works`` (on CUDA: make the compute stream wait; the host does not block).
