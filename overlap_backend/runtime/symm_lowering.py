@@ -214,7 +214,7 @@ def _weight(b: Tensor) -> Tensor:
 def _tma_problem(dtype: torch.dtype, *inner_dims: int) -> str | None:
     if dtype not in DTYPES:
         return f"dtype {dtype} (kernels: {', '.join(map(str, DTYPES))})"
-    es = torch.empty((), dtype=dtype).element_size()
+    es = dtype.itemsize
     for d in inner_dims:
         if (d * es) % 16:
             return f"a row of {d} {dtype} elements is not a multiple of 16 bytes (TMA)"
