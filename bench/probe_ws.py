@@ -183,6 +183,17 @@ def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
     return f"{t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e} (config {cfg0}, {nch} chunks of {kchunk})"
 
 
+def _first_run_error(run) -> str | None:
+    """Run ``run`` once and wait for it: None, or why it failed (e.g. did not compile), in one line.
+    A probe reports that and goes on with its next variant."""
+    try:
+        run()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return None
+
+
 PLAIN_CONFIGS = "128x256x64x3x8,128x256x64x4x8,128x128x64x4x8,128x128x64x4x4"
 
 
@@ -227,11 +238,8 @@ def _mm_rs_lines(a, b, ws, num_sms, cublas, configs_text=None, residual_add=Fals
                          0, 0, False, band_rows, cfg, num_sms)
 
         label = f"  mm_rs ws={ws} {cfg}"
-        try:
-            run()
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
-            lines.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        if why := _first_run_error(run):
+            lines.append(f"{label}: {why}")
             continue
         err = ((out.float() - want_own).norm() / want_own.norm()).item()
         if ws > 1:  # (ws 1: every tile is the own chunk's, nothing staged)
@@ -311,11 +319,8 @@ def _ag_mm_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
                              epilogue=g, ep_ptrs=gen.pointers(g, ()) if g is not None else ())
 
             label = f"  ag_mm ws={ws} {cfg} epilogue={spec or 'none'}"
-            try:
-                run()
-                torch.cuda.synchronize()
-            except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
-                lines.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            if why := _first_run_error(run):
+                lines.append(f"{label}: {why}")
                 continue
             want = refs[spec]
             err = ((out.float() - want).norm() / want.norm()).item()
@@ -401,11 +406,8 @@ def main() -> int:
                                               num_warps=warps)
 
                     label = f"  {cfg} {epi} ws={ws}"
-                    try:
-                        run()
-                        torch.cuda.synchronize()
-                    except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
-                        print(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+                    if why := _first_run_error(run):
+                        print(f"{label}: {why}", flush=True)
                         continue
                     err = ((c.float() - expected).norm() / expected.norm()).item()
                     worst = (c.float() - expected).abs().max().item()

@@ -58,12 +58,9 @@ def mm_rs_kernel(
     INTERPRET: tl.constexpr = False,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
-    tiles_m = tl.cdiv(rows, BM)
-    tiles_n = tl.cdiv(N, BN)
-    tiles_per_chunk = tiles_m * tiles_n
+    tiles_per_chunk = tl.cdiv(rows, BM) * tl.cdiv(N, BN)
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
-    band_tile_rows = band_rows // BM
     if TMA:  # one round, contiguous chunks, BM divides them (launch): tiles never straddle two
         stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
         recv_desc = tl.make_tensor_descriptor(recv_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
@@ -90,7 +87,7 @@ def mm_rs_kernel(
                 tile, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
                 out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
                 epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
-                out_rows, nbands, band_tile_rows, tiles_m, tiles_n, tiles_per_chunk, peer_data_ptr, peer_flags_ptr,
+                out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr,
                 ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK,
                 GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP)
             tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
@@ -99,7 +96,7 @@ def mm_rs_kernel(
             tile, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
             out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
             epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
-            out_rows, nbands, band_tile_rows, tiles_m, tiles_n, tiles_per_chunk, peer_data_ptr, peer_flags_ptr,
+            out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr,
             ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK,
             GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP)
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
@@ -115,8 +112,8 @@ def _rs_tile(
     tile, waited, ready_seen, pending, pending_n, pending_tiles,
     a_desc, b_desc, stage_desc, recv_desc, out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
     counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-    rank, N, K, rows, run, out_round_stride, out_offset, out_rows, nbands, band_tile_rows, tiles_m, tiles_n,
-    tiles_per_chunk, peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word, ag_flag_word,
+    rank, N, K, rows, run, out_round_stride, out_offset, out_rows, nbands, band_rows,
+    peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word, ag_flag_word,
     ep0, ep1, ep2, ep3,
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
@@ -126,6 +123,10 @@ def _rs_tile(
     """One tile of ``mm_rs_kernel`` (its number drawn from the ticket): the main loop, then either the
     staged / peer-stored remote tile (counted) or the own tile reduced with the peers' partials.
     Returns the CTA's carried state: (waited, ready_seen, pending, pending_n, pending_tiles)."""
+    tiles_m = tl.cdiv(rows, BM)
+    tiles_n = tl.cdiv(N, BN)
+    tiles_per_chunk = tiles_m * tiles_n
+    band_tile_rows = band_rows // BM
     rnd = tile // (WS * tiles_per_chunk)
     pos = (tile // tiles_per_chunk) % WS
     chunk = (rank + 1 + pos) % WS  # pos WS-1 is this rank's own chunk
