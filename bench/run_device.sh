@@ -13,6 +13,10 @@
 #                                      TESTS_K= runs them all)
 #   OVERLAP_TEST_TIMEOUT_S=150 bash bench/run_device.sh tests   # caps every test's own timeout, so a hang
 #                                      prints the stuck ranks' Python stacks before the stage limit kills it
+#   OVERLAP_TEST_SHARED_GPU=1 TESTS_K="ws4 and symm-rstma" bash bench/run_device.sh tests   # one GPU: every
+#                                      rank of a multi-rank GPU test on GPU 0 (gloo group; numerics, flags and
+#                                      hangs at 2/4/8 ranks, not speed; a cold Triton cache makes the first
+#                                      tests slow: 4 ranks compile at once)
 #   TEST_FILES="tests/test_gpu_cta.py" BENCHES="cta" bash bench/run_device.sh   # a subset
 #                                      (defaults: tests/test_gpu.py tests/test_gpu_cta.py, in `tests` mode
 #                                      every tests/test_gpu*.py; BENCHES="collective block cta", with

@@ -4,6 +4,11 @@
 through a FileStore in a new temp dir (never a fixed port), call ``fn(rank, world_size, *args)``,
 and send back its return value or traceback. A rank that dies, fails, or does not finish within
 ``timeout`` seconds (a deadlock) fails the test loudly, and every process is killed.
+
+``OVERLAP_TEST_SHARED_GPU=1`` puts every rank of a ``backend="nccl"`` run on GPU 0 with a gloo
+group instead (NCCL refuses two ranks on one GPU): the GPU tests of the multi-rank kernels and flag
+protocol then run on a one-GPU machine. Their timings mean nothing there (the ranks' kernels take
+turns on the GPU), their numerics and hangs do.
 """
 
 from __future__ import annotations
@@ -21,6 +26,19 @@ from overlap_backend.spawn import collect, dump_stacks_on_signal
 _RANK_ENV = {"OMP_NUM_THREADS": "1", "OVERLAP_INDUCTOR": "0"}
 
 
+def shared_gpu() -> bool:
+    """Whether GPU runs put every rank on GPU 0 with gloo (``OVERLAP_TEST_SHARED_GPU=1``)."""
+    return os.environ.get("OVERLAP_TEST_SHARED_GPU", "0") not in ("", "0")
+
+
+def on_group_device(t, group):
+    """``t`` where the group's collectives take it: on the CPU for a gloo group (a reference computed
+    with collectives under ``OVERLAP_TEST_SHARED_GPU``); move the result back with ``.to(t.device)``."""
+    import torch.distributed as dist
+
+    return t.cpu() if "gloo" in str(dist.get_backend(group)) else t
+
+
 def _worker(fn, rank, world_size, store_path, results, env, backend, args):
     os.environ.update(env)
     dump_stacks_on_signal()
@@ -31,7 +49,13 @@ def _worker(fn, rank, world_size, store_path, results, env, backend, args):
         torch.set_num_threads(1)
         store = dist.FileStore(store_path, world_size)
         kwargs = {}
-        if backend == "nccl":
+        if backend == "nccl" and shared_gpu():
+            from overlap_backend.runtime import symm
+
+            torch.cuda.set_device(0)
+            backend = "gloo"
+            symm.GROUP_BACKENDS = ("nccl", "gloo")  # symm's data path never uses the group's collectives
+        elif backend == "nccl":
             torch.cuda.set_device(rank)
             kwargs["device_id"] = torch.device("cuda", rank)
         dist.init_process_group(
@@ -51,7 +75,7 @@ def run_ranks(
 ) -> list:
     """``[fn(0, world_size, *args), ..., fn(world_size - 1, ...)]``, each run in its own process.
 
-    ``backend="nccl"`` puts rank r on GPU r.
+    ``backend="nccl"`` puts rank r on GPU r (all on GPU 0 over gloo under ``OVERLAP_TEST_SHARED_GPU``).
     """
     # OVERLAP_TEST_TIMEOUT_S caps every test's timeout (a device run under a shorter stage limit still
     # gets the stuck ranks' stacks, which are printed when the timeout is reached)

@@ -37,9 +37,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 try:
-    from dist_harness import run_ranks
+    from dist_harness import on_group_device, run_ranks, shared_gpu
 except ImportError:  # imported as tests.test_gpu
-    from tests.dist_harness import run_ranks
+    from tests.dist_harness import on_group_device, run_ranks, shared_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -51,12 +51,15 @@ def _tol(dtype: torch.dtype) -> float:
     return 1e-4 if dtype in (torch.float32, torch.float64) else 1e-2
 
 
-def _need_gpus(ws: int) -> None:
-    if not torch.cuda.is_available() or torch.cuda.device_count() < ws:
-        pytest.skip(f"needs {ws} CUDA GPUs, found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+def _need_gpus(ws: int, lowering: str = "symm") -> None:
+    if shared_gpu() and lowering == "p2p":
+        pytest.skip("OVERLAP_TEST_SHARED_GPU runs gloo, which cannot send CUDA tensors point to point")
+    need = 1 if shared_gpu() else ws  # OVERLAP_TEST_SHARED_GPU: every rank on GPU 0 (gloo)
+    if not torch.cuda.is_available() or torch.cuda.device_count() < need:
+        pytest.skip(f"needs {need} CUDA GPUs, found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
     import torch.distributed as dist
 
-    if not dist.is_nccl_available():
+    if not shared_gpu() and not dist.is_nccl_available():
         pytest.skip("torch was built without NCCL")
 
 
@@ -80,21 +83,22 @@ def _randn(*shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
 
 
 def _gather_ref(shard: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """all_gather along ``dim`` through NCCL (exact: a copy)."""
+    """all_gather along ``dim`` through the group's collective (exact: a copy)."""
     import torch.distributed as dist
 
     ws = group.size()
-    flat = shard.new_empty((ws * shard.shape[0], *shard.shape[1:]))
-    dist.all_gather_into_tensor(flat, shard.contiguous(), group=group)
-    return torch.cat(flat.chunk(ws, 0), dim=dim)
+    part = on_group_device(shard.contiguous(), group)
+    flat = part.new_empty((ws * shard.shape[0], *shard.shape[1:]))
+    dist.all_gather_into_tensor(flat, part, group=group)
+    return torch.cat(flat.to(shard.device).chunk(ws, 0), dim=dim)
 
 
 def _all_reduce_ref(t: torch.Tensor, group) -> torch.Tensor:
     import torch.distributed as dist
 
-    t = t.clone()
-    dist.all_reduce(t, group=group)
-    return t
+    out = on_group_device(t, group).clone()
+    dist.all_reduce(out, group=group)
+    return out.to(t.device)
 
 
 def _stream(device: str, stream):
@@ -263,6 +267,8 @@ def numerics_worker(rank: int, ws: int, device: str, lowering: str = "p2p"):
     results, bad = [], []
     for dtype in DTYPES:
         for label, case, kwargs in _cases(ws, lowering):
+            if shared_gpu() and label.startswith("fallback"):
+                continue  # p2p on gloo cannot send CUDA tensors (OVERLAP_TEST_SHARED_GPU runs gloo)
             before = _paths()
             err = case(group, dtype, device, lowering, **kwargs)
             after = _paths()
@@ -567,7 +573,7 @@ OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", 
 @WORLD_SIZES
 @pytest.mark.timeout(300)
 def test_ops_numerics(ws, lowering):
-    _need_gpus(ws)
+    _need_gpus(ws, lowering)
     results = _run(numerics_worker, ws, lowering, timeout=280)
     worst: dict[tuple[str, str], float] = {}
     for per_rank in results:
@@ -581,7 +587,7 @@ def test_ops_numerics(ws, lowering):
 @WORLD_SIZES
 @pytest.mark.timeout(200)
 def test_repeated_calls(ws, lowering):
-    _need_gpus(ws)
+    _need_gpus(ws, lowering)
     for rank, summary in enumerate(_run(repeat_worker, ws, lowering)):
         print(f"ws={ws} {lowering} rank {rank}: {summary}")
 
@@ -590,7 +596,7 @@ def test_repeated_calls(ws, lowering):
 @WORLD_SIZES
 @pytest.mark.timeout(200)
 def test_two_groups_at_once(ws, lowering):
-    _need_gpus(ws)
+    _need_gpus(ws, lowering)
     for rank, summary in enumerate(_run(two_groups_worker, ws, lowering)):
         print(f"ws={ws} {lowering} rank {rank}: {summary}")
 
@@ -599,7 +605,7 @@ def test_two_groups_at_once(ws, lowering):
 @WORLD_SIZES
 @pytest.mark.timeout(300)
 def test_compiled_tp_models(ws, lowering):
-    _need_gpus(ws)
+    _need_gpus(ws, lowering)
     env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     results = _run(compiled_worker, ws, lowering, timeout=280, env=env)
     for name, res in results[0].items():

@@ -188,7 +188,7 @@ def compiled_worker(rank: int, ws: int, device: str, lowering: str):
 @WORLD_SIZES
 @pytest.mark.timeout(300)
 def test_ops_with_epilogues_numerics(ws, lowering):
-    _need_gpus(ws)
+    _need_gpus(ws, lowering)
     worst: dict[tuple[str, str], float] = {}
     for per_rank in _run(ops_worker, ws, lowering, timeout=280):
         for label, dtype, err in per_rank:
@@ -201,7 +201,7 @@ def test_ops_with_epilogues_numerics(ws, lowering):
 @WORLD_SIZES
 @pytest.mark.timeout(400)
 def test_compiled_blocks_fused_vs_eager(ws, lowering):
-    _need_gpus(ws)
+    _need_gpus(ws, lowering)
     env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     results = _run(compiled_worker, ws, lowering, timeout=380, env=env)
     for name, res in results[0].items():

@@ -558,3 +558,21 @@ def test_a_peer_found_dead_when_a_transfer_starts_is_a_p2p_error(monkeypatch):
     with pytest.raises(p2p.P2PError, match=r"mm_ar on rank 0 of group 'g'.*starting a ring step's transfers.*"
                                            r"Connection closed by peer"):
         ring.start([op])
+
+
+def test_gloo_group_refuses_cuda_tensors_before_any_transfer(gloo_one_rank, monkeypatch):
+    """gloo sends CPU tensors only (a CUDA tensor aborts the process inside gloo): a ring of a gloo
+    group given CUDA tensors raises a P2PError saying so, before starting any transfer."""
+    from types import SimpleNamespace
+
+    from overlap_backend.runtime import p2p
+
+    started = []
+    monkeypatch.setattr(p2p, "start_batch", lambda ops: started.append(ops) or [])
+    ring = p2p.Ring(gloo_one_rank.group_name, op="ag_mm")
+    assert ring.state.cpu_only
+    ring.start([SimpleNamespace(tensor=torch.zeros(1))])  # CPU tensors go through
+    assert len(started) == 1
+    with pytest.raises(p2p.P2PError, match=r"ag_mm on rank 0 .*gloo cannot send CUDA tensors point to point"):
+        ring.start([SimpleNamespace(tensor=SimpleNamespace(is_cuda=True))])
+    assert len(started) == 1

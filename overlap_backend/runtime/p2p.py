@@ -84,6 +84,10 @@ class GroupP2P:
         self.timeout_s = OverlapConfig.env_value("timeout_s")
         self.timeout = timedelta(seconds=self.timeout_s)
         self.calls = 0  # op calls on this group (diagnostics)
+        # gloo sends and receives CPU tensors only: given a CUDA tensor, it aborts the process
+        # ("writev ... Bad address"). A gloo-only group with CUDA tensors is refused with an error.
+        backend = str(dist.get_backend(group)).lower()
+        self.cpu_only = "gloo" in backend and "cuda:" not in backend
 
 
 _GROUPS: dict[str, GroupP2P] = {}
@@ -145,6 +149,12 @@ class Ring:
         too, as at a wait."""
         if ops and ops[0].tensor.is_cuda:
             self._cuda = True
+            if self.state.cpu_only:
+                raise P2PError(
+                    f"overlap p2p: {self.op} on rank {self.rank} of group {self.state.name!r}: the group is a gloo "
+                    f"group and gloo cannot send CUDA tensors point to point. Run the group on NCCL "
+                    f"(OVERLAP_LOWERING=symm on one node), or leave this op out (OVERLAP_PASSES)."
+                )
         try:
             return start_batch(ops)
         except RuntimeError as e:

@@ -45,6 +45,11 @@ from .streams import SYMM_COPY_OUT, SYMM_PUSH, SYMM_PUSH_TO, comm_stream
 log = logging.getLogger("overlap_backend.symm")
 
 WS_MAX = 8  # ranks of one node
+# Process-group backends whose groups symm serves. The data path never calls the group's
+# collectives (set-up uses all_gather_object), so a gloo group of ranks sharing one GPU works too:
+# tests add "gloo" to run the multi-rank kernels and flag protocol on a one-GPU machine
+# (OVERLAP_TEST_SHARED_GPU, tests/dist_harness.py).
+GROUP_BACKENDS: tuple[str, ...] = ("nccl",)
 MAX_VIEWS = 64  # GroupState.data_view's cache of tensor views over the data buffer, per group
 AR_ROWS_PER_CHUNK = 512  # mm_ar: at least this many rows per chunk and round (an efficient GEMM)...
 AR_MAX_ROUNDS = 4  # ...and at most this many rounds (each costs ~3 host calls per peer and band)
@@ -190,7 +195,7 @@ def group_support(group_name: str) -> str | None:
             return _support[group_name]
     group = _resolve_process_group(group_name)
     backend = str(dist.get_backend(group)).lower()
-    if "nccl" not in backend:
+    if not any(b in backend for b in GROUP_BACKENDS):
         why = f"group backend is {backend!r}, not NCCL"
     elif group.size() > WS_MAX:
         why = f"group of {group.size()} ranks > {WS_MAX} (one node)"

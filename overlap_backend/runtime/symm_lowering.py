@@ -83,9 +83,11 @@ RS_OWN_FIRST = True
 # (tests); False: pointer stores only. Measured alone on one H200 (bench/probe_ws.py --mm-rs,
 # seventeenth session, run 10, ms, pointer / TMA): ws 4's local 16384x512x8192 0.378 / 0.319,
 # 4096x1792x8192 0.206 / 0.198, ws 2's 16384x1024x8192 0.489 / 0.443 and 8192x3584x8192 0.688 / 0.720
-# (the tuner keeps the faster). Off until the multi-GPU tests pass with it (tests/test_gpu.py,
-# lowering "symm-rstma"): there the copy engine reads what the TMA stores wrote.
-RS_TMA: bool | str = False
+# (the tuner keeps the faster). On since the multi-rank GPU tests pass with it (tests/test_gpu.py,
+# lowering "symm-rstma", where the copy engine reads what the TMA stores wrote): ranks sharing one
+# H200 (OVERLAP_TEST_SHARED_GPU, eighteenth session) at 2, 4 and 8 ranks, op numerics and 100
+# repeated calls. Not yet timed in the op on several GPUs.
+RS_TMA: bool | str = True
 # How ag_mm computes: "cublas" (one cuBLAS GEMM per chunk and weight, the own chunk first while the
 # copy engine brings the peers' shards, each peer chunk after a stream wait on its arrival flag:
 # _ag_mm_cublas) or "triton" (the persistent consumer kernel, which waits per band tile by tile and
