@@ -1,0 +1,23 @@
+# For the next session that gets nvidia-h200-x4 (or -x2: the ws-4 parts then say "skipped"):
+#   mkdir devrun; cp bench/results/2026-11-30_h200x2_session6/commands/dev_run.sh devrun/
+#   DEADLINE=545 bash devrun/dev_run.sh bench/results/2026-12-01_h200x1_session18/commands/next_x4.sh   (carry devrun)
+# Part A: do the seventeenth session's two switches pay on 4 GPUs? (both pass the GPU tests at 4 ranks sharing one GPU,
+# session 18; RS_TMA is now on by default, so "one" below has it and "ptr" is the pointer-store-only A/B)
+TR="python -m torch.distributed.run --standalone --nproc-per-node=4"
+TAILN=12 run t_perpeer 150 python -m pytest -q -x tests/test_gpu.py -k "ws4 and (symm-perpeer or symm-rstma) and ops_numerics"
+TAILN=30 run rs_one 90 $TR bench/bench_collective_gemm.py --suite mm_rs,mm_ar --lowerings symm --out-dir $RES/one
+TAILN=30 run rs_perpeer 90 $TR bench/bench_collective_gemm.py --suite mm_rs,mm_ar --lowerings symm --out-dir $RES/perpeer --set runtime.symm.PUSH_STREAM_PER_PEER=True
+TAILN=30 run rs_ptr 90 $TR bench/bench_collective_gemm.py --suite mm_rs --lowerings symm --out-dir $RES/ptr --set runtime.symm_lowering.RS_TMA=False
+TAILN=20 run ag_perpeer 60 $TR bench/bench_collective_gemm.py --suite ag_mm --lowerings symm --out-dir $RES/perpeer --set runtime.symm.PUSH_STREAM_PER_PEER=True
+# Part B (a second call): where the Llama step loses, traced; MoE at EP 4 with per-peer pushes.
+# TAILN=20 run llama4 300 $TR bench/bench_models.py --out $RES --sections llama --variants inductor,inductor_nocomm,overlap --mode reduce-overhead --trace $TRACES
+# TAILN=30 run cmp 30 bash -c "python bench/trace_compare.py $TRACES/llama_cudagraphs_ws4_{inductor,inductor_nocomm,overlap}_rank0.json"
+# TAILN=10 run moe4 150 $TR bench/bench_moe.py --out $RES/perpeer --configs deepseek --routing balanced --comm-sms '' --sweep '' --no-p2p --set runtime.symm.PUSH_STREAM_PER_PEER=True
+# Part C: is the Llama step host-bound in default mode with every match rewritten (the cost model prices
+# each symm op's host time as if the step were; 34 ops x ~0.45 ms)? Compare with the cost model on.
+# TAILN=12 run llama4_off 240 env OVERLAP_COST_MODEL=off $TR bench/bench_models.py --out $RES/cost_model_off --sections llama --variants inductor,overlap
+# Part D: the MoE symm op's slowdown after the p2p lowering ran (9.05 vs 6.34 ms at 2 GPUs; a traced single call
+# is not slower, so back-to-back calls are). Hypothesis: host-bound calls (NCCL's proxy thread, busy after P2P,
+# takes CPU from the op's enqueue). If replays (no host time) show no slowdown, the cause is on the host.
+# TAILN=10 run moe_p2pfirst_graphs 150 $TR bench/bench_moe.py --out $RES/p2p_first_graphs --configs deepseek --routing balanced --comm-sms '' --sweep '' --p2p-first --graphs
+# TAILN=10 run moe_clean_graphs 120 $TR bench/bench_moe.py --out $RES/clean_graphs --configs deepseek --routing balanced --comm-sms '' --sweep '' --no-p2p --graphs
