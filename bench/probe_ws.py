@@ -94,7 +94,7 @@ def _reference(ref, name):
 
 @triton.jit
 def _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, GROUP_M: tl.constexpr, EPI: tl.constexpr):
+                BK: tl.constexpr, GROUP_M: tl.constexpr, EPI: tl.constexpr, SUBTILE: tl.constexpr = False):
     per_group = GROUP_M * tiles_n
     first_m = (tile // per_group) * GROUP_M
     rows = tl.minimum(tiles_m - first_m, GROUP_M)
@@ -103,22 +103,32 @@ def _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM: tl
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BK)):
         acc = tl.dot(a_desc.load([pid_m * BM, k * BK]), b_desc.load([k * BK, pid_n * BN]), acc)
-    acc = _epilogue(acc, EPI)
-    c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
+    if SUBTILE:  # the epilogue in two [BM, BN/2] halves: the first half's store overlaps the second's maths
+        halves = tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1))
+        acc0, acc1 = tl.split(halves)
+        c_desc.store([pid_m * BM, pid_n * BN], _epilogue(acc0, EPI).to(c_ptr.dtype.element_ty))
+        c_desc.store([pid_m * BM, pid_n * BN + BN // 2], _epilogue(acc1, EPI).to(c_ptr.dtype.element_ty))
+    else:
+        acc = _epilogue(acc, EPI)
+        c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
 
 
 @triton.jit
 def persistent_gemm(a_ptr, b_ptr, c_ptr, ticket_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, WS: tl.constexpr, EPI: tl.constexpr,
-                    TICKET: tl.constexpr = False, WHILE: tl.constexpr = False, TICKET_FOR: tl.constexpr = False):
+                    TICKET: tl.constexpr = False, WHILE: tl.constexpr = False, TICKET_FOR: tl.constexpr = False,
+                    SUBTILE: tl.constexpr = False, FLATTEN: tl.constexpr = False):
     """C = act(A @ B) (EPI: EPILOGUES), tiles in groups of GROUP_M row blocks, column by column.
     ``TICKET``: tiles drawn from an atomic counter in a while loop (as the mm_rs kernel does) instead
     of a static ``for`` over this program's tiles; ``WHILE``: the static tiles in a while loop (no
     atomic: which of the two costs); ``TICKET_FOR``: ticket draws in a ``for`` loop of the even share
-    of tiles plus one, each iteration guarded, then a while loop for what is left."""
+    of tiles plus one, each iteration guarded, then a while loop for what is left. ``SUBTILE``: the
+    epilogue and store in two column halves; ``FLATTEN``: the static tile loop and the K-loop flattened
+    into one (``tl.range(flatten=True)``: the pipeliner may prefetch the next tile's first K-steps
+    during this tile's epilogue)."""
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
-    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN // (2 if SUBTILE else 1)])
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
     if TICKET:
@@ -146,8 +156,8 @@ def persistent_gemm(a_ptr, b_ptr, c_ptr, ticket_ptr, M, N, K, BM: tl.constexpr, 
             _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI)
             tile += tl.num_programs(0)
     else:
-        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=False, warp_specialize=WS):
-            _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI)
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=FLATTEN, warp_specialize=WS):
+            _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI, SUBTILE)
 
 
 def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
@@ -194,6 +204,11 @@ def _first_run_error(run) -> str | None:
     return None
 
 
+# --variants: name -> the ``ws`` value of the plain GEMM's loop (False: a static for loop; True: the same,
+# warp-specialized; the strings name the other loops and epilogue forms)
+LOOP_VARIANTS = {"plain": False, "warp_specialize": True, "ticket": "ticket", "while": "while",
+                 "ticket_for": "ticket_for", "subtile": "subtile", "flatten": "flatten",
+                 "subtile_flatten": "subtile_flatten"}
 PLAIN_CONFIGS = "128x256x64x3x8,128x256x64x4x8,128x128x64x4x8,128x128x64x4x4"
 
 
@@ -344,6 +359,9 @@ def main() -> int:
                    help=f"activation variants of the plain GEMM, comma-separated from {', '.join(EPILOGUES)} "
                         "(default: none)")
     p.add_argument("--no-ws", action="store_true", help="only warp_specialize=False")
+    p.add_argument("--variants", default=None,
+                   help="the plain GEMM's loop variants, comma-separated from " + ", ".join(LOOP_VARIANTS) +
+                        " (default: all but subtile / flatten; --no-ws: plain only)")
     p.add_argument("--stage0", action="store_true",
                    help="also the CTA op's stage-0 kernel (GELU, chunk-major local stores, tiles counted; "
                         "flags local) at each MxKxN, in its default config")
@@ -358,6 +376,11 @@ def main() -> int:
                         "raised) at each MxKxN (M: gathered rows), plain and with the TP block's bias + GELU "
                         "epilogue fused, against cuBLAS addmm (+ F.gelu), then stop")
     args = p.parse_args()
+    if args.variants:
+        variants = [LOOP_VARIANTS[v] for v in args.variants.split(",") if v in LOOP_VARIANTS or p.error(
+            f"--variants: {v!r} is not one of {', '.join(LOOP_VARIANTS)}")]
+    else:
+        variants = [False] if args.no_ws else [False, True, "ticket", "while", "ticket_for"]
     dev = torch.device("cuda")
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -394,7 +417,7 @@ def main() -> int:
             BM, BN, BK, stages, warps = (int(v) for v in cfg.split("x"))
             for epi in epilogues:
                 expected = _reference(ref, epi)
-                for ws in (False,) if args.no_ws else (False, True, "ticket", "while", "ticket_for"):
+                for ws in variants:
                     c = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
                     grid = (min(num_sms, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
 
@@ -402,7 +425,8 @@ def main() -> int:
                         persistent_gemm[grid](a, b, c, ticket, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=8,
                                               NUM_SMS=grid[0], WS=ws is True, EPI=EPILOGUES[epi],
                                               TICKET=ws == "ticket", WHILE=ws == "while",
-                                              TICKET_FOR=ws == "ticket_for", num_stages=stages,
+                                              TICKET_FOR=ws == "ticket_for", SUBTILE="subtile" in str(ws),
+                                              FLATTEN="flatten" in str(ws), num_stages=stages,
                                               num_warps=warps)
 
                     label = f"  {cfg} {epi} ws={ws}"

@@ -326,3 +326,26 @@ def test_symm_ops_under_cuda_graph_capture(monkeypatch):
     assert "grow" in symm_lowering._captured_fit(fake, (1 << 20) + 1, [(128, 256, 64, 8, 3, 8, False)])
     assert "tuned" in symm_lowering._captured_fit(fake, 1 << 10, [None])
     assert "grow" in symm_lowering._captured_fit(types.SimpleNamespace(data=None), 1, [])
+
+
+@pytest.mark.parametrize("variant", ["plain", "ticket_for", "subtile", "flatten", "subtile_flatten"])
+def test_probe_plain_gemm_variants_match_the_reference(variant):
+    """bench/probe_ws.py's plain persistent GEMM (the yardstick its GPU timings compare the op kernels
+    with): every loop / epilogue variant computes act(A @ B), partial edge tiles included."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import probe_ws
+
+    M, K, N = 40, 64, 96  # 2 x 2 tiles of 32 x 64, the last row tile partial
+    a, b = torch.randn(M, K), torch.randn(K, N) / 8
+    ticket = torch.zeros(1, dtype=torch.int32)
+    ws = probe_ws.LOOP_VARIANTS[variant]
+    for epi in ("none", "gelu"):
+        c = torch.full((M, N), float("nan"))
+        probe_ws.persistent_gemm[(2,)](a, b, c, ticket, M, N, K, BM=32, BN=64, BK=32, GROUP_M=8, NUM_SMS=2, WS=False,
+                                       EPI=probe_ws.EPILOGUES[epi], TICKET_FOR=ws == "ticket_for",
+                                       SUBTILE="subtile" in str(ws), FLATTEN="flatten" in str(ws))
+        torch.testing.assert_close(c, probe_ws._reference(a @ b, epi), rtol=1e-4, atol=1e-4)
+    assert int(ticket) == 0  # the ticket loop leaves its counter at 0 for the next call
