@@ -606,3 +606,32 @@ def test_probe_host_cpu_counts_the_stream_operations_of_a_call():
 
     # the mocks are undone
     assert symm_lowering.rs_gemm.__module__ == symm_lowering.__name__ and _cuda.write_value32.__module__ == _cuda.__name__
+
+
+def test_predict_llama_prices_the_eight_matches_of_a_block(capsys):
+    """bench/predict_llama.py: the eight matches of a Llama block at each group size, their shapes as
+    the passes build them (QKV with GQA's narrower K/V, sums of matmuls concatenated along K), and per
+    step the matched collectives and the predicted saving; graphs never save less than eager calls
+    (no host time); bad sizes are rejected."""
+    sys.path.insert(0, str(REPO))
+    from bench import predict_llama as pl
+    from overlap_backend import calibrate
+
+    probs = pl.block_problems(4, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, tokens=8192)
+    assert len(probs) == 8
+    qkv = probs["fwd ag_mm x -> QKV"]
+    assert (qkv.op, qkv.m, qkv.n, qkv.k, qkv.gemms) == ("ag_mm", 8192, (4096 + 2 * 1024) // 4, 4096, 3)
+    dgrad = probs["bwd mm_rs d(w1,w3) @ (w1,w3)^T -> RS"]
+    assert (dgrad.op, dgrad.n, dgrad.k) == ("mm_rs", 4096, 2 * 14336 // 4)
+    with pytest.raises(ValueError, match="do not split over 3 ranks"):
+        pl.block_problems(3, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, tokens=8192)
+    cal = calibrate.DEFAULTS["h200"]
+    eager = pl.step_view(4, pl.LLAMA, cal, cuda_graphs=False)
+    graphs = pl.step_view(4, pl.LLAMA, cal, cuda_graphs=True)
+    assert eager["comm_ms"] == graphs["comm_ms"] > 0
+    assert 0 <= eager["saving_ms"] <= graphs["saving_ms"] < graphs["comm_ms"]
+    assert pl.main(["--ws", "2", "--llama", "n_layers=2"]) == 0
+    out = capsys.readouterr().out
+    assert "### ws 2, CUDA-graph replays" in out and out.count("| fwd ag_mm x -> QKV |") == 2
+    with pytest.raises(SystemExit):
+        pl.main(["--llama", "depth=3"])
