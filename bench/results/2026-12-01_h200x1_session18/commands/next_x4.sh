@@ -10,6 +10,7 @@ TAILN=30 run rs_perpeer 90 $TR bench/bench_collective_gemm.py --suite mm_rs,mm_a
 TAILN=30 run rs_ptr 90 $TR bench/bench_collective_gemm.py --suite mm_rs --lowerings symm --out-dir $RES/ptr --set runtime.symm_lowering.RS_TMA=False
 TAILN=20 run ag_perpeer 60 $TR bench/bench_collective_gemm.py --suite ag_mm --lowerings symm --out-dir $RES/perpeer --set runtime.symm.PUSH_STREAM_PER_PEER=True
 # Part B (a second call): where the Llama step loses, traced; MoE at EP 4 with per-peer pushes.
+# TAILN=8 run t_moe4 200 python -m pytest -q -x tests/test_gpu_moe.py -k "op_numerics and ws4 and symm-ce and not only"   (bf16 only at ws 4 now)
 # TAILN=20 run llama4 300 $TR bench/bench_models.py --out $RES --sections llama --variants inductor,inductor_nocomm,overlap --mode reduce-overhead --trace $TRACES
 # TAILN=30 run cmp 30 bash -c "python bench/trace_compare.py $TRACES/llama_cudagraphs_ws4_{inductor,inductor_nocomm,overlap}_rank0.json"
 # TAILN=10 run moe4 150 $TR bench/bench_moe.py --out $RES/perpeer --configs deepseek --routing balanced --comm-sms '' --sweep '' --no-p2p --set runtime.symm.PUSH_STREAM_PER_PEER=True
