@@ -22,3 +22,8 @@ TAILN=20 run ag_perpeer 60 $TR bench/bench_collective_gemm.py --suite ag_mm --lo
 # takes CPU from the op's enqueue). If replays (no host time) show no slowdown, the cause is on the host.
 # TAILN=10 run moe_p2pfirst_graphs 150 $TR bench/bench_moe.py --out $RES/p2p_first_graphs --configs deepseek --routing balanced --comm-sms '' --sweep '' --p2p-first --graphs
 # TAILN=10 run moe_clean_graphs 120 $TR bench/bench_moe.py --out $RES/clean_graphs --configs deepseek --routing balanced --comm-sms '' --sweep '' --no-p2p --graphs
+# Part E (issue 8): the TP block training step with and without fused epilogues under CUDA graphs at ws 4, three
+# times (the fifteenth session's one run: fused 5.244 vs unfused 5.328 ms, 144 vs 147 kernels per step).
+# TAILN=12 run epi4_g1 100 $TR bench/bench_epilogue.py --out-dir $RES/epi1 --block tp --mode train --cudagraphs
+# TAILN=12 run epi4_g2 100 $TR bench/bench_epilogue.py --out-dir $RES/epi2 --block tp --mode train --cudagraphs
+# TAILN=12 run epi4_g3 100 $TR bench/bench_epilogue.py --out-dir $RES/epi3 --block tp --mode train --cudagraphs
