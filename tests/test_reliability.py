@@ -576,3 +576,32 @@ def test_gloo_group_refuses_cuda_tensors_before_any_transfer(gloo_one_rank, monk
     with pytest.raises(p2p.P2PError, match=r"ag_mm on rank 0 .*gloo cannot send CUDA tensors point to point"):
         ring.start([SimpleNamespace(tensor=SimpleNamespace(is_cuda=True))])
     assert len(started) == 1
+
+
+def test_gloo_group_with_cuda_tensors_leaves_the_collective_alone(gloo_one_rank, monkeypatch):
+    """A pass whose op would end on p2p with CUDA tensors over a gloo group (which runs collectives on
+    CUDA tensors but cannot send them point to point) rejects the match instead of writing an op that
+    would raise; CPU tensors are rewritten as before; a backend with a CUDA side (``cpu:gloo,cuda:nccl``)
+    is not refused."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from overlap_backend.passes import common
+    from overlap_backend.runtime import p2p, symm
+
+    name = gloo_one_rank.group_name
+    for lowering in ("auto", "p2p", "symm"):
+        ctx = SimpleNamespace(config=SimpleNamespace(lowering=lowering))
+        expected = "p2p" if lowering == "auto" else lowering  # auto: symm does not serve gloo (no CUDA here)
+        assert common.choose_lowering(ctx, name, "cpu") == expected
+        with pytest.raises(common.Rejected, match="gloo cannot send CUDA tensors point to point"):
+            common.choose_lowering(ctx, name, "cuda")
+    assert not p2p.sends_cuda_tensors(gloo_one_rank)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "cpu:gloo,cuda:nccl")
+    assert p2p.sends_cuda_tensors(gloo_one_rank)
+    assert common.choose_lowering(SimpleNamespace(config=SimpleNamespace(lowering="p2p")), name, "cuda") == "p2p"
+    # a gloo group symm serves (tests sharing one GPU: symm.GROUP_BACKENDS) keeps symm
+    monkeypatch.undo()
+    monkeypatch.setattr(symm, "group_support", lambda group_name: None)
+    assert common.choose_lowering(SimpleNamespace(config=SimpleNamespace(lowering="auto")), name, "cuda") == "symm"

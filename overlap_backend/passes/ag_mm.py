@@ -86,7 +86,7 @@ class AgMmPass(OverlapPass):
                 raise Rejected(f"{mm.node.name}: weight is not 2-D")
             common.require_bias_vector(mm)
         common.require_min_numel(self.ctx, *[common.val(mm.node).numel() for mm in m.matmuls])
-        lowering = common.choose_lowering(self.ctx, ag.group_name)
+        lowering = common.choose_lowering(self.ctx, ag.group_name, common.device_type(ag.shard))
         m.captures = self._captures(m)
         hint = common.hint
         problem = cost_model.Problem(

@@ -582,19 +582,32 @@ def require_min_numel(ctx, numel: Any, *more: Any) -> None:
         raise Rejected(f"matmul output has {shown} elements < OVERLAP_MIN_NUMEL={ctx.config.min_numel}")
 
 
-def choose_lowering(ctx, group_name: str) -> str:
-    """The lowering for a match, identical on every rank of the group.
+def choose_lowering(ctx, group_name: str, device_type: str) -> str:
+    """The lowering for a match on ``device_type`` tensors, identical on every rank of the group.
 
     ``auto`` takes ``symm`` when every rank of the group is a CUDA process on this node with peer
     access (``runtime.symm.group_support`` agrees on that with one collective per group, cached),
     else ``p2p``. An explicit choice is kept; ``symm`` falls back to ``p2p`` at run time, on every
-    rank at once, where its setup fails.
+    rank at once, where its setup fails. :class:`Rejected` where the op would end on ``p2p`` with
+    CUDA tensors over a group that cannot send them point to point (gloo): the collective, which
+    gloo does run on CUDA tensors, is left as it is.
     """
-    if ctx.config.lowering != "auto":
-        return ctx.config.lowering
-    from ..runtime import symm
+    from ..runtime import p2p, symm
 
-    return "symm" if symm.group_support(group_name) is None else "p2p"
+    lowering = ctx.config.lowering
+    if lowering == "auto":
+        lowering = "symm" if symm.group_support(group_name) is None else "p2p"
+    if device_type == "cuda" and not p2p.sends_cuda_tensors(_resolve_group(group_name)) and (
+            lowering != "symm" or symm.group_support(group_name) is not None):
+        raise Rejected(f"group {group_name!r} is a gloo group and gloo cannot send CUDA tensors point to point "
+                       f"(the {lowering} lowering's path here): the collective is left as it is")
+    return lowering
+
+
+def _resolve_group(group_name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name)
 
 
 def lowering_candidates(ctx, lowering: str, symm_runs: bool = True) -> list[str]:

@@ -276,7 +276,7 @@ class CtaPipelinePass(OverlapPass):
                 raise Rejected(f"operand {op.name} depends on the matched MLP")
         common.require_min_numel(self.ctx, common.prod(val(down.matmul.node).shape))
         common.require_sizes_available(ar.wait.graph, val(ar.input).shape, ar.wait)
-        lowering = common.choose_lowering(self.ctx, ar.group_name)
+        lowering = common.choose_lowering(self.ctx, ar.group_name, common.device_type(ar.wait))
         from ..runtime.lowering import available
         from . import cost_model
 

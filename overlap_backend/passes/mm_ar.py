@@ -64,7 +64,7 @@ class MmArPass(OverlapPass):
         if m.reshape is not None:
             common.require_sizes_available(ar.wait.graph, common.val(m.reshape).shape, ar.wait)
         common.require_min_numel(self.ctx, common.prod(out.shape))
-        lowering = common.choose_lowering(self.ctx, ar.group_name)
+        lowering = common.choose_lowering(self.ctx, ar.group_name, common.device_type(ar.wait))
         matched = list(ar.nodes) + [mm.node] + ([m.reshape] if m.reshape is not None else [])
         m.capture = ep.capture_after_collective(self.ctx, ar.wait, ar.collective, matched, tuple(out.shape),
                                                 common.val(ar.wait).dtype)

@@ -90,7 +90,7 @@ class MmRsPass(OverlapPass):
             raise Rejected(f"scatter dim of {tuple(out_shape)} not divisible by {ws}")
         common.require_sizes_available(rs.wait.graph, out_shape, rs.wait)
         common.require_min_numel(self.ctx, common.prod(out_shape))
-        lowering = common.choose_lowering(self.ctx, rs.group_name)
+        lowering = common.choose_lowering(self.ctx, rs.group_name, common.device_type(rs.wait))
         m.capture = ep.capture_after_collective(self.ctx, rs.wait, rs.collective, self._matched(m),
                                                 tuple(common.val(rs.wait).shape), common.val(rs.wait).dtype)
         hint = common.hint

@@ -566,7 +566,7 @@ class MoePass(OverlapPass):
         out = _shape(e.down_out)
         if _static(out):
             common.require_min_numel(self.ctx, math.prod(out))
-        lowering = common.choose_lowering(self.ctx, c.group_name)
+        lowering = common.choose_lowering(self.ctx, c.group_name, common.device_type(d.input))
         from ..runtime import available, moe_symm
         from . import cost_model
 

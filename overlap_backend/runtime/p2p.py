@@ -61,6 +61,14 @@ class P2PError(RuntimeError):
     a peer died, diverged (skipped or reordered an op call) or is far behind."""
 
 
+def sends_cuda_tensors(group) -> bool:
+    """Whether the group's backend sends CUDA tensors point to point. gloo sends CPU tensors only:
+    given a CUDA tensor it aborts the process ("writev ... Bad address"). A backend string such as
+    ``cpu:gloo,cuda:nccl`` names a CUDA one."""
+    backend = str(dist.get_backend(group)).lower()
+    return not ("gloo" in backend and "cuda:" not in backend)
+
+
 class GroupP2P:
     """Per-group state of the ``p2p`` lowering, created at the group's first call and reused by every
     later call, from any compiled graph (a recompile for a new shape finds the same object).
@@ -84,10 +92,7 @@ class GroupP2P:
         self.timeout_s = OverlapConfig.env_value("timeout_s")
         self.timeout = timedelta(seconds=self.timeout_s)
         self.calls = 0  # op calls on this group (diagnostics)
-        # gloo sends and receives CPU tensors only: given a CUDA tensor, it aborts the process
-        # ("writev ... Bad address"). A gloo-only group with CUDA tensors is refused with an error.
-        backend = str(dist.get_backend(group)).lower()
-        self.cpu_only = "gloo" in backend and "cuda:" not in backend
+        self.cpu_only = not sends_cuda_tensors(group)  # then a call with CUDA tensors raises P2PError
 
 
 _GROUPS: dict[str, GroupP2P] = {}
