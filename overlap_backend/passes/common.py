@@ -592,22 +592,18 @@ def choose_lowering(ctx, group_name: str, device_type: str) -> str:
     CUDA tensors over a group that cannot send them point to point (gloo): the collective, which
     gloo does run on CUDA tensors, is left as it is.
     """
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
     from ..runtime import p2p, symm
 
     lowering = ctx.config.lowering
     if lowering == "auto":
         lowering = "symm" if symm.group_support(group_name) is None else "p2p"
-    if device_type == "cuda" and not p2p.sends_cuda_tensors(_resolve_group(group_name)) and (
+    if device_type == "cuda" and not p2p.sends_cuda_tensors(_resolve_process_group(group_name)) and (
             lowering != "symm" or symm.group_support(group_name) is not None):
         raise Rejected(f"group {group_name!r} is a gloo group and gloo cannot send CUDA tensors point to point "
                        f"(the {lowering} lowering's path here): the collective is left as it is")
     return lowering
-
-
-def _resolve_group(group_name: str):
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return _resolve_process_group(group_name)
 
 
 def lowering_candidates(ctx, lowering: str, symm_runs: bool = True) -> list[str]:
