@@ -330,6 +330,35 @@ def test_run_device_syntax_and_help():
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
+def test_run_stages_runs_a_stages_file_under_one_deadline(tmp_path):
+    """bench/run_stages.sh: each `run NAME CAP CMD` of the stages file runs with its log under logs/,
+    writes under $RES, reports its exit status; a stage with no time left is NOT STARTED; everything
+    comes back as $OUT/run.tgz. A missing stages file is a usage error."""
+    import tarfile
+
+    script = REPO / "bench" / "run_stages.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    stages = tmp_path / "stages.sh"
+    stages.write_text('run hello 30 bash -c "echo hi; echo 42 > $RES/answer.txt"\n'
+                      'TAILN=1 run failing 30 bash -c "echo out; exit 3"\n'
+                      'run late 600 sleep 1\n')
+    out_dir = tmp_path / "out"
+    res = subprocess.run(["bash", str(script), str(stages)], capture_output=True, text=True,
+                         env={**os.environ, "OUT": str(out_dir), "DEADLINE": "40"}, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "hello rc=0" in res.stdout and "failing rc=3" in res.stdout and "=== late NOT STARTED" not in res.stdout
+    with tarfile.open(out_dir / "run.tgz") as tar:
+        names = set(tar.getnames())
+        assert {"logs/hello.log", "logs/failing.log", "results/answer.txt"} <= names
+        assert tar.extractfile("results/answer.txt").read().strip() == b"42"
+    stages.write_text("run late 600 sleep 1\n")
+    res = subprocess.run(["bash", str(script), str(stages)], capture_output=True, text=True,
+                         env={**os.environ, "OUT": str(out_dir), "DEADLINE": "10"}, cwd=tmp_path)
+    assert "=== late NOT STARTED" in res.stdout
+    bad = subprocess.run(["bash", str(script), str(tmp_path / "missing.sh")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 _FAKE_NVIDIA_SMI = """#!/bin/bash
 [ "$1" = -L ] && for i in $(seq 0 $((FAKE_NGPU - 1))); do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done
 exit 0

@@ -1,5 +1,5 @@
 # For a session that gets nvidia-h200-x2 (per-peer streams change nothing at 2 GPUs):
-#   DEADLINE=545 bash devrun/dev_run.sh bench/results/2026-12-01_h200x1_session18/commands/next_x2.sh   (carry devrun)
+#   DEADLINE=545 bash bench/run_stages.sh bench/results/2026-12-01_h200x1_session18/commands/next_x2.sh
 # The mm_rs kernel's TMA variant on 2 GPUs (the copy engine reads what TMA stores wrote), its new tile loop
 # (for, then while) under real waits, and whether the TMA variant (now a default tuning candidate) pays in the op.
 TR="python -m torch.distributed.run --standalone --nproc-per-node=2"

@@ -1,6 +1,5 @@
 # For the next session that gets nvidia-h200-x4 (or -x2: the ws-4 parts then say "skipped"):
-#   mkdir devrun; cp bench/results/2026-11-30_h200x2_session6/commands/dev_run.sh devrun/
-#   DEADLINE=545 bash devrun/dev_run.sh bench/results/2026-12-01_h200x1_session18/commands/next_x4.sh   (carry devrun)
+#   DEADLINE=545 bash bench/run_stages.sh bench/results/2026-12-01_h200x1_session18/commands/next_x4.sh
 # Part A: do the seventeenth session's two switches pay on 4 GPUs? (both pass the GPU tests at 4 ranks sharing one GPU,
 # session 18; RS_TMA is now on by default, so "one" below has it and "ptr" is the pointer-store-only A/B)
 TR="python -m torch.distributed.run --standalone --nproc-per-node=4"
