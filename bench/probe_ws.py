@@ -352,8 +352,9 @@ def main() -> int:
     p.add_argument("--shapes", default="1024x8192x28672,512x8192x28672,1024x28672x8192",
                    help="MxKxN, comma-separated (default: the CTA op's GEMMs at M=1024 and 512)")
     p.add_argument("--configs", default=None,
-                   help="BMxBNxBKxSTAGESxWARPS, comma-separated (default: " + PLAIN_CONFIGS + "; with --mm-rs: the "
-                        "op's tuning candidates, else these, each with and without TMA)")
+                   help="BMxBNxBKxSTAGESxWARPS[xCTAS], comma-separated (default: " + PLAIN_CONFIGS + "; CTAS: the plain "
+                        "GEMM launched in clusters of that many CTAs, num_ctas; with --mm-rs: the op's tuning "
+                        "candidates, else these, each with and without TMA)")
     p.add_argument("--gelu", action="store_true", help="also the op's GELU epilogue (= --epilogues none,gelu)")
     p.add_argument("--epilogues", default=None,
                    help=f"activation variants of the plain GEMM, comma-separated from {', '.join(EPILOGUES)} "
@@ -414,12 +415,13 @@ def main() -> int:
                 print(f"  stage0 (cta.launch_stage0, tma_store={tma}): {_stage0_ms(a, b, gelu_ref, num_sms, cublas, tma)}",
                       flush=True)
         for cfg in (args.configs or PLAIN_CONFIGS).split(","):
-            BM, BN, BK, stages, warps = (int(v) for v in cfg.split("x"))
+            BM, BN, BK, stages, warps, *ctas = (int(v) for v in cfg.split("x"))  # [xCTAS]: a cluster of CTAs
             for epi in epilogues:
                 expected = _reference(ref, epi)
                 for ws in variants:
                     c = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
-                    grid = (min(num_sms, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
+                    # a program is a cluster of num_ctas CTAs sharing one tile: a cluster per num_ctas SMs
+                    grid = (min(num_sms // (ctas[0] if ctas else 1), triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
 
                     def run():
                         persistent_gemm[grid](a, b, c, ticket, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=8,
@@ -427,7 +429,7 @@ def main() -> int:
                                               TICKET=ws == "ticket", WHILE=ws == "while",
                                               TICKET_FOR=ws == "ticket_for", SUBTILE="subtile" in str(ws),
                                               FLATTEN="flatten" in str(ws), num_stages=stages,
-                                              num_warps=warps)
+                                              num_warps=warps, **({"num_ctas": ctas[0]} if ctas else {}))
 
                     label = f"  {cfg} {epi} ws={ws}"
                     if why := _first_run_error(run):
