@@ -26,6 +26,10 @@ events (warm-up, >= 20 repetitions, median per rank, max over ranks):
 - ``max`` = max(experts, a2a): a perfect overlap; ``symm/max`` and ``base/symm`` (issue 4's bar on 4
   GPUs, DeepSeek-like balanced: symm <= 1.10 x max and >= 1.25x faster than the baseline; never slower
   than the baseline).
+- ``backend``: what ``backend="overlap"`` runs for this layer eagerly: the cost model's decision for the
+  ``moe`` match (``symm``, ``p2p`` or ``plain``: left to Inductor, the baseline), with this machine's
+  calibration (``overlap_backend.calibrate``), and ``base/backend``, the baseline's time over the time
+  measured for that choice (1.00 where it stays plain): "never slower" is this column.
 
 Rank 0 writes ``DIR/moe_ws<N>.md`` (machine info, command, versions, tables) and ``DIR/moe_ws<N>.json``
 (``moe_graphs_ws<N>.*`` with ``--graphs``), rewritten after every row.
@@ -85,6 +89,23 @@ SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "schedule=pha
 
 
 SETTINGS = ("COMM_SMS", "TRANSPORT", "ORDER", "OWN_FIRST", "SCHEDULE")  # what a sweep column sets in moe_symm
+
+
+def backend_choice(cfg: str, ws: int, grouped_rows: int, rows_sent: int, cal, comm_sms: int | None = None) -> dict:
+    """The cost model's decision for this layer's ``moe`` match, as the pass prices it eagerly (its
+    ``Problem``: grouped rows, rows sent, hidden, expert width, local experts; the comm SM count of
+    ``OVERLAP_MOE_COMM_SMS`` unless given): ``{"decision": "symm" | "p2p" | "plain", "predicted_ms",
+    "baseline_predicted_ms"}``. Sizes: the largest over the ranks, so every rank decides alike."""
+    from overlap_backend.config import OverlapConfig
+    from overlap_backend.passes import cost_model
+
+    h, f, experts, _, _ = CONFIGS[cfg]
+    p = cost_model.Problem("moe_experts", m=grouped_rows, n=h, k=h, dtype="bfloat16", ws=ws, f=f,
+                           experts=experts // ws, rows_sent=rows_sent)
+    sms = comm_sms if comm_sms is not None else OverlapConfig.env_value("moe_comm_sms")
+    pred = cost_model.predict(p, cal, ["symm", "p2p"], comm_sms=None if sms == "auto" else sms)
+    return {"decision": pred.best.lowering if pred.wins else "plain", "predicted_ms": pred.best.ms,
+            "baseline_predicted_ms": pred.baseline_ms}
 
 
 def check_lowering(prob, ref, low: str, res: dict, device) -> str:
@@ -293,6 +314,9 @@ def main(argv=None):
     from overlap_backend.runtime import moe_symm, symm_lowering
 
     defaults = {name: getattr(moe_symm, name) for name in SETTINGS}  # the symm column measures these
+    from overlap_backend import calibrate
+
+    cal = calibrate.load_or_default()  # the backend column: what the cost model decides on this machine
 
     timing = common.Timing(device, *((5.0, 20.0, 10) if args.quick else (25.0, 100.0, 20)))
     out_dir = Path(args.out)
@@ -308,7 +332,7 @@ def main(argv=None):
         if rank:
             return
         head = ["config", "routing", "rows recv (max)", "baseline", "a2a", "experts", "max", "p2p", "symm",
-                "symm/max", "base/symm", "check"]
+                "symm/max", "base/symm", "backend", "base/backend", "check"]
         defaults_text = ", ".join(f"{k}={v}" for k, v in defaults.items())
         sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + list(args.sweep)
         text = (f"# MoE block, {ws} ranks, bf16 (ms)\n\n{common.info_markdown(info)}\n\n"
@@ -328,7 +352,7 @@ def main(argv=None):
         why = config_problem(cfg, ws)
         if why is not None:  # the same on every rank: nothing collective is skipped unevenly
             results.append({"config": cfg, "shape": CONFIGS[cfg], "error": f"n/a: {why}"})
-            rows.append([cfg, "—", "-", *["n/a"] * 8, f"n/a: {why}"])
+            rows.append([cfg, "—", "-", *["n/a"] * 10, f"n/a: {why}"])
             write()
             if rank == 0:
                 print(rows[-1], flush=True)
@@ -389,9 +413,14 @@ def main(argv=None):
                 if not args.no_p2p and not args.p2p_first:
                     checks.append(check_lowering(prob, ref, "p2p", res, device))
                     t["p2p"] = time_lowering(prob, "p2p", timing)
+                sizes = common.allreduce_max([prob.rows.shape[0], sum(prob.send)], device)
+                res["backend"] = backend = backend_choice(cfg, ws, int(sizes[0]), int(sizes[1]), cal)
+                chosen = t["baseline"] if backend["decision"] == "plain" else t.get(backend["decision"])
+                res["base_over_backend"] = t["baseline"] / chosen if chosen else None
                 rows.append([cfg, routing, int(recv_max), *(common.fmt_ms(t.get(k)) for k in
                              ("baseline", "a2a", "experts", "max", "p2p", "symm")),
-                             f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", "; ".join(checks)])
+                             f"{res['symm_over_max']:.2f}", f"{res['base_over_symm']:.2f}", backend["decision"],
+                             f"{res['base_over_backend']:.2f}" if chosen else "—", "; ".join(checks)])
                 if rank == 0:
                     print(rows[-1], flush=True)
                 del prob, ref, r_fixed
@@ -399,7 +428,7 @@ def main(argv=None):
                 res["error"] = f"{type(e).__name__}: {e}"
                 if rank == 0:
                     traceback.print_exc()
-                rows.append([cfg, routing, "-", *["n/a"] * 8, f"ERROR {type(e).__name__}: {str(e)[:120]}"])
+                rows.append([cfg, routing, "-", *["n/a"] * 10, f"ERROR {type(e).__name__}: {str(e)[:120]}"])
             results.append(res)
             torch.cuda.empty_cache()
             write()

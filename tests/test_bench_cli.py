@@ -115,6 +115,21 @@ def test_moe_configs(bench):
         m.parse_args(["--out", "/tmp/x", "--configs", "nope"])
 
 
+def test_moe_backend_column_is_the_cost_models_decision(bench):
+    """bench_moe's backend column prices the layer as the moe pass does (H200 calibration): the
+    DeepSeek-like layer at 4096 tokens per rank and EP 4 is rewritten (symm), the decode-size one
+    (128 tokens, host-bound) stays plain; the decision follows the predicted times."""
+    from overlap_backend import calibrate
+
+    m = bench["bench_moe"]
+    cal = calibrate.DEFAULTS["h200"]
+    big = m.backend_choice("deepseek", 4, grouped_rows=4096 * 8, rows_sent=4096 * 8, cal=cal)
+    assert big["decision"] == "symm" and big["predicted_ms"] < big["baseline_predicted_ms"]
+    small = m.backend_choice("deepseek-decode", 4, grouped_rows=128 * 8, rows_sent=128 * 8, cal=cal)
+    assert small["decision"] == "plain" and small["predicted_ms"] >= 0.9 * small["baseline_predicted_ms"]
+    assert m.backend_choice("deepseek", 4, 4096 * 8, 4096 * 8, cal, comm_sms=16)["decision"] in ("symm", "p2p", "plain")
+
+
 def test_moe_sweep_columns(bench):
     """A sweep column sets only the moe_symm settings it names (joined by +); the rest stay the
     defaults the run started with; comm-SM columns take the SM transport; unknown parts are refused."""
