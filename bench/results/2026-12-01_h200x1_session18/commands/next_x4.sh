@@ -28,3 +28,6 @@ TAILN=20 run ag_perpeer 60 $TR bench/bench_collective_gemm.py --suite ag_mm --lo
 # TAILN=12 run epi4_g1 100 $TR bench/bench_epilogue.py --out-dir $RES/epi1 --block tp --mode train --cudagraphs
 # TAILN=12 run epi4_g2 100 $TR bench/bench_epilogue.py --out-dir $RES/epi2 --block tp --mode train --cudagraphs
 # TAILN=12 run epi4_g3 100 $TR bench/bench_epilogue.py --out-dir $RES/epi3 --block tp --mode train --cudagraphs
+# Part F (issue 4's "never slower"): every default config and routing at EP 4, symm only (no p2p in the process),
+# with the new backend / base-backend columns (the cost model's decision and the measured time of that choice).
+# TAILN=12 run moe4_all 200 $TR bench/bench_moe.py --out $RES/moe4_all --comm-sms '' --sweep '' --no-p2p
