@@ -960,8 +960,8 @@ def test_symm_dead_peer_in_a_replay():
 
 
 def captured_symm_worker(rank: int, ws: int, device: str):
-    """symm_lowering.CAPTURE_ON_SYMM: ag_mm (returning the gathered input), mm_rs, and mm_ar one-shot
-    and in rounds captured in one CUDA graph after eager warm-up calls (which set the group up, size
+    """symm_lowering.CAPTURE_ON_SYMM: ag_mm (returning the gathered input), mm_rs (the kernel, its TMA
+    variant, cuBLAS), and mm_ar one-shot and in rounds captured in one CUDA graph after eager warm-up calls (which set the group up, size
     its buffer and tune); 12 replays on fresh inputs with poisoned outputs, eager calls of the same
     ops in between (the epoch block and the graph block interleaved), everything against NCCL +
     float32 matmuls."""
@@ -972,6 +972,7 @@ def captured_symm_worker(rank: int, ws: int, device: str):
 
     symm_lowering.CAPTURE_ON_SYMM = True
     symm_lowering.TRANSPORT = "ce"
+    symm_lowering.RS_TMA = "only"  # whole-tile chunks (y8) on the kernel's TMA variant, the others as before
     # ag_mm with at least 1024 columns in all on cuBLAS per chunk (y6), the narrower one (y1) on the kernel
     symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N = "cublas", 1024
     group = dist.group.WORLD
@@ -987,6 +988,8 @@ def captured_symm_worker(rank: int, ws: int, device: str):
     w3 = _randn(128, 1024, dtype=dtype, device=device, scale=128**-0.5)
     a5 = _randn(ws * 1024, 2048, dtype=dtype, device=device)  # mm_rs on cuBLAS (above, the kernel)
     w5 = _randn(2048, 256, dtype=dtype, device=device, scale=2048**-0.5)
+    a8 = _randn(ws * 512, 512, dtype=dtype, device=device)  # mm_rs on the kernel, whole tiles: its TMA variant
+    w8 = _randn(512, 256, dtype=dtype, device=device, scale=512**-0.5)
 
     def ops():
         gathered, (y1,) = torch.ops.overlap.ag_mm(x, [w1], [None], 0, gn, "symm", True)
@@ -995,10 +998,11 @@ def captured_symm_worker(rank: int, ws: int, device: str):
         y4 = torch.ops.overlap.mm_ar(a2, w3, None, "sum", gn, "symm")
         y5 = torch.ops.overlap.mm_rs(a5, w5, None, [ws * 1024, 256], 0, "sum", gn, "symm")
         _, (y6, y7) = torch.ops.overlap.ag_mm(x6, w6, [None, None], 0, gn, "symm", False)
-        return gathered, y1, y2, y3, y4, y5, y6, y7
+        y8 = torch.ops.overlap.mm_rs(a8, w8, None, [ws * 512, 256], 0, "sum", gn, "symm")
+        return gathered, y1, y2, y3, y4, y5, y6, y7, y8
 
     def check(outs, label):
-        gathered, y1, y2, y3, y4, y5, y6, y7 = outs
+        gathered, y1, y2, y3, y4, y5, y6, y7, y8 = outs
         G6 = _gather_ref(x6, 0, group).float()
         G = _gather_ref(x, 0, group)
         errs = {"gathered": 0.0 if torch.equal(gathered, G) else math.inf,
@@ -1007,7 +1011,8 @@ def captured_symm_worker(rank: int, ws: int, device: str):
                 "mm_ar one-shot": _rel_err(y3, _all_reduce_ref(a1.float() @ w3.float(), group)),
                 "mm_ar rounds": _rel_err(y4, _all_reduce_ref(a2.float() @ w3.float(), group)),
                 "mm_rs cuBLAS": _rel_err(y5, _all_reduce_ref(a5.float() @ w5.float(), group).chunk(ws, 0)[rank]),
-                "ag_mm cuBLAS": max(_rel_err(y6, G6 @ w6[0].float()), _rel_err(y7, G6 @ w6[1].float()))}
+                "ag_mm cuBLAS": max(_rel_err(y6, G6 @ w6[0].float()), _rel_err(y7, G6 @ w6[1].float())),
+                "mm_rs TMA": _rel_err(y8, _all_reduce_ref(a8.float() @ w8.float(), group).chunk(ws, 0)[rank])}
         bad = {k: v for k, v in errs.items() if not v <= _tol(dtype)}
         assert not bad, f"rank {rank} {label}: {errs}"
         return max(errs.values())
@@ -1021,12 +1026,13 @@ def captured_symm_worker(rank: int, ws: int, device: str):
         static_outs = ops()
     captured = {k: v - before.get(k, 0) for k, v in _paths().items() if v != before.get(k, 0)}
     assert not any(k.endswith(":p2p") for k in captured), f"rank {rank}: captured calls went to p2p: {captured}"
-    assert captured.get("ag_mm:symm") == 2 and captured.get("mm_rs:symm") == 2, captured
+    assert captured.get("ag_mm:symm") == 2 and captured.get("mm_rs:symm") == 3, captured
     assert captured.get("ag_mm:symm:cublas") == 1 and captured.get("ag_mm:symm:triton") == 1, captured
-    assert captured.get("mm_rs:symm:cublas") == 1 and captured.get("mm_rs:symm:triton") == 1, captured
+    assert captured.get("mm_rs:symm:cublas") == 1 and captured.get("mm_rs:symm:triton") == 2, captured
+    assert captured.get("mm_rs:symm:triton-tma") == 1, captured
     worst = 0.0
     for i in range(12):
-        for t in (x, a, a1, a2, a5, x6):
+        for t in (x, a, a1, a2, a5, x6, a8):
             t.copy_(torch.randn(t.shape, device=device).to(dtype))
         for t in static_outs:
             t.fill_(float("nan"))
