@@ -377,11 +377,12 @@ def main() -> int:
                         "raised) at each MxKxN (M: gathered rows), plain and with the TP block's bias + GELU "
                         "epilogue fused, against cuBLAS addmm (+ F.gelu), then stop")
     args = p.parse_args()
-    if args.variants:
-        variants = [LOOP_VARIANTS[v] for v in args.variants.split(",") if v in LOOP_VARIANTS or p.error(
-            f"--variants: {v!r} is not one of {', '.join(LOOP_VARIANTS)}")]
-    else:
-        variants = [False] if args.no_ws else [False, True, "ticket", "while", "ticket_for"]
+    names = (args.variants.split(",") if args.variants else
+             ["plain"] if args.no_ws else ["plain", "warp_specialize", "ticket", "while", "ticket_for"])
+    for name in names:
+        if name not in LOOP_VARIANTS:
+            p.error(f"--variants: {name!r} is not one of {', '.join(LOOP_VARIANTS)}")
+    variants = [LOOP_VARIANTS[name] for name in names]
     dev = torch.device("cuda")
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count

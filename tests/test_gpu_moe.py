@@ -26,18 +26,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 try:
-    from dist_harness import on_group_device, run_ranks, shared_gpu
+    from dist_harness import on_group_device, run_ranks
+    from test_gpu import _need_gpus
 except ImportError:
-    from tests.dist_harness import on_group_device, run_ranks, shared_gpu
+    from tests.dist_harness import on_group_device, run_ranks
+    from tests.test_gpu import _need_gpus
 
 pytestmark = pytest.mark.gpu
 WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4, 8], ids=["ws2", "ws4", "ws8"])
-
-
-def _need_gpus(ws: int) -> None:
-    need = 1 if shared_gpu() else ws  # OVERLAP_TEST_SHARED_GPU: every rank on GPU 0 (gloo)
-    if not torch.cuda.is_available() or torch.cuda.device_count() < need:
-        pytest.skip(f"needs {need} CUDA GPUs")
 
 
 def _rel(out, ref) -> float:
@@ -204,10 +200,8 @@ VARIANTS = {"symm-sm8": ("symm", "sm", 8, 24), "symm-sm1": ("symm", "sm", 1, 6),
 @WORLD_SIZES
 @pytest.mark.timeout(600)
 def test_moe_op_numerics_repeated(ws, variant):
-    _need_gpus(ws)
     lowering, transport, comm_sms, calls = VARIANTS[variant]
-    if shared_gpu() and lowering == "p2p":
-        pytest.skip("OVERLAP_TEST_SHARED_GPU runs gloo, which cannot send CUDA tensors point to point")
+    _need_gpus(ws, lowering)
     results = run_ranks(op_worker, ws, "cuda", lowering, transport, comm_sms, calls, timeout=580, backend="nccl")
     for rank, res in enumerate(results):
         print(f"ws={ws} {variant} rank {rank}: {res['errs']} {res['paths']}")
