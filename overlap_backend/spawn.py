@@ -19,9 +19,11 @@ STACK_DUMP_WAIT_S = 2.0
 
 
 def dump_stacks_on_signal() -> None:
-    """In a rank process: ``SIGUSR1`` prints every thread's Python stack to stderr."""
+    """In a rank process: ``SIGUSR1`` prints every thread's Python stack to stderr, and so does a fatal
+    signal (a segfault in a native library otherwise leaves only the rank's exit code, -11)."""
     import faulthandler
 
+    faulthandler.enable(all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 
