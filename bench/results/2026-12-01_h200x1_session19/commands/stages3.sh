@@ -6,4 +6,4 @@ TAILN=12 run gloo_cuda 90 python $C/gloo_cuda_collectives.py
 export OVERLAP_TEST_SHARED_GPU=1 OVERLAP_TIMEOUT_S=30 OVERLAP_TEST_TIMEOUT_S=150
 P="python -m pytest -q -s -p no:cacheprovider"
 TAILN=60 run sh2_blk 100 $P tests/test_gpu_epilogues.py -k "compiled_blocks_fused_vs_eager and ws2 and symm"
-TAILN=20 run sh2_tpm 120 $P tests/test_gpu.py -k "compiled_tp_models and ws2 and symm and not peer"
+TAILN=20 run sh2_tpm 120 $P tests/test_gpu.py -k "compiled_tp_models and ws2-symm]"
