@@ -201,7 +201,7 @@ def test_ops_with_epilogues_numerics(ws, lowering):
 @WORLD_SIZES
 @pytest.mark.timeout(400)
 def test_compiled_blocks_fused_vs_eager(ws, lowering):
-    _need_gpus(ws, lowering)
+    _need_gpus(ws, lowering, eager_all_gather=True)
     env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     results = _run(compiled_worker, ws, lowering, timeout=380, env=env)
     for name, res in results[0].items():
