@@ -65,6 +65,7 @@ def mocked(ws: int, rank: int = 0):
     st = object.__new__(symm.GroupState)
     st.rank, st.ws, st.epoch, st.base, st.value = rank, ws, 0, 0, 0
     st.status, st.stalled, st.graph_pinned, st._names = [0] * symm.STATUS_WORDS, None, False, [""] * 64
+    st._awaited = [[] for _ in range(64)]
     st.flags = SimpleNamespace(ptrs=[p << 24 for p in range(ws)], local=rank << 24)
     st.data = SimpleNamespace(ptrs=[p << 32 for p in range(ws)], nbytes=1 << 30)
     st.push_stream, st.copy_stream, st._ready_waited = _Stream(counts), _Stream(counts), set()

@@ -346,6 +346,9 @@ class FakeRank:
                 self.g.flags[p][symm.READY + self.rank] = self.epoch
         return self.epoch
 
+    def stream_wait(self, word, value, stream, nbands=1):
+        symm._cuda.wait_value32(self.flag_addr(word), value, stream)
+
     def push(self, peer, dst_offset, src_ptr, nbytes, flag):
         import ctypes
 

@@ -284,7 +284,9 @@ def cta_compiled_worker(rank: int, ws: int, device: str):
             errs.append(_rel_err(compiled(x, wg, wu, w2), ref))
     applied = [m.pass_name for r in backend.reports for m in r.matches if m.applied]
     assert "cta_pipeline" in applied, applied
-    assert symm_lowering.PATHS["cta_pipeline_mlp:symm"] >= 2, dict(symm_lowering.PATHS)
+    # (with both ranks on one GPU, session 19, one of the two calls did not reach the op: the reports say why)
+    assert symm_lowering.PATHS["cta_pipeline_mlp:symm"] >= 2, (dict(symm_lowering.PATHS),
+                                                               [r.to_json() for r in backend.reports])
     assert all(e <= 1e-2 for e in errs), errs
     return {"errs": errs, "applied": applied}
 

@@ -11,6 +11,7 @@ left over from the previous replay would release it early) and no order may dead
 
 from __future__ import annotations
 
+import ctypes
 import random
 from types import SimpleNamespace
 
@@ -112,6 +113,7 @@ def make_states(sim: Sim, monkeypatch, per_peer: bool = False):
         st = object.__new__(symm.GroupState)
         st.rank, st.ws, st.epoch, st.base, st.value = r, sim.ws, 0, 0, 0
         st.status, st.stalled, st._call, st.graph_pinned = [0] * 8, None, None, False
+        st._awaited = [[] for _ in range(64)]  # the stream waits of each eager call (the watchdog's report)
         st.flags = SimpleNamespace(ptrs=[p * FLAG_SPAN for p in range(sim.ws)], local=r * FLAG_SPAN)
         st.data = SimpleNamespace(ptrs=[0] * sim.ws)
         st.push_stream, st.copy_stream = sim.streams[r]["push"], sim.streams[r]["copy"]
@@ -302,21 +304,43 @@ def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypa
     PEER_OK = 0, and its own GAVE_UP words copied to the status words, all before its own flags
     are raised to RELEASED (below GAVE_UP only); later reports release again without telling."""
     ops = []
+    word = lambda p, w: p * FLAG_SPAN + 4 * w  # noqa: E731
+    # the stuck call (epoch 5) waited for READY from rank 0 (raised), band 1 of rank 2's shard (still
+    # at the last call's 4) and PEER_OK (1): the report names the one short flag, read before the release
+    ag_word = symm.AG_ARRIVED + 2 * 2 + 1
+    flag_values = {word(1, symm.READY): 5, word(1, ag_word): 4, word(1, symm.PEER_OK): 1}
+    snapshot = (ctypes.c_int32 * symm.AWAITED_MAX)()
+    snap0 = ctypes.addressof(snapshot)
+
+    def copy_async(dst, src, n, stream):
+        if snap0 <= dst < snap0 + ctypes.sizeof(snapshot):
+            snapshot[(dst - snap0) // 4] = flag_values[src]
+        ops.append(("copy", dst, src, n))
+
     monkeypatch.setattr(symm._cuda, "make_primary_context_current", lambda index: None)
     monkeypatch.setattr(symm._cuda, "memset32_async", lambda ptr, v, n, stream: ops.append(("set", ptr, v, n)))
-    monkeypatch.setattr(symm._cuda, "copy_async", lambda dst, src, n, stream: ops.append(("copy", dst, src, n)))
+    monkeypatch.setattr(symm._cuda, "copy_async", copy_async)
+    monkeypatch.setattr(symm._cuda, "stream_synchronize", lambda stream: ops.append(("sync",)))
     monkeypatch.setattr(symm.log, "error", lambda *a: None)
     st = object.__new__(symm.GroupState)
     st.rank, st.ws, st.group_name, st.timeout_ns, st.stalled = 1, 3, "g", 10**9, None
     st.flags = SimpleNamespace(ptrs=[p * FLAG_SPAN for p in range(3)], local=FLAG_SPAN)
     st.device, st._release_stream, st.status_ptr = SimpleNamespace(index=0), None, 7 << 40
+    st.status = [0] * symm.STATUS_WORDS
+    st.status[symm.STARTED], st.status[symm.FINISHED] = 5, 4
+    st._awaited = [[] for _ in range(64)]
+    st._awaited[5] = [(symm.READY, 5, 1), (ag_word, 5, 2), (symm.PEER_OK, 1, 1)]
+    st._snapshot_ptr, st._snapshot = snap0, snapshot
     st._overdue("ag_mm", 2.0)
-    word = lambda p, w: p * FLAG_SPAN + 4 * w  # noqa: E731
-    assert ops == [("set", word(0, symm.GAVE_UP + 1), 1, 1), ("set", word(0, symm.PEER_OK), 0, 1),
+    assert ops == [("copy", snap0, word(1, symm.READY), 4), ("copy", snap0 + 4, word(1, ag_word), 4),
+                   ("copy", snap0 + 8, word(1, symm.PEER_OK), 4), ("sync",),
+                   ("set", word(0, symm.GAVE_UP + 1), 1, 1), ("set", word(0, symm.PEER_OK), 0, 1),
                    ("set", word(2, symm.GAVE_UP + 1), 1, 1), ("set", word(2, symm.PEER_OK), 0, 1),
                    ("copy", st.status_ptr + 4 * symm.STATUS_GAVE_UP, word(1, symm.GAVE_UP), 4 * symm.WS_MAX),
                    ("set", FLAG_SPAN, symm.RELEASED, symm.GAVE_UP)]
     assert "ag_mm on rank 1" in st.stalled
+    assert f"flag {ag_word} (band 1 of rank 2's shard to arrive): read 4, expected >= 5" in st.stalled, st.stalled
+    assert "READY" not in st.stalled and "PEER_OK" not in st.stalled, st.stalled
     ops.clear()
     st._overdue("ag_mm", 2.05)
     assert ops == [("set", FLAG_SPAN, symm.RELEASED, symm.GAVE_UP)]
@@ -324,3 +348,19 @@ def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypa
     st.status[symm.STATUS_GAVE_UP + 2] = 1
     with pytest.raises(symm.SymmTimeoutError, match=r"Rank\(s\) \[2\] had given up"):
         st.check_status()
+
+
+def test_stream_waits_are_named_and_compared_as_the_gpu_does():
+    """describe_flag names the words the ops' stream waits use; _before compares int32 words the way
+    cuStreamWaitValue32's GEQ does (a wrapped difference), so RELEASED satisfies every epoch."""
+    ws, nb = 4, 2
+    assert symm.describe_flag(symm.READY + 3, 1, ws) == "rank 3 to start this call (its READY flag)"
+    assert symm.describe_flag(symm.AG_ARRIVED + 2 * nb + 1, nb, ws) == "band 1 of rank 2's shard to arrive"
+    assert symm.describe_flag(symm.RS_ARRIVED + (1 * ws + 3) * nb, nb, ws) == "band 0 of rank 3's partial (round 1) to arrive"
+    assert symm.describe_flag(symm.GATHERED + 2, 1, ws) == "band 0 of rank 2's reduced rows (round 0) to arrive"
+    assert symm.describe_flag(symm.DONE + 5, 1, ws) == "this rank's own tiles of band 0 of chunk 1 (round 1) to finish"
+    assert symm.describe_flag(symm.MOE_RETURNED + 1, 1, ws) == "rank 1's expert results for this rank's tokens to come back"
+    assert symm.describe_flag(symm.MOE_DONE + 2, 1, ws) == "this rank's own expert tiles for source position 2 to finish"
+    assert symm.describe_flag(symm.PEER_OK, 1, ws).endswith("(PEER_OK)")
+    assert symm._before(4, 5) and not symm._before(5, 5) and not symm._before(6, 5)
+    assert not symm._before(symm.RELEASED, 2**31 - 2) and symm._before(5, symm.RELEASED)

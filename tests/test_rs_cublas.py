@@ -63,6 +63,7 @@ def states(ws: int, recvs, monkeypatch, per_peer: bool = False):
         st = object.__new__(symm.GroupState)
         st.rank, st.ws, st.epoch, st.base, st.value = r, ws, 0, 0, 0
         st.status, st.stalled, st.graph_pinned, st._names = [0] * symm.STATUS_WORDS, None, False, {}
+        st._awaited = [[] for _ in range(64)]  # the stream waits of each eager call (the watchdog's report)
         st.flags = SimpleNamespace(ptrs=[p * SPAN for p in range(ws)])
         st.data = SimpleNamespace(ptrs=[t.data_ptr() for t in recvs])
         st.push_stream, st.copy_stream, st._ready_waited = Stream(), Stream(), set()

@@ -682,14 +682,14 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         # until they started this call (READY), i.e. stopped reading those buffers in their previous op.
         writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
         for p in writes_to:
-            _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
+            st.stream_wait(symm.READY + p, epoch, compute)
     gemms()
     if stage_buf is not None:
         _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base,
                      plan.tail_group, plan.fship, fp)
     if stage == 0 and tail and not graph and staged:  # the tails store into the stage-1 ranks' buffers: READY first
         for p in range(tp, ws):
-            _cuda.wait_value32(st.flag_addr(symm.READY + p), epoch, compute)
+            st.stream_wait(symm.READY + p, epoch, compute)
     tails()
     collect()
     if graph:

@@ -219,6 +219,12 @@ def copy_async(dst: int, src: int, nbytes: int, stream) -> None:
     _check("cuMemcpyAsync", driver.cuMemcpyAsync(dst, src, nbytes, stream))
 
 
+def stream_synchronize(stream) -> None:
+    """Wait on the host until ``stream`` (a handle from :func:`stream_create_nonblocking`) is idle."""
+    driver, _ = _bindings()
+    _check("cuStreamSynchronize", driver.cuStreamSynchronize(stream))
+
+
 def wait_value32(addr: int, value: int, stream: torch.cuda.Stream) -> None:
     """Later work on ``stream`` waits until ``(int32)(*addr - value) >= 0``."""
     fast = _fast()

@@ -326,13 +326,13 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
 
         for pos in range(ws - 1):
             s = (r + 1 + pos) % ws
-            _cuda.wait_value32(st.flag_addr(base + symm.MOE_DONE + pos), epoch, st.push_stream_to(s))
+            st.stream_wait(base + symm.MOE_DONE + pos, epoch, st.push_stream_to(s))
             st.push(s, lay["comb"] + r * lay["slot"], stage.data_ptr() + recv_off[s] * row_bytes,
                     recv_splits[s] * row_bytes, symm.MOE_RETURNED + r, st.push_stream_to(s))
     if ce_only:  # the peers' results for this rank's rows, out of the combine slots as each arrives
         for j in range(1, ws):
             d = (r - j) % ws  # rank r-1 computes them first
-            _cuda.wait_value32(st.flag_addr(base + symm.MOE_RETURNED + d), epoch, st.copy_stream)
+            st.stream_wait(base + symm.MOE_RETURNED + d, epoch, st.copy_stream)
             if send_splits[d]:
                 _cuda.memcpy_async(out.data_ptr() + send_off[d] * row_bytes, comb.data_ptr() + d * cap * row_bytes,
                                    send_splits[d] * row_bytes, st.copy_stream)

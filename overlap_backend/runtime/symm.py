@@ -64,6 +64,7 @@ GRAPH_STARTED, GRAPH_FINISHED = 10, 11  # captured calls: counted up by a kernel
 WATCHDOG_FACTOR = 1.25  # a call not finished this many OVERLAP_TIMEOUT_S after it started is dead...
 WATCHDOG_SLACK_S = 0.25  # ...plus this: later than the kernels' own bounded waits, which say more
 RELEASED = 0x7FFFFFFF  # what an overdue call's flags are set to: >= every epoch (stream waits, kernels)
+AWAITED_MAX = 32  # stream waits per eager call that the watchdog's report can name (the first ones)
 
 # Flag buffer layout, in int32 words. "Arrived" flags are written by peers, the others locally.
 READY = 0  # [p]: rank p's buffers are free for this call (p wrote its epoch here)
@@ -330,6 +331,10 @@ class GroupState:
         self.graph_pinned = False  # a call was captured: its data buffer must never be freed or moved
         self.stalled: str | None = None  # set by the watchdog: why this group is unusable
         self._names = [""] * 64  # the op of each of the last 64 eager calls, by epoch % 64
+        # the local flag words each of those calls' streams wait for: (word, value, bands per chunk)
+        self._awaited: list[list[tuple[int, int, int]]] = [[] for _ in range(64)]
+        self._snapshot_ptr = _cuda.host_alloc_mapped(4 * AWAITED_MAX)  # what the watchdog read of them
+        self._snapshot = (ctypes.c_int32 * AWAITED_MAX).from_address(self._snapshot_ptr)
         self._watch_progress = True
         # made here, on the thread that has torch's context current; the watchdog thread only uses it
         self._release_stream = _cuda.stream_create_nonblocking()
@@ -430,6 +435,9 @@ class GroupState:
         if self.status_ptr:
             _cuda.host_free(self.status_ptr)
             self.status_ptr = 0
+        if getattr(self, "_snapshot_ptr", 0):
+            _cuda.host_free(self._snapshot_ptr)
+            self._snapshot_ptr = 0
 
     def set_timeout(self, seconds: float) -> None:
         """Bound this group's waits by ``seconds`` from the next call on (the kernels' flag waits and
@@ -468,16 +476,35 @@ class GroupState:
             self.stalled = (
                 f"overlap symm: {what} on rank {self.rank} of group {self.group_name!r} did not finish within "
                 f"{waited_s:.1f} s (OVERLAP_TIMEOUT_S={self.timeout_ns / 1e9:g} x {WATCHDOG_FACTOR}): a stream "
-                "waited for a peer's flag that never came (a peer died, diverged or is far behind). Its waits "
-                "were released, so this call's output and every later one's is garbage; the group is unusable."
+                "waited for a peer's flag that never came (a peer died, diverged or is far behind)."
+                f"{self._unraised_waits()} Its waits were released, so this call's output and every later "
+                "one's is garbage; the group is unusable."
             )
             log.error("%s", self.stalled)
         self._release_flags(tell_peers=first)
 
+    def _unraised_waits(self) -> str:
+        """Watchdog thread, before the release: which of the stuck eager call's stream waits (see
+        ``stream_wait``) were still short of their value, read from the flags now; "" when none is
+        known (a captured call: its waits are in the graph)."""
+        s = self.status
+        if s[STARTED] <= s[FINISHED]:
+            return ""
+        waits = list(self._awaited[s[STARTED] % 64])
+        if not waits:
+            return ""
+        _cuda.make_primary_context_current(self.device.index)  # (the watchdog thread has none of its own)
+        for k, (word, _, _) in enumerate(waits):
+            _cuda.copy_async(self._snapshot_ptr + 4 * k, self.flags.local + 4 * word, 4, self._release_stream)
+        _cuda.stream_synchronize(self._release_stream)
+        short = [f"flag {word} ({describe_flag(word, nbands, self.ws)}): read {self._snapshot[k]}, expected >= {value}"
+                 for k, (word, value, nbands) in enumerate(waits) if _before(self._snapshot[k], value)]
+        return f" Still short when it fired: {'; '.join(short)}." if short else ""
+
     def _release_flags(self, tell_peers: bool) -> None:
         # On a stream of its own that does not wait for the legacy default stream, which a blocked
-        # compute stream may be.
-        # The watchdog thread has no current context until this (driver calls fail without one).
+        # compute stream may be. The watchdog thread has no current context until this (driver calls
+        # fail without one).
         _cuda.make_primary_context_current(self.device.index)
         stream = self._release_stream
         if tell_peers:  # before this rank's kernels run on (in stream order): see PEER_OK
@@ -508,6 +535,7 @@ class GroupState:
                 raise RuntimeError("overlap symm: epoch counter exhausted (2^31 calls on one group)")
             self.base, self.value = 0, self.epoch
             self._names[self.epoch % 64] = what
+            self._awaited[self.epoch % 64].clear()
             self._progress(STARTED, compute)
         for p in range(self.ws):
             if p != self.rank:
@@ -523,13 +551,23 @@ class GroupState:
             # the same stream: the peer raises it again only in its next call, which starts after
             # this call's data reached it (so after this reset).
             for p in peers:
-                _cuda.wait_value32(self.flag_addr(self.word(READY + p)), 1, self.push_stream)
+                self.stream_wait(self.word(READY + p), 1, self.push_stream)
                 _cuda.write_value32(self.flag_addr(self.word(READY + p)), 0, self.push_stream)
                 for stream in (self.push_stream, *self._push_to.values()):
                     self._ready_waited.add((p, id(stream)))
         for stream in self._push_to.values():  # after compute's work and the READY handling above
             stream.wait_stream(self.push_stream)
         return self.value
+
+    def stream_wait(self, word: int, value: int, stream: torch.cuda.Stream, nbands: int = 1) -> None:
+        """Later work on ``stream`` waits until this rank's flag ``word`` reaches ``value``. An eager
+        call keeps the wait (``nbands``: bands per chunk, to name the flag) so that the watchdog's
+        report says which flag never came."""
+        _cuda.wait_value32(self.flag_addr(word), value, stream)
+        if self.base == 0:
+            waits = self._awaited[self.epoch % 64]
+            if len(waits) < AWAITED_MAX:
+                waits.append((word, value, nbands))
 
     def push_stream_to(self, peer: int) -> torch.cuda.Stream:
         """The stream this call's pushes to ``peer`` go on (and the stream waits that must precede
@@ -543,7 +581,7 @@ class GroupState:
         stream; ``push_stream_to(peer)`` for callers that spread their pushes over the peers)."""
         stream = stream or self.push_stream
         if (peer, id(stream)) not in self._ready_waited:
-            _cuda.wait_value32(self.flag_addr(self.word(READY + peer)), self.value, stream)
+            self.stream_wait(self.word(READY + peer), self.value, stream)
             self._ready_waited.add((peer, id(stream)))
         if nbytes:
             _cuda.memcpy_async(self.data_addr(peer, dst_offset), src_ptr, nbytes, stream)
@@ -570,7 +608,7 @@ class GroupState:
     def stall_if_a_peer_gave_up(self, compute: torch.cuda.Stream) -> None:
         """End of every call: a peer that gave up a call sent garbage under valid flags, so
         ``compute`` stops here (until the watchdog fires and raises) instead of going on with it."""
-        _cuda.wait_value32(self.flag_addr(PEER_OK), 1, compute)
+        self.stream_wait(PEER_OK, 1, compute)
 
     def _calls_in_flight(self) -> tuple[int, int]:
         """(calls the GPU started, calls it finished): eager epochs plus captured replays (watchdog)."""
@@ -654,6 +692,41 @@ def persistent(make, device: torch.device):
         raise box["error"]
     caller.wait_stream(default)
     return box["value"]
+
+
+def _before(seen: int, value: int) -> bool:
+    """Whether a flag that reads ``seen`` is still short of ``value`` (int32 words compared as a
+    stream wait does: ``(int32)(seen - value) < 0``)."""
+    return (seen - value) % 2**32 >= 2**31
+
+
+def describe_flag(word: int, nbands: int, ws: int) -> str:
+    """What a stream wait on this rank's flag ``word`` (eager block) waits for, in words."""
+    nbands = max(nbands, 1)
+    regions = ((RS_ARRIVED, "arrived"), (GATHERED, "gathered"), (DONE, "done"), (COUNTERS, None))
+    if READY <= word < READY + WS_MAX:
+        return f"rank {word - READY} to start this call (its READY flag)"
+    if AG_ARRIVED <= word < RS_ARRIVED:
+        p, b = divmod(word - AG_ARRIVED, nbands)
+        return f"band {b} of rank {p}'s shard to arrive"
+    for (lo, kind), (hi, _) in zip(regions, regions[1:]):
+        if lo <= word < hi:
+            slot, b = divmod(word - lo, nbands)
+            rnd, p = divmod(slot, max(ws, 1))
+            if kind == "arrived":
+                return f"band {b} of rank {p}'s partial (round {rnd}) to arrive"
+            if kind == "gathered":
+                return f"band {b} of rank {p}'s reduced rows (round {rnd}) to arrive"
+            return f"this rank's own tiles of band {b} of chunk {p} (round {rnd}) to finish"
+    if MOE_ARRIVED <= word < MOE_RETURNED:
+        return f"rank {word - MOE_ARRIVED}'s dispatched tokens to arrive"
+    if MOE_RETURNED <= word < MOE_DONE:
+        return f"rank {word - MOE_RETURNED}'s expert results for this rank's tokens to come back"
+    if MOE_DONE <= word < MOE_COUNTERS:
+        return f"this rank's own expert tiles for source position {word - MOE_DONE} to finish"
+    if word == PEER_OK:
+        return "no peer to have given up a call (PEER_OK)"
+    return "a flag of this op"
 
 
 def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError | None:

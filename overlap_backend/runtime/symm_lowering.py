@@ -329,8 +329,7 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
             for j in range(1, ws):
                 c = (r + j) % ws
                 # bands are pushed in order on one stream: the last band's flag covers the chunk
-                _cuda.wait_value32(st.flag_addr(base + symm.AG_ARRIVED + c * nbands + nbands - 1), epoch,
-                                   st.copy_stream)
+                st.stream_wait(base + symm.AG_ARRIVED + c * nbands + nbands - 1, epoch, st.copy_stream, nbands)
                 gview[:, c].copy_(buf[c].view(outer, run, K))
     st.end(compute)
     if any(spec and g is None for spec, g in zip(specs, gens)):
@@ -378,7 +377,7 @@ def _ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, ba
     for p in range(ws):
         c = (r + p) % ws
         if p:
-            _cuda.wait_value32(st.flag_addr(base + symm.AG_ARRIVED + c * nbands + nbands - 1), epoch, compute)
+            st.stream_wait(base + symm.AG_ARRIVED + c * nbands + nbands - 1, epoch, compute, nbands)
         src = (shard2d if c == r else buf[c]).view(outer, run, K)
         for w, bias, out4 in zip(weights, biases, outs4):
             for o in range(outer):
@@ -530,16 +529,16 @@ def _push_partials(st, stage, rows, N, band_list, epoch, base):
         c = (r + 1 + pos) % ws
         stream = st.push_stream_to(c)
         for b, (lo, n) in enumerate(band_list):
-            _cuda.wait_value32(st.flag_addr(base + symm.DONE + c * nb + b), epoch, stream)
+            st.stream_wait(base + symm.DONE + c * nb + b, epoch, stream, nb)
             st.push(c, r * rows * row_bytes + lo * row_bytes, stage.data_ptr() + (c * rows + lo) * row_bytes,
                     n * row_bytes, symm.RS_ARRIVED + r * nb + b, stream)
 
 
-def _wait_on_push_streams(st, flag_addr: int, epoch: int) -> None:
-    """Every stream this call pushes to its peers on waits for ``flag_addr`` >= ``epoch`` (one stream
-    wait per distinct stream)."""
+def _wait_on_push_streams(st, word: int, epoch: int, nbands: int = 1) -> None:
+    """Every stream this call pushes to its peers on waits for this rank's flag ``word`` >= ``epoch``
+    (one stream wait per distinct stream)."""
     for stream in {id(s): s for s in (st.push_stream_to(p) for p in range(st.ws) if p != st.rank)}.values():
-        _cuda.wait_value32(flag_addr, epoch, stream)
+        st.stream_wait(word, epoch, stream, nbands)
 
 
 def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=None, epilogue_args=()) -> Tensor:
@@ -585,7 +584,7 @@ def _mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=Non
             for o, j, n in band:
                 _mm(a3[o, r, j : j + n], b, bias, recv4[r, o, j : j + n])
         for p in range(1, ws):
-            _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + (r + p) % ws * nb + i), epoch, compute)
+            st.stream_wait(base + symm.RS_ARRIVED + (r + p) % ws * nb + i, epoch, compute, nb)
         for o, j, n in band:
             if epilogue is None and not own_first:
                 _reduce_own(a3[o, r, j : j + n], b, bias, recv4[:, o, j : j + n], r, out3[o, j : j + n], average)
@@ -749,12 +748,12 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
             slot = rnd * ws + c
             stream = st.push_stream_to(c)
             for b, (lo, n) in enumerate(band_list):
-                _cuda.wait_value32(st.flag_addr(base + symm.DONE + slot * nb + b), epoch, stream)
+                st.stream_wait(base + symm.DONE + slot * nb + b, epoch, stream, nb)
                 st.push(c, (rnd * ws + r) * slot_bytes + lo * row_bytes, stage.data_ptr() + (slot * rows + lo) * row_bytes,
                         n * row_bytes, symm.RS_ARRIVED + (rnd * ws + r) * nb + b, stream)
         own = rnd * ws + r
         for b, (lo, n) in enumerate(band_list if peer is None else ()):  # all-gather: reduced bands, to every peer
-            _wait_on_push_streams(st, st.flag_addr(base + symm.DONE + own * nb + b), epoch)
+            _wait_on_push_streams(st, base + symm.DONE + own * nb + b, epoch, nb)
             for j in range(1, ws):
                 st.push((r - j) % ws, region + own * slot_bytes + lo * row_bytes,
                         gather_base + own * slot_bytes + lo * row_bytes, n * row_bytes, symm.GATHERED + own * nb + b,
@@ -764,8 +763,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
             for b, (lo, n) in enumerate(band_list):
                 first = (rnd * ws + q) * rows + lo
                 count = min(n, M - first)
-                _cuda.wait_value32(st.flag_addr(base + symm.GATHERED + (rnd * ws + q) * nb + b), epoch,
-                                   st.copy_stream)
+                st.stream_wait(base + symm.GATHERED + (rnd * ws + q) * nb + b, epoch, st.copy_stream, nb)
                 if count > 0:
                     _cuda.memcpy_async(out[first].data_ptr(), gather_base + (rnd * ws + q) * slot_bytes + lo * row_bytes,
                                        count * row_bytes, st.copy_stream)
@@ -829,7 +827,7 @@ def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
             if n:
                 _mm(a[lo : lo + n], b, bias, stage[lo : lo + n])
             _cuda.write_value32(st.flag_addr(base + symm.DONE + slot), epoch, compute)
-            _cuda.wait_value32(st.flag_addr(base + symm.DONE + slot), epoch, st.push_stream_to(c))
+            st.stream_wait(base + symm.DONE + slot, epoch, st.push_stream_to(c))
             st.push(c, (t * ws + r) * slot_bytes, stage.data_ptr() + lo * row_bytes, n * row_bytes,
                     symm.RS_ARRIVED + t * ws + r, st.push_stream_to(c))
         own = t * ws + r
@@ -838,19 +836,19 @@ def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
         if RS_OWN_FIRST and n:  # the own partial overlaps the peers' transfers
             _mm(a[lo : lo + n], b, bias, slots[r])
         for p in peers:
-            _cuda.wait_value32(st.flag_addr(base + symm.RS_ARRIVED + t * ws + p), epoch, compute)
+            st.stream_wait(base + symm.RS_ARRIVED + t * ws + p, epoch, compute)
         if RS_OWN_FIRST:
             _reduce_slots(slots, out[lo : lo + n], 0, n, average)
         elif n:
             _reduce_own(a[lo : lo + n], b, bias, slots, r, out[lo : lo + n], average)
         _cuda.write_value32(st.flag_addr(base + symm.DONE + own), epoch, compute)
-        _wait_on_push_streams(st, st.flag_addr(base + symm.DONE + own), epoch)
+        _wait_on_push_streams(st, base + symm.DONE + own, epoch)
         for j in range(1, ws):  # all-gather: the reduced chunk, to every peer
             st.push((r - j) % ws, region + own * slot_bytes, out.data_ptr() + lo * row_bytes, n * row_bytes,
                     symm.GATHERED + own, st.push_stream_to((r - j) % ws))
         for q in peers:  # the peers' reduced chunks, out of the gather region as they arrive
             qlo, qn = rows_of(t * ws + q)
-            _cuda.wait_value32(st.flag_addr(base + symm.GATHERED + t * ws + q), epoch, st.copy_stream)
+            st.stream_wait(base + symm.GATHERED + t * ws + q, epoch, st.copy_stream)
             if qn:
                 _cuda.memcpy_async(out.data_ptr() + qlo * row_bytes, gather_base + (t * ws + q) * slot_bytes,
                                    qn * row_bytes, st.copy_stream)
