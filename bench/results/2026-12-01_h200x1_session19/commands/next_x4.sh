@@ -1,8 +1,11 @@
 # For the next session that gets nvidia-h200-x4 (or -x2: the ws-4 parts then say "skipped"):
-#   DEADLINE=545 bash bench/run_stages.sh bench/results/2026-12-01_h200x1_session18/commands/next_x4.sh
+#   DEADLINE=545 bash bench/run_stages.sh bench/results/2026-12-01_h200x1_session19/commands/next_x4.sh
 # Part A: do the seventeenth session's two switches pay on 4 GPUs? (both pass the GPU tests at 4 ranks sharing one GPU,
-# session 18; RS_TMA is now on by default, so "one" below has it and "ptr" is the pointer-store-only A/B)
+# session 18; RS_TMA is now on by default, so "one" below has it and "ptr" is the pointer-store-only A/B; at 2 GPUs,
+# session 19, RS_TMA took mm_rs 16384x2048x8192 from 0.695 to 0.551 ms eager)
 TR="python -m torch.distributed.run --standalone --nproc-per-node=4"
+# First (any multi-GPU kind): the watchdog's message names stream-waited flags again (session 19's fix, CPU-tested).
+TAILN=8 run t_timeout 45 python -m pytest -q -s -p no:cacheprovider tests/test_gpu.py::test_symm_timeout_names_op_rank_flag
 # (the ws-4 GPU tests of both passed with 4 ranks sharing one GPU; on 4 GPUs, if time is left:)
 # TAILN=12 run t_perpeer 150 python -m pytest -q -x tests/test_gpu.py -k "ws4 and (symm-perpeer or symm-rstma) and ops_numerics"
 TAILN=30 run rs_one 90 $TR bench/bench_collective_gemm.py --suite mm_rs,mm_ar --lowerings symm --out-dir $RES/one
