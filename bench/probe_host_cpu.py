@@ -62,15 +62,12 @@ def mocked(ws: int, rank: int = 0):
 
     for name in STREAM_OPS:
         patch(_cuda, name, counter(name))
-    st = object.__new__(symm.GroupState)
-    st.rank, st.ws, st.epoch, st.base, st.value = rank, ws, 0, 0, 0
-    st.status, st.stalled, st.graph_pinned, st._names = [0] * symm.STATUS_WORDS, None, False, [""] * 64
-    st._awaited = [[] for _ in range(64)]
+    st = symm.GroupState.host_only(rank, ws)
     st.flags = SimpleNamespace(ptrs=[p << 24 for p in range(ws)], local=rank << 24)
     st.data = SimpleNamespace(ptrs=[p << 32 for p in range(ws)], nbytes=1 << 30)
-    st.push_stream, st.copy_stream, st._ready_waited = _Stream(counts), _Stream(counts), set()
-    st._push_to, st.device, st._watch_progress, st.group_name = {}, SimpleNamespace(index=0), True, "g"
-    st.num_sms, st.timeout_ns, st.status_ptr, st._flag_args, st._status_arg = 132, 10**9, 0, {}, (0, 0)
+    st.push_stream, st.copy_stream = _Stream(counts), _Stream(counts)
+    st.device, st._watch_progress = SimpleNamespace(index=0), True
+    st.num_sms, st.status_ptr, st._status_arg = 132, 0, (0, 0)
     backing = torch.empty(1 << 24, dtype=torch.int8)
 
     def data_view(dtype, shape, offset_bytes=0):

@@ -110,14 +110,11 @@ def make_states(sim: Sim, monkeypatch, per_peer: bool = False):
     monkeypatch.setattr(symm._cuda, "memcpy_async", sim.memcpy_async)
     states = []
     for r in range(sim.ws):
-        st = object.__new__(symm.GroupState)
-        st.rank, st.ws, st.epoch, st.base, st.value = r, sim.ws, 0, 0, 0
-        st.status, st.stalled, st._call, st.graph_pinned = [0] * 8, None, None, False
-        st._awaited = [[] for _ in range(64)]  # the stream waits of each eager call (the watchdog's report)
+        st = symm.GroupState.host_only(r, sim.ws)
         st.flags = SimpleNamespace(ptrs=[p * FLAG_SPAN for p in range(sim.ws)], local=r * FLAG_SPAN)
         st.data = SimpleNamespace(ptrs=[0] * sim.ws)
         st.push_stream, st.copy_stream = sim.streams[r]["push"], sim.streams[r]["copy"]
-        st._ready_waited, st._push_to, st.device = set(), {}, SimpleNamespace(index=r)
+        st.device = SimpleNamespace(index=r)
         lo, hi = symm.GRAPH_RESET
 
         def zero(compute, r=r, lo=lo, hi=hi):
@@ -322,13 +319,10 @@ def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypa
     monkeypatch.setattr(symm._cuda, "copy_async", copy_async)
     monkeypatch.setattr(symm._cuda, "stream_synchronize", lambda stream: ops.append(("sync",)))
     monkeypatch.setattr(symm.log, "error", lambda *a: None)
-    st = object.__new__(symm.GroupState)
-    st.rank, st.ws, st.group_name, st.timeout_ns, st.stalled = 1, 3, "g", 10**9, None
+    st = symm.GroupState.host_only(1, 3)
     st.flags = SimpleNamespace(ptrs=[p * FLAG_SPAN for p in range(3)], local=FLAG_SPAN)
     st.device, st._release_stream, st.status_ptr = SimpleNamespace(index=0), None, 7 << 40
-    st.status = [0] * symm.STATUS_WORDS
     st.status[symm.STARTED], st.status[symm.FINISHED] = 5, 4
-    st._awaited = [[] for _ in range(64)]
     st._awaited[5] = [(symm.READY, 5, 1), (ag_word, 5, 2), (symm.PEER_OK, 1, 1)]
     st._snapshot_ptr, st._snapshot = snap0, snapshot
     st._overdue("ag_mm", 2.0)

@@ -60,14 +60,10 @@ def states(ws: int, recvs, monkeypatch, per_peer: bool = False):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: local.compute)
     out = []
     for r in range(ws):
-        st = object.__new__(symm.GroupState)
-        st.rank, st.ws, st.epoch, st.base, st.value = r, ws, 0, 0, 0
-        st.status, st.stalled, st.graph_pinned, st._names = [0] * symm.STATUS_WORDS, None, False, {}
-        st._awaited = [[] for _ in range(64)]  # the stream waits of each eager call (the watchdog's report)
+        st = symm.GroupState.host_only(r, ws)
         st.flags = SimpleNamespace(ptrs=[p * SPAN for p in range(ws)])
         st.data = SimpleNamespace(ptrs=[t.data_ptr() for t in recvs])
-        st.push_stream, st.copy_stream, st._ready_waited = Stream(), Stream(), set()
-        st._push_to, st.device = {}, SimpleNamespace(index=r)
+        st.push_stream, st.copy_stream, st.device = Stream(), Stream(), SimpleNamespace(index=r)
         st._progress = lambda word, compute: None  # the watchdog's status words: not modelled
         out.append(st)
     return out, local

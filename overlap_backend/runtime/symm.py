@@ -302,7 +302,7 @@ class GroupState:
         self.rank = self.group.rank()
         self.device = device
         self.timeout_ns = int(OverlapConfig.env_value("timeout_s") * 1e9)
-        self.epoch = 0
+        self._init_call_state()
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.push_stream = comm_stream(device.index, SYMM_PUSH)
         self.copy_stream = comm_stream(device.index, SYMM_COPY_OUT)
@@ -315,25 +315,12 @@ class GroupState:
         _cuda.memset(self.flags.local + 4 * PEER_OK, 1, 1)  # (the word was 0: its low byte makes it 1)
         torch.cuda.synchronize(device)  # before any stream waits for it (set-up is eager, never captured)
         self.data: _Mapped | None = None
-        self._ready_waited: set[tuple[int, int]] = set()  # (peer, stream id) this call waited for READY on
-        self._push_to: dict[int, torch.cuda.Stream] = {}  # this call's per-peer push streams (PUSH_STREAM_PER_PEER)
-        self._views: dict[tuple, Tensor] = {}
-        self._peer_tables: tuple | None = None
-        self._flag_args: dict[int, _cuda.DevicePointer] = {}
         self._status_arg = (self.flag_arg(CLAIM), _cuda.DevicePointer(self.status_ptr, torch.int32))
-        self.base = 0  # first word of the current call's flag block: 0, or GRAPH_BLOCK while capturing
-        self.value = 0  # what the current call raises its flags to and waits for: the epoch, or 1 captured
-        self._kept: list[_Mapped] = []  # data buffers that captured graphs may still use
-        self._kept_tables: list[tuple] = []  # peer tables (device tensors) that captured graphs may still read
         lo, hi = GRAPH_RESET  # made here, not during a capture (it queries the pointer's attributes)
         self._graph_reset = _cuda.as_tensor(self.flags.local + 4 * (GRAPH_BLOCK + lo), 4 * (hi - lo),
                                             device).view(torch.int32)
-        self.graph_pinned = False  # a call was captured: its data buffer must never be freed or moved
-        self.stalled: str | None = None  # set by the watchdog: why this group is unusable
-        self._names = [""] * 64  # the op of each of the last 64 eager calls, by epoch % 64
-        # the local flag words each of those calls' streams wait for: (word, value, bands per chunk)
-        self._awaited: list[list[tuple[int, int, int]]] = [[] for _ in range(64)]
-        self._snapshot_ptr = _cuda.host_alloc_mapped(4 * AWAITED_MAX)  # what the watchdog read of them
+        # where the watchdog reads the stuck call's awaited flags (``_unraised_waits``)
+        self._snapshot_ptr = _cuda.host_alloc_mapped(4 * AWAITED_MAX)
         self._snapshot = (ctypes.c_int32 * AWAITED_MAX).from_address(self._snapshot_ptr)
         self._watch_progress = True
         # made here, on the thread that has torch's context current; the watchdog thread only uses it
@@ -351,6 +338,36 @@ class GroupState:
             self._stop_counting_replays(e)
         self._watched = watchdog.watch(self.timeout_ns / 1e9 * WATCHDOG_FACTOR + WATCHDOG_SLACK_S,
                                        self._calls_in_flight, self._overdue, self._call_name)
+
+    def _init_call_state(self) -> None:
+        """The host-side bookkeeping of the calls (no CUDA resource): ``__init__``'s and ``host_only``'s."""
+        self.epoch = 0
+        self.base = 0  # first word of the current call's flag block: 0, or GRAPH_BLOCK while capturing
+        self.value = 0  # what the current call raises its flags to and waits for: the epoch, or 1 captured
+        self.graph_pinned = False  # a call was captured: its data buffer must never be freed or moved
+        self.stalled: str | None = None  # set by the watchdog: why this group is unusable
+        self._names = [""] * 64  # the op of each of the last 64 eager calls, by epoch % 64
+        # the local flag words each of those calls' streams wait for: (word, value, bands per chunk)
+        self._awaited: list[list[tuple[int, int, int]]] = [[] for _ in range(64)]
+        self._ready_waited: set[tuple[int, int]] = set()  # (peer, stream id) this call waited for READY on
+        self._push_to: dict[int, torch.cuda.Stream] = {}  # this call's per-peer push streams (PUSH_STREAM_PER_PEER)
+        self._views: dict[tuple, Tensor] = {}
+        self._peer_tables: tuple | None = None
+        self._flag_args: dict[int, _cuda.DevicePointer] = {}
+        self._kept: list[_Mapped] = []  # data buffers that captured graphs may still use
+        self._kept_tables: list[tuple] = []  # peer tables (device tensors) that captured graphs may still read
+
+    @classmethod
+    def host_only(cls, rank: int, ws: int, group_name: str = "g") -> GroupState:
+        """A state with a real one's call bookkeeping and no CUDA resource, group or watchdog: for the
+        CPU tests and probes that run the real ``begin`` / ``push`` / ``end`` against mocked driver
+        calls. They set what they model (flags, data, streams, device); ``status`` is a plain list."""
+        st = cls.__new__(cls)
+        st.group_name, st.rank, st.ws = group_name, rank, ws
+        st.timeout_ns = 10**9
+        st.status = [0] * STATUS_WORDS
+        st._init_call_state()
+        return st
 
     # ------------------------------------------------------------------ pointers for the kernels
     def status_arg(self) -> tuple[_cuda.DevicePointer, _cuda.DevicePointer]:
