@@ -106,32 +106,28 @@ def _is_auto(raw: Any) -> bool:
     return isinstance(raw, str) and raw.strip().lower() == "auto"
 
 
-def _parse_cta_stages(name: str, raw: str | int) -> int | str:
-    if _is_auto(raw):
-        return "auto"
-    try:
-        if isinstance(raw, (bool, float)):
-            raise ValueError
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer >= 1, or auto") from None
-    if value < 1:
-        raise ConfigError(f"{name}={raw!r} is < 1; allowed: an integer >= 1, or auto")
-    return value
+def _int_or_auto(lo: int, hi: int | None = None):
+    """A parser of an integer in ``[lo, hi]`` (no upper bound: ``hi`` None) or ``auto``."""
+    allowed = (f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}") + ", or auto"
+
+    def parse(name: str, raw: str | int) -> int | str:
+        if _is_auto(raw):
+            return "auto"
+        try:
+            if isinstance(raw, (bool, float)):
+                raise ValueError
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}={raw!r} is not an integer; allowed: {allowed}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise ConfigError(f"{name}={raw!r} is out of range; allowed: {allowed}")
+        return value
+
+    return parse
 
 
-def _parse_moe_comm_sms(name: str, raw: str | int) -> int | str:
-    if _is_auto(raw):
-        return "auto"
-    try:
-        if isinstance(raw, (bool, float)):
-            raise ValueError
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={raw!r} is not an integer; allowed: an integer from 1 to 64, or auto") from None
-    if not 1 <= value <= 64:
-        raise ConfigError(f"{name}={raw!r} is out of range; allowed: an integer from 1 to 64, or auto")
-    return value
+_parse_cta_stages = _int_or_auto(1)
+_parse_moe_comm_sms = _int_or_auto(1, 64)
 
 
 def _parse_cost_model(name: str, raw: str) -> str:
