@@ -335,6 +335,16 @@ def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypa
     assert "ag_mm on rank 1" in st.stalled
     assert f"flag {ag_word} (band 1 of rank 2's shard to arrive): read 4, expected >= 5" in st.stalled, st.stalled
     assert "READY" not in st.stalled and "PEER_OK" not in st.stalled, st.stalled
+
+    # a failed read of the flags still releases them (the release is what unblocks the streams)
+    def refuse(stream):
+        raise symm._cuda.CudaError("cuStreamSynchronize failed: CUDA_ERROR_UNKNOWN")
+
+    monkeypatch.setattr(symm._cuda, "stream_synchronize", refuse)
+    st.stalled = None
+    ops.clear()
+    st._overdue("ag_mm", 2.0)
+    assert "could not be read" in st.stalled and ops[-1] == ("set", FLAG_SPAN, symm.RELEASED, symm.GAVE_UP), ops
     ops.clear()
     st._overdue("ag_mm", 2.05)
     assert ops == [("set", FLAG_SPAN, symm.RELEASED, symm.GAVE_UP)]

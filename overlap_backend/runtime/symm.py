@@ -510,10 +510,13 @@ class GroupState:
         waits = list(self._awaited[s[STARTED] % 64])
         if not waits:
             return ""
-        _cuda.make_primary_context_current(self.device.index)  # (the watchdog thread has none of its own)
-        for k, (word, _, _) in enumerate(waits):
-            _cuda.copy_async(self._snapshot_ptr + 4 * k, self.flags.local + 4 * word, 4, self._release_stream)
-        _cuda.stream_synchronize(self._release_stream)
+        try:  # the message must never keep the release below from happening
+            _cuda.make_primary_context_current(self.device.index)  # (the watchdog thread has none of its own)
+            for k, (word, _, _) in enumerate(waits):
+                _cuda.copy_async(self._snapshot_ptr + 4 * k, self.flags.local + 4 * word, 4, self._release_stream)
+            _cuda.stream_synchronize(self._release_stream)
+        except Exception as e:  # noqa: BLE001
+            return f" (Its flags could not be read: {e}.)"
         short = [f"flag {word} ({describe_flag(word, nbands, self.ws)}): read {self._snapshot[k]}, expected >= {value}"
                  for k, (word, value, nbands) in enumerate(waits) if _before(self._snapshot[k], value)]
         return f" Still short when it fired: {'; '.join(short)}." if short else ""
