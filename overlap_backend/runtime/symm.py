@@ -452,7 +452,7 @@ class GroupState:
         if self.status_ptr:
             _cuda.host_free(self.status_ptr)
             self.status_ptr = 0
-        if getattr(self, "_snapshot_ptr", 0):
+        if self._snapshot_ptr:
             _cuda.host_free(self._snapshot_ptr)
             self._snapshot_ptr = 0
 
@@ -723,21 +723,18 @@ def _before(seen: int, value: int) -> bool:
 def describe_flag(word: int, nbands: int, ws: int) -> str:
     """What a stream wait on this rank's flag ``word`` (eager block) waits for, in words."""
     nbands = max(nbands, 1)
-    regions = ((RS_ARRIVED, "arrived"), (GATHERED, "gathered"), (DONE, "done"), (COUNTERS, None))
     if READY <= word < READY + WS_MAX:
         return f"rank {word - READY} to start this call (its READY flag)"
     if AG_ARRIVED <= word < RS_ARRIVED:
         p, b = divmod(word - AG_ARRIVED, nbands)
         return f"band {b} of rank {p}'s shard to arrive"
-    for (lo, kind), (hi, _) in zip(regions, regions[1:]):
-        if lo <= word < hi:
+    for lo, hi, text in ((RS_ARRIVED, GATHERED, "band {b} of rank {p}'s partial (round {rnd}) to arrive"),
+                         (GATHERED, DONE, "band {b} of rank {p}'s reduced rows (round {rnd}) to arrive"),
+                         (DONE, COUNTERS, "this rank's own tiles of band {b} of chunk {p} (round {rnd}) to finish")):
+        if lo <= word < hi:  # [(round * ws + p) * nbands + b]
             slot, b = divmod(word - lo, nbands)
             rnd, p = divmod(slot, max(ws, 1))
-            if kind == "arrived":
-                return f"band {b} of rank {p}'s partial (round {rnd}) to arrive"
-            if kind == "gathered":
-                return f"band {b} of rank {p}'s reduced rows (round {rnd}) to arrive"
-            return f"this rank's own tiles of band {b} of chunk {p} (round {rnd}) to finish"
+            return text.format(b=b, p=p, rnd=rnd)
     if MOE_ARRIVED <= word < MOE_RETURNED:
         return f"rank {word - MOE_ARRIVED}'s dispatched tokens to arrive"
     if MOE_RETURNED <= word < MOE_DONE:
