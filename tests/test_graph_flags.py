@@ -368,3 +368,25 @@ def test_stream_waits_are_named_and_compared_as_the_gpu_does():
     assert symm.describe_flag(symm.PEER_OK, 1, ws).endswith("(PEER_OK)")
     assert symm._before(4, 5) and not symm._before(5, 5) and not symm._before(6, 5)
     assert not symm._before(symm.RELEASED, 2**31 - 2) and symm._before(5, symm.RELEASED)
+
+
+def test_stream_waits_are_recorded_once_per_flag_and_only_eagerly(monkeypatch):
+    """stream_wait keeps each (word, value) of an eager call once (two streams waiting for one shard
+    made the watchdog name it twice on 2×H200), up to AWAITED_MAX, and nothing of a captured call."""
+    waited = []
+    monkeypatch.setattr(symm._cuda, "wait_value32", lambda addr, value, stream: waited.append((addr, value)))
+    st = symm.GroupState.host_only(0, 2)
+    st.flags = SimpleNamespace(ptrs=[0, FLAG_SPAN], local=0)
+    st.epoch = st.value = 7
+    for stream in ("compute", "copy"):
+        st.stream_wait(symm.AG_ARRIVED + 1, 7, stream, nbands=1)
+    st.stream_wait(symm.READY + 1, 7, "push")
+    assert len(waited) == 3  # every wait is issued ...
+    assert st._awaited[7] == [(symm.AG_ARRIVED + 1, 7, 1), (symm.READY + 1, 7, 1)]  # ... and named once
+    for w in range(symm.AWAITED_MAX + 5):
+        st.stream_wait(symm.RS_ARRIVED + w, 7, "push")
+    assert len(st._awaited[7]) == symm.AWAITED_MAX
+    st.base, before = symm.GRAPH_BLOCK, list(st._awaited[7])
+    st.stream_wait(symm.GRAPH_BLOCK + symm.DONE, 1, "compute")
+    assert st._awaited[7] == before
+

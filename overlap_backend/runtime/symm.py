@@ -585,8 +585,8 @@ class GroupState:
         report says which flag never came."""
         _cuda.wait_value32(self.flag_addr(word), value, stream)
         if self.base == 0:
-            waits = self._awaited[self.epoch % 64]
-            if len(waits) < AWAITED_MAX:
+            waits = self._awaited[self.epoch % 64]  # once per flag: several streams may wait for the same one
+            if len(waits) < AWAITED_MAX and (word, value, nbands) not in waits:
                 waits.append((word, value, nbands))
 
     def push_stream_to(self, peer: int) -> torch.cuda.Stream:
