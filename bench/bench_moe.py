@@ -17,8 +17,9 @@ events (warm-up, >= 20 repetitions, median per rank, max over ranks):
 - ``a2a``: the two NCCL all-to-alls alone (dispatch + combine);
 - ``experts``: the expert compute alone (gather, grouped GEMMs, scatter) on the same received rows;
 - ``p2p`` / ``symm``: ``torch.ops.overlap.moe_experts(..., lowering)``; symm with the default
-  ``OVERLAP_MOE_COMM_SMS`` (8) and, in the sweep table, each ``--comm-sms`` value, the copy-engine
-  combine (``ce``) and both tile orders forced (``order=source``: remote-critical first,
+  ``OVERLAP_MOE_COMM_SMS`` (0: no comm kernel, the copy engine does the whole combine) and, in the
+  sweep table, each ``--comm-sms`` value (SM transport), the copy-engine pushes with the comm kernel
+  copying the results out on ``CE_COMM_SMS`` SMs (``ce``), no comm kernel (``ce-only``) and both tile orders forced (``order=source``: remote-critical first,
   ``order=expert``; the default picks by size, see ``moe_symm.expert_major``). Each is checked first against the baseline (rel err <= 1e-2, else FAIL).
 - ``--graphs``: the baseline and ``symm`` each captured once in a CUDA graph after eager warm-up
   (fixed splits, as capacity routing has them) and timed as replays, symm checked after a replay:
@@ -89,6 +90,7 @@ SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "schedule=pha
 
 
 SETTINGS = ("COMM_SMS", "TRANSPORT", "ORDER", "OWN_FIRST", "SCHEDULE")  # what a sweep column sets in moe_symm
+CE_COMM_SMS = 8  # the comm kernel of the "ce" column, where the run's own setting has none (0, the default)
 
 
 def backend_choice(cfg: str, ws: int, grouped_rows: int, rows_sent: int, cal, comm_sms: int | None = None) -> dict:
@@ -130,7 +132,9 @@ def sweep_settings(column, defaults: dict) -> dict:
     for part in column.split("+"):
         if part not in SWEEP_VARIANTS:
             raise ValueError(f"unknown sweep variant {part!r}; allowed: {', '.join(SWEEP_VARIANTS)} (joined by +)")
-        if part in ("ce", "ce-only"):
+        if part == "ce":  # the comm kernel copies the results out: it needs SMs
+            out.update(TRANSPORT="ce", COMM_SMS=out.get("COMM_SMS") or CE_COMM_SMS)
+        elif part == "ce-only":
             out["TRANSPORT"] = part
         elif part.startswith("order="):
             out["ORDER"] = part.split("=")[1]
@@ -333,7 +337,9 @@ def main(argv=None):
             return
         head = ["config", "routing", "rows recv (max)", "baseline", "a2a", "experts", "max", "p2p", "symm",
                 "symm/max", "base/symm", "backend", "base/backend", "check"]
-        defaults_text = ", ".join(f"{k}={v}" for k, v in defaults.items())
+        defaults_text = ", ".join(f"{k}={v}" for k, v in defaults.items()) + (
+            f" (COMM_SMS None: OVERLAP_MOE_COMM_SMS, {moe_symm.comm_sms()} here; 0 = no comm kernel, whatever "
+            "TRANSPORT says)")
         sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + list(args.sweep)
         text = (f"# MoE block, {ws} ranks, bf16 (ms)\n\n{common.info_markdown(info)}\n\n"
                 + common.markdown_table(head, rows) + "\n\n## symm: sweep (ms)\n\nEach column changes the named "
@@ -346,7 +352,8 @@ def main(argv=None):
                    if args.graphs else ""))
         stem = out_dir / f"moe{'_graphs' if args.graphs else ''}_ws{ws}"  # --graphs: not over a run without
         stem.with_suffix(".md").write_text(text)
-        common.write_json(stem.with_suffix(".json"), {"info": info, "moe_defaults": defaults, "results": results})
+        common.write_json(stem.with_suffix(".json"), {"info": info, "moe_defaults": defaults,
+                                                    "comm_sms_setting": moe_symm.comm_sms(), "results": results})
 
     for cfg in args.configs:
         why = config_problem(cfg, ws)

@@ -145,9 +145,18 @@ MOE_CONFIGS = {  # bench_moe.CONFIGS: (hidden, ffn, experts, top_k, tokens per r
 }
 
 
+def moe_comm_sms(defaults: dict, setting: int) -> int:
+    """The comm SMs a ``bench_moe`` symm column ran with (0: no comm kernel) from its ``moe_symm``
+    settings; ``setting``: ``OVERLAP_MOE_COMM_SMS`` of the run (8 before the default became 0)."""
+    if defaults.get("TRANSPORT") == "ce-only":
+        return 0
+    return setting if defaults.get("COMM_SMS") is None else defaults["COMM_SMS"]
+
+
 def moe_rows(path: Path) -> list[dict]:
-    """``bench_moe.py``: the baseline (NCCL all-to-alls + grouped_mm) and ours symm with the combine
-    transport the model prices (``ce`` of the sweep, 8 comm SMs: the default transport)."""
+    """``bench_moe.py``: the baseline (NCCL all-to-alls + grouped_mm) and ours symm with the phased
+    schedule and the copy-engine pushes, each priced with the comm SMs it ran with (``moe_comm_sms``;
+    the ``ce-only`` sweep column and captured calls: none)."""
     d = json.loads(path.read_text())
     info, run = d["info"], _run_name(path)
     ws = int(info["world_size"])
@@ -162,6 +171,8 @@ def moe_rows(path: Path) -> list[dict]:
         shape = f"{r['config']} {r['routing']}"
         sweep = r.get("sweep", {})
         defaults = d.get("moe_defaults", {})
+        setting = d.get("comm_sms_setting", 8)
+        sms = moe_comm_sms(defaults, setting)
         # the runtime's defaults (phased schedule, copy-engine combine, 8 comm SMs): a sweep column, or
         # the symm column of a run that recorded them; runs with only a "ce" column used the kernels of
         # before the grouped raster (2026-11-30_h200x2_moe_epilogue): shown, not in the criterion
@@ -176,17 +187,23 @@ def moe_rows(path: Path) -> list[dict]:
             note = "symm timed after p2p in the same process"  # slower then, cause unknown (docs/moe.md)
         if not note and r["config"].endswith("-decode"):
             note = OLDER_MOE_DECODE.get(run, "")
-        cols = [("baseline", "baseline", None, t.get("baseline"), "", False),
-                ("symm (defaults)", "ours", "symm", ours, note, False)]
+        if "schedule=phased" in sweep:  # that column set only SCHEDULE
+            sms = moe_comm_sms({**defaults, "SCHEDULE": "phased"}, setting)
+        elif older:
+            sms = moe_comm_sms({**defaults, "TRANSPORT": "ce"}, setting)
+        cols = [("baseline", "baseline", None, t.get("baseline"), "", False, None),
+                ("symm (defaults)", "ours", "symm", ours, note, False, sms)]
+        if not older and (ce_only := sweep.get("ce-only", {}).get("ms")) is not None:
+            cols.append(("symm ce-only", "ours", "symm", ce_only, note, False, 0))
         g = r.get("graphs", {})  # bench_moe --graphs: both captured, timed as replays
         graph_note = OLDER_MOE_GRAPH.get((run, path.name), "")
-        cols += [("baseline (graph)", "baseline", None, g.get("baseline"), "", True),
-                 ("symm (graph)", "ours", "symm", g.get("symm"), graph_note, True)]
-        for col, what, low, ms, why_old, graphs in cols:
+        cols += [("baseline (graph)", "baseline", None, g.get("baseline"), "", True, None),
+                 ("symm (graph)", "ours", "symm", g.get("symm"), graph_note, True, 0)]  # captured: ce-only
+        for col, what, low, ms, why_old, graphs, comm_sms in cols:
             if ms is not None:
                 out.append(dict(run=run, file=path.name, op="moe graph" if graphs else "moe", ws=ws, shape=shape,
                                 column=col, what=what, lowering=low, measured=float(ms), problem=prob, note=why_old,
-                                criterion=not why_old, graphs=graphs))
+                                criterion=not why_old, graphs=graphs, comm_sms=comm_sms))
     return out
 
 
@@ -197,8 +214,8 @@ def predicted(row: dict, cal) -> float:
         return {"baseline": pred.baseline_ms, "gemm term": pred.baseline_terms["gemm_ms"],
                 "comm term": pred.baseline_terms["comm_ms"]}[row["what"]]
     stages = 2 if prob.op == "cta_pipeline_mlp" else None
-    comm_sms = 8 if prob.op == "moe_experts" else None  # what the measured default ran with
-    pred = predict(prob, cal, [row["lowering"]], stages=stages, comm_sms=comm_sms, cuda_graphs=row.get("graphs", False))
+    pred = predict(prob, cal, [row["lowering"]], stages=stages, comm_sms=row.get("comm_sms"),
+                   cuda_graphs=row.get("graphs", False))
     (plan,) = [p for p in pred.plans if p.lowering == row["lowering"]]
     return plan.ms
 

@@ -127,7 +127,7 @@ def _int_or_auto(lo: int, hi: int | None = None):
 
 
 _parse_cta_stages = _int_or_auto(1)
-_parse_moe_comm_sms = _int_or_auto(1, 64)
+_parse_moe_comm_sms = _int_or_auto(0, 64)
 
 
 def _parse_cost_model(name: str, raw: str) -> str:
@@ -183,10 +183,14 @@ class OverlapConfig:
     ``auto`` (default): on for CPU tensors, off for CUDA ones, where the fused version measured
     slower than the unfused one (2×H200, the demo's TP block: 10.60 vs 9.47 ms per step)."""
 
-    moe_comm_sms: int | str = 8
+    moe_comm_sms: int | str = 0
     """``OVERLAP_MOE_COMM_SMS``: SMs (CTAs) of the ``moe_experts`` symm communication kernel, which
-    ships finished expert segments to their source ranks while the expert GEMM runs on the others.
-    ``auto``: the cost model picks it per match where it is active (else 8)."""
+    copies the expert results that come back into the output (and with ``moe_symm.TRANSPORT = "sm"``
+    ships finished expert segments to their source ranks) while the expert GEMMs run on the other
+    SMs. ``0`` (default): no communication kernel; the copy engine does all of it and the GEMMs take
+    every SM (measured faster on 2×H200, and immune to a slowdown the kernel showed after NCCL
+    point-to-point traffic: docs/moe.md). ``auto``: the cost model picks it per match where it is
+    active (else 0)."""
 
     cost_model: str = "auto"
     """``OVERLAP_COST_MODEL``: ``auto`` | ``on`` | ``off``. ``on``: every match that passes its

@@ -141,7 +141,8 @@ def test_moe_sweep_columns(bench):
     assert m.sweep_settings(16, defaults) == {**defaults, "COMM_SMS": 16, "TRANSPORT": "sm"}
     assert m.sweep_settings("own-first=0.25+order=source", {**defaults, "SCHEDULE": "rotated"}) == {
         **defaults, "OWN_FIRST": 0.25, "ORDER": "source", "SCHEDULE": "phased"}
-    assert m.sweep_settings("ce", defaults) == defaults
+    assert m.sweep_settings("ce", defaults) == {**defaults, "COMM_SMS": m.CE_COMM_SMS}  # (None/0: no comm kernel)
+    assert m.sweep_settings("ce", {**defaults, "COMM_SMS": 16}) == {**defaults, "COMM_SMS": 16}
     args = m.parse_args(["--out", "/tmp/x", "--sweep", "ce,ce-only+schedule=rotated", "--comm-sms", ""])
     assert args.sweep == ["ce", "ce-only+schedule=rotated"] and args.comm_sms == []
     for bad in ("bogus", "ce+nope", "schedule=phased+"):

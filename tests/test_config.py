@@ -140,18 +140,20 @@ def test_cta_pipeline_registered_but_off_by_default(clean_env):
 
 
 def test_moe_comm_sms(clean_env):
-    """OVERLAP_MOE_COMM_SMS: default 8, 1..64, read by the moe symm lowering per call."""
+    """OVERLAP_MOE_COMM_SMS: default 0 (no comm kernel), 0..64, read by the moe symm lowering per call."""
     from overlap_backend.runtime import moe_symm
 
-    assert OverlapConfig.from_env().moe_comm_sms == 8 and moe_symm.comm_sms() == 8
+    assert OverlapConfig.from_env().moe_comm_sms == 0 and moe_symm.comm_sms() == 0
     clean_env.setenv("OVERLAP_MOE_COMM_SMS", "16")
     assert OverlapConfig.from_env().moe_comm_sms == 16 and moe_symm.comm_sms() == 16
     assert make_backend(moe_comm_sms=4).config.moe_comm_sms == 4
-    for bad in ("0", "65", "x", "2.5"):
+    clean_env.setenv("OVERLAP_MOE_COMM_SMS", "0")
+    assert OverlapConfig.from_env().moe_comm_sms == 0 and moe_symm.comm_sms() == 0
+    for bad in ("-1", "65", "x", "2.5"):
         clean_env.setenv("OVERLAP_MOE_COMM_SMS", bad)
         with pytest.raises(ConfigError, match="OVERLAP_MOE_COMM_SMS"):
             OverlapConfig.from_env()
         with pytest.raises(ConfigError, match="OVERLAP_MOE_COMM_SMS"):
             moe_symm.comm_sms()
     with pytest.raises(ConfigError, match="moe_comm_sms"):
-        OverlapConfig(moe_comm_sms=0)
+        OverlapConfig(moe_comm_sms=-1)

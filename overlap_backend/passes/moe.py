@@ -133,7 +133,7 @@ class MoeMatch:
     in_steps: list[Step] = field(default_factory=list)  # R → grouped
     out_steps: list[Step] = field(default_factory=list)  # grouped (down_out) → combine input
     failure: str | None = None
-    comm_sms: int = 0  # the op's comm_sms (set by check: the cost model's pick, 0 = the setting)
+    comm_sms: int = -1  # the op's comm_sms (set by check: the cost model's pick, -1 = the setting)
 
 
 # ------------------------------------------------------------------------------ matching
@@ -734,7 +734,7 @@ class MoePass(OverlapPass):
                 graph, torch.ops.overlap.moe_experts.default,
                 (d.input, list(d.input_splits), list(d.output_splits), rows, e.offsets,
                  [] if e.offsets is not None else list(e.group_sizes), w_gate, w_up, w_down,
-                 c.group_name, lowering, saved, *((m.comm_sms,) if m.comm_sms else ())),
+                 c.group_name, lowering, saved, *((m.comm_sms,) if m.comm_sms >= 0 else ())),
             )
             out = fake.call(graph, operator.getitem, (op, 0))
             values = fake.call(graph, operator.getitem, (op, 1))

@@ -96,6 +96,7 @@ def moe_experts(
     w_down: Tensor,
     group_name: str,
     saved: list[bool],
+    comm_sms: int = -1,  # the symm lowering's communication SMs: nothing here runs a kernel of that kind
 ) -> tuple[Tensor, list[Tensor]]:
     # Inputs were validated by the op (runtime/checks.py), identically on every rank.
     ring = Ring(group_name, "moe_experts")

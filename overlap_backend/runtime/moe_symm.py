@@ -12,11 +12,11 @@ One call on rank r (``epoch`` from ``GroupState.begin``; nothing is reset, the h
 4. ``down_kernel`` (compute stream, same SMs) scatters rows into ``out`` (own rows) or the staging
    buffer (remote rows, received-row order) and raises ``MOE_DONE[pos]`` per source. In the
    remote-first order 3 and 4 are launched once per source position (``moe_gemm.phases``).
-5. ``comm_kernel`` (its own stream, comm SMs, from the start of the call): per source, wait ``MOE_DONE``, copy the staging
-   segment into the source's combine slot r, raise its ``MOE_RETURNED[r]``; then wait for every
-   peer's ``MOE_RETURNED`` and copy the combine slots into ``out``. With ``TRANSPORT = "ce"`` (the
-   default) the copy engine ships the segments instead (stream waits on ``MOE_DONE``) and the kernel
-   only pulls.
+5. the combine. By default (``OVERLAP_MOE_COMM_SMS=0``) the copy engine does all of it: per source
+   it stream-waits for ``MOE_DONE`` and pushes the staging segment into the source's combine slot r,
+   raising its ``MOE_RETURNED[r]``; per peer it stream-waits for ``MOE_RETURNED`` and copies the
+   combine slot into ``out``. With comm SMs, ``comm_kernel`` (its own stream, from the start of the
+   call) does the copy-out instead, and with ``TRANSPORT = "sm"`` the pushes too.
 
 Data buffer layout (every rank the same, see ``layout``): dispatch slots ``[ws, cap, H]`` then
 combine slots ``[ws, cap, H]``, x's dtype, ``cap = x.shape[0]`` (a source sends a rank at most all
@@ -43,10 +43,13 @@ from .symm_lowering import (PATHS, _aligned, _captured_fit, _kernels, _p2p, _pic
 log = logging.getLogger("overlap_backend.symm")
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
-TRANSPORT = "ce"  # "ce": the copy engine ships the segments, the comm kernel only copies results out;
-# "sm": the comm kernel stores into peers too. "ce" measured faster on 2×H200 (docs/moe.md#measured).
-# "ce-only": no comm kernel at all, the GEMMs take every SM and the copy engine also copies the results
-# out of the combine slots (GPU-tested at test sizes, not measured yet)
+TRANSPORT = "ce"  # with comm SMs: "ce": the copy engine ships the segments, the comm kernel only copies
+# results out; "sm": the comm kernel stores into peers too ("ce" measured faster on 2×H200,
+# docs/moe.md#measured). "ce-only", or 0 comm SMs (the default): no comm kernel at all, the GEMMs take
+# every SM and the copy engine also copies the results out of the combine slots. 2×H200 (2026-12-01,
+# same runs): DeepSeek-like 6.055 vs 6.299 ms with 8 comm SMs, Mixtral-like 5.438 vs 5.529; after the p2p
+# lowering's NCCL send/recv had run in the process, 6.030 vs 9.065 (the kernel's copy-out slows down
+# then, and in graph replays: not understood)
 COMM_SMS: int | None = None  # None: OVERLAP_MOE_COMM_SMS (read per call; bench/ sets this to sweep)
 SCHEDULE = "phased"  # "phased": gate/up + down once per source position (moe_gemm.phases), each phase
 # ending in a partial wave (Mixtral-like gate/up 3.23 ms vs 2.93 in one launch, 2xH200, bench/probe_moe_gemm.py);
@@ -65,8 +68,8 @@ def comm_sms() -> int:
     from ..config import _parse_moe_comm_sms
 
     raw = os.environ.get("OVERLAP_MOE_COMM_SMS")
-    value = 8 if raw is None else _parse_moe_comm_sms("OVERLAP_MOE_COMM_SMS", raw)
-    return 8 if value == "auto" else value  # auto: the cost model passes its choice as the op's comm_sms
+    value = 0 if raw is None else _parse_moe_comm_sms("OVERLAP_MOE_COMM_SMS", raw)
+    return 0 if value == "auto" else value  # auto: the cost model passes its choice as the op's comm_sms
 
 
 _comm_sms_setting = comm_sms  # moe_experts' ``comm_sms`` argument shadows the name
@@ -180,7 +183,7 @@ DISABLED_WHY = "the symm moe_experts kernels are turned off (moe_symm.ENABLED = 
 
 @register("symm", "moe_experts")
 def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved,
-                comm_sms=0):
+                comm_sms=-1):
     args = (x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
     why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY) or capture_problem(x)
     graph = why is None and capturing(x)
@@ -196,22 +199,26 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     cap = max(1, x.shape[0])
     lay = layout(ws, cap, h, es)
     m = rows.shape[0]
+    # the op's argument (the cost model's choice; -1: none), else the setting; 0: no comm kernel
+    requested = comm_sms if comm_sms >= 0 else _comm_sms_setting()
+    eager_transport = "ce-only" if requested == 0 else TRANSPORT
     # A captured call takes the copy-engine-only combine: with the comm kernel's copy-out, replays of
     # the DeepSeek-like layer took 8.96 ms against 5.65 without it (2xH200, the copy-out ended ~3.5 ms
     # after the last GEMM in a replay, 0.4 ms eagerly); and its peers' READY words are consumed by
     # begin(), which the comm kernel's pushes ("sm") would wait on.
-    transport = "ce-only" if graph else TRANSPORT
+    transport = "ce-only" if graph else eager_transport
     ce_only = transport == "ce-only" and x.is_cuda  # no comm kernel: every SM computes
 
     def comm_sms_of(t: str) -> int:  # SMs the comm kernel holds for the whole call under transport t
-        # the op's argument (the cost model's choice), else the setting
-        return 0 if t == "ce-only" and x.is_cuda else (comm_sms or _comm_sms_setting())
+        if not x.is_cuda:  # the interpreter runs the comm kernel whatever the transport (pushes included)
+            return max(1, requested)
+        return 0 if t == "ce-only" else requested
 
     sms = comm_sms_of(transport)
     grid = max(1, st.num_sms - sms)
     # Block configs are tuned by eager calls, with their transport's grid (a captured call uses theirs);
     # rows vary per call (dropless): tuned once per power-of-two bucket of them
-    eager_grid = max(1, st.num_sms - comm_sms_of(TRANSPORT))
+    eager_grid = max(1, st.num_sms - comm_sms_of(eager_transport))
     tune_key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), eager_grid)
     send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
     ends_host = [] if offsets is not None else _prefix(group_sizes)[1:]

@@ -222,7 +222,7 @@ MOE_SAVED = ("recv", "xg", "gate", "up", "act")
 
 
 @_define(
-    "moe_experts(Tensor x, SymInt[] send_splits, SymInt[] recv_splits, Tensor rows, Tensor? offsets, SymInt[] group_sizes, Tensor w_gate, Tensor w_up, Tensor w_down, str group_name, str lowering, bool[] saved, int comm_sms=0) -> (Tensor, Tensor[])"
+    "moe_experts(Tensor x, SymInt[] send_splits, SymInt[] recv_splits, Tensor rows, Tensor? offsets, SymInt[] group_sizes, Tensor w_gate, Tensor w_up, Tensor w_down, str group_name, str lowering, bool[] saved, int comm_sms=-1) -> (Tensor, Tensor[])"
 )
 def moe_experts(
     x: Tensor,
@@ -237,7 +237,7 @@ def moe_experts(
     group_name: str,
     lowering: str,
     saved: list[bool],
-    comm_sms: int = 0,
+    comm_sms: int = -1,
 ) -> tuple[Tensor, list[Tensor]]:
     """Expert-parallel MoE block: dispatch all-to-all, SwiGLU experts, combine all-to-all.
 
@@ -257,20 +257,21 @@ def moe_experts(
     is None, ``group_sizes`` (ints, possibly unbacked SymInts) gives the rows of each expert.
     ``saved[i]`` asks for ``MOE_SAVED[i]`` = ``R``, ``Xg``, ``G``, ``U``, ``A`` in ``saved_values[i]``
     (what a training forward keeps for backward); unrequested ones are empty tensors.
-    Returns ``(out, saved_values)``. ``comm_sms`` (``symm`` only; 0: ``OVERLAP_MOE_COMM_SMS``) is the
-    SM count of the communication kernel, as the cost model chose it; it never changes the result.
+    Returns ``(out, saved_values)``. ``comm_sms`` (``symm`` only; -1: ``OVERLAP_MOE_COMM_SMS``) is the
+    SM count of the communication kernel as the cost model chose it (0: none, the copy engine does the
+    whole combine); it never changes the result.
     """
     impl = _lowering.implementation(lowering, "moe_experts")
     group = _checks.resolve_group("moe_experts", group_name)
     _checks.check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, saved,
                               group, MOE_SAVED)
-    extra = {"comm_sms": comm_sms} if comm_sms else {}
+    extra = {"comm_sms": comm_sms} if comm_sms >= 0 else {}
     return impl(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved, **extra)
 
 
 @_fake("moe_experts")
 def _(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, lowering, saved,
-      comm_sms=0):
+      comm_sms=-1):
     h, f, m = x.shape[-1], w_gate.shape[-1], rows.shape[0]
     cd = w_gate.dtype
     shapes = {
