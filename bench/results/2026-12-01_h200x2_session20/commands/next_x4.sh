@@ -9,5 +9,7 @@ TAILN=3 run info 20 bash -c 'nvidia-smi --query-gpu=name,driver_version --format
 TAILN=60 run cg4 210 $TR bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --lowerings symm --graphs --out-dir $RES
 TAILN=30 run cg4_perpeer 90 $TR bench/bench_collective_gemm.py --suite mm_rs,mm_ar --lowerings symm --out-dir $RES/perpeer --set runtime.symm.PUSH_STREAM_PER_PEER=True
 TAILN=12 run moe4 170 $TR bench/bench_moe.py --out $RES --configs deepseek,mixtral --routing balanced,skewed --comm-sms '' --sweep ce --no-p2p
-# Second call, if there is one: the rest of session 19's next_x4.sh (Parts B-F: Llama traced, OVERLAP_COST_MODEL=off,
-# issue 8's TP block under graphs x3, the decode MoE configs).
+# Second call, if there is one: the TP block with the backend's defaults (issue 6's "never > 2% slower than Inductor"),
+# then the rest of session 19's next_x4.sh (Parts B-F: Llama traced, OVERLAP_COST_MODEL=off, issue 8's TP block
+# under graphs x3, the decode MoE configs).
+# TAILN=20 run block4 150 $TR bench/bench_block.py --out-dir $RES --variants inductor,async_tp,overlap,overlap_symm --rounds 3
