@@ -189,8 +189,9 @@ class OverlapConfig:
     ships finished expert segments to their source ranks) while the expert GEMMs run on the other
     SMs. ``0`` (default): no communication kernel; the copy engine does all of it and the GEMMs take
     every SM (measured faster on 2×H200, and immune to a slowdown the kernel showed after NCCL
-    point-to-point traffic: docs/moe.md). ``auto``: the cost model picks it per match where it is
-    active (else 0)."""
+    point-to-point traffic: docs/moe.md). The pass writes it into the op's ``comm_sms`` argument.
+    ``auto``: the cost model picks it per match where it is active (else the op reads
+    ``OVERLAP_MOE_COMM_SMS`` when it runs: 0 unless set)."""
 
     cost_model: str = "auto"
     """``OVERLAP_COST_MODEL``: ``auto`` | ``on`` | ``off``. ``on``: every match that passes its

@@ -131,7 +131,7 @@ def graphs(capture, monkeypatch):
     from overlap_backend.runtime import lowering
     from overlap_backend.runtime.ops import MOE_SAVED
 
-    def stub(x, send, recv, rows, offsets, sizes, w_gate, w_up, w_down, group_name, saved):
+    def stub(x, send, recv, rows, offsets, sizes, w_gate, w_up, w_down, group_name, saved, comm_sms=-1):
         m, f = rows.shape[0], w_gate.shape[2]
         shapes = {"recv": (sum(recv), x.shape[1]), "xg": (m, x.shape[1]), "gate": (m, f), "up": (m, f), "act": (m, f)}
         values = [
@@ -173,8 +173,9 @@ def test_pass_rewrites_every_form(fake_pg, graphs, policy, form):
     assert rec.applied and rec.lowering == "p2p" and rec.reason == "rewritten"
     g = be.graphs[0]
     op = _only(g, torch.ops.overlap.moe_experts.default)
-    x, send, recv, rows, offsets, sizes, wg, wu, wd, group_name, lowering, saved = op.args
+    x, send, recv, rows, offsets, sizes, wg, wu, wd, group_name, lowering, saved, comm_sms = op.args
     assert group_name == fake_pg.group_name and lowering == "p2p" and saved == [False] * 5
+    assert comm_sms == 0  # OVERLAP_MOE_COMM_SMS's default, fixed in the graph
     assert len(send) == len(recv) == WS
     # the expert GEMMs are gone: the router's mm is the only matmul left
     ts = _targets(g)
@@ -196,6 +197,17 @@ def test_pass_rewrites_every_form(fake_pg, graphs, policy, form):
         assert not any(isinstance(s, int) for s in send + recv)  # unbacked split sizes
 
 
+def test_comm_sms_setting_reaches_the_op(fake_pg, graphs):
+    """make_backend(moe_comm_sms=n) is written into the op (it used to be read from the environment by
+    the op at run time, ignoring the backend's value); with auto and the cost model not deciding (CPU)
+    the op keeps its default, -1: OVERLAP_MOE_COMM_SMS when it runs."""
+    for setting, expected in ((4, 4), (0, 0), ("auto", None)):
+        _, be = _compile_layer("capacity", "grouped_mm", moe_comm_sms=setting)
+        op = _only(be.graphs[0], torch.ops.overlap.moe_experts.default)
+        written = op.args[12] if len(op.args) > 12 else op.kwargs.get("comm_sms")
+        assert written == expected, (setting, op.args)
+
+
 def aten_count(targets, *wanted):
     return sum(t in wanted for t in targets)
 
@@ -214,7 +226,7 @@ def test_training_forward_saves_and_backward_is_reported(fake_pg, graphs, policy
     (fwd,) = _moe_records(be, "forward")
     assert fwd.applied
     op = _only(be.graphs[0], torch.ops.overlap.moe_experts.default)
-    assert {n for n, want in zip(MOE_SAVED, op.args[-1]) if want} == saved
+    assert {n for n, want in zip(MOE_SAVED, op.args[11]) if want} == saved
     # what the backward reads comes from the op, not from a second copy of the expert GEMMs
     assert aten_count(_targets(be.graphs[0]), torch.ops.aten.bmm.default, torch.ops.aten._grouped_mm.default) == 0
     assert _targets(be.graphs[0]).count(torch.ops.aten.mm.default) == 1
@@ -293,7 +305,7 @@ def test_hand_written_block_rewritten(fake_pg, graphs, keep_recv):
     assert rec.applied, rec.reason
     g = be.graphs[0]
     op = _only(g, torch.ops.overlap.moe_experts.default)
-    assert op.args[-1] == [keep_recv, False, False, False, False]
+    assert op.args[11] == [keep_recv, False, False, False, False]
     assert C10D.all_to_all_single.default not in _targets(g)
 
 

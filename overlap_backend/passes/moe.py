@@ -583,7 +583,11 @@ class MoePass(OverlapPass):
         decision = self.price(problem, c.group_name, common.device_type(d.input),
                               common.lowering_candidates(self.ctx, lowering, moe_symm.ENABLED),
                               nodes=(d.input, d.wait, e.grouped, c.input), comm_sms=self.ctx.config.moe_comm_sms)
-        m.comm_sms = decision.comm_sms
+        m.comm_sms = decision.comm_sms  # the model's pick where the setting is auto
+        if m.comm_sms < 0 and isinstance(self.ctx.config.moe_comm_sms, int):
+            # the backend's setting, fixed when the graph is compiled as cta_stages is (else the op would read
+            # OVERLAP_MOE_COMM_SMS per call and silently ignore make_backend(moe_comm_sms=...))
+            m.comm_sms = self.ctx.config.moe_comm_sms
         return common.written_lowering(self.ctx, lowering, decision)
 
     def _reason(self, why: str) -> str:
