@@ -93,3 +93,64 @@ def test_op_listing_follows_ag_mms_gemm_path(monkeypatch):
     assert gemms[0].startswith("outs[0][0, 1] = shard[0]") and "buf[2][0]" in gemms[4]  # own chunk, then rank 2's
     waits = [line for line in listing.splitlines() if "AG_ARRIVED" in line and "stream=compute" in line]
     assert len(waits) == 3
+
+
+def _moe_args(ws: int, comm_sms: int, lowering: str = "symm") -> dict:
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    rows = 4096  # >= ws x experts x 128: the remote-first order (below: expert-major, one launch pair)
+    return {"x": torch.empty(rows, 128, **meta), "send_splits": [rows // ws] * ws, "recv_splits": [rows // ws] * ws,
+            "rows": torch.empty(rows, device="meta", dtype=torch.int32), "offsets": None, "group_sizes": [rows // 4] * 4,
+            "w_gate": torch.empty(4, 128, 256, **meta), "w_up": torch.empty(4, 128, 256, **meta),
+            "w_down": torch.empty(4, 256, 128, **meta), "group_name": "g", "lowering": lowering,
+            "saved": [False] * 5, "comm_sms": comm_sms}
+
+
+def test_moe_listing_follows_the_combine_transport(monkeypatch):
+    """moe_experts' runtime-call listing follows moe_symm's decisions: with no comm SMs (the default) the
+    copy engine pushes each source's results and copies the peers' out (a stream wait each); with comm
+    SMs a comm kernel copies them out; a captured call never has one; p2p: shift steps by source."""
+    from overlap_backend.runtime import moe_symm, plan
+
+    monkeypatch.setattr(moe_symm, "problem", lambda *a: None)  # meta tensors stand for CUDA ones
+    ws, rank = 4, 1
+    for comm_sms, captured in ((0, False), (8, False), (8, True)):
+        listing = plan.render("moe_experts", _moe_args(ws, comm_sms), rank, ws, captured)
+        compile(listing, "moe_experts.py", "exec")
+        lines = listing.splitlines()
+        kernel = any("launch(comm_kernel" in line for line in lines)
+        assert kernel == (comm_sms > 0 and not captured), listing
+        pushes = [line for line in lines if "cuMemcpyAsync(dst=peer_buf(" in line]
+        assert len(pushes) == 2 * (ws - 1)  # dispatch and combine, to every peer
+        copy_outs = [line for line in lines if "MOE_RETURNED" in line and "stream=copy_stream" in line]
+        assert len(copy_outs) == (0 if kernel else ws - 1)
+        assert sum("launch(gate_up_kernel" in line for line in lines) == ws  # phased: one pair per source
+    decode = {**_moe_args(ws, 0), "rows": torch.empty(64, device="meta", dtype=torch.int32)}
+    listing = plan.render("moe_experts", decode, rank, ws)
+    compile(listing, "moe_experts.py", "exec")
+    assert listing.count("launch(gate_up_kernel") == 1 and "expert-major" in listing  # one pair, all groups
+    monkeypatch.setattr(moe_symm, "SCHEDULE", "rotated")
+    listing = plan.render("moe_experts", _moe_args(ws, 0), rank, ws)
+    compile(listing, "moe_experts.py", "exec")
+    assert f"start_group={(ws - 1) * 4}" in listing  # the own groups first
+    p2p = plan.render("moe_experts", _moe_args(ws, 0, "p2p"), rank, ws)
+    compile(p2p, "moe_experts.py", "exec")
+    assert p2p.count("batch_isend_irecv") == 2 * (ws - 1) and "own rows last" in p2p
+
+
+def test_moe_op_is_dumped(fake_pg, clean_env, tmp_path, monkeypatch):
+    """OVERLAP_DEBUG_DIR: a rewritten MoE block gets its ops/<node>.py listing like the GEMM ops."""
+    from overlap_backend.moe_models import MoELayer
+
+    clean_env.setenv("OVERLAP_DEBUG_DIR", str(tmp_path))
+    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+    torch.manual_seed(0)
+    layer = MoELayer(16, 32, 2 * fake_pg.size(), top_k=2, policy="capacity", expert_form="grouped_mm",
+                     capacity_factor=1.0)
+    backend = make_backend(inductor=False)
+    with torch.no_grad():
+        torch.compile(layer, backend=backend, fullgraph=True)(torch.randn(6, 16))
+    (ops_dir,) = list((tmp_path / "rank1").glob("*/ops"))
+    (listing,) = [p for p in ops_dir.iterdir() if p.name.startswith("moe_experts")]
+    text = listing.read_text()
+    compile(text, listing.name, "exec")
+    assert "def moe_experts_calls():" in text and "lowering 'p2p'" in text, text

@@ -87,6 +87,41 @@ def expert_major(rows: int, ws: int, experts: int) -> bool:
     return rows < ws * experts * EXPERT_MAJOR_ROWS
 
 
+def combine_transport(comm_sms: int, graph: bool, cuda: bool = True) -> tuple[str, int, int]:
+    """(transport, SMs its comm kernel holds, SMs an eager call's holds) of a call; ``comm_sms``: the
+    op's argument (-1: the setting). 0 SMs: no comm kernel ("ce-only"), whatever TRANSPORT says. A
+    captured call takes the copy-engine-only combine: with the comm kernel's copy-out, replays of the
+    DeepSeek-like layer took 8.96 ms against 5.65 without it (2xH200, the copy-out ended ~3.5 ms after
+    the last GEMM in a replay, 0.4 ms eagerly); and its peers' READY words are consumed by begin(),
+    which the comm kernel's pushes ("sm") would wait on. The interpreter (not ``cuda``) always runs the
+    comm kernel, pushes included, on at least one program. Block configs are tuned by eager calls,
+    for the grid their SMs leave (a captured call uses theirs)."""
+    requested = comm_sms if comm_sms >= 0 else _comm_sms_setting()
+    eager = "ce-only" if requested == 0 else TRANSPORT
+    transport = "ce-only" if graph else eager
+
+    def held(t: str) -> int:
+        if not cuda:
+            return max(1, requested)
+        return 0 if t == "ce-only" else requested
+
+    return transport, held(transport), held(eager)
+
+
+def gemm_schedule(ws: int, experts: int, major: bool) -> tuple[list[tuple[int, int, int, int]], int | None]:
+    """The gate/up + down launch pairs of a call (``moe_gemm.phases``' tuples) and the group the
+    single-launch schedules start at (None: the first): ``SCHEDULE`` "phased" (one pair per source
+    position) or "rotated" (one pair, own groups first), and one expert-major pair at decode sizes."""
+    from ..codegen import moe_gemm
+
+    if SCHEDULE == "rotated" or major:
+        # the own groups (source position ws - 1) first: their rows are local, the peers' are in flight
+        return [(0, ws * experts, 0, ws)], None if major else (ws - 1) * experts
+    if SCHEDULE == "phased":
+        return moe_gemm.phases(ws, experts, False, OWN_FIRST), None
+    raise ValueError(f"moe_symm.SCHEDULE must be 'rotated' or 'phased', not {SCHEDULE!r}")
+
+
 def layout(ws: int, cap: int, h: int, elem: int) -> dict:
     """Byte offsets of the dispatch and combine regions in every rank's data buffer."""
     slot = cap * h * elem
@@ -199,26 +234,11 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     cap = max(1, x.shape[0])
     lay = layout(ws, cap, h, es)
     m = rows.shape[0]
-    # the op's argument (the cost model's choice; -1: none), else the setting; 0: no comm kernel
-    requested = comm_sms if comm_sms >= 0 else _comm_sms_setting()
-    eager_transport = "ce-only" if requested == 0 else TRANSPORT
-    # A captured call takes the copy-engine-only combine: with the comm kernel's copy-out, replays of
-    # the DeepSeek-like layer took 8.96 ms against 5.65 without it (2xH200, the copy-out ended ~3.5 ms
-    # after the last GEMM in a replay, 0.4 ms eagerly); and its peers' READY words are consumed by
-    # begin(), which the comm kernel's pushes ("sm") would wait on.
-    transport = "ce-only" if graph else eager_transport
+    transport, sms, eager_sms = combine_transport(comm_sms, graph, x.is_cuda)
     ce_only = transport == "ce-only" and x.is_cuda  # no comm kernel: every SM computes
-
-    def comm_sms_of(t: str) -> int:  # SMs the comm kernel holds for the whole call under transport t
-        if not x.is_cuda:  # the interpreter runs the comm kernel whatever the transport (pushes included)
-            return max(1, requested)
-        return 0 if t == "ce-only" else requested
-
-    sms = comm_sms_of(transport)
     grid = max(1, st.num_sms - sms)
-    # Block configs are tuned by eager calls, with their transport's grid (a captured call uses theirs);
-    # rows vary per call (dropless): tuned once per power-of-two bucket of them
-    eager_grid = max(1, st.num_sms - comm_sms_of(eager_transport))
+    # rows vary per call (dropless): configs tuned once per power-of-two bucket of them
+    eager_grid = max(1, st.num_sms - eager_sms)
     tune_key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), eager_grid)
     send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
     ends_host = [] if offsets is not None else _prefix(group_sizes)[1:]
@@ -251,14 +271,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     flag = lambda word: st.flag_arg(base + word)  # noqa: E731
     status = st.status_arg()
 
-    if SCHEDULE == "rotated" or pl["expert_major"]:
-        gemm_phases = [(0, ws * experts, 0, ws)]
-        # the own groups (source position ws - 1) first: their rows are local, the peers' are in flight
-        own_start = None if pl["expert_major"] else (ws - 1) * experts
-    elif SCHEDULE == "phased":
-        gemm_phases, own_start = moe_gemm.phases(ws, experts, False, OWN_FIRST), None
-    else:
-        raise ValueError(f"moe_symm.SCHEDULE must be 'rotated' or 'phased', not {SCHEDULE!r}")
+    gemm_phases, own_start = gemm_schedule(ws, experts, pl["expert_major"])
 
     def gate_up(cfg, epoch, phase=None):
         moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), epoch, status, st.timeout_ns,

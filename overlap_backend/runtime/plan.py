@@ -63,6 +63,102 @@ def _ring_p2p(op: str, args: dict, rank: int, ws: int) -> list[str]:
     return lines
 
 
+def _moe_p2p(args: dict, rank: int, ws: int) -> list[str]:
+    """runtime/moe_p2p.py: shift steps posted at once, the experts of each source as its rows arrive,
+    its results sent straight back, the own rows last."""
+    lines = ["# lowering 'p2p': moe_experts by source: dispatch shift steps posted at once, each source's rows",
+             "# computed as they arrive and sent straight back while the next source's rows compute",
+             f"recv[recv_off[{rank}]:recv_off[{rank + 1}]].copy_(x[send_off[{rank}]:send_off[{rank + 1}]])  # own rows"]
+    for i in range(1, ws):
+        dst, src = (rank - i) % ws, (rank + i) % ws
+        lines.append(f"dispatch[{src}] = batch_isend_irecv([isend(x[send_off[{dst}]:send_off[{dst + 1}]], peer={dst}), "
+                     f"irecv(recv[recv_off[{src}]:recv_off[{src + 1}]], peer={src})])  # comm stream on CUDA")
+    lines += ["order, counts = sort_by_source_and_expert(rows, ends)  # counts [ws, E]: one host read "
+              "(a synchronisation on CUDA)"]
+    for i in range(1, ws):
+        src, dst = (rank + i) % ws, (rank - i) % ws
+        lines += [f"wait(dispatch[{src}])",
+                  f"y_recv[rows_of_source({src})] = swiglu_experts(recv[rows_of_source({src})], counts[{src}])  "
+                  "# _grouped_mm (bf16 on CUDA) or one mm per expert",
+                  f"combine += batch_isend_irecv([isend(y_recv[recv_off[{src}]:recv_off[{src + 1}]], peer={src}), "
+                  f"irecv(out[send_off[{dst}]:send_off[{dst + 1}]], peer={dst})])"]
+    lines += [f"y_recv[rows_of_source({rank})] = swiglu_experts(recv[rows_of_source({rank})], counts[{rank}])  "
+              "# own rows last: the last combine overlaps them",
+              f"out[send_off[{rank}]:send_off[{rank + 1}]].copy_(y_recv[recv_off[{rank}]:recv_off[{rank + 1}]])",
+              "wait(combine)"]
+    return lines
+
+
+def _moe_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
+    """runtime/moe_symm.py, following its decisions (combine_transport, expert_major, gemm_schedule)."""
+    from . import moe_symm, symm
+
+    x, rows, w_gate = args["x"], args["rows"], args["w_gate"]
+    why = moe_symm.problem(x, w_gate, args["w_up"], args["w_down"], rows, args["saved"])
+    if why:
+        return [f"# symm falls back to p2p: {why}"]
+    experts, h, f = w_gate.shape
+    transport, sms, _ = moe_symm.combine_transport(args.get("comm_sms", -1), captured)
+    m = rows.shape[0]
+    major = moe_symm.expert_major(int(m), ws, experts) if isinstance(m, int) else None
+    phases, start = moe_symm.gemm_schedule(ws, experts, bool(major))
+    combine = {"ce-only": "the copy engine pushes the results and copies them out (no comm kernel)",
+               "ce": f"the copy engine pushes the results, a comm kernel on {sms} SMs copies them out",
+               "sm": f"a comm kernel on {sms} SMs pushes the results and copies them out"}[transport]
+    if major is None:
+        combine += "; the tile order (remote-first, or expert-major at decode sizes) is decided per call"
+    lines = [
+        f"# lowering 'symm': moe_experts, {experts} local experts, H {h}, F {f}; combine: {combine}",
+        f"buf = symm_data_view({_t(x.dtype)}, (2, {ws}, cap, {h}))  # [dispatch, combine] slots, cap = x rows",
+        "plan = moe_plan(rows, ends, recv_off)  # on the device: grouped rows sorted by (source position, expert),"
+        " rank r+1's first, own last" + (" (expert-major: decode size)" if major else ""),
+        "epoch = group.begin(compute)",
+        *(f"cuStreamWriteValue32(flag=peer_flags({p}).READY[{rank}], value=epoch, stream=compute)"
+          for p in range(ws) if p != rank),
+    ]
+    for j in range(1, ws):  # dispatch, to r-1 first
+        d = (rank - j) % ws
+        lines += [f"cuStreamWaitValue32(flag=flags.READY[{d}], geq=epoch, stream=push_stream)",
+                  f"cuMemcpyAsync(dst=peer_buf({d}).dispatch[{rank}], src=x[send_off[{d}]:send_off[{d + 1}]], "
+                  "stream=push_stream)",
+                  f"cuStreamWriteValue32(flag=peer_flags({d}).MOE_ARRIVED[{rank}], value=epoch, stream=push_stream)"]
+    lines += [f"cuMemcpyAsync(dst=buf.dispatch[{rank}], src=x[send_off[{rank}]:send_off[{rank + 1}]], "
+              "stream=copy_stream)  # own rows",
+              f"cuStreamWriteValue32(flag=flags.MOE_ARRIVED[{rank}], value=epoch, stream=copy_stream)",
+              "stage.zero_(); out[own_rows].zero_()  # copy stream: received rows no grouped row points at are 0"]
+    if sms:
+        lines.append(f"launch(comm_kernel, grid={sms}, push={transport == 'sm'}, pull=True, stream=comm_stream)  "
+                     "# spins on MOE_DONE / MOE_RETURNED while the GEMMs run")
+    grid = f"SMs - {sms}" if sms else "SMs"
+    for k, (g0, g1, p0, p1) in enumerate(phases):
+        sources = ", ".join(str((rank + 1 + p) % ws) for p in range(p0, p1))
+        where = f", start_group={start}" if start is not None else ""
+        lines.append(f"launch(gate_up_kernel, groups=range({g0}, {g1}){where}, grid={grid}, stream=compute)  # sources "
+                     f"{sources}; each tile waits for MOE_ARRIVED of its source")
+        if k == 0:
+            lines.append("compute.wait(zeroed)  # the down kernel scatters into the zeroed rows")
+        lines.append(f"launch(down_kernel, groups=range({g0}, {g1}), grid={grid}, stream=compute)  # raises MOE_DONE[pos] "
+                     "when a source's last tile is stored")
+    if transport != "sm":
+        for pos in range(ws - 1):
+            s = (rank + 1 + pos) % ws
+            lines += [f"cuStreamWaitValue32(flag=flags.MOE_DONE[{pos}], geq=epoch, stream=push_stream)",
+                      f"cuMemcpyAsync(dst=peer_buf({s}).combine[{rank}], src=stage[recv_off[{s}]:recv_off[{s + 1}]], "
+                      "stream=push_stream)",
+                      f"cuStreamWriteValue32(flag=peer_flags({s}).MOE_RETURNED[{rank}], value=epoch, stream=push_stream)"]
+    if not sms:
+        for j in range(1, ws):
+            d = (rank - j) % ws
+            lines += [f"cuStreamWaitValue32(flag=flags.MOE_RETURNED[{d}], geq=epoch, stream=copy_stream)",
+                      f"cuMemcpyAsync(dst=out[send_off[{d}]:send_off[{d + 1}]], src=buf.combine[{d}], stream=copy_stream)"]
+    else:
+        lines.append("compute.wait_stream(comm_stream)")
+    lines.append("group.end(compute)  # compute waits for the push and copy streams, and for PEER_OK >= 1")
+    if symm.PUSH_STREAM_PER_PEER and ws > 2:
+        lines.insert(1, "# (symm.PUSH_STREAM_PER_PEER: each peer's pushes go on a push stream of its own)")
+    return lines
+
+
 def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> list[str] | None:
     """The symm path, or None when the call falls back to p2p (the reason is in the first line)."""
     from . import symm
@@ -326,11 +422,12 @@ def render(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> s
         head += CAPTURED_NOTE
     head += [f"# {k} = {_t(v) if not isinstance(v, (list, tuple)) else '[' + ', '.join(map(_t, v)) + ']'}"
              for k, v in args.items()]
+    p2p = {"moe_experts": _moe_p2p}.get(op, lambda *a: _ring_p2p(op, *a))
     body = []
     if lowering == "symm":
-        body = _symm(op, args, rank, ws, captured) or []
+        body = (_moe_symm(args, rank, ws, captured) if op == "moe_experts" else _symm(op, args, rank, ws, captured)) or []
         if body and body[0].startswith("# symm falls back"):
-            body += _ring_p2p(op, args, rank, ws)
+            body += p2p(args, rank, ws)
     else:
-        body = _ring_p2p(op, args, rank, ws)
+        body = p2p(args, rank, ws)
     return "\n".join(head + [f"def {op}_calls():"] + ["    " + line for line in body]) + "\n"
