@@ -76,7 +76,7 @@ class GraphDumper:
         self.last = src
 
     def ops(self, graph: torch.fx.Graph, captured: bool = False) -> None:
-        """One file per GEMM-collective or MoE op of ``graph``: call, generated epilogues, runtime calls
+        """One file per rewritten op of ``graph``: call, generated epilogues, runtime calls
         (``captured``: the graph will be replayed from a CUDA graph)."""
         for node in graph.nodes:
             if node.op == "call_function" and node.target in _dumped_ops():
@@ -111,7 +111,8 @@ def record(debug_dir: str | os.PathLike | None, report: GraphReport) -> None:
 
 def _dumped_ops():
     return {torch.ops.overlap.ag_mm.default: "ag_mm", torch.ops.overlap.mm_rs.default: "mm_rs",
-            torch.ops.overlap.mm_ar.default: "mm_ar", torch.ops.overlap.moe_experts.default: "moe_experts"}
+            torch.ops.overlap.mm_ar.default: "mm_ar", torch.ops.overlap.moe_experts.default: "moe_experts",
+            torch.ops.overlap.cta_pipeline_mlp.default: "cta_pipeline_mlp"}
 
 
 def op_listing(node: torch.fx.Node, captured: bool = False) -> str:
@@ -134,7 +135,7 @@ def op_listing(node: torch.fx.Node, captured: bool = False) -> str:
     parts = [f'"""overlap::{op} ({node.name}), rank {rank} of {ws}: generated code and runtime calls."""',
              f"# graph: {node.format_node()}", ""]
     spec = values.get("epilogue") or ""
-    specs, dtype = [], None  # moe_experts: no epilogue
+    specs, dtype = [], None  # moe_experts, cta_pipeline_mlp: no epilogue
     if op == "ag_mm":
         specs = spec_mod.split_outputs(spec, len(values["weights"]))
         dtype = values["shard"].dtype

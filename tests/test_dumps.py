@@ -154,3 +154,48 @@ def test_moe_op_is_dumped(fake_pg, clean_env, tmp_path, monkeypatch):
     text = listing.read_text()
     compile(text, listing.name, "exec")
     assert "def moe_experts_calls():" in text and "lowering 'p2p'" in text, text
+
+
+def test_cta_listing_follows_the_plan(monkeypatch):
+    """cta_pipeline_mlp's listing: stage 0 pushes each (row group, K-chunk) block to every stage-1 rank
+    of its plan (copy engine) and launches its kernel (and its tail's); stage 1 launches the share and
+    the stage-1 kernel; p2p: one ring per micro-chunk. Every listing is valid Python."""
+    from overlap_backend.runtime import cta_symm, plan
+
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    ws, F = 4, 28672
+    args = {"x": torch.empty(1024, 8192, **meta), "w1": torch.empty(8192, F // ws, **meta), "b1": None, "w3": None,
+            "b3": None, "w2": torch.empty(F // ws, 8192, **meta), "b2": None, "activation": "gelu",
+            "approximate": "tanh", "stages": 2, "group_name": "g", "lowering": "symm"}
+    monkeypatch.setattr(cta_symm, "_problem", lambda *a: None)  # meta tensors stand for CUDA ones
+    p = cta_symm.chunk_plan(1024, F, 8192, ws // 2, False, torch.bfloat16, 132, H=8192)
+    stage0, stage1 = (plan.render("cta_pipeline_mlp", args, r, ws) for r in (1, 2))
+    for text in (stage0, stage1):
+        compile(text, "cta.py", "exec")
+    blocks = sum(min(p.nch, -(-(p.fship if g == p.tail_group else (F - p.f1) // 2) // p.kchunk)) for g in range(p.groups))
+    assert stage0.count("cuMemcpyAsync(dst=peer_buf(") == blocks * (ws // 2) and blocks > 0
+    assert "launch(stage0_kernel, x, placed.w1, position=1" in stage0 and "stage1_kernel" not in stage0
+    assert ("launch(tail_kernel" in stage0) == bool(p.tail)
+    assert "launch(stage1_kernel" in stage1 and "peer_buf(" not in stage1 and "this rank is stage 1" in stage1
+    p2p = plan.render("cta_pipeline_mlp", {**args, "lowering": "p2p"}, 1, 2)
+    compile(p2p, "cta.py", "exec")
+    assert p2p.count("all_gather_async") == 2 and p2p.count("batch_isend_irecv") == 2
+
+
+def test_cta_op_is_dumped(fake_pg, clean_env, tmp_path):
+    """OVERLAP_DEBUG_DIR: a rewritten TP MLP gets its ops/<node>.py listing; on CPU tensors its symm
+    lowering falls back to p2p, and the listing says why before the p2p calls."""
+    import torch.nn.functional as F
+
+    clean_env.setenv("OVERLAP_DEBUG_DIR", str(tmp_path))
+
+    def mlp(x, w1, w2):
+        return funcol.all_reduce(F.gelu(x @ w1, approximate="tanh") @ w2, "sum", fake_pg)
+
+    backend = make_backend(inductor=False, passes=["cta_pipeline"], lowering="symm")
+    torch.compile(mlp, backend=backend, fullgraph=True)(torch.randn(6, 8), torch.randn(8, 16), torch.randn(16, 8))
+    (ops_dir,) = list((tmp_path / "rank1").glob("*/ops"))
+    (listing,) = [p for p in ops_dir.iterdir() if p.name.startswith("cta_pipeline_mlp")]
+    text = listing.read_text()
+    compile(text, listing.name, "exec")
+    assert "symm falls back to p2p: " in text and "lowering 'p2p'" in text, text

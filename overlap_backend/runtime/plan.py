@@ -89,6 +89,99 @@ def _moe_p2p(args: dict, rank: int, ws: int) -> list[str]:
     return lines
 
 
+def _cta_p2p(args: dict, rank: int, ws: int) -> list[str]:
+    """runtime/cta_p2p.py: micro-chunks of rows, each a fused ring reduce-scatter of the whole MLP
+    then an all-gather that overlaps the next chunk."""
+    from .cta_p2p import chunk_bounds
+
+    x, stages = args["x"], args["stages"]
+    m = x.shape[0]
+    bounds = chunk_bounds(int(m), int(stages)) if isinstance(m, int) and isinstance(stages, int) else None
+    lines = [f"# lowering 'p2p': cta_pipeline_mlp as a stage pipeline over P2P: {stages} micro-chunk(s) of the rows, "
+             "each reduced by a ring reduce-scatter whose steps overlap the MLP of the next sub-chunk"]
+    for i, (lo, hi) in enumerate(bounds or [("lo", "hi")]):
+        if bounds is None:
+            lines.append("for lo, hi in chunk_bounds(M, stages):  # M is symbolic here")
+        order = [(rank - s - 1) % ws for s in range(ws)]
+        lines.append(f"acc = mlp(sub_chunk(x[{lo}:{hi}], {order[0]}))  # act(x_c @ w1 (+ b1)) @ w2 (+ b2)")
+        for c in order[1:]:
+            lines += [f"works = batch_isend_irecv([isend(acc, peer={(rank + 1) % ws}), irecv(incoming, "
+                      f"peer={(rank - 1) % ws})])",
+                      f"mine = mlp(sub_chunk(x[{lo}:{hi}], {c}))  # overlaps the transfer",
+                      "wait(works)", "acc = mine + incoming"]
+        lines.append(f"gathered[{i}] = all_gather_async(acc)  # overlaps the next micro-chunk")
+    lines.append("for i, (lo, hi) in enumerate(bounds): wait(gathered[i]); out[lo:hi].copy_(gathered[i][:hi - lo])")
+    return lines
+
+
+def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
+    """runtime/cta_symm.py, following its plan (chunk_plan) and settings."""
+    from . import cta_symm, symm
+
+    x, w1, w2 = args["x"], args["w1"], args["w2"]
+    act, approx, stages = args["activation"], args["approximate"], args["stages"]
+    why = cta_symm._problem(x, w1, args["b1"], args["w3"], args["b3"], w2, args["b2"], act, approx, stages, ws)
+    if why:
+        return [f"# symm falls back to p2p: {why}"]
+    tp = ws // 2
+    stage, idx = divmod(rank, tp)
+    (M, H), F, N = x.shape, w1.shape[1] * ws, w2.shape[1]
+    if not isinstance(M, int):
+        return ["# lowering 'symm': cta_pipeline_mlp; the row count is symbolic here, and the plan "
+                "(cta_symm.chunk_plan) depends on it: no listing"]
+    num_sms = 132  # an H200's; the plan is made per call with the GPU's own count
+    plan = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", x.dtype, num_sms, H=H)
+    if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
+        return [f"# symm falls back to p2p: {M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}"]
+    bm, group_m = plan.cfg0[0], plan.cfg0[3]
+    fp = (F - plan.f1) // tp
+    staged = cta_symm.TRANSPORT == "ce"
+    lines = [
+        f"# lowering 'symm': cta_pipeline_mlp ({act}), 2 stages x TP{tp}: this rank is stage {stage}, position {idx}",
+        f"# plan (cta_symm.chunk_plan for {num_sms} SMs): {plan.groups} row group(s) of {bm * group_m} rows; each "
+        f"stage-1 rank computes the last {plan.f1} of the {F} first-GEMM columns itself; each stage-0 rank makes {fp}, ships them in "
+        f"{plan.nch} K-chunk(s) of {plan.kchunk}" + (f", the last row group's last {plan.tail} as a tail it "
+                                                     "multiplies by W2 itself" if plan.tail else ""),
+        "placed = place_weights(w1, b1, w3, b3, w2, b2)  # once per weight version (a collective): this stage's columns",
+        "epoch = group.begin(compute)",
+        "cuStreamWriteValue32(flag=flags.CTA_EPOCH, value=epoch, stream=compute)",
+    ]
+    writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != rank]
+    lines += [f"cuStreamWaitValue32(flag=flags.READY[{p}], geq=epoch, stream=compute)" for p in writes_to]
+    if stage == 0:
+        store = "into its staging buffer" if staged else "straight into the stage-1 ranks' buffers"
+        lines.append(f"launch(stage0_kernel, x, placed.w1, position={idx}, stream=compute)  # GEMM 1 + {act} tiles "
+                     f"{store}; raises CTA_DONE of each (row group, K-chunk) block once its tiles are counted")
+        if staged:
+            for g in range(plan.groups):
+                shipped = plan.fship if g == plan.tail_group else fp
+                for j in range(min(plan.nch, -(-shipped // plan.kchunk))):
+                    lines.append(f"cuStreamWaitValue32(flag=flags.CTA_DONE[{g * plan.nch + j}], geq=epoch, "
+                                 "stream=push_stream)")
+                    for q in range(tp):
+                        lines += [f"cuMemcpyAsync(dst=peer_buf({tp + q}).block(producer={idx}, chunk={j}, group={g}), "
+                                  f"src=staging.block(chunk={j}, group={g}), stream=push_stream)",
+                                  f"cuStreamWriteValue32(flag=peer_flags({tp + q}).CTA_ARRIVED[{(g * tp + idx) * plan.nch + j}], "
+                                  "value=epoch, stream=push_stream)"]
+        if plan.tail:
+            if staged:
+                lines += [f"cuStreamWaitValue32(flag=flags.READY[{p}], geq=epoch, stream=compute)" for p in range(tp, ws)]
+            lines.append("launch(tail_kernel, tail_columns, placed.w2_tail, stream=compute)  # partial products into "
+                         "the stage-1 ranks' buffers, CTA_TAIL_ARRIVED")
+        lines.append("launch(collect_kernel, y, out, stream=compute)  # waits for CTA_Y_DONE of each row tile, copies "
+                     "stage 1's result rows into out")
+    else:
+        if plan.f1:
+            lines.append(f"launch(stage0_kernel, x, placed.w1_share, chunks={plan.nch1}, stream=compute)  # this rank's "
+                         "share of GEMM 1, into its own K-chunks")
+        lines.append(f"launch(stage1_kernel, a, placed.w2, stream=compute)  # each CTA walks K in arrival order, waiting "
+                     f"per K-chunk on CTA_ARRIVED; stores its result tiles into every rank's buffer, CTA_Y_DONE")
+        if tp > 1:
+            lines.append("launch(collect_kernel, y, out, stream=compute)  # the other stage-1 ranks' column blocks")
+    lines.append("group.end(compute)  # compute waits for the push and copy streams, and for PEER_OK >= 1")
+    return lines
+
+
 def _moe_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     """runtime/moe_symm.py, following its decisions (combine_transport, expert_major, gemm_schedule)."""
     from . import moe_symm, symm
@@ -422,10 +515,11 @@ def render(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> s
         head += CAPTURED_NOTE
     head += [f"# {k} = {_t(v) if not isinstance(v, (list, tuple)) else '[' + ', '.join(map(_t, v)) + ']'}"
              for k, v in args.items()]
-    p2p = {"moe_experts": _moe_p2p}.get(op, lambda *a: _ring_p2p(op, *a))
+    p2p = {"moe_experts": _moe_p2p, "cta_pipeline_mlp": _cta_p2p}.get(op, lambda *a: _ring_p2p(op, *a))
+    own = {"moe_experts": _moe_symm, "cta_pipeline_mlp": _cta_symm}.get(op)
     body = []
     if lowering == "symm":
-        body = (_moe_symm(args, rank, ws, captured) if op == "moe_experts" else _symm(op, args, rank, ws, captured)) or []
+        body = (own(args, rank, ws, captured) if own else _symm(op, args, rank, ws, captured)) or []
         if body and body[0].startswith("# symm falls back"):
             body += p2p(args, rank, ws)
     else:
