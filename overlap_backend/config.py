@@ -127,7 +127,8 @@ def _int_or_auto(lo: int, hi: int | None = None):
 
 
 _parse_cta_stages = _int_or_auto(1)
-_parse_moe_comm_sms = _int_or_auto(0, 64)
+MOE_COMM_SMS_MAX = 64  # (the op's comm_sms argument is checked against it too: runtime/checks.py)
+_parse_moe_comm_sms = _int_or_auto(0, MOE_COMM_SMS_MAX)
 
 
 def _parse_cost_model(name: str, raw: str) -> str:

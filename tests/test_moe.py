@@ -388,15 +388,19 @@ def op_worker(rank, ws, max_examples):
             failures.append((counts, experts, h, f, pad, use_offsets, saved, bf16, seed, errs))
 
     check()
-    # A bad argument is refused before any communication, on every rank alike.
-    try:
-        torch.ops.overlap.moe_experts(
-            torch.randn(ws + 2, 4), [1] * ws, [1] * ws, torch.arange(ws), None, [ws],
-            torch.randn(1, 4, 2), torch.randn(1, 4, 2), torch.randn(1, 2, 4), group.group_name, "p2p", [False] * 5,
-        )
-        refused = None
-    except ValueError as e:
-        refused = str(e)
+    # A bad argument is refused before any communication, on every rank alike: splits that do not
+    # add up, and a comm SM count beyond the setting's range (a comm kernel holding most SMs would
+    # starve the GEMMs it spins on).
+    refused = []
+    for rows_x, comm_sms in ((ws + 2, -1), (ws, 200)):
+        try:
+            torch.ops.overlap.moe_experts(
+                torch.randn(rows_x, 4), [1] * ws, [1] * ws, torch.arange(ws), None, [ws], torch.randn(1, 4, 2),
+                torch.randn(1, 4, 2), torch.randn(1, 2, 4), group.group_name, "p2p", [False] * 5, comm_sms,
+            )
+            refused.append(None)
+        except ValueError as e:
+            refused.append(str(e))
     return failures, refused
 
 
@@ -405,7 +409,8 @@ def op_worker(rank, ws, max_examples):
 def test_p2p_op_matches_all_to_all_and_experts(ws):
     for failures, refused in run_ranks(op_worker, ws, 25, timeout=220):
         assert not failures, failures[:3]
-        assert refused is not None and f"do not add up to the {ws + 2} rows of x" in refused, refused
+        assert refused[0] is not None and f"do not add up to the {ws + 2} rows of x" in refused[0], refused
+        assert refused[1] is not None and "comm_sms" in refused[1] and "got 200" in refused[1], refused
 
 
 # ------------------------------------------------------------------------ Inductor end to end

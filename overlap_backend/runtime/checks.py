@@ -172,8 +172,14 @@ def check_mm_ar(a, b, bias, reduce_op) -> None:
 
 
 def check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down,
-                      saved: Sequence[bool], group, saved_names: Sequence[str]) -> None:
+                      saved: Sequence[bool], group, saved_names: Sequence[str], comm_sms: int = -1) -> None:
     op = "moe_experts"
+    from ..config import MOE_COMM_SMS_MAX
+
+    # (a comm kernel holding most SMs would leave the GEMMs it spins on too few to finish in time)
+    if not -1 <= comm_sms <= MOE_COMM_SMS_MAX:
+        raise _fail(op, "comm_sms", f"expected -1 (the OVERLAP_MOE_COMM_SMS setting), 0 (no comm kernel) or up to "
+                    f"{MOE_COMM_SMS_MAX} SMs, got {comm_sms}")
     ws, rank = group.size(), group.rank()
     _tensor(op, "x", x, 2)
     _float(op, "x", x)

@@ -264,7 +264,7 @@ def moe_experts(
     impl = _lowering.implementation(lowering, "moe_experts")
     group = _checks.resolve_group("moe_experts", group_name)
     _checks.check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, saved,
-                              group, MOE_SAVED)
+                              group, MOE_SAVED, comm_sms)
     extra = {"comm_sms": comm_sms} if comm_sms >= 0 else {}
     return impl(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved, **extra)
 
