@@ -100,7 +100,8 @@ class Rank:
     def run(self, pl, cfg_a, cfg_b, grid, phases, part="both", start_group=None):
         for ph in phases:
             if part in ("both", "gate_up"):
-                moe_gemm.launch_gate_up(self.disp, self.w_gate, self.w_up, self.act, pl, self.flags, 0, self.status,
+                moe_gemm.launch_gate_up(self.disp, self.w_gate, self.w_up, self.act, pl, self.flags, self.flags, 0,
+                                        self.status,
                                         10**10, 0, self.ws, self.cap, cfg_a, grid, timed=self.disp.is_cuda, phase=ph,
                                         start_group=start_group)
             if part in ("both", "down"):

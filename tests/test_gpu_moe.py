@@ -389,3 +389,56 @@ def late_peer_worker(rank, ws, device):
 def test_moe_timeout_names_op_rank_flag():
     _need_gpus(2)
     print(run_ranks(late_peer_worker, 2, "cuda", timeout=180, backend="nccl"))
+
+
+def uneven_rows_worker(rank, ws, device):
+    """Rank 1 calls moe_experts with 16 rows fewer in x than rank 0 (splits consistent, buffers big
+    enough from an equal warm-up call, so nothing grows): each rank's gate/up kernel finds the other's
+    row count in its MOE_CAP word and reports it; check_status raises SymmMismatchError naming both
+    counts, on both ranks, and so does the next call. Without the check both ranks returned garbage."""
+    import torch.distributed as dist
+
+    import overlap_backend  # noqa: F401
+    from overlap_backend.codegen import configs
+    from overlap_backend.runtime import moe_symm, symm
+
+    moe_symm.ENABLED = True
+    configs.AUTOTUNE = False
+    gn = dist.group.WORLD.group_name
+    h, f, experts, n = 128, 256, 2, 64
+    w = [(torch.randn(experts, *s, device="cuda") / 16).to(torch.bfloat16) for s in ((h, f), (h, f), (f, h))]
+
+    def call(send, recv):
+        x = torch.randn(sum(send), h, device="cuda", dtype=torch.bfloat16)
+        m = sum(recv)
+        rows = torch.arange(m, device="cuda")
+        offs = torch.tensor([m // 2, m], dtype=torch.int32, device="cuda")
+        return torch.ops.overlap.moe_experts(x, send, recv, rows, offs, [], *w, gn, "symm", [False] * 5)[0]
+
+    half = n // 2
+    call([half, half], [half, half])  # equal: sets up the buffers and compiles, no report
+    torch.cuda.synchronize()
+    symm.check_status()
+    dist.barrier()
+    short = half - 16  # rank 1 sends rank 0 fewer rows, so its x has n - 16 rows
+    send, recv = ([half, half], [half, short]) if rank == 0 else ([short, half], [half, half])
+    call(send, recv)
+    torch.cuda.synchronize()
+    try:
+        symm.check_status()
+    except symm.SymmMismatchError as e:
+        msg = str(e)
+        mine, theirs = (n, n - 16) if rank == 0 else (n - 16, n)
+        assert f"rank {1 - rank} called it with {theirs} token rows (x), this rank with {mine}" in msg, msg
+        try:
+            call(send, recv)
+        except symm.SymmTimeoutError:
+            return msg
+        raise AssertionError("the next call after a mismatch did not raise")
+    raise AssertionError(f"rank {rank} did not report the other rank's row count")
+
+
+@pytest.mark.timeout(200)
+def test_moe_uneven_rows_raise():
+    _need_gpus(2)
+    print(run_ranks(uneven_rows_worker, 2, "cuda", timeout=180, backend="nccl"))

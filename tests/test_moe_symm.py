@@ -269,8 +269,9 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
     m = len(case["rows"])
     act = torch.full((max(m, 1), f), float("nan")).to(torch.float16)
-    moe_gemm.launch_gate_up(disp, wg, wu, act, pl, flags[ARR:], EPOCH, (claim, report), 10**6, rank, ws, cap, CFG, 3,
-                            timed=False)
+    caps = torch.full((ws,), cap, dtype=torch.int32)  # every source's x has this rank's row count
+    moe_gemm.launch_gate_up(disp, wg, wu, act, pl, flags[ARR:], caps, EPOCH, (claim, report), 10**6, rank, ws, cap, CFG,
+                            3, timed=False)
     out = torch.full_like(x, float("nan"))
     out[send_off[rank] : send_off[rank + 1]] = 0
     stage = torch.zeros(max(recv_off[-1], 1), h, dtype=dtype)
@@ -304,12 +305,53 @@ def test_gate_up_times_out_on_missing_dispatch():
     claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
     act = torch.empty(len(case["rows"]), f, dtype=torch.float16)
     flags[rank] = EPOCH  # the own rows are there, source 1's are not
-    moe_gemm.launch_gate_up(disp, wg, wu, act, pl, flags, EPOCH, (claim, report), 5000, rank, ws, cap, CFG, 1,
+    caps = torch.full((ws,), cap, dtype=torch.int32)
+    moe_gemm.launch_gate_up(disp, wg, wu, act, pl, flags, caps, EPOCH, (claim, report), 5000, rank, ws, cap, CFG, 1,
                             timed=False)
     words = report.tolist()
     assert words[:6] == [1, 5, rank, 1, 0, EPOCH]
     err = symm.status_error(words, "", 1.0)
     assert "moe_experts on rank 0" in str(err) and "rank 1's dispatched tokens" in str(err)
+    assert not isinstance(err, symm.SymmMismatchError)
+
+
+def test_gate_up_reports_a_peer_with_other_row_counts():
+    """A source whose x had another row count (its MOE_CAP word) sized its slots differently: the
+    gate/up kernel reports the mismatch (status word 0 = 2, the source, both counts) and finishes;
+    not in the tuning runs (epoch 0) nor against a released word (the watchdog's own message)."""
+    gen = torch.Generator().manual_seed(2)
+    ws, rank, experts, h, f = 3, 1, 2, 16, 16
+    case = _case(ws, rank, experts, h, f, gen, recv=[4, 5, 3])
+    wg, wu, _ = _weights(experts, h, f, gen, torch.float16)
+    x, disp, cap, _ = _buffers(ws, rank, case, h, torch.bfloat16, gen)
+    pl = moe_symm.plan(case["rows"], case["ends"], torch.tensor(_prefix(case["recv"]), dtype=torch.int32), rank, ws,
+                       experts, [CFG[0]])
+    act = torch.empty(len(case["rows"]), f, dtype=torch.float16)
+
+    def run(caps, epoch):
+        flags = torch.full((8,), epoch, dtype=torch.int32)  # every source's rows have arrived
+        claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+        moe_gemm.launch_gate_up(disp, wg, wu, act, pl, flags, torch.tensor(caps, dtype=torch.int32), epoch,
+                                (claim, report), 5000, rank, ws, cap, CFG, 1, timed=False)
+        return report.tolist()
+
+    odd = (rank + 1) % ws
+    caps = [cap] * ws
+    caps[odd] = cap + 16
+    words = run(caps, EPOCH)
+    assert words[:6] == [2, 5, rank, 300 + odd, cap + 16, cap], words
+    err = symm.status_error(words, "", 1.0)
+    assert isinstance(err, symm.SymmMismatchError) and isinstance(err, symm.SymmTimeoutError)
+    assert f"rank {odd} called it with {cap + 16} token rows (x), this rank with {cap}" in str(err), str(err)
+    assert run(caps, 0)[0] == 0  # tuning: nothing was communicated
+    from overlap_backend.codegen import flags as kernel_flags
+
+    assert kernel_flags.RELEASED_VALUE.value == symm.RELEASED
+    caps[odd] = symm.RELEASED
+    assert run(caps, EPOCH)[0] == 0
+    caps[rank] = cap + 1  # this rank's own word is not read
+    caps[odd] = cap
+    assert run(caps, EPOCH)[0] == 0
 
 
 @triton.jit
@@ -483,6 +525,7 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
     base, value = (symm.GRAPH_BLOCK, 1) if graph else (0, EPOCH)
     for w in (symm.MOE_ARRIVED, symm.MOE_RETURNED, symm.READY):
         st.flags[base + w : base + w + ws] = value
+    st.flags[symm.MOE_CAP : symm.MOE_CAP + ws] = n_send  # the peers' row counts of x (the CUDA path writes them)
     monkeypatch.setattr(symm, "state", lambda *a: st)
     if graph:
         from overlap_backend.runtime import symm_lowering
@@ -539,8 +582,11 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
     assert st.flags[base + lo : base + hi].tolist() == [0] * (hi - lo)  # tile and CTA counters back to 0
     own_done = st.flags[base + symm.MOE_DONE : base + symm.MOE_DONE + ws - 1].tolist()
     assert own_done == [value] * (ws - 1)  # the producer finished every remote source
-    if graph:  # the eager block untouched (and the other ranks' eager words)
-        assert all(not fb[: symm.GRAPH_BLOCK].any() for fb in st.flag_bufs)
+    if graph:  # the eager block untouched (and the other ranks' eager words; MOE_CAP serves both)
+        for fb in st.flag_bufs:
+            eager = fb[: symm.GRAPH_BLOCK].clone()
+            eager[symm.MOE_CAP : symm.MOE_CAP + ws] = 0
+            assert not eager.any()
 
 
 def test_fallback_reasons():

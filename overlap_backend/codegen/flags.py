@@ -31,6 +31,9 @@ OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)", 5: "moe_e
 MOE_DONE_FLAG_BASE = tl.constexpr(100)  # moe_experts status flag 100 + pos: the local wait for source pos's tiles
 MOE_RETURN_FLAG_BASE = tl.constexpr(200)  # moe_experts status flag 200 + d: the wait for rank d's results
 READY_FLAG_BASE = tl.constexpr(1000)  # status flag index 1000 + p: the wait for rank p's READY
+MOE_CAP_FLAG_BASE = tl.constexpr(300)  # moe_experts status flag 300 + s: rank s's row count differs (a mismatch)
+STATUS_TIMEOUT, STATUS_MISMATCH = 1, 2  # status word 0: what the report is
+RELEASED_VALUE = tl.constexpr(0x7FFFFFFF)  # runtime.symm.RELEASED: what a released group's flags read
 
 
 @triton.jit
@@ -94,6 +97,21 @@ def bulk_stores_done(INTERPRET: tl.constexpr):
         tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
                                   dtype=tl.int32, is_pure=False, pack=1)
     tl.debug_barrier()
+
+
+@triton.jit
+def report_mismatch(claim_ptr, report_ptr, op_code, rank, what, seen, expected):
+    """A peer's value that must equal this rank's does not: claim and report as a timeout does, but
+    with status word 0 = ``STATUS_MISMATCH`` (``what``: which value, ``seen``: the peer's, ``expected``:
+    this rank's). The waits of this call then stop, the kernel finishes (garbage) and the host raises."""
+    if tl.atomic_cas(claim_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
+        tl.store(report_ptr + 1, op_code)
+        tl.store(report_ptr + 2, rank)
+        tl.store(report_ptr + 3, what)
+        tl.store(report_ptr + 4, seen)
+        tl.store(report_ptr + 5, expected)
+        tl.store(report_ptr + 6, 1)
+        tl.store(report_ptr, 2)  # STATUS_MISMATCH, last: the host reads word 0 first
 
 
 @triton.jit

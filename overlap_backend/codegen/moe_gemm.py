@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from . import launcher
-from .flags import OP_MOE, count_tile_done, signal_flag, wait_flag
+from .flags import MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, count_tile_done, report_mismatch, signal_flag, wait_flag
 from .tiles import grouped_tile
 
 
@@ -110,7 +110,7 @@ def walk(tile_start_ptr, tiles_n, group_lo, group_hi, start_group):
 def gate_up_kernel(
     disp_ptr, w_gate_ptr, w_up_ptr, act_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, contig_ptr,
-    arrived_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+    arrived_ptr, caps_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, cap, H, F, G, E, group_lo, group_hi, start_group,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, TIMED: tl.constexpr,
@@ -130,6 +130,11 @@ def gate_up_kernel(
         if ((waited >> src) & 1) == 0:  # the tile reads source src's slot: wait for it (once per CTA)
             wait_flag(arrived_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src, 1, timeout_ns, TIMED)
             waited = waited | (1 << src)
+            if (src != rank) & (epoch != 0):  # the source's slot stride: its rows of x, written before its
+                # dispatch flag (epoch 0: the tuning runs, nothing communicated)
+                sent = tl.load(caps_ptr + src, volatile=True)
+                if (sent != cap) & (sent != RELEASED_VALUE):  # (released: the watchdog's message says why)
+                    report_mismatch(claim_ptr, report_ptr, OP_MOE, rank, src + MOE_CAP_FLAG_BASE, sent, cap)
         slot_row = src * cap + srow - tl.load(recv_off_ptr + src)  # row of the dispatch buffer
         acc_g = tl.zeros((BM, BN), dtype=tl.float32)
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
@@ -224,11 +229,12 @@ def log_groups(groups: int) -> int:
     return max(1, (groups - 1).bit_length() + 1)
 
 
-def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, epoch, status, timeout_ns, rank, ws, cap, config, grid,
+def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, caps, epoch, status, timeout_ns, rank, ws, cap, config, grid,
                    timed=True, phase=None, start_group=None):
     """``plan``: dict with srows, counts, row_start, recv_off, contig and ``tile_start`` of this BM
     (see runtime/moe_symm.py). ``disp``: [ws * cap, H] dispatch buffer (x dtype; slot s holds
-    source s's rows, this rank's own included); ``act`` [M, F]. ``start_group`` (in the phase's
+    source s's rows, this rank's own included); ``act`` [M, F]; ``caps`` [ws]: each source's row count
+    of x (``symm.MOE_CAP``), which must be ``cap``, this rank's (a mismatch is reported). ``start_group`` (in the phase's
     groups; default its first): the tiles are walked from this group's first one, wrapping around
     to the phase's first group: e.g. the own groups first, whose rows need no transfer, while the
     peers' dispatch is in flight."""
@@ -240,7 +246,7 @@ def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, epoch, status, timeou
     assert lo <= start <= hi, (lo, start, hi)
     launcher.launch(gate_up_kernel, (grid,),
         disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
-        plan["recv_off"], plan["contig"], arrived, epoch, *status, timeout_ns, rank, cap, H, F, G, E, lo, hi, start,
+        plan["recv_off"], plan["contig"], arrived, caps, epoch, *status, timeout_ns, rank, cap, H, F, G, E, lo, hi, start,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"], TIMED=timed,
         num_stages=stages, num_warps=warps,
     )

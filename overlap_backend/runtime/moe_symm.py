@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..codegen import launcher
+from . import cuda as _cuda
 from . import symm
 from .lowering import register
 from .moe_p2p import _prefix
@@ -274,8 +275,9 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     gemm_phases, own_start = gemm_schedule(ws, experts, pl["expert_major"])
 
     def gate_up(cfg, epoch, phase=None):
-        moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), epoch, status, st.timeout_ns,
-                                r, ws, cap, cfg, grid, timed=x.is_cuda, phase=phase, start_group=own_start)
+        moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), st.flag_arg(symm.MOE_CAP), epoch,
+                                status, st.timeout_ns, r, ws, cap, cfg, grid, timed=x.is_cuda, phase=phase,
+                                start_group=own_start)
 
     def down(cfg, epoch, phase=None):
         moe_gemm.launch_down(act, w_down, out, stage, pl, flag(symm.MOE_COUNTERS), flag(symm.MOE_DONE),
@@ -308,14 +310,17 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     row_bytes = h * es
     for j in range(1, ws):  # dispatch, to r-1 first: rank d takes source d+1 first
         d = (r - j) % ws
+        to_d = st.push_stream_to(d)
+        if x.is_cuda:  # this rank's slot stride for d's check, once d has read the last call's (READY); the
+            # dispatch flag's write after it fences it (the interpreter tests pre-set the words instead)
+            st.wait_ready(d, to_d)
+            _cuda.write_value32(st.flag_addr(symm.MOE_CAP + r, d), cap, to_d)
         st.push(d, lay["disp"] + r * lay["slot"], x.data_ptr() + send_off[d] * row_bytes, send_splits[d] * row_bytes,
-                symm.MOE_ARRIVED + r, st.push_stream_to(d))
+                symm.MOE_ARRIVED + r, to_d)
     side = st.copy_stream
     with _on(side):
         # this rank's own rows into its own slot, then its arrival flag (its gate/up tiles come first)
         if x.is_cuda:  # copy engine: the GEMM kernels may hold every SM while they wait for this
-            from . import cuda as _cuda
-
             if send_splits[r]:
                 _cuda.memcpy_async(disp.data_ptr() + r * cap * row_bytes, x.data_ptr() + send_off[r] * row_bytes,
                                    send_splits[r] * row_bytes, side)
@@ -342,8 +347,6 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     if comm is None and not ce_only:  # the interpreter runs kernels one after the other: the comm kernel last
         launch_comm(epoch)
     if transport in ("ce", "ce-only") and x.is_cuda:
-        from . import cuda as _cuda
-
         for pos in range(ws - 1):
             s = (r + 1 + pos) % ws
             st.stream_wait(base + symm.MOE_DONE + pos, epoch, st.push_stream_to(s))
@@ -389,8 +392,6 @@ def _raise_local(st, word: int, epoch: int, stream) -> None:
     if stream is None:  # the interpreter tests' fake group: CPU flag tensor
         st.flag_arg(word)[0] = epoch
     else:
-        from . import cuda as _cuda
-
         _cuda.write_value32(st.flag_addr(word), epoch, stream)
 
 

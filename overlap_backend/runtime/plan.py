@@ -212,6 +212,8 @@ def _moe_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     for j in range(1, ws):  # dispatch, to r-1 first
         d = (rank - j) % ws
         lines += [f"cuStreamWaitValue32(flag=flags.READY[{d}], geq=epoch, stream=push_stream)",
+                  f"cuStreamWriteValue32(flag=peer_flags({d}).MOE_CAP[{rank}], value=cap, stream=push_stream)  "
+                  "# this rank's rows of x: d's gate/up kernel checks them against its own",
                   f"cuMemcpyAsync(dst=peer_buf({d}).dispatch[{rank}], src=x[send_off[{d}]:send_off[{d + 1}]], "
                   "stream=push_stream)",
                   f"cuStreamWriteValue32(flag=peer_flags({d}).MOE_ARRIVED[{rank}], value=epoch, stream=push_stream)"]
@@ -227,7 +229,7 @@ def _moe_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
         sources = ", ".join(str((rank + 1 + p) % ws) for p in range(p0, p1))
         where = f", start_group={start}" if start is not None else ""
         lines.append(f"launch(gate_up_kernel, groups=range({g0}, {g1}){where}, grid={grid}, stream=compute)  # sources "
-                     f"{sources}; each tile waits for MOE_ARRIVED of its source")
+                     f"{sources}; each tile waits for MOE_ARRIVED of its source, then checks its MOE_CAP")
         if k == 0:
             lines.append("compute.wait(zeroed)  # the down kernel scatters into the zeroed rows")
         lines.append(f"launch(down_kernel, groups=range({g0}, {g1}), grid={grid}, stream=compute)  # raises MOE_DONE[pos] "

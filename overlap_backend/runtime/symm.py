@@ -81,6 +81,10 @@ MOE_RETURNED = MOE_ARRIVED + WS_MAX  # [d]: rank d's results for this rank's row
 MOE_DONE = MOE_RETURNED + WS_MAX  # [pos]: the producer finished every tile of that source (local)
 MOE_COUNTERS = MOE_DONE + WS_MAX  # [pos]: its tiles finished so far (local; 0 between calls)
 MOE_PUSHED = MOE_COUNTERS + WS_MAX  # [pos]: communication CTAs done copying that segment (local; 0 between calls)
+# [s]: the row count of x on source s, i.e. the stride of its slots, written by s after this rank's READY and
+# before its dispatch rows; gate_up_kernel compares it with this rank's own (moe_experts on symm needs the same
+# on every rank). A value, not a flag: one word for eager and captured calls alike (outside the graph block).
+MOE_CAP = MOE_PUSHED + WS_MAX
 # cta_pipeline_mlp (codegen/cta.py): two blocks of words, one for eager calls (epochs from the host's
 # counter) and one for calls inside captured CUDA graphs (epochs counted on the device), so that each
 # block's flags only ever see one increasing sequence. Offsets inside a block:
@@ -96,7 +100,7 @@ CTA_TAIL_ARRIVED = CTA_Y_COUNTERS + CTA_ROW_WORDS  # [p * tiles_m + m]: stage-0 
 CTA_EPOCH = CTA_TAIL_ARRIVED + CTA_ROW_WORDS  # the epoch the kernels read (local)
 CTA_READY = CTA_EPOCH + 1  # [p]: graph block: rank p started this call (peers write)
 CTA_BLOCK_WORDS = CTA_READY + WS_MAX
-CTA_BLOCKS = MOE_PUSHED + WS_MAX  # the eager block, then the graph block
+CTA_BLOCKS = MOE_CAP + WS_MAX  # the eager block, then the graph block
 
 
 def cta_block(graph: bool) -> int:
@@ -158,6 +162,11 @@ class SymmUnavailable(RuntimeError):
 
 class SymmTimeoutError(RuntimeError):
     """A kernel gave up waiting for a peer's flag."""
+
+
+class SymmMismatchError(SymmTimeoutError):
+    """A kernel found that a peer called the op with sizes this rank's call does not match (the group
+    is then unusable, as after a timeout)."""
 
 
 # ------------------------------------------------------------------------------------ support
@@ -470,7 +479,7 @@ class GroupState:
     def check_status(self) -> None:
         if self.status[0] != 0:  # a kernel's own report names the flag: it comes first
             e = status_error(list(self.status), self.group_name, self.timeout_ns / 1e9)
-            raise SymmTimeoutError(str(e) + self._gave_up_note())
+            raise type(e)(str(e) + self._gave_up_note())
         if self.stalled is not None:
             raise SymmTimeoutError(self.stalled + self._gave_up_note())
 
@@ -594,15 +603,20 @@ class GroupState:
         them): the push stream, or the peer's own with ``PUSH_STREAM_PER_PEER``."""
         return self._push_to.get(peer, self.push_stream)
 
+    def wait_ready(self, peer: int, stream: torch.cuda.Stream) -> None:
+        """Later work on ``stream`` waits until ``peer`` started this call (its ``READY``), i.e. stopped
+        reading what this rank writes into its buffers; once per (peer, stream) and call."""
+        if (peer, id(stream)) not in self._ready_waited:
+            self.stream_wait(self.word(READY + peer), self.value, stream)
+            self._ready_waited.add((peer, id(stream)))
+
     def push(self, peer: int, dst_offset: int, src_ptr: int, nbytes: int, flag: int,
              stream: torch.cuda.Stream | None = None) -> None:
         """Copy ``nbytes`` at ``src_ptr`` into ``peer``'s data buffer at ``dst_offset`` with the copy
         engine, then raise ``peer``'s flag ``flag`` to the epoch, on ``stream`` (default: the push
         stream; ``push_stream_to(peer)`` for callers that spread their pushes over the peers)."""
         stream = stream or self.push_stream
-        if (peer, id(stream)) not in self._ready_waited:
-            self.stream_wait(self.word(READY + peer), self.value, stream)
-            self._ready_waited.add((peer, id(stream)))
+        self.wait_ready(peer, stream)
         if nbytes:
             _cuda.memcpy_async(self.data_addr(peer, dst_offset), src_ptr, nbytes, stream)
         _cuda.write_value32(self.flag_addr(self.word(flag), peer), self.value, stream)
@@ -741,6 +755,8 @@ def describe_flag(word: int, nbands: int, ws: int) -> str:
         return f"rank {word - MOE_RETURNED}'s expert results for this rank's tokens to come back"
     if MOE_DONE <= word < MOE_COUNTERS:
         return f"this rank's own expert tiles for source position {word - MOE_DONE} to finish"
+    if MOE_CAP <= word < MOE_CAP + WS_MAX:
+        return f"rank {word - MOE_CAP}'s row count of x (MOE_CAP)"
     if word == PEER_OK:
         return "no peer to have given up a call (PEER_OK)"
     return "a flag of this op"
@@ -750,11 +766,17 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
     """The exception that a kernel's status words ``[1, op, rank, flag, seen, epoch, ...]`` stand for."""
     if not words[0]:
         return None
-    from ..codegen.flags import (OP_AG_MM, OP_AR_ONESHOT, OP_CTA_COLLECT, OP_CTA_STAGE1, OP_CTA_TAIL, OP_MOE,
-                                 OP_NAMES)
+    from ..codegen.flags import (MOE_CAP_FLAG_BASE, OP_AG_MM, OP_AR_ONESHOT, OP_CTA_COLLECT, OP_CTA_STAGE1, OP_CTA_TAIL,
+                                 OP_MOE, OP_NAMES, STATUS_MISMATCH)
 
-    _, op, rank, flag, seen, epoch, nbands = (int(w) for w in words[:7])
+    kind, op, rank, flag, seen, epoch, nbands = (int(w) for w in words[:7])
     nbands = max(nbands, 1)
+    if kind == STATUS_MISMATCH and op == OP_MOE.value:
+        return SymmMismatchError(
+            f"overlap symm: moe_experts on rank {rank} of group {group_name!r}: rank {flag - MOE_CAP_FLAG_BASE.value} "
+            f"called it with {seen} token rows (x), this rank with {epoch}. The symm lowering sizes every rank's "
+            "slots by x's rows, which must be the same on every rank of the group (docs/moe.md); this call's output "
+            "is garbage and the group is unusable.")
     ws = _resolve_process_group(group_name).size() if group_name else 0
     if flag >= 1000:
         what = f"rank {flag - 1000} to start this call (its READY flag)"
