@@ -129,7 +129,10 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     if not isinstance(M, int):
         return ["# lowering 'symm': cta_pipeline_mlp; the row count is symbolic here, and the plan "
                 "(cta_symm.chunk_plan) depends on it: no listing"]
-    num_sms = 132  # an H200's; the plan is made per call with the GPU's own count
+    # the plan is made per call with the GPU's own SM count: this one's where the graph is compiled on CUDA,
+    # else an H200's
+    cuda = x.device.type == "cuda" and torch.cuda.is_available()
+    num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if cuda else 132
     plan = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", x.dtype, num_sms, H=H)
     if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
         return [f"# symm falls back to p2p: {M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}"]
