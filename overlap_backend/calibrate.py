@@ -4,7 +4,9 @@ What the cost model needs from a machine, as numbers (:class:`Calibration`): the
 dtype and the memory bandwidth of a weight-bound GEMM, the bus bandwidth and latency of NCCL
 collectives per group size, the bandwidth of a ``batch_isend_irecv`` ring shift (the ``p2p``
 lowering's transfers) and of a copy-engine peer copy (the ``symm`` lowering's), the SM count, and the
-host time per call of our ops (fitted constants, not measured here: see ``docs/cost_model.md``).
+host time per call of our ops (``symm_call_ms``: measured for ``ag_mm``, ``mm_rs`` and ``mm_ar`` where the
+``symm`` lowering runs here, :func:`measure_host`; the ``p2p`` ones and the rest are fitted constants, see
+``docs/cost_model.md``).
 
 Measure on GPUs, once per machine and software stack::
 
@@ -359,6 +361,62 @@ def measure_links(group, device, reps: int = 20) -> dict[str, Any]:
     return out
 
 
+# The symm_call_ms entries calibrate measures, each at a decode size where a call is host-bound on H200s (the
+# GPU keeps up with the host, so what back-to-back calls cost is the host's enqueue time): key -> (op, rows M,
+# K, N) of the TP problem, K and N before the split over the group (as bench_collective_gemm's shapes). The
+# other entries (cta_pipeline_mlp, moe_experts) keep their class defaults.
+HOST_PROBES = {
+    "ag_mm": ("ag_mm", 512, 8192, 7168),
+    "mm_rs": ("mm_rs", 512, 7168, 8192),
+    "mm_ar_oneshot": ("mm_ar", 128, 7168, 8192),  # a partial under symm.ONESHOT_MAX_BYTES
+    "mm_ar": ("mm_ar", 2048, 7168, 8192),  # above it: rounds
+}
+
+
+def _host_probe(op: str, m: int, k: int, n: int, group, lowering: str, device, dtype):
+    """One call of ``op`` on a TP problem of that size on ``group`` (fresh random inputs, made once)."""
+    ws, gn = group.size(), group.group_name
+    gen = torch.Generator(device="cpu").manual_seed(group.rank())
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+    if op == "ag_mm":
+        shard, w = rand(m // ws, k), rand(k, n // ws)
+        return lambda: torch.ops.overlap.ag_mm(shard, [w], [None], 0, gn, lowering, False)
+    a, b = rand(m, k // ws), rand(k // ws, n)
+    if op == "mm_rs":
+        return lambda: torch.ops.overlap.mm_rs(a, b, None, [m, n], 0, "sum", gn, lowering)
+    return lambda: torch.ops.overlap.mm_ar(a, b, None, "sum", gn, lowering)
+
+
+def measure_host(group, device, lowering: str = "symm", calls: int = 30, rounds: int = 3,
+                 probes: dict | None = None) -> dict[str, float]:
+    """Host ms per call of our ops (``symm_call_ms``): ``calls`` back-to-back calls that nothing waits
+    for, timed with the host's clock after warm-up (buffers, kernels, tuning), the median of ``rounds``,
+    the largest over the ranks (the slowest host paces the group). Collective: every rank of ``group``."""
+    import torch.distributed as dist
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    mine = {}
+    for key, (op, m, k, n) in (probes or HOST_PROBES).items():
+        call = _host_probe(op, m, k, n, group, lowering, device, dtype)
+        for _ in range(3):
+            call()
+        per_round = []
+        for _ in range(rounds):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dist.barrier(group)
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            per_round.append((time.perf_counter() - start) * 1e3 / calls)
+        mine[key] = round(sorted(per_round)[len(per_round) // 2], 4)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    everyone = [None] * group.size()
+    dist.all_gather_object(everyone, mine, group=group)
+    return {key: max(r[key] for r in everyone) for key in mine}
+
+
 def _measure_ce(group, device, reps: int) -> float | None:
     """Copy-engine peer copy bandwidth: rank 0 of the pair pulls 256 MiB from the other GPU with
     ``copy_`` (both GPUs in this process: only where one process sees two GPUs; else None)."""
@@ -401,8 +459,15 @@ def measure(reps: int = 20) -> Calibration:
     dist.all_gather_object(objs, mine)
     rates, hbm, busbw, p2p, lat, p2p_lat, ce = objs[0]
     ce_all = [c for o in objs for c in o[6]]
+    host = {}
+    if world >= 2:  # the symm ops' host time per call, where symm runs on this machine (an agreed answer)
+        from .runtime import symm
+
+        if symm.group_support(dist.group.WORLD.group_name) is None:
+            host = measure_host(dist.group.WORLD, device)
     measured = ["gemm_tflops", "hbm_gbps"] + (["coll_busbw_gbps", "coll_latency_ms", "p2p_gbps", "p2p_latency_ms"]
-                                              if busbw else []) + (["ce_gbps"] if ce_all else [])
+                                              if busbw else []) + (["ce_gbps"] if ce_all else []) + (
+                                                  ["symm_call_ms"] if host else [])
     return dataclasses.replace(
         base,
         gemm_tflops=rates, hbm_gbps=hbm,
@@ -411,6 +476,7 @@ def measure(reps: int = 20) -> Calibration:
         p2p_gbps=p2p or base.p2p_gbps,
         p2p_latency_ms=_median(p2p_lat) if p2p_lat else base.p2p_latency_ms,
         ce_gbps=max(ce_all) if ce_all else base.ce_gbps,
+        symm_call_ms={**base.symm_call_ms, **host},
         num_sms=torch.cuda.get_device_properties(device).multi_processor_count,
         key=key, source="measured", measured=tuple(measured),
         info={"gpu": name, "gpu_count": torch.cuda.device_count(), "world_size": world, **_versions(),

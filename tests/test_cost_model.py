@@ -455,6 +455,28 @@ def test_ranks_agree_on_the_first_ranks_calibration():
     assert out == [("rank0", "agreed:rank0 (file:/r0)", 600.0)] * 2
 
 
+def _host_worker(rank, ws, lowering, device):
+    import torch.distributed as dist
+
+    from overlap_backend import calibrate
+
+    small = {key: (op, m // 8, k // 64, n // 64) for key, (op, m, k, n) in calibrate.HOST_PROBES.items()}
+    dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    return calibrate.measure_host(dist.group.WORLD, dev, lowering, calls=5, rounds=3,
+                                  probes=None if device == "cuda" else small)
+
+
+def test_measure_host_times_every_probe_and_agrees():
+    """calibrate.measure_host: one host time per symm_call_ms entry it measures, positive, the largest
+    over the ranks (so the same on every rank); here on the p2p lowering over gloo (CPU), at shrunk sizes."""
+    from overlap_backend import calibrate
+
+    out = run_ranks(_host_worker, 2, "p2p", "cpu", timeout=120)
+    assert out[0] == out[1] and set(out[0]) == set(calibrate.HOST_PROBES), out
+    assert set(calibrate.HOST_PROBES) <= set(calibrate.DEFAULTS["h200"].symm_call_ms)
+    assert all(v > 0 for v in out[0].values()), out
+
+
 # ------------------------------------------------------------------------------------- config
 def test_cost_model_config(clean_env):
     from overlap_backend.runtime import moe_symm

@@ -1109,3 +1109,30 @@ def test_recompiles_reuse_group_state(lowering):
     _need_gpus(2, lowering)
     for rank, seen in enumerate(_run(recompile_state_worker, 2, lowering)):
         print(f"{lowering} rank {rank}: (state id, data ptr, data bytes, views) per call {seen}")
+
+
+def host_time_worker(rank: int, ws: int, device: str):
+    """calibrate.measure_host on the symm lowering (what `torchrun -m overlap_backend.calibrate` now
+    measures for symm_call_ms): the host ms per call of each probe, and the symm paths its calls took."""
+    import torch.distributed as dist
+
+    from overlap_backend import calibrate
+    from overlap_backend.runtime import symm_lowering
+
+    before = dict(symm_lowering.PATHS)
+    host = calibrate.measure_host(dist.group.WORLD, torch.device("cuda", torch.cuda.current_device()), calls=20)
+    took = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items() if v != before.get(k, 0)}
+    return host, took
+
+
+def test_calibrate_measures_symm_host_time():
+    _need_gpus(2)
+    from overlap_backend import calibrate
+
+    out = _run(host_time_worker, 2, timeout=200)
+    print(out)
+    (host, took), (host1, _) = out
+    assert host == host1 and set(host) == set(calibrate.HOST_PROBES), out  # the largest over the ranks
+    assert all(0 < ms < 20 for ms in host.values()), host
+    for path in ("ag_mm:symm", "mm_rs:symm", "mm_ar:oneshot"):
+        assert took.get(path), (path, took)  # on the symm lowering, not its p2p fallback
