@@ -4,9 +4,8 @@ What the cost model needs from a machine, as numbers (:class:`Calibration`): the
 dtype and the memory bandwidth of a weight-bound GEMM, the bus bandwidth and latency of NCCL
 collectives per group size, the bandwidth of a ``batch_isend_irecv`` ring shift (the ``p2p``
 lowering's transfers) and of a copy-engine peer copy (the ``symm`` lowering's), the SM count, and the
-host time per call of our ops (``symm_call_ms``: measured for ``ag_mm``, ``mm_rs`` and ``mm_ar`` where the
-``symm`` lowering runs here, :func:`measure_host`; the ``p2p`` ones and the rest are fitted constants, see
-``docs/cost_model.md``).
+host time per call of our ops (fitted constants, see ``docs/cost_model.md``; with ``--host`` the ``symm``
+ones of ``ag_mm``, ``mm_rs`` and ``mm_ar`` are measured where that lowering runs here, :func:`measure_host`).
 
 Measure on GPUs, once per machine and software stack::
 
@@ -431,9 +430,11 @@ def _measure_ce(group, device, reps: int) -> float | None:
     return round(src.numel() * 2 / (ms * 1e6), 1)
 
 
-def measure(reps: int = 20) -> Calibration:
+def measure(reps: int = 20, host: bool = False) -> Calibration:
     """Measure this machine (call on every rank of the default group: collectives). Group sizes 2, 4,
-    ... up to the world size, each on the first ranks (``new_group``)."""
+    ... up to the world size, each on the first ranks (``new_group``). ``host``: also the symm ops' host
+    time per call (:func:`measure_host`; opt-in, ``--host``: its first run, two ranks sharing one H200,
+    ended in an illegal memory access that is not understood yet)."""
     import torch.distributed as dist
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -459,15 +460,15 @@ def measure(reps: int = 20) -> Calibration:
     dist.all_gather_object(objs, mine)
     rates, hbm, busbw, p2p, lat, p2p_lat, ce = objs[0]
     ce_all = [c for o in objs for c in o[6]]
-    host = {}
-    if world >= 2:  # the symm ops' host time per call, where symm runs on this machine (an agreed answer)
+    host_ms = {}
+    if host and world >= 2:  # the symm ops' host time per call, where symm runs on this machine (an agreed answer)
         from .runtime import symm
 
         if symm.group_support(dist.group.WORLD.group_name) is None:
-            host = measure_host(dist.group.WORLD, device)
+            host_ms = measure_host(dist.group.WORLD, device)
     measured = ["gemm_tflops", "hbm_gbps"] + (["coll_busbw_gbps", "coll_latency_ms", "p2p_gbps", "p2p_latency_ms"]
                                               if busbw else []) + (["ce_gbps"] if ce_all else []) + (
-                                                  ["symm_call_ms"] if host else [])
+                                                  ["symm_call_ms"] if host_ms else [])
     return dataclasses.replace(
         base,
         gemm_tflops=rates, hbm_gbps=hbm,
@@ -476,7 +477,7 @@ def measure(reps: int = 20) -> Calibration:
         p2p_gbps=p2p or base.p2p_gbps,
         p2p_latency_ms=_median(p2p_lat) if p2p_lat else base.p2p_latency_ms,
         ce_gbps=max(ce_all) if ce_all else base.ce_gbps,
-        symm_call_ms={**base.symm_call_ms, **host},
+        symm_call_ms={**base.symm_call_ms, **host_ms},
         num_sms=torch.cuda.get_device_properties(device).multi_processor_count,
         key=key, source="measured", measured=tuple(measured),
         info={"gpu": name, "gpu_count": torch.cuda.device_count(), "world_size": world, **_versions(),
@@ -494,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m overlap_backend.calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--show", action="store_true", help="print the calibration the passes would use here; measure nothing")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--host", action="store_true",
+                   help="also measure the symm ops' host time per call (symm_call_ms; not yet verified on GPUs)")
     p.add_argument("--cache-dir", default=None, help="default: OVERLAP_CACHE_DIR, else ~/.cache/overlap_backend")
     args = p.parse_args(argv)
     cache_dir = args.cache_dir or OverlapConfig.from_env().cache_dir
@@ -512,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl")
     try:
-        cal = measure(args.reps)
+        cal = measure(args.reps, host=args.host)
         if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one writer per node (the same numbers everywhere)
             path = save(cal, cache_dir)
             print(json.dumps(cal.to_json(), indent=2, sort_keys=True))
