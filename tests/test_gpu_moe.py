@@ -332,6 +332,24 @@ def test_compiled_moe_layer_symm(ws, policy, form):
 
 
 # ------------------------------------------------------------------------------- timeouts
+def _reported_then_next_call_raises(call, error, what: str) -> str:
+    """After a synchronize: ``symm.check_status()`` raises ``error`` (its message is returned), and so
+    does the next ``call()`` (the group stays unusable); ``what`` names the report in the failures."""
+    from overlap_backend.runtime import symm
+
+    try:
+        symm.check_status()
+    except error as e:
+        msg = str(e)
+    else:
+        raise AssertionError(f"{what}: nothing reported")
+    try:
+        call()
+    except symm.SymmTimeoutError:
+        return msg
+    raise AssertionError(f"the next call after {what} did not raise")
+
+
 def late_peer_worker(rank, ws, device):
     """Rank 1 calls moe_experts 3 s after rank 0, whose kernels give up after 1 s: rank 0 raises
     SymmTimeoutError naming moe_experts, its rank and what it waited for. Its watchdog then releases
@@ -368,21 +386,13 @@ def late_peer_worker(rank, ws, device):
         time.sleep(3.0)
     call()
     torch.cuda.synchronize()
-    try:
-        symm.check_status()
-    except symm.SymmTimeoutError as e:
-        msg = str(e)
-        # rank 0 waits for two things of rank 1 (its tokens, its results for rank 0's tokens); which
-        # wait gives up first and reports is a race; late rank 1 waits for rank 0's results
-        want = (("rank 1's dispatched tokens", "rank 1's expert results") if rank == 0 else
-                ("rank 0's expert results", "Rank(s) [0] had given up"))
-        assert "moe_experts" in msg and f"rank {rank} " in msg and any(w in msg for w in want), msg
-        try:
-            call()
-        except symm.SymmTimeoutError:
-            return msg
-        raise AssertionError("the next call after a timeout did not raise")
-    raise AssertionError(f"rank {rank} did not time out")
+    msg = _reported_then_next_call_raises(call, symm.SymmTimeoutError, f"rank {rank}'s timeout")
+    # rank 0 waits for two things of rank 1 (its tokens, its results for rank 0's tokens); which
+    # wait gives up first and reports is a race; late rank 1 waits for rank 0's results
+    want = (("rank 1's dispatched tokens", "rank 1's expert results") if rank == 0 else
+            ("rank 0's expert results", "Rank(s) [0] had given up"))
+    assert "moe_experts" in msg and f"rank {rank} " in msg and any(w in msg for w in want), msg
+    return msg
 
 
 @pytest.mark.timeout(200)
@@ -424,18 +434,11 @@ def uneven_rows_worker(rank, ws, device):
     send, recv = ([half, half], [half, short]) if rank == 0 else ([short, half], [half, half])
     call(send, recv)
     torch.cuda.synchronize()
-    try:
-        symm.check_status()
-    except symm.SymmMismatchError as e:
-        msg = str(e)
-        mine, theirs = (n, n - 16) if rank == 0 else (n - 16, n)
-        assert f"rank {1 - rank} called it with {theirs} token rows (x), this rank with {mine}" in msg, msg
-        try:
-            call(send, recv)
-        except symm.SymmTimeoutError:
-            return msg
-        raise AssertionError("the next call after a mismatch did not raise")
-    raise AssertionError(f"rank {rank} did not report the other rank's row count")
+    msg = _reported_then_next_call_raises(lambda: call(send, recv), symm.SymmMismatchError,
+                                          f"rank {rank}'s row-count mismatch")
+    mine, theirs = (n, n - 16) if rank == 0 else (n - 16, n)
+    assert f"rank {1 - rank} called it with {theirs} token rows (x), this rank with {mine}" in msg, msg
+    return msg
 
 
 @pytest.mark.timeout(200)

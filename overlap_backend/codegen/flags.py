@@ -32,7 +32,8 @@ MOE_DONE_FLAG_BASE = tl.constexpr(100)  # moe_experts status flag 100 + pos: the
 MOE_RETURN_FLAG_BASE = tl.constexpr(200)  # moe_experts status flag 200 + d: the wait for rank d's results
 READY_FLAG_BASE = tl.constexpr(1000)  # status flag index 1000 + p: the wait for rank p's READY
 MOE_CAP_FLAG_BASE = tl.constexpr(300)  # moe_experts status flag 300 + s: rank s's row count differs (a mismatch)
-STATUS_TIMEOUT, STATUS_MISMATCH = 1, 2  # status word 0: what the report is
+# status word 0: what the report is (a wait gave up, or a peer's value differs from this rank's)
+STATUS_TIMEOUT, STATUS_MISMATCH = tl.constexpr(1), tl.constexpr(2)
 RELEASED_VALUE = tl.constexpr(0x7FFFFFFF)  # runtime.symm.RELEASED: what a released group's flags read
 
 
@@ -68,14 +69,7 @@ def wait_flag(flag_ptr, epoch, claim_ptr, report_ptr, op_code, rank, flag_index,
             else:
                 expired = polls > timeout_ns // 1000
             if expired & (seen < epoch):
-                if tl.atomic_cas(claim_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
-                    tl.store(report_ptr + 1, op_code)
-                    tl.store(report_ptr + 2, rank)
-                    tl.store(report_ptr + 3, flag_index)
-                    tl.store(report_ptr + 4, seen)
-                    tl.store(report_ptr + 5, epoch)
-                    tl.store(report_ptr + 6, nbands)
-                    tl.store(report_ptr, 1)  # last: the host reads word 0 first
+                claim_and_report(claim_ptr, report_ptr, STATUS_TIMEOUT, op_code, rank, flag_index, seen, epoch, nbands)
             failed = tl.load(claim_ptr, volatile=True) != 0
     return (seen >= epoch).to(tl.int32)
 
@@ -100,18 +94,19 @@ def bulk_stores_done(INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def report_mismatch(claim_ptr, report_ptr, op_code, rank, what, seen, expected):
-    """A peer's value that must equal this rank's does not: claim and report as a timeout does, but
-    with status word 0 = ``STATUS_MISMATCH`` (``what``: which value, ``seen``: the peer's, ``expected``:
-    this rank's). The waits of this call then stop, the kernel finishes (garbage) and the host raises."""
+def claim_and_report(claim_ptr, report_ptr, kind, op_code, rank, index, seen, expected, nbands):
+    """The first claimer of this call writes ``[kind, op, rank, index, seen, expected, nbands]`` into
+    the report: a wait that gave up (``STATUS_TIMEOUT``: flag index, value read, epoch awaited) or a
+    peer's value that differs from this rank's (``STATUS_MISMATCH``: which value, the peer's, this
+    rank's). Every wait of the call then stops; the host raises (``runtime.symm.check_status``)."""
     if tl.atomic_cas(claim_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
         tl.store(report_ptr + 1, op_code)
         tl.store(report_ptr + 2, rank)
-        tl.store(report_ptr + 3, what)
+        tl.store(report_ptr + 3, index)
         tl.store(report_ptr + 4, seen)
         tl.store(report_ptr + 5, expected)
-        tl.store(report_ptr + 6, 1)
-        tl.store(report_ptr, 2)  # STATUS_MISMATCH, last: the host reads word 0 first
+        tl.store(report_ptr + 6, nbands)
+        tl.store(report_ptr, kind)  # last: the host reads word 0 first
 
 
 @triton.jit

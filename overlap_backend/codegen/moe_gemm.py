@@ -46,7 +46,8 @@ import triton
 import triton.language as tl
 
 from . import launcher
-from .flags import MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, count_tile_done, report_mismatch, signal_flag, wait_flag
+from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_tile_done,
+                    signal_flag, wait_flag)
 from .tiles import grouped_tile
 
 
@@ -134,7 +135,8 @@ def gate_up_kernel(
                 # dispatch flag (epoch 0: the tuning runs, nothing communicated)
                 sent = tl.load(caps_ptr + src, volatile=True)
                 if (sent != cap) & (sent != RELEASED_VALUE):  # (released: the watchdog's message says why)
-                    report_mismatch(claim_ptr, report_ptr, OP_MOE, rank, src + MOE_CAP_FLAG_BASE, sent, cap)
+                    claim_and_report(claim_ptr, report_ptr, STATUS_MISMATCH, OP_MOE, rank, src + MOE_CAP_FLAG_BASE,
+                                     sent, cap, 1)
         slot_row = src * cap + srow - tl.load(recv_off_ptr + src)  # row of the dispatch buffer
         acc_g = tl.zeros((BM, BN), dtype=tl.float32)
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)

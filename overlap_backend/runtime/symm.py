@@ -771,7 +771,7 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
 
     kind, op, rank, flag, seen, epoch, nbands = (int(w) for w in words[:7])
     nbands = max(nbands, 1)
-    if kind == STATUS_MISMATCH and op == OP_MOE.value:
+    if kind == STATUS_MISMATCH.value and op == OP_MOE.value:
         return SymmMismatchError(
             f"overlap symm: moe_experts on rank {rank} of group {group_name!r}: rank {flag - MOE_CAP_FLAG_BASE.value} "
             f"called it with {seen} token rows (x), this rank with {epoch}. The symm lowering sizes every rank's "
