@@ -38,6 +38,10 @@ def read_flags(st):
     return out
 
 
+def say(rank, line):
+    print(f"rank {rank}: {line}", flush=True)
+
+
 def worker(rank, ws, m, k, n, transport):
     import torch
     import torch.distributed as dist
@@ -51,7 +55,6 @@ def worker(rank, ws, m, k, n, transport):
     a = torch.randn(m, k, generator=gen).to(dev, torch.bfloat16)
     b = torch.randn(k, n, generator=gen).to(dev, torch.bfloat16)
     gn = dist.group.WORLD.group_name
-    log = []
     for call in range(6):
         t0 = time.perf_counter()
         y = torch.ops.overlap.mm_ar(a, b, None, "sum", gn, "symm")
@@ -62,21 +65,26 @@ def worker(rank, ws, m, k, n, transport):
         st = symm.state(gn, dev)
         picked = {k_: v for k_, v in symm_lowering._picked.items() if k_[0] == "mm_ar"}
         if not ev.query():
-            log.append(f"call {call} (epoch {st.epoch}) STUCK after {HANG_S} s; tuned {picked}; flags {read_flags(st)}")
-            return log
+            say(rank, f"call {call} (epoch {st.epoch}) STUCK after {HANG_S} s; tuned {picked}")
+            try:
+                say(rank, f"flags {read_flags(st)}")
+            except Exception as e:  # noqa: BLE001 - a dead context says so here
+                say(rank, f"flags unreadable: {type(e).__name__}: {e}")
+            os._exit(3)  # (a stuck stream would hold the harness's teardown until the watchdog fires)
         ref = a.float() @ b.float()
         dist.all_reduce(ref)  # gloo's all_reduce takes CUDA tensors (the shared mode's group is gloo)
         err = ((y.float() - ref).norm() / ref.norm()).item()
-        log.append(f"call {call} (epoch {st.epoch}) ok in {time.perf_counter() - t0:.2f} s, rel err {err:.2e}; "
+        say(rank, f"call {call} (epoch {st.epoch}) ok in {time.perf_counter() - t0:.2f} s, rel err {err:.2e}; "
                    f"tuned {picked}; paths {dict(symm_lowering.PATHS)}")
-    return log
+    return "ok"
 
 
 def worker_safe(rank, ws, m, k, n, transport):
     try:
         return worker(rank, ws, m, k, n, transport)
     except Exception as e:  # noqa: BLE001 - the report is the point
-        return [f"{type(e).__name__}: {str(e)[:600]}"]
+        say(rank, f"{type(e).__name__}: {str(e)[:600]}")
+        return "failed"
 
 
 if __name__ == "__main__":
@@ -84,13 +92,11 @@ if __name__ == "__main__":
 
     os.environ.setdefault("OVERLAP_TIMEOUT_S", "60")
     for variant in sys.argv[1:]:
+        print("=== variant", variant, flush=True)
         parts = variant.split(",")
         m, k, n = (int(x) for x in parts[:3])
         transport = parts[3] if len(parts) > 3 else ""
         try:
-            for r, lines in enumerate(run_ranks(worker_safe, 2, "cuda", m, k, n, transport, timeout=100,
-                                                backend="nccl")):
-                for line in lines:
-                    print(variant, "rank", r, line, flush=True)
+            print(variant, run_ranks(worker_safe, 2, m, k, n, transport, timeout=60, backend="nccl"), flush=True)
         except AssertionError as e:
             print(variant, "FAILED:", [ln for ln in str(e).splitlines() if "Error" in ln or "rank" in ln][-6:], flush=True)
