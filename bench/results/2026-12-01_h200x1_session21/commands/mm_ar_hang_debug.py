@@ -3,8 +3,8 @@ rank's DONE flag of its own round-1 chunk (session 21 call 1, two ranks sharing 
 
     OVERLAP_TEST_SHARED_GPU=1 python bench/results/2026-12-01_h200x1_session21/commands/mm_ar_hang_debug.py VARIANT...
 
-Each VARIANT runs in a fresh pair of processes: ``M,K,N[,transport[,forced]]`` (forced: a FORCED block config on
-both ranks instead of each rank's tuning). Per call, every rank waits up to HANG_S for
+Each VARIANT runs in a fresh pair of processes: ``M,K,N[,transport[,forced[,reserve]]]`` (forced: a FORCED block config
+on both ranks instead of each rank's tuning; reserve: SMs the kernels' grids leave free). Per call, every rank waits up to HANG_S for
 its compute stream; when it is stuck it reads its own flag words through a stream of its own (as the watchdog
 does, before the watchdog's release at 1.25 x OVERLAP_TIMEOUT_S) and prints the words of the mm_ar protocol
 that are set: READY, RS_ARRIVED, GATHERED, DONE, COUNTERS, CLAIM, TICKET, and the kernel's report. It also
@@ -46,7 +46,7 @@ def say(rank, line):
 FORCED = {"bn256": (128, 256, 64, 8, 3, 8, False), "bn128": (128, 128, 64, 8, 4, 4, False)}
 
 
-def worker(rank, ws, m, k, n, transport, forced=""):
+def worker(rank, ws, m, k, n, transport, forced="", reserve=0):
     import torch
     import torch.distributed as dist
 
@@ -54,6 +54,14 @@ def worker(rank, ws, m, k, n, transport, forced=""):
 
     if transport:
         symm_lowering.TRANSPORT = transport
+    if reserve:  # the kernels' grids leave this many SMs free (GroupState.num_sms bounds every grid)
+        init = symm.GroupState.__init__
+
+        def reserving(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.num_sms -= reserve
+
+        symm.GroupState.__init__ = reserving
     if forced:  # both ranks use this block config (no tuning)
         symm_lowering._picked[("mm_ar", (m, n, k, "torch.bfloat16", False))] = FORCED[forced]
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -85,9 +93,9 @@ def worker(rank, ws, m, k, n, transport, forced=""):
     return "ok"
 
 
-def worker_safe(rank, ws, m, k, n, transport, forced):
+def worker_safe(rank, ws, m, k, n, transport, forced, reserve):
     try:
-        return worker(rank, ws, m, k, n, transport, forced)
+        return worker(rank, ws, m, k, n, transport, forced, reserve)
     except Exception as e:  # noqa: BLE001 - the report is the point
         say(rank, f"{type(e).__name__}: {str(e)[:600]}")
         return "failed"
@@ -103,7 +111,8 @@ if __name__ == "__main__":
         m, k, n = (int(x) for x in parts[:3])
         transport = parts[3] if len(parts) > 3 else ""
         forced = parts[4] if len(parts) > 4 else ""
+        reserve = int(parts[5]) if len(parts) > 5 else 0
         try:
-            print(variant, run_ranks(worker_safe, 2, m, k, n, transport, forced, timeout=60, backend="nccl"), flush=True)
+            print(variant, run_ranks(worker_safe, 2, m, k, n, transport, forced, reserve, timeout=60, backend="nccl"), flush=True)
         except AssertionError as e:
             print(variant, "FAILED:", [ln for ln in str(e).splitlines() if "Error" in ln or "rank" in ln][-6:], flush=True)
