@@ -1111,6 +1111,43 @@ def test_recompiles_reuse_group_state(lowering):
         print(f"{lowering} rank {rank}: (state id, data ptr, data bytes, views) per call {seen}")
 
 
+def wide_tile_rounds_worker(rank: int, ws: int, device: str):
+    """mm_ar in rounds on the copy-engine transport with the widest block config (128 x 256 tiles,
+    8 warps, 3 stages: one CTA fills an SM), forced on every rank: 3 calls against the all-reduce."""
+    import torch.distributed as dist
+
+    from overlap_backend.runtime import symm, symm_lowering
+
+    m, k, n = 2048, 128, 8192  # 2 rounds, 512 tiles: the kernel's CTAs spin on pushed partials
+    gn = dist.group.WORLD.group_name
+    symm_lowering._picked[("mm_ar", (m, n, k, "torch.bfloat16", False))] = (128, 256, 64, 8, 3, 8, False)
+    a = _randn(m, k, dtype=torch.bfloat16, device=device)
+    b = _randn(k, n, dtype=torch.bfloat16, device=device)
+    ref = _all_reduce_ref(a.float() @ b.float(), dist.group.WORLD)
+    before = symm_lowering.PATHS["mm_ar:symm"]
+    errs = []
+    for _ in range(3):
+        out = torch.ops.overlap.mm_ar(a, b, None, "sum", gn, "symm")
+        errs.append(_rel_err(out, ref))
+    torch.cuda.synchronize()
+    return errs, symm_lowering.PATHS["mm_ar:symm"] - before, symm.state(gn, a.device).num_sms
+
+
+@pytest.mark.timeout(120)
+def test_mm_ar_rounds_with_sm_filling_tiles():
+    """Ranks sharing one GPU (OVERLAP_TEST_SHARED_GPU) copy between each other's buffers with a driver
+    kernel on the SMs: with every SM held by this config's spinning CTAs the pushes never ran and both
+    ranks hung (twenty-first session), unless the grids leave symm.SHARED_DEVICE_FREE_SMS free."""
+    from overlap_backend.runtime import symm
+
+    _need_gpus(2)
+    for rank, (errs, symm_calls, sms) in enumerate(_run(wide_tile_rounds_worker, 2, timeout=100)):
+        print(f"rank {rank}: rel err per call {errs}, symm calls {symm_calls}, kernel SMs {sms}")
+        assert symm_calls == 3 and all(e < _tol(torch.bfloat16) for e in errs), (rank, errs, symm_calls)
+        props = torch.cuda.get_device_properties(0).multi_processor_count
+        assert sms == (props - symm.SHARED_DEVICE_FREE_SMS if shared_gpu() else props), (sms, props)
+
+
 def host_time_worker(rank: int, ws: int, device: str):
     """calibrate.measure_host on the symm lowering (what `torchrun -m overlap_backend.calibrate` now
     measures for symm_call_ms): the host ms per call of each probe, and the symm paths its calls took."""

@@ -390,3 +390,23 @@ def test_stream_waits_are_recorded_once_per_flag_and_only_eagerly(monkeypatch):
     st.stream_wait(symm.GRAPH_BLOCK + symm.DONE, 1, "compute")
     assert st._awaited[7] == before
 
+
+
+def test_ranks_sharing_a_gpu_leave_sms_free_for_the_drivers_copies():
+    """Two ranks on one GPU: their copies run on SMs, so every rank's kernels hold fewer (and the same
+    number on every rank, since the verdict comes from every rank's (host, boot, device))."""
+    apart = [("h", "boot", 0, None), ("h", "boot", 1, None)]
+    together = [("h", "boot", 0, None), ("h", "boot", 0, None)]
+    other_node = [("h", "boot", 0, None), ("h2", "boot2", 0, None)]
+    assert not symm.ranks_share_a_device(apart)
+    assert symm.ranks_share_a_device(together)
+    assert not symm.ranks_share_a_device(other_node)
+    try:
+        symm._shared_device["together"] = True
+        symm._shared_device["apart"] = False
+        assert symm.kernel_sms("together", 132) == 132 - symm.SHARED_DEVICE_FREE_SMS
+        assert symm.kernel_sms("apart", 132) == 132
+        assert symm.kernel_sms("never seen", 132) == 132
+    finally:
+        symm._shared_device.pop("together", None)
+        symm._shared_device.pop("apart", None)

@@ -172,6 +172,13 @@ class SymmMismatchError(SymmTimeoutError):
 # ------------------------------------------------------------------------------------ support
 _support: dict[str, str | None] = {}
 _support_lock = threading.Lock()
+# Groups where two ranks share one GPU (set by ``_agree_support``). There a device-to-device copy
+# between the ranks' buffers runs as a driver kernel on the SMs, not on a copy engine, so a
+# persistent kernel that spins on data those copies deliver must leave SMs free for them: with all
+# 132 SMs held by mm_ar's rounds kernel (8 warps, 144 KB of shared memory per CTA) the pushes never
+# ran and both ranks hung (twenty-first session); 4 SMs left free fixed it.
+_shared_device: dict[str, bool] = {}
+SHARED_DEVICE_FREE_SMS = 4
 
 
 def _local_problem() -> str | None:
@@ -210,13 +217,27 @@ def group_support(group_name: str) -> str | None:
     elif group.size() > WS_MAX:
         why = f"group of {group.size()} ranks > {WS_MAX} (one node)"
     else:
-        why = _agree_support(group)
+        why, shared = _agree_support(group)
+        _shared_device[group_name] = shared
     with _support_lock:
         _support[group_name] = why
     return why
 
 
-def _agree_support(group) -> str | None:
+def kernel_sms(group_name: str, sms: int) -> int:
+    """The SMs the group's persistent kernels may hold (their grids' bound): all ``sms`` of the
+    GPU, less ``SHARED_DEVICE_FREE_SMS`` where ranks of the group share a GPU (the same on every rank)."""
+    return sms - SHARED_DEVICE_FREE_SMS if _shared_device.get(group_name) else sms
+
+
+def ranks_share_a_device(infos) -> bool:
+    """Whether two of the ranks' ``(host, boot id, device, ...)`` name the same GPU."""
+    places = [tuple(info[:3]) for info in infos]
+    return len(set(places)) < len(places)
+
+
+def _agree_support(group) -> tuple[str | None, bool]:
+    """(why symm cannot run on ``group``, or None; whether ranks of it share a GPU)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # the passes may run under a fake mode; this needs real tensors
@@ -224,11 +245,12 @@ def _agree_support(group) -> str | None:
         device = torch.cuda.current_device() if local is None else -1
         infos = [None] * group.size()
         dist.all_gather_object(infos, (socket.gethostname(), _boot_id(), device, local), group=group)
+        shared = ranks_share_a_device(infos)
         for rank, (_, _, _, why) in enumerate(infos):
             if why is not None:
-                return f"rank {rank}: {why}"
+                return f"rank {rank}: {why}", shared
         if len({(h, b) for h, b, _, _ in infos}) > 1:
-            return "the group spans several nodes"
+            return "the group spans several nodes", shared
         no_peer = [
             info[2] for info in infos if info[2] != device and not _cuda.can_access_peer(device, info[2])
         ]
@@ -236,8 +258,8 @@ def _agree_support(group) -> str | None:
         dist.all_gather_object(verdicts, no_peer, group=group)
         for rank, bad in enumerate(verdicts):
             if bad:
-                return f"rank {rank} (cuda:{infos[rank][2]}) has no peer access to cuda:{bad}"
-    return None
+                return f"rank {rank} (cuda:{infos[rank][2]}) has no peer access to cuda:{bad}", shared
+    return None, shared
 
 
 # -------------------------------------------------------------------------------- group state
@@ -312,7 +334,7 @@ class GroupState:
         self.device = device
         self.timeout_ns = int(OverlapConfig.env_value("timeout_s") * 1e9)
         self._init_call_state()
-        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.num_sms = kernel_sms(group_name, torch.cuda.get_device_properties(device).multi_processor_count)
         self.push_stream = comm_stream(device.index, SYMM_PUSH)
         self.copy_stream = comm_stream(device.index, SYMM_COPY_OUT)
         # words 0-7: a kernel's timeout report (codegen/flags.py); STARTED / FINISHED: the epochs of
@@ -875,6 +897,7 @@ def _on_group_destroyed() -> None:
         st.release()
     for name in [g for g in _support if not _group_alive(g)]:
         _support.pop(name, None)
+        _shared_device.pop(name, None)
         _fallback.pop(name, None)
 
 
@@ -917,6 +940,7 @@ def _install_destroy_hook() -> None:
             drop_cuda_graphs()
             release_all()
             _support.clear()
+            _shared_device.clear()
             _fallback.clear()
             p2p._GROUPS.clear()
             return original(group)
