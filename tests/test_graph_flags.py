@@ -299,9 +299,11 @@ def test_a_peer_that_gave_up_stalls_the_rank_at_the_end_of_its_call(monkeypatch)
 def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypatch):
     """GroupState._overdue on rank 1 of 3: on the first report, every peer's GAVE_UP[1] = 1 and
     PEER_OK = 0, and its own GAVE_UP words copied to the status words, all before its own flags
-    are raised to RELEASED (below GAVE_UP only); later reports release again without telling."""
+    are raised to RELEASED (below GAVE_UP only, and not the tile tickets); later reports release again
+    without telling."""
     ops = []
     word = lambda p, w: p * FLAG_SPAN + 4 * w  # noqa: E731
+    release = [("set", word(1, lo), symm.RELEASED, hi - lo) for lo, hi in symm.RELEASE_SPANS]
     # the stuck call (epoch 5) waited for READY from rank 0 (raised), band 1 of rank 2's shard (still
     # at the last call's 4) and PEER_OK (1): the report names the one short flag, read before the release
     ag_word = symm.AG_ARRIVED + 2 * 2 + 1
@@ -331,7 +333,9 @@ def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypa
                    ("set", word(0, symm.GAVE_UP + 1), 1, 1), ("set", word(0, symm.PEER_OK), 0, 1),
                    ("set", word(2, symm.GAVE_UP + 1), 1, 1), ("set", word(2, symm.PEER_OK), 0, 1),
                    ("copy", st.status_ptr + 4 * symm.STATUS_GAVE_UP, word(1, symm.GAVE_UP), 4 * symm.WS_MAX),
-                   ("set", FLAG_SPAN, symm.RELEASED, symm.GAVE_UP)]
+                   *release]
+    released = {w for _, addr, _, n in release for w in range((addr - FLAG_SPAN) // 4, (addr - FLAG_SPAN) // 4 + n)}
+    assert released == set(range(symm.GAVE_UP)) - {symm.TICKET, symm.GRAPH_BLOCK + symm.TICKET}
     assert "ag_mm on rank 1" in st.stalled
     assert f"flag {ag_word} (band 1 of rank 2's shard to arrive): read 4, expected >= 5" in st.stalled, st.stalled
     assert "READY" not in st.stalled and "PEER_OK" not in st.stalled, st.stalled
@@ -344,10 +348,10 @@ def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypa
     st.stalled = None
     ops.clear()
     st._overdue("ag_mm", 2.0)
-    assert "could not be read" in st.stalled and ops[-1] == ("set", FLAG_SPAN, symm.RELEASED, symm.GAVE_UP), ops
+    assert "could not be read" in st.stalled and ops[-3:] == release, ops
     ops.clear()
     st._overdue("ag_mm", 2.05)
-    assert ops == [("set", FLAG_SPAN, symm.RELEASED, symm.GAVE_UP)]
+    assert ops == release
     st.status = [0] * symm.STATUS_WORDS
     st.status[symm.STATUS_GAVE_UP + 2] = 1
     with pytest.raises(symm.SymmTimeoutError, match=r"Rank\(s\) \[2\] had given up"):

@@ -130,6 +130,10 @@ GRAPH_RESET = (AG_ARRIVED, MOE_COUNTERS)
 PEER_OK = GRAPH_BLOCK + GRAPH_WORDS
 GAVE_UP = PEER_OK + 1  # [p]: rank p gave up a call (written by p)
 FLAG_WORDS = GAVE_UP + WS_MAX
+# What a release raises to RELEASED: every word below GAVE_UP but the tile tickets (eager and graph
+# block), which are not flags but tile numbers: a kernel drawing from RELEASED gets a negative tile
+# and addresses outside its operands (an illegal address after a release: twenty-first session).
+RELEASE_SPANS = ((0, TICKET), (TICKET + 1, GRAPH_BLOCK + TICKET), (GRAPH_BLOCK + TICKET + 1, GAVE_UP))
 STATUS_GAVE_UP = 16  # status words 16..23: a copy of GAVE_UP, made by the watchdog when it fires
 STATUS_WORDS = STATUS_GAVE_UP + WS_MAX
 
@@ -564,7 +568,8 @@ class GroupState:
                     _cuda.memset32_async(self.flag_addr(GAVE_UP + self.rank, p), 1, 1, stream)
                     _cuda.memset32_async(self.flag_addr(PEER_OK, p), 0, 1, stream)
             _cuda.copy_async(self.status_ptr + 4 * STATUS_GAVE_UP, self.flag_addr(GAVE_UP), 4 * WS_MAX, stream)
-        _cuda.memset32_async(self.flags.local, RELEASED, GAVE_UP, stream)
+        for lo, hi in RELEASE_SPANS:
+            _cuda.memset32_async(self.flags.local + 4 * lo, RELEASED, hi - lo, stream)
 
     def word(self, index: int) -> int:
         """Flag word ``index`` of the current call's block (eager, or captured: ``GRAPH_BLOCK``)."""
