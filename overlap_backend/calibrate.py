@@ -433,8 +433,8 @@ def _measure_ce(group, device, reps: int) -> float | None:
 def measure(reps: int = 20, host: bool = False) -> Calibration:
     """Measure this machine (call on every rank of the default group: collectives). Group sizes 2, 4,
     ... up to the world size, each on the first ranks (``new_group``). ``host``: also the symm ops' host
-    time per call (:func:`measure_host`; opt-in, ``--host``: its first run, two ranks sharing one H200,
-    ended in an illegal memory access that is not understood yet)."""
+    time per call (:func:`measure_host`; opt-in, ``--host``: it has run only with two ranks sharing one
+    H200, where the host times are the shared CPU's and GPU's, not a deployment's)."""
     import torch.distributed as dist
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show", action="store_true", help="print the calibration the passes would use here; measure nothing")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--host", action="store_true",
-                   help="also measure the symm ops' host time per call (symm_call_ms; not yet verified on GPUs)")
+                   help="also measure the symm ops' host time per call (symm_call_ms; run only with ranks sharing one GPU so far)")
     p.add_argument("--cache-dir", default=None, help="default: OVERLAP_CACHE_DIR, else ~/.cache/overlap_backend")
     args = p.parse_args(argv)
     cache_dir = args.cache_dir or OverlapConfig.from_env().cache_dir

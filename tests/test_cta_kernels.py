@@ -314,7 +314,7 @@ class FakeRank:
         self.g, self.data = group, object()
         self.status = (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
 
-    def ensure_data(self, nbytes):
+    def ensure_data(self, nbytes, op=""):
         self.g.ensure(nbytes)
 
     def data_view(self, dtype, shape, offset=0):

@@ -799,6 +799,59 @@ def test_symm_timeout_names_op_rank_flag():
     print(results)
 
 
+def growth_disagreement_worker(rank: int, ws: int, device: str):
+    """ag_mm called with shards of different sizes (a user error) never hangs in the data buffer's
+    growth. First call, 64 vs 96 rows per shard: both ranks need a new buffer, of different sizes:
+    both raise SymmMismatchError before anything runs, and an equal call then works. Later, 4096 rows
+    on rank 0 (it must grow) vs 64 on rank 1 (its buffer suffices: it runs): rank 0 raises
+    SymmTimeoutError after the 2 s bound naming rank 1, and tells it; rank 1's watchdog gives its call
+    up: it raises too."""
+    import time
+
+    import torch.distributed as dist
+
+    from overlap_backend.runtime import symm
+
+    group = dist.group.WORLD
+    gn = group.group_name
+    w = _randn(256, 512, dtype=torch.bfloat16, device=device)
+    call = lambda rows: torch.ops.overlap.ag_mm(  # noqa: E731
+        _randn(rows, 256, dtype=torch.bfloat16, device=device), [w], [None], 0, gn, "symm", False)
+    try:
+        call(64 if rank == 0 else 96)
+        raise AssertionError("shards of different sizes went through the growth")
+    except symm.SymmMismatchError as e:
+        first = str(e)
+    assert "data buffers of" in first and "Nothing ran" in first, first
+    shard = _randn(64, 256, dtype=torch.bfloat16, device=device)
+    out = torch.ops.overlap.ag_mm(shard, [w], [None], 0, gn, "symm", False)[1][0]
+    ref = _gather_ref(shard, 0, group).float() @ w.float()
+    err = _rel_err(out, ref)
+    assert err <= _tol(torch.bfloat16), err
+    _group_state(group, device).set_timeout(2.0)
+    dist.barrier()
+    start = time.monotonic()
+    try:
+        call(4096 if rank == 0 else 64)
+        torch.cuda.synchronize()
+        symm.check_status()
+        raise AssertionError("a call that only rank 0 grew for went through")
+    except symm.SymmTimeoutError as e:
+        second, took = str(e), time.monotonic() - start
+    # rank 1 ran its call: its watchdog gives it up (rank 0's word that it gave up may or may not be
+    # in by then: a race of ~0.7 s)
+    want = "rank(s) [1] did not come within 2 s" if rank == 0 else "ag_mm on rank 1"
+    assert want in second and took < 20, (took, second)
+    return f"equal call after the mismatch: rel err {err:.1e}; {first} | after {took:.1f} s: {second}"
+
+
+@pytest.mark.timeout(120)
+def test_symm_growth_disagreement_raises_instead_of_hanging():
+    _need_gpus(2)
+    for rank, msg in enumerate(_run(growth_disagreement_worker, 2, timeout=100)):
+        print(f"rank {rank}: {msg}")
+
+
 def test_stream_operations_fast_path():
     """The ctypes entry points of the hot stream operations load, use cuda.h's flag values, and
     do what they say on one GPU: a copy, a flag write, and a wait that a later write releases."""

@@ -191,7 +191,7 @@ def queue_mm_ar_cublas(sim, states, r, M=10):
     K, N = 4, 8
     sim.current_rank = r
     st = states[r]
-    st.ensure_data = lambda nbytes: None
+    st.ensure_data = lambda nbytes, op="": None
     st.data_view = lambda dtype, shape, offset=0: torch.zeros(shape, dtype=dtype)
     symm_lowering._mm_ar_cublas(st, torch.randn(M, K), torch.randn(K, N), None, False, graph=True)
     assert st.base == 0
@@ -414,3 +414,39 @@ def test_ranks_sharing_a_gpu_leave_sms_free_for_the_drivers_copies():
     finally:
         symm._shared_device.pop("together", None)
         symm._shared_device.pop("apart", None)
+
+
+def test_growth_agreement_names_mismatched_sizes_and_absent_ranks():
+    """ensure_data's agreement (symm.agree_through_store): every rank's size when all come; a bounded
+    wait that names the ranks that never come (their call needed no growth) instead of hanging."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    got = {}
+
+    def ask(rank, value, key="g/grow1"):
+        try:
+            got[rank] = symm.agree_through_store(store, key, rank, 3, value, timeout_s=5)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            got[rank] = e
+
+    threads = [threading.Thread(target=ask, args=(r, 1 << 20 if r != 2 else 3 << 20)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {r: [1 << 20, 1 << 20, 3 << 20] for r in range(3)}, got  # every rank sees the same list
+
+    got.clear()
+    start = time.monotonic()
+    threads = [threading.Thread(target=ask, args=(r, 1 << 20, "g/grow2")) for r in (0, 2)]  # rank 1 never comes
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 4 < time.monotonic() - start < 30
+    for r in (0, 2):
+        assert isinstance(got[r], symm.SymmTimeoutError) and "rank(s) [1] did not come within 5 s" in str(got[r]), got

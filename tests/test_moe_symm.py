@@ -451,7 +451,7 @@ class FakeState:
         self.report = torch.zeros(8, dtype=torch.int32)
         self.pushes = []
 
-    def ensure_data(self, n):
+    def ensure_data(self, n, op=""):
         assert n <= self.datas[0].numel()
 
     def data_view(self, dtype, shape, off=0):

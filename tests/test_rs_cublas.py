@@ -320,7 +320,7 @@ def test_mm_ar_cublas_path_matches_the_float32_all_reduce(ws, M, bias, reduce_op
     data = [torch.full((2 * rounds * ws * rows * N,), float("nan")) for _ in range(ws)]  # recv + gather, poisoned
     sts, local = states(ws, data, monkeypatch)
     for st, d in zip(sts, data):
-        st.ensure_data = lambda nbytes, d=d: None if nbytes <= d.numel() * 4 else pytest.fail("data buffer too small")
+        st.ensure_data = lambda nbytes, op="", d=d: None if nbytes <= d.numel() * 4 else pytest.fail("data buffer too small")
         st.data_view = lambda dtype, shape, offset=0, d=d: d.view(torch.uint8)[offset:].view(dtype)[
             : math.prod(shape)].view(shape)
     outs = run_ranks(ws, [lambda r=r: symm_lowering._mm_ar_cublas(sts[r], a[r], b[r], c[r], reduce_op == "avg")

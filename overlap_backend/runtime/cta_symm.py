@@ -598,7 +598,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         raise RuntimeError("overlap symm: cta_pipeline_mlp was captured in a CUDA graph before an eager call of this "
                            "size: run it once eagerly first (the symmetric buffers grow, collectively, outside the "
                            "capture; torch.compile's mode='reduce-overhead' warms up eagerly)")
-    st.ensure_data(need)
+    st.ensure_data(need, "cta_pipeline_mlp")
     data, flags = st.peer_tables()
     compute = torch.cuda.current_stream(x.device)
     base = symm.cta_block(graph)

@@ -254,7 +254,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     # inputs validated by the op (runtime/checks.py)
     x = _aligned(x)
     w_gate, w_up, w_down = (_aligned(w) for w in (w_gate, w_up, w_down))
-    st.ensure_data(lay["bytes"])
+    st.ensure_data(lay["bytes"], "moe_experts")
     disp = st.data_view(x.dtype, (ws * cap, h), lay["disp"])
     comb = st.data_view(x.dtype, (ws * cap, h), lay["comb"])
     send_off_d, recv_off_d = meta[: ws + 1], meta[ws + 1 : 2 * ws + 2]

@@ -325,6 +325,25 @@ def _agree(group, value, why: str | None, what: str):
     return [v for v, _ in gathered]
 
 
+def agree_through_store(store, key: str, rank: int, ws: int, value: int, timeout_s: float) -> list[int]:
+    """Every rank's ``value`` under ``key`` (one use per key), waiting at most ``timeout_s`` for them.
+    Unlike a collective, a rank that never comes does not hang the others: they raise
+    ``SymmTimeoutError`` naming it. (``ensure_data``: only the ranks whose call needs a bigger buffer
+    come, and they all do when the ranks agree on their shapes.)"""
+    from datetime import timedelta
+
+    keys = [f"{key}/{r}" for r in range(ws)]
+    store.set(keys[rank], str(value))
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except RuntimeError as e:  # DistStoreError (a RuntimeError) on timeout
+        missing = [r for r in range(ws) if not store.check([keys[r]])]
+        if not missing:
+            raise
+        raise SymmTimeoutError(f"rank(s) {missing} did not come within {timeout_s:g} s ({e})") from None
+    return [int(store.get(k)) for k in keys]
+
+
 class GroupState:
     """Symmetric buffers, flags, status word, streams and epoch of one process group."""
 
@@ -347,6 +366,12 @@ class GroupState:
         self.status_ptr = _cuda.host_alloc_mapped(4 * STATUS_WORDS)
         self.status = (ctypes.c_int32 * STATUS_WORDS).from_address(self.status_ptr)
         self.flags = _Mapped(self.group, 4 * FLAG_WORDS)
+        # where the ranks agree on growing the data buffer (ensure_data): a key space of this state
+        # alone (a later state of the same group, on the same store, must not read this one's keys)
+        import uuid
+
+        token = _agree(self.group, uuid.uuid4().hex if self.rank == 0 else None, None, "set-up")[0]
+        self._store_prefix = f"overlap_symm/{group_name}/{token}"
         _cuda.memset(self.flags.local + 4 * PEER_OK, 1, 1)  # (the word was 0: its low byte makes it 1)
         torch.cuda.synchronize(device)  # before any stream waits for it (set-up is eager, never captured)
         self.data: _Mapped | None = None
@@ -377,6 +402,7 @@ class GroupState:
     def _init_call_state(self) -> None:
         """The host-side bookkeeping of the calls (no CUDA resource): ``__init__``'s and ``host_only``'s."""
         self.epoch = 0
+        self._growths = 0  # data buffer growths agreed so far (ensure_data's store keys)
         self.base = 0  # first word of the current call's flag block: 0, or GRAPH_BLOCK while capturing
         self.value = 0  # what the current call raises its flags to and waits for: the epoch, or 1 captured
         self.graph_pinned = False  # a call was captured: its data buffer must never be freed or moved
@@ -449,11 +475,12 @@ class GroupState:
         return self._peer_tables
 
     # -------------------------------------------------------------------------- buffer lifetime
-    def ensure_data(self, nbytes: int) -> None:
-        """Grow the data buffer to at least ``nbytes`` (collective: every rank asks for the same size,
-        since sizes follow from shapes)."""
+    def ensure_data(self, nbytes: int, op: str = "a symm op") -> None:
+        """Grow the data buffer to at least ``nbytes`` for a call of ``op`` (collective: every rank asks
+        for the same size, since sizes follow from shapes; ``_agree_to_grow`` checks that first)."""
         if self.data is not None and self.data.nbytes >= nbytes:
             return
+        self._agree_to_grow(nbytes, op)
         size = max(nbytes, 2 * self.data.nbytes if self.data is not None else 0, 1 << 20)
         size = -(-size // (2 << 20)) * (2 << 20)
         if self.data is not None:
@@ -473,6 +500,42 @@ class GroupState:
                 old.free_local()
         self.data = _Mapped(self.group, size)
         log.info("overlap symm: group %s rank %d data buffer %d MiB", self.group_name, self.rank, size >> 20)
+
+    def _agree_to_grow(self, nbytes: int, op: str) -> None:
+        """Before growing (collectively): every rank asks for the same ``nbytes``, through the store,
+        bounded by the timeout. Ranks that called with shapes needing different sizes raise
+        ``SymmMismatchError`` here, all of them, before anything runs (the group stays usable). A rank
+        whose call needs no growth does not come: the ranks that wait for it raise
+        ``SymmTimeoutError`` and give the group up (telling the peers, whose call waits for theirs),
+        instead of hanging in the growth's collective."""
+        self.check_status()
+        self._growths += 1
+        what = f"overlap symm: {op}"
+        try:
+            store = dist.distributed_c10d._get_process_group_store(self.group)
+        except Exception:  # noqa: BLE001 - (older torch) the default store; keys name the group
+            store = dist.distributed_c10d._get_default_store()
+        try:
+            asked = agree_through_store(store, f"{self._store_prefix}/grow{self._growths}", self.rank, self.ws,
+                                        nbytes, self.timeout_ns / 1e9)
+        except SymmTimeoutError as e:
+            self.stalled = (
+                f"{what} on rank {self.rank} of group {self.group_name!r} needs a bigger data buffer ({nbytes} bytes), "
+                f"and {e}, which every rank that needs one does: those ranks called the op with shapes that need "
+                "less (they must be the same on every rank), or died. The group is unusable."
+            )
+            log.error("%s", self.stalled)
+            try:
+                _cuda.make_primary_context_current(self.device.index)
+                self._release_flags(tell_peers=True)  # the peers' call waits for this rank's flags
+            except Exception as release_error:  # noqa: BLE001 - the error below says what matters
+                log.warning("overlap symm: telling the peers failed: %s", release_error)
+            raise SymmTimeoutError(self.stalled) from None
+        if len(set(asked)) > 1:
+            raise SymmMismatchError(
+                f"{what} on rank {self.rank} of group {self.group_name!r}: the ranks need data buffers of "
+                f"{asked} bytes (by rank): they called the op with different shapes, which must be the same on "
+                "every rank. Nothing ran; the group is still usable.")
 
     def release(self) -> None:
         watchdog.unwatch(self._watched)

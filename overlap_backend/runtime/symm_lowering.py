@@ -276,7 +276,7 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
         return _p2p("ag_mm", why, group_name, *args)
     PATHS["ag_mm:symm"] += 1
     PATHS[f"ag_mm:symm:{gemm}"] += 1
-    st.ensure_data(ws * chunk_bytes)
+    st.ensure_data(ws * chunk_bytes, "ag_mm")
     buf = st.data_view(shard.dtype, (ws, rows, K))
     shard2d = shard.view(rows, K)
     weights = [_weight(w) for w in weights]
@@ -482,7 +482,7 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     N = b.shape[1]
     rows = outer * run
     chunk_bytes = rows * N * a.element_size()
-    st.ensure_data(ws * chunk_bytes)
+    st.ensure_data(ws * chunk_bytes, "mm_rs")
     recv = st.data_view(a.dtype, (ws * rows, N))
     base = symm.GRAPH_BLOCK if graph else 0
     average = reduce_op == "avg"
@@ -720,7 +720,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     rounds, rows = _mm_ar_rounds_layout(M, ws)
     slot_bytes = rows * N * es
     region = rounds * ws * slot_bytes
-    st.ensure_data(2 * region)
+    st.ensure_data(2 * region, "mm_ar")
     recv = st.data_view(a.dtype, (rounds * ws * rows, N))
     gather = st.data_view(a.dtype, (rounds * ws * rows, N), region)
     peer = _peer_args(st, region) if TRANSPORT == "peer" and not graph else None
@@ -807,7 +807,7 @@ def _mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
     rows = -(-M // (rounds * ws))
     slot_bytes, row_bytes = rows * N * es, N * es
     region = rounds * ws * slot_bytes
-    st.ensure_data(2 * region)
+    st.ensure_data(2 * region, "mm_ar")
     recv = st.data_view(a.dtype, (rounds * ws * rows, N))
     gather_base = st.data_addr(r, region)
     stage = a.new_empty((rounds * ws * rows, N))
@@ -870,7 +870,7 @@ def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=(), graph=Fals
     base = symm.GRAPH_BLOCK if graph else 0
     partial = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
     nbytes = M * N * a.element_size()
-    st.ensure_data(ws * nbytes)
+    st.ensure_data(ws * nbytes, "mm_ar")
     recv = st.data_view(a.dtype, (ws * M, N))
     out = a.new_empty((M, N), dtype=_epilogue.out_dtype(g.spec, a.dtype) if g is not None else a.dtype)
     ep_ptrs = _ep_pointers(g, epilogue_args)
