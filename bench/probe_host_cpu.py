@@ -74,7 +74,7 @@ def mocked(ws: int, rank: int = 0):
         n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         return backing[offset_bytes:offset_bytes + n].view(dtype).view(shape)
 
-    st.data_view, st.ensure_data = data_view, lambda nbytes: None
+    st.data_view, st.ensure_data = data_view, lambda nbytes, op="": None
     compute = _Stream(counts)
     patch(torch.cuda, "current_stream", lambda device=None: compute)
     patch(symm_lowering, "_state", lambda group_name, device, graph: (st, None))
