@@ -319,14 +319,15 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
                 symm.MOE_ARRIVED + r, to_d)
     side = st.copy_stream
     with _on(side):
-        # this rank's own rows into its own slot, then its arrival flag (its gate/up tiles come first)
-        if x.is_cuda:  # copy engine: the GEMM kernels may hold every SM while they wait for this
+        # this rank's own rows into its own slot, then its arrival flag
+        if x.is_cuda:
             if send_splits[r]:
                 _cuda.memcpy_async(disp.data_ptr() + r * cap * row_bytes, x.data_ptr() + send_off[r] * row_bytes,
                                    send_splits[r] * row_bytes, side)
         else:
             disp[r * cap : r * cap + send_splits[r]].copy_(x[send_off[r] : send_off[r + 1]])
         _raise_local(st, base + symm.MOE_ARRIVED + r, epoch, side)
+        own_copied = _record(side)
         # received rows no grouped row points at are 0: zero the staging rows and own output rows
         stage.zero_()
         out[send_off[r] : send_off[r + 1]].zero_()
@@ -340,6 +341,12 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         with _on(comm):
             launch_comm(epoch)
     for i, phase in enumerate(gemm_phases):
+        if i == 0 and phase[2] <= ws - 1 < phase[3]:
+            # A copy within one GPU runs as a kernel on the SMs, not on a copy engine
+            # (bench/probe_copy_sms.py): a gate/up kernel holding every SM while it waits for the own rows
+            # could keep that copy from ever starting. So a first launch that takes the own rows waits
+            # for them on the stream; later launches come after `zeroed` below.
+            _wait(compute, own_copied)
         gate_up(cfg_a, epoch, phase)
         if i == 0:
             _wait(compute, zeroed)
