@@ -8,7 +8,8 @@ the ``symm`` runtime pushes with) and behind it ``cuStreamWriteValue32`` of the 
 engine, the flag rises while the kernel spins and the kernel ends at once; if the driver runs it as a kernel on
 the SMs, it cannot start, the spinners give up after ``--timeout-s`` and the flag comes too late. Per copy kind:
 device to device (same device, same process), device to pinned host, pinned host to device, and no copy (the
-stream write alone). Prints one JSON line per case: whether the spinners saw the flag, how long they ran, and
+stream write alone), and device to device by ``cuMemcpyBatchAsync`` with the hint that the copy should overlap
+compute (``d2d_prefer_ce``). Prints one JSON line per case: whether the spinners saw the flag, how long they ran, and
 how far apart their starts were (all resident: the SMs' thread slots were full).
 """
 
@@ -43,6 +44,26 @@ def spin_kernel(flag_ptr, seen_ptr, start_ptr, timeout_ns):
     tl.store(start_ptr + tl.program_id(0), start)
 
 
+def memcpy_prefer_ce(dst: int, src: int, nbytes: int, stream, hints: bool) -> None:
+    """``cuMemcpyBatchAsync`` of one copy with ``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`` (a hint
+    that the copy should run beside compute work, i.e. on a copy engine; CUDA 12.8+), in stream order.
+    ``hints``: also name the device as the source's and destination's location."""
+    from cuda.bindings import driver
+
+    attrs = driver.CUmemcpyAttributes()
+    attrs.srcAccessOrder = driver.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    attrs.flags = driver.CUmemcpyFlags.CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
+    if hints:
+        for loc in (attrs.srcLocHint, attrs.dstLocHint):
+            loc.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            loc.id = torch.cuda.current_device()
+    out = driver.cuMemcpyBatchAsync([driver.CUdeviceptr(dst)], [driver.CUdeviceptr(src)], [nbytes], 1, [attrs], [0], 1,
+                                    driver.CUstream(stream.cuda_stream))
+    rc = out[0] if isinstance(out, tuple) else out
+    if rc != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuMemcpyBatchAsync: {out}")
+
+
 def case(kind: str, nbytes: int, timeout_s: float, free_sms: int) -> dict:
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -50,8 +71,9 @@ def case(kind: str, nbytes: int, timeout_s: float, free_sms: int) -> dict:
     flag = torch.zeros(1, dtype=torch.int32, device=dev)
     seen = torch.full((grid,), -1, dtype=torch.int32, device=dev)
     starts = torch.zeros(grid, dtype=torch.int64, device=dev)
-    src = torch.randn(nbytes // 4, device=dev) if kind in ("d2d", "d2h") else torch.randn(nbytes // 4).pin_memory()
-    dst = (torch.empty_like(src, device=dev) if kind in ("d2d", "h2d")
+    on_dev = kind.startswith("d2d") or kind == "d2h"
+    src = torch.randn(nbytes // 4, device=dev) if on_dev else torch.randn(nbytes // 4).pin_memory()
+    dst = (torch.empty_like(src, device=dev) if kind.startswith("d2d") or kind == "h2d"
            else torch.empty(nbytes // 4, pin_memory=True))
     spinner, other = torch.cuda.Stream(), torch.cuda.Stream()
     torch.cuda.synchronize()
@@ -61,7 +83,9 @@ def case(kind: str, nbytes: int, timeout_s: float, free_sms: int) -> dict:
         done = torch.cuda.Event()
         done.record()
     time.sleep(0.05)  # the spinners are resident before the copy is queued
-    if kind != "none":
+    if kind.startswith("d2d_prefer_ce"):
+        memcpy_prefer_ce(dst.data_ptr(), src.data_ptr(), nbytes, other, hints=kind.endswith("hints"))
+    elif kind != "none":
         _cuda.memcpy_async(dst.data_ptr(), src.data_ptr(), nbytes, other)
     _cuda.write_value32(flag.data_ptr(), 1, other)
     done.synchronize()
@@ -79,11 +103,17 @@ def main() -> None:
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--timeout-s", type=float, default=2.0)
     p.add_argument("--free", default="0,4", help="SMs the spinners leave without CTAs, comma-separated")
+    p.add_argument("--kinds", default="none,d2d,d2h,h2d,d2d_prefer_ce,d2d_prefer_ce_hints",
+                   help="d2d_prefer_ce[_hints]: device to device by cuMemcpyBatchAsync, preferring overlap with compute")
     args = p.parse_args()
     print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)))
     for free in (int(f) for f in args.free.split(",")):
-        for kind in ("none", "d2d", "d2h", "h2d"):
-            print(json.dumps(case(kind, args.mib << 20, args.timeout_s, free)), flush=True)
+        for kind in args.kinds.split(","):
+            try:
+                print(json.dumps(case(kind, args.mib << 20, args.timeout_s, free)), flush=True)
+            except Exception as e:  # noqa: BLE001 - a refused API is a result too
+                print(json.dumps(dict(kind=kind, free_sms=free, error=f"{type(e).__name__}: {e}")), flush=True)
+                torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
