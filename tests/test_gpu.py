@@ -247,13 +247,16 @@ def _use_lowering(lowering: str) -> str:
     ``symm-kernel`` ``symm`` with mm_rs on the Triton producer kernel instead of cuBLAS,
     ``symm-agcublas`` ``symm`` with ag_mm on cuBLAS per chunk instead of the consumer kernel,
     ``symm-rstma`` ``symm`` with mm_rs on the producer kernel's TMA variant where it applies,
-    ``symm-perpeer`` ``symm`` with the pushes to each peer on a stream of their own."""
+    ``symm-perpeer`` ``symm`` with the pushes to each peer on a stream of their own,
+    ``symm-arcopy`` ``symm`` with mm_ar's rounds kernel copying the peers' reduced bands into its
+    output itself (copy tiles) instead of the host's copies."""
     from overlap_backend.runtime import symm, symm_lowering
 
     symm.PUSH_STREAM_PER_PEER = lowering == "symm-perpeer"
     symm_lowering.TRANSPORT = "peer" if lowering == "symm-peer" else "ce"
     symm_lowering.MM_RS_GEMM = "triton" if lowering in ("symm-kernel", "symm-rstma") else "cublas"
     symm_lowering.RS_TMA = "only" if lowering == "symm-rstma" else False
+    symm_lowering.AR_KERNEL_COPY_OUT = lowering == "symm-arcopy"
     if lowering == "symm-agcublas":  # every ag_mm without a generated epilogue on its cuBLAS path
         symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N = "cublas", 0
     return "symm" if lowering.startswith("symm") else lowering
@@ -573,8 +576,9 @@ LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm"])
 # symm-agcublas: ag_mm on cuBLAS per chunk (symm_lowering.AG_MM_GEMM) instead of the consumer kernel
 # symm-rstma: mm_rs on the producer kernel's TMA variant (symm_lowering.RS_TMA) where it applies
 # symm-perpeer: pushes to each peer on a stream of their own (symm.PUSH_STREAM_PER_PEER; ws > 2)
+# symm-arcopy: mm_ar's rounds kernel copies the peers' reduced bands into out (symm_lowering.AR_KERNEL_COPY_OUT)
 OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", "symm-kernel", "symm-agcublas",
-                                                    "symm-rstma", "symm-perpeer"])
+                                                    "symm-rstma", "symm-perpeer", "symm-arcopy"])
 
 
 @OP_LOWERINGS

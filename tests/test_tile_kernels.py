@@ -188,42 +188,110 @@ def test_mm_rs_random_shapes(ws, data):
 
 
 # ------------------------------------------------------------------------------------ mm_ar
-@pytest.mark.parametrize("ws,r,M,rounds", [(3, 2, 90, 2), (2, 0, 64, 3), (4, 1, 13, 1), (2, 1, 150, 2)])
-def test_mm_ar_rounds_reduce_and_gather_own_chunks(ws, r, M, rounds):
+def _run_mm_ar(ws, r, M, rounds, copy_out=False, late=None):
+    """Rank r's mm_ar rounds kernel with every peer's partial in ``recv``; with ``copy_out`` the peers'
+    reduced chunks are in the gather region already (their gathered flags raised, but ``late``: a
+    (slot, band) whose flag is one epoch behind). Returns (out, gather, ref, own row mask, done,
+    counters, status, nb)."""
     K, N = 32, 24
     rows = -(-M // (rounds * ws))
     padded = rounds * ws * rows
     A = [torch.randn(M, K) for _ in range(ws)]
     B = torch.randn(K, N)
     C = [torch.cat([a @ B, torch.zeros(padded - M, N)]) for a in A]
+    ref = sum(C)
     recv = torch.full((padded, N), float("nan"))
+    gather = torch.full((padded, N), float("nan"))
+    nb = -(-rows // BAND)
+    gathered = torch.zeros(rounds * ws * nb, dtype=torch.int32)
     for rnd in range(rounds):
         for p in range(ws):
             if p != r:
                 src = (rnd * ws + r) * rows
                 recv[(rnd * ws + p) * rows:(rnd * ws + p + 1) * rows] = C[p][src:src + rows]
-    gather = torch.full((padded, N), float("nan"))
+                slot = rnd * ws + p  # peer p's reduced chunk of this round, as its push leaves it
+                gather[slot * rows:(slot + 1) * rows] = ref[slot * rows:(slot + 1) * rows]
+                gathered[slot * nb:(slot + 1) * nb] = EPOCH
+    if late is not None:
+        gathered[late[0] * nb + late[1]] = EPOCH - 1
     out = torch.full((M, N), float("nan"))
-    nb = -(-rows // BAND)
     counters = torch.zeros(rounds * ws * nb, dtype=torch.int32)
     done = torch.zeros(rounds * ws * nb, dtype=torch.int32)
     status = _status()
     mm_rs.launch(A[r], B, None, torch.empty(padded, N), recv, gather, out, counters, done,
                  torch.full((rounds * ws * nb,), EPOCH, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), EPOCH,
-                 status, 10**6,
-                 r, ws, rows, rows, rounds, ws * rows, r * rows, False, BAND, CFG, 4, timed=False)
-    ref = sum(C)
-    assert status[1][0] == 0
+                 status, 30_000 if late is not None else 10**6,
+                 r, ws, rows, rows, rounds, ws * rows, r * rows, False, BAND, CFG, 4, timed=False,
+                 gathered=gathered if copy_out else None)
     own_rows = torch.zeros(M, dtype=torch.bool)
     for rnd in range(rounds):
         lo = (rnd * ws + r) * rows
+        own_rows[lo:min(lo + rows, M)] = True
+    return out, gather, ref, own_rows, done, counters, status, nb
+
+
+@pytest.mark.parametrize("ws,r,M,rounds", [(3, 2, 90, 2), (2, 0, 64, 3), (4, 1, 13, 1), (2, 1, 150, 2)])
+def test_mm_ar_rounds_reduce_and_gather_own_chunks(ws, r, M, rounds):
+    out, gather, ref, own_rows, done, counters, status, nb = _run_mm_ar(ws, r, M, rounds)
+    assert status[1][0] == 0
+    rows = -(-M // (rounds * ws))
+    for rnd in range(rounds):
+        lo = (rnd * ws + r) * rows
         hi = min(lo + rows, M)
-        own_rows[lo:hi] = True
         torch.testing.assert_close(gather[lo:lo + rows][: max(hi - lo, 0)], ref[lo:hi], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(out[own_rows], ref[:M][own_rows], atol=1e-4, rtol=1e-4)
     assert torch.isnan(out[~own_rows]).all(), "other ranks' rows arrive by copy, not from this kernel"
     assert done.tolist() == [EPOCH] * (rounds * ws * nb), "every band, own included (all-gather), is signalled"
     assert counters.tolist() == [0] * (rounds * ws * nb)
+
+
+@pytest.mark.parametrize("ws,r,M,rounds", [(3, 2, 90, 2), (2, 0, 64, 3), (4, 1, 13, 1), (2, 1, 150, 2), (2, 0, 40, 1)])
+def test_mm_ar_copy_tiles_bring_the_peers_chunks_into_out(ws, r, M, rounds):
+    """COPY_OUT: the kernel's copy tiles copy every peer's gathered chunk into ``out`` (rows past M
+    left out), so the whole output is the all-reduce; the GEMM tiles' counting is unchanged."""
+    out, _, ref, _, done, counters, status, nb = _run_mm_ar(ws, r, M, rounds, copy_out=True)
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref[:M], atol=1e-4, rtol=1e-4)
+    assert done.tolist() == [EPOCH] * (rounds * ws * nb) and counters.tolist() == [0] * (rounds * ws * nb)
+
+
+@pytest.mark.parametrize("tiles,copies,rounds", [(6, 4, 3), (4, 2, 1), (3, 3, 2)])
+def test_copy_out_order_puts_each_rounds_copies_after_the_next_rounds_gemm(tiles, copies, rounds):
+    """The ticket order of COPY_OUT: every GEMM and copy index exactly once; round t's copy tiles after
+    round t + 1's GEMM tiles (the last round's at the end)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def order_kernel(kinds_ptr, index_ptr, gemm_per_round, copy_per_round, rounds):
+        t = tl.program_id(0)
+        is_copy, index = mm_rs._copy_out_order(t, gemm_per_round, copy_per_round, rounds)
+        tl.store(kinds_ptr + t, is_copy.to(tl.int32))
+        tl.store(index_ptr + t, index)
+
+    n = rounds * (tiles + copies)
+    kinds, index = torch.full((n,), -1, dtype=torch.int32), torch.full((n,), -1, dtype=torch.int32)
+    order_kernel[(n,)](kinds, index, tiles, copies, rounds)
+    seq = [("copy" if k else "gemm", i) for k, i in zip(kinds.tolist(), index.tolist())]
+    want = [("gemm", i) for i in range(tiles)]
+    for t in range(1, rounds):
+        want += [("gemm", t * tiles + i) for i in range(tiles)] + [("copy", (t - 1) * copies + i) for i in range(copies)]
+    want += [("copy", (rounds - 1) * copies + i) for i in range(copies)]
+    assert seq == want
+
+
+def test_mm_ar_copy_tile_wait_gives_up_and_reports():
+    """A peer's reduced band that never arrives: the copy tile's bounded wait reports it (flag
+    GATHER_FLAG_BASE + index), named as the host will describe it."""
+    ws, r, M, rounds = 2, 0, 128, 2  # chunks of 32 rows: two bands
+    slot, band = 1 * ws + 1, 1  # rank 1's reduced rows of round 1, second band
+    out, _, ref, _, _, _, status, nb = _run_mm_ar(ws, r, M, rounds, copy_out=True, late=(slot, band))
+    claim, report = status
+    flag = slot * nb + band
+    assert claim.item() == 1 and report.tolist()[:7] == [1, 3, r, 2000 + flag, EPOCH - 1, EPOCH, nb], report
+    err = status_error(report.tolist(), "", 2.0)
+    assert isinstance(err, SymmTimeoutError) and "mm_ar on rank 0" in str(err)
+    assert f"band {band} of gathered slot {slot} to arrive" in str(err), str(err)
 
 
 @pytest.mark.parametrize("average", [False, True])

@@ -31,6 +31,7 @@ OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)", 5: "moe_e
 MOE_DONE_FLAG_BASE = tl.constexpr(100)  # moe_experts status flag 100 + pos: the local wait for source pos's tiles
 MOE_RETURN_FLAG_BASE = tl.constexpr(200)  # moe_experts status flag 200 + d: the wait for rank d's results
 READY_FLAG_BASE = tl.constexpr(1000)  # status flag index 1000 + p: the wait for rank p's READY
+GATHER_FLAG_BASE = tl.constexpr(2000)  # mm_ar status flag 2000 + i: a copy tile's wait for gathered band i
 MOE_CAP_FLAG_BASE = tl.constexpr(300)  # moe_experts status flag 300 + s: rank s's row count differs (a mismatch)
 # status word 0: what the report is (a wait gave up, or a peer's value differs from this rank's)
 STATUS_TIMEOUT, STATUS_MISMATCH = tl.constexpr(1), tl.constexpr(2)

@@ -27,6 +27,11 @@ its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY
 tile of a band raises the owner's flag itself (system-scope release); with ``WRITE_GATHER`` the
 reduced tiles go into every peer's gather buffer the same way. No staging, no host-issued copies.
 
+``COPY_OUT`` (``mm_ar``): the peers' reduced bands, once in this rank's gather region (their flags
+raised), are copied into ``out`` by copy tiles of this kernel, round t's after round t+1's GEMM tiles,
+instead of by the host's copies: a copy within one GPU runs on the SMs, so those waited for the
+kernel's last tile (twenty-first session).
+
 Tiles are handed out in that order by an atomic counter (not by CTA index): a CTA that is not
 resident (SMs busy with other work) then holds no tile that a peer's spinning CTA depends on, so
 waits across GPUs cannot form a cycle. The CTA that draws the last ticket resets the counter.
@@ -41,7 +46,7 @@ import triton.language as tl
 
 from . import launcher
 from .epilogue import epilogue_fn
-from .flags import (OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, bulk_stores_done, count_tile_done, count_tile_done_to_peers,
+from .flags import (GATHER_FLAG_BASE, OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, bulk_stores_done, count_tile_done, count_tile_done_to_peers,
                     count_tiles_done, fence_proxy_async, wait_flag)
 from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, mainloop, store_rows
 
@@ -49,16 +54,19 @@ from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, 
 @triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
 def mm_rs_kernel(
     a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
-    counters_ptr, done_ptr, recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+    counters_ptr, done_ptr, recv_flags_ptr, tile_ticket_ptr, gathered_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out_rows, band_rows, nbands,
     peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3,
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr = False,
-    INTERPRET: tl.constexpr = False,
+    INTERPRET: tl.constexpr = False, COPY_OUT: tl.constexpr = False,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_per_chunk = tl.cdiv(rows, BM) * tl.cdiv(N, BN)
+    # COPY_OUT (mm_ar): the peers' reduced chunks, once in this rank's gather region, are copied into
+    # ``out`` by copy tiles of this kernel, round t's after round t+1's GEMM tiles (see _copy_out_order)
+    copy_per_round = (WS - 1) * tiles_per_chunk if COPY_OUT else 0
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
     if TMA:  # one round, contiguous chunks, BM divides them (launch): tiles never straddle two
@@ -76,7 +84,7 @@ def mm_rs_kernel(
     pending_tiles = 0  # tiles in that band
     waited = -1  # this CTA has seen every peer's partial of (round, band) keys <= waited
     ready_seen = 0  # PEER_STORE: bit p set once rank p's READY was seen by this CTA
-    num_tiles = rounds * WS * tiles_per_chunk
+    num_tiles = rounds * (WS * tiles_per_chunk + copy_per_round)
     tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     # The ticket loop as a ``for`` over the even share of tiles (+1), then a ``while`` for what programs
     # that started late left: the same draws, but Triton 3.6 compiles a tile loop in a ``for`` better
@@ -88,8 +96,10 @@ def mm_rs_kernel(
                 out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
                 epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
                 out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr,
-                ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK,
-                GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP)
+                ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
+                copy_per_round, EPILOGUE, WS, BM, BN, BK,
+                GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
+                COPY_OUT)
             tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     while tile < num_tiles:
         waited, ready_seen, pending, pending_n, pending_tiles = _rs_tile(
@@ -97,8 +107,10 @@ def mm_rs_kernel(
             out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
             epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
             out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr,
-            ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK,
-            GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP)
+            ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
+            copy_per_round, EPILOGUE, WS, BM, BN, BK,
+            GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
+            COPY_OUT)
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if TMA:
         if pending >= 0:
@@ -114,14 +126,102 @@ def _rs_tile(
     counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, N, K, rows, run, out_round_stride, out_offset, out_rows, nbands, band_rows,
     peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word, ag_flag_word,
+    ep0, ep1, ep2, ep3, gathered_ptr, rounds, copy_per_round,
+    EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
+    OP: tl.constexpr, COPY_OUT: tl.constexpr,
+):
+    """The work of ticket ``tile``: a GEMM tile (``_gemm_tile``), or with ``COPY_OUT`` a copy tile
+    (``_copy_tile``), in ``_copy_out_order``. Returns the CTA's carried state."""
+    if COPY_OUT:
+        gemm_per_round = WS * tl.cdiv(rows, BM) * tl.cdiv(N, BN)
+        is_copy, index = _copy_out_order(tile, gemm_per_round, copy_per_round, rounds)
+        if is_copy:
+            _copy_tile(index, gather_ptr, out_ptr, gathered_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, N,
+                       rows, out_round_stride, out_rows, nbands, band_rows, WS, BM, BN, GROUP_M, TIMED, OP)
+        else:
+            waited, ready_seen, pending, pending_n, pending_tiles = _gemm_tile(
+                index, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
+                out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
+                epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
+                out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word,
+                ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
+                WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP)
+    else:
+        waited, ready_seen, pending, pending_n, pending_tiles = _gemm_tile(
+            tile, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
+            out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
+            epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
+            out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word,
+            ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
+            WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP)
+    return waited, ready_seen, pending, pending_n, pending_tiles
+
+
+@triton.jit
+def _copy_out_order(tile, gemm_per_round, copy_per_round, rounds):
+    """(whether ticket ``tile`` is a copy tile, its index among the GEMM tiles or among the copy tiles).
+    Order: GEMM tiles of round 0 | GEMM tiles of round 1, copy tiles of round 0 | ... | GEMM tiles of the
+    last round, copy tiles of the one before | copy tiles of the last round. A round's copy tiles wait for
+    the peers' reduced chunks of that round, which needed this rank's partials of it (earlier tickets
+    on every rank): no wait depends on a later ticket, so waits across GPUs form no cycle."""
+    span = gemm_per_round + copy_per_round
+    after = tile - gemm_per_round  # tickets after round 0's GEMM tiles (negative: one of those)
+    t = tl.maximum(after, 0) // span + 1  # which (GEMM round t, copy round t - 1) span; rounds: the last copies
+    within = tl.maximum(after, 0) - (t - 1) * span
+    last = t >= rounds
+    is_copy = (after >= 0) & (last | (within >= gemm_per_round))
+    index = tl.where(after < 0, tile,
+                     tl.where(last, (rounds - 1) * copy_per_round + within,
+                              tl.where(within >= gemm_per_round, (t - 1) * copy_per_round + within - gemm_per_round,
+                                       t * gemm_per_round + within)))
+    return is_copy, index
+
+
+@triton.jit
+def _copy_tile(j, gather_ptr, out_ptr, gathered_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, N, rows,
+               out_round_stride, out_rows, nbands, band_rows, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               GROUP_M: tl.constexpr, TIMED: tl.constexpr, OP: tl.constexpr):
+    """Copy tile ``j``: one [BM, BN] tile of a peer's reduced chunk, out of this rank's gather region
+    into ``out``, once that band's gathered flag is raised (rank+1's chunks first: the order they are
+    pushed in). On the SMs, so it overlaps the GEMM (a copy within one GPU runs on the SMs anyway:
+    as a driver kernel queued beside this one it waited for it to finish)."""
+    tiles_m = tl.cdiv(rows, BM)
+    tiles_n = tl.cdiv(N, BN)
+    tiles_per_chunk = tiles_m * tiles_n
+    per_round = (WS - 1) * tiles_per_chunk
+    rnd = j // per_round
+    k = j % per_round
+    q = (rank + 1 + k // tiles_per_chunk) % WS
+    pid_m, pid_n = grouped_tile(k % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
+    slot = rnd * WS + q
+    flag = slot * nbands + pid_m // (band_rows // BM)
+    wait_flag(gathered_ptr + flag, epoch, claim_ptr, report_ptr, OP, rank, flag + GATHER_FLAG_BASE, nbands,
+              timeout_ns, TIMED)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    in_chunk = offs_m < rows
+    part = load_rows(gather_ptr, slot * rows + offs_m, in_chunk, offs_n, N, N)
+    out_row = rnd * out_round_stride + q * rows + offs_m
+    store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, part)
+
+
+@triton.jit
+def _gemm_tile(
+    tile, waited, ready_seen, pending, pending_n, pending_tiles,
+    a_desc, b_desc, stage_desc, recv_desc, out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
+    counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+    rank, N, K, rows, run, out_round_stride, out_offset, out_rows, nbands, band_rows,
+    peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word, ag_flag_word,
     ep0, ep1, ep2, ep3,
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
     OP: tl.constexpr,
 ):
-    """One tile of ``mm_rs_kernel`` (its number drawn from the ticket): the main loop, then either the
-    staged / peer-stored remote tile (counted) or the own tile reduced with the peers' partials.
+    """GEMM tile ``tile`` of ``mm_rs_kernel``: the main loop, then either the staged / peer-stored
+    remote tile (counted) or the own tile reduced with the peers' partials.
     Returns the CTA's carried state: (waited, ready_seen, pending, pending_n, pending_tiles)."""
     tiles_m = tl.cdiv(rows, BM)
     tiles_n = tl.cdiv(N, BN)
@@ -244,7 +344,7 @@ def tma_ok(rows: int, run: int, rounds: int, BM: int, write_gather: bool, peer_s
 
 def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns,
            rank, ws, rows, run, rounds, out_round_stride, out_offset, average, band_rows, config, num_sms,
-           timed=True, peer=None, epilogue=None, ep_ptrs=()):
+           timed=True, peer=None, epilogue=None, ep_ptrs=(), gathered=None):
     """See the module docstring. ``stage``/``recv``/``gather``: [rounds * ws * rows, N];
     ``counters``/``done``/``recv_flags``: rounds * ws * nbands int32 each (nbands = rows / band_rows
     rounded up; ``band_rows`` % BM == 0); ``ticket``: one int32 (0 between
@@ -254,6 +354,10 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     ``data`` / ``flags`` (int64 tensors: every rank's data / flag buffer address), ``ready`` (this
     rank's READY flags), ``gather_offset`` (bytes from a data buffer to its gather region),
     ``rs_flag_word`` / ``ag_flag_word`` (word index of the receive / gather flags in a flag buffer).
+
+    ``gathered`` (``mm_ar`` only; None: the host copies them out): this rank's gathered flags
+    (``rounds * ws * nbands`` int32, raised as the peers' reduced bands land in ``gather``); the kernel
+    then copies those bands into ``out`` itself (copy tiles, ``COPY_OUT``).
 
     ``epilogue`` (a ``codegen.epilogue.Generated``; None: identity) runs on the own chunk's reduced
     tiles before they are stored into ``out`` (rows of ``out``), with ``ep_ptrs`` as ``P0..P3``;
@@ -267,12 +371,14 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     assert not tma or (tma_ok(rows, run, rounds, BM, gather is not None, peer is not None) and out_offset == 0), (
         rows, run, rounds, BM, out_offset)
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
-    grid = (min(num_sms, rounds * ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)),)
+    assert gathered is None or (gather is not None and not tma), "copy tiles: mm_ar's rounds, pointer stores"
+    tiles_per_round = (2 * ws - 1 if gathered is not None else ws) * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)
+    grid = (min(num_sms, rounds * tiles_per_round),)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     launcher.launch(mm_rs_kernel, grid,
         a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv,
         gather if gather is not None else out, out,
-        counters, done, recv_flags, ticket, epoch, *status, timeout_ns,
+        counters, done, recv_flags, ticket, gathered if gathered is not None else counters, epoch, *status, timeout_ns,
         rank, M, N, K, rows, run, rounds, out_round_stride, out_offset, out.shape[0], band_rows,
         max(1, launcher.cdiv(rows, band_rows)),
         *((peer["data"], peer["flags"], peer["ready"], peer["gather_offset"], peer["rs_flag_word"],
@@ -280,6 +386,6 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
-        TMA=tma, INTERPRET=launcher.interpreting(), num_stages=stages, num_warps=warps,
+        TMA=tma, INTERPRET=launcher.interpreting(), COPY_OUT=gathered is not None, num_stages=stages, num_warps=warps,
     )
     return out

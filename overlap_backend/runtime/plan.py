@@ -391,8 +391,10 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
                 ]
         if op == "mm_ar":
             own = rnd * ws + rank
+            copied = ("by the kernel's copy tiles (AR_KERNEL_COPY_OUT)" if sl.AR_KERNEL_COPY_OUT else
+                      "on copy_stream")
             lines.append(f"# round {rnd}: reduced bands of slot {own} pushed to every peer (GATHERED flags), "
-                         "peers' reduced bands copied into out on copy_stream as their GATHERED flags rise")
+                         f"peers' reduced bands copied into out {copied} as their GATHERED flags rise")
     lines.append("group.end(compute)")
     if spec and op == "mm_ar":
         lines.append("launch(pointwise_kernel_0, x=out, out=out)  # the generated epilogue, after the all-gather")

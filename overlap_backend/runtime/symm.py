@@ -868,7 +868,11 @@ def status_error(words, group_name: str, timeout_s: float) -> SymmTimeoutError |
             "slots by x's rows, which must be the same on every rank of the group (docs/moe.md); this call's output "
             "is garbage and the group is unusable.")
     ws = _resolve_process_group(group_name).size() if group_name else 0
-    if flag >= 1000:
+    if flag >= 2000:  # codegen.flags.GATHER_FLAG_BASE: an mm_ar copy tile
+        slot, band = divmod(flag - 2000, nbands)
+        what = (f"band {band} of rank {slot % ws}'s reduced rows (round {slot // ws}) to arrive" if ws else
+                f"band {band} of gathered slot {slot} to arrive")
+    elif flag >= 1000:
         what = f"rank {flag - 1000} to start this call (its READY flag)"
     elif op == OP_AG_MM.value:
         what = f"band {flag % nbands} of rank {flag // nbands}'s shard to arrive"

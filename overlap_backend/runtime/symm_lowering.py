@@ -88,6 +88,12 @@ RS_OWN_FIRST = True
 # H200 (OVERLAP_TEST_SHARED_GPU, eighteenth session) at 2, 4 and 8 ranks, op numerics and 100
 # repeated calls. Not yet timed in the op on several GPUs.
 RS_TMA: bool | str = True
+# mm_ar's rounds kernel copies the peers' reduced bands from the gather region into the output itself
+# (copy tiles, codegen/mm_rs.py COPY_OUT), instead of the host queueing cuMemcpyAsync on the copy
+# stream: a copy within one GPU runs on the SMs (bench/probe_copy_sms.py), so those copies could not
+# start before the kernel's last tile and left the whole copy-out after it. Correct under the
+# interpreter (tests/test_tile_kernels.py); off until it is timed on several GPUs.
+AR_KERNEL_COPY_OUT = False
 # How ag_mm computes: "cublas" (one cuBLAS GEMM per chunk and weight, the own chunk first while the
 # copy engine brings the peers' shards, each peer chunk after a stream wait on its arrival flag:
 # _ag_mm_cublas) or "triton" (the persistent consumer kernel, which waits per band tile by tile and
@@ -633,15 +639,17 @@ def _mm(a, b, bias, out) -> None:
 
 
 def _launch_rs(st, a, b, bias, stage, recv, gather, out, epoch, rows, run, rounds, out_round_stride, out_offset,
-               average, cfg, peer, epilogue=None, ep_ptrs=(), base=0):
+               average, cfg, peer, epilogue=None, ep_ptrs=(), base=0, copy_out=False):
     """The mm_rs / mm_ar producer kernel on this group's counters, flags, ticket and status word
-    (those of the flag block at ``base``: 0, or ``symm.GRAPH_BLOCK`` for a captured call)."""
+    (those of the flag block at ``base``: 0, or ``symm.GRAPH_BLOCK`` for a captured call).
+    ``copy_out`` (mm_ar): the kernel copies the peers' gathered bands into ``out`` itself."""
     _, rs_kernel, _, _ = _kernels()
     rs_kernel.launch(a, b, bias, stage, recv, gather, out, st.flag_arg(base + symm.COUNTERS),
                      st.flag_arg(base + symm.DONE), st.flag_arg(base + symm.RS_ARRIVED),
                      st.flag_arg(base + symm.TICKET), epoch, st.status_arg(), st.timeout_ns,
                      st.rank, st.ws, rows, run, rounds, out_round_stride, out_offset, average, symm.band_rows(rows),
-                     cfg, st.num_sms, peer=peer, epilogue=epilogue, ep_ptrs=ep_ptrs)
+                     cfg, st.num_sms, peer=peer, epilogue=epilogue, ep_ptrs=ep_ptrs,
+                     gathered=st.flag_arg(base + symm.GATHERED) if copy_out else None)
 
 
 # ------------------------------------------------------------------------------------- mm_ar
@@ -727,9 +735,11 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     out = a.new_empty((M, N))
     stage = a.new_empty((rounds * ws * rows, N)) if peer is None else out
 
+    copy_out = AR_KERNEL_COPY_OUT
+
     def launch(cfg, epoch, peer, stage):
         _launch_rs(st, a, b, bias, stage, recv, gather, out, epoch, rows, rows, rounds, ws * rows, r * rows,
-                   reduce_op == "avg", cfg, peer, base=base)
+                   reduce_op == "avg", cfg, peer, base=base, copy_out=copy_out)
 
     cfg = _tune("mm_ar", _mm_ar_key(a, b), configs.candidates(a.dtype),
                 lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
@@ -758,7 +768,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
                 st.push((r - j) % ws, region + own * slot_bytes + lo * row_bytes,
                         gather_base + own * slot_bytes + lo * row_bytes, n * row_bytes, symm.GATHERED + own * nb + b,
                         st.push_stream_to((r - j) % ws))
-        for j in range(1, ws):  # copy the peers' reduced bands out of the receive buffer
+        for j in range(1 if not copy_out else ws, ws):  # copy the peers' reduced bands out of the receive buffer
             q = (r + j) % ws
             for b, (lo, n) in enumerate(band_list):
                 first = (rnd * ws + q) * rows + lo
