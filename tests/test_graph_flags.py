@@ -429,7 +429,7 @@ def test_growth_agreement_names_mismatched_sizes_and_absent_ranks():
 
     def ask(rank, value, key="g/grow1"):
         try:
-            got[rank] = symm.agree_through_store(store, key, rank, 3, value, timeout_s=5)
+            got[rank] = symm.agree_through_store(store, key, rank, 3, value, timeout_s=5 if rank != 1 else 1)
         except Exception as e:  # noqa: BLE001 - the test reads it
             got[rank] = e
 
@@ -450,3 +450,9 @@ def test_growth_agreement_names_mismatched_sizes_and_absent_ranks():
     assert 4 < time.monotonic() - start < 30
     for r in (0, 2):
         assert isinstance(got[r], symm.SymmTimeoutError) and "rank(s) [1] did not come within 5 s" in str(got[r]), got
+
+    # rank 1 comes after the others gave up: it finds their verdict and raises too, instead of going
+    # on alone (into the growth's collective, where it would hang)
+    ask(1, 1 << 20, "g/grow2")
+    assert isinstance(got[1], symm.SymmTimeoutError) and "every rank came, but late" in str(got[1]), got[1]
+    assert "rank 0 gave up" in str(got[1]) or "rank 2 gave up" in str(got[1]), got[1]

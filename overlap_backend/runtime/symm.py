@@ -329,18 +329,26 @@ def agree_through_store(store, key: str, rank: int, ws: int, value: int, timeout
     """Every rank's ``value`` under ``key`` (one use per key), waiting at most ``timeout_s`` for them.
     Unlike a collective, a rank that never comes does not hang the others: they raise
     ``SymmTimeoutError`` naming it. (``ensure_data``: only the ranks whose call needs a bigger buffer
-    come, and they all do when the ranks agree on their shapes.)"""
+    come, and they all do when the ranks agree on their shapes.)
+
+    The outcome is one atomic verdict (``compare_set``): the first rank to decide, having seen every
+    value or having timed out, decides for all. A rank that comes after another gave up raises too,
+    instead of going on alone into the growth's collective."""
     from datetime import timedelta
 
     keys = [f"{key}/{r}" for r in range(ws)]
     store.set(keys[rank], str(value))
     try:
         store.wait(keys, timedelta(seconds=timeout_s))
+        saw_all, why = True, ""
     except RuntimeError as e:  # DistStoreError (a RuntimeError) on timeout
+        saw_all, why = False, str(e)
+    verdict = store.compare_set(f"{key}/verdict", "", "go" if saw_all else f"rank {rank} gave up")
+    verdict = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
+    if verdict != "go":
         missing = [r for r in range(ws) if not store.check([keys[r]])]
-        if not missing:
-            raise
-        raise SymmTimeoutError(f"rank(s) {missing} did not come within {timeout_s:g} s ({e})") from None
+        who = f"rank(s) {missing} did not come" if missing else "every rank came, but late"
+        raise SymmTimeoutError(f"{who} within {timeout_s:g} s ({verdict}{': ' + why if why else ''})")
     return [int(store.get(k)) for k in keys]
 
 
