@@ -364,6 +364,30 @@ def test_peer_store_transport(ws, r, M, rounds, gather):
                 assert flags[c][AG_WORD + own * nb:AG_WORD + (own + 1) * nb].tolist() == [EPOCH] * nb
 
 
+def test_peer_store_ready_wait_gives_up_and_reports():
+    """PEER_STORE: a peer that never started its call (its READY one epoch behind): the kernel's bounded
+    wait reports flag 1000 + peer, which the host names as that READY (the kernel then finishes, its
+    stores garbage, as after any timeout). This report (READY_FLAG_BASE + a tensor) broke under the
+    interpreter before the tensor came first."""
+    ws, r, M, K, N = 2, 0, 32, 16, 16
+    rows = M // ws
+    data = [torch.full((rows * ws, N), float("nan")) for _ in range(ws)]
+    flags = [torch.full((ws,), EPOCH, dtype=torch.int32) for _ in range(ws)]
+    peer = dict(data=torch.tensor([d.data_ptr() for d in data], dtype=torch.int64),
+                flags=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
+                ready=torch.tensor([EPOCH, EPOCH - 1], dtype=torch.int32), gather_offset=0,
+                rs_flag_word=0, ag_flag_word=0)
+    counters = torch.zeros(ws, dtype=torch.int32)
+    status = _status()
+    mm_rs.launch(torch.randn(M, K), torch.randn(K, N), None, None, data[r], None, torch.empty(rows, N), counters,
+                 torch.zeros_like(counters), flags[r], torch.zeros(1, dtype=torch.int32), EPOCH, status, 30_000,
+                 r, ws, rows, rows, 1, 0, 0, False, BAND, CFG, 4, timed=False, peer=peer)
+    claim, report = status
+    assert claim.item() == 1 and report.tolist()[:6] == [1, 2, r, 1001, EPOCH - 1, EPOCH], report
+    err = status_error(report.tolist(), "", 2.0)
+    assert "mm_rs on rank 0" in str(err) and "rank 1 to start this call (its READY flag)" in str(err), str(err)
+
+
 def test_symm_ops_under_cuda_graph_capture(monkeypatch):
     """Inside a capture: ag_mm / mm_rs / mm_ar run on symm with the toggling flag block only with
     CAPTURE_ON_SYMM (else p2p), and only on a state, buffer and block configs that eager calls set up

@@ -123,7 +123,7 @@ def stage0_kernel(
     if WAIT_READY:  # (staged: the copy engine ships the tiles after their done flags, so after this)
         for q in range(TP):
             wait_flag(ready_ptr + first_consumer + q, epoch, claim_ptr, report_ptr, OP_CTA_STAGE0, rank,
-                      READY_FLAG_BASE + first_consumer + q, 1, timeout_ns, TIMED)
+                      q + first_consumer + READY_FLAG_BASE, 1, timeout_ns, TIMED)
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Fp, BN)
     tiles_ship = tl.cdiv(Fship, BN)
@@ -250,7 +250,7 @@ def tail_kernel(keep_ptr, w2_ptr, peer_data_ptr, peer_flags_ptr, part_offset, co
     epoch = tl.load(epoch_ptr, volatile=True)
     if WAIT_READY:
         for q in range(TP):
-            wait_flag(ready_ptr + TP + q, epoch, claim_ptr, report_ptr, OP_CTA_STAGE0, rank, READY_FLAG_BASE + TP + q, 1,
+            wait_flag(ready_ptr + TP + q, epoch, claim_ptr, report_ptr, OP_CTA_STAGE0, rank, q + TP + READY_FLAG_BASE, 1,
                       timeout_ns, TIMED)
     tiles_m = tl.cdiv(M, BM)  # flags and counters are per row block of all M
     tiles_mt = tl.cdiv(M - m0, BM)  # the tail's row blocks (m0: a whole number of blocks)
@@ -313,7 +313,7 @@ def stage1_kernel(
     if WAIT_READY:
         for q in range(1, WS):
             peer = (rank + q) % WS
-            wait_flag(ready_ptr + peer, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, READY_FLAG_BASE + peer, 1,
+            wait_flag(ready_ptr + peer, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, peer + READY_FLAG_BASE, 1,
                       timeout_ns, TIMED)
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Ns, BN)

@@ -329,7 +329,7 @@ def _wait_ready(ready_seen, peer, ready_ptr, epoch, claim_ptr, report_ptr, OP: t
     """Before this CTA's first store into ``peer``'s buffers: wait until ``peer`` started this call
     (its READY flag), i.e. finished reading them in its previous one."""
     if ((ready_seen >> peer) & 1) == 0:
-        wait_flag(ready_ptr + peer, epoch, claim_ptr, report_ptr, OP, rank, READY_FLAG_BASE + peer, 1, timeout_ns,
+        wait_flag(ready_ptr + peer, epoch, claim_ptr, report_ptr, OP, rank, peer + READY_FLAG_BASE, 1, timeout_ns,
                   TIMED)
         ready_seen = ready_seen | (1 << peer)
     return ready_seen

@@ -51,7 +51,7 @@ def comm_kernel(
             src = (rank + 1 + p) % WS
             wait_flag(done_ptr + p, epoch, claim_ptr, report_ptr, OP_MOE, rank, MOE_DONE_FLAG_BASE + p, 1,
                       timeout_ns, TIMED)
-            wait_flag(ready_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, READY_FLAG_BASE + src, 1,
+            wait_flag(ready_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src + READY_FLAG_BASE, 1,
                       timeout_ns, TIMED)
             # A wait of this rank's kernels gave up in this call: its results are garbage, ship
             # nothing (the peers then time out too and report, instead of taking garbage).
