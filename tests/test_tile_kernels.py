@@ -255,6 +255,18 @@ def test_mm_ar_copy_tiles_bring_the_peers_chunks_into_out(ws, r, M, rounds):
     assert done.tolist() == [EPOCH] * (rounds * ws * nb) and counters.tolist() == [0] * (rounds * ws * nb)
 
 
+@SLOW
+@given(ws=st.integers(2, 4), data=st.data())
+def test_mm_ar_copy_tiles_random_shapes(ws, data):
+    r = data.draw(st.integers(0, ws - 1))
+    rounds = data.draw(st.integers(1, 4))
+    M = data.draw(st.integers(1, 48 * ws * rounds))
+    out, _, ref, _, done, counters, status, nb = _run_mm_ar(ws, r, M, rounds, copy_out=True)
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref[:M], atol=1e-4, rtol=1e-4)
+    assert counters.tolist() == [0] * (rounds * ws * nb)
+
+
 @pytest.mark.parametrize("tiles,copies,rounds", [(6, 4, 3), (4, 2, 1), (3, 3, 2)])
 def test_copy_out_order_puts_each_rounds_copies_after_the_next_rounds_gemm(tiles, copies, rounds):
     """The ticket order of COPY_OUT: every GEMM and copy index exactly once; round t's copy tiles after
