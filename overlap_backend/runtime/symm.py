@@ -32,6 +32,7 @@ import logging
 import math
 import socket
 import threading
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -376,8 +377,6 @@ class GroupState:
         self.flags = _Mapped(self.group, 4 * FLAG_WORDS)
         # where the ranks agree on growing the data buffer (ensure_data): a key space of this state
         # alone (a later state of the same group, on the same store, must not read this one's keys)
-        import uuid
-
         token = _agree(self.group, uuid.uuid4().hex if self.rank == 0 else None, None, "set-up")[0]
         self._store_prefix = f"overlap_symm/{group_name}/{token}"
         _cuda.memset(self.flags.local + 4 * PEER_OK, 1, 1)  # (the word was 0: its low byte makes it 1)
