@@ -134,23 +134,16 @@ def _rs_tile(
 ):
     """The work of ticket ``tile``: a GEMM tile (``_gemm_tile``), or with ``COPY_OUT`` a copy tile
     (``_copy_tile``), in ``_copy_out_order``. Returns the CTA's carried state."""
+    is_copy = False  # without COPY_OUT every ticket is a GEMM tile (a constexpr: the branch below is static)
+    index = tile
     if COPY_OUT:
-        gemm_per_round = WS * tl.cdiv(rows, BM) * tl.cdiv(N, BN)
-        is_copy, index = _copy_out_order(tile, gemm_per_round, copy_per_round, rounds)
-        if is_copy:
-            _copy_tile(index, gather_ptr, out_ptr, gathered_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, N,
-                       rows, out_round_stride, out_rows, nbands, band_rows, WS, BM, BN, GROUP_M, TIMED, OP)
-        else:
-            waited, ready_seen, pending, pending_n, pending_tiles = _gemm_tile(
-                index, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
-                out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
-                epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
-                out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word,
-                ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
-                WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP)
+        is_copy, index = _copy_out_order(tile, WS * tl.cdiv(rows, BM) * tl.cdiv(N, BN), copy_per_round, rounds)
+    if is_copy:
+        _copy_tile(index, gather_ptr, out_ptr, gathered_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, N,
+                   rows, out_round_stride, out_rows, nbands, band_rows, WS, BM, BN, GROUP_M, TIMED, OP)
     else:
         waited, ready_seen, pending, pending_n, pending_tiles = _gemm_tile(
-            tile, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
+            index, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
             out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
             epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
             out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word,

@@ -736,6 +736,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     stage = a.new_empty((rounds * ws * rows, N)) if peer is None else out
 
     copy_out = AR_KERNEL_COPY_OUT
+    host_copies = () if copy_out else range(1, ws)  # (with copy_out, the kernel's copy tiles do it)
 
     def launch(cfg, epoch, peer, stage):
         _launch_rs(st, a, b, bias, stage, recv, gather, out, epoch, rows, rows, rounds, ws * rows, r * rows,
@@ -768,7 +769,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
                 st.push((r - j) % ws, region + own * slot_bytes + lo * row_bytes,
                         gather_base + own * slot_bytes + lo * row_bytes, n * row_bytes, symm.GATHERED + own * nb + b,
                         st.push_stream_to((r - j) % ws))
-        for j in range(1 if not copy_out else ws, ws):  # copy the peers' reduced bands out of the receive buffer
+        for j in host_copies:  # copy the peers' reduced bands out of the receive buffer
             q = (r + j) % ws
             for b, (lo, n) in enumerate(band_list):
                 first = (rnd * ws + q) * rows + lo
