@@ -210,3 +210,70 @@ def test_compiled_blocks_fused_vs_eager(ws, lowering):
         for name in r:
             if name != "paths":
                 assert r[name][1] == results[0][name][1], f"{name}: ranks captured different epilogues"
+
+
+def prologue_worker(rank: int, ws: int, device: str, lowering: str):
+    """The prologue hoist (passes/prologue.py) compiled with Inductor: RMSNorm after a sequence
+    gather feeding Q/K/V, and a float32 gather cast to bfloat16 for the GEMM, against eager."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    import torch.nn.functional as F
+
+    import overlap_backend
+
+    cache = tempfile.mkdtemp(prefix=f"overlap_gpu_pro_{rank}_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    _setup_rank(rank, device)
+    group = dist.group.WORLD
+    all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
+    bf = torch.bfloat16
+    hidden, seq = 256, 64  # per rank
+    nw = (1 + 0.1 * _randn(hidden, dtype=torch.float32, device=device)).to(bf)
+    wq, wk, wv = (_randn(n, hidden, dtype=bf, device=device, scale=hidden**-0.5) for n in (256, 128, 128))
+    wb = _randn(hidden, 192, dtype=bf, device=device, scale=hidden**-0.5)
+    for w in (nw, wq, wk, wv, wb):
+        dist.broadcast(w, src=0)  # replicated weights, as TP's column shards would be per rank
+
+    def rms_qkv(x):
+        h = F.rms_norm(all_gather(x, 1, group), (hidden,), nw, 1e-6)
+        return F.linear(h, wq), F.linear(h, wk), F.linear(h, wv)
+
+    def cast(x):
+        return all_gather(x, 0, group).to(bf) @ wb
+
+    cases = {"rms_qkv": (rms_qkv, _randn(2, seq, hidden, dtype=bf, device=device)),
+             "cast": (cast, _randn(2 * seq, hidden, dtype=torch.float32, device=device))}
+    out, bad = {}, []
+    for name, (fn, x) in cases.items():
+        torch._dynamo.reset()
+        with torch.no_grad():
+            ref = fn(x)
+            # cost model off: these small layers are about numerics, the rewrite must happen
+            backend = overlap_backend.make_backend(lowering=_use_lowering(lowering), inductor=True, cost_model="off")
+            _poison(device)
+            got = torch.compile(fn, backend=backend)(x)
+        got, ref = (got, ref) if isinstance(got, tuple) else ((got,), (ref,))
+        err = max(_rel_err(g, r) for g, r in zip(got, ref))
+        moved = [m.prologue["moved_before_gather"] for r in backend.reports for m in r.matches
+                 if m.applied and m.prologue]
+        out[name] = (err, moved)
+        if not err <= _tol(bf):
+            bad.append(f"rank {rank}: {name}: rel err {err:.3e} vs eager")
+        if len(moved) != 1:
+            bad.append(f"rank {rank}: {name}: {len(moved)} ag_mm ops took a prologue")
+    out["paths"] = _paths()
+    if lowering.startswith("symm") and not out["paths"].get("ag_mm:symm"):
+        bad.append(f"rank {rank}: ag_mm never ran on the symm kernels: {out['paths']}")
+    assert not bad, "\n".join(bad)
+    return out
+
+
+@pytest.mark.parametrize("lowering", ["p2p", "symm"])
+@WORLD_SIZES
+@pytest.mark.timeout(400)
+def test_compiled_prologues_vs_eager(ws, lowering):
+    _need_gpus(ws, lowering, eager_all_gather=True)
+    env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    for rank, res in enumerate(_run(prologue_worker, ws, lowering, timeout=380, env=env)):
+        print(f"ws={ws} {lowering} rank {rank}: {res}")

@@ -5,6 +5,10 @@ value is the left operand of one or more ``mm``/``addmm`` (directly, or through 
 flattens the leading dims: the ``reshape → mm → reshape`` form of 3-D activations). All those
 matmuls, e.g. Q, K and V projections, become one op that gathers step by step.
 
+Where row-wise ops sit between the gather and the matmuls (``all_gather → rms_norm / layer_norm /
+cast → mm``), the rewrite first moves them onto the shard (``passes/prologue.py``), which makes the
+gather overlappable at all and runs them on 1/ws of the rows.
+
 With ``fuse_epilogues`` each matmul's output also takes the pointwise chain after it into the op's
 ``epilogue`` (``passes/epilogue.py``): a bias add, GELU, SiLU, ``silu(out_i) * out_j`` of two of
 its matmuls (SwiGLU), scaling, a residual add, a cast.
@@ -12,6 +16,7 @@ its matmuls (SwiGLU), scaling, a residual add, a cast.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 
@@ -20,6 +25,7 @@ import torch.fx
 
 from . import common, cost_model
 from . import epilogue as ep
+from . import prologue as pro
 from ..runtime import epilogue as spec_mod
 from .common import Matmul, Rejected
 from .manager import OverlapPass
@@ -33,6 +39,15 @@ class AgMmMatch:
     flatten_nodes: list[torch.fx.Node]
     # per matmul: the pointwise chain after it that the op computes (set by ``check``)
     captures: list[ep.Capture] | None = None
+    # row-wise ops between the gather and the matmuls, moved onto the shard by ``rewrite``
+    prologue: pro.Prologue | None = None
+    # why no prologue was found where no matmul reads the gathered value directly
+    no_prologue: str = ""
+
+    @property
+    def operand(self) -> torch.fx.Node:
+        """The value the matmuls read (the gathered one, or the prologue's end)."""
+        return self.prologue.end if self.prologue is not None else self.gather.result
 
 
 def find_consumer_matmuls(result: torch.fx.Node) -> tuple[list[Matmul], list[torch.fx.Node]]:
@@ -56,23 +71,34 @@ class AgMmPass(OverlapPass):
         matches = []
         for ag in common.find_all_gathers(graph):
             matmuls, flattens = find_consumer_matmuls(ag.result)
-            matches.append(AgMmMatch(ag, matmuls, flattens))
+            prologue, why = None, ""
+            if not matmuls:
+                prologue, why = pro.walk(ag)
+                if prologue is not None:
+                    matmuls, flattens = find_consumer_matmuls(prologue.end)
+                    if not matmuls:
+                        prologue, why = None, f"no matmul reads {prologue.end.name}, the end of the row-wise ops"
+            matches.append(AgMmMatch(ag, matmuls, flattens, prologue=prologue, no_prologue=why))
         return matches
 
     def key(self, m):
         return m.gather.collective
 
     def describe(self, m: AgMmMatch):
-        return [n.name for n in m.gather.nodes] + [mm.node.name for mm in m.matmuls]
+        moved = m.prologue.nodes if m.prologue is not None else []
+        return [n.name for n in m.gather.nodes + moved] + [mm.node.name for mm in m.matmuls]
 
     def check(self, m: AgMmMatch) -> str:
         ag = m.gather
         if not m.matmuls:
-            raise Rejected(common.crosses_graph_break(ag.result, upstream=False)
-                           or "no matmul takes the gathered tensor as its left operand")
+            why = "no matmul takes the gathered tensor as its left operand"
+            if m.no_prologue:
+                raise Rejected(f"{why}, and the row-wise ops after it cannot move before the gather: {m.no_prologue}")
+            raise Rejected(common.crosses_graph_break(ag.result, upstream=False) or why)
         ws = common.require_group(ag.group_name, ag.group_size)
-        common.require_backed(ag.shard, ag.result, *[mm.b for mm in m.matmuls])
-        common.require_dtype(ag.shard, *[mm.b for mm in m.matmuls])
+        common.require_backed(ag.shard, ag.result, m.operand, *[mm.b for mm in m.matmuls])
+        # the op gathers the operand's dtype (a cast in the prologue moves before the gather)
+        common.require_dtype(m.operand, *[mm.b for mm in m.matmuls])
         shard = common.val(ag.shard)
         if not -shard.dim() <= ag.gather_dim < shard.dim():
             raise Rejected(f"gather dim {ag.gather_dim} out of range for shard of rank {shard.dim()}")
@@ -91,7 +117,7 @@ class AgMmPass(OverlapPass):
         hint = common.hint
         problem = cost_model.Problem(
             "ag_mm", m=hint(common.val(m.matmuls[0].node).shape[0]), k=hint(common.val(m.matmuls[0].b).shape[0]),
-            n=sum(hint(common.val(mm.b).shape[1]) for mm in m.matmuls), dtype=common.dtype_name(ag.shard), ws=ws,
+            n=sum(hint(common.val(mm.b).shape[1]) for mm in m.matmuls), dtype=common.dtype_name(m.operand), ws=ws,
             gemms=len(m.matmuls),
         )
         decision = self.price(problem, ag.group_name, common.device_type(ag.shard),
@@ -102,6 +128,8 @@ class AgMmPass(OverlapPass):
         """Each matmul's epilogue chain; ``swiglu`` may read a matmul whose own chain is empty."""
         ag = m.gather
         forbidden = set(ag.nodes) | {ag.result} | {mm.node for mm in m.matmuls} | set(m.flatten_nodes)
+        if m.prologue is not None:
+            forbidden |= set(m.prologue.nodes)
         partners = {}
         for j, mm in enumerate(m.matmuls):
             partners[mm.node] = j
@@ -120,7 +148,7 @@ class AgMmPass(OverlapPass):
         except spec_mod.EpilogueError as e:
             caps = [ep.Capture(stop=f"epilogue not captured: {e}") for _ in caps]
         order = {n: i for i, n in enumerate(ag.result.graph.nodes)}
-        first_user = min(ag.result.users, key=order.__getitem__)  # where rewrite inserts the op
+        first_user = min(m.operand.users, key=order.__getitem__)  # where rewrite inserts the op
         if any(why := ep.end_sizes_error(cap, first_user) for cap in caps):
             caps = [ep.Capture(stop=why) for _ in caps]
         return caps
@@ -137,7 +165,12 @@ class AgMmPass(OverlapPass):
         specs, _ = self._specs(m.captures)
         return [{"output": i, "spec": spec, **cap.report()} for i, (spec, cap) in enumerate(zip(specs, m.captures))]
 
+    def prologue_report(self, m: AgMmMatch):
+        return m.prologue.report() if m.prologue is not None else None
+
     def rewrite(self, m: AgMmMatch, lowering: str) -> None:
+        if m.prologue is not None:  # the gather now reads the prologue's end, computed on the shard
+            m.gather = dataclasses.replace(m.gather, shard=pro.hoist(m.gather, m.prologue))
         ag = m.gather
         graph = ag.result.graph
         order = {n: i for i, n in enumerate(graph.nodes)}

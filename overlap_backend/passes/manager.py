@@ -31,11 +31,13 @@ class MatchRecord:
     # the cost model's prediction for a match that passed the preconditions (passes/cost_model.py);
     # None for a match rejected before it could be priced
     cost: dict[str, Any] | None = None
+    # ag_mm: the row-wise ops moved from after the gather onto the shard (passes/prologue.py)
+    prologue: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["pass"] = d.pop("pass_name")
-        for key in ("epilogue", "cost"):
+        for key in ("epilogue", "cost", "prologue"):
             if d[key] is None:
                 del d[key]
         return d
@@ -126,6 +128,10 @@ class OverlapPass(abc.ABC):
         """What ``match``'s op captured after its GEMM, per output (passes with epilogues)."""
         return None
 
+    def prologue_report(self, match: Any) -> dict[str, Any] | None:
+        """What ``match``'s rewrite moved before its collective (``ag_mm``)."""
+        return None
+
     def run(self, graph: torch.fx.Graph) -> list[MatchRecord]:
         records = []
         seen: set[torch.fx.Node] = set()
@@ -146,7 +152,7 @@ class OverlapPass(abc.ABC):
             self.rewrite(match, lowering)
             graph.lint()
             records.append(MatchRecord(self.name, True, lowering, nodes, "rewritten", self.epilogue_report(match),
-                                       cost=self.cost))
+                                       cost=self.cost, prologue=self.prologue_report(match)))
         return records
 
 

@@ -1,0 +1,193 @@
+"""Prologue hoist: the row-wise ops between an all-gather and its matmuls move onto the shard.
+
+``all_gather(x) → rms_norm / layer_norm / cast → mm`` is what a model gives when it gathers the
+sequence first and normalises the full tensor (or gathers float32 activations and casts them for a
+bfloat16 GEMM). ``ag_mm`` could not match it: no matmul reads the gathered tensor, so the gather
+was not overlapped at all. Every op in such a chain works on each row (every index of the gather
+dim) on its own, so it commutes with the gather:
+
+    mm(f(all_gather(x)))  ==  mm(all_gather(f(x)))
+
+and the rewritten form is cheaper than fusing ``f`` into the GEMM's prologue: ``f`` runs once on
+the shard (1/ws of the rows; a fused prologue would redo it for every column tile of the GEMM),
+and a cast before the gather ships the narrower dtype (half the bytes for float32 → bfloat16).
+
+``walk(ag)`` only looks. It collects the nodes downstream of the gathered value that are
+
+- pointwise (``torch.Tag.pointwise``, which covers casts), or
+- reductions over dims other than the gather dim with ``keepdim`` (``mean``, ``sum``, ``amax``,
+  ``amin``, ``var``, ``var_mean`` and the ``getitem``s of its result: LayerNorm's statistics),
+
+whose every tensor operand is either in the chain or constant along the gather dim (a ``[K]``
+weight, a scalar). The chain must leave through one value (its *end*, which the matmuls read);
+the gathered tensor itself and every value inside must be read by nothing else (training graphs
+that save the gathered input for the norm's backward keep their form, and say so). ``hoist``
+(rewrite side) copies the chain onto the shard, makes the collective gather its end, and erases
+the old chain: the graph is then the ``all_gather → (reshape) → mm`` form ``ag_mm`` rewrites.
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from . import common
+from .common import aten, known_eq, val
+
+MAX_NODES = 64  # a longer chain is not a prologue worth reasoning about
+_REDUCTIONS = {  # target -> (index of its dims argument, index of keepdim or None where it is a kwarg only)
+    aten.mean.dim: (1, 2), aten.sum.dim_IntList: (1, 2), aten.amax.default: (1, 2), aten.amin.default: (1, 2),
+    aten.var.correction: (1, None), aten.var_mean.correction: (1, None),
+}
+
+
+@dataclass
+class Prologue:
+    """A chain of row-wise nodes between a gathered value and the matmuls that read its end."""
+
+    nodes: list[torch.fx.Node] = field(default_factory=list)  # graph order
+    end: torch.fx.Node | None = None
+
+    def report(self) -> dict:
+        return {"moved_before_gather": [n.name for n in self.nodes]}
+
+
+def _tensors(v) -> list[torch.Tensor] | None:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (tuple, list)) and v and all(isinstance(t, torch.Tensor) for t in v):
+        return list(v)
+    return None
+
+
+def _reduction_error(node: torch.fx.Node, gather_dim: int, ndim: int) -> str | None:
+    index, keep_index = _REDUCTIONS[node.target]
+    dims = common.arg(node, index, "dim", None)
+    keepdim = common.arg(node, keep_index, "keepdim", False) if keep_index is not None else node.kwargs.get("keepdim", False)
+    if dims is None:
+        return f"{node.name} reduces every dim, the gather dim included"
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if any(not isinstance(d, int) for d in dims) or gather_dim in {d % ndim for d in dims}:
+        return f"{node.name} reduces over the gather dim"
+    if not keepdim:
+        return f"{node.name} drops the reduced dims (keepdim=False)"
+    return None
+
+
+def _elementwise_or_reduction(node: torch.fx.Node) -> bool:
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and (t in _REDUCTIONS or torch.Tag.pointwise in t.tags)
+
+
+def _row_wise_error(node: torch.fx.Node, inside: set[torch.fx.Node], gathered: torch.Tensor,
+                    gather_dim: int) -> str | None:
+    """Why ``node`` (which reads a value of the chain) is not a row-wise step of it; None if it is."""
+    what = f"{node.name} ({node.target})"
+    if node.op != "call_function":
+        return f"{node.name} is a graph output" if node.op == "output" else f"{what} is not an op"
+    if node.target is operator.getitem:
+        src = node.args[0]
+        return None if src in inside and src.target is aten.var_mean.correction else f"{what} is not a row-wise op"
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+        return f"{what} is not a row-wise op"
+    if target in _REDUCTIONS:
+        if (err := _reduction_error(node, gather_dim, gathered.dim())) is not None:
+            return err
+    elif torch.Tag.pointwise not in target.tags:
+        return f"{what} is not a row-wise op"
+    outs = _tensors(val(node))
+    if outs is None:
+        return f"no tensor metadata on {node.name}"
+    for t in outs:
+        if t.dim() != gathered.dim() or not known_eq(t.shape[gather_dim], gathered.shape[gather_dim]):
+            return f"{what} changes the gathered rows: {tuple(t.shape)}"
+    for inp in node.all_input_nodes:
+        if inp in inside:
+            continue
+        v = val(inp)
+        if not isinstance(v, torch.Tensor):
+            return f"{what} reads {inp.name}, which is not a tensor"  # e.g. a size of the gathered value
+        pos = gather_dim - (gathered.dim() - v.dim())  # the gather dim, right-aligned as broadcasting does
+        if v.dim() > gathered.dim() or (pos >= 0 and not known_eq(v.shape[pos], 1)):
+            return f"{what} reads {inp.name} {tuple(v.shape)}, which varies along the gather dim"
+    return None
+
+
+def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
+    """The row-wise chain after ``ag``'s gathered value, or None and why there is none ("" where
+    no row-wise op reads the gathered value at all)."""
+    g = ag.result
+    gv = val(g)
+    if not isinstance(gv, torch.Tensor) or gv.dim() < 2:
+        return None, "the gathered value has no rows to work on"
+    gather_dim = ag.gather_dim % gv.dim()
+    if gather_dim == gv.dim() - 1:
+        return None, "gathered along its last dim: row-wise ops do not commute with that gather"
+    if ag.collective.args[0] is not ag.shard:
+        return None, f"the collective does not read the shard {ag.shard.name} itself"
+    order = {n: i for i, n in enumerate(g.graph.nodes)}
+    inside: set[torch.fx.Node] = {g}
+    chain: list[torch.fx.Node] = []
+    outside_users: dict[torch.fx.Node, list[tuple[torch.fx.Node, str]]] = {}  # chain value -> (reader, why not row-wise)
+    heap = [(order[u], u) for u in g.users]
+    heapq.heapify(heap)
+    queued = set(g.users)
+    while heap:
+        _, node = heapq.heappop(heap)  # graph order: a node's chain inputs are decided before it
+        readers = [i for i in node.all_input_nodes if i in inside]
+        err = _row_wise_error(node, inside, gv, gather_dim)
+        if err is not None:
+            for r in readers:
+                outside_users.setdefault(r, []).append((node, err))
+            continue
+        if len(chain) == MAX_NODES:
+            return None, f"more than {MAX_NODES} row-wise ops after the gather"
+        inside.add(node)
+        chain.append(node)
+        for u in node.users:
+            if u not in queued:
+                queued.add(u)
+                heapq.heappush(heap, (order[u], u))
+    if not chain:  # say why only where a reader of the gathered value looked like a prologue
+        near = [why for u, why in outside_users.get(g, []) if _elementwise_or_reduction(u)]
+        return None, near[0] if near else ""
+    if g in outside_users:
+        readers = outside_users[g]
+        u, why = readers[0]
+        why = "a graph output (a training graph saves it for backward)" if u.op == "output" else why
+        return None, f"the gathered value {g.name} is also read by {', '.join(r.name for r, _ in readers)}: {why}"
+    exits = [n for n in chain if n in outside_users]
+    if len(exits) != 1:
+        listed = "; ".join(f"{n.name} is read by {u.name}: {why}" for n in exits for u, why in outside_users[n][:1])
+        return None, f"{len(exits)} values leave the row-wise ops after the gather ({listed})"
+    return Prologue(chain, exits[0]), ""
+
+
+def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
+    """Copy ``prologue`` onto ``ag``'s shard, gather its end instead, erase the old chain.
+    Returns the new shard (the copy of the end). The gather's nodes get fresh fake values (a cast
+    changes their dtype)."""
+    graph = ag.result.graph
+    inside = set(prologue.nodes)
+    outer = [i for n in prologue.nodes for i in n.all_input_nodes if i not in inside and i is not ag.result]
+    common.hoist_before(ag.collective, list(dict.fromkeys(outer)))
+    copies: dict[torch.fx.Node, torch.fx.Node] = {ag.result: ag.shard}
+    with graph.inserting_before(ag.collective):
+        for n in prologue.nodes:
+            args = torch.fx.node.map_arg(n.args, lambda a: copies.get(a, a))
+            kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: copies.get(a, a))
+            copies[n] = common.call(graph, n.target, args, kwargs)
+    shard = copies[prologue.end]
+    ag.collective.replace_input_with(ag.shard, shard)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for n in sorted(ag.nodes, key=order.__getitem__):
+        n.meta.pop("tensor_meta", None)
+        common.set_fake_value(n)
+    prologue.end.replace_all_uses_with(ag.result)
+    common.erase_dead(list(reversed(prologue.nodes)))
+    return shard
