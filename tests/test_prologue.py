@@ -1,11 +1,14 @@
 """Prologue hoist (issue 8): row-wise ops between an all-gather and its matmuls move onto the shard.
 
-- exact graphs on the fake group: RMSNorm (gather along the sequence), LayerNorm (``var_mean``) and
-  a float32 → bfloat16 cast become ``ops on the shard → ag_mm``, with nothing left after the gather;
-  the summary names the moved nodes;
+- exact graphs on the fake group: RMSNorm (gather along the sequence; its weight folded into the
+  matmuls' weights), LayerNorm without affine (``var_mean``) and a float32 → bfloat16 cast become
+  ``ops on the shard → ag_mm``, with nothing left after the gather; the summary names the moved nodes;
 - what stays and why: a gathered value saved for backward, a gather along the last dim, an operand
-  that varies along the gather dim, a chain with two ends;
-- compiled vs eager on 2 gloo ranks (inference and a training step), random inputs.
+  that varies along the gather dim or may differ between ranks (LayerNorm's bias), a chain with two
+  ends, a scaled value read by more than the matmuls;
+- compiled vs eager on 2 gloo ranks (inference and a training step), random inputs and norm weights
+  that differ between the ranks (moved before the gather, each rank's own weight would reach the
+  other's rows: the fold keeps this rank's weight on every row, as the graph has it).
 """
 
 from __future__ import annotations
@@ -65,20 +68,46 @@ def test_rms_norm_after_a_sequence_gather_moves_onto_the_shard(fake_pg, capture,
     assert not [n for n in g.nodes if n.target in (c10d.all_gather_into_tensor.default, aten.rsqrt.default)
                 and op in n.all_input_nodes]
     (rec,) = _records(be)
-    assert rec.applied and {"pow_1", "mean", "rsqrt", "mul_1"} <= set(rec.prologue["moved_before_gather"])
+    assert rec.applied and {"pow_1", "mean", "rsqrt", "mul"} <= set(rec.prologue["moved_before_gather"])
+    # the norm weight (a graph input, maybe different per rank) is not moved: folded into wq and wk
+    assert rec.prologue["folded_into_weights"] == "mul_1 (* arg1_1)"
+    for w in op.args[1]:
+        assert aten.mul.Tensor in _gather_free_ancestors(w) and "arg1_1" in {n.name for n in w.all_input_nodes
+                                                                          for n in [n, *n.all_input_nodes]}
     summary = json.loads((tmp_path / "rank1" / "summary.json").read_text())
     (m,) = [m for m in summary["graphs"][0]["matches"] if m["pass"] == "ag_mm"]
     assert m["prologue"] == rec.prologue and "rsqrt" in m["nodes"]
 
 
 def test_layer_norm_var_mean_moves_onto_the_shard(fake_pg, capture, clean_env):
-    def f(x, nw, nb, w, b):
-        return F.linear(F.layer_norm(all_gather(x, 0, fake_pg), (8,), nw, nb), w, b)
+    def f(x, w, b):
+        return F.linear(F.layer_norm(all_gather(x, 0, fake_pg), (8,)), w, b)
 
-    be, out = _compile(f, torch.randn(4, 8), torch.randn(8), torch.randn(8), torch.randn(16, 8), torch.randn(16))
+    be, out = _compile(f, torch.randn(4, 8), torch.randn(16, 8), torch.randn(16))
     op = _op(be.graphs[0])
     assert aten.var_mean.correction in _gather_free_ancestors(op.args[0])
     assert out.shape == (16, 16)
+
+
+def test_layer_norm_bias_stays_with_the_reason(fake_pg, capture, clean_env):
+    """LayerNorm's bias is added after its weight: neither moves (they may differ between ranks)
+    and a bias cannot fold into the weight."""
+    def f(x, nw, nb, w):
+        return F.linear(F.layer_norm(all_gather(x, 0, fake_pg), (8,), nw, nb), w)
+
+    be, _ = _compile(f, torch.randn(4, 8), torch.randn(8), torch.randn(8), torch.randn(16, 8))
+    (rec,) = _records(be)
+    assert not rec.applied and "follows the per-column scale mul_1: only casts may" in rec.reason, rec.reason
+
+
+def test_scaled_value_read_elsewhere_stays(fake_pg, capture, clean_env):
+    def f(x, nw, w):
+        h = F.rms_norm(all_gather(x, 0, fake_pg), (8,), nw, 1e-6)
+        return h @ w.t(), h  # h itself is an output: the op would gather it unscaled
+
+    be, _ = _compile(f, torch.randn(4, 8), torch.randn(8), torch.randn(16, 8))
+    (rec,) = _records(be)
+    assert not rec.applied and "can only be folded into the matmuls' weights" in rec.reason, rec.reason
 
 
 def test_cast_moves_before_the_gather_and_halves_what_it_ships(fake_pg, capture, clean_env):
@@ -120,6 +149,7 @@ def test_training_graph_saving_the_gathered_input_keeps_its_form(fake_pg, captur
 @pytest.mark.parametrize("case, why", [
     ("last_dim", "gathered along its last dim"),
     ("varying", "varies along the gather dim"),
+    ("rank_local", "a tensor that may differ between ranks"),
     ("two_ends", "2 values leave the row-wise ops"),
 ])
 def test_what_does_not_commute_with_the_gather_stays(case, why, fake_pg, capture, clean_env):
@@ -133,24 +163,29 @@ def test_what_does_not_commute_with_the_gather_stays(case, why, fake_pg, capture
         h = all_gather(x, 0, fake_pg) * 2.0
         return h @ w[:, :8].t(), torch.tanh(h * 3.0).sum(0)  # tanh is row-wise, sum(0) is not
 
-    fn = {"last_dim": last_dim, "varying": varying, "two_ends": two_ends}[case]
+    def rank_local(x, p, w):  # a per-row shift of one row's size: broadcasts, but p may differ per rank
+        return (all_gather(x, 0, fake_pg) + p[0]) @ w[:, :8].t()
+
+    fn = {"last_dim": last_dim, "varying": varying, "two_ends": two_ends, "rank_local": rank_local}[case]
     x = torch.randn(4, 8)
     be, _ = _compile(fn, x, torch.randn(16, 8), torch.randn(16, 32))
     (rec,) = _records(be)
     assert not rec.applied and why in rec.reason, rec.reason
 
 
-def test_a_gather_dim_constant_operand_and_graph_inputs_after_the_gather(fake_pg, capture, clean_env):
-    """A [B, 1, K] per-batch scale broadcasts along the gathered sequence: it commutes; the scale,
-    computed after the gather in the graph, moves before it."""
-    def f(x, s, w):
+def test_a_gather_dim_constant_operand_made_from_constants_moves(fake_pg, capture, clean_env):
+    """A [B, 1, K] per-batch scale broadcasts along the gathered sequence, and computed in the graph
+    from constants alone it is the same on every rank: it moves before the gather with the rest."""
+    def f(x, w):
         g = all_gather(x, 1, fake_pg)
-        scale = torch.sigmoid(s)  # computed after the gather in program order
+        scale = torch.sigmoid(torch.arange(16, dtype=torch.float32, device=x.device).view(2, 1, 8))
         return (g * scale) @ w
 
-    be, out = _compile(f, torch.randn(2, 3, 8), torch.randn(2, 1, 8), torch.randn(8, 5))
+    be, out = _compile(f, torch.randn(2, 3, 8), torch.randn(8, 5))
     op = _op(be.graphs[0])
-    assert aten.sigmoid.default in _gather_free_ancestors(op.args[0])
+    assert {aten.sigmoid.default, aten.arange.start_step} & _gather_free_ancestors(op.args[0])
+    (rec,) = _records(be)
+    assert "folded_into_weights" not in rec.prologue
     assert out.shape == (2, 12, 5)
 
 
@@ -168,7 +203,8 @@ def numerics_worker(rank, ws):
     def rnd(*shape, dtype=torch.float32):
         return torch.randn(*shape, generator=gen).to(dtype)
 
-    nw, nb = rnd(K), rnd(K)
+    # per-rank norm weights: the rewrite must keep this rank's weight on every gathered row
+    nw = rnd(K) + rank
     wq, wk, wv = rnd(24, K), rnd(8, K), rnd(8, K)
     wb, b = rnd(K, 16).bfloat16(), rnd(40).bfloat16()
     x3 = rnd(2, S * ws, K).chunk(ws, 1)[rank].contiguous()
@@ -179,13 +215,18 @@ def numerics_worker(rank, ws):
         return torch.cat([F.linear(h, wq), F.linear(h, wk), F.linear(h, wv)], -1)
 
     def ln_bias(x):
-        return F.linear(F.layer_norm(all_gather(x, 0, group), (K,), nw, nb), torch.cat([wq, wv, wk])[:40], b.float())
+        return F.linear(F.layer_norm(all_gather(x, 0, group), (K,)), torch.cat([wq, wv, wk])[:40], b.float())
+
+    def rms_bf16(x):  # bfloat16: the norm in float32 between two casts, the weight before the last
+        h = F.rms_norm(all_gather(x, 1, group), (K,), nw.bfloat16(), 1e-6)
+        return F.linear(h, wq.bfloat16())
 
     def cast(x):
         return all_gather(x, 0, group).to(torch.bfloat16) @ wb
 
     results = {}
-    for name, fn, x, tol in (("rms_qkv", rms_qkv, x3, 1e-4), ("ln_bias", ln_bias, x2, 1e-4), ("cast", cast, x2, 1e-2)):
+    for name, fn, x, tol in (("rms_qkv", rms_qkv, x3, 1e-4), ("ln_bias", ln_bias, x2, 1e-4), ("cast", cast, x2, 1e-2),
+                             ("rms_bf16", rms_bf16, x3.bfloat16(), 1e-2)):
         torch._dynamo.reset()
         with torch.no_grad():
             ref = fn(x)

@@ -64,6 +64,22 @@ def find_consumer_matmuls(result: torch.fx.Node) -> tuple[list[Matmul], list[tor
     return matmuls, flattens
 
 
+def _prologue_consumers_error(prologue: pro.Prologue, matmuls: list[Matmul], flattens: list[torch.fx.Node]) -> str:
+    """Why the matmuls after ``prologue`` cannot take it ("" if they can)."""
+    end = prologue.end
+    if not matmuls:
+        (reader, why), *_ = prologue.end_readers
+        return f"no matmul reads {end.name}, the end of the row-wise ops; {reader.name} does: {why}"
+    if prologue.scale is not None:  # the op gathers the unscaled value: no reader but the matmuls may see it
+        mm_nodes = {mm.node for mm in matmuls}
+        others = [u for u in end.users if u not in mm_nodes and u not in flattens]
+        others += [u for f in flattens for u in f.users if u not in mm_nodes]
+        if others:
+            return (f"{end.name} is also read by {', '.join(u.name for u in others)}, and its per-column scale "
+                    f"{prologue.scale.name} can only be folded into the matmuls' weights")
+    return ""
+
+
 class AgMmPass(OverlapPass):
     name = "ag_mm"
 
@@ -76,8 +92,9 @@ class AgMmPass(OverlapPass):
                 prologue, why = pro.walk(ag)
                 if prologue is not None:
                     matmuls, flattens = find_consumer_matmuls(prologue.end)
-                    if not matmuls:
-                        prologue, why = None, f"no matmul reads {prologue.end.name}, the end of the row-wise ops"
+                    why = _prologue_consumers_error(prologue, matmuls, flattens)
+                    if why:
+                        prologue, matmuls, flattens = None, [], []
             matches.append(AgMmMatch(ag, matmuls, flattens, prologue=prologue, no_prologue=why))
         return matches
 
@@ -180,6 +197,10 @@ class AgMmPass(OverlapPass):
         caps = m.captures or [ep.Capture() for _ in m.matmuls]
         specs, ep_args = self._specs(caps)
         extra = ("|".join(specs), ep_args) if any(specs) else ()
+        if m.prologue is not None and m.prologue.scale is not None:
+            common.hoist_before(first_user, [m.prologue.scale_operand, *weights])
+            with graph.inserting_before(first_user):
+                weights = [pro.fold_scale(graph, w, m.prologue) for w in weights]
         with graph.inserting_before(first_user):
             fused = common.call(
                 graph,

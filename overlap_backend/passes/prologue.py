@@ -18,8 +18,15 @@ and a cast before the gather ships the narrower dtype (half the bytes for float3
 - reductions over dims other than the gather dim with ``keepdim`` (``mean``, ``sum``, ``amax``,
   ``amin``, ``var``, ``var_mean`` and the ``getitem``s of its result: LayerNorm's statistics),
 
-whose every tensor operand is either in the chain or constant along the gather dim (a ``[K]``
-weight, a scalar). The chain must leave through one value (its *end*, which the matmuls read);
+whose every tensor operand is either in the chain, or constant along the gather dim and computed
+from constants alone. A graph input such as a norm weight is not: nothing in the graph says the
+ranks hold the same one, and moved before the gather each rank would apply its own to its rows,
+where the graph applies this rank's to all of them. A per-column weight (RMSNorm's ``x_hat * w``)
+is folded into the matmuls' weights instead (``(x_hat * w) @ W == x_hat @ (w[:, None] * W)``,
+``fold_scale``): this rank's ``w`` on every row, as the graph has it. After the scale the chain
+may hold only casts (which then move before it, onto the shard: one rounding of ``x_hat`` instead
+of one of ``x_hat * w``, within the bf16 tolerance); the scaled value may feed only the matmuls
+(the op's gathered output would lack the scale). LayerNorm's bias, added after its weight, stays. The chain must leave through one value (its *end*, which the matmuls read);
 the gathered tensor itself and every value inside must be read by nothing else (training graphs
 that save the gathered input for the norm's backward keep their form, and say so). ``hoist``
 (rewrite side) copies the chain onto the shard, makes the collective gather its end, and erases
@@ -38,6 +45,8 @@ import torch.fx
 from . import common
 from .common import aten, known_eq, val
 
+prims = torch.ops.prims
+
 MAX_NODES = 64  # a longer chain is not a prologue worth reasoning about
 _REDUCTIONS = {  # target -> (index of its dims argument, index of keepdim or None where it is a kwarg only)
     aten.mean.dim: (1, 2), aten.sum.dim_IntList: (1, 2), aten.amax.default: (1, 2), aten.amin.default: (1, 2),
@@ -49,11 +58,21 @@ _REDUCTIONS = {  # target -> (index of its dims argument, index of keepdim or No
 class Prologue:
     """A chain of row-wise nodes between a gathered value and the matmuls that read its end."""
 
-    nodes: list[torch.fx.Node] = field(default_factory=list)  # graph order
+    nodes: list[torch.fx.Node] = field(default_factory=list)  # graph order (the scale and the casts after it too)
     end: torch.fx.Node | None = None
+    # ``mul(x, w)``, ``w`` a per-column [K] tensor that may differ between ranks (a norm weight):
+    # not moved, folded into the matmuls' weights instead; after it the chain holds casts only
+    scale: torch.fx.Node | None = None
+    scale_operand: torch.fx.Node | None = None
+    # the end's readers that are not row-wise, and why (the matmuls among them)
+    end_readers: list[tuple[torch.fx.Node, str]] = field(default_factory=list)
 
     def report(self) -> dict:
-        return {"moved_before_gather": [n.name for n in self.nodes]}
+        moved = [n.name for n in self.nodes if n is not self.scale]
+        out = {"moved_before_gather": moved}
+        if self.scale is not None:
+            out["folded_into_weights"] = f"{self.scale.name} (* {self.scale_operand.name})"
+        return out
 
 
 def _tensors(v) -> list[torch.Tensor] | None:
@@ -115,7 +134,53 @@ def _row_wise_error(node: torch.fx.Node, inside: set[torch.fx.Node], gathered: t
         pos = gather_dim - (gathered.dim() - v.dim())  # the gather dim, right-aligned as broadcasting does
         if v.dim() > gathered.dim() or (pos >= 0 and not known_eq(v.shape[pos], 1)):
             return f"{what} reads {inp.name} {tuple(v.shape)}, which varies along the gather dim"
+        if not _same_on_every_rank(inp):
+            # After the move each rank would apply its own value to its own rows, where the graph
+            # applies this rank's value to every gathered row: equal only if the ranks' values are.
+            return (f"{what} reads {inp.name}, a tensor that may differ between ranks (a graph input: a norm "
+                    f"weight, say); before the gather each rank would apply its own value to its rows")
     return None
+
+
+def _column_scale_operand(node: torch.fx.Node, inside: set[torch.fx.Node], gathered: torch.Tensor):
+    """``w`` where ``node`` is ``mul(x, w)`` (either order), ``x`` in the chain, ``w`` a contiguous
+    tensor outside it with one value per column (``[K]``, or ``[1, .., K]``); else None."""
+    if node.target is not aten.mul.Tensor or len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    x, w = (a, b) if a in inside else (b, a)
+    if x not in inside or w in inside or not isinstance(w, torch.fx.Node):
+        return None
+    v = val(w)
+    k = gathered.shape[-1]
+    if not isinstance(v, torch.Tensor) or v.dim() > gathered.dim() or v.dim() < 1 or not v.is_contiguous():
+        return None
+    if not known_eq(v.shape[-1], k) or not all(known_eq(d, 1) for d in v.shape[:-1]):
+        return None
+    return w
+
+
+def _scaled_input(scale: torch.fx.Node, operand: torch.fx.Node) -> torch.fx.Node:
+    a, b = scale.args
+    return b if a is operand else a
+
+
+def _same_on_every_rank(node: torch.fx.Node) -> bool:
+    """Is ``node``'s value computed from constants alone (no graph input, no collective, no random
+    op), so that every rank of an SPMD program has the same?"""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        t = n.target
+        if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+            return False
+        if t.namespace in ("_c10d_functional", "c10d") or torch.Tag.nondeterministic_seeded in t.tags:
+            return False
+        stack.extend(n.all_input_nodes)
+    return True
 
 
 def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
@@ -137,14 +202,23 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
     heap = [(order[u], u) for u in g.users]
     heapq.heapify(heap)
     queued = set(g.users)
+    scale, scale_operand, scaled = None, None, set()  # scaled: the scale and the casts after it
     while heap:
         _, node = heapq.heappop(heap)  # graph order: a node's chain inputs are decided before it
         readers = [i for i in node.all_input_nodes if i in inside]
-        err = _row_wise_error(node, inside, gv, gather_dim)
+        if scaled & set(readers):
+            is_cast = node.target is prims.convert_element_type.default and len(readers) == 1
+            err = None if is_cast else f"{node.name} ({node.target}) follows the per-column scale {scale.name}: only casts may"
+        else:
+            err = _row_wise_error(node, inside, gv, gather_dim)
+            if err is not None and scale is None and (w := _column_scale_operand(node, inside, gv)) is not None:
+                scale, scale_operand, err = node, w, None
         if err is not None:
             for r in readers:
                 outside_users.setdefault(r, []).append((node, err))
             continue
+        if scale is not None and (node is scale or scaled & set(readers)):
+            scaled.add(node)
         if len(chain) == MAX_NODES:
             return None, f"more than {MAX_NODES} row-wise ops after the gather"
         inside.add(node)
@@ -165,11 +239,17 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
     if len(exits) != 1:
         listed = "; ".join(f"{n.name} is read by {u.name}: {why}" for n in exits for u, why in outside_users[n][:1])
         return None, f"{len(exits)} values leave the row-wise ops after the gather ({listed})"
-    return Prologue(chain, exits[0]), ""
+    end = exits[0]
+    if scale is not None and end not in scaled:
+        return None, f"the per-column scale {scale.name} does not lead to the chain's end {end.name}"
+    if end is scale and val(_scaled_input(scale, scale_operand)).dtype != val(scale).dtype:
+        return None, f"{scale.name} promotes the chain's dtype: folded into the weights it would not"
+    return Prologue(chain, end, scale, scale_operand, outside_users[end]), ""
 
 
 def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
-    """Copy ``prologue`` onto ``ag``'s shard, gather its end instead, erase the old chain.
+    """Copy ``prologue`` onto ``ag``'s shard, gather its end instead, erase the old chain. A
+    per-column scale is left out (the caller folds it into the weights: ``fold_scale``).
     Returns the new shard (the copy of the end). The gather's nodes get fresh fake values (a cast
     changes their dtype)."""
     graph = ag.result.graph
@@ -179,6 +259,9 @@ def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
     copies: dict[torch.fx.Node, torch.fx.Node] = {ag.result: ag.shard}
     with graph.inserting_before(ag.collective):
         for n in prologue.nodes:
+            if n is prologue.scale:  # folded into the weights: what follows reads its chain input
+                copies[n] = copies[_scaled_input(n, prologue.scale_operand)]
+                continue
             args = torch.fx.node.map_arg(n.args, lambda a: copies.get(a, a))
             kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: copies.get(a, a))
             copies[n] = common.call(graph, n.target, args, kwargs)
@@ -191,3 +274,20 @@ def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
     prologue.end.replace_all_uses_with(ag.result)
     common.erase_dead(list(reversed(prologue.nodes)))
     return shard
+
+
+def fold_scale(graph: torch.fx.Graph, weight: torch.fx.Node, prologue: Prologue) -> torch.fx.Node:
+    """``weight * w[:, None]`` (inserted at the graph's insertion point), the ``[K, N]`` weight of a
+    matmul that read ``x * w``: ``(x * w) @ W == x @ (w[:, None] * W)``, with this rank's ``w`` on
+    every row as the graph has it. Computed in float32, rounded once to the weight's dtype."""
+    w = prologue.scale_operand
+    dtype = val(weight).dtype
+    column = _as_dtype(graph, common.call(graph, aten.view.default, (w, [val(w).shape[-1], 1])), torch.float32)
+    scaled = common.call(graph, aten.mul.Tensor, (_as_dtype(graph, weight, torch.float32), column))
+    return _as_dtype(graph, scaled, dtype)
+
+
+def _as_dtype(graph: torch.fx.Graph, node: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    if val(node).dtype == dtype:
+        return node
+    return common.call(graph, prims.convert_element_type.default, (node, dtype))
