@@ -16,7 +16,6 @@ process per GPU through ``dist_harness.run_ranks(..., backend="nccl")``.
 
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
 
@@ -235,12 +234,16 @@ def prologue_worker(rank: int, ws: int, device: str, lowering: str):
     wb = _randn(hidden, 192, dtype=bf, device=device, scale=hidden**-0.5)
     # each rank's own weights (column shards differ per rank): eager and compiled use the same ones
 
-    def rms_qkv(x, gather):
-        h = F.rms_norm(gather(x, 1), (hidden,), nw, 1e-6)
-        return F.linear(h, wq), F.linear(h, wk), F.linear(h, wv)
+    def rms_qkv(gather):
+        def f(x):
+            h = F.rms_norm(gather(x, 1), (hidden,), nw, 1e-6)
+            return F.linear(h, wq), F.linear(h, wk), F.linear(h, wv)
+        return f
 
-    def cast(x, gather):
-        return gather(x, 0).to(bf) @ wb
+    def cast(gather):
+        def f(x):
+            return gather(x, 0).to(bf) @ wb
+        return f
 
     def compiled_gather(x, dim):
         return all_gather(x, dim, group)
@@ -254,11 +257,13 @@ def prologue_worker(rank: int, ws: int, device: str, lowering: str):
     for name, (fn, x) in cases.items():
         torch._dynamo.reset()
         with torch.no_grad():
-            ref = fn(x, eager_gather)
+            ref = fn(eager_gather)(x)
             # cost model off: these small layers are about numerics, the rewrite must happen
             backend = overlap_backend.make_backend(lowering=_use_lowering(lowering), inductor=True, cost_model="off")
             _poison(device)
-            got = torch.compile(functools.partial(fn, gather=compiled_gather), backend=backend)(x)
+            # fullgraph: a graph break would run funcol's gather eagerly (gloo's, on CUDA tensors,
+            # segfaults under OVERLAP_TEST_SHARED_GPU with torch 2.11)
+            got = torch.compile(fn(compiled_gather), backend=backend, fullgraph=True)(x)
         got, ref = (got, ref) if isinstance(got, tuple) else ((got,), (ref,))
         err = max(_rel_err(g, r) for g, r in zip(got, ref))
         moved = [m.prologue["moved_before_gather"] for r in backend.reports for m in r.matches
