@@ -216,7 +216,6 @@ def prologue_worker(rank: int, ws: int, device: str, lowering: str):
     """The prologue hoist (passes/prologue.py) compiled with Inductor: RMSNorm after a sequence
     gather feeding Q/K/V, and a float32 gather cast to bfloat16 for the GEMM, against eager."""
     import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
     import torch.nn.functional as F
 
     import overlap_backend
@@ -226,7 +225,9 @@ def prologue_worker(rank: int, ws: int, device: str, lowering: str):
     os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
     _setup_rank(rank, device)
     group = dist.group.WORLD
-    all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
+    # the models' choice: torch 2.11's all_gather_tensor breaks the graph for a gather dim other than 0
+    # (Dynamo skips its _maybe_view_chunk_cat); all_gather_tensor_autograd does not
+    from overlap_backend.models import _all_gather as all_gather
     bf = torch.bfloat16
     hidden, seq = 256, 64  # per rank
     nw = (1 + 0.1 * _randn(hidden, dtype=torch.float32, device=device)).to(bf)
