@@ -214,7 +214,8 @@ def test_compiled_blocks_fused_vs_eager(ws, lowering):
 
 def prologue_worker(rank: int, ws: int, device: str, lowering: str):
     """The prologue hoist (passes/prologue.py) compiled with Inductor: RMSNorm after a sequence
-    gather feeding Q/K/V, and a float32 gather cast to bfloat16 for the GEMM, against eager."""
+    gather feeding Q/K/V, a float32 gather cast to bfloat16 for the GEMM, LayerNorm with weight and
+    bias before a biased linear; each rank's own weights; against eager."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
@@ -233,6 +234,7 @@ def prologue_worker(rank: int, ws: int, device: str, lowering: str):
     nw = (1 + 0.1 * _randn(hidden, dtype=torch.float32, device=device)).to(bf)
     wq, wk, wv = (_randn(n, hidden, dtype=bf, device=device, scale=hidden**-0.5) for n in (256, 128, 128))
     wb = _randn(hidden, 192, dtype=bf, device=device, scale=hidden**-0.5)
+    nb, bq = _randn(hidden, dtype=bf, device=device), _randn(256, dtype=bf, device=device)
     # each rank's own weights (column shards differ per rank): eager and compiled use the same ones
 
     def rms_qkv(gather):
@@ -246,6 +248,11 @@ def prologue_worker(rank: int, ws: int, device: str, lowering: str):
             return gather(x, 0).to(bf) @ wb
         return f
 
+    def ln_affine(gather):  # LayerNorm's weight and bias fold into the matmul's weight and bias
+        def f(x):
+            return F.linear(F.layer_norm(gather(x, 0), (hidden,), nw, nb), wq, bq)
+        return f
+
     def compiled_gather(x, dim):
         return all_gather(x, dim, group)
 
@@ -253,7 +260,8 @@ def prologue_worker(rank: int, ws: int, device: str, lowering: str):
         return _gather_ref(x, dim, group)
 
     cases = {"rms_qkv": (rms_qkv, _randn(2, seq, hidden, dtype=bf, device=device)),
-             "cast": (cast, _randn(2 * seq, hidden, dtype=torch.float32, device=device))}
+             "cast": (cast, _randn(2 * seq, hidden, dtype=torch.float32, device=device)),
+             "ln_affine": (ln_affine, _randn(2 * seq, hidden, dtype=bf, device=device))}
     out, bad = {}, []
     for name, (fn, x) in cases.items():
         torch._dynamo.reset()

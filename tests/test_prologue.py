@@ -3,9 +3,10 @@
 - exact graphs on the fake group: RMSNorm (gather along the sequence; its weight folded into the
   matmuls' weights), LayerNorm without affine (``var_mean``) and a float32 → bfloat16 cast become
   ``ops on the shard → ag_mm``, with nothing left after the gather; the summary names the moved nodes;
+- LayerNorm's weight and bias folded into the matmul's weight and bias;
 - what stays and why: a gathered value saved for backward, a gather along the last dim, an operand
-  that varies along the gather dim or may differ between ranks (LayerNorm's bias), a chain with two
-  ends, a scaled value read by more than the matmuls;
+  that varies along the gather dim or may differ between ranks and is no column vector, a shift
+  before a scale, a chain with two ends, a scaled value read by more than the matmuls;
 - compiled vs eager on 2 gloo ranks (inference and a training step), random inputs and norm weights
   that differ between the ranks (moved before the gather, each rank's own weight would reach the
   other's rows: the fold keeps this rank's weight on every row, as the graph has it).
@@ -89,15 +90,29 @@ def test_layer_norm_var_mean_moves_onto_the_shard(fake_pg, capture, clean_env):
     assert out.shape == (16, 16)
 
 
-def test_layer_norm_bias_stays_with_the_reason(fake_pg, capture, clean_env):
-    """LayerNorm's bias is added after its weight: neither moves (they may differ between ranks)
-    and a bias cannot fold into the weight."""
+def test_layer_norm_weight_and_bias_fold_into_the_matmul(fake_pg, capture, clean_env):
+    """LayerNorm's weight and bias (graph inputs, maybe different per rank) do not move: the weight
+    folds into the matmul's weight, the bias into its bias (``b @ W``)."""
     def f(x, nw, nb, w):
         return F.linear(F.layer_norm(all_gather(x, 0, fake_pg), (8,), nw, nb), w)
 
     be, _ = _compile(f, torch.randn(4, 8), torch.randn(8), torch.randn(8), torch.randn(16, 8))
     (rec,) = _records(be)
-    assert not rec.applied and "follows the per-column scale mul_1: only casts may" in rec.reason, rec.reason
+    assert rec.applied
+    assert rec.prologue["folded_into_weights"] == "mul_1 (* arg1_1)"
+    assert rec.prologue["folded_into_biases"] == "add_1 (+ arg2_1 @ weight)"
+    op = _op(be.graphs[0])
+    (bias,) = op.args[2]
+    assert aten.mm.default in _gather_free_ancestors(bias)
+
+
+def test_a_shift_before_a_scale_stays(fake_pg, capture, clean_env):
+    def f(x, nb, nw, w):
+        return ((all_gather(x, 0, fake_pg) + nb) * nw) @ w.t()
+
+    be, _ = _compile(f, torch.randn(4, 8), torch.randn(8), torch.randn(8), torch.randn(16, 8))
+    (rec,) = _records(be)
+    assert not rec.applied and "follows the per-column add: only casts may" in rec.reason, rec.reason
 
 
 def test_scaled_value_read_elsewhere_stays(fake_pg, capture, clean_env):
@@ -107,7 +122,7 @@ def test_scaled_value_read_elsewhere_stays(fake_pg, capture, clean_env):
 
     be, _ = _compile(f, torch.randn(4, 8), torch.randn(8), torch.randn(16, 8))
     (rec,) = _records(be)
-    assert not rec.applied and "can only be folded into the matmuls' weights" in rec.reason, rec.reason
+    assert not rec.applied and "its per-column mul_1 can only be folded into the matmuls" in rec.reason, rec.reason
 
 
 def test_cast_moves_before_the_gather_and_halves_what_it_ships(fake_pg, capture, clean_env):
@@ -163,8 +178,8 @@ def test_what_does_not_commute_with_the_gather_stays(case, why, fake_pg, capture
         h = all_gather(x, 0, fake_pg) * 2.0
         return h @ w[:, :8].t(), torch.tanh(h * 3.0).sum(0)  # tanh is row-wise, sum(0) is not
 
-    def rank_local(x, p, w):  # a per-row shift of one row's size: broadcasts, but p may differ per rank
-        return (all_gather(x, 0, fake_pg) + p[0]) @ w[:, :8].t()
+    def rank_local(x, p, w):  # a 0-d tensor from a graph input: may differ per rank, and no column vector
+        return (all_gather(x, 0, fake_pg) * p[0, 0]) @ w[:, :8].t()
 
     fn = {"last_dim": last_dim, "varying": varying, "two_ends": two_ends, "rank_local": rank_local}[case]
     x = torch.randn(4, 8)
@@ -204,7 +219,7 @@ def numerics_worker(rank, ws):
         return torch.randn(*shape, generator=gen).to(dtype)
 
     # per-rank norm weights: the rewrite must keep this rank's weight on every gathered row
-    nw = rnd(K) + rank
+    nw, nb = rnd(K) + rank, rnd(K) - rank
     wq, wk, wv = rnd(24, K), rnd(8, K), rnd(8, K)
     wb, b = rnd(K, 16).bfloat16(), rnd(40).bfloat16()
     x3 = rnd(2, S * ws, K).chunk(ws, 1)[rank].contiguous()
@@ -217,6 +232,9 @@ def numerics_worker(rank, ws):
     def ln_bias(x):
         return F.linear(F.layer_norm(all_gather(x, 0, group), (K,)), torch.cat([wq, wv, wk])[:40], b.float())
 
+    def ln_affine(x):  # weight and bias folded into the matmul's weight and bias
+        return F.linear(F.layer_norm(all_gather(x, 0, group), (K,), nw, nb), torch.cat([wq, wv, wk])[:40], b.float())
+
     def rms_bf16(x):  # bfloat16: the norm in float32 between two casts, the weight before the last
         h = F.rms_norm(all_gather(x, 1, group), (K,), nw.bfloat16(), 1e-6)
         return F.linear(h, wq.bfloat16())
@@ -225,7 +243,8 @@ def numerics_worker(rank, ws):
         return all_gather(x, 0, group).to(torch.bfloat16) @ wb
 
     results = {}
-    for name, fn, x, tol in (("rms_qkv", rms_qkv, x3, 1e-4), ("ln_bias", ln_bias, x2, 1e-4), ("cast", cast, x2, 1e-2),
+    for name, fn, x, tol in (("rms_qkv", rms_qkv, x3, 1e-4), ("ln_bias", ln_bias, x2, 1e-4),
+                             ("ln_affine", ln_affine, x2, 1e-4), ("cast", cast, x2, 1e-2),
                              ("rms_bf16", rms_bf16, x3.bfloat16(), 1e-2)):
         torch._dynamo.reset()
         with torch.no_grad():

@@ -70,13 +70,14 @@ def _prologue_consumers_error(prologue: pro.Prologue, matmuls: list[Matmul], fla
     if not matmuls:
         (reader, why), *_ = prologue.end_readers
         return f"no matmul reads {end.name}, the end of the row-wise ops; {reader.name} does: {why}"
-    if prologue.scale is not None:  # the op gathers the unscaled value: no reader but the matmuls may see it
+    if prologue.folds:  # the op gathers the value without them: no reader but the matmuls may see it
         mm_nodes = {mm.node for mm in matmuls}
         others = [u for u in end.users if u not in mm_nodes and u not in flattens]
         others += [u for f in flattens for u in f.users if u not in mm_nodes]
         if others:
-            return (f"{end.name} is also read by {', '.join(u.name for u in others)}, and its per-column scale "
-                    f"{prologue.scale.name} can only be folded into the matmuls' weights")
+            folded = " and ".join(n.name for n in (prologue.scale, prologue.shift) if n is not None)
+            return (f"{end.name} is also read by {', '.join(u.name for u in others)}, and its per-column "
+                    f"{folded} can only be folded into the matmuls")
     return ""
 
 
@@ -197,10 +198,14 @@ class AgMmPass(OverlapPass):
         caps = m.captures or [ep.Capture() for _ in m.matmuls]
         specs, ep_args = self._specs(caps)
         extra = ("|".join(specs), ep_args) if any(specs) else ()
-        if m.prologue is not None and m.prologue.scale is not None:
-            common.hoist_before(first_user, [m.prologue.scale_operand, *weights])
+        if m.prologue is not None and m.prologue.folds:
+            operands = [n for n in (m.prologue.scale_operand, m.prologue.shift_operand) if n is not None]
+            common.hoist_before(first_user, [*operands, *weights, *[b for b in biases if b is not None]])
             with graph.inserting_before(first_user):
-                weights = [pro.fold_scale(graph, w, m.prologue) for w in weights]
+                if m.prologue.shift is not None:  # b @ W with the weights as they were
+                    biases = [pro.fold_shift(graph, w, b, m.prologue) for w, b in zip(weights, biases)]
+                if m.prologue.scale is not None:
+                    weights = [pro.fold_scale(graph, w, m.prologue) for w in weights]
         with graph.inserting_before(first_user):
             fused = common.call(
                 graph,

@@ -24,9 +24,10 @@ ranks hold the same one, and moved before the gather each rank would apply its o
 where the graph applies this rank's to all of them. A per-column weight (RMSNorm's ``x_hat * w``)
 is folded into the matmuls' weights instead (``(x_hat * w) @ W == x_hat @ (w[:, None] * W)``,
 ``fold_scale``): this rank's ``w`` on every row, as the graph has it. After the scale the chain
-may hold only casts (which then move before it, onto the shard: one rounding of ``x_hat`` instead
-of one of ``x_hat * w``, within the bf16 tolerance); the scaled value may feed only the matmuls
-(the op's gathered output would lack the scale). LayerNorm's bias, added after its weight, stays. The chain must leave through one value (its *end*, which the matmuls read);
+may hold a per-column shift (LayerNorm's bias ``b``, folded into the matmuls' biases:
+``(y + b) @ W == y @ W + b @ W``, ``fold_shift``) and casts (which move before them, onto the
+shard: one rounding of ``x_hat`` instead of one of ``x_hat * w + b``, within the bf16 tolerance);
+that value may feed only the matmuls (the op's gathered output would lack the folded ops). The chain must leave through one value (its *end*, which the matmuls read);
 the gathered tensor itself and every value inside must be read by nothing else (training graphs
 that save the gathered input for the norm's backward keep their form, and say so). ``hoist``
 (rewrite side) copies the chain onto the shard, makes the collective gather its end, and erases
@@ -64,15 +65,24 @@ class Prologue:
     # not moved, folded into the matmuls' weights instead; after it the chain holds casts only
     scale: torch.fx.Node | None = None
     scale_operand: torch.fx.Node | None = None
+    # ``add(x, b)`` after the scale (LayerNorm's bias), ``b`` per column: folded into the matmuls' biases
+    shift: torch.fx.Node | None = None
+    shift_operand: torch.fx.Node | None = None
     # the end's readers that are not row-wise, and why (the matmuls among them)
     end_readers: list[tuple[torch.fx.Node, str]] = field(default_factory=list)
 
     def report(self) -> dict:
-        moved = [n.name for n in self.nodes if n is not self.scale]
+        moved = [n.name for n in self.nodes if n not in (self.scale, self.shift)]
         out = {"moved_before_gather": moved}
         if self.scale is not None:
             out["folded_into_weights"] = f"{self.scale.name} (* {self.scale_operand.name})"
+        if self.shift is not None:
+            out["folded_into_biases"] = f"{self.shift.name} (+ {self.shift_operand.name} @ weight)"
         return out
+
+    @property
+    def folds(self) -> bool:
+        return self.scale is not None or self.shift is not None
 
 
 def _tensors(v) -> list[torch.Tensor] | None:
@@ -142,10 +152,15 @@ def _row_wise_error(node: torch.fx.Node, inside: set[torch.fx.Node], gathered: t
     return None
 
 
-def _column_scale_operand(node: torch.fx.Node, inside: set[torch.fx.Node], gathered: torch.Tensor):
-    """``w`` where ``node`` is ``mul(x, w)`` (either order), ``x`` in the chain, ``w`` a contiguous
-    tensor outside it with one value per column (``[K]``, or ``[1, .., K]``); else None."""
-    if node.target is not aten.mul.Tensor or len(node.args) != 2 or node.kwargs:
+def _column_affine(node: torch.fx.Node, inside: set[torch.fx.Node], gathered: torch.Tensor):
+    """``("scale", w)`` where ``node`` is ``mul(x, w)``, ``("shift", w)`` where it is ``add(x, w)``
+    (either order), ``x`` in the chain and ``w`` a contiguous tensor outside it with one value per
+    column (``[K]``, or ``[1, .., K]``); else None."""
+    if node.target is aten.mul.Tensor and len(node.args) == 2 and not node.kwargs:
+        kind = "scale"
+    elif node.target is aten.add.Tensor and len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1:
+        kind = "shift"
+    else:
         return None
     a, b = node.args
     x, w = (a, b) if a in inside else (b, a)
@@ -157,11 +172,11 @@ def _column_scale_operand(node: torch.fx.Node, inside: set[torch.fx.Node], gathe
         return None
     if not known_eq(v.shape[-1], k) or not all(known_eq(d, 1) for d in v.shape[:-1]):
         return None
-    return w
+    return kind, w
 
 
-def _scaled_input(scale: torch.fx.Node, operand: torch.fx.Node) -> torch.fx.Node:
-    a, b = scale.args
+def _affine_input(node: torch.fx.Node, operand: torch.fx.Node) -> torch.fx.Node:
+    a, b = node.args
     return b if a is operand else a
 
 
@@ -202,23 +217,32 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
     heap = [(order[u], u) for u in g.users]
     heapq.heapify(heap)
     queued = set(g.users)
-    scale, scale_operand, scaled = None, None, set()  # scaled: the scale and the casts after it
+    affine: dict[str, tuple[torch.fx.Node, torch.fx.Node]] = {}  # "scale" / "shift" -> (node, operand)
+    tail: set[torch.fx.Node] = set()  # the affine ops and what follows them
     while heap:
         _, node = heapq.heappop(heap)  # graph order: a node's chain inputs are decided before it
         readers = [i for i in node.all_input_nodes if i in inside]
-        if scaled & set(readers):
-            is_cast = node.target is prims.convert_element_type.default and len(readers) == 1
-            err = None if is_cast else f"{node.name} ({node.target}) follows the per-column scale {scale.name}: only casts may"
+        col = _column_affine(node, inside, gv)
+        if tail & set(readers):
+            err = None
+            if node.target is not prims.convert_element_type.default and not (
+                    col is not None and col[0] == "shift" and "shift" not in affine and len(readers) == 1):
+                after = " and ".join(n.name for n, _ in affine.values())
+                err = f"{node.name} ({node.target}) follows the per-column {after}: only casts may (and a shift after a scale)"
         else:
             err = _row_wise_error(node, inside, gv, gather_dim)
-            if err is not None and scale is None and (w := _column_scale_operand(node, inside, gv)) is not None:
-                scale, scale_operand, err = node, w, None
+            if err is not None and col is not None and col[0] not in affine and not tail:
+                err = None
+            else:
+                col = None
         if err is not None:
             for r in readers:
                 outside_users.setdefault(r, []).append((node, err))
             continue
-        if scale is not None and (node is scale or scaled & set(readers)):
-            scaled.add(node)
+        if col is not None:
+            affine[col[0]] = (node, col[1])
+        if col is not None or tail & set(readers):
+            tail.add(node)
         if len(chain) == MAX_NODES:
             return None, f"more than {MAX_NODES} row-wise ops after the gather"
         inside.add(node)
@@ -240,16 +264,21 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
         listed = "; ".join(f"{n.name} is read by {u.name}: {why}" for n in exits for u, why in outside_users[n][:1])
         return None, f"{len(exits)} values leave the row-wise ops after the gather ({listed})"
     end = exits[0]
-    if scale is not None and end not in scaled:
-        return None, f"the per-column scale {scale.name} does not lead to the chain's end {end.name}"
-    if end is scale and val(_scaled_input(scale, scale_operand)).dtype != val(scale).dtype:
-        return None, f"{scale.name} promotes the chain's dtype: folded into the weights it would not"
-    return Prologue(chain, end, scale, scale_operand, outside_users[end]), ""
+    if tail and end not in tail:
+        return None, f"the per-column {' and '.join(n.name for n, _ in affine.values())} do not lead to the chain's end {end.name}"
+    folded = {n: w for n, w in affine.values()}
+    first = end
+    while first in folded:  # what the hoisted chain ends with once the affine ops are left out
+        first = _affine_input(first, folded[first])
+    if val(first).dtype != val(end).dtype:
+        return None, f"{end.name} promotes the chain's dtype: folded into the weights it would not"
+    scale, shift = affine.get("scale", (None, None)), affine.get("shift", (None, None))
+    return Prologue(chain, end, *scale, *shift, outside_users[end]), ""
 
 
 def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
     """Copy ``prologue`` onto ``ag``'s shard, gather its end instead, erase the old chain. A
-    per-column scale is left out (the caller folds it into the weights: ``fold_scale``).
+    per-column scale and shift are left out (the caller folds them: ``fold_scale``, ``fold_shift``).
     Returns the new shard (the copy of the end). The gather's nodes get fresh fake values (a cast
     changes their dtype)."""
     graph = ag.result.graph
@@ -259,8 +288,9 @@ def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
     copies: dict[torch.fx.Node, torch.fx.Node] = {ag.result: ag.shard}
     with graph.inserting_before(ag.collective):
         for n in prologue.nodes:
-            if n is prologue.scale:  # folded into the weights: what follows reads its chain input
-                copies[n] = copies[_scaled_input(n, prologue.scale_operand)]
+            if n in (prologue.scale, prologue.shift):  # folded: what follows reads its chain input
+                operand = prologue.scale_operand if n is prologue.scale else prologue.shift_operand
+                copies[n] = copies[_affine_input(n, operand)]
                 continue
             args = torch.fx.node.map_arg(n.args, lambda a: copies.get(a, a))
             kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: copies.get(a, a))
@@ -291,3 +321,18 @@ def _as_dtype(graph: torch.fx.Graph, node: torch.fx.Node, dtype: torch.dtype) ->
     if val(node).dtype == dtype:
         return node
     return common.call(graph, prims.convert_element_type.default, (node, dtype))
+
+
+def fold_shift(graph: torch.fx.Graph, weight: torch.fx.Node, bias: torch.fx.Node | None,
+               prologue: Prologue) -> torch.fx.Node:
+    """The ``[N]`` bias of a matmul that read ``y + b`` (``weight``: its ``[K, N]`` weight before any
+    fold): ``(y + b) @ W == y @ W + b @ W``, plus its own bias. Float32, rounded once."""
+    b = prologue.shift_operand
+    k, n = val(weight).shape
+    dtype = val(weight).dtype
+    row = _as_dtype(graph, common.call(graph, aten.view.default, (b, [1, k])), torch.float32)
+    shift = common.call(graph, aten.mm.default, (row, _as_dtype(graph, weight, torch.float32)))
+    shift = common.call(graph, aten.view.default, (shift, [n]))
+    if bias is not None:
+        shift = common.call(graph, aten.add.Tensor, (shift, _as_dtype(graph, bias, torch.float32)))
+    return _as_dtype(graph, shift, dtype)
