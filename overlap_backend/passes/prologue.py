@@ -326,13 +326,16 @@ def _as_dtype(graph: torch.fx.Graph, node: torch.fx.Node, dtype: torch.dtype) ->
 def fold_shift(graph: torch.fx.Graph, weight: torch.fx.Node, bias: torch.fx.Node | None,
                prologue: Prologue) -> torch.fx.Node:
     """The ``[N]`` bias of a matmul that read ``y + b`` (``weight``: its ``[K, N]`` weight before any
-    fold): ``(y + b) @ W == y @ W + b @ W``, plus its own bias. Float32, rounded once."""
+    fold): ``(y + b) @ W == y @ W + b @ W``, plus its own bias. ``b @ W`` is a GEMM in the weight's
+    dtype (float32 accumulation; a float32 copy of ``W`` would cost more than the product: 0.05 to
+    0.09 ms at the TP block's QKV shape, bench/probe_prologue.py)."""
     b = prologue.shift_operand
     k, n = val(weight).shape
     dtype = val(weight).dtype
-    row = _as_dtype(graph, common.call(graph, aten.view.default, (b, [1, k])), torch.float32)
-    shift = common.call(graph, aten.mm.default, (row, _as_dtype(graph, weight, torch.float32)))
-    shift = common.call(graph, aten.view.default, (shift, [n]))
+    row = _as_dtype(graph, common.call(graph, aten.view.default, (b, [1, k])), dtype)
+    shift = common.call(graph, aten.view.default, (common.call(graph, aten.mm.default, (row, weight)), [n]))
     if bias is not None:
-        shift = common.call(graph, aten.add.Tensor, (shift, _as_dtype(graph, bias, torch.float32)))
-    return _as_dtype(graph, shift, dtype)
+        total = common.call(graph, aten.add.Tensor, (_as_dtype(graph, shift, torch.float32),
+                                                     _as_dtype(graph, bias, torch.float32)))
+        shift = _as_dtype(graph, total, dtype)
+    return shift
