@@ -289,3 +289,31 @@ def test_hoisted_prologues_match_eager_on_gloo(clean_env):
         for name, (err, tol, moved) in res.items():
             assert moved == 1, f"rank {rank} {name}: {moved} ops had a prologue moved before the gather"
             assert err <= tol, f"rank {rank} {name}: rel err {err:.3e} > {tol}"
+
+
+# ------------------------------------------------------------------------------- the cost model
+def test_cost_model_charges_the_plain_prologue_and_the_rewrite_its_folds():
+    from overlap_backend.calibrate import DEFAULTS
+    from overlap_backend.passes.cost_model import Problem, mem_ms, predict
+
+    cal = DEFAULTS["h200"]
+    plain = Problem("ag_mm", m=8192, n=3072, k=4096, dtype="bfloat16", ws=4)
+    pro = dict(prologue_bytes=8192 * 4096 * 4, fold_bytes=2 * 4096 * 3072 * 2, folds=1)
+    a, b = predict(plain, cal, ["symm"]), predict(Problem(**{**plain.__dict__, **pro}), cal, ["symm"])
+    assert b.baseline_ms - a.baseline_ms == pytest.approx(mem_ms(cal, pro["prologue_bytes"]))
+    moved = mem_ms(cal, pro["prologue_bytes"] / 4) + mem_ms(cal, pro["fold_bytes"]) + cal.launch_ms
+    assert b.best.ms - a.best.ms == pytest.approx(moved) and b.best.terms["prologue_ms"] == pytest.approx(moved)
+    assert b.problem.to_json()["folds"] == 1
+
+
+def test_the_pass_prices_the_prologue(fake_pg, capture, clean_env):
+    clean_env.setenv("OVERLAP_COST_MODEL", "on")
+
+    def f(x, nw, nb, w):
+        return F.linear(F.layer_norm(all_gather(x, 0, fake_pg), (8,), nw, nb), w)
+
+    be, _ = _compile(f, torch.randn(4, 8), torch.randn(8), torch.randn(8), torch.randn(16, 8))
+    (rec,) = _records(be)
+    problem = rec.cost["problem"]
+    # gathered [16, 8] float32 read, its end written; the weight [8, 16] read and written (scale) and read (shift)
+    assert (problem["prologue_bytes"], problem["fold_bytes"], problem["folds"]) == (16 * 8 * 8, 3 * 8 * 16 * 4, 2)

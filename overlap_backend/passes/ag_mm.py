@@ -136,7 +136,7 @@ class AgMmPass(OverlapPass):
         problem = cost_model.Problem(
             "ag_mm", m=hint(common.val(m.matmuls[0].node).shape[0]), k=hint(common.val(m.matmuls[0].b).shape[0]),
             n=sum(hint(common.val(mm.b).shape[1]) for mm in m.matmuls), dtype=common.dtype_name(m.operand), ws=ws,
-            gemms=len(m.matmuls),
+            gemms=len(m.matmuls), **(pro.cost_terms(m.prologue, m.matmuls, hint) if m.prologue is not None else {}),
         )
         decision = self.price(problem, ag.group_name, common.device_type(ag.shard),
                               common.lowering_candidates(self.ctx, lowering))

@@ -123,6 +123,12 @@ class Problem:
     experts: int = 0
     rows_sent: int = 0
     activation: str = ""
+    # ``ag_mm`` with a prologue (passes/prologue.py): bytes its row-wise ops move over the gathered
+    # rows in the plain graph (the rewrite moves 1/ws of them, on the shard), and the bytes and
+    # kernels of the weight / bias folds the rewrite adds per call
+    prologue_bytes: int = 0
+    fold_bytes: int = 0
+    folds: int = 0
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -134,7 +140,7 @@ class Problem:
 
     def to_json(self) -> dict[str, Any]:
         d = {"op": self.op, "m": self.m, "n": self.n, "k": self.k, "dtype": self.dtype, "ws": self.ws}
-        for name in ("gemms", "f", "experts", "rows_sent", "activation"):
+        for name in ("gemms", "f", "experts", "rows_sent", "activation", "prologue_bytes", "fold_bytes", "folds"):
             v = getattr(self, name)
             if v and not (name == "gemms" and v == 1):
                 d[name] = v
@@ -482,7 +488,20 @@ def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *
             plans.append(plan)
     if not plans:
         plans.append(plan_p2p(cal, p, stages))
+    if p.prologue_bytes or p.fold_bytes:
+        base, terms = _with_prologue(cal, p, base, terms, plans)
     return Prediction(p, base, terms, plans, cal, cuda_graphs and p.op in GRAPH_OPS)
+
+
+def _with_prologue(cal: Calibration, p: Problem, base: float, terms: dict[str, float], plans: list[Plan]):
+    """An ``ag_mm`` prologue: the plain graph runs it on the gathered rows; the rewrite on the shard,
+    plus the folds (bench/probe_prologue.py measured both sides on one H200: docs/passes.md)."""
+    plain = mem_ms(cal, p.prologue_bytes)
+    moved = mem_ms(cal, p.prologue_bytes / p.ws) + mem_ms(cal, p.fold_bytes) + p.folds * cal.launch_ms
+    for plan in plans:
+        plan.ms += moved
+        plan.terms["prologue_ms"] = moved
+    return base + plain, {**terms, "prologue_ms": plain}
 
 
 # ------------------------------------------------------------------------------- the decision

@@ -70,6 +70,7 @@ class Prologue:
     shift_operand: torch.fx.Node | None = None
     # the end's readers that are not row-wise, and why (the matmuls among them)
     end_readers: list[tuple[torch.fx.Node, str]] = field(default_factory=list)
+    gathered: torch.fx.Node | None = None  # the gathered value the chain starts from
 
     def report(self) -> dict:
         moved = [n.name for n in self.nodes if n not in (self.scale, self.shift)]
@@ -273,7 +274,7 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
     if val(first).dtype != val(end).dtype:
         return None, f"{end.name} promotes the chain's dtype: folded into the weights it would not"
     scale, shift = affine.get("scale", (None, None)), affine.get("shift", (None, None))
-    return Prologue(chain, end, *scale, *shift, outside_users[end]), ""
+    return Prologue(chain, end, *scale, *shift, outside_users[end], g), ""
 
 
 def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
@@ -339,3 +340,18 @@ def fold_shift(graph: torch.fx.Graph, weight: torch.fx.Node, bias: torch.fx.Node
                                                      _as_dtype(graph, bias, torch.float32)))
         shift = _as_dtype(graph, total, dtype)
     return shift
+
+
+def cost_terms(prologue: Prologue, matmuls: list[common.Matmul], hint) -> dict[str, int]:
+    """``cost_model.Problem``'s prologue fields: the bytes the chain moves over the gathered rows in
+    the plain graph (its input read, its end written: a fused norm), and what the folds add per call
+    (the scale: each weight read and written; the shift: each weight read once more)."""
+    g, end = val(prologue.gathered), val(prologue.end)
+    rows = common.prod(hint(d) for d in g.shape[:-1])
+    k = hint(g.shape[-1])
+    moved = rows * k * (g.element_size() + end.element_size())
+    weights = [common.prod(hint(d) for d in val(mm.b).shape) * val(mm.b).element_size() for mm in matmuls]
+    fold_bytes = (2 * sum(weights) if prologue.scale is not None else 0) + (
+        sum(weights) if prologue.shift is not None else 0)
+    folds = len(matmuls) * ((prologue.scale is not None) + (prologue.shift is not None))
+    return {"prologue_bytes": moved, "fold_bytes": fold_bytes, "folds": folds}
