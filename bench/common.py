@@ -182,7 +182,8 @@ def shutdown() -> None:
     then the process group."""
     from overlap_backend.runtime import symm
 
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     dist.barrier()
     symm.release_all()
     dist.destroy_process_group()

@@ -317,3 +317,29 @@ def test_the_pass_prices_the_prologue(fake_pg, capture, clean_env):
     problem = rec.cost["problem"]
     # gathered [16, 8] float32 read, its end written; the weight [8, 16] read and written (scale) and read (shift)
     assert (problem["prologue_bytes"], problem["fold_bytes"], problem["folds"]) == (16 * 8 * 8, 3 * 8 * 16 * 4, 2)
+
+
+# ------------------------------------------------------------------------------- the benchmark
+@pytest.mark.timeout(300)
+def test_bench_prologue_cpu_smoke(tmp_path):
+    """bench/bench_prologue.py on 2 gloo ranks: every variant checked against eager and timed, the
+    prologue moved and the norm's weight (and LayerNorm's bias) folded, the table and JSON written."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "bench/bench_prologue.py", "--device", "cpu", "--rounds", "1", "--out-dir", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVERLAP_")}
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "prologue_ws2.json").read_text())["rows"]
+    assert {(r["norm"], r["variant"]) for r in rows} == {
+        (n, v) for n in ("rms", "layer") for v in ("eager", "overlap", "overlap_symm", "overlap_p2p")}
+    for r in rows:
+        assert r["status"] == "ok" and r["time_ms"] > 0, r
+        if r["variant"] != "eager":
+            assert "moved" in r["rewrites"] and "folded mul_1" in r["rewrites"], r
+            assert ("add_1 (+ arg2_1 @ weight)" in r["rewrites"]) == (r["norm"] == "layer"), r
