@@ -27,9 +27,11 @@ is folded into the matmuls' weights instead (``(x_hat * w) @ W == x_hat @ (w[:, 
 may hold a per-column shift (LayerNorm's bias ``b``, folded into the matmuls' biases:
 ``(y + b) @ W == y @ W + b @ W``, ``fold_shift``) and casts (which move before them, onto the
 shard: one rounding of ``x_hat`` instead of one of ``x_hat * w + b``, within the bf16 tolerance);
-that value may feed only the matmuls (the op's gathered output would lack the folded ops). The chain must leave through one value (its *end*, which the matmuls read);
-the gathered tensor itself and every value inside must be read by nothing else (training graphs
-that save the gathered input for the norm's backward keep their form, and say so). ``hoist``
+that value may feed only the matmuls (the op's gathered output would lack the folded ops).
+
+The chain must leave through one value (its *end*, which the matmuls read); the gathered tensor
+itself and every value inside must be read by nothing else (training graphs that save the gathered
+input for the norm's backward keep their form, and say so). ``hoist``
 (rewrite side) copies the chain onto the shard, makes the collective gather its end, and erases
 the old chain: the graph is then the ``all_gather → (reshape) → mm`` form ``ag_mm`` rewrites.
 """
@@ -59,10 +61,10 @@ _REDUCTIONS = {  # target -> (index of its dims argument, index of keepdim or No
 class Prologue:
     """A chain of row-wise nodes between a gathered value and the matmuls that read its end."""
 
-    nodes: list[torch.fx.Node] = field(default_factory=list)  # graph order (the scale and the casts after it too)
+    nodes: list[torch.fx.Node] = field(default_factory=list)  # graph order (the folded scale and shift too)
     end: torch.fx.Node | None = None
     # ``mul(x, w)``, ``w`` a per-column [K] tensor that may differ between ranks (a norm weight):
-    # not moved, folded into the matmuls' weights instead; after it the chain holds casts only
+    # not moved, folded into the matmuls' weights instead; after it only a shift and casts
     scale: torch.fx.Node | None = None
     scale_operand: torch.fx.Node | None = None
     # ``add(x, b)`` after the scale (LayerNorm's bias), ``b`` per column: folded into the matmuls' biases
