@@ -722,11 +722,7 @@ def parse_args(argv=None):
     # Hidden: exercise the code paths on the CPU with gloo, float32 and tiny shapes.
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
     common.add_set_argument(p)
-    args = p.parse_args(argv)
-    try:
-        args.settings = common.apply_sets(args.set)
-    except ValueError as e:
-        p.error(str(e))
+    args = common.parse_args_with_sets(p, argv)
     if args.graphs and args.device != "cuda":
         p.error("--graphs needs CUDA")
     suites = _csv(args.suite)

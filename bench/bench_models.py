@@ -170,11 +170,7 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--cpu-inductor", action="store_true", help=argparse.SUPPRESS)
     common.add_set_argument(p)
-    args = p.parse_args(argv)
-    try:
-        args.settings = common.apply_sets(args.set)
-    except ValueError as e:
-        p.error(str(e))
+    args = common.parse_args_with_sets(p, argv)
     args.sections = [s for s in args.sections.split(",") if s]
     args.variants = ["eager"] + [v for v in args.variants.split(",") if v and v != "eager"]
     args.curve_variants = ["eager"] + [v for v in args.curve_variants.split(",") if v and v != "eager"]

@@ -170,11 +170,7 @@ def parse_args(argv=None):
     p.add_argument("--list-configs", metavar="WS", type=int, default=None,
                    help="print the configs a run with WS ranks takes (per-rank sizes, or why not), then exit")
     common.add_set_argument(p)
-    args = p.parse_args(argv)
-    try:
-        args.settings = common.apply_sets(args.set)
-    except ValueError as e:
-        p.error(str(e))
+    args = common.parse_args_with_sets(p, argv)
     if args.out is None and args.list_configs is None:
         p.error("--out DIR is required")
     if args.p2p_first and args.no_p2p:

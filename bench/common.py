@@ -341,6 +341,17 @@ def apply_sets(items: Sequence[str]) -> list[str]:
     return applied
 
 
+def parse_args_with_sets(parser, argv: Sequence[str] | None = None):
+    """``parser.parse_args(argv)`` with the ``--set`` items (``add_set_argument``) applied and kept in
+    ``args.settings``; a bad item ends the run with the parser's usage error."""
+    args = parser.parse_args(argv)
+    try:
+        args.settings = apply_sets(args.set)
+    except ValueError as e:
+        parser.error(str(e))
+    return args
+
+
 def command_line(world_size: int) -> str:
     script = os.path.relpath(os.path.abspath(sys.argv[0]), os.getcwd())
     args = " ".join(shlex.quote(a) for a in sys.argv[1:])

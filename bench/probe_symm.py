@@ -85,11 +85,7 @@ def main():
                    "columns each, default 1), comma-separated, instead of DESIGN.md's")
     p.add_argument("--ar-shapes", default="", help="mm_ar shapes MxKxN (K local), comma-separated, instead of DESIGN.md's")
     common.add_set_argument(p)
-    args = p.parse_args()
-    try:
-        args.settings = common.apply_sets(args.set)
-    except ValueError as e:
-        p.error(str(e))
+    args = common.parse_args_with_sets(p)
     ops = set(args.ops.split(","))
     rank, ws, device = common.init_distributed("cuda")
     TIMING = common.Timing(device)

@@ -585,6 +585,19 @@ def test_set_applies_module_settings_and_rejects_bad_ones(monkeypatch):
             common.apply_sets([bad])
 
 
+def test_benches_parse_set_through_one_helper(bench, capsys, monkeypatch):
+    """bench_collective_gemm / bench_models / bench_moe: ``--set`` applied by their argument parsing
+    (``common.parse_args_with_sets``), a bad item a usage error naming it."""
+    from overlap_backend.runtime import symm
+
+    monkeypatch.setattr(symm, "PUSH_STREAM_PER_PEER", False)
+    args = bench["bench_collective_gemm"].parse_args(["--out-dir", "x", "--set", "runtime.symm.PUSH_STREAM_PER_PEER=True"])
+    assert args.settings == ["overlap_backend.runtime.symm.PUSH_STREAM_PER_PEER=True"] and symm.PUSH_STREAM_PER_PEER
+    with pytest.raises(SystemExit):
+        bench["bench_moe"].parse_args(["--out", "x", "--set", "runtime.symm.NO_SUCH=1"])
+    assert "runtime.symm has no setting NO_SUCH" in capsys.readouterr().err
+
+
 def test_trace_compare_sums_categories_and_exclusive_time(tmp_path):
     """bench/trace_compare.py: per category the summed time and the time nothing else runs; the
     kernels whose time differs most between two traces."""
