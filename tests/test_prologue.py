@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import operator
 
 import pytest
 import torch
@@ -204,6 +205,26 @@ def test_a_gather_dim_constant_operand_made_from_constants_moves(fake_pg, captur
     assert out.shape == (2, 12, 5)
 
 
+def test_dynamic_shapes_size_readers_follow_the_gathered_end(fake_pg, capture, clean_env):
+    """With dynamic shapes the graph reads the gathered value's sizes (``sym_size``) for its views:
+    sizes, not the value, so the hoist goes ahead and they read the gathered end (same shape); the
+    folds write no symbolic size into the graph."""
+    nw, nb, w = torch.randn(16), torch.randn(16), torch.randn(8, 16)
+
+    def f(x):
+        return F.linear(F.layer_norm(all_gather(x, 1, fake_pg), (16,), nw, nb), w)
+
+    be = make_backend(inductor=False)
+    compiled = torch.compile(f, backend=be, dynamic=True)
+    for s in (3, 5):
+        assert compiled(torch.randn(2, s, 16)).shape == (2, 4 * s, 8)
+    (rec,) = _records(be)
+    assert rec.applied and rec.prologue["folded_into_biases"].endswith("@ weight)")
+    g = be.graphs[0]
+    sizes = [n for n in g.nodes if n.target is aten.sym_size.int]
+    assert sizes and all(n.args[0].target is operator.getitem for n in sizes)  # the op's gathered output
+
+
 # ---------------------------------------------------------------------- compiled vs eager, gloo
 def numerics_worker(rank, ws):
     import torch
@@ -234,6 +255,9 @@ def numerics_worker(rank, ws):
 
     def ln_affine(x):  # weight and bias folded into the matmul's weight and bias
         return F.linear(F.layer_norm(all_gather(x, 0, group), (K,), nw, nb), torch.cat([wq, wv, wk])[:40], b.float())
+
+    def ln_affine_seq(x):  # gathered along the sequence
+        return F.linear(F.layer_norm(all_gather(x, 1, group), (K,), nw, nb), wq)
 
     def rms_bf16(x):  # bfloat16: the norm in float32 between two casts, the weight before the last
         h = F.rms_norm(all_gather(x, 1, group), (K,), nw.bfloat16(), 1e-6)
@@ -272,6 +296,18 @@ def numerics_worker(rank, ws):
     moved = [m.prologue for r in backend.reports if r.kind == "forward" for m in r.matches if m.applied and m.prologue]
     errs = [_rel(loss.detach(), loss_ref.detach()), _rel(xs.grad, grads_ref[0]), _rel(w.grad, grads_ref[1])]
     results["cast_training"] = (max(errs), 1e-2, len(moved))
+
+    # dynamic shapes: one compile serves two sequence lengths
+    torch._dynamo.reset()
+    backend = overlap_backend.make_backend(lowering="p2p")
+    compiled = torch.compile(ln_affine_seq, backend=backend, dynamic=True)
+    errs = []
+    for s in (S, S + 2):
+        x = rnd(2, s, K)
+        with torch.no_grad():
+            errs.append(_rel(compiled(x), ln_affine_seq(x)))
+    moved = [m.prologue for r in backend.reports for m in r.matches if m.applied and m.prologue]
+    results["ln_affine_dynamic"] = (max(errs), 1e-4, len(moved))
     return results
 
 

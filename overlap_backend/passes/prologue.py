@@ -73,6 +73,9 @@ class Prologue:
     # the end's readers that are not row-wise, and why (the matmuls among them)
     end_readers: list[tuple[torch.fx.Node, str]] = field(default_factory=list)
     gathered: torch.fx.Node | None = None  # the gathered value the chain starts from
+    # ``sym_size`` nodes that read a chain value of the gathered shape (dynamic shapes): ``hoist``
+    # points them at the gathered end, whose shape is the same
+    shape_readers: list[torch.fx.Node] = field(default_factory=list)
 
     def report(self) -> dict:
         moved = [n.name for n in self.nodes if n not in (self.scale, self.shift)]
@@ -183,6 +186,15 @@ def _affine_input(node: torch.fx.Node, operand: torch.fx.Node) -> torch.fx.Node:
     return b if a is operand else a
 
 
+def _reads_the_gathered_shape(node: torch.fx.Node, readers: list[torch.fx.Node], gathered: torch.Tensor) -> bool:
+    """``sym_size(v, d)`` of a chain value ``v`` whose shape is the gathered value's."""
+    if node.target is not aten.sym_size.int or len(readers) != 1:
+        return False
+    v = val(readers[0])
+    return (isinstance(v, torch.Tensor) and v.dim() == gathered.dim()
+            and all(known_eq(a, b) for a, b in zip(v.shape, gathered.shape)))
+
+
 def _same_on_every_rank(node: torch.fx.Node) -> bool:
     """Is ``node``'s value computed from constants alone (no graph input, no collective, no random
     op), so that every rank of an SPMD program has the same?"""
@@ -222,9 +234,13 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
     queued = set(g.users)
     affine: dict[str, tuple[torch.fx.Node, torch.fx.Node]] = {}  # "scale" / "shift" -> (node, operand)
     tail: set[torch.fx.Node] = set()  # the affine ops and what follows them
+    shape_readers: list[torch.fx.Node] = []  # sym_size of a chain value of the gathered shape (dynamic shapes)
     while heap:
         _, node = heapq.heappop(heap)  # graph order: a node's chain inputs are decided before it
         readers = [i for i in node.all_input_nodes if i in inside]
+        if _reads_the_gathered_shape(node, readers, gv):
+            shape_readers.append(node)  # a size, not the value: the gathered end has the same
+            continue
         col = _column_affine(node, inside, gv)
         if tail & set(readers):
             err = None
@@ -276,7 +292,7 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
     if val(first).dtype != val(end).dtype:
         return None, f"{end.name} promotes the chain's dtype: folded into the weights it would not"
     scale, shift = affine.get("scale", (None, None)), affine.get("shift", (None, None))
-    return Prologue(chain, end, *scale, *shift, outside_users[end], g), ""
+    return Prologue(chain, end, *scale, *shift, outside_users[end], g, shape_readers), ""
 
 
 def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
@@ -304,6 +320,8 @@ def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
     for n in sorted(ag.nodes, key=order.__getitem__):
         n.meta.pop("tensor_meta", None)
         common.set_fake_value(n)
+    for n in prologue.shape_readers:
+        n.replace_input_with(n.args[0], ag.result)
     prologue.end.replace_all_uses_with(ag.result)
     common.erase_dead(list(reversed(prologue.nodes)))
     return shard
@@ -315,7 +333,8 @@ def fold_scale(graph: torch.fx.Graph, weight: torch.fx.Node, prologue: Prologue)
     every row as the graph has it. Computed in float32, rounded once to the weight's dtype."""
     w = prologue.scale_operand
     dtype = val(weight).dtype
-    column = _as_dtype(graph, common.call(graph, aten.view.default, (w, [val(w).shape[-1], 1])), torch.float32)
+    # -1, not the size: a symbolic size cannot be written into the graph as a constant
+    column = _as_dtype(graph, common.call(graph, aten.view.default, (w, [-1, 1])), torch.float32)
     scaled = common.call(graph, aten.mul.Tensor, (_as_dtype(graph, weight, torch.float32), column))
     return _as_dtype(graph, scaled, dtype)
 
@@ -333,10 +352,9 @@ def fold_shift(graph: torch.fx.Graph, weight: torch.fx.Node, bias: torch.fx.Node
     dtype (float32 accumulation; a float32 copy of ``W`` would cost more than the product: 0.05 to
     0.09 ms at the TP block's QKV shape, bench/probe_prologue.py)."""
     b = prologue.shift_operand
-    k, n = val(weight).shape
     dtype = val(weight).dtype
-    row = _as_dtype(graph, common.call(graph, aten.view.default, (b, [1, k])), dtype)
-    shift = common.call(graph, aten.view.default, (common.call(graph, aten.mm.default, (row, weight)), [n]))
+    row = _as_dtype(graph, common.call(graph, aten.view.default, (b, [1, -1])), dtype)  # -1: see fold_scale
+    shift = common.call(graph, aten.view.default, (common.call(graph, aten.mm.default, (row, weight)), [-1]))
     if bias is not None:
         total = common.call(graph, aten.add.Tensor, (_as_dtype(graph, shift, torch.float32),
                                                      _as_dtype(graph, bias, torch.float32)))
