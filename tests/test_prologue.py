@@ -256,6 +256,9 @@ def numerics_worker(rank, ws):
     def ln_affine(x):  # weight and bias folded into the matmul's weight and bias
         return F.linear(F.layer_norm(all_gather(x, 0, group), (K,), nw, nb), torch.cat([wq, wv, wk])[:40], b.float())
 
+    def ln_gelu(x):  # a prologue before the matmul and an epilogue (bias, GELU) after it, in one op
+        return F.gelu(F.linear(F.layer_norm(all_gather(x, 0, group), (K,), nw, nb), wq) + b[:24].float())
+
     def ln_affine_seq(x):  # gathered along the sequence
         return F.linear(F.layer_norm(all_gather(x, 1, group), (K,), nw, nb), wq)
 
@@ -268,7 +271,8 @@ def numerics_worker(rank, ws):
 
     results = {}
     for name, fn, x, tol in (("rms_qkv", rms_qkv, x3, 1e-4), ("ln_bias", ln_bias, x2, 1e-4),
-                             ("ln_affine", ln_affine, x2, 1e-4), ("cast", cast, x2, 1e-2),
+                             ("ln_affine", ln_affine, x2, 1e-4), ("ln_gelu", ln_gelu, x2, 1e-4),
+                             ("cast", cast, x2, 1e-2),
                              ("rms_bf16", rms_bf16, x3.bfloat16(), 1e-2)):
         torch._dynamo.reset()
         with torch.no_grad():
@@ -276,6 +280,9 @@ def numerics_worker(rank, ws):
             backend = overlap_backend.make_backend(lowering="p2p")
             got = torch.compile(fn, backend=backend)(x)
         moved = [m.prologue for r in backend.reports for m in r.matches if m.applied and m.prologue]
+        epilogues = [e["spec"] for r in backend.reports for m in r.matches if m.epilogue for e in m.epilogue]
+        if name == "ln_gelu":
+            assert epilogues == ["bias:0,gelu"], epilogues
         results[name] = (_rel(got, ref), tol, len(moved))
 
     # a training step through the cast: the forward's gathered bfloat16 value is saved for backward
