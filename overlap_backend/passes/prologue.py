@@ -130,6 +130,8 @@ def _row_wise_error(node: torch.fx.Node, inside: set[torch.fx.Node], gathered: t
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
         return f"{what} is not a row-wise op"
+    if torch.Tag.nondeterministic_seeded in target.tags:  # on the shard it would draw other numbers
+        return f"{what} is random"
     if target in _REDUCTIONS:
         if (err := _reduction_error(node, gather_dim, gathered.dim())) is not None:
             return err
