@@ -70,8 +70,9 @@ class GatherNormQKV(nn.Module):
 
 
 def _compiled(name: str, model: nn.Module, cpu: bool):
+    """(the compiled model, its overlap backend or None)."""
     if name == "inductor":
-        return torch.compile(model)
+        return torch.compile(model), None
     kw = {} if name == "overlap" else {"lowering": name.removeprefix("overlap_"), "cost_model": "off"}
     backend = overlap_backend.make_backend(inductor=not cpu, **kw)
     return torch.compile(model, backend=backend), backend
@@ -131,8 +132,7 @@ def main() -> None:
                 row = {**base, "variant": name}
                 try:
                     torch._dynamo.reset()
-                    made = _compiled(name, model, cpu)
-                    fn, backend = made if isinstance(made, tuple) else (made, None)
+                    fn, backend = _compiled(name, model, cpu)
                     err = common.allreduce_max([common.rel_err(fn(x).float(), ref.float())], device)[0]
                     row["rel_err"] = err
                     row["rewrites"] = _rewrites(backend) if backend is not None else ""

@@ -70,12 +70,12 @@ def _prologue_consumers_error(prologue: pro.Prologue, matmuls: list[Matmul], fla
     if not matmuls:
         (reader, why), *_ = prologue.end_readers
         return f"no matmul reads {end.name}, the end of the row-wise ops; {reader.name} does: {why}"
-    if prologue.folds:  # the op gathers the value without them: no reader but the matmuls may see it
+    if prologue.folded:  # the op gathers the value without them: no reader but the matmuls may see it
         mm_nodes = {mm.node for mm in matmuls}
         others = [u for u in end.users if u not in mm_nodes and u not in flattens]
         others += [u for f in flattens for u in f.users if u not in mm_nodes]
         if others:
-            folded = " and ".join(n.name for n in (prologue.scale, prologue.shift) if n is not None)
+            folded = " and ".join(n.name for n in prologue.folded)
             return (f"{end.name} is also read by {', '.join(u.name for u in others)}, and its per-column "
                     f"{folded} can only be folded into the matmuls")
     return ""
@@ -136,7 +136,7 @@ class AgMmPass(OverlapPass):
         problem = cost_model.Problem(
             "ag_mm", m=hint(common.val(m.matmuls[0].node).shape[0]), k=hint(common.val(m.matmuls[0].b).shape[0]),
             n=sum(hint(common.val(mm.b).shape[1]) for mm in m.matmuls), dtype=common.dtype_name(m.operand), ws=ws,
-            gemms=len(m.matmuls), **(pro.cost_terms(m.prologue, m.matmuls, hint) if m.prologue is not None else {}),
+            gemms=len(m.matmuls), **(pro.cost_terms(m.prologue, m.matmuls) if m.prologue is not None else {}),
         )
         decision = self.price(problem, ag.group_name, common.device_type(ag.shard),
                               common.lowering_candidates(self.ctx, lowering))
@@ -198,14 +198,8 @@ class AgMmPass(OverlapPass):
         caps = m.captures or [ep.Capture() for _ in m.matmuls]
         specs, ep_args = self._specs(caps)
         extra = ("|".join(specs), ep_args) if any(specs) else ()
-        if m.prologue is not None and m.prologue.folds:
-            operands = [n for n in (m.prologue.scale_operand, m.prologue.shift_operand) if n is not None]
-            common.hoist_before(first_user, [*operands, *weights, *[b for b in biases if b is not None]])
-            with graph.inserting_before(first_user):
-                if m.prologue.shift is not None:  # b @ W with the weights as they were
-                    biases = [pro.fold_shift(graph, w, b, m.prologue) for w, b in zip(weights, biases)]
-                if m.prologue.scale is not None:
-                    weights = [pro.fold_scale(graph, w, m.prologue) for w in weights]
+        if m.prologue is not None:
+            weights, biases = pro.fold(first_user, weights, biases, m.prologue)
         with graph.inserting_before(first_user):
             fused = common.call(
                 graph,

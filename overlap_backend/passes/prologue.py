@@ -78,7 +78,7 @@ class Prologue:
     shape_readers: list[torch.fx.Node] = field(default_factory=list)
 
     def report(self) -> dict:
-        moved = [n.name for n in self.nodes if n not in (self.scale, self.shift)]
+        moved = [n.name for n in self.nodes if n not in self.folded]
         out = {"moved_before_gather": moved}
         if self.scale is not None:
             out["folded_into_weights"] = f"{self.scale.name} (* {self.scale_operand.name})"
@@ -87,8 +87,10 @@ class Prologue:
         return out
 
     @property
-    def folds(self) -> bool:
-        return self.scale is not None or self.shift is not None
+    def folded(self) -> dict[torch.fx.Node, torch.fx.Node]:
+        """The folded ops (scale, shift), each with its per-column operand."""
+        pairs = ((self.scale, self.scale_operand), (self.shift, self.shift_operand))
+        return {n: w for n, w in pairs if n is not None}
 
 
 def _tensors(v) -> list[torch.Tensor] | None:
@@ -287,7 +289,7 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
     end = exits[0]
     if tail and end not in tail:
         return None, f"the per-column {' and '.join(n.name for n, _ in affine.values())} do not lead to the chain's end {end.name}"
-    folded = {n: w for n, w in affine.values()}
+    folded = dict(affine.values())
     first = end
     while first in folded:  # what the hoisted chain ends with once the affine ops are left out
         first = _affine_input(first, folded[first])
@@ -307,11 +309,11 @@ def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
     outer = [i for n in prologue.nodes for i in n.all_input_nodes if i not in inside and i is not ag.result]
     common.hoist_before(ag.collective, list(dict.fromkeys(outer)))
     copies: dict[torch.fx.Node, torch.fx.Node] = {ag.result: ag.shard}
+    folded = prologue.folded
     with graph.inserting_before(ag.collective):
         for n in prologue.nodes:
-            if n in (prologue.scale, prologue.shift):  # folded: what follows reads its chain input
-                operand = prologue.scale_operand if n is prologue.scale else prologue.shift_operand
-                copies[n] = copies[_affine_input(n, operand)]
+            if n in folded:  # what follows reads its chain input
+                copies[n] = copies[_affine_input(n, folded[n])]
                 continue
             args = torch.fx.node.map_arg(n.args, lambda a: copies.get(a, a))
             kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: copies.get(a, a))
@@ -327,6 +329,22 @@ def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
     prologue.end.replace_all_uses_with(ag.result)
     common.erase_dead(list(reversed(prologue.nodes)))
     return shard
+
+
+def fold(anchor: torch.fx.Node, weights: list[torch.fx.Node], biases: list[torch.fx.Node | None],
+         prologue: Prologue) -> tuple[list[torch.fx.Node], list[torch.fx.Node | None]]:
+    """The matmuls' weights and biases with ``prologue``'s scale and shift folded in, computed just
+    before ``anchor`` (the op's place); unchanged where it folds nothing."""
+    if not prologue.folded:
+        return weights, biases
+    graph = anchor.graph
+    common.hoist_before(anchor, [*prologue.folded.values(), *weights, *[b for b in biases if b is not None]])
+    with graph.inserting_before(anchor):
+        if prologue.shift is not None:  # b @ W with the weights as they were
+            biases = [fold_shift(graph, w, b, prologue) for w, b in zip(weights, biases)]
+        if prologue.scale is not None:
+            weights = [fold_scale(graph, w, prologue) for w in weights]
+    return weights, biases
 
 
 def fold_scale(graph: torch.fx.Graph, weight: torch.fx.Node, prologue: Prologue) -> torch.fx.Node:
@@ -364,10 +382,11 @@ def fold_shift(graph: torch.fx.Graph, weight: torch.fx.Node, bias: torch.fx.Node
     return shift
 
 
-def cost_terms(prologue: Prologue, matmuls: list[common.Matmul], hint) -> dict[str, int]:
+def cost_terms(prologue: Prologue, matmuls: list[common.Matmul]) -> dict[str, int]:
     """``cost_model.Problem``'s prologue fields: the bytes the chain moves over the gathered rows in
     the plain graph (its input read, its end written: a fused norm), and what the folds add per call
     (the scale: each weight read and written; the shift: each weight read once more)."""
+    hint = common.hint
     g, end = val(prologue.gathered), val(prologue.end)
     rows = common.prod(hint(d) for d in g.shape[:-1])
     k = hint(g.shape[-1])
@@ -375,5 +394,5 @@ def cost_terms(prologue: Prologue, matmuls: list[common.Matmul], hint) -> dict[s
     weights = [common.prod(hint(d) for d in val(mm.b).shape) * val(mm.b).element_size() for mm in matmuls]
     fold_bytes = (2 * sum(weights) if prologue.scale is not None else 0) + (
         sum(weights) if prologue.shift is not None else 0)
-    folds = len(matmuls) * ((prologue.scale is not None) + (prologue.shift is not None))
+    folds = len(matmuls) * len(prologue.folded)
     return {"prologue_bytes": moved, "fold_bytes": fold_bytes, "folds": folds}
