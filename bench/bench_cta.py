@@ -17,9 +17,11 @@ For each activation (GELU, SwiGLU) and M (tokens), at H=8192, F=28672 by default
   timed; instead ``p2p stages=4``: the op's portable ``p2p`` lowering with ``stages=4``, whose stages
   are 4 row micro-chunks, each reduced over all N ranks (a ring reduce-scatter fused with the MLP, then
   an all-gather overlapping the next chunk): TP<N> with overlapped communication, not a 4-GPU-stage pipeline;
-- ``--graphs``: the baselines and ``CTA 2`` captured in CUDA graphs and replayed (ours then counts
-  epochs on the device; its tiles go by the default transport, the copy engine, since the
-  thirteenth session, by peer stores before).
+- ``--graphs``: the baselines and every layout of ours captured in CUDA graphs and replayed (ours then
+  counts epochs on the device; its tiles go by the default transport, the copy engine, since the
+  thirteenth session, by peer stores before, with the default K-chunk count), with the bars' ratios on
+  those times: ``CTA 2`` against one GPU / 2 and TP2, ``CTA 2×TP<N/2>`` against TP<N> (an eager call of
+  ours at M <= 1024 is host-bound, so eager times say little about the bars there).
 
 Timing: CUDA events after warm-up, median, maximum over ranks (bench/common.py). Each of ours is
 checked against the float32 MLP first (relative error). Writes ``cta_ws<N>.md`` / ``.json``
@@ -256,8 +258,8 @@ def run(args) -> int:
                 else:
                     row[lay.name], _ = timing.bench(fn)
                     row[f"{lay.name} kc"] = "—"
-                if args.graphs and lay.name == "CTA 2":  # captured: device epochs, the default transport
-                    row["CTA 2 (graph)"] = _bench_graph(timing, fn)
+                if args.graphs:  # captured: device epochs, the default transport and K-chunks
+                    row[f"{lay.name} (graph)"] = _bench_graph(timing, fn)
             # Micro-batching over the same transport (rank pairs; stage weights: full W1/W3 on the
             # pair's rank 0, full W2 on its rank 1 — gathered here, outside the timing).
             st = symm.state(pair.group_name, device)
@@ -374,8 +376,12 @@ def render(rows, ws, info, args) -> str:
     cols += [lay.name for lay in world_ctas] + ["CTA 2 / (1 GPU / 2)", "TP2 / CTA 2", "µbatch / CTA 2"]
     cols += [f"{world_tp} / {world_symm.name}"] if world_symm else []
     cols += ["err"]
+    graphed = [lay for lay in ours if not lay.not_supported]
     if args.graphs:
-        cols += ["1 GPU graph", "TP2 graph"] + ([f"{world_tp} graph"] if world_tp else []) + ["CTA 2 graph"]
+        cols += ["1 GPU graph", "TP2 graph"] + ([f"{world_tp} graph"] if world_tp else [])
+        cols += [f"{lay.name} graph" for lay in graphed]
+        cols += ["graph: CTA 2 / (1 GPU / 2)", "graph: TP2 / CTA 2"]
+        cols += [f"graph: {world_tp} / {world_symm.name}"] if world_symm else []
     table = []
     for row in rows:
         half = row["1 GPU"] / 2
@@ -394,7 +400,11 @@ def render(rows, ws, info, args) -> str:
         if args.graphs:
             line += [common.fmt_ms(row.get("1 GPU (graph)")), common.fmt_ms(row.get("TP2 (graph)"))]
             line += [common.fmt_ms(row.get(f"{world_tp} (graph)"))] if world_tp else []
-            line += [common.fmt_ms(row.get("CTA 2 (graph)"))]
+            line += [common.fmt_ms(row.get(f"{lay.name} (graph)")) for lay in graphed]
+            one = row.get("1 GPU (graph)")
+            line += [r(row.get("CTA 2 (graph)"), one / 2 if one else None),
+                     r(row.get("TP2 (graph)"), row.get("CTA 2 (graph)"))]
+            line += [r(row.get(f"{world_tp} (graph)"), row.get(f"{world_symm.name} (graph)"))] if world_symm else []
         table.append(line)
     notes = [f"- `{lay.name}`: not supported: {lay.not_supported}." for lay in ours if lay.not_supported]
     notes += ["- `p2p stages=4`: the p2p lowering's `stages` are row micro-chunks, each reduced over all "
@@ -406,7 +416,8 @@ def render(rows, ws, info, args) -> str:
             "Ratios > 1 mean ours is faster, except `CTA 2 / (1 GPU / 2)` (the bar: <= 1.10). In parentheses: "
             "the best micro-batch count (µbatch), the best transport / K-chunk count per stage-0 rank (ours). err: "
             "ours vs the TP result in float32 (relative), one per variant of ours in column order; (p2p!): the symm "
-            "lowering ran it on its p2p fallback.\n"
+            "lowering ran it on its p2p fallback. Graph columns: CUDA-graph replays (each of ours with its default "
+            "transport and K-chunk count), and the same ratios on them.\n"
             + ("\n" + "\n".join(notes) + "\n" if notes else ""))
 
 

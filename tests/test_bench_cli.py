@@ -176,8 +176,20 @@ def test_cta_render(bench, ws):
             continue
         row.update({lay.name: 0.55, f"{lay.name} kc": "ce/4", f"{lay.name} err": 1e-3,
                     f"{lay.name} path": lay.lowering})
+        row[f"{lay.name} (graph)"] = 0.4
+    row.update({"1 GPU (graph)": 1.0, "TP2 (graph)": 0.5})
+    if c.tp_name(ws):
+        row[f"{c.tp_name(ws)} (graph)"] = 0.3
     md = c.render([row], ws, common.machine_info(torch.device("cpu"), ws), args)
     assert f"ws={ws}" in md
+    header, _, values = md.split("\n\n")[2].splitlines()[:3]
+    cells = dict(zip([h.strip() for h in header.strip("|").split("|")], [v.strip() for v in values.strip("|").split("|")]))
+    # every supported layout of ours is replayed too, and the bars' ratios are taken on the replays
+    assert cells["CTA 2 graph"] == "0.400" and cells["graph: CTA 2 / (1 GPU / 2)"] == "0.80"
+    assert cells["graph: TP2 / CTA 2"] == "1.25"
+    if c.tp_name(ws):
+        wide = next(lay.name for lay in c.layouts(ws) if lay.group == "world" and lay.lowering == "symm")
+        assert cells[f"{wide} graph"] == "0.400" and cells[f"graph: {c.tp_name(ws)} / {wide}"] == "0.75"
     if ws == 8:
         assert "| TP8 " in md and "CTA 2×TP4" in md and "TP8 / CTA 2×TP4" in md
         assert "not supported" in md and "p2p stages=4" in md
