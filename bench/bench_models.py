@@ -1,8 +1,8 @@
-"""Real models end to end (issue 6): Llama TP+SP training, its loss curve, Mixtral EP training, serving.
+"""Real models end to end (issue 6): Llama TP+SP training, Mixtral EP training, their loss curves, serving.
 
-    torchrun --nproc-per-node=N bench/bench_models.py --out DIR [--sections llama,curve,mixtral,serve]
+    torchrun --nproc-per-node=N bench/bench_models.py --out DIR [--sections llama,curve,mixtral,mixtral_curve,serve]
         [--variants eager,inductor,async_tp,overlap] [--compile block|model] [--quick]
-        [--llama k=v,...] [--curve k=v,...] [--mixtral k=v,...] [--serve k=v,...]
+        [--llama k=v,...] [--curve k=v,...] [--mixtral k=v,...] [--mixtral_curve k=v,...] [--serve k=v,...]
 
 Sections (each on fresh models built from the same seed; ``torch._dynamo.reset()`` between them):
 
@@ -25,6 +25,8 @@ Sections (each on fresh models built from the same seed; ``torch._dynamo.reset()
   expert-parallel over the N ranks, everything else data-parallel (each rank its own batch, gradients
   of replicated weights all-reduced); variants eager / inductor / overlap (its ``moe`` pass rewrites
   the forward); step time as above, tokens/s over all ranks.
+- ``mixtral_curve``: the same for a smaller Mixtral (expert parallel as in ``mixtral``, each rank its own
+  batch; the loss is the mean over ranks).
 - ``serve``: the Llama with plain TP (no SP: all-reduce after wo/w2, the ``mm_ar`` pass), static KV
   caches, a prompt batch prefilled then ``new_tokens`` greedy steps; variants eager / inductor /
   overlap; prefill ms and tokens/s, decode ms per step and tokens/s (wall clock with device
@@ -89,7 +91,7 @@ from overlap_backend.train import (  # noqa: E402
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
 
-SECTIONS = ("llama", "curve", "mixtral", "serve")
+SECTIONS = ("llama", "curve", "mixtral", "mixtral_curve", "serve")
 VARIANTS = ("eager", "inductor", "async_tp", "overlap", "overlap_p2p", "inductor_nocomm")
 DEFAULT_VARIANTS = ("eager", "inductor", "async_tp", "overlap")
 LABELS = {"eager": "eager", "inductor": "Inductor", "async_tp": "Inductor + async-TP", "overlap": "overlap",
@@ -110,6 +112,8 @@ GPU = {
                   steps=300, lr=1e-3, tol=2e-2),
     "mixtral": dict(vocab_size=32000, dim=4096, n_layers=2, n_heads=32, n_kv_heads=8, ffn_dim=14336, num_experts=8,
                     top_k=2, capacity_factor=1.25, batch=2, seq=2048),
+    "mixtral_curve": dict(vocab_size=8192, dim=1024, n_layers=4, n_heads=16, n_kv_heads=4, ffn_dim=3584, num_experts=8,
+                          top_k=2, capacity_factor=1.25, batch=4, seq=1024, steps=300, lr=1e-3, tol=2e-2),
     "serve": dict(vocab_size=32000, dim=4096, n_layers=4, n_heads=32, n_kv_heads=8, ffn_dim=14336, batch=8,
                   prompt=512, new_tokens=64, reps=3),
 }
@@ -119,6 +123,8 @@ CPU = {
                   steps=20, lr=1e-2, tol=1e-4),
     "mixtral": dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, num_experts=4, top_k=2,
                     capacity_factor=2.0, batch=2, seq=8, expert_form="bmm"),
+    "mixtral_curve": dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, num_experts=4,
+                          top_k=2, capacity_factor=2.0, batch=2, seq=8, expert_form="bmm", steps=20, lr=1e-3, tol=1e-4),
     "serve": dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, batch=2, prompt=6,
                   new_tokens=6, reps=2),
 }
@@ -457,13 +463,25 @@ class Bench:
         cfg_kw, run = _split(self.args.sizes["curve"])
         cfg = LlamaConfig(**cfg_kw, seq_len=run["seq"])
         cfg.check_tp(self.ws)
+        self.loss_curve("curve", lambda: build_llama(cfg, self.mesh, seed=self.args.seed, device=self.device,
+                                                     dtype=self.dtype), cfg.vocab_size, run, data_parallel=False)
+
+    def mixtral_curve(self) -> None:
+        cfg_kw, run = _split(self.args.sizes["mixtral_curve"])
+        cfg = MixtralConfig(**cfg_kw, seq_len=run["seq"])
+        self.loss_curve("mixtral_curve", lambda: build_mixtral(cfg, seed=self.args.seed, device=self.device,
+                                                               dtype=self.dtype),
+                        cfg.vocab_size, run, data_parallel=True, grad_hook=sync_dense_grads)
+
+    def loss_curve(self, section: str, build, vocab: int, run: dict, data_parallel: bool, grad_hook=None) -> None:
+        """``run["steps"]`` AdamW steps of ``build()`` per curve variant, every loss compared with eager's."""
         tol = run["tol"] if self.dtype == torch.bfloat16 else TOL[torch.float32]
         rows = []
-        self.results["curve"] = {"sizes": self.args.sizes["curve"], "tol": tol, "variants": rows}
+        self.results[section] = {"sizes": self.args.sizes[section], "tol": tol, "variants": rows}
         ref = None
         for name in self.args.curve_variants:
             row = {"variant": name, "label": LABELS[name], "losses": None, "check": "—", "compare": None,
-                   "seconds": None, "note": None}
+                   "seconds": None, "rewrites": "—", "note": None}
             rows.append(row)
             why = _agree(self.unavailable(name))
             if why is not None:
@@ -472,13 +490,16 @@ class Bench:
                 continue
             err = None
             try:
-                model = build_llama(cfg, self.mesh, seed=self.args.seed, device=self.device, dtype=self.dtype)
-                model, _ = self.compiled(model, name, "curve")
+                model = build()
+                model, info = self.compiled(model, name, section)
+                hook = functools.partial(grad_hook, model) if grad_hook else None
                 t0 = time.perf_counter()
-                losses = train(model, run["steps"], batch=run["batch"], seq_len=run["seq"], vocab=cfg.vocab_size,
-                               lr=run["lr"], seed=self.args.seed, device=self.device)
+                losses = train(model, run["steps"], batch=run["batch"], seq_len=run["seq"], vocab=vocab,
+                               lr=run["lr"], seed=self.args.seed, device=self.device, data_parallel=data_parallel,
+                               grad_hook=hook)
                 row["seconds"] = time.perf_counter() - t0
                 row["losses"] = losses
+                row["rewrites"] = info()[0]
                 del model
             except Exception as e:  # noqa: BLE001
                 err = self._raised(e)
@@ -625,9 +646,11 @@ class Bench:
                           f"{free:.3f} ms, {ind / free:.3f}× Inductor: the most that overlapping all communication "
                           f"could gain on this step{f' (overlap has {ind / ours:.3f}×)' if ours else ''}.", ""]
             parts += notes + ([""] if notes else [])
-        if "curve" in self.results:
-            res = self.results["curve"]
-            parts += ["## Loss curve, Llama TP + SP training, every step vs eager", "",
+        for section, title in (("curve", "Llama TP + SP training"), ("mixtral_curve", "Mixtral EP training")):
+            if section not in self.results:
+                continue
+            res = self.results[section]
+            parts += [f"## Loss curve, {title}, every step vs eager", "",
                       f"Sizes: {res['sizes']}; PASS if the max relative difference to eager's loss <= {res['tol']:g}. "
                       "Every loss is in the JSON.", ""]
             body = []
@@ -638,9 +661,9 @@ class Bench:
                              f"{ls[-1]:.4f}" if ls else "—",
                              f"{c['max_rel_diff']:.2e} (step {c['argmax']})" if c else "—",
                              f"{c['mean_rel_diff']:.2e}" if c else "—", r["check"],
-                             f"{r['seconds']:.1f}" if r["seconds"] else "—"])
+                             f"{r['seconds']:.1f}" if r["seconds"] else "—", r.get("rewrites", "—")])
             parts += [common.markdown_table(["variant", "steps", "first loss", "last loss", "max rel diff vs eager",
-                                             "mean rel diff", "check", "run s (compile incl.)"], body), ""]
+                                             "mean rel diff", "check", "run s (compile incl.)", "rewrites"], body), ""]
             parts += [f"- {r['label']}: {r['note']}" for r in res["variants"] if r["note"]] + [""]
         if "serve" in self.results:
             res = self.results["serve"]

@@ -705,3 +705,24 @@ def test_predict_llama_prices_the_eight_matches_of_a_block(capsys):
     assert "### ws 2, CUDA-graph replays" in out and out.count("| fwd ag_mm x -> QKV |") == 2
     with pytest.raises(SystemExit):
         pl.main(["--llama", "depth=3"])
+
+
+def test_bench_models_loss_curves_of_both_models(tmp_path):
+    """``bench_models.py --sections curve,mixtral_curve`` (2 gloo ranks, float32, tiny models): the Llama TP+SP
+    and the Mixtral EP curves, every step's loss in the JSON for eager and overlap, the overlap one rewritten
+    (the moe pass on Mixtral's forward) and within 1e-4 of eager's at every step."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "bench/bench_models.py",
+           "--out", str(tmp_path), "--device", "cpu", "--sections", "curve,mixtral_curve", "--curve", "steps=8",
+           "--mixtral_curve", "steps=8"]
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=240, capture_output=True)
+    sections = json.loads((tmp_path / "models_ws2.json").read_text())["sections"]
+    for section, rewrite in (("curve", "ag_mm"), ("mixtral_curve", "moe")):
+        eager, ours = sections[section]["variants"]
+        assert (eager["variant"], ours["variant"]) == ("eager", "overlap")
+        assert len(eager["losses"]) == len(ours["losses"]) == 8
+        assert rewrite in ours["rewrites"], ours["rewrites"]
+        assert ours["check"] == "PASS" and ours["compare"]["max_rel_diff"] <= 1e-4
+        assert max(abs(a - b) / abs(b) for a, b in zip(ours["losses"], eager["losses"])) <= 1e-4
+    md = (tmp_path / "models_ws2.md").read_text()
+    assert "## Loss curve, Llama TP + SP training" in md and "## Loss curve, Mixtral EP training" in md
