@@ -413,6 +413,117 @@ def test_p2p_op_matches_all_to_all_and_experts(ws):
         assert refused[1] is not None and "comm_sms" in refused[1] and "got 200" in refused[1], refused
 
 
+def _reference_backward(grad, send, recv, rows, ends, w_gate, w_up, w_down, group):
+    """``moe_experts_backward``'s documented semantics by autograd, in float32: the forward's G and U
+    (computed here from random grouped rows), and what the op must return for them."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    cd, h, f, m = w_gate.dtype, grad.shape[1], w_gate.shape[2], rows.shape[0]
+    received = grad.new_empty((sum(recv), h))
+    dist.all_to_all_single(received, grad, recv, send, group=group)
+    ok = rows >= 0
+    dy = torch.zeros(m, h)
+    dy[ok] = received[rows[ok]].to(cd).float()
+    xg = torch.randn(m, h, generator=torch.Generator().manual_seed(m + h)).to(cd).float().requires_grad_()
+    parts_g, parts_u, start = [], [], 0
+    for e, end in enumerate(ends):
+        parts_g.append(xg[start:end] @ w_gate[e].float())
+        parts_u.append(xg[start:end] @ w_up[e].float())
+        start = end
+    parts_g.append(torch.zeros(m - start, f))
+    parts_u.append(torch.zeros(m - start, f))
+    gate, up = torch.cat(parts_g), torch.cat(parts_u)
+    gate, up = gate.to(cd).float().detach().requires_grad_(), up.to(cd).float().detach().requires_grad_()
+    act = F.silu(gate) * up
+    y, start = torch.zeros(m, h), 0
+    for e, end in enumerate(ends):
+        y = y + F.pad(act[start:end] @ w_down[e].float(), (0, 0, start, m - end))
+        start = end
+    (y * dy).sum().backward()
+    dxg, start = torch.zeros(m, h), 0
+    for e, end in enumerate(ends):
+        dxg[start:end] = gate.grad[start:end] @ w_gate[e].float().T + up.grad[start:end] @ w_up[e].float().T
+        start = end
+    d_recv = torch.zeros(sum(recv), h)
+    d_recv.index_add_(0, rows[ok], dxg[ok])
+    dx = torch.empty(grad.shape)
+    dist.all_to_all_single(dx, d_recv.to(grad.dtype).float(), send, recv, group=group)
+    return (gate.detach().to(cd), up.detach().to(cd)), (dx, dy, gate.grad, up.grad)
+
+
+def backward_op_worker(rank, ws, max_examples):
+    import torch
+    import torch.distributed as dist
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    import overlap_backend  # noqa: F401  registers torch.ops.overlap
+
+    group = dist.group.WORLD
+    failures = []
+
+    @settings(
+        max_examples=max_examples, derandomize=True, database=None, deadline=None,
+        phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        counts=st.lists(st.integers(0, 4), min_size=ws * ws, max_size=ws * ws),
+        experts=st.integers(1, 3), h=st.integers(1, 9), f=st.integers(1, 7), pad=st.integers(0, 3),
+        use_offsets=st.booleans(), repeat=st.booleans(), bf16=st.booleans(), seed=st.integers(0, 2**16),
+    )
+    def check(counts, experts, h, f, pad, use_offsets, repeat, bf16, seed):
+        g = torch.Generator().manual_seed(seed)
+        sendmat = torch.tensor(counts).view(ws, ws)
+        send, recv = sendmat[rank].tolist(), sendmat[:, rank].tolist()
+        cd = torch.bfloat16 if bf16 else torch.float32
+        grad = torch.randn(ws, max(sum(send), 1), h, generator=g)[rank][: sum(send)].contiguous()
+        w = [torch.randn(ws, experts, *shape, generator=g)[rank].to(cd) for shape in ((h, f), (h, f), (f, h))]
+        n = sum(recv)
+        perm = torch.randperm(n + pad, generator=g)
+        rows = torch.where(perm < n, perm, -1)
+        if repeat and n:  # a received row read by two grouped rows: its gradients add up
+            rows[torch.nonzero(rows >= 0)[-1]] = rows[torch.nonzero(rows >= 0)[0]]
+        ends = sorted(torch.randint(0, n + pad + 1, (experts,), generator=g).tolist())
+        if use_offsets:
+            offsets, sizes = torch.tensor(ends, dtype=torch.int32), []
+        else:
+            offsets, sizes = None, [b - a for a, b in zip([0] + ends[:-1], ends)]
+        (gate, up), ref = _reference_backward(grad, send, recv, rows, ends, *w, group)
+        wt = [w[0].transpose(1, 2), w[1].transpose(1, 2), w[2].transpose(1, 2)]
+        got = torch.ops.overlap.moe_experts_backward(grad, send, recv, rows, offsets, sizes, gate, up, *wt,
+                                                     group.group_name, "p2p")
+        tol = 3e-2 if bf16 else 1e-5
+        errs = []
+        for v, r in zip(got, ref):
+            errs.append(_rel(v.float(), r) if r.numel() and r.abs().max() > 0 else float((v != 0).sum()))
+        dtypes = [v.dtype for v in got] == [grad.dtype, cd, cd, cd]
+        if not all(e <= tol for e in errs) or not dtypes:
+            failures.append((counts, experts, h, f, pad, use_offsets, repeat, bf16, seed, errs))
+
+    check()
+    refused = None
+    try:  # wt_down of the wrong shape: refused before any communication, on every rank
+        torch.ops.overlap.moe_experts_backward(
+            torch.randn(ws, 4), [1] * ws, [1] * ws, torch.arange(ws), None, [ws], torch.randn(ws, 2),
+            torch.randn(ws, 2), torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4), group.group_name,
+            "p2p")
+    except ValueError as e:
+        refused = str(e)
+    return failures, refused
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_p2p_backward_op_matches_autograd(ws):
+    """``moe_experts_backward`` on the p2p lowering against autograd through the forward's semantics:
+    dx (after the return all-to-all), dY, dG, dU; empty splits, zero rows, rows past the last expert,
+    a received row read twice (its gradients add), float32 and bf16."""
+    for failures, refused in run_ranks(backward_op_worker, ws, 25, timeout=220):
+        assert not failures, failures[:3]
+        assert refused is not None and "wt_down" in refused and "[1, 4, 2]" in refused, refused
+
+
 # ------------------------------------------------------------------------ Inductor end to end
 def inductor_worker(rank, ws):
     import torch

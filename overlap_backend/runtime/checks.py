@@ -218,6 +218,51 @@ def check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w
         raise _fail(op, "saved", f"expected {len(saved_names)} flags {tuple(saved_names)}, got {len(saved)}")
 
 
+def check_moe_experts_backward(grad, send_splits, recv_splits, rows, offsets, group_sizes, gate, up, wt_gate, wt_up,
+                               wt_down, group) -> None:
+    op = "moe_experts_backward"
+    ws, rank = group.size(), group.rank()
+    _tensor(op, "grad", grad, 2)
+    _float(op, "grad", grad)
+    _tensor(op, "rows", rows, 1)
+    if rows.is_floating_point() or rows.dtype == torch.bool:
+        raise _fail(op, "rows", f"expected an integer index tensor, got {rows.dtype}")
+    for name, splits in (("send_splits", send_splits), ("recv_splits", recv_splits)):
+        if len(splits) != ws:
+            raise _fail(op, name, f"expected {ws} sizes (one per rank of the group), got {len(splits)}")
+        if any(int(s) < 0 for s in splits):
+            raise _fail(op, name, f"negative split size in {[int(s) for s in splits]}")
+    if sum(int(s) for s in send_splits) != grad.shape[0]:
+        raise _fail(op, "send_splits", f"{[int(s) for s in send_splits]} do not add up to the {grad.shape[0]} rows of grad")
+    if int(send_splits[rank]) != int(recv_splits[rank]):
+        raise _fail(op, "recv_splits", f"rank {rank} sends itself {int(send_splits[rank])} rows but receives "
+                    f"{int(recv_splits[rank])}")
+    _tensor(op, "wt_gate", wt_gate, 3)
+    _float(op, "wt_gate", wt_gate)
+    e, f, h = wt_gate.shape
+    for name, w, want in (("wt_up", wt_up, (e, f, h)), ("wt_down", wt_down, (e, h, f))):
+        _tensor(op, name, w, 3)
+        if tuple(w.shape) != want:
+            raise _fail(op, name, f"expected shape {list(want)} (wt_gate is {list(wt_gate.shape)}), got {list(w.shape)}")
+        _same(op, name, w, wt_gate, "wt_gate")
+    if h != grad.shape[1]:
+        raise _fail(op, "wt_gate", f"expected [E, F, H={grad.shape[1]}] (H = the width of grad's rows), got "
+                    f"{list(wt_gate.shape)}")
+    _same(op, "wt_gate", wt_gate, grad, "grad", dtype=False)
+    for name, t in (("gate", gate), ("up", up)):
+        _tensor(op, name, t, 2)
+        if tuple(t.shape) != (rows.shape[0], f):
+            raise _fail(op, name, f"expected [M={rows.shape[0]}, F={f}] (a row per grouped row), got {list(t.shape)}")
+        _same(op, name, t, wt_gate, "wt_gate")
+    if offsets is None:
+        if len(group_sizes) != e:
+            raise _fail(op, "group_sizes", f"expected {e} sizes (one per expert) when offsets is None, got {len(group_sizes)}")
+    else:
+        _tensor(op, "offsets", offsets, 1)
+        if offsets.shape[0] != e or offsets.is_floating_point():
+            raise _fail(op, "offsets", f"expected [{e}] integer cumulative ends, got {_desc(offsets)}")
+
+
 def check_cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                            activations: Sequence[str], approximations: Sequence[str]) -> None:
     op = "cta_pipeline_mlp"

@@ -1,4 +1,5 @@
-"""The ``p2p`` lowering of ``overlap::moe_experts``: per-destination chunking of the expert work.
+"""The ``p2p`` lowerings of ``overlap::moe_experts`` and ``moe_experts_backward``: per-destination
+chunking of the expert work.
 
 The rows this rank received from source rank ``s`` must go back to ``s`` once the experts have
 run on them, so the expert work is cut by source ("destination" of the combine):
@@ -11,6 +12,10 @@ run on them, so the expert work is cut by source ("destination" of the combine):
   (combine step ``i``: to ``r + i``, receiving this rank's results from ``r - i``) while the next
   source's rows are computed. The own rows come last: the last combine transfer overlaps them, and
   nothing but a wait follows the last GEMM.
+
+``moe_experts_backward`` runs the same schedule on the backward graph's pair of all-to-alls: the
+result gradients travel like the dispatch, the input gradients of each source's rows go back like
+the combine while the next source's are computed (``_pipeline``, shared).
 
 Which grouped row belongs to which source and expert is worked out once per call (one host read of a
 ``[ws, E]`` count table; on CUDA that is one synchronisation). Within a chunk each expert's rows are
@@ -54,33 +59,103 @@ def _prefix(sizes: list[int]) -> list[int]:
     return out
 
 
+def _per_expert(a: Tensor, counts: list[int], w: Tensor) -> Tensor:
+    """``a``'s rows of expert ``e`` (``counts[e]`` consecutive rows after expert e-1's) @ ``w[e]``."""
+    n, k, f = a.shape[0], a.shape[1], w.shape[2]
+    # _grouped_mm wants bfloat16 and 16-byte-aligned leading strides (rows of K and F elements).
+    if a.is_cuda and a.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and k % 8 == 0 and f % 8 == 0:
+        offs = torch.tensor(_prefix(counts)[1:], dtype=torch.int32, device=a.device)
+        return torch._grouped_mm(a.contiguous(), w, offs=offs)
+    out = a.new_empty((n, f))
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            torch.mm(a[start : start + c], w[e], out=out[start : start + c])
+        start += c
+    return out
+
+
 def _experts(xs: Tensor, counts: list[int], w_gate: Tensor, w_up: Tensor, w_down: Tensor):
     """SwiGLU of expert ``e`` on the ``counts[e]`` consecutive rows of ``xs`` that follow expert e-1's."""
-    n, h, f = xs.shape[0], xs.shape[1], w_gate.shape[2]
-    # _grouped_mm wants bfloat16 and 16-byte-aligned leading strides (rows of H and F elements).
-    grouped = xs.is_cuda and xs.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and h % 8 == 0 and f % 8 == 0
-    if grouped:
-        offs = torch.tensor(_prefix(counts)[1:], dtype=torch.int32, device=xs.device)
-        g = torch._grouped_mm(xs, w_gate, offs=offs)
-        u = torch._grouped_mm(xs, w_up, offs=offs)
-        a = F.silu(g) * u
-        return g, u, a, torch._grouped_mm(a, w_down, offs=offs)
-    g, u = xs.new_empty((n, f)), xs.new_empty((n, f))
-    y = xs.new_empty((n, w_down.shape[2]))
-    start = 0
-    for e, c in enumerate(counts):
-        if c:
-            rows = slice(start, start + c)
-            torch.mm(xs[rows], w_gate[e], out=g[rows])
-            torch.mm(xs[rows], w_up[e], out=u[rows])
-        start += c
+    g = _per_expert(xs, counts, w_gate)
+    u = _per_expert(xs, counts, w_up)
     a = F.silu(g) * u
-    start = 0
-    for e, c in enumerate(counts):
-        if c:
-            torch.mm(a[start : start + c], w_down[e], out=y[start : start + c])
-        start += c
-    return g, u, a, y
+    return g, u, a, _per_expert(a, counts, w_down)
+
+
+def _expert_grads(dy: Tensor, g: Tensor, u: Tensor, counts: list[int], wt_gate: Tensor, wt_up: Tensor,
+                  wt_down: Tensor):
+    """The backward of ``_experts`` on the same rows: ``(dX, dG, dU)`` from the result gradient ``dy``."""
+    da = _per_expert(dy, counts, wt_down).float()
+    g32 = g.float()
+    s = torch.sigmoid(g32)
+    du = (da * (g32 * s)).to(g.dtype)
+    dg = (da * u.float() * s * (1 + g32 * (1 - s))).to(g.dtype)
+    return _per_expert(dg, counts, wt_gate) + _per_expert(du, counts, wt_up), dg, du
+
+
+class _Plan:
+    """Which grouped row belongs to which source rank and expert: grouped row ``j`` is received row
+    ``rows[j]`` of expert ``expert_of[j]`` (``ends`` from ``offsets`` or ``group_sizes``); ``order``
+    sorts the valid ones by (source, expert), ``counts[s][e]`` rows each, source ``s``'s from
+    ``order[starts[s]]`` on. One host read of the count table (on CUDA a synchronisation)."""
+
+    def __init__(self, ws, send_splits, recv_splits, rows, offsets, group_sizes, experts, dev):
+        self.send_splits, self.recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
+        self.send_off, self.recv_off = _prefix(self.send_splits), _prefix(self.recv_splits)
+        self.m, self.experts = rows.shape[0], experts
+        self.rows = rows.to(device=dev, dtype=torch.long)
+        if offsets is not None:
+            ends = offsets.to(device=dev, dtype=torch.long)
+        else:
+            ends = torch.tensor(_prefix(group_sizes)[1:], dtype=torch.long, device=dev)
+        j = torch.arange(self.m, device=dev)
+        self.expert_of = torch.searchsorted(ends, j, right=True)
+        source = torch.searchsorted(torch.tensor(self.recv_off[1:], dtype=torch.long, device=dev), self.rows,
+                                    right=True)
+        valid = (self.rows >= 0) & (self.expert_of < experts)
+        key = torch.where(valid, source * experts + self.expert_of, ws * experts)
+        key, self.order = torch.sort(key, stable=True)
+        self.counts = torch.bincount(key, minlength=ws * experts + 1)[: ws * experts].view(ws, experts).tolist()
+        self.starts = _prefix([sum(c) for c in self.counts])
+
+    def grouped(self, src: int) -> Tensor:
+        """The grouped rows of source ``src``, sorted by expert."""
+        return self.order[self.starts[src] : self.starts[src + 1]]
+
+    def idle(self) -> Tensor:
+        """Grouped rows that hold a received row but belong to no expert (past the last expert's end)."""
+        return torch.nonzero((self.rows >= 0) & (self.expert_of >= self.experts)).view(-1)
+
+
+def _pipeline(ring: Ring, x: Tensor, plan: _Plan, compute) -> tuple[Tensor, Tensor]:
+    """Dispatch ``x`` (send order), run ``compute(src, recv, result)`` for the rows of each source as
+    they arrive (own rows last), each source's ``result`` rows (received order) sent straight back.
+    Returns ``(recv, out)``: the received rows and the results in ``x``'s order."""
+    ws, r = ring.size, ring.rank
+    send_off, recv_off = plan.send_off, plan.recv_off
+    # Dispatch: ws - 1 shift steps, all posted now (same order on every rank).
+    recv = x.new_empty((recv_off[-1], x.shape[1]))
+    recv[recv_off[r] : recv_off[r + 1]].copy_(x[send_off[r] : send_off[r + 1]])
+    arrived: dict[int, list[dist.Work]] = {}
+    for i in range(1, ws):
+        dst, src = (r - i) % ws, (r + i) % ws
+        arrived[src] = _exchange(ring, _TAG_DISPATCH, x[send_off[dst] : send_off[dst + 1]], dst,
+                                 recv[recv_off[src] : recv_off[src + 1]], src)
+    result = x.new_zeros((recv_off[-1], x.shape[1]))
+    out = x.new_empty(x.shape)
+    combine: list[dist.Work] = []
+    # Remote sources first: compute the rows of r + i, send them back while computing the next.
+    for i in range(1, ws):
+        src, dst = (r + i) % ws, (r - i) % ws
+        ring.wait(arrived.pop(src), f"the dispatch of rank {src}'s rows")
+        compute(src, recv, result)
+        combine.extend(_exchange(ring, _TAG_COMBINE, result[recv_off[src] : recv_off[src + 1]], src,
+                                 out[send_off[dst] : send_off[dst + 1]], dst))
+    compute(r, recv, result)  # own rows last: the last combine transfer overlaps them
+    out[send_off[r] : send_off[r + 1]].copy_(result[recv_off[r] : recv_off[r + 1]])
+    ring.wait(combine, "the combine (expert results going back)")
+    return recv, out
 
 
 @register("p2p", "moe_experts")
@@ -100,76 +175,32 @@ def moe_experts(
 ) -> tuple[Tensor, list[Tensor]]:
     # Inputs were validated by the op (runtime/checks.py), identically on every rank.
     ring = Ring(group_name, "moe_experts")
-    ws, r = ring.size, ring.rank
-    send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
     x = x.contiguous()
     experts, h, f = w_gate.shape
-    cd, dev = w_gate.dtype, x.device
-    send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
-
-    # Dispatch: ws - 1 shift steps, all posted now (same order on every rank).
-    recv = x.new_empty((recv_off[-1], h))
-    recv[recv_off[r] : recv_off[r + 1]].copy_(x[send_off[r] : send_off[r + 1]])
-    arrived: dict[int, list[dist.Work]] = {}
-    for i in range(1, ws):
-        dst, src = (r - i) % ws, (r + i) % ws
-        arrived[src] = _exchange(ring, _TAG_DISPATCH, x[send_off[dst] : send_off[dst + 1]], dst,
-                                 recv[recv_off[src] : recv_off[src + 1]], src)
-
-    # Grouped row j: expert expert_of[j], source rank source[j]; sorted by (source, expert).
-    m = rows.shape[0]
-    rows = rows.to(device=dev, dtype=torch.long)
-    if offsets is not None:
-        ends = offsets.to(device=dev, dtype=torch.long)
-    else:
-        ends = torch.tensor(_prefix(group_sizes)[1:], dtype=torch.long, device=dev)
-    j = torch.arange(m, device=dev)
-    expert_of = torch.searchsorted(ends, j, right=True)
-    source = torch.searchsorted(torch.tensor(recv_off[1:], dtype=torch.long, device=dev), rows, right=True)
-    valid = (rows >= 0) & (expert_of < experts)
-    key = torch.where(valid, source * experts + expert_of, ws * experts)
-    key, order = torch.sort(key, stable=True)
-    counts = torch.bincount(key, minlength=ws * experts + 1)[: ws * experts].view(ws, experts).tolist()
-    starts = _prefix([sum(c) for c in counts])
-
+    cd = w_gate.dtype
+    plan = _Plan(ring.size, send_splits, recv_splits, rows, offsets, group_sizes, experts, x.device)
+    m = plan.m
     want = dict(zip(MOE_SAVED, saved))
-    keep = {
-        "xg": x.new_zeros((m, h), dtype=cd) if want["xg"] else None,
-        "gate": x.new_zeros((m, f), dtype=cd) if want["gate"] else None,
-        "up": x.new_zeros((m, f), dtype=cd) if want["up"] else None,
-        "act": x.new_zeros((m, f), dtype=cd) if want["act"] else None,
-    }
-    y_recv = x.new_zeros((recv_off[-1], h))
-    out = x.new_empty(x.shape)
-    combine: list[dist.Work] = []
+    keep = {name: x.new_zeros((m, h if name == "xg" else f), dtype=cd) if want[name] else None
+            for name in ("xg", "gate", "up", "act")}
 
-    def compute(src: int) -> None:
-        js = order[starts[src] : starts[src + 1]]
+    def compute(src: int, recv: Tensor, y_recv: Tensor) -> None:
+        js = plan.grouped(src)
         if js.numel() == 0:
             return
-        src_rows = rows[js]
+        src_rows = plan.rows[js]
         xs = recv.index_select(0, src_rows).to(cd)
-        g, u, a, y = _experts(xs, counts[src], w_gate, w_up, w_down)
+        g, u, a, y = _experts(xs, plan.counts[src], w_gate, w_up, w_down)
         y_recv.index_copy_(0, src_rows, y.to(x.dtype))
         for name, value in (("xg", xs), ("gate", g), ("up", u), ("act", a)):
             if keep[name] is not None:
                 keep[name].index_copy_(0, js, value)
 
-    # Remote sources first: compute the rows of r + i, send them back while computing the next.
-    for i in range(1, ws):
-        src, dst = (r + i) % ws, (r - i) % ws
-        ring.wait(arrived.pop(src), f"the dispatch of rank {src}'s rows")
-        compute(src)
-        combine.extend(_exchange(ring, _TAG_COMBINE, y_recv[recv_off[src] : recv_off[src + 1]], src,
-                                 out[send_off[dst] : send_off[dst + 1]], dst))
-    compute(r)  # own rows last: the last combine transfer overlaps them
+    recv, out = _pipeline(ring, x, plan, compute)
     if keep["xg"] is not None:
         # Grouped rows past the last expert's end are gathered (Xg) but belong to no expert.
-        idle = torch.nonzero((rows >= 0) & (expert_of >= experts)).view(-1)
-        keep["xg"].index_copy_(0, idle, recv.index_select(0, rows[idle]).to(cd))
-    out[send_off[r] : send_off[r + 1]].copy_(y_recv[recv_off[r] : recv_off[r + 1]])
-    ring.wait(combine, "the combine (expert results going back)")
-
+        idle = plan.idle()
+        keep["xg"].index_copy_(0, idle, recv.index_select(0, plan.rows[idle]).to(cd))
     values = []
     for name in MOE_SAVED:
         if name == "recv":
@@ -177,3 +208,49 @@ def moe_experts(
         else:
             values.append(keep[name] if keep[name] is not None else x.new_empty((0,)))
     return out, values
+
+
+@register("p2p", "moe_experts_backward")
+def moe_experts_backward(
+    grad: Tensor,
+    send_splits: list[int],
+    recv_splits: list[int],
+    rows: Tensor,
+    offsets: Tensor | None,
+    group_sizes: list[int],
+    gate: Tensor,
+    up: Tensor,
+    wt_gate: Tensor,
+    wt_up: Tensor,
+    wt_down: Tensor,
+    group_name: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The same schedule as the forward: the result gradients travel like the dispatch, each source's
+    input gradients go back (like the combine) as soon as its rows are computed, own rows last."""
+    ring = Ring(group_name, "moe_experts_backward")
+    grad = grad.contiguous()
+    experts, f, h = wt_gate.shape
+    cd = wt_gate.dtype
+    plan = _Plan(ring.size, send_splits, recv_splits, rows, offsets, group_sizes, experts, grad.device)
+    m = plan.m
+    dy_all = grad.new_zeros((m, h), dtype=cd)
+    dg_all, du_all = grad.new_zeros((m, f), dtype=cd), grad.new_zeros((m, f), dtype=cd)
+
+    def compute(src: int, recv: Tensor, dx_recv: Tensor) -> None:
+        js = plan.grouped(src)
+        if js.numel() == 0:
+            return
+        src_rows = plan.rows[js]
+        dy = recv.index_select(0, src_rows).to(cd)
+        dx, dg, du = _expert_grads(dy, gate.index_select(0, js), up.index_select(0, js), plan.counts[src], wt_gate,
+                                   wt_up, wt_down)
+        dx_recv.index_add_(0, src_rows, dx.to(grad.dtype))  # rows[] may repeat a received row: its gradients add
+        dy_all.index_copy_(0, js, dy)
+        dg_all.index_copy_(0, js, dg)
+        du_all.index_copy_(0, js, du)
+
+    recv, dx = _pipeline(ring, grad, plan, compute)
+    # Grouped rows past the last expert's end still gather their result gradient (dY); dG, dU stay 0.
+    idle = plan.idle()
+    dy_all.index_copy_(0, idle, recv.index_select(0, plan.rows[idle]).to(cd))
+    return dx, dy_all, dg_all, du_all

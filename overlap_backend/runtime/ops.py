@@ -293,6 +293,62 @@ def _(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_d
 OPS["moe_experts"] = torch.ops.overlap.moe_experts
 
 
+@_define(
+    "moe_experts_backward(Tensor grad, SymInt[] send_splits, SymInt[] recv_splits, Tensor rows, Tensor? offsets, SymInt[] group_sizes, Tensor gate, Tensor up, Tensor wt_gate, Tensor wt_up, Tensor wt_down, str group_name, str lowering) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+def moe_experts_backward(
+    grad: Tensor,
+    send_splits: list[int],
+    recv_splits: list[int],
+    rows: Tensor,
+    offsets: Optional[Tensor],
+    group_sizes: list[int],
+    gate: Tensor,
+    up: Tensor,
+    wt_gate: Tensor,
+    wt_up: Tensor,
+    wt_down: Tensor,
+    group_name: str,
+    lowering: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The input gradient of ``moe_experts``' block, as a backward graph computes it between its two
+    all-to-alls (the weight gradients stay in the graph: they read ``dY``, ``dG``, ``dU``).
+
+    ``grad`` ``[N_send, H]``: the gradient of ``moe_experts``' ``out`` (send order); ``rows``,
+    ``offsets`` / ``group_sizes`` and the splits: the forward op's. ``gate`` / ``up`` ``[M, F]``: the
+    forward's ``G`` and ``U`` (grouped rows). ``wt_gate`` / ``wt_up`` ``[E, F, H]`` and ``wt_down``
+    ``[E, H, F]``: the expert weights transposed, as the backward graph holds them; their dtype is the
+    compute dtype ``cd``. Semantics::
+
+        R   = all_to_all_single(grad, recv_splits, send_splits)     # the received rows' result gradients
+        dY[j] = R[rows[j]].to(cd), or 0 where rows[j] < 0            # [M, H]
+        dA = dY @ wt_down[e],  dU = dA * silu(G),  dG = dA * U * silu'(G)     (rows of expert e;
+        dX = dG @ wt_gate[e] + dU @ wt_up[e]                                    rows past ends[-1]: 0)
+        dR[i] = sum of dX[j].to(grad.dtype) over the j with rows[j] == i      # rows no j points at: 0
+        dx  = all_to_all_single(dR, send_splits, recv_splits)        # [N_send, H], same order as grad
+
+    with ``silu'(g) = sigmoid(g) (1 + g (1 - sigmoid(g)))``. Returns ``(dx, dY, dG, dU)``.
+    """
+    impl = _lowering.implementation(lowering, "moe_experts_backward")
+    group = _checks.resolve_group("moe_experts_backward", group_name)
+    _checks.check_moe_experts_backward(grad, send_splits, recv_splits, rows, offsets, group_sizes, gate, up, wt_gate,
+                                       wt_up, wt_down, group)
+    return impl(grad, send_splits, recv_splits, rows, offsets, group_sizes, gate, up, wt_gate, wt_up, wt_down,
+                group_name)
+
+
+@_fake("moe_experts_backward")
+def _(grad, send_splits, recv_splits, rows, offsets, group_sizes, gate, up, wt_gate, wt_up, wt_down, group_name,
+      lowering):
+    m, h, f = rows.shape[0], grad.shape[-1], gate.shape[-1]
+    cd = wt_gate.dtype
+    return (grad.new_empty(grad.shape), grad.new_empty((m, h), dtype=cd), grad.new_empty((m, f), dtype=cd),
+            grad.new_empty((m, f), dtype=cd))
+
+
+OPS["moe_experts_backward"] = torch.ops.overlap.moe_experts_backward
+
+
 # ---------------------------------------------------------------------------- cta_pipeline_mlp
 CTA_ACTIVATIONS = ("gelu", "swiglu")
 GELU_APPROXIMATIONS = ("none", "tanh")
