@@ -220,7 +220,7 @@ EXAMPLES = [
     Example("moe_capacity_bmm", moe_capacity_bmm, ("diff", "moe")),
     Example("moe_dropless_grouped_mm", moe_dropless_grouped_mm, ("changes", "moe")),
     Example("moe_training_forward", moe_training, ("changes", "moe"), graph="forward"),
-    Example("moe_training_backward", moe_training, ("json", "moe"), graph="backward"),
+    Example("moe_training_backward", moe_training, ("changes", "moe"), graph="backward"),
 ]
 
 
@@ -242,28 +242,35 @@ def fake_group():
 
 @contextlib.contextmanager
 def moe_stub():
-    """The fake group communicates nothing, so ``moe_experts`` (and the dropless count exchange)
-    would run on garbage: run the op as a shape-only stub. Only the compile-time dumps matter."""
+    """The fake group communicates nothing, so ``moe_experts``, ``moe_experts_backward`` (and the
+    dropless count exchange) would run on garbage: run the ops as shape-only stubs. Only the compile-time dumps matter."""
     import torch
 
     from overlap_backend.runtime import lowering, ops
 
-    def stub(x, send, recv, rows, offsets, sizes, w_gate, w_up, w_down, group_name, saved):
+    def stub(x, send, recv, rows, offsets, sizes, w_gate, w_up, w_down, group_name, saved, comm_sms=-1):
         m, f = rows.shape[0], w_gate.shape[2]
         shapes = {"recv": (sum(recv), x.shape[1]), "xg": (m, x.shape[1]), "gate": (m, f), "up": (m, f), "act": (m, f)}
         values = [torch.zeros(shapes[n], dtype=x.dtype if n == "recv" else w_gate.dtype) if want else x.new_empty((0,))
                   for n, want in zip(ops.MOE_SAVED, saved)]
         return torch.zeros_like(x), values
 
-    saved_impl, saved_check = lowering._IMPLS["p2p"]["moe_experts"], ops._checks.check_moe_experts
-    lowering._IMPLS["p2p"]["moe_experts"] = stub
-    ops._checks.check_moe_experts = lambda *a, **k: None
+    def stub_backward(grad, send, recv, rows, offsets, sizes, gate, up, wt_gate, wt_up, wt_down, group_name):
+        m, h, f = rows.shape[0], grad.shape[1], gate.shape[1]
+        cd = wt_gate.dtype
+        return torch.zeros_like(grad), torch.zeros(m, h, dtype=cd), torch.zeros(m, f, dtype=cd), torch.zeros(m, f, dtype=cd)
+
+    impls = lowering._IMPLS["p2p"]
+    saved_impl, saved_bwd = impls["moe_experts"], impls["moe_experts_backward"]
+    saved_check, saved_bwd_check = ops._checks.check_moe_experts, ops._checks.check_moe_experts_backward
+    impls["moe_experts"], impls["moe_experts_backward"] = stub, stub_backward
+    ops._checks.check_moe_experts = ops._checks.check_moe_experts_backward = lambda *a, **k: None
     try:
         with torch._dynamo.config.patch(capture_scalar_outputs=True):
             yield
     finally:
-        lowering._IMPLS["p2p"]["moe_experts"] = saved_impl
-        ops._checks.check_moe_experts = saved_check
+        impls["moe_experts"], impls["moe_experts_backward"] = saved_impl, saved_bwd
+        ops._checks.check_moe_experts, ops._checks.check_moe_experts_backward = saved_check, saved_bwd_check
 
 
 def run_example(ex: Example, cache: dict) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -57,6 +58,15 @@ def test_every_pass_has_a_generated_example():
         body = doc.split(f"<!-- BEGIN GENERATED {name} (docs/make_pass_examples.py) -->\n", 1)[1]
         body = body.split("<!-- END", 1)[0]
         assert "torch.ops" in body or '"pass"' in body, name
+
+
+def test_generated_examples_are_up_to_date():
+    """docs/passes.md's generated graph excerpts are what the passes write today (the generator runs
+    the same rewrites; it failed for a while unnoticed when an op gained an argument its stub lacked,
+    and a rewrite that orders nodes by set iteration made the excerpts differ from run to run)."""
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / "make_pass_examples.py"), "--check"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_bench_plots_regenerate(tmp_path):

@@ -92,9 +92,16 @@ def _check_layers(per_rank, cases, skewed=False):
             assert r["decisions"] == decisions, f"{case}: rank {rank} decided differently"
         fwd = [d for d in decisions if d[1] == "moe" and d[0] == "forward"]
         assert fwd and all(d[2] for d in fwd), f"{case}: forward MoE block not rewritten: {decisions}"
-        assert [d for d in decisions if d[1] == "moe" and d[0] == "backward" and not d[2]], (
-            f"{case}: the backward all-to-all pair is not reported: {decisions}"
-        )
+        bwd = [d for d in decisions if d[1] == "moe" and d[0] == "backward"]
+        if case in BACKWARD_REWRITTEN:  # the expert gradients: moe_experts_backward (checked by errs above)
+            assert bwd and all(d[2] for d in bwd), f"{case}: backward expert gradients not rewritten: {decisions}"
+        else:  # the loop form, and a padded bmm whose zero base the backward reads as a saved tensor
+            assert bwd and not any(d[2] for d in bwd) and all(d[3] for d in bwd), (
+                f"{case}: the backward all-to-all pair is not reported: {decisions}")
+
+
+# the forms whose backward graphs get moe_experts_backward (the others are reported with the reason)
+BACKWARD_REWRITTEN = [("capacity", "bmm"), ("capacity", "grouped_mm"), ("dropless", "grouped_mm")]
 
 
 ALL_CASES = [(p, f) for p in POLICIES for f in FORMS]
@@ -140,7 +147,13 @@ def graphs(capture, monkeypatch):
         ]
         return torch.zeros_like(x), values
 
+    def stub_backward(grad, send, recv, rows, offsets, sizes, gate, up, wt_gate, wt_up, wt_down, group_name):
+        m, h, f = rows.shape[0], grad.shape[1], gate.shape[1]
+        cd = wt_gate.dtype
+        return torch.zeros_like(grad), torch.zeros(m, h, dtype=cd), torch.zeros(m, f, dtype=cd), torch.zeros(m, f, dtype=cd)
+
     monkeypatch.setitem(lowering._IMPLS["p2p"], "moe_experts", stub)
+    monkeypatch.setitem(lowering._IMPLS["p2p"], "moe_experts_backward", stub_backward)
     monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
 
 
@@ -217,7 +230,10 @@ def aten_count(targets, *wanted):
     ("dropless", "grouped_mm", {"xg", "gate", "up", "act"}),
     ("dropless", "loop", {"xg", "gate", "up", "act"}),
 ])
-def test_training_forward_saves_and_backward_is_reported(fake_pg, graphs, policy, form, saved):
+def test_training_forward_saves_and_backward_gets_its_op(fake_pg, graphs, policy, form, saved):
+    """A training forward's op hands out what the backward reads; the backward's all-to-all pair and
+    the expert input gradients between them become one moe_experts_backward, whose dY, dG, dU feed
+    the three weight-gradient GEMMs left in the graph (the loop form's backward is reported)."""
     from overlap_backend.runtime.ops import MOE_SAVED
 
     layer, be = _compile_layer(policy, form, train=True)
@@ -231,8 +247,32 @@ def test_training_forward_saves_and_backward_is_reported(fake_pg, graphs, policy
     assert aten_count(_targets(be.graphs[0]), torch.ops.aten.bmm.default, torch.ops.aten._grouped_mm.default) == 0
     assert _targets(be.graphs[0]).count(torch.ops.aten.mm.default) == 1
     (bwd,) = _moe_records(be, "backward")
-    assert not bwd.applied and "backward graph" in bwd.reason
     assert all(p.grad is not None and p.grad.shape == p.shape for p in layer.parameters())
+    if form == "loop":
+        assert not bwd.applied and bwd.reason.startswith("backward graph: "), bwd.reason
+        return
+    assert bwd.applied and bwd.lowering == "p2p", bwd.reason
+    g = be.graphs[1]
+    op = _only(g, torch.ops.overlap.moe_experts_backward.default)
+    grad, send, recv, rows, offsets, sizes, gate, up, wt_gate, wt_up, wt_down, group_name, lowering = op.args
+    assert group_name == fake_pg.group_name and lowering == "p2p" and len(send) == len(recv) == WS
+    ts = _targets(g)
+    assert C10D.all_to_all_single.default not in ts
+    gemm = torch.ops.aten.bmm.default if form == "bmm" else torch.ops.aten._grouped_mm.default
+    wgrads = [n for n in g.nodes if n.target is gemm]
+    assert len(wgrads) == 3, wgrads  # A^T dY, X^T dG, X^T dU: the weight gradients, left to the graph
+    outs = {u.args[1]: u for u in op.users}
+    assert sorted(outs) == [0, 1, 2, 3]
+    read = {i for i, o in outs.items() for w in wgrads if o in common_ancestors(w)}
+    assert read == {1, 2, 3}, read  # each weight gradient reads one of dY, dG, dU
+    assert [tuple(val.shape) for val in op.meta["val"]][1:] == [
+        (rows.meta["val"].shape[0], 16), (rows.meta["val"].shape[0], 32), (rows.meta["val"].shape[0], 32)]
+
+
+def common_ancestors(node):
+    from overlap_backend.passes.common import ancestors
+
+    return ancestors(node)
 
 
 def test_passes_toggle_leaves_moe_alone(fake_pg, graphs):
@@ -553,12 +593,12 @@ def inductor_worker(rank, ws):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_inductor_dropless_grouped_mm_forward_backward(clean_env):
-    """Inductor codegen around the op: unbacked split sizes, saved values, the backward reported."""
+    """Inductor codegen around the ops: unbacked split sizes, saved values, the backward's op."""
     per_rank = run_ranks(inductor_worker, 2, timeout=560, env={"OVERLAP_INDUCTOR": "1"})
     for errs, decisions in per_rank:
         assert all(e <= 1e-2 for e in errs), errs
         assert decisions == per_rank[0][1]
-        assert ("forward", "moe", True) in decisions and ("backward", "moe", False) in decisions
+        assert ("forward", "moe", True) in decisions and ("backward", "moe", True) in decisions
 
 
 def symbolic_tokens_worker(rank, ws, lengths):

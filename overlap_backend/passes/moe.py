@@ -22,7 +22,9 @@ outputs or recomputed from them by copying the cheap nodes in between; the down 
 and what follows it may not be read elsewhere.
 
 Matching only looks (``find_moe``); ``check`` judges; ``rewrite`` replaces. Backward graphs hold
-the same all-to-all pair around the expert gradients: they are reported, not rewritten.
+the same all-to-all pair around the experts' input gradients (``ExpertGrads``): for the ``bmm`` and
+``grouped_mm`` forms they become one ``overlap.moe_experts_backward``, the weight gradients staying
+in the graph; the loop form's backward is reported.
 """
 
 from __future__ import annotations
@@ -126,14 +128,45 @@ class Experts:
 
 
 @dataclass
+class ExpertGrads:
+    """A backward graph's expert gradients between its two all-to-alls (``bmm`` / ``_grouped_mm``)::
+
+        dA = dY @ Wd^T,  dU = dA * silu(G),  dG = silu'(G) * (dA * U),  dX = dG @ Wg^T + dU @ Wu^T
+
+    (the pointwise part in whatever decomposed form the graph holds, checked by evaluating it)."""
+
+    form: str  # "bmm" | "grouped_mm"
+    dy: torch.fx.Node  # the grouped result gradients: dA's GEMM input
+    d_act: torch.fx.Node  # dA = kind(dy, wt_down)
+    d_gate: torch.fx.Node  # dG: the input of the GEMM with wt_gate
+    d_up: torch.fx.Node  # dU: the input of the GEMM with wt_up
+    gate: torch.fx.Node  # G, U of the forward (saved values)
+    up: torch.fx.Node
+    wt_gate: torch.fx.Node  # the transposed weights the GEMMs read: [E, F, H], [E, F, H], [E, H, F]
+    wt_up: torch.fx.Node
+    wt_down: torch.fx.Node
+    dx_out: torch.fx.Node  # dX: the add of the two GEMMs
+    gemms: list[torch.fx.Node]  # the three GEMMs
+    inner: list[torch.fx.Node]  # the pointwise nodes between dA and dG, dU
+    offsets: torch.fx.Node | None = None  # grouped_mm offs
+    group_sizes: list | None = None  # rows per expert (bmm)
+
+
+@dataclass
 class MoeMatch:
     combine: AllToAll
     dispatch: AllToAll | None = None
-    experts: Experts | None = None
+    experts: Experts | None = None  # forward: the SwiGLU experts
+    grads: ExpertGrads | None = None  # backward: their input gradients
     in_steps: list[Step] = field(default_factory=list)  # R → grouped
-    out_steps: list[Step] = field(default_factory=list)  # grouped (down_out) → combine input
+    out_steps: list[Step] = field(default_factory=list)  # grouped (down_out / dx_out) → combine input
     failure: str | None = None
     comm_sms: int = -1  # the op's comm_sms (set by check: the cost model's pick, -1 = the setting)
+
+    @property
+    def out_node(self) -> torch.fx.Node:
+        """The grouped rows the out-steps move back: the experts' output (forward) or dX (backward)."""
+        return self.experts.down_out if self.experts is not None else self.grads.dx_out
 
 
 # ------------------------------------------------------------------------------ matching
@@ -208,26 +241,36 @@ def _reaches_gemm(node: torch.fx.Node) -> bool:
     return False
 
 
-def _walk_out(y: torch.fx.Node) -> tuple[list[Step], torch.fx.Node]:
-    """The row moves from the experts' output to the combine input ``y`` (in that order)."""
+def _walk_out(y: torch.fx.Node, accumulate_ok: bool = False) -> tuple[list[Step], torch.fx.Node]:
+    """The row moves from the experts' output to the combine input ``y`` (in that order).
+
+    ``accumulate_ok``: scatters with ``accumulate=True`` are row moves too (a backward graph's
+    gradient of a gather: it adds the gradients of a row read twice, as ``moe_experts_backward``
+    does); the walk then also stops at an ``add`` (a backward's ``dX = dG @ Wg^T + dU @ Wu^T``)."""
     steps, n = [], y
     while True:
         if n.target in GEMMS or n.target in (aten.cat.default, aten.stack.default):
             return list(reversed(steps)), n
-        if n.target is aten.index_put.default and arg(n, 3, "accumulate", False):
+        if accumulate_ok and n.target is aten.add.Tensor:
+            return list(reversed(steps)), n
+        if n.target is aten.index_put.default and arg(n, 3, "accumulate", False) and not accumulate_ok:
             raise _NoMatch(f"the combined rows are scattered with accumulate=True ({n.name})")
-        step = _row_step(n)
+        step = _row_step(n, scatter_accumulate_ok=accumulate_ok)
         if step is None:
             raise _NoMatch(f"the combined tensor is computed by {_what(n)}, not moved rows of expert GEMMs")
         steps.append(step)
         n = step.src
 
 
-def _walk_in(x: torch.fx.Node) -> tuple[list[Step], torch.fx.Node]:
-    """The row moves from a received all-to-all output to the grouped rows ``x`` (in that order)."""
+def _walk_in(x: torch.fx.Node, accumulate_ok: bool = False) -> tuple[list[Step], torch.fx.Node]:
+    """The row moves from a received all-to-all output to the grouped rows ``x`` (in that order).
+
+    ``accumulate_ok`` (backward graphs): a scatter with ``accumulate=True`` into zeros is a row move,
+    the gradient of the forward's gather by the same index: its rows are distinct, as the forward's
+    scatter into the padded layout by that index assumed (duplicates made the forward undefined)."""
     steps, n = [], x
     while not _is_a2a_wait(n):
-        step = _row_step(n)
+        step = _row_step(n, scatter_accumulate_ok=accumulate_ok)
         if step is None:
             raise _NoMatch(f"the experts' input is computed by {_what(n)}, not moved rows of an all_to_all_single")
         steps.append(step)
@@ -356,6 +399,113 @@ def _match_experts(d: torch.fx.Node) -> Experts:
     )
 
 
+def _pointwise(n: Any) -> bool:
+    return (isinstance(n, torch.fx.Node) and n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and torch.Tag.pointwise in n.target.tags)
+
+
+def _pointwise_cone(root: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """The pointwise nodes ``root`` is computed by (root included) and the tensors they start from."""
+    nodes, leaves, stack = [], [], [root]
+    while stack:
+        n = stack.pop()
+        if n in nodes or n in leaves:
+            continue
+        if _pointwise(n):
+            nodes.append(n)
+            stack.extend(n.all_input_nodes)
+        else:
+            leaves.append(n)
+    return nodes, leaves
+
+
+def _evaluate(root: torch.fx.Node, values: dict) -> torch.Tensor:
+    """``root`` computed by its pointwise cone on real tensors given for its leaves."""
+    memo = dict(values)
+
+    def ev(n):
+        if not isinstance(n, torch.fx.Node):
+            return n
+        if n not in memo:
+            args = torch.fx.node.map_arg(n.args, ev)
+            kwargs = torch.fx.node.map_arg(n.kwargs, ev)
+            memo[n] = n.target(*args, **kwargs)
+        return memo[n]
+
+    return ev(root)
+
+
+def _computes(root: torch.fx.Node, leaves: dict, want) -> bool:
+    """Does ``root``'s pointwise cone compute ``want(**inputs)`` from the leaves (name -> node)? Checked
+    on random float32 values in the leaves' dtypes, within their rounding (the graph's decomposed form
+    and casts are whatever AOTAutograd and the compute dtype made them)."""
+    gen = torch.Generator().manual_seed(0)
+    with unset_fake_temporarily():
+        raw = {name: torch.randn(64, generator=gen) * 2 for name in leaves}
+        vals = {node: raw[name].to(val(node).dtype) for name, node in leaves.items()}
+        try:
+            got = _evaluate(root, vals).float()
+        except Exception:  # noqa: BLE001 - an op that does not take these values is not the formula
+            return False
+        ref = want(**{name: vals[node].float() for name, node in leaves.items()})
+        low = any(val(n).dtype in (torch.bfloat16, torch.float16) for n in [root, *leaves.values()])
+        return got.shape == ref.shape and bool(torch.allclose(got, ref, rtol=3e-2 if low else 1e-5,
+                                                               atol=3e-2 if low else 1e-5))
+
+
+def _silu_grad(g):
+    s = torch.sigmoid(g)
+    return s * (1 + g * (1 - s))
+
+
+def _match_expert_grads(dx: torch.fx.Node) -> ExpertGrads:
+    """``dx = dG @ Wg^T + dU @ Wu^T`` with ``dG``, ``dU`` the SwiGLU gradients of ``dA = dY @ Wd^T``."""
+    a, b = dx.args[0], dx.args[1]
+    if not all(isinstance(x, torch.fx.Node) and x.target in (aten.bmm.default, aten._grouped_mm.default)
+               for x in (a, b)) or a.target is not b.target:
+        if any(isinstance(x, torch.fx.Node) and x.target in (aten.mm.default, aten.cat.default, aten.stack.default,
+                                                             aten.slice_scatter.default) for x in (a, b)):
+            raise _NoMatch(f"{dx.name} adds per-expert gradients of the loop form (bmm and grouped_mm forms are "
+                           "rewritten in backward graphs)")
+        raise _NoMatch(f"{dx.name} does not add two expert GEMMs ({_what(a)}, {_what(b)})")
+    kind = a.target
+    branches = []
+    for gemm in (a, b):
+        lhs, w, offs = _gemm(gemm, kind)
+        cone, leaves = _pointwise_cone(lhs)
+        branches.append((gemm, lhs, w, offs, cone, leaves))
+    # dU's cone reads dA and G; dG's reads dA, U and G
+    branches.sort(key=lambda br: len(br[5]))
+    (g_up, d_up, wt_up, offs_u, cone_u, leaves_u), (g_gate, d_gate, wt_gate, offs_g, cone_g, leaves_g) = branches
+    d_act = next((n for n in leaves_u if n in leaves_g and isinstance(n, torch.fx.Node) and n.target is kind), None)
+    if d_act is None or len(leaves_u) != 2 or len(leaves_g) != 3:
+        raise _NoMatch(f"the gradients {d_up.name}, {d_gate.name} of the two expert GEMMs are not computed from one "
+                       "gradient GEMM and the saved gate and up")
+    gate = next(n for n in leaves_u if n is not d_act)
+    others = [n for n in leaves_g if n is not d_act and n is not gate]
+    if len(others) != 1:
+        raise _NoMatch(f"{d_gate.name} does not read the gate {gate.name} that {d_up.name} reads")
+    (up,) = others
+    if not _computes(d_up, {"da": d_act, "g": gate}, lambda da, g: da * g * torch.sigmoid(g)):
+        raise _NoMatch(f"{d_up.name} is not dA * silu(gate) ({d_act.name}, {gate.name})")
+    if not _computes(d_gate, {"da": d_act, "g": gate, "u": up}, lambda da, g, u: da * u * _silu_grad(g)):
+        raise _NoMatch(f"{d_gate.name} is not silu'(gate) * dA * up ({d_act.name}, {gate.name}, {up.name})")
+    dy, wt_down, offs_d = _gemm(d_act, kind)
+    sizes = None
+    if kind is aten._grouped_mm.default:
+        if not (offs_d is offs_u is offs_g and isinstance(offs_d, torch.fx.Node)):
+            raise _NoMatch("the three grouped gradient GEMMs do not share one offs tensor")
+    else:
+        shape = val(dy).shape
+        sizes = [shape[1]] * shape[0]
+    inner = [n for n in dict.fromkeys(cone_u + cone_g)]
+    return ExpertGrads(
+        form="bmm" if kind is aten.bmm.default else "grouped_mm", dy=dy, d_act=d_act, d_gate=d_gate, d_up=d_up,
+        gate=gate, up=up, wt_gate=wt_gate, wt_up=wt_up, wt_down=wt_down, dx_out=dx, gemms=[d_act, g_gate, g_up],
+        inner=inner, offsets=offs_d if kind is aten._grouped_mm.default else None, group_sizes=sizes,
+    )
+
+
 def find_moe(graph: torch.fx.Graph) -> list[MoeMatch]:
     """Every all-to-all whose input comes from GEMMs, with the MoE block around it (or why not)."""
     a2as = find_all_to_alls(graph)
@@ -366,9 +516,19 @@ def find_moe(graph: torch.fx.Graph) -> list[MoeMatch]:
             continue
         m = MoeMatch(combine)
         try:
-            m.out_steps, down_out = _walk_out(combine.input)
-            m.experts = _match_experts(down_out)
-            m.in_steps, recv = _walk_in(m.experts.grouped)
+            m.out_steps, out = _walk_out(combine.input, accumulate_ok=True)
+            if out.target is aten.add.Tensor:  # a backward graph: the experts' input gradients
+                m.grads = _match_expert_grads(out)
+                grouped = m.grads.dy
+            else:
+                for st in m.out_steps:
+                    if st.kind == "scatter" and arg(st.node, 3, "accumulate", False):
+                        raise _NoMatch(f"the combined rows are scattered with accumulate=True ({st.node.name}) from "
+                                       f"{_what(out)}: gradients, but not the bmm or grouped_mm form's "
+                                       "dX = dG @ Wg^T + dU @ Wu^T (the loop form's backward is not rewritten)")
+                m.experts = _match_experts(out)
+                grouped = m.experts.grouped
+            m.in_steps, recv = _walk_in(grouped, accumulate_ok=m.grads is not None)
             m.dispatch = by_wait[recv]
         except _NoMatch as e:
             m.failure = str(e)
@@ -493,7 +653,7 @@ def _segment_error(m, i, k, start, seg_in, seg_out, out_idx) -> str | None:
     ids = torch.arange(math.prod(start[:-1])).reshape(list(start[:-1]) + [1])
     moved = _replay(seg_in, ids)
     # where segment k - i starts: the experts' output, or the index move that undoes in_idx[i]
-    resume = m.experts.down_out if i == k else out_idx[k - 1 - i].node
+    resume = m.out_node if i == k else out_idx[k - 1 - i].node
     resume_shape = list(_shape(resume)[:-1])
     if moved.numel() != math.prod(resume_shape):
         return f"{resume.name} holds {math.prod(resume_shape)} rows where {moved.numel()} went in"
@@ -535,6 +695,8 @@ class MoePass(OverlapPass):
         if m.experts is not None:
             e = m.experts
             nodes += [n for group in (e.gate, e.up, e.down) for n in group]
+        if m.grads is not None:
+            nodes += m.grads.gemms
         nodes += [m.combine.collective, m.combine.wait]
         return [n.name for n in nodes]
 
@@ -551,6 +713,8 @@ class MoePass(OverlapPass):
                 raise Rejected(f"the {name} has {len(splits)} splits for a group of {ws} ranks")
         if not (_same(c.output_splits, d.input_splits) and _same(c.input_splits, d.output_splits)):
             raise Rejected("the combine's split sizes are not the dispatch's, swapped")
+        if m.grads is not None:
+            return self._check_grads(m, ws)
         self._check_dtypes(m)
         self._check_weights(m)
         if err := layout_error(m):
@@ -592,8 +756,133 @@ class MoePass(OverlapPass):
 
     def _reason(self, why: str) -> str:
         if self.ctx.graph_kind == "backward":
-            return f"{why} (backward graph: the expert gradients between the all-to-alls are not rewritten)"
+            return f"backward graph: {why}"
         return why
+
+    # ------------------------------------------------------------------ backward graphs
+    def _check_grads(self, m: MoeMatch, ws: int) -> str:
+        """The expert gradients between a backward graph's all-to-alls: ``moe_experts_backward``."""
+        d, c, g = m.dispatch, m.combine, m.grads
+        cd = val(g.d_act).dtype
+        common.require_dtype(d.input, d.wait, c.input)
+        common.require_dtype(g.dy, g.d_gate, g.d_up, g.gate, g.up, g.wt_gate, g.wt_up, g.wt_down, *g.gemms)
+        if val(g.dx_out).dtype != cd:
+            raise Rejected(f"the input gradient {g.dx_out.name} is {val(g.dx_out).dtype}, not {cd}")
+        xdtype = val(d.input).dtype
+        for s in m.in_steps + m.out_steps:
+            if s.kind == "cast" and val(s.node).dtype not in (cd, xdtype):
+                raise Rejected(f"{s.node.name} casts rows to {val(s.node).dtype} (compute {cd}, gradients {xdtype})")
+        if xdtype != val(c.input).dtype:
+            raise Rejected(f"the input gradients go back as {val(c.input).dtype} rows, the result gradients came as "
+                           f"{xdtype}")
+        h = _shape(d.wait)[-1]
+        wg, wu, wd = _shape(g.wt_gate), _shape(g.wt_up), _shape(g.wt_down)
+        if len(wg) != 3 or not _shape_eq(wg, wu) or not _shape_eq(wd, (wg[0], wg[2], wg[1])) or not _eq(wg[2], h):
+            raise Rejected(f"expert weights (transposed) {wg}, {wu}, {wd} are not [E, F, {h}], [E, F, {h}], [E, {h}, F]")
+        gshape, ushape = _shape(g.gate), _shape(g.up)
+        if not _shape_eq(gshape, ushape) or not _shape_eq(gshape[:-1], _shape(g.dy)[:-1]) or not _eq(gshape[-1], wg[1]):
+            raise Rejected(f"the saved gate {gshape} and up {ushape} are not a row of F={wg[1]} per grouped row "
+                           f"{_shape(g.dy)[:-1]}")
+        if g.form == "grouped_mm" and not _shape_eq(_shape(g.offsets), (wg[0],)):
+            raise Rejected(f"grouped GEMM offs of shape {_shape(g.offsets)} for {wg[0]} experts")
+        if g.form == "bmm" and not _eq(_shape(g.dy)[0], wg[0]):
+            raise Rejected(f"bmm over {_shape(g.dy)[0]} groups but {wg[0]} experts")
+        if err := layout_error(m):
+            raise Rejected(err)
+        region = self._region(m)
+        extra = region.nodes - region.known
+        if extra:
+            raise Rejected(f"the region between the all-to-alls also computes {sorted(n.name for n in extra)}")
+        self._outside_grads(m, region)
+        for n in self._grad_inputs(m):
+            if n in region.nodes or d.wait in common.ancestors(n):
+                raise Rejected(f"{n.name} (an input of the expert gradients) depends on the received gradients")
+        out = _shape(g.dx_out)
+        if _static(out):
+            common.require_min_numel(self.ctx, math.prod(out))
+        lowering = common.choose_lowering(self.ctx, c.group_name, common.device_type(d.input))
+        from ..runtime import available
+        from . import cost_model
+
+        # no symm kernels for the gradients: p2p wherever the forward could run symm
+        lowering = lowering if lowering in available("moe_experts_backward") else "p2p"
+        hint = common.hint
+        gsh = _shape(g.dy)
+        # the same GEMM work (three per grouped row) and all-to-all bytes as the forward op's
+        problem = cost_model.Problem(
+            "moe_experts", m=math.prod(hint(x) for x in gsh[:-1]), k=hint(gsh[-1]), n=hint(gsh[-1]), f=hint(wg[1]),
+            experts=hint(wg[0]), rows_sent=hint(_shape(d.input)[0]), dtype=str(cd).removeprefix("torch."), ws=ws,
+        )
+        decision = self.price(problem, c.group_name, common.device_type(d.input),
+                              common.lowering_candidates(self.ctx, lowering, False),
+                              nodes=(d.input, d.wait, g.dy, c.input), comm_sms=0)
+        return common.written_lowering(self.ctx, lowering, decision)
+
+    def _outside_grads(self, m: MoeMatch, region: _Region) -> dict:
+        """Region value -> the op output it is read as outside the region (dY, dG, dU: what the weight
+        gradients read); :class:`Rejected` for any other value read outside."""
+        g, d, c = m.grads, m.dispatch, m.combine
+        provided = {g.dy: 1, g.d_gate: 2, g.d_up: 3}
+        for n, users in region.outside.items():
+            if n in (c.wait,) or n in provided:
+                continue
+            if n in (d.collective, c.collective):
+                bad = [u.name for u in users if not _is_row_count(u)]
+                if bad:
+                    raise Rejected(f"the all-to-all {n.name} is also read by {bad}")
+                continue
+            raise Rejected(f"{n.name} (between the all-to-alls) is also read outside by {[u.name for u in users]}")
+        return provided
+
+    def _grad_inputs(self, m: MoeMatch) -> list[torch.fx.Node]:
+        g = m.grads
+        nodes = [m.dispatch.input] + list(m.dispatch.output_splits) + list(m.dispatch.input_splits)
+        nodes += [i for s in m.in_steps for i in (s.index or [])]
+        nodes += [s.base for s in m.in_steps if s.base is not None]
+        nodes += [g.gate, g.up, g.wt_gate, g.wt_up, g.wt_down] + ([g.offsets] if g.offsets is not None else [])
+        nodes += list(g.group_sizes or [])
+        return [n for n in nodes if isinstance(n, torch.fx.Node)]
+
+    def _rewrite_grads(self, m: MoeMatch, lowering: str) -> None:
+        d, c, g = m.dispatch, m.combine, m.grads
+        graph = c.wait.graph
+        region = self._region(m)
+        provided = self._outside_grads(m, region)
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        readers = [u for n in provided for u in region.outside.get(n, [])]
+        anchor = min([c.wait] + readers, key=order.__getitem__)
+        common.hoist_before(anchor, self._grad_inputs(m))
+        fake = _Fake(d.wait)
+        with graph.inserting_before(anchor):
+            rows = self._rows(graph, fake, m)
+            f = _shape(g.gate)[-1]
+            gate, up = (x if len(_shape(x)) == 2 else fake.call(graph, aten.reshape.default, (x, [-1, f]))
+                        for x in (g.gate, g.up))
+            op = fake.call(
+                graph, torch.ops.overlap.moe_experts_backward.default,
+                (d.input, list(d.input_splits), list(d.output_splits), rows, g.offsets,
+                 [] if g.offsets is not None else list(g.group_sizes), gate, up, g.wt_gate, g.wt_up, g.wt_down,
+                 c.group_name, lowering),
+            )
+            dx = fake.call(graph, operator.getitem, (op, 0))
+            for n, i in provided.items():
+                users = region.outside.get(n, [])
+                if not users:
+                    continue
+                flat = fake.call(graph, operator.getitem, (op, i))
+                new = flat if _shape_eq(_shape(flat), _shape(n)) else fake.call(
+                    graph, aten.reshape.default, (flat, list(_shape(n))))
+                for u in users:
+                    u.replace_input_with(n, new)
+        c.wait.replace_all_uses_with(dx)
+        for coll, splits in ((d.collective, d.output_splits), (c.collective, c.output_splits)):
+            for u in list(coll.users):
+                if _is_row_count(u):
+                    with graph.inserting_before(u):
+                        u.replace_all_uses_with(_total(graph, fake, splits))
+                    graph.erase_node(u)
+        # the SwiGLU derivative's nodes that read only the saved gate/up lie outside the region: dead now too
+        common.erase_dead(sorted(region.dying | set(g.inner), key=lambda n: -order[n]))
 
     def _check_dtypes(self, m: MoeMatch) -> None:
         e = m.experts
@@ -630,7 +919,7 @@ class MoePass(OverlapPass):
 
     # ----------------------------------------------------------------------- the region
     def _region(self, m: MoeMatch) -> _Region:
-        d, c, e = m.dispatch, m.combine, m.experts
+        d, c = m.dispatch, m.combine
         up_from_combine = common.ancestors(c.wait) | {c.wait}
         nodes, stack = set(), [d.collective]
         while stack:
@@ -639,9 +928,13 @@ class MoePass(OverlapPass):
                 continue
             nodes.add(n)
             stack.extend(n.users)
-        known = {d.collective, d.wait, c.collective, c.wait, e.down_out}
+        known = {d.collective, d.wait, c.collective, c.wait, m.out_node}
         known |= {s.node for s in m.in_steps + m.out_steps}
-        known |= {n for group in (e.gate, e.up, e.act, e.down, e.inner, e.pieces) for n in group}
+        if m.experts is not None:
+            e = m.experts
+            known |= {n for group in (e.gate, e.up, e.act, e.down, e.inner, e.pieces) for n in group}
+        else:
+            known |= set(m.grads.gemms + m.grads.inner)
         bases = {s.base for s in m.in_steps + m.out_steps if s.base is not None}
         dying = set(nodes) | bases
         changed = True
@@ -656,7 +949,7 @@ class MoePass(OverlapPass):
         known |= {n for n in nodes if n.target is aten.sym_size.int and all(u in dying for u in n.users)}
         known |= {n for n in nodes if n in dying and n.target in FILLS}
         outside = {}
-        for n in nodes:
+        for n in (x for x in c.wait.graph.nodes if x in nodes):  # graph order: the same rewrite on every rank and run
             users = [u for u in n.users if u not in dying]
             if users:
                 outside[n] = users
@@ -721,6 +1014,8 @@ class MoePass(OverlapPass):
 
     # -------------------------------------------------------------------------- rewrite
     def rewrite(self, m: MoeMatch, lowering: str) -> None:
+        if m.grads is not None:
+            return self._rewrite_grads(m, lowering)
         d, c, e = m.dispatch, m.combine, m.experts
         graph = c.wait.graph
         region = self._region(m)
