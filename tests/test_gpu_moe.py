@@ -197,6 +197,88 @@ VARIANTS = {"symm-default": ("symm", "ce", None, 24), "symm-sm8": ("symm", "sm",
             "symm-ce": ("symm", "ce", 8, 6), "symm-ce-only": ("symm", "ce-only", 8, 6), "p2p": ("p2p", "sm", 8, 3)}
 
 
+def backward_worker(rank, ws, device, calls=8):
+    """``moe_experts_backward`` (p2p, the only lowering) against autograd through float32 experts and
+    NCCL all-to-alls: dx, dY, dG, dU; bf16 experts (the ``_grouped_mm`` path) and float32 tokens."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import overlap_backend  # noqa: F401
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    group = dist.group.WORLD
+    bad, errs = [], {}
+    for case, (n_rows, h, f, experts, _) in CASES.items():
+        gen = torch.Generator().manual_seed(zlib.crc32(f"backward {case}".encode()))  # same on every rank
+        for call in range(calls):
+            counts, experts_of = _routing(case, ws, experts, gen)
+            send, recv = counts[rank].tolist(), counts[:, rank].tolist()
+            cd = torch.bfloat16
+            w = [(torch.randn(experts, *shape, device=device) / math.sqrt(shape[0])).to(cd)
+                 for shape in ((h, f), (h, f), (f, h))]
+            grad = torch.randn(sum(send), h, device=device)
+            e_of = experts_of[rank].to(device)
+            rows = torch.sort(e_of, stable=True).indices
+            if call % 3 == 1 and rows.numel():
+                rows[::7] = -1
+            ends = torch.cumsum(torch.bincount(e_of, minlength=experts), 0)
+            if call % 4 == 2 and rows.numel() > 4:
+                ends = torch.clamp(ends, max=rows.numel() - 3)
+            m = rows.numel()
+            # the forward's G, U for random grouped rows, and autograd's gradients in float32
+            xg = torch.randn(m, h, device=device).to(cd).float()
+            gate, up = torch.zeros(m, f, device=device), torch.zeros(m, f, device=device)
+            lo = 0
+            for e, hi in enumerate(ends.tolist()):
+                gate[lo:hi], up[lo:hi] = xg[lo:hi] @ w[0][e].float(), xg[lo:hi] @ w[1][e].float()
+                lo = hi
+            gate, up = gate.to(cd).float().requires_grad_(), up.to(cd).float().requires_grad_()
+            r_grad = grad.new_empty((sum(recv), h))
+            dist.all_to_all_single(r_grad, grad, recv, send, group=group)
+            dy = torch.where((rows >= 0)[:, None], r_grad[rows.clamp(min=0)], 0).to(cd).float()
+            act, y, lo = F.silu(gate) * up, [], 0
+            for e, hi in enumerate(ends.tolist()):
+                y.append(act[lo:hi] @ w[2][e].float())
+                lo = hi
+            (torch.cat(y) * dy[: len(torch.cat(y))]).sum().backward()
+            g_grad = gate.grad if gate.grad is not None else torch.zeros_like(gate)  # no rows: no gradient
+            u_grad = up.grad if up.grad is not None else torch.zeros_like(up)
+            dxg, lo = torch.zeros(m, h, device=device), 0
+            for e, hi in enumerate(ends.tolist()):
+                dxg[lo:hi] = g_grad[lo:hi] @ w[0][e].float().T + u_grad[lo:hi] @ w[1][e].float().T
+                lo = hi
+            d_recv = torch.zeros(sum(recv), h, device=device)
+            ok = rows >= 0
+            d_recv.index_add_(0, rows[ok], dxg[ok])
+            dx_ref = grad.new_empty(grad.shape)
+            dist.all_to_all_single(dx_ref, d_recv, send, recv, group=group)
+            if device == "cuda":
+                _poison(grad.numel() * 16)
+            use_offsets = call % 2 == 0
+            got = torch.ops.overlap.moe_experts_backward(
+                grad, send, recv, rows, ends.to(torch.int32) if use_offsets else None,
+                [] if use_offsets else torch.diff(ends, prepend=ends.new_zeros(1)).tolist(),
+                gate.detach().to(cd), up.detach().to(cd), *(t.transpose(1, 2) for t in w), group.group_name, "p2p")
+            for name, v, r in zip(("dx", "dY", "dG", "dU"), got, (dx_ref, dy, g_grad, u_grad)):
+                err = _rel(v.float(), r) if r.abs().max() > 0 else float((v != 0).sum())
+                errs[f"{case} {name}"] = max(errs.get(f"{case} {name}", 0.0), err)
+                if not err <= 2e-2:
+                    bad.append(f"rank {rank} {case} call {call} {name}: rel err {err:.3e}")
+    assert not bad, "\n".join(bad[:20])
+    return errs
+
+
+@pytest.mark.parametrize("ws", [1, 2, 4], ids=["ws1", "ws2", "ws4"])
+@pytest.mark.timeout(300)
+def test_moe_backward_op_numerics(ws):
+    """The backward op's CUDA path (``torch._grouped_mm`` on the transposed weights, ``index_add_``,
+    NCCL point to point) on every routing case of the forward's test; ws1 runs on one GPU."""
+    _need_gpus(ws, lowering="p2p")
+    for rank, errs in enumerate(run_ranks(backward_worker, ws, "cuda", timeout=280, backend="nccl")):
+        if rank == 0:
+            print(f"ws={ws}: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(errs.items())))
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @WORLD_SIZES
 @pytest.mark.timeout(600)
