@@ -7,6 +7,7 @@ P="python -m pytest -q -s -p no:cacheprovider"
 export OVERLAP_TIMEOUT_S=30
 TAILN=14 run cta2 140 $TR bench/bench_cta.py --sizes 512,1024,4096 --graphs --k-chunks 4,8 --transports ce --micro-batches 2,4 --out-dir $RES
 TAILN=8 run t2 100 $P tests/test_gpu.py -k "ws2 and symm-arcopy and (numerics or repeated)"
+TAILN=6 run t2_moe_bwd 90 $P tests/test_gpu_moe.py -k "backward_op and ws2"
 TAILN=8 run t2_prologue 60 $P tests/test_gpu_epilogues.py -k "prologues and ws2"
 TAILN=24 run curves2 150 $TR bench/bench_models.py --out $RES --sections curve,mixtral_curve
 TAILN=30 run prologue2 90 $TR bench/bench_prologue.py --out-dir $RES --graphs

@@ -9,5 +9,6 @@ TAILN=20 run models4_g 160 $TR bench/bench_models.py --out $RES --sections llama
 TAILN=24 run curves4 150 $TR bench/bench_models.py --out $RES/curves --sections curve,mixtral_curve
 TAILN=8 run t4 100 $P tests/test_gpu.py -k "ws4 and symm-arcopy and (numerics or repeated)"
 TAILN=8 run t4_cta 60 $P tests/test_gpu_cta.py -k "ws4 and graphs"
+TAILN=6 run t4_moe_bwd 90 $P tests/test_gpu_moe.py -k "backward_op and ws4"
 TAILN=8 run t4_prologue 60 $P tests/test_gpu_epilogues.py -k "prologues and ws4"
 TAILN=30 run prologue4 100 $TR bench/bench_prologue.py --out-dir $RES --graphs
