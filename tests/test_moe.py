@@ -95,13 +95,14 @@ def _check_layers(per_rank, cases, skewed=False):
         bwd = [d for d in decisions if d[1] == "moe" and d[0] == "backward"]
         if case in BACKWARD_REWRITTEN:  # the expert gradients: moe_experts_backward (checked by errs above)
             assert bwd and all(d[2] for d in bwd), f"{case}: backward expert gradients not rewritten: {decisions}"
-        else:  # the loop form, and a padded bmm whose zero base the backward reads as a saved tensor
+        else:  # a padded bmm whose zero base the backward reads as a saved tensor
             assert bwd and not any(d[2] for d in bwd) and all(d[3] for d in bwd), (
                 f"{case}: the backward all-to-all pair is not reported: {decisions}")
 
 
 # the forms whose backward graphs get moe_experts_backward (the others are reported with the reason)
-BACKWARD_REWRITTEN = [("capacity", "bmm"), ("capacity", "grouped_mm"), ("dropless", "grouped_mm")]
+BACKWARD_REWRITTEN = [("capacity", "bmm"), ("capacity", "grouped_mm"), ("dropless", "grouped_mm"), ("capacity", "loop"),
+                      ("dropless", "loop")]
 
 
 ALL_CASES = [(p, f) for p in POLICIES for f in FORMS]
@@ -233,7 +234,7 @@ def aten_count(targets, *wanted):
 def test_training_forward_saves_and_backward_gets_its_op(fake_pg, graphs, policy, form, saved):
     """A training forward's op hands out what the backward reads; the backward's all-to-all pair and
     the expert input gradients between them become one moe_experts_backward, whose dY, dG, dU feed
-    the three weight-gradient GEMMs left in the graph (the loop form's backward is reported)."""
+    the weight-gradient GEMMs left in the graph (three; the loop form's, three per expert)."""
     from overlap_backend.runtime.ops import MOE_SAVED
 
     layer, be = _compile_layer(policy, form, train=True)
@@ -248,21 +249,23 @@ def test_training_forward_saves_and_backward_gets_its_op(fake_pg, graphs, policy
     assert _targets(be.graphs[0]).count(torch.ops.aten.mm.default) == 1
     (bwd,) = _moe_records(be, "backward")
     assert all(p.grad is not None and p.grad.shape == p.shape for p in layer.parameters())
-    if form == "loop":
-        assert not bwd.applied and bwd.reason.startswith("backward graph: "), bwd.reason
-        return
     assert bwd.applied and bwd.lowering == "p2p", bwd.reason
     g = be.graphs[1]
     op = _only(g, torch.ops.overlap.moe_experts_backward.default)
     grad, send, recv, rows, offsets, sizes, gate, up, wt_gate, wt_up, wt_down, group_name, lowering = op.args
     assert group_name == fake_pg.group_name and lowering == "p2p" and len(send) == len(recv) == WS
+    assert [tuple(w.meta["val"].shape) for w in (wt_gate, wt_up, wt_down)] == [(2, 32, 16), (2, 32, 16), (2, 16, 32)]
     ts = _targets(g)
     assert C10D.all_to_all_single.default not in ts
-    gemm = torch.ops.aten.bmm.default if form == "bmm" else torch.ops.aten._grouped_mm.default
-    wgrads = [n for n in g.nodes if n.target is gemm]
-    assert len(wgrads) == 3, wgrads  # A^T dY, X^T dG, X^T dU: the weight gradients, left to the graph
+    gemm = {"bmm": torch.ops.aten.bmm.default, "grouped_mm": torch.ops.aten._grouped_mm.default,
+            "loop": torch.ops.aten.mm.default}[form]
     outs = {u.args[1]: u for u in op.users}
     assert sorted(outs) == [0, 1, 2, 3]
+    # A^T dY, X^T dG, X^T dU (per expert in the loop form): the weight gradients, left to the graph, read the op
+    wgrads = [n for n in g.nodes if n.target is gemm and any(o in common_ancestors(n) for o in outs.values())]
+    assert len(wgrads) == 3 * (2 if form == "loop" else 1), wgrads
+    if form != "loop":  # no input-gradient GEMM is left
+        assert len([n for n in g.nodes if n.target is gemm]) == 3
     read = {i for i, o in outs.items() for w in wgrads if o in common_ancestors(w)}
     assert read == {1, 2, 3}, read  # each weight gradient reads one of dY, dG, dU
     assert [tuple(val.shape) for val in op.meta["val"]][1:] == [

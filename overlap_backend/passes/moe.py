@@ -22,9 +22,8 @@ outputs or recomputed from them by copying the cheap nodes in between; the down 
 and what follows it may not be read elsewhere.
 
 Matching only looks (``find_moe``); ``check`` judges; ``rewrite`` replaces. Backward graphs hold
-the same all-to-all pair around the experts' input gradients (``ExpertGrads``): for the ``bmm`` and
-``grouped_mm`` forms they become one ``overlap.moe_experts_backward``, the weight gradients staying
-in the graph; the loop form's backward is reported.
+the same all-to-all pair around the experts' input gradients (``ExpertGrads``): in all three forms
+they become one ``overlap.moe_experts_backward``, the weight gradients staying in the graph.
 """
 
 from __future__ import annotations
@@ -129,27 +128,31 @@ class Experts:
 
 @dataclass
 class ExpertGrads:
-    """A backward graph's expert gradients between its two all-to-alls (``bmm`` / ``_grouped_mm``)::
+    """A backward graph's expert input gradients between its two all-to-alls, per expert group (one
+    group for ``bmm`` / ``_grouped_mm``, one per expert for the loop form)::
 
         dA = dY @ Wd^T,  dU = dA * silu(G),  dG = silu'(G) * (dA * U),  dX = dG @ Wg^T + dU @ Wu^T
 
     (the pointwise part in whatever decomposed form the graph holds, checked by evaluating it)."""
 
-    form: str  # "bmm" | "grouped_mm"
-    dy: torch.fx.Node  # the grouped result gradients: dA's GEMM input
-    d_act: torch.fx.Node  # dA = kind(dy, wt_down)
-    d_gate: torch.fx.Node  # dG: the input of the GEMM with wt_gate
-    d_up: torch.fx.Node  # dU: the input of the GEMM with wt_up
-    gate: torch.fx.Node  # G, U of the forward (saved values)
-    up: torch.fx.Node
-    wt_gate: torch.fx.Node  # the transposed weights the GEMMs read: [E, F, H], [E, F, H], [E, H, F]
-    wt_up: torch.fx.Node
-    wt_down: torch.fx.Node
-    dx_out: torch.fx.Node  # dX: the add of the two GEMMs
-    gemms: list[torch.fx.Node]  # the three GEMMs
+    form: str  # "bmm" | "grouped_mm" | "loop"
+    dy: torch.fx.Node  # the grouped result gradients (loop: the tensor the experts' pieces are taken from)
+    d_act: list[torch.fx.Node]  # dA = kind(dY, wt_down)
+    d_gate: list[torch.fx.Node]  # dG: the input of the GEMM with wt_gate
+    d_up: list[torch.fx.Node]  # dU: the input of the GEMM with wt_up
+    gate: list[torch.fx.Node]  # G, U of the forward (saved values)
+    up: list[torch.fx.Node]
+    wt_gate: list[torch.fx.Node]  # the transposed weights the GEMMs read: [E, F, H], [E, F, H], [E, H, F] (loop: per expert)
+    wt_up: list[torch.fx.Node]
+    wt_down: list[torch.fx.Node]
+    dx_out: torch.fx.Node  # dX (loop: its assembly: a cat, or a sum of select_scatters)
+    gemms: list[torch.fx.Node]  # the GEMMs
     inner: list[torch.fx.Node]  # the pointwise nodes between dA and dG, dU
     offsets: torch.fx.Node | None = None  # grouped_mm offs
-    group_sizes: list | None = None  # rows per expert (bmm)
+    group_sizes: list | None = None  # rows per expert (bmm, loop)
+    pieces: list[torch.fx.Node] = field(default_factory=list)  # loop: each expert's dY rows (select / slice of dy)
+    bounds: list = field(default_factory=list)  # loop over slices: (start, end) of each piece
+    joins: list[torch.fx.Node] = field(default_factory=list)  # loop: the nodes assembling dX
 
 
 @dataclass
@@ -458,15 +461,16 @@ def _silu_grad(g):
     return s * (1 + g * (1 - s))
 
 
-def _match_expert_grads(dx: torch.fx.Node) -> ExpertGrads:
-    """``dx = dG @ Wg^T + dU @ Wu^T`` with ``dG``, ``dU`` the SwiGLU gradients of ``dA = dY @ Wd^T``."""
+_GRAD_GEMMS = (aten.bmm.default, aten._grouped_mm.default, aten.mm.default)
+
+
+def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
+    """``dx = dG @ Wg^T + dU @ Wu^T`` (one GEMM kind from ``kinds``) with ``dG``, ``dU`` the SwiGLU
+    gradients of ``dA = dY @ Wd^T``."""
+    if not (isinstance(dx, torch.fx.Node) and dx.target is aten.add.Tensor):
+        raise _NoMatch(f"an expert's input gradient is {_what(dx)}, not the sum of two GEMMs")
     a, b = dx.args[0], dx.args[1]
-    if not all(isinstance(x, torch.fx.Node) and x.target in (aten.bmm.default, aten._grouped_mm.default)
-               for x in (a, b)) or a.target is not b.target:
-        if any(isinstance(x, torch.fx.Node) and x.target in (aten.mm.default, aten.cat.default, aten.stack.default,
-                                                             aten.slice_scatter.default) for x in (a, b)):
-            raise _NoMatch(f"{dx.name} adds per-expert gradients of the loop form (bmm and grouped_mm forms are "
-                           "rewritten in backward graphs)")
+    if not all(isinstance(x, torch.fx.Node) and x.target in kinds for x in (a, b)) or a.target is not b.target:
         raise _NoMatch(f"{dx.name} does not add two expert GEMMs ({_what(a)}, {_what(b)})")
     kind = a.target
     branches = []
@@ -491,19 +495,104 @@ def _match_expert_grads(dx: torch.fx.Node) -> ExpertGrads:
     if not _computes(d_gate, {"da": d_act, "g": gate, "u": up}, lambda da, g, u: da * u * _silu_grad(g)):
         raise _NoMatch(f"{d_gate.name} is not silu'(gate) * dA * up ({d_act.name}, {gate.name}, {up.name})")
     dy, wt_down, offs_d = _gemm(d_act, kind)
-    sizes = None
-    if kind is aten._grouped_mm.default:
-        if not (offs_d is offs_u is offs_g and isinstance(offs_d, torch.fx.Node)):
-            raise _NoMatch("the three grouped gradient GEMMs do not share one offs tensor")
-    else:
-        shape = val(dy).shape
-        sizes = [shape[1]] * shape[0]
-    inner = [n for n in dict.fromkeys(cone_u + cone_g)]
+    if kind is aten._grouped_mm.default and not (offs_d is offs_u is offs_g and isinstance(offs_d, torch.fx.Node)):
+        raise _NoMatch("the three grouped gradient GEMMs do not share one offs tensor")
+    return dict(kind=kind, dy=dy, d_act=d_act, d_gate=d_gate, d_up=d_up, gate=gate, up=up, wt_gate=wt_gate,
+                wt_up=wt_up, wt_down=wt_down, gemms=[d_act, g_gate, g_up], inner=list(dict.fromkeys(cone_u + cone_g)),
+                offs=offs_d)
+
+
+def _is_zeros(n: Any) -> bool:
+    return isinstance(n, torch.fx.Node) and n.target in (aten.full.default, aten.zeros.default) and _zero_fill(n)
+
+
+def _loop_terms(out: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """The loop form's per-expert input gradients, in expert order, and the nodes that assemble them:
+    ``cat([dX_0, dX_1, ...])``, or a sum of ``select_scatter(zeros, dX_e, 0, e)``."""
+    if out.target is aten.cat.default:
+        if arg(out, 1, "dim", 0) != 0:
+            raise _NoMatch(f"the experts' input gradients are concatenated along dim {arg(out, 1, 'dim', 0)}")
+        return list(out.args[0]), [out]
+    terms, joins, stack = {}, [], [out]
+    while stack:
+        n = stack.pop()
+        if not isinstance(n, torch.fx.Node):
+            raise _NoMatch(f"the input gradients add {n!r}")
+        if n.target is aten.add.Tensor and all(isinstance(x, torch.fx.Node) and x.target in (
+                aten.add.Tensor, aten.select_scatter.default) for x in n.args[:2]):
+            joins.append(n)
+            stack.extend(n.args[:2])
+        elif n.target is aten.select_scatter.default and arg(n, 2, "dim") == 0 and _is_zeros(n.args[0]):
+            e = arg(n, 3, "index")
+            if not isinstance(e, int) or e in terms:
+                raise _NoMatch(f"{n.name} places an expert's input gradient at {e!r} twice or at a symbolic index")
+            joins.append(n)
+            terms[e] = n.args[1]
+        else:
+            raise _NoMatch(f"the experts' input gradients are assembled by {_what(n)}, not select_scatter / add / cat")
+    if sorted(terms) != list(range(len(terms))):
+        raise _NoMatch(f"the loop's input gradients are placed at experts {sorted(terms)}")
+    return [terms[e] for e in range(len(terms))], joins
+
+
+def _grad_pieces(pieces: list) -> tuple[torch.fx.Node, list, list]:
+    """The loop's per-expert dY rows: ``select(dY, 0, e)`` or consecutive ``slice(dY, 0, start, end)``
+    of one tensor, in expert order: ``(dY, group sizes, slice bounds)``."""
+    base = pieces[0].args[0] if isinstance(pieces[0], torch.fx.Node) else None
+    if all(isinstance(p, torch.fx.Node) and p.target is aten.select.int and p.args[0] is base
+           and arg(p, 1, "dim") == 0 and arg(p, 2, "index") == e for e, p in enumerate(pieces)):
+        shape = _shape(base)
+        if len(shape) != 3 or not _eq(shape[0], len(pieces)):
+            raise _NoMatch(f"the loop selects {len(pieces)} experts' gradients from a tensor of shape {shape}")
+        return base, [shape[1]] * len(pieces), []
+    bounds = []
+    for e, p in enumerate(pieces):
+        if not (isinstance(p, torch.fx.Node) and p.target is aten.slice.Tensor and p.args[0] is base
+                and arg(p, 1, "dim", 0) == 0 and arg(p, 4, "step", 1) == 1):
+            raise _NoMatch(f"expert {e}'s result gradient {_what(p)} is not a select or slice of one tensor")
+        start, end = arg(p, 2, "start", 0), arg(p, 3, "end")
+        size = (lambda x: val(x) if isinstance(x, torch.fx.Node) else x)  # noqa: E731
+        if (e == 0 and not _eq(size(start), 0)) or (e > 0 and start is not bounds[-1][1]
+                                                    and not _eq(size(start), size(bounds[-1][1]))):
+            raise _NoMatch(f"the loop's gradient slices are not consecutive ({p.name} starts at {start!r})")
+        bounds.append((start, end))
+    return base, [None] * len(pieces), bounds
+
+
+def _match_expert_grads(out: torch.fx.Node) -> ExpertGrads:
+    """The experts' input gradients ``out`` of a backward graph, in any of the three forms."""
+    if out.target is aten.add.Tensor and all(isinstance(x, torch.fx.Node) and x.target in (
+            aten.bmm.default, aten._grouped_mm.default) for x in out.args[:2]):
+        g = _one_expert_grads(out, (aten.bmm.default, aten._grouped_mm.default))
+        form = "bmm" if g["kind"] is aten.bmm.default else "grouped_mm"
+        sizes = None
+        if form == "bmm":
+            shape = val(g["dy"]).shape
+            sizes = [shape[1]] * shape[0]
+        return ExpertGrads(
+            form=form, dy=g["dy"], d_act=[g["d_act"]], d_gate=[g["d_gate"]], d_up=[g["d_up"]], gate=[g["gate"]],
+            up=[g["up"]], wt_gate=[g["wt_gate"]], wt_up=[g["wt_up"]], wt_down=[g["wt_down"]], dx_out=out,
+            gemms=g["gemms"], inner=g["inner"], offsets=g["offs"] if form == "grouped_mm" else None, group_sizes=sizes,
+        )
+    terms, joins = _loop_terms(out)
+    per = [_one_expert_grads(t, (aten.mm.default,)) for t in terms]
+    dy, sizes, bounds = _grad_pieces([p["dy"] for p in per])
     return ExpertGrads(
-        form="bmm" if kind is aten.bmm.default else "grouped_mm", dy=dy, d_act=d_act, d_gate=d_gate, d_up=d_up,
-        gate=gate, up=up, wt_gate=wt_gate, wt_up=wt_up, wt_down=wt_down, dx_out=dx, gemms=[d_act, g_gate, g_up],
-        inner=inner, offsets=offs_d if kind is aten._grouped_mm.default else None, group_sizes=sizes,
+        form="loop", dy=dy, d_act=[p["d_act"] for p in per], d_gate=[p["d_gate"] for p in per],
+        d_up=[p["d_up"] for p in per], gate=[p["gate"] for p in per], up=[p["up"] for p in per],
+        wt_gate=[p["wt_gate"] for p in per], wt_up=[p["wt_up"] for p in per], wt_down=[p["wt_down"] for p in per],
+        dx_out=out, gemms=[n for p in per for n in p["gemms"]], inner=[n for p in per for n in p["inner"]] + terms,
+        group_sizes=sizes, pieces=[p["dy"] for p in per], bounds=bounds, joins=joins,
     )
+
+
+def _grads_out(out: torch.fx.Node) -> bool:
+    """Is ``out`` (where the walk from a combine input stopped) a backward's experts' input gradients:
+    an ``add`` (of GEMMs, or of placed per-expert gradients) or a ``cat`` of sums?"""
+    if out.target is aten.add.Tensor:
+        return True
+    return out.target is aten.cat.default and all(
+        isinstance(t, torch.fx.Node) and t.target is aten.add.Tensor for t in out.args[0])
 
 
 def find_moe(graph: torch.fx.Graph) -> list[MoeMatch]:
@@ -517,15 +606,14 @@ def find_moe(graph: torch.fx.Graph) -> list[MoeMatch]:
         m = MoeMatch(combine)
         try:
             m.out_steps, out = _walk_out(combine.input, accumulate_ok=True)
-            if out.target is aten.add.Tensor:  # a backward graph: the experts' input gradients
+            if _grads_out(out):  # a backward graph: the experts' input gradients
                 m.grads = _match_expert_grads(out)
                 grouped = m.grads.dy
             else:
                 for st in m.out_steps:
                     if st.kind == "scatter" and arg(st.node, 3, "accumulate", False):
                         raise _NoMatch(f"the combined rows are scattered with accumulate=True ({st.node.name}) from "
-                                       f"{_what(out)}: gradients, but not the bmm or grouped_mm form's "
-                                       "dX = dG @ Wg^T + dU @ Wu^T (the loop form's backward is not rewritten)")
+                                       f"{_what(out)}: gradients, but not the experts' dX = dG @ Wg^T + dU @ Wu^T")
                 m.experts = _match_experts(out)
                 grouped = m.experts.grouped
             m.in_steps, recv = _walk_in(grouped, accumulate_ok=m.grads is not None)
@@ -763,9 +851,10 @@ class MoePass(OverlapPass):
     def _check_grads(self, m: MoeMatch, ws: int) -> str:
         """The expert gradients between a backward graph's all-to-alls: ``moe_experts_backward``."""
         d, c, g = m.dispatch, m.combine, m.grads
-        cd = val(g.d_act).dtype
+        cd = val(g.d_act[0]).dtype
         common.require_dtype(d.input, d.wait, c.input)
-        common.require_dtype(g.dy, g.d_gate, g.d_up, g.gate, g.up, g.wt_gate, g.wt_up, g.wt_down, *g.gemms)
+        common.require_dtype(g.dy, *g.d_gate, *g.d_up, *g.gate, *g.up, *g.wt_gate, *g.wt_up, *g.wt_down, *g.gemms,
+                             *g.pieces)
         if val(g.dx_out).dtype != cd:
             raise Rejected(f"the input gradient {g.dx_out.name} is {val(g.dx_out).dtype}, not {cd}")
         xdtype = val(d.input).dtype
@@ -776,13 +865,21 @@ class MoePass(OverlapPass):
             raise Rejected(f"the input gradients go back as {val(c.input).dtype} rows, the result gradients came as "
                            f"{xdtype}")
         h = _shape(d.wait)[-1]
-        wg, wu, wd = _shape(g.wt_gate), _shape(g.wt_up), _shape(g.wt_down)
+        if g.form == "loop":
+            shapes = {(_shape(a), _shape(b), _shape(w)) for a, b, w in zip(g.wt_gate, g.wt_up, g.wt_down)}
+            if len(shapes) != 1:
+                raise Rejected(f"the loop's experts have weights of different shapes {sorted(shapes)}")
+            wg, wu, wd = ((len(g.wt_gate), *x) for x in next(iter(shapes)))
+        else:
+            wg, wu, wd = _shape(g.wt_gate[0]), _shape(g.wt_up[0]), _shape(g.wt_down[0])
         if len(wg) != 3 or not _shape_eq(wg, wu) or not _shape_eq(wd, (wg[0], wg[2], wg[1])) or not _eq(wg[2], h):
             raise Rejected(f"expert weights (transposed) {wg}, {wu}, {wd} are not [E, F, {h}], [E, F, {h}], [E, {h}, F]")
-        gshape, ushape = _shape(g.gate), _shape(g.up)
-        if not _shape_eq(gshape, ushape) or not _shape_eq(gshape[:-1], _shape(g.dy)[:-1]) or not _eq(gshape[-1], wg[1]):
-            raise Rejected(f"the saved gate {gshape} and up {ushape} are not a row of F={wg[1]} per grouped row "
-                           f"{_shape(g.dy)[:-1]}")
+        for i, (gt, ut) in enumerate(zip(g.gate, g.up)):
+            rows = _shape(g.pieces[i] if g.form == "loop" else g.dy)[:-1]
+            gshape, ushape = _shape(gt), _shape(ut)
+            if not _shape_eq(gshape, ushape) or not _shape_eq(gshape[:-1], rows) or not _eq(gshape[-1], wg[1]):
+                raise Rejected(f"the saved gate {gshape} and up {ushape} are not a row of F={wg[1]} per grouped row "
+                               f"{rows}")
         if g.form == "grouped_mm" and not _shape_eq(_shape(g.offsets), (wg[0],)):
             raise Rejected(f"grouped GEMM offs of shape {_shape(g.offsets)} for {wg[0]} experts")
         if g.form == "bmm" and not _eq(_shape(g.dy)[0], wg[0]):
@@ -819,12 +916,15 @@ class MoePass(OverlapPass):
         return common.written_lowering(self.ctx, lowering, decision)
 
     def _outside_grads(self, m: MoeMatch, region: _Region) -> dict:
-        """Region value -> the op output it is read as outside the region (dY, dG, dU: what the weight
-        gradients read); :class:`Rejected` for any other value read outside."""
+        """Region value -> (op output, expert or None) it is read as outside the region: dY, dG, dU (what
+        the weight gradients read; the loop form's per expert); :class:`Rejected` for any other value."""
         g, d, c = m.grads, m.dispatch, m.combine
-        provided = {g.dy: 1, g.d_gate: 2, g.d_up: 3}
+        if g.form == "loop":
+            provided = {n: (i, e) for i, group in ((1, g.pieces), (2, g.d_gate), (3, g.d_up)) for e, n in enumerate(group)}
+        else:
+            provided = {g.dy: (1, None), g.d_gate[0]: (2, None), g.d_up[0]: (3, None)}
         for n, users in region.outside.items():
-            if n in (c.wait,) or n in provided:
+            if n is c.wait or n in provided:
                 continue
             if n in (d.collective, c.collective):
                 bad = [u.name for u in users if not _is_row_count(u)]
@@ -839,8 +939,8 @@ class MoePass(OverlapPass):
         nodes = [m.dispatch.input] + list(m.dispatch.output_splits) + list(m.dispatch.input_splits)
         nodes += [i for s in m.in_steps for i in (s.index or [])]
         nodes += [s.base for s in m.in_steps if s.base is not None]
-        nodes += [g.gate, g.up, g.wt_gate, g.wt_up, g.wt_down] + ([g.offsets] if g.offsets is not None else [])
-        nodes += list(g.group_sizes or [])
+        nodes += g.gate + g.up + g.wt_gate + g.wt_up + g.wt_down + ([g.offsets] if g.offsets is not None else [])
+        nodes += list(g.group_sizes or []) + [b for bound in g.bounds for b in bound]
         return [n for n in nodes if isinstance(n, torch.fx.Node)]
 
     def _rewrite_grads(self, m: MoeMatch, lowering: str) -> None:
@@ -855,23 +955,36 @@ class MoePass(OverlapPass):
         fake = _Fake(d.wait)
         with graph.inserting_before(anchor):
             rows = self._rows(graph, fake, m)
-            f = _shape(g.gate)[-1]
-            gate, up = (x if len(_shape(x)) == 2 else fake.call(graph, aten.reshape.default, (x, [-1, f]))
-                        for x in (g.gate, g.up))
+            f = _shape(g.gate[0])[-1]
+
+            def flat(nodes):  # the saved values as [M, F] (the loop's per-expert pieces concatenated: a copy)
+                parts = [x if len(_shape(x)) == 2 else fake.call(graph, aten.reshape.default, (x, [-1, f]))
+                         for x in nodes]
+                return parts[0] if len(parts) == 1 else fake.call(graph, aten.cat.default, (parts,))
+
+            sizes = []
+            if g.offsets is None:
+                for e, size in enumerate(g.group_sizes):
+                    if size is None:  # a slice's rows: end - start
+                        start, end = g.bounds[e]
+                        size = end if isinstance(start, int) and start == 0 else fake.call(
+                            graph, operator.sub, (end, start))
+                    sizes.append(size)
             op = fake.call(
                 graph, torch.ops.overlap.moe_experts_backward.default,
-                (d.input, list(d.input_splits), list(d.output_splits), rows, g.offsets,
-                 [] if g.offsets is not None else list(g.group_sizes), gate, up, g.wt_gate, g.wt_up, g.wt_down,
+                (d.input, list(d.input_splits), list(d.output_splits), rows, g.offsets, sizes, flat(g.gate),
+                 flat(g.up), *(self._stacked_t(graph, fake, w) for w in (g.wt_gate, g.wt_up, g.wt_down)),
                  c.group_name, lowering),
             )
             dx = fake.call(graph, operator.getitem, (op, 0))
-            for n, i in provided.items():
+            outs: dict[int, torch.fx.Node] = {}
+            for n, (i, e) in provided.items():
                 users = region.outside.get(n, [])
                 if not users:
                     continue
-                flat = fake.call(graph, operator.getitem, (op, i))
-                new = flat if _shape_eq(_shape(flat), _shape(n)) else fake.call(
-                    graph, aten.reshape.default, (flat, list(_shape(n))))
+                if i not in outs:
+                    outs[i] = fake.call(graph, operator.getitem, (op, i))
+                new = self._expert_rows(graph, fake, g, outs[i], n, e)
                 for u in users:
                     u.replace_input_with(n, new)
         c.wait.replace_all_uses_with(dx)
@@ -881,8 +994,37 @@ class MoePass(OverlapPass):
                     with graph.inserting_before(u):
                         u.replace_all_uses_with(_total(graph, fake, splits))
                     graph.erase_node(u)
-        # the SwiGLU derivative's nodes that read only the saved gate/up lie outside the region: dead now too
-        common.erase_dead(sorted(region.dying | set(g.inner), key=lambda n: -order[n]))
+        # the SwiGLU derivative's nodes that read only the saved gate/up lie outside the region: dead now too,
+        # as are the loop's per-expert transposed weights
+        common.erase_dead(sorted(region.dying | set(g.inner) | set(g.wt_gate + g.wt_up + g.wt_down),
+                                 key=lambda n: -order[n]))
+
+    def _expert_rows(self, graph, fake, g: ExpertGrads, flat: torch.fx.Node, like: torch.fx.Node,
+                     expert: int | None) -> torch.fx.Node:
+        """An op output ([M, X], grouped rows) as the graph read ``like``: reshaped, or expert ``expert``'s rows."""
+        if expert is None:
+            if _shape_eq(_shape(flat), _shape(like)):
+                return flat
+            return fake.call(graph, aten.reshape.default, (flat, list(_shape(like))))
+        if g.bounds:
+            start, end = g.bounds[expert]
+            return fake.call(graph, aten.slice.Tensor, (flat, 0, start, end))
+        per = fake.call(graph, aten.reshape.default, (flat, [len(g.pieces), g.group_sizes[0], _shape(flat)[-1]]))
+        return fake.call(graph, aten.select.int, (per, 0, expert))
+
+    def _stacked_t(self, graph, fake, weights: list[torch.fx.Node]) -> torch.fx.Node:
+        """The loop's per-expert transposed weights ``permute(select(W, 0, e), [1, 0])`` as one
+        ``[E, ., .]`` tensor: ``permute(W, [0, 2, 1])`` when they all come from one ``W`` in order
+        (no copy), else stacked (a copy per call)."""
+        if len(weights) == 1 and val(weights[0]).dim() == 3:
+            return weights[0]
+        sel = [w.args[0] if w.target is aten.permute.default and list(w.args[1]) == [1, 0] else None for w in weights]
+        if all(isinstance(x, torch.fx.Node) and x.target is aten.select.int and arg(x, 1, "dim") == 0
+               and arg(x, 2, "index") == e for e, x in enumerate(sel)):
+            bases = {x.args[0] for x in sel}
+            if len(bases) == 1 and val(next(iter(bases))).shape[0] == len(weights):
+                return fake.call(graph, aten.permute.default, (next(iter(bases)), [0, 2, 1]))
+        return fake.call(graph, aten.cat.default, ([fake.call(graph, aten.unsqueeze.default, (w, 0)) for w in weights],))
 
     def _check_dtypes(self, m: MoeMatch) -> None:
         e = m.experts
@@ -934,7 +1076,8 @@ class MoePass(OverlapPass):
             e = m.experts
             known |= {n for group in (e.gate, e.up, e.act, e.down, e.inner, e.pieces) for n in group}
         else:
-            known |= set(m.grads.gemms + m.grads.inner)
+            g = m.grads
+            known |= set(g.gemms + g.inner + g.pieces + g.joins)
         bases = {s.base for s in m.in_steps + m.out_steps if s.base is not None}
         dying = set(nodes) | bases
         changed = True
