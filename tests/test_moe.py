@@ -381,6 +381,22 @@ def _reference(x, send, recv, rows, ends, w_gate, w_up, w_down, group):
     return out, [received, xg, gate, up, act]
 
 
+def _routing_case(rank, ws, counts, experts, pad, use_offsets, g):
+    """A routing drawn in lockstep on every rank: this rank's splits, its grouped rows (the received rows
+    in random order, a few zero rows -1 among them) and the experts' ends, as offsets or sizes."""
+    sendmat = torch.tensor(counts).view(ws, ws)  # sendmat[s, d]: rows s sends to d
+    send, recv = sendmat[rank].tolist(), sendmat[:, rank].tolist()
+    n = sum(recv)
+    perm = torch.randperm(n + pad, generator=g)
+    rows = torch.where(perm < n, perm, -1)
+    ends = sorted(torch.randint(0, n + pad + 1, (experts,), generator=g).tolist())
+    if use_offsets:
+        offsets, sizes = torch.tensor(ends, dtype=torch.int32), []
+    else:
+        offsets, sizes = None, [b - a for a, b in zip([0] + ends[:-1], ends)]
+    return send, recv, rows, ends, offsets, sizes
+
+
 def op_worker(rank, ws, max_examples):
     import torch
     import torch.distributed as dist
@@ -404,20 +420,11 @@ def op_worker(rank, ws, max_examples):
     )
     def check(counts, experts, h, f, pad, use_offsets, saved, bf16, seed):
         g = torch.Generator().manual_seed(seed)
-        sendmat = torch.tensor(counts).view(ws, ws)  # sendmat[s, d]: rows s sends to d
-        send, recv = sendmat[rank].tolist(), sendmat[:, rank].tolist()
         cd = torch.bfloat16 if bf16 else torch.float32
+        send = torch.tensor(counts).view(ws, ws)[rank].tolist()
         x = torch.randn(ws, max(sum(send), 1), h, generator=g)[rank][: sum(send)].contiguous()
         w = [torch.randn(ws, experts, *shape, generator=g)[rank].to(cd) for shape in ((h, f), (h, f), (f, h))]
-        n = sum(recv)
-        # grouped rows: the received rows in random order, a few zero rows (-1) among them
-        perm = torch.randperm(n + pad, generator=g)
-        rows = torch.where(perm < n, perm, -1)
-        ends = sorted(torch.randint(0, n + pad + 1, (experts,), generator=g).tolist())
-        if use_offsets:
-            offsets, sizes = torch.tensor(ends, dtype=torch.int32), []
-        else:
-            offsets, sizes = None, [b - a for a, b in zip([0] + ends[:-1], ends)]
+        send, recv, rows, ends, offsets, sizes = _routing_case(rank, ws, counts, experts, pad, use_offsets, g)
         out, values = torch.ops.overlap.moe_experts(x, send, recv, rows, offsets, sizes, *w, group.group_name, "p2p", saved)
         ref_out, ref_values = _reference(x, send, recv, rows, ends, *w, group)
         tol = 2e-2 if bf16 else 1e-5
@@ -517,21 +524,13 @@ def backward_op_worker(rank, ws, max_examples):
     )
     def check(counts, experts, h, f, pad, use_offsets, repeat, bf16, seed):
         g = torch.Generator().manual_seed(seed)
-        sendmat = torch.tensor(counts).view(ws, ws)
-        send, recv = sendmat[rank].tolist(), sendmat[:, rank].tolist()
         cd = torch.bfloat16 if bf16 else torch.float32
+        send = torch.tensor(counts).view(ws, ws)[rank].tolist()
         grad = torch.randn(ws, max(sum(send), 1), h, generator=g)[rank][: sum(send)].contiguous()
         w = [torch.randn(ws, experts, *shape, generator=g)[rank].to(cd) for shape in ((h, f), (h, f), (f, h))]
-        n = sum(recv)
-        perm = torch.randperm(n + pad, generator=g)
-        rows = torch.where(perm < n, perm, -1)
-        if repeat and n:  # a received row read by two grouped rows: its gradients add up
+        send, recv, rows, ends, offsets, sizes = _routing_case(rank, ws, counts, experts, pad, use_offsets, g)
+        if repeat and sum(recv):  # a received row read by two grouped rows: its gradients add up
             rows[torch.nonzero(rows >= 0)[-1]] = rows[torch.nonzero(rows >= 0)[0]]
-        ends = sorted(torch.randint(0, n + pad + 1, (experts,), generator=g).tolist())
-        if use_offsets:
-            offsets, sizes = torch.tensor(ends, dtype=torch.int32), []
-        else:
-            offsets, sizes = None, [b - a for a, b in zip([0] + ends[:-1], ends)]
         (gate, up), ref = _reference_backward(grad, send, recv, rows, ends, *w, group)
         wt = [w[0].transpose(1, 2), w[1].transpose(1, 2), w[2].transpose(1, 2)]
         got = torch.ops.overlap.moe_experts_backward(grad, send, recv, rows, offsets, sizes, gate, up, *wt,

@@ -805,42 +805,62 @@ class MoePass(OverlapPass):
             return self._check_grads(m, ws)
         self._check_dtypes(m)
         self._check_weights(m)
-        if err := layout_error(m):
-            raise Rejected(err)
-        region = self._region(m)
-        extra = region.nodes - region.known
-        if extra:
-            raise Rejected(f"the region between the all-to-alls also computes {sorted(n.name for n in extra)}")
-        self._plan_outside(m, region)  # raises Rejected for values that cannot be provided
-        for n in self._op_inputs(m):
-            if n in region.nodes or d.wait in common.ancestors(n):
-                raise Rejected(f"{n.name} (an input of the expert block) depends on the dispatched rows")
-        out = _shape(e.down_out)
-        if _static(out):
-            common.require_min_numel(self.ctx, math.prod(out))
-        lowering = common.choose_lowering(self.ctx, c.group_name, common.device_type(d.input))
-        from ..runtime import available, moe_symm
-        from . import cost_model
+        # raises Rejected for values read outside that cannot be provided
+        self._check_region(m, self._plan_outside, self._op_inputs(m), "the expert block", "dispatched rows")
+        from ..runtime import moe_symm
 
-        lowering = lowering if lowering in available("moe_experts") else "p2p"
-        hint = common.hint
-        gshape = _shape(e.grouped)
         wg = _shape(e.w_gate[0])
-        problem = cost_model.Problem(
-            "moe_experts", m=math.prod(hint(s) for s in gshape[:-1]), k=hint(gshape[-1]), n=hint(gshape[-1]),
-            f=hint(wg[-1]), experts=len(e.w_gate) if e.form == "loop" else hint(wg[0]),
-            rows_sent=hint(_shape(d.input)[0]), dtype=str(val(e.gate[0]).dtype).removeprefix("torch."), ws=ws,
-        )
+        experts = len(e.w_gate) if e.form == "loop" else wg[0]
         # the symm kernels are off until they pass on GPUs (moe_symm.ENABLED): symm runs as p2p
-        decision = self.price(problem, c.group_name, common.device_type(d.input),
-                              common.lowering_candidates(self.ctx, lowering, moe_symm.ENABLED),
-                              nodes=(d.input, d.wait, e.grouped, c.input), comm_sms=self.ctx.config.moe_comm_sms)
+        lowering, decision = self._decide(m, ws, "moe_experts", e.grouped, wg[-1], experts, val(e.gate[0]).dtype,
+                                          moe_symm.ENABLED, self.ctx.config.moe_comm_sms)
         m.comm_sms = decision.comm_sms  # the model's pick where the setting is auto
         if m.comm_sms < 0 and isinstance(self.ctx.config.moe_comm_sms, int):
             # the backend's setting, fixed when the graph is compiled as cta_stages is (else the op would read
             # OVERLAP_MOE_COMM_SMS per call and silently ignore make_backend(moe_comm_sms=...))
             m.comm_sms = self.ctx.config.moe_comm_sms
         return common.written_lowering(self.ctx, lowering, decision)
+
+    def _check_region(self, m: MoeMatch, outside, inputs: list, what: str, received: str) -> None:
+        """The checks both directions share: the row moves undo each other, nothing else is computed
+        between the all-to-alls, values read outside can be provided (``outside(m, region)``), the op's
+        inputs do not depend on what the first all-to-all received, and the output's size."""
+        if err := layout_error(m):
+            raise Rejected(err)
+        region = self._region(m)
+        extra = region.nodes - region.known
+        if extra:
+            raise Rejected(f"the region between the all-to-alls also computes {sorted(n.name for n in extra)}")
+        outside(m, region)
+        for n in inputs:
+            if n in region.nodes or m.dispatch.wait in common.ancestors(n):
+                raise Rejected(f"{n.name} (an input of {what}) depends on the {received}")
+        out = _shape(m.out_node)
+        if _static(out):
+            common.require_min_numel(self.ctx, math.prod(out))
+
+    def _decide(self, m: MoeMatch, ws: int, op: str, grouped: torch.fx.Node, f, experts, cd, symm_runs: bool,
+                comm_sms):
+        """``(lowering, the cost model's decision)``: ``op``'s lowering (``p2p`` where the chosen one does not
+        implement it), priced as the forward ``moe_experts`` problem of these shapes (the backward op does
+        the same three GEMMs per grouped row and moves the same all-to-all bytes)."""
+        d, c = m.dispatch, m.combine
+        from ..runtime import available
+        from . import cost_model
+
+        lowering = common.choose_lowering(self.ctx, c.group_name, common.device_type(d.input))
+        lowering = lowering if lowering in available(op) else "p2p"
+        hint = common.hint
+        gshape = _shape(grouped)
+        problem = cost_model.Problem(
+            "moe_experts", m=math.prod(hint(x) for x in gshape[:-1]), k=hint(gshape[-1]), n=hint(gshape[-1]),
+            f=hint(f), experts=hint(experts), rows_sent=hint(_shape(d.input)[0]), dtype=str(cd).removeprefix("torch."),
+            ws=ws,
+        )
+        decision = self.price(problem, c.group_name, common.device_type(d.input),
+                              common.lowering_candidates(self.ctx, lowering, symm_runs),
+                              nodes=(d.input, d.wait, grouped, c.input), comm_sms=comm_sms)
+        return lowering, decision
 
     def _reason(self, why: str) -> str:
         if self.ctx.graph_kind == "backward":
@@ -884,35 +904,10 @@ class MoePass(OverlapPass):
             raise Rejected(f"grouped GEMM offs of shape {_shape(g.offsets)} for {wg[0]} experts")
         if g.form == "bmm" and not _eq(_shape(g.dy)[0], wg[0]):
             raise Rejected(f"bmm over {_shape(g.dy)[0]} groups but {wg[0]} experts")
-        if err := layout_error(m):
-            raise Rejected(err)
-        region = self._region(m)
-        extra = region.nodes - region.known
-        if extra:
-            raise Rejected(f"the region between the all-to-alls also computes {sorted(n.name for n in extra)}")
-        self._outside_grads(m, region)
-        for n in self._grad_inputs(m):
-            if n in region.nodes or d.wait in common.ancestors(n):
-                raise Rejected(f"{n.name} (an input of the expert gradients) depends on the received gradients")
-        out = _shape(g.dx_out)
-        if _static(out):
-            common.require_min_numel(self.ctx, math.prod(out))
-        lowering = common.choose_lowering(self.ctx, c.group_name, common.device_type(d.input))
-        from ..runtime import available
-        from . import cost_model
-
+        self._check_region(m, self._outside_grads, self._grad_inputs(m), "the expert gradients",
+                           "received gradients")
         # no symm kernels for the gradients: p2p wherever the forward could run symm
-        lowering = lowering if lowering in available("moe_experts_backward") else "p2p"
-        hint = common.hint
-        gsh = _shape(g.dy)
-        # the same GEMM work (three per grouped row) and all-to-all bytes as the forward op's
-        problem = cost_model.Problem(
-            "moe_experts", m=math.prod(hint(x) for x in gsh[:-1]), k=hint(gsh[-1]), n=hint(gsh[-1]), f=hint(wg[1]),
-            experts=hint(wg[0]), rows_sent=hint(_shape(d.input)[0]), dtype=str(cd).removeprefix("torch."), ws=ws,
-        )
-        decision = self.price(problem, c.group_name, common.device_type(d.input),
-                              common.lowering_candidates(self.ctx, lowering, False),
-                              nodes=(d.input, d.wait, g.dy, c.input), comm_sms=0)
+        lowering, decision = self._decide(m, ws, "moe_experts_backward", g.dy, wg[1], wg[0], cd, False, 0)
         return common.written_lowering(self.ctx, lowering, decision)
 
     def _outside_grads(self, m: MoeMatch, region: _Region) -> dict:
@@ -927,9 +922,7 @@ class MoePass(OverlapPass):
             if n is c.wait or n in provided:
                 continue
             if n in (d.collective, c.collective):
-                bad = [u.name for u in users if not _is_row_count(u)]
-                if bad:
-                    raise Rejected(f"the all-to-all {n.name} is also read by {bad}")
+                _only_row_counts(n, users)
                 continue
             raise Rejected(f"{n.name} (between the all-to-alls) is also read outside by {[u.name for u in users]}")
         return provided
@@ -988,12 +981,7 @@ class MoePass(OverlapPass):
                 for u in users:
                     u.replace_input_with(n, new)
         c.wait.replace_all_uses_with(dx)
-        for coll, splits in ((d.collective, d.output_splits), (c.collective, c.output_splits)):
-            for u in list(coll.users):
-                if _is_row_count(u):
-                    with graph.inserting_before(u):
-                        u.replace_all_uses_with(_total(graph, fake, splits))
-                    graph.erase_node(u)
+        _replace_row_counts(graph, fake, m)
         # the SwiGLU derivative's nodes that read only the saved gate/up lie outside the region: dead now too,
         # as are the loop's per-expert transposed weights
         common.erase_dead(sorted(region.dying | set(g.inner) | set(g.wt_gate + g.wt_up + g.wt_down),
@@ -1137,9 +1125,7 @@ class MoePass(OverlapPass):
             if n is c.wait:
                 continue
             if n in (d.collective, c.collective):
-                bad = [u.name for u in users if not _is_row_count(u)]
-                if bad:
-                    raise Rejected(f"the all-to-all {n.name} is also read by {bad}")
+                _only_row_counts(n, users)
                 continue
             if n in forbidden:
                 raise Rejected(f"{n.name} (the experts' output) is also used by {[u.name for u in users]}")
@@ -1183,12 +1169,7 @@ class MoePass(OverlapPass):
             provided = {name: fake.call(graph, operator.getitem, (values, i)) for i, name in enumerate(SAVED) if saved[i]}
             self._provide_outside(graph, fake, m, region, provided)
         c.wait.replace_all_uses_with(out)
-        for coll, splits in ((d.collective, d.output_splits), (c.collective, c.output_splits)):
-            for u in list(coll.users):
-                if _is_row_count(u):
-                    with graph.inserting_before(u):
-                        u.replace_all_uses_with(_total(graph, fake, splits))
-                    graph.erase_node(u)
+        _replace_row_counts(graph, fake, m)
         common.erase_dead(sorted(region.dying | set(e.w_gate + e.w_up + e.w_down), key=lambda n: -order[n]))
 
     def _rows(self, graph, fake, m: MoeMatch) -> torch.fx.Node:
@@ -1278,6 +1259,23 @@ def _same(a: list, b: list) -> bool:
 
 def _is_row_count(node: torch.fx.Node) -> bool:
     return node.target is aten.sym_size.int and arg(node, 1, "dim") == 0
+
+
+def _only_row_counts(collective: torch.fx.Node, users: list) -> None:
+    """An all-to-all of the block may be read outside it only by ``sym_size(·, 0)`` (its row count)."""
+    bad = [u.name for u in users if not _is_row_count(u)]
+    if bad:
+        raise Rejected(f"the all-to-all {collective.name} is also read by {bad}")
+
+
+def _replace_row_counts(graph, fake, m: MoeMatch) -> None:
+    """``sym_size(all_to_all, 0)`` (the row counts a forward saves for backward) becomes the sum of its splits."""
+    for coll, splits in ((m.dispatch.collective, m.dispatch.output_splits), (m.combine.collective, m.combine.output_splits)):
+        for u in list(coll.users):
+            if _is_row_count(u):
+                with graph.inserting_before(u):
+                    u.replace_all_uses_with(_total(graph, fake, splits))
+                graph.erase_node(u)
 
 
 def _total(graph, fake, splits: list):

@@ -171,6 +171,50 @@ def check_mm_ar(a, b, bias, reduce_op) -> None:
     _reduce_op(op, reduce_op)
 
 
+def _moe_rows(op: str, name: str, x, send_splits, recv_splits, rows, group) -> None:
+    """The all-to-all side of a MoE op: ``x`` (``name``) ``[N_send, H]``, one split per rank, ``rows``."""
+    ws, rank = group.size(), group.rank()
+    _tensor(op, name, x, 2)
+    _float(op, name, x)
+    _tensor(op, "rows", rows, 1)
+    if rows.is_floating_point() or rows.dtype == torch.bool:
+        raise _fail(op, "rows", f"expected an integer index tensor, got {rows.dtype}")
+    for arg, splits in (("send_splits", send_splits), ("recv_splits", recv_splits)):
+        if len(splits) != ws:
+            raise _fail(op, arg, f"expected {ws} sizes (one per rank of the group), got {len(splits)}")
+        if any(int(s) < 0 for s in splits):
+            raise _fail(op, arg, f"negative split size in {[int(s) for s in splits]}")
+    if sum(int(s) for s in send_splits) != x.shape[0]:
+        raise _fail(op, "send_splits", f"{[int(s) for s in send_splits]} do not add up to the {x.shape[0]} rows of {name}")
+    if int(send_splits[rank]) != int(recv_splits[rank]):
+        raise _fail(op, "recv_splits", f"rank {rank} sends itself {int(send_splits[rank])} rows but receives "
+                    f"{int(recv_splits[rank])}")
+
+
+def _moe_weights(op: str, names: tuple[str, str, str], first, second, last, wide: bool) -> tuple[int, int, int]:
+    """Three expert weights of one dtype: ``[E, A, B]``, ``[E, A, B]``, ``[E, B, A]``; returns ``(E, H, F)``
+    (``wide``: ``A`` is H, the forward's; else F, the backward's transposed weights)."""
+    _tensor(op, names[0], first, 3)
+    _float(op, names[0], first)
+    e, a, b = first.shape
+    for name, w, want in ((names[1], second, (e, a, b)), (names[2], last, (e, b, a))):
+        _tensor(op, name, w, 3)
+        if tuple(w.shape) != want:
+            raise _fail(op, name, f"expected shape {list(want)} ({names[0]} is {list(first.shape)}), got {list(w.shape)}")
+        _same(op, name, w, first, names[0])
+    return (e, a, b) if wide else (e, b, a)
+
+
+def _moe_groups(op: str, offsets, group_sizes, e: int) -> None:
+    if offsets is None:
+        if len(group_sizes) != e:
+            raise _fail(op, "group_sizes", f"expected {e} sizes (one per expert) when offsets is None, got {len(group_sizes)}")
+    else:
+        _tensor(op, "offsets", offsets, 1)
+        if offsets.shape[0] != e or offsets.is_floating_point():
+            raise _fail(op, "offsets", f"expected [{e}] integer cumulative ends, got {_desc(offsets)}")
+
+
 def check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down,
                       saved: Sequence[bool], group, saved_names: Sequence[str], comm_sms: int = -1) -> None:
     op = "moe_experts"
@@ -180,40 +224,12 @@ def check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w
     if not -1 <= comm_sms <= MOE_COMM_SMS_MAX:
         raise _fail(op, "comm_sms", f"expected -1 (the OVERLAP_MOE_COMM_SMS setting), 0 (no comm kernel) or up to "
                     f"{MOE_COMM_SMS_MAX} SMs, got {comm_sms}")
-    ws, rank = group.size(), group.rank()
-    _tensor(op, "x", x, 2)
-    _float(op, "x", x)
-    _tensor(op, "rows", rows, 1)
-    if rows.is_floating_point() or rows.dtype == torch.bool:
-        raise _fail(op, "rows", f"expected an integer index tensor, got {rows.dtype}")
-    for name, splits in (("send_splits", send_splits), ("recv_splits", recv_splits)):
-        if len(splits) != ws:
-            raise _fail(op, name, f"expected {ws} sizes (one per rank of the group), got {len(splits)}")
-        if any(int(s) < 0 for s in splits):
-            raise _fail(op, name, f"negative split size in {[int(s) for s in splits]}")
-    if sum(int(s) for s in send_splits) != x.shape[0]:
-        raise _fail(op, "send_splits", f"{[int(s) for s in send_splits]} do not add up to the {x.shape[0]} rows of x")
-    if int(send_splits[rank]) != int(recv_splits[rank]):
-        raise _fail(op, "recv_splits", f"rank {rank} sends itself {int(send_splits[rank])} rows but receives "
-                    f"{int(recv_splits[rank])}")
-    _tensor(op, "w_gate", w_gate, 3)
-    _float(op, "w_gate", w_gate)
-    e, h, f = w_gate.shape
-    for name, w, want in (("w_up", w_up, (e, h, f)), ("w_down", w_down, (e, f, h))):
-        _tensor(op, name, w, 3)
-        if tuple(w.shape) != want:
-            raise _fail(op, name, f"expected shape {list(want)} (w_gate is {list(w_gate.shape)}), got {list(w.shape)}")
-        _same(op, name, w, w_gate, "w_gate")
+    _moe_rows(op, "x", x, send_splits, recv_splits, rows, group)
+    e, h, f = _moe_weights(op, ("w_gate", "w_up", "w_down"), w_gate, w_up, w_down, wide=True)
     if h != x.shape[1]:
         raise _fail(op, "w_gate", f"expected [E, H={x.shape[1]}, F] (H = the width of x's rows), got {list(w_gate.shape)}")
     _same(op, "w_gate", w_gate, x, "x", dtype=False)
-    if offsets is None:
-        if len(group_sizes) != e:
-            raise _fail(op, "group_sizes", f"expected {e} sizes (one per expert) when offsets is None, got {len(group_sizes)}")
-    else:
-        _tensor(op, "offsets", offsets, 1)
-        if offsets.shape[0] != e or offsets.is_floating_point():
-            raise _fail(op, "offsets", f"expected [{e}] integer cumulative ends, got {_desc(offsets)}")
+    _moe_groups(op, offsets, group_sizes, e)
     if len(saved) != len(saved_names):
         raise _fail(op, "saved", f"expected {len(saved_names)} flags {tuple(saved_names)}, got {len(saved)}")
 
@@ -221,30 +237,8 @@ def check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w
 def check_moe_experts_backward(grad, send_splits, recv_splits, rows, offsets, group_sizes, gate, up, wt_gate, wt_up,
                                wt_down, group) -> None:
     op = "moe_experts_backward"
-    ws, rank = group.size(), group.rank()
-    _tensor(op, "grad", grad, 2)
-    _float(op, "grad", grad)
-    _tensor(op, "rows", rows, 1)
-    if rows.is_floating_point() or rows.dtype == torch.bool:
-        raise _fail(op, "rows", f"expected an integer index tensor, got {rows.dtype}")
-    for name, splits in (("send_splits", send_splits), ("recv_splits", recv_splits)):
-        if len(splits) != ws:
-            raise _fail(op, name, f"expected {ws} sizes (one per rank of the group), got {len(splits)}")
-        if any(int(s) < 0 for s in splits):
-            raise _fail(op, name, f"negative split size in {[int(s) for s in splits]}")
-    if sum(int(s) for s in send_splits) != grad.shape[0]:
-        raise _fail(op, "send_splits", f"{[int(s) for s in send_splits]} do not add up to the {grad.shape[0]} rows of grad")
-    if int(send_splits[rank]) != int(recv_splits[rank]):
-        raise _fail(op, "recv_splits", f"rank {rank} sends itself {int(send_splits[rank])} rows but receives "
-                    f"{int(recv_splits[rank])}")
-    _tensor(op, "wt_gate", wt_gate, 3)
-    _float(op, "wt_gate", wt_gate)
-    e, f, h = wt_gate.shape
-    for name, w, want in (("wt_up", wt_up, (e, f, h)), ("wt_down", wt_down, (e, h, f))):
-        _tensor(op, name, w, 3)
-        if tuple(w.shape) != want:
-            raise _fail(op, name, f"expected shape {list(want)} (wt_gate is {list(wt_gate.shape)}), got {list(w.shape)}")
-        _same(op, name, w, wt_gate, "wt_gate")
+    _moe_rows(op, "grad", grad, send_splits, recv_splits, rows, group)
+    e, h, f = _moe_weights(op, ("wt_gate", "wt_up", "wt_down"), wt_gate, wt_up, wt_down, wide=False)
     if h != grad.shape[1]:
         raise _fail(op, "wt_gate", f"expected [E, F, H={grad.shape[1]}] (H = the width of grad's rows), got "
                     f"{list(wt_gate.shape)}")
@@ -254,13 +248,7 @@ def check_moe_experts_backward(grad, send_splits, recv_splits, rows, offsets, gr
         if tuple(t.shape) != (rows.shape[0], f):
             raise _fail(op, name, f"expected [M={rows.shape[0]}, F={f}] (a row per grouped row), got {list(t.shape)}")
         _same(op, name, t, wt_gate, "wt_gate")
-    if offsets is None:
-        if len(group_sizes) != e:
-            raise _fail(op, "group_sizes", f"expected {e} sizes (one per expert) when offsets is None, got {len(group_sizes)}")
-    else:
-        _tensor(op, "offsets", offsets, 1)
-        if offsets.shape[0] != e or offsets.is_floating_point():
-            raise _fail(op, "offsets", f"expected [{e}] integer cumulative ends, got {_desc(offsets)}")
+    _moe_groups(op, offsets, group_sizes, e)
 
 
 def check_cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
