@@ -567,7 +567,7 @@ def test_p2p_backward_op_matches_autograd(ws):
 
 
 # ------------------------------------------------------------------------ Inductor end to end
-def inductor_worker(rank, ws):
+def inductor_worker(rank, ws, policy="dropless"):
     import torch
 
     import overlap_backend
@@ -584,7 +584,7 @@ def inductor_worker(rank, ws):
         return [out, xi.grad] + [p.grad for p in model.parameters()]
 
     def build():
-        return MoELayer(16, 32, 2 * ws, top_k=2, policy="dropless", expert_form="grouped_mm", seed=3)
+        return MoELayer(16, 32, 2 * ws, top_k=2, policy=policy, expert_form="grouped_mm", seed=3)
 
     ref = step(build())
     got = step(torch.compile(build(), backend="overlap", fullgraph=True))
@@ -594,9 +594,11 @@ def inductor_worker(rank, ws):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_inductor_dropless_grouped_mm_forward_backward(clean_env):
-    """Inductor codegen around the ops: unbacked split sizes, saved values, the backward's op."""
-    per_rank = run_ranks(inductor_worker, 2, timeout=560, env={"OVERLAP_INDUCTOR": "1"})
+@pytest.mark.parametrize("policy", POLICIES)
+def test_inductor_grouped_mm_forward_backward(clean_env, policy):
+    """Inductor codegen around the ops (its partitioner decides what the backward reads): unbacked split
+    sizes (dropless), saved values, the backward's op."""
+    per_rank = run_ranks(inductor_worker, 2, policy, timeout=560, env={"OVERLAP_INDUCTOR": "1"})
     for errs, decisions in per_rank:
         assert all(e <= 1e-2 for e in errs), errs
         assert decisions == per_rank[0][1]
