@@ -348,6 +348,22 @@ def test_epilogue_variants_are_timed_in_interleaved_rounds(bench):
     assert "probe_host" in bench and callable(bench["probe_host"].host_us)
 
 
+def test_epilogue_fused_verdict_is_paired_by_round(bench):
+    """Issue 8's bar from one run: fewer kernels per step and faster in the median and in every round
+    (round i of the fused variant against round i of the unfused one)."""
+    mod = bench["bench_epilogue"]
+    unfused = {"time_ms": 5.33, "round_ms": [5.30, 5.41, 5.33], "kernels_per_step": 147}
+    fused = {"time_ms": 5.24, "round_ms": [5.23, 5.33, 5.24], "kernels_per_step": 144}
+    v = mod.fused_verdict(fused, unfused)
+    assert v["faster_rounds"] == 3 and v["bar"] and abs(v["speedup"] - 5.33 / 5.24) < 1e-12
+    # a round in which the fused step was slower: the median alone does not make the bar
+    slower = dict(fused, round_ms=[5.23, 5.45, 5.24])
+    v = mod.fused_verdict(slower, unfused)
+    assert v["faster_rounds"] == 2 and not v["bar"]
+    assert not mod.fused_verdict(dict(fused, kernels_per_step=150), unfused)["bar"]  # more kernels
+    assert mod.fused_verdict(dict(fused, time_ms=None), unfused) is None
+
+
 # ------------------------------------------------------------------------------ run_device.sh
 def test_run_device_syntax_and_help():
     script = REPO / "bench" / "run_device.sh"
