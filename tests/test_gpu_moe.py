@@ -268,7 +268,7 @@ def backward_worker(rank, ws, device, calls=8):
     return errs
 
 
-@pytest.mark.parametrize("ws", [1, 2, 4], ids=["ws1", "ws2", "ws4"])
+@pytest.mark.parametrize("ws", [1, 2, 4, 8], ids=["ws1", "ws2", "ws4", "ws8"])
 @pytest.mark.timeout(300)
 def test_moe_backward_op_numerics(ws):
     """The backward op's CUDA path (``torch._grouped_mm`` on the transposed weights, ``index_add_``,
