@@ -387,7 +387,7 @@ def cta_reduce_overhead_worker(rank: int, ws: int, device: str):
     return {"errs": errs, "symm calls (host-visible, not replays)": symm_lowering.PATHS["cta_pipeline_mlp:symm"]}
 
 
-@pytest.mark.parametrize("ws", [2, 4], ids=["ws2", "ws4"])  # ws4: 2 stages x TP2, what bench_cta --graphs replays
+@WORLD_SIZES  # 2 stages x TP1, TP2, TP4: the layouts bench_cta --graphs replays
 @pytest.mark.timeout(300)
 def test_cta_pipeline_symm_cuda_graphs(ws):
     _need_gpus(ws)
