@@ -658,9 +658,38 @@ def test_graph_partitions_price_dropless_eagerly(fake_pg, graphs, policy, monkey
     time (no ``cuda_graphs`` in its cost record); a capacity block's op is priced as a replay."""
     from overlap_backend import backend
 
+    from overlap_backend.passes import common
+
     monkeypatch.setattr(backend, "_cuda_graphs_on", lambda config: True)
     monkeypatch.setattr(backend, "_graph_partitions_on", lambda: True)
+    monkeypatch.setattr(common, "choose_lowering", lambda ctx, group, device: "symm")  # a symm-capable group
     _, be = _compile_layer(policy, "grouped_mm", cost_model="on")
     (rec,) = _moe_records(be)
     assert rec.cost is not None and rec.cost.get("active"), rec.cost
     assert rec.cost.get("cuda_graphs", False) == (policy == "capacity"), rec.cost
+
+
+def test_captured_blocks_that_would_run_p2p_are_left_alone(fake_pg, graphs, monkeypatch):
+    """A block replayed from a CUDA graph is not rewritten where its op would run on p2p, which reads the
+    per-expert counts on the host (a capture cannot): a p2p group, and a training forward (its op hands
+    out saved values, which only p2p does) and the backward (moe_experts_backward is p2p only, and
+    tagged cudagraph-unsafe). With a symm-capable group an inference block is still rewritten."""
+    from overlap_backend import backend
+    from overlap_backend.passes import common
+
+    monkeypatch.setattr(backend, "_cuda_graphs_on", lambda config: True)
+    # (with partitions a capacity block's static sizes are captured; without, the CPU tensors of this
+    # test would keep the whole graph out of the capture)
+    monkeypatch.setattr(backend, "_graph_partitions_on", lambda: True)
+    _, be = _compile_layer("capacity", "grouped_mm")
+    (rec,) = _moe_records(be)
+    assert not rec.applied and "replayed from a CUDA graph" in rec.reason and "p2p" in rec.reason, rec.reason
+    monkeypatch.setattr(common, "choose_lowering", lambda ctx, group, device: "symm")
+    _, be = _compile_layer("capacity", "grouped_mm")
+    (rec,) = _moe_records(be)
+    assert rec.applied and rec.lowering == "symm", rec.reason
+    _, be = _compile_layer("capacity", "grouped_mm", train=True)
+    for kind in ("forward", "backward"):
+        (rec,) = _moe_records(be, kind)
+        assert not rec.applied and "replayed from a CUDA graph" in rec.reason, (kind, rec.reason)
+    assert torch.Tag.cudagraph_unsafe in torch.ops.overlap.moe_experts_backward.default.tags

@@ -806,14 +806,14 @@ class MoePass(OverlapPass):
         self._check_dtypes(m)
         self._check_weights(m)
         # raises Rejected for values read outside that cannot be provided
-        self._check_region(m, self._plan_outside, self._op_inputs(m), "the expert block", "dispatched rows")
+        need = self._check_region(m, self._plan_outside, self._op_inputs(m), "the expert block", "dispatched rows")
         from ..runtime import moe_symm
 
         wg = _shape(e.w_gate[0])
         experts = len(e.w_gate) if e.form == "loop" else wg[0]
-        # the symm kernels are off until they pass on GPUs (moe_symm.ENABLED): symm runs as p2p
+        # symm runs as p2p where its kernels are off (moe_symm.ENABLED) and where the op hands out saved values
         lowering, decision = self._decide(m, ws, "moe_experts", e.grouped, wg[-1], experts, val(e.gate[0]).dtype,
-                                          moe_symm.ENABLED, self.ctx.config.moe_comm_sms)
+                                          moe_symm.ENABLED and not need, self.ctx.config.moe_comm_sms)
         m.comm_sms = decision.comm_sms  # the model's pick where the setting is auto
         if m.comm_sms < 0 and isinstance(self.ctx.config.moe_comm_sms, int):
             # the backend's setting, fixed when the graph is compiled as cta_stages is (else the op would read
@@ -821,23 +821,25 @@ class MoePass(OverlapPass):
             m.comm_sms = self.ctx.config.moe_comm_sms
         return common.written_lowering(self.ctx, lowering, decision)
 
-    def _check_region(self, m: MoeMatch, outside, inputs: list, what: str, received: str) -> None:
+    def _check_region(self, m: MoeMatch, outside, inputs: list, what: str, received: str):
         """The checks both directions share: the row moves undo each other, nothing else is computed
-        between the all-to-alls, values read outside can be provided (``outside(m, region)``), the op's
-        inputs do not depend on what the first all-to-all received, and the output's size."""
+        between the all-to-alls, values read outside can be provided (``outside(m, region)``, whose
+        result is returned), the op's inputs do not depend on what the first all-to-all received, and
+        the output's size."""
         if err := layout_error(m):
             raise Rejected(err)
         region = self._region(m)
         extra = region.nodes - region.known
         if extra:
             raise Rejected(f"the region between the all-to-alls also computes {sorted(n.name for n in extra)}")
-        outside(m, region)
+        provided = outside(m, region)
         for n in inputs:
             if n in region.nodes or m.dispatch.wait in common.ancestors(n):
                 raise Rejected(f"{n.name} (an input of {what}) depends on the {received}")
         out = _shape(m.out_node)
         if _static(out):
             common.require_min_numel(self.ctx, math.prod(out))
+        return provided
 
     def _decide(self, m: MoeMatch, ws: int, op: str, grouped: torch.fx.Node, f, experts, cd, symm_runs: bool,
                 comm_sms):
@@ -850,6 +852,12 @@ class MoePass(OverlapPass):
 
         lowering = common.choose_lowering(self.ctx, c.group_name, common.device_type(d.input))
         lowering = lowering if lowering in available(op) else "p2p"
+        nodes = (d.input, d.wait, grouped, c.input)
+        if self.ctx.captured(nodes) and (lowering == "p2p" or not symm_runs):
+            # the p2p lowering reads the per-expert counts on the host: a CUDA-graph capture cannot
+            raise Rejected(f"the graph is replayed from a CUDA graph and {op} would run on p2p, which reads the "
+                           "per-expert row counts on the host (a synchronisation a capture cannot hold): the "
+                           "all-to-alls are left to NCCL")
         hint = common.hint
         gshape = _shape(grouped)
         problem = cost_model.Problem(
@@ -858,8 +866,8 @@ class MoePass(OverlapPass):
             ws=ws,
         )
         decision = self.price(problem, c.group_name, common.device_type(d.input),
-                              common.lowering_candidates(self.ctx, lowering, symm_runs),
-                              nodes=(d.input, d.wait, grouped, c.input), comm_sms=comm_sms)
+                              common.lowering_candidates(self.ctx, lowering, symm_runs), nodes=nodes,
+                              comm_sms=comm_sms)
         return lowering, decision
 
     def _reason(self, why: str) -> str:

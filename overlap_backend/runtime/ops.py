@@ -29,10 +29,10 @@ from .checks import OverlapGroupError, OverlapInputError  # noqa: F401  (re-expo
 _LIB = torch.library.Library("overlap", "DEF")
 
 
-def _define(schema: str):
+def _define(schema: str, tags: tuple = ()):
     """Define ``overlap::<schema>``; the decorated function is its kernel for every backend."""
     name = schema.split("(", 1)[0]
-    _LIB.define(schema)
+    _LIB.define(schema, tags=tags)
 
     def deco(fn):
         _LIB.impl(name, fn, "CompositeExplicitAutograd")
@@ -293,8 +293,12 @@ def _(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_d
 OPS["moe_experts"] = torch.ops.overlap.moe_experts
 
 
+# cudagraph_unsafe: its only lowering (p2p) reads the per-expert counts on the host, which a CUDA-graph
+# capture cannot; Inductor then runs it between captured partitions, or leaves its graph uncaptured
+# (the moe pass does not rewrite a match it knows will be captured: MoePass._decide)
 @_define(
-    "moe_experts_backward(Tensor grad, SymInt[] send_splits, SymInt[] recv_splits, Tensor rows, Tensor? offsets, SymInt[] group_sizes, Tensor gate, Tensor up, Tensor wt_gate, Tensor wt_up, Tensor wt_down, str group_name, str lowering) -> (Tensor, Tensor, Tensor, Tensor)"
+    "moe_experts_backward(Tensor grad, SymInt[] send_splits, SymInt[] recv_splits, Tensor rows, Tensor? offsets, SymInt[] group_sizes, Tensor gate, Tensor up, Tensor wt_gate, Tensor wt_up, Tensor wt_down, str group_name, str lowering) -> (Tensor, Tensor, Tensor, Tensor)",
+    tags=(torch.Tag.cudagraph_unsafe,),
 )
 def moe_experts_backward(
     grad: Tensor,
