@@ -605,3 +605,25 @@ def test_gloo_group_with_cuda_tensors_leaves_the_collective_alone(gloo_one_rank,
     monkeypatch.undo()
     monkeypatch.setattr(symm, "group_support", lambda group_name: None)
     assert common.choose_lowering(SimpleNamespace(config=SimpleNamespace(lowering="auto")), name, "cuda") == "symm"
+
+
+def test_one_rank_group_is_reported_as_such(gloo_one_rank):
+    """On a group of one rank there is nothing to overlap: the gather is reported with that reason,
+    whatever reads the gathered tensor (it used to say that no matmul reads it, when a norm did)."""
+    import torch.distributed._functional_collectives as funcol
+
+    from overlap_backend import make_backend
+
+    name = gloo_one_rank.group_name
+    w = torch.randn(8, 16)
+
+    def f(x):
+        g = funcol.wait_tensor(funcol.all_gather_tensor(x, 0, name))
+        return torch.nn.functional.rms_norm(g, (8,)) @ w, g.sum()  # a norm, then a matmul; and a sum
+
+    be = make_backend(inductor=False)
+    x = torch.randn(4, 8)
+    out = torch.compile(f, backend=be, fullgraph=True)(x)
+    recs = [m for r in be.reports for m in r.matches if m.pass_name == "ag_mm"]
+    assert recs and all(not m.applied and "has 1 rank: nothing to overlap" in m.reason for m in recs), recs
+    torch.testing.assert_close(out[0], torch.nn.functional.rms_norm(x, (8,)) @ w)  # left as it was: still right

@@ -108,12 +108,13 @@ class AgMmPass(OverlapPass):
 
     def check(self, m: AgMmMatch) -> str:
         ag = m.gather
+        # the group first: on one rank there is nothing to overlap, whatever reads the gathered tensor
+        ws = common.require_group(ag.group_name, ag.group_size)
         if not m.matmuls:
             why = "no matmul takes the gathered tensor as its left operand"
             if m.no_prologue:
                 raise Rejected(f"{why}, and the row-wise ops after it cannot move before the gather: {m.no_prologue}")
             raise Rejected(common.crosses_graph_break(ag.result, upstream=False) or why)
-        ws = common.require_group(ag.group_name, ag.group_size)
         common.require_backed(ag.shard, ag.result, m.operand, *[mm.b for mm in m.matmuls])
         # the op gathers the operand's dtype (a cast in the prologue moves before the gather)
         common.require_dtype(m.operand, *[mm.b for mm in m.matmuls])
