@@ -291,7 +291,7 @@ def test_min_numel_rejects_small_blocks(fake_pg, graphs):
 
 
 # rejections, on hand-written capacity-style blocks: x [ws*E*C, H] -> experts -> back
-def _block(fake_pg, *, act="silu", undo=True, swap=True, leak=False, keep_recv=False):
+def _block(fake_pg, *, act="silu", undo=True, swap=True, leak=False, keep_recv=False, shared=False):
     import torch.distributed._functional_collectives as funcol
     import torch.nn.functional as F
 
@@ -303,6 +303,8 @@ def _block(fake_pg, *, act="silu", undo=True, swap=True, leak=False, keep_recv=F
         g = torch.bmm(xe, wg)
         a = (F.silu(g) if act == "silu" else F.gelu(g)) * torch.bmm(xe, wu)
         y = torch.bmm(a, wd)
+        if shared:  # something added to the experts' output before the combine (a forward graph's add)
+            y = y + torch.bmm(xe, wg[:, :, :H])
         back = y.view(E, WS, C, H).transpose(0, 1) if undo else y.view(WS, E, C, H)
         back = back.reshape(WS * E * C, H)
         splits = [C * E] * WS
@@ -321,6 +323,8 @@ def _block(fake_pg, *, act="silu", undo=True, swap=True, leak=False, keep_recv=F
     (dict(undo=False), "do not undo those before them"),
     (dict(swap=False), "not the dispatch's, swapped"),
     (dict(leak=True), "is also used by"),
+    # an add before the combine is where a backward's input gradients end: a forward's says what it is not
+    (dict(shared=True), "neither moved rows of expert GEMMs nor the experts' input gradients"),
 ])
 def test_rejections_are_reported(fake_pg, graphs, variant, reason):
     from overlap_backend import make_backend

@@ -461,13 +461,10 @@ def _silu_grad(g):
     return s * (1 + g * (1 - s))
 
 
-_GRAD_GEMMS = (aten.bmm.default, aten._grouped_mm.default, aten.mm.default)
-
-
 def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
     """``dx = dG @ Wg^T + dU @ Wu^T`` (one GEMM kind from ``kinds``) with ``dG``, ``dU`` the SwiGLU
     gradients of ``dA = dY @ Wd^T``."""
-    if not (isinstance(dx, torch.fx.Node) and dx.target is aten.add.Tensor):
+    if not _plain_add(dx):
         raise _NoMatch(f"an expert's input gradient is {_what(dx)}, not the sum of two GEMMs")
     a, b = dx.args[0], dx.args[1]
     if not all(isinstance(x, torch.fx.Node) and x.target in kinds for x in (a, b)) or a.target is not b.target:
@@ -502,6 +499,11 @@ def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
                 offs=offs_d)
 
 
+def _plain_add(n: Any) -> bool:
+    """``n = a + b`` (``aten.add.Tensor`` without a scaling ``alpha``)."""
+    return isinstance(n, torch.fx.Node) and n.target is aten.add.Tensor and arg(n, 2, "alpha", 1) == 1
+
+
 def _is_zeros(n: Any) -> bool:
     return isinstance(n, torch.fx.Node) and n.target in (aten.full.default, aten.zeros.default) and _zero_fill(n)
 
@@ -518,7 +520,7 @@ def _loop_terms(out: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.
         n = stack.pop()
         if not isinstance(n, torch.fx.Node):
             raise _NoMatch(f"the input gradients add {n!r}")
-        if n.target is aten.add.Tensor and all(isinstance(x, torch.fx.Node) and x.target in (
+        if _plain_add(n) and all(isinstance(x, torch.fx.Node) and x.target in (
                 aten.add.Tensor, aten.select_scatter.default) for x in n.args[:2]):
             joins.append(n)
             stack.extend(n.args[:2])
@@ -561,7 +563,7 @@ def _grad_pieces(pieces: list) -> tuple[torch.fx.Node, list, list]:
 
 def _match_expert_grads(out: torch.fx.Node) -> ExpertGrads:
     """The experts' input gradients ``out`` of a backward graph, in any of the three forms."""
-    if out.target is aten.add.Tensor and all(isinstance(x, torch.fx.Node) and x.target in (
+    if _plain_add(out) and all(isinstance(x, torch.fx.Node) and x.target in (
             aten.bmm.default, aten._grouped_mm.default) for x in out.args[:2]):
         g = _one_expert_grads(out, (aten.bmm.default, aten._grouped_mm.default))
         form = "bmm" if g["kind"] is aten.bmm.default else "grouped_mm"
@@ -607,7 +609,11 @@ def find_moe(graph: torch.fx.Graph) -> list[MoeMatch]:
         try:
             m.out_steps, out = _walk_out(combine.input, accumulate_ok=True)
             if _grads_out(out):  # a backward graph: the experts' input gradients
-                m.grads = _match_expert_grads(out)
+                try:
+                    m.grads = _match_expert_grads(out)
+                except _NoMatch as e:  # (a forward graph's add, e.g. a shared expert's output, lands here too)
+                    raise _NoMatch(f"the combined tensor is computed by {_what(out)}: neither moved rows of expert "
+                                   f"GEMMs nor the experts' input gradients ({e})") from None
                 grouped = m.grads.dy
             else:
                 for st in m.out_steps:
