@@ -985,13 +985,14 @@ class MoePass(OverlapPass):
             )
             dx = fake.call(graph, operator.getitem, (op, 0))
             outs: dict[int, torch.fx.Node] = {}
+            per_expert: dict[int, torch.fx.Node] = {}  # an output as [E, rows, X] (the loop over selects)
             for n, (i, e) in provided.items():
                 users = region.outside.get(n, [])
                 if not users:
                     continue
                 if i not in outs:
                     outs[i] = fake.call(graph, operator.getitem, (op, i))
-                new = self._expert_rows(graph, fake, g, outs[i], n, e)
+                new = self._expert_rows(graph, fake, g, outs[i], n, e, per_expert, i)
                 for u in users:
                     u.replace_input_with(n, new)
         c.wait.replace_all_uses_with(dx)
@@ -1002,8 +1003,9 @@ class MoePass(OverlapPass):
                                  key=lambda n: -order[n]))
 
     def _expert_rows(self, graph, fake, g: ExpertGrads, flat: torch.fx.Node, like: torch.fx.Node,
-                     expert: int | None) -> torch.fx.Node:
-        """An op output ([M, X], grouped rows) as the graph read ``like``: reshaped, or expert ``expert``'s rows."""
+                     expert: int | None, per_expert: dict, key: int) -> torch.fx.Node:
+        """An op output ([M, X], grouped rows) as the graph read ``like``: reshaped, or expert ``expert``'s
+        rows (``per_expert[key]``: the output viewed [E, rows, X] once, for the loop over selects)."""
         if expert is None:
             if _shape_eq(_shape(flat), _shape(like)):
                 return flat
@@ -1011,8 +1013,10 @@ class MoePass(OverlapPass):
         if g.bounds:
             start, end = g.bounds[expert]
             return fake.call(graph, aten.slice.Tensor, (flat, 0, start, end))
-        per = fake.call(graph, aten.reshape.default, (flat, [len(g.pieces), g.group_sizes[0], _shape(flat)[-1]]))
-        return fake.call(graph, aten.select.int, (per, 0, expert))
+        if key not in per_expert:
+            per_expert[key] = fake.call(graph, aten.reshape.default,
+                                        (flat, [len(g.pieces), g.group_sizes[0], _shape(flat)[-1]]))
+        return fake.call(graph, aten.select.int, (per_expert[key], 0, expert))
 
     def _stacked_t(self, graph, fake, weights: list[torch.fx.Node]) -> torch.fx.Node:
         """The loop's per-expert transposed weights ``permute(select(W, 0, e), [1, 0])`` as one
