@@ -571,7 +571,7 @@ def test_p2p_backward_op_matches_autograd(ws):
 
 
 # ------------------------------------------------------------------------ Inductor end to end
-def inductor_worker(rank, ws, policy="dropless"):
+def inductor_worker(rank, ws, policy="dropless", form="grouped_mm"):
     import torch
 
     import overlap_backend
@@ -588,7 +588,7 @@ def inductor_worker(rank, ws, policy="dropless"):
         return [out, xi.grad] + [p.grad for p in model.parameters()]
 
     def build():
-        return MoELayer(16, 32, 2 * ws, top_k=2, policy=policy, expert_form="grouped_mm", seed=3)
+        return MoELayer(16, 32, 2 * ws, top_k=2, policy=policy, expert_form=form, seed=3)
 
     ref = step(build())
     got = step(torch.compile(build(), backend="overlap", fullgraph=True))
@@ -599,10 +599,12 @@ def inductor_worker(rank, ws, policy="dropless"):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("policy", POLICIES)
-def test_inductor_grouped_mm_forward_backward(clean_env, policy):
+@pytest.mark.parametrize("form", ["grouped_mm", "loop"])
+def test_inductor_forward_backward(clean_env, policy, form):
     """Inductor codegen around the ops (its partitioner decides what the backward reads): unbacked split
-    sizes (dropless), saved values, the backward's op."""
-    per_rank = run_ranks(inductor_worker, 2, policy, timeout=560, env={"OVERLAP_INDUCTOR": "1"})
+    sizes (dropless), saved values, the backward's op (in the loop form after Inductor's post-grad
+    patterns folded each expert's mm + mm into an addmm)."""
+    per_rank = run_ranks(inductor_worker, 2, policy, form, timeout=560, env={"OVERLAP_INDUCTOR": "1"})
     for errs, decisions in per_rank:
         assert all(e <= 1e-2 for e in errs), errs
         assert decisions == per_rank[0][1]

@@ -235,7 +235,7 @@ def _reaches_gemm(node: torch.fx.Node) -> bool:
         if not isinstance(n, torch.fx.Node) or n in seen:
             continue
         seen.add(n)
-        if n.target in GEMMS:
+        if n.target in GEMMS or n.target is aten.addmm.default:  # (addmm: Inductor's fold of mm + mm)
             return True
         if (step := _row_step(n, scatter_accumulate_ok=True)) is not None:
             stack.append(step.src)
@@ -463,16 +463,24 @@ def _silu_grad(g):
 
 def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
     """``dx = dG @ Wg^T + dU @ Wu^T`` (one GEMM kind from ``kinds``) with ``dG``, ``dU`` the SwiGLU
-    gradients of ``dA = dY @ Wd^T``."""
-    if not _plain_add(dx):
-        raise _NoMatch(f"an expert's input gradient is {_what(dx)}, not the sum of two GEMMs")
-    a, b = dx.args[0], dx.args[1]
-    if not all(isinstance(x, torch.fx.Node) and x.target in kinds for x in (a, b)) or a.target is not b.target:
-        raise _NoMatch(f"{dx.name} does not add two expert GEMMs ({_what(a)}, {_what(b)})")
-    kind = a.target
+    gradients of ``dA = dY @ Wd^T``. For ``mm`` the sum may be one ``addmm(mm(...), ·, ·)``: Inductor's
+    post-grad patterns fold ``mm + mm`` so before the pass runs."""
+    if _plain_addmm(dx) and aten.mm.default in kinds:
+        c, a, b = dx.args[:3]
+        if not (isinstance(c, torch.fx.Node) and c.target is aten.mm.default):
+            raise _NoMatch(f"{dx.name} adds {_what(c)} to an expert GEMM, not another expert GEMM")
+        kind = aten.mm.default
+        terms = [(c, *_gemm(c, kind)), (dx, a, b, None)]
+    else:
+        if not _plain_add(dx):
+            raise _NoMatch(f"an expert's input gradient is {_what(dx)}, not the sum of two GEMMs")
+        a, b = dx.args[0], dx.args[1]
+        if not all(isinstance(x, torch.fx.Node) and x.target in kinds for x in (a, b)) or a.target is not b.target:
+            raise _NoMatch(f"{dx.name} does not add two expert GEMMs ({_what(a)}, {_what(b)})")
+        kind = a.target
+        terms = [(gemm, *_gemm(gemm, kind)) for gemm in (a, b)]
     branches = []
-    for gemm in (a, b):
-        lhs, w, offs = _gemm(gemm, kind)
+    for gemm, lhs, w, offs in terms:
         cone, leaves = _pointwise_cone(lhs)
         branches.append((gemm, lhs, w, offs, cone, leaves))
     # dU's cone reads dA and G; dG's reads dA, U and G
@@ -497,6 +505,12 @@ def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
     return dict(kind=kind, dy=dy, d_act=d_act, d_gate=d_gate, d_up=d_up, gate=gate, up=up, wt_gate=wt_gate,
                 wt_up=wt_up, wt_down=wt_down, gemms=[d_act, g_gate, g_up], inner=list(dict.fromkeys(cone_u + cone_g)),
                 offs=offs_d)
+
+
+def _plain_addmm(n: Any) -> bool:
+    """``n = c + a @ b`` (``aten.addmm`` with ``beta`` and ``alpha`` 1)."""
+    return (isinstance(n, torch.fx.Node) and n.target is aten.addmm.default and arg(n, 3, "beta", 1) == 1
+            and arg(n, 4, "alpha", 1) == 1)
 
 
 def _plain_add(n: Any) -> bool:
@@ -590,11 +604,12 @@ def _match_expert_grads(out: torch.fx.Node) -> ExpertGrads:
 
 def _grads_out(out: torch.fx.Node) -> bool:
     """Is ``out`` (where the walk from a combine input stopped) a backward's experts' input gradients:
-    an ``add`` (of GEMMs, or of placed per-expert gradients) or a ``cat`` of sums?"""
+    an ``add`` (of GEMMs, or of placed per-expert gradients) or a ``cat`` of per-expert sums (``add``,
+    or ``addmm`` where Inductor folded ``mm + mm``)?"""
     if out.target is aten.add.Tensor:
         return True
     return out.target is aten.cat.default and all(
-        isinstance(t, torch.fx.Node) and t.target is aten.add.Tensor for t in out.args[0])
+        isinstance(t, torch.fx.Node) and t.target in (aten.add.Tensor, aten.addmm.default) for t in out.args[0])
 
 
 def find_moe(graph: torch.fx.Graph) -> list[MoeMatch]:
