@@ -901,18 +901,9 @@ class MoePass(OverlapPass):
         """The expert gradients between a backward graph's all-to-alls: ``moe_experts_backward``."""
         d, c, g = m.dispatch, m.combine, m.grads
         cd = val(g.d_act[0]).dtype
-        common.require_dtype(d.input, d.wait, c.input)
         common.require_dtype(g.dy, *g.d_gate, *g.d_up, *g.gate, *g.up, *g.wt_gate, *g.wt_up, *g.wt_down, *g.gemms,
                              *g.pieces)
-        if val(g.dx_out).dtype != cd:
-            raise Rejected(f"the input gradient {g.dx_out.name} is {val(g.dx_out).dtype}, not {cd}")
-        xdtype = val(d.input).dtype
-        for s in m.in_steps + m.out_steps:
-            if s.kind == "cast" and val(s.node).dtype not in (cd, xdtype):
-                raise Rejected(f"{s.node.name} casts rows to {val(s.node).dtype} (compute {cd}, gradients {xdtype})")
-        if xdtype != val(c.input).dtype:
-            raise Rejected(f"the input gradients go back as {val(c.input).dtype} rows, the result gradients came as "
-                           f"{xdtype}")
+        _check_row_dtypes(m, cd, "the input gradient", "gradients")
         h = _shape(d.wait)[-1]
         if g.form == "loop":
             shapes = {(_shape(a), _shape(b), _shape(w)) for a, b, w in zip(g.wt_gate, g.wt_up, g.wt_down)}
@@ -1049,18 +1040,9 @@ class MoePass(OverlapPass):
 
     def _check_dtypes(self, m: MoeMatch) -> None:
         e = m.experts
-        xdtype = val(m.dispatch.input).dtype
-        cd = val(e.gate[0]).dtype
-        common.require_dtype(m.dispatch.input, m.dispatch.wait, m.combine.input)
         common.require_dtype(*e.gate, *e.up, *e.act, *e.down, *e.w_gate, *e.w_up, *e.w_down,
                              *(e.pieces or [e.grouped]))
-        if val(e.down_out).dtype != cd:
-            raise Rejected(f"the experts' output {e.down_out.name} is {val(e.down_out).dtype}, not {cd}")
-        for s in m.in_steps + m.out_steps:
-            if s.kind == "cast" and val(s.node).dtype not in (cd, xdtype):
-                raise Rejected(f"{s.node.name} casts rows to {val(s.node).dtype} (compute {cd}, tokens {xdtype})")
-        if xdtype != val(m.combine.input).dtype:
-            raise Rejected(f"the combine sends {val(m.combine.input).dtype} rows, the dispatch {xdtype}")
+        _check_row_dtypes(m, val(e.gate[0]).dtype, "the experts' output", "tokens")
 
     def _check_weights(self, m: MoeMatch) -> None:
         e = m.experts
@@ -1292,6 +1274,22 @@ def _same(a: list, b: list) -> bool:
 
 def _is_row_count(node: torch.fx.Node) -> bool:
     return node.target is aten.sym_size.int and arg(node, 1, "dim") == 0
+
+
+def _check_row_dtypes(m: MoeMatch, cd: torch.dtype, out_what: str, rows_what: str) -> None:
+    """The rows' dtypes around the block, either direction: the all-to-alls in a supported dtype, the
+    grouped result (``m.out_node``) in the compute dtype ``cd``, casts only to ``cd`` or to the
+    dispatched rows' dtype, and the combine sending what the dispatch sent."""
+    common.require_dtype(m.dispatch.input, m.dispatch.wait, m.combine.input)
+    out = m.out_node
+    if val(out).dtype != cd:
+        raise Rejected(f"{out_what} {out.name} is {val(out).dtype}, not {cd}")
+    xdtype = val(m.dispatch.input).dtype
+    for s in m.in_steps + m.out_steps:
+        if s.kind == "cast" and val(s.node).dtype not in (cd, xdtype):
+            raise Rejected(f"{s.node.name} casts rows to {val(s.node).dtype} (compute {cd}, {rows_what} {xdtype})")
+    if xdtype != val(m.combine.input).dtype:
+        raise Rejected(f"the combine sends {val(m.combine.input).dtype} rows, the dispatch {xdtype}")
 
 
 def _only_row_counts(collective: torch.fx.Node, users: list) -> None:

@@ -101,8 +101,7 @@ class _Plan:
     ``order[starts[s]]`` on. One host read of the count table (on CUDA a synchronisation)."""
 
     def __init__(self, ws, send_splits, recv_splits, rows, offsets, group_sizes, experts, dev):
-        self.send_splits, self.recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
-        self.send_off, self.recv_off = _prefix(self.send_splits), _prefix(self.recv_splits)
+        self.send_off, self.recv_off = _prefix(send_splits), _prefix(recv_splits)
         self.m, self.experts = rows.shape[0], experts
         self.rows = rows.to(device=dev, dtype=torch.long)
         if offsets is not None:
