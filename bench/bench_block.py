@@ -6,7 +6,7 @@
 
 The block is :class:`overlap_backend.models.TPBlock` (Megatron-style TP + sequence parallelism with
 functional collectives: one all-gather feeding Q/K/V, out-proj + reduce-scatter, all-gather + fc1,
-fc2 + reduce-scatter), at the demo's GPU sizes by default (``overlap_backend.demo.GPU_DEFAULTS``:
+fc2 + reduce-scatter), at the demo's GPU sizes by default (``overlap_backend.examples.demo.GPU_DEFAULTS``:
 batch 4, seq 2048, hidden 4096, 32 heads, ffn 14336, bf16). Every rank builds the same weights
 (same seed) and holds its sequence shard of the same input. Variants:
 
@@ -53,7 +53,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402
-from overlap_backend.demo import GPU_DEFAULTS, fwd_bwd  # noqa: E402
+from overlap_backend.examples.demo import GPU_DEFAULTS, fwd_bwd  # noqa: E402
 from overlap_backend.models import TPBlock  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")

@@ -7,7 +7,7 @@
 The block is the demo's :class:`overlap_backend.models.TPBlock` (``--block tp``: Q/K/V biases,
 GELU after fc1, two residual adds after the reduce-scatters) or :class:`TPSwiGLUMlp` (``--block
 swiglu``: RMSNorm, ``silu(gate) * up`` of one all-gather, residual add), at the demo's GPU sizes
-(``overlap_backend.demo.GPU_DEFAULTS``). Variants, every one compiled with Inductor (CPU smoke runs
+(``overlap_backend.examples.demo.GPU_DEFAULTS``). Variants, every one compiled with Inductor (CPU smoke runs
 use ``--no-inductor``):
 
 - ``inductor``: plain Inductor (its own collectives and fused pointwise kernels);
@@ -47,7 +47,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402
-from overlap_backend.demo import GPU_DEFAULTS  # noqa: E402
+from overlap_backend.examples.demo import GPU_DEFAULTS  # noqa: E402
 from overlap_backend.models import TPBlock, TPSwiGLUMlp  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")

@@ -6,7 +6,7 @@
 
 Sections (each on fresh models built from the same seed; ``torch._dynamo.reset()`` between them):
 
-- ``llama``: :mod:`overlap_backend.llama` with tensor + sequence parallelism over the N ranks
+- ``llama``: :mod:`overlap_backend.models.llama` with tensor + sequence parallelism over the N ranks
   (``parallelize_llama``: DTensor ``parallelize_module``, torchtitan's plan), bf16, AdamW. Variants:
   ``eager``; ``inductor``; ``async_tp`` (Inductor with ``_micro_pipeline_tp = True`` on a group with
   symmetric memory enabled, as bench_block.py); ``overlap`` (``backend=overlap_backend.make_backend()``,
@@ -21,7 +21,7 @@ Sections (each on fresh models built from the same seed; ``torch._dynamo.reset()
   ``eager`` and ``overlap`` (and ``inductor`` with ``--curve-variants``), the loss of every step in
   the JSON; max / mean relative difference to eager's curve, PASS if the max <= ``tol`` (default 2e-2 in
   bf16: rounding differences compound over the steps; 1e-4 in float32).
-- ``mixtral``: :mod:`overlap_backend.mixtral`: MoE layers (capacity policy, ``grouped_mm`` experts)
+- ``mixtral``: :mod:`overlap_backend.models.mixtral`: MoE layers (capacity policy, ``grouped_mm`` experts)
   expert-parallel over the N ranks, everything else data-parallel (each rank its own batch, gradients
   of replicated weights all-reduced); variants eager / inductor / overlap (its ``moe`` pass rewrites
   the forward); step time as above, tokens/s over all ranks.
@@ -75,10 +75,10 @@ import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402
 from bench.bench_block import _enable_symm_mem, inductor_backend  # noqa: E402
-from overlap_backend.llama import LlamaConfig, build_llama, compile_llama  # noqa: E402
-from overlap_backend.mixtral import MixtralConfig, build_mixtral, sync_dense_grads  # noqa: E402
-from overlap_backend.serve import generate, random_prompts  # noqa: E402
-from overlap_backend.train import (  # noqa: E402
+from overlap_backend.models.llama import LlamaConfig, build_llama, compile_llama  # noqa: E402
+from overlap_backend.models.mixtral import MixtralConfig, build_mixtral, sync_dense_grads  # noqa: E402
+from overlap_backend.examples.serve import generate, random_prompts  # noqa: E402
+from overlap_backend.examples.train import (  # noqa: E402
     compare_curves,
     loss_fn,
     make_optimizer,

@@ -1,7 +1,7 @@
 """The cost model's view of the Llama TP + SP training step (CPU, no GPU): how much of the step's
 communication the matched ops can hide, by the model's numbers.
 
-Per transformer block the passes match eight GEMM-collective pairs (``overlap_backend.llama`` compiled
+Per transformer block the passes match eight GEMM-collective pairs (``overlap_backend.models.llama`` compiled
 by ``bench/bench_models.py``; see docs/models.md): forward, the all-gathers into QKV (three weights)
 and into w1/w3 (two), the reduce-scatters after wo and w2; backward, the all-gathered output
 gradients into wo^T and w2^T, and the reduce-scatters of the input gradients of QKV and w1/w3 (sums

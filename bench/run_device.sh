@@ -4,7 +4,7 @@
 #   bash bench/run_device.sh          # GPU tests, then the benchmarks (2/4 GPUs: ws=4 then ws=2; 8 GPUs: ws=8)
 #   bash bench/run_device.sh quick    # smoke run: ws=2 tests only, benchmarks with --quick
 #   bash bench/run_device.sh bench    # the benchmarks only (no GPU tests)
-#   bash bench/run_device.sh tests    # the GPU tests only (every tests/test_gpu*.py), the whole deadline for them
+#   bash bench/run_device.sh tests    # the GPU tests only (every tests/gpu/test_gpu*.py), the whole deadline for them
 #   bash bench/run_device.sh help     # this text
 #   TESTS_K="ws4 or names_op_rank" bash bench/run_device.sh   # a pytest -k selection of the GPU tests
 #                                      (-k matches marker names too: "timeout" would select every test)
@@ -17,9 +17,9 @@
 #                                      rank of a multi-rank GPU test on GPU 0 (gloo group; numerics, flags and
 #                                      hangs at 2/4/8 ranks, not speed; a cold Triton cache makes the first
 #                                      tests slow: 4 ranks compile at once)
-#   TEST_FILES="tests/test_gpu_cta.py" BENCHES="cta" bash bench/run_device.sh   # a subset
-#                                      (defaults: tests/test_gpu.py tests/test_gpu_cta.py, in `tests` mode
-#                                      every tests/test_gpu*.py; BENCHES="collective block cta", with
+#   TEST_FILES="tests/gpu/test_gpu_cta.py" BENCHES="cta" bash bench/run_device.sh   # a subset
+#                                      (defaults: tests/gpu/test_gpu.py tests/gpu/test_gpu_cta.py, in `tests` mode
+#                                      every tests/gpu/test_gpu*.py; BENCHES="collective block cta", with
 #                                      8 GPUs "collective moe block cta")
 #   BENCH_WS="8 4 2" bash bench/run_device.sh bench   # the world sizes to benchmark, in that order
 #                                      (default: "4 2"; with 8 GPUs "8")
@@ -55,7 +55,7 @@
 # 8 GPUs: 8): collective benchmark (at the largest world size -- 4, or 8 with 8 GPUs -- with profiler
 # traces of the M=4096 rows), MoE benchmark (only in BENCHES by default with 8 GPUs), block benchmark
 # (largest world size: traces), CTA-pipelining benchmark (bench_cta.py, traces of M=4096).
-# RUN_DEMO=1 adds `python -m overlap_backend.demo` after the tests (bench_block.py measures the
+# RUN_DEMO=1 adds `python -m overlap_backend.examples.demo` after the tests (bench_block.py measures the
 # same block at the same sizes, so it is off by default to fit the time). RUN_EPILOGUE=1 adds the
 # epilogue benchmark at the end (on GPUs 0,1; EPILOGUE_WS=8 for all 8).
 #
@@ -107,8 +107,8 @@ LIMIT_MOE="${LIMIT_MOE:-180}"
 LIMIT_BLOCK="${LIMIT_BLOCK:-120}"
 LIMIT_CTA="${LIMIT_CTA:-240}"
 # BENCHES, BENCH_WS: defaults depend on the GPU count (main); TEST_FILES: on the mode.
-DEFAULT_TEST_FILES="tests/test_gpu.py tests/test_gpu_cta.py"
-[ "$MODE" = tests ] && DEFAULT_TEST_FILES="$(echo tests/test_gpu*.py)"
+DEFAULT_TEST_FILES="tests/gpu/test_gpu.py tests/gpu/test_gpu_cta.py"
+[ "$MODE" = tests ] && DEFAULT_TEST_FILES="$(echo tests/gpu/test_gpu*.py)"
 TEST_FILES="${TEST_FILES:-$DEFAULT_TEST_FILES}"
 # The MoE stage (8 GPUs by default, else BENCHES="... moe"): DeepSeek-like at EP=N first (64 experts),
 # then the 32-expert one; MOE_ARGS replaces these arguments of bench_moe.py.
@@ -277,7 +277,7 @@ main() {
   fi
 
   # The demo (every GPU, NCCL, Inductor on, default GPU sizes): opt-in, bench_block.py covers it.
-  [ "${RUN_DEMO:-0}" = 1 ] && [ "$NGPU" -ge 2 ] && stage demo "$LIMIT_DEMO" "$PY" -m overlap_backend.demo --steps 10
+  [ "${RUN_DEMO:-0}" = 1 ] && [ "$NGPU" -ge 2 ] && stage demo "$LIMIT_DEMO" "$PY" -m overlap_backend.examples.demo --steps 10
 
   # In BENCH_WS order: a late stage is the one cut by the deadline. `tests` mode: no benchmarks.
   if [ "$MODE" != tests ]; then

@@ -184,7 +184,7 @@ def _moe(policy, form, train=False):
     """``MoELayer(8, 16, 4, top_k=2)``: 4 experts, two per rank; 4 tokens (capacity 2 per expert)."""
     import torch
 
-    from overlap_backend.moe_models import MoELayer
+    from overlap_backend.models.moe import MoELayer
 
     torch.manual_seed(0)
     layer = MoELayer(8, 16, 4, top_k=2, policy=policy, expert_form=form, capacity_factor=1.0)

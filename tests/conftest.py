@@ -12,8 +12,12 @@ if "TRITON_INTERPRET" not in os.environ:
 
 import pytest  # noqa: E402
 
-# Tests import the harness as a plain module; spawned ranks import it the same way.
-sys.path.insert(0, os.path.dirname(__file__))
+# Tests import the harness and sibling test modules (shared GPU-test helpers) as plain modules, from
+# any folder of tests/; spawned ranks unpickle their workers the same way (spawn copies sys.path).
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+for _d in [_TESTS] + sorted(e.path for e in os.scandir(_TESTS) if e.is_dir() and not e.name.startswith((".", "_"))):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ import tempfile
 import traceback
 from datetime import timedelta
 
-from overlap_backend.spawn import collect, dump_stacks_on_signal
+from overlap_backend.tools.spawn import collect, dump_stacks_on_signal
 
 # One intra-op thread per rank: the ranks share a 2-core CI machine. Inductor off by default
 # (its C++ codegen costs ~25 s per graph there); Inductor tests set OVERLAP_INDUCTOR=1.

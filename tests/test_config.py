@@ -157,3 +157,13 @@ def test_moe_comm_sms(clean_env):
             moe_symm.comm_sms()
     with pytest.raises(ConfigError, match="moe_comm_sms"):
         OverlapConfig(moe_comm_sms=-1)
+
+
+def test_pass_names_are_the_registry_in_run_order():
+    """config.py names the passes without importing them (it sits below every pass): the names and
+    their order must be the pass manager's registry."""
+    from overlap_backend import config
+    from overlap_backend.passes import available_passes
+
+    assert config.PASS_NAMES == available_passes()
+    assert set(config.DEFAULT_PASS_ORDER) <= set(config.PASS_NAMES)

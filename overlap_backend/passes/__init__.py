@@ -19,6 +19,7 @@ def _registry() -> dict[str, type[OverlapPass]]:
 
 
 def available_passes() -> tuple[str, ...]:
+    """The registered passes in run order: ``config.PASS_NAMES``, which the config validates against."""
     return tuple(_registry())
 
 

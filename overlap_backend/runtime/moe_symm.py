@@ -208,7 +208,7 @@ def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: 
     return out
 
 
-# On since 2026-11-30 (2×H200: tests/test_gpu_moe.py -k ws2 passes for both combine transports, 1 and
+# On since 2026-11-30 (2×H200: tests/gpu/test_gpu_moe.py -k ws2 passes for both combine transports, 1 and
 # 8 comm SMs, and the compiled layer). Its first GPU run had timed out: the comm kernel spun while the
 # GEMM kernels launched after it were compiled and loaded, and loading a kernel can synchronise the
 # context (codegen/launcher.py: every kernel is now loaded before the call starts). False runs

@@ -83,7 +83,7 @@ RS_OWN_FIRST = True
 # (tests); False: pointer stores only. Measured alone on one H200 (bench/probe_ws.py --mm-rs,
 # seventeenth session, run 10, ms, pointer / TMA): ws 4's local 16384x512x8192 0.378 / 0.319,
 # 4096x1792x8192 0.206 / 0.198, ws 2's 16384x1024x8192 0.489 / 0.443 and 8192x3584x8192 0.688 / 0.720
-# (the tuner keeps the faster). On since the multi-rank GPU tests pass with it (tests/test_gpu.py,
+# (the tuner keeps the faster). On since the multi-rank GPU tests pass with it (tests/gpu/test_gpu.py,
 # lowering "symm-rstma", where the copy engine reads what the TMA stores wrote): ranks sharing one
 # H200 (OVERLAP_TEST_SHARED_GPU, eighteenth session) at 2, 4 and 8 ranks, op numerics and 100
 # repeated calls. Not yet timed in the op on several GPUs.
@@ -92,7 +92,7 @@ RS_TMA: bool | str = True
 # (copy tiles, codegen/mm_rs.py COPY_OUT), instead of the host queueing cuMemcpyAsync on the copy
 # stream: a copy within one GPU runs on the SMs (bench/probe_copy_sms.py), so those copies could not
 # start before the kernel's last tile and left the whole copy-out after it. Correct under the
-# interpreter (tests/test_tile_kernels.py); off until it is timed on several GPUs.
+# interpreter (tests/kernels/test_tile_kernels.py); off until it is timed on several GPUs.
 AR_KERNEL_COPY_OUT = False
 # How ag_mm computes: "cublas" (one cuBLAS GEMM per chunk and weight, the own chunk first while the
 # copy engine brings the peers' shards, each peer chunk after a stream wait on its arrival flag:
@@ -125,7 +125,7 @@ def _p2p(op: str, why: str | None, group_name: str, *args):
 # Calls made while a CUDA graph is captured: True runs them on symm with the toggling flag block
 # (symm.GRAPH_BLOCK: no epoch from the host, which a replay would repeat); False runs them on p2p,
 # whose NCCL calls are captured. On since the captured path passed on 2xH200 (2026-11-30:
-# tests/test_gpu.py -k captured_symm, 12 replays of ag_mm, mm_rs, mm_ar one-shot and in rounds
+# tests/gpu/test_gpu.py -k captured_symm, 12 replays of ag_mm, mm_rs, mm_ar one-shot and in rounds
 # interleaved with eager calls; -k reduce_overhead on the TP models).
 CAPTURE_ON_SYMM = True
 CAPTURE_WHY = ("inside a CUDA-graph capture (symm_lowering.CAPTURE_ON_SYMM is off); p2p's NCCL calls are "

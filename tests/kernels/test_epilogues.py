@@ -33,7 +33,7 @@ from overlap_backend.runtime import epilogue as spec_mod
 all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
 reduce_scatter = getattr(funcol, "reduce_scatter_single", funcol.reduce_scatter_tensor)
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-needs_interpreter = pytest.mark.skipif(not INTERPRET, reason="Triton interpreter tests (CPU); GPU: tests/test_gpu.py")
+needs_interpreter = pytest.mark.skipif(not INTERPRET, reason="Triton interpreter tests (CPU); GPU: tests/gpu/test_gpu.py")
 
 # every step of the closed set, alone and chained; "#" marks the tensors each reads
 SPECS = [

@@ -49,7 +49,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
-from .models import _FullInit, _group_info
+from .tp import FullInit, group_info
 
 POLICIES = ("capacity", "dropless")
 EXPERT_FORMS = ("grouped_mm", "bmm", "loop")
@@ -122,7 +122,7 @@ class MoELayer(nn.Module):
             raise ValueError(f"expert_form={expert_form!r}; allowed: {', '.join(EXPERT_FORMS)}")
         if expert_form == "grouped_mm" and not has_grouped_mm():
             raise ValueError("expert_form='grouped_mm' needs torch._grouped_mm, which this torch lacks")
-        self.group, rank, ws = _group_info(group)
+        self.group, rank, ws = group_info(group)
         if num_experts % ws:
             raise ValueError(f"num_experts {num_experts} is not divisible by the world size {ws}")
         if not 1 <= top_k <= num_experts:
@@ -131,7 +131,7 @@ class MoELayer(nn.Module):
         self.local_experts = num_experts // ws
         self.policy, self.expert_form = policy, expert_form
         self.capacity_factor, self.capacity = capacity_factor, capacity
-        init = _FullInit(seed, dtype, device)
+        init = FullInit(seed, dtype, device)
         lo, hi = rank * self.local_experts, (rank + 1) * self.local_experts
         self.router = nn.Parameter(init.linear(hidden, hidden, num_experts))
         self.w_gate = nn.Parameter(init.linear(hidden, num_experts, hidden, ffn)[lo:hi].contiguous())

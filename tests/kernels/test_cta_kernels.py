@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("interpreter tests: they run where CUDA is absent (CI); tests/test_gpu.py runs the real kernels",
+    pytest.skip("interpreter tests: they run where CUDA is absent (CI); tests/gpu/test_gpu.py runs the real kernels",
                 allow_module_level=True)
 triton = pytest.importorskip("triton")
 from overlap_backend.codegen import cta  # noqa: E402

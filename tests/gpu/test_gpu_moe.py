@@ -1,7 +1,7 @@
 """GPU tests (marker ``gpu``) of ``overlap::moe_experts`` on 2, 4 and 8 GPUs with NCCL: the ``symm``
 lowering (and ``p2p`` for comparison) against NCCL ``all_to_all_single`` + float32 experts.
 
-Run on the device machine: ``python -m pytest -q -m gpu tests/test_gpu_moe.py`` (skips where fewer
+Run on the device machine: ``python -m pytest -q -m gpu tests/gpu/test_gpu_moe.py`` (skips where fewer
 GPUs are visible). Each test spawns one process per GPU (``dist_harness.run_ranks``).
 
 - the op directly, 24 back-to-back calls per case (fewer for the variants) on fresh random data (so stale buffers fail),
@@ -30,7 +30,7 @@ try:
     from test_gpu import _need_gpus
 except ImportError:
     from tests.dist_harness import on_group_device, run_ranks
-    from tests.test_gpu import _need_gpus
+    from tests.gpu.test_gpu import _need_gpus
 
 pytestmark = pytest.mark.gpu
 WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4, 8], ids=["ws2", "ws4", "ws8"])
@@ -369,17 +369,17 @@ def test_captured_moe_experts_replay(transport):
 
 
 # ------------------------------------------------------------------------- compiled layer
+@torch._dynamo.config.patch(capture_scalar_outputs=True)  # dropless: .tolist() of the split sizes
 def layer_worker(rank, ws, device, policy, form, calls=20):
     import torch.distributed as dist  # noqa: F401
 
     import overlap_backend
     from overlap_backend.codegen import configs
-    from overlap_backend.moe_models import MoELayer
+    from overlap_backend.models.moe import MoELayer
     from overlap_backend.runtime import moe_symm, symm_lowering
 
     moe_symm.ENABLED = True  # the kernels under test (off by default until they pass on GPUs)
     configs.AUTOTUNE = False
-    torch._dynamo.config.capture_scalar_outputs = True
     tokens, hidden, ffn, experts = 256, 512, 768, 2 * ws
     layer = MoELayer(hidden, ffn, experts, top_k=2, policy=policy, expert_form=form, capacity_factor=1.25,
                      dtype=torch.bfloat16, device="cuda", seed=3)

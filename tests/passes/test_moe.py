@@ -32,13 +32,13 @@ def _tol(form):
 
 
 # ------------------------------------------------------------------------ compiled vs eager
+@torch._dynamo.config.patch(capture_scalar_outputs=True)  # dropless: .tolist() of the split sizes
 def layer_worker(rank, ws, cases, skew):
     import torch
 
     import overlap_backend
-    from overlap_backend.moe_models import MoELayer
+    from overlap_backend.models.moe import MoELayer
 
-    torch._dynamo.config.capture_scalar_outputs = True  # dropless: .tolist() of the split sizes
     tokens, hidden, ffn, experts = 6, 16, 32, 2 * ws
     x = torch.randn(ws, tokens, hidden, generator=torch.Generator().manual_seed(5))[rank]
     if skew:
@@ -155,12 +155,13 @@ def graphs(capture, monkeypatch):
 
     monkeypatch.setitem(lowering._IMPLS["p2p"], "moe_experts", stub)
     monkeypatch.setitem(lowering._IMPLS["p2p"], "moe_experts_backward", stub_backward)
-    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        yield
 
 
 def _compile_layer(policy, form, train=False, **backend_kw):
     from overlap_backend import make_backend
-    from overlap_backend.moe_models import MoELayer
+    from overlap_backend.models.moe import MoELayer
 
     torch.manual_seed(0)  # the routing (and with it the graph) must not depend on the tests run before
     layer = MoELayer(16, 32, 2 * WS, top_k=2, policy=policy, expert_form=form, capacity_factor=1.0)
@@ -571,13 +572,13 @@ def test_p2p_backward_op_matches_autograd(ws):
 
 
 # ------------------------------------------------------------------------ Inductor end to end
+@torch._dynamo.config.patch(capture_scalar_outputs=True)  # dropless: .tolist() of the split sizes
 def inductor_worker(rank, ws, policy="dropless", form="grouped_mm"):
     import torch
 
     import overlap_backend
-    from overlap_backend.moe_models import MoELayer
+    from overlap_backend.models.moe import MoELayer
 
-    torch._dynamo.config.capture_scalar_outputs = True
     x = torch.randn(ws, 6, 16, generator=torch.Generator().manual_seed(5))[rank]
     probe = torch.sin(torch.arange(6 * 16, dtype=torch.float32)).view(6, 16)
 
@@ -611,15 +612,15 @@ def test_inductor_forward_backward(clean_env, policy, form):
         assert ("forward", "moe", True) in decisions and ("backward", "moe", True) in decisions
 
 
+@torch._dynamo.config.patch(capture_scalar_outputs=True)  # dropless: .tolist() of the split sizes
 def symbolic_tokens_worker(rank, ws, lengths):
     """Dropless and capacity MoE layers compiled once with a symbolic token count (mark_dynamic on
     dim 0), inference, against eager for every length."""
     import torch
 
     import overlap_backend
-    from overlap_backend.moe_models import MoELayer
+    from overlap_backend.models.moe import MoELayer
 
-    torch._dynamo.config.capture_scalar_outputs = True
     out = {}
     for policy in POLICIES:
         torch._dynamo.reset()

@@ -1,6 +1,6 @@
 """GPU tests (marker ``gpu``): the ``p2p`` lowering of the overlap ops on 2, 4 and 8 GPUs with NCCL.
 
-Run on the device machine with ``python -m pytest -q -m gpu tests/test_gpu.py`` (bench/run_device.sh
+Run on the device machine with ``python -m pytest -q -m gpu tests/gpu/test_gpu.py`` (bench/run_device.sh
 does); where fewer GPUs are visible every test skips. Each test spawns one process per GPU through
 ``dist_harness.run_ranks(..., backend="nccl")``, so every worker is a module-level function; the
 workers take the device type so that the same code can be exercised on gloo/CPU.
@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 try:
     from dist_harness import on_group_device, run_ranks, shared_gpu
-except ImportError:  # imported as tests.test_gpu
+except ImportError:  # imported as tests.gpu.test_gpu
     from tests.dist_harness import on_group_device, run_ranks, shared_gpu
 
 pytestmark = pytest.mark.gpu

@@ -20,7 +20,7 @@ def _decisions(backend):
 
 
 def _tiny_llama(**kw):
-    from overlap_backend.llama import LlamaConfig
+    from overlap_backend.models.llama import LlamaConfig
 
     return LlamaConfig(**{**dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64,
                                  seq_len=32), **kw})
@@ -31,8 +31,8 @@ def llama_train_worker(rank, ws, per_block, n_layers, steps):
     from torch.distributed.device_mesh import init_device_mesh
 
     import overlap_backend
-    from overlap_backend.llama import build_llama, compile_llama
-    from overlap_backend.train import train
+    from overlap_backend.models.llama import build_llama, compile_llama
+    from overlap_backend.examples.train import train
 
     mesh = init_device_mesh("cpu", (ws,))
     cfg = _tiny_llama(n_layers=n_layers)
@@ -109,9 +109,9 @@ def mixtral_train_worker(rank, ws):
     import torch.distributed as dist
 
     import overlap_backend
-    from overlap_backend.llama import compile_llama
-    from overlap_backend.mixtral import MixtralConfig, build_mixtral, sync_dense_grads
-    from overlap_backend.train import train
+    from overlap_backend.models.llama import compile_llama
+    from overlap_backend.models.mixtral import MixtralConfig, build_mixtral, sync_dense_grads
+    from overlap_backend.examples.train import train
 
     # capacity = every token a rank routes: nothing is dropped, so EP equals one device
     cfg = MixtralConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, seq_len=16,
@@ -153,8 +153,8 @@ def serve_worker(rank, ws):
     from torch.distributed.device_mesh import init_device_mesh
 
     import overlap_backend
-    from overlap_backend.llama import build_llama, compile_llama
-    from overlap_backend.serve import generate, random_prompts
+    from overlap_backend.models.llama import build_llama, compile_llama
+    from overlap_backend.examples.serve import generate, random_prompts
 
     mesh = init_device_mesh("cpu", (ws,))
     cfg = _tiny_llama()

@@ -10,9 +10,9 @@ function of ``(seed, step)`` only: every rank draws the same global batch; with 
 (``rows``) each rank keeps its slice.
 
 Step (:func:`train_step`): forward, cross-entropy over every position (in float32), backward,
-an optional gradient hook (the data-parallel all-reduce of :func:`overlap_backend.mixtral.sync_dense_grads`),
+an optional gradient hook (the data-parallel all-reduce of :func:`overlap_backend.models.mixtral.sync_dense_grads`),
 AdamW. The model is whatever the caller built and compiled (eager, Inductor, ``backend="overlap"``;
-:func:`overlap_backend.llama.compile_llama`); the same seeds give the same initial weights, so the
+:func:`overlap_backend.models.llama.compile_llama`); the same seeds give the same initial weights, so the
 loss curves of two runs are comparable step by step.
 """
 

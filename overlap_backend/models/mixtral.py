@@ -1,7 +1,7 @@
 """A Mixtral-style MoE decoder with expert parallelism.
 
-The Llama decoder of :mod:`overlap_backend.llama` with every feed-forward replaced by
-:class:`overlap_backend.moe_models.MoELayer` (router, top-k, ``all_to_all_single`` dispatch, SwiGLU
+The Llama decoder of :mod:`overlap_backend.models.llama` with every feed-forward replaced by
+:class:`overlap_backend.models.moe.MoELayer` (router, top-k, ``all_to_all_single`` dispatch, SwiGLU
 experts, combine): Mixtral 8x7B's structure (8 experts, top-2, grouped-query attention).
 
 Parallelism, the usual one for MoE training without TP ("expert parallelism borrows the data
@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .llama import LlamaConfig, Transformer
-from .moe_models import MoELayer
+from .moe import MoELayer
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """End-to-end demo: a sequence-parallel transformer block, eager vs Inductor vs the overlap backend.
 
-    python -m overlap_backend.demo                       # 2 gloo ranks on CPU, or one rank per GPU (NCCL)
-    python -m overlap_backend.demo --world-size 4 --no-inductor --skip-inductor-baseline
+    python -m overlap_backend.examples.demo                       # 2 gloo ranks on CPU, or one rank per GPU (NCCL)
+    python -m overlap_backend.examples.demo --world-size 4 --no-inductor --skip-inductor-baseline
 
 Each rank builds the same :class:`~overlap_backend.models.TPBlock` (same seed), runs it eagerly
 (forward + backward) as the reference, compiles it with the overlap backend and checks the output,
@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import torch
 
-from .spawn import collect, dump_stacks_on_signal
+from ..tools.spawn import collect, dump_stacks_on_signal
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -42,7 +42,7 @@ _MATMUL_NAME = re.compile(r"^(add)?mm(_\d+)?$")
 # ------------------------------------------------------------------------------------ arguments
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m overlap_backend.demo",
+        prog="python -m overlap_backend.examples.demo",
         description="Sequence-parallel transformer block: eager vs Inductor vs the overlap backend.",
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

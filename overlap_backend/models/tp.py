@@ -38,7 +38,7 @@ _reduce_scatter = (
 )
 
 
-class _FullInit:
+class FullInit:
     """Draws full-size tensors from one seeded generator; each rank slices out its shard."""
 
     def __init__(self, seed: int, dtype: torch.dtype, device: torch.device | str | None):
@@ -63,12 +63,12 @@ def _shard(t: torch.Tensor, dim: int, rank: int, world_size: int) -> nn.Paramete
     return nn.Parameter(t.narrow(dim, rank * (size // world_size), size // world_size).contiguous())
 
 
-def _group_info(group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup, int, int]:
+def group_info(group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup, int, int]:
     group = group if group is not None else dist.group.WORLD
     return group, dist.get_rank(group), dist.get_world_size(group)
 
 
-def _layer_norm(hidden: int, init: _FullInit) -> nn.LayerNorm:
+def _layer_norm(hidden: int, init: FullInit) -> nn.LayerNorm:
     # Random affine parameters (not ones/zeros) so that their gradients are checked meaningfully.
     ln = nn.LayerNorm(hidden, device=init.device, dtype=init.dtype)
     with torch.no_grad():
@@ -103,14 +103,14 @@ class TPBlock(nn.Module):
         seed: int = 0,
     ):
         super().__init__()
-        self.group, rank, ws = _group_info(group)
+        self.group, rank, ws = group_info(group)
         if hidden % heads:
             raise ValueError(f"hidden {hidden} is not divisible by heads {heads}")
         if heads % ws or ffn % ws:
             raise ValueError(f"heads {heads} and ffn {ffn} must be divisible by the world size {ws}")
         self.heads_local = heads // ws
         self.head_dim = hidden // heads
-        init = _FullInit(seed, dtype, device)
+        init = FullInit(seed, dtype, device)
         inner = heads * self.head_dim
 
         # Full weights drawn in a fixed order on every rank; each keeps its shard.
@@ -173,8 +173,8 @@ class TPSwiGLUMlp(nn.Module):
         eps: float = 1e-6,
     ):
         super().__init__()
-        self.group, rank, ws = _group_info(group)
-        init = _FullInit(seed, dtype, device)
+        self.group, rank, ws = group_info(group)
+        init = FullInit(seed, dtype, device)
         self.eps = eps
         self.norm_w = nn.Parameter(init.normal(hidden, std=0.1, mean=1.0))
         self.w_gate = _shard(init.linear(hidden, hidden, ffn), 1, rank, ws)
@@ -211,9 +211,9 @@ class TPMlpAllReduce(nn.Module):
         inplace_c10d: bool = False,
     ):
         super().__init__()
-        self.group, rank, ws = _group_info(group)
+        self.group, rank, ws = group_info(group)
         self.inplace_c10d = inplace_c10d
-        init = _FullInit(seed, dtype, device)
+        init = FullInit(seed, dtype, device)
         self.w1 = _shard(init.linear(hidden, hidden, ffn), 1, rank, ws)
         self.b1 = _shard(init.normal(ffn, std=0.02), 0, rank, ws)
         self.w2 = _shard(init.linear(ffn, ffn, hidden), 0, rank, ws)
@@ -229,7 +229,7 @@ class TPMlpAllReduce(nn.Module):
 class _NormMlp(nn.Module):
     """``x + w2(gelu(w1(norm(x))))``: attention-free block for :func:`build_dtensor_block`."""
 
-    def __init__(self, hidden: int, ffn: int, init: _FullInit):
+    def __init__(self, hidden: int, ffn: int, init: FullInit):
         super().__init__()
         self.norm = _layer_norm(hidden, init)
         self.w1 = nn.Linear(hidden, ffn, device=init.device, dtype=init.dtype)
@@ -268,7 +268,7 @@ def build_dtensor_block(
         parallelize_module,
     )
 
-    module = _NormMlp(hidden, ffn, _FullInit(seed, dtype, mesh.device_type))
+    module = _NormMlp(hidden, ffn, FullInit(seed, dtype, mesh.device_type))
     if sequence_parallel:
         plan = {
             "norm": SequenceParallel(),

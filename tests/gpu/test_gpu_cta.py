@@ -32,8 +32,8 @@ import torch  # noqa: E402
 
 try:
     from test_gpu import _need_gpus, _rel_err, _run, _setup_rank, _tol, shared_gpu
-except ImportError:  # imported as tests.test_gpu_cta
-    from tests.test_gpu import _need_gpus, _rel_err, _run, _setup_rank, _tol, shared_gpu
+except ImportError:  # imported as tests.gpu.test_gpu_cta
+    from tests.gpu.test_gpu import _need_gpus, _rel_err, _run, _setup_rank, _tol, shared_gpu
 
 pytestmark = pytest.mark.gpu
 WORLD_SIZES = pytest.mark.parametrize("ws", [2, 4, 8], ids=["ws2", "ws4", "ws8"])

@@ -372,7 +372,7 @@ def test_bench_prologue_cpu_smoke(tmp_path):
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "bench/bench_prologue.py", "--device", "cpu", "--rounds", "1", "--out-dir", str(tmp_path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OVERLAP_")}

@@ -127,7 +127,7 @@ def symm_on_gloo_worker(rank, ws):
 
 
 # Bad inputs (clear errors before any communication) are tested in-process, on the fake group of 4
-# ranks: tests/test_reliability.py.
+# ranks: tests/e2e/test_reliability.py.
 
 
 @pytest.mark.timeout(300)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 # conftest.py turns the interpreter on where there is no GPU (CI), before Triton is imported.
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("interpreter tests: they run where CUDA is absent (CI); the GPU runs the real kernels "
-                "in tests/test_gpu.py", allow_module_level=True)
+                "in tests/gpu/test_gpu.py", allow_module_level=True)
 triton = pytest.importorskip("triton")
 from overlap_backend.codegen import ag_mm, mm_rs, reduce  # noqa: E402
 from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
@@ -439,7 +439,7 @@ def test_probe_plain_gemm_variants_match_the_reference(variant):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from bench import probe_ws
 
     M, K, N = 40, 64, 96  # 2 x 2 tiles of 32 x 64, the last row tile partial

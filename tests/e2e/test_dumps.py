@@ -137,12 +137,12 @@ def test_moe_listing_follows_the_combine_transport(monkeypatch):
     assert p2p.count("batch_isend_irecv") == 2 * (ws - 1) and "own rows last" in p2p
 
 
-def test_moe_op_is_dumped(fake_pg, clean_env, tmp_path, monkeypatch):
+@torch._dynamo.config.patch(capture_scalar_outputs=True)
+def test_moe_op_is_dumped(fake_pg, clean_env, tmp_path):
     """OVERLAP_DEBUG_DIR: a rewritten MoE block gets its ops/<node>.py listing like the GEMM ops."""
-    from overlap_backend.moe_models import MoELayer
+    from overlap_backend.models.moe import MoELayer
 
     clean_env.setenv("OVERLAP_DEBUG_DIR", str(tmp_path))
-    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
     torch.manual_seed(0)
     layer = MoELayer(16, 32, 2 * fake_pg.size(), top_k=2, policy="capacity", expert_form="grouped_mm",
                      capacity_factor=1.0)

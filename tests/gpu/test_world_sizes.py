@@ -1,6 +1,6 @@
 """CPU checks (issue 7) that the GPU tests' cases are valid at 2, 4 and 8 GPUs.
 
-The GPU tests (tests/test_gpu*.py) only run on the device machine. What can be checked here: the
+The GPU tests (tests/gpu/test_gpu*.py) only run on the device machine. What can be checked here: the
 sizes each case builds at a world size, against the preconditions under which the ``symm`` lowering
 runs an op on its kernels (the cases that must take the kernels do, at every world size, and the
 fallback cases fall back), and the models the compiled tests build. Nothing runs on a GPU.

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORLD_SIZES = (2, 4, 8)
 
 
@@ -463,7 +463,7 @@ def _benches(n: int, traced: bool) -> list[list[str]]:
 
 
 VERSIONS = ["python3", "-m", "bench.common"]
-OLD_TESTS = ["tests/test_gpu.py", "tests/test_gpu_cta.py"]
+OLD_TESTS = ["tests/gpu/test_gpu.py", "tests/gpu/test_gpu_cta.py"]
 
 
 def test_run_device_2_and_4_gpus_unchanged(tmp_path):

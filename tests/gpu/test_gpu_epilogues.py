@@ -1,7 +1,7 @@
 """GPU tests (marker ``gpu``) of fused epilogues (issue 8), on 2, 4 and 8 GPUs, both lowerings.
 
-Run on the device machine: ``python -m pytest -q -m gpu tests/test_gpu_epilogues.py``; where fewer
-GPUs are visible every test skips. Same pattern as tests/test_gpu.py (whose helpers it uses): one
+Run on the device machine: ``python -m pytest -q -m gpu tests/gpu/test_gpu_epilogues.py``; where fewer
+GPUs are visible every test skips. Same pattern as tests/gpu/test_gpu.py (whose helpers it uses): one
 process per GPU through ``dist_harness.run_ranks(..., backend="nccl")``.
 
 - the ops with an epilogue (``ag_mm``: bias + GELU, GELU-tanh + scale, SwiGLU of two outputs, a
@@ -25,8 +25,8 @@ import torch
 try:
     from test_gpu import (_all_reduce_ref, _gather_ref, _need_gpus, _paths, _randn, _rel_err, _run, _setup_rank,
                           _tol, _use_lowering)
-except ImportError:  # imported as tests.test_gpu_epilogues
-    from tests.test_gpu import (_all_reduce_ref, _gather_ref, _need_gpus, _paths, _randn, _rel_err, _run,
+except ImportError:  # imported as tests.gpu.test_gpu_epilogues
+    from tests.gpu.test_gpu import (_all_reduce_ref, _gather_ref, _need_gpus, _paths, _randn, _rel_err, _run,
                                 _setup_rank, _tol, _use_lowering)
 
 pytestmark = pytest.mark.gpu

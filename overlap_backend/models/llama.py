@@ -179,7 +179,7 @@ class TransformerBlock(nn.Module):
     """``h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h))``.
 
     ``feed_forward`` is any module ``[..., dim] -> [..., dim]`` (the dense SwiGLU here; the MoE
-    layer in :mod:`overlap_backend.mixtral`)."""
+    layer in :mod:`overlap_backend.models.mixtral`)."""
 
     def __init__(self, cfg: LlamaConfig, feed_forward: nn.Module | None = None, device=None, dtype=None):
         super().__init__()

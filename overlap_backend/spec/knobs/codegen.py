@@ -1,0 +1,7 @@
+"""Tunables of the codegen subsystem."""
+
+from .base import Knobs
+
+codegen = Knobs(
+    "codegen",
+)

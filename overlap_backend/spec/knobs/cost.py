@@ -1,0 +1,7 @@
+"""Tunables of the cost subsystem."""
+
+from .base import Knobs
+
+cost = Knobs(
+    "cost",
+)

@@ -1,0 +1,7 @@
+"""Tunables of the moe subsystem."""
+
+from .base import Knobs
+
+moe = Knobs(
+    "moe",
+)

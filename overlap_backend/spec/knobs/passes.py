@@ -1,0 +1,7 @@
+"""Tunables of the passes subsystem."""
+
+from .base import Knobs
+
+passes = Knobs(
+    "passes",
+)

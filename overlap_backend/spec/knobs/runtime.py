@@ -1,0 +1,7 @@
+"""Tunables of the runtime subsystem."""
+
+from .base import Knobs
+
+runtime = Knobs(
+    "runtime",
+)
