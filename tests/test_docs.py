@@ -70,7 +70,7 @@ def test_generated_examples_are_up_to_date():
 
 
 def test_bench_plots_regenerate(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_plot", ROOT / "bench" / "plot.py")
+    spec = importlib.util.spec_from_file_location("bench_plot", ROOT / "bench" / "tools" / "plot.py")
     plot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plot)
     results = ROOT / "bench" / "results"
@@ -84,7 +84,7 @@ def test_bench_plots_regenerate(tmp_path):
             ET.fromstring(out.read_text())  # well-formed
             committed = d / out.name
             assert committed.exists() and committed.read_text() == out.read_text(), \
-                f"{committed} is missing or stale: run python bench/plot.py"
+                f"{committed} is missing or stale: run python bench/tools/plot.py"
     assert svgs >= 4
     doc = (ROOT / "docs" / "results.md").read_text()
     for ref in re.findall(r"\]\((\.\./bench/results/[^)]+\.svg)\)", doc):

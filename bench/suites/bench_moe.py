@@ -1,8 +1,8 @@
 """MoE block benchmark (issue 4): dispatch all-to-all -> SwiGLU experts -> combine all-to-all.
 
-    torchrun --nproc-per-node=N bench/bench_moe.py --out DIR [--configs mixtral,deepseek,mixtral-decode,deepseek-decode]
+    torchrun --nproc-per-node=N bench/suites/bench_moe.py --out DIR [--configs mixtral,deepseek,mixtral-decode,deepseek-decode]
         [--routing balanced,skewed] [--comm-sms 2,4,8,16,32] [--quick]
-    python bench/bench_moe.py --list-configs 8      # what a run with 8 ranks takes (no GPU)
+    python bench/suites/bench_moe.py --list-configs 8      # what a run with 8 ranks takes (no GPU)
 
 Per config (expert parallel over the N ranks, bf16, each rank routes ``tokens`` tokens to ``top_k``
 of ``experts`` experts and owns ``experts / N`` of them; a config whose experts N does not divide is
@@ -44,9 +44,9 @@ import sys
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: overlap_backend, bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: overlap_backend, bench
 
-from bench import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
+from bench.tools import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -23,12 +23,12 @@ For each activation (GELU, SwiGLU) and M (tokens), at H=8192, F=28672 by default
   those times: ``CTA 2`` against one GPU / 2 and TP2, ``CTA 2×TP<N/2>`` against TP<N> (an eager call of
   ours at M <= 1024 is host-bound, so eager times say little about the bars there).
 
-Timing: CUDA events after warm-up, median, maximum over ranks (bench/common.py). Each of ours is
+Timing: CUDA events after warm-up, median, maximum over ranks (bench/tools/common.py). Each of ours is
 checked against the float32 MLP first (relative error). Writes ``cta_ws<N>.md`` / ``.json``
 (rewritten after every row).
 
-    torchrun --nproc-per-node=2 bench/bench_cta.py --out-dir bench/results/<run>
-    python bench/bench_cta.py --list-layouts 8      # the variants a run with 8 GPUs takes (no GPU)
+    torchrun --nproc-per-node=2 bench/suites/bench_cta.py --out-dir bench/results/<run>
+    python bench/suites/bench_cta.py --list-layouts 8      # the variants a run with 8 GPUs takes (no GPU)
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import overlap_backend  # noqa: E402,F401
-from bench import common  # noqa: E402
+from bench.tools import common  # noqa: E402
 
 
 # Why the symm lowering does not take a layout of more than 2 stages (runtime/cta_symm.py: _problem).

@@ -1,6 +1,6 @@
 """Probe of the symm lowering's parts on N GPUs (explains the benchmark's numbers; not a test).
 
-    torchrun --nproc-per-node=N bench/probe_symm.py [--quick] [--ops ag_mm,mm_rs,mm_ar,host]
+    torchrun --nproc-per-node=N bench/probes/probe_symm.py [--quick] [--ops ag_mm,mm_rs,mm_ar,host]
 
 Per DESIGN.md shape, bf16, CUDA events, median of 30 after warm-up, max over ranks:
 
@@ -16,9 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import common  # noqa: E402
+from bench.tools import common  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

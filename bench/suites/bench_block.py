@@ -1,6 +1,6 @@
 """End-to-end benchmark: forward + backward step time of the demo's tensor-parallel transformer block.
 
-    torchrun --nproc-per-node=N bench/bench_block.py --out-dir DIR [--quick] [--trace TRACE_DIR]
+    torchrun --nproc-per-node=N bench/suites/bench_block.py --out-dir DIR [--quick] [--trace TRACE_DIR]
         [--variants eager,inductor,async_tp,overlap,overlap_p2p,overlap_symm]
         [--batch B --seq S --hidden H --heads NH --ffn F --dtype bfloat16]
 
@@ -45,9 +45,9 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: overlap_backend, bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: overlap_backend, bench
 
-from bench import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
+from bench.tools import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

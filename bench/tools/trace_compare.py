@@ -1,7 +1,7 @@
 """Where a step's GPU time goes, variant against variant: torch.profiler traces of one step each
 (``bench_models.py --trace DIR`` writes them), GPU activity summed by category.
 
-    python bench/trace_compare.py DIR/llama_ws2_inductor_rank0.json.gz DIR/llama_ws2_overlap_rank0.json.gz ...
+    python bench/tools/trace_compare.py DIR/llama_ws2_inductor_rank0.json.gz DIR/llama_ws2_overlap_rank0.json.gz ...
                                   [--top 12]
 
 For each trace (one rank, one step): the span from the first GPU activity to the last, and per category

@@ -1,6 +1,6 @@
 """Probe of the MoE producer's grouped GEMMs on one GPU (explains bench_moe's numbers; not a test).
 
-    python bench/probe_moe_gemm.py [--ws 2] [--configs mixtral,deepseek,deepseek-decode] [--out FILE]
+    python bench/probes/probe_moe_gemm.py [--ws 2] [--configs mixtral,deepseek,deepseek-decode] [--out FILE]
 
 One rank's view of an expert-parallel MoE layer (bench_moe's configs and routing, ``--ws`` ranks
 simulated, every source's rows already in the dispatch buffer, every flag raised: epoch 0, no
@@ -24,12 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.bench_moe import CONFIGS  # noqa: E402
+from bench.suites.bench_moe import CONFIGS  # noqa: E402
 from overlap_backend.calibrate import timed_ms  # noqa: E402
 from overlap_backend.codegen import moe_gemm  # noqa: E402
 from overlap_backend.runtime import moe_symm, symm_lowering  # noqa: E402

@@ -1,6 +1,6 @@
 """Probe: host time per ``symm`` op call (explains host-bound steps; not a test).
 
-    torchrun --nproc-per-node=N bench/probe_host.py [--profile] [--ab] [--launch-ab] [--graph] [--out FILE.json]
+    torchrun --nproc-per-node=N bench/probes/probe_host.py [--profile] [--ab] [--launch-ab] [--graph] [--out FILE.json]
 
 For the TP block's ops (batch 4 x seq 2048 tokens, hidden 4096, ffn 14336, bf16) and a decode
 size (M=512): the host time of one op call (``time.perf_counter`` around ``CALLS`` calls that
@@ -26,9 +26,9 @@ import pstats
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import common  # noqa: E402
+from bench.tools import common  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

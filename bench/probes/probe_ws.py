@@ -11,7 +11,7 @@ from an atomic ticket in a while loop (``ws=ticket``: the mm_rs kernel's loop) o
 loop (``ws=while``), or drawn in a for loop then a while loop (``ws=ticket_for``), against ``torch.mm``, after
 checking each result against a float32 reference on fresh random inputs (outputs poisoned first).
 
-    python bench/probe_ws.py [--shapes 1024x8192x28672,512x8192x28672] [--configs 128x256x64x3x8,...]
+    python bench/probes/probe_ws.py [--shapes 1024x8192x28672,512x8192x28672] [--configs 128x256x64x3x8,...]
                              [--epilogues none,gelu,gelu_fast,...] [--no-ws] [--stage0] [--mm-rs 2,4] [--ag-mm 2,4]
 
 ``--epilogues`` compares ways of writing the activation in the epilogue (what a persistent kernel's
@@ -36,13 +36,13 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bench.common import events_ms  # noqa: E402
+from bench.tools.common import events_ms  # noqa: E402
 
 
 @triton.jit

@@ -3,7 +3,7 @@ memsets) per rank on one time axis, and per call the span from the first activit
 the last. Both ranks' GPU timestamps are converted by CUPTI to the host clock of one machine, so
 they line up to within a few microseconds.
 
-    python bench/trace_summary.py TRACE_rank0.json[.gz] TRACE_rank1.json[.gz] [--calls-by stage0_kernel]
+    python bench/tools/trace_summary.py TRACE_rank0.json[.gz] TRACE_rank1.json[.gz] [--calls-by stage0_kernel]
 
 Consecutive copies on one stream are merged into one line (count, total bytes time). A diagnostic.
 """

@@ -29,7 +29,7 @@ os.environ.update(SAFE_ENV)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- process group
@@ -303,41 +303,26 @@ def machine_info(device: torch.device, world_size: int) -> dict:
     return info
 
 
-SETTABLE = ("overlap_backend.runtime.", "overlap_backend.codegen.", "overlap_backend.passes.")
-
-
 def add_set_argument(parser) -> None:
-    """``--set module.NAME=value``: a module setting of the runtime, codegen or passes for this run
-    (A/B runs of settings that have no environment variable), recorded in the result's command."""
-    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                        help="set a module setting before the run, e.g. runtime.symm.PUSH_STREAM_PER_PEER=True "
-                             "(module under overlap_backend.runtime/codegen/passes; value a Python literal); "
-                             "repeatable")
+    """``--set <set>.<KNOB>=value``: a tunable of ``overlap_backend.spec.knobs`` for this run (A/B runs of
+    settings that have no environment variable), recorded in the result's command."""
+    parser.add_argument("--set", action="append", default=[], metavar="SET.KNOB=VALUE",
+                        help="set a knob before the run, e.g. cta.K_CHUNKS=8 (a set of overlap_backend.spec.knobs: "
+                             "symm, cta, moe, runtime, codegen, passes, cost; value a Python literal); repeatable")
 
 
 def apply_sets(items: Sequence[str]) -> list[str]:
-    """Apply ``--set`` items (``runtime.symm.NAME=literal``); returns them as applied. Raises
-    ValueError on an unknown module or name, or a value that is not a literal."""
-    import ast
-    import importlib
+    """Apply ``--set`` items (``symm.NAME=literal``) with ``knobs.set_from_text``; returns them as applied.
+    Raises ValueError on an unknown set or knob, or a value of another type than the knob's default."""
+    from overlap_backend.spec import knobs
 
     applied = []
     for item in items:
-        target, sep, raw = item.partition("=")
-        module_name, _, name = target.strip().rpartition(".")
-        module_name = f"overlap_backend.{module_name}"
-        if not sep or not name or not module_name.startswith(SETTABLE):
-            raise ValueError(f"--set {item!r}: expected MODULE.NAME=VALUE with MODULE under "
-                             "runtime., codegen. or passes.")
-        module = importlib.import_module(module_name)
-        if not hasattr(module, name):
-            raise ValueError(f"--set {item!r}: {module_name} has no setting {name}")
         try:
-            value = ast.literal_eval(raw.strip())
-        except (ValueError, SyntaxError):
-            raise ValueError(f"--set {item!r}: {raw!r} is not a Python literal") from None
-        setattr(module, name, value)
-        applied.append(f"{module_name}.{name}={value!r}")
+            dotted, value = knobs.set_from_text(item)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"--set {item!r}: {e.args[0] if e.args else e}") from None
+        applied.append(f"{dotted}={value!r}")
     return applied
 
 

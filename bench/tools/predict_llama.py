@@ -2,7 +2,7 @@
 communication the matched ops can hide, by the model's numbers.
 
 Per transformer block the passes match eight GEMM-collective pairs (``overlap_backend.models.llama`` compiled
-by ``bench/bench_models.py``; see docs/models.md): forward, the all-gathers into QKV (three weights)
+by ``bench/suites/bench_models.py``; see docs/models.md): forward, the all-gathers into QKV (three weights)
 and into w1/w3 (two), the reduce-scatters after wo and w2; backward, the all-gathered output
 gradients into wo^T and w2^T, and the reduce-scatters of the input gradients of QKV and w1/w3 (sums
 of matmuls, concatenated along K). For each, at each group size, this prints the model's baseline
@@ -10,7 +10,7 @@ of matmuls, concatenated along K). For each, at each group size, this prints the
 time counts: ``max(host, device)``) and replayed from CUDA graphs (no host time), then per step:
 the matched ops' collective time (what a perfect overlap could hide) and the predicted saving.
 
-    python bench/predict_llama.py [--ws 2,4] [--llama dim=4096,n_layers=4,...] [--calibration h200]
+    python bench/tools/predict_llama.py [--ws 2,4] [--llama dim=4096,n_layers=4,...] [--calibration h200]
 
 Sizes: ``bench_models.py``'s Llama defaults (``--llama`` overrides the same keys). Calibration: a
 built-in one (``overlap_backend.calibrate.DEFAULTS``). A prediction, not a measurement: the
@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from overlap_backend import calibrate  # noqa: E402
 from overlap_backend.passes.cost_model import Problem, predict  # noqa: E402

@@ -1,6 +1,6 @@
 """Probe (CPU, no GPU): the Python host time of a ``symm`` op call, with the CUDA layer mocked.
 
-A ``symm`` call's host time (0.3–0.75 ms measured on the H200 hosts, ``bench/probe_host.py``) is its own
+A ``symm`` call's host time (0.3–0.75 ms measured on the H200 hosts, ``bench/probes/probe_host.py``) is its own
 Python, the driver calls it queues (stream writes / waits, copies) and the kernels / cuBLAS launches.
 Only the first can be worked on without a GPU, and this measures it: the real ``symm_lowering`` code
 runs against a stand-in ``GroupState`` (real ``begin`` / ``push`` / ``end``) whose stream operations
@@ -8,7 +8,7 @@ only count, on CPU tensors with tiny GEMMs (their ``torch.mm`` shows as the refe
 per op: µs per call (median of 200), the driver calls per call by kind, and with ``--profile`` the top
 functions by own time.
 
-    python bench/probe_host_cpu.py [--ws 4] [--rows 512] [--profile]
+    python bench/probes/probe_host_cpu.py [--ws 4] [--rows 512] [--profile]
 
 It runs the cuBLAS paths (``ag_mm`` and ``mm_rs`` per chunk, the eager defaults at these shapes on
 GPUs); the Triton kernels' launches are not modelled. A diagnostic, not a benchmark of record.
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 

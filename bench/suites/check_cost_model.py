@@ -1,6 +1,6 @@
 """Bench check of the cost model: its predictions vs the committed benchmark measurements.
 
-    python bench/check_cost_model.py [--out-dir bench/results/<date>_cost_model] [--limit 0.20]
+    python bench/suites/check_cost_model.py [--out-dir bench/results/<date>_cost_model] [--limit 0.20]
 
 No GPU needed: it reads the JSON tables under ``bench/results/`` (``<suite>_ws<N>.json`` of
 ``bench_collective_gemm.py``, ``cta_ws<N>.json`` of ``bench_cta.py``, ``moe_ws<N>.json`` of ``bench_moe.py``), rebuilds each row's problem
@@ -35,7 +35,7 @@ import shlex
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from overlap_backend.calibrate import DEFAULTS  # noqa: E402
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
     lines = [
         "# Cost model vs measured (bench check)", "",
         f"Generated {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} (torch "
-        f"{torch.__version__}; no GPU needed) by `python bench/check_cost_model.py` (command.txt).",
+        f"{torch.__version__}; no GPU needed) by `python bench/suites/check_cost_model.py` (command.txt).",
         f"Calibration: built-in `{cal.key}` (`overlap_backend.calibrate.DEFAULTS['h200']`), no calibration file.",
         f"Criterion: |predicted / measured - 1| <= {args.limit:.0%} on the baseline and ours columns "
         f"(rows marked * are shown only). Model constants were fitted on these tables (in-sample check).",

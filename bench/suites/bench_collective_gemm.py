@@ -1,6 +1,6 @@
 """GEMM + collective benchmark: cuBLAS, NCCL, torch async-TP / symmetric memory, and ours.
 
-    torchrun --nproc-per-node=N bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --out-dir DIR
+    torchrun --nproc-per-node=N bench/suites/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --out-dir DIR
         [--lowerings p2p,symm] [--graphs] [--trace TRACE_DIR [--trace-m 4096]] [--quick]
 
 For each suite and shape (DESIGN.md's measured tables, plus a decode-size M=512 row for ag_mm and
@@ -44,9 +44,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: overlap_backend, bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: overlap_backend, bench
 
-from bench import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
+from bench.tools import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -6,7 +6,7 @@ op without the stream-level READY waits (unsafe, measurement only); and the roun
 a flag written by one GPU's stream (``cuStreamWriteValue32`` into the peer's memory) and awaited by
 the other's (``cuStreamWaitValue32``). Not a benchmark of record: a diagnostic.
 
-    torchrun --nproc-per-node=2 bench/probe_cta.py [--sizes 512,4096] [--stage0-variants group8,stages4]
+    torchrun --nproc-per-node=2 bench/probes/probe_cta.py [--sizes 512,4096] [--stage0-variants group8,stages4]
         [--op-variants late,k8] [--profile]
 
 ``--stage0-variants`` / ``--stage1-variants`` time stage 0 / stage 1 alone in other block configs
@@ -30,13 +30,13 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402,F401
-from bench import common  # noqa: E402
+from bench.tools import common  # noqa: E402
 
 
 # op variants that switch a boolean cta_symm setting on ("tma") or off ("notma")
@@ -267,7 +267,7 @@ def main():
                         "sleep: GPU time per call without the host's pace")
     p.add_argument("--gpu-bound-trace", metavar="DIR",
                    help="with --gpu-bound: also a torch.profiler trace of 6 queued calls per M and rank "
-                        "(DIR/cta_gpubound_M{M}_rank{r}.json; bench/trace_summary.py lines the ranks up)")
+                        "(DIR/cta_gpubound_M{M}_rank{r}.json; bench/tools/trace_summary.py lines the ranks up)")
     p.add_argument("--trace-variant", default="", help="with --gpu-bound-trace: the op variant traced (default: the op)")
     p.add_argument("--host-breakdown", action="store_true",
                    help="host time per call in each step, and the op's time, with and without launcher's fast path")

@@ -1,6 +1,6 @@
 """Fused epilogues vs the same ops followed by Inductor's own pointwise kernels (issue 8).
 
-    torchrun --nproc-per-node=N bench/bench_epilogue.py --out-dir DIR [--block tp|swiglu]
+    torchrun --nproc-per-node=N bench/suites/bench_epilogue.py --out-dir DIR [--block tp|swiglu]
         [--mode inference|train] [--lowerings symm,p2p] [--steps 30] [--quick]
         [--batch B --seq S --hidden H --heads NH --ffn F --dtype bfloat16] [--trace TRACE_DIR]
 
@@ -21,7 +21,7 @@ can be captured; ``--mode train`` times forward + backward (values saved for bac
 graph, so fewer captures). Each variant is checked against eager first (relative error, max over
 ranks: <= 1e-2 bf16, 1e-4 fp32, else FAIL), then timed: every variant is compiled first, then
 timed in ``--rounds`` (default 5) interleaved rounds (variant A, B, C, A, B, C, ...), each the median
-of >= ``--steps`` (default 30) steps, CUDA events, max over ranks (``bench/common.py: Timing``); a
+of >= ``--steps`` (default 30) steps, CUDA events, max over ranks (``bench/tools/common.py: Timing``); a
 variant's time is the median of its rounds. Interleaving keeps slow drifts of the machine (host
 speed, clocks) out of the comparison: one variant's time moved by 30% between two runs on 2xH200. Kernel launches per step come
 from a torch.profiler trace of ``PROFILE_STEPS`` steps: GPU kernel events (memcpy/memset counted
@@ -39,9 +39,9 @@ import traceback
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: overlap_backend, bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: overlap_backend, bench
 
-from bench import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
+from bench.tools import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -1,6 +1,6 @@
 """Real models end to end (issue 6): Llama TP+SP training, Mixtral EP training, their loss curves, serving.
 
-    torchrun --nproc-per-node=N bench/bench_models.py --out DIR [--sections llama,curve,mixtral,mixtral_curve,serve]
+    torchrun --nproc-per-node=N bench/suites/bench_models.py --out DIR [--sections llama,curve,mixtral,mixtral_curve,serve]
         [--variants eager,inductor,async_tp,overlap] [--compile block|model] [--quick]
         [--llama k=v,...] [--curve k=v,...] [--mixtral k=v,...] [--mixtral_curve k=v,...] [--serve k=v,...]
 
@@ -15,7 +15,7 @@ Sections (each on fresh models built from the same seed; ``torch._dynamo.reset()
   first ``--check-steps`` steps against eager's (same init, same batches; relative, <= 1e-2 in bf16).
   Then the step time: forward + backward + AdamW (``step ms``) and forward + backward alone
   (``fwd+bwd ms``), each the median of >= 30 steps (``--quick``: >= 10) bracketed by CUDA events after
-  warm-up, maximum over ranks (``bench/common.py``'s ``Timing``); tokens/s = batch x seq / step.
+  warm-up, maximum over ranks (``bench/tools/common.py``'s ``Timing``); tokens/s = batch x seq / step.
   The bar (issue 6): overlap >= 1.10x faster than Inductor and >= 1.05x than async-TP.
 - ``curve``: a few hundred training steps (``steps``, default 300) of a smaller Llama (TP+SP) with
   ``eager`` and ``overlap`` (and ``inductor`` with ``--curve-variants``), the loss of every step in
@@ -48,7 +48,7 @@ variant). Exit status 1 if an overlap variant's check FAILs or it raises.
 
 CPU smoke test (hidden ``--device cpu``: gloo, float32, tiny sizes; Inductor variants n/a unless
 ``--cpu-inductor``, the overlap backend without Inductor codegen):
-``torchrun --nproc-per-node=2 bench/bench_models.py --device cpu --quick --out /tmp/models``.
+``torchrun --nproc-per-node=2 bench/suites/bench_models.py --device cpu --quick --out /tmp/models``.
 """
 
 from __future__ import annotations
@@ -66,15 +66,15 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: overlap_backend, bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: overlap_backend, bench
 
-from bench import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
+from bench.tools import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402
-from bench.bench_block import _enable_symm_mem, inductor_backend  # noqa: E402
+from bench.suites.bench_block import _enable_symm_mem, inductor_backend  # noqa: E402
 from overlap_backend.models.llama import LlamaConfig, build_llama, compile_llama  # noqa: E402
 from overlap_backend.models.mixtral import MixtralConfig, build_mixtral, sync_dense_grads  # noqa: E402
 from overlap_backend.examples.serve import generate, random_prompts  # noqa: E402
@@ -167,7 +167,7 @@ def parse_args(argv=None):
     p.add_argument("--verbose", action="store_true", help="print tracebacks of variants that raise")
     p.add_argument("--trace", metavar="DIR", default=None,
                    help="write a torch.profiler trace of one training step of each variant (ranks 0 and 1) into "
-                        "DIR: <section>_ws<N>_<variant>_rank<R>.json; compare them with bench/trace_compare.py")
+                        "DIR: <section>_ws<N>_<variant>_rank<R>.json; compare them with bench/tools/trace_compare.py")
     for section in SECTIONS:
         p.add_argument(f"--{section}", default=None, metavar="K=V,...",
                        help=f"size overrides; GPU defaults: {', '.join(f'{k}={v}' for k, v in GPU[section].items())}")
@@ -412,7 +412,7 @@ class Bench:
     def time_training(self, row: dict, model, opt, inputs, targets, data_parallel: bool, grad_hook,
                       section: str = "") -> None:
         """``step_ms`` (forward + backward + hook + AdamW), ``fwd_bwd_ms``, ``reps``, ``step_mem_gib``;
-        with ``--trace``, a profiler trace of one step (``bench/trace_compare.py`` compares them)."""
+        with ``--trace``, a profiler trace of one step (``bench/tools/trace_compare.py`` compares them)."""
         scale = 1.0 / self.ws if data_parallel else 1.0
         hook = functools.partial(grad_hook, model) if grad_hook else None
 

@@ -1,6 +1,6 @@
 """Benchmark of the prologue hoist: all-gather → norm → Q/K/V projection, inference, compiled three ways.
 
-    torchrun --nproc-per-node=N bench/bench_prologue.py --out-dir DIR [--norm rms,layer]
+    torchrun --nproc-per-node=N bench/suites/bench_prologue.py --out-dir DIR [--norm rms,layer]
         [--batch 4 --seq 2048 --hidden 4096] [--variants inductor,overlap,overlap_symm,overlap_p2p]
         [--rounds 3] [--graphs] [--device cpu]
 
@@ -30,9 +30,9 @@ import sys
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: overlap_backend, bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: overlap_backend, bench
 
-from bench import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
+from bench.tools import common  # noqa: E402  (sets the NVLink-multicast-off environment first)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -40,7 +40,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import overlap_backend  # noqa: E402
-from overlap_backend.models import _all_gather  # noqa: E402  (torch 2.11: the one Dynamo traces at dim 1)
+from overlap_backend.models.tp import _all_gather  # noqa: E402  (torch 2.11: the one Dynamo traces at dim 1)
 
 VARIANTS = ("inductor", "overlap", "overlap_symm", "overlap_p2p")
 

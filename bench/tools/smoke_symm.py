@@ -1,6 +1,6 @@
 """Smoke check of the symm lowering on N GPUs: each op once per transport, full tracebacks.
 
-    torchrun --nproc-per-node=N bench/smoke_symm.py
+    torchrun --nproc-per-node=N bench/tools/smoke_symm.py
 
 Prints, per op, the relative error against NCCL + an fp32 matmul, and the path the call took. Meant
 for a first look on a new machine or after a change, before the tests and the benchmark.
@@ -12,9 +12,9 @@ import sys
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import common  # noqa: E402
+from bench.tools import common  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -2,7 +2,7 @@
 # Run a file of stages on the device machine in one call, under one deadline; logs and results come
 # back as one tarball (what the sessions' ad-hoc runs use; bench/run_device.sh is the fixed full run).
 #
-#   DEADLINE=545 bash bench/run_stages.sh STAGES_FILE      # e.g. bench/results/<run>/commands/next_x4.sh
+#   DEADLINE=545 bash bench/tools/run_stages.sh STAGES_FILE      # e.g. bench/results/<run>/commands/next_x4.sh
 #
 # STAGES_FILE is sourced by bash; each line that runs something is
 #   TAILN=<n> run <name> <cap seconds> <command...>
@@ -13,7 +13,7 @@
 # Output: $OUT/run.tgz (logs/, results/, traces/); $OUT defaults to ./device_out.
 # NVLink multicast stays off (the three variables below); PYTHONPATH is the repository (nothing installed).
 set -u
-[ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: DEADLINE=<s> bash bench/run_stages.sh STAGES_FILE" >&2; exit 2; }
+[ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: DEADLINE=<s> bash bench/tools/run_stages.sh STAGES_FILE" >&2; exit 2; }
 STAGES="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 export PYTHONPATH="$PWD" NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

@@ -1,7 +1,7 @@
 """SVG plots of the committed benchmark results: ours vs the baselines, one panel per shape.
 
-    python bench/plot.py                       # every run under bench/results/ (and its runN/ folders)
-    python bench/plot.py bench/results/2026-11-30_h200x2_cta [--out-dir DIR]
+    python bench/tools/plot.py                       # every run under bench/results/ (and its runN/ folders)
+    python bench/tools/plot.py bench/results/2026-11-30_h200x2_cta [--out-dir DIR]
 
 Reads the JSON files the benchmarks write (``bench_collective_gemm.py``: ``<suite>_ws<N>.json``;
 ``bench_block.py``: ``block_ws<N>.json``; ``bench_cta.py``: ``cta_ws<N>.json``; ``bench_moe.py``:
@@ -23,7 +23,7 @@ import sys
 from html import escape
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 OURS, BASE, REF, IDEAL = "#e8710a", "#9aa0a6", "#1a73e8", "#188038"
 WIDTH, LABEL_W, BAR_W, ROW_H, PAD = 760, 230, 430, 18, 10
