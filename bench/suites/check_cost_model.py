@@ -1,6 +1,6 @@
 """Bench check of the cost model: its predictions vs the committed benchmark measurements.
 
-    python bench/suites/check_cost_model.py [--out-dir bench/results/<date>_cost_model] [--limit 0.20]
+    python bench/suites/check_cost_model.py [--out-dir bench/results/cost_model_cpu_<date>] [--limit 0.20]
 
 No GPU needed: it reads the JSON tables under ``bench/results/`` (``<suite>_ws<N>.json`` of
 ``bench_collective_gemm.py``, ``cta_ws<N>.json`` of ``bench_cta.py``, ``moe_ws<N>.json`` of ``bench_moe.py``), rebuilds each row's problem
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -43,24 +42,28 @@ from overlap_backend.passes.cost_model import Problem, predict  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # runs whose ours-symm column was measured on a tree the lowering has changed since
-OLDER_SYMM = {"2026-11-29_h200x2_symm": "older tree (b2a4053: before per-band signalling)"}
+OLDER_SYMM = {"collective_gemm_h200x2_2026-11-29/shard_flags": "older tree (b2a4053: before per-band signalling)"}
 # MoE decode rows measured before the plan kernel (host-bound at 2.7-2.9 ms; 0.85-1.7 ms after it)
-OLDER_MOE_DECODE = {"2026-11-30_h200x2_session5": "before the plan kernel"}
+OLDER_MOE_DECODE = {"moe_h200x2_2026-11-30/grouped_raster": "before the plan kernel"}
 # CTA runs from before the stage-1 share and the stage-0 tails, which hide the pipeline's fill and drain
 OLDER_CTA = {run: "before the stage-1 share and the stage-0 tails"
-             for run in ("2026-11-30_h200x2_cta", "2026-11-30_h200x2_session8")}
-# CTA graph replays measured with peer stores: a captured call ships by the copy engine since these
-# runs of the thirteenth session, and in every later session
-CTA_GRAPHS_BY_CE = ("2026-11-30_h200x2_session13/run4", "2026-11-30_h200x2_session13/run5",
-                    "2026-11-30_h200x2_session13/run6")
-CTA_GRAPHS_BY_CE_FROM_SESSION = 14
+             for run in ("cta_h200x2_2026-11-30/first_runs", "cta_h200x2_2026-11-30/stage0_probes")}
+# CTA graph replays measured while a captured call shipped by peer stores (it ships by the copy engine since)
+CTA_GRAPHS_BY_PEER_STORES = tuple(f"cta_h200x2_2026-11-30/{r}" for r in (
+    "first_runs", "stage0_probes", "small_m", "host_path", "last_group_tails", "tma_store/run1", "tma_store/run2",
+    "tma_store/run3"))
+
+
+def _in_runs(run: str, runs) -> bool:
+    return any(run == r or run.startswith(r + "/") for r in runs)
 
 
 def _cta_graphs_by_ce(run: str) -> bool:
-    session = re.search(r"_session(\d+)", run)
-    return run in CTA_GRAPHS_BY_CE or (session is not None and int(session.group(1)) >= CTA_GRAPHS_BY_CE_FROM_SESSION)
+    return not _in_runs(run, CTA_GRAPHS_BY_PEER_STORES)
+
+
 # captured moe_experts measured with the comm kernel's combine (a captured call now takes ce-only)
-OLDER_MOE_GRAPH = {("2026-11-30_h200x2_session7", "moe_graphs_ws2_run5_comm_kernel.json"):
+OLDER_MOE_GRAPH = {("moe_h200x2_2026-11-30/captured", "moe_graphs_ws2_run5_comm_kernel.json"):
                    "captured with the comm-kernel combine (now ce-only)"}
 
 
@@ -69,16 +72,24 @@ def _dtype(d: dict) -> str:
 
 
 def _run_name(path: Path) -> str:
-    """A result's run: its folder under bench/results, with the device call's subfolder (runN/) when
-    a session keeps one per call."""
+    """A result's run: its path under bench/results (``<suite>_<hardware>_<date>[/<part>][/runN]``)."""
     rel = path.parent.relative_to(RESULTS)
     return "/".join(rel.parts)
 
 
+def run_roots() -> list[Path]:
+    """Every result folder, and every part of one (a subfolder with a README.md of its own)."""
+    roots = []
+    for d in sorted(p for p in RESULTS.iterdir() if p.is_dir()):
+        roots.append(d)
+        roots += sorted(p for p in d.iterdir() if p.is_dir() and (p / "README.md").exists())
+    return roots
+
+
 def _result_files() -> list[Path]:
-    """Every committed suite result: ``<run>/<suite>_ws<N>.json`` and, for sessions that keep a folder per
-    device call, ``<run>/runN/<suite>_ws<N>.json``."""
-    return sorted([*RESULTS.glob("*/*_ws*.json"), *RESULTS.glob("*/run*/*_ws*.json")])
+    """Every committed suite result: ``<root>/<suite>_ws<N>.json`` and ``<root>/runN/<suite>_ws<N>.json`` for
+    each of ``run_roots()`` (deeper folders hold variants, e.g. ``own_first/``: shown by their READMEs only)."""
+    return sorted(f for root in run_roots() for f in [*root.glob("*_ws*.json"), *root.glob("run*/*_ws*.json")])
 
 
 def collective_rows(path: Path) -> list[dict]:
@@ -223,7 +234,7 @@ def predicted(row: dict, cal) -> float:
 def main(argv=None) -> int:
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out-dir", default=str(RESULTS / f"{today}_cost_model"))
+    ap.add_argument("--out-dir", default=str(RESULTS / f"cost_model_cpu_{today}"))
     ap.add_argument("--limit", type=float, default=0.20)
     args = ap.parse_args(argv)
     cal = DEFAULTS["h200"]

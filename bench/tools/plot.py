@@ -1,7 +1,7 @@
 """SVG plots of the committed benchmark results: ours vs the baselines, one panel per shape.
 
-    python bench/tools/plot.py                       # every run under bench/results/ (and its runN/ folders)
-    python bench/tools/plot.py bench/results/2026-11-30_h200x2_cta [--out-dir DIR]
+    python bench/tools/plot.py                       # every result folder and part under bench/results/, and their runN/
+    python bench/tools/plot.py bench/results/cta_h200x2_2026-11-30/tma_store [--out-dir DIR]
 
 Reads the JSON files the benchmarks write (``bench_collective_gemm.py``: ``<suite>_ws<N>.json``;
 ``bench_block.py``: ``block_ws<N>.json``; ``bench_cta.py``: ``cta_ws<N>.json``; ``bench_moe.py``:
@@ -191,17 +191,26 @@ def plot_file(path: Path, out_dir: Path | None = None) -> Path | None:
     return dest
 
 
+def run_roots() -> list[Path]:
+    """Every result folder under bench/results, and every part of one (a subfolder with its own README.md)."""
+    roots = []
+    for d in sorted(p for p in RESULTS.iterdir() if p.is_dir()):
+        roots.append(d)
+        roots += sorted(p for p in d.iterdir() if p.is_dir() and (p / "README.md").exists())
+    return roots
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="*", type=Path, help="result directories (default: every one under bench/results)")
     ap.add_argument("--out-dir", type=Path, help="write the SVGs here instead of next to the JSON files")
     opts = ap.parse_args(argv)
-    dirs = opts.dirs or sorted(d for d in RESULTS.iterdir() if d.is_dir())
+    dirs = opts.dirs or run_roots()
     written = []
     for d in dirs:
-        # (sessions keep each device call's results in runN/: those too)
-        for f in sorted(d.glob("*.json")) + sorted(d.glob("run*/*.json")):
-            dest = plot_file(f, opts.out_dir / d.name if opts.out_dir else None)
+        for f in sorted(d.glob("*.json")) + sorted(d.glob("run*/*.json")):  # each device call's runN/ too
+            sub = d.resolve().relative_to(RESULTS) if d.resolve().is_relative_to(RESULTS) else d.name
+            dest = plot_file(f, opts.out_dir / sub if opts.out_dir else None)
             if dest is not None:
                 written.append(dest)
                 print(dest)
