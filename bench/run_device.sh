@@ -41,7 +41,7 @@
 #   BENCHES="graphs" bash bench/run_device.sh bench   # under CUDA graphs, opt-in: bench_models.py --mode
 #                                      reduce-overhead (llama, serve), bench_epilogue.py --cudagraphs (TP block,
 #                                      train), bench_moe.py --graphs (4 configs, balanced)
-#   BENCHES="models" bash bench/run_device.sh bench   # the real-model benchmark (bench_models.py, issue 6):
+#   BENCHES="models" bash bench/run_device.sh bench   # the real-model benchmark (bench_models.py):
 #                                      opt-in, not in the default list (a few minutes per world size;
 #                                      cap LIMIT_MODELS, default 300 s; DEADLINE=900 leaves room for ws 4 and 2)
 #
@@ -285,7 +285,7 @@ main() {
     for n in $BENCH_WS; do
       benchmarks "$n"
     done
-    # Epilogue fusion (issue 8, docs/codegen.md): opt-in, fused vs unfused demo block on GPUs
+    # Epilogue fusion (docs/codegen.md): opt-in, fused vs unfused demo block on GPUs
     # 0..EPILOGUE_WS-1 (default 0,1).
     [ "${RUN_EPILOGUE:-0}" = 1 ] && [ "$NGPU" -ge "$EPILOGUE_WS" ] && stage "epilogue_ws$EPILOGUE_WS" \
       "${LIMIT_EPILOGUE:-150}" env CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((EPILOGUE_WS - 1)))" \

@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node=N bench/probes/probe_symm.py [--quick] [--ops ag_mm,mm_rs,mm_ar,host]
 
-Per DESIGN.md shape, bf16, CUDA events, median of 30 after warm-up, max over ranks:
+Per shape of the baseline tables (docs/results.md), bf16, CUDA events, median of 30 after warm-up, max over ranks:
 
 - ``kernel/cuBLAS``: our tile kernel with every flag already raised (no communication) vs
   ``torch.mm`` on the same problem: how close the persistent TMA GEMM is to cuBLAS;
@@ -79,11 +79,11 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--ops", default="ag_mm,mm_rs,mm_ar,host", help="which parts to probe (comma-separated)")
     p.add_argument("--rs-shapes", default="", help="mm_rs shapes MxKxN (K: the whole contraction, split ws ways), "
-                   "comma-separated, instead of DESIGN.md's; e.g. 2048x3584x8192 at ws 2 has ws 4's local problem "
+                   "comma-separated, instead of the baseline tables'; e.g. 2048x3584x8192 at ws 2 has ws 4's local problem "
                    "of 4096x7168x8192 (local K 1792, 1024 rows per chunk)")
     p.add_argument("--ag-shapes", default="", help="ag_mm shapes MxKxN[xW] (M gathered rows; W weights of N/W "
-                   "columns each, default 1), comma-separated, instead of DESIGN.md's")
-    p.add_argument("--ar-shapes", default="", help="mm_ar shapes MxKxN (K local), comma-separated, instead of DESIGN.md's")
+                   "columns each, default 1), comma-separated, instead of the baseline tables'")
+    p.add_argument("--ar-shapes", default="", help="mm_ar shapes MxKxN (K local), comma-separated, instead of the baseline tables'")
     common.add_set_argument(p)
     args = common.parse_args_with_sets(p)
     ops = set(args.ops.split(","))

@@ -2,7 +2,7 @@
 and cuBLAS on Hopper?
 
 The CTA op's stage-0 and stage-1 kernels are persistent Triton GEMMs (an outer loop over tiles, an
-inner K-loop) at 1.07-1.16x cuBLAS's time on H200s (bench/results/2026-11-30_h200x2_session12). A
+inner K-loop) at 1.07-1.16x cuBLAS's time on H200s (bench/results/cta_h200x2_2026-11-30/last_group_tails). A
 CTA's epilogue does not overlap its next tile's main loop. ``tl.range(..., warp_specialize=True)``
 splits loads and MMAs into separate warp groups; Triton documented it for Blackwell first, and later
 versions run it on Hopper too. This times the same persistent GEMM (C = A @ B, B row-major like the
@@ -23,7 +23,7 @@ epilogue costs is not overlapped with its next tile's main loop): the op's curre
 epilogue against cuBLAS ``addmm`` followed by ``F.gelu`` (is fusing worth the Triton GEMM?).
 ``--mm-rs`` times the ``mm_rs`` producer kernel alone instead (rank 0 of a group of each size, every
 flag raised, the peers' partials already local): its GEMM rate against cuBLAS at the local shapes of
-issue 3's table, with pointer stores and with its TMA variant.
+the collective benchmark's table, with pointer stores and with its TMA variant.
 
 Not a benchmark of record: a diagnostic. Prints one line per (shape, config, variant): ms (median of
 CUDA-event timings after warm-up) and the ratio to cuBLAS, or why the variant did not compile.

@@ -16,7 +16,7 @@ batch 4, seq 2048, hidden 4096, 32 heads, ffn 14336, bf16). Every rank builds th
   all-gather/reduce-scatter + matmul fused into ``symm_mem.fused_*`` ops) on a group with symmetric
   memory enabled; the number of fused ops found is reported;
 - ``overlap``: ``backend="overlap"`` as a user gets it (``make_backend()``: lowering ``auto``, the cost
-  model deciding where a rewrite pays; on CPU every match is rewritten): issue 6's "never slower than
+  model deciding where a rewrite pays; on CPU every match is rewritten): the target "never slower than
   Inductor by more than 2%" is this row;
 - ``overlap_p2p`` / ``overlap_symm``: ``torch.compile(backend=overlap_backend.make_backend(lowering=...,
   cost_model="off"))``: every match rewritten on that lowering, what the ops themselves do;

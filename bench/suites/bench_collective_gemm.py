@@ -3,7 +3,7 @@
     torchrun --nproc-per-node=N bench/suites/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --out-dir DIR
         [--lowerings p2p,symm] [--graphs] [--trace TRACE_DIR [--trace-m 4096]] [--quick]
 
-For each suite and shape (DESIGN.md's measured tables, plus a decode-size M=512 row for ag_mm and
+For each suite and shape (the baseline tables measured on 4×H200, docs/results.md, plus a decode-size M=512 row for ag_mm and
 mm_rs) it times, in bf16, with CUDA events (warm-up, >= 20 timed repetitions, median per rank, max
 over ranks; a barrier before each measurement):
 
@@ -18,7 +18,7 @@ over ranks; a barrier before each measurement):
   checked first against NCCL + a float32 matmul on fresh random inputs (relative error <= 1e-2 in
   bf16, no NaN: else FAIL); ``n/a: reason`` when the lowering is not registered for the op;
 - ``max(mm, comm)``: the time a perfect overlap would take; ``speedup`` = seq / ours; for symm also
-  ``symm / max(mm, comm)`` and ``async-TP / symm`` (issue 3's bar: <= 1.10 and >= 1.15).
+  ``symm / max(mm, comm)`` and ``async-TP / symm`` (the target: <= 1.10 and >= 1.15).
 
 With ``--graphs`` each timed variant except ours on ``p2p`` is also captured once in a CUDA graph
 (after its eager timing, which warmed it up) and its replays are timed: the GPU time without the
@@ -59,7 +59,7 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distribu
 SUITES = ("ag_mm", "mm_rs", "mm_ar")
 LOWERINGS = ("p2p", "symm")  # ours, in column order; --lowerings picks a subset
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
-# Issue 3's bar for the symm lowering: symm <= 1.10 x max(mm, comm) and >= 1.15x faster than torch.
+# The symm lowering's target: symm <= 1.10 x max(mm, comm) and >= 1.15x faster than torch.
 BAR_MAX_RATIO, BAR_TORCH_RATIO = 1.10, 1.15
 TRACE_WARMUP = 3  # calls of a variant right before its traced call
 
@@ -76,7 +76,7 @@ class Shape:
     origin: str  # where the row comes from: "DESIGN ws=4", "decode", "adapted from ws=4", ...
 
 
-# Global problem sizes from DESIGN.md ("Measured on 4×H200"), keyed by the world size measured there.
+# Global problem sizes of the baseline tables measured on 4×H200 (docs/results.md), keyed by the world size measured there.
 #   ag_mm: A shard [M/ws, K] gathered to [M, K], B [K, N]
 #   mm_rs: A [M, K/ws] @ B [K/ws, N] -> [M, N], reduce-scattered over M
 #   mm_ar: A [M, K] @ B [K, N] per rank, all-reduced (sizes do not depend on ws)
@@ -560,7 +560,7 @@ def render(suite: str, ws: int, dtype, info: dict, rows: list[dict], lowerings) 
     if "symm" in lowerings:
         ref = "torch's async-TP fused op" if suite != "mm_ar" else "the faster of torch's mm then symm 1-/2-shot AR"
         legend += (f"; symm / max = ours symm / max(mm, comm); {TORCH_REF_HEADER[suite]} = {ref} / ours symm; "
-                   f"bar = issue 3's target met (symm / max ≤ {BAR_MAX_RATIO:.2f} and "
+                   f"bar = the target met (symm / max ≤ {BAR_MAX_RATIO:.2f} and "
                    f"{TORCH_REF_HEADER[suite]} ≥ {BAR_TORCH_RATIO:.2f})")
     legend += "; ratios are — where the check of ours did not PASS or a time is n/a."
     parts = [

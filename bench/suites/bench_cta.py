@@ -18,8 +18,8 @@ For each activation (GELU, SwiGLU) and M (tokens), at H=8192, F=28672 by default
   are 4 row micro-chunks, each reduced over all N ranks (a ring reduce-scatter fused with the MLP, then
   an all-gather overlapping the next chunk): TP<N> with overlapped communication, not a 4-GPU-stage pipeline;
 - ``--graphs``: the baselines and every layout of ours captured in CUDA graphs and replayed (ours then
-  counts epochs on the device; its tiles go by the default transport, the copy engine, since the
-  thirteenth session, by peer stores before, with the default K-chunk count), with the bars' ratios on
+  counts epochs on the device; its tiles go by the default transport, the copy engine, with the
+  default K-chunk count), with the bars' ratios on
   those times: ``CTA 2`` against one GPU / 2 and TP2, ``CTA 2×TP<N/2>`` against TP<N> (an eager call of
   ours at M <= 1024 is host-bound, so eager times say little about the bars there).
 

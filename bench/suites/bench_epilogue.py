@@ -1,4 +1,4 @@
-"""Fused epilogues vs the same ops followed by Inductor's own pointwise kernels (issue 8).
+"""Fused epilogues vs the same ops followed by Inductor's own pointwise kernels.
 
     torchrun --nproc-per-node=N bench/suites/bench_epilogue.py --out-dir DIR [--block tp|swiglu]
         [--mode inference|train] [--lowerings symm,p2p] [--steps 30] [--quick]
@@ -197,7 +197,7 @@ def time_rounds(rows, steps, rounds: int, timing) -> None:
 
 
 def fused_verdict(fused: dict, unfused: dict) -> dict | None:
-    """Issue 8's bar for one fused / unfused pair timed in the same interleaved rounds: fewer kernels per
+    """The fused epilogues' target for one fused / unfused pair timed in the same interleaved rounds: fewer kernels per
     step, and faster, in the median and round by round (round i's unfused time over its fused time; the
     rounds ran side by side, so a drift of the machine shows in both)."""
     pairs = list(zip(unfused["round_ms"], fused["round_ms"]))
@@ -237,7 +237,7 @@ def render(rows, info, args, ws) -> str:
         f"Sizes: {sizes}. Time: median over {args.rounds} interleaved rounds of the median step (ms), max over "
         "ranks; rounds: each round's time. Kernels/copies/launch calls: per step, "
         f"from a profiler trace of {PROFILE_STEPS} steps. Speed-up: the unfused variant's time over the fused one's, "
-        "and round by round (the variants are timed in the same rounds); issue 8's bar: fewer kernels per step and "
+        "and round by round (the variants are timed in the same rounds); the target: fewer kernels per step and "
         "faster in the median and in every round.",
         common.markdown_table(["variant", "step ms", "rounds", "reps", "fused speed-up", "kernels", "copies", "launch calls",
                                "check", "max rel err", "captured epilogues", "note"], table),

@@ -1,4 +1,4 @@
-"""Real models end to end (issue 6): Llama TP+SP training, Mixtral EP training, their loss curves, serving.
+"""Real models end to end: Llama TP+SP training, Mixtral EP training, their loss curves, serving.
 
     torchrun --nproc-per-node=N bench/suites/bench_models.py --out DIR [--sections llama,curve,mixtral,mixtral_curve,serve]
         [--variants eager,inductor,async_tp,overlap] [--compile block|model] [--quick]
@@ -16,7 +16,7 @@ Sections (each on fresh models built from the same seed; ``torch._dynamo.reset()
   Then the step time: forward + backward + AdamW (``step ms``) and forward + backward alone
   (``fwd+bwd ms``), each the median of >= 30 steps (``--quick``: >= 10) bracketed by CUDA events after
   warm-up, maximum over ranks (``bench/tools/common.py``'s ``Timing``); tokens/s = batch x seq / step.
-  The bar (issue 6): overlap >= 1.10x faster than Inductor and >= 1.05x than async-TP.
+  The target: overlap >= 1.10x faster than Inductor and >= 1.05x than async-TP.
 - ``curve``: a few hundred training steps (``steps``, default 300) of a smaller Llama (TP+SP) with
   ``eager`` and ``overlap`` (and ``inductor`` with ``--curve-variants``), the loss of every step in
   the JSON; max / mean relative difference to eager's curve, PASS if the max <= ``tol`` (default 2e-2 in
@@ -238,7 +238,7 @@ def _free(device) -> None:
     """Between variants. Under ``mode="reduce-overhead"`` the CUDA-graph trees (one memory pool per
     device, shared by every compiled function) are dropped too: a variant that raised at its first
     steps left live tensors in that pool, and the next variant then raised "Detected N tensor(s) in
-    the cudagraph pool not tracked as outputs" (4xH200, fifteenth session: async-TP raised, then ours)."""
+    the cudagraph pool not tracked as outputs" (4xH200: async-TP raised, then ours; bench/results/models_h200x4_2026-11-30)."""
     gc.collect()
     if device.type == "cuda":
         from torch._inductor import cudagraph_trees

@@ -1,4 +1,4 @@
-"""MoE block benchmark (issue 4): dispatch all-to-all -> SwiGLU experts -> combine all-to-all.
+"""MoE block benchmark: dispatch all-to-all -> SwiGLU experts -> combine all-to-all.
 
     torchrun --nproc-per-node=N bench/suites/bench_moe.py --out DIR [--configs mixtral,deepseek,mixtral-decode,deepseek-decode]
         [--routing balanced,skewed] [--comm-sms 2,4,8,16,32] [--quick]
@@ -24,7 +24,7 @@ events (warm-up, >= 20 repetitions, median per rank, max over ranks):
 - ``--graphs``: the baseline and ``symm`` each captured once in a CUDA graph after eager warm-up
   (fixed splits, as capacity routing has them) and timed as replays, symm checked after a replay:
   what is left once the host time per call is gone (decode sizes are host-bound eagerly);
-- ``max`` = max(experts, a2a): a perfect overlap; ``symm/max`` and ``base/symm`` (issue 4's bar on 4
+- ``max`` = max(experts, a2a): a perfect overlap; ``symm/max`` and ``base/symm`` (the target on 4
   GPUs, DeepSeek-like balanced: symm <= 1.10 x max and >= 1.25x faster than the baseline; never slower
   than the baseline).
 - ``backend``: what ``backend="overlap"`` runs for this layer eagerly: the cost model's decision for the

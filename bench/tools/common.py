@@ -248,7 +248,7 @@ def time_in_rounds(timed: Sequence[tuple[dict, Callable[[], object]]], rounds: i
     B, C, ...): each row collects its rounds' times in ``round_ms`` (after any it has), its steps in
     ``reps``, and gets their median as ``time_ms``. Interleaving keeps slow drifts of the machine
     (host speed, clocks) out of the comparison: one variant of the TP block moved by 30% between two
-    one-after-the-other runs on 2xH200 (bench/results/2026-11-30_h200x2_session6)."""
+    one-after-the-other runs on 2xH200 (bench/results/epilogue_h200x2_2026-11-30/interleaved)."""
     for _ in range(rounds):
         for row, step in timed:
             ms, reps = timing.bench(step)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run a file of stages on the device machine in one call, under one deadline; logs and results come
-# back as one tarball (what the sessions' ad-hoc runs use; bench/run_device.sh is the fixed full run).
+# back as one tarball (for runs of one's own choosing; bench/run_device.sh is the fixed full run).
 #
-#   DEADLINE=545 bash bench/tools/run_stages.sh STAGES_FILE      # e.g. bench/results/<run>/commands/next_x4.sh
+#   DEADLINE=545 bash bench/tools/run_stages.sh STAGES_FILE      # e.g. bench/tools/plans/h200x4_1_tables.sh
 #
 # STAGES_FILE is sourced by bash; each line that runs something is
 #   TAILN=<n> run <name> <cap seconds> <command...>
