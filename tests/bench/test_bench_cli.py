@@ -1,4 +1,4 @@
-"""CPU checks (issue 7) that every benchmark and ``bench/run_device.sh`` take 2, 4 and 8 GPUs.
+"""CPU checks that every benchmark and ``bench/run_device.sh`` take 2, 4 and 8 GPUs.
 
 Nothing heavy runs: the benchmarks' argument parsing and the functions that derive their shapes,
 configs and variants from the world size; ``run_device.sh`` under a fake ``nvidia-smi`` (N GPUs) and a
@@ -54,7 +54,7 @@ def test_collective_shapes_split_evenly(bench, ws):
     rows = b.list_shapes(ws)
     for suite in b.SUITES:  # every suite keeps every row at 2, 4 and 8 ranks (none dropped as indivisible)
         mine = [r for r in rows if r["suite"] == suite]
-        want = 5 if (suite, ws) == ("ag_mm", 2) else 4  # ws=2: DESIGN's own ag_mm row on top
+        want = 5 if (suite, ws) == ("ag_mm", 2) else 4  # ws=2: the baseline tables' own ag_mm row on top
         assert len(mine) == want, (suite, ws, mine)
     for r in rows:
         for d in b.SPLIT[r["suite"]]:
@@ -68,7 +68,7 @@ def test_collective_shapes_split_evenly(bench, ws):
         if r["suite"] == "ag_mm":
             assert A[0] * ws == r["M"] and out[0] == r["M"], r
         if r["suite"] == "mm_ar":
-            assert (A, B) == ((r["M"], r["K"]), (r["K"], r["N"])), r  # per-rank sizes, as in DESIGN.md
+            assert (A, B) == ((r["M"], r["K"]), (r["K"], r["N"])), r  # per-rank sizes, as in the baseline tables
     # the CPU smoke test's shapes split too
     for r in b.list_shapes(ws, cpu=True):
         assert all(r[d] % ws == 0 for d in b.SPLIT[r["suite"]]), r
@@ -349,7 +349,7 @@ def test_epilogue_variants_are_timed_in_interleaved_rounds(bench):
 
 
 def test_epilogue_fused_verdict_is_paired_by_round(bench):
-    """Issue 8's bar from one run: fewer kernels per step and faster in the median and in every round
+    """The fused epilogues' target from one run: fewer kernels per step and faster in the median and in every round
     (round i of the fused variant against round i of the unfused one)."""
     mod = bench["bench_epilogue"]
     unfused = {"time_ms": 5.33, "round_ms": [5.30, 5.41, 5.33], "kernels_per_step": 147}

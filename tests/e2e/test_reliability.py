@@ -1,4 +1,4 @@
-"""Reliability (issue 6): bad op inputs fail before any transfer, a late or dead peer becomes an
+"""Reliability: bad op inputs fail before any transfer, a late or dead peer becomes an
 exception within OVERLAP_TIMEOUT_S, graph breaks inside a pattern are reported, and recompiles
 reuse the lowerings' per-group state.
 

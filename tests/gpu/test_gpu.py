@@ -57,7 +57,7 @@ def _need_gpus(ws: int, lowering: str = "symm", eager_all_gather: bool = False) 
     ``eager_all_gather``: the test runs models whose eager forward all-gathers CUDA tensors over the
     group (the references, and collectives left unmatched in the compiled graphs); under
     ``OVERLAP_TEST_SHARED_GPU`` that is gloo's all_gather_into_tensor, which segfaults on CUDA tensors
-    with torch 2.11 (all_reduce, reduce_scatter and all_to_all work: session 19's run 3)."""
+    with torch 2.11 (all_reduce, reduce_scatter and all_to_all work)."""
     if shared_gpu() and lowering == "p2p":
         pytest.skip("OVERLAP_TEST_SHARED_GPU runs gloo, which cannot send CUDA tensors point to point")
     if shared_gpu() and eager_all_gather:
@@ -1194,7 +1194,7 @@ def wide_tile_rounds_worker(rank: int, ws: int, device: str):
 def test_mm_ar_rounds_with_sm_filling_tiles():
     """Ranks sharing one GPU (OVERLAP_TEST_SHARED_GPU) copy between each other's buffers with a driver
     kernel on the SMs: with every SM held by this config's spinning CTAs the pushes never ran and both
-    ranks hung (twenty-first session), unless the grids leave symm.SHARED_DEVICE_FREE_SMS free."""
+    ranks hung, unless the grids leave symm.SHARED_DEVICE_FREE_SMS free."""
     from overlap_backend.runtime import symm
 
     _need_gpus(2)

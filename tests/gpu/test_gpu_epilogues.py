@@ -1,4 +1,4 @@
-"""GPU tests (marker ``gpu``) of fused epilogues (issue 8), on 2, 4 and 8 GPUs, both lowerings.
+"""GPU tests (marker ``gpu``) of fused epilogues, on 2, 4 and 8 GPUs, both lowerings.
 
 Run on the device machine: ``python -m pytest -q -m gpu tests/gpu/test_gpu_epilogues.py``; where fewer
 GPUs are visible every test skips. Same pattern as tests/gpu/test_gpu.py (whose helpers it uses): one

@@ -136,8 +136,7 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
     gn = group.group_name
     errs, bad = {}, []
     # Every dtype pair at 2 ranks; from 4 ranks on the protocol in bf16 only: with all three pairs the
-    # 4-rank run did not finish within 120-150 s (fifteenth and eighteenth sessions: 4 ranks compiling
-    # every kernel variant at once).
+    # 4-rank run did not finish within 120-150 s (4 ranks compiling every kernel variant at once).
     dtype_pairs = ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16), (torch.float16, torch.float16))
     for case, (n_rows, h, f, experts, _) in CASES.items():
         for x_dtype, cd in dtype_pairs if ws == 2 else dtype_pairs[:1]:

@@ -1,4 +1,4 @@
-"""Epilogues (issue 8): the spec, the generated Triton code, the captures, numerics against eager.
+"""Epilogues: the spec, the generated Triton code, the captures, numerics against eager.
 
 - spec parsing and the ops' checks: clear errors naming the bad step;
 - every supported step (and chains of them) through the generated Triton code under
@@ -12,7 +12,7 @@
   graph).
 
 The interpreter rounds float32 to bfloat16 by truncation (the GPU rounds to nearest), so the bf16
-kernel checks use the bf16 tolerance of DESIGN.md against a float32 reference.
+kernel checks use the bf16 tolerance (docs/architecture.md) against a float32 reference.
 """
 
 from __future__ import annotations
