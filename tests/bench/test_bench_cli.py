@@ -375,7 +375,7 @@ def test_run_device_syntax_and_help():
 
 
 def test_run_stages_runs_a_stages_file_under_one_deadline(tmp_path):
-    """bench/run_stages.sh: each `run NAME CAP CMD` of the stages file runs with its log under logs/,
+    """bench/tools/run_stages.sh: each `run NAME CAP CMD` of the stages file runs with its log under logs/,
     writes under $RES, reports its exit status; a stage with no time left is NOT STARTED; everything
     comes back as $OUT/run.tgz. A missing stages file is a usage error."""
     import tarfile
@@ -625,7 +625,7 @@ def test_benches_parse_set_through_one_helper(bench, capsys):
 
 
 def test_trace_compare_sums_categories_and_exclusive_time(tmp_path):
-    """bench/trace_compare.py: per category the summed time and the time nothing else runs; the
+    """bench/tools/trace_compare.py: per category the summed time and the time nothing else runs; the
     kernels whose time differs most between two traces."""
     sys.path.insert(0, str(REPO))
     from bench.tools import trace_compare as tc
@@ -672,7 +672,7 @@ def test_bench_models_writes_a_trace_per_variant(tmp_path):
 
 
 def test_probe_host_cpu_counts_the_stream_operations_of_a_call():
-    """bench/probe_host_cpu.py runs the real cuBLAS paths of mm_rs and ag_mm against a mocked CUDA
+    """bench/probes/probe_host_cpu.py runs the real cuBLAS paths of mm_rs and ag_mm against a mocked CUDA
     layer. The stream operations per call are the protocol's (rank 0 of 4, one band per chunk):
     mm_rs: READY raised to and awaited from 3 peers, 3 done flags raised and awaited, 3 pushes with
     their arrival flags, 3 arrivals awaited, PEER_OK awaited, 2 progress words; ag_mm: READY, 3
@@ -693,7 +693,7 @@ def test_probe_host_cpu_counts_the_stream_operations_of_a_call():
 
 
 def test_predict_llama_prices_the_eight_matches_of_a_block(capsys):
-    """bench/predict_llama.py: the eight matches of a Llama block at each group size, their shapes as
+    """bench/tools/predict_llama.py: the eight matches of a Llama block at each group size, their shapes as
     the passes build them (QKV with GQA's narrower K/V, sums of matmuls concatenated along K), and per
     step the matched collectives and the predicted saving; graphs never save less than eager calls
     (no host time); bad sizes are rejected."""

@@ -73,7 +73,7 @@ def test_decisions_on_bench_shapes(problem, wins):
 
 
 @pytest.mark.parametrize(
-    "problem, lowering, measured",  # bench/results: the fit's data (bench/check_cost_model.py checks them all)
+    "problem, lowering, measured",  # bench/results: the fit's data (bench/suites/check_cost_model.py checks them all)
     [
         (Problem("ag_mm", m=4096, n=7168, k=8192, dtype=BF16, ws=2), "symm", 0.752),
         (Problem("mm_rs", m=8192, n=8192, k=3584, dtype=BF16, ws=2), "symm", 0.843),
