@@ -495,7 +495,7 @@ def test_run_device_8_gpus(tmp_path):
     assert stages == ["versions", "gpu_tests", "bench_ws8", "moe_ws8", "block_ws8", "cta_ws8"]
     # tests only: every GPU test file, the whole deadline
     cmds, out = _run_device(tmp_path, 8, "tests")
-    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_gpu*.py"))
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "gpu").glob("test_gpu*.py"))
     assert cmds == [VERSIONS, _pytest("-v", files, "ws8 and symm or names_op_rank or dead_peer or captured_symm or fast_path")]
     limit = int(re.search(r"gpu_tests \(limit (\d+)s\)", out).group(1))
     assert limit > 500, out  # 540 s less the packaging reserve and what the versions took

@@ -228,7 +228,7 @@ def prologue_worker(rank: int, ws: int, device: str, lowering: str):
     group = dist.group.WORLD
     # the models' choice: torch 2.11's all_gather_tensor breaks the graph for a gather dim other than 0
     # (Dynamo skips its _maybe_view_chunk_cat); all_gather_tensor_autograd does not
-    from overlap_backend.models import _all_gather as all_gather
+    from overlap_backend.models.tp import all_gather
     bf = torch.bfloat16
     hidden, seq = 256, 64  # per rank
     nw = (1 + 0.1 * _randn(hidden, dtype=torch.float32, device=device)).to(bf)
