@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from . import launcher
-from ..runtime import epilogue as spec_mod
+from ..spec import epilogue as spec_mod
 
 MAX_POINTERS = 4  # P0..P3: tensors one epilogue may read
 _TL_DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}

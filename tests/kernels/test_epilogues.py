@@ -28,7 +28,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 from overlap_backend import make_backend
-from overlap_backend.runtime import epilogue as spec_mod
+from overlap_backend.spec import epilogue as spec_mod
 
 all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
 reduce_scatter = getattr(funcol, "reduce_scatter_single", funcol.reduce_scatter_tensor)
