@@ -128,6 +128,7 @@ def test_generated_source_is_cached_in_memory_and_on_disk(tmp_path, monkeypatch)
     from overlap_backend.codegen import epilogue as gen
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("OVERLAP_CACHE_DIR", raising=False)  # the root under test is XDG's
     monkeypatch.setattr(gen, "_memory", {})
     monkeypatch.setattr(gen, "_built", {})
     gen.reset_stats()
