@@ -40,7 +40,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import overlap_backend  # noqa: E402
-from overlap_backend.models.tp import _all_gather  # noqa: E402  (torch 2.11: the one Dynamo traces at dim 1)
+from overlap_backend.models.tp import all_gather  # noqa: E402  (torch 2.11: the one Dynamo traces at dim 1)
 
 VARIANTS = ("inductor", "overlap", "overlap_symm", "overlap_p2p")
 
@@ -61,7 +61,7 @@ class GatherNormQKV(nn.Module):
         self.qkv = nn.Parameter(rnd(3 * hidden // ws, hidden, scale=hidden**-0.5), requires_grad=False)
 
     def forward(self, x):
-        h = _all_gather(x, 1, self.group)
+        h = all_gather(x, 1, self.group)
         if self.norm == "rms":
             h = F.rms_norm(h, (self.hidden,), self.norm_weight, 1e-6)
         else:

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from . import epilogue as _epilogue
+from ..spec import epilogue as _epilogue
 
 
 def _t(x) -> str:

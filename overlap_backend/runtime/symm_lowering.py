@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..codegen import launcher
 from . import cuda as _cuda
-from . import epilogue as _epilogue
+from ..spec import epilogue as _epilogue
 from . import symm
 from .lowering import implementation, register
 from .ops import _group_size

@@ -74,7 +74,7 @@ def _bad_calls(name):
 
 def test_bad_inputs_raise_before_any_transfer(fake_pg, monkeypatch):
     from overlap_backend.runtime.checks import OverlapInputError
-    from overlap_backend.runtime.epilogue import EpilogueError
+    from overlap_backend.spec.epilogue import EpilogueError
 
     _no_transfer(monkeypatch)
     for op, call, arg, text in _bad_calls(fake_pg.group_name):

@@ -131,9 +131,9 @@ def _setup_rank(rank: int, device: str) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 references and fp32 cases stay fp32
         torch.backends.cudnn.allow_tf32 = False
     import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
-    from overlap_backend.codegen import configs
+    from overlap_backend.spec import knobs
 
-    configs.AUTOTUNE = False  # numerics do not depend on the block config; one compile per variant
+    knobs.codegen.set(AUTOTUNE=False)  # numerics do not depend on the block config; one compile per variant
 
 
 # ---- one case per op: run ours, build the reference, return the relative error (and a label)
@@ -890,6 +890,7 @@ def test_fast_triton_launch_matches_tritons_own():
     import triton.language as tl
 
     from overlap_backend.codegen import launcher
+    from overlap_backend.spec import knobs
 
     @triton.jit
     def axpy(x_ptr, y_ptr, out_ptr, n, a, SCALE: tl.constexpr, BLOCK: tl.constexpr):
@@ -899,7 +900,7 @@ def test_fast_triton_launch_matches_tritons_own():
         y = tl.load(y_ptr + offs, mask=mask)
         tl.store(out_ptr + offs, (a * x + y) * SCALE, mask=mask)
 
-    assert launcher.FAST_LAUNCH and not launcher._launch_hooks()
+    assert knobs.codegen.FAST_LAUNCH and not launcher._launch_hooks()
     before = len(launcher._fast_launches)
     for i, (n, a, scale) in enumerate([(1000, 3, 1), (777, 5, 1), (1, 1, 1), (4097, 2, 1), (5000, 7, 2), (999, 9, 2)]):
         x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")

@@ -124,10 +124,10 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
-    from overlap_backend.codegen import configs
+    from overlap_backend.spec import knobs
     from overlap_backend.runtime import moe_symm, symm_lowering
 
-    configs.AUTOTUNE = False  # numerics do not depend on the block config
+    knobs.codegen.set(AUTOTUNE=False)  # numerics do not depend on the block config
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = False
     moe_symm.TRANSPORT, moe_symm.COMM_SMS = transport, comm_sms
@@ -298,10 +298,10 @@ def captured_worker(rank, ws, device, transport):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
-    from overlap_backend.codegen import configs
+    from overlap_backend.spec import knobs
     from overlap_backend.runtime import moe_symm, symm, symm_lowering
 
-    configs.AUTOTUNE = False
+    knobs.codegen.set(AUTOTUNE=False)
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = False
     moe_symm.TRANSPORT, symm_lowering.CAPTURE_ON_SYMM = transport, True
@@ -373,12 +373,12 @@ def layer_worker(rank, ws, device, policy, form, calls=20):
     import torch.distributed as dist  # noqa: F401
 
     import overlap_backend
-    from overlap_backend.codegen import configs
+    from overlap_backend.spec import knobs
     from overlap_backend.models.moe import MoELayer
     from overlap_backend.runtime import moe_symm, symm_lowering
 
     moe_symm.ENABLED = True  # the kernels under test (off by default until they pass on GPUs)
-    configs.AUTOTUNE = False
+    knobs.codegen.set(AUTOTUNE=False)
     tokens, hidden, ffn, experts = 256, 512, 768, 2 * ws
     layer = MoELayer(hidden, ffn, experts, top_k=2, policy=policy, expert_form=form, capacity_factor=1.25,
                      dtype=torch.bfloat16, device="cuda", seed=3)
@@ -442,12 +442,12 @@ def late_peer_worker(rank, ws, device):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
-    from overlap_backend.codegen import configs
+    from overlap_backend.spec import knobs
     from overlap_backend.runtime import moe_symm, symm
 
     moe_symm.ENABLED = True  # the kernels under test (off by default until they pass on GPUs)
 
-    configs.AUTOTUNE = False
+    knobs.codegen.set(AUTOTUNE=False)
     gn = dist.group.WORLD.group_name
     h, f, experts, n = 128, 256, 2, 64
     send = [n // ws] * ws
@@ -490,11 +490,11 @@ def uneven_rows_worker(rank, ws, device):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
-    from overlap_backend.codegen import configs
+    from overlap_backend.spec import knobs
     from overlap_backend.runtime import moe_symm, symm
 
     moe_symm.ENABLED = True
-    configs.AUTOTUNE = False
+    knobs.codegen.set(AUTOTUNE=False)
     gn = dist.group.WORLD.group_name
     h, f, experts, n = 128, 256, 2, 64
     w = [(torch.randn(experts, *s, device="cuda") / 16).to(torch.bfloat16) for s in ((h, f), (h, f), (f, h))]

@@ -1,9 +1,10 @@
 """Epilogues: the pointwise steps a pass captured after a GEMM-collective op, as one spec string.
 
-This module is the ONE place that defines what an epilogue means. The passes write specs, the ops'
-fake implementations take output dtypes from :func:`out_dtype`, the ``p2p`` lowering (and every
-fallback) runs :func:`apply` (plain torch, so CPU/gloo runs compute exactly what the graph's own
-nodes computed), and ``codegen/epilogue.py`` turns the same parsed steps into Triton source.
+This module is the ONE place that defines what an epilogue means, below the three layers that share
+it: the passes write specs, the ops' fake implementations take output dtypes from :func:`out_dtype`,
+the ``p2p`` lowering (and every fallback) runs :func:`apply` (plain torch, so CPU/gloo runs compute
+exactly what the graph's own nodes computed), and ``codegen/epilogue.py`` turns the same parsed steps
+into Triton source.
 
 A spec is a comma-separated list of steps, applied in order to the op's output ``x`` (``mm_rs``: the
 reduced chunk; ``mm_ar``: the all-reduced result; ``ag_mm``: each ``outs[i]``, its ``epilogue``
