@@ -491,7 +491,7 @@ def test_bench_counts_kernel_launches_from_profiler_events():
     from torch.autograd import DeviceType
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from bench.bench_epilogue import count_launches, parse_args, variants
+    from bench.suites.bench_epilogue import count_launches, parse_args, variants
 
     ev = [SimpleNamespace(name=n, device_type=d) for n, d in [
         ("triton_poi_fused_add_0", DeviceType.CUDA), ("ag_mm_kernel", DeviceType.CUDA),
