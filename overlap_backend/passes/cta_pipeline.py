@@ -9,7 +9,7 @@ Matches, in INFERENCE graphs only, the row-parallel MLP as users write it::
 
 and replaces it by ONE ``cta_pipeline_mlp`` op (→ reshape to ``y``'s shape). Off by default: it runs
 when listed in ``OVERLAP_PASSES`` / ``make_backend(passes=[...])``, or, where the passes were not
-named, model-gated: where the active cost model predicts a win (``passes/cost_model.py``). It runs
+named, model-gated: where the active cost model predicts a win (``cost/model.py``). It runs
 before ``mm_ar`` (registry order in ``passes/__init__.py``), which would otherwise claim the
 ``mm → all_reduce`` tail.
 

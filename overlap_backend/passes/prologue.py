@@ -385,7 +385,7 @@ def fold_shift(graph: torch.fx.Graph, weight: torch.fx.Node, bias: torch.fx.Node
 
 
 def cost_terms(prologue: Prologue, matmuls: list[Matmul]) -> dict[str, int]:
-    """``cost_model.Problem``'s prologue fields: the bytes the chain moves over the gathered rows in
+    """``cost.Problem``'s prologue fields: the bytes the chain moves over the gathered rows in
     the plain graph (its input read, its end written: a fused norm), and what the folds add per call
     (the scale: each weight read and written; the shift: each weight read once more)."""
     g, end = val(prologue.gathered), val(prologue.end)

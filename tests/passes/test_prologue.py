@@ -1,4 +1,4 @@
-"""Prologue hoist (issue 8): row-wise ops between an all-gather and its matmuls move onto the shard.
+"""Prologue hoist: row-wise ops between an all-gather and its matmuls move onto the shard.
 
 - exact graphs on the fake group: RMSNorm (gather along the sequence; its weight folded into the
   matmuls' weights), LayerNorm without affine (``var_mean``) and a float32 → bfloat16 cast become
