@@ -434,6 +434,34 @@ def test_cache_dir_from_config_reaches_the_passes(fake_pg, clean_env, tmp_path, 
         decision.reset()
 
 
+def test_calibration_files_live_under_the_one_cache_root(clean_env, tmp_path):
+    """Without a cache_dir the calibration file is where OVERLAP_CACHE_DIR puts every cache."""
+    from overlap_backend.spec.cache import cache_path
+
+    clean_env.setenv("OVERLAP_CACHE_DIR", str(tmp_path))
+    assert calibration.cache_file("k") == cache_path("calibration") / "k.json" == tmp_path / "calibration" / "k.json"
+    written = calibration.save(dataclasses.replace(H200, key="k", source="measured"))
+    assert written == tmp_path / "calibration" / "k.json" and calibration.load("k").key == "k"
+
+
+def test_the_price_follows_the_knobs():
+    """The model reads its constants and the runtime's chunking knobs at each prediction: a patched
+    knob changes the price (and the decision) without a copy to keep in step."""
+    p = Problem("ag_mm", m=4096, n=7168, k=8192, dtype=BF16, ws=4)
+    pred = predict(p, H200, ["symm", "p2p"])
+    assert pred.wins
+    with knobs.cost.patch(MARGIN=1.01 - pred.best.ms / pred.baseline_ms):
+        assert not predict(p, H200, ["symm", "p2p"]).wins
+    cta = Problem("cta_pipeline_mlp", m=4096, n=8192, k=8192, f=14336, dtype=BF16, ws=2, activation="gelu")
+    chunks = predict(cta, H200, ["symm"], stages=2).best.chunks
+    with knobs.cta.patch(K_CHUNKS=2 * knobs.cta.K_CHUNKS):
+        assert predict(cta, H200, ["symm"], stages=2).best.chunks == 2 * chunks
+    ar = Problem("mm_ar", m=128, n=8192, k=7168, dtype=BF16, ws=2)
+    assert predict(ar, H200, ["symm"]).best.terms["host_ms"] == H200.symm_call_ms["mm_ar_oneshot"]
+    with knobs.symm.patch(ONESHOT_MAX_BYTES=0):
+        assert predict(ar, H200, ["symm"]).best.terms["host_ms"] == H200.symm_call_ms["mm_ar"]
+
+
 def _agree_worker(rank, ws):
     import dataclasses as dc
 
