@@ -47,7 +47,7 @@ def host_us(fn):
 
 def gpu_ms(fn):
     """Median GPU ms of ``fn`` over 20 calls (CUDA events, ``calibrate.timed_ms``), max over ranks."""
-    from overlap_backend.calibrate import timed_ms
+    from overlap_backend.tools.calibrate import timed_ms
 
     return common.allreduce_max([timed_ms(fn, 20)], torch.device("cuda", torch.cuda.current_device()))[0]
 

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.suites.bench_moe import CONFIGS  # noqa: E402
-from overlap_backend.calibrate import timed_ms  # noqa: E402
+from overlap_backend.tools.calibrate import timed_ms  # noqa: E402
 from overlap_backend.codegen import moe_gemm  # noqa: E402
 from overlap_backend.runtime import moe_symm, symm_lowering  # noqa: E402
 

@@ -99,7 +99,7 @@ def backend_choice(cfg: str, ws: int, grouped_rows: int, rows_sent: int, cal, co
     ``OVERLAP_MOE_COMM_SMS`` unless given): ``{"decision": "symm" | "p2p" | "plain", "predicted_ms",
     "baseline_predicted_ms"}``. Sizes: the largest over the ranks, so every rank decides alike."""
     from overlap_backend.config import OverlapConfig
-    from overlap_backend.passes import cost_model
+    from overlap_backend.cost import model as cost_model
 
     h, f, experts, _, _ = CONFIGS[cfg]
     p = cost_model.Problem("moe_experts", m=grouped_rows, n=h, k=h, dtype="bfloat16", ws=ws, f=f,
@@ -314,7 +314,7 @@ def main(argv=None):
     from overlap_backend.runtime import moe_symm, symm_lowering
 
     defaults = {name: getattr(moe_symm, name) for name in SETTINGS}  # the symm column measures these
-    from overlap_backend import calibrate
+    from overlap_backend.cost import calibration as calibrate
 
     cal = calibrate.load_or_default()  # the backend column: what the cost model decides on this machine
 

@@ -37,8 +37,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from overlap_backend.calibrate import DEFAULTS  # noqa: E402
-from overlap_backend.passes.cost_model import Problem, predict  # noqa: E402
+from overlap_backend.cost.calibration import DEFAULTS  # noqa: E402
+from overlap_backend.cost.model import Problem, predict  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # runs whose ours-symm column was measured on a tree the lowering has changed since
@@ -280,7 +280,9 @@ def main(argv=None) -> int:
                      f"{r['measured']:.3f} | {r['predicted']:.3f} | {r['error']:+.1%} | {ok}"
                      f"{' ' + r['note'] if r['note'] else ''} |")
     # Decisions: would the model rewrite where the measurement says the op wins?
-    from overlap_backend.passes.cost_model import MARGIN
+    from overlap_backend.spec import knobs
+
+    MARGIN = knobs.cost.MARGIN
 
     decisions = []
     base = {(r["run"], r["file"], r["shape"], r["op"]): r for r in rows if r["what"] == "baseline"}

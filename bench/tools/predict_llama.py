@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from overlap_backend import calibrate  # noqa: E402
-from overlap_backend.passes.cost_model import Problem, predict  # noqa: E402
+from overlap_backend.cost import calibration as calibrate  # noqa: E402
+from overlap_backend.cost.model import Problem, predict  # noqa: E402
 
 LLAMA = dict(dim=4096, n_layers=4, n_heads=32, n_kv_heads=8, ffn_dim=14336, batch=4, seq=2048)
 

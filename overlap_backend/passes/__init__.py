@@ -1,4 +1,11 @@
-"""Rewrite passes, one module each, run in order by :class:`~.manager.PassManager`."""
+"""Rewrite passes, one module each (``ag_mm``, ``mm_rs``, ``cta_pipeline``, ``mm_ar``, ``moe/``), run in
+order by :class:`~.manager.PassManager`.
+
+The helpers they share, by topic: ``fx`` (node access and surgery), ``sizes`` (symbolic sizes),
+``collectives`` (the collective patterns), ``matmuls``, ``preconditions`` (the ``require_*`` checks),
+``lowerings`` (which lowering a match gets), ``rejected`` (why a match is left alone), ``epilogue`` /
+``prologue`` (what an op computes after its GEMM / before its gather). ``manager`` sits above them all.
+"""
 
 from __future__ import annotations
 

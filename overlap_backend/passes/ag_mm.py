@@ -23,17 +23,24 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from . import common, cost_model
-from . import epilogue as ep
-from . import prologue as pro
+from ..cost import Problem
 from ..spec import epilogue as spec_mod
-from .common import Matmul, Rejected
+from . import epilogue as ep
+from . import lowerings
+from . import prologue as pro
+from .collectives import AllGather, find_all_gathers, gather_layout_error
+from .fx import RESHAPES, ancestors, call, device_type, dtype_name, erase_dead, hoist_before, set_fake_value, val
 from .manager import OverlapPass
+from .matmuls import Matmul, as_matmul, is_flatten_to_2d
+from .preconditions import (crosses_graph_break, require_backed, require_bias_vector, require_dtype, require_group,
+                            require_min_numel)
+from .rejected import Rejected
+from .sizes import hint
 
 
 @dataclass
 class AgMmMatch:
-    gather: common.AllGather
+    gather: AllGather
     matmuls: list[Matmul]
     # reshape nodes between the gathered value and a matmul (erased when dead)
     flatten_nodes: list[torch.fx.Node]
@@ -54,10 +61,10 @@ def find_consumer_matmuls(result: torch.fx.Node) -> tuple[list[Matmul], list[tor
     """Matmuls whose left operand is ``result`` or its flatten to 2-D."""
     matmuls, flattens = [], []
     for user in result.users:
-        if (mm := common.as_matmul(user)) is not None and mm.a is result:
+        if (mm := as_matmul(user)) is not None and mm.a is result:
             matmuls.append(mm)
-        elif common.is_flatten_to_2d(user):
-            found = [mm for u in user.users if (mm := common.as_matmul(u)) is not None and mm.a is user]
+        elif is_flatten_to_2d(user):
+            found = [mm for u in user.users if (mm := as_matmul(u)) is not None and mm.a is user]
             if found:
                 matmuls.extend(found)
                 flattens.append(user)
@@ -86,7 +93,7 @@ class AgMmPass(OverlapPass):
 
     def find(self, graph):
         matches = []
-        for ag in common.find_all_gathers(graph):
+        for ag in find_all_gathers(graph):
             matmuls, flattens = find_consumer_matmuls(ag.result)
             prologue, why = None, ""
             if not matmuls:
@@ -109,39 +116,36 @@ class AgMmPass(OverlapPass):
     def check(self, m: AgMmMatch) -> str:
         ag = m.gather
         # the group first: on one rank there is nothing to overlap, whatever reads the gathered tensor
-        ws = common.require_group(ag.group_name, ag.group_size)
+        ws = require_group(ag.group_name, ag.group_size)
         if not m.matmuls:
             why = "no matmul takes the gathered tensor as its left operand"
             if m.no_prologue:
                 raise Rejected(f"{why}, and the row-wise ops after it cannot move before the gather: {m.no_prologue}")
-            raise Rejected(common.crosses_graph_break(ag.result, upstream=False) or why)
-        common.require_backed(ag.shard, ag.result, m.operand, *[mm.b for mm in m.matmuls])
+            raise Rejected(crosses_graph_break(ag.result, upstream=False) or why)
+        require_backed(ag.shard, ag.result, m.operand, *[mm.b for mm in m.matmuls])
         # the op gathers the operand's dtype (a cast in the prologue moves before the gather)
-        common.require_dtype(m.operand, *[mm.b for mm in m.matmuls])
-        shard = common.val(ag.shard)
+        require_dtype(m.operand, *[mm.b for mm in m.matmuls])
+        shard = val(ag.shard)
         if not -shard.dim() <= ag.gather_dim < shard.dim():
             raise Rejected(f"gather dim {ag.gather_dim} out of range for shard of rank {shard.dim()}")
-        if err := common.gather_layout_error(ag, ws):
+        if err := gather_layout_error(ag, ws):
             raise Rejected(err)
         gathered = ag.result
         for mm in m.matmuls:
-            if gathered in common.ancestors(mm.b) or (mm.bias is not None and gathered in common.ancestors(mm.bias)):
+            if gathered in ancestors(mm.b) or (mm.bias is not None and gathered in ancestors(mm.bias)):
                 raise Rejected(f"{mm.node.name}: the weight operand depends on the gathered tensor")
-            if common.val(mm.b).dim() != 2:
+            if val(mm.b).dim() != 2:
                 raise Rejected(f"{mm.node.name}: weight is not 2-D")
-            common.require_bias_vector(mm)
-        common.require_min_numel(self.ctx, *[common.val(mm.node).numel() for mm in m.matmuls])
-        lowering = common.choose_lowering(self.ctx, ag.group_name, common.device_type(ag.shard))
+            require_bias_vector(mm)
+        require_min_numel(self.ctx, *[val(mm.node).numel() for mm in m.matmuls])
+        lowering = lowerings.choose_lowering(self.ctx, ag.group_name, device_type(ag.shard))
         m.captures = self._captures(m)
-        hint = common.hint
-        problem = cost_model.Problem(
-            "ag_mm", m=hint(common.val(m.matmuls[0].node).shape[0]), k=hint(common.val(m.matmuls[0].b).shape[0]),
-            n=sum(hint(common.val(mm.b).shape[1]) for mm in m.matmuls), dtype=common.dtype_name(m.operand), ws=ws,
+        problem = Problem(
+            "ag_mm", m=hint(val(m.matmuls[0].node).shape[0]), k=hint(val(m.matmuls[0].b).shape[0]),
+            n=sum(hint(val(mm.b).shape[1]) for mm in m.matmuls), dtype=dtype_name(m.operand), ws=ws,
             gemms=len(m.matmuls), **(pro.cost_terms(m.prologue, m.matmuls) if m.prologue is not None else {}),
         )
-        decision = self.price(problem, ag.group_name, common.device_type(ag.shard),
-                              common.lowering_candidates(self.ctx, lowering))
-        return common.written_lowering(self.ctx, lowering, decision)
+        return self.decide(problem, ag.group_name, device_type(ag.shard), lowering).lowering
 
     def _captures(self, m: AgMmMatch) -> list[ep.Capture]:
         """Each matmul's epilogue chain; ``swiglu`` may read a matmul whose own chain is empty."""
@@ -152,7 +156,7 @@ class AgMmPass(OverlapPass):
         partners = {}
         for j, mm in enumerate(m.matmuls):
             partners[mm.node] = j
-            partners.update({u: j for u in mm.node.users if u.target in common.RESHAPES})
+            partners.update({u: j for u in mm.node.users if u.target in RESHAPES})
         caps = [ep.walk(mm.node, forbidden, partners, self.ctx.config.fuse_epilogues) for mm in m.matmuls]
         for i, cap in enumerate(caps):
             for j in cap.partners:
@@ -160,10 +164,10 @@ class AgMmPass(OverlapPass):
                     caps[i] = ep.Capture(stop=f"swiglu reads {m.matmuls[j].node.name}, which has an epilogue itself")
         # the spec must describe the op's outputs (a walk that went wrong is no reason to fail)
         specs, args = self._specs(caps)
-        rows = common.val(m.matmuls[0].node).shape[0]
+        rows = val(m.matmuls[0].node).shape[0]
         try:
-            spec_mod.check(specs, [common.val(a) for a in args], [(rows, common.val(mm.node).shape[1]) for mm in m.matmuls],
-                           [common.val(mm.node).dtype for mm in m.matmuls], allow_out_refs=True)
+            spec_mod.check(specs, [val(a) for a in args], [(rows, val(mm.node).shape[1]) for mm in m.matmuls],
+                           [val(mm.node).dtype for mm in m.matmuls], allow_out_refs=True)
         except spec_mod.EpilogueError as e:
             caps = [ep.Capture(stop=f"epilogue not captured: {e}") for _ in caps]
         order = {n: i for i, n in enumerate(ag.result.graph.nodes)}
@@ -202,18 +206,18 @@ class AgMmPass(OverlapPass):
         if m.prologue is not None:
             weights, biases = pro.fold(first_user, weights, biases, m.prologue)
         with graph.inserting_before(first_user):
-            fused = common.call(
+            fused = call(
                 graph,
                 torch.ops.overlap.ag_mm.default,
                 (ag.shard, weights, biases, ag.gather_dim, ag.group_name, lowering, True, *extra),
             )
-            gathered = common.call(graph, operator.getitem, (fused, 0))
-            outs = common.call(graph, operator.getitem, (fused, 1))
-            out_nodes = [common.call(graph, operator.getitem, (outs, i)) for i in range(len(m.matmuls))]
+            gathered = call(graph, operator.getitem, (fused, 0))
+            outs = call(graph, operator.getitem, (fused, 1))
+            out_nodes = [call(graph, operator.getitem, (outs, i)) for i in range(len(m.matmuls))]
             ends = [ep.result_node(graph, out, cap) for out, cap in zip(out_nodes, caps)]
-        common.hoist_before(fused, [n for n in weights + biases + ep_args if n is not None])
+        hoist_before(fused, [n for n in weights + biases + ep_args if n is not None])
         # swiglu's other operand: a reshape of a matmul that only the captured chain read
-        partner_values = [u for mm in m.matmuls for u in mm.node.users if u.target in common.RESHAPES]
+        partner_values = [u for mm in m.matmuls for u in mm.node.users if u.target in RESHAPES]
         captured = []
         for cap, end in zip(caps, ends):
             if cap.end is not None:
@@ -222,10 +226,10 @@ class AgMmPass(OverlapPass):
         for mm, out in zip(m.matmuls, out_nodes):
             mm.node.replace_all_uses_with(out)
         ag.result.replace_all_uses_with(gathered)
-        common.erase_dead(list(dict.fromkeys(captured + partner_values + [mm.node for mm in m.matmuls]
-                                             + m.flatten_nodes + list(reversed(ag.nodes)))))
+        erase_dead(list(dict.fromkeys(captured + partner_values + [mm.node for mm in m.matmuls]
+                                      + m.flatten_nodes + list(reversed(ag.nodes)))))
         if not gathered.users:
             # Nothing else reads the gathered tensor: the op need not assemble it.
             graph.erase_node(gathered)
             fused.update_arg(6, False)
-            common.set_fake_value(fused)
+            set_fake_value(fused)

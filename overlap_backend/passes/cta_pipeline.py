@@ -9,7 +9,7 @@ Matches, in INFERENCE graphs only, the row-parallel MLP as users write it::
 
 and replaces it by ONE ``cta_pipeline_mlp`` op (→ reshape to ``y``'s shape). Off by default: it runs
 when listed in ``OVERLAP_PASSES`` / ``make_backend(passes=[...])``, or, where the passes were not
-named, model-gated: where the active cost model predicts a win (``passes/cost_model.py``). It runs
+named, model-gated: where the active cost model predicts a win (``cost/model.py``). It runs
 before ``mm_ar`` (registry order in ``passes/__init__.py``), which would otherwise claim the
 ``mm → all_reduce`` tail.
 
@@ -27,9 +27,17 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from . import common
-from .common import Matmul, Rejected, aten, val
+from ..cost import Problem, active
+from ..runtime.lowering import available
+from . import lowerings
+from .collectives import AllReduce, find_all_reduces
+from .fx import RESHAPES, ancestors, aten, call, device_type, dtype_name, erase_dead, val
 from .manager import OverlapPass
+from .matmuls import Matmul, is_flatten_to_2d, producer_matmul
+from .preconditions import (require_backed, require_bias_vector, require_dtype, require_group, require_min_numel,
+                            require_static)
+from .rejected import Rejected
+from .sizes import hint, known_eq, prod, require_sizes_available, size_args
 
 
 @functools.cache
@@ -52,7 +60,7 @@ def _activation_patterns():
 
     def entry(activation, approximate, fn, ex):
         traced = fwd_only(fn, ex)
-        consts = _constants(n for n in traced.graph.nodes if n.op == "call_function")
+        consts = pattern_constants(n for n in traced.graph.nodes if n.op == "call_function")
         return activation, approximate, gen_pattern(fn, ex, fwd_only), consts
 
     # One set per dtype: for float16/bfloat16 the decompositions compute in float32 between
@@ -70,7 +78,7 @@ def _activation_patterns():
     return out
 
 
-def _constants(nodes) -> list[str]:
+def pattern_constants(nodes) -> list[str]:
     """The scalar arguments of ``nodes``, sorted: the matcher ignores them (``gen_pattern`` turns
     constants into ``Ignored()``), so a match is only a GELU when they are GELU's constants."""
     out = []
@@ -119,22 +127,22 @@ def as_linear(node) -> Linear | None:
         for inner, bias in (node.args, node.args[::-1]):
             if not isinstance(inner, torch.fx.Node) or out is None:
                 continue
-            mm, reshape = common.producer_matmul(inner)
+            mm, reshape = producer_matmul(inner)
             if mm is not None and mm.bias is None and _is_vector(bias, out.shape[-1]):
                 if tuple(val(inner).shape) == tuple(out.shape):
                     return Linear(mm, reshape, node)
-    mm, reshape = common.producer_matmul(node)
+    mm, reshape = producer_matmul(node)
     return Linear(mm, reshape, None) if mm is not None else None
 
 
 def _source(node: torch.fx.Node) -> torch.fx.Node:
     """``node`` without a flattening reshape in front (the x fed to a linear layer)."""
-    return node.args[0] if isinstance(node, torch.fx.Node) and common.is_flatten_to_2d(node) else node
+    return node.args[0] if isinstance(node, torch.fx.Node) and is_flatten_to_2d(node) else node
 
 
 @dataclass
 class CtaMatch:
-    reduce: common.AllReduce
+    reduce: AllReduce
     down: Linear  # y = a @ w2 (+ b2)
     act_in: torch.fx.Node | None = None  # reshape between the activation and the down GEMM
     act: torch.fx.Node | None = None  # the activation's output node
@@ -159,7 +167,7 @@ class CtaMatch:
 def _match_activation(node: torch.fx.Node):
     for activation, approximate, pattern, consts in _activation_patterns():
         m = pattern.match(node)
-        if m and _constants(n for n in m.nodes if isinstance(n, torch.fx.Node)) == consts:
+        if m and pattern_constants(n for n in m.nodes if isinstance(n, torch.fx.Node)) == consts:
             return activation, approximate, m
     return None
 
@@ -167,14 +175,14 @@ def _match_activation(node: torch.fx.Node):
 def find_mlps(graph: torch.fx.Graph) -> list[CtaMatch]:
     """Every ``linear → activation → linear → all_reduce`` chain (only looks at the graph)."""
     found = []
-    for ar in common.find_all_reduces(graph):
+    for ar in find_all_reduces(graph):
         down = as_linear(ar.input)
         if down is None:
             continue  # not a matmul: mm_ar reports it
         m = CtaMatch(ar, down)
         found.append(m)
         a = down.matmul.a
-        if a.target in common.RESHAPES:
+        if a.target in RESHAPES:
             m.act_in, a = a, a.args[0]
         hit = _match_activation(a) if isinstance(a, torch.fx.Node) else None
         if hit is None:
@@ -198,7 +206,7 @@ def find_mlps(graph: torch.fx.Graph) -> list[CtaMatch]:
 
 def _same_shape(a, b) -> bool:
     """Known equal for every value of the symbols (no guard)."""
-    return len(a) == len(b) and all(common.known_eq(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(known_eq(x, y) for x, y in zip(a, b))
 
 
 class CtaPipelinePass(OverlapPass):
@@ -210,12 +218,10 @@ class CtaPipelinePass(OverlapPass):
             # Not named by the user: the pass runs because the cost model may turn it on where it
             # predicts a win. It looks only at complete MLPs of inference graphs where the model is
             # active (the others are mm_ar's to report), so it adds nothing elsewhere.
-            from . import cost_model
-
             if self.ctx.graph_kind != "inference":
                 return []
             found = [m for m in found if m.why_not is None
-                     and cost_model.active(self.ctx.config, common.device_type(m.reduce.input))]
+                     and active(self.ctx.config, device_type(m.reduce.input))]
         return found
 
     def key(self, m: CtaMatch):
@@ -233,7 +239,7 @@ class CtaPipelinePass(OverlapPass):
             )
         if m.why_not is not None:
             raise Rejected(m.why_not)
-        common.require_group(ar.group_name)
+        require_group(ar.group_name)
         if ar.reduce_op != "sum":
             raise Rejected(f"reduce op {ar.reduce_op!r} is not 'sum': not a row-parallel MLP")
         x = up.matmul.a
@@ -241,26 +247,26 @@ class CtaPipelinePass(OverlapPass):
             raise Rejected(f"the two projections of silu(a) * b read different inputs ({x.name}, {gu.matmul.a.name})")
         operands = [x, up.matmul.b, down.matmul.b] + ([gu.matmul.b] if gu is not None else [])
         # the token count may be symbolic (backed: decided by hint + guard); the weights are static
-        common.require_backed(*operands, ar.input)
-        common.require_static(*operands[1:])
-        common.require_dtype(*operands)
+        require_backed(*operands, ar.input)
+        require_static(*operands[1:])
+        require_dtype(*operands)
         for v_lin in (up, gu, down):
             if v_lin is None:
                 continue
             if v_lin.bias_add is not None and v_lin.matmul.bias is not None:
                 raise Rejected(f"{v_lin.matmul.node.name} has a bias twice")
-            common.require_bias_vector(v_lin.matmul)
+            require_bias_vector(v_lin.matmul)
         f = val(up.matmul.node).shape[1]
         for lin in (up, gu):
-            if lin is not None and not (common.known_eq(val(lin.out).shape[-1], f)
+            if lin is not None and not (known_eq(val(lin.out).shape[-1], f)
                                         and _same_shape(val(lin.out).shape, val(m.act).shape)):
                 raise Rejected(f"{lin.out.name} {tuple(val(lin.out).shape)} is not the activation's [..., {f}] input")
-        if m.act_in is not None and not common.is_flatten_to_2d(m.act_in):
+        if m.act_in is not None and not is_flatten_to_2d(m.act_in):
             raise Rejected(f"{m.act_in.name} does not flatten the activation to [rows, F]")
         if gu is not None and not _same_shape(val(gu.matmul.node).shape, val(up.matmul.node).shape):
             raise Rejected("the two projections of silu(a) * b have different shapes")
-        if not (common.known_eq(val(down.matmul.a).shape[1], f)
-                and common.known_eq(val(m.act).numel(), val(up.matmul.node).numel())):
+        if not (known_eq(val(down.matmul.a).shape[1], f)
+                and known_eq(val(m.act).numel(), val(up.matmul.node).numel())):
             raise Rejected("the activation's shape does not match the two matmuls")
         # Intermediate values must feed nothing outside the match.
         matched = set(m.matched_nodes())
@@ -272,27 +278,23 @@ class CtaPipelinePass(OverlapPass):
         # Operands must not be computed from the matched intermediates.
         bias_nodes = [b for b in (up.bias, gu.bias if gu else None, down.bias) if b is not None]
         for op in operands + bias_nodes:
-            if (common.ancestors(op) | {op}) & set(internal):
+            if (ancestors(op) | {op}) & set(internal):
                 raise Rejected(f"operand {op.name} depends on the matched MLP")
-        common.require_min_numel(self.ctx, common.prod(val(down.matmul.node).shape))
-        common.require_sizes_available(ar.wait.graph, val(ar.input).shape, ar.wait)
-        lowering = common.choose_lowering(self.ctx, ar.group_name, common.device_type(ar.wait))
-        from ..runtime.lowering import available
-        from . import cost_model
-
+        require_min_numel(self.ctx, prod(val(down.matmul.node).shape))
+        require_sizes_available(ar.wait.graph, val(ar.input).shape, ar.wait)
+        lowering = lowerings.choose_lowering(self.ctx, ar.group_name, device_type(ar.wait))
         lowering = lowering if lowering in available("cta_pipeline_mlp") else "p2p"
-        ws = common.require_group(ar.group_name)
+        ws = require_group(ar.group_name)
         stages = self.ctx.config.cta_stages
-        problem = cost_model.Problem(
-            "cta_pipeline_mlp", m=common.hint(val(up.matmul.node).shape[0]), k=val(up.matmul.b).shape[0], f=f,
-            n=val(down.matmul.b).shape[1], dtype=common.dtype_name(x), ws=ws, activation=m.activation,
+        problem = Problem(
+            "cta_pipeline_mlp", m=hint(val(up.matmul.node).shape[0]), k=val(up.matmul.b).shape[0], f=f,
+            n=val(down.matmul.b).shape[1], dtype=dtype_name(x), ws=ws, activation=m.activation,
         )
         # the symm kernels run 2 stages of ws/2 ranks; other stage counts fall back to p2p at run time
         symm_runs = ws % 2 == 0 and stages in (2, "auto")
-        decision = self.price(problem, ar.group_name, common.device_type(x),
-                              common.lowering_candidates(self.ctx, lowering, symm_runs), stages=stages)
+        decision = self.decide(problem, ar.group_name, device_type(x), lowering, symm_runs=symm_runs, stages=stages)
         m.stages = decision.stages
-        return common.written_lowering(self.ctx, lowering, decision)
+        return decision.lowering
 
     def rewrite(self, m: CtaMatch, lowering: str) -> None:
         ar, up, gu, down = m.reduce, m.up, m.gate_up, m.down
@@ -304,11 +306,11 @@ class CtaPipelinePass(OverlapPass):
             m.activation, m.approximate, m.stages or 2, ar.group_name, lowering,
         )
         with graph.inserting_before(ar.wait):
-            result = common.call(graph, torch.ops.overlap.cta_pipeline_mlp.default, args)
+            result = call(graph, torch.ops.overlap.cta_pipeline_mlp.default, args)
             if not _same_shape(val(ar.input).shape, val(result).shape):
-                shape = common.size_args(graph, val(ar.input).shape, ar.wait)
-                result = common.call(graph, aten.reshape.default, (result, shape))
+                shape = size_args(graph, val(ar.input).shape, ar.wait)
+                result = call(graph, aten.reshape.default, (result, shape))
         ar.wait.replace_all_uses_with(result)
         ar.collective.replace_all_uses_with(result, delete_user_cb=lambda user: user is not ar.wait)
         extra = [gu.matmul.a] if gu is not None and gu.matmul.a is not up.matmul.a else []
-        common.erase_dead(list(reversed(m.matched_nodes())) + extra)
+        erase_dead(list(reversed(m.matched_nodes())) + extra)

@@ -28,13 +28,14 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from ..codegen.epilogue import MAX_POINTERS as MAX_TENSORS  # tensors one epilogue may read (P0..P3)
 from ..spec import epilogue as spec_mod
-from . import common
-from .common import aten, val
+from ..spec import knobs
+from .fx import RESHAPES, ancestors, aten, call, val
+from .rejected import Rejected
+from .sizes import known_eq, require_sizes_available, size_args
 
 prims = torch.ops.prims
-MAX_TENSORS = 4  # tensors one epilogue may read (codegen/epilogue.py: P0..P3)
-_DEPTH = 12  # how far below a value an activation pattern's root may lie
 
 
 @functools.cache
@@ -42,7 +43,7 @@ def _patterns():
     """(step, pattern, constants): gelu / gelu_tanh / silu (input ``v``), swiglu (``g``, ``u``)."""
     from torch._inductor.pattern_matcher import fwd_only, gen_pattern
 
-    from .cta_pipeline import _constants
+    from .cta_pipeline import pattern_constants
 
     def gelu(v):
         return F.gelu(v)
@@ -66,7 +67,7 @@ def _patterns():
         for step, fn, ex in (("gelu_tanh", gelu_tanh, one), ("gelu", gelu, one), ("swiglu", swiglu, two),
                              ("swiglu", swiglu_rev, two), ("silu", silu, one)):
             traced = fwd_only(fn, ex)
-            consts = _constants(n for n in traced.graph.nodes if n.op == "call_function")
+            consts = pattern_constants(n for n in traced.graph.nodes if n.op == "call_function")
             out.append((step, gen_pattern(fn, ex, fwd_only), consts))
     return out
 
@@ -96,7 +97,7 @@ class Capture:
 
 def _is_reshape_keeping_last(node: torch.fx.Node, n: int) -> bool:
     v = val(node)
-    return node.target in common.RESHAPES and isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[-1] == n
+    return node.target in RESHAPES and isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[-1] == n
 
 
 def _descendants(node: torch.fx.Node, depth: int) -> list[torch.fx.Node]:
@@ -115,10 +116,10 @@ def _descendants(node: torch.fx.Node, depth: int) -> list[torch.fx.Node]:
 def _activation(cur: torch.fx.Node, partners: dict[torch.fx.Node, int]):
     """(step, root, nodes, partner index or None) of an activation whose input is ``cur``, whose
     inner values feed nothing else; or None."""
-    from .cta_pipeline import _constants
+    from .cta_pipeline import pattern_constants
 
     order = {n: i for i, n in enumerate(cur.graph.nodes)}
-    roots = [r for r in sorted(_descendants(cur, _DEPTH), key=order.__getitem__) if r.op == "call_function"]
+    roots = [r for r in sorted(_descendants(cur, knobs.passes.EPILOGUE_PATTERN_DEPTH), key=order.__getitem__) if r.op == "call_function"]
     # silu(x) * y before silu(x) alone: the longer match wins
     candidates = [(root, p) for p in _patterns() if p[0] == "swiglu" for root in roots]
     candidates += [(root, p) for root in roots for p in _patterns() if p[0] != "swiglu"]
@@ -128,7 +129,7 @@ def _activation(cur: torch.fx.Node, partners: dict[torch.fx.Node, int]):
             if not m:
                 continue
             nodes = [n for n in m.nodes if isinstance(n, torch.fx.Node)]
-            if _constants(nodes) != consts:
+            if pattern_constants(nodes) != consts:
                 continue
             inp = m.kwargs.get("g" if step == "swiglu" else "v")
             if inp is not cur:
@@ -233,7 +234,7 @@ def _pointwise_step(u: torch.fx.Node, cur: torch.fx.Node, n: int, numel: int, dt
     if u.op == "output":
         return None, f"{cur.name} is a graph output"
     if not isinstance(uv, torch.Tensor) or uv.numel() != numel or uv.shape[-1:] != (n,):
-        if u.target in common.RESHAPES:
+        if u.target in RESHAPES:
             return None, f"{what} reshapes to {tuple(uv.shape)}: the last dim changes"
         return None, f"{what} does not keep the output's shape"
     if u.target is aten.add.Tensor and len(u.args) == 2 and u.kwargs.get("alpha", 1) == 1:
@@ -244,7 +245,7 @@ def _pointwise_step(u: torch.fx.Node, cur: torch.fx.Node, n: int, numel: int, dt
         ov = val(other)
         if not isinstance(ov, torch.Tensor) or ov.dtype != dtype or uv.dtype != dtype:
             return None, f"{what}: the added tensor {other.name} is not {dtype} (no type promotion in epilogues)"
-        if (common.ancestors(other) | {other}) & forbidden:
+        if (ancestors(other) | {other}) & forbidden:
             return None, f"{what}: the added tensor {other.name} is computed from the matched nodes"
         if tuple(ov.shape) == tuple(val(cur).shape):
             return ("add", other), None
@@ -274,9 +275,9 @@ def result_node(graph: torch.fx.Graph, out: torch.fx.Node, cap: Capture) -> torc
     if cap.end is None:
         return out
     shape = list(val(cap.end).shape)
-    if len(val(out).shape) == len(shape) and all(common.known_eq(a, b) for a, b in zip(val(out).shape, shape)):
+    if len(val(out).shape) == len(shape) and all(known_eq(a, b) for a, b in zip(val(out).shape, shape)):
         return out
-    return common.call(graph, aten.reshape.default, (out, common.size_args(graph, shape, out)))
+    return call(graph, aten.reshape.default, (out, size_args(graph, shape, out)))
 
 
 def chain_end_users_ok(collective: torch.fx.Node, internal: set[torch.fx.Node]) -> str | None:
@@ -294,8 +295,8 @@ def end_sizes_error(cap: Capture, before: torch.fx.Node) -> str | None:
     if cap.end is None:
         return None
     try:
-        common.require_sizes_available(before.graph, val(cap.end).shape, before)
-    except common.Rejected as e:
+        require_sizes_available(before.graph, val(cap.end).shape, before)
+    except Rejected as e:
         return f"epilogue not captured: {e}"
     return None
 

@@ -10,8 +10,14 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..config import OverlapConfig
+from ..cost import decision as cost_decision
+from .collectives import forward_collective_copies
+from .lowerings import lowering_candidates, written_lowering
+from .rejected import Rejected
+from .sizes import GUARDS_ALLOWED
 
 log = logging.getLogger("overlap_backend")
 
@@ -28,7 +34,7 @@ class MatchRecord:
     # rewritten ops with an epilogue decision: per op output, what was captured and why the
     # capture stopped (passes/epilogue.py); None for passes that capture none
     epilogue: list[dict[str, Any]] | None = None
-    # the cost model's prediction for a match that passed the preconditions (passes/cost_model.py);
+    # the cost model's prediction for a match that passed the preconditions (cost/model.py);
     # None for a match rejected before it could be priced
     cost: dict[str, Any] | None = None
     # ag_mm: the row-wise ops moved from after the gather onto the shard (passes/prologue.py)
@@ -65,14 +71,8 @@ class PassContext:
 
 
 def _data_dependent(node: torch.fx.Node) -> bool:
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
     val = node.meta.get("val")
     return val is not None and bool(free_unbacked_symbols(val))
-
-
-class Rejected(Exception):
-    """Raised by a pass's ``check`` with the reason a match is left alone."""
 
 
 class OverlapPass(abc.ABC):
@@ -82,27 +82,32 @@ class OverlapPass(abc.ABC):
 
     def __init__(self, ctx: PassContext):
         self.ctx = ctx
-        self.cost: dict[str, Any] | None = None  # set by ``price`` during ``check``
+        self.cost: dict[str, Any] | None = None  # set by ``decide`` during ``check``
 
     @property
     def gated(self) -> bool:
         """This pass runs only where the cost model turns it on (see ``PassContext.model_gated``)."""
         return self.name in self.ctx.model_gated
 
-    def price(self, problem: Any, group_name: str, device_type: str, lowerings: list[str], *,
-              nodes: Sequence[torch.fx.Node] = (), **knobs: Any):
-        """The cost model's decision for a match that passed the preconditions (``check`` calls it
-        last): a :class:`~.cost_model.Decision` (the lowering and knobs to write), or
-        :class:`Rejected` with the model's reason. The prediction goes into the match's record.
-        ``nodes``: the match's values whose sizes decide whether it is captured (``PassContext.captured``)."""
-        from . import cost_model
-
-        decision = cost_model.decide(self.ctx, problem, group_name, device_type, lowerings, gated=self.gated,
-                                     captured=self.ctx.captured(nodes), **knobs)
+    def decide(self, problem: Any, group_name: str, device_type: str, lowering: str, *, symm_runs: bool = True,
+               nodes: Sequence[torch.fx.Node] = (), **op_knobs: Any) -> cost_decision.Decision:
+        """The end of every ``check``: the cost model's decision for a match that passed the
+        preconditions. ``lowering``: the pass's own choice (what runs where the model is not active),
+        priced with the other candidates (``lowering_candidates``; ``symm_runs=False``: the op's symm
+        kernels would not run here). :class:`Rejected` with the model's reason where it keeps the match
+        plain; else the :class:`~overlap_backend.cost.decision.Decision` whose ``lowering`` is the one
+        to write (an explicit ``OVERLAP_LOWERING`` as given, else the model's pick) and whose knobs
+        (``stages``, ``comm_sms``) the op takes. The prediction goes into the match's record.
+        ``nodes``: the match's values whose sizes decide whether it is captured (``PassContext.captured``);
+        ``op_knobs``: the config's values of the op's knobs (``stages``, ``comm_sms``: ``"auto"`` lets the
+        model pick)."""
+        candidates = lowering_candidates(self.ctx, lowering, symm_runs)
+        decision = cost_decision.decide(self.ctx, problem, group_name, device_type, candidates, gated=self.gated,
+                                        captured=self.ctx.captured(nodes), **op_knobs)
         self.cost = decision.cost
         if not decision.rewrite:
             raise Rejected(decision.reason)
-        return decision
+        return dataclasses.replace(decision, lowering=written_lowering(self.ctx, lowering, decision))
 
     @abc.abstractmethod
     def find(self, graph: torch.fx.Graph) -> list[Any]:
@@ -174,17 +179,15 @@ class PassManager:
         self.model_gated = model_gated
 
     def run(self, graph: torch.fx.Graph, ctx: PassContext, report: GraphReport, observer=None) -> None:
-        from .common import GUARDS_ALLOWED, forward_collective_copies
-
         if self.model_gated and not ctx.model_gated:
             ctx = dataclasses.replace(ctx, model_gated=self.model_gated)
         token = GUARDS_ALLOWED.set(ctx.graph_kind != "backward")
         try:
-            self._run(graph, ctx, report, observer, forward_collective_copies)
+            self._run(graph, ctx, report, observer)
         finally:
             GUARDS_ALLOWED.reset(token)
 
-    def _run(self, graph, ctx, report, observer, forward_collective_copies) -> None:
+    def _run(self, graph, ctx, report, observer) -> None:
         if observer is not None:
             observer.before(graph)
         if self.passes and forward_collective_copies(graph) and observer is not None:
@@ -200,3 +203,6 @@ class PassManager:
             # a model-gated pass that found nothing (the model is not active here) leaves no trace
             if observer is not None and (records or pass_cls.name not in ctx.model_gated):
                 observer.after_pass(pass_cls.name, graph)
+
+
+__all__ = ["GraphReport", "MatchRecord", "OverlapPass", "PassContext", "PassManager", "Rejected"]

@@ -8,21 +8,27 @@ after the all-reduce (residual add, bias, scaling, a cast, ...) goes into the op
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.fx
 
-from . import common, cost_model
+from ..cost import Problem
 from . import epilogue as ep
-from .common import Matmul, Rejected
+from . import lowerings
+from .collectives import AllReduce, find_all_reduces
+from .fx import call, device_type, dtype_name, erase_dead, hoist_before, val
 from .manager import OverlapPass
+from .matmuls import Matmul, producer_matmul
+from .preconditions import (REDUCE_OPS, crosses_graph_break, require_backed, require_bias_vector, require_dtype,
+                            require_group, require_min_numel)
+from .rejected import Rejected
+from .sizes import decide, hint, prod, require_sizes_available, size_args
 
 
 @dataclass
 class MmArMatch:
-    reduce: common.AllReduce
+    reduce: AllReduce
     matmul: Matmul | None
     reshape: torch.fx.Node | None
     capture: ep.Capture | None = None  # the chain after the wait that the op computes (set by check)
@@ -32,7 +38,7 @@ class MmArPass(OverlapPass):
     name = "mm_ar"
 
     def find(self, graph):
-        return [MmArMatch(ar, *common.producer_matmul(ar.input)) for ar in common.find_all_reduces(graph)]
+        return [MmArMatch(ar, *producer_matmul(ar.input)) for ar in find_all_reduces(graph)]
 
     def key(self, m):
         return m.reduce.collective
@@ -45,35 +51,32 @@ class MmArPass(OverlapPass):
         ar, mm = m.reduce, m.matmul
         if mm is None:
             raise Rejected(f"the all-reduced tensor {ar.input.name} is not produced by a matmul"
-                           + (f": {why}" if (why := common.crosses_graph_break(ar.input, upstream=True)) else ""))
-        ws = common.require_group(ar.group_name)
-        if ar.reduce_op not in common.REDUCE_OPS:
+                           + (f": {why}" if (why := crosses_graph_break(ar.input, upstream=True)) else ""))
+        ws = require_group(ar.group_name)
+        if ar.reduce_op not in REDUCE_OPS:
             raise Rejected(f"reduce op {ar.reduce_op!r} not supported")
-        common.require_backed(mm.a, mm.b, ar.input)
-        common.require_dtype(mm.a, mm.b)
-        common.require_bias_vector(mm)
+        require_backed(mm.a, mm.b, ar.input)
+        require_dtype(mm.a, mm.b)
+        require_bias_vector(mm)
         produced = [mm.node] + ([m.reshape] if m.reshape is not None else [])
         for node in produced:
             others = [u for u in node.users if u not in ar.nodes and u not in produced]
             if others:
                 raise Rejected(f"{node.name} is also used by {[u.name for u in others]}")
-        out = common.val(mm.node)
+        out = val(mm.node)
         # guard (where not known symbolically): at least one row per rank
-        if not common.decide(out.shape[0] >= ws):
+        if not decide(out.shape[0] >= ws):
             raise Rejected(f"{out.shape[0]} rows < {ws} ranks: too few rows to split")
         if m.reshape is not None:
-            common.require_sizes_available(ar.wait.graph, common.val(m.reshape).shape, ar.wait)
-        common.require_min_numel(self.ctx, common.prod(out.shape))
-        lowering = common.choose_lowering(self.ctx, ar.group_name, common.device_type(ar.wait))
+            require_sizes_available(ar.wait.graph, val(m.reshape).shape, ar.wait)
+        require_min_numel(self.ctx, prod(out.shape))
+        lowering = lowerings.choose_lowering(self.ctx, ar.group_name, device_type(ar.wait))
         matched = list(ar.nodes) + [mm.node] + ([m.reshape] if m.reshape is not None else [])
         m.capture = ep.capture_after_collective(self.ctx, ar.wait, ar.collective, matched, tuple(out.shape),
-                                                common.val(ar.wait).dtype)
-        hint = common.hint
-        problem = cost_model.Problem("mm_ar", m=hint(out.shape[0]), n=hint(out.shape[1]),
-                                     k=hint(common.val(mm.a).shape[1]), dtype=common.dtype_name(mm.a), ws=ws)
-        decision = self.price(problem, ar.group_name, common.device_type(mm.a),
-                              common.lowering_candidates(self.ctx, lowering))
-        return common.written_lowering(self.ctx, lowering, decision)
+                                                val(ar.wait).dtype)
+        problem = Problem("mm_ar", m=hint(out.shape[0]), n=hint(out.shape[1]), k=hint(val(mm.a).shape[1]),
+                          dtype=dtype_name(mm.a), ws=ws)
+        return self.decide(problem, ar.group_name, device_type(mm.a), lowering).lowering
 
     def epilogue_report(self, m: MmArMatch):
         if m.capture is None:
@@ -86,17 +89,17 @@ class MmArPass(OverlapPass):
         cap = m.capture or ep.Capture()
         extra = (cap.spec({a: i for i, a in enumerate(cap.args)}), list(cap.args)) if cap.steps else ()
         with graph.inserting_before(ar.wait):
-            op = common.call(
+            op = call(
                 graph, torch.ops.overlap.mm_ar.default,
                 (mm.a, mm.b, mm.bias, ar.reduce_op, ar.group_name, lowering, *extra),
             )
             result = op
             if m.reshape is not None:
-                shape = common.size_args(graph, common.val(m.reshape).shape, ar.wait)
-                result = common.call(graph, torch.ops.aten.reshape.default, (op, shape))
-        common.hoist_before(op, list(cap.args))
+                shape = size_args(graph, val(m.reshape).shape, ar.wait)
+                result = call(graph, torch.ops.aten.reshape.default, (op, shape))
+        hoist_before(op, list(cap.args))
         captured = ep.rewrite_after_collective(graph, op, cap)
         ar.wait.replace_all_uses_with(result)
         ar.collective.replace_all_uses_with(result, delete_user_cb=lambda user: user is not ar.wait)
         nodes = captured + list(reversed(ar.nodes)) + ([m.reshape] if m.reshape is not None else []) + [mm.node]
-        common.erase_dead(nodes)
+        erase_dead(nodes)

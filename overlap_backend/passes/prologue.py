@@ -45,12 +45,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from . import common
-from .common import aten, known_eq, val
+
+from ..spec import knobs
+from .collectives import AllGather
+from .fx import arg, aten, call, erase_dead, hoist_before, set_fake_value, val
+from .matmuls import Matmul
+from .sizes import hint, known_eq, prod
 
 prims = torch.ops.prims
-
-MAX_NODES = 64  # a longer chain is not a prologue worth reasoning about
 _REDUCTIONS = {  # target -> (index of its dims argument, index of keepdim or None where it is a kwarg only)
     aten.mean.dim: (1, 2), aten.sum.dim_IntList: (1, 2), aten.amax.default: (1, 2), aten.amin.default: (1, 2),
     aten.var.correction: (1, None), aten.var_mean.correction: (1, None),
@@ -103,8 +105,8 @@ def _tensors(v) -> list[torch.Tensor] | None:
 
 def _reduction_error(node: torch.fx.Node, gather_dim: int, ndim: int) -> str | None:
     index, keep_index = _REDUCTIONS[node.target]
-    dims = common.arg(node, index, "dim", None)
-    keepdim = common.arg(node, keep_index, "keepdim", False) if keep_index is not None else node.kwargs.get("keepdim", False)
+    dims = arg(node, index, "dim", None)
+    keepdim = arg(node, keep_index, "keepdim", False) if keep_index is not None else node.kwargs.get("keepdim", False)
     if dims is None:
         return f"{node.name} reduces every dim, the gather dim included"
     dims = [dims] if isinstance(dims, int) else list(dims)
@@ -217,7 +219,7 @@ def _same_on_every_rank(node: torch.fx.Node) -> bool:
     return True
 
 
-def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
+def walk(ag: AllGather) -> tuple[Prologue | None, str]:
     """The row-wise chain after ``ag``'s gathered value, or None and why there is none ("" where
     no row-wise op reads the gathered value at all)."""
     g = ag.result
@@ -266,8 +268,8 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
             affine[col[0]] = (node, col[1])
         if col is not None or tail & set(readers):
             tail.add(node)
-        if len(chain) == MAX_NODES:
-            return None, f"more than {MAX_NODES} row-wise ops after the gather"
+        if len(chain) == knobs.passes.PROLOGUE_MAX_NODES:
+            return None, f"more than {knobs.passes.PROLOGUE_MAX_NODES} row-wise ops after the gather"
         inside.add(node)
         chain.append(node)
         for u in node.users:
@@ -299,7 +301,7 @@ def walk(ag: common.AllGather) -> tuple[Prologue | None, str]:
     return Prologue(chain, end, *scale, *shift, outside_users[end], g, shape_readers), ""
 
 
-def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
+def hoist(ag: AllGather, prologue: Prologue) -> torch.fx.Node:
     """Copy ``prologue`` onto ``ag``'s shard, gather its end instead, erase the old chain. A
     per-column scale and shift are left out (the caller folds them: ``fold_scale``, ``fold_shift``).
     Returns the new shard (the copy of the end). The gather's nodes get fresh fake values (a cast
@@ -307,7 +309,7 @@ def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
     graph = ag.result.graph
     inside = set(prologue.nodes)
     outer = [i for n in prologue.nodes for i in n.all_input_nodes if i not in inside and i is not ag.result]
-    common.hoist_before(ag.collective, list(dict.fromkeys(outer)))
+    hoist_before(ag.collective, list(dict.fromkeys(outer)))
     copies: dict[torch.fx.Node, torch.fx.Node] = {ag.result: ag.shard}
     folded = prologue.folded
     with graph.inserting_before(ag.collective):
@@ -317,17 +319,17 @@ def hoist(ag: common.AllGather, prologue: Prologue) -> torch.fx.Node:
                 continue
             args = torch.fx.node.map_arg(n.args, lambda a: copies.get(a, a))
             kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: copies.get(a, a))
-            copies[n] = common.call(graph, n.target, args, kwargs)
+            copies[n] = call(graph, n.target, args, kwargs)
     shard = copies[prologue.end]
     ag.collective.replace_input_with(ag.shard, shard)
     order = {n: i for i, n in enumerate(graph.nodes)}
     for n in sorted(ag.nodes, key=order.__getitem__):
         n.meta.pop("tensor_meta", None)
-        common.set_fake_value(n)
+        set_fake_value(n)
     for n in prologue.shape_readers:
         n.replace_input_with(n.args[0], ag.result)
     prologue.end.replace_all_uses_with(ag.result)
-    common.erase_dead(list(reversed(prologue.nodes)))
+    erase_dead(list(reversed(prologue.nodes)))
     return shard
 
 
@@ -338,7 +340,7 @@ def fold(anchor: torch.fx.Node, weights: list[torch.fx.Node], biases: list[torch
     if not prologue.folded:
         return weights, biases
     graph = anchor.graph
-    common.hoist_before(anchor, [*prologue.folded.values(), *weights, *[b for b in biases if b is not None]])
+    hoist_before(anchor, [*prologue.folded.values(), *weights, *[b for b in biases if b is not None]])
     with graph.inserting_before(anchor):
         if prologue.shift is not None:  # b @ W with the weights as they were
             biases = [fold_shift(graph, w, b, prologue) for w, b in zip(weights, biases)]
@@ -354,15 +356,15 @@ def fold_scale(graph: torch.fx.Graph, weight: torch.fx.Node, prologue: Prologue)
     w = prologue.scale_operand
     dtype = val(weight).dtype
     # -1, not the size: a symbolic size cannot be written into the graph as a constant
-    column = _as_dtype(graph, common.call(graph, aten.view.default, (w, [-1, 1])), torch.float32)
-    scaled = common.call(graph, aten.mul.Tensor, (_as_dtype(graph, weight, torch.float32), column))
+    column = _as_dtype(graph, call(graph, aten.view.default, (w, [-1, 1])), torch.float32)
+    scaled = call(graph, aten.mul.Tensor, (_as_dtype(graph, weight, torch.float32), column))
     return _as_dtype(graph, scaled, dtype)
 
 
 def _as_dtype(graph: torch.fx.Graph, node: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
     if val(node).dtype == dtype:
         return node
-    return common.call(graph, prims.convert_element_type.default, (node, dtype))
+    return call(graph, prims.convert_element_type.default, (node, dtype))
 
 
 def fold_shift(graph: torch.fx.Graph, weight: torch.fx.Node, bias: torch.fx.Node | None,
@@ -373,25 +375,24 @@ def fold_shift(graph: torch.fx.Graph, weight: torch.fx.Node, bias: torch.fx.Node
     0.09 ms at the TP block's QKV shape, bench/probe_prologue.py)."""
     b = prologue.shift_operand
     dtype = val(weight).dtype
-    row = _as_dtype(graph, common.call(graph, aten.view.default, (b, [1, -1])), dtype)  # -1: see fold_scale
-    shift = common.call(graph, aten.view.default, (common.call(graph, aten.mm.default, (row, weight)), [-1]))
+    row = _as_dtype(graph, call(graph, aten.view.default, (b, [1, -1])), dtype)  # -1: see fold_scale
+    shift = call(graph, aten.view.default, (call(graph, aten.mm.default, (row, weight)), [-1]))
     if bias is not None:
-        total = common.call(graph, aten.add.Tensor, (_as_dtype(graph, shift, torch.float32),
-                                                     _as_dtype(graph, bias, torch.float32)))
+        total = call(graph, aten.add.Tensor, (_as_dtype(graph, shift, torch.float32),
+                                              _as_dtype(graph, bias, torch.float32)))
         shift = _as_dtype(graph, total, dtype)
     return shift
 
 
-def cost_terms(prologue: Prologue, matmuls: list[common.Matmul]) -> dict[str, int]:
-    """``cost_model.Problem``'s prologue fields: the bytes the chain moves over the gathered rows in
+def cost_terms(prologue: Prologue, matmuls: list[Matmul]) -> dict[str, int]:
+    """``cost.Problem``'s prologue fields: the bytes the chain moves over the gathered rows in
     the plain graph (its input read, its end written: a fused norm), and what the folds add per call
     (the scale: each weight read and written; the shift: each weight read once more)."""
-    hint = common.hint
     g, end = val(prologue.gathered), val(prologue.end)
-    rows = common.prod(hint(d) for d in g.shape[:-1])
+    rows = prod(hint(d) for d in g.shape[:-1])
     k = hint(g.shape[-1])
     moved = rows * k * (g.element_size() + end.element_size())
-    weights = [common.prod(hint(d) for d in val(mm.b).shape) * val(mm.b).element_size() for mm in matmuls]
+    weights = [prod(hint(d) for d in val(mm.b).shape) * val(mm.b).element_size() for mm in matmuls]
     fold_bytes = (2 * sum(weights) if prologue.scale is not None else 0) + (
         sum(weights) if prologue.shift is not None else 0)
     folds = len(matmuls) * len(prologue.folded)

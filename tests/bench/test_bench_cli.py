@@ -119,10 +119,10 @@ def test_moe_backend_column_is_the_cost_models_decision(bench):
     """bench_moe's backend column prices the layer as the moe pass does (H200 calibration): the
     DeepSeek-like layer at 4096 tokens per rank and EP 4 is rewritten (symm), the decode-size one
     (128 tokens, host-bound) stays plain; the decision follows the predicted times."""
-    from overlap_backend import calibrate
+    from overlap_backend.cost import calibration
 
     m = bench["bench_moe"]
-    cal = calibrate.DEFAULTS["h200"]
+    cal = calibration.DEFAULTS["h200"]
     big = m.backend_choice("deepseek", 4, grouped_rows=4096 * 8, rows_sent=4096 * 8, cal=cal)
     assert big["decision"] == "symm" and big["predicted_ms"] < big["baseline_predicted_ms"]
     small = m.backend_choice("deepseek-decode", 4, grouped_rows=128 * 8, rows_sent=128 * 8, cal=cal)
@@ -699,7 +699,7 @@ def test_predict_llama_prices_the_eight_matches_of_a_block(capsys):
     (no host time); bad sizes are rejected."""
     sys.path.insert(0, str(REPO))
     from bench.tools import predict_llama as pl
-    from overlap_backend import calibrate
+    from overlap_backend.cost import calibration
 
     probs = pl.block_problems(4, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, tokens=8192)
     assert len(probs) == 8
@@ -709,7 +709,7 @@ def test_predict_llama_prices_the_eight_matches_of_a_block(capsys):
     assert (dgrad.op, dgrad.n, dgrad.k) == ("mm_rs", 4096, 2 * 14336 // 4)
     with pytest.raises(ValueError, match="do not split over 3 ranks"):
         pl.block_problems(3, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, tokens=8192)
-    cal = calibrate.DEFAULTS["h200"]
+    cal = calibration.DEFAULTS["h200"]
     eager = pl.step_view(4, pl.LLAMA, cal, cuda_graphs=False)
     graphs = pl.step_view(4, pl.LLAMA, cal, cuda_graphs=True)
     assert eager["comm_ms"] == graphs["comm_ms"] > 0

@@ -1,6 +1,7 @@
-"""The cost model (passes/cost_model.py), its calibration (calibrate.py) and OVERLAP_COST_MODEL.
+"""The cost model (cost/model.py, cost/decision.py), its calibration (cost/calibration.py,
+tools/calibrate.py) and OVERLAP_COST_MODEL.
 
-Predictions with the built-in H200 calibration on the baseline / bench shapes; the passes on the
+Predictions with the built-in H200 calibration on the docs/architecture.md / bench shapes; the passes on the
 fake process group with the model on, off and auto (decisions, reasons, the ``cost`` record and
 summary.json); cta_pipeline turned on by the model only where the passes were not named; the
 calibration cache (keys, round trip, corrupt files); the ranks' agreement on one calibration (2
@@ -18,10 +19,10 @@ import torch.nn.functional as F
 
 from dist_harness import run_ranks
 from overlap_backend import ConfigError, OverlapConfig, make_backend
-from overlap_backend import calibrate
-from overlap_backend.calibrate import DEFAULTS
-from overlap_backend.passes import cost_model
-from overlap_backend.passes.cost_model import Problem, predict
+from overlap_backend.cost import calibration, decision, model
+from overlap_backend.cost.calibration import DEFAULTS
+from overlap_backend.cost.model import Problem, predict
+from overlap_backend.spec import knobs
 
 all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
 H200 = DEFAULTS["h200"]
@@ -91,13 +92,13 @@ def test_within_20_percent_of_measured(problem, lowering, measured):
 def test_knobs_chosen_or_kept():
     cta = Problem("cta_pipeline_mlp", m=4096, n=8192, k=8192, f=14336, dtype=BF16, ws=4, activation="gelu")
     auto = predict(cta, H200, ["p2p"])
-    assert auto.best.stages in cost_model.CTA_STAGES
+    assert auto.best.stages in knobs.cost.CTA_STAGES
     kept = predict(cta, H200, ["symm", "p2p"], stages=3)
     # the symm kernels run 2 stages: with 3 only the p2p plan remains, with the stages given
     assert [p.lowering for p in kept.plans] == ["p2p"] and kept.best.stages == 3
     moe = Problem("moe_experts", m=8192, n=4096, k=4096, f=2048, experts=8, rows_sent=8192, dtype=BF16, ws=4)
     chosen = predict(moe, H200, ["symm"])
-    assert chosen.best.comm_sms in cost_model.MOE_COMM_SMS
+    assert chosen.best.comm_sms in knobs.cost.MOE_COMM_SMS
     assert predict(moe, H200, ["symm"], comm_sms=16).best.comm_sms == 16
     # no comm kernel (0, the default): every SM computes and the copy engine copies the results out; on
     # the DeepSeek-like layer at 2 GPUs it measured faster than 8 comm SMs (6.055 vs 6.299 ms), and so
@@ -108,25 +109,24 @@ def test_knobs_chosen_or_kept():
 
 
 def test_mirrored_runtime_constants():
-    """The model prices the chunking the runtime does: its copies of the runtime's constants."""
+    """The model prices the chunking the runtime does: it reads the runtime's knobs and chunking
+    functions (the bands and the all-reduce rounds are the runtime's own, not copies)."""
     from overlap_backend.runtime import cta_symm, symm, symm_lowering
 
-    assert cost_model.ONESHOT_MAX_BYTES == symm.ONESHOT_MAX_BYTES
-    assert (cost_model.AR_ROWS_PER_CHUNK, cost_model.AR_MAX_ROUNDS) == (symm.AR_ROWS_PER_CHUNK, symm.AR_MAX_ROUNDS)
-    assert (cost_model.BAND_ROWS_MIN, cost_model.MAX_BANDS) == (symm.BAND_ROWS_MIN, symm.MAX_BANDS)
-    assert cost_model.CTA_K_CHUNKS == cta_symm.K_CHUNKS
-    assert (cost_model.CTA_BM, cost_model.CTA_BN1) == cta_symm.STAGE1_CONFIG[:2]
-    assert cost_model.CTA_GELU_SHARE_MAX == cta_symm.GELU_SHARE_MAX
+    assert knobs.symm.ONESHOT_MAX_BYTES == symm.ONESHOT_MAX_BYTES
+    assert knobs.cta.K_CHUNKS == cta_symm.K_CHUNKS
+    assert model.cta_block() == cta_symm.STAGE1_CONFIG[:2]
+    assert knobs.cta.GELU_SHARE_MAX == cta_symm.GELU_SHARE_MAX
     for rows in (0, 1, 256, 512, 2048, 4096, 8192, 12345):
-        assert cost_model.bands(rows) == len(symm.bands(rows))
+        assert model.bands(rows) == len(symm.bands(rows))
         for ws in (2, 4, 8):
-            assert cost_model.ar_rounds(rows, ws) == symm_lowering.ar_rounds(rows, ws)
+            assert model.ar_rounds(rows, ws) == symm_lowering.ar_rounds(rows, ws)
 
 
 def test_symbolic_size_hints():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from overlap_backend.passes.common import hint
+    from overlap_backend.passes.sizes import hint
 
     env = ShapeEnv()
     s = env.create_symintnode(env.create_symbol(37, source=torch._dynamo.source.ConstantSource("s")), hint=37)
@@ -260,13 +260,9 @@ def test_cta_small_m_is_bound_by_stage_ones_weight_stream():
         assert abs(dev / ms - 1) <= 0.2, (act, m, dev, ms)
     for act in ("gelu", "swiglu"):
         p = Problem("cta_pipeline_mlp", m=512, n=8192, k=8192, dtype=BF16, ws=2, f=28672 // 2, activation=act)
-        before = cost_model.CTA_BW_SMS
-        try:
-            with_term = predict(p, H200, ["symm"], cuda_graphs=True).best.terms["stage_ms"]
-            cost_model.CTA_BW_SMS = 1e-9  # the term off
+        with_term = predict(p, H200, ["symm"], cuda_graphs=True).best.terms["stage_ms"]
+        with knobs.cost.patch(CTA_BW_SMS=1e-9):  # the term off
             assert predict(p, H200, ["symm"], cuda_graphs=True).best.terms["stage_ms"] == with_term
-        finally:
-            cost_model.CTA_BW_SMS = before
 
 
 def test_reduce_overhead_mode_reaches_the_pass_context(monkeypatch):
@@ -336,7 +332,7 @@ def test_on_rewrites_where_predicted_to_win(fake_pg, clean_env, monkeypatch):
     # a machine whose link is slow next to its GEMMs: the ring hides the gather (sanity-checked first)
     cal = toy(gemm_tflops={"float32": 32768 / 1e9}, coll_busbw_gbps={4: 512 / 0.2875e6}, p2p_gbps={4: 512 / 0.2875e6})
     assert predict(Problem("ag_mm", m=32, n=32, k=16, dtype="float32", ws=4), cal).wins
-    monkeypatch.setattr(cost_model, "calibration_for", lambda *a, **k: cal)
+    monkeypatch.setattr(decision, "calibration_for", lambda *a, **k: cal)
     be = _compile(*_tiny_ag(fake_pg), cost_model="on")
     (rec,) = _records(be, "ag_mm")
     assert rec.applied and rec.cost["decision"] == "rewrite" and rec.cost["calibration"]["key"] == "toy"
@@ -355,11 +351,11 @@ def test_cta_pipeline_turned_on_by_the_model_only_where_passes_not_named(fake_pg
     cal = toy(gemm_tflops={"float32": 1e3}, coll_busbw_gbps={4: 1e-3}, p2p_gbps={4: 1e3})
     cta = Problem("cta_pipeline_mlp", m=6, n=16, k=16, f=32, dtype="float32", ws=4, activation="gelu")
     assert predict(cta, cal).wins
-    monkeypatch.setattr(cost_model, "calibration_for", lambda *a, **k: cal)
+    monkeypatch.setattr(decision, "calibration_for", lambda *a, **k: cal)
     fn, args = _gelu_mlp(fake_pg)
     be = _compile(fn, args, cost_model="on")  # passes not named: cta_pipeline model-gated
     (rec,) = _records(be, "cta_pipeline")
-    assert rec.applied and rec.cost["decision"] == "rewrite" and rec.cost["stages"] in cost_model.CTA_STAGES
+    assert rec.applied and rec.cost["decision"] == "rewrite" and rec.cost["stages"] in knobs.cost.CTA_STAGES
     assert not _records(be, "mm_ar")  # the MLP's tail went into the cta op
     torch._dynamo.reset()
     named = _compile(fn, args, cost_model="on", passes="ag_mm,mm_rs,mm_ar,moe")  # named: no cta_pipeline
@@ -385,55 +381,84 @@ VERSIONS = {"torch": "2.11.0", "triton": "3.6.0", "nccl": "2.28.9"}
 
 
 def test_calibration_key_names_gpu_count_and_versions():
-    key = calibrate.calibration_key("NVIDIA H200", 8, VERSIONS)
+    key = calibration.calibration_key("NVIDIA H200", 8, VERSIONS)
     assert key == "nvidia-h200_x8_torch2.11.0_triton3.6.0_nccl2.28.9"
-    others = {calibrate.calibration_key("NVIDIA H100 80GB HBM3", 8, VERSIONS),
-              calibrate.calibration_key("NVIDIA H200", 4, VERSIONS),
-              calibrate.calibration_key("NVIDIA H200", 8, {**VERSIONS, "torch": "2.13.0"}),
-              calibrate.calibration_key("NVIDIA H200", 8, {**VERSIONS, "nccl": "2.27.3"})}
+    others = {calibration.calibration_key("NVIDIA H100 80GB HBM3", 8, VERSIONS),
+              calibration.calibration_key("NVIDIA H200", 4, VERSIONS),
+              calibration.calibration_key("NVIDIA H200", 8, {**VERSIONS, "torch": "2.13.0"}),
+              calibration.calibration_key("NVIDIA H200", 8, {**VERSIONS, "nccl": "2.27.3"})}
     assert key not in others and len(others) == 4
-    assert calibrate.device_class("NVIDIA H200") == "h200" and calibrate.device_class("NVIDIA H100 80GB HBM3") == "h100"
-    assert calibrate.device_class("NVIDIA A100-SXM4-80GB") == "cuda" and calibrate.device_class(None) == "cpu"
+    assert calibration.device_class("NVIDIA H200") == "h200"
+    assert calibration.device_class("NVIDIA H100 80GB HBM3") == "h100"
+    assert calibration.device_class("NVIDIA A100-SXM4-80GB") == "cuda" and calibration.device_class(None) == "cpu"
 
 
 def test_calibration_cache_round_trip_and_bad_files(tmp_path, monkeypatch, caplog):
-    key = calibrate.calibration_key("NVIDIA H200", 2, VERSIONS)
+    key = calibration.calibration_key("NVIDIA H200", 2, VERSIONS)
     cal = dataclasses.replace(H200, key=key, source="measured", gemm_tflops={"bfloat16": 701.5, "float32": 50.0},
                               coll_busbw_gbps={2: 251.0}, measured=("gemm_tflops", "coll_busbw_gbps"))
-    path = calibrate.save(cal, tmp_path)
+    path = calibration.save(cal, tmp_path)
     assert path == tmp_path / "calibration" / f"{key}.json"
-    loaded = calibrate.load(key, tmp_path)
+    loaded = calibration.load(key, tmp_path)
     assert loaded == dataclasses.replace(cal, source=f"file:{path}")
     assert loaded.busbw(2) == 251.0 and loaded.busbw(4) == 251.0 and loaded.rate("float64") == 50.0
     # the passes' loader picks the file of this machine's key, else the class defaults
-    monkeypatch.setattr(calibrate, "local_key", lambda: ("NVIDIA H200", key))
-    assert calibrate.load_or_default(tmp_path).gemm_tflops["bfloat16"] == 701.5
-    assert calibrate.load_or_default(tmp_path / "empty").source == "default:h200"
+    monkeypatch.setattr(calibration, "local_key", lambda: ("NVIDIA H200", key))
+    assert calibration.load_or_default(tmp_path).gemm_tflops["bfloat16"] == 701.5
+    assert calibration.load_or_default(tmp_path / "empty").source == "default:h200"
     caplog.set_level(logging.WARNING, logger="overlap_backend")
     for bad in ("{not json", json.dumps({**cal.to_json(), "key": "another"}), json.dumps({"format": 1, "key": key}),
                 json.dumps({**cal.to_json(), "hbm_gbps": -1}), "[]"):
         path.write_text(bad)
         caplog.clear()
-        assert calibrate.load(key, tmp_path) is None
+        assert calibration.load(key, tmp_path) is None
         assert "ignoring calibration file" in caplog.text and str(path) in caplog.text
-    assert calibrate.load_or_default(tmp_path).source == "default:h200"
-    assert calibrate.load("absent", tmp_path) is None
+    assert calibration.load_or_default(tmp_path).source == "default:h200"
+    assert calibration.load("absent", tmp_path) is None
 
 
 def test_cache_dir_from_config_reaches_the_passes(fake_pg, clean_env, tmp_path, monkeypatch):
-    key = calibrate.calibration_key("NVIDIA H200", 4, VERSIONS)
-    calibrate.save(dataclasses.replace(H200, key=key, source="measured"), tmp_path)
-    monkeypatch.setattr(calibrate, "local_key", lambda: ("NVIDIA H200", key))
+    key = calibration.calibration_key("NVIDIA H200", 4, VERSIONS)
+    calibration.save(dataclasses.replace(H200, key=key, source="measured"), tmp_path)
+    monkeypatch.setattr(calibration, "local_key", lambda: ("NVIDIA H200", key))
     clean_env.setenv("OVERLAP_CACHE_DIR", str(tmp_path))
     cfg = OverlapConfig.from_env()
     assert cfg.cache_dir == str(tmp_path)
-    cost_model.reset()
+    decision.reset()
     try:
-        cal = cost_model.calibration_for(fake_pg.group_name, "cuda", cfg.cache_dir)
+        cal = decision.calibration_for(fake_pg.group_name, "cuda", cfg.cache_dir)
         assert cal.key == key and cal.source.startswith("file:")
-        assert cost_model.calibration_for(fake_pg.group_name, "cpu", cfg.cache_dir) is DEFAULTS["cpu"]
+        assert decision.calibration_for(fake_pg.group_name, "cpu", cfg.cache_dir) is DEFAULTS["cpu"]
     finally:
-        cost_model.reset()
+        decision.reset()
+
+
+def test_calibration_files_live_under_the_one_cache_root(clean_env, tmp_path):
+    """Without a cache_dir the calibration file is where OVERLAP_CACHE_DIR puts every cache."""
+    from overlap_backend.spec.cache import cache_path
+
+    clean_env.setenv("OVERLAP_CACHE_DIR", str(tmp_path))
+    assert calibration.cache_file("k") == cache_path("calibration") / "k.json" == tmp_path / "calibration" / "k.json"
+    written = calibration.save(dataclasses.replace(H200, key="k", source="measured"))
+    assert written == tmp_path / "calibration" / "k.json" and calibration.load("k").key == "k"
+
+
+def test_the_price_follows_the_knobs():
+    """The model reads its constants and the runtime's chunking knobs at each prediction: a patched
+    knob changes the price (and the decision) without a copy to keep in step."""
+    p = Problem("ag_mm", m=4096, n=7168, k=8192, dtype=BF16, ws=4)
+    pred = predict(p, H200, ["symm", "p2p"])
+    assert pred.wins
+    with knobs.cost.patch(MARGIN=1.01 - pred.best.ms / pred.baseline_ms):
+        assert not predict(p, H200, ["symm", "p2p"]).wins
+    cta = Problem("cta_pipeline_mlp", m=4096, n=8192, k=8192, f=14336, dtype=BF16, ws=2, activation="gelu")
+    chunks = predict(cta, H200, ["symm"], stages=2).best.chunks
+    with knobs.cta.patch(K_CHUNKS=2 * knobs.cta.K_CHUNKS):
+        assert predict(cta, H200, ["symm"], stages=2).best.chunks == 2 * chunks
+    ar = Problem("mm_ar", m=128, n=8192, k=7168, dtype=BF16, ws=2)
+    assert predict(ar, H200, ["symm"]).best.terms["host_ms"] == H200.symm_call_ms["mm_ar_oneshot"]
+    with knobs.symm.patch(ONESHOT_MAX_BYTES=0):
+        assert predict(ar, H200, ["symm"]).best.terms["host_ms"] == H200.symm_call_ms["mm_ar"]
 
 
 def _agree_worker(rank, ws):
@@ -441,8 +466,8 @@ def _agree_worker(rank, ws):
 
     import torch.distributed as dist
 
-    from overlap_backend.calibrate import DEFAULTS as D
-    from overlap_backend.passes import cost_model as cm
+    from overlap_backend.cost import decision as cm
+    from overlap_backend.cost.calibration import DEFAULTS as D
 
     # each rank found another file (or none): they must still decide from the same numbers
     local = dc.replace(D["h200"], key=f"rank{rank}", source=f"file:/r{rank}", gemm_tflops={"bfloat16": 600.0 + rank})
@@ -458,7 +483,7 @@ def test_ranks_agree_on_the_first_ranks_calibration():
 def _host_worker(rank, ws, lowering, device):
     import torch.distributed as dist
 
-    from overlap_backend import calibrate
+    from overlap_backend.tools import calibrate
 
     small = {key: (op, m // 8, k // 64, n // 64) for key, (op, m, k, n) in calibrate.HOST_PROBES.items()}
     dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
@@ -469,11 +494,11 @@ def _host_worker(rank, ws, lowering, device):
 def test_measure_host_times_every_probe_and_agrees():
     """calibrate.measure_host: one host time per symm_call_ms entry it measures, positive, the largest
     over the ranks (so the same on every rank); here on the p2p lowering over gloo (CPU), at shrunk sizes."""
-    from overlap_backend import calibrate
+    from overlap_backend.tools import calibrate
 
     out = run_ranks(_host_worker, 2, "p2p", "cpu", timeout=120)
     assert out[0] == out[1] and set(out[0]) == set(calibrate.HOST_PROBES), out
-    assert set(calibrate.HOST_PROBES) <= set(calibrate.DEFAULTS["h200"].symm_call_ms)
+    assert set(calibrate.HOST_PROBES) <= set(calibration.DEFAULTS["h200"].symm_call_ms)
     assert all(v > 0 for v in out[0].values()), out
 
 
@@ -525,12 +550,12 @@ def test_decide_writes_the_comm_sms_only_when_asked(monkeypatch):
     op's -1 ("the setting") must not be confused with; a fixed setting leaves the argument at -1."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(cost_model, "calibration_for", lambda *a, **k: H200)
+    monkeypatch.setattr(decision, "calibration_for", lambda *a, **k: H200)
     deepseek = Problem("moe_experts", m=32848, n=7168, k=7168, f=2048, experts=16, rows_sent=32768, dtype=BF16, ws=2)
     ctx = SimpleNamespace(config=OverlapConfig(cost_model="on", moe_comm_sms="auto"), cuda_graphs=False)
-    auto = cost_model.decide(ctx, deepseek, "g", "cuda", ["symm", "p2p"], comm_sms="auto")
+    auto = decision.decide(ctx, deepseek, "g", "cuda", ["symm", "p2p"], comm_sms="auto")
     assert (auto.rewrite, auto.lowering, auto.comm_sms) == (True, "symm", 0), auto
-    fixed = cost_model.decide(ctx, deepseek, "g", "cuda", ["symm", "p2p"], comm_sms=8)
+    fixed = decision.decide(ctx, deepseek, "g", "cuda", ["symm", "p2p"], comm_sms=8)
     assert (fixed.rewrite, fixed.comm_sms, fixed.cost["comm_sms"]) == (True, -1, 8), fixed
 
 

@@ -253,32 +253,32 @@ def _symint(shape_env, hint):
 def test_decide_known_facts_need_no_guard_others_guard():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from overlap_backend.passes import common
+    from overlap_backend.passes import sizes
 
     env = ShapeEnv()
     s0 = _symint(env, 6)
-    assert common.known_true((4 * s0) % 4 == 0) and common.known_eq(2 * s0 * 3, 6 * s0)
-    assert common.decide((4 * s0) % 4 == 0) and not env.guards  # a fact for every s0: no guard
-    assert not common.known_true(s0 % 2 == 0)
-    assert common.decide(s0 % 2 == 0)  # decided by the hint (6) ...
+    assert sizes.known_true((4 * s0) % 4 == 0) and sizes.known_eq(2 * s0 * 3, 6 * s0)
+    assert sizes.decide((4 * s0) % 4 == 0) and not env.guards  # a fact for every s0: no guard
+    assert not sizes.known_true(s0 % 2 == 0)
+    assert sizes.decide(s0 % 2 == 0)  # decided by the hint (6) ...
     assert len(env.guards) == 1  # ... with a guard on it
 
 
 def test_decide_in_backward_installs_no_guard():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from overlap_backend.passes import common
+    from overlap_backend.passes import sizes
     from overlap_backend.passes.manager import Rejected
 
     env = ShapeEnv()
     s0 = _symint(env, 5)
-    token = common.GUARDS_ALLOWED.set(False)
+    token = sizes.GUARDS_ALLOWED.set(False)
     try:
-        assert common.decide((2 * s0) % 2 == 0)  # known: fine without a guard
+        assert sizes.decide((2 * s0) % 2 == 0)  # known: fine without a guard
         with pytest.raises(Rejected, match="no guard is installed in a backward graph"):
-            common.decide(s0 >= 4)
+            sizes.decide(s0 >= 4)
     finally:
-        common.GUARDS_ALLOWED.reset(token)
+        sizes.GUARDS_ALLOWED.reset(token)
     assert not env.guards
 
 

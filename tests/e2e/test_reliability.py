@@ -587,24 +587,24 @@ def test_gloo_group_with_cuda_tensors_leaves_the_collective_alone(gloo_one_rank,
 
     import torch.distributed as dist
 
-    from overlap_backend.passes import common
+    from overlap_backend.passes import Rejected, lowerings
     from overlap_backend.runtime import p2p, symm
 
     name = gloo_one_rank.group_name
     for lowering in ("auto", "p2p", "symm"):
         ctx = SimpleNamespace(config=SimpleNamespace(lowering=lowering))
         expected = "p2p" if lowering == "auto" else lowering  # auto: symm does not serve gloo (no CUDA here)
-        assert common.choose_lowering(ctx, name, "cpu") == expected
-        with pytest.raises(common.Rejected, match="gloo cannot send CUDA tensors point to point"):
-            common.choose_lowering(ctx, name, "cuda")
+        assert lowerings.choose_lowering(ctx, name, "cpu") == expected
+        with pytest.raises(Rejected, match="gloo cannot send CUDA tensors point to point"):
+            lowerings.choose_lowering(ctx, name, "cuda")
     assert not p2p.sends_cuda_tensors(gloo_one_rank)
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "cpu:gloo,cuda:nccl")
     assert p2p.sends_cuda_tensors(gloo_one_rank)
-    assert common.choose_lowering(SimpleNamespace(config=SimpleNamespace(lowering="p2p")), name, "cuda") == "p2p"
+    assert lowerings.choose_lowering(SimpleNamespace(config=SimpleNamespace(lowering="p2p")), name, "cuda") == "p2p"
     # a gloo group symm serves (tests sharing one GPU: symm.GROUP_BACKENDS) keeps symm
     monkeypatch.undo()
     monkeypatch.setattr(symm, "group_support", lambda group_name: None)
-    assert common.choose_lowering(SimpleNamespace(config=SimpleNamespace(lowering="auto")), name, "cuda") == "symm"
+    assert lowerings.choose_lowering(SimpleNamespace(config=SimpleNamespace(lowering="auto")), name, "cuda") == "symm"
 
 
 def test_one_rank_group_is_reported_as_such(gloo_one_rank):

@@ -1207,11 +1207,11 @@ def test_mm_ar_rounds_with_sm_filling_tiles():
 
 
 def host_time_worker(rank: int, ws: int, device: str):
-    """calibrate.measure_host on the symm lowering (what `torchrun -m overlap_backend.calibrate` now
+    """calibrate.measure_host on the symm lowering (what `torchrun -m overlap_backend.tools.calibrate` now
     measures for symm_call_ms): the host ms per call of each probe, and the symm paths its calls took."""
     import torch.distributed as dist
 
-    from overlap_backend import calibrate
+    from overlap_backend.tools import calibrate
     from overlap_backend.runtime import symm_lowering
 
     before = dict(symm_lowering.PATHS)
@@ -1222,7 +1222,7 @@ def host_time_worker(rank: int, ws: int, device: str):
 
 def test_calibrate_measures_symm_host_time():
     _need_gpus(2)
-    from overlap_backend import calibrate
+    from overlap_backend.tools import calibrate
 
     out = _run(host_time_worker, 2, timeout=200)
     print(out)

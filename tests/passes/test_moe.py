@@ -274,7 +274,7 @@ def test_training_forward_saves_and_backward_gets_its_op(fake_pg, graphs, policy
 
 
 def common_ancestors(node):
-    from overlap_backend.passes.common import ancestors
+    from overlap_backend.passes.fx import ancestors
 
     return ancestors(node)
 
@@ -665,11 +665,11 @@ def test_graph_partitions_price_dropless_eagerly(fake_pg, graphs, policy, monkey
     time (no ``cuda_graphs`` in its cost record); a capacity block's op is priced as a replay."""
     from overlap_backend import backend
 
-    from overlap_backend.passes import common
+    from overlap_backend.passes import lowerings
 
     monkeypatch.setattr(backend, "_cuda_graphs_on", lambda config: True)
     monkeypatch.setattr(backend, "_graph_partitions_on", lambda: True)
-    monkeypatch.setattr(common, "choose_lowering", lambda ctx, group, device: "symm")  # a symm-capable group
+    monkeypatch.setattr(lowerings, "choose_lowering", lambda ctx, group, device: "symm")  # a symm-capable group
     _, be = _compile_layer(policy, "grouped_mm", cost_model="on")
     (rec,) = _moe_records(be)
     assert rec.cost is not None and rec.cost.get("active"), rec.cost
@@ -682,7 +682,7 @@ def test_captured_blocks_that_would_run_p2p_are_left_alone(fake_pg, graphs, monk
     out saved values, which only p2p does) and the backward (moe_experts_backward is p2p only, and
     tagged cudagraph-unsafe). With a symm-capable group an inference block is still rewritten."""
     from overlap_backend import backend
-    from overlap_backend.passes import common
+    from overlap_backend.passes import lowerings
 
     monkeypatch.setattr(backend, "_cuda_graphs_on", lambda config: True)
     # (with partitions a capacity block's static sizes are captured; without, the CPU tensors of this
@@ -691,7 +691,7 @@ def test_captured_blocks_that_would_run_p2p_are_left_alone(fake_pg, graphs, monk
     _, be = _compile_layer("capacity", "grouped_mm")
     (rec,) = _moe_records(be)
     assert not rec.applied and "replayed from a CUDA graph" in rec.reason and "p2p" in rec.reason, rec.reason
-    monkeypatch.setattr(common, "choose_lowering", lambda ctx, group, device: "symm")
+    monkeypatch.setattr(lowerings, "choose_lowering", lambda ctx, group, device: "symm")
     _, be = _compile_layer("capacity", "grouped_mm")
     (rec,) = _moe_records(be)
     assert rec.applied and rec.lowering == "symm", rec.reason

@@ -46,7 +46,7 @@ def _records(backend):
 
 def _gather_free_ancestors(node):
     """The ops that compute ``node``; asserts none is a collective (they ran on the shard)."""
-    from overlap_backend.passes.common import ancestors
+    from overlap_backend.passes.fx import ancestors
 
     up = ancestors(node) | {node}
     assert not [n for n in up if n.op == "call_function" and n.target in (c10d.all_gather_into_tensor.default,
@@ -336,8 +336,8 @@ def test_hoisted_prologues_match_eager_on_gloo(clean_env):
 
 # ------------------------------------------------------------------------------- the cost model
 def test_cost_model_charges_the_plain_prologue_and_the_rewrite_its_folds():
-    from overlap_backend.calibrate import DEFAULTS
-    from overlap_backend.passes.cost_model import Problem, mem_ms, predict
+    from overlap_backend.cost.calibration import DEFAULTS
+    from overlap_backend.cost.model import Problem, mem_ms, predict
 
     cal = DEFAULTS["h200"]
     plain = Problem("ag_mm", m=8192, n=3072, k=4096, dtype="bfloat16", ws=4)

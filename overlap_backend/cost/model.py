@@ -2,12 +2,13 @@
 
 A small explicit analytic model (formulas, constants and the fit: ``docs/cost_model.md``). Inputs
 per match (:class:`Problem`): the op, its GEMM sizes (hints of symbolic sizes), the dtype, the group
-size and the machine's :class:`~overlap_backend.calibrate.Calibration`. Outputs
+size and the machine's :class:`~overlap_backend.cost.calibration.Calibration`. Outputs
 (:class:`Prediction`): the plain sequence's time (``baseline``: GEMM then collective, or the
 reverse), each candidate lowering's time with its knobs chosen (chunk count, communication SMs) by
-minimising the prediction, and whether the best one wins by more than :data:`MARGIN`.
+minimising the prediction, and whether the best one wins by more than ``knobs.cost.MARGIN``.
 
-Building blocks, times in ms (``e`` bytes per element, ``ws`` the group size):
+Building blocks, times in ms (``e`` bytes per element, ``ws`` the group size; the constants are the
+``cost`` knobs, ``overlap_backend/spec/knobs/cost.py``):
 
 - ``gemm(m, n, k) = launch + max(2mnk / rate(dtype), (mk + kn + mn) e / hbm)``: roofline of cuBLAS;
   our persistent Triton GEMM (``symm``) takes ``TRITON_EFF`` times that.
@@ -21,72 +22,32 @@ Building blocks, times in ms (``e`` bytes per element, ``ws`` the group size):
   the host time (0.2-0.5 ms per call measured); the device time is the GEMM overlapped with the
   copy-engine transfers, plus what cannot overlap (the first or last chunk, the combine).
 
+The chunking the runtime does (bands, all-reduce rounds, the one-shot limit, the CTA pipeline's
+K-chunks and blocks) is read from the runtime's own functions and knobs at each prediction, so a
+changed tunable changes the op and its price together.
+
 Under CUDA graphs (``mode="reduce-overhead"``, :attr:`PassContext.cuda_graphs`) the ops that can be
 captured (:data:`GRAPH_OPS`) cost their device time only: a replay launches the whole graph at
 once, so no host time per call or per ring step is paid; ``symm`` stays a candidate only where its
 calls are captured on ``symm`` (``runtime.symm_lowering.CAPTURE_ON_SYMM``; else they run on p2p).
 
-Every rank must make the same decision (no deadlock by construction): the inputs are shapes, dtype,
-group size, config and a calibration that the ranks agreed on (:func:`calibration_for`), and the
-model is pure arithmetic on them. Nothing is measured while compiling.
+Pure arithmetic on its inputs: every rank that gives it the same problem and calibration
+(``cost/decision.py`` makes the ranks agree on one) gets the same prediction. Nothing is measured
+while compiling.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..calibrate import DEFAULTS, Calibration
-
-log = logging.getLogger("overlap_backend")
+from ..spec import knobs
+from .calibration import Calibration
 
 OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts", "cta_pipeline_mlp")
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
-
-# Rewrite only when the predicted op time is below (1 - MARGIN) x the plain sequence's: a rewrite
-# predicted to win by less than the model's error is not worth its risk.
-MARGIN = 0.03
-
-# Fitted / taken constants (docs/cost_model.md says on which data):
-TRITON_EFF = 1.04  # persistent Triton TMA GEMM time / cuBLAS (DESIGN.md: 0.97-1.05x; probe_symm: 1.00-1.12x)
-# chunk GEMMs next to NCCL's send/recv kernels, and chunked GEMMs themselves (fitted: ours p2p, large shapes)
-P2P_GEMM_SLOWDOWN = 1.15
-SEQ_FACTOR = 0.93  # back-to-back GEMM + collective / the sum of their separate times (fitted: median of 52 rows)
-AR_BUSBW_GAIN = 1.15  # NCCL all-reduce bus bandwidth / all-gather's (fitted: NCCL all-reduce columns)
-SYMM_DEVICE_MS = 0.03  # flag waits, the first tile wave's wait, stream operations on the device (fitted)
-CTA_EFF = 1.10  # a CTA-pipeline stage (flag waits per K-chunk, chunk-major A) / cuBLAS (fitted: cta_ws2, M >= 512)
-CTA_K_CHUNKS = 4  # = runtime.cta_symm.K_CHUNKS (K-chunks per stage-0 rank)
-CTA_BM, CTA_BN1 = 128, 256  # = runtime.cta_symm STAGE1_CONFIG's block (row groups of the pipeline)
-CTA_GELU_SHARE_MAX = 0.3  # = runtime.cta_symm.GELU_SHARE_MAX (stage 1's own first-GEMM columns, GELU)
-# Fraction of the SMs whose weight loads reach the memory bandwidth: at small M stage 1 streams all
-# of W2 with one CTA per tile, 32 tiles at M <= 128 (fitted: cta_ws2 graph replays at M = 16 / 128,
-# 2xH200, fourteenth session: 0.326-0.334 ms GELU, 0.396-0.415 SwiGLU)
-CTA_BW_SMS = 0.43
-# moe, fitted on bench/results/2026-11-30_h200x2_session5/moe_ws2.json (DeepSeek-/Mixtral-like, balanced
-# and skewed, 2xH200; docs/cost_model.md):
-# - the baseline's grouped experts (torch._grouped_mm x3 + silu*up, plus the row gather and scatter):
-#   measured / the model's cuBLAS-rate GEMMs = 1.09-1.20 once the gather/scatter traffic is counted
-#   (compute-bound side only: at decode sizes grouped_mm reads the weights at the model's rate)
-BASE_GROUPED_EFF = 1.14
-# - symm (phased schedule, copy-engine combine, the default): the persistent expert GEMMs' time / the
-#   model's experts time on rows padded to whole 128-row tiles per (source, expert) group: all four rows
-#   within 4% with 1.05 (the kernels of before the grouped raster, 2026-11-30_h200x2_moe_epilogue: 1.45)
-MOE_SYMM_EFF = 1.05
-MOE_TILE_ROWS = 128
-# - what one SM of the comm kernel stores into a peer (SM transport, 4 / 8 / 16 SMs: 14.7 / 9.7 / 7.3 ms on
-#   DeepSeek-like, ~4-5 GB/s per SM), and copies locally out of the combine slots (copy-engine transport;
-#   not fitted: in every measured row the copy-out ended under the own rows' GEMMs; taken as ~3x the peer
-#   rate, the ratio of NVLink to local HBM latency with the same bytes in flight)
-SM_STORE_GBPS = 4.5
-SM_PULL_GBPS = 15.0
-# candidates of the moe symm communication SM count; 0: no comm kernel, the copy engine copies the results
-# out (the default: 2xH200, 2026-12-01, 4% faster than 8 SMs on DeepSeek-like, 2% on Mixtral-like)
-MOE_COMM_SMS = (0, 4, 8, 16, 32)
-CTA_STAGES = (1, 2, 4, 8)  # candidates of the cta p2p stage count (OVERLAP_CTA_STAGES=auto)
 # ops whose calls a CUDA graph captures (on symm: with the toggling flag block; cta_pipeline_mlp with
 # device-counted epochs and peer stores)
 GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts", "cta_pipeline_mlp")
@@ -96,9 +57,6 @@ GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts", "cta_pipeline_mlp")
 # 0.81 vs 0.56 (predicted 0.69 vs 0.49: kept plain); cta_pipeline_mlp (bench_cta --graphs, 2xH200,
 # H 8192, F 28672): TP2 faster at every M, as predicted (M >= 512 within 17 %; M=128 0.22 vs 0.45).
 GRAPH_P2P_HOST_KEPT = ("moe_experts", "cta_pipeline_mlp")
-ONESHOT_MAX_BYTES = 4 << 20  # = runtime.symm.ONESHOT_MAX_BYTES (mm_ar symm: one-shot below it)
-AR_ROWS_PER_CHUNK, AR_MAX_ROUNDS = 512, 4  # = runtime.symm (mm_ar symm rounds)
-BAND_ROWS_MIN, MAX_BANDS = 512, 8  # = runtime.symm (bands of a chunk)
 
 
 @dataclass(frozen=True)
@@ -174,12 +132,12 @@ class Prediction:
 
     @property
     def wins(self) -> bool:
-        return self.best.ms < (1.0 - MARGIN) * self.baseline_ms
+        return self.best.ms < (1.0 - knobs.cost.MARGIN) * self.baseline_ms
 
     def reason(self) -> str:
         b = self.best
         return (f"cost model: predicted {_fmt(b.ms)} ms overlapped ({b.lowering}) vs {_fmt(self.baseline_ms)} ms plain"
-                f" (needs < {1 - MARGIN:.2f}x)")
+                f" (needs < {1 - knobs.cost.MARGIN:.2f}x)")
 
     def to_json(self, mode: str, active: bool, plan: Plan | None = None) -> dict[str, Any]:
         """The ``cost`` entry of the match's summary record; ``plan``: the plan written (default:
@@ -233,7 +191,7 @@ def coll_ms(cal: Calibration, kind: str, nbytes: float, ws: int) -> float:
     """An NCCL collective on ``nbytes`` (the gathered output, the scattered input, the all-reduced
     tensor, or one rank's all-to-all send buffer)."""
     if kind == "all_reduce":  # a reduce-scatter and an all-gather: twice the bus bytes
-        return cal.coll_latency_ms + 2 * nbytes * (ws - 1) / ws / (cal.busbw(ws) * AR_BUSBW_GAIN * 1e6)
+        return cal.coll_latency_ms + 2 * nbytes * (ws - 1) / ws / (cal.busbw(ws) * knobs.cost.AR_BUSBW_GAIN * 1e6)
     return cal.coll_latency_ms + nbytes * (ws - 1) / ws / (cal.busbw(ws) * 1e6)
 
 
@@ -248,15 +206,26 @@ def ce_ms(cal: Calibration, nbytes: float) -> float:
 
 
 def bands(rows: int) -> int:
-    """How many bands ``runtime.symm.bands`` cuts a chunk of ``rows`` rows into."""
-    per = max(BAND_ROWS_MIN, -(-rows // MAX_BANDS))
-    per = -(-per // BAND_ROWS_MIN) * BAND_ROWS_MIN
-    return max(1, -(-rows // per))
+    """How many bands the symm runtime cuts a chunk of ``rows`` rows into (``runtime.symm.bands``)."""
+    from ..runtime import symm
+
+    return len(symm.bands(rows))
 
 
 def ar_rounds(m: int, ws: int) -> int:
-    """= ``runtime.symm_lowering.ar_rounds``."""
-    return max(1, min(AR_MAX_ROUNDS, m // (ws * AR_ROWS_PER_CHUNK)))
+    """The row blocks of a symm ``mm_ar`` of ``m`` rows (``runtime.symm_lowering.ar_rounds``)."""
+    from ..runtime import symm_lowering
+
+    return symm_lowering.ar_rounds(m, ws)
+
+
+def cta_block() -> tuple[int, int]:
+    """(rows, columns) of a CTA-pipeline stage-1 tile, the pipeline's row groups
+    (``runtime.cta_symm.STAGE1_CONFIG``)."""
+    from ..runtime import cta_symm
+
+    bm, bn = cta_symm.STAGE1_CONFIG[:2]
+    return bm, bn
 
 
 def _p2p_time(cal: Calibration, ws: int, device_ms: float, steps: int | None = None) -> float:
@@ -284,9 +253,9 @@ def baseline(cal: Calibration, p: Problem) -> tuple[float, dict[str, float]]:
         g = _mlp_ms(cal, p, p.m)
         c = coll_ms(cal, "all_reduce", p.m * p.n * e, ws)
     else:  # moe_experts: dispatch, experts (rows gathered into expert order and scattered back), combine
-        g = _experts_ms(cal, p, p.m, compute_eff=BASE_GROUPED_EFF) + mem_ms(cal, 4 * p.m * p.k * e)
+        g = _experts_ms(cal, p, p.m, compute_eff=knobs.cost.BASE_GROUPED_EFF) + mem_ms(cal, 4 * p.m * p.k * e)
         c = 2 * coll_ms(cal, "all_to_all", p.rows_sent * p.k * e, ws)
-    return SEQ_FACTOR * (g + c), {"gemm_ms": g, "comm_ms": c}
+    return knobs.cost.SEQ_FACTOR * (g + c), {"gemm_ms": g, "comm_ms": c}
 
 
 def _mlp_ms(cal: Calibration, p: Problem, rows: float, eff: float = 1.0) -> float:
@@ -305,7 +274,7 @@ def _experts_ms(cal: Calibration, p: Problem, rows: float, eff: float = 1.0, com
 
 
 def plan_p2p(cal: Calibration, p: Problem, stages: int | None = None) -> Plan:
-    e, ws, dt, slow = p.e, p.ws, p.dtype, P2P_GEMM_SLOWDOWN
+    e, ws, dt, slow = p.e, p.ws, p.dtype, knobs.cost.P2P_GEMM_SLOWDOWN
     if p.op == "ag_mm":
         g = p.gemms * gemm_ms(cal, p.m / ws, p.n / p.gemms, p.k, dt) * slow
         x = p2p_ms(cal, p.m * p.k * e / ws, ws)
@@ -339,7 +308,7 @@ def plan_p2p(cal: Calibration, p: Problem, stages: int | None = None) -> Plan:
 def _stage_candidates(p: Problem, stages: int | None) -> list[int]:
     if stages is not None:
         return [stages]
-    return [s for s in CTA_STAGES if s == 1 or p.m // s >= p.ws] or [1]
+    return [s for s in knobs.cost.CTA_STAGES if s == 1 or p.m // s >= p.ws] or [1]
 
 
 def _cta_p2p(cal: Calibration, p: Problem, stages: int) -> Plan:
@@ -348,7 +317,7 @@ def _cta_p2p(cal: Calibration, p: Problem, stages: int) -> Plan:
     e, ws = p.e, p.ws
     s = max(1, min(stages, p.m))
     rows = p.m / s
-    g = _mlp_ms(cal, p, rows / ws) * P2P_GEMM_SLOWDOWN
+    g = _mlp_ms(cal, p, rows / ws) * knobs.cost.P2P_GEMM_SLOWDOWN
     x = p2p_ms(cal, rows / ws * p.n * e, ws)
     chunk = g + (ws - 1) * max(g, x)
     last_ag = coll_ms(cal, "all_gather", rows * p.n * e, ws)
@@ -368,34 +337,34 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         done = chunk_g
         for j in range(1, ws):
             done = max(done, j * x) + chunk_g
-        return _symm_plan(host["ag_mm"], SYMM_DEVICE_MS + done, ws,
+        return _symm_plan(host["ag_mm"], knobs.cost.SYMM_DEVICE_MS + done, ws,
                           {"gemm_ms": ws * chunk_g, "transfer_ms": (ws - 1) * x, "cublas_gemms": 1.0})
     if p.op == "ag_mm":
-        g = p.gemms * gemm_ms(cal, p.m, p.n / p.gemms, p.k, dt, TRITON_EFF)
+        g = p.gemms * gemm_ms(cal, p.m, p.n / p.gemms, p.k, dt, knobs.cost.TRITON_EFF)
         x = ce_ms(cal, (ws - 1) * p.m * p.k * e / ws)  # the peers' shards into this rank
         nb = bands(p.m // ws)
-        dev = SYMM_DEVICE_MS + max(g, x + g / (ws * nb))  # the last band's GEMM follows its arrival
+        dev = knobs.cost.SYMM_DEVICE_MS + max(g, x + g / (ws * nb))  # the last band's GEMM follows its arrival
         return _symm_plan(host["ag_mm"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x})
     if p.op == "mm_rs":
         chunk = p.m * p.n * e / ws
-        g = gemm_ms(cal, p.m, p.n, p.k, dt, TRITON_EFF)
+        g = gemm_ms(cal, p.m, p.n, p.k, dt, knobs.cost.TRITON_EFF)
         x = ce_ms(cal, (ws - 1) * chunk)  # the peers' partials of this rank's chunk
         nb = bands(p.m // ws)
         # each band pushed as its tiles finish; the own chunk last, then the sum of the partials
-        dev = SYMM_DEVICE_MS + max(g, g / (ws * nb) + x) + mem_ms(cal, (ws - 1) * chunk)
+        dev = knobs.cost.SYMM_DEVICE_MS + max(g, g / (ws * nb) + x) + mem_ms(cal, (ws - 1) * chunk)
         return _symm_plan(host["mm_rs"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x})
     if p.op == "mm_ar":
         total = p.m * p.n * e
-        if total <= ONESHOT_MAX_BYTES:  # cuBLAS partial, pushed whole to every peer, summed
+        if total <= knobs.symm.ONESHOT_MAX_BYTES:  # cuBLAS partial, pushed whole to every peer, summed
             g = gemm_ms(cal, p.m, p.n, p.k, dt)
             x = ce_ms(cal, (ws - 1) * total)
-            dev = SYMM_DEVICE_MS + g + x + mem_ms(cal, (ws + 1) * total) + cal.launch_ms
+            dev = knobs.cost.SYMM_DEVICE_MS + g + x + mem_ms(cal, (ws + 1) * total) + cal.launch_ms
             return _symm_plan(host["mm_ar_oneshot"], dev, 1, {"gemm_ms": g, "transfer_ms": x})
         rounds = ar_rounds(p.m, ws)
         chunk = total / (rounds * ws)
-        g = gemm_ms(cal, p.m, p.n, p.k, dt, TRITON_EFF)
+        g = gemm_ms(cal, p.m, p.n, p.k, dt, knobs.cost.TRITON_EFF)
         per_round = 2 * ce_ms(cal, (ws - 1) * chunk)  # reduce-scatter partials in, reduced chunk out
-        dev = SYMM_DEVICE_MS + max(g + per_round, rounds * per_round) + mem_ms(cal, (ws - 1) * chunk)
+        dev = knobs.cost.SYMM_DEVICE_MS + max(g + per_round, rounds * per_round) + mem_ms(cal, (ws - 1) * chunk)
         return _symm_plan(host["mm_ar"], dev, rounds * ws * bands(p.m // (rounds * ws)),
                           {"gemm_ms": g, "transfer_ms": rounds * per_round})
     if p.op == "cta_pipeline_mlp":
@@ -406,8 +375,9 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         big_f = p.f * ws
         flops = (2.0 * p.m * p.k * big_f * gate + 2.0 * p.m * big_f * p.n) / ws  # balanced stages
         weights = (p.k * big_f * gate + big_f * p.n) * e / ws
-        stage = cal.launch_ms + max(flops / (cal.rate(dt) * 1e9), weights / (cal.hbm_gbps * 1e6)) * CTA_EFF
-        tiles_m, tiles_n1 = -(-p.m // CTA_BM), -(-(p.n // tp) // CTA_BN1)
+        stage = cal.launch_ms + max(flops / (cal.rate(dt) * 1e9), weights / (cal.hbm_gbps * 1e6)) * knobs.cost.CTA_EFF
+        block_m, block_n1 = cta_block()
+        tiles_m, tiles_n1 = -(-p.m // block_m), -(-(p.n // tp) // block_n1)
         most = max(1, min(tiles_m, cal.num_sms // max(1, tiles_n1)))
         groups = -(-tiles_m // most)
         # The pipeline's fill is hidden by the stage-1 share (stage 1's own first-GEMM columns) and its
@@ -419,13 +389,13 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         # Stage 1 streams its W2 columns and the W1 columns of its share with tiles_m x tiles_n1 CTAs
         # (a row group at a time): fewer than CTA_BW_SMS of the SMs cannot saturate the memory
         share = (big_f // (2 * (tp + 1)) * 2 if gate == 2
-                 else min(cal.num_sms // most * CTA_BN1, int(CTA_GELU_SHARE_MAX * big_f)))
+                 else min(cal.num_sms // most * block_n1, int(knobs.cta.GELU_SHARE_MAX * big_f)))
         stage1_bytes = (big_f * (p.n // tp) + share * p.k) * e
         active = min(cal.num_sms, most * tiles_n1)
-        bw = cal.hbm_gbps * min(1.0, active / (CTA_BW_SMS * cal.num_sms))
+        bw = cal.hbm_gbps * min(1.0, active / (knobs.cost.CTA_BW_SMS * cal.num_sms))
         stage = max(stage, cal.launch_ms + stage1_bytes / (bw * 1e6))
-        dev = SYMM_DEVICE_MS + stage + end
-        return _symm_plan(host["cta_pipeline_mlp"], dev, groups * CTA_K_CHUNKS,
+        dev = knobs.cost.SYMM_DEVICE_MS + stage + end
+        return _symm_plan(host["cta_pipeline_mlp"], dev, groups * knobs.cta.K_CHUNKS,
                           {"stage_ms": stage, "end_ms": end}, stages=2)
     # moe_experts (runtime/moe_symm.py's defaults: phased schedule, copy-engine combine): the persistent
     # expert GEMMs on the SMs the comm kernel leaves (MOE_SYMM_EFF, tiles of MOE_TILE_ROWS rows per
@@ -433,22 +403,22 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
     # after its phase (copy engine, then copied out on the source rank: by the comm kernel on c SMs, or
     # with c = 0 by the copy engine, which reads and writes each byte in HBM), so only the last remote
     # source's share can outlast the last phase (the own rows)
-    cands = [comm_sms] if comm_sms is not None else [c for c in MOE_COMM_SMS if c <= cal.num_sms // 2]
+    cands = [comm_sms] if comm_sms is not None else [c for c in knobs.cost.MOE_COMM_SMS if c <= cal.num_sms // 2]
     groups = ws * max(1, p.experts)
     # every (source, expert) group ends in a partial tile: routed group sizes are never whole tiles, even
     # where the total is (4096 tokens x top-2 = 8192 rows over 8 groups priced Mixtral-like at 2 GPUs 4.78 ms,
     # a rewrite, where 8330 received rows measured 5.438 against the baseline's 5.368; docs/cost_model.md)
-    padded = (p.m // (groups * MOE_TILE_ROWS) + 1) * groups * MOE_TILE_ROWS if p.m else 0
+    padded = (p.m // (groups * knobs.cost.MOE_TILE_ROWS) + 1) * groups * knobs.cost.MOE_TILE_ROWS if p.m else 0
     best = None
     for c in cands:
         sms = max(1, cal.num_sms - c)
-        g = _experts_ms(cal, p, padded, MOE_SYMM_EFF) * cal.num_sms / sms
+        g = _experts_ms(cal, p, padded, knobs.cost.MOE_SYMM_EFF) * cal.num_sms / sms
         moved = (ws - 1) * p.rows_sent * p.k * e / ws
         first = ce_ms(cal, p.rows_sent * p.k * e / ws)  # the first source's rows arrive (copy engine)
-        copy_out = moved / (c * SM_PULL_GBPS * 1e6) if c else mem_ms(cal, 2 * moved)
+        copy_out = moved / (c * knobs.cost.SM_PULL_GBPS * 1e6) if c else mem_ms(cal, 2 * moved)
         comm = ce_ms(cal, moved) + copy_out  # returned by copy engine, then copied out
         tail = max(0.0, comm / max(1, ws - 1) - g / ws)
-        dev = SYMM_DEVICE_MS + first + g + tail
+        dev = knobs.cost.SYMM_DEVICE_MS + first + g + tail
         plan = _symm_plan(host["moe_experts"], dev, ws, {"gemm_ms": g, "transfer_ms": comm, "tail_ms": tail},
                           comm_sms=c)
         if best is None or plan.ms < best.ms:
@@ -504,120 +474,5 @@ def _with_prologue(cal: Calibration, p: Problem, base: float, terms: dict[str, f
     return base + plain, {**terms, "prologue_ms": plain}
 
 
-# ------------------------------------------------------------------------------- the decision
-def active(config, device_type: str) -> bool:
-    """Does the model decide for a match on ``device_type`` tensors? ``on``: always; ``auto``: on
-    CUDA (the CPU/gloo path exists for testing and keeps rewriting every match); ``off``: never."""
-    return config.cost_model == "on" or (config.cost_model == "auto" and device_type == "cuda")
-
-
-@dataclass
-class Decision:
-    """What the pass writes: whether to rewrite, the lowering and knobs; ``cost`` for the report."""
-
-    rewrite: bool
-    lowering: str
-    reason: str
-    cost: dict[str, Any] | None
-    stages: int | None = None  # cta_pipeline's ``stages`` argument
-    comm_sms: int = -1  # moe_experts' ``comm_sms`` argument (-1: the OVERLAP_MOE_COMM_SMS setting)
-
-
-def decide(ctx, problem: Problem, group_name: str, device_type: str, lowerings: Sequence[str], *,
-           gated: bool = False, stages: int | str | None = None, comm_sms: int | str | None = None,
-           captured: bool | None = None) -> Decision:
-    """The model's decision for one match that passed its preconditions.
-
-    ``lowerings``: the candidates, the pass's own choice first (what runs when the model is not
-    active); with ``OVERLAP_LOWERING=auto`` and a symm-capable group, ``["symm", "p2p"]``.
-    ``stages`` / ``comm_sms``: the config's value, ``"auto"`` to let the model pick. ``captured``:
-    is the match replayed from a CUDA graph (None: the graph's ``ctx.cuda_graphs``)?
-    """
-    cfg = ctx.config
-    mode, on = cfg.cost_model, active(cfg, device_type)
-    fixed_stages = None if stages == "auto" else stages
-    fixed_sms = None if comm_sms in ("auto", None) else comm_sms
-    default_stages = 2 if stages == "auto" else stages
-    try:
-        cal = calibration_for(group_name, device_type, cfg.cache_dir, agree=on)
-        pred = predict(problem, cal, lowerings, stages=fixed_stages, comm_sms=fixed_sms,
-                       cuda_graphs=getattr(ctx, "cuda_graphs", False) if captured is None else captured)
-    except Exception as e:  # noqa: BLE001 - the same inputs fail the same way on every rank
-        log.warning("overlap cost model: no prediction for %s (%s: %s)", problem.op, type(e).__name__, e)
-        cost = {"mode": mode, "active": on, "error": f"{type(e).__name__}: {e}"}
-        if gated:
-            return Decision(False, lowerings[0], f"cost model: no prediction ({type(e).__name__}: {e})", cost)
-        return Decision(True, lowerings[0], "rewritten", cost, default_stages)
-    if not on:
-        plan = next((p for p in pred.plans if p.lowering == lowerings[0]), pred.plans[0])
-        cost = pred.to_json(mode, False, plan)
-        if gated:  # not reached: a gated pass looks only where the model is active
-            return Decision(False, lowerings[0], "cost model: not active here", cost)
-        return Decision(True, lowerings[0], "rewritten", cost, default_stages)
-    best = pred.best
-    cost = pred.to_json(mode, True, best)
-    if not pred.wins:
-        return Decision(False, best.lowering, pred.reason(), cost)
-    chosen = comm_sms == "auto" and best.lowering == "symm" and best.comm_sms is not None
-    chosen_sms = best.comm_sms if chosen else -1
-    return Decision(True, best.lowering, "rewritten", cost, best.stages or default_stages, chosen_sms)
-
-
-# -------------------------------------------------------------------------- the agreed calibration
-_agreed: dict[tuple, Calibration] = {}
-_agreed_lock = threading.Lock()
-
-
-def calibration_for(group_name: str, device_type: str, cache_dir: str | None, agree: bool = True) -> Calibration:
-    """The calibration the passes use for a match on ``group_name`` with tensors on ``device_type``.
-
-    CPU (gloo) groups use the built-in CPU numbers: a constant, the same on every rank. CUDA: this
-    process loads the cache file of its key (``calibrate.load_or_default``), and then, because a
-    decision made from different numbers on different ranks would be a different graph on different
-    ranks (a deadlock), the ranks agree: one ``all_gather_object`` per group and process (cached, at
-    compile time, at the same point on every rank, as ``symm.group_support``), and every rank uses
-    the calibration of the group's first rank. Ranks may hold different files (a node without a
-    cache, another GPU model, a file written between two ranks' loads); they never decide
-    differently. ``agree=False`` (the model only reports, it decides nothing): the local numbers.
-    """
-    if device_type != "cuda":
-        return DEFAULTS["cpu"]
-    from .. import calibrate
-
-    cache = (group_name, cache_dir, agree)
-    with _agreed_lock:
-        if cache in _agreed:
-            return _agreed[cache]
-    local = calibrate.load_or_default(cache_dir)
-    cal = _agree(group_name, local) if agree else local
-    with _agreed_lock:
-        _agreed[cache] = cal
-    return cal
-
-
-def _agree(group_name: str, local: Calibration) -> Calibration:
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    group = _resolve_process_group(group_name)
-    if "fake" in str(dist.get_backend(group)).lower():
-        return local  # one process: nobody to disagree with
-    with unset_fake_temporarily():
-        objs: list[Any] = [None] * group.size()
-        dist.all_gather_object(objs, local.to_json(), group=group)
-    first = Calibration.from_json(objs[0])
-    if objs[0] != local.to_json():
-        log.info("overlap cost model: group %s uses its first rank's calibration %s (%s); this rank had %s (%s)",
-                 group_name, first.key, first.source, local.key, local.source)
-    return dataclasses.replace(first, source=f"agreed:rank0 ({first.source})")
-
-
-def reset() -> None:
-    """Forget the agreed calibrations (tests)."""
-    with _agreed_lock:
-        _agreed.clear()
-
-
-__all__ = ["Problem", "Plan", "Prediction", "Decision", "predict", "baseline", "decide", "active",
-           "calibration_for", "MARGIN"]
+__all__ = ["ELEMENT_BYTES", "GRAPH_OPS", "OPS", "Plan", "Prediction", "Problem", "ar_rounds", "bands", "baseline",
+           "ce_ms", "coll_ms", "cta_block", "gemm_ms", "mem_ms", "p2p_ms", "plan_p2p", "plan_symm", "predict"]
