@@ -3,7 +3,7 @@
     torchrun --nproc-per-node=N bench/probe_moe_graph.py [--configs deepseek,mixtral-decode]
         [--transports ce,ce-only,sm]
 
-For each ``bench_moe.py`` config (balanced routing) and ``moe_symm.TRANSPORT``: two eager calls, one
+For each ``bench_moe.py`` config (balanced routing) and ``knobs.moe.TRANSPORT``: two eager calls, one
 captured, then the replay's output poisoned, replayed and checked against the eager NCCL baseline;
 eager and replay times (CUDA events around one call after a barrier, median of 10, max over ranks),
 and the baseline (NCCL all-to-all + ``torch._grouped_mm``) eager and captured. Found the slow
@@ -45,13 +45,13 @@ def main() -> int:
     p.add_argument("--transports", default="ce,ce-only,sm")
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")
-    from overlap_backend.runtime import moe_symm
+    from overlap_backend.spec import knobs
 
     for cfg in args.configs.split(","):
         prob = Problem(cfg, "balanced", rank, ws, device)
         ref = prob.baseline()
         for transport in args.transports.split(","):
-            moe_symm.TRANSPORT = transport
+            knobs.moe.set(TRANSPORT=transport)
             graph, out = captured(lambda: prob.ours("symm"))
             out.fill_(float("nan"))
             graph.replay()

@@ -828,13 +828,13 @@ class MoePass(OverlapPass):
         self._check_weights(m)
         # raises Rejected for values read outside that cannot be provided
         need = self._check_region(m, self._plan_outside, self._op_inputs(m), "the expert block", "dispatched rows")
-        from ..runtime import moe_symm
+        from ..spec import knobs
 
         wg = _shape(e.w_gate[0])
         experts = len(e.w_gate) if e.form == "loop" else wg[0]
-        # symm runs as p2p where its kernels are off (moe_symm.ENABLED) and where the op hands out saved values
+        # symm runs as p2p where its kernels are off (knobs.moe.ENABLED) and where the op hands out saved values
         lowering, decision = self._decide(m, ws, "moe_experts", e.grouped, wg[-1], experts, val(e.gate[0]).dtype,
-                                          moe_symm.ENABLED and not need, self.ctx.config.moe_comm_sms)
+                                          knobs.moe.ENABLED and not need, self.ctx.config.moe_comm_sms)
         m.comm_sms = decision.comm_sms  # the model's pick where the setting is auto
         if m.comm_sms < 0 and isinstance(self.ctx.config.moe_comm_sms, int):
             # the backend's setting, fixed when the graph is compiled as cta_stages is (else the op would read

@@ -109,14 +109,15 @@ def test_knobs_chosen_or_kept():
 
 def test_mirrored_runtime_constants():
     """The model prices the chunking the runtime does: its copies of the runtime's constants."""
-    from overlap_backend.runtime import cta_symm, symm, symm_lowering
+    from overlap_backend.runtime import symm, symm_lowering
+    from overlap_backend.spec import knobs
 
     assert cost_model.ONESHOT_MAX_BYTES == symm.ONESHOT_MAX_BYTES
     assert (cost_model.AR_ROWS_PER_CHUNK, cost_model.AR_MAX_ROUNDS) == (symm.AR_ROWS_PER_CHUNK, symm.AR_MAX_ROUNDS)
     assert (cost_model.BAND_ROWS_MIN, cost_model.MAX_BANDS) == (symm.BAND_ROWS_MIN, symm.MAX_BANDS)
-    assert cost_model.CTA_K_CHUNKS == cta_symm.K_CHUNKS
-    assert (cost_model.CTA_BM, cost_model.CTA_BN1) == cta_symm.STAGE1_CONFIG[:2]
-    assert cost_model.CTA_GELU_SHARE_MAX == cta_symm.GELU_SHARE_MAX
+    assert cost_model.CTA_K_CHUNKS == knobs.cta.K_CHUNKS
+    assert (cost_model.CTA_BM, cost_model.CTA_BN1) == knobs.cta.STAGE1_CONFIG[:2]
+    assert cost_model.CTA_GELU_SHARE_MAX == knobs.cta.GELU_SHARE_MAX
     for rows in (0, 1, 256, 512, 2048, 4096, 8192, 12345):
         assert cost_model.bands(rows) == len(symm.bands(rows))
         for ws in (2, 4, 8):
