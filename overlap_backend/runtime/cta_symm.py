@@ -144,13 +144,15 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     ship_first = bool(tail) and tp == 1 and knobs.cta.SHIP_BEFORE_TAILS
     part = st.data_view(x.dtype, (tp * M * (N // tp),), part_offset) if tail else None
 
+    tma_store = knobs.cta.STAGE0_TMA_STORE
+
     def gemms():
         if stage == 0:
             cta.launch_stage0(xa, *first, stage_buf, data, flags,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
                               base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
                               timeout_ns=st.timeout_ns, rank=r, count_first_at_once=knobs.cta.COUNT_FIRST_GROUP_AT_ONCE,
-                              fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=knobs.cta.STAGE0_TMA_STORE,
+                              fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=tma_store,
                               split_last=knobs.cta.STAGE0_SPLIT_LAST)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
@@ -158,7 +160,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
             own = a[tp * nch * mp:].view(-1)
             cta.launch_stage0(xa, *first, own, data, flags,
                               word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, 0, kchunk, nch1,
-                              base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, tma_store=knobs.cta.STAGE0_TMA_STORE)
+                              base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, tma_store=tma_store)
         cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm.CTA_ARRIVED),
                           word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
                           nch, base + symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,
