@@ -187,7 +187,7 @@ class OverlapConfig:
 
     moe_comm_sms: int | str = 0
     """``OVERLAP_MOE_COMM_SMS``: SMs (CTAs) of the ``moe_experts`` symm communication kernel, which
-    copies the expert results that come back into the output (and with ``moe_symm.TRANSPORT = "sm"``
+    copies the expert results that come back into the output (and with ``knobs.moe.TRANSPORT = "sm"``
     ships finished expert segments to their source ranks) while the expert GEMMs run on the other
     SMs. ``0`` (default): no communication kernel; the copy engine does all of it and the GEMMs take
     every SM (measured faster on 2×H200, and immune to a slowdown the kernel showed after NCCL

@@ -11,7 +11,7 @@ the other's (``cuStreamWaitValue32``). Not a benchmark of record: a diagnostic.
 
 ``--stage0-variants`` / ``--stage1-variants`` time stage 0 / stage 1 alone in other block configs
 (``stages4``, ``bk128+stages2``, ...), ``--op-variants`` the whole op
-with other ``cta_symm`` settings (same process, so comparable with the defaults: machines differ
+with other ``knobs.cta`` settings (same process, so comparable with the defaults: machines differ
 by up to 15 % in the same kernel's time). ``--profile`` prints a cProfile of 20 eager calls per M on
 each rank (functions by own time); ``--host-breakdown`` the host time of each step of a call, with
 Triton's launch path and with ``codegen.launcher``'s fast path (and the op's time with each);
@@ -39,46 +39,49 @@ import overlap_backend  # noqa: E402,F401
 from bench.tools import common  # noqa: E402
 
 
-# op variants that switch a boolean cta_symm setting on ("tma") or off ("notma")
-_SWITCHES = {"tma": "STAGE0_TMA_STORE", "split": "STAGE0_SPLIT_LAST", "shipfirst": "SHIP_BEFORE_TAILS",
-             "eagergraphs": "EAGER_GRAPHS"}
+# op variants that switch a boolean knobs.cta setting on ("tma") or off ("notma")
+_SWITCHES = {"tma": "STAGE0_TMA_STORE", "split": "STAGE0_SPLIT_LAST", "shipfirst": "SHIP_BEFORE_TAILS"}
 
 
-def _op_variant(variant, cta_symm, timing, op, queued=20):
-    """The op (ce transport) timed with the cta_symm settings of ``variant``, then the defaults back
-    (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
-    saved = {n: getattr(cta_symm, n) for n in cta_symm.SETTINGS}  # (the config dicts are replaced, not mutated)
+def _variant_knobs(variant) -> dict:
+    """The ``knobs.cta`` values of an op variant (its parts joined by '+')."""
+    values = {}
     for part in variant.split("+"):
         if part in ("first", "late"):
-            cta_symm.COUNT_FIRST_GROUP_AT_ONCE = part == "first"
+            values["COUNT_FIRST_GROUP_AT_ONCE"] = part == "first"
         elif part.startswith("k"):
-            cta_symm.K_CHUNKS = int(part[1:])
+            values["K_CHUNKS"] = int(part[1:])
         elif part == "noshare":
-            cta_symm.GELU_FILL_SHARE = False
+            values["GELU_FILL_SHARE"] = False
         elif part.startswith("share"):
-            cta_symm.GELU_SHARE_COLS = int(part[5:])
+            values["GELU_SHARE_COLS"] = int(part[5:])
         elif part.startswith("smax"):  # a wider share window (a new placement)
-            cta_symm.GELU_SHARE_MAX = float(part[4:])
+            values["GELU_SHARE_MAX"] = float(part[4:])
         elif part.startswith("tmax"):  # a wider tail window (a new placement)
-            cta_symm.TAIL_MAX = float(part[4:])
+            values["TAIL_MAX"] = float(part[4:])
         elif part == "s0bn128":  # GELU's stage 0 in 128x128 tiles (finer waves at small M)
-            cta_symm.STAGE0_CONFIG = {**cta_symm.STAGE0_CONFIG, False: (128, 128, 64, 0, 3, 8)}
+            values["STAGE0_CONFIG"] = (128, 128, 64, 0, 3, 8)
         elif part == "notail":
-            cta_symm.STAGE0_TAIL = False
+            values["STAGE0_TAIL"] = False
         elif part == "nogrouptail":  # tails with one row group only (as before MULTI_GROUP_TAIL)
-            cta_symm.MULTI_GROUP_TAIL = False
+            values["MULTI_GROUP_TAIL"] = False
         elif part.removeprefix("no") in _SWITCHES:  # a boolean setting on, or off with "no"
-            setattr(cta_symm, _SWITCHES[part.removeprefix("no")], not part.startswith("no"))
+            values[_SWITCHES[part.removeprefix("no")]] = not part.startswith("no")
         elif part.startswith("tail"):
-            cta_symm.TAIL_COLS = int(part[4:])
+            values["TAIL_COLS"] = int(part[4:])
         else:
             raise SystemExit(f"unknown op variant {part!r}")
-    try:
+    return values
+
+
+def _op_variant(variant, timing, op, queued=20):
+    """The op (ce transport) timed with the knobs.cta settings of ``variant``, then the defaults back
+    (``timing`` None: GPU-bound, ``gpu_bound_ms`` of ``queued`` calls)."""
+    from overlap_backend.spec import knobs
+
+    with knobs.cta.patch(**_variant_knobs(variant)):
         op()  # the variant's first call lays out and compiles
         return timing.bench(op)[0] if timing is not None else gpu_bound_ms(op, queued)
-    finally:
-        for n, v in saved.items():
-            setattr(cta_symm, n, v)
 
 
 def _variant_config(cfg, variant):
@@ -104,12 +107,12 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
     """Stage 0 alone (local stores, flags pre-raised) in a variant of its block config: ms, or the
     error's name if it does not compile."""
     from overlap_backend.codegen import cta
-    from overlap_backend.runtime import cta_symm, symm
+    from overlap_backend.runtime import cta_plan, symm
 
     cfg, occ = _variant_config(cfg0, variant)
     BM, BN, GROUP_M = cfg[0], cfg[1], cfg[3]
     tiles_m = -(-x.shape[0] // BM)
-    kchunk, nch = cta_symm.k_chunks(Fd, BN, cfg1[2], -(-tiles_m // GROUP_M), 1)
+    kchunk, nch = cta_plan.k_chunks(Fd, BN, cfg1[2], -(-tiles_m // GROUP_M), 1)
     staging = torch.empty(nch * tiles_m * BM * kchunk, dtype=x.dtype, device=x.device)
     data, flags = st.peer_tables()
     try:
@@ -125,12 +128,12 @@ def _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one):
     """Stage 1 alone (every chunk flag already raised) in a variant of its block config: ms, or the
     error's name. Reads whatever the staging area holds (timing only)."""
     from overlap_backend.codegen import cta
-    from overlap_backend.runtime import cta_symm, symm
+    from overlap_backend.runtime import cta_plan, symm
 
     cfg, occ = _variant_config(cfg1, variant)
     tiles_m = -(-M // cfg[0])
     mp = tiles_m * cfg[0]
-    kchunk, nch = cta_symm.k_chunks(Fd, cfg0[1], cfg[2], -(-tiles_m // cfg[3]), 1)
+    kchunk, nch = cta_plan.k_chunks(Fd, cfg0[1], cfg[2], -(-tiles_m // cfg[3]), 1)
     if nch * mp * kchunk * out.element_size() > y_offset:
         return "does not fit the staging area"
     a = st.data_view(out.dtype, (nch * mp, kchunk))
@@ -177,7 +180,7 @@ def _host_breakdown(op, rank, M, calls=20) -> str:
     functions, a few hundred ns each), and the host enqueue time, with Triton's launch path and with
     ``launcher``'s fast path."""
     from overlap_backend.codegen import cta, launcher
-    from overlap_backend.runtime import cta_symm, symm
+    from overlap_backend.runtime import cta_symm, cta_weights, symm
     from overlap_backend.runtime import cuda as _cuda
 
     spent: dict[str, float] = {}
@@ -201,7 +204,7 @@ def _host_breakdown(op, rank, M, calls=20) -> str:
     wrap(launcher, "launch", "triton launches (all)")
     wrap(launcher, "_variant_key", "  of which variant keys")
     wrap(cta_symm, "_push_blocks", "_push_blocks")
-    wrap(cta_symm, "_place", "_place")
+    wrap(cta_weights, "place", "cta_weights.place")
     for n in ("write_value32", "wait_value32", "memcpy_async"):
         wrap(_cuda, n, f"cuda.{n}")
     for n in ("begin", "end", "peer_tables", "ensure_data", "check_status"):
@@ -272,19 +275,20 @@ def main():
     p.add_argument("--host-breakdown", action="store_true",
                    help="host time per call in each step, and the op's time, with and without launcher's fast path")
     p.add_argument("--op-variants", default="",
-                   help="also time the whole op (ce) with these cta_symm settings, comma-separated: "
+                   help="also time the whole op (ce) with these knobs.cta settings, comma-separated: "
                         "first / late (COUNT_FIRST_GROUP_AT_ONCE on / off), kN (K_CHUNKS=N), noshare (no GELU "
                         "stage-1 share), shareN (a GELU stage-1 share of N columns), notail (no stage-0 tails), "
                         "tailN (stage-0 tails of about N columns), nogrouptail (tails with one row group only), tma / notma (stage 0's "
-                        "staged tiles by TMA or not), split / nosplit (STAGE0_SPLIT_LAST), shipfirst / noshipfirst (SHIP_BEFORE_TAILS), eagergraphs (EAGER_GRAPHS), "
+                        "staged tiles by TMA or not), split / nosplit (STAGE0_SPLIT_LAST), shipfirst / noshipfirst (SHIP_BEFORE_TAILS), "
                         "smaxF / tmaxF (GELU_SHARE_MAX / TAIL_MAX = F: wider windows, a new placement), s0bn128 "
                         "(GELU's stage 0 in 128x128 tiles), and combinations joined by '+'")
     args = p.parse_args()
     rank, ws, device = common.init_distributed("cuda")
     assert ws == 2, "probe_cta runs on exactly 2 GPUs"
     from overlap_backend.codegen import cta
-    from overlap_backend.runtime import cta_symm, symm
+    from overlap_backend.runtime import cta_plan, cta_weights, symm
     from overlap_backend.runtime import cuda as _cuda
+    from overlap_backend.spec import knobs
 
     H, Fd, dtype = args.hidden, args.ffn, torch.bfloat16
     g = dist.group.WORLD
@@ -304,21 +308,19 @@ def main():
         full = {}
         timing.bench(op)  # discarded: the first timing of a size also paid for its placement and kernels
         for transport in ("ce", "peer"):
-            cta_symm.TRANSPORT = transport
-            full[transport], _ = timing.bench(op)
-        cta_symm.TRANSPORT = "ce"
+            with knobs.cta.patch(TRANSPORT=transport):
+                full[transport], _ = timing.bench(op)
         for variant in filter(None, args.op_variants.split(",")):
-            full[variant] = _op_variant(variant, cta_symm, timing, op)
+            full[variant] = _op_variant(variant, timing, op)
         if args.gpu_bound:
             # Fewer calls at large M: each queues tp*G*nch copy-engine pushes (3 stream operations
             # each), and a full stream queue would make the host wait (M=4096: 32 blocks per call).
             queued = max(4, min(20, 20 * 1024 // M))
             bound = {"ce": gpu_bound_ms(op, queued)}
-            cta_symm.TRANSPORT = "peer"
-            bound["peer"] = gpu_bound_ms(op, queued)
-            cta_symm.TRANSPORT = "ce"
+            with knobs.cta.patch(TRANSPORT="peer"):
+                bound["peer"] = gpu_bound_ms(op, queued)
             for variant in filter(None, args.op_variants.split(",")):
-                bound[variant] = _op_variant(variant, cta_symm, None, op, queued)
+                bound[variant] = _op_variant(variant, None, op, queued)
 
             def tp2():  # the same MLP in TP2: these ranks' shards, cuBLAS, an NCCL all-reduce
                 y = torch.nn.functional.gelu(x @ w1, approximate="tanh") @ w2
@@ -329,7 +331,7 @@ def main():
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                         torch.profiler.ProfilerActivity.CUDA]) as prof:
                     if args.trace_variant:
-                        _op_variant(args.trace_variant, cta_symm, None, op, 6)
+                        _op_variant(args.trace_variant, None, op, 6)
                     else:
                         gpu_bound_ms(op, 6)
                 Path(args.gpu_bound_trace).mkdir(parents=True, exist_ok=True)
@@ -367,12 +369,12 @@ def main():
             _cuda.wait_value32 = real_wait
         # Kernels alone, flags already raised (epoch 1 <= every flag after the calls above).
         st = symm.state(g.group_name, device)
-        placed = next(p for k, p in cta_symm._placements.items() if k[1] == cta_symm.share_window(Fd, 1, False))
-        cfg0, cfg1 = cta_symm._configs(dtype, False, M, H, st.num_sms)
+        placed = next(p for k, p in cta_weights.placements.items() if k[1] == cta_plan.share_window(Fd, 1, False))
+        cfg0, cfg1 = cta_plan.block_configs(dtype, False, M, H, st.num_sms)
         tiles_m = -(-M // cfg0[0])
         mp = tiles_m * cfg0[0]
         groups = -(-tiles_m // cfg0[3])
-        kchunk, nch = cta_symm.k_chunks(Fd, cfg0[1], cfg1[2], groups, 1)
+        kchunk, nch = cta_plan.k_chunks(Fd, cfg0[1], cfg1[2], groups, 1)
         data, flags = st.peer_tables()
         out = torch.empty(M, H, dtype=dtype, device=device)
         y_offset = -(-(nch * mp * kchunk * 2) // 256) * 256
@@ -430,7 +432,7 @@ def main():
         line = (f"rank {rank} M={M}: op {({k: round(v, 3) for k, v in full.items()})} ms, op without READY waits {no_ready:.3f} ms, host enqueue "
                 f"{statistics.median(host):.3f} ms, alone {({k: round(v, 3) for k, v in alone.items()})}, "
                 f"groups {groups} kchunk {kchunk} nch {nch} cfg {cfg0}/{cfg1}, default plan "
-                f"{_plan_str(cta_symm.chunk_plan(M, Fd, H, 1, False, dtype, st.num_sms, H=H))}, stream-memop round trip "
+                f"{_plan_str(cta_plan.chunk_plan(M, Fd, H, 1, False, dtype, st.num_sms, H=H))}, stream-memop round trip "
                 f"{pingpong_us:.1f} us")
         print(line, flush=True)
         out_lines.append(line)

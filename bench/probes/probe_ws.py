@@ -164,14 +164,14 @@ def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
     """The op's stage-0 kernel alone on this GPU: A = GELU(a @ b) into a local chunk-major staging
     buffer (the copy-engine transport's), counting tiles per chunk; checked, then timed."""
     from overlap_backend.codegen import cta
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_plan
 
     M, _ = a.shape
     N = b.shape[1]
-    cfg0, cfg1 = cta_symm._configs(a.dtype, False, M, a.shape[1], num_sms)  # group size as the op (N of stage 1 = H)
+    cfg0, cfg1 = cta_plan.block_configs(a.dtype, False, M, a.shape[1], num_sms)  # group size as the op (N of stage 1 = H)
     BM, BN = cfg0[0], cfg0[1]
     tiles_m = -(-M // BM)
-    kchunk, nch = cta_symm.k_chunks(N, BN, cfg1[2], -(-tiles_m // cfg0[3]), 1)
+    kchunk, nch = cta_plan.k_chunks(N, BN, cfg1[2], -(-tiles_m // cfg0[3]), 1)
     mp = tiles_m * BM
     stage = torch.full((nch * mp * kchunk,), float("nan"), device=a.device, dtype=a.dtype)
     counters = torch.zeros(4096, dtype=torch.int32, device=a.device)

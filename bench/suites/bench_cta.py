@@ -49,7 +49,7 @@ import overlap_backend  # noqa: E402,F401
 from bench.tools import common  # noqa: E402
 
 
-# Why the symm lowering does not take a layout of more than 2 stages (runtime/cta_symm.py: _problem).
+# Why the symm lowering does not take a layout of more than 2 stages (runtime/cta_symm.py: problem).
 SYMM_STAGES_WHY = "the symm kernels pipeline exactly 2 GEMM stages (cta_symm: stages != 2 runs on the p2p fallback)"
 
 
@@ -63,7 +63,7 @@ class Layout:
     group: str  # "pair" (every rank pair at once) or "world" (all ranks)
     lowering: str  # "symm" or "p2p"
     not_supported: str | None = None  # set: listed as not supported, never called
-    sweep: bool = True  # time every transport x K-chunk count (symm's module settings)
+    sweep: bool = True  # time every transport x K-chunk count (symm's knobs.cta settings)
 
 
 def tp_name(ws: int) -> str | None:
@@ -297,33 +297,25 @@ def run(args) -> int:
 
 
 def _sweep_k_chunks(timing, fn, values, row, name, transports=("ce", "peer"), settings=(("", {}),), check=None):
-    """Time ``fn`` for each transport (cta_symm.TRANSPORT), K-chunk count (cta_symm.K_CHUNKS, the
-    stage-1 wait granularity) and settings variant (``(label, {cta_symm name: value})``, e.g. SwiGLU
-    tails; a variant other than the defaults is checked first: ``check(out)`` -> relative error,
+    """Time ``fn`` for each transport (knobs.cta.TRANSPORT), K-chunk count (knobs.cta.K_CHUNKS, the
+    stage-1 wait granularity) and settings variant (``(label, {knobs.cta name: value})``, e.g. SwiGLU's
+    share sizing; a variant other than the defaults is checked first: ``check(out)`` -> relative error,
     kept as "<name> err <label>"); keep every time in ``row``; return (best time,
     "transport/count[+label]")."""
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.spec import knobs
 
-    names = {n for _, values_ in settings for n in values_}
-    default = (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, {n: getattr(cta_symm, n) for n in names})
     best = None
-    try:
-        for label, values_ in settings:
-            for n in names:
-                setattr(cta_symm, n, values_.get(n, default[2][n]))
+    for label, values_ in settings:
+        with knobs.cta.patch(**values_):
             if label and check is not None:
                 row[f"{name} err {label}"] = check(fn())
             for transport in transports:
                 for kc in values:
-                    cta_symm.TRANSPORT, cta_symm.K_CHUNKS = transport, kc
-                    t, _ = timing.bench(fn)
+                    with knobs.cta.patch(TRANSPORT=transport, K_CHUNKS=kc):
+                        t, _ = timing.bench(fn)
                     row[f"{name} {transport} kc={kc}" + (f" {label}" if label else "")] = t
                     if best is None or t < best[0]:
                         best = (t, f"{transport}/{kc}" + (f"+{label}" if label else ""))
-    finally:
-        cta_symm.TRANSPORT, cta_symm.K_CHUNKS = default[:2]
-        for n, v in default[2].items():
-            setattr(cta_symm, n, v)
     return best
 
 
@@ -430,14 +422,9 @@ def parse_args(argv=None):
     p.add_argument("--micro-batches", default="2,4,8")
     p.add_argument("--k-chunks", default="4,8,16", help="K-chunks per stage-0 rank to sweep (ours)")
     p.add_argument("--transports", default="ce,peer", help="stage-0 transports to sweep (ours): ce, peer")
-    p.add_argument("--swiglu-tails", default="off",
-                   help="SwiGLU stage-0 tails to sweep (ours, symm; cta_symm.SWIGLU_TAIL): off, on, or off,on")
     p.add_argument("--swiglu-shares", default="rounds",
-                   help="SwiGLU stage-1 shares to sweep (ours, symm; cta_symm.SWIGLU_SHARE_ROUNDS): rounds (balanced "
+                   help="SwiGLU stage-1 shares to sweep (ours, symm; knobs.cta.SWIGLU_SHARE_ROUNDS): rounds (balanced "
                         "in whole rounds of SMs, the default), work (balanced work), or rounds,work")
-    p.add_argument("--eager-graphs", default="off",
-                   help="eager calls of ours replayed from the op's own CUDA graph (symm; cta_symm.EAGER_GRAPHS) to "
-                        "sweep: off, on, or off,on")
     p.add_argument("--graphs", action="store_true", help="also time the baselines captured in CUDA graphs")
     p.add_argument("--trace", metavar="DIR", help="torch.profiler traces of ours on ranks 0 and 1")
     p.add_argument("--trace-m", default="4096", help="with --trace: the M values to trace")
@@ -453,24 +440,14 @@ def parse_args(argv=None):
     args.micro_batches = [int(v) for v in args.micro_batches.split(",")]
     args.k_chunks = [int(v) for v in args.k_chunks.split(",")]
     args.transports = [t for t in args.transports.split(",") if t]
-    tails = [v for v in args.swiglu_tails.split(",") if v]
-    if not tails or any(v not in ("on", "off") for v in tails):
-        p.error("--swiglu-tails: off, on, or off,on")
-    args.swiglu_tails = tuple(dict.fromkeys(v == "on" for v in tails))
     shares = [v for v in args.swiglu_shares.split(",") if v]
     if not shares or any(v not in ("rounds", "work") for v in shares):
         p.error("--swiglu-shares: rounds, work, or rounds,work")
-    eager_graphs = [v for v in args.eager_graphs.split(",") if v]
-    if not eager_graphs or any(v not in ("on", "off") for v in eager_graphs):
-        p.error("--eager-graphs: off, on, or off,on")
-    eager_graphs = tuple(dict.fromkeys(v == "on" for v in eager_graphs))
-    # (label, cta_symm settings) per swept variant of ours on symm: what differs from the defaults
-    # (none: ""); SwiGLU's tails and shares only apply to SwiGLU
-    args.swiglu_settings = [
-        ("+".join((["work"] if share == "work" else []) + (["tail"] if tail else []) + (["eg"] if eg else [])),
-         {"SWIGLU_TAIL": tail, "SWIGLU_SHARE_ROUNDS": share == "rounds", "EAGER_GRAPHS": eg})
-        for share in dict.fromkeys(shares) for tail in args.swiglu_tails for eg in eager_graphs]
-    args.gelu_settings = [("eg" if eg else "", {"EAGER_GRAPHS": eg}) for eg in eager_graphs]
+    # (label, knobs.cta settings) per swept variant of ours on symm: what differs from the defaults
+    # (none: ""); SwiGLU's shares only apply to SwiGLU
+    args.swiglu_settings = [("work" if share == "work" else "", {"SWIGLU_SHARE_ROUNDS": share == "rounds"})
+                            for share in dict.fromkeys(shares)]
+    args.gelu_settings = [("", {})]
     args.trace_m = {int(v) for v in args.trace_m.split(",")}
     return args
 

@@ -89,7 +89,7 @@ SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "schedule=pha
                   "own-first=0.25")
 
 
-SETTINGS = ("COMM_SMS", "TRANSPORT", "ORDER", "OWN_FIRST", "SCHEDULE")  # what a sweep column sets in moe_symm
+SETTINGS = ("COMM_SMS", "TRANSPORT", "ORDER", "OWN_FIRST", "SCHEDULE")  # what a sweep column sets in knobs.moe
 CE_COMM_SMS = 8  # the comm kernel of the "ce" column, where the run's own setting has none (0, the default)
 
 
@@ -124,8 +124,8 @@ def time_lowering(prob, low: str, timing) -> float:
 
 
 def sweep_settings(column, defaults: dict) -> dict:
-    """The ``moe_symm`` settings of one sweep column (an int: that many comm SMs, SM transport);
-    ``defaults``: the module's settings before the sweep (what a column does not name)."""
+    """The ``knobs.moe`` settings of one sweep column (an int: that many comm SMs, SM transport);
+    ``defaults``: the knobs before the sweep (what a column does not name)."""
     out = dict(defaults)
     if isinstance(column, int):
         return {**out, "COMM_SMS": column, "TRANSPORT": "sm"}
@@ -312,8 +312,9 @@ def main(argv=None):
         args.configs = default_configs(ws)
     import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
     from overlap_backend.runtime import moe_symm, symm_lowering
+    from overlap_backend.spec import knobs
 
-    defaults = {name: getattr(moe_symm, name) for name in SETTINGS}  # the symm column measures these
+    defaults = {name: getattr(knobs.moe, name) for name in SETTINGS}  # the symm column measures these
     from overlap_backend.cost import calibration as calibrate
 
     cal = calibrate.load_or_default()  # the backend column: what the cost model decides on this machine
@@ -339,7 +340,7 @@ def main(argv=None):
         sweep_head = ["config", "routing"] + [f"sms={n}" for n in args.comm_sms] + list(args.sweep)
         text = (f"# MoE block, {ws} ranks, bf16 (ms)\n\n{common.info_markdown(info)}\n\n"
                 + common.markdown_table(head, rows) + "\n\n## symm: sweep (ms)\n\nEach column changes the named "
-                f"settings of `moe_symm`; the rest are those of the symm column: {defaults_text}.\n\n"
+                f"settings of `knobs.moe`; the rest are those of the symm column: {defaults_text}.\n\n"
                 + common.markdown_table(sweep_head, sweep_rows) + "\n"
                 + ("\n## CUDA graphs (ms)\n\nEach captured once after eager warm-up, timed as graph replays "
                    "(same timing as above); eager columns from the first table.\n\n"
@@ -367,8 +368,7 @@ def main(argv=None):
                 recv_max = common.allreduce_max([sum(prob.recv)], device)[0]
                 ref = prob.baseline()
                 checks = []
-                for name, value in defaults.items():  # (also undoes a sweep an error cut short)
-                    setattr(moe_symm, name, value)
+                knobs.moe.set(**defaults)  # (also undoes a sweep an error cut short)
                 # Everything of symm (check, times, graphs, sweep) before anything of p2p: run after the p2p
                 # lowering's NCCL send/recv in the same process, the symm op took 9.10 ms instead of 6.38
                 # (DeepSeek-like, 2xH200) and 10.07 instead of 6.12 (4xH200), unexplained yet (docs/moe.md);
@@ -400,16 +400,14 @@ def main(argv=None):
                         print(f"graphs: {graph_rows[-1]}", flush=True)
                 sweep = {}
                 for n in args.comm_sms + list(args.sweep):
-                    for name, value in sweep_settings(n, defaults).items():
-                        setattr(moe_symm, name, value)
+                    knobs.moe.set(**sweep_settings(n, defaults))
                     err = common.allreduce_max([common.rel_err(prob.ours("symm").float(), ref.float())], device)[0]
                     ms, _ = timing.bench(lambda: prob.ours("symm"))
                     sweep[str(n)] = {"ms": ms, "err": err}
                 res["sweep"] = sweep
                 sweep_rows.append([cfg, routing] + [common.fmt_ms(v["ms"]) + ("" if v["err"] <= TOL else " FAIL")
                                                     for v in sweep.values()])
-                for name, value in defaults.items():
-                    setattr(moe_symm, name, value)
+                knobs.moe.set(**defaults)
                 if trace_dir is not None:
                     common.write_traces([("baseline", prob.baseline), ("symm", lambda: prob.ours("symm"))],
                                         trace_dir, device, f"moe_ws{ws}_{cfg}_{routing}")

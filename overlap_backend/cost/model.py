@@ -221,10 +221,8 @@ def ar_rounds(m: int, ws: int) -> int:
 
 def cta_block() -> tuple[int, int]:
     """(rows, columns) of a CTA-pipeline stage-1 tile, the pipeline's row groups
-    (``runtime.cta_symm.STAGE1_CONFIG``)."""
-    from ..runtime import cta_symm
-
-    bm, bn = cta_symm.STAGE1_CONFIG[:2]
+    (``knobs.cta.STAGE1_CONFIG``)."""
+    bm, bn = knobs.cta.STAGE1_CONFIG[:2]
     return bm, bn
 
 
@@ -383,7 +381,7 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         # The pipeline's fill is hidden by the stage-1 share (stage 1's own first-GEMM columns) and its
         # drain by the stage-0 tails; what is left at the end is the last row group's transfers: its
         # tails' partial products to the stage-1 ranks and their rows back to every rank, one after
-        # the other, or at once with one stage-0 rank (cta_symm.SHIP_BEFORE_TAILS).
+        # the other, or at once with one stage-0 rank (knobs.cta.SHIP_BEFORE_TAILS).
         last = ce_ms(cal, p.m * p.n * e / groups)
         end = last * (1 if tp == 1 else 2)
         # Stage 1 streams its W2 columns and the W1 columns of its share with tiles_m x tiles_n1 CTAs

@@ -1,10 +1,10 @@
 """The ``p2p`` lowering of ``overlap::cta_pipeline_mlp``: a stage pipeline over P2P.
 
-This is the portable fallback of CTA-pipelining (issue 5), not the CTA-level schedule itself (that
-is the ``symm`` lowering, not written yet). The rows of ``x`` are cut into ``stages`` micro-chunks
-(fewer when ``x`` has fewer rows). Each chunk is reduced with the fused ring reduce-scatter of
-``runtime/p2p.py`` (``_reduce_scatter_matmul``, as ``mm_ar`` does): its rows are cut into ``ws``
-sub-chunks, and the MLP of sub-chunk ``c`` (``act(x_c @ w1) @ w2``) is computed while the
+This is the portable fallback of CTA-pipelining (docs/cta.md), not the CTA-level schedule itself
+(that is the ``symm`` lowering, ``runtime/cta_symm.py``). The rows of ``x`` are cut into ``stages``
+micro-chunks (fewer when ``x`` has fewer rows). Each chunk is reduced with the fused ring
+reduce-scatter of ``runtime/p2p.py`` (``reduce_scatter_matmul``, as ``mm_ar`` does): its rows are
+cut into ``ws`` sub-chunks, and the MLP of sub-chunk ``c`` (``act(x_c @ w1) @ w2``) is computed while the
 accumulator of the previous sub-chunk travels the ring, this rank's own sub-chunk last. The reduced
 sub-chunk is then all-gathered asynchronously while the next micro-chunk is computed, so only the
 last chunk's all-gather follows the last GEMM.
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .lowering import register
-from .p2p import Ring, _reduce_scatter_matmul
+from .p2p import Ring, reduce_scatter_matmul
 
 
 def _linear(a: Tensor, w: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
@@ -86,7 +86,7 @@ def cta_pipeline_mlp(
                 res = torch.cat([res, res.new_zeros((step - (s_hi - s_lo), n))])
             return res
 
-        mine = _reduce_scatter_matmul(ring, partial, (step, n), dtype, x.device, "sum")
+        mine = reduce_scatter_matmul(ring, partial, (step, n), dtype, x.device, "sum")
         full = torch.empty((ws * step, n), dtype=dtype, device=x.device)
         # Gather this chunk while the next one is computed.
         work = ring.all_gather(full, mine)

@@ -20,7 +20,7 @@ the combine while the next source's are computed (``_pipeline``, shared).
 Which grouped row belongs to which source and expert is worked out once per call (one host read of a
 ``[ws, E]`` count table; on CUDA that is one synchronisation). Within a chunk each expert's rows are
 one GEMM each (``torch._grouped_mm`` for bfloat16 on CUDA with 16-byte-aligned rows, a loop of
-``mm`` otherwise; the CUDA paths have not run yet: this version was written on a CPU-only machine).
+``mm`` otherwise).
 
 On CUDA the transfers are issued from the high-priority communication stream of ``runtime/p2p.py``
 (``streams.comm_stream``); the compute stream waits for a dispatch chunk only right before it reads
@@ -52,7 +52,7 @@ def _exchange(ring: Ring, tag: int, send: Tensor, to: int, recv: Tensor, frm: in
     return ring.start(ops)
 
 
-def _prefix(sizes: list[int]) -> list[int]:
+def prefix_sums(sizes: list[int]) -> list[int]:
     out = [0]
     for s in sizes:
         out.append(out[-1] + int(s))
@@ -64,7 +64,7 @@ def _per_expert(a: Tensor, counts: list[int], w: Tensor) -> Tensor:
     n, k, f = a.shape[0], a.shape[1], w.shape[2]
     # _grouped_mm wants bfloat16 and 16-byte-aligned leading strides (rows of K and F elements).
     if a.is_cuda and a.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and k % 8 == 0 and f % 8 == 0:
-        offs = torch.tensor(_prefix(counts)[1:], dtype=torch.int32, device=a.device)
+        offs = torch.tensor(prefix_sums(counts)[1:], dtype=torch.int32, device=a.device)
         return torch._grouped_mm(a.contiguous(), w, offs=offs)
     out = a.new_empty((n, f))
     start = 0
@@ -101,13 +101,13 @@ class _Plan:
     ``order[starts[s]]`` on. One host read of the count table (on CUDA a synchronisation)."""
 
     def __init__(self, ws, send_splits, recv_splits, rows, offsets, group_sizes, experts, dev):
-        self.send_off, self.recv_off = _prefix(send_splits), _prefix(recv_splits)
+        self.send_off, self.recv_off = prefix_sums(send_splits), prefix_sums(recv_splits)
         self.m, self.experts = rows.shape[0], experts
         self.rows = rows.to(device=dev, dtype=torch.long)
         if offsets is not None:
             ends = offsets.to(device=dev, dtype=torch.long)
         else:
-            ends = torch.tensor(_prefix(group_sizes)[1:], dtype=torch.long, device=dev)
+            ends = torch.tensor(prefix_sums(group_sizes)[1:], dtype=torch.long, device=dev)
         j = torch.arange(self.m, device=dev)
         self.expert_of = torch.searchsorted(ends, j, right=True)
         source = torch.searchsorted(torch.tensor(self.recv_off[1:], dtype=torch.long, device=dev), self.rows,
@@ -116,7 +116,7 @@ class _Plan:
         key = torch.where(valid, source * experts + self.expert_of, ws * experts)
         key, self.order = torch.sort(key, stable=True)
         self.counts = torch.bincount(key, minlength=ws * experts + 1)[: ws * experts].view(ws, experts).tolist()
-        self.starts = _prefix([sum(c) for c in self.counts])
+        self.starts = prefix_sums([sum(c) for c in self.counts])
 
     def grouped(self, src: int) -> Tensor:
         """The grouped rows of source ``src``, sorted by expert."""

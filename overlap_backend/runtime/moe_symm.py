@@ -16,7 +16,7 @@ One call on rank r (``epoch`` from ``GroupState.begin``; nothing is reset, the h
    it stream-waits for ``MOE_DONE`` and pushes the staging segment into the source's combine slot r,
    raising its ``MOE_RETURNED[r]``; per peer it stream-waits for ``MOE_RETURNED`` and copies the
    combine slot into ``out``. With comm SMs, ``comm_kernel`` (its own stream, from the start of the
-   call) does the copy-out instead, and with ``TRANSPORT = "sm"`` the pushes too.
+   call) does the copy-out instead, and with ``knobs.moe.TRANSPORT = "sm"`` the pushes too.
 
 Data buffer layout (every rank the same, see ``layout``): dispatch slots ``[ws, cap, H]`` then
 combine slots ``[ws, cap, H]``, x's dtype, ``cap = x.shape[0]`` (a source sends a rank at most all
@@ -33,10 +33,11 @@ import torch
 from torch import Tensor
 
 from ..codegen import launcher
+from ..spec import knobs
 from . import cuda as _cuda
 from . import symm
 from .lowering import register
-from .moe_p2p import _prefix
+from .moe_p2p import prefix_sums
 from .streams import SYMM_MOE_COMM, comm_stream
 from .symm_lowering import (PATHS, _aligned, _captured_fit, _kernels, _p2p, _picked, _state, _tma_problem, _tune,
                             capture_problem, capturing)
@@ -44,28 +45,14 @@ from .symm_lowering import (PATHS, _aligned, _captured_fit, _kernels, _p2p, _pic
 log = logging.getLogger("overlap_backend.symm")
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
-TRANSPORT = "ce"  # with comm SMs: "ce": the copy engine ships the segments, the comm kernel only copies
-# results out; "sm": the comm kernel stores into peers too ("ce" measured faster on 2×H200,
-# docs/moe.md#measured). "ce-only", or 0 comm SMs (the default): no comm kernel at all, the GEMMs take
-# every SM and the copy engine also copies the results out of the combine slots. 2×H200 (2026-12-01,
-# same runs): DeepSeek-like 6.055 vs 6.299 ms with 8 comm SMs, Mixtral-like 5.438 vs 5.529; after the p2p
-# lowering's NCCL send/recv had run in the process, 6.030 vs 9.065 (the kernel's copy-out slows down
-# then, and in graph replays: not understood)
-COMM_SMS: int | None = None  # None: OVERLAP_MOE_COMM_SMS (read per call; bench/ sets this to sweep)
-SCHEDULE = "phased"  # "phased": gate/up + down once per source position (moe_gemm.phases), each phase
-# ending in a partial wave (Mixtral-like gate/up 3.23 ms vs 2.93 in one launch, 2xH200, bench/probe_moe_gemm.py);
-# "rotated": one gate/up launch walking the own groups first (no transfer to wait for), then one down launch
-# remote-first. End to end on 2xH200 (bench_moe, "ce" transport) phased measured faster: DeepSeek-like 6.30
-# vs 7.60 ms, Mixtral-like 5.47 vs 5.50: in one launch the remote results are ready only after all of
-# gate/up, and the comm kernel's copy-out of them (8 SMs) is left after the GEMMs
-OWN_FIRST = 0.0  # "phased" only: fraction of the own experts computed before the remote rows (moe_gemm.phases)
-ORDER = "auto"  # tile order: "auto" (see expert_major), "source" (remote-critical first) or "expert"
-EXPERT_MAJOR_ROWS = 128  # auto: expert-major below this many rows per (source, expert) group on average
+DISABLED_WHY = "the symm moe_experts kernels are turned off (knobs.moe.ENABLED = False)"
 
 
 def comm_sms() -> int:
-    if COMM_SMS is not None:
-        return COMM_SMS
+    """The comm kernel's SMs for an op called without ``comm_sms``: ``knobs.moe.COMM_SMS``, else
+    ``OVERLAP_MOE_COMM_SMS`` (read per call)."""
+    if knobs.moe.COMM_SMS is not None:
+        return knobs.moe.COMM_SMS
     from ..config import _parse_moe_comm_sms
 
     raw = os.environ.get("OVERLAP_MOE_COMM_SMS")
@@ -82,15 +69,15 @@ def expert_major(rows: int, ws: int, experts: int) -> bool:
     that the tiles of one expert's sources run side by side and share its weights in L2 (the
     experts are weight-bandwidth bound there, and re-reading every expert's weights once per
     source would cost more than the overlap wins). A local choice: what is communicated and the
-    results do not depend on it. ``ORDER`` forces one ("source" / "expert")."""
-    if ORDER != "auto":
-        return ORDER == "expert"
-    return rows < ws * experts * EXPERT_MAJOR_ROWS
+    results do not depend on it. ``knobs.moe.ORDER`` forces one ("source" / "expert")."""
+    if knobs.moe.ORDER != "auto":
+        return knobs.moe.ORDER == "expert"
+    return rows < ws * experts * knobs.moe.EXPERT_MAJOR_ROWS
 
 
 def combine_transport(comm_sms: int, graph: bool, cuda: bool = True) -> tuple[str, int, int]:
     """(transport, SMs its comm kernel holds, SMs an eager call's holds) of a call; ``comm_sms``: the
-    op's argument (-1: the setting). 0 SMs: no comm kernel ("ce-only"), whatever TRANSPORT says. A
+    op's argument (-1: the setting). 0 SMs: no comm kernel ("ce-only"), whatever knobs.moe.TRANSPORT says. A
     captured call takes the copy-engine-only combine: with the comm kernel's copy-out, replays of the
     DeepSeek-like layer took 8.96 ms against 5.65 without it (2xH200, the copy-out ended ~3.5 ms after
     the last GEMM in a replay, 0.4 ms eagerly); and its peers' READY words are consumed by begin(),
@@ -98,7 +85,7 @@ def combine_transport(comm_sms: int, graph: bool, cuda: bool = True) -> tuple[st
     comm kernel, pushes included, on at least one program. Block configs are tuned by eager calls,
     for the grid their SMs leave (a captured call uses theirs)."""
     requested = comm_sms if comm_sms >= 0 else _comm_sms_setting()
-    eager = "ce-only" if requested == 0 else TRANSPORT
+    eager = "ce-only" if requested == 0 else knobs.moe.TRANSPORT
     transport = "ce-only" if graph else eager
 
     def held(t: str) -> int:
@@ -111,16 +98,17 @@ def combine_transport(comm_sms: int, graph: bool, cuda: bool = True) -> tuple[st
 
 def gemm_schedule(ws: int, experts: int, major: bool) -> tuple[list[tuple[int, int, int, int]], int | None]:
     """The gate/up + down launch pairs of a call (``moe_gemm.phases``' tuples) and the group the
-    single-launch schedules start at (None: the first): ``SCHEDULE`` "phased" (one pair per source
-    position) or "rotated" (one pair, own groups first), and one expert-major pair at decode sizes."""
+    single-launch schedules start at (None: the first): ``knobs.moe.SCHEDULE`` "phased" (one pair per
+    source position) or "rotated" (one pair, own groups first), and one expert-major pair at decode sizes."""
     from ..codegen import moe_gemm
 
-    if SCHEDULE == "rotated" or major:
+    schedule = knobs.moe.SCHEDULE
+    if schedule == "rotated" or major:
         # the own groups (source position ws - 1) first: their rows are local, the peers' are in flight
         return [(0, ws * experts, 0, ws)], None if major else (ws - 1) * experts
-    if SCHEDULE == "phased":
-        return moe_gemm.phases(ws, experts, False, OWN_FIRST), None
-    raise ValueError(f"moe_symm.SCHEDULE must be 'rotated' or 'phased', not {SCHEDULE!r}")
+    if schedule == "phased":
+        return moe_gemm.phases(ws, experts, False, knobs.moe.OWN_FIRST), None
+    raise ValueError(f"knobs.moe.SCHEDULE must be 'rotated' or 'phased', not {schedule!r}")
 
 
 def layout(ws: int, cap: int, h: int, elem: int) -> dict:
@@ -148,16 +136,13 @@ def symm_dtypes():
     return (torch.bfloat16, torch.float16, torch.float32)
 
 
-PLAN_KERNEL = True  # False: always the torch ops (plan_reference)
-
-
 def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, experts: int, block_rows,
          expert_major: bool = False) -> dict:
     """Device-side work list (no host read): ``codegen/moe_plan.py``'s one kernel where it applies
     (decode sizes: host time is most of such a layer), else ``plan_reference``'s torch ops."""
     from ..codegen import moe_plan
 
-    if PLAN_KERNEL and not moe_plan.unsupported(rows.shape[0], ws * experts, block_rows):
+    if knobs.moe.PLAN_KERNEL and not moe_plan.unsupported(rows.shape[0], ws * experts, block_rows):
         return moe_plan.plan(rows, ends, recv_off, rank, ws, experts, block_rows, expert_major)
     return plan_reference(rows, ends, recv_off, rank, ws, experts, block_rows, expert_major)
 
@@ -208,20 +193,12 @@ def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: 
     return out
 
 
-# On since 2026-11-30 (2×H200: tests/gpu/test_gpu_moe.py -k ws2 passes for both combine transports, 1 and
-# 8 comm SMs, and the compiled layer). Its first GPU run had timed out: the comm kernel spun while the
-# GEMM kernels launched after it were compiled and loaded, and loading a kernel can synchronise the
-# context (codegen/launcher.py: every kernel is now loaded before the call starts). False runs
-# moe_experts on p2p under the symm lowering (the same decision on every rank).
-ENABLED = True
-DISABLED_WHY = "the symm moe_experts kernels are turned off (moe_symm.ENABLED = False)"
-
-
 @register("symm", "moe_experts")
 def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved,
                 comm_sms=-1):
     args = (x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved)
-    why = problem(x, w_gate, w_up, w_down, rows, saved) or (None if ENABLED else DISABLED_WHY) or capture_problem(x)
+    why = (problem(x, w_gate, w_up, w_down, rows, saved) or (None if knobs.moe.ENABLED else DISABLED_WHY)
+           or capture_problem(x))
     graph = why is None and capturing(x)
     st, why = (None, why) if why else _state(group_name, x.device, graph)
     if st is None:
@@ -241,8 +218,8 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     # rows vary per call (dropless): configs tuned once per power-of-two bucket of them
     eager_grid = max(1, st.num_sms - eager_sms)
     tune_key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), eager_grid)
-    send_off, recv_off = _prefix(send_splits), _prefix(recv_splits)
-    ends_host = [] if offsets is not None else _prefix(group_sizes)[1:]
+    send_off, recv_off = prefix_sums(send_splits), prefix_sums(recv_splits)
+    ends_host = [] if offsets is not None else prefix_sums(group_sizes)[1:]
     meta = _meta(send_off + recv_off + ends_host, dev, graph)
     if graph and (why := _captured_fit(st, lay["bytes"], [_picked.get(("moe_gate_up", tune_key)),
                                                           _picked.get(("moe_down", tune_key))])
@@ -372,7 +349,6 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     return out, [x.new_empty((0,)) for _ in saved]
 
 
-_META_MAX = 64  # distinct offset lists kept on the device (dropless routing makes a new one per call)
 _metas: dict[tuple, Tensor] = {}
 
 
@@ -381,14 +357,14 @@ def _meta(values: list[int], device: torch.device, graph: bool) -> Tensor | None
     (capacity routing sends the same splits every call: no copy then), made with
     ``symm.persistent`` (outside any CUDA-graph pool). A captured call only uses a kept one (None
     if there is none: a replay would copy from host memory freed after the capture); past
-    ``_META_MAX`` lists, eager calls copy theirs (pinned, non-blocking: a pageable copy would
+    ``knobs.moe.META_MAX`` lists, eager calls copy theirs (pinned, non-blocking: a pageable copy would
     synchronise the stream) without keeping it."""
     key = (device.index, tuple(values))
     t = _metas.get(key)
     if t is not None or graph:
         return t
     host = torch.tensor(values, dtype=torch.int32, pin_memory=device.type == "cuda")
-    if len(_metas) >= _META_MAX:
+    if len(_metas) >= knobs.moe.META_MAX:
         return host.to(device, non_blocking=True)
     t = _metas[key] = symm.persistent(lambda: host.to(device, non_blocking=True), device)
     return t

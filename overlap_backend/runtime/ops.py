@@ -112,7 +112,7 @@ def _check_epilogues(op, epilogue, outputs, args, shapes, dtype, allow_out_refs=
 
 @_fake("ag_mm")
 def _(shard, weights, biases, gather_dim, group_name, lowering, return_gathered, epilogue="", epilogue_args=None):
-    ws = _group_size(group_name)
+    ws = group_size(group_name)
     dim = gather_dim % shard.dim()
     gshape = list(shard.shape)
     gshape[dim] *= ws
@@ -165,7 +165,7 @@ def _rs_shape(out_shape, scatter_dim, ws) -> list[int]:
 
 @_fake("mm_rs")
 def _(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, lowering, epilogue="", epilogue_args=None):
-    shape = _rs_shape(out_shape, scatter_dim, _group_size(group_name))
+    shape = _rs_shape(out_shape, scatter_dim, group_size(group_name))
     (dtype,) = _check_epilogues("mm_rs", epilogue, 1, list(epilogue_args or ()), [shape], torch.result_type(a, b))[1]
     return a.new_empty(shape, dtype=dtype)
 
@@ -205,10 +205,14 @@ def _(a, b, bias, reduce_op, group_name, lowering, epilogue="", epilogue_args=No
     return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
 
 
-def _group_size(group_name: str) -> int:
+def group_size(group_name: str) -> int:
+    """The size of the process group named ``group_name`` (the ops' ``ws``)."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     return _resolve_process_group(group_name).size()
+
+
+_group_size = group_size  # the name symm_lowering imports (until it imports group_size)
 
 
 REDUCE_OPS = _checks.REDUCE_OPS
@@ -376,7 +380,7 @@ def cta_pipeline_mlp(
     lowering: str,
 ) -> Tensor:
     """Row-parallel tensor-parallel MLP: column-parallel GEMM, activation, row-parallel GEMM,
-    all-reduce, run as a pipeline of ``stages`` stages (CTA-pipelining, issue 5).
+    all-reduce, run as a pipeline of ``stages`` stages (CTA-pipelining, docs/cta.md).
 
     ``x`` ``[M, H]`` (replicated on the group's ranks in tensor parallelism, though the semantics
     do not need it), ``w1``/``w3`` ``[H, F]`` (this rank's column shards), ``w2`` ``[F, N]`` (this

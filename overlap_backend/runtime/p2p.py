@@ -269,7 +269,7 @@ def ag_mm(
 
 
 # ----------------------------------------------------------------------------------------- mm_rs
-def _reduce_scatter_matmul(
+def reduce_scatter_matmul(
     ring: Ring,
     partial,
     chunk_shape: Sequence[int],
@@ -327,7 +327,7 @@ def mm_rs(
         return _mm(rows, b, bias).view(chunk_shape)
 
     dtype = torch.result_type(a, b)
-    mine = _reduce_scatter_matmul(ring, partial, chunk_shape, dtype, a.device, reduce_op)
+    mine = reduce_scatter_matmul(ring, partial, chunk_shape, dtype, a.device, reduce_op)
     return _epilogue.apply(epilogue, mine, epilogue_args)
 
 
@@ -355,7 +355,7 @@ def mm_ar(
             res = torch.cat([res, res.new_zeros((step_len - (hi - lo), n))])
         return res
 
-    mine = _reduce_scatter_matmul(ring, partial, (step_len, n), dtype, a.device, reduce_op)
+    mine = reduce_scatter_matmul(ring, partial, (step_len, n), dtype, a.device, reduce_op)
     full = torch.empty((ws * step_len, n), dtype=dtype, device=a.device)
     ring.wait([ring.all_gather(full, mine)], "the all-gather of the reduced chunks")
     return _epilogue.apply(epilogue, full[:m] if ws * step_len != m else full, epilogue_args)

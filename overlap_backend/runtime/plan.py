@@ -115,12 +115,13 @@ def _cta_p2p(args: dict, rank: int, ws: int) -> list[str]:
 
 
 def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
-    """runtime/cta_symm.py, following its plan (chunk_plan) and settings."""
-    from . import cta_symm, symm
+    """runtime/cta_symm.py, following its plan (cta_plan.chunk_plan) and knobs."""
+    from ..spec import knobs
+    from . import cta_plan, cta_symm, symm
 
     x, w1, w2 = args["x"], args["w1"], args["w2"]
     act, approx, stages = args["activation"], args["approximate"], args["stages"]
-    why = cta_symm._problem(x, w1, args["b1"], args["w3"], args["b3"], w2, args["b2"], act, approx, stages, ws)
+    why = cta_symm.problem(x, w1, args["b1"], args["w3"], args["b3"], w2, args["b2"], act, approx, stages, ws)
     if why:
         return [f"# symm falls back to p2p: {why}"]
     tp = ws // 2
@@ -128,20 +129,20 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     (M, H), F, N = x.shape, w1.shape[1] * ws, w2.shape[1]
     if not isinstance(M, int):
         return ["# lowering 'symm': cta_pipeline_mlp; the row count is symbolic here, and the plan "
-                "(cta_symm.chunk_plan) depends on it: no listing"]
+                "(cta_plan.chunk_plan) depends on it: no listing"]
     # the plan is made per call with the GPU's own SM count: this one's where the graph is compiled on CUDA,
     # else an H200's
     cuda = x.device.type == "cuda" and torch.cuda.is_available()
     num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if cuda else 132
-    plan = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", x.dtype, num_sms, H=H)
+    plan = cta_plan.chunk_plan(M, F, N, tp, act == "swiglu", x.dtype, num_sms, H=H)
     if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
         return [f"# symm falls back to p2p: {M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}"]
     bm, group_m = plan.cfg0[0], plan.cfg0[3]
     fp = (F - plan.f1) // tp
-    staged = cta_symm.TRANSPORT == "ce"
+    staged = knobs.cta.TRANSPORT == "ce"
     lines = [
         f"# lowering 'symm': cta_pipeline_mlp ({act}), 2 stages x TP{tp}: this rank is stage {stage}, position {idx}",
-        f"# plan (cta_symm.chunk_plan for {num_sms} SMs): {plan.groups} row group(s) of {bm * group_m} rows; each "
+        f"# plan (cta_plan.chunk_plan for {num_sms} SMs): {plan.groups} row group(s) of {bm * group_m} rows; each "
         f"stage-1 rank computes the last {plan.f1} of the {F} first-GEMM columns itself; each stage-0 rank makes {fp}, ships them in "
         f"{plan.nch} K-chunk(s) of {plan.kchunk}" + (f", the last row group's last {plan.tail} as a tail it "
                                                      "multiplies by W2 itself" if plan.tail else ""),

@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-log = logging.getLogger("overlap_backend.symm")
+from ..spec import knobs
 
-POLL_S = 0.05  # poll period: the overdue report comes at most this late
+log = logging.getLogger("overlap_backend.symm")
 
 
 @dataclass
@@ -88,7 +88,7 @@ def unwatch(w: Watched) -> None:
 
 
 def _loop() -> None:
-    while not _stop.wait(POLL_S):
+    while not _stop.wait(knobs.runtime.WATCHDOG_POLL_S):
         with _lock:
             groups = list(_watched)
         now = time.monotonic()
@@ -106,4 +106,4 @@ def _shutdown() -> None:
     that synchronises on a stalled call is still released."""
     _stop.set()
     if _thread is not None and _thread.is_alive():
-        _thread.join(timeout=2 * POLL_S + 1)
+        _thread.join(timeout=2 * knobs.runtime.WATCHDOG_POLL_S + 1)

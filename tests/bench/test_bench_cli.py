@@ -197,7 +197,7 @@ def test_cta_render(bench, ws):
 
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_cta_symm_takes_the_bench_sizes(bench, ws):
-    """The symm lowering's preconditions (cta_symm._problem and its flag budget) hold for the
+    """The symm lowering's preconditions (cta_symm.problem and its flag budget) hold for the
     benchmark's default sizes on rank pairs and on 2 stages x TP<ws/2>; 4 stages are refused."""
     from overlap_backend.runtime import cta_symm, symm
 
@@ -215,58 +215,40 @@ def test_cta_symm_takes_the_bench_sizes(bench, ws):
 
 
 def test_cta_swiglu_variants_sweep(bench):
-    """``--swiglu-tails off,on`` / ``--swiglu-shares work,rounds`` time ours in every combination of
-    SwiGLU stage-0 tails and share sizing, check each non-default variant's result first, label the
-    best variant, and leave cta_symm's settings as they were; the bench's sizes keep within the flag
-    budget with tails too."""
-    from overlap_backend.runtime import cta_symm, symm
+    """``--swiglu-shares work,rounds`` times ours with either SwiGLU share sizing, checks each
+    non-default variant's result first, labels the best variant, and leaves the CTA knobs as they
+    were. (The options of the deleted SwiGLU-tail and eager-graph modes are refused.)"""
+    from overlap_backend.spec import knobs
 
     c = bench["bench_cta"]
-    assert c.parse_args([]).swiglu_tails == (False,)
-    assert c.parse_args([]).swiglu_settings == [("", {"SWIGLU_TAIL": False, "SWIGLU_SHARE_ROUNDS": True,
-                                                      "EAGER_GRAPHS": False})]
-    assert c.parse_args([]).gelu_settings == [("", {"EAGER_GRAPHS": False})]
-    eg = c.parse_args(["--eager-graphs", "off,on"])
-    assert [label for label, _ in eg.gelu_settings] == ["", "eg"]
-    assert [label for label, _ in eg.swiglu_settings] == ["", "eg"]
-    assert c.parse_args(["--swiglu-tails", "off,on"]).swiglu_tails == (False, True)
-    both = c.parse_args(["--swiglu-tails", "off,on", "--swiglu-shares", "work,rounds"]).swiglu_settings
-    assert [label for label, _ in both] == ["work", "work+tail", "", "tail"], both
+    assert c.parse_args([]).swiglu_settings == [("", {"SWIGLU_SHARE_ROUNDS": True})]
+    assert c.parse_args([]).gelu_settings == [("", {})]
+    both = c.parse_args(["--swiglu-shares", "work,rounds"]).swiglu_settings
+    assert [label for label, _ in both] == ["work", ""], both
     for bad in (["--swiglu-tails", "yes"], ["--swiglu-shares", "even"], ["--eager-graphs", "1"]):
         with pytest.raises(SystemExit):
             c.parse_args(bad)
     seen = []
-    settings = lambda: (cta_symm.TRANSPORT, cta_symm.K_CHUNKS, cta_symm.SWIGLU_TAIL, cta_symm.SWIGLU_SHARE_ROUNDS)  # noqa: E731
+    settings = lambda: (knobs.cta.TRANSPORT, knobs.cta.K_CHUNKS, knobs.cta.SWIGLU_SHARE_ROUNDS)  # noqa: E731
 
     class Timing:
         def bench(self, fn):
             seen.append(settings())
-            return ((1.0 if cta_symm.SWIGLU_TAIL else 2.0) + (0.5 if cta_symm.SWIGLU_SHARE_ROUNDS else 0)
-                    + cta_symm.K_CHUNKS / 100), None
+            return 2.0 + (0.5 if knobs.cta.SWIGLU_SHARE_ROUNDS else 0) + knobs.cta.K_CHUNKS / 100, None
 
     before = settings()
     row = {}
     best = c._sweep_k_chunks(Timing(), lambda: "out", [4, 8], row, "CTA 2", ("ce",), both,
                              check=lambda out: 0.001 if out == "out" else 1.0)
-    assert best == (1.04, "ce/4+work+tail") and row["CTA 2 err tail"] == 0.001 and row["CTA 2 err work+tail"] == 0.001
+    assert best == (2.04, "ce/4+work") and row["CTA 2 err work"] == 0.001
     assert "CTA 2 err " not in row  # the defaults are not checked again
-    assert row["CTA 2 ce kc=8 work"] == 2.08 and row["CTA 2 ce kc=8 work+tail"] == 1.08 and row["CTA 2 ce kc=4"] == 2.54
-    assert seen == [("ce", 4, False, False), ("ce", 8, False, False), ("ce", 4, True, False), ("ce", 8, True, False),
-                    ("ce", 4, False, True), ("ce", 8, False, True), ("ce", 4, True, True), ("ce", 8, True, True)]
+    assert row["CTA 2 ce kc=8 work"] == 2.08 and row["CTA 2 ce kc=4"] == 2.54
+    assert seen == [("ce", 4, False), ("ce", 8, False), ("ce", 4, True), ("ce", 8, True)]
     assert settings() == before
-    args = c.parse_args([])
-    try:
-        cta_symm.SWIGLU_TAIL = True
-        for M in args.m:
-            for ws in (2, 4, 8):
-                assert _cta_symm_problem(cta_symm, symm, M, args.hidden, args.ffn, args.hidden, "swiglu", ws,
-                                         args.k_chunks) is None, (M, ws)
-    finally:
-        cta_symm.SWIGLU_TAIL = before[2]
 
 
 class _Meta:
-    """A tensor as cta_symm._problem looks at it (shape, dtype, device), without memory."""
+    """A tensor as cta_symm.problem looks at it (shape, dtype, device), without memory."""
 
     def __init__(self, *shape, dtype=torch.bfloat16):
         self.shape, self.dtype, self.device = torch.Size(shape), dtype, torch.device("cuda")
@@ -277,23 +259,22 @@ class _Meta:
 
 def _cta_symm_problem(cta_symm, symm, M, H, F, N, act, ws, k_chunks, stages=2, dtype=torch.bfloat16):
     """None when the symm lowering runs cta_pipeline_mlp on its kernels for these sizes (an H200's 132
-    SMs), else why not: ``_problem``, then the chunk-flag budget the op checks before launching."""
+    SMs), else why not: ``problem``, then the chunk-flag budget the op checks before launching."""
+    from overlap_backend.runtime import cta_plan
+    from overlap_backend.spec import knobs
+
     f = F // ws
     w3 = _Meta(H, f, dtype=dtype) if act == "swiglu" else None
-    why = cta_symm._problem(_Meta(M, H, dtype=dtype), _Meta(H, f, dtype=dtype), None, w3, None,
+    why = cta_symm.problem(_Meta(M, H, dtype=dtype), _Meta(H, f, dtype=dtype), None, w3, None,
                             _Meta(f, N, dtype=dtype), None, act, "tanh" if act == "gelu" else "none", stages, ws)
     if why:
         return why
     tp, swiglu = ws // 2, act == "swiglu"
-    old = cta_symm.K_CHUNKS
-    try:
-        for kc in k_chunks:
-            cta_symm.K_CHUNKS = kc
-            plan = cta_symm.chunk_plan(M, F, N, tp, swiglu, dtype, 132)
-            if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
-                return f"K_CHUNKS={kc}: {M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}"
-    finally:
-        cta_symm.K_CHUNKS = old
+    for kc in k_chunks:
+        with knobs.cta.patch(K_CHUNKS=kc):
+            plan = cta_plan.chunk_plan(M, F, N, tp, swiglu, dtype, 132)
+        if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
+            return f"K_CHUNKS={kc}: {M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}"
     return None
 
 

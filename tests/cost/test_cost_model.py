@@ -111,12 +111,10 @@ def test_knobs_chosen_or_kept():
 def test_mirrored_runtime_constants():
     """The model prices the chunking the runtime does: it reads the runtime's knobs and chunking
     functions (the bands and the all-reduce rounds are the runtime's own, not copies)."""
-    from overlap_backend.runtime import cta_symm, symm, symm_lowering
+    from overlap_backend.runtime import symm, symm_lowering
 
     assert knobs.symm.ONESHOT_MAX_BYTES == symm.ONESHOT_MAX_BYTES
-    assert knobs.cta.K_CHUNKS == cta_symm.K_CHUNKS
-    assert model.cta_block() == cta_symm.STAGE1_CONFIG[:2]
-    assert knobs.cta.GELU_SHARE_MAX == cta_symm.GELU_SHARE_MAX
+    assert model.cta_block() == knobs.cta.STAGE1_CONFIG[:2]
     for rows in (0, 1, 256, 512, 2048, 4096, 8192, 12345):
         assert model.bands(rows) == len(symm.bands(rows))
         for ws in (2, 4, 8):

@@ -6,6 +6,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 
 from overlap_backend import make_backend
+from overlap_backend.spec import knobs
 
 all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
 
@@ -128,8 +129,8 @@ def test_moe_listing_follows_the_combine_transport(monkeypatch):
     listing = plan.render("moe_experts", decode, rank, ws)
     compile(listing, "moe_experts.py", "exec")
     assert listing.count("launch(gate_up_kernel") == 1 and "expert-major" in listing  # one pair, all groups
-    monkeypatch.setattr(moe_symm, "SCHEDULE", "rotated")
-    listing = plan.render("moe_experts", _moe_args(ws, 0), rank, ws)
+    with knobs.moe.patch(SCHEDULE="rotated"):
+        listing = plan.render("moe_experts", _moe_args(ws, 0), rank, ws)
     compile(listing, "moe_experts.py", "exec")
     assert f"start_group={(ws - 1) * 4}" in listing  # the own groups first
     p2p = plan.render("moe_experts", _moe_args(ws, 0, "p2p"), rank, ws)
@@ -160,15 +161,15 @@ def test_cta_listing_follows_the_plan(monkeypatch):
     """cta_pipeline_mlp's listing: stage 0 pushes each (row group, K-chunk) block to every stage-1 rank
     of its plan (copy engine) and launches its kernel (and its tail's); stage 1 launches the share and
     the stage-1 kernel; p2p: one ring per micro-chunk. Every listing is valid Python."""
-    from overlap_backend.runtime import cta_symm, plan
+    from overlap_backend.runtime import cta_plan, cta_symm, plan
 
     meta = dict(device="meta", dtype=torch.bfloat16)
     ws, F = 4, 28672
     args = {"x": torch.empty(1024, 8192, **meta), "w1": torch.empty(8192, F // ws, **meta), "b1": None, "w3": None,
             "b3": None, "w2": torch.empty(F // ws, 8192, **meta), "b2": None, "activation": "gelu",
             "approximate": "tanh", "stages": 2, "group_name": "g", "lowering": "symm"}
-    monkeypatch.setattr(cta_symm, "_problem", lambda *a: None)  # meta tensors stand for CUDA ones
-    p = cta_symm.chunk_plan(1024, F, 8192, ws // 2, False, torch.bfloat16, 132, H=8192)
+    monkeypatch.setattr(cta_symm, "problem", lambda *a: None)  # meta tensors stand for CUDA ones
+    p = cta_plan.chunk_plan(1024, F, 8192, ws // 2, False, torch.bfloat16, 132, H=8192)
     stage0, stage1 = (plan.render("cta_pipeline_mlp", args, r, ws) for r in (1, 2))
     for text in (stage0, stage1):
         compile(text, "cta.py", "exec")

@@ -212,20 +212,20 @@ def test_symm_view_cache_is_bounded(monkeypatch):
 
 
 def test_cta_placements_of_dead_weights_are_pruned():
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_weights
 
     live, dead = torch.randn(4, 4), torch.randn(4, 4)
-    saved = dict(cta_symm._placements)
+    saved = dict(cta_weights.placements)
     try:
-        cta_symm._placements.clear()
-        cta_symm._placements["live"] = cta_symm._Placement((cta_symm._storage_ref(live),), (0,), w1=live.clone())
-        cta_symm._placements["dead"] = cta_symm._Placement((cta_symm._storage_ref(dead),), (0,), w1=dead.clone())
+        cta_weights.placements.clear()
+        cta_weights.placements["live"] = cta_weights.Placement((cta_weights.storage_ref(live),), (0,), w1=live.clone())
+        cta_weights.placements["dead"] = cta_weights.Placement((cta_weights.storage_ref(dead),), (0,), w1=dead.clone())
         del dead
-        assert cta_symm.prune_placements() == 1
-        assert list(cta_symm._placements) == ["live"]
+        assert cta_weights.prune_placements() == 1
+        assert list(cta_weights.placements) == ["live"]
     finally:
-        cta_symm._placements.clear()
-        cta_symm._placements.update(saved)
+        cta_weights.placements.clear()
+        cta_weights.placements.update(saved)
 
 
 # ------------------------------------------- gloo, 2 ranks: graph breaks, recompiles, late and dead peers
@@ -395,6 +395,7 @@ def test_watchdog_counts_from_when_a_call_is_seen_started_and_fires_until_it_fin
 
 def test_watchdog_thread_runs_on_overdue_and_survives_its_errors():
     from overlap_backend.runtime import watchdog
+    from overlap_backend.spec import knobs
 
     seen, progress = [], _Progress()
 
@@ -411,9 +412,9 @@ def test_watchdog_thread_runs_on_overdue_and_survives_its_errors():
             time.sleep(0.02)
         assert seen[:2] == ["moe_experts", "moe_experts"], seen
         progress.finished = 1
-        time.sleep(3 * watchdog.POLL_S)
+        time.sleep(3 * knobs.runtime.WATCHDOG_POLL_S)
         n = len(seen)
-        time.sleep(3 * watchdog.POLL_S)
+        time.sleep(3 * knobs.runtime.WATCHDOG_POLL_S)
         assert len(seen) == n
     finally:
         watchdog.unwatch(w)

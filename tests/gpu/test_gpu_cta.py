@@ -9,12 +9,11 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
   fp16 and fp32, M not a multiple of the tile (1, 200, 129 rows), M over several row groups; the
   group's symmetric buffer is poisoned with NaN before the checked call (stale data would show);
   every rank's result the same bits (as an all-reduce); the cases again with each of
-  ``cta_symm.SWIGLU_TAIL``, ``SWIGLU_SHARE_ROUNDS``, ``STAGE0_TMA_STORE``, ``STAGE0_SPLIT_LAST``,
-  ``SHIP_BEFORE_TAILS`` and ``EAGER_GRAPHS`` (the checked call replays the op's own captured graph)
-  set to its other value;
+  ``knobs.cta.SWIGLU_SHARE_ROUNDS``, ``STAGE0_TMA_STORE``, ``STAGE0_SPLIT_LAST`` and
+  ``SHIP_BEFORE_TAILS`` set to its other value;
 - 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical; an
   in-place weight update (version counter) seen by the next call (the placement is redone); with and
-  without TMA stores and eager graphs;
+  without TMA stores;
 - what the kernels do not cover (``stages=3``) falls back to p2p and is still right;
 - the compiled row-parallel MLP with the ``cta_pipeline`` pass and ``lowering="symm"`` vs eager;
 - CUDA graphs: the op captured once and replayed on new inputs (each replay right), eager calls
@@ -46,16 +45,16 @@ CASES = [
     (1, 256, 1024, 256, "gelu", "none", True, torch.bfloat16),
     (64, 256, 1024, 256, "swiglu", "none", False, torch.float32),
     (1500, 1024, 4096, 1024, "swiglu", "none", False, torch.bfloat16),  # several row groups
-    # F large enough that the stage-1 ranks' share of the first GEMM (cta_symm.stage1_share, whole
+    # F large enough that the stage-1 ranks' share of the first GEMM (cta_plan.stage1_share, whole
     # lcm(256, 128 tp) tiles) is not 0 at tp=4 too (8 GPUs: 512 columns; the cases above give 0 there)
     (320, 512, 5120, 512, "swiglu", "none", True, torch.bfloat16),
     # GELU in several row groups (wide N: a group holds one wave of stage-1 tiles), so only the last
-    # group has a stage-0 tail (cta_symm.MULTI_GROUP_TAIL); rows not a multiple of the block
+    # group has a stage-0 tail (knobs.cta.MULTI_GROUP_TAIL); rows not a multiple of the block
     (1100, 1024, 4096, 8192, "gelu", "tanh", True, torch.bfloat16),
-    # SwiGLU whose share in whole rounds (cta_symm.SWIGLU_SHARE_ROUNDS) differs at 2 GPUs on 132 SMs
+    # SwiGLU whose share in whole rounds (knobs.cta.SWIGLU_SHARE_ROUNDS) differs at 2 GPUs on 132 SMs
     (640, 1024, 16384, 1024, "swiglu", "none", True, torch.bfloat16),
     # GELU whose stage 0 ends in a short round of tail tiles at 2 GPUs on 132 SMs (180 tiles: 48 left
-    # for the last round, all in the tail): cta_symm.STAGE0_SPLIT_LAST splits them
+    # for the last round, all in the tail): knobs.cta.STAGE0_SPLIT_LAST splits them
     (512, 1024, 16384, 1024, "gelu", "tanh", True, torch.bfloat16),
 ]
 # Every F is a multiple of 128 * tp (tp = ws/2 ranks per stage: 4 at 8 GPUs) and every N of tp, so the
@@ -133,12 +132,13 @@ def cta_worker(rank: int, ws: int, device: str):
         x, w1, b1, w3, b3, w2, b2 = args
         return op(x, w1, b1, w3, b3, w2, b2, act, approximate, stages, group.group_name, "symm")
 
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_plan
+    from overlap_backend.spec import knobs
 
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     last_group_tails = 0
     for M, H, F, N, act, approximate, bias, dtype in CASES:
-        plan = cta_symm.chunk_plan(M, F, N, ws // 2, act == "swiglu", dtype, num_sms, H=H)
+        plan = cta_plan.chunk_plan(M, F, N, ws // 2, act == "swiglu", dtype, num_sms, H=H)
         last_group_tails += plan.groups > 1 and plan.tail > 0
         args = _shards(ws, M, H, F, N, act, bias, dtype, device)
         call(args, act, approximate)  # set up buffers, compile
@@ -159,34 +159,29 @@ def cta_worker(rank: int, ws: int, device: str):
     if not last_group_tails and ws <= 4:
         bad.append(f"rank {rank}: no case had several row groups and a tail (the last group's)")
 
-    # Settings whose other value must stay correct (the cases again, poisoned buffers): SwiGLU stage-0
-    # tails (cta_symm.SWIGLU_TAIL, off by default; at least one case with a tail: one row group),
-    # SwiGLU's share in whole rounds (SWIGLU_SHARE_ROUNDS, on; off: at least one case with another
-    # share), stage 0's staged tiles by TMA (STAGE0_TMA_STORE, on; off: every case), stage 0's last
-    # round of tail tiles in half-width tiles (STAGE0_SPLIT_LAST, on; off: at least one case that splits),
-    # the last group's rows shipped before the tails are added (SHIP_BEFORE_TAILS, on; off: a GELU
-    # case with a tail, at 2 GPUs).
-    for setting, what in (("SWIGLU_TAIL", "a stage-0 tail"), ("SWIGLU_SHARE_ROUNDS", "another share"),
-                          ("STAGE0_TMA_STORE", "a case"), ("STAGE0_SPLIT_LAST", "a split last round"),
-                          ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank"), ("EAGER_GRAPHS", "a small case")):
+    # Knobs whose other value must stay correct (the cases again, poisoned buffers): SwiGLU's share in
+    # whole rounds (SWIGLU_SHARE_ROUNDS, on; off: at least one case with another share), stage 0's
+    # staged tiles by TMA (STAGE0_TMA_STORE, on; off: every case), stage 0's last round of tail tiles
+    # in half-width tiles (STAGE0_SPLIT_LAST, on; off: at least one case that splits), the last
+    # group's rows shipped before the tails are added (SHIP_BEFORE_TAILS, on; off: a GELU case with a
+    # tail, at 2 GPUs).
+    for setting, what in (("SWIGLU_SHARE_ROUNDS", "another share"), ("STAGE0_TMA_STORE", "a case"),
+                          ("STAGE0_SPLIT_LAST", "a split last round"),
+                          ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank")):
         changed = 0
-        default = getattr(cta_symm, setting)
-        try:
-            for M, H, F, N, act, approximate, bias, dtype in CASES:
-                tp = ws // 2
-                applies = {"SWIGLU_TAIL": act == "swiglu", "SWIGLU_SHARE_ROUNDS": act == "swiglu",
-                           "STAGE0_TMA_STORE": True, "STAGE0_SPLIT_LAST": act != "swiglu",
-                           "SHIP_BEFORE_TAILS": act != "swiglu" and tp == 1,
-                           "EAGER_GRAPHS": M <= cta_symm.EAGER_GRAPH_MAX_M}[setting]
-                if not applies:
-                    continue
-                usual = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
-                setattr(cta_symm, setting, not default)
-                plan = cta_symm.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
-                changed += {"SWIGLU_TAIL": plan.tail > 0, "STAGE0_TMA_STORE": True,
-                            "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,
+        default = getattr(knobs.cta, setting)
+        for M, H, F, N, act, approximate, bias, dtype in CASES:
+            tp = ws // 2
+            applies = {"SWIGLU_SHARE_ROUNDS": act == "swiglu", "STAGE0_TMA_STORE": True,
+                       "STAGE0_SPLIT_LAST": act != "swiglu", "SHIP_BEFORE_TAILS": act != "swiglu" and tp == 1}[setting]
+            if not applies:
+                continue
+            usual = cta_plan.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
+            with knobs.cta.patch(**{setting: not default}):
+                plan = cta_plan.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
+                changed += {"STAGE0_TMA_STORE": True, "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,
                             "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms),
-                            "SHIP_BEFORE_TAILS": plan.tail > 0, "EAGER_GRAPHS": True}[setting]
+                            "SHIP_BEFORE_TAILS": plan.tail > 0}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
@@ -199,26 +194,16 @@ def cta_worker(rank: int, ws: int, device: str):
                     bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
                 if not _same_on_every_rank(out, group):
                     bad.append(f"rank {rank}: {label}: the ranks' results differ")
-                setattr(cta_symm, setting, default)
-        finally:
-            setattr(cta_symm, setting, default)
-        # (at tp=4 the shares' whole units, 512 columns, leave these F no tail and the same share)
-        if not changed and ws <= (4 if setting == "SWIGLU_TAIL" else 2):
+        if not changed and ws <= 2:
             bad.append(f"rank {rank}: {setting}={not default}: no case had {what}")
 
     # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical; with stage
     # 0's tiles stored by TMA (a tile counted before its bulk store landed would ship stale data) and
-    # without, and replayed from the op's own captured graph (EAGER_GRAPHS: the first call eager, the
-    # second captured). Then an in-place weight update: the placement must be redone (version
-    # counter), and a captured call recaptured.
+    # without. Then an in-place weight update: the placement must be redone (version counter).
     M, H, F, N = 300, 512, 2048, 512
-    defaults = {n: getattr(cta_symm, n) for n in ("STAGE0_TMA_STORE", "EAGER_GRAPHS")}
-    for settings in ({"STAGE0_TMA_STORE": False, "EAGER_GRAPHS": False}, {"STAGE0_TMA_STORE": True, "EAGER_GRAPHS": False},
-                     {"STAGE0_TMA_STORE": True, "EAGER_GRAPHS": True}):
-        for n, v in settings.items():
-            setattr(cta_symm, n, v)
+    for settings in ({"STAGE0_TMA_STORE": False}, {"STAGE0_TMA_STORE": True}):
         args = _shards(ws, M, H, F, N, "swiglu", True, torch.bfloat16, device)
-        try:
+        with knobs.cta.patch(**settings):
             for i in range(30):
                 x = torch.randn(M, H, device=device).to(torch.bfloat16)
                 dist.broadcast(x, src=0)
@@ -236,9 +221,6 @@ def cta_worker(rank: int, ws: int, device: str):
             report.append(f"{settings}: after w1 *= 0.5: rel err {err:.2e}")
             if not err <= 1e-2:
                 bad.append(f"rank {rank}: stale weights after an in-place update ({settings}): rel err {err:.3e}")
-        finally:
-            for n, v in defaults.items():
-                setattr(cta_symm, n, v)
 
     # Not covered by the kernels: falls back to p2p (which gloo, under OVERLAP_TEST_SHARED_GPU, cannot run on CUDA tensors).
     if not shared_gpu():
@@ -295,7 +277,8 @@ def cta_graph_worker(rank: int, ws: int, device: str):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
-    from overlap_backend.runtime import cta_symm, symm
+    from overlap_backend.runtime import symm
+    from overlap_backend.spec import knobs
 
     group = dist.group.WORLD
     op = torch.ops.overlap.cta_pipeline_mlp
@@ -305,41 +288,39 @@ def cta_graph_worker(rank: int, ws: int, device: str):
     # flag raised by a copy of the device epoch) and by peer stores
     cases = [(transport, *case) for transport in ("ce", "peer")
              for case in ((64, 512, "swiglu", "none"), (300, 512, "gelu", "tanh"), (1100, 8192, "gelu", "tanh"))]
-    default_transport = cta_symm.TRANSPORT
     for transport, M, N, act, approximate in cases:
-        cta_symm.TRANSPORT = transport
-        args = _shards(ws, M, 512, 2048, N, act, True, torch.bfloat16, device)
-        x = args[0]
+        with knobs.cta.patch(TRANSPORT=transport):
+            args = _shards(ws, M, 512, 2048, N, act, True, torch.bfloat16, device)
+            x = args[0]
 
-        def call():
-            return op(*args[:1], *args[1:], act, approximate, 2, group.group_name, "symm")
+            def call():
+                return op(*args[:1], *args[1:], act, approximate, 2, group.group_name, "symm")
 
-        call()  # eager first: buffers, weight placement, kernels
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            call()
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
-            out = call()
-        errs = []
-        for i in range(12):
-            fresh = torch.randn(M, 512, device=device).to(torch.bfloat16)
-            dist.broadcast(fresh, src=0)
-            x.copy_(fresh)
-            if i % 4 == 3:  # an eager call between replays (the eager and graph epochs are separate)
-                errs.append(_rel_err(call(), _reference(args, act, approximate, group)))
-            out.fill_(float("nan"))
-            graph.replay()
-            errs.append(_rel_err(out, _reference(args, act, approximate, group)))
-        torch.cuda.synchronize()
-        symm.check_status()
-        report.append(f"{transport} M={M} {act}: graph replays + eager calls, max rel err {max(errs):.2e}")
-        if not max(errs) <= 1e-2:
-            bad.append(f"rank {rank}: {transport} M={M} {act}: errs {errs}")
-    cta_symm.TRANSPORT = default_transport
+            call()  # eager first: buffers, weight placement, kernels
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                call()
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(graph):
+                out = call()
+            errs = []
+            for i in range(12):
+                fresh = torch.randn(M, 512, device=device).to(torch.bfloat16)
+                dist.broadcast(fresh, src=0)
+                x.copy_(fresh)
+                if i % 4 == 3:  # an eager call between replays (the eager and graph epochs are separate)
+                    errs.append(_rel_err(call(), _reference(args, act, approximate, group)))
+                out.fill_(float("nan"))
+                graph.replay()
+                errs.append(_rel_err(out, _reference(args, act, approximate, group)))
+            torch.cuda.synchronize()
+            symm.check_status()
+            report.append(f"{transport} M={M} {act}: graph replays + eager calls, max rel err {max(errs):.2e}")
+            if not max(errs) <= 1e-2:
+                bad.append(f"rank {rank}: {transport} M={M} {act}: errs {errs}")
     assert not bad, "\n".join(bad)
     return report
 

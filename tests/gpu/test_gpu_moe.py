@@ -124,14 +124,14 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
+    from overlap_backend.runtime import symm_lowering
     from overlap_backend.spec import knobs
-    from overlap_backend.runtime import moe_symm, symm_lowering
 
     knobs.codegen.set(AUTOTUNE=False)  # numerics do not depend on the block config
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = False
-    moe_symm.TRANSPORT, moe_symm.COMM_SMS = transport, comm_sms
-    moe_symm.ENABLED = True  # the kernels under test (off by default until they pass here)
+    # the kernels under test, with this variant's combine
+    knobs.moe.set(TRANSPORT=transport, COMM_SMS=comm_sms, ENABLED=True)
     group = dist.group.WORLD
     gn = group.group_name
     errs, bad = {}, []
@@ -160,18 +160,19 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
                 if call % 4 == 2 and rows.numel() > 4:  # rows past the last expert's end
                     ends = torch.clamp(ends, max=rows.numel() - 3)
                 use_offsets = call % 2 == 0
-                moe_symm.ORDER = ("source", "expert")[call % 2]  # both tile orders (auto: expert at these sizes)
-                # the default one-launch schedule (own groups first), and one launch pair per source
-                # position, once with the own experts split around the remote ones
-                moe_symm.SCHEDULE = "phased" if call % 4 in (0, 3) else "rotated"
-                moe_symm.OWN_FIRST = 0.5 if call % 4 == 0 else 0.0
                 ref = _reference(x, send, recv, rows, ends, wg, wu, wd, group)
                 if device == "cuda":
                     _poison(x.numel() * x.element_size() * 4)
-                out, saved = torch.ops.overlap.moe_experts(
-                    x, send, recv, rows, ends.to(torch.int32) if use_offsets else None,
-                    [] if use_offsets else [int(v) for v in torch.diff(ends, prepend=ends.new_zeros(1)).tolist()],
-                    wg, wu, wd, gn, lowering, [False] * 5)
+                # both tile orders (auto: expert at these sizes); the default one-launch schedule (own
+                # groups first), and one launch pair per source position, once with the own experts
+                # split around the remote ones
+                with knobs.moe.patch(ORDER=("source", "expert")[call % 2],
+                                     SCHEDULE="phased" if call % 4 in (0, 3) else "rotated",
+                                     OWN_FIRST=0.5 if call % 4 == 0 else 0.0):
+                    out, saved = torch.ops.overlap.moe_experts(
+                        x, send, recv, rows, ends.to(torch.int32) if use_offsets else None,
+                        [] if use_offsets else [int(v) for v in torch.diff(ends, prepend=ends.new_zeros(1)).tolist()],
+                        wg, wu, wd, gn, lowering, [False] * 5)
                 err = _rel(out.float(), ref.float())
                 key = f"{case} {x_dtype}->{cd}"
                 errs[key] = max(errs.get(key, 0.0), err)
@@ -298,13 +299,14 @@ def captured_worker(rank, ws, device, transport):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
+    from overlap_backend.runtime import symm, symm_lowering
     from overlap_backend.spec import knobs
-    from overlap_backend.runtime import moe_symm, symm, symm_lowering
 
     knobs.codegen.set(AUTOTUNE=False)
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = False
-    moe_symm.TRANSPORT, symm_lowering.CAPTURE_ON_SYMM = transport, True
+    knobs.moe.set(TRANSPORT=transport)
+    symm_lowering.CAPTURE_ON_SYMM = True
     group = dist.group.WORLD
     gn = group.group_name
     n_rows, h, f, experts, _ = CASES["balanced"]
@@ -375,9 +377,10 @@ def layer_worker(rank, ws, device, policy, form, calls=20):
     import overlap_backend
     from overlap_backend.spec import knobs
     from overlap_backend.models.moe import MoELayer
-    from overlap_backend.runtime import moe_symm, symm_lowering
+    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.spec import knobs
 
-    moe_symm.ENABLED = True  # the kernels under test (off by default until they pass on GPUs)
+    knobs.moe.set(ENABLED=True)  # the kernels under test
     knobs.codegen.set(AUTOTUNE=False)
     tokens, hidden, ffn, experts = 256, 512, 768, 2 * ws
     layer = MoELayer(hidden, ffn, experts, top_k=2, policy=policy, expert_form=form, capacity_factor=1.25,
@@ -442,10 +445,10 @@ def late_peer_worker(rank, ws, device):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
+    from overlap_backend.runtime import symm
     from overlap_backend.spec import knobs
-    from overlap_backend.runtime import moe_symm, symm
 
-    moe_symm.ENABLED = True  # the kernels under test (off by default until they pass on GPUs)
+    knobs.moe.set(ENABLED=True)  # the kernels under test
 
     knobs.codegen.set(AUTOTUNE=False)
     gn = dist.group.WORLD.group_name
@@ -490,10 +493,10 @@ def uneven_rows_worker(rank, ws, device):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
+    from overlap_backend.runtime import symm
     from overlap_backend.spec import knobs
-    from overlap_backend.runtime import moe_symm, symm
 
-    moe_symm.ENABLED = True
+    knobs.moe.set(ENABLED=True)
     knobs.codegen.set(AUTOTUNE=False)
     gn = dist.group.WORLD.group_name
     h, f, experts, n = 128, 256, 2, 64

@@ -85,16 +85,17 @@ def test_gpu_mm_ar_rows_at_8_leave_a_short_last_chunk():
 def test_gpu_cta_cases_take_the_kernels_at_every_world_size(ws):
     import test_gpu_cta
 
-    from overlap_backend.runtime import cta_symm, symm
+    from overlap_backend.runtime import cta_plan, cta_symm, symm
+    from overlap_backend.spec import knobs
 
     for M, H, F, N, act, _, _, dtype in test_gpu_cta.CASES + [(300, 512, 2048, 512, "swiglu", "none", True,
                                                                torch.bfloat16)]:  # + the repeated-calls MLP
         assert F % ws == 0
-        assert _cta_symm_problem(cta_symm, symm, M, H, F, N, act, ws, [cta_symm.K_CHUNKS], dtype=dtype) is None, \
+        assert _cta_symm_problem(cta_symm, symm, M, H, F, N, act, ws, [knobs.cta.K_CHUNKS], dtype=dtype) is None, \
             (ws, M, H, F, N, act, dtype)
     # the stage-1 share of the first GEMM is exercised at every tp (4 at 8 GPUs: by the F=5120 case)
     tp = ws // 2
-    assert any(cta_symm.stage1_share(F, tp, True) > 0 for _, _, F, _, act, _, _, _ in test_gpu_cta.CASES
+    assert any(cta_plan.stage1_share(F, tp, True) > 0 for _, _, F, _, act, _, _, _ in test_gpu_cta.CASES
                if act == "swiglu")
 
 

@@ -12,6 +12,7 @@ back at 0, and the bounded wait's report.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -25,8 +26,9 @@ triton = pytest.importorskip("triton")
 from overlap_backend.codegen import cta  # noqa: E402
 from overlap_backend.codegen.flags import OP_CTA_STAGE1  # noqa: E402
 from overlap_backend.runtime import symm  # noqa: E402
-from overlap_backend.runtime.cta_symm import k_chunks  # noqa: E402
+from overlap_backend.runtime.cta_plan import k_chunks  # noqa: E402
 from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
+from overlap_backend.spec import knobs  # noqa: E402
 
 EPOCH = 7
 B = symm.cta_block(False)  # the eager block of the cta_pipeline_mlp flag words
@@ -161,13 +163,8 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
 
 
 def _k_chunks(fp, want):
-    from overlap_backend.runtime import cta_symm
-
-    old, cta_symm.K_CHUNKS = cta_symm.K_CHUNKS, want
-    try:
+    with knobs.cta.patch(K_CHUNKS=want):
         return k_chunks(fp, CFG0[1], CFG1[2], 2, 1)
-    finally:
-        cta_symm.K_CHUNKS = old
 
 
 @pytest.mark.parametrize("transport", ["peer", "ce"])
@@ -228,7 +225,7 @@ def test_first_row_group_counted_at_once_matches_mlp(ws, transport):
     (4, 24, 16, 192, 64, "swiglu", False, 64, True),
 ])
 def test_stage0_tma_store_matches_mlp(ws, M, H, F_, N, act, bias, f1, first):
-    """Stage 0's staged tiles stored by TMA (``tma_store``, ``cta_symm.STAGE0_TMA_STORE``): the same
+    """Stage 0's staged tiles stored by TMA (``tma_store``, ``knobs.cta.STAGE0_TMA_STORE``): the same
     chunk-major blocks (padding aside), flags and counters as the pointer stores, the MLP's result."""
     res = _run(ws, M, H, F_, N, act, bias, transport="ce", f1=f1,
                stage0_order=dict(tma_store=True, count_first_at_once=first))
@@ -373,16 +370,34 @@ class FakeGroup:
                 self.data[r] = torch.full((nbytes,), 255, dtype=torch.uint8)  # NaN-ish garbage for floats
 
 
+# The CTA knobs a FakeHostPath runs with: interpreter-sized block configs, a wider GELU share window.
+FAKE_HOST_KNOBS = dict(STAGE0_CONFIG_FP32=(16, 32, 16, 0, 1, 1), STAGE0_CONFIG_FP32_SWIGLU=(16, 32, 16, 0, 1, 1),
+                       STAGE1_CONFIG_FP32=(16, 16, 16, 0, 1, 1), GELU_SHARE_MAX=0.5)
+
+
+@pytest.fixture
+def fake_host_path(monkeypatch):
+    """``make(ws, F_, transport, num_sms=None, M=None)``: a FakeHostPath, with its CTA knobs (and the
+    stage-0 ``transport``) patched until the test ends."""
+    with contextlib.ExitStack() as stack:
+        def make(ws, F_, transport, num_sms=None, M=None):
+            stack.enter_context(knobs.cta.patch(**FAKE_HOST_KNOBS, TRANSPORT=transport))
+            return FakeHostPath(monkeypatch, ws, F_, num_sms=num_sms, M=M)
+
+        yield make
+
+
 class FakeHostPath:
     """``cta_symm.cta_pipeline_mlp`` run for every rank of a ``FakeGroup`` (stage 0 first, the collect
-    kernels deferred until stage 1 ran), with random TP shards of an MLP: M=20 rows, H=16, N=32."""
+    kernels deferred until stage 1 ran), with random TP shards of an MLP: M=20 rows, H=16, N=32
+    (made by the ``fake_host_path`` fixture, which patches the knobs it needs)."""
 
     M, H, N = 20, 16, 32
 
-    def __init__(self, monkeypatch, ws, F_, transport, num_sms=None, M=None):
+    def __init__(self, monkeypatch, ws, F_, num_sms=None, M=None):
         import ctypes
 
-        from overlap_backend.runtime import cta_symm
+        from overlap_backend.runtime import cta_symm, cta_weights
         from overlap_backend.runtime import cuda as _cuda
 
         self.ws, self.F = ws, F_
@@ -414,13 +429,10 @@ class FakeHostPath:
             ctypes.c_int32.from_address(addr).value = value
 
         mp = monkeypatch.setattr
-        mp(cta_symm, "_problem", lambda *a: None)
-        mp(cta_symm, "_group_size", lambda g: ws)
+        mp(cta_symm, "problem", lambda *a: None)
+        mp(cta_symm, "group_size", lambda g: ws)
         mp(cta_symm, "_kernels", lambda: None)
-        mp(cta_symm, "_gather", gather)
-        mp(cta_symm, "TRANSPORT", transport)
-        mp(cta_symm, "STAGE0_CONFIG_FP32", {False: (16, 32, 16, 0, 1, 1), True: (16, 32, 16, 0, 1, 1)})
-        mp(cta_symm, "STAGE1_CONFIG_FP32", (16, 16, 16, 0, 1, 1))
+        mp(cta_weights, "gather", gather)
         mp(cta_symm.symm, "state", lambda name, dev: group.ranks[self.current["rank"]])
         mp(_cuda, "wait_value32", wait_value32)
         mp(_cuda, "write_value32", write_value32)
@@ -431,9 +443,8 @@ class FakeHostPath:
         mp(cta, "launch_collect", lambda *a, **k: self.deferred.append((a, {**k, "timed": False})))
         real_stage1 = cta.launch_stage1
         mp(cta, "launch_stage1", lambda *a, **k: real_stage1(*a, **{**k, "timed": False}))
-        mp(cta_symm, "_placements", {})
+        mp(cta_weights, "placements", {})
         mp(cta_symm, "_preloaded_calls", {})
-        mp(cta_symm, "GELU_SHARE_MAX", 0.5)
         real_preloading = cta_symm.launcher.preloading
         mp(cta_symm.launcher, "preloading", lambda: self.preloads.append(1) or real_preloading())
         if num_sms is not None:
@@ -488,96 +499,69 @@ class FakeHostPath:
 @pytest.mark.parametrize("ws,act,F_,gelu_shares", [(2, "gelu", 256, (None, None)), (2, "swiglu", 1024, (None, None)),
                                                    (4, "swiglu", 1536, (None, None)), (2, "gelu", 1024, (512, 256)),
                                                    (4, "gelu", 1024, (0, 512))])
-def test_host_path_matches_mlp(monkeypatch, ws, act, F_, gelu_shares, transport):
+def test_host_path_matches_mlp(fake_host_path, ws, act, F_, gelu_shares, transport):
     """``cta_symm.cta_pipeline_mlp`` end to end for every rank of a fake group: weight placement
     (the stage-1 share for SwiGLU), chunking, flag blocks, copy-engine pushes, kernel arguments.
     ``gelu_shares``: the GELU stage-1 share of each call (columns), different from call to call
     as M makes it: the placement, made once, covers both (stage-0 weights are windows of it).
     With room for one row group's stage-1 tiles (8 SMs), the stage-0 tails run too."""
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_plan, cta_weights
 
-    fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=8 if gelu_shares[0] is not None else None)
+    fake = fake_host_path(ws, F_, transport, num_sms=8 if gelu_shares[0] is not None else None)
     M, H, N = fake.M, fake.H, fake.N
     for call in range(2):  # a second call: new epoch, placement reused, counters were reset
-        monkeypatch.setattr(cta_symm, "GELU_SHARE_COLS", gelu_shares[call])
-        if gelu_shares[call] is not None:  # the op's plan takes it
-            plan = cta_symm.chunk_plan(M, F_, N, ws // 2, False, torch.float32, 8, H=H)
-            assert plan.f1 == gelu_shares[call] and plan.tail > 0 and plan.fship > 0, plan
-        x = fake.xs * (call + 1)
-        outs = fake.call(x, act)
+        with knobs.cta.patch(GELU_SHARE_COLS=gelu_shares[call]):
+            if gelu_shares[call] is not None:  # the op's plan takes it
+                plan = cta_plan.chunk_plan(M, F_, N, ws // 2, False, torch.float32, 8, H=H)
+                assert plan.f1 == gelu_shares[call] and plan.tail > 0 and plan.fship > 0, plan
+            x = fake.xs * (call + 1)
+            outs = fake.call(x, act)
         ref = fake.reference(x, act)
         for r in range(ws):
             assert fake.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait"
             torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
     if act == "swiglu":
-        assert cta_symm.stage1_share(F_, ws // 2, True) > 0  # the share path ran
-    assert len(cta_symm._placements) == ws  # one placement per rank, reused by the second call
+        assert cta_plan.stage1_share(F_, ws // 2, True) > 0  # the share path ran
+    assert len(cta_weights.placements) == ws  # one placement per rank, reused by the second call
     # Kernel variants are compiled and loaded once per call signature: the second call preloads
     # only where its plan differs (another GELU share)
     assert len(fake.preloads) == ws * (2 if gelu_shares[0] != gelu_shares[1] else 1), fake.preloads
 
 
-@pytest.mark.parametrize("transport", ["ce", "peer"])
-@pytest.mark.parametrize("ws,F_", [(2, 1024), (4, 2048)])
-def test_host_path_swiglu_tails(monkeypatch, ws, F_, transport):
-    """SwiGLU with stage-0 tails (``SWIGLU_TAIL``, one row group): a larger stage-1 share pays for
-    them, the stages' work still balances, and every rank's result is the MLP's; with more row
-    groups the plan keeps the tail-less share (the placement covers both)."""
-    from overlap_backend.runtime import cta_symm
-
-    monkeypatch.setattr(cta_symm, "SWIGLU_TAIL", True)
-    fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=8)
-    M, H, N, tp = fake.M, fake.H, fake.N, ws // 2
-    plan = cta_symm.chunk_plan(M, F_, N, tp, True, torch.float32, 8, H=H)
-    base = cta_symm.stage1_share(F_, tp, True)
-    assert plan.groups == 1 and plan.tail > 0 and plan.fship > 0 and plan.f1 >= base > 0, plan
-    fp = (F_ - plan.f1) // tp
-    stage0 = 2 * H * fp + N * plan.tail  # per row: gate+up columns, then the tail's W2 rows (all N)
-    stage1 = 2 * H * plan.f1 + (F_ - tp * plan.tail) * N // tp
-    assert abs(stage0 - stage1) <= 2 * H * 256 + N * 32, (stage0, stage1, plan)  # balanced to whole tiles
-    many = cta_symm.chunk_plan(16 * 64, F_, N, tp, True, torch.float32, 8, H=H)
-    lo, hi, _ = cta_symm.share_window(F_, tp, True)
-    assert many.groups > 1 and many.tail == 0 and lo <= many.f1 <= hi, many  # the share without tails
-    assert lo <= base and hi >= plan.f1  # the placement covers both
-    fake.check_calls("swiglu")
-    assert len(cta_symm._placements) == ws
-
-
 @pytest.mark.parametrize("ws,F_,M,num_sms,share,transport,ship_first", [
     (2, 1024, 40, 4, None, "ce", True), (2, 1024, 40, 4, None, "ce", False), (2, 1024, 50, 4, 256, "peer", True),
     (4, 1024, 40, 2, None, "ce", True)])
-def test_host_path_last_group_tail(monkeypatch, ws, F_, M, num_sms, share, transport, ship_first):
+def test_host_path_last_group_tail(fake_host_path, ws, F_, M, num_sms, share, transport, ship_first):
     """GELU with more than one row group (``MULTI_GROUP_TAIL``): only the last group has a tail, so
     its rows ship fewer columns and its stage-1 tiles add the tails' partial products, while the
     earlier groups ship and walk every column. The last group smaller than the others (M=40: row
     blocks {0, 1}, {2}), rows not a multiple of the block, with and without a stage-1 share; at 2
     GPUs with the last group's rows shipped before the tails are added (``SHIP_BEFORE_TAILS``: the
     stage-0 rank adds its own copy in its collect) and after (at 4 GPUs the setting does nothing)."""
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_plan
 
-    fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=num_sms, M=M)
-    monkeypatch.setattr(cta_symm, "GELU_SHARE_COLS", share)
-    monkeypatch.setattr(cta_symm, "SHIP_BEFORE_TAILS", ship_first)
-    plan = cta_symm.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H)
-    assert plan.groups > 1 and plan.tail > 0 and plan.tail_group == plan.groups - 1, plan
-    assert plan.fship < plan.kchunk * plan.nch, plan  # the last group ships fewer chunks than the others
-    assert plan.f1 == (share or 0), plan
-    fake.check_calls("gelu")
-    monkeypatch.setattr(cta_symm, "MULTI_GROUP_TAIL", False)
-    assert cta_symm.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H).tail == 0
+    fake = fake_host_path(ws, F_, transport, num_sms=num_sms, M=M)
+    with knobs.cta.patch(GELU_SHARE_COLS=share, SHIP_BEFORE_TAILS=ship_first):
+        plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H)
+        assert plan.groups > 1 and plan.tail > 0 and plan.tail_group == plan.groups - 1, plan
+        assert plan.fship < plan.kchunk * plan.nch, plan  # the last group ships fewer chunks than the others
+        assert plan.f1 == (share or 0), plan
+        fake.check_calls("gelu")
+        with knobs.cta.patch(MULTI_GROUP_TAIL=False):
+            assert cta_plan.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H).tail == 0
 
 
 @pytest.mark.parametrize("ws,F_,M,num_sms,transport", [(2, 1024, 50, 6, "ce"), (4, 2048, 16, 8, "peer"),
                                                        (2, 512, 20, 6, "ce")])
-def test_host_path_split_last_round(monkeypatch, ws, F_, M, num_sms, transport):
+@knobs.cta.patch(STAGE0_SPLIT_LAST=True)
+def test_host_path_split_last_round(fake_host_path, ws, F_, M, num_sms, transport):
     """``STAGE0_SPLIT_LAST``: stage 0's final, partial round of tail tiles made as half-width tiles
     (several row groups, a stage-1 share, one row group) gives every rank the MLP's result."""
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_plan
 
-    monkeypatch.setattr(cta_symm, "STAGE0_SPLIT_LAST", True)
-    fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=num_sms, M=M)
+    fake = fake_host_path(ws, F_, transport, num_sms=num_sms, M=M)
     tp = ws // 2
-    plan = cta_symm.chunk_plan(M, F_, fake.N, tp, False, torch.float32, num_sms, H=fake.H)
+    plan = cta_plan.chunk_plan(M, F_, fake.N, tp, False, torch.float32, num_sms, H=fake.H)
     fp = (F_ - plan.f1) // tp
     bm, bn, group_m = plan.cfg0[0], plan.cfg0[1], plan.cfg0[3]
     assert cta.split_tail_tiles(M, fp, plan.fship, bm, bn, group_m, plan.tail_group, num_sms) > 0, plan
@@ -605,15 +589,15 @@ def test_stage0_tail_balances_whole_rounds(M, tp):
     6144 columns (stage 0's 316 tiles take 3 rounds), in the range measured best on 2xH200
     (4096-6144, 0.45 ms GPU-bound, against 0.48 for the equal-work 8448); with more row groups only
     the last one has a tail."""
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_plan
 
     F_, N = 28672, 8192
-    plan = cta_symm.chunk_plan(M, F_, N, tp, False, torch.bfloat16, 132)
+    plan = cta_plan.chunk_plan(M, F_, N, tp, False, torch.bfloat16, 132)
     shape = dict(tiles_m=plan.tiles_m, group_m=plan.cfg0[3], bn0=plan.cfg0[1], bn1=plan.cfg1[1], num_sms=132)
     assert plan.tail > 0 and plan.tail_group == plan.groups - 1 and plan.fship + plan.tail == (F_ - plan.f1) // tp
 
     def gap(tail):
-        s0, s1 = cta_symm.stage_costs(F_, N, N, tp, plan.f1, tail, **shape)
+        s0, s1 = cta_plan.stage_costs(F_, N, N, tp, plan.f1, tail, **shape)
         return abs(s0 - s1)
 
     bn0 = plan.cfg0[1]
@@ -624,15 +608,15 @@ def test_stage0_tail_balances_whole_rounds(M, tp):
 
 
 @pytest.mark.parametrize("ws,F_,M,num_sms,transport", [(2, 2048, 40, 4, "peer"), (4, 3072, 20, 4, "ce")])
-def test_host_path_swiglu_share_in_rounds(monkeypatch, ws, F_, M, num_sms, transport):
+@knobs.cta.patch(SWIGLU_SHARE_ROUNDS=True)
+def test_host_path_swiglu_share_in_rounds(fake_host_path, ws, F_, M, num_sms, transport):
     """``SWIGLU_SHARE_ROUNDS``: a share other than the balanced-work one (here 256 columns instead of
     512), inside the placement's wider window, gives every rank the MLP's result."""
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_plan
 
-    monkeypatch.setattr(cta_symm, "SWIGLU_SHARE_ROUNDS", True)
-    fake = FakeHostPath(monkeypatch, ws, F_, transport, num_sms=num_sms, M=M)
-    plan = cta_symm.chunk_plan(M, F_, fake.N, ws // 2, True, torch.float32, num_sms, H=fake.H)
-    assert plan.f1 != cta_symm.stage1_share(F_, ws // 2, True) and plan.f1 > 0, plan
+    fake = fake_host_path(ws, F_, transport, num_sms=num_sms, M=M)
+    plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, True, torch.float32, num_sms, H=fake.H)
+    assert plan.f1 != cta_plan.stage1_share(F_, ws // 2, True) and plan.f1 > 0, plan
     fake.check_calls("swiglu")
 
 
@@ -644,39 +628,32 @@ def test_swiglu_share_in_whole_rounds(M, tp):
     balanced-work share, and at M=512 (stage 0's 672 tiles: 5.1 rounds) 512 columns more, which make
     stage 0 five rounds (the model's critical path -8 %). The placement's window covers it; with
     ``SWIGLU_SHARE_ROUNDS`` off the share is the balanced-work one."""
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_plan
 
     F_, N = 28672, 8192
-    old = cta_symm.SWIGLU_SHARE_ROUNDS
-    cta_symm.SWIGLU_SHARE_ROUNDS = True
-    try:
-        plan = cta_symm.chunk_plan(M, F_, N, tp, True, torch.bfloat16, 132)
-        lo, hi, _ = cta_symm.share_window(F_, tp, True)
-    finally:
-        cta_symm.SWIGLU_SHARE_ROUNDS = old
+    with knobs.cta.patch(SWIGLU_SHARE_ROUNDS=True):
+        plan = cta_plan.chunk_plan(M, F_, N, tp, True, torch.bfloat16, 132)
+        lo, hi, _ = cta_plan.share_window(F_, tp, True)
     shape = dict(tiles_m=plan.tiles_m, group_m=plan.cfg0[3], bn0=plan.cfg0[1], bn1=plan.cfg1[1], num_sms=132)
-    base = cta_symm.stage1_share(F_, tp, True)
+    base = cta_plan.stage1_share(F_, tp, True)
     assert lo <= plan.f1 <= hi and lo <= base <= hi and plan.tail == 0, plan
-    longer = lambda f1: max(cta_symm.stage_costs(F_, N, 2 * N, tp, f1, 0, **shape))  # noqa: E731
+    longer = lambda f1: max(cta_plan.stage_costs(F_, N, 2 * N, tp, f1, 0, **shape))  # noqa: E731
     assert longer(plan.f1) <= longer(base)
     if M == 512 and tp == 1:
         assert (base, plan.f1) == (7168, 7680) and longer(plan.f1) < 0.93 * longer(base)
-    cta_symm.SWIGLU_SHARE_ROUNDS = False
-    try:
-        assert cta_symm.chunk_plan(M, F_, N, tp, True, torch.bfloat16, 132).f1 == base
-        assert cta_symm.share_window(F_, tp, True)[:2] == (base, base)
-    finally:
-        cta_symm.SWIGLU_SHARE_ROUNDS = old
+    with knobs.cta.patch(SWIGLU_SHARE_ROUNDS=False):
+        assert cta_plan.chunk_plan(M, F_, N, tp, True, torch.bfloat16, 132).f1 == base
+        assert cta_plan.share_window(F_, tp, True)[:2] == (base, base)
 
 
-def test_missing_tail_times_out_with_a_report(monkeypatch):
+def test_missing_tail_times_out_with_a_report(monkeypatch, fake_host_path):
     """A stage-0 rank whose tail never comes (its tail kernel did not run): the stage-1 epilogue gives
     up on the first row block's tail and reports which stage-0 rank and row block it waited for."""
     from overlap_backend.codegen.flags import OP_CTA_TAIL
-    from overlap_backend.runtime import cta_symm
+    from overlap_backend.runtime import cta_plan
 
-    fake = FakeHostPath(monkeypatch, 2, 1024, "ce", num_sms=8)
-    assert cta_symm.chunk_plan(fake.M, 1024, fake.N, 1, False, torch.float32, 8, H=fake.H).tail > 0
+    fake = fake_host_path(2, 1024, "ce", num_sms=8)
+    assert cta_plan.chunk_plan(fake.M, 1024, fake.N, 1, False, torch.float32, 8, H=fake.H).tail > 0
     monkeypatch.setattr(cta, "launch_tail", lambda *a, **k: None)
     fake.call(fake.xs, "gelu")
     assert fake.group.ranks[0].status[1][0] == 0  # stage 0 waits for nothing of the tails
@@ -692,84 +669,32 @@ def test_placement_is_tied_to_the_weight_storage_not_the_tensor_object():
     """Compiled graphs pass weights as fresh views (``reinterpret_tensor``, ``detach``): a placement
     must stay valid for any view of the same storage, and become invalid when the weight is written
     (version) or its storage is freed."""
-    from overlap_backend.runtime.cta_symm import _Placement, _storage_ref, _versions
+    from overlap_backend.runtime.cta_weights import Placement, storage_ref, versions
 
     w1, w2 = torch.randn(8, 4), torch.randn(4, 8)
     tensors = (w1.t(), None, None, None, w2, None)
-    placed = _Placement(tuple(None if t is None else _storage_ref(t) for t in tensors), _versions(tensors))
+    placed = Placement(tuple(None if t is None else storage_ref(t) for t in tensors), versions(tensors))
     assert placed.valid((w1.detach().t(), None, None, None, torch.as_strided(w2, (4, 8), (8, 1)), None))
     assert not placed.valid((torch.randn(8, 4).t(), None, None, None, w2, None))  # another storage
     w2.mul_(2)  # the weight changed
     assert not placed.valid((w1.t(), None, None, None, w2, None))
-    placed = _Placement(tuple(None if t is None else _storage_ref(t) for t in tensors), _versions((w1.t(), None, None, None, w2, None)))
+    placed = Placement(tuple(None if t is None else storage_ref(t) for t in tensors), versions((w1.t(), None, None, None, w2, None)))
     assert placed.valid((w1.t(), None, None, None, w2, None))
     ref = placed.refs[4]
     del w2, tensors
     assert ref.expired()  # freed: no later tensor can match it
 
 
-def test_per_signature_caches_are_bounded(monkeypatch):
+@knobs.cta.patch(CACHE_MAX=3)
+def test_per_signature_caches_are_bounded():
     """The host path's caches (verdicts, plans, preloaded call signatures) are keyed by shapes: a
     server seeing ever new token counts must not grow them without bound."""
     from overlap_backend.runtime import cta_symm
 
-    monkeypatch.setattr(cta_symm, "_CACHE_MAX", 3)
     cache = {}
     for i in range(7):
         assert cta_symm._cached(cache, i, lambda: i * 10) == i * 10
         assert len(cache) <= 3 and cache[i] == i * 10
-
-
-def test_eager_graphs_capture_the_second_call_and_replay_later(monkeypatch):
-    """``EAGER_GRAPHS`` bookkeeping (CUDA replaced by fakes; the GPU test runs the real thing): the
-    first call of a signature runs eagerly, the second is captured (the op run once, on a static copy
-    of the input) and replayed, later ones copy their input into that copy and replay; a new weight
-    layout captures again at once; at most ``EAGER_GRAPHS_KEPT`` signatures are kept."""
-    import contextlib
-
-    from overlap_backend.runtime import cta_symm
-
-    replays = []
-
-    class FakeGraph:
-        def replay(self):
-            replays.append(self)
-
-    class FakeStream:
-        def __init__(self, *a):
-            pass
-
-        def wait_stream(self, other):
-            pass
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: None)
-    monkeypatch.setattr(cta_symm, "_eager_graphs", {})
-    monkeypatch.setattr(cta_symm, "_eager_calls", {})
-    runs = []
-
-    def run(xs):
-        runs.append(xs)
-        return xs * 2
-
-    layout, new_layout = object(), object()
-    x1, x2, x3 = torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 3)
-    assert cta_symm._eager_replay("sig", layout, x1, run) is None and not runs  # eager
-    out = cta_symm._eager_replay("sig", layout, x2, run)  # captured, then replayed
-    assert len(runs) == 1 and runs[0] is not x2 and torch.equal(runs[0], x2) and len(replays) == 1
-    torch.testing.assert_close(out, x2 * 2)
-    assert out.data_ptr() != cta_symm._eager_graphs["sig"].out.data_ptr()  # a copy: the next replay overwrites
-    cta_symm._eager_replay("sig", layout, x3, run)  # replayed: the input copied in, nothing run
-    assert len(runs) == 1 and len(replays) == 2 and torch.equal(runs[0], x3)
-    cta_symm._eager_replay("sig", new_layout, x3, run)  # the weights were laid out again: captured again
-    assert len(runs) == 2 and cta_symm._eager_graphs["sig"].placed is new_layout
-    monkeypatch.setattr(cta_symm, "EAGER_GRAPHS_KEPT", 2)
-    for sig in ("a", "b"):
-        for _ in range(2):
-            cta_symm._eager_replay(sig, layout, x1, run)
-    assert list(cta_symm._eager_graphs) == ["a", "b"]  # "sig", the oldest, gave its place
 
 
 def test_staging_buffers_outgrown_after_a_capture_are_kept(monkeypatch):

@@ -542,12 +542,21 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
         fell_back = []
         monkeypatch.setattr(moe_symm, "_p2p", lambda op, why, *a: fell_back.append(why) or ("p2p", None))
     monkeypatch.setattr(moe_symm, "problem", lambda *a: None)
-    monkeypatch.setattr(moe_symm, "ENABLED", True)
-    monkeypatch.setattr(moe_symm, "SCHEDULE", schedule)
-    monkeypatch.setattr(moe_symm, "COMM_SMS", 2)
-    monkeypatch.setattr(moe_symm, "TRANSPORT", "sm")  # the copy-engine transport needs CUDA streams
-    monkeypatch.setattr(moe_symm, "ORDER", order)
-    monkeypatch.setattr(moe_symm, "OWN_FIRST", own_first)  # 0.5 of 2 experts: own expert 0 before the remote rows
+    # TRANSPORT "sm": the copy-engine transport needs CUDA streams; OWN_FIRST 0.5 of 2 experts: own
+    # expert 0 before the remote rows
+    with knobs.moe.patch(ENABLED=True, SCHEDULE=schedule, COMM_SMS=2, TRANSPORT="sm", ORDER=order,
+                         OWN_FIRST=own_first):
+        _symm_path_calls(x, case, wg, wu, wd, st, lay, ws, rank, skew, graph, recv_rows, returned,
+                         fell_back if graph else None, n_send, experts, h, f, dtype)
+
+
+def _symm_path_calls(x, case, wg, wu, wd, st, lay, ws, rank, skew, graph, recv_rows, returned, fell_back, n_send,
+                     experts, h, f, dtype):
+    """The calls and checks of ``test_symm_path_with_fake_group``, under its knobs."""
+    from overlap_backend.runtime import symm_lowering
+
+    send_off, recv_off = _prefix(case["send"]), _prefix(case["recv"])
+    base, value = (symm.GRAPH_BLOCK, 1) if graph else (0, EPOCH)
     ends = None if skew else case["ends"].to(torch.int32)
     call = lambda: moe_symm.moe_experts(x, case["send"], case["recv"], case["rows"], ends,  # noqa: E731
                                         [] if ends is not None else case["sizes"], wg, wu, wd, "g", [False] * 5)

@@ -14,8 +14,8 @@ import operator
 import torch
 import torch.fx
 
-from ...runtime import moe_symm
 from ...runtime.ops import MOE_SAVED
+from ...spec import knobs
 from ..fx import arg, erase_dead, hoist_before, val
 from ..manager import OverlapPass
 from ..preconditions import require_dtype
@@ -37,9 +37,9 @@ def check(p: OverlapPass, m: MoeMatch, ws: int) -> str:
     need = check_region(p, m, _plan_outside, _op_inputs(m), "the expert block", "dispatched rows")
     wg = shape_of(e.w_gate[0])
     experts = len(e.w_gate) if e.form == "loop" else wg[0]
-    # symm runs as p2p where its kernels are off (moe_symm.ENABLED) and where the op hands out saved values
+    # symm runs as p2p where its kernels are off (knobs.moe.ENABLED) and where the op hands out saved values
     decision = decide_lowering(p, m, ws, "moe_experts", e.grouped, wg[-1], experts, val(e.gate[0]).dtype,
-                               moe_symm.ENABLED and not need, p.ctx.config.moe_comm_sms)
+                               knobs.moe.ENABLED and not need, p.ctx.config.moe_comm_sms)
     m.comm_sms = decision.comm_sms  # the model's pick where the setting is auto
     if m.comm_sms < 0 and isinstance(p.ctx.config.moe_comm_sms, int):
         # the backend's setting, fixed when the graph is compiled as cta_stages is (else the op would read

@@ -1,4 +1,8 @@
-"""Tunables of CTA-pipelining (its symm schedule, read by the runtime and by the cost model)."""
+"""Tunables of CTA-pipelining (its symm schedule, read by the runtime and by the cost model).
+
+The plan they shape is ``runtime/cta_plan.py``; docs/cta.md tells what each one does and what it
+measured. Block configs are ``(BM, BN, BK, GROUP_M placeholder, num_stages, num_warps)``.
+"""
 
 from .base import Knobs
 
@@ -6,6 +10,60 @@ cta = Knobs(
     "cta",
     # K-chunks per stage-0 rank: a stage-1 CTA waits (and refills its pipeline) this often.
     K_CHUNKS=4,
-    # GELU: the largest share of the first GEMM's columns stage-1 ranks compute themselves.
+    # How stage-0 tiles reach the stage-1 ranks: "ce" (stored locally, shipped by the copy engine block
+    # by block) or "peer" (stored straight into the consumers' memory), which measured slower at every M
+    # (bench/results/2026-11-30_h200x2_session12/README.md).
+    TRANSPORT="ce",
+    # SwiGLU: stage-1 ranks compute a share of the first GEMM, which balances the stages' work.
+    STAGE1_SHARE=True,
+    # GELU: stage-1 ranks compute about one round of the first GEMM's last columns first, so that they
+    # work through the pipeline's fill (M=512: 0.635 -> 0.505 ms, bench/results/2026-11-30_h200x2_session10/).
+    GELU_FILL_SHARE=True,
+    # GELU: the largest share of the first GEMM's columns stage-1 ranks compute themselves (the placement
+    # keeps that window of W1 on the stage-1 ranks for every M).
     GELU_SHARE_MAX=0.3,
+    # GELU share in columns for every call (within the window), instead of one round of tiles: for probes.
+    GELU_SHARE_COLS=None,
+    # GELU: each stage-0 rank multiplies the last columns it makes (its tail) by their W2 rows itself, so
+    # that stage 1 does not wait for the columns stage 0 makes last (the pipeline's drain; docs/cta.md).
+    STAGE0_TAIL=True,
+    # The most tail columns per stage-0 rank, as a fraction of F / tp (the placement keeps their W2 rows).
+    TAIL_MAX=0.3,
+    # Tail columns per stage-0 rank for every call, instead of the whole-rounds balance: for probes.
+    TAIL_COLS=None,
+    # GELU with several row groups: the last group's tail too, which took 0.08 ms off M=1024
+    # (bench/results/2026-11-30_h200x2_session12/README.md).
+    MULTI_GROUP_TAIL=True,
+    # SwiGLU: the stage-1 share that balances the stages in whole rounds of SMs, not in work (M=512 on
+    # 2xH200: 0.624 vs 0.696 ms, bench/results/2026-11-30_h200x2_session13/README.md).
+    SWIGLU_SHARE_ROUNDS=True,
+    # SwiGLU whole-rounds share: searched within this many share units of the balanced-work share.
+    SWIGLU_SHARE_SLACK=4,
+    # Stage 0 counts the first row group's tiles right after their stores, since they are the pipeline's
+    # fill (GELU, M=4096 on 2xH200: 3.17 vs 3.25 ms, bench/probe_cta.py).
+    COUNT_FIRST_GROUP_AT_ONCE=True,
+    # Stage 0 (and the stage-1 share) stores its staged tiles by TMA, which measured faster at every M
+    # (bench/results/2026-11-30_h200x2_session13/README.md).
+    STAGE0_TMA_STORE=True,
+    # Stage 0's last partial round of tail tiles in half-width tiles, which shortens the critical path at
+    # M=512 (0.421 vs 0.434 ms, bench/results/2026-11-30_h200x2_session13/README.md).
+    STAGE0_SPLIT_LAST=True,
+    # One stage-0 rank: the last group's rows are shipped before the tails' partial products are added, so
+    # the two transfers overlap (0.435 vs 0.450 ms at M=512, bench/results/2026-11-30_h200x2_session13/).
+    SHIP_BEFORE_TAILS=True,
+    # Stage-0 block config, GELU (one accumulator), 16-bit inputs.
+    STAGE0_CONFIG=(128, 256, 64, 0, 3, 8),
+    # Stage-0 block config, SwiGLU (two accumulators: narrower tiles), 16-bit inputs.
+    STAGE0_CONFIG_SWIGLU=(128, 128, 64, 0, 3, 8),
+    # Stage-1 block config, 16-bit inputs (the cost model prices row groups of its BM x BN tiles).
+    STAGE1_CONFIG=(128, 256, 64, 0, 3, 8),
+    # Stage-0 block config, GELU, float32 inputs (smaller tiles: twice the bytes per element).
+    STAGE0_CONFIG_FP32=(128, 128, 32, 0, 3, 8),
+    # Stage-0 block config, SwiGLU, float32 inputs.
+    STAGE0_CONFIG_FP32_SWIGLU=(64, 128, 32, 0, 3, 4),
+    # Stage-1 block config, float32 inputs.
+    STAGE1_CONFIG_FP32=(128, 128, 32, 0, 3, 8),
+    # Entries per host-side cache of the op (verdicts, plans, preloaded calls); beyond it a cache starts
+    # over, so a server with ever new token counts does not grow without bound.
+    CACHE_MAX=4096,
 )

@@ -1,7 +1,36 @@
-"""Tunables of the moe subsystem."""
+"""Tunables of the ``moe_experts`` symm lowering (``runtime/moe_symm.py``; what each measured: docs/moe.md)."""
 
 from .base import Knobs
 
 moe = Knobs(
     "moe",
+    # The symm moe_experts kernels run at all (False: the op runs on p2p under symm, the same on every
+    # rank); on since they pass the GPU tests on 2xH200 (tests/gpu/test_gpu_moe.py).
+    ENABLED=True,
+    # With comm SMs, who ships the results back: "ce" (the copy engine; the comm kernel only copies them
+    # out), "sm" (the comm kernel stores into the peers too; measured slower, docs/moe.md#measured) or
+    # "ce-only" (no comm kernel at all).
+    TRANSPORT="ce",
+    # SMs of the communication kernel for an op called without comm_sms; None reads OVERLAP_MOE_COMM_SMS
+    # per call (0 by default: no comm kernel, bench/results/2026-12-01_h200x2_session20/README.md).
+    COMM_SMS=None,
+    # "phased": gate/up + down once per source position, so the first source's results travel while the
+    # rest computes; "rotated" (one launch each) measured slower end to end (DeepSeek-like 7.60 vs 6.30 ms,
+    # bench/results/2026-11-30_h200x2_session5/README.md).
+    SCHEDULE="phased",
+    # "phased" only: the fraction of the own experts computed before the remote rows, while the dispatch
+    # is in flight (not measured with these kernels yet).
+    OWN_FIRST=0.0,
+    # Tile order: "auto" (expert-major below EXPERT_MAJOR_ROWS, else remote-first), or forced "source" or
+    # "expert" (a local choice: nothing communicated depends on it).
+    ORDER="auto",
+    # "auto" order: expert-major below this many rows per (source, expert) group on average, where the
+    # experts are weight-bandwidth bound and reading each expert's weights once per source costs more.
+    EXPERT_MAJOR_ROWS=128,
+    # The device-side work list by codegen/moe_plan.py's one kernel where it applies (host time is most of
+    # a decode-size layer); False: always the torch ops (plan_reference).
+    PLAN_KERNEL=True,
+    # Distinct offset lists kept on the device (capacity routing repeats its splits; dropless routing
+    # makes new ones every call, which are copied without being kept past this many).
+    META_MAX=64,
 )
