@@ -24,7 +24,7 @@ Building blocks, times in ms (``e`` bytes per element, ``ws`` the group size):
 Under CUDA graphs (``mode="reduce-overhead"``, :attr:`PassContext.cuda_graphs`) the ops that can be
 captured (:data:`GRAPH_OPS`) cost their device time only: a replay launches the whole graph at
 once, so no host time per call or per ring step is paid; ``symm`` stays a candidate only where its
-calls are captured on ``symm`` (``runtime.symm_lowering.CAPTURE_ON_SYMM``; else they run on p2p).
+calls are captured on ``symm`` (``knobs.symm.CAPTURE_ON_SYMM``; else they run on p2p).
 
 Every rank must make the same decision (no deadlock by construction): the inputs are shapes, dtype,
 group size, config and a calibration that the ranks agreed on (:func:`calibration_for`), and the
@@ -248,14 +248,14 @@ def ce_ms(cal: Calibration, nbytes: float) -> float:
 
 
 def bands(rows: int) -> int:
-    """How many bands ``runtime.symm.bands`` cuts a chunk of ``rows`` rows into."""
+    """How many bands ``spec.symm_layout.bands`` cuts a chunk of ``rows`` rows into."""
     per = max(BAND_ROWS_MIN, -(-rows // MAX_BANDS))
     per = -(-per // BAND_ROWS_MIN) * BAND_ROWS_MIN
     return max(1, -(-rows // per))
 
 
 def ar_rounds(m: int, ws: int) -> int:
-    """= ``runtime.symm_lowering.ar_rounds``."""
+    """= ``runtime.symm.mm_ar.ar_rounds``."""
     return max(1, min(AR_MAX_ROUNDS, m // (ws * AR_ROWS_PER_CHUNK)))
 
 
@@ -361,7 +361,7 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
     e, ws, dt = p.e, p.ws, p.dtype
     host = cal.symm_call_ms
     if p.op == "ag_mm" and _ag_on_cublas(p):
-        # runtime.symm_lowering._ag_mm_cublas: each chunk's GEMMs on cuBLAS, the own chunk first, each
+        # runtime.symm.ag_mm.ag_mm_cublas: each chunk's GEMMs on cuBLAS, the own chunk first, each
         # peer's chunk once it arrived (they arrive one after the other: every rank pushes to r-1 first)
         chunk_g = p.gemms * gemm_ms(cal, p.m / ws, p.n / p.gemms, p.k, dt)
         x = ce_ms(cal, p.m * p.k * e / ws)  # one peer's shard
@@ -457,11 +457,11 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
 
 
 def _ag_on_cublas(p: Problem) -> bool:
-    """Does the symm ag_mm of ``p`` run on cuBLAS per chunk (``runtime.symm_lowering.ag_gemm``; the
+    """Does the symm ag_mm of ``p`` run on cuBLAS per chunk (``runtime.symm.ag_mm.ag_gemm``; the
     model sees no gather layout or epilogue: one run per chunk, none)?"""
-    from ..runtime import symm_lowering
+    from ..runtime.symm import ag_mm as symm_ag_mm
 
-    return symm_lowering.ag_gemm(1, p.m // p.ws, p.k, p.n) == "cublas"
+    return symm_ag_mm.ag_gemm(1, p.m // p.ws, p.k, p.n) == "cublas"
 
 
 def _symm_plan(host_ms: float, dev_ms: float, chunks: int, terms: dict, **kw) -> Plan:
@@ -475,11 +475,11 @@ def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *
     ``cuda_graphs``: the graph is replayed from a CUDA graph (see the module's docstring)."""
     base, terms = baseline(cal, p)
     if cuda_graphs and p.op in GRAPH_OPS:
-        from ..runtime import symm_lowering
+        from ..spec import knobs
 
         p2p_host = {} if p.op in GRAPH_P2P_HOST_KEPT else {"p2p_call_ms": 0.0, "p2p_step_ms": 0.0}
         cal = dataclasses.replace(cal, **p2p_host, symm_call_ms=dict.fromkeys(cal.symm_call_ms, 0.0))
-        if not symm_lowering.CAPTURE_ON_SYMM and p.op != "cta_pipeline_mlp":  # (cta: always captured on symm)
+        if not knobs.symm.CAPTURE_ON_SYMM and p.op != "cta_pipeline_mlp":  # (cta: always captured on symm)
             lowerings = [low for low in lowerings if low != "symm"] or ["p2p"]
     plans = []
     for low in dict.fromkeys(lowerings):
