@@ -307,23 +307,39 @@ SETTABLE = ("overlap_backend.runtime.", "overlap_backend.codegen.", "overlap_bac
 
 
 def add_set_argument(parser) -> None:
-    """``--set module.NAME=value``: a module setting of the runtime, codegen or passes for this run
-    (A/B runs of settings that have no environment variable), recorded in the result's command."""
-    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                        help="set a module setting before the run, e.g. runtime.symm.PUSH_STREAM_PER_PEER=True "
-                             "(module under overlap_backend.runtime/codegen/passes; value a Python literal); "
-                             "repeatable")
+    """``--set <set>.<KNOB>=value`` (a knob, ``overlap_backend.spec.knobs``) or ``--set module.NAME=value``
+    (a module setting of the runtime, codegen or passes) for this run (A/B runs of settings that have no
+    environment variable), recorded in the result's command."""
+    parser.add_argument("--set", action="append", default=[], metavar="SET.KNOB=VALUE",
+                        help="set a knob (or a module setting) before the run, e.g. symm.PUSH_STREAM_PER_PEER=True "
+                             "(a knob set of overlap_backend.spec.knobs, or a module under "
+                             "overlap_backend.runtime/codegen/passes; value a Python literal); repeatable")
 
 
 def apply_sets(items: Sequence[str]) -> list[str]:
-    """Apply ``--set`` items (``runtime.symm.NAME=literal``); returns them as applied. Raises
-    ValueError on an unknown module or name, or a value that is not a literal."""
+    """Apply ``--set`` items (``symm.KNOB=literal``, ``runtime.cta_symm.NAME=literal``); returns them as
+    applied. Raises ValueError on an unknown knob, module or name, or a value that is not a literal (or
+    not of the knob's type)."""
     import ast
     import importlib
+
+    from overlap_backend.spec import knobs
 
     applied = []
     for item in items:
         target, sep, raw = item.partition("=")
+        set_name, _, knob = target.strip().partition(".")
+        if sep and knob and "." not in knob and set_name in knobs.knob_sets():
+            try:
+                ast.literal_eval(raw.strip())
+            except (ValueError, SyntaxError):
+                raise ValueError(f"--set {item!r}: {raw!r} is not a Python literal") from None
+            try:
+                dotted, value = knobs.set_from_text(item)
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"--set {item!r}: {e}") from None
+            applied.append(f"{dotted}={value!r}")
+            continue
         module_name, _, name = target.strip().rpartition(".")
         module_name = f"overlap_backend.{module_name}"
         if not sep or not name or not module_name.startswith(SETTABLE):

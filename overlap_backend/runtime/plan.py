@@ -497,11 +497,11 @@ def _mm_ar_cublas(args: dict, rank: int, ws: int, M: int, K: int, N: int, es: in
 
 CAPTURED_NOTE = [
     "# Captured in a CUDA graph (mode='reduce-overhead'; knobs.symm.CAPTURE_ON_SYMM): the calls below run",
-    "# with the toggling flag block instead: every flag word w is symm_layout.GRAPH_BLOCK + w, every raise",
-    "# writes 1 and every wait is for >= 1 (read `epoch` as 1), begin() consumes and resets the peers' READY",
-    "# on the push stream, end() zeroes the arrival and done words (symm_layout.GRAPH_RESET); moe_experts",
-    "# combines by the copy engine only (no comm kernel). A call whose group, buffer or block config no eager",
-    "# call set up runs on p2p instead (docs/symm.md#limits).",
+    "# with the toggling flag block instead: every flag word w is symm.GRAPH_BLOCK + w, every raise writes 1",
+    "# and every wait is for >= 1 (read `epoch` as 1), begin() consumes and resets the peers' READY on the",
+    "# push stream, end() zeroes the arrival and done words (symm.GRAPH_RESET); moe_experts combines by the",
+    "# copy engine only (no comm kernel). A call whose group, buffer or block config no eager call set up",
+    "# runs on p2p instead (docs/symm.md#limits).",
 ]
 
 
