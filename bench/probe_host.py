@@ -10,7 +10,7 @@ operations through cuda-python instead of the ctypes entry points (``runtime/cud
 alternating rounds. ``--launch-ab`` does the same with ``codegen.launcher``'s fast launch path against Triton's own
 launch path. ``--profile`` adds a cProfile of the ag_mm and mm_rs calls at the decode size
 (top functions by cumulative and by own time), to say where the host time goes. ``--graph`` turns on
-``symm_lowering.CAPTURE_ON_SYMM``, captures one ag_mm + one mm_rs at each size in a CUDA graph after
+``knobs.symm.CAPTURE_ON_SYMM``, captures one ag_mm + one mm_rs at each size in a CUDA graph after
 eager warm-up, and reports the host time per replay and the GPU time (CUDA events, median of 20) of a
 replay next to the same two eager calls, and the same for the baseline pair (NCCL all-gather + mm,
 mm + NCCL reduce-scatter): what captured calls save, and how they compare with captured NCCL.
@@ -64,7 +64,8 @@ def _captured(fn):
 def graph_rows(tokens, cases, rank):
     """Eager ag_mm + mm_rs vs the same two calls captured once and replayed (CAPTURE_ON_SYMM), next to
     the baseline pair (NCCL all-gather + mm, mm + NCCL reduce-scatter) eager and captured."""
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
+    from overlap_backend.spec import knobs
 
     def both():
         cases["ag_mm"]()
@@ -74,18 +75,14 @@ def graph_rows(tokens, cases, rank):
         cases["NCCL all_gather + mm"]()
         cases["mm + NCCL reduce_scatter"]()
 
-    was = symm_lowering.CAPTURE_ON_SYMM
-    symm_lowering.CAPTURE_ON_SYMM = True
-    try:
+    with knobs.symm.patch(CAPTURE_ON_SYMM=True):
         for _ in range(2):
             both()  # eager warm-up: group state, buffer, tuned configs
             nccl_both()
-        before = dict(symm_lowering.PATHS)
+        before = dict(lowering_helpers.PATHS)
         graph = _captured(both)
-        went = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items() if v != before.get(k, 0)}
+        went = {k: v - before.get(k, 0) for k, v in lowering_helpers.PATHS.items() if v != before.get(k, 0)}
         nccl_graph = _captured(nccl_both)
-    finally:
-        symm_lowering.CAPTURE_ON_SYMM = was
     rows = [
         {"tokens": tokens, "case": "ag_mm + mm_rs eager", "host_us_per_call": host_us(both),
          "gpu_ms": gpu_ms(both)},
