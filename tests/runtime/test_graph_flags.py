@@ -292,6 +292,25 @@ def test_graph_block_is_a_copy_of_the_per_call_words():
     assert hi < symm_layout.MOE_PUSHED < symm_layout.GRAPH_WORDS == symm_layout.MOE_PUSHED + symm_layout.WS_MAX
 
 
+def test_status_words_and_report_codes_are_one_layout():
+    """The status buffer (spec/symm_layout.py): a kernel's report in words 0 .. REPORT_WORDS - 1 (7
+    written), then the watchdog's words, then the copy of GAVE_UP; the kernels' constexpr codes are
+    the spec's values."""
+    from overlap_backend.codegen import flags as kernel_flags
+
+    assert 7 <= symm_layout.REPORT_WORDS <= symm_layout.STARTED
+    assert symm_layout.STARTED < symm_layout.FINISHED < symm_layout.GRAPH_STARTED < symm_layout.GRAPH_FINISHED
+    assert symm_layout.GRAPH_FINISHED < symm_layout.STATUS_GAVE_UP
+    assert symm_layout.STATUS_GAVE_UP + symm_layout.WS_MAX == symm_layout.STATUS_WORDS
+    for name in ("OP_AG_MM", "OP_MM_RS", "OP_MM_AR", "OP_AR_ONESHOT", "OP_MOE", "OP_CTA_STAGE1", "OP_CTA_COLLECT",
+                 "OP_CTA_STAGE0", "OP_CTA_TAIL", "MOE_DONE_FLAG_BASE", "MOE_RETURN_FLAG_BASE", "READY_FLAG_BASE",
+                 "GATHER_FLAG_BASE", "MOE_CAP_FLAG_BASE", "STATUS_TIMEOUT", "STATUS_MISMATCH"):
+        assert getattr(kernel_flags, name).value == getattr(symm_layout, name), name
+    assert kernel_flags.RELEASED_VALUE.value == symm_layout.RELEASED
+    assert set(symm_layout.OP_NAMES) == {getattr(symm_layout, n) for n in dir(symm_layout) if n.startswith("OP_")
+                                         and n != "OP_NAMES"}
+
+
 def test_a_peer_that_gave_up_stalls_the_rank_at_the_end_of_its_call(monkeypatch):
     """Rank 0 gave up a call (its watchdog lowered PEER_OK in rank 1's flags): rank 1's next call
     runs, but its compute stream stops at the end instead of going on with what rank 0 sent."""
