@@ -417,7 +417,7 @@ class FakeHostPath:
         mp = monkeypatch.setattr
         mp(cta_symm, "_problem", lambda *a: None)
         mp(cta_symm, "_group_size", lambda g: ws)
-        mp(cta_symm, "_kernels", lambda: None)
+        mp(cta_symm, "load_kernels", lambda: None)
         mp(cta_symm, "_gather", gather)
         mp(cta_symm, "TRANSPORT", transport)
         mp(cta_symm, "STAGE0_CONFIG_FP32", {False: (16, 32, 16, 0, 1, 1), True: (16, 32, 16, 0, 1, 1)})
