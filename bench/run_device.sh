@@ -37,11 +37,11 @@
 #   bash bench/run_device.sh bench                      # collective, MoE, block, CTA at ws=8
 #   BENCHES="block cta" bash bench/run_device.sh bench  # what the previous command did not reach
 #   BENCH_WS="4 2" bash bench/run_device.sh bench       # ws=4 and ws=2 on GPUs 0-3 / 0-1 of the same node
-#   BENCHES="host" bash bench/run_device.sh bench     # host time per symm op call (bench/probe_host.py), opt-in
+#   BENCHES="host" bash bench/run_device.sh bench     # host time per symm op call (bench/probes/probe_host.py), opt-in
 #   BENCHES="graphs" bash bench/run_device.sh bench   # under CUDA graphs, opt-in: bench_models.py --mode
 #                                      reduce-overhead (llama, serve), bench_epilogue.py --cudagraphs (TP block,
 #                                      train), bench_moe.py --graphs (4 configs, balanced)
-#   BENCHES="models" bash bench/run_device.sh bench   # the real-model benchmark (bench_models.py, issue 6):
+#   BENCHES="models" bash bench/run_device.sh bench   # the real-model benchmark (bench_models.py):
 #                                      opt-in, not in the default list (a few minutes per world size;
 #                                      cap LIMIT_MODELS, default 300 s; DEADLINE=900 leaves room for ws 4 and 2)
 #
@@ -80,7 +80,7 @@ esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
-# every rank of a bench prints its Python stacks this often (bench/common.py: stall_dump): a stage
+# every rank of a bench prints its Python stacks this often (bench/tools/common.py: stall_dump): a stage
 # that stops printing then shows where its host waits (bench_moe did, unexplained, in 3 of 5 runs)
 export BENCH_STALL_DUMP_S="${BENCH_STALL_DUMP_S:-120}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
@@ -162,35 +162,35 @@ benchmarks() { # benchmarks N : the benchmarks of BENCHES on GPUs 0..N-1
   fi
   [[ " $BENCHES " == *" collective "* ]] && stage "bench_ws$n" "$LIMIT_BENCH" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-    bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --lowerings p2p,symm --out-dir "$RESULTS" --graphs \
+    bench/suites/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --lowerings p2p,symm --out-dir "$RESULTS" --graphs \
     "${quick[@]}" "${trace[@]}"
   # shellcheck disable=SC2206  # MOE_ARGS is a list of arguments
   moe_args=($MOE_ARGS)
   [[ " $BENCHES " == *" moe "* ]] && stage "moe_ws$n" "$LIMIT_MOE" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-    bench/bench_moe.py --out "$RESULTS" "${moe_args[@]}" "${quick[@]}"
+    bench/suites/bench_moe.py --out "$RESULTS" "${moe_args[@]}" "${quick[@]}"
   [[ " $BENCHES " == *" block "* ]] && stage "block_ws$n" "$LIMIT_BLOCK" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-    bench/bench_block.py --out-dir "$RESULTS" "${quick[@]}" "${trace_block[@]}"
+    bench/suites/bench_block.py --out-dir "$RESULTS" "${quick[@]}" "${trace_block[@]}"
   [[ " $BENCHES " == *" cta "* ]] && stage "cta_ws$n" "$LIMIT_CTA" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-    bench/bench_cta.py --out-dir "$RESULTS" --graphs --trace "$TRACES" "${quick[@]}"
+    bench/suites/bench_cta.py --out-dir "$RESULTS" --graphs --trace "$TRACES" "${quick[@]}"
   [[ " $BENCHES " == *" host "* ]] && stage "host_ws$n" 90 env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-    bench/probe_host.py --out "$RESULTS/probe_host_ws$n.json"
+    bench/probes/probe_host.py --out "$RESULTS/probe_host_ws$n.json"
   [[ " $BENCHES " == *" models "* ]] && stage "models_ws$n" "$LIMIT_MODELS" env CUDA_VISIBLE_DEVICES="$devs" \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-    bench/bench_models.py --out "$RESULTS" "${quick[@]}"
+    bench/suites/bench_models.py --out "$RESULTS" "${quick[@]}"
   if [[ " $BENCHES " == *" graphs "* ]]; then # everything under CUDA graphs (mode="reduce-overhead")
     stage "graphs_models_ws$n" "$LIMIT_MODELS" env CUDA_VISIBLE_DEVICES="$devs" \
       "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-      bench/bench_models.py --out "$RESULTS" --mode reduce-overhead --sections llama,serve "${quick[@]}"
+      bench/suites/bench_models.py --out "$RESULTS" --mode reduce-overhead --sections llama,serve "${quick[@]}"
     stage "graphs_epilogue_ws$n" "${LIMIT_EPILOGUE:-150}" env CUDA_VISIBLE_DEVICES="$devs" \
       "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-      bench/bench_epilogue.py --out-dir "$RESULTS" --block tp --mode train --cudagraphs "${quick[@]}"
+      bench/suites/bench_epilogue.py --out-dir "$RESULTS" --block tp --mode train --cudagraphs "${quick[@]}"
     stage "graphs_moe_ws$n" "$LIMIT_MOE" env CUDA_VISIBLE_DEVICES="$devs" \
       "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
-      bench/bench_moe.py --out "$RESULTS" --configs deepseek,mixtral,deepseek-decode,mixtral-decode \
+      bench/suites/bench_moe.py --out "$RESULTS" --configs deepseek,mixtral,deepseek-decode,mixtral-decode \
       --routing balanced --comm-sms "" --sweep "" --no-p2p --graphs "${quick[@]}"
   fi
   return 0
@@ -232,7 +232,7 @@ main() {
   echo "run_device.sh $MODE: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), repo $PWD, git $(git rev-parse --short HEAD 2>/dev/null || echo n/a), deadline ${DEADLINE}s"
   nvidia-smi -L || true
   nvidia-smi topo -m || true
-  stage versions "$LIMIT_INFO" "$PY" -m bench.common
+  stage versions "$LIMIT_INFO" "$PY" -m bench.tools.common
 
   NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ -z "$NGPU" ] || [ "$NGPU" -eq 0 ] && NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
@@ -285,12 +285,12 @@ main() {
     for n in $BENCH_WS; do
       benchmarks "$n"
     done
-    # Epilogue fusion (issue 8, docs/codegen.md): opt-in, fused vs unfused demo block on GPUs
+    # Epilogue fusion (docs/codegen.md): opt-in, fused vs unfused demo block on GPUs
     # 0..EPILOGUE_WS-1 (default 0,1).
     [ "${RUN_EPILOGUE:-0}" = 1 ] && [ "$NGPU" -ge "$EPILOGUE_WS" ] && stage "epilogue_ws$EPILOGUE_WS" \
       "${LIMIT_EPILOGUE:-150}" env CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((EPILOGUE_WS - 1)))" \
       "$PY" -m torch.distributed.run --standalone --nproc-per-node="$EPILOGUE_WS" \
-      bench/bench_epilogue.py --out-dir "$RESULTS"
+      bench/suites/bench_epilogue.py --out-dir "$RESULTS"
   fi
 
   echo

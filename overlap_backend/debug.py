@@ -121,7 +121,7 @@ def op_listing(node: torch.fx.Node, captured: bool = False) -> str:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     from .codegen import epilogue as gen
-    from .runtime import epilogue as spec_mod
+    from .spec import epilogue as spec_mod
     from .runtime import plan
 
     op = _dumped_ops()[node.target]

@@ -70,32 +70,34 @@ def test_generated_examples_are_up_to_date():
 
 
 def test_bench_plots_regenerate(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_plot", ROOT / "bench" / "plot.py")
+    """Every plot of a committed result (a result folder, its parts, their runN/ folders) is what
+    bench/tools/plot.py draws from the committed JSON."""
+    spec = importlib.util.spec_from_file_location("bench_plot", ROOT / "bench" / "tools" / "plot.py")
     plot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plot)
-    results = ROOT / "bench" / "results"
     svgs = 0
-    for d in sorted(p for p in results.iterdir() if p.is_dir()):
-        for f in sorted(d.glob("*.json")):
-            out = plot.plot_file(f, tmp_path / d.name)
+    for root in plot.run_roots():
+        for f in sorted(root.glob("*.json")) + sorted(root.glob("run*/*.json")):
+            out = plot.plot_file(f, tmp_path / f.parent.relative_to(plot.RESULTS))
             if out is None:
                 continue
             svgs += 1
             ET.fromstring(out.read_text())  # well-formed
-            committed = d / out.name
+            committed = f.parent / out.name
             assert committed.exists() and committed.read_text() == out.read_text(), \
-                f"{committed} is missing or stale: run python bench/plot.py"
+                f"{committed} is missing or stale: run python bench/tools/plot.py"
     assert svgs >= 4
-    doc = (ROOT / "docs" / "results.md").read_text()
-    for ref in re.findall(r"\]\((\.\./bench/results/[^)]+\.svg)\)", doc):
-        assert (ROOT / "docs" / ref).resolve().exists(), ref
+    for page in (ROOT / "docs").glob("*.md"):
+        for ref in re.findall(r"\]\((\.\./bench/results/[^)]+\.svg)\)", page.read_text()):
+            assert (ROOT / "docs" / ref).resolve().exists(), (page.name, ref)
 
 
 def test_relative_links_point_at_files():
-    """Every relative link of README.md, docs/*.md and the results READMEs names a file or folder that
-    exists (a template placeholder such as ``({S14})`` once stood in docs/limitations.md)."""
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-             *sorted((ROOT / "bench" / "results").glob("*/README.md")), ROOT / "bench" / "README.md"]
+    """Every relative link of README.md, docs/*.md, bench/README.md and the results' INDEX.md and READMEs
+    names a file or folder that exists."""
+    results = ROOT / "bench" / "results"
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md",
+             results / "INDEX.md", *sorted(results.rglob("README.md"))]
     broken = []
     for page in pages:
         text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code blocks hold no links

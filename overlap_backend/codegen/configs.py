@@ -1,12 +1,14 @@
 """Block configurations of the tile kernels, autotuned once per shape and cached (memory + disk).
 
 A config is ``(BM, BN, BK, GROUP_M, num_stages, num_warps, tma_store)``; ``tma_store`` (an
-asynchronous TMA epilogue store) only where the kernel can use it (``tma_store_ok``). The first candidate is the one
-measured at ~cuBLAS speed on H200 (DESIGN.md: BM=128 BN=256 BK=64, 3 stages, 8 warps). Tuning
+asynchronous TMA epilogue store) only where the kernel can use it (``tma_store_ok``). The candidates
+are tunables (``knobs.codegen.CANDIDATES_16BIT`` / ``CANDIDATES_32BIT``); the first is the one
+measured at ~cuBLAS speed on H200 (BM=128 BN=256 BK=64, 3 stages, 8 warps). Tuning
 times each candidate on the real problem with every flag already raised (epoch 0), so the numbers
 are the GEMM's own; the winner only changes this rank's kernel, never what is communicated, so
-ranks may pick differently. Disk cache: ``$XDG_CACHE_HOME/overlap_backend/tiles.json`` (or
-``~/.cache``), keyed by GPU name, Triton version, kernel and shape.
+ranks may pick differently. Disk cache: ``cache_path("autotune")/tiles.json`` (under
+``OVERLAP_CACHE_DIR``, see :mod:`overlap_backend.spec.cache`), keyed by GPU name, Triton version,
+the knobs' hash, kernel and shape.
 """
 
 from __future__ import annotations
@@ -20,44 +22,33 @@ from pathlib import Path
 
 import torch
 
+from ..spec import knobs
+from ..spec.cache import cache_path
+
 log = logging.getLogger("overlap_backend.codegen")
 
 Config = tuple[int, int, int, int, int, int, bool]
 
-CANDIDATES_16BIT: tuple[Config, ...] = (
-    (128, 256, 64, 8, 3, 8, False),
-    (128, 128, 64, 8, 4, 8, False),
-    (128, 128, 64, 8, 4, 4, False),
-    (64, 256, 64, 8, 4, 4, False),
-)
-CANDIDATES_32BIT: tuple[Config, ...] = (
-    (128, 128, 32, 8, 3, 8, False),
-    (64, 128, 32, 8, 3, 4, False),
-)
-TMA_STORE_VARIANTS = 2  # the first this many candidates are also tried with a TMA-store epilogue
-
-AUTOTUNE = True  # False: take the first fitting candidate (tests: one compile per kernel variant)
-
 _lock = threading.Lock()
-_memory: dict[str, Config] = {}
-_disk_loaded = False
+_memory: dict[str, Config] = {}  # the contents of _loaded_from, and what was tuned since
+_loaded_from: Path | None = None
 
 
 def candidates(dtype: torch.dtype, row_multiple: int | None = None, tma_store_rows: int | None = None) -> list[Config]:
     """Candidates for ``dtype``; with ``row_multiple``, only those whose BM divides it (tiles that
     must not straddle two runs of rows); with ``tma_store_rows``, also TMA-store variants of the
     first candidates whose BM divides it (tiles that must not straddle two chunks)."""
-    cands = list(CANDIDATES_32BIT if dtype == torch.float32 else CANDIDATES_16BIT)
+    cands = list(knobs.codegen.CANDIDATES_32BIT if dtype == torch.float32 else knobs.codegen.CANDIDATES_16BIT)
     if row_multiple is not None:
         cands = [c for c in cands if row_multiple % c[0] == 0]
     if tma_store_rows:
-        cands += [(*c[:6], True) for c in cands[:TMA_STORE_VARIANTS] if tma_store_rows % c[0] == 0]
+        cands += [(*c[:6], True) for c in cands[:knobs.codegen.TMA_STORE_VARIANTS] if tma_store_rows % c[0] == 0]
     return cands
 
 
-def _cache_file() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "overlap_backend" / "tiles.json"
+def cache_file() -> Path:
+    """The autotune cache: one JSON object, tuning key -> config."""
+    return cache_path("autotune") / "tiles.json"
 
 
 def _device_key() -> str:
@@ -66,20 +57,28 @@ def _device_key() -> str:
     return f"{torch.cuda.get_device_name()}|triton {triton.__version__}"
 
 
+def tuning_key(kernel: str, shape_key: tuple) -> str:
+    """The cache key of one tuning: the GPU, Triton, every knob (a patched candidate table or any other
+    knob never reuses a winner picked under other values), the kernel and its shape."""
+    return f"{_device_key()}|knobs {knobs.knobs_hash()}|{kernel}|{shape_key}"
+
+
 def _load_disk() -> None:
-    global _disk_loaded
-    if _disk_loaded:
+    global _loaded_from
+    path = cache_file()
+    if _loaded_from == path:
         return
-    _disk_loaded = True
+    _loaded_from = path
+    _memory.clear()  # another cache root (OVERLAP_CACHE_DIR changed): its file is the cache now
     try:
-        data = json.loads(_cache_file().read_text())
+        data = json.loads(path.read_text())
         _memory.update({k: tuple(v) for k, v in data.items()})
     except (OSError, ValueError):
         pass
 
 
 def _save_disk() -> None:
-    path = _cache_file()
+    path = cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -93,9 +92,9 @@ def pick(kernel: str, shape_key: tuple, cands: list[Config], time_ms: Callable[[
     """The fastest of ``cands`` for this kernel and shape (``time_ms(config)`` measures one)."""
     if not cands:
         raise ValueError(f"no block configuration fits {kernel} {shape_key}")
-    if len(cands) == 1 or not AUTOTUNE:
+    if len(cands) == 1 or not knobs.codegen.AUTOTUNE:
         return cands[0]
-    key = f"{_device_key()}|{kernel}|{shape_key}"
+    key = tuning_key(kernel, shape_key)
     with _lock:
         _load_disk()
         if key in _memory and tuple(_memory[key]) in cands:

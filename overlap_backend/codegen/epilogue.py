@@ -1,6 +1,6 @@
 """Generated epilogues: Triton source written for one (spec, dtype), compiled from a file, cached.
 
-``runtime/epilogue.py`` defines what a spec means; this module writes the same steps as a
+``spec/epilogue.py`` defines what a spec means; this module writes the same steps as a
 ``@triton.jit`` function ::
 
     def epilogue(x, rows, cols, mask, N, P0, P1, P2, P3):   # x: the fp32 [BM, BN] accumulator tile
@@ -16,11 +16,11 @@ argument (``EPILOGUE``) and call it in their store path; the module also holds a
 (``pointwise_kernel``) that applies the epilogue to a finished tensor (``mm_ar``'s rounds path, where
 the reduced rows of other ranks arrive by copy engine, and the tests).
 
-Cache: the source goes to ``$XDG_CACHE_HOME/overlap_backend/kernels/epilogue_<key>.py`` (or
-``~/.cache``), ``key`` = sha256 of the source, torch's and Triton's versions and the GPU's name;
-the module is imported from that file (``triton.jit`` reads a function's source from its file) and
-kept in memory. Triton's own on-disk cache keys compiled binaries by the function's source, so a
-second process that loads the same file compiles nothing.
+Cache: the source goes to ``cache_path("kernels")/epilogue_<key>.py`` (under ``OVERLAP_CACHE_DIR``,
+see :mod:`overlap_backend.spec.cache`), ``key`` = sha256 of the source, torch's and Triton's
+versions, the GPU's name and the knobs' hash; the module is imported from that file (``triton.jit``
+reads a function's source from its file) and kept in memory. Triton's own on-disk cache keys compiled
+binaries by the function's source, so a second process that loads the same file compiles nothing.
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ from pathlib import Path
 
 import torch
 
+from ..spec import epilogue as spec_mod
+from ..spec import knobs
+from ..spec.cache import cache_path
 from . import launcher
-from ..runtime import epilogue as spec_mod
 
 MAX_POINTERS = 4  # P0..P3: tensors one epilogue may read
 _TL_DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}
@@ -172,20 +174,28 @@ def _device_name() -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "overlap_backend" / "kernels"
+    return cache_path("kernels")
 
 
 _lock = threading.Lock()
-_memory: dict[str, Generated] = {}  # by cache key (source, versions, GPU)
-_built: dict[tuple, Generated] = {}  # by (spec, dtype, TRITON_INTERPRET): skips emit and hashing
-STATS = {"generated": 0, "memory_hits": 0, "disk_hits": 0}
+_memory: dict[str, Generated] = {}  # by cache key (source, versions, GPU, knobs)
+# by (spec, dtype, TRITON_INTERPRET): skips emit and hashing; the source depends on no knob, so a
+# knob patched later finds the same code here
+_built: dict[tuple, Generated] = {}
+STATS = {"generated": 0, "memory_hits": 0, "disk_hits": 0}  # this process's builds (tests read them)
+
+
+def reset_stats() -> None:
+    """Zero :data:`STATS` (in place: readers holding the dict see the reset)."""
+    for k in STATS:
+        STATS[k] = 0
 
 
 def cache_key(source: str) -> str:
     import triton
 
-    ident = f"{source}\ntorch {torch.__version__}\ntriton {triton.__version__}\ngpu {_device_name()}"
+    ident = (f"{source}\ntorch {torch.__version__}\ntriton {triton.__version__}\ngpu {_device_name()}"
+             f"\nknobs {knobs.knobs_hash()}")
     return hashlib.sha256(ident.encode()).hexdigest()
 
 

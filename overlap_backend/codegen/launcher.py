@@ -33,6 +33,8 @@ import threading
 
 import torch
 
+from ..spec import knobs
+
 _state = threading.local()
 _preloaded: set = set()
 
@@ -71,7 +73,7 @@ def launch(kernel, grid, *args, **kwargs):
                 init()
             _preloaded.add(key)
         return None
-    if not FAST_LAUNCH or interpreting() or _launch_hooks():
+    if not knobs.codegen.FAST_LAUNCH or interpreting() or _launch_hooks():
         return kernel[grid](*args, **kwargs)
     key = _variant_key(kernel, args, kwargs)
     fast = _fast_launches.get(key)
@@ -90,19 +92,18 @@ def launch(kernel, grid, *args, **kwargs):
 # for our 30-40-argument kernels, several times per op call, where eager calls at decode sizes are
 # host-bound. A variant ``_variant_key`` has seen is one Triton has compiled (see above), so later
 # launches of it call the compiled kernel's launcher directly with the same argument list Triton
-# builds (every parameter in order, defaults filled in). Off (``FAST_LAUNCH = False``), under the
-# interpreter and while Triton's launch hooks are set (profilers such as proton use them).
-FAST_LAUNCH = True
+# builds (every parameter in order, defaults filled in). Off (``knobs.codegen.FAST_LAUNCH`` False), under
+# the interpreter and while Triton's launch hooks are set (profilers such as proton use them).
 _fast_launches: dict = {}
 _NO_FAST_LAUNCH = object()
 
 
 def _launch_hooks() -> bool:
     try:
-        from triton import knobs
+        from triton import knobs as triton_knobs
     except ImportError:  # Triton < 3.4 has no knobs: keep its own launch path
         return True
-    return _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook)
+    return _hook_set(triton_knobs.runtime.launch_enter_hook) or _hook_set(triton_knobs.runtime.launch_exit_hook)
 
 
 def _hook_set(hook) -> bool:

@@ -30,7 +30,7 @@ reduced tiles go into every peer's gather buffer the same way. No staging, no ho
 ``COPY_OUT`` (``mm_ar``): the peers' reduced bands, once in this rank's gather region (their flags
 raised), are copied into ``out`` by copy tiles of this kernel, round t's after round t+1's GEMM tiles,
 instead of by the host's copies: a copy within one GPU runs on the SMs, so those waited for the
-kernel's last tile (twenty-first session).
+kernel's last tile (bench/probe_copy_sms.py).
 
 Tiles are handed out in that order by an atomic counter (not by CTA index): a CTA that is not
 resident (SMs busy with other work) then holds no tile that a peer's spinning CTA depends on, so

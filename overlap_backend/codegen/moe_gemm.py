@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..spec import knobs
 from . import launcher
 from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_tile_done,
                     signal_flag, wait_flag)
@@ -270,22 +271,10 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     )
 
 
-# (BM, BN, BK, GROUP_M, stages, warps, TMA store unused): the fastest of the configs bench/probe_moe_gemm.py
-# timed on H200 (2 runs on 2026-11-30, bench/results/2026-11-30_h200x2_session5): gate/up (128, 128) at the
-# Mixtral-/DeepSeek-like sizes (2.93-3.07 ms Mixtral-like, 3.01-3.05 DeepSeek-like), (64, 256) at decode sizes
-# (0.39 vs 0.49); down (128, 256) everywhere (1.37-1.41 / 1.61-1.67 / 0.27 ms). Few candidates on purpose:
-# each one is a compilation on the first call (a fresh machine spent > 190 s compiling seven)
-GATE_UP_16BIT = (  # two [BM, BN] float32 accumulators (gate and up)
-    (128, 128, 64, 8, 3, 8, False),
-    (64, 256, 64, 8, 3, 8, False),
-)
-DOWN_16BIT = (
-    (128, 256, 64, 8, 3, 8, False),
-)
-
-
 def candidates(dtype: torch.dtype, kernel: str = "gate_up") -> list:
-    """Block configs to tune ``kernel`` ("gate_up" or "down") over, for a 16-bit compute ``dtype``."""
+    """Block configs to tune ``kernel`` ("gate_up" or "down") over, for a 16-bit compute ``dtype``:
+    (BM, BN, BK, GROUP_M, stages, warps, TMA store unused), ``knobs.codegen.MOE_GATE_UP_16BIT`` /
+    ``MOE_DOWN_16BIT``."""
     if kernel not in ("gate_up", "down"):
         raise ValueError(f"kernel must be 'gate_up' or 'down', not {kernel!r}")
-    return list(GATE_UP_16BIT if kernel == "gate_up" else DOWN_16BIT)
+    return list(knobs.codegen.MOE_GATE_UP_16BIT if kernel == "gate_up" else knobs.codegen.MOE_DOWN_16BIT)

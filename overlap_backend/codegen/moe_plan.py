@@ -10,8 +10,9 @@ tile prefix sums and the row tiles of each source position.
 
 Why: on 2xH200 the torch version cost 0.7-1.0 ms of host time per call (bench/probe_moe_gemm.py),
 more than the whole GPU time of a decode-size layer. One CTA walks the rows twice in blocks of
-BLOCK (``ONEHOT_ELEMENTS // GP``), up to ``MAX_ROWS`` rows: counts first, then each row's place ``row_start[g] + (rows of g before it)``, the rank
-inside a block from a cumulative sum over a [BLOCK, GP] one-hot matrix. GP (groups, padded to a
+BLOCK (``ONEHOT_ELEMENTS // GP``), up to ``knobs.codegen.MOE_PLAN_MAX_ROWS`` rows: counts first, then
+each row's place ``row_start[g] + (rows of g before it)``, the rank inside a block from a cumulative
+sum over a [BLOCK, GP] one-hot matrix. GP (groups, padded to a
 power of two) is bounded by ``MAX_GROUPS``; above it the runtime takes the torch version.
 """
 
@@ -19,11 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..spec import knobs
 from . import launcher
 
 MAX_GROUPS = 128  # ws * local experts; beyond it the [BLOCK, GP] one-hot matrix would not fit
-MAX_ROWS = 8192  # one CTA walks the rows twice: beyond this the torch version's GPU time is shorter, and its
-# host time is hidden behind the GPU's (the host runs ahead of a layer that long)
 ONEHOT_ELEMENTS = 8192  # BLOCK * GP: the one-hot matrix's size (registers of 4 warps)
 
 
@@ -109,8 +109,8 @@ def unsupported(m: int, groups: int, block_rows) -> str | None:
         return f"{len(set(block_rows))} block heights (at most 2)"
     if groups > MAX_GROUPS:
         return f"{groups} groups (at most {MAX_GROUPS})"
-    if m > MAX_ROWS:
-        return f"{m} rows (at most {MAX_ROWS}: above, the torch ops are faster on the GPU)"
+    if m > knobs.codegen.MOE_PLAN_MAX_ROWS:
+        return f"{m} rows (at most {knobs.codegen.MOE_PLAN_MAX_ROWS}: above, the torch ops are faster on the GPU)"
     return None
 
 

@@ -26,12 +26,12 @@ from torch import nn
 
 # torch 2.13 names them *_single (and gives them autograd); older releases only have the *_tensor
 # names, whose plain variants do not propagate gradients: take the *_autograd ones there.
-_all_gather = (
+all_gather = (
     getattr(funcol, "all_gather_single", None)
     or getattr(funcol, "all_gather_tensor_autograd", None)
     or funcol.all_gather_tensor
 )
-_reduce_scatter = (
+reduce_scatter = (
     getattr(funcol, "reduce_scatter_single", None)
     or getattr(funcol, "reduce_scatter_tensor_autograd", None)
     or funcol.reduce_scatter_tensor
@@ -127,7 +127,7 @@ class TPBlock(nn.Module):
         self.fc2_w = _shard(init.linear(ffn, hidden, ffn), 1, rank, ws)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        g = _all_gather(self.ln1(x), 1, self.group)  # [b, s, hidden]
+        g = all_gather(self.ln1(x), 1, self.group)  # [b, s, hidden]
         b, s, _ = g.shape
         q = g @ self.wq + self.bq
         k = g @ self.wk
@@ -138,12 +138,12 @@ class TPBlock(nn.Module):
 
         o = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
         o = o.transpose(1, 2).reshape(b, s, self.heads_local * self.head_dim)
-        return _reduce_scatter(o @ self.wo, "sum", 1, self.group)  # [b, s / ws, hidden]
+        return reduce_scatter(o @ self.wo, "sum", 1, self.group)  # [b, s / ws, hidden]
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
-        g = _all_gather(self.ln2(h), 1, self.group)
+        g = all_gather(self.ln2(h), 1, self.group)
         y = F.gelu(F.linear(g, self.fc1_w, self.fc1_b))
-        return _reduce_scatter(F.linear(y, self.fc2_w), "sum", 1, self.group)
+        return reduce_scatter(F.linear(y, self.fc2_w), "sum", 1, self.group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(x)
@@ -186,9 +186,9 @@ class TPSwiGLUMlp(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.norm_w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = _all_gather(self.rmsnorm(x), 1, self.group)
+        g = all_gather(self.rmsnorm(x), 1, self.group)
         h = F.silu(g @ self.w_gate) * (g @ self.w_up)
-        return x + _reduce_scatter(h @ self.w_down, "sum", 1, self.group)
+        return x + reduce_scatter(h @ self.w_down, "sum", 1, self.group)
 
 
 class TPMlpAllReduce(nn.Module):

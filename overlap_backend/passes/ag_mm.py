@@ -26,7 +26,7 @@ import torch.fx
 from . import common, cost_model
 from . import epilogue as ep
 from . import prologue as pro
-from ..runtime import epilogue as spec_mod
+from ..spec import epilogue as spec_mod
 from .common import Matmul, Rejected
 from .manager import OverlapPass
 

@@ -28,7 +28,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from ..runtime import epilogue as spec_mod
+from ..spec import epilogue as spec_mod
 from . import common
 from .common import aten, val
 

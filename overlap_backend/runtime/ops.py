@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from . import checks as _checks
-from . import epilogue as _epilogue
+from ..spec import epilogue as _epilogue
 from . import lowering as _lowering
 from .checks import OverlapGroupError, OverlapInputError  # noqa: F401  (re-exported)
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from . import epilogue as _epilogue
+from ..spec import epilogue as _epilogue
 from .lowering import register
 from .streams import P2P_RING, comm_stream
 

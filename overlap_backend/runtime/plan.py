@@ -14,8 +14,8 @@ import math
 
 import torch
 
+from ..spec import epilogue as _epilogue
 from ..spec import knobs, symm_layout
-from . import epilogue as _epilogue
 
 
 def _t(x) -> str:

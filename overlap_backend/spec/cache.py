@@ -1,4 +1,7 @@
-"""The one root of every on-disk cache of the backend (calibration files, tuned kernel configs)."""
+"""The one root of every on-disk cache of the backend, one folder per kind: ``calibration`` (the cost
+model's measurements), ``autotune`` (the tile kernels' tuned block configs, ``codegen/configs.py``),
+``kernels`` (generated epilogue sources, ``codegen/epilogue.py``). The kernel caches' keys include
+``knobs.knobs_hash()``, so a patched knob never reuses what was tuned or generated under another value."""
 
 from __future__ import annotations
 
@@ -19,5 +22,5 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def cache_path(kind: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """The folder of one cache (``kind``: ``calibration``, ``autotune``, ...) under :func:`cache_root`."""
+    """The folder of one cache (``kind``: ``calibration``, ``autotune``, ``kernels``) under :func:`cache_root`."""
     return cache_root(cache_dir) / kind

@@ -88,7 +88,7 @@ RELEASED = 0x7FFFFFFF  # what an overdue call's flags are set to: >= every epoch
 # What a release raises to RELEASED: every word below GAVE_UP but the tile tickets (eager and graph
 # block), which are not flags but tile numbers: a kernel drawing from RELEASED gets a negative tile
 # and addresses outside its operands (an illegal address after a release, seen on one H200:
-# bench/results/2026-12-01_h200x1_session21).
+# bench/results/gpu_tests_h200x1_2026-12-01/mm_ar_hang).
 RELEASE_SPANS = ((0, TICKET), (TICKET + 1, GRAPH_BLOCK + TICKET), (GRAPH_BLOCK + TICKET + 1, GAVE_UP))
 
 # ---------------------------------------------------------------------------------- status words

@@ -1,4 +1,4 @@
-"""CPU checks (issue 7) that every benchmark and ``bench/run_device.sh`` take 2, 4 and 8 GPUs.
+"""CPU checks that every benchmark and ``bench/run_device.sh`` take 2, 4 and 8 GPUs.
 
 Nothing heavy runs: the benchmarks' argument parsing and the functions that derive their shapes,
 configs and variants from the world size; ``run_device.sh`` under a fake ``nvidia-smi`` (N GPUs) and a
@@ -33,9 +33,9 @@ def bench():
     env = dict(os.environ)
     sys.path.insert(0, str(REPO))
     try:
-        mods = {n: importlib.import_module(f"bench.{n}")
-                for n in ("common", "bench_collective_gemm", "bench_moe", "bench_cta", "bench_block", "bench_epilogue",
-                          "probe_host")}
+        mods = {n.rpartition(".")[2]: importlib.import_module(f"bench.{n}")
+                for n in ("tools.common", "suites.bench_collective_gemm", "suites.bench_moe", "suites.bench_cta",
+                          "suites.bench_block", "suites.bench_epilogue", "probes.probe_host")}
         yield mods
     finally:  # bench_collective_gemm adds a log handler, bench.common sets NCCL variables
         symm_log.setLevel(level)
@@ -54,7 +54,7 @@ def test_collective_shapes_split_evenly(bench, ws):
     rows = b.list_shapes(ws)
     for suite in b.SUITES:  # every suite keeps every row at 2, 4 and 8 ranks (none dropped as indivisible)
         mine = [r for r in rows if r["suite"] == suite]
-        want = 5 if (suite, ws) == ("ag_mm", 2) else 4  # ws=2: DESIGN's own ag_mm row on top
+        want = 5 if (suite, ws) == ("ag_mm", 2) else 4  # ws=2: the baseline tables' own ag_mm row on top
         assert len(mine) == want, (suite, ws, mine)
     for r in rows:
         for d in b.SPLIT[r["suite"]]:
@@ -68,7 +68,7 @@ def test_collective_shapes_split_evenly(bench, ws):
         if r["suite"] == "ag_mm":
             assert A[0] * ws == r["M"] and out[0] == r["M"], r
         if r["suite"] == "mm_ar":
-            assert (A, B) == ((r["M"], r["K"]), (r["K"], r["N"])), r  # per-rank sizes, as in DESIGN.md
+            assert (A, B) == ((r["M"], r["K"]), (r["K"], r["N"])), r  # per-rank sizes, as in the baseline tables
     # the CPU smoke test's shapes split too
     for r in b.list_shapes(ws, cpu=True):
         assert all(r[d] % ws == 0 for d in b.SPLIT[r["suite"]]), r
@@ -351,7 +351,7 @@ def test_epilogue_variants_are_timed_in_interleaved_rounds(bench):
 
 
 def test_epilogue_fused_verdict_is_paired_by_round(bench):
-    """Issue 8's bar from one run: fewer kernels per step and faster in the median and in every round
+    """The fused epilogues' target from one run: fewer kernels per step and faster in the median and in every round
     (round i of the fused variant against round i of the unfused one)."""
     mod = bench["bench_epilogue"]
     unfused = {"time_ms": 5.33, "round_ms": [5.30, 5.41, 5.33], "kernels_per_step": 147}
@@ -377,12 +377,12 @@ def test_run_device_syntax_and_help():
 
 
 def test_run_stages_runs_a_stages_file_under_one_deadline(tmp_path):
-    """bench/run_stages.sh: each `run NAME CAP CMD` of the stages file runs with its log under logs/,
+    """bench/tools/run_stages.sh: each `run NAME CAP CMD` of the stages file runs with its log under logs/,
     writes under $RES, reports its exit status; a stage with no time left is NOT STARTED; everything
     comes back as $OUT/run.tgz. A missing stages file is a usage error."""
     import tarfile
 
-    script = REPO / "bench" / "run_stages.sh"
+    script = REPO / "bench" / "tools" / "run_stages.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     stages = tmp_path / "stages.sh"
     stages.write_text('run hello 30 bash -c "echo hi; echo 42 > $RES/answer.txt"\n'
@@ -457,14 +457,14 @@ def _torchrun(n: int, script: str, *args: str) -> list[str]:
 def _benches(n: int, traced: bool) -> list[list[str]]:
     trace = ["--trace", "TMP/traces", "--trace-m", "4096"] if traced else []
     return [
-        _torchrun(n, "bench/bench_collective_gemm.py", "--suite", "ag_mm,mm_rs,mm_ar", "--lowerings", "p2p,symm",
+        _torchrun(n, "bench/suites/bench_collective_gemm.py", "--suite", "ag_mm,mm_rs,mm_ar", "--lowerings", "p2p,symm",
                   "--out-dir", "TMP/results", "--graphs", *trace),
-        _torchrun(n, "bench/bench_block.py", "--out-dir", "TMP/results", *(["--trace", "TMP/traces"] if traced else [])),
-        _torchrun(n, "bench/bench_cta.py", "--out-dir", "TMP/results", "--graphs", "--trace", "TMP/traces"),
+        _torchrun(n, "bench/suites/bench_block.py", "--out-dir", "TMP/results", *(["--trace", "TMP/traces"] if traced else [])),
+        _torchrun(n, "bench/suites/bench_cta.py", "--out-dir", "TMP/results", "--graphs", "--trace", "TMP/traces"),
     ]
 
 
-VERSIONS = ["python3", "-m", "bench.common"]
+VERSIONS = ["python3", "-m", "bench.tools.common"]
 OLD_TESTS = ["tests/gpu/test_gpu.py", "tests/gpu/test_gpu_cta.py"]
 
 
@@ -479,17 +479,17 @@ def test_run_device_2_and_4_gpus_unchanged(tmp_path):
     cmds, _ = _run_device(tmp_path, 4, "bench")
     assert cmds == [VERSIONS, *_benches(4, True), *_benches(2, False)]
     cmds, _ = _run_device(tmp_path, 2, "quick")
-    quick = [_torchrun(2, "bench/bench_collective_gemm.py", "--suite", "ag_mm,mm_rs,mm_ar", "--lowerings",
+    quick = [_torchrun(2, "bench/suites/bench_collective_gemm.py", "--suite", "ag_mm,mm_rs,mm_ar", "--lowerings",
                        "p2p,symm", "--out-dir", "TMP/results", "--graphs", "--quick"),
-             _torchrun(2, "bench/bench_block.py", "--out-dir", "TMP/results", "--quick"),
-             _torchrun(2, "bench/bench_cta.py", "--out-dir", "TMP/results", "--graphs", "--trace", "TMP/traces",
+             _torchrun(2, "bench/suites/bench_block.py", "--out-dir", "TMP/results", "--quick"),
+             _torchrun(2, "bench/suites/bench_cta.py", "--out-dir", "TMP/results", "--graphs", "--trace", "TMP/traces",
                        "--quick")]
     assert cmds == [VERSIONS, _pytest("-q", OLD_TESTS, "ws2 and symm and not compiled"), *quick]
 
 
 def test_run_device_8_gpus(tmp_path):
     cmds, out = _run_device(tmp_path, 8, "full")
-    moe = _torchrun(8, "bench/bench_moe.py", "--out", "TMP/results", "--configs", "deepseek-ep8,deepseek",
+    moe = _torchrun(8, "bench/suites/bench_moe.py", "--out", "TMP/results", "--configs", "deepseek-ep8,deepseek",
                     "--routing", "balanced,skewed", "--comm-sms", "8")
     collective, block, cta = _benches(8, True)
     assert cmds == [VERSIONS, _pytest("-v", OLD_TESTS, "ws8 and symm or names_op_rank or dead_peer or captured_symm or fast_path"), collective, moe, block, cta]
@@ -497,7 +497,7 @@ def test_run_device_8_gpus(tmp_path):
     assert stages == ["versions", "gpu_tests", "bench_ws8", "moe_ws8", "block_ws8", "cta_ws8"]
     # tests only: every GPU test file, the whole deadline
     cmds, out = _run_device(tmp_path, 8, "tests")
-    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_gpu*.py"))
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "gpu").glob("test_gpu*.py"))
     assert cmds == [VERSIONS, _pytest("-v", files, "ws8 and symm or names_op_rank or dead_peer or captured_symm or fast_path")]
     limit = int(re.search(r"gpu_tests \(limit (\d+)s\)", out).group(1))
     assert limit > 500, out  # 540 s less the packaging reserve and what the versions took
@@ -512,11 +512,11 @@ def test_run_device_graphs_benches(tmp_path):
     cmds, out = _run_device(tmp_path, 2, "bench", BENCHES="graphs")
     assert cmds == [
         VERSIONS,
-        _torchrun(2, "bench/bench_models.py", "--out", "TMP/results", "--mode", "reduce-overhead", "--sections",
+        _torchrun(2, "bench/suites/bench_models.py", "--out", "TMP/results", "--mode", "reduce-overhead", "--sections",
                   "llama,serve"),
-        _torchrun(2, "bench/bench_epilogue.py", "--out-dir", "TMP/results", "--block", "tp", "--mode", "train",
+        _torchrun(2, "bench/suites/bench_epilogue.py", "--out-dir", "TMP/results", "--block", "tp", "--mode", "train",
                   "--cudagraphs"),
-        _torchrun(2, "bench/bench_moe.py", "--out", "TMP/results", "--configs",
+        _torchrun(2, "bench/suites/bench_moe.py", "--out", "TMP/results", "--configs",
                   "deepseek,mixtral,deepseek-decode,mixtral-decode", "--routing", "balanced", "--comm-sms", "",
                   "--sweep", "", "--no-p2p", "--graphs"),
     ]
@@ -599,17 +599,16 @@ def test_drop_collectives_leaves_local_stand_ins(bench, fake_pg):
     torch.testing.assert_close(out, (x @ w) * 2)
 
 
-def test_set_applies_module_settings_and_rejects_bad_ones():
-    """bench --set: a knob (or a runtime/codegen/passes module setting) for one run (A/B of settings
-    without an environment variable); unknown names, other packages and non-literals are errors."""
-    from bench import common
+def test_set_applies_knobs_and_rejects_bad_ones():
+    """bench --set: a knob of ``overlap_backend.spec.knobs`` for one run (A/B of settings without an
+    environment variable); unknown sets or knobs, a value of another type and a missing value are errors."""
+    from bench.tools import common
     from overlap_backend.spec import knobs
 
-    with knobs.symm.patch(PUSH_STREAM_PER_PEER=False):
-        assert common.apply_sets(["symm.PUSH_STREAM_PER_PEER=True"]) == ["symm.PUSH_STREAM_PER_PEER=True"]
-        assert knobs.symm.PUSH_STREAM_PER_PEER is True
-    for bad in ("runtime.symm.NO_SUCH=1", "symm.NO_SUCH=1", "config.DEFAULT_PASS_ORDER=()",
-                "symm.PUSH_STREAM_PER_PEER=yes", "symm.PUSH_STREAM_PER_PEER"):
+    with knobs.cta.patch(K_CHUNKS=4):
+        assert common.apply_sets(["cta.K_CHUNKS=8"]) == ["cta.K_CHUNKS=8"]
+        assert knobs.cta.K_CHUNKS == 8
+    for bad in ("cta.NO_SUCH=1", "config.DEFAULT_PASS_ORDER=()", "cta.K_CHUNKS=yes", "cta.K_CHUNKS"):
         with pytest.raises(ValueError):
             common.apply_sets([bad])
 
@@ -619,19 +618,19 @@ def test_benches_parse_set_through_one_helper(bench, capsys):
     (``common.parse_args_with_sets``), a bad item a usage error naming it."""
     from overlap_backend.spec import knobs
 
-    with knobs.symm.patch(PUSH_STREAM_PER_PEER=False):
-        args = bench["bench_collective_gemm"].parse_args(["--out-dir", "x", "--set", "symm.PUSH_STREAM_PER_PEER=True"])
-        assert args.settings == ["symm.PUSH_STREAM_PER_PEER=True"] and knobs.symm.PUSH_STREAM_PER_PEER
+    with knobs.cta.patch(K_CHUNKS=4):
+        args = bench["bench_collective_gemm"].parse_args(["--out-dir", "x", "--set", "cta.K_CHUNKS=8"])
+        assert args.settings == ["cta.K_CHUNKS=8"] and knobs.cta.K_CHUNKS == 8
     with pytest.raises(SystemExit):
-        bench["bench_moe"].parse_args(["--out", "x", "--set", "runtime.symm.NO_SUCH=1"])
-    assert "runtime.symm has no setting NO_SUCH" in capsys.readouterr().err
+        bench["bench_moe"].parse_args(["--out", "x", "--set", "cta.NO_SUCH=1"])
+    assert "has no knob 'NO_SUCH'" in capsys.readouterr().err
 
 
 def test_trace_compare_sums_categories_and_exclusive_time(tmp_path):
-    """bench/trace_compare.py: per category the summed time and the time nothing else runs; the
+    """bench/tools/trace_compare.py: per category the summed time and the time nothing else runs; the
     kernels whose time differs most between two traces."""
     sys.path.insert(0, str(REPO))
-    from bench import trace_compare as tc
+    from bench.tools import trace_compare as tc
 
     assert [tc.category(n, "kernel") for n in (
         "ncclDevKernel_AllGather_RING_LL", "sm90_xmma_gemm_bf16bf16_bf16f32", "nvjet_tst_128x256", "mm_rs_kernel",
@@ -663,26 +662,26 @@ def test_bench_models_writes_a_trace_per_variant(tmp_path):
     """``bench_models.py --trace DIR`` (2 gloo ranks, tiny Llama): one trace of a training step per
     variant and rank 0/1, readable by trace_compare."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "bench/bench_models.py",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "bench/suites/bench_models.py",
            "--out", str(tmp_path / "res"), "--device", "cpu", "--sections", "llama", "--variants", "overlap",
            "--quick", "--check-steps", "1", "--trace", str(tmp_path / "tr")]
     subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=240, capture_output=True)
     names = sorted(p.name for p in (tmp_path / "tr").iterdir())
     assert names == [f"llama_ws2_{v}_rank{r}.json" for v in ("eager", "overlap") for r in (0, 1)]
-    out = subprocess.run([sys.executable, "bench/trace_compare.py", *(str(tmp_path / "tr" / n) for n in names[::2])],
+    out = subprocess.run([sys.executable, "bench/tools/trace_compare.py", *(str(tmp_path / "tr" / n) for n in names[::2])],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert "| span |" in out
 
 
 def test_probe_host_cpu_counts_the_stream_operations_of_a_call():
-    """bench/probe_host_cpu.py runs the real cuBLAS paths of mm_rs and ag_mm against a mocked CUDA
+    """bench/probes/probe_host_cpu.py runs the real cuBLAS paths of mm_rs and ag_mm against a mocked CUDA
     layer. The stream operations per call are the protocol's (rank 0 of 4, one band per chunk):
     mm_rs: READY raised to and awaited from 3 peers, 3 done flags raised and awaited, 3 pushes with
     their arrival flags, 3 arrivals awaited, PEER_OK awaited, 2 progress words; ag_mm: READY, 3
     pushes with their flags, each peer's chunk awaited by the GEMMs and by the gathered copy, PEER_OK,
     2 progress words. A new stream operation per call shows here first."""
     sys.path.insert(0, str(REPO))
-    from bench import probe_host_cpu
+    from bench.probes import probe_host_cpu
 
     res = probe_host_cpu.measure(4, 512, calls=5)
     rs, ag = res["mm_rs (cuBLAS per band)"], res["ag_mm (cuBLAS per chunk)"]
@@ -697,12 +696,12 @@ def test_probe_host_cpu_counts_the_stream_operations_of_a_call():
 
 
 def test_predict_llama_prices_the_eight_matches_of_a_block(capsys):
-    """bench/predict_llama.py: the eight matches of a Llama block at each group size, their shapes as
+    """bench/tools/predict_llama.py: the eight matches of a Llama block at each group size, their shapes as
     the passes build them (QKV with GQA's narrower K/V, sums of matmuls concatenated along K), and per
     step the matched collectives and the predicted saving; graphs never save less than eager calls
     (no host time); bad sizes are rejected."""
     sys.path.insert(0, str(REPO))
-    from bench import predict_llama as pl
+    from bench.tools import predict_llama as pl
     from overlap_backend import calibrate
 
     probs = pl.block_problems(4, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, tokens=8192)
@@ -730,7 +729,7 @@ def test_bench_models_loss_curves_of_both_models(tmp_path):
     and the Mixtral EP curves, every step's loss in the JSON for eager and overlap, the overlap one rewritten
     (the moe pass on Mixtral's forward) and within 1e-4 of eager's at every step."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "bench/bench_models.py",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "bench/suites/bench_models.py",
            "--out", str(tmp_path), "--device", "cpu", "--sections", "curve,mixtral_curve", "--curve", "steps=8",
            "--mixtral_curve", "steps=8"]
     subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=240, capture_output=True)

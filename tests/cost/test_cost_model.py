@@ -1,6 +1,6 @@
 """The cost model (passes/cost_model.py), its calibration (calibrate.py) and OVERLAP_COST_MODEL.
 
-Predictions with the built-in H200 calibration on the DESIGN.md / bench shapes; the passes on the
+Predictions with the built-in H200 calibration on the baseline / bench shapes; the passes on the
 fake process group with the model on, off and auto (decisions, reasons, the ``cost`` record and
 summary.json); cta_pipeline turned on by the model only where the passes were not named; the
 calibration cache (keys, round trip, corrupt files); the ranks' agreement on one calibration (2
@@ -63,7 +63,7 @@ def test_tiny_match_predicted_to_lose():
         (Problem("mm_ar", m=128, n=8192, k=7168, dtype=BF16, ws=4), False),  # decode: host-bound
         (Problem("mm_rs", m=512, n=8192, k=7168 // 2, dtype=BF16, ws=2), False),
         # the CTA pipeline is at best at parity with TP2 on 2xH200 (within +-5 %, which run decides:
-        # bench/results/2026-11-30_h200x2_session13): not a predicted win beyond the model's margin
+        # bench/results/cta_h200x2_2026-11-30/tma_store): not a predicted win beyond the model's margin
         (Problem("cta_pipeline_mlp", m=4096, n=8192, k=8192, f=28672 // 2, dtype=BF16, ws=2, activation="gelu"), False),
         (Problem("cta_pipeline_mlp", m=512, n=8192, k=8192, f=28672 // 2, dtype=BF16, ws=2, activation="swiglu"), False),
     ],
@@ -73,7 +73,7 @@ def test_decisions_on_bench_shapes(problem, wins):
 
 
 @pytest.mark.parametrize(
-    "problem, lowering, measured",  # bench/results: the fit's data (bench/check_cost_model.py checks them all)
+    "problem, lowering, measured",  # bench/results: the fit's data (bench/suites/check_cost_model.py checks them all)
     [
         (Problem("ag_mm", m=4096, n=7168, k=8192, dtype=BF16, ws=2), "symm", 0.752),
         (Problem("mm_rs", m=8192, n=8192, k=3584, dtype=BF16, ws=2), "symm", 0.843),
@@ -239,7 +239,7 @@ def test_graphs_inductor_will_not_capture_are_priced_eagerly(monkeypatch):
 
 def test_cta_pipeline_under_cuda_graphs_stays_plain():
     """bench_cta --graphs (2xH200): the captured CTA pipeline is within +-5 % of TP2's replays at
-    M >= 512 (thirteenth session; slower before it, and at M=128): no predicted win beyond the
+    M >= 512 (slower at M=128): no predicted win beyond the
     model's margin without host time, which drops only symm's host time (the p2p pipeline keeps its own)."""
     for act in ("gelu", "swiglu"):
         for m in (128, 512, 1024, 4096):
@@ -253,9 +253,9 @@ def test_cta_pipeline_under_cuda_graphs_stays_plain():
 
 def test_cta_small_m_is_bound_by_stage_ones_weight_stream():
     """At M <= 128 stage 1 streams all of W2 with 32 CTAs (one row block): the model's device time
-    follows the graph replays measured on 2xH200 (fourteenth session, run 2: GELU 0.326 / 0.334 ms,
-    SwiGLU 0.415 / 0.396 at M = 16 / 128) within 20 %, where a full-bandwidth weight read predicted
-    0.18-0.25; from M = 512 (128 CTAs) the term does not bind."""
+    follows the graph replays measured on 2xH200 (bench/results/cta_h200x2_2026-11-30/eager_graphs/run2:
+    GELU 0.326 / 0.334 ms, SwiGLU 0.415 / 0.396 at M = 16 / 128) within 20 %, where a full-bandwidth weight
+    read predicted 0.18-0.25; from M = 512 (128 CTAs) the term does not bind."""
     measured = {("gelu", 16): 0.326, ("gelu", 128): 0.334, ("swiglu", 16): 0.415, ("swiglu", 128): 0.396}
     for (act, m), ms in measured.items():
         p = Problem("cta_pipeline_mlp", m=m, n=8192, k=8192, dtype=BF16, ws=2, f=28672 // 2, activation=act)

@@ -1,4 +1,4 @@
-"""Symbolic shapes (issue 6): ``dynamic=True`` / ``mark_dynamic`` on the token dimension.
+"""Symbolic shapes: ``dynamic=True`` / ``mark_dynamic`` on the token dimension.
 
 The passes match on SymInt sizes; preconditions are decided with the ShapeEnv (facts that hold for
 every length need no guard; others install a guard, so a length that breaks them recompiles). The

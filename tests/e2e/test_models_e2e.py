@@ -1,4 +1,4 @@
-"""Real models end to end on 2 gloo ranks (issue 6): the Llama decoder with TP + SP through DTensor,
+"""Real models end to end on 2 gloo ranks: the Llama decoder with TP + SP through DTensor,
 the Mixtral-style MoE decoder with expert parallelism, and the serving loop.
 
 Each test trains (or serves) the same model twice from the same seed, eagerly and compiled with

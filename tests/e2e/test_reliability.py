@@ -1,4 +1,4 @@
-"""Reliability (issue 6): bad op inputs fail before any transfer, a late or dead peer becomes an
+"""Reliability: bad op inputs fail before any transfer, a late or dead peer becomes an
 exception within OVERLAP_TIMEOUT_S, graph breaks inside a pattern are reported, and recompiles
 reuse the lowerings' per-group state.
 
@@ -74,7 +74,7 @@ def _bad_calls(name):
 
 def test_bad_inputs_raise_before_any_transfer(fake_pg, monkeypatch):
     from overlap_backend.runtime.checks import OverlapInputError
-    from overlap_backend.runtime.epilogue import EpilogueError
+    from overlap_backend.spec.epilogue import EpilogueError
 
     _no_transfer(monkeypatch)
     for op, call, arg, text in _bad_calls(fake_pg.group_name):

@@ -57,7 +57,7 @@ def _need_gpus(ws: int, lowering: str = "symm", eager_all_gather: bool = False) 
     ``eager_all_gather``: the test runs models whose eager forward all-gathers CUDA tensors over the
     group (the references, and collectives left unmatched in the compiled graphs); under
     ``OVERLAP_TEST_SHARED_GPU`` that is gloo's all_gather_into_tensor, which segfaults on CUDA tensors
-    with torch 2.11 (all_reduce, reduce_scatter and all_to_all work: session 19's run 3)."""
+    with torch 2.11 (all_reduce, reduce_scatter and all_to_all work)."""
     if shared_gpu() and lowering == "p2p":
         pytest.skip("OVERLAP_TEST_SHARED_GPU runs gloo, which cannot send CUDA tensors point to point")
     if shared_gpu() and eager_all_gather:
@@ -131,9 +131,9 @@ def _setup_rank(rank: int, device: str) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 references and fp32 cases stay fp32
         torch.backends.cudnn.allow_tf32 = False
     import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
-    from overlap_backend.codegen import configs
+    from overlap_backend.spec import knobs
 
-    configs.AUTOTUNE = False  # numerics do not depend on the block config; one compile per variant
+    knobs.codegen.set(AUTOTUNE=False)  # numerics do not depend on the block config; one compile per variant
 
 
 # ---- one case per op: run ours, build the reference, return the relative error (and a label)
@@ -892,6 +892,7 @@ def test_fast_triton_launch_matches_tritons_own():
     import triton.language as tl
 
     from overlap_backend.codegen import launcher
+    from overlap_backend.spec import knobs
 
     @triton.jit
     def axpy(x_ptr, y_ptr, out_ptr, n, a, SCALE: tl.constexpr, BLOCK: tl.constexpr):
@@ -901,7 +902,7 @@ def test_fast_triton_launch_matches_tritons_own():
         y = tl.load(y_ptr + offs, mask=mask)
         tl.store(out_ptr + offs, (a * x + y) * SCALE, mask=mask)
 
-    assert launcher.FAST_LAUNCH and not launcher._launch_hooks()
+    assert knobs.codegen.FAST_LAUNCH and not launcher._launch_hooks()
     before = len(launcher._fast_launches)
     for i, (n, a, scale) in enumerate([(1000, 3, 1), (777, 5, 1), (1, 1, 1), (4097, 2, 1), (5000, 7, 2), (999, 9, 2)]):
         x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
@@ -1198,8 +1199,7 @@ def wide_tile_rounds_worker(rank: int, ws: int, device: str):
 def test_mm_ar_rounds_with_sm_filling_tiles():
     """Ranks sharing one GPU (OVERLAP_TEST_SHARED_GPU) copy between each other's buffers with a driver
     kernel on the SMs: with every SM held by this config's spinning CTAs the pushes never ran and both
-    ranks hung (bench/results/2026-12-01_h200x1_session21), unless the grids leave
-    knobs.symm.SHARED_DEVICE_FREE_SMS free."""
+    ranks hung, unless the grids leave knobs.symm.SHARED_DEVICE_FREE_SMS free."""
     from overlap_backend.spec import knobs
 
     _need_gpus(2)

@@ -274,7 +274,7 @@ def cta_compiled_worker(rank: int, ws: int, device: str):
     wu = (torch.randn(f, H, device=device) * H**-0.5).to(dtype)
     w2 = (torch.randn(H, f, device=device) * Fd**-0.5).to(dtype)
     backend = make_backend(passes=["ag_mm", "mm_rs", "cta_pipeline", "mm_ar"], lowering="symm")
-    compiled = torch.compile(mlp, backend=backend, fullgraph=True, dynamic=False)  # symbolic sizes: issue 6
+    compiled = torch.compile(mlp, backend=backend, fullgraph=True, dynamic=False)  # symbolic sizes: test_dynamic.py
     errs = []
     with torch.no_grad():
         for tokens in (2, 700):
@@ -284,7 +284,7 @@ def cta_compiled_worker(rank: int, ws: int, device: str):
             errs.append(_rel_err(compiled(x, wg, wu, w2), ref))
     applied = [m.pass_name for r in backend.reports for m in r.matches if m.applied]
     assert "cta_pipeline" in applied, applied
-    # (with both ranks on one GPU, session 19, one of the two calls did not reach the op: the reports say why)
+    # (once, with both ranks on one GPU, one of the two calls did not reach the op: the reports say why)
     assert lowering_helpers.PATHS["cta_pipeline_mlp:symm"] >= 2, (dict(lowering_helpers.PATHS),
                                                                [r.to_json() for r in backend.reports])
     assert all(e <= 1e-2 for e in errs), errs

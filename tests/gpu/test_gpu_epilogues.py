@@ -1,4 +1,4 @@
-"""GPU tests (marker ``gpu``) of fused epilogues (issue 8), on 2, 4 and 8 GPUs, both lowerings.
+"""GPU tests (marker ``gpu``) of fused epilogues, on 2, 4 and 8 GPUs, both lowerings.
 
 Run on the device machine: ``python -m pytest -q -m gpu tests/gpu/test_gpu_epilogues.py``; where fewer
 GPUs are visible every test skips. Same pattern as tests/gpu/test_gpu.py (whose helpers it uses): one
@@ -38,7 +38,7 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def _ref_epilogue(spec, x, args, outs=()):
     """The steps in float32 (casts dropped): the reference every lowering must meet."""
-    from overlap_backend.runtime import epilogue as spec_mod
+    from overlap_backend.spec import epilogue as spec_mod
 
     steps = [s for s in spec_mod.parse(spec) if s.kind != "cast"]
     return spec_mod.apply(spec_mod.format_spec(steps), x.float(), [a.float() for a in args],
@@ -61,7 +61,7 @@ def _ag_case(group, dtype, device, lowering, rows, k, ns, spec, n_args):
     _poison(device)
     _, outs = torch.ops.overlap.ag_mm(shard, weights, [None] * len(ns), 0, group.group_name, lowering, False, spec,
                                       args)
-    from overlap_backend.runtime import epilogue as spec_mod
+    from overlap_backend.spec import epilogue as spec_mod
 
     specs = spec_mod.split_outputs(spec, len(ns))
     raw = [G @ w.float() for w in weights]
@@ -228,7 +228,7 @@ def prologue_worker(rank: int, ws: int, device: str, lowering: str):
     group = dist.group.WORLD
     # the models' choice: torch 2.11's all_gather_tensor breaks the graph for a gather dim other than 0
     # (Dynamo skips its _maybe_view_chunk_cat); all_gather_tensor_autograd does not
-    from overlap_backend.models import _all_gather as all_gather
+    from overlap_backend.models.tp import all_gather
     bf = torch.bfloat16
     hidden, seq = 256, 64  # per rank
     nw = (1 + 0.1 * _randn(hidden, dtype=torch.float32, device=device)).to(bf)

@@ -1,4 +1,4 @@
-"""CPU checks (issue 7) that the GPU tests' cases are valid at 2, 4 and 8 GPUs.
+"""CPU checks that the GPU tests' cases are valid at 2, 4 and 8 GPUs.
 
 The GPU tests (tests/gpu/test_gpu*.py) only run on the device machine. What can be checked here: the
 sizes each case builds at a world size, against the preconditions under which the ``symm`` lowering

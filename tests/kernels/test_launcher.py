@@ -4,6 +4,7 @@
 import pytest
 
 from overlap_backend.codegen import launcher
+from overlap_backend.spec import knobs
 
 
 class FakeKernel:
@@ -120,7 +121,6 @@ def fast_path(monkeypatch):
 
 
 def test_fast_launch_calls_the_compiled_launcher_with_every_parameter_in_order(fast_path):
-    monkeypatch = fast_path
     k = FakeJitKernel()
     x = __import__("torch").zeros(8)
     launcher.launch(k, (4,), x, 7, x, 3, HAS_B=True, num_warps=8)  # first: Triton's path
@@ -132,8 +132,8 @@ def test_fast_launch_calls_the_compiled_launcher_with_every_parameter_in_order(f
     launcher.launch(k, (4,), x, 9, x, 5, HAS_B=True, num_warps=4)  # another compile option: a new variant
     launcher.launch(k, (4,), x, 9, x, 5, HAS_B=False, num_warps=8)  # another constexpr: a new variant
     assert len(k.slow) == 4 and len(k.fast) == 1
-    monkeypatch.setattr(launcher, "FAST_LAUNCH", False)
-    launcher.launch(k, (4,), x, 9, x, 5, HAS_B=True, num_warps=8)
+    with knobs.codegen.patch(FAST_LAUNCH=False):
+        launcher.launch(k, (4,), x, 9, x, 5, HAS_B=True, num_warps=8)
     assert len(k.slow) == 5 and len(k.fast) == 1
 
 

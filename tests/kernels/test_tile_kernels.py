@@ -436,13 +436,13 @@ def test_symm_ops_under_cuda_graph_capture(monkeypatch):
 
 @pytest.mark.parametrize("variant", ["plain", "ticket_for", "subtile", "flatten", "subtile_flatten"])
 def test_probe_plain_gemm_variants_match_the_reference(variant):
-    """bench/probe_ws.py's plain persistent GEMM (the yardstick its GPU timings compare the op kernels
+    """bench/probes/probe_ws.py's plain persistent GEMM (the yardstick its GPU timings compare the op kernels
     with): every loop / epilogue variant computes act(A @ B), partial edge tiles included."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from bench import probe_ws
+    from bench.probes import probe_ws
 
     M, K, N = 40, 64, 96  # 2 x 2 tiles of 32 x 64, the last row tile partial
     a, b = torch.randn(M, K), torch.randn(K, N) / 8

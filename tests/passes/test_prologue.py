@@ -1,4 +1,4 @@
-"""Prologue hoist (issue 8): row-wise ops between an all-gather and its matmuls move onto the shard.
+"""Prologue hoist: row-wise ops between an all-gather and its matmuls move onto the shard.
 
 - exact graphs on the fake group: RMSNorm (gather along the sequence; its weight folded into the
   matmuls' weights), LayerNorm without affine (``var_mean``) and a float32 → bfloat16 cast become
@@ -365,7 +365,7 @@ def test_the_pass_prices_the_prologue(fake_pg, capture, clean_env):
 # ------------------------------------------------------------------------------- the benchmark
 @pytest.mark.timeout(300)
 def test_bench_prologue_cpu_smoke(tmp_path):
-    """bench/bench_prologue.py on 2 gloo ranks: every variant checked against eager and timed, the
+    """bench/suites/bench_prologue.py on 2 gloo ranks: every variant checked against eager and timed, the
     prologue moved and the norm's weight (and LayerNorm's bias) folded, the table and JSON written."""
     import os
     import subprocess
@@ -374,7 +374,7 @@ def test_bench_prologue_cpu_smoke(tmp_path):
 
     repo = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "bench/bench_prologue.py", "--device", "cpu", "--rounds", "1", "--out-dir", str(tmp_path)]
+           "bench/suites/bench_prologue.py", "--device", "cpu", "--rounds", "1", "--out-dir", str(tmp_path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OVERLAP_")}
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -30,7 +30,7 @@ import triton.language as tl  # noqa: E402
 
 from overlap_backend.codegen import moe_comm, moe_gemm  # noqa: E402
 from overlap_backend.runtime import moe_symm, symm  # noqa: E402
-from overlap_backend.spec import symm_layout  # noqa: E402
+from overlap_backend.spec import knobs, symm_layout  # noqa: E402
 
 EPOCH = 7
 
@@ -220,7 +220,7 @@ def test_plan_takes_the_kernel_only_where_it_applies():
     from overlap_backend.codegen import moe_plan
 
     assert moe_plan.unsupported(1000, 32, (64, 128)) is None
-    assert "rows" in moe_plan.unsupported(moe_plan.MAX_ROWS + 1, 32, (64,))
+    assert "rows" in moe_plan.unsupported(knobs.codegen.MOE_PLAN_MAX_ROWS + 1, 32, (64,))
     assert "groups" in moe_plan.unsupported(10, moe_plan.MAX_GROUPS + 1, (64,))
     assert "block heights" in moe_plan.unsupported(10, 4, (16, 64, 128))
 
@@ -490,6 +490,7 @@ class FakeState:
                                                                  (True, "source", "phased", 0.0, True)],
                          ids=["balanced", "skewed", "skewed-auto", "phased", "phased-own-first", "captured"])
 @pytest.mark.parametrize("ws,rank", [(2, 1), (3, 0)])
+@knobs.codegen.patch(MOE_GATE_UP_16BIT=(CFG,), MOE_DOWN_16BIT=(CFG,))
 def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule, own_first, graph):
     """``moe_symm.moe_experts`` end to end on one fake rank: dispatch pushes (to rank-1 first, into
     slot ``rank``), the kernels, the peer stores of the results, and ``out`` == the op's semantics
@@ -542,8 +543,6 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
         monkeypatch.setattr(moe_symm, "run_on_p2p", lambda op, why, *a: fell_back.append(why) or ("p2p", None))
     monkeypatch.setattr(moe_symm, "problem", lambda *a: None)
     monkeypatch.setattr(moe_symm, "ENABLED", True)
-    monkeypatch.setattr(moe_gemm, "GATE_UP_16BIT", (CFG,))
-    monkeypatch.setattr(moe_gemm, "DOWN_16BIT", (CFG,))
     monkeypatch.setattr(moe_symm, "SCHEDULE", schedule)
     monkeypatch.setattr(moe_symm, "COMM_SMS", 2)
     monkeypatch.setattr(moe_symm, "TRANSPORT", "sm")  # the copy-engine transport needs CUDA streams

@@ -374,9 +374,9 @@ def test_cublas_path_applies_a_generated_epilogue_in_its_reduction(ws, outer, ru
     """A captured epilogue stays on the cuBLAS path and runs in the generated ``reduce_kernel``
     (under ``TRITON_INTERPRET=1``), band by band, with rows numbered as the op's output (the
     residual of ``add`` is read at the right rows): against the float32 reduce-scatter followed by
-    the reference epilogue (runtime/epilogue.py) on the rounded result."""
+    the reference epilogue (spec/epilogue.py) on the rounded result."""
     from overlap_backend.codegen import epilogue as gen
-    from overlap_backend.runtime import epilogue as spec_mod
+    from overlap_backend.spec import epilogue as spec_mod
 
     torch.manual_seed(ws * 100 + outer * 10 + run)
     many_bands(symm_knobs)

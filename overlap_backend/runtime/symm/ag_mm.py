@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 from ...codegen import launcher
+from ...spec import epilogue as _epilogue
 from ...spec import knobs
 from ...spec import symm_layout as layout
-from .. import epilogue as _epilogue
 from ..lowering import register
 from .lowering_helpers import (PATHS, capture_problem, captured_call_problem, capturing, call_state, epilogue_pointers,
                                generated_epilogue, kernel_weight, load_kernels, matmul_into, run_on_p2p, tma_aligned,

@@ -77,7 +77,7 @@ def captured_call_problem(st: GroupState, nbytes: int, tuned: list) -> str | Non
 # ---------------------------------------------------------------------------------- kernels
 def generated_epilogue(spec: str, dtype: torch.dtype):
     """The generated epilogue of ``spec`` (``codegen/epilogue.py``), or None when there is none or
-    it cannot be generated: the caller then applies the reference (``runtime/epilogue.py``)."""
+    it cannot be generated: the caller then applies the reference (``spec/epilogue.py``)."""
     if not spec:
         return None
     from ...codegen import epilogue as gen

@@ -13,10 +13,10 @@ import torch
 from torch import Tensor
 
 from ...codegen import launcher
+from ...spec import epilogue as _epilogue
 from ...spec import knobs
 from ...spec import symm_layout as layout
 from .. import cuda as _cuda
-from .. import epilogue as _epilogue
 from ..lowering import register
 from .lowering_helpers import (PATHS, capture_problem, captured_call_problem, capturing, call_state, epilogue_pointers,
                                generated_epilogue, kernel_weight, load_kernels, matmul_into, reduce_slots, run_on_p2p,
@@ -158,10 +158,11 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
 
 def ar_gemm(M: int, K: int, ws: int, transport: str | None = None) -> str:
     """How ``mm_ar``'s rounds path computes: "cublas" where ``mm_rs`` would and the kernel would run
-    one round, else "triton". Measured on 2xH200 (bench/probe_symm.py,
-    bench/results/2026-11-30_h200x2_session9, K=7168 N=8192, back to back): M=1024 (one round) cuBLAS
-    0.570 ms vs kernel 0.782; but M=4096: 0.898-0.956 vs 0.834 and M=8192: 1.738-1.764 vs 1.666, where
-    the kernel's four rounds hide the all-gather and cuBLAS rounds cost host time."""
+    one round, else "triton". Measured on 2xH200 (bench/probes/probe_symm.py,
+    bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas, K=7168 N=8192, back to back): M=1024
+    (one round) cuBLAS 0.570 ms vs kernel 0.782; but M=4096: 0.898-0.956 vs 0.834 and M=8192:
+    1.738-1.764 vs 1.666, where the kernel's four rounds hide the all-gather and cuBLAS rounds cost host
+    time."""
     if ar_rounds(M, ws) > 1:
         return "triton"
     return rs_gemm(1, -(-M // ws), K, transport)

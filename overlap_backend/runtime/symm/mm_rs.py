@@ -15,10 +15,10 @@ import torch
 from torch import Tensor
 
 from ...codegen import launcher
+from ...spec import epilogue as _epilogue
 from ...spec import knobs
 from ...spec import symm_layout as layout
 from .. import cuda as _cuda
-from .. import epilogue as _epilogue
 from ..lowering import register
 from ..ops import _group_size
 from .lowering_helpers import (PATHS, capture_problem, captured_call_problem, capturing, call_state, epilogue_pointers,
@@ -189,12 +189,12 @@ def mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=None
     waits for the peers' and one kernel reduces the ws slots (in float32 for 16-bit types); with
     several bands each waits first (the peers' band arrived while the later remote bands computed),
     and at ws 2 without bias one ``addmm`` adds the peer's partial in cuBLAS's epilogue. Measured on
-    2xH200, K=7168 N=8192 (bench/results/2026-11-30_h200x2_session14, run 6, replays / eager): one band
-    own first 0.456 / 0.443 ms vs 0.478 / 0.477 waiting (M=4096), three bands waiting 0.842 / 0.829 vs
-    0.900 / 0.908 own first (M=8192). An ``epilogue`` runs in the reducing kernel (the generated
-    ``reduce_kernel``; at ws 2 too, instead of ``addmm``): running the chunk on the Triton kernel to
-    fuse it cost that kernel's slower GEMM (TP block training step under CUDA graphs 9.18 vs 8.78 ms
-    unfused, 2xH200, bench/results/2026-11-30_h200x2_session14)."""
+    2xH200, K=7168 N=8192 (bench/results/collective_gemm_h200x2_2026-11-30/graphs_own_first, run 6,
+    replays / eager): one band own first 0.456 / 0.443 ms vs 0.478 / 0.477 waiting (M=4096), three bands
+    waiting 0.842 / 0.829 vs 0.900 / 0.908 own first (M=8192). An ``epilogue`` runs in the reducing
+    kernel (the generated ``reduce_kernel``; at ws 2 too, instead of ``addmm``): running the chunk on
+    the Triton kernel to fuse it cost that kernel's slower GEMM (TP block training step under CUDA
+    graphs 9.18 vs 8.78 ms unfused, 2xH200, bench/results/epilogue_h200x2_2026-11-30/cudagraphs)."""
     ws, r = st.ws, st.rank
     K, N = a.shape[1], b.shape[1]
     rows = outer * run

@@ -25,16 +25,23 @@ class Knobs:
     def __init__(self, name: str, **defaults: Any):
         if name in _SETS:
             raise ValueError(f"knob set {name!r} is declared twice")
+        lower = [k for k in defaults if not k.isupper()]
+        if lower:  # UPPERCASE names never shadow the set's methods
+            raise ValueError(f"knob names are UPPERCASE: {', '.join(lower)}")
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_defaults", dict(defaults))
-        object.__setattr__(self, "_values", dict(defaults))
+        object.__setattr__(self, "_values", {})
+        self._store(defaults)
         _SETS[name] = self
 
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self._values[key]
-        except KeyError:
-            raise AttributeError(f"knob set {self._name!r} has no knob {key!r}") from None
+    def _store(self, values: Mapping[str, Any]) -> None:
+        # Knobs are plain instance attributes, so a read on a launch path costs one attribute lookup.
+        self._values.update(values)
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
+
+    def __getattr__(self, key: str) -> Any:  # only reached for a name that is not a knob
+        raise AttributeError(f"knob set {self._name!r} has no knob {key!r}")
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError(f"knobs are changed with {self._name}.patch({key}=...) or .set(...), not by assignment")
@@ -68,18 +75,18 @@ class Knobs:
 
     def set(self, **values: Any) -> None:
         """Change knobs for the rest of the process (a benchmark's ``--set``)."""
-        self._values.update(self._checked(values))
+        self._store(self._checked(values))
 
     @contextlib.contextmanager
     def patch(self, **values: Any) -> Iterator[Knobs]:
         """Change knobs inside a ``with`` block (or as a decorator); the old values come back on exit."""
         checked = self._checked(values)
         old = {k: self._values[k] for k in checked}
-        self._values.update(checked)
+        self._store(checked)
         try:
             yield self
         finally:
-            self._values.update(old)
+            self._store(old)
 
 
 def knob_sets() -> dict[str, Knobs]:

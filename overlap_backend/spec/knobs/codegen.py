@@ -1,7 +1,47 @@
-"""Tunables of the codegen subsystem."""
+"""Tunables of the Triton kernels' layer (``codegen/``): block configs, tuning, launches."""
 
 from .base import Knobs
 
 codegen = Knobs(
     "codegen",
+    # Block configs (BM, BN, BK, GROUP_M, num_stages, num_warps, tma_store) the 16-bit GEMM kernels are
+    # tuned over; the first (taken without tuning) won the tuning at every size bench/probe_symm.py timed
+    # on H200, at ~cuBLAS speed (docs/results.md).
+    CANDIDATES_16BIT=(
+        (128, 256, 64, 8, 3, 8, False),
+        (128, 128, 64, 8, 4, 8, False),
+        (128, 128, 64, 8, 4, 4, False),
+        (64, 256, 64, 8, 4, 4, False),
+    ),
+    # The float32 GEMM kernels' candidates, as above (the first is taken without tuning).
+    CANDIDATES_32BIT=(
+        (128, 128, 32, 8, 3, 8, False),
+        (64, 128, 32, 8, 3, 4, False),
+    ),
+    # The first this many candidates are also tried with a TMA-store epilogue where the kernel can use
+    # one: each variant is one more compilation on the first call.
+    TMA_STORE_VARIANTS=2,
+    # Time the candidates and keep the fastest; False takes the first fitting one (tests: numerics do
+    # not depend on the config, and it is one compilation per kernel variant).
+    AUTOTUNE=True,
+    # Launch a kernel variant seen before through its compiled launcher, skipping Triton's per-launch
+    # binding (tens of microseconds per launch of the 30-40-argument kernels: codegen/launcher.py).
+    FAST_LAUNCH=True,
+    # moe_experts' gate/up kernel's candidates (two [BM, BN] float32 accumulators): the fastest of the
+    # configs bench/probe_moe_gemm.py timed on H200 (2 runs, bench/results/2026-11-30_h200x2_session5),
+    # (128, 128) at Mixtral-/DeepSeek-like sizes (2.93-3.07 / 3.01-3.05 ms) and (64, 256) at decode sizes
+    # (0.39 vs 0.49 ms); few on purpose, as each one is a compilation on the first call (a fresh machine
+    # spent > 190 s compiling seven).
+    MOE_GATE_UP_16BIT=(
+        (128, 128, 64, 8, 3, 8, False),
+        (64, 256, 64, 8, 3, 8, False),
+    ),
+    # moe_experts' down kernel's candidates: (128, 256) was the fastest at every size timed in the same
+    # runs (1.37-1.41 / 1.61-1.67 / 0.27 ms).
+    MOE_DOWN_16BIT=(
+        (128, 256, 64, 8, 3, 8, False),
+    ),
+    # The single-CTA MoE plan kernel (codegen/moe_plan.py) takes at most this many grouped rows: beyond,
+    # the torch version's GPU time is shorter and its host time hides behind the GPU's.
+    MOE_PLAN_MAX_ROWS=8192,
 )

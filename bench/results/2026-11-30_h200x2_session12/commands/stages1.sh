@@ -1,3 +1,0 @@
-TAILN=6 run t_ops 150 env OVERLAP_TEST_TIMEOUT_S=140 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu.py -k "fast_triton_launch or (ws2 and repeated_calls and symm and not peer)"
-TAILN=8 run t_cta 170 env OVERLAP_TEST_TIMEOUT_S=160 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu_cta.py -k "ws2"
-TAILN=40 run probe 230 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/probe_cta.py --sizes 512 --gpu-bound --stage0-variants bn128 --op-variants tail4096,tail6144,s0bn128,s0bn128+tail3072,s0bn128+tail6144,smax0.5+tmax0.5+share11776+tail12800,smax0.5+tmax0.5+share11776+tail11264

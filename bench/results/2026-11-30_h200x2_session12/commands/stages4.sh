@@ -1,1 +1,0 @@
-TAILN=8 run probe 300 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/probe_cta.py --sizes 1024,4096 --stage0-variants stages4,bk128+stages2,stages2,warps4+bn128+stages4 --stage1-variants stages4,bk128+stages2,stages2,warps4+bn128+stages4

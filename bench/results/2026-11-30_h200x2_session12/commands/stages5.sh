@@ -1,2 +1,0 @@
-TAILN=8 run probe 200 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/probe_cta.py --sizes 512,1024,4096 --stage0-variants bn128+warps4+occ2,bn128+warps8+occ2,bm64+warps4+stages2+occ2,bm64+warps4+stages4 --stage1-variants bn128+warps4+occ2,bn128+warps8+occ2,bm64+warps4+stages2+occ2,bm64+warps4+stages4
-TAILN=8 run t_graph 150 env OVERLAP_TEST_TIMEOUT_S=140 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu_cta.py -k "ws2 and graphs"

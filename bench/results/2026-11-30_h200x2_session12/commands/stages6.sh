@@ -1,2 +1,0 @@
-TAILN=8 run probe 220 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/probe_cta.py --sizes 1024 --stage0-variants bn128+warps4+occ2,bn128+warps8+occ2 --stage1-variants bn128+warps4+occ2,bn128+warps8+occ2
-TAILN=20 run bench_graphs 150 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/bench_cta.py --sizes 512,1024,4096 --acts gelu --k-chunks 4 --transports ce --micro-batches 2 --graphs --out-dir $RES

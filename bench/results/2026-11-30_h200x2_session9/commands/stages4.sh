@@ -1,5 +1,0 @@
-TAILN=30 run t_ops 170 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu.py -k "ops_numerics and symm and not peer" -s
-TAILN=12 run t_rep_cap 110 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_gpu.py -k "(repeated_calls and symm and not peer) or captured_symm" -s
-TAILN=6 run probe_rs 80 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/probe_symm.py --ops mm_rs
-TAILN=40 run bench_cg 120 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/bench_collective_gemm.py --suite ag_mm,mm_rs,mm_ar --lowerings symm --out-dir $RES
-TAILN=20 run bench_block 160 python -m torch.distributed.run --standalone --nproc-per-node=2 bench/bench_block.py --variants inductor,async_tp,overlap_symm --out-dir $RES
