@@ -50,11 +50,11 @@ def _worker(fn, rank, world_size, store_path, results, env, backend, args):
         store = dist.FileStore(store_path, world_size)
         kwargs = {}
         if backend == "nccl" and shared_gpu():
-            from overlap_backend.runtime import symm
+            from overlap_backend.spec import knobs
 
             torch.cuda.set_device(0)
             backend = "gloo"
-            symm.GROUP_BACKENDS = ("nccl", "gloo")  # symm's data path never uses the group's collectives
+            knobs.symm.set(GROUP_BACKENDS=("nccl", "gloo"))  # symm's data path never uses the group's collectives
         elif backend == "nccl":
             torch.cuda.set_device(rank)
             kwargs["device_id"] = torch.device("cuda", rank)

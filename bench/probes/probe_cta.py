@@ -36,6 +36,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402,F401
+from overlap_backend.spec import knobs  # noqa: E402
 from bench.tools import common  # noqa: E402
 
 
@@ -108,6 +109,7 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
     error's name if it does not compile."""
     from overlap_backend.codegen import cta
     from overlap_backend.runtime import cta_plan, symm
+    from overlap_backend.spec import symm_layout
 
     cfg, occ = _variant_config(cfg0, variant)
     BM, BN, GROUP_M = cfg[0], cfg[1], cfg[3]
@@ -118,7 +120,7 @@ def _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done, one)
     try:
         return round(common.events_ms(lambda: cta.launch_stage0(
             x, placed.w1, None, None, None, staging, data, flags, counters, done, one, 0, kchunk, nch,
-            symm.cta_block(False) + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms * occ,
+            symm_layout.cta_block(False) + symm_layout.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg, st.num_sms * occ,
             count_first_at_once="first" in variant.split("+"))), 3)
     except Exception as e:  # noqa: BLE001 - a probe reports what did not compile and goes on
         return f"{type(e).__name__}: {str(e)[:80]}"
@@ -129,6 +131,7 @@ def _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one):
     error's name. Reads whatever the staging area holds (timing only)."""
     from overlap_backend.codegen import cta
     from overlap_backend.runtime import cta_plan, symm
+    from overlap_backend.spec import symm_layout
 
     cfg, occ = _variant_config(cfg1, variant)
     tiles_m = -(-M // cfg[0])
@@ -138,12 +141,12 @@ def _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one):
         return "does not fit the staging area"
     a = st.data_view(out.dtype, (nch * mp, kchunk))
     data, flags = st.peer_tables()
-    B = symm.cta_block(False)
+    B = symm_layout.cta_block(False)
     try:
         return round(common.events_ms(lambda: cta.launch_stage1(
-            a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm.CTA_ARRIVED),
+            a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm_layout.CTA_ARRIVED),
             torch.zeros(tiles_m, dtype=torch.int32, device=out.device), one, st.status_arg(), st.timeout_ns, 1, 2, M,
-            Fd, 0, kchunk, nch, B + symm.CTA_Y_DONE, 1, cfg, st.num_sms * occ)), 3)
+            Fd, 0, kchunk, nch, B + symm_layout.CTA_Y_DONE, 1, cfg, st.num_sms * occ)), 3)
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {str(e)[:80]}"
 
@@ -212,7 +215,7 @@ def _host_breakdown(op, rank, M, calls=20) -> str:
     lines = []
     try:
         for fast in (False, True, False, True):
-            launcher.FAST_LAUNCH = fast
+            knobs.codegen.set(FAST_LAUNCH=fast)
             spent.clear()
             host = []
             for i in range(calls):
@@ -229,7 +232,7 @@ def _host_breakdown(op, rank, M, calls=20) -> str:
     finally:
         for owner, name, real in reversed(patched):
             setattr(owner, name, real)
-        launcher.FAST_LAUNCH = True
+        knobs.codegen.set(FAST_LAUNCH=True)
     return "\n".join(lines)
 
 
@@ -287,6 +290,7 @@ def main():
     assert ws == 2, "probe_cta runs on exactly 2 GPUs"
     from overlap_backend.codegen import cta
     from overlap_backend.runtime import cta_plan, cta_weights, symm
+    from overlap_backend.spec import symm_layout
     from overlap_backend.runtime import cuda as _cuda
     from overlap_backend.spec import knobs
 
@@ -357,9 +361,9 @@ def main():
             print(_host_breakdown(op, rank, M), flush=True)
             from overlap_backend.codegen import launcher
             for fast in (False, True, False, True):
-                launcher.FAST_LAUNCH = fast
+                knobs.codegen.set(FAST_LAUNCH=fast)
                 full[f"fast_launch={fast}"] = timing.bench(op)[0]
-            launcher.FAST_LAUNCH = True
+            knobs.codegen.set(FAST_LAUNCH=True)
         # The op without READY stream waits (unsafe; measurement only).
         real_wait = _cuda.wait_value32
         _cuda.wait_value32 = lambda *a: None
@@ -382,7 +386,7 @@ def main():
         dist.barrier()
         alone = {}
         one = torch.ones(1, dtype=torch.int32, device=device)  # epoch 1: every flag is already past it
-        B = symm.cta_block(False)
+        B = symm_layout.cta_block(False)
         if rank == 0:
             counters = torch.zeros(2048, dtype=torch.int32, device=device)
             done = torch.zeros(2048, dtype=torch.int32, device=device)
@@ -390,21 +394,21 @@ def main():
             for name, buf in (("stage0 local stores", staging), ("stage0 peer stores", None)):
                 alone[name] = common.events_ms(lambda buf=buf: cta.launch_stage0(
                     x, placed.w1, None, None, None, buf, data, flags, counters, done, one, 0, kchunk, nch,
-                    B + symm.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
+                    B + symm_layout.CTA_ARRIVED, 1, 1, cta.ACT_GELU_TANH, cfg0, st.num_sms))
             for variant in filter(None, args.stage0_variants.split(",")):
                 alone[f"stage0 {variant}"] = _stage0_variant(variant, st, placed, x, Fd, cfg0, cfg1, counters, done,
                                                              one)
             alone["cublas GEMM1"] = common.events_ms(lambda: torch.mm(x, placed.w1))
             y = st.data_view(dtype, (M, H), y_offset)
-            alone["collect"] = common.events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(B + symm.CTA_Y_DONE), one,
+            alone["collect"] = common.events_ms(lambda: cta.launch_collect(y, out, st.flag_arg(B + symm_layout.CTA_Y_DONE), one,
                                                                     st.status_arg(), st.timeout_ns, 0, 1, -1,
                                                                     cfg0[0]))
         else:
             a = st.data_view(dtype, (nch * mp, kchunk))
             alone["stage1"] = common.events_ms(lambda: cta.launch_stage1(
-                a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm.CTA_ARRIVED),
+                a, placed.w2, None, out, data, flags, y_offset, st.flag_arg(B + symm_layout.CTA_ARRIVED),
                 torch.zeros(tiles_m, dtype=torch.int32, device=device), one, st.status_arg(), st.timeout_ns, 1, 2, M,
-                Fd, 0, kchunk, nch, B + symm.CTA_Y_DONE, 1, cfg1, st.num_sms))
+                Fd, 0, kchunk, nch, B + symm_layout.CTA_Y_DONE, 1, cfg1, st.num_sms))
             for variant in filter(None, args.stage1_variants.split(",")):
                 alone[f"stage1 {variant}"] = _stage1_variant(variant, st, placed, M, Fd, cfg0, cfg1, out, y_offset, one)
             alone["cublas GEMM2"] = common.events_ms(lambda: torch.mm(out.new_empty(M, Fd), placed.w2))
@@ -412,7 +416,7 @@ def main():
         dist.barrier()
         # Stream-memop ping-pong latency between the two GPUs.
         stream = torch.cuda.current_stream()
-        word_mine, word_peer = B + symm.CTA_ARRIVED + 4090, B + symm.CTA_ARRIVED + 4091
+        word_mine, word_peer = B + symm_layout.CTA_ARRIVED + 4090, B + symm_layout.CTA_ARRIVED + 4091
         base = 10**6 + M * 1000
         n = 200
         torch.cuda.synchronize()

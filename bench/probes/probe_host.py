@@ -10,7 +10,7 @@ operations through cuda-python instead of the ctypes entry points (``runtime/cud
 alternating rounds. ``--launch-ab`` does the same with ``codegen.launcher``'s fast launch path against Triton's own
 launch path. ``--profile`` adds a cProfile of the ag_mm and mm_rs calls at the decode size
 (top functions by cumulative and by own time), to say where the host time goes. ``--graph`` turns on
-``symm_lowering.CAPTURE_ON_SYMM``, captures one ag_mm + one mm_rs at each size in a CUDA graph after
+``knobs.symm.CAPTURE_ON_SYMM``, captures one ag_mm + one mm_rs at each size in a CUDA graph after
 eager warm-up, and reports the host time per replay and the GPU time (CUDA events, median of 20) of a
 replay next to the same two eager calls, and the same for the baseline pair (NCCL all-gather + mm,
 mm + NCCL reduce-scatter): what captured calls save, and how they compare with captured NCCL.
@@ -35,6 +35,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed._functional_collectives as funcol  # noqa: E402
 
 import overlap_backend  # noqa: E402,F401
+from overlap_backend.spec import knobs  # noqa: E402
 
 CALLS = 20
 HIDDEN, FFN, TOKENS = 4096, 14336, 8192
@@ -64,7 +65,8 @@ def _captured(fn):
 def graph_rows(tokens, cases, rank):
     """Eager ag_mm + mm_rs vs the same two calls captured once and replayed (CAPTURE_ON_SYMM), next to
     the baseline pair (NCCL all-gather + mm, mm + NCCL reduce-scatter) eager and captured."""
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
+    from overlap_backend.spec import knobs
 
     def both():
         cases["ag_mm"]()
@@ -74,18 +76,14 @@ def graph_rows(tokens, cases, rank):
         cases["NCCL all_gather + mm"]()
         cases["mm + NCCL reduce_scatter"]()
 
-    was = symm_lowering.CAPTURE_ON_SYMM
-    symm_lowering.CAPTURE_ON_SYMM = True
-    try:
+    with knobs.symm.patch(CAPTURE_ON_SYMM=True):
         for _ in range(2):
             both()  # eager warm-up: group state, buffer, tuned configs
             nccl_both()
-        before = dict(symm_lowering.PATHS)
+        before = dict(lowering_helpers.PATHS)
         graph = _captured(both)
-        went = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items() if v != before.get(k, 0)}
+        went = {k: v - before.get(k, 0) for k, v in lowering_helpers.PATHS.items() if v != before.get(k, 0)}
         nccl_graph = _captured(nccl_both)
-    finally:
-        symm_lowering.CAPTURE_ON_SYMM = was
     rows = [
         {"tokens": tokens, "case": "ag_mm + mm_rs eager", "host_us_per_call": host_us(both),
          "gpu_ms": gpu_ms(both)},
@@ -169,10 +167,10 @@ def main():
             from overlap_backend.codegen import launcher
 
             def launches(variant):
-                launcher.FAST_LAUNCH = variant == "fast launch"
+                knobs.codegen.set(FAST_LAUNCH=variant == "fast launch")
 
             results += _alternating(cases, tokens, rank, ("fast launch", "Triton launch"), launches)
-            launcher.FAST_LAUNCH = True
+            knobs.codegen.set(FAST_LAUNCH=True)
         if args.profile and tokens != TOKENS:
             for case in ("ag_mm", "mm_rs"):
                 prof = cProfile.Profile()

@@ -2,7 +2,7 @@
 
 A ``symm`` call's host time (0.3–0.75 ms measured on the H200 hosts, ``bench/probes/probe_host.py``) is its own
 Python, the driver calls it queues (stream writes / waits, copies) and the kernels / cuBLAS launches.
-Only the first can be worked on without a GPU, and this measures it: the real ``symm_lowering`` code
+Only the first can be worked on without a GPU, and this measures it: the real ``runtime/symm`` lowering code
 runs against a stand-in ``GroupState`` (real ``begin`` / ``push`` / ``end``) whose stream operations
 only count, on CPU tensors with tiny GEMMs (their ``torch.mm`` shows as the reference line). Printed
 per op: µs per call (median of 200), the driver calls per call by kind, and with ``--profile`` the top
@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from overlap_backend.runtime import cuda as _cuda  # noqa: E402
-from overlap_backend.runtime import symm, symm_lowering  # noqa: E402
+from overlap_backend.runtime import symm  # noqa: E402
+from overlap_backend.runtime.symm import ag_mm as symm_ag_mm  # noqa: E402
+from overlap_backend.runtime.symm import mm_rs as symm_mm_rs  # noqa: E402
 
 STREAM_OPS = ("write_value32", "wait_value32", "memcpy_async")
 
@@ -77,12 +79,13 @@ def mocked(ws: int, rank: int = 0):
     st.data_view, st.ensure_data = data_view, lambda nbytes, op="": None
     compute = _Stream(counts)
     patch(torch.cuda, "current_stream", lambda device=None: compute)
-    patch(symm_lowering, "_state", lambda group_name, device, graph: (st, None))
-    patch(symm_lowering, "_mm_problem", lambda *a: None)
-    patch(symm_lowering, "_ag_mm_problem", lambda *a: None)
-    patch(symm_lowering, "_group_size", lambda group_name: ws)
-    patch(symm_lowering, "rs_gemm", lambda *a, **k: "cublas")
-    patch(symm_lowering, "ag_gemm", lambda *a, **k: "cublas")
+    for module in (symm_mm_rs, symm_ag_mm):
+        patch(module, "call_state", lambda group_name, device, graph: (st, None))
+    patch(symm_mm_rs, "mm_problem", lambda *a: None)
+    patch(symm_ag_mm, "ag_mm_problem", lambda *a: None)
+    patch(symm_mm_rs, "group_size", lambda group_name: ws)
+    patch(symm_mm_rs, "rs_gemm", lambda *a, **k: "cublas")
+    patch(symm_ag_mm, "ag_gemm", lambda *a, **k: "cublas")
 
     def undo():
         for obj, name, value in reversed(saved):
@@ -101,8 +104,8 @@ def measure(ws: int, rows: int, profile: bool = False, calls: int = 200) -> dict
         shard = torch.randn(rows, K)
         ops = {
             "torch.mm (reference)": lambda: torch.mm(a, b),
-            "mm_rs (cuBLAS per band)": lambda: symm_lowering.mm_rs(a, b, None, [ws * rows, N], 0, "sum", "g"),
-            "ag_mm (cuBLAS per chunk)": lambda: symm_lowering.ag_mm(shard, [b], [None], 0, "g", True),
+            "mm_rs (cuBLAS per band)": lambda: symm_mm_rs.mm_rs(a, b, None, [ws * rows, N], 0, "sum", "g"),
+            "ag_mm (cuBLAS per chunk)": lambda: symm_ag_mm.ag_mm(shard, [b], [None], 0, "g", True),
         }
         out = {}
         for name, fn in ops.items():

@@ -32,7 +32,8 @@ import torch.nn.functional as F  # noqa: E402
 from bench.suites.bench_moe import CONFIGS  # noqa: E402
 from overlap_backend.tools.calibrate import timed_ms  # noqa: E402
 from overlap_backend.codegen import moe_gemm  # noqa: E402
-from overlap_backend.runtime import moe_symm, symm_lowering  # noqa: E402
+from overlap_backend.runtime import moe_symm  # noqa: E402
+from overlap_backend.runtime.symm import lowering_helpers  # noqa: E402
 
 GATE_UP = list(moe_gemm.GATE_UP_16BIT)  # (BM, BN, BK, GROUP_M, stages, warps, -): two [BM, BN] accumulators
 DOWN = list(moe_gemm.DOWN_16BIT)
@@ -192,7 +193,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    symm_lowering._kernels()  # Triton's allocator for device-side descriptors
+    lowering_helpers.load_kernels()  # Triton's allocator for device-side descriptors
     grid = torch.cuda.get_device_properties(dev).multi_processor_count - a.comm_sms
     results = []
     for cfg in a.configs.split(","):

@@ -24,7 +24,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402,F401
-from overlap_backend.runtime import symm, symm_lowering  # noqa: E402
+from overlap_backend.runtime import symm  # noqa: E402
+from overlap_backend.runtime.symm import ag_mm as symm_ag_mm  # noqa: E402
+from overlap_backend.runtime.symm import lowering_helpers  # noqa: E402
+from overlap_backend.runtime.symm import mm_ar as symm_mm_ar  # noqa: E402
+from overlap_backend.runtime.symm import mm_rs as symm_mm_rs  # noqa: E402
+from overlap_backend.spec import knobs, symm_layout  # noqa: E402
 from overlap_backend.codegen import configs  # noqa: E402
 
 
@@ -63,14 +68,19 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
 
 
 def with_setting(name, value, fn):
-    """Run ``fn`` with ``symm_lowering.<name>`` set to ``value`` (TRANSPORT: how mm_rs / mm_ar ship
-    partials, "ce" or "peer"; MM_RS_GEMM: "cublas" or "triton"; RS_CUBLAS_BAND_FLOPS; rs_gemm)."""
-    saved = getattr(symm_lowering, name)
-    setattr(symm_lowering, name, value)
+    """Run ``fn`` with the knob ``knobs.symm.<name>`` set to ``value`` (TRANSPORT: how mm_rs / mm_ar ship
+    partials, "ce" or "peer"; MM_RS_GEMM: "cublas" or "triton"; RS_CUBLAS_BAND_FLOPS), or with the path
+    decision ``ag_gemm`` (ag_mm's) or ``rs_gemm`` (mm_rs's) replaced by ``value``."""
+    if name not in ("ag_gemm", "rs_gemm"):
+        with knobs.symm.patch(**{name: value}):
+            return fn()
+    module = symm_ag_mm if name == "ag_gemm" else symm_mm_rs
+    saved = getattr(module, name)
+    setattr(module, name, value)
     try:
         return fn()
     finally:
-        setattr(symm_lowering, name, saved)
+        setattr(module, name, saved)
 
 
 def main():
@@ -102,7 +112,7 @@ def main():
     ag_shapes, rs_shapes, ar_shapes = [s if op in ops else [] for op, s in
                                        (("ag_mm", ag_shapes), ("mm_rs", rs_shapes), ("mm_ar", ar_shapes))]
     lines = [f"probe_symm ws={ws} {torch.cuda.get_device_name()} torch {torch.__version__}"]
-    ag_kernel, rs_kernel, _, _ = symm_lowering._kernels()
+    ag_kernel, rs_kernel, _, _ = lowering_helpers.load_kernels()
     claim = torch.zeros(1, dtype=torch.int32, device=device)
     report = torch.zeros(8, dtype=torch.int32, device=device)
     nsm = torch.cuda.get_device_properties(device).multi_processor_count
@@ -116,11 +126,11 @@ def main():
         G = torch.randn(M, K, device=device, dtype=dt)
         buf = G.view(ws, rows, K)
         out = torch.empty(M, N // nw, device=device, dtype=dt)
-        flags = torch.zeros(ws * symm.MAX_BANDS, dtype=torch.int32, device=device)
+        flags = torch.zeros(ws * symm_layout.MAX_BANDS, dtype=torch.int32, device=device)
         cfg_times = {}
         for cfg in configs.candidates(dt):
             cfg_times[cfg] = med_ms(lambda cfg=cfg: ag_kernel.launch(shard, buf, w, None, out, flags, 0, (claim, report),
-                                                                     10**9, rank, ws, rows, symm.band_rows(rows), cfg,
+                                                                     10**9, rank, ws, rows, symm_layout.band_rows(rows), cfg,
                                                                      nsm), n=10)
         best = min(cfg_times, key=cfg_times.get)
         t_kernel = cfg_times[best] * nw
@@ -130,8 +140,8 @@ def main():
         op = lambda: torch.ops.overlap.ag_mm(shard, ws_, [None] * nw, 0, gn, "symm", False)  # noqa: E731
         t_op = med_ms(op)
         t_b2b, t_host = b2b_ms(op), host_us(op)
-        gemm = symm_lowering.ag_gemm(1, rows, K, N)
-        # both GEMM paths forced (symm_lowering.ag_gemm): eager back to back, host time, CUDA-graph replays
+        gemm = symm_ag_mm.ag_gemm(1, rows, K, N)
+        # both GEMM paths forced (symm_ag_mm.ag_gemm): eager back to back, host time, CUDA-graph replays
         path = {g: with_setting("ag_gemm", lambda *a, g=g, **k: g, lambda: (b2b_ms(op), host_us(op), replay_ms(op)))
                 for g in ("triton", "cublas")}
         st = symm.state(gn, device)
@@ -141,7 +151,7 @@ def main():
             compute = torch.cuda.current_stream()
             st.begin(compute)
             for j in range(ws - 1):
-                st.push((rank - 1 - j) % ws, rank * chunk, shard.data_ptr(), chunk, symm.AG_ARRIVED + rank)
+                st.push((rank - 1 - j) % ws, rank * chunk, shard.data_ptr(), chunk, symm_layout.AG_ARRIVED + rank)
             st.end(compute)
 
         t_push = med_ms(pushes)
@@ -167,7 +177,7 @@ def main():
         t_op, t_b2b, t_host = med_ms(op), b2b_ms(op), host_us(op)
         t_peer = with_setting("TRANSPORT", "peer", lambda: b2b_ms(op))
         t_kernel_op = with_setting("MM_RS_GEMM", "triton", lambda: b2b_ms(op))
-        gemm = symm_lowering.rs_gemm(1, M // ws, K // ws)
+        gemm = symm_mm_rs.rs_gemm(1, M // ws, K // ws)
         # the cuBLAS path by band size (RS_CUBLAS_BAND_FLOPS; 1e15: one band per chunk): eager back to
         # back, host time per call, and captured in a CUDA graph, replayed back to back (GPU time);
         # the kernel path replayed before and after (the spread is the noise)
@@ -177,10 +187,10 @@ def main():
         cublas_eager = lambda: with_setting("rs_gemm", lambda *a, **k: "cublas",  # noqa: E731
                                             lambda: (b2b_ms(op), host_us(op)))
         by_band = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: (
-                       len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N)), *cublas_eager()))
+                       len(symm_mm_rs.rs_cublas_bands(1, M // ws, K // ws, N)), *cublas_eager()))
                    for f in (0, 16e9, 64e9, 1e15)}
         by_graph_band = {f: with_setting("RS_CUBLAS_BAND_FLOPS_CAPTURED", f, lambda: (
-                             len(symm_lowering.rs_cublas_bands(1, M // ws, K // ws, N, captured=True)),
+                             len(symm_mm_rs.rs_cublas_bands(1, M // ws, K // ws, N, captured=True)),
                              cublas_replay()))
                          for f in (0, 16e9, 32e9, 64e9, 1e15)}
         t_kernel_replay2 = kernel_replay()
@@ -188,13 +198,13 @@ def main():
         stage = torch.empty(M, N, device=device, dtype=dt)
         recv = torch.randn(M, N, device=device, dtype=dt)
         outk = torch.empty(rows, N, device=device, dtype=dt)
-        zeros = [torch.zeros(ws * symm.MAX_BANDS, dtype=torch.int32, device=device) for _ in range(3)]
+        zeros = [torch.zeros(ws * symm_layout.MAX_BANDS, dtype=torch.int32, device=device) for _ in range(3)]
         ticket = torch.zeros(1, dtype=torch.int32, device=device)
         kt = {}
         for cfg in configs.candidates(dt):
             kt[cfg] = med_ms(lambda cfg=cfg: rs_kernel.launch(a, b, None, stage, recv, None, outk, zeros[0], zeros[1],
                                                             zeros[2], ticket, 0, (claim, report), 10**9, rank, ws,
-                                                            rows, rows, 1, 0, 0, False, symm.band_rows(rows), cfg,
+                                                            rows, rows, 1, 0, 0, False, symm_layout.band_rows(rows), cfg,
                                                             nsm), n=10)
         best = min(kt, key=kt.get)
         lines.append(f"mm_rs M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL rs {t_rs:.3f} kernel {kt[best]:.3f} ({best}) "
@@ -221,14 +231,14 @@ def main():
         # eager back to back and captured (replayed), beside the kernel path replayed
         force_cublas = lambda fn: with_setting("ar_gemm", lambda *a, **k: "cublas", fn)  # noqa: E731
         cublas_rounds = {f: with_setting("RS_CUBLAS_BAND_FLOPS", f, lambda: force_cublas(lambda: (
-                             symm_lowering.ar_cublas_rounds(M, K, N, ws), b2b_ms(op), host_us(op), replay_ms(op))))
+                             symm_mm_ar.ar_cublas_rounds(M, K, N, ws), b2b_ms(op), host_us(op), replay_ms(op))))
                          for f in (16e9, 32e9, 64e9, 128e9)}
         t_kernel_replay = with_setting("ar_gemm", lambda *a, **k: "triton", lambda: replay_ms(op))
-        gemm = symm_lowering.ar_gemm(M, K, ws)
+        gemm = symm_mm_ar.ar_gemm(M, K, ws)
         lines.append(f"mm_ar M={M} K={K} N={N}: cuBLAS {t_mm:.3f} NCCL ar {t_ar:.3f} op {t_op:.3f} "
                      f"(back-to-back {t_b2b:.3f}, host {t_host:.0f} us) -> {t_b2b / max(t_mm, t_ar):.2f}x of max "
                      f"({gemm}) | peer-store transport {t_peer:.3f} | Triton-kernel path (rounds "
-                     f"{symm_lowering.ar_rounds(M, ws)}) {t_kernel_op[0]:.3f} host {t_kernel_op[1]:.0f} us, replayed "
+                     f"{symm_mm_ar.ar_rounds(M, ws)}) {t_kernel_op[0]:.3f} host {t_kernel_op[1]:.0f} us, replayed "
                      f"{t_kernel_replay:.3f} | cuBLAS path by GFLOP per chunk (eager, host, replayed): " + ", ".join(
                          f"{f / 1e9:g}: {n} rounds {t:.3f} ms host {h:.0f} us replayed {tr:.3f}"
                          for f, (n, t, h, tr) in cublas_rounds.items()))

@@ -226,7 +226,7 @@ def _mm_rs_lines(a, b, ws, num_sms, cublas, configs_text=None, residual_add=Fals
     generated ``add:0``) against the same kernel followed by a separate ``torch.add``."""
     from overlap_backend.codegen import configs, mm_rs
     from overlap_backend.codegen import epilogue as gen
-    from overlap_backend.runtime import symm
+    from overlap_backend.spec import symm_layout
 
     M, _ = a.shape
     N = b.shape[1]
@@ -235,7 +235,7 @@ def _mm_rs_lines(a, b, ws, num_sms, cublas, configs_text=None, residual_add=Fals
     recv = torch.randn(ws * rows, N, device=dev).to(a.dtype)  # the peers' partials of chunk r
     ref = a.float() @ b.float()
     want_own = ref[r * rows:(r + 1) * rows] + sum(recv[p * rows:(p + 1) * rows].float() for p in range(ws) if p != r)
-    band_rows = symm.band_rows(rows)
+    band_rows = symm_layout.band_rows(rows)
     nb = -(-rows // band_rows)
     flags = [torch.zeros(ws * nb, dtype=torch.int32, device=dev) for _ in range(3)]  # counters, done, arrived
     ticket = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -306,7 +306,7 @@ def _ag_mm_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
     unfused graph's two kernels). Each result checked (outputs poisoned), then timed."""
     from overlap_backend.codegen import ag_mm, configs
     from overlap_backend.codegen import epilogue as gen
-    from overlap_backend.runtime import symm
+    from overlap_backend.spec import symm_layout
 
     F = torch.nn.functional
     M, K = a.shape
@@ -316,7 +316,7 @@ def _ag_mm_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
     bias = torch.randn(N, device=dev).to(a.dtype)
     ref = a.float() @ b.float() + bias.float()
     refs = {"": ref, "gelu": F.gelu(ref)}
-    band_rows = symm.band_rows(rows)
+    band_rows = symm_layout.band_rows(rows)
     flags = torch.zeros(ws * -(-rows // band_rows), dtype=torch.int32, device=dev)
     status = (torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(8, dtype=torch.int32, device=dev))
     lines = [f"  cuBLAS addmm {events_ms(lambda: torch.addmm(bias, a, b), warm=5):.3f} ms, addmm + F.gelu "

@@ -228,7 +228,7 @@ def _rewrites_overlap(backend) -> tuple[str, list]:
 
 def _symm_paths():
     """The symm lowering's per-process call counter ({"ag_mm:symm": n, "mm_rs:p2p": n, ...}), if it has one."""
-    return getattr(getattr(overlap_backend.runtime, "symm_lowering", None), "PATHS", None)
+    return getattr(getattr(getattr(overlap_backend.runtime, "symm", None), "lowering_helpers", None), "PATHS", None)
 
 
 def _fmt_counter(c: Counter) -> str:

@@ -249,7 +249,7 @@ if _symm_logger.getEffectiveLevel() > logging.INFO:
 
 def _symm_paths():
     """The symm lowering's per-process call counter ({"ag_mm:symm": n, "ag_mm:p2p": n, ...}), if it has one."""
-    return getattr(getattr(overlap_backend.runtime, "symm_lowering", None), "PATHS", None)
+    return getattr(getattr(getattr(overlap_backend.runtime, "symm", None), "lowering_helpers", None), "PATHS", None)
 
 
 @dataclass

@@ -7,7 +7,7 @@ For each activation (GELU, SwiGLU) and M (tokens), at H=8192, F=28672 by default
 - ``TP2`` / ``TP<N>``: column/row-parallel shards, cuBLAS, NCCL all-reduce (TP2 on rank pairs, TP<N>
   on all N ranks: TP4 on 4 GPUs, TP8 on 8);
 - ``µbatch``: two-stage pipeline at kernel granularity on a rank pair, built on the same peer-memory
-  transport as ours (copy-engine pushes + stream waits on flags, ``runtime/symm.py``): stage 0
+  transport as ours (copy-engine pushes + stream waits on flags, ``runtime/symm/``): stage 0
   computes micro-batch i and pushes it while computing i+1; the best micro-batch count of
   ``--micro-batches`` is reported (and which);
 - ``CTA 2`` (ours, ``symm``): ``overlap::cta_pipeline_mlp`` on a rank pair; ``CTA 2×TP<N/2>`` on all N
@@ -120,7 +120,7 @@ class MicroBatch:
     engine (flags ``CTA_ARRIVED + i`` / ``CTA_Y_DONE + i`` of the op's eager flag block)."""
 
     def __init__(self, st, weights, act, M, H, Fd, dtype, device):
-        from overlap_backend.runtime import symm
+        from overlap_backend.spec import symm_layout
 
         self.st, self.act, self.M = st, act, M
         self.W1, self.W3, self.W2 = weights
@@ -132,8 +132,8 @@ class MicroBatch:
         self.h = torch.empty(M, Fd, dtype=dtype, device=device)
         self.out = torch.empty(M, H, dtype=dtype, device=device)
         self.row_h, self.row_y = Fd * es, H * es
-        self.arrived = symm.cta_block(False) + symm.CTA_ARRIVED  # words of the op's eager block (same epochs)
-        self.y_done = symm.cta_block(False) + symm.CTA_Y_DONE
+        self.arrived = symm_layout.cta_block(False) + symm_layout.CTA_ARRIVED  # words of the op's eager block (same epochs)
+        self.y_done = symm_layout.cta_block(False) + symm_layout.CTA_Y_DONE
 
     def __call__(self, x, k):
         from overlap_backend.runtime import cuda as _cuda
@@ -172,10 +172,11 @@ def run(args) -> int:
         return 2
     dtype = torch.bfloat16
     timing = common.Timing(device, warmup_ms=10 if args.quick else 25, rep_ms=30 if args.quick else 100)
-    from overlap_backend.codegen import configs
-    from overlap_backend.runtime import symm, symm_lowering
+    from overlap_backend.spec import knobs
+    from overlap_backend.runtime import symm
+    from overlap_backend.runtime.symm import lowering_helpers
 
-    configs.AUTOTUNE = False
+    knobs.codegen.set(AUTOTUNE=False)
     world = dist.group.WORLD
     pairs = [dist.new_group([2 * p, 2 * p + 1]) for p in range(ws // 2)]
     pair = pairs[rank // 2]
@@ -238,12 +239,12 @@ def run(args) -> int:
                     continue
                 group, shards = (pair, full) if lay.group == "pair" else (world, tp_all)
                 fn = cta(group, shards, lay.stages, lay.lowering)
-                before = symm_lowering.PATHS["cta_pipeline_mlp:symm"]
+                before = lowering_helpers.PATHS["cta_pipeline_mlp:symm"]
                 out = fn()
                 err = common.rel_err(out.float(), refs[lay.group])
                 row[f"{lay.name} err"] = err
                 if lay.lowering == "symm":
-                    ran = symm_lowering.PATHS["cta_pipeline_mlp:symm"] > before
+                    ran = lowering_helpers.PATHS["cta_pipeline_mlp:symm"] > before
                     row[f"{lay.name} path"] = "symm" if ran else "p2p"
                 else:
                     row[f"{lay.name} path"] = "p2p"

@@ -261,7 +261,7 @@ class Problem:
 def graph_times(prob: Problem, ref, timing, device) -> dict:
     """The baseline and symm each captured in a CUDA graph (after two eager calls) and timed as
     replays; symm's replay checked against ``ref``. Errors are reported, not raised."""
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
 
     out = {}
     try:
@@ -270,13 +270,13 @@ def graph_times(prob: Problem, ref, timing, device) -> dict:
             fn()
             fn()
             torch.cuda.synchronize()
-            before = dict(symm_lowering.PATHS)
+            before = dict(lowering_helpers.PATHS)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 result = fn()
             graphs[name] = (g, result)
             if name == "symm":
-                out["captured_paths"] = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items()
+                out["captured_paths"] = {k: v - before.get(k, 0) for k, v in lowering_helpers.PATHS.items()
                                          if v != before.get(k, 0)}
         g, result = graphs["symm"]
         result.fill_(float("nan"))
@@ -311,7 +311,8 @@ def main(argv=None):
     if args.configs is None:
         args.configs = default_configs(ws)
     import overlap_backend  # noqa: F401  registers torch.ops.overlap.*
-    from overlap_backend.runtime import moe_symm, symm_lowering
+    from overlap_backend.runtime import moe_symm
+    from overlap_backend.runtime.symm import lowering_helpers
     from overlap_backend.spec import knobs
 
     defaults = {name: getattr(knobs.moe, name) for name in SETTINGS}  # the symm column measures these
@@ -379,7 +380,7 @@ def main(argv=None):
                     t["p2p"] = time_lowering(prob, "p2p", timing)
                 res["symm_timed_first"] = not args.p2p_first  # (check_cost_model: earlier runs timed p2p first)
                 checks.append(check_lowering(prob, ref, "symm", res, device))
-                res["paths"] = dict(symm_lowering.PATHS)
+                res["paths"] = dict(lowering_helpers.PATHS)
                 res["expert_major_auto"] = moe_symm.expert_major(prob.rows.shape[0], ws, prob.e_local)
                 r_fixed = prob.dispatch().clone()
                 t["baseline"], _ = timing.bench(prob.baseline)

@@ -20,7 +20,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlap_backend  # noqa: E402,F401  registers torch.ops.overlap.*
-from overlap_backend.runtime import symm, symm_lowering  # noqa: E402
+from overlap_backend.runtime import symm  # noqa: E402
+from overlap_backend.runtime.symm import lowering_helpers  # noqa: E402
+from overlap_backend.spec import knobs  # noqa: E402
 
 
 def main() -> int:
@@ -52,9 +54,9 @@ def main() -> int:
     }
     failed = 0
     for transport in ("ce", "peer"):
-        symm_lowering.TRANSPORT = transport
+        knobs.symm.set(TRANSPORT=transport)
         for name, (op, ref) in cases.items():
-            before = dict(symm_lowering.PATHS)
+            before = dict(lowering_helpers.PATHS)
             try:
                 out = op()
                 torch.cuda.synchronize()
@@ -64,7 +66,7 @@ def main() -> int:
                 msg = f"rel err {err:.2e}"
             except Exception:  # noqa: BLE001 - a smoke test reports everything
                 ok, msg = False, traceback.format_exc()
-            took = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items() if v != before.get(k, 0)}
+            took = {k: v - before.get(k, 0) for k, v in lowering_helpers.PATHS.items() if v != before.get(k, 0)}
             failed += not ok
             print(f"[rank {rank}] {transport:4s} {name:15s} {'PASS' if ok else 'FAIL'} {took} {msg}", flush=True)
             dist.barrier()

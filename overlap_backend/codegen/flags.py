@@ -9,33 +9,33 @@ atomic) and writes ``[1, op, rank, flag index, value seen, epoch expected, bands
 (pinned host memory mapped into the device: the host reads it without synchronising; no atomics
 there, PCIe may not support them); every other waiting CTA sees the claimed word and stops waiting. The kernel then finishes (its output is garbage) instead of
 trapping, which would kill the CUDA context; the host turns the word into an exception
-(``runtime.symm.check_status``).
+(``runtime.symm.check_status``). The report's layout and codes: ``spec/symm_layout.py``.
 """
 
 import triton
 import triton.language as tl
 
-STATUS_WORDS = 8
-# Op codes in the status word (constexpr globals so that kernels can use them).
-OP_AG_MM = tl.constexpr(1)
-OP_MM_RS = tl.constexpr(2)
-OP_MM_AR = tl.constexpr(3)
-OP_AR_ONESHOT = tl.constexpr(4)
-OP_MOE = tl.constexpr(5)
-OP_CTA_STAGE1 = tl.constexpr(6)
-OP_CTA_COLLECT = tl.constexpr(7)
-OP_CTA_STAGE0 = tl.constexpr(8)
-OP_CTA_TAIL = tl.constexpr(9)  # stage 1's epilogue waiting for a stage-0 rank's tail (partial products)
-OP_NAMES = {1: "ag_mm", 2: "mm_rs", 3: "mm_ar", 4: "mm_ar (one-shot)", 5: "moe_experts", 6: "cta_pipeline_mlp (stage 1)",
-            7: "cta_pipeline_mlp (collect)", 8: "cta_pipeline_mlp (stage 0)", 9: "cta_pipeline_mlp (stage 1, tail)"}
-MOE_DONE_FLAG_BASE = tl.constexpr(100)  # moe_experts status flag 100 + pos: the local wait for source pos's tiles
-MOE_RETURN_FLAG_BASE = tl.constexpr(200)  # moe_experts status flag 200 + d: the wait for rank d's results
-READY_FLAG_BASE = tl.constexpr(1000)  # status flag index 1000 + p: the wait for rank p's READY
-GATHER_FLAG_BASE = tl.constexpr(2000)  # mm_ar status flag 2000 + i: a copy tile's wait for gathered band i
-MOE_CAP_FLAG_BASE = tl.constexpr(300)  # moe_experts status flag 300 + s: rank s's row count differs (a mismatch)
-# status word 0: what the report is (a wait gave up, or a peer's value differs from this rank's)
-STATUS_TIMEOUT, STATUS_MISMATCH = tl.constexpr(1), tl.constexpr(2)
-RELEASED_VALUE = tl.constexpr(0x7FFFFFFF)  # runtime.symm.RELEASED: what a released group's flags read
+from ..spec import symm_layout
+
+# The report's layout and codes are the spec's (spec/symm_layout.py); constexpr globals so that
+# kernels can use them.
+OP_AG_MM = tl.constexpr(symm_layout.OP_AG_MM)
+OP_MM_RS = tl.constexpr(symm_layout.OP_MM_RS)
+OP_MM_AR = tl.constexpr(symm_layout.OP_MM_AR)
+OP_AR_ONESHOT = tl.constexpr(symm_layout.OP_AR_ONESHOT)
+OP_MOE = tl.constexpr(symm_layout.OP_MOE)
+OP_CTA_STAGE1 = tl.constexpr(symm_layout.OP_CTA_STAGE1)
+OP_CTA_COLLECT = tl.constexpr(symm_layout.OP_CTA_COLLECT)
+OP_CTA_STAGE0 = tl.constexpr(symm_layout.OP_CTA_STAGE0)
+OP_CTA_TAIL = tl.constexpr(symm_layout.OP_CTA_TAIL)
+MOE_DONE_FLAG_BASE = tl.constexpr(symm_layout.MOE_DONE_FLAG_BASE)
+MOE_RETURN_FLAG_BASE = tl.constexpr(symm_layout.MOE_RETURN_FLAG_BASE)
+READY_FLAG_BASE = tl.constexpr(symm_layout.READY_FLAG_BASE)
+GATHER_FLAG_BASE = tl.constexpr(symm_layout.GATHER_FLAG_BASE)
+MOE_CAP_FLAG_BASE = tl.constexpr(symm_layout.MOE_CAP_FLAG_BASE)
+STATUS_TIMEOUT = tl.constexpr(symm_layout.STATUS_TIMEOUT)
+STATUS_MISMATCH = tl.constexpr(symm_layout.STATUS_MISMATCH)
+RELEASED_VALUE = tl.constexpr(symm_layout.RELEASED)  # what a released group's flags read
 
 
 @triton.jit

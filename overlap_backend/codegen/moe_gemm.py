@@ -237,7 +237,7 @@ def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, caps, epoch, status, 
     """``plan``: dict with srows, counts, row_start, recv_off, contig and ``tile_start`` of this BM
     (see runtime/moe_symm.py). ``disp``: [ws * cap, H] dispatch buffer (x dtype; slot s holds
     source s's rows, this rank's own included); ``act`` [M, F]; ``caps`` [ws]: each source's row count
-    of x (``symm.MOE_CAP``), which must be ``cap``, this rank's (a mismatch is reported). ``start_group`` (in the phase's
+    of x (``symm_layout.MOE_CAP``), which must be ``cap``, this rank's (a mismatch is reported). ``start_group`` (in the phase's
     groups; default its first): the tiles are walked from this group's first one, wrapping around
     to the phase's first group: e.g. the own groups first, whose rows need no transfer, while the
     peers' dispatch is in flight."""

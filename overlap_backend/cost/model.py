@@ -29,7 +29,7 @@ changed tunable changes the op and its price together.
 Under CUDA graphs (``mode="reduce-overhead"``, :attr:`PassContext.cuda_graphs`) the ops that can be
 captured (:data:`GRAPH_OPS`) cost their device time only: a replay launches the whole graph at
 once, so no host time per call or per ring step is paid; ``symm`` stays a candidate only where its
-calls are captured on ``symm`` (``runtime.symm_lowering.CAPTURE_ON_SYMM``; else they run on p2p).
+calls are captured on ``symm`` (``knobs.symm.CAPTURE_ON_SYMM``; else they run on p2p).
 
 Pure arithmetic on its inputs: every rank that gives it the same problem and calibration
 (``cost/decision.py`` makes the ranks agree on one) gets the same prediction. Nothing is measured
@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..spec import knobs
+from ..spec import knobs, symm_layout
 from .calibration import Calibration
 
 OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts", "cta_pipeline_mlp")
@@ -206,17 +206,15 @@ def ce_ms(cal: Calibration, nbytes: float) -> float:
 
 
 def bands(rows: int) -> int:
-    """How many bands the symm runtime cuts a chunk of ``rows`` rows into (``runtime.symm.bands``)."""
-    from ..runtime import symm
-
-    return len(symm.bands(rows))
+    """How many bands the symm runtime cuts a chunk of ``rows`` rows into (``spec.symm_layout.bands``)."""
+    return len(symm_layout.bands(rows))
 
 
 def ar_rounds(m: int, ws: int) -> int:
-    """The row blocks of a symm ``mm_ar`` of ``m`` rows (``runtime.symm_lowering.ar_rounds``)."""
-    from ..runtime import symm_lowering
+    """The row blocks of a symm ``mm_ar`` of ``m`` rows (``runtime.symm.mm_ar.ar_rounds``)."""
+    from ..runtime.symm import mm_ar
 
-    return symm_lowering.ar_rounds(m, ws)
+    return mm_ar.ar_rounds(m, ws)
 
 
 def cta_block() -> tuple[int, int]:
@@ -328,7 +326,7 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
     e, ws, dt = p.e, p.ws, p.dtype
     host = cal.symm_call_ms
     if p.op == "ag_mm" and _ag_on_cublas(p):
-        # runtime.symm_lowering._ag_mm_cublas: each chunk's GEMMs on cuBLAS, the own chunk first, each
+        # runtime.symm.ag_mm.ag_mm_cublas: each chunk's GEMMs on cuBLAS, the own chunk first, each
         # peer's chunk once it arrived (they arrive one after the other: every rank pushes to r-1 first)
         chunk_g = p.gemms * gemm_ms(cal, p.m / ws, p.n / p.gemms, p.k, dt)
         x = ce_ms(cal, p.m * p.k * e / ws)  # one peer's shard
@@ -425,11 +423,11 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
 
 
 def _ag_on_cublas(p: Problem) -> bool:
-    """Does the symm ag_mm of ``p`` run on cuBLAS per chunk (``runtime.symm_lowering.ag_gemm``; the
+    """Does the symm ag_mm of ``p`` run on cuBLAS per chunk (``runtime.symm.ag_mm.ag_gemm``; the
     model sees no gather layout or epilogue: one run per chunk, none)?"""
-    from ..runtime import symm_lowering
+    from ..runtime.symm import ag_mm as symm_ag_mm
 
-    return symm_lowering.ag_gemm(1, p.m // p.ws, p.k, p.n) == "cublas"
+    return symm_ag_mm.ag_gemm(1, p.m // p.ws, p.k, p.n) == "cublas"
 
 
 def _symm_plan(host_ms: float, dev_ms: float, chunks: int, terms: dict, **kw) -> Plan:
@@ -443,11 +441,11 @@ def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *
     ``cuda_graphs``: the graph is replayed from a CUDA graph (see the module's docstring)."""
     base, terms = baseline(cal, p)
     if cuda_graphs and p.op in GRAPH_OPS:
-        from ..runtime import symm_lowering
+        from ..spec import knobs
 
         p2p_host = {} if p.op in GRAPH_P2P_HOST_KEPT else {"p2p_call_ms": 0.0, "p2p_step_ms": 0.0}
         cal = dataclasses.replace(cal, **p2p_host, symm_call_ms=dict.fromkeys(cal.symm_call_ms, 0.0))
-        if not symm_lowering.CAPTURE_ON_SYMM and p.op != "cta_pipeline_mlp":  # (cta: always captured on symm)
+        if not knobs.symm.CAPTURE_ON_SYMM and p.op != "cta_pipeline_mlp":  # (cta: always captured on symm)
             lowerings = [low for low in lowerings if low != "symm"] or ["p2p"]
     plans = []
     for low in dict.fromkeys(lowerings):

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec import knobs
-from . import symm
+from ..spec import knobs, symm_layout
 
 
 def block_configs(dtype, swiglu: bool, m: int, ns: int, num_sms: int) -> tuple[tuple, tuple]:
@@ -130,7 +129,7 @@ class ChunkPlan:
 
     @property
     def flag_words(self) -> int:
-        """Chunk flags per flag region; more than ``symm.CTA_CHUNK_WORDS // 2`` runs on p2p."""
+        """Chunk flags per flag region; more than ``symm_layout.CTA_CHUNK_WORDS // 2`` runs on p2p."""
         return self.groups * max(self.tp * self.nch, self.nch1)
 
 
@@ -213,6 +212,6 @@ def k_chunks(fp: int, bn0: int, bk1: int, groups: int, tp: int) -> tuple[int, in
     while True:
         kchunk = -(-(-(-fp // want)) // unit) * unit
         nch = -(-fp // kchunk)
-        if groups * tp * nch <= symm.CTA_CHUNK_WORDS // 2 or nch == 1:
+        if groups * tp * nch <= symm_layout.CTA_CHUNK_WORDS // 2 or nch == 1:
             return kchunk, nch
         want = max(1, want // 2)

@@ -18,13 +18,13 @@ import torch
 from torch import Tensor
 
 from ..codegen import launcher
-from ..spec import knobs
+from ..spec import knobs, symm_layout
 from . import cuda as _cuda
 from . import cta_weights, symm
 from .cta_plan import ChunkPlan, chunk_plan
 from .lowering import register
 from .ops import group_size
-from .symm_lowering import PATHS, _aligned, _kernels, _p2p, _tma_problem
+from .symm.lowering_helpers import PATHS, load_kernels, run_on_p2p, tma_aligned, tma_problem
 
 _staging: dict[tuple, Tensor] = {}
 _staging_kept: list[Tensor] = []  # staging buffers outgrown after a call was captured (graphs may use them)
@@ -76,9 +76,9 @@ def problem(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, ws) -> s
         return f"F={F} is not a multiple of {tp * 128} (128 columns per stage-0 rank's tile)"
     if N % tp:
         return f"N={N} does not split over {tp} stage-1 ranks"
-    if -(-x.shape[0] // 64) * tp > symm.CTA_ROW_WORDS:
-        return f"{x.shape[0]} rows (at most {symm.CTA_ROW_WORDS // tp * 64})"
-    return _tma_problem(x.dtype, x.shape[1], F, F // tp, N, N // tp)
+    if -(-x.shape[0] // 64) * tp > symm_layout.CTA_ROW_WORDS:
+        return f"{x.shape[0]} rows (at most {symm_layout.CTA_ROW_WORDS // tp * 64})"
+    return tma_problem(x.dtype, x.shape[1], F, F // tp, N, N // tp)
 
 
 @register("symm", "cta_pipeline_mlp")
@@ -92,10 +92,10 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                   lambda: problem(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, ws))
     st = None if why else symm.state(group_name, x.device)
     if st is None:
-        return _p2p("cta_pipeline_mlp", why, group_name, *args)
+        return run_on_p2p("cta_pipeline_mlp", why, group_name, *args)
     from ..codegen import cta
 
-    _kernels()  # the TMA scratch allocator
+    load_kernels()  # the TMA scratch allocator
     PATHS["cta_pipeline_mlp:symm"] += 1
     r, tp = st.rank, ws // 2
     stage, idx = divmod(r, tp)
@@ -108,8 +108,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     # the plan and the kernel variants depend on the CTA knobs (probes and tests patch them)
     plan_key = (M, F, N, H, tp, swiglu, x.dtype, st.num_sms, tuple(knobs.cta.values().items()))
     plan = _cached(_plans, plan_key, lambda: chunk_plan(M, F, N, tp, swiglu, x.dtype, st.num_sms, H=H))
-    if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
-        return _p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}",
+    if plan.flag_words > symm_layout.CTA_CHUNK_WORDS // 2:
+        return run_on_p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm_layout.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
     graph = torch.cuda.is_current_stream_capturing()
     placed = cta_weights.place(st, w1, b1, w3, b3, w2, b2, plan.window, graph)
@@ -131,13 +131,13 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     st.ensure_data(need, "cta_pipeline_mlp")
     data, flags = st.peer_tables()
     compute = torch.cuda.current_stream(x.device)
-    base = symm.cta_block(graph)
+    base = symm_layout.cta_block(graph)
     word = lambda off: st.flag_arg(base + off)  # noqa: E731
     status = st.status_arg()
-    epoch_word = word(symm.CTA_EPOCH)
-    ready, staged = (word(symm.CTA_READY) if graph else None), knobs.cta.TRANSPORT == "ce"
+    epoch_word = word(symm_layout.CTA_EPOCH)
+    ready, staged = (word(symm_layout.CTA_READY) if graph else None), knobs.cta.TRANSPORT == "ce"
     act = cta.ACTIVATIONS[(activation, approximate)]
-    xa = _aligned(x)
+    xa = tma_aligned(x)
     stage_buf = _staging_buffer(x, nch * mp * kchunk, "blocks") if stage == 0 and staged else None
     m0 = plan.tail_group * group_m * bm  # the tail's rows: the last row group's
     keep = _staging_buffer(x, (mp - m0) * tail, "tail") if stage == 0 and tail else None
@@ -149,8 +149,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     def gemms():
         if stage == 0:
             cta.launch_stage0(xa, *first, stage_buf, data, flags,
-                              word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, idx, kchunk, nch,
-                              base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
+                              word(symm_layout.CTA_COUNTERS), word(symm_layout.CTA_DONE), epoch_word, idx, kchunk, nch,
+                              base + symm_layout.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
                               timeout_ns=st.timeout_ns, rank=r, count_first_at_once=knobs.cta.COUNT_FIRST_GROUP_AT_ONCE,
                               fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=tma_store,
                               split_last=knobs.cta.STAGE0_SPLIT_LAST)
@@ -159,12 +159,12 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
             own = a[tp * nch * mp:].view(-1)
             cta.launch_stage0(xa, *first, own, data, flags,
-                              word(symm.CTA_COUNTERS), word(symm.CTA_DONE), epoch_word, 0, kchunk, nch1,
-                              base + symm.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, tma_store=tma_store)
-        cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm.CTA_ARRIVED),
-                          word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
-                          nch, base + symm.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,
-                          part=part, tail_flags=word(symm.CTA_TAIL_ARRIVED), tail_group=plan.tail_group,
+                              word(symm_layout.CTA_COUNTERS), word(symm_layout.CTA_DONE), epoch_word, 0, kchunk, nch1,
+                              base + symm_layout.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, tma_store=tma_store)
+        cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm_layout.CTA_ARRIVED),
+                          word(symm_layout.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
+                          nch, base + symm_layout.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,
+                          part=part, tail_flags=word(symm_layout.CTA_TAIL_ARRIVED), tail_group=plan.tail_group,
                           ship_before_tail=ship_first)
 
     def tails():
@@ -173,17 +173,17 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         if stage == 0 and tail:
             r0 = (idx + 1) * fp - tail - placed.tail_rows[0]
             cta.launch_tail(keep[:(mp - m0) * tail].view(mp - m0, tail), placed.w2_tail[r0:r0 + tail], data, flags,
-                            part_offset, word(symm.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, M, idx,
-                            base + symm.CTA_TAIL_ARRIVED, tp, cfg1, st.num_sms, ready=ready, m0=m0,
+                            part_offset, word(symm_layout.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, M, idx,
+                            base + symm_layout.CTA_TAIL_ARRIVED, tp, cfg1, st.num_sms, ready=ready, m0=m0,
                             keep_local=ship_first)
 
     def collect():
         if stage == 0 or tp > 1:
             y = st.data_view(x.dtype, (M, N), y_offset)
-            cta.launch_collect(y, out, word(symm.CTA_Y_DONE), epoch_word, status, st.timeout_ns, r, tp,
+            cta.launch_collect(y, out, word(symm_layout.CTA_Y_DONE), epoch_word, status, st.timeout_ns, r, tp,
                                idx if stage == 1 else -1, bm, part=part if ship_first else None, m0=m0)
 
-    # Every pointer argument is 16-byte aligned (x via _aligned, placed weights and views at whole
+    # Every pointer argument is 16-byte aligned (x via tma_aligned, placed weights and views at whole
     # tiles, buffers from the allocator), so the kernel variants follow from this key alone.
     call_key = (plan_key, r, activation, approximate, shapes, x.device.index, st.timeout_ns, graph)
     def preload() -> bool:
@@ -203,25 +203,25 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         st.graph_pinned = True  # the graph holds the data buffer's and peer tables' addresses: never freed
         _captured = True  # ... and the staging buffers' (_staging_buffer)
         st.captured_call(compute, finished=False)
-        cta.launch_begin(epoch_word, flags, base + symm.CTA_READY, r, ws)
+        cta.launch_begin(epoch_word, flags, base + symm_layout.CTA_READY, r, ws)
         epoch = None
         if stage_buf is not None:
             st.push_stream.wait_stream(compute)  # after begin_kernel, before stage 0 (not after it)
     else:
         epoch = st.begin(compute, "cta_pipeline_mlp")
-        _cuda.write_value32(st.flag_addr(base + symm.CTA_EPOCH), epoch, compute)
+        _cuda.write_value32(st.flag_addr(base + symm_layout.CTA_EPOCH), epoch, compute)
         # Stores into peers' buffers (stage 1's Y, stage 0's tiles without the copy engine) wait
         # until they started this call (READY), i.e. stopped reading those buffers in their previous op.
         writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
         for p in writes_to:
-            st.stream_wait(symm.READY + p, epoch, compute)
+            st.stream_wait(symm_layout.READY + p, epoch, compute)
     gemms()
     if stage_buf is not None:
         _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base,
                      plan.tail_group, plan.fship, fp)
     if stage == 0 and tail and not graph and staged:  # the tails store into the stage-1 ranks' buffers: READY first
         for p in range(tp, ws):
-            st.stream_wait(symm.READY + p, epoch, compute)
+            st.stream_wait(symm_layout.READY + p, epoch, compute)
     tails()
     collect()
     if graph:
@@ -268,8 +268,8 @@ def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, 
         r0 = g * group_rows
         nbytes = (min(M, r0 + group_rows) - r0) * row_bytes
         for j in range(min(nch, -(-(fship if g == tail_group else fp) // kchunk))):
-            done = st.flag_addr(base + symm.CTA_DONE + g * nch + j)
-            arrived = base + symm.CTA_ARRIVED + (g * tp + producer) * nch + j
+            done = st.flag_addr(base + symm_layout.CTA_DONE + g * nch + j)
+            arrived = base + symm_layout.CTA_ARRIVED + (g * tp + producer) * nch + j
             dst, block = ((producer * nch + j) * mp + r0) * row_bytes, src + (j * mp + r0) * row_bytes
             _cuda.wait_value32(done, 1 if epoch is None else epoch, stream)
             if epoch is None:
@@ -279,4 +279,4 @@ def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, 
                     st.push(tp + q, dst, block, nbytes, arrived)
                 else:
                     _cuda.memcpy_async(st.data_addr(tp + q, dst), block, nbytes, stream)
-                    _cuda.memcpy_async(st.flag_addr(arrived, tp + q), st.flag_addr(base + symm.CTA_EPOCH), 4, stream)
+                    _cuda.memcpy_async(st.flag_addr(arrived, tp + q), st.flag_addr(base + symm_layout.CTA_EPOCH), 4, stream)

@@ -1,6 +1,6 @@
 """Registry of lowerings: for each op name, the function that runs it under each lowering.
 
-A lowering module (``p2p.py`` and the ``symm`` lowerings of each op) registers its implementations with
+A lowering module (``p2p.py``, the ``symm`` package's op modules) registers its implementations with
 :func:`register`; ``ops.py`` dispatches through :func:`implementation`. The registry knows nothing
 of FX graphs: the passes only store the lowering's name in the op's arguments.
 """

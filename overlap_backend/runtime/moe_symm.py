@@ -33,14 +33,14 @@ import torch
 from torch import Tensor
 
 from ..codegen import launcher
-from ..spec import knobs
+from ..spec import knobs, symm_layout
 from . import cuda as _cuda
 from . import symm
 from .lowering import register
 from .moe_p2p import prefix_sums
 from .streams import SYMM_MOE_COMM, comm_stream
-from .symm_lowering import (PATHS, _aligned, _captured_fit, _kernels, _p2p, _picked, _state, _tma_problem, _tune,
-                            capture_problem, capturing)
+from .symm.lowering_helpers import (PATHS, call_state, capture_problem, captured_call_problem, capturing, load_kernels,
+                                     run_on_p2p, tma_aligned, tma_problem, tune, tuned_configs)
 
 log = logging.getLogger("overlap_backend.symm")
 
@@ -129,7 +129,7 @@ def problem(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, rows: Tenso
         return f"token dtype {x.dtype}"
     if x.dim() != 2 or rows.dim() != 1:
         return "x is not 2-D or rows not 1-D"
-    return _tma_problem(x.dtype, x.shape[1]) or _tma_problem(w_gate.dtype, w_gate.shape[1], w_gate.shape[2])
+    return tma_problem(x.dtype, x.shape[1]) or tma_problem(w_gate.dtype, w_gate.shape[1], w_gate.shape[2])
 
 
 def symm_dtypes():
@@ -200,9 +200,9 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     why = (problem(x, w_gate, w_up, w_down, rows, saved) or (None if knobs.moe.ENABLED else DISABLED_WHY)
            or capture_problem(x))
     graph = why is None and capturing(x)
-    st, why = (None, why) if why else _state(group_name, x.device, graph)
+    st, why = (None, why) if why else call_state(group_name, x.device, graph)
     if st is None:
-        return _p2p("moe_experts", why, group_name, *args)
+        return run_on_p2p("moe_experts", why, group_name, *args)
     from ..codegen import moe_comm, moe_gemm
 
     ws, r = st.ws, st.rank
@@ -221,24 +221,24 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     send_off, recv_off = prefix_sums(send_splits), prefix_sums(recv_splits)
     ends_host = [] if offsets is not None else prefix_sums(group_sizes)[1:]
     meta = _meta(send_off + recv_off + ends_host, dev, graph)
-    if graph and (why := _captured_fit(st, lay["bytes"], [_picked.get(("moe_gate_up", tune_key)),
-                                                          _picked.get(("moe_down", tune_key))])
+    if graph and (why := captured_call_problem(st, lay["bytes"], [tuned_configs.get(("moe_gate_up", tune_key)),
+                                                          tuned_configs.get(("moe_down", tune_key))])
                   or (meta is None and "inside a CUDA-graph capture with splits no eager call used (warm up "
                                        "eagerly first)")):
-        return _p2p("moe_experts", why, group_name, *args)
+        return run_on_p2p("moe_experts", why, group_name, *args)
     PATHS["moe_experts:symm"] += 1
-    _kernels()  # Triton's allocator (scratch for device-side descriptors), as the other ops
+    load_kernels()  # Triton's allocator (scratch for device-side descriptors), as the other ops
     # inputs validated by the op (runtime/checks.py)
-    x = _aligned(x)
-    w_gate, w_up, w_down = (_aligned(w) for w in (w_gate, w_up, w_down))
+    x = tma_aligned(x)
+    w_gate, w_up, w_down = (tma_aligned(w) for w in (w_gate, w_up, w_down))
     st.ensure_data(lay["bytes"], "moe_experts")
     disp = st.data_view(x.dtype, (ws * cap, h), lay["disp"])
     comb = st.data_view(x.dtype, (ws * cap, h), lay["comb"])
     send_off_d, recv_off_d = meta[: ws + 1], meta[ws + 1 : 2 * ws + 2]
     ends = offsets if offsets is not None else meta[2 * ws + 2 :]
     n_recv = recv_off[-1]
-    # A captured call's flags toggle in the graph block (symm.GRAPH_BLOCK: raised to 1, reset at its end)
-    base = symm.GRAPH_BLOCK if graph else 0
+    # A captured call's flags toggle in the graph block (symm_layout.GRAPH_BLOCK: raised to 1, reset at its end)
+    base = symm_layout.GRAPH_BLOCK if graph else 0
     cands_a, cands_b = moe_gemm.candidates(cd, "gate_up"), moe_gemm.candidates(cd, "down")
     cfg_a, cfg_b = cands_a[0], cands_b[0]
     pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands_a + cands_b],
@@ -252,26 +252,26 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     gemm_phases, own_start = gemm_schedule(ws, experts, pl["expert_major"])
 
     def gate_up(cfg, epoch, phase=None):
-        moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm.MOE_ARRIVED), st.flag_arg(symm.MOE_CAP), epoch,
+        moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm_layout.MOE_ARRIVED), st.flag_arg(symm_layout.MOE_CAP), epoch,
                                 status, st.timeout_ns, r, ws, cap, cfg, grid, timed=x.is_cuda, phase=phase,
                                 start_group=own_start)
 
     def down(cfg, epoch, phase=None):
-        moe_gemm.launch_down(act, w_down, out, stage, pl, flag(symm.MOE_COUNTERS), flag(symm.MOE_DONE),
+        moe_gemm.launch_down(act, w_down, out, stage, pl, flag(symm_layout.MOE_COUNTERS), flag(symm_layout.MOE_DONE),
                              epoch, r, ws, send_off[r], cfg, grid, phase=phase)
 
     if x.is_cuda:  # tune on the real problem with every flag raised (epoch 0: no communication)
-        # (a captured call: tuned by an eager call, checked above; _tune only looks it up)
-        cfg_a = _tune("moe_gate_up", tune_key, cands_a, lambda c: gate_up(c, 0))
-        cfg_b = _tune("moe_down", tune_key, cands_b, lambda c: down(c, 0))
+        # (a captured call: tuned by an eager call, checked above; tune only looks it up)
+        cfg_a = tune("moe_gate_up", tune_key, cands_a, lambda c: gate_up(c, 0))
+        cfg_b = tune("moe_down", tune_key, cands_b, lambda c: down(c, 0))
 
     compute = torch.cuda.current_stream(dev) if x.is_cuda else None
     data_tab, flag_tab = st.peer_tables()  # (built on the compute stream: before the comm stream's wait)
 
     def launch_comm(epoch):
-        moe_comm.launch(stage, comb, out, data_tab, flag_tab, recv_off_d, send_off_d, flag(symm.MOE_DONE),
-                        flag(symm.MOE_PUSHED), flag(symm.READY), flag(symm.MOE_RETURNED), epoch, status,
-                        st.timeout_ns, r, ws, cap, lay["comb"] // es, base + symm.MOE_RETURNED, sms,
+        moe_comm.launch(stage, comb, out, data_tab, flag_tab, recv_off_d, send_off_d, flag(symm_layout.MOE_DONE),
+                        flag(symm_layout.MOE_PUSHED), flag(symm_layout.READY), flag(symm_layout.MOE_RETURNED), epoch, status,
+                        st.timeout_ns, r, ws, cap, lay["comb"] // es, base + symm_layout.MOE_RETURNED, sms,
                         push=transport == "sm" or not x.is_cuda, timed=x.is_cuda)
 
     # Compile and load every kernel first: the comm kernel spins until the GEMMs launched after it
@@ -291,9 +291,9 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         if x.is_cuda:  # this rank's slot stride for d's check, once d has read the last call's (READY); the
             # dispatch flag's write after it fences it (the interpreter tests pre-set the words instead)
             st.wait_ready(d, to_d)
-            _cuda.write_value32(st.flag_addr(symm.MOE_CAP + r, d), cap, to_d)
+            _cuda.write_value32(st.flag_addr(symm_layout.MOE_CAP + r, d), cap, to_d)
         st.push(d, lay["disp"] + r * lay["slot"], x.data_ptr() + send_off[d] * row_bytes, send_splits[d] * row_bytes,
-                symm.MOE_ARRIVED + r, to_d)
+                symm_layout.MOE_ARRIVED + r, to_d)
     side = st.copy_stream
     with _on(side):
         # this rank's own rows into its own slot, then its arrival flag
@@ -303,7 +303,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
                                    send_splits[r] * row_bytes, side)
         else:
             disp[r * cap : r * cap + send_splits[r]].copy_(x[send_off[r] : send_off[r + 1]])
-        _raise_local(st, base + symm.MOE_ARRIVED + r, epoch, side)
+        _raise_local(st, base + symm_layout.MOE_ARRIVED + r, epoch, side)
         own_copied = _record(side)
         # received rows no grouped row points at are 0: zero the staging rows and own output rows
         stage.zero_()
@@ -333,13 +333,13 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     if transport in ("ce", "ce-only") and x.is_cuda:
         for pos in range(ws - 1):
             s = (r + 1 + pos) % ws
-            st.stream_wait(base + symm.MOE_DONE + pos, epoch, st.push_stream_to(s))
+            st.stream_wait(base + symm_layout.MOE_DONE + pos, epoch, st.push_stream_to(s))
             st.push(s, lay["comb"] + r * lay["slot"], stage.data_ptr() + recv_off[s] * row_bytes,
-                    recv_splits[s] * row_bytes, symm.MOE_RETURNED + r, st.push_stream_to(s))
+                    recv_splits[s] * row_bytes, symm_layout.MOE_RETURNED + r, st.push_stream_to(s))
     if ce_only:  # the peers' results for this rank's rows, out of the combine slots as each arrives
         for j in range(1, ws):
             d = (r - j) % ws  # rank r-1 computes them first
-            st.stream_wait(base + symm.MOE_RETURNED + d, epoch, st.copy_stream)
+            st.stream_wait(base + symm_layout.MOE_RETURNED + d, epoch, st.copy_stream)
             if send_splits[d]:
                 _cuda.memcpy_async(out.data_ptr() + send_off[d] * row_bytes, comb.data_ptr() + d * cap * row_bytes,
                                    send_splits[d] * row_bytes, st.copy_stream)

@@ -212,7 +212,6 @@ def group_size(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
-_group_size = group_size  # the name symm_lowering imports (until it imports group_size)
 
 
 REDUCE_OPS = _checks.REDUCE_OPS

@@ -4,8 +4,8 @@
 shapes, dtypes and devices are read) and returns a Python-readable listing of what the op's
 lowering issues on this rank: buffers, copy-engine transfers, flag writes and waits, P2P ring
 transfers, kernel launches, the epilogue. It follows the lowerings' own decisions (the ``symm``
-fallback checks, ``symm.bands``, ``ar_rounds``, the one-shot limit), so it says which path a call
-takes; it is a description, not a trace (``PATHS`` in ``symm_lowering`` counts the real ones).
+fallback checks, ``symm_layout.bands``, ``ar_rounds``, the one-shot limit), so it says which path a call
+takes; it is a description, not a trace (``PATHS`` in ``symm.lowering_helpers`` counts the real ones).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 import torch
 
 from ..spec import epilogue as _epilogue
+from ..spec import knobs, symm_layout
 
 
 def _t(x) -> str:
@@ -116,8 +117,8 @@ def _cta_p2p(args: dict, rank: int, ws: int) -> list[str]:
 
 def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     """runtime/cta_symm.py, following its plan (cta_plan.chunk_plan) and knobs."""
-    from ..spec import knobs
-    from . import cta_plan, cta_symm, symm
+    from ..spec import knobs, symm_layout
+    from . import cta_plan, cta_symm
 
     x, w1, w2 = args["x"], args["w1"], args["w2"]
     act, approx, stages = args["activation"], args["approximate"], args["stages"]
@@ -135,8 +136,8 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     cuda = x.device.type == "cuda" and torch.cuda.is_available()
     num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if cuda else 132
     plan = cta_plan.chunk_plan(M, F, N, tp, act == "swiglu", x.dtype, num_sms, H=H)
-    if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
-        return [f"# symm falls back to p2p: {M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}"]
+    if plan.flag_words > symm_layout.CTA_CHUNK_WORDS // 2:
+        return [f"# symm falls back to p2p: {M} rows need more chunk flags than {symm_layout.CTA_CHUNK_WORDS // 2}"]
     bm, group_m = plan.cfg0[0], plan.cfg0[3]
     fp = (F - plan.f1) // tp
     staged = knobs.cta.TRANSPORT == "ce"
@@ -188,7 +189,7 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
 
 def _moe_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     """runtime/moe_symm.py, following its decisions (combine_transport, expert_major, gemm_schedule)."""
-    from . import moe_symm, symm
+    from . import moe_symm
 
     x, rows, w_gate = args["x"], args["rows"], args["w_gate"]
     why = moe_symm.problem(x, w_gate, args["w_up"], args["w_down"], rows, args["saved"])
@@ -253,30 +254,29 @@ def _moe_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     else:
         lines.append("compute.wait_stream(comm_stream)")
     lines.append("group.end(compute)  # compute waits for the push and copy streams, and for PEER_OK >= 1")
-    if symm.PUSH_STREAM_PER_PEER and ws > 2:
-        lines.insert(1, "# (symm.PUSH_STREAM_PER_PEER: each peer's pushes go on a push stream of its own)")
+    if knobs.symm.PUSH_STREAM_PER_PEER and ws > 2:
+        lines.insert(1, "# (knobs.symm.PUSH_STREAM_PER_PEER: each peer's pushes go on a push stream of its own)")
     return lines
 
 
 def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> list[str] | None:
     """The symm path, or None when the call falls back to p2p (the reason is in the first line)."""
-    from . import symm
-    from . import symm_lowering as sl
+    from .symm import ag_mm as symm_ag_mm, mm_ar as symm_mm_ar, mm_rs as symm_mm_rs
 
     lines = []
     if op == "ag_mm":
         shard, weights = args["shard"], args["weights"]
-        why = sl._ag_mm_problem(shard, weights, args["biases"], args["gather_dim"])
+        why = symm_ag_mm.ag_mm_problem(shard, weights, args["biases"], args["gather_dim"])
         if why:
             return [f"# symm falls back to p2p: {why}"]
         K = shard.shape[-1]
         rows = shard.numel() // K
-        band_list = symm.bands(rows)
+        band_list = symm_layout.bands(rows)
         nb = len(band_list)
         es = shard.element_size()
         specs = _epilogue.split_outputs(args.get("epilogue", ""), len(weights)) or [""] * len(weights)
         lines += [
-            f"# lowering 'symm': ag_mm, chunks of {rows} rows in {nb} band(s) of {symm.band_rows(rows)} rows",
+            f"# lowering 'symm': ag_mm, chunks of {rows} rows in {nb} band(s) of {symm_layout.band_rows(rows)} rows",
             f"buf = symm_data_view({_t(shard.dtype)}, ({ws}, {rows}, {K}))  # this rank's receive buffer (peers push here)",
             "epoch = group.begin(compute)",
             *(f"cuStreamWriteValue32(flag=peer_flags({p}).READY[{rank}], value=epoch, stream=compute)"
@@ -296,9 +296,9 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
         dim = args["gather_dim"] % shard.dim()
         run = math.prod(shard.shape[dim:-1])
         outer = rows // run if run else 0
-        on_cublas = sl.ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), any(specs)) == "cublas"
+        on_cublas = symm_ag_mm.ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), any(specs)) == "cublas"
         if on_cublas:
-            lines.append(f"# ag_mm on cuBLAS (symm_lowering.AG_MM_GEMM): chunk c of output i is "
+            lines.append(f"# ag_mm on cuBLAS (knobs.symm.AG_MM_GEMM): chunk c of output i is "
                          f"outs[i].view({outer}, {ws}, {run}, N)[:, c], the own chunk first")
             for p in range(ws):
                 c = (rank + p) % ws
@@ -322,7 +322,7 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
         lines.append("group.end(compute)  # compute waits for the push and copy streams, and for PEER_OK >= 1")
         return lines
     a, b = args["a"], args["b"]
-    why = sl._mm_problem(a, b, args["bias"], args["reduce_op"])
+    why = symm_mm_rs.mm_problem(a, b, args["bias"], args["reduce_op"])
     if why is None and op == "mm_rs" and args["scatter_dim"] % len(args["out_shape"]) == len(args["out_shape"]) - 1:
         why = "scatter along the output's columns"
     if why:
@@ -330,7 +330,7 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
     M, N = a.shape[0], b.shape[1]
     es = a.element_size()
     spec = args.get("epilogue", "")
-    if op == "mm_ar" and M * N * es <= symm.ONESHOT_MAX_BYTES:
+    if op == "mm_ar" and M * N * es <= knobs.symm.ONESHOT_MAX_BYTES:
         lines += [
             "# lowering 'symm': mm_ar one-shot (partial <= ONESHOT_MAX_BYTES)",
             "partial = a @ b + bias  # cuBLAS (addmm when there is a bias)",
@@ -346,25 +346,25 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
             "group.end(compute)",
         ]
         return lines
-    if op == "mm_ar" and sl.ar_gemm(M, a.shape[1], ws, "ce" if captured else None) == "cublas":
+    if op == "mm_ar" and symm_mm_ar.ar_gemm(M, a.shape[1], ws, "ce" if captured else None) == "cublas":
         return lines + _mm_ar_cublas(args, rank, ws, M, a.shape[1], N, es)
     if op == "mm_rs":
         shape = list(args["out_shape"])
         dim = args["scatter_dim"] % len(shape)
         outer, run = math.prod(shape[:dim]), shape[dim] // ws * math.prod(shape[dim + 1 : -1])
-        if sl.rs_gemm(outer, run, a.shape[1], "ce" if captured else None) == "cublas":
+        if symm_mm_rs.rs_gemm(outer, run, a.shape[1], "ce" if captured else None) == "cublas":
             return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es, captured)
-    rounds = sl.ar_rounds(M, ws) if op == "mm_ar" else 1
+    rounds = symm_mm_ar.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":
         rows = -(-M // (rounds * ws))
     else:
         shape = list(args["out_shape"])
         rows = math.prod(shape) // shape[-1] // ws
-    band_list = symm.bands(rows)
+    band_list = symm_layout.bands(rows)
     nb = len(band_list)
     lines += [
         f"# lowering 'symm': {op}, {rounds} round(s) x {ws} chunks of {rows} rows, {nb} band(s) each, "
-        f"transport {sl.TRANSPORT!r}",
+        f"transport {knobs.symm.TRANSPORT!r}",
         f"recv = symm_data_view({_t(a.dtype)}, ({rounds * ws * rows}, {N}))",
         f"stage = torch.empty(({rounds * ws * rows}, {N}))  # remote chunks' partials, pushed by the copy engine",
         "epoch = group.begin(compute)",
@@ -392,7 +392,7 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
                 ]
         if op == "mm_ar":
             own = rnd * ws + rank
-            copied = ("by the kernel's copy tiles (AR_KERNEL_COPY_OUT)" if sl.AR_KERNEL_COPY_OUT else
+            copied = ("by the kernel's copy tiles (AR_KERNEL_COPY_OUT)" if knobs.symm.AR_KERNEL_COPY_OUT else
                       "on copy_stream")
             lines.append(f"# round {rnd}: reduced bands of slot {own} pushed to every peer (GATHERED flags), "
                          f"peers' reduced bands copied into out {copied} as their GATHERED flags rise")
@@ -404,15 +404,15 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
 
 def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, es: int,
                   captured: bool = False) -> list[str]:
-    from . import symm_lowering as sl
+    from .symm import mm_rs as symm_mm_rs
 
-    bands = sl.rs_cublas_bands(outer, run, args["a"].shape[1], N, captured=captured)
+    bands = symm_mm_rs.rs_cublas_bands(outer, run, args["a"].shape[1], N, captured=captured)
     nb = len(bands)
     peers = [(rank + p) % ws for p in range(1, ws)]
     spec = args.get("epilogue", "")
     scale = "1/ws" if args["reduce_op"] == "avg" else "1"
     lines = [
-        f"# lowering 'symm': mm_rs on cuBLAS (symm_lowering.MM_RS_GEMM), {ws} chunks of {outer} x {run} rows, "
+        f"# lowering 'symm': mm_rs on cuBLAS (knobs.symm.MM_RS_GEMM), {ws} chunks of {outer} x {run} rows, "
         f"{nb} band(s) each; chunk c of a is a.view({outer}, {ws}, {run}, K)[:, c]",
         f"recv = symm_data_view({_t(args['a'].dtype)}, ({ws}, {outer}, {run}, {N}))",
         f"stage = torch.empty(({ws}, {outer}, {run}, {N}))  # remote chunks' partials, pushed by the copy engine",
@@ -426,7 +426,7 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
     for c in [(rank + 1 + p) % ws for p in range(ws - 1)]:
         lines.append(f"cuStreamWaitValue32(flag=flags.READY[{c}], geq=epoch, stream=push_stream)")
         for i, band in enumerate(bands):
-            lo, n = sl.rs_band_span(band, run)
+            lo, n = symm_mm_rs.rs_band_span(band, run)
             lines += [
                 f"cuStreamWaitValue32(flag=flags.DONE[{c * nb + i}], geq=epoch, stream=push_stream)",
                 f"cuMemcpyAsync(dst=peer_recv({c})[{rank}].view(-1, {N})[{lo}:{lo + n}], src=stage[{c}].view(-1, {N})"
@@ -434,8 +434,8 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
                 f"nbytes={n * N * es}, stream=push_stream)",
                 f"cuStreamWriteValue32(flag=peer_flags({c}).RS_ARRIVED[{rank * nb + i}], value=epoch, stream=push_stream)",
             ]
-    own_first = sl.RS_OWN_FIRST and nb == 1
-    fused = ws == 2 and args["bias"] is None and not spec  # several bands (or RS_OWN_FIRST off): addmm reduces
+    own_first = nb == 1
+    fused = ws == 2 and args["bias"] is None and not spec  # several bands: addmm reduces
     for i, band in enumerate(bands):
         if own_first:  # one band: the own partial overlaps the transfer of the peers'
             lines += [f"recv[{rank}, {o}, {j}:{j + n}] = a[{o}, {rank}, {j}:{j + n}] @ b + bias  # cuBLAS"
@@ -457,13 +457,12 @@ def _mm_rs_cublas(args: dict, rank: int, ws: int, outer: int, run: int, N: int, 
 
 
 def _mm_ar_cublas(args: dict, rank: int, ws: int, M: int, K: int, N: int, es: int) -> list[str]:
-    from . import symm_lowering as sl
+    from .symm import mm_ar as symm_mm_ar
 
-    rounds = sl.ar_cublas_rounds(M, K, N, ws)
+    rounds = symm_mm_ar.ar_cublas_rounds(M, K, N, ws)
     rows = -(-M // (rounds * ws))
     peers = [(rank + p) % ws for p in range(1, ws)]
-    fused = ws == 2 and args["bias"] is None
-    lines = [f"# lowering 'symm': mm_ar on cuBLAS (symm_lowering.MM_RS_GEMM), {rounds} round(s) x {ws} chunks of "
+    lines = [f"# lowering 'symm': mm_ar on cuBLAS (knobs.symm.MM_RS_GEMM), {rounds} round(s) x {ws} chunks of "
              f"{rows} rows; chunk c of round t: rows (t * {ws} + c) * {rows} on",
              f"recv, gather = symm_data_view(...), symm_data_view(...)  # ({rounds * ws * rows}, {N}) each",
              "epoch = group.begin(compute)"]
@@ -478,17 +477,10 @@ def _mm_ar_cublas(args: dict, rank: int, ws: int, M: int, K: int, N: int, es: in
                       f"cuStreamWriteValue32(flag=peer_flags({c}).RS_ARRIVED[{t * ws + rank}], value=epoch, "
                       "stream=push_stream)"]
         own = t * ws + rank
-        if sl.RS_OWN_FIRST:  # the own partial overlaps the peers' transfers
-            lines.append(f"recv[chunk({own})] = a[chunk({own})] @ b + bias  # cuBLAS")
+        # the own partial overlaps the peers' transfers
+        lines.append(f"recv[chunk({own})] = a[chunk({own})] @ b + bias  # cuBLAS")
         lines += [f"cuStreamWaitValue32(flag=flags.RS_ARRIVED[{t * ws + p}], geq=epoch, stream=compute)" for p in peers]
-        if sl.RS_OWN_FIRST:
-            lines.append(f"out[chunk({own})] = recv[chunks_of_round({t})].sum(0)  # mean for avg")
-        elif fused:
-            lines.append(f"out[chunk({own})] = torch.addmm(recv[chunk({t * ws + peers[0]})], a[chunk({own})], b)  "
-                         "# cuBLAS (beta = alpha = 1/ws for avg)")
-        else:
-            lines += [f"recv[chunk({own})] = a[chunk({own})] @ b + bias  # cuBLAS",
-                      f"out[chunk({own})] = recv[chunks_of_round({t})].sum(0)  # mean for avg"]
+        lines.append(f"out[chunk({own})] = recv[chunks_of_round({t})].sum(0)  # mean for avg")
         lines += [f"cuStreamWriteValue32(flag=flags.DONE[{own}], value=epoch, stream=compute)",
                   f"cuStreamWaitValue32(flag=flags.DONE[{own}], geq=epoch, stream=push_stream)"]
         for p in peers:
@@ -505,10 +497,10 @@ def _mm_ar_cublas(args: dict, rank: int, ws: int, M: int, K: int, N: int, es: in
 
 
 CAPTURED_NOTE = [
-    "# Captured in a CUDA graph (mode='reduce-overhead'; symm_lowering.CAPTURE_ON_SYMM): the calls below run",
-    "# with the toggling flag block instead: every flag word w is symm.GRAPH_BLOCK + w, every raise writes 1",
+    "# Captured in a CUDA graph (mode='reduce-overhead'; knobs.symm.CAPTURE_ON_SYMM): the calls below run",
+    "# with the toggling flag block instead: every flag word w is symm_layout.GRAPH_BLOCK + w, every raise writes 1",
     "# and every wait is for >= 1 (read `epoch` as 1), begin() consumes and resets the peers' READY on the",
-    "# push stream, end() zeroes the arrival and done words (symm.GRAPH_RESET); moe_experts combines by the",
+    "# push stream, end() zeroes the arrival and done words (symm_layout.GRAPH_RESET); moe_experts combines by the",
     "# copy engine only (no comm kernel). A call whose group, buffer or block config no eager call set up",
     "# runs on p2p instead (docs/symm.md#limits).",
 ]

@@ -11,7 +11,7 @@ from functools import cache
 import torch
 
 P2P_RING, SYMM_PUSH, SYMM_COPY_OUT, SYMM_MOE_COMM = 0, 1, 2, 3
-SYMM_PUSH_TO = 16  # + peer rank: symm's pushes to one peer (symm.PUSH_STREAM_PER_PEER)
+SYMM_PUSH_TO = 16  # + peer rank: symm's pushes to one peer (knobs.symm.PUSH_STREAM_PER_PEER)
 
 
 @cache

@@ -107,7 +107,7 @@ def measure_links(group, device, reps: int = 20) -> dict[str, Any]:
 HOST_PROBES = {
     "ag_mm": ("ag_mm", 512, 8192, 7168),
     "mm_rs": ("mm_rs", 512, 7168, 8192),
-    "mm_ar_oneshot": ("mm_ar", 128, 7168, 8192),  # a partial under symm.ONESHOT_MAX_BYTES
+    "mm_ar_oneshot": ("mm_ar", 128, 7168, 8192),  # a partial under knobs.symm.ONESHOT_MAX_BYTES
     "mm_ar": ("mm_ar", 2048, 7168, 8192),  # above it: rounds
 }
 

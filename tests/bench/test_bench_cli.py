@@ -48,7 +48,7 @@ def bench():
 # ------------------------------------------------------------------------- collective benchmark
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_collective_shapes_split_evenly(bench, ws):
-    from overlap_backend.runtime.symm_lowering import _tma_problem
+    from overlap_backend.runtime.symm.lowering_helpers import tma_problem
 
     b = bench["bench_collective_gemm"]
     rows = b.list_shapes(ws)
@@ -62,7 +62,7 @@ def test_collective_shapes_split_evenly(bench, ws):
         # the per-rank operands: bf16 rows of 16 bytes (TMA), whole 64-wide K tiles of the split K
         A, B, out = r["A"], r["B"], r["out"]
         assert A[1] == B[0] and out[1] == B[1], r
-        assert _tma_problem(torch.bfloat16, A[1], B[1]) is None, r
+        assert tma_problem(torch.bfloat16, A[1], B[1]) is None, r
         if r["suite"] == "mm_rs":
             assert A[1] == r["K"] // ws and A[1] % 64 == 0 and out[0] * ws == r["M"], r
         if r["suite"] == "ag_mm":
@@ -199,7 +199,8 @@ def test_cta_render(bench, ws):
 def test_cta_symm_takes_the_bench_sizes(bench, ws):
     """The symm lowering's preconditions (cta_symm.problem and its flag budget) hold for the
     benchmark's default sizes on rank pairs and on 2 stages x TP<ws/2>; 4 stages are refused."""
-    from overlap_backend.runtime import cta_symm, symm
+    from overlap_backend.runtime import cta_symm
+    from overlap_backend.spec import symm_layout
 
     c = bench["bench_cta"]
     args = c.parse_args([])
@@ -207,10 +208,10 @@ def test_cta_symm_takes_the_bench_sizes(bench, ws):
     for act in args.acts:
         for M in args.m:
             for group_ws in sorted({2, ws}):
-                assert _cta_symm_problem(cta_symm, symm, M, H, F, N, act, group_ws, args.k_chunks) is None, \
+                assert _cta_symm_problem(cta_symm, symm_layout, M, H, F, N, act, group_ws, args.k_chunks) is None, \
                     (act, M, group_ws)
     if ws == 8:
-        why = _cta_symm_problem(cta_symm, symm, 4096, H, F, N, "gelu", 8, [4], stages=4)
+        why = _cta_symm_problem(cta_symm, symm_layout, 4096, H, F, N, "gelu", 8, [4], stages=4)
         assert why is not None and "stages=4" in why
 
 
@@ -257,7 +258,7 @@ class _Meta:
         return len(self.shape)
 
 
-def _cta_symm_problem(cta_symm, symm, M, H, F, N, act, ws, k_chunks, stages=2, dtype=torch.bfloat16):
+def _cta_symm_problem(cta_symm, symm_layout, M, H, F, N, act, ws, k_chunks, stages=2, dtype=torch.bfloat16):
     """None when the symm lowering runs cta_pipeline_mlp on its kernels for these sizes (an H200's 132
     SMs), else why not: ``problem``, then the chunk-flag budget the op checks before launching."""
     from overlap_backend.runtime import cta_plan
@@ -273,8 +274,8 @@ def _cta_symm_problem(cta_symm, symm, M, H, F, N, act, ws, k_chunks, stages=2, d
     for kc in k_chunks:
         with knobs.cta.patch(K_CHUNKS=kc):
             plan = cta_plan.chunk_plan(M, F, N, tp, swiglu, dtype, 132)
-        if plan.flag_words > symm.CTA_CHUNK_WORDS // 2:
-            return f"K_CHUNKS={kc}: {M} rows need more chunk flags than {symm.CTA_CHUNK_WORDS // 2}"
+        if plan.flag_words > symm_layout.CTA_CHUNK_WORDS // 2:
+            return f"K_CHUNKS={kc}: {M} rows need more chunk flags than {symm_layout.CTA_CHUNK_WORDS // 2}"
     return None
 
 
@@ -505,7 +506,7 @@ def test_run_device_graphs_benches(tmp_path):
 
 def test_collective_table_names_the_symm_path(bench):
     """A row of ours on symm says which path ran where it is not the kernels' default: mm_ar's
-    one-shot, mm_rs / mm_ar on cuBLAS (symm_lowering.PATHS)."""
+    one-shot, mm_rs / mm_ar on cuBLAS (runtime.symm.lowering_helpers.PATHS)."""
     b, common = bench["bench_collective_gemm"], bench["common"]
     rows = []
     for path in ("cuBLAS", "symm", "one-shot"):
@@ -667,10 +668,11 @@ def test_probe_host_cpu_counts_the_stream_operations_of_a_call():
     assert rs["stream_ops"] == {"memcpy_async": 3, "wait_stream": 4, "wait_value32": 10, "write_value32": 11}
     assert ag["stream_ops"] == {"memcpy_async": 3, "wait_stream": 4, "wait_value32": 10, "write_value32": 8}
     assert all(r["us"] > 0 for r in res.values())
-    from overlap_backend.runtime import cuda as _cuda, symm_lowering
+    from overlap_backend.runtime import cuda as _cuda
+    from overlap_backend.runtime.symm import mm_rs as symm_mm_rs
 
     # the mocks are undone
-    assert symm_lowering.rs_gemm.__module__ == symm_lowering.__name__ and _cuda.write_value32.__module__ == _cuda.__name__
+    assert symm_mm_rs.rs_gemm.__module__ == symm_mm_rs.__name__ and _cuda.write_value32.__module__ == _cuda.__name__
 
 
 def test_predict_llama_prices_the_eight_matches_of_a_block(capsys):

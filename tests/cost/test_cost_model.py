@@ -111,14 +111,14 @@ def test_knobs_chosen_or_kept():
 def test_mirrored_runtime_constants():
     """The model prices the chunking the runtime does: it reads the runtime's knobs and chunking
     functions (the bands and the all-reduce rounds are the runtime's own, not copies)."""
-    from overlap_backend.runtime import symm, symm_lowering
+    from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
+    from overlap_backend.spec import symm_layout
 
-    assert knobs.symm.ONESHOT_MAX_BYTES == symm.ONESHOT_MAX_BYTES
     assert model.cta_block() == knobs.cta.STAGE1_CONFIG[:2]
     for rows in (0, 1, 256, 512, 2048, 4096, 8192, 12345):
-        assert model.bands(rows) == len(symm.bands(rows))
+        assert model.bands(rows) == len(symm_layout.bands(rows))
         for ws in (2, 4, 8):
-            assert model.ar_rounds(rows, ws) == symm_lowering.ar_rounds(rows, ws)
+            assert model.ar_rounds(rows, ws) == symm_mm_ar.ar_rounds(rows, ws)
 
 
 def test_symbolic_size_hints():
@@ -132,11 +132,11 @@ def test_symbolic_size_hints():
     assert hint(env.create_unbacked_symint(), fallback=123) == 123
 
 
-def test_cuda_graphs_drop_the_host_time_of_captured_ops(monkeypatch):
+def test_cuda_graphs_drop_the_host_time_of_captured_ops():
     """Under CUDA graphs a replay pays no host time per call: the serving prefill's mm_ar (host-bound
     eagerly) is predicted to win on symm; moe_experts' p2p path keeps its host time; with the
     captured symm path off, symm is no candidate."""
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.spec import knobs
 
     prefill = Problem("mm_ar", m=4096, n=4096, k=2048, dtype=BF16, ws=2)
     eager = predict(prefill, H200, ["symm", "p2p"])
@@ -147,8 +147,8 @@ def test_cuda_graphs_drop_the_host_time_of_captured_ops(monkeypatch):
     assert graphs.to_json("on", True)["cuda_graphs"] is True and "cuda_graphs" not in eager.to_json("on", True)
     moe = Problem("moe_experts", m=4096, n=2048, k=2048, dtype=BF16, ws=2, f=1408, experts=8, rows_sent=4096)
     assert predict(moe, H200, ["p2p"], cuda_graphs=True).best.ms == predict(moe, H200, ["p2p"]).best.ms
-    monkeypatch.setattr(symm_lowering, "CAPTURE_ON_SYMM", False)
-    assert [p.lowering for p in predict(prefill, H200, ["symm", "p2p"], cuda_graphs=True).plans] == ["p2p"]
+    with knobs.symm.patch(CAPTURE_ON_SYMM=False):
+        assert [p.lowering for p in predict(prefill, H200, ["symm", "p2p"], cuda_graphs=True).plans] == ["p2p"]
 
 
 def _moe(hidden, ffn, experts, top_k, tokens, ws=2):

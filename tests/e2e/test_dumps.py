@@ -67,7 +67,7 @@ def test_op_listing_of_a_captured_graph_says_how_its_flags_differ():
             "gather_dim": 0, "group_name": "g", "lowering": "symm", "return_gathered": False}
     captured = plan.render("ag_mm", args, 0, 2, captured=True)
     compile(captured, "ag_mm.py", "exec")
-    assert "symm.GRAPH_BLOCK + w" in captured and "def ag_mm_calls():" in captured
+    assert "symm_layout.GRAPH_BLOCK + w" in captured and "def ag_mm_calls():" in captured
     assert "GRAPH_BLOCK" not in plan.render("ag_mm", args, 0, 2)
     assert "GRAPH_BLOCK" not in plan.render("ag_mm", {**args, "lowering": "p2p"}, 0, 2, captured=True)
 
@@ -76,17 +76,19 @@ def test_op_listing_follows_ag_mms_gemm_path(monkeypatch):
     """ag_mm's runtime-call listing says what the runtime runs: one launch of the consumer kernel per
     weight, or (AG_MM_GEMM = "cublas") cuBLAS GEMMs per chunk, the own chunk first and each peer's
     after a stream wait on its last band's flag."""
-    from overlap_backend.runtime import plan, symm_lowering
+    from overlap_backend.runtime import plan
+    from overlap_backend.runtime.symm import ag_mm as symm_ag_mm
+    from overlap_backend.spec import knobs
 
     args = {"shard": torch.empty(2, 256, 128, device="meta", dtype=torch.bfloat16),
             "weights": [torch.empty(128, 256, device="meta", dtype=torch.bfloat16)] * 2, "biases": [None, None],
             "gather_dim": 1, "group_name": "g", "lowering": "symm", "return_gathered": False}
-    monkeypatch.setattr(symm_lowering, "_ag_mm_problem", lambda *a: None)  # meta tensors stand for CUDA ones
-    monkeypatch.setattr(symm_lowering, "AG_MM_GEMM", "triton")
-    kernel = plan.render("ag_mm", args, 1, 4)
+    monkeypatch.setattr(symm_ag_mm, "ag_mm_problem", lambda *a: None)  # meta tensors stand for CUDA ones
+    with knobs.symm.patch(AG_MM_GEMM="triton"):
+        kernel = plan.render("ag_mm", args, 1, 4)
     assert kernel.count("launch(ag_mm_kernel") == 2 and "cuBLAS" not in kernel
-    monkeypatch.setattr(symm_lowering, "AG_MM_GEMM", "cublas")
-    listing = plan.render("ag_mm", args, 1, 4)
+    with knobs.symm.patch(AG_MM_GEMM="cublas"):
+        listing = plan.render("ag_mm", args, 1, 4)
     compile(listing, "ag_mm.py", "exec")
     assert "launch(ag_mm_kernel" not in listing
     gemms = [line.strip() for line in listing.splitlines() if line.strip().startswith("outs[")]

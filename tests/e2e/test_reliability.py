@@ -199,16 +199,18 @@ def test_symm_view_cache_is_bounded(monkeypatch):
     """GroupState.data_view caches one view per (dtype, shape, offset): bounded, for dynamic shapes."""
     from types import SimpleNamespace
 
+    from overlap_backend.runtime import cuda as _cuda
     from overlap_backend.runtime import symm
+    from overlap_backend.spec import knobs
 
-    monkeypatch.setattr(symm._cuda, "as_tensor", lambda ptr, nbytes, dev: torch.empty(nbytes, dtype=torch.uint8))
+    monkeypatch.setattr(_cuda, "as_tensor", lambda ptr, nbytes, dev: torch.empty(nbytes, dtype=torch.uint8))
     st = object.__new__(symm.GroupState)
     st.data, st.device, st._views = SimpleNamespace(nbytes=1 << 20, local=0), torch.device("cpu"), {}
     first = st.data_view(torch.float32, (4, 8))
     assert st.data_view(torch.float32, (4, 8)) is first  # reused
-    for rows in range(1, 3 * symm.MAX_VIEWS):
+    for rows in range(1, 3 * knobs.symm.MAX_VIEWS):
         st.data_view(torch.bfloat16, (rows, 64))
-        assert len(st._views) <= symm.MAX_VIEWS
+        assert len(st._views) <= knobs.symm.MAX_VIEWS
 
 
 def test_cta_placements_of_dead_weights_are_pruned():
@@ -425,14 +427,15 @@ def test_watchdog_bounds_captured_replays_too():
     write's value would be baked in): the watchdog sees a replay in flight like an eager call, and
     names it as one; eager epochs and replay counts add up."""
     from overlap_backend.runtime import symm, watchdog
+    from overlap_backend.spec import symm_layout
 
     st = object.__new__(symm.GroupState)
     st.status = [0] * 16
     st._names = [""] * 64
     st._count_replays = True
     st._names[5] = "mm_rs"
-    st.status[symm.STARTED] = st.status[symm.FINISHED] = 5  # eager calls 1..5 done
-    st.status[symm.GRAPH_STARTED], st.status[symm.GRAPH_FINISHED] = 3, 2  # the third replay in flight
+    st.status[symm_layout.STARTED] = st.status[symm_layout.FINISHED] = 5  # eager calls 1..5 done
+    st.status[symm_layout.GRAPH_STARTED], st.status[symm_layout.GRAPH_FINISHED] = 3, 2  # the third replay in flight
     started, finished = st._calls_in_flight()
     assert (started, finished) == (8, 7) and "CUDA-graph replay" in st._call_name(started)
     seen = []
@@ -440,14 +443,15 @@ def test_watchdog_bounds_captured_replays_too():
     w.poll(0.0)
     w.poll(1.5)
     assert seen == ["a captured symm call (CUDA-graph replay)"]
-    st.status[symm.GRAPH_FINISHED] = 3
-    st.status[symm.STARTED] = 6  # then an eager call in flight: named by its epoch
+    st.status[symm_layout.GRAPH_FINISHED] = 3
+    st.status[symm_layout.STARTED] = 6  # then an eager call in flight: named by its epoch
     st._names[6] = "ag_mm"
     assert st._calls_in_flight() == (9, 8) and st._call_name(9) == "ag_mm"
     st._count_replays = False  # replay counting turned off (its kernel failed): only eager calls count
-    st.status[symm.GRAPH_STARTED] = 4
+    st.status[symm_layout.GRAPH_STARTED] = 4
     assert st._calls_in_flight() == (6, 5)
-    assert symm.STARTED < symm.FINISHED < symm.GRAPH_STARTED < symm.GRAPH_FINISHED < 16  # the status buffer
+    # the status buffer's watchdog words
+    assert symm_layout.STARTED < symm_layout.FINISHED < symm_layout.GRAPH_STARTED < symm_layout.GRAPH_FINISHED < 16
 
 
 def test_overdue_symm_call_releases_flags_and_the_next_call_raises(monkeypatch):
@@ -455,10 +459,12 @@ def test_overdue_symm_call_releases_flags_and_the_next_call_raises(monkeypatch):
     op, rank, group and timeout; every poll releases the flags again; a kernel's own report (status
     word) wins over the watchdog's message."""
     from overlap_backend.runtime import symm
+    from overlap_backend.runtime.symm import diagnostics
+    from overlap_backend.spec import symm_layout
 
     st = object.__new__(symm.GroupState)
     st.rank, st.ws, st.group_name, st.timeout_ns, st.stalled = 1, 2, "tp", int(2e9), None
-    st.status = [0] * symm.STATUS_WORDS
+    st.status = [0] * symm_layout.STATUS_WORDS
     released = []
     monkeypatch.setattr(st, "_release_flags", lambda tell_peers: released.append(tell_peers), raising=False)
     st.check_status()
@@ -470,7 +476,7 @@ def test_overdue_symm_call_releases_flags_and_the_next_call_raises(monkeypatch):
     msg = str(e.value)
     assert "ag_mm on rank 1 of group 'tp'" in msg and "2.8 s" in msg and "OVERLAP_TIMEOUT_S=2" in msg, msg
     st.status[:7] = [1, 0, 1, 3, 0, 5, 1]  # a kernel timed out too: its report names the flag
-    monkeypatch.setattr(symm, "_resolve_process_group", lambda name: type("G", (), {"size": lambda self: 2})())
+    monkeypatch.setattr(diagnostics, "_resolve_process_group", lambda name: type("G", (), {"size": lambda self: 2})())
     with pytest.raises(symm.SymmTimeoutError, match="on flag 3"):
         st.check_status()
 
@@ -484,11 +490,11 @@ def test_destroying_the_default_group_frees_cudagraph_trees_first(clean_env, mon
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import overlap_backend  # noqa: F401  installs the hook
-    from overlap_backend.runtime import symm
+    from overlap_backend.runtime.symm import registry
 
     order = []
     monkeypatch.setattr(cudagraph_trees, "reset_cudagraph_trees", lambda: order.append("graphs freed"))
-    monkeypatch.setattr(symm, "release_all", lambda: order.append("symm released"))
+    monkeypatch.setattr(registry, "release_all", lambda: order.append("symm released"))
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
         sub = dist.new_group([0, 1])
@@ -502,7 +508,8 @@ def test_destroying_the_default_group_frees_cudagraph_trees_first(clean_env, mon
 def test_watchdog_thread_stops_at_exit_after_the_symm_release():
     """The watchdog's atexit hook stops its thread (not left inside a CUDA call while the context
     goes away), and runs after symm.release_all (registered before it), which may need it."""
-    from overlap_backend.runtime import symm, watchdog
+    from overlap_backend.runtime import watchdog
+    from overlap_backend.runtime.symm import registry
 
     w = watchdog.watch(60.0, lambda: (0, 0), lambda *a: None)
     try:
@@ -512,16 +519,18 @@ def test_watchdog_thread_stops_at_exit_after_the_symm_release():
     finally:
         watchdog.unwatch(w)
         watchdog._stop.clear()
-    # atexit runs last-registered first: symm imports the watchdog (registering its hook) before it
-    # registers release_all
-    src = open(symm.__file__).read()
-    assert src.index("from . import watchdog") < src.index("atexit.register(release_all)")
+    # atexit runs last-registered first: symm's process hooks import the watchdog (registering its hook)
+    # before they register release_all
+    src = open(registry.__file__).read()
+    assert src.index("from .. import watchdog") < src.index("atexit.register(release_all)")
 
 
 def test_group_runs_unwatched_if_the_progress_write_is_refused(monkeypatch, caplog):
     """Should the driver refuse a stream write into pinned host memory, the ops go on (warned once)
     without the watchdog instead of failing."""
+    from overlap_backend.runtime import cuda as _cuda
     from overlap_backend.runtime import symm, watchdog
+    from overlap_backend.spec import symm_layout
 
     st = object.__new__(symm.GroupState)
     st.status_ptr, st.epoch, st.group_name, st._watch_progress = 4096, 3, "tp", True
@@ -530,13 +539,13 @@ def test_group_runs_unwatched_if_the_progress_write_is_refused(monkeypatch, capl
 
     def refuse(addr, value, stream):
         calls.append((addr, value))
-        raise symm._cuda.CudaError("cuStreamWriteValue32 failed: CUDA_ERROR_NOT_SUPPORTED")
+        raise _cuda.CudaError("cuStreamWriteValue32 failed: CUDA_ERROR_NOT_SUPPORTED")
 
-    monkeypatch.setattr(symm._cuda, "write_value32", refuse)
+    monkeypatch.setattr(_cuda, "write_value32", refuse)
     with caplog.at_level("WARNING", logger="overlap_backend.symm"):
-        st._progress(symm.STARTED, None)
-        st._progress(symm.FINISHED, None)
-    assert calls == [(4096 + 4 * symm.STARTED, 3)]  # tried once, then off
+        st._progress(symm_layout.STARTED, None)
+        st._progress(symm_layout.FINISHED, None)
+    assert calls == [(4096 + 4 * symm_layout.STARTED, 3)]  # tried once, then off
     assert not st._watch_progress and st._watched not in watchdog._watched
     assert "without the stream-wait watchdog" in caplog.text
 
@@ -602,7 +611,7 @@ def test_gloo_group_with_cuda_tensors_leaves_the_collective_alone(gloo_one_rank,
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "cpu:gloo,cuda:nccl")
     assert p2p.sends_cuda_tensors(gloo_one_rank)
     assert lowerings.choose_lowering(SimpleNamespace(config=SimpleNamespace(lowering="p2p")), name, "cuda") == "p2p"
-    # a gloo group symm serves (tests sharing one GPU: symm.GROUP_BACKENDS) keeps symm
+    # a gloo group symm serves (tests sharing one GPU: knobs.symm.GROUP_BACKENDS) keeps symm
     monkeypatch.undo()
     monkeypatch.setattr(symm, "group_support", lambda group_name: None)
     assert lowerings.choose_lowering(SimpleNamespace(config=SimpleNamespace(lowering="auto")), name, "cuda") == "symm"

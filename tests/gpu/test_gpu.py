@@ -250,22 +250,22 @@ def _use_lowering(lowering: str) -> str:
     ``symm-perpeer`` ``symm`` with the pushes to each peer on a stream of their own,
     ``symm-arcopy`` ``symm`` with mm_ar's rounds kernel copying the peers' reduced bands into its
     output itself (copy tiles) instead of the host's copies."""
-    from overlap_backend.runtime import symm, symm_lowering
+    from overlap_backend.spec import knobs
 
-    symm.PUSH_STREAM_PER_PEER = lowering == "symm-perpeer"
-    symm_lowering.TRANSPORT = "peer" if lowering == "symm-peer" else "ce"
-    symm_lowering.MM_RS_GEMM = "triton" if lowering in ("symm-kernel", "symm-rstma") else "cublas"
-    symm_lowering.RS_TMA = "only" if lowering == "symm-rstma" else False
-    symm_lowering.AR_KERNEL_COPY_OUT = lowering == "symm-arcopy"
-    if lowering == "symm-agcublas":  # every ag_mm without a generated epilogue on its cuBLAS path
-        symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N = "cublas", 0
+    # every ag_mm without a generated epilogue on its cuBLAS path with symm-agcublas
+    agcublas = {"AG_MM_GEMM": "cublas", "AG_CUBLAS_MIN_N": 0} if lowering == "symm-agcublas" else {}
+    knobs.symm.set(PUSH_STREAM_PER_PEER=lowering == "symm-perpeer",
+                   TRANSPORT="peer" if lowering == "symm-peer" else "ce",
+                   MM_RS_GEMM="triton" if lowering in ("symm-kernel", "symm-rstma") else "cublas",
+                   RS_TMA="only" if lowering == "symm-rstma" else "off", AR_KERNEL_COPY_OUT=lowering == "symm-arcopy",
+                   **agcublas)
     return "symm" if lowering.startswith("symm") else lowering
 
 
 def _paths() -> dict:
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
 
-    return dict(symm_lowering.PATHS)
+    return dict(lowering_helpers.PATHS)
 
 
 # ============================================================================ workers
@@ -571,12 +571,12 @@ def _replicated_input(tokens: int, hidden: int, dtype, device):
 
 # ============================================================================ tests
 LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm"])
-# symm-peer: mm_rs / mm_ar ship partials with peer stores from the kernel (symm_lowering.TRANSPORT)
-# symm-kernel: mm_rs on the Triton producer kernel (symm_lowering.MM_RS_GEMM) instead of cuBLAS
-# symm-agcublas: ag_mm on cuBLAS per chunk (symm_lowering.AG_MM_GEMM) instead of the consumer kernel
-# symm-rstma: mm_rs on the producer kernel's TMA variant (symm_lowering.RS_TMA) where it applies
-# symm-perpeer: pushes to each peer on a stream of their own (symm.PUSH_STREAM_PER_PEER; ws > 2)
-# symm-arcopy: mm_ar's rounds kernel copies the peers' reduced bands into out (symm_lowering.AR_KERNEL_COPY_OUT)
+# symm-peer: mm_rs / mm_ar ship partials with peer stores from the kernel (knobs.symm.TRANSPORT)
+# symm-kernel: mm_rs on the Triton producer kernel (knobs.symm.MM_RS_GEMM) instead of cuBLAS
+# symm-agcublas: ag_mm on cuBLAS per chunk (knobs.symm.AG_MM_GEMM) instead of the consumer kernel
+# symm-rstma: mm_rs on the producer kernel's TMA variant (knobs.symm.RS_TMA) where it applies
+# symm-perpeer: pushes to each peer on a stream of their own (knobs.symm.PUSH_STREAM_PER_PEER; ws > 2)
+# symm-arcopy: mm_ar's rounds kernel copies the peers' reduced bands into out (knobs.symm.AR_KERNEL_COPY_OUT)
 OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", "symm-kernel", "symm-agcublas",
                                                     "symm-rstma", "symm-perpeer", "symm-arcopy"])
 
@@ -637,14 +637,14 @@ def reduce_overhead_worker(rank: int, ws: int, device: str, capture_on_symm: boo
     _own_compile_caches(rank)
     _setup_rank(rank, device)
     import overlap_backend
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.spec import knobs
 
     import faulthandler
     import sys
     import time
 
     faulthandler.dump_traceback_later(100, repeat=True)  # a run cut by its cap still shows where it was
-    symm_lowering.CAPTURE_ON_SYMM = capture_on_symm
+    knobs.symm.set(CAPTURE_ON_SYMM=capture_on_symm)
     gn = dist.group.WORLD.group_name
     dtype = torch.bfloat16
     models = _tp_models(gn, dtype, device, seq=64)
@@ -742,7 +742,7 @@ def test_symm_reduce_overhead_training():
 def late_peer_worker(rank: int, ws: int, device: str):
     """Rank 1 calls ag_mm 3 s after rank 0, whose kernel gives up after 1 s: rank 0 gets a
     SymmTimeoutError naming the op, its rank and the flag. Rank 0's watchdog then released its waits
-    and told rank 1 (symm.PEER_OK): rank 1's result is right (what rank 0 pushed was its shard), but
+    and told rank 1 (symm_layout.PEER_OK): rank 1's result is right (what rank 0 pushed was its shard), but
     its call stalls at its end until its own watchdog fires, and it raises naming rank 0 as the
     peer that gave up first: a rank never goes on with what a peer sent after giving up."""
     import time
@@ -750,7 +750,9 @@ def late_peer_worker(rank: int, ws: int, device: str):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
+    from overlap_backend.runtime import cuda as _cuda
     from overlap_backend.runtime import symm
+    from overlap_backend.spec import symm_layout
 
     group = dist.group.WORLD
     dtype = torch.bfloat16
@@ -779,12 +781,12 @@ def late_peer_worker(rank: int, ws: int, device: str):
                 return msg
             raise AssertionError("the next call after a timeout did not raise")
         st = _group_state(group, device)
-        flags = symm._cuda.as_tensor(st.flags.local, 4 * symm.FLAG_WORDS, st.device).view(torch.int32)
+        flags = _cuda.as_tensor(st.flags.local, 4 * symm_layout.FLAG_WORDS, st.device).view(torch.int32)
         raise AssertionError(
             "rank 0 did not time out although rank 1 was 3 s late: status words "
             f"{list(st.status)}, timeout_ns {st.timeout_ns}, epoch {st.epoch}, READY {flags[:ws].tolist()}, "
-            f"AG_ARRIVED {flags[symm.AG_ARRIVED:symm.AG_ARRIVED + 2 * symm.MAX_BANDS].tolist()}, "
-            f"claim {flags[symm.CLAIM].item()}")
+            f"AG_ARRIVED {flags[symm_layout.AG_ARRIVED:symm_layout.AG_ARRIVED + 2 * symm_layout.MAX_BANDS].tolist()}, "
+            f"claim {flags[symm_layout.CLAIM].item()}")
     err = _rel_err(out, ref)
     assert err <= _tol(dtype), err
     try:
@@ -926,6 +928,7 @@ def dead_peer_worker(rank: int, ws: int, device: str):
 
     _setup_rank(rank, device)
     from overlap_backend.runtime import symm
+    from overlap_backend.spec import knobs
 
     group = dist.group.WORLD
     timeout_s = DEAD_PEER_TIMEOUT_S
@@ -939,13 +942,13 @@ def dead_peer_worker(rank: int, ws: int, device: str):
     dist.barrier()
     torch.cuda.synchronize()
     if rank == 1:
-        time.sleep(timeout_s * symm.WATCHDOG_FACTOR + 8)  # alive (its buffers mapped), never calling
+        time.sleep(timeout_s * knobs.symm.WATCHDOG_FACTOR + 8)  # alive (its buffers mapped), never calling
         return "skipped the call"
     start = time.monotonic()
     torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", True)  # gathered: a copy-stream wait too
     torch.cuda.synchronize()
     took = time.monotonic() - start
-    assert took < timeout_s * symm.WATCHDOG_FACTOR + 3, f"synchronize returned after {took:.1f} s"
+    assert took < timeout_s * knobs.symm.WATCHDOG_FACTOR + 3, f"synchronize returned after {took:.1f} s"
     assert st.stalled is not None and "ag_mm on rank 0" in st.stalled, st.stalled
     try:
         symm.check_status()
@@ -977,9 +980,10 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
-    from overlap_backend.runtime import symm, symm_lowering
+    from overlap_backend.runtime import symm
+    from overlap_backend.spec import knobs, symm_layout
 
-    symm_lowering.CAPTURE_ON_SYMM = True
+    knobs.symm.set(CAPTURE_ON_SYMM=True)
     group = dist.group.WORLD
     timeout_s = DEAD_PEER_TIMEOUT_S
     dtype = torch.bfloat16
@@ -999,18 +1003,18 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
     dist.barrier()
     graph.replay()
     torch.cuda.synchronize()
-    counts = (st.status[symm.GRAPH_STARTED], st.status[symm.GRAPH_FINISHED])
+    counts = (st.status[symm_layout.GRAPH_STARTED], st.status[symm_layout.GRAPH_FINISHED])
     assert counts == (1, 1), f"replay counters {counts}, expected (1, 1)"
     dist.barrier()
     torch.cuda.synchronize()
     if rank == 1:
-        time.sleep(timeout_s * symm.WATCHDOG_FACTOR + 8)  # alive (its buffers mapped), never replaying
+        time.sleep(timeout_s * knobs.symm.WATCHDOG_FACTOR + 8)  # alive (its buffers mapped), never replaying
         return "skipped the replay"
     start = time.monotonic()
     graph.replay()
     torch.cuda.synchronize()
     took = time.monotonic() - start
-    assert took < timeout_s * symm.WATCHDOG_FACTOR + 3, f"synchronize returned after {took:.1f} s"
+    assert took < timeout_s * knobs.symm.WATCHDOG_FACTOR + 3, f"synchronize returned after {took:.1f} s"
     assert st.stalled is not None, "the watchdog did not fire"
     try:
         symm.check_status()
@@ -1026,7 +1030,7 @@ def test_symm_dead_peer_in_a_replay():
 
 
 def captured_symm_worker(rank: int, ws: int, device: str):
-    """symm_lowering.CAPTURE_ON_SYMM: ag_mm (returning the gathered input), mm_rs (the kernel, its TMA
+    """knobs.symm.CAPTURE_ON_SYMM: ag_mm (returning the gathered input), mm_rs (the kernel, its TMA
     variant, cuBLAS), and mm_ar one-shot and in rounds captured in one CUDA graph after eager warm-up calls (which set the group up, size
     its buffer and tune); 12 replays on fresh inputs with poisoned outputs, eager calls of the same
     ops in between (the epoch block and the graph block interleaved), everything against NCCL +
@@ -1034,13 +1038,11 @@ def captured_symm_worker(rank: int, ws: int, device: str):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.spec import knobs
 
-    symm_lowering.CAPTURE_ON_SYMM = True
-    symm_lowering.TRANSPORT = "ce"
-    symm_lowering.RS_TMA = "only"  # whole-tile chunks (y8) on the kernel's TMA variant, the others as before
-    # ag_mm with at least 1024 columns in all on cuBLAS per chunk (y6), the narrower one (y1) on the kernel
-    symm_lowering.AG_MM_GEMM, symm_lowering.AG_CUBLAS_MIN_N = "cublas", 1024
+    # RS_TMA: whole-tile chunks (y8) on the kernel's TMA variant, the others as before; AG_*: ag_mm with at
+    # least 1024 columns in all on cuBLAS per chunk (y6), the narrower one (y1) on the kernel
+    knobs.symm.set(CAPTURE_ON_SYMM=True, TRANSPORT="ce", RS_TMA="only", AG_MM_GEMM="cublas", AG_CUBLAS_MIN_N=1024)
     group = dist.group.WORLD
     gn, dtype = group.group_name, torch.bfloat16
     x = _randn(200, 512, dtype=dtype, device=device)  # 200 rows: not a multiple of any block height
@@ -1126,7 +1128,8 @@ def recompile_state_worker(rank: int, ws: int, device: str, lowering: str):
 
     _setup_rank(rank, device)
     import overlap_backend
-    from overlap_backend.runtime import p2p, symm
+    from overlap_backend.runtime import p2p
+    from overlap_backend.runtime.symm import registry
 
     group = dist.group.WORLD
     dtype = torch.bfloat16
@@ -1147,8 +1150,8 @@ def recompile_state_worker(rank: int, ws: int, device: str, lowering: str):
         err = _rel_err(out, _gather_ref(x, 0, group).float() @ w.float())
         assert err <= _tol(dtype), (rows, err)
         if lowering == "symm":
-            states = [st for (name, _), st in symm._states.items() if name == group.group_name]
-            assert len(states) == 1, symm._states
+            states = [st for (name, _), st in registry.states.items() if name == group.group_name]
+            assert len(states) == 1, registry.states
             st = states[0]
             seen.append((id(st), st.data.local, st.data.nbytes, len(st._views)))
         else:
@@ -1174,36 +1177,37 @@ def wide_tile_rounds_worker(rank: int, ws: int, device: str):
     8 warps, 3 stages: one CTA fills an SM), forced on every rank: 3 calls against the all-reduce."""
     import torch.distributed as dist
 
-    from overlap_backend.runtime import symm, symm_lowering
+    from overlap_backend.runtime import symm
+    from overlap_backend.runtime.symm import lowering_helpers
 
     m, k, n = 2048, 128, 8192  # 2 rounds, 512 tiles: the kernel's CTAs spin on pushed partials
     gn = dist.group.WORLD.group_name
-    symm_lowering._picked[("mm_ar", (m, n, k, "torch.bfloat16", False))] = (128, 256, 64, 8, 3, 8, False)
+    lowering_helpers.tuned_configs[("mm_ar", (m, n, k, "torch.bfloat16", False))] = (128, 256, 64, 8, 3, 8, False)
     a = _randn(m, k, dtype=torch.bfloat16, device=device)
     b = _randn(k, n, dtype=torch.bfloat16, device=device)
     ref = _all_reduce_ref(a.float() @ b.float(), dist.group.WORLD)
-    before = symm_lowering.PATHS["mm_ar:symm"]
+    before = lowering_helpers.PATHS["mm_ar:symm"]
     errs = []
     for _ in range(3):
         out = torch.ops.overlap.mm_ar(a, b, None, "sum", gn, "symm")
         errs.append(_rel_err(out, ref))
     torch.cuda.synchronize()
-    return errs, symm_lowering.PATHS["mm_ar:symm"] - before, symm.state(gn, a.device).num_sms
+    return errs, lowering_helpers.PATHS["mm_ar:symm"] - before, symm.state(gn, a.device).num_sms
 
 
 @pytest.mark.timeout(120)
 def test_mm_ar_rounds_with_sm_filling_tiles():
     """Ranks sharing one GPU (OVERLAP_TEST_SHARED_GPU) copy between each other's buffers with a driver
     kernel on the SMs: with every SM held by this config's spinning CTAs the pushes never ran and both
-    ranks hung, unless the grids leave symm.SHARED_DEVICE_FREE_SMS free."""
-    from overlap_backend.runtime import symm
+    ranks hung, unless the grids leave knobs.symm.SHARED_DEVICE_FREE_SMS free."""
+    from overlap_backend.spec import knobs
 
     _need_gpus(2)
     for rank, (errs, symm_calls, sms) in enumerate(_run(wide_tile_rounds_worker, 2, timeout=100)):
         print(f"rank {rank}: rel err per call {errs}, symm calls {symm_calls}, kernel SMs {sms}")
         assert symm_calls == 3 and all(e < _tol(torch.bfloat16) for e in errs), (rank, errs, symm_calls)
         props = torch.cuda.get_device_properties(0).multi_processor_count
-        assert sms == (props - symm.SHARED_DEVICE_FREE_SMS if shared_gpu() else props), (sms, props)
+        assert sms == (props - knobs.symm.SHARED_DEVICE_FREE_SMS if shared_gpu() else props), (sms, props)
 
 
 def host_time_worker(rank: int, ws: int, device: str):
@@ -1212,11 +1216,11 @@ def host_time_worker(rank: int, ws: int, device: str):
     import torch.distributed as dist
 
     from overlap_backend.tools import calibrate
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
 
-    before = dict(symm_lowering.PATHS)
+    before = dict(lowering_helpers.PATHS)
     host = calibrate.measure_host(dist.group.WORLD, torch.device("cuda", torch.cuda.current_device()), calls=20)
-    took = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items() if v != before.get(k, 0)}
+    took = {k: v - before.get(k, 0) for k, v in lowering_helpers.PATHS.items() if v != before.get(k, 0)}
     return host, took
 
 

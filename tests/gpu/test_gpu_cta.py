@@ -122,7 +122,7 @@ def cta_worker(rank: int, ws: int, device: str):
     import torch.distributed as dist
 
     _setup_rank(rank, device)
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
 
     group = dist.group.WORLD
     op = torch.ops.overlap.cta_pipeline_mlp
@@ -144,13 +144,13 @@ def cta_worker(rank: int, ws: int, device: str):
         call(args, act, approximate)  # set up buffers, compile
         _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
         args = _shards(ws, M, H, F, N, act, bias, dtype, device)
-        before = symm_lowering.PATHS["cta_pipeline_mlp:symm"]
+        before = lowering_helpers.PATHS["cta_pipeline_mlp:symm"]
         out = call(args, act, approximate)
         err = _rel_err(out, _reference(args, act, approximate, group))
         label = f"M={M} H={H} F={F} N={N} {act}/{approximate} bias={bias} {dtype}"
         report.append(f"{label}: rel err {err:.2e}")
-        if symm_lowering.PATHS["cta_pipeline_mlp:symm"] != before + 1:
-            bad.append(f"rank {rank}: {label} did not run on the symm kernels ({dict(symm_lowering.PATHS)})")
+        if lowering_helpers.PATHS["cta_pipeline_mlp:symm"] != before + 1:
+            bad.append(f"rank {rank}: {label} did not run on the symm kernels ({dict(lowering_helpers.PATHS)})")
         if not err <= _tol(dtype):
             bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
         if not _same_on_every_rank(out, group):
@@ -224,10 +224,10 @@ def cta_worker(rank: int, ws: int, device: str):
 
     # Not covered by the kernels: falls back to p2p (which gloo, under OVERLAP_TEST_SHARED_GPU, cannot run on CUDA tensors).
     if not shared_gpu():
-        before = symm_lowering.PATHS["cta_pipeline_mlp:p2p"]
+        before = lowering_helpers.PATHS["cta_pipeline_mlp:p2p"]
         err = _rel_err(call(args, "swiglu", "none", stages=3), _reference(args, "swiglu", "none", group))
-        if symm_lowering.PATHS["cta_pipeline_mlp:p2p"] != before + 1 or not err <= 1e-2:
-            bad.append(f"rank {rank}: stages=3 fallback: err {err:.3e}, paths {dict(symm_lowering.PATHS)}")
+        if lowering_helpers.PATHS["cta_pipeline_mlp:p2p"] != before + 1 or not err <= 1e-2:
+            bad.append(f"rank {rank}: stages=3 fallback: err {err:.3e}, paths {dict(lowering_helpers.PATHS)}")
     torch.cuda.synchronize()
     from overlap_backend.runtime import symm
 
@@ -243,7 +243,7 @@ def cta_compiled_worker(rank: int, ws: int, device: str):
 
     _setup_rank(rank, device)
     from overlap_backend import make_backend
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
 
     group = dist.group.WORLD
     H, Fd, dtype = 1024, 4096, torch.bfloat16
@@ -267,7 +267,7 @@ def cta_compiled_worker(rank: int, ws: int, device: str):
     applied = [m.pass_name for r in backend.reports for m in r.matches if m.applied]
     assert "cta_pipeline" in applied, applied
     # (once, with both ranks on one GPU, one of the two calls did not reach the op: the reports say why)
-    assert symm_lowering.PATHS["cta_pipeline_mlp:symm"] >= 2, (dict(symm_lowering.PATHS),
+    assert lowering_helpers.PATHS["cta_pipeline_mlp:symm"] >= 2, (dict(lowering_helpers.PATHS),
                                                                [r.to_json() for r in backend.reports])
     assert all(e <= 1e-2 for e in errs), errs
     return {"errs": errs, "applied": applied}
@@ -332,7 +332,7 @@ def cta_reduce_overhead_worker(rank: int, ws: int, device: str):
 
     _setup_rank(rank, device)
     from overlap_backend import make_backend
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
 
     group = dist.group.WORLD
     H, Fd, dtype = 512, 2048, torch.bfloat16
@@ -363,9 +363,9 @@ def cta_reduce_overhead_worker(rank: int, ws: int, device: str):
             x = torch.randn(96, H, device=device).to(dtype)
             dist.broadcast(x, src=0)
             errs.append(_rel_err(compiled(x).clone(), mlp(x.float(), w1.float(), w2.float())))
-    assert symm_lowering.PATHS["cta_pipeline_mlp:symm"] >= 1, dict(symm_lowering.PATHS)
+    assert lowering_helpers.PATHS["cta_pipeline_mlp:symm"] >= 1, dict(lowering_helpers.PATHS)
     assert all(e <= 1e-2 for e in errs), errs
-    return {"errs": errs, "symm calls (host-visible, not replays)": symm_lowering.PATHS["cta_pipeline_mlp:symm"]}
+    return {"errs": errs, "symm calls (host-visible, not replays)": lowering_helpers.PATHS["cta_pipeline_mlp:symm"]}
 
 
 @WORLD_SIZES  # 2 stages x TP1, TP2, TP4: the layouts bench_cta --graphs replays

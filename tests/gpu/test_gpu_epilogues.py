@@ -113,7 +113,7 @@ def ops_worker(rank: int, ws: int, device: str, lowering: str):
     cache = tempfile.mkdtemp(prefix=f"overlap_gpu_ep_r{rank}_")
     os.environ["XDG_CACHE_HOME"] = cache  # generated epilogues of this run
     _setup_rank(rank, device)
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.spec import knobs
 
     lowering = _use_lowering(lowering)
     group = dist.group.WORLD
@@ -127,7 +127,7 @@ def ops_worker(rank: int, ws: int, device: str, lowering: str):
             results.append((f"{label} [{','.join(took) or lowering}]", str(dtype), err))
             if lowering == "symm" and not any(":symm" in t or ":oneshot" in t for t in took):
                 bad.append(f"rank {rank}: {label} {dtype}: did not run on the symm kernels ({took})")
-            if (lowering == "symm" and "cuBLAS" in label and symm_lowering.TRANSPORT == "ce"
+            if (lowering == "symm" and "cuBLAS" in label and knobs.symm.TRANSPORT == "ce"
                     and "mm_rs:symm:cublas" not in took):
                 bad.append(f"rank {rank}: {label} {dtype}: did not take the cuBLAS path ({took})")
             if not err <= _tol(dtype):

@@ -124,7 +124,7 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
     from overlap_backend.spec import knobs
 
     knobs.codegen.set(AUTOTUNE=False)  # numerics do not depend on the block config
@@ -178,7 +178,7 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
                 errs[key] = max(errs.get(key, 0.0), err)
                 if not err <= 1e-2:
                     bad.append(f"rank {rank} {key} call {call}: rel err {err:.3e}")
-    paths = dict(symm_lowering.PATHS)
+    paths = dict(lowering_helpers.PATHS)
     if lowering == "symm":
         torch.cuda.synchronize()
         from overlap_backend.runtime import symm
@@ -299,14 +299,15 @@ def captured_worker(rank, ws, device, transport):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
-    from overlap_backend.runtime import symm, symm_lowering
+    from overlap_backend.runtime import symm
+    from overlap_backend.runtime.symm import lowering_helpers
     from overlap_backend.spec import knobs
 
     knobs.codegen.set(AUTOTUNE=False)
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = False
     knobs.moe.set(TRANSPORT=transport)
-    symm_lowering.CAPTURE_ON_SYMM = True
+    knobs.symm.set(CAPTURE_ON_SYMM=True)
     group = dist.group.WORLD
     gn = group.group_name
     n_rows, h, f, experts, _ = CASES["balanced"]
@@ -336,11 +337,11 @@ def captured_worker(rank, ws, device, transport):
     for i in range(2):  # group state, buffer, tuned configs, the kept offsets
         check(call(x, send, recv, rows, ends), x, send, recv, rows, ends, f"eager warm-up {i}")
     torch.cuda.synchronize()
-    before = dict(symm_lowering.PATHS)
+    before = dict(lowering_helpers.PATHS)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = call(x, send, recv, rows, ends)
-    went = {k: v - before.get(k, 0) for k, v in symm_lowering.PATHS.items() if v != before.get(k, 0)}
+    went = {k: v - before.get(k, 0) for k, v in lowering_helpers.PATHS.items() if v != before.get(k, 0)}
     assert went == {"moe_experts:symm": 1}, f"rank {rank}: captured call went {went}"
     worst = 0.0
     for i in range(12):
@@ -377,7 +378,7 @@ def layer_worker(rank, ws, device, policy, form, calls=20):
     import overlap_backend
     from overlap_backend.spec import knobs
     from overlap_backend.models.moe import MoELayer
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
     from overlap_backend.spec import knobs
 
     knobs.moe.set(ENABLED=True)  # the kernels under test
@@ -396,7 +397,7 @@ def layer_worker(rank, ws, device, policy, form, calls=20):
             ref = layer(x)
             _poison(x.numel() * 2 * 8)
             errs.append(_rel(compiled(x).float(), ref.float()))
-    paths = dict(symm_lowering.PATHS)
+    paths = dict(lowering_helpers.PATHS)
     applied = [(m.pass_name, m.applied, m.lowering if hasattr(m, "lowering") else None, m.reason)
                for r in backend.reports for m in r.matches]
     assert max(errs) <= 1e-2, f"rank {rank} {policy}/{form}: rel errs {errs}"
@@ -438,7 +439,7 @@ def late_peer_worker(rank, ws, device):
     """Rank 1 calls moe_experts 3 s after rank 0, whose kernels give up after 1 s: rank 0 raises
     SymmTimeoutError naming moe_experts, its rank and what it waited for. Its watchdog then releases
     its waits, so its kernels run on and send rank 1 garbage under valid flags; it told rank 1 first
-    (symm.PEER_OK), so rank 1 either times out on rank 0's results or stalls at its call's end until
+    (symm_layout.PEER_OK), so rank 1 either times out on rank 0's results or stalls at its call's end until
     its own watchdog fires, and raises naming rank 0 as the peer that gave up: never goes on."""
     import time
 

@@ -20,24 +20,24 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _ag_mm_takes(ws, dtype, lead, k, ns, dim, with_bias, return_gathered=True) -> bool:
-    from overlap_backend.runtime.symm_lowering import _ag_mm_problem
+    from overlap_backend.runtime.symm.ag_mm import ag_mm_problem
 
     shard = _Meta(*lead, k, dtype=dtype)
     d = dim % shard.dim()
     K = k * ws if d == shard.dim() - 1 else k
     weights = [_Meta(K, n, dtype=dtype) for n in ns]
     biases = [_Meta(n, dtype=dtype) if with_bias and i == 0 else None for i, n in enumerate(ns)]
-    return _ag_mm_problem(shard, weights, biases, dim) is None
+    return ag_mm_problem(shard, weights, biases, dim) is None
 
 
 def _mm_rs_takes(ws, dtype, lead, k, n, dim, with_bias, reduce_op="sum") -> bool:
-    """symm_lowering.mm_rs's decision, step by step (the lowering inlines it)."""
+    """runtime.symm.mm_rs.mm_rs's decision, step by step (the lowering inlines it)."""
     from overlap_backend.codegen import configs
-    from overlap_backend.runtime.symm_lowering import _mm_problem
+    from overlap_backend.runtime.symm.mm_rs import mm_problem
 
     out_shape = [*lead, n]
     a, b = _Meta(math.prod(lead), k, dtype=dtype), _Meta(k, n, dtype=dtype)
-    if _mm_problem(a, b, _Meta(n, dtype=dtype) if with_bias else None, reduce_op) is not None:
+    if mm_problem(a, b, _Meta(n, dtype=dtype) if with_bias else None, reduce_op) is not None:
         return False
     d = dim % len(out_shape)
     if d == len(out_shape) - 1:
@@ -48,10 +48,10 @@ def _mm_rs_takes(ws, dtype, lead, k, n, dim, with_bias, reduce_op="sum") -> bool
 
 
 def _mm_ar_takes(ws, dtype, m, k, n, with_bias, reduce_op="sum") -> bool:
-    from overlap_backend.runtime.symm_lowering import _mm_problem
+    from overlap_backend.runtime.symm.mm_rs import mm_problem
 
     bias = _Meta(n, dtype=dtype) if with_bias else None
-    return _mm_problem(_Meta(m, k, dtype=dtype), _Meta(k, n, dtype=dtype), bias, reduce_op) is None
+    return mm_problem(_Meta(m, k, dtype=dtype), _Meta(k, n, dtype=dtype), bias, reduce_op) is None
 
 
 @pytest.mark.parametrize("ws", WORLD_SIZES)
@@ -70,12 +70,12 @@ def test_gpu_symm_cases_take_the_kernels_at_every_world_size(ws):
 def test_gpu_mm_ar_rows_at_8_leave_a_short_last_chunk():
     """At 8 GPUs the 2100-row mm_ar cases (rounds path) get chunks of 263 rows, the last one 259:
     a case 2 and 4 GPUs never see (2 rounds x 2 x 525, 1 round x 4 x 525)."""
-    from overlap_backend.runtime import symm
-    from overlap_backend.runtime.symm_lowering import ar_rounds
+    from overlap_backend.runtime.symm.mm_ar import ar_rounds
+    from overlap_backend.spec import knobs
 
     for ws in WORLD_SIZES:
         m, n = 2100, 1032
-        assert m * n * 2 > symm.ONESHOT_MAX_BYTES  # not one-shot, even in bf16
+        assert m * n * 2 > knobs.symm.ONESHOT_MAX_BYTES  # not one-shot, even in bf16
         rounds = ar_rounds(m, ws)
         rows = -(-m // (rounds * ws))
         assert rounds * ws * rows - m == {2: 0, 4: 0, 8: 4}[ws], (ws, rounds, rows)  # ws=2: 2 rounds of 525
@@ -85,13 +85,13 @@ def test_gpu_mm_ar_rows_at_8_leave_a_short_last_chunk():
 def test_gpu_cta_cases_take_the_kernels_at_every_world_size(ws):
     import test_gpu_cta
 
-    from overlap_backend.runtime import cta_plan, cta_symm, symm
-    from overlap_backend.spec import knobs
+    from overlap_backend.runtime import cta_plan, cta_symm
+    from overlap_backend.spec import knobs, symm_layout
 
     for M, H, F, N, act, _, _, dtype in test_gpu_cta.CASES + [(300, 512, 2048, 512, "swiglu", "none", True,
                                                                torch.bfloat16)]:  # + the repeated-calls MLP
         assert F % ws == 0
-        assert _cta_symm_problem(cta_symm, symm, M, H, F, N, act, ws, [knobs.cta.K_CHUNKS], dtype=dtype) is None, \
+        assert _cta_symm_problem(cta_symm, symm_layout, M, H, F, N, act, ws, [knobs.cta.K_CHUNKS], dtype=dtype) is None, \
             (ws, M, H, F, N, act, dtype)
     # the stage-1 share of the first GEMM is exercised at every tp (4 at 8 GPUs: by the F=5120 case)
     tp = ws // 2

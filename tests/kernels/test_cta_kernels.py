@@ -29,9 +29,11 @@ from overlap_backend.runtime import symm  # noqa: E402
 from overlap_backend.runtime.cta_plan import k_chunks  # noqa: E402
 from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
 from overlap_backend.spec import knobs  # noqa: E402
+from overlap_backend.runtime import cuda as _cuda  # noqa: E402
+from overlap_backend.spec import symm_layout  # noqa: E402
 
 EPOCH = 7
-B = symm.cta_block(False)  # the eager block of the cta_pipeline_mlp flag words
+B = symm_layout.cta_block(False)  # the eager block of the cta_pipeline_mlp flag words
 CFG0 = (16, 32, 16, 2, 1, 1)  # BM, BN, BK, GROUP_M, stages, warps
 CFG1 = (16, 16, 16, 2, 1, 1)
 
@@ -57,7 +59,7 @@ class World:
         self.ws, self.tp = ws, ws // 2
         self.y_offset = a_numel * 4
         self.data = [torch.full((a_numel + M * N,), float("nan")) for _ in range(ws)]
-        self.flags = [torch.zeros(symm.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
+        self.flags = [torch.zeros(symm_layout.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
         self.peer_data = torch.tensor([d.data_ptr() for d in self.data], dtype=torch.int64)
         self.peer_flags = torch.tensor([f.data_ptr() for f in self.flags], dtype=torch.int64)
         self.M, self.N, self.a_numel = M, N, a_numel
@@ -72,8 +74,8 @@ class World:
         return self.flags[r][B + word:]
 
     def epoch(self, r):
-        self.flags[r][B + symm.CTA_EPOCH] = EPOCH
-        return self.flag(r, symm.CTA_EPOCH)
+        self.flags[r][B + symm_layout.CTA_EPOCH] = EPOCH
+        return self.flag(r, symm_layout.CTA_EPOCH)
 
 
 def chunk_major(a, tp, nch, kchunk, mp, f1=0):
@@ -111,7 +113,7 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
     world = World(ws, M, N, (tp * nch + nch1) * mp * kchunk)
     if ready:  # as if every rank's begin_kernel had run: READY of every rank raised in every peer's flags
         for r in range(ws):
-            world.flags[r][B + symm.CTA_READY:B + symm.CTA_READY + ws] = EPOCH
+            world.flags[r][B + symm_layout.CTA_READY:B + symm_layout.CTA_READY + ws] = EPOCH
     code = cta.ACTIVATIONS[{"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "swiglu": ("swiglu", "none")}[act]]
     for p in range(tp):
         if p == skip_producer:
@@ -121,9 +123,9 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
         cta.launch_stage0(x, w1[:, cols].contiguous(), b1[cols].contiguous() if b1 is not None else None,
                           w3[:, cols].contiguous() if w3 is not None else None,
                           b3[cols].contiguous() if b3 is not None else None, stage,
-                          world.peer_data, world.peer_flags, world.flag(p, symm.CTA_COUNTERS),
-                          world.flag(p, symm.CTA_DONE), world.epoch(p), p, kchunk, nch, B + symm.CTA_ARRIVED, tp, tp,
-                          code, CFG0, 3, timed=False, ready=world.flag(p, symm.CTA_READY) if ready else None,
+                          world.peer_data, world.peer_flags, world.flag(p, symm_layout.CTA_COUNTERS),
+                          world.flag(p, symm_layout.CTA_DONE), world.epoch(p), p, kchunk, nch, B + symm_layout.CTA_ARRIVED, tp, tp,
+                          code, CFG0, 3, timed=False, ready=world.flag(p, symm_layout.CTA_READY) if ready else None,
                           status=(torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)),
                           timeout_ns=10**6, rank=p, **(stage0_order or {}))
         if stage is not None:  # what the host's copy engine does, block by block, once its flag is up
@@ -131,10 +133,10 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
             for g in range(groups):
                 r0, r1 = g * group_m * bm, min(M, (g + 1) * group_m * bm)
                 for j in range(nch):
-                    assert world.flags[p][B + symm.CTA_DONE + g * nch + j] == EPOCH, (p, g, j)
+                    assert world.flags[p][B + symm_layout.CTA_DONE + g * nch + j] == EPOCH, (p, g, j)
                     for q in range(tp):
                         world.a(tp + q, kchunk).view(-1, mp, kchunk)[p * nch + j, r0:r1] = blocks[j, r0:r1]
-                        world.flags[tp + q][B + symm.CTA_ARRIVED + (g * tp + p) * nch + j] = EPOCH
+                        world.flags[tp + q][B + symm_layout.CTA_ARRIVED + (g * tp + p) * nch + j] = EPOCH
     outs = [torch.full((M, N), float("nan")) for _ in range(ws)]
     statuses = [status or (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)) for _ in range(ws)]
     for t in range(tp):
@@ -145,18 +147,18 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
                               w3[:, own].contiguous() if w3 is not None else None,
                               b3[own].contiguous() if b3 is not None else None,
                               world.a(r, kchunk)[tp * nch * mp:].reshape(-1), world.peer_data, world.peer_flags,
-                              world.flag(r, symm.CTA_COUNTERS), world.flag(r, symm.CTA_DONE), world.epoch(r), 0, kchunk,
-                              nch1, B + symm.CTA_ARRIVED, tp, tp, code, CFG0, 3, timed=False)
+                              world.flag(r, symm_layout.CTA_COUNTERS), world.flag(r, symm_layout.CTA_DONE), world.epoch(r), 0, kchunk,
+                              nch1, B + symm_layout.CTA_ARRIVED, tp, tp, code, CFG0, 3, timed=False)
         cols = slice(t * ns, (t + 1) * ns)
         cta.launch_stage1(world.a(r, kchunk), w2[:, cols].contiguous(),
                           b2[cols].float().contiguous() if b2 is not None else None, outs[r], world.peer_data,
-                          world.peer_flags, world.y_offset, world.flag(r, symm.CTA_ARRIVED),
-                          world.flag(r, symm.CTA_Y_COUNTERS), world.epoch(r), statuses[r], 10**6, r, ws, M, fp, t, kchunk,
-                          nch, B + symm.CTA_Y_DONE, tp, CFG1, 3, timed=False, f1=f1,
-                          ready=world.flag(r, symm.CTA_READY) if ready else None)
+                          world.peer_flags, world.y_offset, world.flag(r, symm_layout.CTA_ARRIVED),
+                          world.flag(r, symm_layout.CTA_Y_COUNTERS), world.epoch(r), statuses[r], 10**6, r, ws, M, fp, t, kchunk,
+                          nch, B + symm_layout.CTA_Y_DONE, tp, CFG1, 3, timed=False, f1=f1,
+                          ready=world.flag(r, symm_layout.CTA_READY) if ready else None)
     for r in range(ws):
         if r < tp or tp > 1:
-            cta.launch_collect(world.y(r), outs[r], world.flag(r, symm.CTA_Y_DONE), world.epoch(r), statuses[r], 10**6, r, tp,
+            cta.launch_collect(world.y(r), outs[r], world.flag(r, symm_layout.CTA_Y_DONE), world.epoch(r), statuses[r], 10**6, r, tp,
                                r - tp if r >= tp else -1, bm, timed=False, col_blocks=2)
     return dict(world=world, outs=outs, a_ref=chunk_major(a_ref, tp, nch, kchunk, mp, f1), y_ref=y_ref,
                 statuses=statuses, tiles_m=tiles_m, groups=groups, nch=nch, kchunk=kchunk)
@@ -189,14 +191,14 @@ def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias, f1, transport):
     # consumer's row-block flags; every counter is back at 0 for the next call.
     n_chunk = res["groups"] * tp * res["nch"]
     for r in range(tp, ws):
-        assert world.flags[r][B + symm.CTA_ARRIVED:B + symm.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
+        assert world.flags[r][B + symm_layout.CTA_ARRIVED:B + symm_layout.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
     for r in range(ws):
         for t in range(tp):
             if r != tp + t:
-                block = world.flags[r][B + symm.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]]
+                block = world.flags[r][B + symm_layout.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]]
                 assert block.eq(EPOCH).all(), (r, t, block)
-        assert world.flags[r][B + symm.CTA_COUNTERS:B + symm.CTA_DONE].eq(0).all()
-        assert world.flags[r][B + symm.CTA_Y_COUNTERS:B + symm.CTA_EPOCH].eq(0).all()
+        assert world.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_DONE].eq(0).all()
+        assert world.flags[r][B + symm_layout.CTA_Y_COUNTERS:B + symm_layout.CTA_EPOCH].eq(0).all()
 
 
 @pytest.mark.parametrize("transport", ["peer", "ce"])
@@ -212,10 +214,10 @@ def test_first_row_group_counted_at_once_matches_mlp(ws, transport):
     for r in range(tp, ws):
         torch.testing.assert_close(world.a(r, res["kchunk"]), res["a_ref"], atol=1e-4, rtol=1e-4, equal_nan=True)
         n_chunk = res["groups"] * tp * res["nch"]
-        assert world.flags[r][B + symm.CTA_ARRIVED:B + symm.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
+        assert world.flags[r][B + symm_layout.CTA_ARRIVED:B + symm_layout.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
     for r in range(ws):
         torch.testing.assert_close(res["outs"][r], res["y_ref"], atol=1e-4, rtol=1e-4)
-        assert world.flags[r][B + symm.CTA_COUNTERS:B + symm.CTA_DONE].eq(0).all()
+        assert world.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_DONE].eq(0).all()
 
 
 @pytest.mark.parametrize("ws,M,H,F_,N,act,bias,f1,first", [
@@ -234,11 +236,11 @@ def test_stage0_tma_store_matches_mlp(ws, M, H, F_, N, act, bias, f1, first):
     for r in range(tp, ws):
         torch.testing.assert_close(world.a(r, res["kchunk"])[real], res["a_ref"][real], atol=1e-4, rtol=1e-4)
         n_chunk = res["groups"] * tp * res["nch"]
-        assert world.flags[r][B + symm.CTA_ARRIVED:B + symm.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
+        assert world.flags[r][B + symm_layout.CTA_ARRIVED:B + symm_layout.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
     for r in range(ws):
         assert res["statuses"][r][1].tolist() == [0] * 8, f"rank {r} gave up a wait"
         torch.testing.assert_close(res["outs"][r], res["y_ref"], atol=1e-4, rtol=1e-4)
-        assert world.flags[r][B + symm.CTA_COUNTERS:B + symm.CTA_DONE].eq(0).all()
+        assert world.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_DONE].eq(0).all()
 
 
 def test_in_kernel_ready_waits_graph_mode():
@@ -252,15 +254,15 @@ def test_in_kernel_ready_waits_graph_mode():
 def test_begin_kernel_counts_epochs_on_the_device():
     """begin_kernel: epoch + 1 in the rank's own word, READY[rank] = that epoch in every peer's."""
     world = World(4, 1, 1, 1)
-    g = symm.cta_block(True)
+    g = symm_layout.cta_block(True)
     for call in (1, 2, 3):
         for r in range(4):
-            cta.launch_begin(world.flags[r][g + symm.CTA_EPOCH:], world.peer_flags, g + symm.CTA_READY, r, 4)
+            cta.launch_begin(world.flags[r][g + symm_layout.CTA_EPOCH:], world.peer_flags, g + symm_layout.CTA_READY, r, 4)
         for r in range(4):
-            assert world.flags[r][g + symm.CTA_EPOCH] == call
-            ready = world.flags[r][g + symm.CTA_READY:g + symm.CTA_READY + 4].tolist()
+            assert world.flags[r][g + symm_layout.CTA_EPOCH] == call
+            ready = world.flags[r][g + symm_layout.CTA_READY:g + symm_layout.CTA_READY + 4].tolist()
             assert ready == [call if p != r else 0 for p in range(4)], (r, ready)
-    assert world.flags[0][B + symm.CTA_EPOCH] == 0  # the eager block is untouched
+    assert world.flags[0][B + symm_layout.CTA_EPOCH] == 0  # the eager block is untouched
 
 
 def test_k_chunks_cover_columns_in_whole_tiles():
@@ -271,7 +273,7 @@ def test_k_chunks_cover_columns_in_whole_tiles():
             assert (nch - 1) * kchunk < fp <= nch * kchunk
     # Many row groups: fewer, wider chunks so that the flags fit their region.
     kchunk, nch = k_chunks(28672, 128, 64, 1024, 2)
-    assert 1024 * 2 * nch <= symm.CTA_CHUNK_WORDS // 2
+    assert 1024 * 2 * nch <= symm_layout.CTA_CHUNK_WORDS // 2
 
 
 def test_missing_producer_times_out_with_a_report():
@@ -340,16 +342,16 @@ class FakeRank:
         self.epoch += 1
         for p in range(self.ws):
             if p != self.rank:
-                self.g.flags[p][symm.READY + self.rank] = self.epoch
+                self.g.flags[p][symm_layout.READY + self.rank] = self.epoch
         return self.epoch
 
     def stream_wait(self, word, value, stream, nbands=1):
-        symm._cuda.wait_value32(self.flag_addr(word), value, stream)
+        _cuda.wait_value32(self.flag_addr(word), value, stream)
 
     def push(self, peer, dst_offset, src_ptr, nbytes, flag):
         import ctypes
 
-        assert self.g.flags[self.rank][symm.READY + peer] >= self.epoch, "pushed before the peer was READY"
+        assert self.g.flags[self.rank][symm_layout.READY + peer] >= self.epoch, "pushed before the peer was READY"
         ctypes.memmove(self.g.data[peer].data_ptr() + dst_offset, src_ptr, nbytes)
         self.g.flags[peer][flag] = self.epoch
 
@@ -361,7 +363,7 @@ class FakeGroup:
     def __init__(self, ws):
         self.ws = ws
         self.data = [torch.zeros(0, dtype=torch.uint8) for _ in range(ws)]
-        self.flags = [torch.zeros(symm.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
+        self.flags = [torch.zeros(symm_layout.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
         self.ranks = [FakeRank(self, r) for r in range(ws)]
 
     def ensure(self, nbytes):
@@ -431,7 +433,7 @@ class FakeHostPath:
         mp = monkeypatch.setattr
         mp(cta_symm, "problem", lambda *a: None)
         mp(cta_symm, "group_size", lambda g: ws)
-        mp(cta_symm, "_kernels", lambda: None)
+        mp(cta_symm, "load_kernels", lambda: None)
         mp(cta_weights, "gather", gather)
         mp(cta_symm.symm, "state", lambda name, dev: group.ranks[self.current["rank"]])
         mp(_cuda, "wait_value32", wait_value32)
@@ -462,7 +464,7 @@ class FakeHostPath:
         for r in range(ws):  # every rank enters the call (READY in its peers' flags) before any rank's pushes run
             for p in range(ws):
                 if p != r:  # never its own: a wait on that would hang on a GPU
-                    self.group.flags[p][symm.READY + r] = self.calls
+                    self.group.flags[p][symm_layout.READY + r] = self.calls
         for r in sorted(range(ws), key=lambda r: r // (ws // 2)):  # stage 0 first
             self.current["rank"] = r
             s = self.shards[r]

@@ -408,28 +408,30 @@ def test_symm_ops_under_cuda_graph_capture(monkeypatch):
 
     import torch
 
-    from overlap_backend.runtime import symm, symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers, registry
+    from overlap_backend.spec import knobs
 
     cuda_tensor = types.SimpleNamespace(is_cuda=True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert symm_lowering.capture_problem(cuda_tensor) is None and not symm_lowering.capturing(cuda_tensor)
+    assert lowering_helpers.capture_problem(cuda_tensor) is None and not lowering_helpers.capturing(cuda_tensor)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(symm_lowering, "CAPTURE_ON_SYMM", False)
-    assert "CUDA-graph capture" in symm_lowering.capture_problem(cuda_tensor)
-    monkeypatch.setattr(symm_lowering, "CAPTURE_ON_SYMM", True)
-    assert symm_lowering.capture_problem(cuda_tensor) is None and symm_lowering.capturing(cuda_tensor)
-    assert symm_lowering.capture_problem(types.SimpleNamespace(is_cuda=False)) is None
+    with knobs.symm.patch(CAPTURE_ON_SYMM=False):
+        assert "CUDA-graph capture" in lowering_helpers.capture_problem(cuda_tensor)
+    with knobs.symm.patch(CAPTURE_ON_SYMM=True):
+        assert lowering_helpers.capture_problem(cuda_tensor) is None and lowering_helpers.capturing(cuda_tensor)
+        assert lowering_helpers.capture_problem(types.SimpleNamespace(is_cuda=False)) is None
 
     # a captured call never sets a group up (collective) ...
-    monkeypatch.setattr(symm, "_states", {})
-    st, why = symm_lowering._state("tp", torch.device("cpu"), graph=True)
+    monkeypatch.setattr(registry, "states", {})
+    st, why = lowering_helpers.call_state("tp", torch.device("cpu"), graph=True)
     assert st is None and "warm up eagerly" in why
     # ... nor grows the buffer or tunes a block config (both synchronise)
     fake = types.SimpleNamespace(data=types.SimpleNamespace(nbytes=1 << 20))
-    assert symm_lowering._captured_fit(fake, 1 << 20, [(128, 256, 64, 8, 3, 8, False)]) is None
-    assert "grow" in symm_lowering._captured_fit(fake, (1 << 20) + 1, [(128, 256, 64, 8, 3, 8, False)])
-    assert "tuned" in symm_lowering._captured_fit(fake, 1 << 10, [None])
-    assert "grow" in symm_lowering._captured_fit(types.SimpleNamespace(data=None), 1, [])
+    fit = lowering_helpers.captured_call_problem
+    assert fit(fake, 1 << 20, [(128, 256, 64, 8, 3, 8, False)]) is None
+    assert "grow" in fit(fake, (1 << 20) + 1, [(128, 256, 64, 8, 3, 8, False)])
+    assert "tuned" in fit(fake, 1 << 10, [None])
+    assert "grow" in fit(types.SimpleNamespace(data=None), 1, [])
 
 
 @pytest.mark.parametrize("variant", ["plain", "ticket_for", "subtile", "flatten", "subtile_flatten"])

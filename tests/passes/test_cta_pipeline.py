@@ -126,13 +126,13 @@ def test_silu_times_same_projection(fake_pg, capture):
 def test_symm_lowering_kept_and_falls_back_at_run_time(fake_pg, capture):
     """The pass writes ``symm`` (implemented); on CPU tensors the op runs its p2p fallback (the fake
     process group moves no data, so only the path is checked here; gloo numerics: below)."""
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
 
     args = gelu_args()
-    before = symm_lowering.PATHS["cta_pipeline_mlp:p2p"]
+    before = lowering_helpers.PATHS["cta_pipeline_mlp:p2p"]
     be, out = compile_and_run(gelu_mlp(fake_pg), *args, passes=["cta_pipeline"], lowering="symm")
     assert only(be.graphs[0], CTA).args[-1] == "symm"
-    assert symm_lowering.PATHS["cta_pipeline_mlp:p2p"] == before + 1 and out.shape == (2, 3, 16)
+    assert lowering_helpers.PATHS["cta_pipeline_mlp:p2p"] == before + 1 and out.shape == (2, 3, 16)
 
 
 def test_off_by_default_mm_ar_takes_the_tail(fake_pg, capture):

@@ -1,4 +1,4 @@
-"""The toggling flag block of captured ``symm`` calls (``symm.GRAPH_BLOCK``), checked by simulation.
+"""The toggling flag block of captured ``symm`` calls (``symm_layout.GRAPH_BLOCK``), checked by simulation.
 
 Inside a CUDA graph a stream memory operation's value is fixed, so captured calls raise flags to 1,
 wait for >= 1 and reset them to 0 once consumed (``GroupState.begin(graph=True)`` / ``end``). These
@@ -11,6 +11,7 @@ left over from the previous replay would release it early) and no order may dead
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import random
 from types import SimpleNamespace
@@ -18,7 +19,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from overlap_backend.runtime import cuda as _cuda
 from overlap_backend.runtime import symm
+from overlap_backend.runtime.symm import diagnostics, group, support
+from overlap_backend.spec import knobs, symm_layout
 
 FLAG_SPAN = 1 << 20  # fake flag buffer address of rank p: p * FLAG_SPAN
 
@@ -44,7 +48,7 @@ class Sim:
 
     def reset_memory(self) -> None:
         """Every word 0, but PEER_OK (1 from the group's setup: no peer gave up)."""
-        self.mem = [{symm.PEER_OK: (1, None)} for _ in range(self.ws)]
+        self.mem = [{symm_layout.PEER_OK: (1, None)} for _ in range(self.ws)]
 
     # the runtime's CUDA calls, recorded on the stream they are queued on
     def write_value32(self, addr, value, stream):
@@ -87,7 +91,7 @@ class Sim:
             self.mem[rank][word] = (value, call if value else None)
         elif kind == "wait":
             _, rank, word, _, call = op
-            if word == symm.PEER_OK:
+            if word == symm_layout.PEER_OK:
                 return  # set at setup, lowered only by a peer that gave up: not a per-call flag
             raised_by = self.mem[rank][word][1]
             assert raised_by == call, (f"rank {rank} word {word} ({s.name} stream) released by call {raised_by}'s "
@@ -98,27 +102,33 @@ class Sim:
                 self.mem[rank].pop(word, None)
 
 
-def make_states(sim: Sim, monkeypatch, per_peer: bool = False):
-    """Every rank's GroupState on the simulation (``per_peer``: symm.PUSH_STREAM_PER_PEER, the
-    per-peer push streams being the simulation's "push to p" streams)."""
+@pytest.fixture
+def symm_knobs():
+    """``symm_knobs(NAME=value, ...)``: ``knobs.symm`` patched until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **values: stack.enter_context(knobs.symm.patch(**values))
+
+
+def make_states(sim: Sim, monkeypatch):
+    """Every rank's GroupState on the simulation (with knobs.symm.PUSH_STREAM_PER_PEER, the per-peer
+    push streams are the simulation's "push to p" streams)."""
     from overlap_backend.runtime.streams import SYMM_PUSH_TO
 
-    monkeypatch.setattr(symm, "PUSH_STREAM_PER_PEER", per_peer)
-    monkeypatch.setattr(symm, "comm_stream", lambda index, slot: sim.streams[index][f"push to {slot - SYMM_PUSH_TO}"])
-    monkeypatch.setattr(symm._cuda, "write_value32", sim.write_value32)
-    monkeypatch.setattr(symm._cuda, "wait_value32", sim.wait_value32)
-    monkeypatch.setattr(symm._cuda, "memcpy_async", sim.memcpy_async)
+    monkeypatch.setattr(group, "comm_stream", lambda index, slot: sim.streams[index][f"push to {slot - SYMM_PUSH_TO}"])
+    monkeypatch.setattr(_cuda, "write_value32", sim.write_value32)
+    monkeypatch.setattr(_cuda, "wait_value32", sim.wait_value32)
+    monkeypatch.setattr(_cuda, "memcpy_async", sim.memcpy_async)
     states = []
     for r in range(sim.ws):
-        st = symm.GroupState.host_only(r, sim.ws)
+        st = group.GroupState.host_only(r, sim.ws)
         st.flags = SimpleNamespace(ptrs=[p * FLAG_SPAN for p in range(sim.ws)], local=r * FLAG_SPAN)
         st.data = SimpleNamespace(ptrs=[0] * sim.ws)
         st.push_stream, st.copy_stream = sim.streams[r]["push"], sim.streams[r]["copy"]
         st.device = SimpleNamespace(index=r)
-        lo, hi = symm.GRAPH_RESET
+        lo, hi = symm_layout.GRAPH_RESET
 
         def zero(compute, r=r, lo=lo, hi=hi):
-            compute.ops.append(("zero", r, symm.GRAPH_BLOCK + lo, symm.GRAPH_BLOCK + hi))
+            compute.ops.append(("zero", r, symm_layout.GRAPH_BLOCK + lo, symm_layout.GRAPH_BLOCK + hi))
 
         st._zero_graph_flags = zero
         st._count_replay = lambda word, compute: None  # the watchdog's replay counter: not a flag
@@ -135,22 +145,22 @@ def kernel_wait(sim, r, word, stream="compute"):
 
 
 def queue_mm_rs(sim, states, r):
-    """mm_rs's schedule (runtime/symm_lowering.py) with the kernel's flag traffic: remote chunks
+    """mm_rs's schedule (runtime/symm/mm_rs.py) with the kernel's flag traffic: remote chunks
     first (done flag per chunk), the push stream ships each once done, the own chunk's tiles wait
     for every peer's partial."""
-    st, base, ws = states[r], symm.GRAPH_BLOCK, sim.ws
+    st, base, ws = states[r], symm_layout.GRAPH_BLOCK, sim.ws
     compute = sim.streams[r]["compute"]
     value = st.begin(compute, "mm_rs", graph=True)
     assert value == 1 and st.base == base
     for pos in range(ws - 1):
-        kernel_raise(sim, r, base + symm.DONE + (r + 1 + pos) % ws)
+        kernel_raise(sim, r, base + symm_layout.DONE + (r + 1 + pos) % ws)
     for p in range(ws):
         if p != r:
-            kernel_wait(sim, r, base + symm.RS_ARRIVED + p)
+            kernel_wait(sim, r, base + symm_layout.RS_ARRIVED + p)
     for pos in range(ws - 1):
         c = (r + 1 + pos) % ws
-        symm._cuda.wait_value32(st.flag_addr(base + symm.DONE + c), value, st.push_stream_to(c))
-        st.push(c, 0, 0, 64, symm.RS_ARRIVED + r, st.push_stream_to(c))
+        _cuda.wait_value32(st.flag_addr(base + symm_layout.DONE + c), value, st.push_stream_to(c))
+        st.push(c, 0, 0, 64, symm_layout.RS_ARRIVED + r, st.push_stream_to(c))
     st.end(compute)
     assert st.base == 0
 
@@ -158,42 +168,42 @@ def queue_mm_rs(sim, states, r):
 def queue_ag_mm(sim, states, r):
     """ag_mm's schedule: shard pushed to every peer; the kernel and the gathered copy both wait for
     each peer's chunk."""
-    st, base, ws = states[r], symm.GRAPH_BLOCK, sim.ws
+    st, base, ws = states[r], symm_layout.GRAPH_BLOCK, sim.ws
     compute = sim.streams[r]["compute"]
     st.begin(compute, "ag_mm", graph=True)
     for j in range(ws - 1):
-        st.push((r - 1 - j) % ws, 0, 0, 64, symm.AG_ARRIVED + r, st.push_stream_to((r - 1 - j) % ws))
+        st.push((r - 1 - j) % ws, 0, 0, 64, symm_layout.AG_ARRIVED + r, st.push_stream_to((r - 1 - j) % ws))
     for p in range(ws):
         if p != r:
-            kernel_wait(sim, r, base + symm.AG_ARRIVED + p)
-            kernel_wait(sim, r, base + symm.AG_ARRIVED + p, stream="copy")
+            kernel_wait(sim, r, base + symm_layout.AG_ARRIVED + p)
+            kernel_wait(sim, r, base + symm_layout.AG_ARRIVED + p, stream="copy")
     st.end(compute)
 
 
 def queue_mm_rs_cublas(sim, states, r, outer=2, run=3):
-    """mm_rs's cuBLAS path, the real schedule (``symm_lowering._mm_rs_cublas``): its GEMMs run on
+    """mm_rs's cuBLAS path, the real schedule (``symm_mm_rs.mm_rs_cublas``): its GEMMs run on
     CPU tensors at once (their data is not checked here), its flag traffic is recorded."""
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import mm_rs as symm_mm_rs
 
     ws, K, N = sim.ws, 4, 8
     sim.current_rank = r
     recv = torch.zeros(ws * outer * run, N)
-    symm_lowering._mm_rs_cublas(states[r], torch.randn(outer * ws * run, K), torch.randn(K, N), None, recv, outer,
-                                run, False, graph=True)
+    symm_mm_rs.mm_rs_cublas(states[r], torch.randn(outer * ws * run, K), torch.randn(K, N), None, recv, outer,
+                            run, False, graph=True)
     assert states[r].base == 0
 
 
 def queue_mm_ar_cublas(sim, states, r, M=10):
-    """mm_ar's cuBLAS path, the real schedule (``symm_lowering._mm_ar_cublas``) over two rounds:
+    """mm_ar's cuBLAS path, the real schedule (``symm_mm_ar.mm_ar_cublas``) over two rounds:
     reduce-scatter pushes, then the reduced chunks pushed to every peer and copied out."""
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
 
     K, N = 4, 8
     sim.current_rank = r
     st = states[r]
     st.ensure_data = lambda nbytes, op="": None
     st.data_view = lambda dtype, shape, offset=0: torch.zeros(shape, dtype=dtype)
-    symm_lowering._mm_ar_cublas(st, torch.randn(M, K), torch.randn(K, N), None, False, graph=True)
+    symm_mm_ar.mm_ar_cublas(st, torch.randn(M, K), torch.randn(K, N), None, False, graph=True)
     assert st.base == 0
 
 
@@ -203,16 +213,17 @@ def compute_stream_of_current_rank(sim, monkeypatch):
 
 @pytest.mark.parametrize("ws,per_peer", [(2, False), (4, False), (4, True)], ids=["ws2", "ws4", "ws4-per-peer"])
 @pytest.mark.parametrize("rs", ["kernel", "cublas", "mm_ar_cublas"])
-def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, per_peer, rs, monkeypatch):
-    """``per_peer``: the pushes to each peer on a stream of their own (symm.PUSH_STREAM_PER_PEER)."""
-    from overlap_backend.runtime import symm_lowering
+def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, per_peer, rs, monkeypatch, symm_knobs):
+    """``per_peer``: the pushes to each peer on a stream of their own (knobs.symm.PUSH_STREAM_PER_PEER)."""
+    from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
 
     sim = Sim(ws)
-    states = make_states(sim, monkeypatch, per_peer)
+    symm_knobs(PUSH_STREAM_PER_PEER=per_peer)
+    states = make_states(sim, monkeypatch)
     compute_stream_of_current_rank(sim, monkeypatch)
-    monkeypatch.setattr(symm_lowering, "ar_cublas_rounds", lambda *a: 2)
+    monkeypatch.setattr(symm_mm_ar, "ar_cublas_rounds", lambda *a: 2)
     queue_rs = {"kernel": queue_mm_rs, "cublas": queue_mm_rs_cublas, "mm_ar_cublas": queue_mm_ar_cublas}[rs]
-    monkeypatch.setattr(symm, "BAND_ROWS_MIN", 2)  # the cuBLAS path's 2 runs of 3 rows: a band each
+    symm_knobs(BAND_ROWS_MIN=2)  # the cuBLAS path's 2 runs of 3 rows: a band each
     for call in range(4):  # replays queued back to back, the two ops alternating
         for r in range(ws):
             sim.call[r] = call
@@ -226,7 +237,7 @@ def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, per
         assert sim.run(seed) == ops
         # after the last replay every per-call word of the block is 0 again (READY included)
         for r in range(ws):
-            left = {w: v for w, v in sim.mem[r].items() if v[0] and symm.GRAPH_BLOCK <= w < symm.PEER_OK}
+            left = {w: v for w, v in sim.mem[r].items() if v[0] and symm_layout.GRAPH_BLOCK <= w < symm_layout.PEER_OK}
             assert not left, (seed, r, left)
     assert all(st.graph_pinned for st in states)
     if per_peer:  # the pushes did spread over the peers' streams
@@ -246,7 +257,7 @@ def test_the_check_catches_a_missing_reset(monkeypatch):
             return  # the resets of READY go missing
         real_write(addr, value, stream)
 
-    monkeypatch.setattr(symm._cuda, "write_value32", write_no_reset)
+    monkeypatch.setattr(_cuda, "write_value32", write_no_reset)
     for call in range(3):
         for r in range(2):
             sim.call[r] = call
@@ -265,20 +276,39 @@ def test_the_check_catches_a_missing_reset(monkeypatch):
 
 
 def test_graph_block_is_a_copy_of_the_per_call_words():
-    assert symm.GRAPH_BLOCK >= symm.CTA_BLOCKS + 2 * symm.CTA_BLOCK_WORDS  # after every other block
+    assert symm_layout.GRAPH_BLOCK >= symm_layout.CTA_BLOCKS + 2 * symm_layout.CTA_BLOCK_WORDS  # after every other block
     # then the words a watchdog's release must not raise to RELEASED (see GroupState._release_flags),
     # which end the buffer
-    assert symm.GRAPH_BLOCK + symm.GRAPH_WORDS == symm.PEER_OK < symm.GAVE_UP
-    assert symm.GAVE_UP + symm.WS_MAX == symm.FLAG_WORDS
-    lo, hi = symm.GRAPH_RESET
-    assert symm.READY < lo and lo == symm.AG_ARRIVED  # READY is reset by its consumer
+    assert symm_layout.GRAPH_BLOCK + symm_layout.GRAPH_WORDS == symm_layout.PEER_OK < symm_layout.GAVE_UP
+    assert symm_layout.GAVE_UP + symm_layout.WS_MAX == symm_layout.FLAG_WORDS
+    lo, hi = symm_layout.GRAPH_RESET
+    assert symm_layout.READY < lo and lo == symm_layout.AG_ARRIVED  # READY is reset by its consumer
     # arrivals and done flags of ag_mm / mm_rs / mm_ar, then of moe_experts
-    assert lo < symm.RS_ARRIVED < symm.GATHERED < symm.DONE < symm.COUNTERS <= hi
-    assert symm.MOE_ARRIVED < symm.MOE_RETURNED < symm.MOE_DONE < hi == symm.MOE_COUNTERS
+    assert lo < symm_layout.RS_ARRIVED < symm_layout.GATHERED < symm_layout.DONE < symm_layout.COUNTERS <= hi
+    assert symm_layout.MOE_ARRIVED < symm_layout.MOE_RETURNED < symm_layout.MOE_DONE < hi == symm_layout.MOE_COUNTERS
     # in between, and after: words the kernels leave at 0 between calls (counters, the ticket, the
     # CTA counters of moe's comm kernel) or that a captured call never uses (CLAIM: the eager block's)
-    assert symm.COUNTERS < symm.CLAIM < symm.TICKET < symm.MOE_ARRIVED
-    assert hi < symm.MOE_PUSHED < symm.GRAPH_WORDS == symm.MOE_PUSHED + symm.WS_MAX
+    assert symm_layout.COUNTERS < symm_layout.CLAIM < symm_layout.TICKET < symm_layout.MOE_ARRIVED
+    assert hi < symm_layout.MOE_PUSHED < symm_layout.GRAPH_WORDS == symm_layout.MOE_PUSHED + symm_layout.WS_MAX
+
+
+def test_status_words_and_report_codes_are_one_layout():
+    """The status buffer (spec/symm_layout.py): a kernel's report in words 0 .. REPORT_WORDS - 1 (7
+    written), then the watchdog's words, then the copy of GAVE_UP; the kernels' constexpr codes are
+    the spec's values."""
+    from overlap_backend.codegen import flags as kernel_flags
+
+    assert 7 <= symm_layout.REPORT_WORDS <= symm_layout.STARTED
+    assert symm_layout.STARTED < symm_layout.FINISHED < symm_layout.GRAPH_STARTED < symm_layout.GRAPH_FINISHED
+    assert symm_layout.GRAPH_FINISHED < symm_layout.STATUS_GAVE_UP
+    assert symm_layout.STATUS_GAVE_UP + symm_layout.WS_MAX == symm_layout.STATUS_WORDS
+    for name in ("OP_AG_MM", "OP_MM_RS", "OP_MM_AR", "OP_AR_ONESHOT", "OP_MOE", "OP_CTA_STAGE1", "OP_CTA_COLLECT",
+                 "OP_CTA_STAGE0", "OP_CTA_TAIL", "MOE_DONE_FLAG_BASE", "MOE_RETURN_FLAG_BASE", "READY_FLAG_BASE",
+                 "GATHER_FLAG_BASE", "MOE_CAP_FLAG_BASE", "STATUS_TIMEOUT", "STATUS_MISMATCH"):
+        assert getattr(kernel_flags, name).value == getattr(symm_layout, name), name
+    assert kernel_flags.RELEASED_VALUE.value == symm_layout.RELEASED
+    assert set(symm_layout.OP_NAMES) == {getattr(symm_layout, n) for n in dir(symm_layout) if n.startswith("OP_")
+                                         and n != "OP_NAMES"}
 
 
 def test_a_peer_that_gave_up_stalls_the_rank_at_the_end_of_its_call(monkeypatch):
@@ -289,10 +319,10 @@ def test_a_peer_that_gave_up_stalls_the_rank_at_the_end_of_its_call(monkeypatch)
     for r in range(2):
         queue_ag_mm(sim, states, r)
     sim.reset_memory()
-    sim.mem[1][symm.PEER_OK] = (0, None)
+    sim.mem[1][symm_layout.PEER_OK] = (0, None)
     with pytest.raises(AssertionError, match="deadlock") as e:
         sim.run(0)
-    assert f"'rank 1 compute': ('wait', 1, {symm.PEER_OK}, 1" in str(e.value), str(e.value)
+    assert f"'rank 1 compute': ('wait', 1, {symm_layout.PEER_OK}, 1" in str(e.value), str(e.value)
     assert "'rank 0 compute'" not in str(e.value), "rank 0 should have finished its call"
 
 
@@ -303,12 +333,12 @@ def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypa
     without telling."""
     ops = []
     word = lambda p, w: p * FLAG_SPAN + 4 * w  # noqa: E731
-    release = [("set", word(1, lo), symm.RELEASED, hi - lo) for lo, hi in symm.RELEASE_SPANS]
+    release = [("set", word(1, lo), symm_layout.RELEASED, hi - lo) for lo, hi in symm_layout.RELEASE_SPANS]
     # the stuck call (epoch 5) waited for READY from rank 0 (raised), band 1 of rank 2's shard (still
     # at the last call's 4) and PEER_OK (1): the report names the one short flag, read before the release
-    ag_word = symm.AG_ARRIVED + 2 * 2 + 1
-    flag_values = {word(1, symm.READY): 5, word(1, ag_word): 4, word(1, symm.PEER_OK): 1}
-    snapshot = (ctypes.c_int32 * symm.AWAITED_MAX)()
+    ag_word = symm_layout.AG_ARRIVED + 2 * 2 + 1
+    flag_values = {word(1, symm_layout.READY): 5, word(1, ag_word): 4, word(1, symm_layout.PEER_OK): 1}
+    snapshot = (ctypes.c_int32 * group.AWAITED_MAX)()
     snap0 = ctypes.addressof(snapshot)
 
     def copy_async(dst, src, n, stream):
@@ -316,35 +346,35 @@ def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypa
             snapshot[(dst - snap0) // 4] = flag_values[src]
         ops.append(("copy", dst, src, n))
 
-    monkeypatch.setattr(symm._cuda, "make_primary_context_current", lambda index: None)
-    monkeypatch.setattr(symm._cuda, "memset32_async", lambda ptr, v, n, stream: ops.append(("set", ptr, v, n)))
-    monkeypatch.setattr(symm._cuda, "copy_async", copy_async)
-    monkeypatch.setattr(symm._cuda, "stream_synchronize", lambda stream: ops.append(("sync",)))
-    monkeypatch.setattr(symm.log, "error", lambda *a: None)
-    st = symm.GroupState.host_only(1, 3)
+    monkeypatch.setattr(_cuda, "make_primary_context_current", lambda index: None)
+    monkeypatch.setattr(_cuda, "memset32_async", lambda ptr, v, n, stream: ops.append(("set", ptr, v, n)))
+    monkeypatch.setattr(_cuda, "copy_async", copy_async)
+    monkeypatch.setattr(_cuda, "stream_synchronize", lambda stream: ops.append(("sync",)))
+    monkeypatch.setattr(group.log, "error", lambda *a: None)
+    st = group.GroupState.host_only(1, 3)
     st.flags = SimpleNamespace(ptrs=[p * FLAG_SPAN for p in range(3)], local=FLAG_SPAN)
     st.device, st._release_stream, st.status_ptr = SimpleNamespace(index=0), None, 7 << 40
-    st.status[symm.STARTED], st.status[symm.FINISHED] = 5, 4
-    st._awaited[5] = [(symm.READY, 5, 1), (ag_word, 5, 2), (symm.PEER_OK, 1, 1)]
+    st.status[symm_layout.STARTED], st.status[symm_layout.FINISHED] = 5, 4
+    st._awaited[5] = [(symm_layout.READY, 5, 1), (ag_word, 5, 2), (symm_layout.PEER_OK, 1, 1)]
     st._snapshot_ptr, st._snapshot = snap0, snapshot
     st._overdue("ag_mm", 2.0)
-    assert ops == [("copy", snap0, word(1, symm.READY), 4), ("copy", snap0 + 4, word(1, ag_word), 4),
-                   ("copy", snap0 + 8, word(1, symm.PEER_OK), 4), ("sync",),
-                   ("set", word(0, symm.GAVE_UP + 1), 1, 1), ("set", word(0, symm.PEER_OK), 0, 1),
-                   ("set", word(2, symm.GAVE_UP + 1), 1, 1), ("set", word(2, symm.PEER_OK), 0, 1),
-                   ("copy", st.status_ptr + 4 * symm.STATUS_GAVE_UP, word(1, symm.GAVE_UP), 4 * symm.WS_MAX),
+    assert ops == [("copy", snap0, word(1, symm_layout.READY), 4), ("copy", snap0 + 4, word(1, ag_word), 4),
+                   ("copy", snap0 + 8, word(1, symm_layout.PEER_OK), 4), ("sync",),
+                   ("set", word(0, symm_layout.GAVE_UP + 1), 1, 1), ("set", word(0, symm_layout.PEER_OK), 0, 1),
+                   ("set", word(2, symm_layout.GAVE_UP + 1), 1, 1), ("set", word(2, symm_layout.PEER_OK), 0, 1),
+                   ("copy", st.status_ptr + 4 * symm_layout.STATUS_GAVE_UP, word(1, symm_layout.GAVE_UP), 4 * symm_layout.WS_MAX),
                    *release]
     released = {w for _, addr, _, n in release for w in range((addr - FLAG_SPAN) // 4, (addr - FLAG_SPAN) // 4 + n)}
-    assert released == set(range(symm.GAVE_UP)) - {symm.TICKET, symm.GRAPH_BLOCK + symm.TICKET}
+    assert released == set(range(symm_layout.GAVE_UP)) - {symm_layout.TICKET, symm_layout.GRAPH_BLOCK + symm_layout.TICKET}
     assert "ag_mm on rank 1" in st.stalled
     assert f"flag {ag_word} (band 1 of rank 2's shard to arrive): read 4, expected >= 5" in st.stalled, st.stalled
     assert "READY" not in st.stalled and "PEER_OK" not in st.stalled, st.stalled
 
     # a failed read of the flags still releases them (the release is what unblocks the streams)
     def refuse(stream):
-        raise symm._cuda.CudaError("cuStreamSynchronize failed: CUDA_ERROR_UNKNOWN")
+        raise _cuda.CudaError("cuStreamSynchronize failed: CUDA_ERROR_UNKNOWN")
 
-    monkeypatch.setattr(symm._cuda, "stream_synchronize", refuse)
+    monkeypatch.setattr(_cuda, "stream_synchronize", refuse)
     st.stalled = None
     ops.clear()
     st._overdue("ag_mm", 2.0)
@@ -352,46 +382,46 @@ def test_a_watchdog_release_tells_the_peers_first_and_keeps_who_gave_up(monkeypa
     ops.clear()
     st._overdue("ag_mm", 2.05)
     assert ops == release
-    st.status = [0] * symm.STATUS_WORDS
-    st.status[symm.STATUS_GAVE_UP + 2] = 1
+    st.status = [0] * symm_layout.STATUS_WORDS
+    st.status[symm_layout.STATUS_GAVE_UP + 2] = 1
     with pytest.raises(symm.SymmTimeoutError, match=r"Rank\(s\) \[2\] had given up"):
         st.check_status()
 
 
 def test_stream_waits_are_named_and_compared_as_the_gpu_does():
-    """describe_flag names the words the ops' stream waits use; _before compares int32 words the way
+    """describe_flag names the words the ops' stream waits use; flag_before compares int32 words the way
     cuStreamWaitValue32's GEQ does (a wrapped difference), so RELEASED satisfies every epoch."""
     ws, nb = 4, 2
-    assert symm.describe_flag(symm.READY + 3, 1, ws) == "rank 3 to start this call (its READY flag)"
-    assert symm.describe_flag(symm.AG_ARRIVED + 2 * nb + 1, nb, ws) == "band 1 of rank 2's shard to arrive"
-    assert symm.describe_flag(symm.RS_ARRIVED + (1 * ws + 3) * nb, nb, ws) == "band 0 of rank 3's partial (round 1) to arrive"
-    assert symm.describe_flag(symm.GATHERED + 2, 1, ws) == "band 0 of rank 2's reduced rows (round 0) to arrive"
-    assert symm.describe_flag(symm.DONE + 5, 1, ws) == "this rank's own tiles of band 0 of chunk 1 (round 1) to finish"
-    assert symm.describe_flag(symm.MOE_RETURNED + 1, 1, ws) == "rank 1's expert results for this rank's tokens to come back"
-    assert symm.describe_flag(symm.MOE_DONE + 2, 1, ws) == "this rank's own expert tiles for source position 2 to finish"
-    assert symm.describe_flag(symm.PEER_OK, 1, ws).endswith("(PEER_OK)")
-    assert symm._before(4, 5) and not symm._before(5, 5) and not symm._before(6, 5)
-    assert not symm._before(symm.RELEASED, 2**31 - 2) and symm._before(5, symm.RELEASED)
+    assert symm.describe_flag(symm_layout.READY + 3, 1, ws) == "rank 3 to start this call (its READY flag)"
+    assert symm.describe_flag(symm_layout.AG_ARRIVED + 2 * nb + 1, nb, ws) == "band 1 of rank 2's shard to arrive"
+    assert symm.describe_flag(symm_layout.RS_ARRIVED + (1 * ws + 3) * nb, nb, ws) == "band 0 of rank 3's partial (round 1) to arrive"
+    assert symm.describe_flag(symm_layout.GATHERED + 2, 1, ws) == "band 0 of rank 2's reduced rows (round 0) to arrive"
+    assert symm.describe_flag(symm_layout.DONE + 5, 1, ws) == "this rank's own tiles of band 0 of chunk 1 (round 1) to finish"
+    assert symm.describe_flag(symm_layout.MOE_RETURNED + 1, 1, ws) == "rank 1's expert results for this rank's tokens to come back"
+    assert symm.describe_flag(symm_layout.MOE_DONE + 2, 1, ws) == "this rank's own expert tiles for source position 2 to finish"
+    assert symm.describe_flag(symm_layout.PEER_OK, 1, ws).endswith("(PEER_OK)")
+    assert diagnostics.flag_before(4, 5) and not diagnostics.flag_before(5, 5) and not diagnostics.flag_before(6, 5)
+    assert not diagnostics.flag_before(symm_layout.RELEASED, 2**31 - 2) and diagnostics.flag_before(5, symm_layout.RELEASED)
 
 
 def test_stream_waits_are_recorded_once_per_flag_and_only_eagerly(monkeypatch):
     """stream_wait keeps each (word, value) of an eager call once (two streams waiting for one shard
     made the watchdog name it twice on 2×H200), up to AWAITED_MAX, and nothing of a captured call."""
     waited = []
-    monkeypatch.setattr(symm._cuda, "wait_value32", lambda addr, value, stream: waited.append((addr, value)))
-    st = symm.GroupState.host_only(0, 2)
+    monkeypatch.setattr(_cuda, "wait_value32", lambda addr, value, stream: waited.append((addr, value)))
+    st = group.GroupState.host_only(0, 2)
     st.flags = SimpleNamespace(ptrs=[0, FLAG_SPAN], local=0)
     st.epoch = st.value = 7
     for stream in ("compute", "copy"):
-        st.stream_wait(symm.AG_ARRIVED + 1, 7, stream, nbands=1)
-    st.stream_wait(symm.READY + 1, 7, "push")
+        st.stream_wait(symm_layout.AG_ARRIVED + 1, 7, stream, nbands=1)
+    st.stream_wait(symm_layout.READY + 1, 7, "push")
     assert len(waited) == 3  # every wait is issued ...
-    assert st._awaited[7] == [(symm.AG_ARRIVED + 1, 7, 1), (symm.READY + 1, 7, 1)]  # ... and named once
-    for w in range(symm.AWAITED_MAX + 5):
-        st.stream_wait(symm.RS_ARRIVED + w, 7, "push")
-    assert len(st._awaited[7]) == symm.AWAITED_MAX
-    st.base, before = symm.GRAPH_BLOCK, list(st._awaited[7])
-    st.stream_wait(symm.GRAPH_BLOCK + symm.DONE, 1, "compute")
+    assert st._awaited[7] == [(symm_layout.AG_ARRIVED + 1, 7, 1), (symm_layout.READY + 1, 7, 1)]  # ... and named once
+    for w in range(group.AWAITED_MAX + 5):
+        st.stream_wait(symm_layout.RS_ARRIVED + w, 7, "push")
+    assert len(st._awaited[7]) == group.AWAITED_MAX
+    st.base, before = symm_layout.GRAPH_BLOCK, list(st._awaited[7])
+    st.stream_wait(symm_layout.GRAPH_BLOCK + symm_layout.DONE, 1, "compute")
     assert st._awaited[7] == before
 
 
@@ -402,22 +432,22 @@ def test_ranks_sharing_a_gpu_leave_sms_free_for_the_drivers_copies():
     apart = [("h", "boot", 0, None), ("h", "boot", 1, None)]
     together = [("h", "boot", 0, None), ("h", "boot", 0, None)]
     other_node = [("h", "boot", 0, None), ("h2", "boot2", 0, None)]
-    assert not symm.ranks_share_a_device(apart)
-    assert symm.ranks_share_a_device(together)
-    assert not symm.ranks_share_a_device(other_node)
+    assert not support.ranks_share_a_device(apart)
+    assert support.ranks_share_a_device(together)
+    assert not support.ranks_share_a_device(other_node)
     try:
-        symm._shared_device["together"] = True
-        symm._shared_device["apart"] = False
-        assert symm.kernel_sms("together", 132) == 132 - symm.SHARED_DEVICE_FREE_SMS
+        support.shared_device["together"] = True
+        support.shared_device["apart"] = False
+        assert symm.kernel_sms("together", 132) == 132 - knobs.symm.SHARED_DEVICE_FREE_SMS
         assert symm.kernel_sms("apart", 132) == 132
         assert symm.kernel_sms("never seen", 132) == 132
     finally:
-        symm._shared_device.pop("together", None)
-        symm._shared_device.pop("apart", None)
+        support.shared_device.pop("together", None)
+        support.shared_device.pop("apart", None)
 
 
 def test_growth_agreement_names_mismatched_sizes_and_absent_ranks():
-    """ensure_data's agreement (symm.agree_through_store): every rank's size when all come; a bounded
+    """ensure_data's agreement (group.agree_through_store): every rank's size when all come; a bounded
     wait that names the ranks that never come (their call needed no growth) instead of hanging."""
     import threading
     import time
@@ -429,7 +459,7 @@ def test_growth_agreement_names_mismatched_sizes_and_absent_ranks():
 
     def ask(rank, value, key="g/grow1"):
         try:
-            got[rank] = symm.agree_through_store(store, key, rank, 3, value, timeout_s=5 if rank != 1 else 1)
+            got[rank] = group.agree_through_store(store, key, rank, 3, value, timeout_s=5 if rank != 1 else 1)
         except Exception as e:  # noqa: BLE001 - the test reads it
             got[rank] = e
 

@@ -30,7 +30,7 @@ import triton.language as tl  # noqa: E402
 
 from overlap_backend.codegen import moe_comm, moe_gemm  # noqa: E402
 from overlap_backend.runtime import moe_symm, symm  # noqa: E402
-from overlap_backend.spec import knobs  # noqa: E402
+from overlap_backend.spec import knobs, symm_layout  # noqa: E402
 
 EPOCH = 7
 
@@ -38,10 +38,10 @@ EPOCH = 7
 @pytest.fixture(autouse=True)
 def _cpu_allocator(monkeypatch):
     """Device-side TMA descriptors take scratch memory from Triton's allocator: CPU tensors here."""
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
 
     alloc = lambda size, align, stream: torch.empty(size, dtype=torch.int8)  # noqa: E731
-    monkeypatch.setattr(symm_lowering, "_scratch", alloc)
+    monkeypatch.setattr(lowering_helpers, "tma_scratch", alloc)
     triton.set_allocator(alloc)
 CFG = (16, 16, 16, 2, 1, 1, False)  # BM, BN, BK, GROUP_M (stages, warps unused by the interpreter)
 
@@ -347,8 +347,8 @@ def test_gate_up_reports_a_peer_with_other_row_counts():
     assert run(caps, 0)[0] == 0  # tuning: nothing was communicated
     from overlap_backend.codegen import flags as kernel_flags
 
-    assert kernel_flags.RELEASED_VALUE.value == symm.RELEASED
-    caps[odd] = symm.RELEASED
+    assert kernel_flags.RELEASED_VALUE.value == symm_layout.RELEASED
+    caps[odd] = symm_layout.RELEASED
     assert run(caps, EPOCH)[0] == 0
     caps[rank] = cap + 1  # this rank's own word is not read
     caps[odd] = cap
@@ -411,7 +411,7 @@ def test_comm_kernel_push_and_pull(ws, rank):
     flag_bufs = [torch.zeros(64, dtype=torch.int32) for _ in range(ws)]
     RET, DONE, PUSHED = 8, 32, 40
     mine = flag_bufs[rank]
-    mine[symm.READY : symm.READY + ws] = EPOCH
+    mine[symm_layout.READY : symm_layout.READY + ws] = EPOCH
     mine[RET : RET + ws] = EPOCH
     mine[DONE : DONE + ws] = EPOCH
     stage = torch.randn(max(recv_off[-1], 1), h, generator=gen)
@@ -422,7 +422,7 @@ def test_comm_kernel_push_and_pull(ws, rank):
     flag_tab = torch.tensor([fb.data_ptr() for fb in flag_bufs], dtype=torch.int64)
     claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
     moe_comm.launch(stage, comb, out, data_tab, flag_tab, torch.tensor(recv_off, dtype=torch.int32),
-                    torch.tensor(send_off, dtype=torch.int32), mine[DONE:], mine[PUSHED:], mine[symm.READY:],
+                    torch.tensor(send_off, dtype=torch.int32), mine[DONE:], mine[PUSHED:], mine[symm_layout.READY:],
                     mine[RET:], EPOCH, (claim, report), 10**6, rank, ws, cap, comb_off, RET, 3, timed=False, block=16)
     assert claim.item() == 0
     for s in range(ws):
@@ -447,7 +447,7 @@ class FakeState:
     def __init__(self, ws, rank, nbytes):
         self.ws, self.rank = ws, rank
         self.datas = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(ws)]
-        self.flag_bufs = [torch.zeros(symm.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
+        self.flag_bufs = [torch.zeros(symm_layout.FLAG_WORDS, dtype=torch.int32) for _ in range(ws)]
         self.flags = self.flag_bufs[rank]
         self.report = torch.zeros(8, dtype=torch.int32)
         self.pushes = []
@@ -463,10 +463,10 @@ class FakeState:
         return self.flags[i:]
 
     def status_arg(self):
-        return self.flags[symm.CLAIM :], self.report
+        return self.flags[symm_layout.CLAIM :], self.report
 
     def begin(self, compute, what="a symm call", graph=False):
-        return 1 if graph else EPOCH  # a captured call's flags toggle to 1 (symm.GRAPH_BLOCK)
+        return 1 if graph else EPOCH  # a captured call's flags toggle to 1 (symm_layout.GRAPH_BLOCK)
 
     def push_stream_to(self, peer):
         return self.push_stream
@@ -496,7 +496,7 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
     slot ``rank``), the kernels, the peer stores of the results, and ``out`` == the op's semantics
     (own rows computed here, peers' rows as they 'returned' them). ``auto`` takes the expert-major
     tile order at these sizes. ``captured``: the call as a CUDA-graph capture makes it (after an
-    eager call of the same splits and sizes): every flag in the toggling block (symm.GRAPH_BLOCK,
+    eager call of the same splits and sizes): every flag in the toggling block (symm_layout.GRAPH_BLOCK,
     raised to 1), none of the eager block touched; without that eager call it runs on p2p."""
     gen = torch.Generator().manual_seed(ws * 3 + rank + skew)
     experts, h, f = 2, 16, 32
@@ -524,23 +524,23 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
         if s != rank:
             disp[s, : case["recv"][s]] = recv_rows[recv_off[s] : recv_off[s + 1]]
             comb[s] = returned[s]
-    base, value = (symm.GRAPH_BLOCK, 1) if graph else (0, EPOCH)
-    for w in (symm.MOE_ARRIVED, symm.MOE_RETURNED, symm.READY):
+    base, value = (symm_layout.GRAPH_BLOCK, 1) if graph else (0, EPOCH)
+    for w in (symm_layout.MOE_ARRIVED, symm_layout.MOE_RETURNED, symm_layout.READY):
         st.flags[base + w : base + w + ws] = value
-    st.flags[symm.MOE_CAP : symm.MOE_CAP + ws] = n_send  # the peers' row counts of x (the CUDA path writes them)
-    monkeypatch.setattr(symm, "state", lambda *a: st)
-    if graph:
-        from overlap_backend.runtime import symm_lowering
+    st.flags[symm_layout.MOE_CAP : symm_layout.MOE_CAP + ws] = n_send  # the peers' row counts of x (the CUDA path writes them)
+    from overlap_backend.runtime.symm import lowering_helpers, registry
 
+    monkeypatch.setattr(registry, "state", lambda *a: st)
+    if graph:
         monkeypatch.setattr(moe_symm, "capturing", lambda t: True)
         monkeypatch.setattr(moe_symm, "capture_problem", lambda t: None)
-        monkeypatch.setattr(moe_symm, "_state", lambda *a: (st, None))
+        monkeypatch.setattr(moe_symm, "call_state", lambda *a: (st, None))
         st.data = type("D", (), {"nbytes": lay["bytes"]})()
         monkeypatch.setattr(moe_symm, "_metas", {})
-        monkeypatch.setattr(symm_lowering, "_picked", {})
-        monkeypatch.setattr(moe_symm, "_picked", symm_lowering._picked)
+        monkeypatch.setattr(lowering_helpers, "tuned_configs", {})
+        monkeypatch.setattr(moe_symm, "tuned_configs", lowering_helpers.tuned_configs)
         fell_back = []
-        monkeypatch.setattr(moe_symm, "_p2p", lambda op, why, *a: fell_back.append(why) or ("p2p", None))
+        monkeypatch.setattr(moe_symm, "run_on_p2p", lambda op, why, *a: fell_back.append(why) or ("p2p", None))
     monkeypatch.setattr(moe_symm, "problem", lambda *a: None)
     # TRANSPORT "sm": the copy-engine transport needs CUDA streams; OWN_FIRST 0.5 of 2 experts: own
     # expert 0 before the remote rows
@@ -553,10 +553,10 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
 def _symm_path_calls(x, case, wg, wu, wd, st, lay, ws, rank, skew, graph, recv_rows, returned, fell_back, n_send,
                      experts, h, f, dtype):
     """The calls and checks of ``test_symm_path_with_fake_group``, under its knobs."""
-    from overlap_backend.runtime import symm_lowering
+    from overlap_backend.runtime.symm import lowering_helpers
 
     send_off, recv_off = _prefix(case["send"]), _prefix(case["recv"])
-    base, value = (symm.GRAPH_BLOCK, 1) if graph else (0, EPOCH)
+    base, value = (symm_layout.GRAPH_BLOCK, 1) if graph else (0, EPOCH)
     ends = None if skew else case["ends"].to(torch.int32)
     call = lambda: moe_symm.moe_experts(x, case["send"], case["recv"], case["rows"], ends,  # noqa: E731
                                         [] if ends is not None else case["sizes"], wg, wu, wd, "g", [False] * 5)
@@ -564,7 +564,7 @@ def _symm_path_calls(x, case, wg, wu, wd, st, lay, ws, rank, skew, graph, recv_r
         assert call() == ("p2p", None) and "tuned" in fell_back[0]
         m = case["rows"].shape[0]
         key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(dtype), str(torch.float16), st.num_sms - 2)
-        symm_lowering._picked.update({("moe_gate_up", key): CFG, ("moe_down", key): CFG})
+        lowering_helpers.tuned_configs.update({("moe_gate_up", key): CFG, ("moe_down", key): CFG})
         assert call() == ("p2p", None) and "splits" in fell_back[1]
         ends_host = [] if ends is not None else _prefix(case["sizes"])[1:]
         moe_symm._meta(_prefix(case["send"]) + _prefix(case["recv"]) + ends_host, x.device, False)
@@ -580,21 +580,21 @@ def _symm_path_calls(x, case, wg, wu, wd, st, lay, ws, rank, skew, graph, recv_r
         peer_comb = st.datas[d][lay["comb"] : lay["bytes"]].view(dtype).view(ws, n_send, h)[rank]
         if case["recv"][d]:
             assert _rel(peer_comb[: case["recv"][d]].float(), ref[recv_off[d] : recv_off[d + 1]]) < 2e-2
-        assert st.flag_bufs[d][base + symm.MOE_RETURNED + rank].item() == value
+        assert st.flag_bufs[d][base + symm_layout.MOE_RETURNED + rank].item() == value
     # dispatch: rank-1 first, each into the peer's slot `rank`, with the arrival flag of `rank`
     assert [p[0] for p in st.pushes] == [(rank - j) % ws for j in range(1, ws)]
-    assert all(p[1] == lay["disp"] + rank * lay["slot"] and p[3] == symm.MOE_ARRIVED + rank for p in st.pushes)
+    assert all(p[1] == lay["disp"] + rank * lay["slot"] and p[3] == symm_layout.MOE_ARRIVED + rank for p in st.pushes)
     # (push takes the word within the call's block: GroupState.push adds the block's base)
     assert [p[2] for p in st.pushes] == [case["send"][(rank - j) % ws] * h * 2 for j in range(1, ws)]
     assert len(saved) == 5 and all(v.numel() == 0 for v in saved)
-    lo, hi = symm.MOE_COUNTERS, symm.MOE_PUSHED + symm.WS_MAX
+    lo, hi = symm_layout.MOE_COUNTERS, symm_layout.MOE_PUSHED + symm_layout.WS_MAX
     assert st.flags[base + lo : base + hi].tolist() == [0] * (hi - lo)  # tile and CTA counters back to 0
-    own_done = st.flags[base + symm.MOE_DONE : base + symm.MOE_DONE + ws - 1].tolist()
+    own_done = st.flags[base + symm_layout.MOE_DONE : base + symm_layout.MOE_DONE + ws - 1].tolist()
     assert own_done == [value] * (ws - 1)  # the producer finished every remote source
     if graph:  # the eager block untouched (and the other ranks' eager words; MOE_CAP serves both)
         for fb in st.flag_bufs:
-            eager = fb[: symm.GRAPH_BLOCK].clone()
-            eager[symm.MOE_CAP : symm.MOE_CAP + ws] = 0
+            eager = fb[: symm_layout.GRAPH_BLOCK].clone()
+            eager[symm_layout.MOE_CAP : symm_layout.MOE_CAP + ws] = 0
             assert not eager.any()
 
 
@@ -624,7 +624,7 @@ def test_comm_kernel_ships_nothing_after_a_timeout():
     RET, DONE, PUSHED = 8, 32, 40
     mine = flag_bufs[rank]
     mine[DONE] = EPOCH
-    mine[symm.READY + 1] = EPOCH
+    mine[symm_layout.READY + 1] = EPOCH
     stage = torch.ones(3, h)
     out = torch.full((4, h), float("nan"))
     claim, report = torch.ones(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
@@ -632,7 +632,7 @@ def test_comm_kernel_ships_nothing_after_a_timeout():
                     torch.tensor([d.data_ptr() for d in datas], dtype=torch.int64),
                     torch.tensor([f.data_ptr() for f in flag_bufs], dtype=torch.int64),
                     torch.tensor([0, 1, 4], dtype=torch.int32),
-                    torch.tensor([0, 2, 4], dtype=torch.int32), mine[DONE:], mine[PUSHED:], mine[symm.READY:],
+                    torch.tensor([0, 2, 4], dtype=torch.int32), mine[DONE:], mine[PUSHED:], mine[symm_layout.READY:],
                     mine[RET:], EPOCH, (claim, report), 10**6, rank, ws, cap, comb_off, RET, 2, timed=False, block=16)
     assert flag_bufs[1][RET + rank].item() == 0 and not datas[1].any()
     assert report[0].item() == 0 and mine[PUSHED].item() == 0

@@ -115,7 +115,8 @@ def symm_on_gloo_worker(rank, ws):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
-    from overlap_backend.runtime import symm, symm_lowering
+    from overlap_backend.runtime import symm
+    from overlap_backend.runtime.symm import lowering_helpers
 
     torch.manual_seed(rank)
     name = dist.group.WORLD.group_name
@@ -123,7 +124,7 @@ def symm_on_gloo_worker(rank, ws):
     out = torch.ops.overlap.mm_ar(a, b, None, "sum", name, "symm")
     ref = a @ b
     dist.all_reduce(ref)
-    return torch.allclose(out, ref, atol=1e-5), dict(symm_lowering.PATHS), symm.group_support(name)
+    return torch.allclose(out, ref, atol=1e-5), dict(lowering_helpers.PATHS), symm.group_support(name)
 
 
 # Bad inputs (clear errors before any communication) are tested in-process, on the fake group of 4

@@ -102,7 +102,7 @@ def _split(dotted: str) -> tuple[Knobs, str]:
 
 @contextlib.contextmanager
 def patch(values: Mapping[str, Any]) -> Iterator[None]:
-    """Patch knobs of several sets at once: ``patch({"cta.K_CHUNKS": 8, "symm.MAX_BANDS": 4})``."""
+    """Patch knobs of several sets at once: ``patch({"cta.K_CHUNKS": 8, "symm.BAND_ROWS_MIN": 256})``."""
     with contextlib.ExitStack() as stack:
         for dotted, value in values.items():
             knobs, key = _split(dotted)

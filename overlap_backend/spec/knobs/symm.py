@@ -1,4 +1,8 @@
-"""Tunables of the symm lowering (read by the runtime and by the cost model)."""
+"""Tunables of the symm lowering (read by the runtime and by the cost model).
+
+Layout sizes (WS_MAX, MAX_BANDS, AR_MAX_ROUNDS) are not here: they are the flag layout's contract,
+``overlap_backend.spec.symm_layout``. Results folders cited below hold the measurements.
+"""
 
 from .base import Knobs
 
@@ -6,4 +10,61 @@ symm = Knobs(
     "symm",
     # mm_ar: one-shot (push the whole partial to every peer) up to this partial size in bytes.
     ONESHOT_MAX_BYTES=4 << 20,
+    # mm_ar: at least this many rows per chunk and round, so that each stays an efficient GEMM.
+    AR_ROWS_PER_CHUNK=512,
+    # Chunks travel in bands of at least this many rows; a multiple of every kernel block height (BM).
+    BAND_ROWS_MIN=512,
+    # Process-group backends symm serves: its data path never calls the group's collectives (set-up uses
+    # all_gather_object), so tests add "gloo" to run ranks sharing one GPU (OVERLAP_TEST_SHARED_GPU).
+    GROUP_BACKENDS=("nccl",),
+    # GroupState.data_view's cache of views over the data buffer, per group: bounded for dynamic shapes.
+    MAX_VIEWS=64,
+    # The stream-wait watchdog declares a call dead this many OVERLAP_TIMEOUT_S after it started...
+    WATCHDOG_FACTOR=1.25,
+    # ...plus this many seconds: later than the kernels' own bounded waits, whose reports say more.
+    WATCHDOG_SLACK_S=0.25,
+    # Pushes to different peers on streams of their own (so on different copy engines at once); one push
+    # stream made mm_rs 0.303 ms vs its kernel's 0.205 at 4 GPUs (bench/results/collective_gemm_h200x4_2026-11-30),
+    # but per-peer streams are not measured on 4 GPUs yet: off (no effect at 2 ranks).
+    PUSH_STREAM_PER_PEER=False,
+    # SMs a group's persistent kernels leave free where its ranks share a GPU (there the driver's copies run
+    # on SMs): with all 132 held by mm_ar's rounds kernel both ranks hung, 4 free fixed it
+    # (bench/results/gpu_tests_h200x1_2026-12-01/mm_ar_hang).
+    SHARED_DEVICE_FREE_SMS=4,
+    # How mm_rs / mm_ar ship partials: "ce" (stage, then the copy engine per band) or "peer" (the epilogue
+    # stores into the owner's buffer); peer stores won only below ~32 MiB shipped per call (docs/results.md).
+    TRANSPORT="ce",
+    # How mm_rs computes its partials where rs_gemm allows it: "cublas" (a GEMM per band) is alike on the GPU
+    # and costs less host time than "triton" (the persistent kernel) in eager calls
+    # (bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas).
+    MM_RS_GEMM="cublas",
+    # mm_rs on cuBLAS only from this much local K: below it the transfer dominates and the kernel won.
+    RS_CUBLAS_MIN_K=2048,
+    # Chunks made of runs shorter than this (many tiny GEMMs) stay on the kernel.
+    RS_CUBLAS_MIN_RUN=128,
+    # Each cuBLAS-path band costs ~150 us of host time, so bands hold at least this much GEMM work (M=4096:
+    # one band 0.470-0.510 ms vs four of 512 rows 0.696-0.899,
+    # bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas).
+    RS_CUBLAS_BAND_FLOPS=64e9,
+    # Captured calls' band floor (None: RS_CUBLAS_BAND_FLOPS): finer bands won at M=4096 and 16384 but lost at
+    # M=8192 in replays (bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas): an open question.
+    RS_CUBLAS_BAND_FLOPS_CAPTURED=None,
+    # The mm_rs kernel's TMA variants where they apply: "on" (tuning candidates next to the pointer-store
+    # configs; faster at 3 of 4 shapes on one H200, bench/results/kernels_h200x1_2026-12-01/mm_rs_kernel), "only"
+    # (the only candidates: tests), "off".
+    RS_TMA="on",
+    # mm_ar's rounds kernel copies the peers' reduced bands into the output itself instead of the copy
+    # stream: correct under the interpreter, off until it is timed on several GPUs.
+    AR_KERNEL_COPY_OUT=False,
+    # How ag_mm computes where ag_gemm allows it: "cublas" (a GEMM per chunk and weight) measured ahead of
+    # "triton" (the consumer kernel) back to back at every shape, replayed at 4 of 6, on 2xH200
+    # (bench/results/collective_gemm_h200x2_2026-12-01/ag_mm_cublas).
+    AG_MM_GEMM="cublas",
+    # ag_mm on cuBLAS only with at least this many output columns in all.
+    AG_CUBLAS_MIN_N=0,
+    # ag_mm gathered along an inner dimension: on cuBLAS only with runs of at least this many rows.
+    AG_CUBLAS_MIN_RUN=128,
+    # Calls made during a CUDA-graph capture run on symm with the toggling flag block (else on p2p, whose
+    # NCCL calls are captured): on since the captured path passed on 2xH200 (tests/gpu/test_gpu.py).
+    CAPTURE_ON_SYMM=True,
 )

@@ -1,0 +1,173 @@
+"""The ``symm`` implementation of ``overlap::ag_mm``.
+
+Every rank pushes its shard into each peer's receive buffer with the copy engine (to rank-1 first, so
+that rank q receives chunk q+1, q+2, ... in that order, one sender at a time) while the GEMM starts
+on the local shard and takes each chunk as its flag rises: on cuBLAS, a GEMM per chunk after a stream
+wait (``knobs.symm.AG_MM_GEMM``), or the persistent consumer kernel, which waits per band tile by tile
+and fuses generated epilogues.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ...codegen import launcher
+from ...spec import epilogue as _epilogue
+from ...spec import knobs
+from ...spec import symm_layout as layout
+from ..lowering import register
+from .lowering_helpers import (PATHS, capture_problem, captured_call_problem, capturing, call_state, epilogue_pointers,
+                               generated_epilogue, kernel_weight, load_kernels, matmul_into, run_on_p2p, tma_aligned,
+                               tma_problem, tune, tuned_configs)
+
+
+def ag_mm_problem(shard, weights, biases, gather_dim) -> str | None:
+    """Why the kernels do not cover this ``ag_mm`` (None: they do)."""
+    if shard.device.type != "cuda":
+        return "not a CUDA tensor"
+    if gather_dim % shard.dim() == shard.dim() - 1:
+        return "gather along the contraction dim"
+    for w in weights:
+        if w.dim() != 2 or w.dtype != shard.dtype:
+            return f"weight {tuple(w.shape)} {w.dtype} is not a 2-D {shard.dtype} matrix"
+        if why := tma_problem(shard.dtype, shard.shape[-1], w.shape[1]):
+            return why
+    for bias in biases:
+        if bias is not None and bias.dim() != 1:
+            return "bias is not a vector"
+    return None
+
+
+@register("symm", "ag_mm")
+def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilogues=(), epilogue_args=()):
+    args = (shard, weights, biases, gather_dim, group_name, return_gathered, epilogues, epilogue_args)
+    why = ag_mm_problem(shard, weights, biases, gather_dim) or capture_problem(shard)
+    graph = why is None and capturing(shard)
+    st, why = (None, why) if why else call_state(group_name, shard.device, graph)
+    if st is None:
+        return run_on_p2p("ag_mm", why, group_name, *args)
+    ag_kernel, _, _, configs = load_kernels()
+    ws, r = st.ws, st.rank
+    shard = tma_aligned(shard)
+    dim = gather_dim % shard.dim()
+    K = shard.shape[-1]
+    rows = shard.numel() // K
+    run = math.prod(shard.shape[dim:-1])
+    outer = rows // run if run else 0
+    chunk_bytes = rows * K * shard.element_size()
+    keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows) for w in weights]
+    gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)))
+    tuned = [tuned_configs.get(("ag_mm", k)) for k in keys] if gemm == "triton" else []
+    if graph and (why := captured_call_problem(st, ws * chunk_bytes, tuned)):
+        return run_on_p2p("ag_mm", why, group_name, *args)
+    PATHS["ag_mm:symm"] += 1
+    PATHS[f"ag_mm:symm:{gemm}"] += 1
+    st.ensure_data(ws * chunk_bytes, "ag_mm")
+    buf = st.data_view(shard.dtype, (ws, rows, K))
+    shard2d = shard.view(rows, K)
+    weights = [kernel_weight(w) for w in weights]
+    biases = [b.contiguous() if b is not None else None for b in (biases or [None] * len(weights))]
+    gshape = list(shard.shape)
+    gshape[dim] *= ws
+    specs = list(epilogues) or [""] * len(weights)
+    gens = [generated_epilogue(spec, shard.dtype) for spec in specs]
+    # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
+    gens = [None if g is not None and tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
+            for g, spec, w in zip(gens, specs, weights)]
+    # an output whose epilogue could not be generated is computed plainly, its reference applied after
+    outs = [shard.new_empty((ws * rows, w.shape[1]), dtype=shard.dtype if spec and g is None else
+                            _epilogue.out_dtype(spec, shard.dtype)) for w, spec, g in zip(weights, specs, gens)]
+    gathered = shard.new_empty(gshape) if return_gathered else shard.new_empty((0,))
+    base = layout.GRAPH_BLOCK if graph else 0
+    flags, status = st.flag_arg(base + layout.AG_ARRIVED), st.status_arg()
+
+    band_rows = layout.band_rows(rows)
+
+    def launch(i, cfg, epoch):
+        ag_kernel.launch(shard2d, buf, weights[i], biases[i], outs[i], flags, epoch, status, st.timeout_ns,
+                         r, ws, run, band_rows, cfg, st.num_sms, epilogue=gens[i],
+                         ep_ptrs=epilogue_pointers(gens[i], epilogue_args, outs))
+
+    cfgs = [] if gemm == "cublas" else [
+        tune("ag_mm", keys[i], configs.candidates(shard.dtype, tma_store_rows=rows if run == rows else None),
+             lambda cfg, i=i: launch(i, cfg, 0))
+        for i in range(len(weights))
+    ]
+
+    with launcher.preloading():  # compile and load before anything waits on a peer (codegen/launcher.py)
+        for i in range(len(cfgs)):
+            launch(i, cfgs[i], 0)
+    compute = torch.cuda.current_stream(shard.device)
+    epoch = st.begin(compute, "ag_mm", graph=graph)
+    nbands = push_shard(st, shard2d)
+    if gemm == "cublas":
+        ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute)
+    # outputs that a swiglu step reads are computed first
+    for i in sorted(range(len(cfgs)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
+        launch(i, cfgs[i], epoch)
+    if return_gathered and rows:
+        # strided copies on the copy stream (SM kernels). Copy-engine 2-D copies (cuMemcpy2DAsync) were
+        # measured slower end to end: TP block training step 11.77 vs 10.34 ms on 2xH200 (bench_epilogue,
+        # 2026-11-30), although the copies themselves took less time; why is not known
+        gview = gathered.view(outer, ws, run, K)
+        with torch.cuda.stream(st.copy_stream):
+            gview[:, r].copy_(shard2d.view(outer, run, K))
+            for j in range(1, ws):
+                c = (r + j) % ws
+                # bands are pushed in order on one stream: the last band's flag covers the chunk
+                st.stream_wait(base + layout.AG_ARRIVED + c * nbands + nbands - 1, epoch, st.copy_stream, nbands)
+                gview[:, c].copy_(buf[c].view(outer, run, K))
+    st.end(compute)
+    if any(spec and g is None for spec, g in zip(specs, gens)):
+        outs = _epilogue.apply_all([spec if g is None else "" for spec, g in zip(specs, gens)], outs, epilogue_args)
+    return gathered, outs
+
+
+def push_shard(st, shard2d: Tensor) -> int:
+    """Push stream(s): this rank's shard [rows, K], band by band (``symm_layout.bands``), into slot
+    ``rank`` of every peer's receive buffer, raising the peer's AG_ARRIVED flag of each band; rank r
+    pushes to r-1 first, then r-2, ... (on one stream; or at once, ``knobs.symm.PUSH_STREAM_PER_PEER``:
+    either way a peer's bands go in order on one stream). Returns the number of bands per chunk."""
+    ws, r = st.ws, st.rank
+    rows, K = shard2d.shape
+    row_bytes = K * shard2d.element_size()
+    band_list = layout.bands(rows)
+    nbands = len(band_list)
+    for j in range(ws - 1):
+        peer = (r - 1 - j) % ws
+        for b, (lo, n) in enumerate(band_list):
+            st.push(peer, r * rows * row_bytes + lo * row_bytes, shard2d.data_ptr() + lo * row_bytes,
+                    n * row_bytes, layout.AG_ARRIVED + r * nbands + b, st.push_stream_to(peer))
+    return nbands
+
+
+def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False) -> str:
+    """How ``ag_mm`` computes a gathered [outer, ws * run, K] @ [K, N] (``N``: all its weights'
+    columns): "cublas" or "triton" (see ``knobs.symm.AG_MM_GEMM``). Depends only on shapes and knobs, so
+    every rank decides alike."""
+    if knobs.symm.AG_MM_GEMM != "cublas" or epilogue:  # generated epilogues are fused into the kernel's tiles
+        return "triton"
+    if outer > 1 and run < knobs.symm.AG_CUBLAS_MIN_RUN:  # one GEMM per (outer index, chunk): too many tiny ones
+        return "triton"
+    return "cublas" if N >= knobs.symm.AG_CUBLAS_MIN_N else "triton"
+
+
+def ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute) -> None:
+    """``ag_mm``'s cuBLAS path (``knobs.symm.AG_MM_GEMM``): each output's rows of the own chunk first, from
+    the shard itself, while the copy engine brings the peers' shards; then each peer's chunk in the order
+    they arrive (rank r receives r+1's first: every rank pushes to r-1 first), each after a stream
+    wait on its last band's flag (bands are pushed in order on one stream). Chunk c of an output is
+    ``out.view(outer, ws, run, N)[:, c]``: one GEMM per outer index."""
+    ws, r, K = st.ws, st.rank, shard2d.shape[1]
+    outs4 = [o.view(outer, ws, run, o.shape[1]) for o in outs]
+    for p in range(ws):
+        c = (r + p) % ws
+        if p:
+            st.stream_wait(base + layout.AG_ARRIVED + c * nbands + nbands - 1, epoch, compute, nbands)
+        src = (shard2d if c == r else buf[c]).view(outer, run, K)
+        for w, bias, out4 in zip(weights, biases, outs4):
+            for o in range(outer):
+                matmul_into(src[o], w, bias, out4[o, c])

@@ -1,0 +1,270 @@
+"""The ``symm`` implementation of ``overlap::mm_ar`` (GEMM then all-reduce).
+
+Up to ``knobs.symm.ONESHOT_MAX_BYTES`` of partial: one-shot (cuBLAS partial, pushed whole to every
+peer, summed by one small kernel that also runs the epilogue). Above: ``mm_rs``'s reduce-scatter over
+``rounds`` row blocks; each round's reduced chunk is pushed to every peer while the next round
+computes, and copied out of the receive buffer on arrival; on cuBLAS where the kernel would run one
+round (``ar_gemm``), else on the persistent producer kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...codegen import launcher
+from ...spec import epilogue as _epilogue
+from ...spec import knobs
+from ...spec import symm_layout as layout
+from .. import cuda as _cuda
+from ..lowering import register
+from .lowering_helpers import (PATHS, capture_problem, captured_call_problem, capturing, call_state, epilogue_pointers,
+                               generated_epilogue, kernel_weight, load_kernels, matmul_into, reduce_slots, run_on_p2p,
+                               tma_aligned, tune, tuned_configs, wait_on_push_streams)
+from .mm_rs import cublas_min_rows, launch_rs_kernel, mm_problem, peer_store_args, rs_gemm
+
+
+def ar_rounds(m: int, ws: int) -> int:
+    """Row blocks of ``mm_ar``: enough that the last round's all-gather is short, chunks of at least
+    ``knobs.symm.AR_ROWS_PER_CHUNK`` rows so that each stays an efficient GEMM."""
+    return max(1, min(layout.AR_MAX_ROUNDS, m // (ws * knobs.symm.AR_ROWS_PER_CHUNK)))
+
+
+@register("symm", "mm_ar")
+def mm_ar(a, b, bias, reduce_op, group_name, epilogue="", epilogue_args=()):
+    """One-shot: the epilogue runs in the sum kernel. Rounds: the all-reduce, then the epilogue as
+    one generated pointwise kernel (the reduced rows of other ranks arrive by copy engine after the
+    GEMM's last tile, so no GEMM tile could apply it)."""
+    args = (a, b, bias, reduce_op, group_name, epilogue, epilogue_args)
+    why = mm_problem(a, b, bias, reduce_op) or capture_problem(a)
+    graph = why is None and capturing(a)
+    st, why = (None, why) if why else call_state(group_name, a.device, graph)
+    if st is not None and graph:
+        why = captured_call_problem(st, *_mm_ar_needs(a, b, st.ws))
+    if st is None or why:
+        return run_on_p2p("mm_ar", why, group_name, *args)
+    g = generated_epilogue(epilogue, a.dtype)
+    out, fused = _mm_ar_symm(st, a, b, bias, reduce_op, g, epilogue_args, graph)
+    return out if fused else _epilogue_after(epilogue, g, out, epilogue_args)
+
+
+def _epilogue_after(epilogue: str, g, out: Tensor, epilogue_args) -> Tensor:
+    """``epilogue`` applied to a finished ``out``: one generated pointwise kernel (``g``), or the
+    reference torch ops where it could not be generated."""
+    if not epilogue:
+        return out
+    if g is None:
+        return _epilogue.apply(epilogue, out, epilogue_args)
+    from ...codegen import epilogue as gen
+
+    return gen.apply_pointwise(g, out, epilogue_args)
+
+
+def _mm_ar_key(a, b) -> tuple:
+    return (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1)
+
+
+def _mm_ar_rounds_layout(M: int, ws: int) -> tuple[int, int]:
+    """(rounds, rows per chunk and round) of ``mm_ar``'s rounds path."""
+    rounds = ar_rounds(M, ws)
+    return rounds, -(-M // (rounds * ws))
+
+
+def _mm_ar_needs(a, b, ws: int) -> tuple[int, list]:
+    """(data bytes, [the tuned config or None]) of an ``mm_ar`` call: what a captured call needs."""
+    M, N, es = a.shape[0], b.shape[1], a.element_size()
+    if M * N * es <= knobs.symm.ONESHOT_MAX_BYTES:
+        return ws * M * N * es, []  # one-shot: no tuned kernel
+    if ar_gemm(M, a.shape[1], ws, "ce") == "cublas":
+        rounds = ar_cublas_rounds(M, a.shape[1], N, ws)
+        return 2 * rounds * ws * -(-M // (rounds * ws)) * N * es, []  # no tuned kernel
+    rounds, rows = _mm_ar_rounds_layout(M, ws)
+    return 2 * rounds * ws * rows * N * es, [tuned_configs.get(("mm_ar", _mm_ar_key(a, b)))]
+
+
+def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False):
+    """(the all-reduced result, whether the epilogue ``g`` was applied in it: one-shot only)."""
+    PATHS["mm_ar:symm"] += 1
+    ws, r = st.ws, st.rank
+    a, b, bias = tma_aligned(a), kernel_weight(b), (bias.contiguous() if bias is not None else None)
+    M, N = a.shape[0], b.shape[1]
+    es = a.element_size()
+    base = layout.GRAPH_BLOCK if graph else 0
+    if M * N * es <= knobs.symm.ONESHOT_MAX_BYTES:
+        return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args, graph), g is not None
+    if ar_gemm(M, a.shape[1], ws, "ce" if graph else None) == "cublas":
+        PATHS["mm_ar:symm:cublas"] += 1
+        return mm_ar_cublas(st, a, b, bias, reduce_op == "avg", graph), False
+    configs = load_kernels()[3]
+    rounds, rows = _mm_ar_rounds_layout(M, ws)
+    slot_bytes = rows * N * es
+    region = rounds * ws * slot_bytes
+    st.ensure_data(2 * region, "mm_ar")
+    recv = st.data_view(a.dtype, (rounds * ws * rows, N))
+    gather = st.data_view(a.dtype, (rounds * ws * rows, N), region)
+    peer = peer_store_args(st, region) if knobs.symm.TRANSPORT == "peer" and not graph else None
+    out = a.new_empty((M, N))
+    stage = a.new_empty((rounds * ws * rows, N)) if peer is None else out
+
+    copy_out = knobs.symm.AR_KERNEL_COPY_OUT
+    host_copies = () if copy_out else range(1, ws)  # (with copy_out, the kernel's copy tiles do it)
+
+    def launch(cfg, epoch, peer, stage):
+        launch_rs_kernel(st, a, b, bias, stage, recv, gather, out, epoch, rows, rows, rounds, ws * rows, r * rows,
+                         reduce_op == "avg", cfg, peer, base=base, copy_out=copy_out)
+
+    cfg = tune("mm_ar", _mm_ar_key(a, b), configs.candidates(a.dtype),
+               lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
+    with launcher.preloading():
+        launch(cfg, 0, peer, stage)
+    compute = torch.cuda.current_stream(a.device)
+    epoch = st.begin(compute, "mm_ar", graph=graph)
+    launch(cfg, epoch, peer, stage)
+    gather_base = st.data_addr(r, region)
+    row_bytes = N * es
+    band_list = layout.bands(rows)
+    nb = len(band_list)
+    for rnd in range(rounds):
+        # reduce-scatter: this rank's partials of the chunks peers own
+        for pos in range(ws - 1 if peer is None else 0):
+            c = (r + 1 + pos) % ws
+            slot = rnd * ws + c
+            stream = st.push_stream_to(c)
+            for b, (lo, n) in enumerate(band_list):
+                st.stream_wait(base + layout.DONE + slot * nb + b, epoch, stream, nb)
+                st.push(c, (rnd * ws + r) * slot_bytes + lo * row_bytes,
+                        stage.data_ptr() + (slot * rows + lo) * row_bytes, n * row_bytes,
+                        layout.RS_ARRIVED + (rnd * ws + r) * nb + b, stream)
+        own = rnd * ws + r
+        for b, (lo, n) in enumerate(band_list if peer is None else ()):  # all-gather: reduced bands, to every peer
+            wait_on_push_streams(st, base + layout.DONE + own * nb + b, epoch, nb)
+            for j in range(1, ws):
+                st.push((r - j) % ws, region + own * slot_bytes + lo * row_bytes,
+                        gather_base + own * slot_bytes + lo * row_bytes, n * row_bytes, layout.GATHERED + own * nb + b,
+                        st.push_stream_to((r - j) % ws))
+        for j in host_copies:  # copy the peers' reduced bands out of the receive buffer
+            q = (r + j) % ws
+            for b, (lo, n) in enumerate(band_list):
+                first = (rnd * ws + q) * rows + lo
+                count = min(n, M - first)
+                st.stream_wait(base + layout.GATHERED + (rnd * ws + q) * nb + b, epoch, st.copy_stream, nb)
+                if count > 0:
+                    _cuda.memcpy_async(out[first].data_ptr(),
+                                       gather_base + (rnd * ws + q) * slot_bytes + lo * row_bytes,
+                                       count * row_bytes, st.copy_stream)
+    st.end(compute)
+    return out, False
+
+
+def ar_gemm(M: int, K: int, ws: int, transport: str | None = None) -> str:
+    """How ``mm_ar``'s rounds path computes: "cublas" where ``mm_rs`` would and the kernel would run
+    one round, else "triton". Measured on 2xH200 (bench/probes/probe_symm.py,
+    bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas, K=7168 N=8192, back to back): M=1024
+    (one round) cuBLAS 0.570 ms vs kernel 0.782; but M=4096: 0.898-0.956 vs 0.834 and M=8192:
+    1.738-1.764 vs 1.666, where the kernel's four rounds hide the all-gather and cuBLAS rounds cost host
+    time."""
+    if ar_rounds(M, ws) > 1:
+        return "triton"
+    return rs_gemm(1, -(-M // ws), K, transport)
+
+
+def ar_cublas_rounds(M: int, K: int, N: int, ws: int) -> int:
+    """Row blocks of ``mm_ar``'s cuBLAS path: as for the kernel (``ar_rounds``), but with chunks of
+    at least ``knobs.symm.RS_CUBLAS_BAND_FLOPS`` of GEMM work (each round costs host time, as a band
+    does)."""
+    return max(1, min(layout.AR_MAX_ROUNDS, M // (ws * cublas_min_rows(K, N))))
+
+
+def mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
+    """``mm_ar``'s rounds on cuBLAS (see ``knobs.symm.MM_RS_GEMM``): the all-reduced [M, N].
+
+    Per round t (``ar_cublas_rounds``; chunk c of round t is rows ``(t * ws + c) * rows`` on, one
+    band each): the peers' chunks first, each GEMM into ``stage`` then raising its done flag, the
+    push stream shipping it to its owner as in ``mm_rs``; then the own chunk's partial goes into
+    the receive slot before waiting for the peers', so that it overlaps their transfers (as
+    ``mm_rs_cublas`` does for a chunk of one band), and one summing kernel reduces the slots into
+    ``out``; a stream write raises its done flag and the push stream sends those rows of ``out`` to
+    every peer's gather region (the all-gather), while the next round computes; the copy stream
+    copies the peers' reduced chunks into ``out`` as their flags rise. ``graph``: a call being
+    captured (the flag block ``GRAPH_BLOCK``)."""
+    ws, r = st.ws, st.rank
+    base = layout.GRAPH_BLOCK if graph else 0
+    M, K, N = a.shape[0], a.shape[1], b.shape[1]
+    es = a.element_size()
+    rounds = ar_cublas_rounds(M, K, N, ws)
+    rows = -(-M // (rounds * ws))
+    slot_bytes, row_bytes = rows * N * es, N * es
+    region = rounds * ws * slot_bytes
+    st.ensure_data(2 * region, "mm_ar")
+    recv = st.data_view(a.dtype, (rounds * ws * rows, N))
+    gather_base = st.data_addr(r, region)
+    stage = a.new_empty((rounds * ws * rows, N))
+    out = a.new_empty((M, N))
+    peers = [(r + p) % ws for p in range(1, ws)]
+
+    def rows_of(slot):  # (first row of a, rows) of chunk ``slot`` = t * ws + c
+        return slot * rows, max(0, min(rows, M - slot * rows))
+
+    compute = torch.cuda.current_stream(a.device)
+    epoch = st.begin(compute, "mm_ar", graph=graph)
+    for t in range(rounds):
+        for pos in range(ws - 1):  # reduce-scatter: this rank's partials of the chunks peers own
+            c = (r + 1 + pos) % ws
+            slot = t * ws + c
+            lo, n = rows_of(slot)
+            if n:
+                matmul_into(a[lo : lo + n], b, bias, stage[lo : lo + n])
+            _cuda.write_value32(st.flag_addr(base + layout.DONE + slot), epoch, compute)
+            st.stream_wait(base + layout.DONE + slot, epoch, st.push_stream_to(c))
+            st.push(c, (t * ws + r) * slot_bytes, stage.data_ptr() + lo * row_bytes, n * row_bytes,
+                    layout.RS_ARRIVED + t * ws + r, st.push_stream_to(c))
+        own = t * ws + r
+        lo, n = rows_of(own)
+        slots = recv.view(rounds, ws, rows, N)[t, :, :n]
+        if n:  # the own partial overlaps the peers' transfers
+            matmul_into(a[lo : lo + n], b, bias, slots[r])
+        for p in peers:
+            st.stream_wait(base + layout.RS_ARRIVED + t * ws + p, epoch, compute)
+        reduce_slots(slots, out[lo : lo + n], 0, n, average)
+        _cuda.write_value32(st.flag_addr(base + layout.DONE + own), epoch, compute)
+        wait_on_push_streams(st, base + layout.DONE + own, epoch)
+        for j in range(1, ws):  # all-gather: the reduced chunk, to every peer
+            st.push((r - j) % ws, region + own * slot_bytes, out.data_ptr() + lo * row_bytes, n * row_bytes,
+                    layout.GATHERED + own, st.push_stream_to((r - j) % ws))
+        for q in peers:  # the peers' reduced chunks, out of the gather region as they arrive
+            qlo, qn = rows_of(t * ws + q)
+            st.stream_wait(base + layout.GATHERED + t * ws + q, epoch, st.copy_stream)
+            if qn:
+                _cuda.memcpy_async(out.data_ptr() + qlo * row_bytes, gather_base + (t * ws + q) * slot_bytes,
+                                   qn * row_bytes, st.copy_stream)
+    st.end(compute)
+    return out
+
+
+def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=(), graph=False):
+    PATHS["mm_ar:oneshot"] += 1
+    _, _, reduce_kernel, _ = load_kernels()
+    ws, r = st.ws, st.rank
+    M, N = a.shape[0], b.shape[1]
+    base = layout.GRAPH_BLOCK if graph else 0
+    partial = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+    nbytes = M * N * a.element_size()
+    st.ensure_data(ws * nbytes, "mm_ar")
+    recv = st.data_view(a.dtype, (ws * M, N))
+    out = a.new_empty((M, N), dtype=_epilogue.out_dtype(g.spec, a.dtype) if g is not None else a.dtype)
+    ep_ptrs = epilogue_pointers(g, epilogue_args)
+
+    def launch(epoch):
+        reduce_kernel.launch(partial, recv, out, st.flag_arg(base + layout.RS_ARRIVED), epoch, st.status_arg(),
+                             st.timeout_ns, r, ws, average, epilogue=g, ep_ptrs=ep_ptrs)
+
+    with launcher.preloading():
+        launch(0)
+    compute = torch.cuda.current_stream(a.device)
+    epoch = st.begin(compute, "mm_ar (one-shot)", graph=graph)
+    for j in range(1, ws):
+        st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, layout.RS_ARRIVED + r,
+                st.push_stream_to((r - j) % ws))
+    launch(epoch)
+    st.end(compute)
+    return out
