@@ -197,7 +197,7 @@ class OverlapConfig:
 
     cost_model: str = "auto"
     """``OVERLAP_COST_MODEL``: ``auto`` | ``on`` | ``off``. ``on``: every match that passes its
-    preconditions is rewritten only where the cost model (``passes/cost_model.py``) predicts a win,
+    preconditions is rewritten only where the cost model (``cost/model.py``) predicts a win,
     with the lowering and knobs it picks; ``off``: every such match is rewritten (the behaviour
     before the model); ``auto``: ``on`` for matches on CUDA tensors, ``off`` on CPU (the CPU/gloo
     path exists for testing). See docs/cost_model.md."""

@@ -29,7 +29,7 @@ events (warm-up, >= 20 repetitions, median per rank, max over ranks):
   than the baseline).
 - ``backend``: what ``backend="overlap"`` runs for this layer eagerly: the cost model's decision for the
   ``moe`` match (``symm``, ``p2p`` or ``plain``: left to Inductor, the baseline), with this machine's
-  calibration (``overlap_backend.calibrate``), and ``base/backend``, the baseline's time over the time
+  calibration (``overlap_backend.cost.calibration``), and ``base/backend``, the baseline's time over the time
   measured for that choice (1.00 where it stays plain): "never slower" is this column.
 
 Rank 0 writes ``DIR/moe_ws<N>.md`` (machine info, command, versions, tables) and ``DIR/moe_ws<N>.json``

@@ -261,7 +261,7 @@ def main(argv=None) -> int:
         "# Cost model vs measured (bench check)", "",
         f"Generated {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} (torch "
         f"{torch.__version__}; no GPU needed) by `python bench/suites/check_cost_model.py` (command.txt).",
-        f"Calibration: built-in `{cal.key}` (`overlap_backend.calibrate.DEFAULTS['h200']`), no calibration file.",
+        f"Calibration: built-in `{cal.key}` (`overlap_backend.cost.calibration.DEFAULTS['h200']`), no calibration file.",
         f"Criterion: |predicted / measured - 1| <= {args.limit:.0%} on the baseline and ours columns "
         f"(rows marked * are shown only). Model constants were fitted on these tables (in-sample check).",
         "",

@@ -13,7 +13,7 @@ the matched ops' collective time (what a perfect overlap could hide) and the pre
     python bench/tools/predict_llama.py [--ws 2,4] [--llama dim=4096,n_layers=4,...] [--calibration h200]
 
 Sizes: ``bench_models.py``'s Llama defaults (``--llama`` overrides the same keys). Calibration: a
-built-in one (``overlap_backend.calibrate.DEFAULTS``). A prediction, not a measurement: the
+built-in one (``overlap_backend.cost.calibration.DEFAULTS``). A prediction, not a measurement: the
 benchmark's step times are what count.
 """
 
@@ -33,7 +33,7 @@ LLAMA = dict(dim=4096, n_layers=4, n_heads=32, n_kv_heads=8, ffn_dim=14336, batc
 
 def block_problems(ws: int, dim: int, n_heads: int, n_kv_heads: int, ffn_dim: int, tokens: int,
                    dtype: str = "bfloat16") -> dict[str, Problem]:
-    """The eight matches of one block at group size ``ws`` (``Problem``: see passes/cost_model.py)."""
+    """The eight matches of one block at group size ``ws`` (``Problem``: see cost/model.py)."""
     kv = dim // n_heads * n_kv_heads  # columns of wk (and of wv)
     qkv, f = dim + 2 * kv, ffn_dim
     for name, cols in (("QKV", qkv), ("ffn", f)):

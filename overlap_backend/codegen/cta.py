@@ -137,7 +137,7 @@ def stage0_kernel(
     prev_m = -1  # the tile stored in the previous iteration, counted after this one's main loop
     prev_n = 0
     # (tl.range(..., flatten=True), fusing this loop with the K-loop, made stage 0 3x slower with
-    # Triton 3.6 on H200: bench/results/2026-11-30_h200x2_session8)
+    # Triton 3.6 on H200: bench/results/cta_h200x2_2026-11-30/stage0_probes)
     wide_tiles = tiles_m * tiles_n - split_tiles if SPLIT_LAST else tiles_m * tiles_n
     for tile in range(tl.program_id(0), wide_tiles, tl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)

@@ -124,19 +124,19 @@ def _by_size(table: dict[int, float], ws: int) -> float:
     return table[lower[-1]] if lower else table[upper[0]]
 
 
-# Host times per symm call, fitted on bench/results/2026-11-29_h200x2_symm_bands and
-# 2026-11-30_h200x2_cta ("back-to-back" times of decode shapes, where the device work is ~0.1 ms):
+# Host times per symm call, fitted on bench/results/collective_gemm_h200x2_2026-11-29/band_flags and
+# bench/results/cta_h200x2_2026-11-30/first_runs ("back-to-back" times of decode shapes, where the device work is ~0.1 ms):
 # the same Python code on another host CPU runs at another speed, so they belong to the machine.
-# moe_experts: bench/results/2026-11-30_h200x2_session6 (decode sizes with the plan kernel, ~0.5-0.6 ms
+# moe_experts: bench/results/host_h200x2_2026-11-30/per_call (decode sizes with the plan kernel, ~0.5-0.6 ms
 # of device work: 0.85-1.72 ms per call, median 1.23; 2.3-2.9 ms before the plan kernel,
-# bench/results/2026-11-30_h200x2_session5)
-# cta_pipeline_mlp: eager GELU M=512, host-bound, 0.45-0.46 ms per call in bench/results/2026-11-30_h200x2_session12
-# and 0.58-0.66 in bench/results/2026-11-30_h200x2_session13 (other hosts; 0.42 ms of GPU time): between them
+# bench/results/moe_h200x2_2026-11-30/grouped_raster)
+# cta_pipeline_mlp: eager GELU M=512, host-bound, 0.45-0.46 ms per call in bench/results/cta_h200x2_2026-11-30/last_group_tails
+# and 0.58-0.66 in bench/results/cta_h200x2_2026-11-30/tma_store (other hosts; 0.42 ms of GPU time): between them
 _H200_SYMM_CALL_MS = {"ag_mm": 0.45, "mm_rs": 0.50, "mm_ar_oneshot": 0.23, "mm_ar": 0.50,
                       "cta_pipeline_mlp": 0.52, "moe_experts": 1.2}
 
 # Built-in calibrations per device class. H200: measured on the 2x/4xH200 bench machines
-# (bench/results/2026-11-29_*, 2026-11-30_*; docs/architecture.md "Measured on 4xH200"), see
+# (bench/results/*_h200x2_2026-11-29, *_h200x4_2026-11-30; docs/architecture.md "Measured on 4xH200"), see
 # docs/cost_model.md for which number comes from which table.
 DEFAULTS: dict[str, Calibration] = {
     "h200": Calibration(

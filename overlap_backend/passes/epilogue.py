@@ -2,7 +2,7 @@
 
 ``walk(head, ...)`` only looks: starting at the value the op will produce (``ag_mm``: a matmul;
 ``mm_rs`` / ``mm_ar``: the collective's ``wait_tensor``), it follows the single chain of users
-while each one is a step of ``runtime/epilogue.py``'s closed set:
+while each one is a step of ``spec/epilogue.py``'s closed set:
 
 - ``add(x, t)``: ``t`` a ``[N]`` vector (``bias``) or a tensor of ``x``'s shape (``add``: a residual), same dtype;
 - ``mul(x, s)``, ``s`` a Python number (``mul``);

@@ -75,7 +75,7 @@ def ag_mm(
     ``gather_dim`` may be the last dim (the contraction dim is gathered: the matmul becomes a sum
     of per-chunk partial products). ``weights[i]`` is ``[K, N_i]``; ``biases[i]`` is ``[N_i]``.
 
-    ``epilogue`` (empty, or one spec per output joined by ``|``; ``runtime/epilogue.py`` defines
+    ``epilogue`` (empty, or one spec per output joined by ``|``; ``spec/epilogue.py`` defines
     them) then transforms ``outs[i]`` in place of the graph's pointwise nodes, reading
     ``epilogue_args``.
     """
@@ -146,7 +146,7 @@ def mm_rs(
     ``prod(out_shape[:-1]) == M``, ``out_shape[-1] == N``); returns
     ``reduce_scatter(C, reduce_op, dim=scatter_dim)``: the ``rank``-th of ``ws`` equal chunks of C
     along ``scatter_dim``, reduced over ranks (``funcol.reduce_scatter_tensor``'s semantics).
-    ``epilogue`` (``runtime/epilogue.py``) is then applied to that reduced chunk (a residual
+    ``epilogue`` (``spec/epilogue.py``) is then applied to that reduced chunk (a residual
     ``add`` reads the chunk-shaped tensor of ``epilogue_args``).
     """
     impl = _lowering.implementation(lowering, "mm_rs")
@@ -188,7 +188,7 @@ def mm_ar(
     all-gather of the reduced chunks.
 
     Semantics: ``all_reduce(a @ b + bias, reduce_op)``, shape ``[M, N]``, then ``epilogue``
-    (``runtime/epilogue.py``) on it.
+    (``spec/epilogue.py``) on it.
     """
     impl = _lowering.implementation(lowering, "mm_ar")
     _checks.resolve_group("mm_ar", group_name)

@@ -27,7 +27,7 @@ def _t(x) -> str:
 def _epilogue_lines(target: str, spec: str, n_args: int) -> list[str]:
     if not spec:
         return []
-    return [f"{target} = epilogue.apply({spec!r}, {target}, epilogue_args, outs)  # torch ops (runtime/epilogue.py)"]
+    return [f"{target} = epilogue.apply({spec!r}, {target}, epilogue_args, outs)  # torch ops (spec/epilogue.py)"]
 
 
 def _ring_p2p(op: str, args: dict, rank: int, ws: int) -> list[str]:

@@ -28,7 +28,7 @@ codegen = Knobs(
     # binding (tens of microseconds per launch of the 30-40-argument kernels: codegen/launcher.py).
     FAST_LAUNCH=True,
     # moe_experts' gate/up kernel's candidates (two [BM, BN] float32 accumulators): the fastest of the
-    # configs bench/probe_moe_gemm.py timed on H200 (2 runs, bench/results/2026-11-30_h200x2_session5),
+    # configs bench/probe_moe_gemm.py timed on H200 (2 runs, bench/results/moe_h200x2_2026-11-30/grouped_raster),
     # (128, 128) at Mixtral-/DeepSeek-like sizes (2.93-3.07 / 3.01-3.05 ms) and (64, 256) at decode sizes
     # (0.39 vs 0.49 ms); few on purpose, as each one is a compilation on the first call (a fresh machine
     # spent > 190 s compiling seven).

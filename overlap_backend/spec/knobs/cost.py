@@ -24,21 +24,21 @@ cost = Knobs(
     CTA_EFF=1.10,
     # Fraction of the SMs whose weight loads reach the memory bandwidth: at small M stage 1 streams all of
     # W2 with one CTA per tile, 32 tiles at M <= 128 (fitted: cta_ws2 graph replays at M = 16 / 128,
-    # 2xH200, bench/results/2026-11-30_h200x2_session14: 0.326-0.334 ms GELU, 0.396-0.415 SwiGLU).
+    # 2xH200, bench/results/cta_h200x2_2026-11-30/eager_graphs: 0.326-0.334 ms GELU, 0.396-0.415 SwiGLU).
     CTA_BW_SMS=0.43,
     # The moe baseline's grouped experts (torch._grouped_mm x3 + silu*up, the row gather and scatter) /
     # the model's cuBLAS-rate GEMMs: 1.09-1.20 once the gather/scatter traffic is counted, compute-bound
-    # side only (fitted on bench/results/2026-11-30_h200x2_session5/moe_ws2.json, 2xH200).
+    # side only (fitted on bench/results/moe_h200x2_2026-11-30/grouped_raster/moe_ws2.json, 2xH200).
     BASE_GROUPED_EFF=1.14,
     # The moe symm expert GEMMs' time / the model's experts time on rows padded to whole MOE_TILE_ROWS
     # tiles per (source, expert) group: all four rows within 4% (the kernels before the grouped raster,
-    # bench/results/2026-11-30_h200x2_moe_epilogue: 1.45).
+    # bench/results/moe_h200x2_2026-11-30/first_runs: 1.45).
     MOE_SYMM_EFF=1.05,
     # Rows of the tiles the moe symm rows are padded to, per (source, expert) group (the fit of MOE_SYMM_EFF).
     MOE_TILE_ROWS=128,
     # What one SM of the moe comm kernel copies locally out of the combine slots, GB/s: not fitted (in every
     # measured row the copy-out ended under the own rows' GEMMs), taken as ~3x the peer-store rate of
-    # 4.5 GB/s per SM (bench/results/2026-11-30_h200x2_moe_epilogue), the ratio of NVLink to local HBM latency.
+    # 4.5 GB/s per SM (bench/results/moe_h200x2_2026-11-30/first_runs), the ratio of NVLink to local HBM latency.
     SM_PULL_GBPS=15.0,
     # Candidates of the moe symm communication SM count (OVERLAP_MOE_COMM_SMS=auto); 0: no comm kernel,
     # the copy engine copies the results out (2xH200: 4% faster than 8 SMs DeepSeek-like, 2% Mixtral-like).

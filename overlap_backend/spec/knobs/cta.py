@@ -12,12 +12,12 @@ cta = Knobs(
     K_CHUNKS=4,
     # How stage-0 tiles reach the stage-1 ranks: "ce" (stored locally, shipped by the copy engine block
     # by block) or "peer" (stored straight into the consumers' memory), which measured slower at every M
-    # (bench/results/2026-11-30_h200x2_session12/README.md).
+    # (bench/results/cta_h200x2_2026-11-30/last_group_tails/README.md).
     TRANSPORT="ce",
     # SwiGLU: stage-1 ranks compute a share of the first GEMM, which balances the stages' work.
     STAGE1_SHARE=True,
     # GELU: stage-1 ranks compute about one round of the first GEMM's last columns first, so that they
-    # work through the pipeline's fill (M=512: 0.635 -> 0.505 ms, bench/results/2026-11-30_h200x2_session10/).
+    # work through the pipeline's fill (M=512: 0.635 -> 0.505 ms, bench/results/cta_h200x2_2026-11-30/small_m/).
     GELU_FILL_SHARE=True,
     # GELU: the largest share of the first GEMM's columns stage-1 ranks compute themselves (the placement
     # keeps that window of W1 on the stage-1 ranks for every M).
@@ -32,10 +32,10 @@ cta = Knobs(
     # Tail columns per stage-0 rank for every call, instead of the whole-rounds balance: for probes.
     TAIL_COLS=None,
     # GELU with several row groups: the last group's tail too, which took 0.08 ms off M=1024
-    # (bench/results/2026-11-30_h200x2_session12/README.md).
+    # (bench/results/cta_h200x2_2026-11-30/last_group_tails/README.md).
     MULTI_GROUP_TAIL=True,
     # SwiGLU: the stage-1 share that balances the stages in whole rounds of SMs, not in work (M=512 on
-    # 2xH200: 0.624 vs 0.696 ms, bench/results/2026-11-30_h200x2_session13/README.md).
+    # 2xH200: 0.624 vs 0.696 ms, bench/results/cta_h200x2_2026-11-30/tma_store/README.md).
     SWIGLU_SHARE_ROUNDS=True,
     # SwiGLU whole-rounds share: searched within this many share units of the balanced-work share.
     SWIGLU_SHARE_SLACK=4,
@@ -43,13 +43,13 @@ cta = Knobs(
     # fill (GELU, M=4096 on 2xH200: 3.17 vs 3.25 ms, bench/probe_cta.py).
     COUNT_FIRST_GROUP_AT_ONCE=True,
     # Stage 0 (and the stage-1 share) stores its staged tiles by TMA, which measured faster at every M
-    # (bench/results/2026-11-30_h200x2_session13/README.md).
+    # (bench/results/cta_h200x2_2026-11-30/tma_store/README.md).
     STAGE0_TMA_STORE=True,
     # Stage 0's last partial round of tail tiles in half-width tiles, which shortens the critical path at
-    # M=512 (0.421 vs 0.434 ms, bench/results/2026-11-30_h200x2_session13/README.md).
+    # M=512 (0.421 vs 0.434 ms, bench/results/cta_h200x2_2026-11-30/tma_store/README.md).
     STAGE0_SPLIT_LAST=True,
     # One stage-0 rank: the last group's rows are shipped before the tails' partial products are added, so
-    # the two transfers overlap (0.435 vs 0.450 ms at M=512, bench/results/2026-11-30_h200x2_session13/).
+    # the two transfers overlap (0.435 vs 0.450 ms at M=512, bench/results/cta_h200x2_2026-11-30/tma_store/).
     SHIP_BEFORE_TAILS=True,
     # Stage-0 block config, GELU (one accumulator), 16-bit inputs.
     STAGE0_CONFIG=(128, 256, 64, 0, 3, 8),

@@ -12,11 +12,11 @@ moe = Knobs(
     # "ce-only" (no comm kernel at all).
     TRANSPORT="ce",
     # SMs of the communication kernel for an op called without comm_sms; None reads OVERLAP_MOE_COMM_SMS
-    # per call (0 by default: no comm kernel, bench/results/2026-12-01_h200x2_session20/README.md).
+    # per call (0 by default: no comm kernel, bench/results/moe_h200x2_2026-12-01/no_comm_kernel/README.md).
     COMM_SMS=None,
     # "phased": gate/up + down once per source position, so the first source's results travel while the
     # rest computes; "rotated" (one launch each) measured slower end to end (DeepSeek-like 7.60 vs 6.30 ms,
-    # bench/results/2026-11-30_h200x2_session5/README.md).
+    # bench/results/moe_h200x2_2026-11-30/grouped_raster/README.md).
     SCHEDULE="phased",
     # "phased" only: the fraction of the own experts computed before the remote rows, while the dispatch
     # is in flight (not measured with these kernels yet).
