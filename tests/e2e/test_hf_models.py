@@ -1,0 +1,377 @@
+"""Hugging Face transformers models as users run them, compiled with the overlap backend on gloo ranks.
+
+Tiny random Llama, Mixtral and Qwen3-MoE models (float32, 2 layers) are distributed the way
+``from_pretrained(..., distributed_config=DistributedConfig(...))`` distributes them: the model's own
+``tp_plan`` (``"auto"``) and, with ``ep_size``, its ``ep_plan``. Each case builds the same model three
+times from one seed (one device, parallel eager, parallel compiled with
+``make_backend(inductor=False, cost_model="off")`` and ``OVERLAP_DEBUG_DIR`` set), runs one training
+step on each, and checks:
+
+- compiled logits, loss and every parameter's gradient against eager (float32: relative 1e-4), the
+  parallel eager logits against one device, and the loss after one SGD step;
+- how many graphs the model compiles to;
+- from each rank's ``summary.json``: the same decisions on every rank; every dense GEMM -> collective
+  rewritten (the rowwise o_proj / down_proj all-reduces forward, the colwise input-gradient
+  all-reduces backward), only the embedding's all-reduce and the head's gather left alone;
+- the MoE blocks' collectives rewritten (forward and backward). The backend does not rewrite them yet:
+  those cases are strict xfails with the reason, so they flip when the ``moe`` pass learns the form.
+
+A collective belongs to the experts when the module that issued it is an ``*.experts`` module, or its
+stack trace runs through transformers' ``expert_parallel.py`` (graph breaks lose the module stack).
+
+The first model build needs ``from_pretrained``'s distribution without its checkpoint loading: that
+path asks for ``accelerate`` on CPU (a ``device_map``), so the cases call the two class methods it calls,
+``prepare_distribute_model`` and ``maybe_distribute_model``, on a model built from its config. Every rank
+builds it from the same seed, and ``distribute_tensor(src_data_rank=None)`` keeps each rank's slice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from dist_harness import run_ranks
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers): "
+                                           "these tests compile its models")
+
+FP32_TOL = 1e-4
+LAYERS = 2
+VOCAB = 64
+BATCH, SEQ = 2, 8
+SGD_LR = 1.0
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str  # "llama" | "mixtral" | "qwen3_moe"
+    distributed: dict = field(hash=False)  # DistributedConfig arguments
+    ranks: int = 2
+    experts_implementation: str | None = None  # None: transformers' default ("grouped_mm")
+
+    @property
+    def moe(self) -> bool:
+        return self.family != "llama"
+
+    @property
+    def expert_parallel(self) -> bool:
+        return self.distributed.get("ep_size", 1) > 1
+
+    @property
+    def all_to_all(self) -> bool:
+        """Expert parallelism that moves tokens (transformers' AllToAllEP, the default in training)."""
+        return self.expert_parallel and self.distributed.get("ep_implementation", "auto") != "all_reduce"
+
+    @property
+    def rowwise_per_layer(self) -> int:
+        """Dense GEMM -> all-reduce blocks per decoder layer: o_proj, and down_proj of a dense MLP."""
+        return 1 if self.moe else 2
+
+
+CASES = {
+    "llama-tp2": Case("llama", {"tp_size": 2}),
+    "llama-tp4": Case("llama", {"tp_size": 4}, ranks=4),
+    "mixtral-tp2": Case("mixtral", {"tp_size": 2}),
+    "qwen3_moe-tp2": Case("qwen3_moe", {"tp_size": 2}),
+    "qwen3_moe-tp2-batched_mm": Case("qwen3_moe", {"tp_size": 2}, experts_implementation="batched_mm"),
+    "qwen3_moe-tp2-ep2": Case("qwen3_moe", {"tp_size": 2, "ep_size": 2}),
+    "mixtral-tp2-ep2": Case("mixtral", {"tp_size": 2, "ep_size": 2}),
+    "qwen3_moe-tp2-ep2-all_reduce": Case("qwen3_moe", {"tp_size": 2, "ep_size": 2, "ep_implementation": "all_reduce"}),
+}
+MOE_CASES = [n for n, c in CASES.items() if c.moe]
+A2A_CASES = [n for n, c in CASES.items() if c.all_to_all]
+
+# Why the backend leaves each MoE form alone today (summary.json and the graphs of a tiny model say so).
+TP_EXPERTS_REASON = (
+    "moe_tp_experts: each rank holds every expert's slice along F and the experts' output is all-reduced; "
+    "mm_ar refuses it ('the all-reduced tensor sum_N is not produced by a matmul': the all-reduce reads the "
+    "top-k sum of the routing-weighted rows of {gemm}), and the moe pass only knows all-to-all dispatch")
+MOE_XFAIL = {
+    "mixtral-tp2": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback (float32)"),
+    "qwen3_moe-tp2": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback (float32)"),
+    "qwen3_moe-tp2-batched_mm": TP_EXPERTS_REASON.format(gemm="per-row bmm on gathered expert weights"),
+    "qwen3_moe-tp2-ep2-all_reduce": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback") +
+    "; AllReduceEP masks the other ranks' experts and all-reduces the same way",
+    "qwen3_moe-tp2-ep2": (
+        "AllToAllEP breaks the graph inside its experts call (.tolist() of the split sizes, "
+        "expert_parallel.py:225, under a generator context manager Dynamo cannot split): the experts run "
+        "eagerly, the dispatch and combine all-to-alls land in different graphs, and the experts between "
+        "them are transformers::grouped_mm_fallback, which the moe pass does not see as expert GEMMs"),
+}
+MOE_XFAIL["mixtral-tp2-ep2"] = MOE_XFAIL["qwen3_moe-tp2-ep2"]
+ONE_GRAPH_XFAIL = (
+    "AllToAllEP graph-breaks every MoE layer: .tolist() of the split sizes (expert_parallel.py:225; "
+    "capture_scalar_outputs gets past it), then 'if tokens.shape[0] == 0' on the received rows "
+    "(expert_parallel.py:190), both inside _use_local_dtensor_params, a generator context manager "
+    "Dynamo cannot split, so the whole experts call falls back to eager and the decoder-layer loop "
+    "is split per layer")
+
+
+# ------------------------------------------------------------------------------ the models
+def tiny_model(case: Case):
+    """The model class and a tiny config of ``case.family`` (2 layers, hidden 32, 4 experts, top-2)."""
+    import transformers
+
+    kv_heads = max(2, case.distributed.get("tp_size", 1))  # the KV heads split evenly over TP
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=4,
+                  num_key_value_heads=kv_heads, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False)
+    if case.family == "llama":
+        return transformers.LlamaForCausalLM, transformers.LlamaConfig(intermediate_size=64, **common)
+    if case.family == "mixtral":
+        return transformers.MixtralForCausalLM, transformers.MixtralConfig(
+            intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, **common)
+    return transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+        intermediate_size=64, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+        decoder_sparse_step=1, mlp_only_layers=[], **common)
+
+
+def build(case: Case, distributed: bool):
+    """``case``'s model from seed 0: on one device, or distributed as ``from_pretrained`` does."""
+    import torch
+    from transformers.distributed import DistributedConfig
+
+    cls, config = tiny_model(case)
+    if case.experts_implementation is not None:
+        config._experts_implementation = case.experts_implementation
+    torch.manual_seed(0)
+    model = cls(config)
+    if distributed:
+        dist_config, _, meshes = cls.prepare_distribute_model(DistributedConfig(**case.distributed))
+        model = cls.maybe_distribute_model(model, dist_config, meshes)
+    return model
+
+
+def collective_owners(graph) -> dict:
+    """Each collective of ``graph`` (by node name): the module that issued it and whether that is the experts."""
+    import torch
+
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    owners = {}
+    for n in graph.nodes:
+        if n.op != "call_function" or getattr(n.target, "namespace", None) != "_c10d_functional" or n.target is wait:
+            continue
+        stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack") or {}
+        module = list(stack.values())[-1][0] if stack else ""
+        module = module.replace("L['self'].", "")
+        trace = n.meta.get("stack_trace") or ""
+        owners[n.name] = {"op": str(n.target), "module": module,
+                          "expert": module.endswith(".experts") or "expert_parallel.py" in trace}
+    return owners
+
+
+def local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def rel(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def hf_worker(rank, ws, cases: list):
+    """``run_case`` for each ``(name, case, debug_dir)`` in this process group: ``{name: result}``, or
+    ``{name: {"error": traceback}}`` for a case that raised (the next cases still run)."""
+    import os
+    import traceback
+
+    out = {}
+    for name, case, debug_dir in cases:
+        os.environ["OVERLAP_DEBUG_DIR"] = debug_dir  # read by make_backend
+        try:
+            out[name] = run_case(case)
+        except Exception:  # noqa: BLE001 - reported to that case's tests
+            out[name] = {"error": traceback.format_exc()}
+    return out
+
+
+def run_case(case: Case) -> dict:
+    import torch
+
+    import overlap_backend
+
+    torch._dynamo.reset()
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))  # same on every rank
+    single, eager, model = build(case, False), build(case, True), build(case, True)
+    backend = overlap_backend.make_backend(inductor=False, cost_model="off")
+    owners, run_pipeline = {}, backend.run_pipeline
+
+    def recording_pipeline(graph, kind=None):  # who issued each collective, read before the passes rewrite it
+        seen = collective_owners(graph)
+        report = run_pipeline(graph, kind)
+        owners[report.id] = seen
+        return report
+
+    backend.run_pipeline = recording_pipeline
+    compiled = torch.compile(model, backend=backend)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=SGD_LR) for m in (eager, model)]
+
+    t0 = time.time()
+    ref = eager(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    got = compiled(input_ids=ids, labels=ids)
+    got.loss.backward()
+    compile_s = time.time() - t0
+    first_step = [r.id for r in backend.reports]  # (the step after may recompile: hooks registered on the first call)
+    ref_grads = {n: local(p.grad) for n, p in eager.named_parameters() if p.grad is not None}
+    got_grads = {n: local(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    out = {
+        "logits": rel(got.logits.detach(), ref.logits.detach()),
+        "loss": rel(got.loss.detach(), ref.loss.detach()),
+        "grads": {n: rel(got_grads[n], g) for n, g in ref_grads.items() if n in got_grads},
+        "missing_grads": sorted(set(ref_grads) ^ set(got_grads)),
+        "one_device": rel(ref.logits.detach(), single(input_ids=ids).logits.detach()),
+        "compile_s": compile_s,
+    }
+    for opt in optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    # gradients stay on: transformers picks another expert-parallel path at inference
+    ref2, got2 = eager(input_ids=ids, labels=ids), compiled(input_ids=ids, labels=ids)
+    out.update(loss_before=float(ref.loss), loss_after=float(ref2.loss),
+               loss_after_step=rel(got2.loss.detach(), ref2.loss.detach()),
+               logits_after_step=rel(got2.logits.detach(), ref2.logits.detach()),
+               graphs=first_step, recompiled=[r.id for r in backend.reports][len(first_step):], owners=owners)
+    return out
+
+
+# ------------------------------------------------------------------------------ one run per case
+@dataclass
+class Run:
+    case: Case
+    ranks: list  # hf_worker's result per rank
+    summaries: list  # each rank's summary.json
+    wall_s: float  # of the batch of cases it ran in
+    errors: list = field(default_factory=list)
+
+    def matches(self, rank: int = 0) -> list[dict]:
+        """Rank ``rank``'s match records, each with ``kind``, ``graph`` and ``expert`` (touches the experts' collectives)."""
+        owners = self.ranks[rank]["owners"]
+        out = []
+        for g in self.graphs(rank):
+            seen = owners.get(g["id"], {})
+            for m in g["matches"]:
+                mine = [seen[n] for n in m["nodes"] if n in seen]
+                out.append({**m, "graph": g["id"], "kind": g["kind"], "expert": any(o["expert"] for o in mine),
+                            "modules": sorted({o["module"] for o in mine})})
+        return out
+
+    def graphs(self, rank: int = 0) -> list[dict]:
+        """The summary of the graphs compiled for the first training step."""
+        first = set(self.ranks[rank]["graphs"])
+        return [g for g in self.summaries[rank]["graphs"] if g["id"] in first]
+
+    def graph_kinds(self, rank: int = 0) -> list[str]:
+        return [g["kind"] for g in self.graphs(rank)]
+
+
+@pytest.fixture(scope="module")
+def hf_run(request, tmp_path_factory):
+    """``hf_run(name)``: the ranks' results for ``CASES[name]``. The cases selected in this session that
+    need as many ranks run together, in one process group (one start of the ranks and their imports)."""
+    here = request.node.fspath
+    wanted = {item.callspec.params["name"] for item in request.session.items
+              if item.fspath == here and "name" in getattr(getattr(item, "callspec", None), "params", {})}
+    cache: dict[str, Run] = {}
+
+    def get(name: str) -> Run:
+        if name not in cache:
+            ranks = CASES[name].ranks
+            batch = [n for n in CASES if n == name or (n in wanted and n not in cache and CASES[n].ranks == ranks)]
+            dirs = {n: Path(tmp_path_factory.mktemp(n)) for n in batch}
+            t0 = time.time()
+            per_rank = run_ranks(hf_worker, ranks, [(n, CASES[n], str(dirs[n])) for n in batch],
+                                 timeout=120 + 90 * len(batch), env={"OVERLAP_COST_MODEL": "off"})
+            wall = time.time() - t0
+            for n in batch:
+                results = [r[n] for r in per_rank]
+                errors = [f"rank {i}:\n{r['error']}" for i, r in enumerate(results) if "error" in r]
+                summaries = [] if errors else [json.loads((dirs[n] / f"rank{i}" / "summary.json").read_text())
+                                              for i in range(ranks)]
+                cache[n] = Run(CASES[n], results, summaries, wall, errors)
+        run = cache[name]
+        assert not run.errors, "\n".join(run.errors)
+        return run
+
+    return get
+
+
+# ------------------------------------------------------------------------------ the tests
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_and_gradients_match_eager(hf_run, name):
+    run = hf_run(name)
+    for rank, r in enumerate(run.ranks):
+        assert not r["missing_grads"], f"rank {rank}: gradients only on one side: {r['missing_grads']}"
+        worst = max(r["grads"], key=r["grads"].get)
+        assert r["logits"] <= FP32_TOL and r["loss"] <= FP32_TOL, (rank, r["logits"], r["loss"])
+        assert r["grads"][worst] <= FP32_TOL, f"rank {rank}: {worst} gradient rel err {r['grads'][worst]:.2e}"
+        assert r["one_device"] <= FP32_TOL, f"rank {rank}: parallel eager vs one device {r['one_device']:.2e}"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", list(CASES))
+def test_training_step_matches_eager(hf_run, name):
+    """One SGD step on the compiled model and on eager: the next loss and logits agree, and the loss fell."""
+    run = hf_run(name)
+    for rank, r in enumerate(run.ranks):
+        assert r["loss_after"] < r["loss_before"], f"rank {rank}: the step did not train: {r}"
+        assert r["loss_after_step"] <= FP32_TOL and r["logits_after_step"] <= FP32_TOL, (rank, r)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", list(CASES))
+def test_same_decisions_on_every_rank(hf_run, name):
+    run = hf_run(name)
+    first = [(m["graph"], m["pass"], m["applied"], m["reason"]) for m in run.matches(0)]
+    assert first, "summary.json recorded no match"
+    for rank in range(1, run.case.ranks):
+        assert [(m["graph"], m["pass"], m["applied"], m["reason"]) for m in run.matches(rank)] == first, rank
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", list(CASES))
+def test_dense_gemm_collectives_rewritten(hf_run, name):
+    """Every dense GEMM -> all-reduce is rewritten as mm_ar forward and backward; the backend leaves
+    alone only the embedding's all-reduce (a masked lookup) and the head's logits gather (no matmul reads it)."""
+    run = hf_run(name)
+    dense = [m for m in run.matches() if not m["expert"]]
+    for m in dense:
+        if not m["applied"]:
+            assert m["kind"] == "forward" and ("not produced by a matmul" in m["reason"]
+                                               or "no matmul takes the gathered tensor" in m["reason"]), m
+    forward = [m for m in dense if m["kind"] == "forward" and m["applied"]]
+    assert {m["pass"] for m in forward} == {"mm_ar"}, forward
+    assert len(forward) == LAYERS * run.case.rowwise_per_layer, [m["modules"] for m in forward]
+    assert all(m["modules"][0].endswith(("o_proj", "down_proj")) for m in forward), [m["modules"] for m in forward]
+    backward = [m for m in dense if m["kind"] == "backward"]
+    assert backward and all(m["applied"] and m["pass"] == "mm_ar" for m in backward), backward
+    # q/k/v and gate/up input gradients of every layer, and the head's
+    assert len(backward) >= LAYERS * (3 + 2 * (not run.case.moe)) + 1, [m["modules"] for m in backward]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=ONE_GRAPH_XFAIL))
+                                  if n in A2A_CASES else n for n in CASES])
+def test_one_forward_and_one_backward_graph(hf_run, name):
+    run = hf_run(name)
+    assert run.graph_kinds() == ["forward", "backward"], run.ranks[0]["graphs"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MOE_XFAIL[n]))
+                                  for n in MOE_CASES])
+def test_moe_blocks_rewritten(hf_run, name):
+    """The bar: every MoE layer's experts GEMM -> collective rewritten, in the forward and the backward
+    (backward: the experts' input gradient; the routing weights' gradient is no GEMM output)."""
+    run = hf_run(name)
+    experts = [m for m in run.matches() if m["expert"]]
+    for kind in ("forward", "backward"):
+        mine = [m for m in experts if m["kind"] == kind]
+        done = [m for m in mine if m["applied"]]
+        left = [(m["pass"], m["reason"][:120]) for m in mine if not m["applied"]]
+        assert len(done) >= LAYERS, f"{kind}: {len(done)} experts' collectives rewritten, want one per layer; left: {left}"
+        if kind == "forward" and not run.case.all_to_all:
+            assert not left, f"forward: the experts' all-reduce left alone: {left}"
