@@ -19,10 +19,13 @@ step on each, and checks:
 A collective belongs to the experts when the module that issued it is an ``*.experts`` module, or its
 stack trace runs through transformers' ``expert_parallel.py`` (graph breaks lose the module stack).
 
-The first model build needs ``from_pretrained``'s distribution without its checkpoint loading: that
-path asks for ``accelerate`` on CPU (a ``device_map``), so the cases call the two class methods it calls,
-``prepare_distribute_model`` and ``maybe_distribute_model``, on a model built from its config. Every rank
-builds it from the same seed, and ``distribute_tensor(src_data_rank=None)`` keeps each rank's slice.
+``from_pretrained`` with a ``distributed_config`` asks for ``accelerate`` on CPU (its mesh setup returns a
+``device_map``), so the cases call the two class methods it calls, ``prepare_distribute_model`` and
+``maybe_distribute_model``, on a model built from its config: every rank builds it from the same seed,
+and ``distribute_tensor(src_data_rank=None)`` keeps each rank's slice of it.
+
+The selected cases that need as many ranks run in one process group (``hf_run``): one start of the
+ranks and their imports for all of them.
 """
 
 from __future__ import annotations
@@ -97,18 +100,19 @@ MOE_XFAIL = {
     "qwen3_moe-tp2-ep2-all_reduce": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback") +
     "; AllReduceEP masks the other ranks' experts and all-reduces the same way",
     "qwen3_moe-tp2-ep2": (
-        "AllToAllEP breaks the graph inside its experts call (.tolist() of the split sizes, "
-        "expert_parallel.py:225, under a generator context manager Dynamo cannot split): the experts run "
-        "eagerly, the dispatch and combine all-to-alls land in different graphs, and the experts between "
-        "them are transformers::grouped_mm_fallback, which the moe pass does not see as expert GEMMs"),
+        "AllToAllEP graph-breaks between its dispatch and its experts (.tolist() of the split sizes, "
+        "expert_parallel.py:225): the dispatch all-to-all ends one graph; the experts "
+        "(transformers::grouped_mm_fallback) and the combine all-to-all start the next, the split sizes "
+        "baked in as constants; the moe pass needs both all-to-alls in one graph, and does not take "
+        "grouped_mm_fallback and the top-k sum before the combine for expert GEMM rows"),
 }
 MOE_XFAIL["mixtral-tp2-ep2"] = MOE_XFAIL["qwen3_moe-tp2-ep2"]
 ONE_GRAPH_XFAIL = (
     "AllToAllEP graph-breaks every MoE layer: .tolist() of the split sizes (expert_parallel.py:225; "
     "capture_scalar_outputs gets past it), then 'if tokens.shape[0] == 0' on the received rows "
-    "(expert_parallel.py:190), both inside _use_local_dtensor_params, a generator context manager "
-    "Dynamo cannot split, so the whole experts call falls back to eager and the decoder-layer loop "
-    "is split per layer")
+    "(expert_parallel.py:190); both run inside _use_local_dtensor_params, a generator context manager "
+    "Dynamo cannot break in, so the frames around it are skipped too and the decoder-layer loop compiles "
+    "layer by layer")
 
 
 # ------------------------------------------------------------------------------ the models
