@@ -349,6 +349,7 @@ class ReportStore:
 
 
 _PassBase = CustomGraphPass if CustomGraphPass is not None else object
+_said: set[str] = set()  # the reasons for caches off already logged at INFO
 
 
 class PipelinePass(_PassBase):
@@ -456,8 +457,11 @@ class OverlapBackend:
                 return self._compile_without_inductor(gm, example_inputs)
         why_uncached = caches_off_reason(self.config)
         if why_uncached is not None:
-            log.debug("overlap_backend: Inductor's FX-graph and AOT-autograd caches are off for this compile: %s",
-                      why_uncached)
+            # said once per reason at INFO where it is a surprise (an old torch), at DEBUG where it was asked for
+            level = logging.DEBUG if why_uncached in _said or self.config.debug_dir else logging.INFO
+            _said.add(why_uncached)
+            log.log(level, "overlap_backend: Inductor's FX-graph and AOT-autograd caches are off for this compile: %s",
+                    why_uncached)
             with torch._functorch.config.patch(enable_autograd_cache=False):
                 return compile_fx(gm, example_inputs, inner_compile=_kind_tracking_inner_compile,
                                   config_patches={**patches, "post_grad_custom_post_pass": self._post_grad_pass,

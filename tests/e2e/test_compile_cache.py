@@ -82,6 +82,13 @@ def test_second_process_hits_inductors_caches_with_the_rewrite_and_its_reports(t
     config = _compile(tmp_path, OVERLAP_MIN_NUMEL="1")  # a config field changed: compiled afresh
     assert config["aot_hit"] == 0 and config["fx_hit"] == 0 and config["fx_miss"] >= 2, config
 
+    dumps = tmp_path / "dumps"  # OVERLAP_DEBUG_DIR: the caches are off, so every graph's dumps are written
+    debug = _compile(tmp_path, OVERLAP_DEBUG_DIR=str(dumps))
+    assert debug["aot_hit"] == 0 and debug["fx_hit"] == 0 and debug["decisions"] == cold["decisions"], debug
+    summary = json.loads((dumps / "rank0" / "summary.json").read_text())
+    assert [g["kind"] for g in summary["graphs"]] == ["forward", "backward"]
+    assert all((dumps / "rank0" / g["id"] / "00_before.py").exists() for g in summary["graphs"])
+
 
 def test_pipeline_key_covers_config_knobs_groups_and_source():
     """The uuid Inductor keys its caches with changes with everything the rewrite depends on besides the
@@ -134,3 +141,30 @@ def test_groups_are_agreed_before_inductors_cache_is_asked(fake_pg, clean_env, m
     name = fake_pg.group_name
     assert events[:2] == [("symm", name), ("calibration", name)] and events[2][0] == "compile_fx", events
     assert be.reports == []  # nothing ran, nothing was stored for this graph: nothing to replay
+
+
+def test_without_custom_graph_pass_the_caches_are_off_as_before(fake_pg, clean_env, monkeypatch, caplog):
+    """A torch without ``CustomGraphPass``: the pipeline runs as a plain post-grad callable with both caches
+    off (Inductor could not key it), and the log says why."""
+    import logging
+
+    import torch
+    import torch._inductor.compile_fx as cfx
+
+    from overlap_backend import backend as backend_mod
+
+    seen = []
+
+    def spy(gm, example_inputs, **kwargs):
+        seen.append((kwargs["config_patches"], torch._functorch.config.enable_autograd_cache))
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", spy)
+    monkeypatch.setattr(backend_mod, "CustomGraphPass", None)
+    monkeypatch.setattr(backend_mod, "_said", set())
+    with caplog.at_level(logging.INFO, logger="overlap_backend"):
+        torch.compile(lambda x: torch.relu(x) + 1, backend=backend_mod.make_backend())(torch.randn(8))
+    ((patches, autograd_cache),) = seen
+    assert patches["fx_graph_cache"] is False and autograd_cache is False
+    assert not isinstance(patches["post_grad_custom_post_pass"], backend_mod.PipelinePass)
+    assert "caches are off for this compile" in caplog.text and "CustomGraphPass" in caplog.text
