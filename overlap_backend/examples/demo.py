@@ -184,6 +184,15 @@ def _check(model, x, grad_out, ref_out, ref_x, ref_model) -> dict[str, float]:
     return errs
 
 
+def _cache_counts() -> dict[str, int]:
+    """Inductor's cache hits and misses so far in this process (the overlap backend keeps both caches on)."""
+    from torch._dynamo.utils import counters
+
+    return {"fx hit": counters["inductor"]["fxgraph_cache_hit"], "fx miss": counters["inductor"]["fxgraph_cache_miss"],
+            "aot hit": counters["aot_autograd"]["autograd_cache_hit"],
+            "aot miss": counters["aot_autograd"]["autograd_cache_miss"]}
+
+
 def run_rank(rank: int, ws: int, args: argparse.Namespace, device: torch.device) -> dict:
     import torch.distributed as dist
 
@@ -217,9 +226,11 @@ def run_rank(rank: int, ws: int, args: argparse.Namespace, device: torch.device)
         overrides["inductor"] = False
     backend = overlap_backend.make_backend(**overrides)
     overlapped = torch.compile(block(), backend=backend)
+    before = _cache_counts()
     t0 = time.perf_counter()
     errs_overlap = _check(overlapped, x, grad_out, ref_out, ref_x, eager)
     compile_s = {"overlap": time.perf_counter() - t0}
+    caches = {k: v - before[k] for k, v in _cache_counts().items()}
 
     # Plain Inductor baseline.
     errs_inductor = None
@@ -245,6 +256,7 @@ def run_rank(rank: int, ws: int, args: argparse.Namespace, device: torch.device)
         "errs_inductor": errs_inductor,
         "times": times,
         "compile_s": compile_s,
+        "caches": caches,
         "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "reports": [r.to_json() for r in backend.reports],
         "config": {"inductor": backend.config.inductor, "lowering": backend.config.lowering,
@@ -350,6 +362,9 @@ def print_report(args: argparse.Namespace, results: list[dict], device_desc: str
     print(f"\nForward+backward step time (ms; median of {args.steps} steps, slowest rank):")
     headers = ["variant", "median ms", "min ms", "speed-up vs eager", "first call s (compile)"]
     print(tabulate(rows, headers=headers, disable_numparse=True))
+    c = r0["caches"]
+    print(f"  overlap backend's compile on rank 0: Inductor's FX-graph cache {c['fx hit']} hits / {c['fx miss']} misses, "
+          f"AOT-autograd cache {c['aot hit']} hits / {c['aot miss']} misses")
     if r0["peak_gib"] is not None:
         print(f"  peak GPU memory allocated: {max(r['peak_gib'] for r in results):.1f} GiB (largest rank)")
     if args.device == "cpu":
