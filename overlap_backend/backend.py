@@ -23,7 +23,6 @@ import itertools
 import json
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
