@@ -211,7 +211,7 @@ def group_facts(config: OverlapConfig, gm: torch.fx.GraphModule, example_inputs:
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    from .passes import cost_model
+    from .cost import decision as cost_decision
     from .runtime import symm
 
     if not config.passes or not dist.is_available() or not dist.is_initialized():
@@ -223,8 +223,8 @@ def group_facts(config: OverlapConfig, gm: torch.fx.GraphModule, example_inputs:
         verdict = symm.group_support(name) if config.lowering != "p2p" else "-"
         cals = []
         for device_type in sorted(devices & {"cpu", "cuda"}):
-            cal = cost_model.calibration_for(name, device_type, config.cache_dir,
-                                             agree=cost_model.active(config, device_type))
+            cal = cost_decision.calibration_for(name, device_type, config.cache_dir,
+                                                agree=cost_decision.active(config, device_type))
             numbers = {k: v for k, v in cal.to_json().items() if k not in ("source", "info")}
             digest = hashlib.sha256(json.dumps(numbers, sort_keys=True, default=repr).encode()).hexdigest()[:16]
             cals.append((device_type, f"{cal.key}:{digest}"))

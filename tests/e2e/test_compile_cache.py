@@ -121,13 +121,13 @@ def test_groups_are_agreed_before_inductors_cache_is_asked(fake_pg, clean_env, m
     import torch.distributed._functional_collectives as funcol
 
     from overlap_backend import backend as backend_mod
-    from overlap_backend.passes import cost_model
+    from overlap_backend.cost import decision as cost_decision
     from overlap_backend.runtime import symm
 
     events = []
-    real_support, real_calibration = symm.group_support, cost_model.calibration_for
+    real_support, real_calibration = symm.group_support, cost_decision.calibration_for
     monkeypatch.setattr(symm, "group_support", lambda name: events.append(("symm", name)) or real_support(name))
-    monkeypatch.setattr(cost_model, "calibration_for",
+    monkeypatch.setattr(cost_decision, "calibration_for",
                         lambda name, *a, **k: events.append(("calibration", name)) or real_calibration(name, *a, **k))
 
     def cached_compile_fx(gm, example_inputs, **kwargs):
