@@ -9,7 +9,7 @@ that depends on it.
 from __future__ import annotations
 
 from . import runtime  # noqa: F401  registers torch.ops.overlap.* and the lowerings
-from .backend import REPORTS, OverlapBackend, make_backend, overlap
+from .backend import REPORTS, OverlapBackend, make_backend, overlap, register_torch_logs
 from .config import ConfigError, OverlapConfig
 
 __all__ = ["ConfigError", "OverlapBackend", "OverlapConfig", "REPORTS", "make_backend", "overlap"]
@@ -26,3 +26,4 @@ def _register() -> None:
 
 
 _register()
+register_torch_logs()

@@ -93,13 +93,24 @@ def _parse_min_numel(name: str, raw: str | int) -> int:
     return value
 
 
+# The range of OVERLAP_TIMEOUT_S every transport can honour: torch truncates a wait's timedelta to whole
+# milliseconds and takes 0 ms as "no timeout", and the symm kernels bound their waits by the timeout
+# in int64 nanoseconds (2**63 ns is about 9.22e9 s; timedelta itself stops near 8.6e13 s).
+TIMEOUT_MIN_S = 1e-3
+TIMEOUT_MAX_S = 9.2e9
+
+
 def _parse_timeout(name: str, raw: str | float | int) -> float:
+    allowed = f"allowed: seconds from {TIMEOUT_MIN_S:g} to {TIMEOUT_MAX_S:g}"
     try:
+        if isinstance(raw, bool):
+            raise ValueError
         value = float(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}={raw!r} is not a number; allowed: seconds > 0") from None
-    if not value > 0 or value == float("inf"):
-        raise ConfigError(f"{name}={raw!r}; allowed: seconds > 0 (finite)")
+        raise ConfigError(f"{name}={raw!r} is not a number; {allowed}") from None
+    if not TIMEOUT_MIN_S <= value <= TIMEOUT_MAX_S:  # NaN fails both comparisons
+        raise ConfigError(f"{name}={raw!r} is out of range; {allowed} (below 1 ms the transports would not "
+                          f"time out at all)")
     return value
 
 
@@ -170,8 +181,9 @@ class OverlapConfig:
     (decomposing a tiny GEMM costs more launches than the overlap can win)."""
 
     timeout_s: float = 60.0
-    """``OVERLAP_TIMEOUT_S``: how long a ``symm`` kernel waits for a peer's flag before it gives up
-    and the host raises an error naming the op, rank and flag (a dead or diverged peer)."""
+    """``OVERLAP_TIMEOUT_S``: how long a ``symm`` kernel waits for a peer's flag (and ``p2p`` for a
+    transfer) before it gives up and the host raises an error naming the op, rank and flag (a dead
+    or diverged peer). From ``TIMEOUT_MIN_S`` (1 ms) to ``TIMEOUT_MAX_S`` (9.2e9 s)."""
 
     cta_stages: int | str = 2
     """``OVERLAP_CTA_STAGES``: pipeline stages of the ``cta_pipeline`` op (``stages`` argument;
@@ -292,4 +304,5 @@ def _parse_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return parsed
 
 
-__all__ = ["OverlapConfig", "ConfigError", "DEFAULT_PASS_ORDER", "LOWERINGS", "COST_MODEL_MODES"]
+__all__ = ["OverlapConfig", "ConfigError", "DEFAULT_PASS_ORDER", "LOWERINGS", "COST_MODEL_MODES", "TIMEOUT_MIN_S",
+           "TIMEOUT_MAX_S"]

@@ -12,11 +12,16 @@ Layout, per process (rank R of the default group, 0 when torch.distributed is no
                                                  runtime calls it issues on this rank (runtime/plan.py)
 
 ``<graph-id>`` is ``<counter>_<kind>``, the counter counting graphs compiled in this process.
+
+A directory that cannot hold the dumps (a file, a path under one, no permission, a full disk) costs
+the dumps, never the compile: the first failed write logs one warning naming ``OVERLAP_DEBUG_DIR``
+and the path, and nothing more is written there by this process.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import logging
 import os
@@ -31,6 +36,43 @@ log = logging.getLogger("overlap_backend")
 
 _lock = threading.Lock()
 _summaries: dict[Path, list[GraphReport]] = {}
+# debug directories a write failed in, and why: one warning each, then no more writes there
+_failed: dict[str, str] = {}
+
+
+def dumps_failed(debug_dir: str | os.PathLike, error: OSError) -> None:
+    """Stop writing under ``debug_dir`` (this process), with one warning naming the variable and path."""
+    key = os.fspath(debug_dir)
+    with _lock:
+        first = key not in _failed
+        _failed.setdefault(key, f"{type(error).__name__}: {error}")
+    if first:
+        log.warning("OVERLAP_DEBUG_DIR=%s cannot hold the graph dumps (%s: %s): the dumps and summary.json are "
+                    "skipped from now on in this process; the model compiles and runs as it would without it",
+                    key, type(error).__name__, error)
+
+
+def dumps_off(debug_dir: str | os.PathLike) -> bool:
+    """Has a write under ``debug_dir`` failed in this process?"""
+    return os.fspath(debug_dir) in _failed
+
+
+def _skipped_on_os_error(method):
+    """A dump step that turns the dumper off (:func:`dumps_failed`) instead of raising an OSError."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if self.off or dumps_off(self.debug_dir):
+            self.off = True
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            self.off = True
+            dumps_failed(self.debug_dir, e)
+            return None
+
+    return guarded
 
 
 def graph_source(graph: torch.fx.Graph) -> str:
@@ -54,15 +96,23 @@ class GraphDumper:
     """Observer for :class:`PassManager`: writes the graph before and after each pass."""
 
     def __init__(self, debug_dir: str | os.PathLike, graph_id: str):
+        self.debug_dir = debug_dir
         self.dir = rank_dir(debug_dir) / graph_id
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.step = 0
         self.first = self.last = ""
+        self.off = False
+        self._make_dir()
 
+    @_skipped_on_os_error
+    def _make_dir(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    @_skipped_on_os_error
     def before(self, graph: torch.fx.Graph) -> None:
         self.first = self.last = graph_source(graph)
         (self.dir / "00_before.py").write_text(self.first)
 
+    @_skipped_on_os_error
     def after_pass(self, pass_name: str, graph: torch.fx.Graph) -> None:
         self.step += 1
         src = graph_source(graph)
@@ -75,6 +125,7 @@ class GraphDumper:
             (self.dir / f"{self.step:02d}_{pass_name}.diff").write_text("".join(diff))
         self.last = src
 
+    @_skipped_on_os_error
     def ops(self, graph: torch.fx.Graph, captured: bool = False) -> None:
         """One file per rewritten op of ``graph``: call, generated epilogues, runtime calls
         (``captured``: the graph will be replayed from a CUDA graph)."""
@@ -87,6 +138,7 @@ class GraphDumper:
                 (self.dir / "ops").mkdir(exist_ok=True)
                 (self.dir / "ops" / f"{node.name}.py").write_text(text)
 
+    @_skipped_on_os_error
     def finish(self) -> None:
         html = difflib.HtmlDiff(wrapcolumn=110).make_file(
             self.first.splitlines(), self.last.splitlines(), "before passes", "after passes", context=True
@@ -96,16 +148,20 @@ class GraphDumper:
 
 def record(debug_dir: str | os.PathLike | None, report: GraphReport) -> None:
     """Add ``report`` to this process's summary.json (rewritten whole, so it is always valid)."""
-    if debug_dir is None:
+    if debug_dir is None or dumps_off(debug_dir):
         return
     path = rank_dir(debug_dir)
-    with _lock:
-        reports = _summaries.setdefault(path.resolve(), [])
-        reports.append(report)
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = path / "summary.json.tmp"
-        tmp.write_text(json.dumps({"graphs": [r.to_json() for r in reports]}, indent=2))
-        os.replace(tmp, path / "summary.json")
+    try:
+        with _lock:
+            reports = _summaries.setdefault(path.resolve(), [])
+            reports.append(report)
+            path.mkdir(parents=True, exist_ok=True)
+            tmp = path / "summary.json.tmp"
+            tmp.write_text(json.dumps({"graphs": [r.to_json() for r in reports]}, indent=2))
+            os.replace(tmp, path / "summary.json")
+    except OSError as e:
+        dumps_failed(debug_dir, e)
+        return
     log.debug("overlap_backend: wrote %s", path / "summary.json")
 
 

@@ -167,3 +167,26 @@ def test_pass_names_are_the_registry_in_run_order():
 
     assert config.PASS_NAMES == available_passes()
     assert set(config.DEFAULT_PASS_ORDER) <= set(config.PASS_NAMES)
+
+
+@pytest.mark.parametrize("value", ["0.0005", "1e-4", "9.3e9", "1e300"])
+def test_timeout_outside_what_the_transports_honour_is_a_config_error(clean_env, value):
+    """Below 1 ms torch rounds the wait's timedelta to 0 ms, which means "no timeout"; above what a
+    symm kernel's int64 nanosecond bound (and timedelta) can hold the first op would overflow."""
+    clean_env.setenv("OVERLAP_TIMEOUT_S", value)
+    with pytest.raises(ConfigError) as err:
+        OverlapConfig.from_env()
+    assert "OVERLAP_TIMEOUT_S" in str(err.value) and "from 0.001 to 9.2e+09" in str(err.value)
+    with pytest.raises(ConfigError, match="timeout_s"):
+        OverlapConfig(timeout_s=float(value))
+
+
+def test_timeout_bounds_are_accepted_and_representable(clean_env):
+    from datetime import timedelta
+
+    for value in ("0.001", "9.2e9"):
+        clean_env.setenv("OVERLAP_TIMEOUT_S", value)
+        seconds = OverlapConfig.from_env().timeout_s
+        assert seconds == float(value)
+        assert timedelta(seconds=seconds) // timedelta(milliseconds=1) >= 1  # not rounded to "no timeout"
+        assert int(seconds * 1e9) < 2**63  # the symm kernels' timeout_ns argument

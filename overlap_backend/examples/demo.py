@@ -29,7 +29,10 @@ import torch
 from ..tools.spawn import collect, dump_stacks_on_signal
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+# Relative error against eager that a correct compile stays under. bf16 (unit roundoff 2**-8 = 3.9e-3):
+# plain Inductor itself reaches 1.4e-2 on this block's LayerNorm gradients (CPU, default sizes, seeds 0-2:
+# 1.28e-2, 1.40e-2, 1.13e-2) and 7.7e-3 on 4xH200, so bf16 gets ~8 unit roundoffs, twice the worst seen.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
 # Default problem sizes: small enough for ~2-3 minutes on a 2-core CPU with Inductor's C++
 # codegen; on GPUs a Llama-3-8B-sized block (fits easily in an H200 per rank).
@@ -40,6 +43,32 @@ _MATMUL_NAME = re.compile(r"^(add)?mm(_\d+)?$")
 
 
 # ------------------------------------------------------------------------------------ arguments
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text}")
+        return value
+
+    return parse
+
+
+TIMEOUT_MAX_S = 1e9  # what timedelta (the process group's timeout) and the wait loop hold with room to spare
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= TIMEOUT_MAX_S:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0 and <= {TIMEOUT_MAX_S:g}, got {text}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m overlap_backend.examples.demo",
@@ -48,15 +77,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: one GPU per rank with NCCL when >= 2 GPUs are visible, else CPU with gloo")
     p.add_argument("--world-size", type=int, default=None,
-                   help="ranks (default: the number of visible GPUs if >= 2, else 2)")
-    p.add_argument("--batch", type=int)
-    p.add_argument("--seq", type=int, help="full sequence length (each rank holds seq / world-size)")
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--ffn", type=int)
+                   help="ranks, >= 2 (default: the number of visible GPUs if >= 2, else 2)")
+    positive = _int_at_least(1)
+    p.add_argument("--batch", type=positive)
+    p.add_argument("--seq", type=positive, help="full sequence length (each rank holds seq / world-size)")
+    p.add_argument("--hidden", type=positive)
+    p.add_argument("--heads", type=positive)
+    p.add_argument("--ffn", type=positive)
     p.add_argument("--dtype", choices=tuple(DTYPES), help="default: bfloat16 on GPU, float32 on CPU")
-    p.add_argument("--steps", type=int, help="timed steps (default: 20 on GPU, 5 on CPU)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing each variant")
+    p.add_argument("--steps", type=positive, help="timed steps (default: 20 on GPU, 5 on CPU)")
+    p.add_argument("--warmup", type=_int_at_least(0), default=2, help="untimed steps before timing each variant")
     p.add_argument("--lowering", choices=("auto", "symm", "p2p"), default=None,
                    help="lowering of the rewritten ops (default: OVERLAP_LOWERING or auto)")
     p.add_argument("--no-inductor", action="store_true",
@@ -64,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-inductor-baseline", action="store_true",
                    help="do not compile/time the plain Inductor baseline")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=1800, help="seconds before the demo gives up on the ranks")
+    p.add_argument("--timeout", type=_timeout, default=1800, help="seconds before the demo gives up on the ranks")
     args = p.parse_args(argv)
 
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -74,20 +104,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--device cuda: no CUDA device is visible")
     if args.world_size is None:
         args.world_size = n_gpus if args.device == "cuda" and n_gpus >= 2 else 2
-    if args.world_size < 1:
-        p.error("--world-size must be >= 1")
+    if args.world_size < 2:  # one rank has nothing to communicate: the backend leaves its graphs alone
+        p.error(f"--world-size {args.world_size}: the demo needs >= 2 ranks (one rank communicates nothing, so "
+                f"there is nothing to overlap)")
     if args.device == "cuda" and args.world_size > n_gpus:
         p.error(f"--world-size {args.world_size} > {n_gpus} visible GPUs (one GPU per rank)")
     for key, value in (GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     ws = args.world_size
-    if args.seq % ws or args.heads % ws or args.ffn % ws:
-        p.error(f"--seq {args.seq}, --heads {args.heads} and --ffn {args.ffn} must be divisible by --world-size {ws}")
+    uneven = [f"--{name} {getattr(args, name)}" for name in ("seq", "heads", "ffn") if getattr(args, name) % ws]
+    if uneven:
+        p.error(f"{' and '.join(uneven)} must be divisible by --world-size {ws} (each rank holds an equal share)")
     if args.hidden % args.heads:
         p.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -154,6 +184,15 @@ def _check(model, x, grad_out, ref_out, ref_x, ref_model) -> dict[str, float]:
     return errs
 
 
+def _cache_counts() -> dict[str, int]:
+    """Inductor's cache hits and misses so far in this process (the overlap backend keeps both caches on)."""
+    from torch._dynamo.utils import counters
+
+    return {"fx hit": counters["inductor"]["fxgraph_cache_hit"], "fx miss": counters["inductor"]["fxgraph_cache_miss"],
+            "aot hit": counters["aot_autograd"]["autograd_cache_hit"],
+            "aot miss": counters["aot_autograd"]["autograd_cache_miss"]}
+
+
 def run_rank(rank: int, ws: int, args: argparse.Namespace, device: torch.device) -> dict:
     import torch.distributed as dist
 
@@ -187,9 +226,11 @@ def run_rank(rank: int, ws: int, args: argparse.Namespace, device: torch.device)
         overrides["inductor"] = False
     backend = overlap_backend.make_backend(**overrides)
     overlapped = torch.compile(block(), backend=backend)
+    before = _cache_counts()
     t0 = time.perf_counter()
     errs_overlap = _check(overlapped, x, grad_out, ref_out, ref_x, eager)
     compile_s = {"overlap": time.perf_counter() - t0}
+    caches = {k: v - before[k] for k, v in _cache_counts().items()}
 
     # Plain Inductor baseline.
     errs_inductor = None
@@ -215,6 +256,7 @@ def run_rank(rank: int, ws: int, args: argparse.Namespace, device: torch.device)
         "errs_inductor": errs_inductor,
         "times": times,
         "compile_s": compile_s,
+        "caches": caches,
         "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "reports": [r.to_json() for r in backend.reports],
         "config": {"inductor": backend.config.inductor, "lowering": backend.config.lowering,
@@ -320,6 +362,9 @@ def print_report(args: argparse.Namespace, results: list[dict], device_desc: str
     print(f"\nForward+backward step time (ms; median of {args.steps} steps, slowest rank):")
     headers = ["variant", "median ms", "min ms", "speed-up vs eager", "first call s (compile)"]
     print(tabulate(rows, headers=headers, disable_numparse=True))
+    c = r0["caches"]
+    print(f"  overlap backend's compile on rank 0: Inductor's FX-graph cache {c['fx hit']} hits / {c['fx miss']} misses, "
+          f"AOT-autograd cache {c['aot hit']} hits / {c['aot miss']} misses")
     if r0["peak_gib"] is not None:
         print(f"  peak GPU memory allocated: {max(r['peak_gib'] for r in results):.1f} GiB (largest rank)")
     if args.device == "cpu":

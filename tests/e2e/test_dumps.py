@@ -202,3 +202,57 @@ def test_cta_op_is_dumped(fake_pg, clean_env, tmp_path):
     text = listing.read_text()
     compile(text, listing.name, "exec")
     assert "symm falls back to p2p: " in text and "lowering 'p2p'" in text, text
+
+
+def _broken_debug_dirs(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    return {"a file": a_file, "under a file": a_file / "dumps"}
+
+
+def test_a_debug_dir_that_cannot_hold_dumps_costs_the_dumps_not_the_model(fake_pg, clean_env, tmp_path, caplog):
+    """OVERLAP_DEBUG_DIR naming a file, or a path no directory can be made at: the model compiles,
+    runs and is rewritten as without it (plain Inductor would run it); one warning per path names the
+    variable and the path."""
+    import logging
+
+    for what, path in _broken_debug_dirs(tmp_path).items():
+        clean_env.setenv("OVERLAP_DEBUG_DIR", str(path))
+        torch._dynamo.reset()
+        backend = make_backend(inductor=False)
+        fn = torch.compile(lambda x, w: all_gather(x, 0, fake_pg) @ w, backend=backend)
+        x, w = torch.randn(4, 8), torch.randn(8, 8)
+        with caplog.at_level(logging.WARNING, logger="overlap_backend"):
+            caplog.clear()
+            out = fn(x, w)
+            fn(x + 1, w)  # same graph, no second warning
+            torch._dynamo.reset()
+            torch.compile(lambda x, w: all_gather(x, 0, fake_pg) @ w + 1, backend=backend)(x, w)  # a second graph
+        assert out.shape == (16, 8), what
+        assert [m.applied for r in backend.reports for m in r.matches] == [True, True], what
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, (what, warnings)
+        assert "OVERLAP_DEBUG_DIR" in warnings[0] and str(path) in warnings[0], warnings
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_a_dump_that_fails_midway_stops_the_dumps_not_the_pipeline(fake_pg, clean_env, tmp_path, monkeypatch, caplog):
+    """A write that fails after the directory was made (a full disk, a directory removed under us)."""
+    import logging
+    from pathlib import Path
+
+    real_write = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.name.endswith("_after_ag_mm.py"):
+            raise OSError(28, "No space left on device")
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    backend = make_backend(inductor=False, debug_dir=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="overlap_backend"):
+        out = torch.compile(lambda x, w: all_gather(x, 0, fake_pg) @ w, backend=backend)(torch.randn(4, 8),
+                                                                                         torch.randn(8, 8))
+    assert out.shape == (16, 8) and backend.reports[0].matches[0].applied
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0] and str(tmp_path) in warnings[0], warnings
