@@ -10,7 +10,15 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Inductor's caches stay on under the backend: a test run gets caches of its own (ranks inherit them), so
+# no graph compiled by an earlier run, or a user's cached calibration or tuned configs, answers for this one.
+for _var, _kind in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("OVERLAP_CACHE_DIR", "overlap")):
+    if _var not in os.environ:
+        os.environ[_var] = tempfile.mkdtemp(prefix=f"overlap-tests-{_kind}-")
 
 # Tests import the harness and sibling test modules (shared GPU-test helpers) as plain modules, from
 # any folder of tests/; spawned ranks unpickle their workers the same way (spawn copies sys.path).
@@ -48,8 +56,9 @@ def fake_pg():
 
 @pytest.fixture
 def clean_env(monkeypatch):
+    """No OVERLAP_* variable set, except the test run's own cache root (see above)."""
     for var in list(os.environ):
-        if var.startswith("OVERLAP_"):
+        if var.startswith("OVERLAP_") and var != "OVERLAP_CACHE_DIR":
             monkeypatch.delenv(var)
     return monkeypatch
 
