@@ -15,8 +15,9 @@ import tempfile  # noqa: E402
 import pytest  # noqa: E402
 
 # Inductor's caches stay on under the backend: a test run gets caches of its own (ranks inherit them), so
-# no graph compiled by an earlier run, or a user's cached calibration or tuned configs, answers for this one.
-for _var, _kind in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("OVERLAP_CACHE_DIR", "overlap")):
+# no graph compiled by an earlier run, or a user's cached calibration or tuned configs, answers for this one
+# (the backend's cache root is $XDG_CACHE_HOME/overlap_backend where OVERLAP_CACHE_DIR is unset).
+for _var, _kind in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("XDG_CACHE_HOME", "xdg")):
     if _var not in os.environ:
         os.environ[_var] = tempfile.mkdtemp(prefix=f"overlap-tests-{_kind}-")
 
@@ -56,9 +57,8 @@ def fake_pg():
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    """No OVERLAP_* variable set, except the test run's own cache root (see above)."""
     for var in list(os.environ):
-        if var.startswith("OVERLAP_") and var != "OVERLAP_CACHE_DIR":
+        if var.startswith("OVERLAP_"):
             monkeypatch.delenv(var)
     return monkeypatch
 
