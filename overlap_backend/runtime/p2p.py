@@ -32,7 +32,7 @@ from .lowering import register
 from .streams import P2P_RING, comm_stream
 
 # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same signature); 2.11 has only the former
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 _REDUCE_INPLACE = {
     "sum": lambda acc, x: acc.add_(x),
@@ -214,7 +214,7 @@ class Ring:
         """Start ``all_gather(out, inp)`` over the group; :meth:`wait` for it."""
         if inp.is_cuda:
             self._cuda = True
-        work = _all_gather_single(out, inp, group=self.group, async_op=True)
+        work = all_gather_single(out, inp, group=self.group, async_op=True)
         self.pending.append(work)
         return work
 
