@@ -11,6 +11,7 @@ functionalized in-place forms before the passes look.
 from __future__ import annotations
 
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,8 +185,36 @@ def find_all_gathers(graph: torch.fx.Graph) -> list[AllGather]:
                     nodes=_from_match(m), shard=m.kwargs["shard"], collective=coll, result=node,
                     gather_dim=0, group_size=m.kwargs["group_size"], group_name=m.kwargs["group_name"],
                 )
+    for ag in found.values():
+        # a no-op slice (DTensor's un-padding with dynamic shapes) is the gathered value itself
+        while len(ag.result.users) == 1 and is_noop_slice(slice_node := next(iter(ag.result.users))):
+            ag.nodes.append(slice_node)
+            ag.result = slice_node
     order = {n: i for i, n in enumerate(graph.nodes)}
     return sorted(found.values(), key=lambda ag: order[ag.collective])
+
+
+def is_noop_slice(node: Any) -> bool:
+    """``aten.slice(x, dim, 0, end, 1)`` whose ``end`` covers all of ``x``'s ``dim`` (``end >= size``,
+    e.g. ``sys.maxsize``): the identity, a view of all of ``x``."""
+    if not (isinstance(node, torch.fx.Node) and node.target is aten.slice.Tensor):
+        return False
+    src = node.args[0]
+    if not isinstance(src, torch.fx.Node) or not isinstance(val(src), torch.Tensor):
+        return False
+    size_dims = val(src).dim()
+    dim = arg(node, 1, "dim", 0)
+    if not isinstance(dim, int) or not -size_dims <= dim < size_dims:
+        return False
+    start, end, step = arg(node, 2, "start", None), arg(node, 3, "end", None), arg(node, 4, "step", 1)
+    if start not in (None, 0) or step != 1:
+        return False
+    size = val(src).shape[dim]
+    if end is None or (isinstance(end, int) and isinstance(size, int) and end >= size):
+        return True
+    if isinstance(end, int) and end >= sys.maxsize:
+        return True
+    return known_eq(end, size)
 
 
 def _match_slice_cat_reduce_scatter(wait: torch.fx.Node) -> ReduceScatter | None:
@@ -304,9 +333,10 @@ def _piece_error(piece: Any, index: int, src: torch.fx.Node, dim: int, size: int
 
 def gather_layout_error(ag: AllGather, ws: int) -> str | None:
     """Why the split/cat around a dim-0 gather does not re-assemble ``all_gather(shard, gather_dim)``."""
-    if ag.result.target is c10d.wait_tensor.default:
+    cat = next((n for n in ag.nodes if n.target is aten.cat.default), None)
+    if cat is None:  # the dim-0 form (possibly through no-op slices)
         return None
-    pieces = ag.result.args[0]
+    pieces = cat.args[0]
     if len(pieces) != ws:
         return f"the gathered tensor is re-assembled from {len(pieces)} pieces, the group has {ws} ranks"
     wait = next(n for n in ag.nodes if n.target is c10d.wait_tensor.default)

@@ -286,3 +286,66 @@ def check_cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, s
     if w2.shape[0] != f:
         raise _fail(op, "w2", f"expected [F={f}, N] (F = w1's columns), got shape {list(w2.shape)}")
     _bias(op, "b2", b2, w2.shape[1], x, "x")
+
+
+# ------------------------------------------------------------------------- rank agreement
+class OverlapDisagreementError(OverlapInputError):
+    """The ranks of the group called an op with different shapes or dtypes (found before any transfer)."""
+
+
+_AGREED: set[tuple] = set()  # (op, group name, key) checked once; the steady state pays nothing
+
+
+def _arg_signature(value) -> str:
+    if isinstance(value, Tensor):
+        return f"{list(value.shape)} {value.dtype}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_arg_signature(v) for v in value) + "]"
+    return repr(value)
+
+
+def check_agreement(op: str, group, named_args: Sequence[tuple[str, object]]) -> None:
+    """On the first call of a (op, group, shapes/dtypes) key: all-gather one stable hash per argument
+    over ``group`` and raise :class:`OverlapDisagreementError`, naming the op and the arguments that
+    differ, on every rank where any rank differs. Values that are the same on every rank of an SPMD
+    program (shapes, dtypes, the op's scalars) are the key; never a tensor's contents."""
+    import zlib
+
+    import torch.distributed as dist
+
+    signatures = [(name, _arg_signature(v)) for name, v in named_args]
+    key = (op, group.group_name, tuple(s for _, s in signatures))
+    if key in _AGREED:
+        return
+    ws = group.size()
+    if ws > 1:
+        hashes = [zlib.crc32(f"{name}={sig}".encode()) for name, sig in signatures]
+        device = next((v.device for _, v in named_args if isinstance(v, Tensor)), torch.device("cpu"))
+        if "gloo" in str(dist.get_backend(group)).lower() and "cuda:" not in str(dist.get_backend(group)).lower():
+            device = torch.device("cpu")  # gloo gathers CPU tensors
+        mine = torch.tensor(hashes, dtype=torch.int64, device=device)
+        gathered = torch.empty((ws * len(hashes),), dtype=torch.int64, device=device)
+        from .p2p import P2PError, all_gather_single, group_state
+
+        state = group_state(group.group_name)
+        try:  # bounded like the lowerings' transfers: a late or dead peer is a P2PError
+            work = all_gather_single(gathered, mine, group=group, async_op=True)
+            work.wait() if mine.is_cuda else work.wait(state.timeout)
+        except RuntimeError as e:
+            raise P2PError(
+                f"overlap p2p: {op} on rank {group.rank()} of group {group.group_name!r}: the ranks' agreement check "
+                f"on the op's shapes and dtypes failed or did not finish within OVERLAP_TIMEOUT_S="
+                f"{state.timeout_s:g} s. A peer died, skipped the op call or is far behind. Cause: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            ) from e
+        rows = gathered.view(ws, len(hashes)).cpu().tolist()
+        differs = [name for i, (name, _) in enumerate(signatures) if len({row[i] for row in rows}) > 1]
+        if differs:
+            ranks = [r for r, row in enumerate(rows) if row != rows[0]]
+            raise OverlapDisagreementError(
+                f"overlap::{op}: the ranks of group {group.group_name!r} disagree on argument(s) "
+                f"{', '.join(repr(d) for d in differs)} (shapes or dtypes; ranks {ranks} differ from rank 0); "
+                f"this rank has {', '.join(f'{n}: {s}' for n, s in signatures if n in differs)}. Every rank "
+                f"must call the op with the same shapes and dtypes."
+            )
+    _AGREED.add(key)

@@ -25,7 +25,7 @@ from .lowering import register
 from .p2p import Ring, reduce_scatter_matmul
 
 
-def _linear(a: Tensor, w: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
+def linear(a: Tensor, w: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
     if bias is None:
         return torch.mm(a, w, out=out)
     return torch.addmm(bias, a, w, out=out)
@@ -58,40 +58,40 @@ def cta_pipeline_mlp(
     group_name: str,
 ) -> Tensor:
     # Inputs were validated by the op (runtime/checks.py), identically on every rank.
-    ring = Ring(group_name, "cta_pipeline_mlp")
-    ws = ring.size
-    m, n = x.shape[0], w2.shape[1]
-    dtype = torch.result_type(x, w1)
-    out = x.new_empty((m, n), dtype=dtype)
-    if m == 0:
+    with Ring(group_name, "cta_pipeline_mlp") as ring:  # an exception in a step waits on its transfers first
+        ws = ring.size
+        m, n = x.shape[0], w2.shape[1]
+        dtype = torch.result_type(x, w1)
+        out = x.new_empty((m, n), dtype=dtype)
+        if m == 0:
+            return out
+
+        def mlp(rows: Tensor) -> Tensor:
+            h = linear(rows, w1, b1)
+            if activation == "gelu":
+                a = F.gelu(h, approximate=approximate)
+            else:
+                a = F.silu(h) * linear(rows, w3, b3)
+            return linear(a, w2, b2).to(dtype)
+
+        pending: list[tuple[dist.Work, Tensor, int, int]] = []
+        for lo, hi in chunk_bounds(m, stages):
+            rows = hi - lo
+            step = -(-rows // ws)  # sub-chunks of equal length; the last ones are zero-padded
+
+            def partial(c: int, lo=lo, hi=hi, step=step) -> Tensor:
+                s_lo, s_hi = min(lo + c * step, hi), min(lo + (c + 1) * step, hi)
+                res = mlp(x[s_lo:s_hi])
+                if s_hi - s_lo < step:
+                    res = torch.cat([res, res.new_zeros((step - (s_hi - s_lo), n))])
+                return res
+
+            mine = reduce_scatter_matmul(ring, partial, (step, n), dtype, x.device, "sum")
+            full = torch.empty((ws * step, n), dtype=dtype, device=x.device)
+            # Gather this chunk while the next one is computed.
+            work = ring.all_gather(full, mine)
+            pending.append((work, full, lo, hi))
+        for i, (work, full, lo, hi) in enumerate(pending):
+            ring.wait([work], f"the all-gather of micro-chunk {i}")
+            out[lo:hi].copy_(full[: hi - lo])
         return out
-
-    def mlp(rows: Tensor) -> Tensor:
-        h = _linear(rows, w1, b1)
-        if activation == "gelu":
-            a = F.gelu(h, approximate=approximate)
-        else:
-            a = F.silu(h) * _linear(rows, w3, b3)
-        return _linear(a, w2, b2).to(dtype)
-
-    pending: list[tuple[dist.Work, Tensor, int, int]] = []
-    for lo, hi in chunk_bounds(m, stages):
-        rows = hi - lo
-        step = -(-rows // ws)  # sub-chunks of equal length; the last ones are zero-padded
-
-        def partial(c: int, lo=lo, hi=hi, step=step) -> Tensor:
-            s_lo, s_hi = min(lo + c * step, hi), min(lo + (c + 1) * step, hi)
-            res = mlp(x[s_lo:s_hi])
-            if s_hi - s_lo < step:
-                res = torch.cat([res, res.new_zeros((step - (s_hi - s_lo), n))])
-            return res
-
-        mine = reduce_scatter_matmul(ring, partial, (step, n), dtype, x.device, "sum")
-        full = torch.empty((ws * step, n), dtype=dtype, device=x.device)
-        # Gather this chunk while the next one is computed.
-        work = ring.all_gather(full, mine)
-        pending.append((work, full, lo, hi))
-    for i, (work, full, lo, hi) in enumerate(pending):
-        ring.wait([work], f"the all-gather of micro-chunk {i}")
-        out[lo:hi].copy_(full[: hi - lo])
-    return out

@@ -59,7 +59,7 @@ def prefix_sums(sizes: list[int]) -> list[int]:
     return out
 
 
-def _per_expert(a: Tensor, counts: list[int], w: Tensor) -> Tensor:
+def expert_matmul(a: Tensor, counts: list[int], w: Tensor) -> Tensor:
     """``a``'s rows of expert ``e`` (``counts[e]`` consecutive rows after expert e-1's) @ ``w[e]``."""
     n, k, f = a.shape[0], a.shape[1], w.shape[2]
     # _grouped_mm wants bfloat16 and 16-byte-aligned leading strides (rows of K and F elements).
@@ -77,21 +77,21 @@ def _per_expert(a: Tensor, counts: list[int], w: Tensor) -> Tensor:
 
 def _experts(xs: Tensor, counts: list[int], w_gate: Tensor, w_up: Tensor, w_down: Tensor):
     """SwiGLU of expert ``e`` on the ``counts[e]`` consecutive rows of ``xs`` that follow expert e-1's."""
-    g = _per_expert(xs, counts, w_gate)
-    u = _per_expert(xs, counts, w_up)
+    g = expert_matmul(xs, counts, w_gate)
+    u = expert_matmul(xs, counts, w_up)
     a = F.silu(g) * u
-    return g, u, a, _per_expert(a, counts, w_down)
+    return g, u, a, expert_matmul(a, counts, w_down)
 
 
 def _expert_grads(dy: Tensor, g: Tensor, u: Tensor, counts: list[int], wt_gate: Tensor, wt_up: Tensor,
                   wt_down: Tensor):
     """The backward of ``_experts`` on the same rows: ``(dX, dG, dU)`` from the result gradient ``dy``."""
-    da = _per_expert(dy, counts, wt_down).float()
+    da = expert_matmul(dy, counts, wt_down).float()
     g32 = g.float()
     s = torch.sigmoid(g32)
     du = (da * (g32 * s)).to(g.dtype)
     dg = (da * u.float() * s * (1 + g32 * (1 - s))).to(g.dtype)
-    return _per_expert(dg, counts, wt_gate) + _per_expert(du, counts, wt_up), dg, du
+    return expert_matmul(dg, counts, wt_gate) + expert_matmul(du, counts, wt_up), dg, du
 
 
 class _Plan:
@@ -173,40 +173,40 @@ def moe_experts(
     comm_sms: int = -1,  # the symm lowering's communication SMs: nothing here runs a kernel of that kind
 ) -> tuple[Tensor, list[Tensor]]:
     # Inputs were validated by the op (runtime/checks.py), identically on every rank.
-    ring = Ring(group_name, "moe_experts")
-    x = x.contiguous()
-    experts, h, f = w_gate.shape
-    cd = w_gate.dtype
-    plan = _Plan(ring.size, send_splits, recv_splits, rows, offsets, group_sizes, experts, x.device)
-    m = plan.m
-    want = dict(zip(MOE_SAVED, saved))
-    keep = {name: x.new_zeros((m, h if name == "xg" else f), dtype=cd) if want[name] else None
-            for name in ("xg", "gate", "up", "act")}
+    with Ring(group_name, "moe_experts") as ring:  # an exception in a step waits on its transfers first
+        x = x.contiguous()
+        experts, h, f = w_gate.shape
+        cd = w_gate.dtype
+        plan = _Plan(ring.size, send_splits, recv_splits, rows, offsets, group_sizes, experts, x.device)
+        m = plan.m
+        want = dict(zip(MOE_SAVED, saved))
+        keep = {name: x.new_zeros((m, h if name == "xg" else f), dtype=cd) if want[name] else None
+                for name in ("xg", "gate", "up", "act")}
 
-    def compute(src: int, recv: Tensor, y_recv: Tensor) -> None:
-        js = plan.grouped(src)
-        if js.numel() == 0:
-            return
-        src_rows = plan.rows[js]
-        xs = recv.index_select(0, src_rows).to(cd)
-        g, u, a, y = _experts(xs, plan.counts[src], w_gate, w_up, w_down)
-        y_recv.index_copy_(0, src_rows, y.to(x.dtype))
-        for name, value in (("xg", xs), ("gate", g), ("up", u), ("act", a)):
-            if keep[name] is not None:
-                keep[name].index_copy_(0, js, value)
+        def compute(src: int, recv: Tensor, y_recv: Tensor) -> None:
+            js = plan.grouped(src)
+            if js.numel() == 0:
+                return
+            src_rows = plan.rows[js]
+            xs = recv.index_select(0, src_rows).to(cd)
+            g, u, a, y = _experts(xs, plan.counts[src], w_gate, w_up, w_down)
+            y_recv.index_copy_(0, src_rows, y.to(x.dtype))
+            for name, value in (("xg", xs), ("gate", g), ("up", u), ("act", a)):
+                if keep[name] is not None:
+                    keep[name].index_copy_(0, js, value)
 
-    recv, out = _pipeline(ring, x, plan, compute)
-    if keep["xg"] is not None:
-        # Grouped rows past the last expert's end are gathered (Xg) but belong to no expert.
-        idle = plan.idle()
-        keep["xg"].index_copy_(0, idle, recv.index_select(0, plan.rows[idle]).to(cd))
-    values = []
-    for name in MOE_SAVED:
-        if name == "recv":
-            values.append(recv if want["recv"] else x.new_empty((0,)))
-        else:
-            values.append(keep[name] if keep[name] is not None else x.new_empty((0,)))
-    return out, values
+        recv, out = _pipeline(ring, x, plan, compute)
+        if keep["xg"] is not None:
+            # Grouped rows past the last expert's end are gathered (Xg) but belong to no expert.
+            idle = plan.idle()
+            keep["xg"].index_copy_(0, idle, recv.index_select(0, plan.rows[idle]).to(cd))
+        values = []
+        for name in MOE_SAVED:
+            if name == "recv":
+                values.append(recv if want["recv"] else x.new_empty((0,)))
+            else:
+                values.append(keep[name] if keep[name] is not None else x.new_empty((0,)))
+        return out, values
 
 
 @register("p2p", "moe_experts_backward")
@@ -226,30 +226,30 @@ def moe_experts_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The same schedule as the forward: the result gradients travel like the dispatch, each source's
     input gradients go back (like the combine) as soon as its rows are computed, own rows last."""
-    ring = Ring(group_name, "moe_experts_backward")
-    grad = grad.contiguous()
-    experts, f, h = wt_gate.shape
-    cd = wt_gate.dtype
-    plan = _Plan(ring.size, send_splits, recv_splits, rows, offsets, group_sizes, experts, grad.device)
-    m = plan.m
-    dy_all = grad.new_zeros((m, h), dtype=cd)
-    dg_all, du_all = grad.new_zeros((m, f), dtype=cd), grad.new_zeros((m, f), dtype=cd)
+    with Ring(group_name, "moe_experts_backward") as ring:  # an exception in a step waits on its transfers first
+        grad = grad.contiguous()
+        experts, f, h = wt_gate.shape
+        cd = wt_gate.dtype
+        plan = _Plan(ring.size, send_splits, recv_splits, rows, offsets, group_sizes, experts, grad.device)
+        m = plan.m
+        dy_all = grad.new_zeros((m, h), dtype=cd)
+        dg_all, du_all = grad.new_zeros((m, f), dtype=cd), grad.new_zeros((m, f), dtype=cd)
 
-    def compute(src: int, recv: Tensor, dx_recv: Tensor) -> None:
-        js = plan.grouped(src)
-        if js.numel() == 0:
-            return
-        src_rows = plan.rows[js]
-        dy = recv.index_select(0, src_rows).to(cd)
-        dx, dg, du = _expert_grads(dy, gate.index_select(0, js), up.index_select(0, js), plan.counts[src], wt_gate,
-                                   wt_up, wt_down)
-        dx_recv.index_add_(0, src_rows, dx.to(grad.dtype))  # rows[] may repeat a received row: its gradients add
-        dy_all.index_copy_(0, js, dy)
-        dg_all.index_copy_(0, js, dg)
-        du_all.index_copy_(0, js, du)
+        def compute(src: int, recv: Tensor, dx_recv: Tensor) -> None:
+            js = plan.grouped(src)
+            if js.numel() == 0:
+                return
+            src_rows = plan.rows[js]
+            dy = recv.index_select(0, src_rows).to(cd)
+            dx, dg, du = _expert_grads(dy, gate.index_select(0, js), up.index_select(0, js), plan.counts[src], wt_gate,
+                                       wt_up, wt_down)
+            dx_recv.index_add_(0, src_rows, dx.to(grad.dtype))  # rows[] may repeat a received row: its gradients add
+            dy_all.index_copy_(0, js, dy)
+            dg_all.index_copy_(0, js, dg)
+            du_all.index_copy_(0, js, du)
 
-    recv, dx = _pipeline(ring, grad, plan, compute)
-    # Grouped rows past the last expert's end still gather their result gradient (dY); dG, dU stay 0.
-    idle = plan.idle()
-    dy_all.index_copy_(0, idle, recv.index_select(0, plan.rows[idle]).to(cd))
-    return dx, dy_all, dg_all, du_all
+        recv, dx = _pipeline(ring, grad, plan, compute)
+        # Grouped rows past the last expert's end still gather their result gradient (dY); dG, dU stay 0.
+        idle = plan.idle()
+        dy_all.index_copy_(0, idle, recv.index_select(0, plan.rows[idle]).to(cd))
+        return dx, dy_all, dg_all, du_all

@@ -86,6 +86,8 @@ def ag_mm(
     specs = _check_epilogues("ag_mm", epilogue, len(weights), args,
                              [(_ag_rows(shard, dim, group.size()), w.shape[1]) for w in weights],
                              shard.dtype, allow_out_refs=True)[0]
+    _checks.check_agreement("ag_mm", group, [("shard", shard), ("weights", weights), ("biases", biases),
+                                             ("gather_dim", gather_dim), ("epilogue", epilogue)])
     return impl(shard, weights, biases, gather_dim, group_name, return_gathered, specs, args)
 
 
@@ -154,6 +156,8 @@ def mm_rs(
     _checks.check_mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group)
     args = list(epilogue_args or ())
     _check_epilogues("mm_rs", epilogue, 1, args, [_rs_shape(out_shape, scatter_dim, group.size())], a.dtype)
+    _checks.check_agreement("mm_rs", group, [("a", a), ("b", b), ("bias", bias), ("out_shape", list(out_shape)),
+                                             ("scatter_dim", scatter_dim), ("reduce_op", reduce_op)])
     return impl(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, args)
 
 
@@ -191,10 +195,11 @@ def mm_ar(
     (``spec/epilogue.py``) on it.
     """
     impl = _lowering.implementation(lowering, "mm_ar")
-    _checks.resolve_group("mm_ar", group_name)
+    group = _checks.resolve_group("mm_ar", group_name)
     _checks.check_mm_ar(a, b, bias, reduce_op)
     args = list(epilogue_args or ())
     _check_epilogues("mm_ar", epilogue, 1, args, [(a.shape[0], b.shape[1])], a.dtype)
+    _checks.check_agreement("mm_ar", group, [("a", a), ("b", b), ("bias", bias), ("reduce_op", reduce_op)])
     return impl(a, b, bias, reduce_op, group_name, epilogue, args)
 
 

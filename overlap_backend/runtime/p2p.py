@@ -18,6 +18,7 @@ the transfers are asynchronous work objects that progress while this thread comp
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -31,7 +32,7 @@ from .lowering import register
 from .streams import P2P_RING, comm_stream
 
 # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same signature); 2.11 has only the former
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 _REDUCE_INPLACE = {
     "sum": lambda acc, x: acc.add_(x),
@@ -127,6 +128,11 @@ class Ring:
     tensors are waited for without a timeout (a timed ``Work.wait`` blocks the host until the GPU
     is done, which would serialise the ring); NCCL's own watchdog (the process group's ``timeout``)
     bounds them.
+
+    Used as a context manager (``with Ring(...) as ring:``), every transfer started and not yet
+    waited on is waited on (within ``OVERLAP_TIMEOUT_S``, its own errors dropped) when an exception
+    leaves the block, before the exception propagates: a transfer left posted would make the peer's
+    matching one, or the group's next collective, wait forever.
     """
 
     def __init__(self, group_name: str, op: str = "p2p"):
@@ -138,6 +144,29 @@ class Ring:
         self.op = op
         self.group, self.size, self.rank, self.next, self.prev = st.group, st.size, st.rank, st.next, st.prev
         self._cuda = False
+        self.pending: list[dist.Work] = []  # started and not yet waited on
+
+    def __enter__(self) -> Ring:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.drain()
+
+    def drain(self) -> None:
+        """Wait on every pending transfer, dropping their errors (an error is already propagating);
+        on gloo all of them together within one ``OVERLAP_TIMEOUT_S``."""
+        pending, self.pending = self.pending, []
+        deadline = time.monotonic() + self.state.timeout_s
+        for w in pending:
+            try:
+                if self._cuda:
+                    w.wait()
+                else:
+                    # at least 1 ms: a zero timedelta means no timeout to gloo
+                    w.wait(timedelta(seconds=max(deadline - time.monotonic(), 1e-3)))
+            except Exception:  # noqa: BLE001 - the exception that made us drain is the one to report
+                pass
 
     def shift(self, send: Tensor | None, recv: Tensor | None) -> list[dist.Work]:
         """Start sending ``send`` to the next rank and receiving ``recv`` from the previous one."""
@@ -161,15 +190,18 @@ class Ring:
                     f"(OVERLAP_LOWERING=symm on one node), or leave this op out (OVERLAP_PASSES)."
                 )
         try:
-            return start_batch(ops)
+            works = start_batch(ops)
         except RuntimeError as e:
             raise self.error("starting a ring step's transfers", e) from e
+        self.pending.extend(works)
+        return works
 
     def wait(self, works: Sequence[dist.Work], what: str = "") -> None:
         """Wait for ``works`` (on CUDA: make the compute stream wait; the host does not block).
         ``what`` says which transfer, for the error."""
         timeout = None if self._cuda else self.state.timeout
         for w in works:
+            self.pending = [p for p in self.pending if p is not w]
             try:
                 if timeout is None:
                     w.wait()
@@ -182,7 +214,9 @@ class Ring:
         """Start ``all_gather(out, inp)`` over the group; :meth:`wait` for it."""
         if inp.is_cuda:
             self._cuda = True
-        return _all_gather_single(out, inp, group=self.group, async_op=True)
+        work = all_gather_single(out, inp, group=self.group, async_op=True)
+        self.pending.append(work)
+        return work
 
     def error(self, what: str, cause: BaseException) -> P2PError:
         st = self.state
@@ -195,7 +229,7 @@ class Ring:
         )
 
 
-def _mm(a: Tensor, w: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
+def matmul(a: Tensor, w: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
     if bias is None:
         return torch.mm(a, w, out=out)
     return torch.addmm(bias, a, w, out=out)
@@ -214,58 +248,61 @@ def ag_mm(
     epilogue_args: Sequence[Tensor | None] = (),
 ) -> tuple[Tensor, list[Tensor]]:
     # Inputs were validated by the op (runtime/checks.py), identically on every rank.
-    ring = Ring(group_name, "ag_mm")
-    ws, r = ring.size, ring.rank
-    shard = shard.contiguous()
-    dim = gather_dim % shard.dim()
-    k = shard.shape[-1]
-    contraction_split = dim == shard.dim() - 1
-    gshape = list(shard.shape)
-    gshape[dim] *= ws
-    # chunks[c] receives rank c's shard.
-    chunks = shard.new_empty((ws, *shard.shape))
-    chunks[r].copy_(shard)
+    with Ring(group_name, "ag_mm") as ring:  # an exception in a step waits on its transfers first
+        ws, r = ring.size, ring.rank
+        shard = shard.contiguous()
+        dim = gather_dim % shard.dim()
+        k = shard.shape[-1]
+        contraction_split = dim == shard.dim() - 1
+        gshape = list(shard.shape)
+        gshape[dim] *= ws
+        # chunks[c] receives rank c's shard.
+        chunks = shard.new_empty((ws, *shard.shape))
+        chunks[r].copy_(shard)
 
-    rows = math.prod(gshape[:-1])
-    outs = [shard.new_empty((rows, w.shape[1])) for w in weights]
-    step_len = shard.shape[dim]
+        rows = math.prod(gshape[:-1])
+        outs = [shard.new_empty((rows, w.shape[1])) for w in weights]
+        step_len = shard.shape[dim]
 
-    def compute(c: int, first: bool) -> None:
-        a = chunks[c]
-        for i, (w, out) in enumerate(zip(weights, outs)):
-            bias = biases[i] if biases else None
-            if contraction_split:
-                # G[:, c*k:(c+1)*k] @ W[c*k:(c+1)*k]: partial products summed over the chunks.
-                wk = w[c * k : (c + 1) * k]
-                if first:
-                    out.copy_(_mm(a.reshape(-1, k), wk, bias))
+        chunk_rows = math.prod(shard.shape[:-1])
+
+        def compute(c: int, first: bool) -> None:
+            # explicit row counts: reshape(-1, 0) of an empty chunk (K = 0) is ambiguous
+            a = chunks[c].reshape(chunk_rows, k)
+            for i, (w, out) in enumerate(zip(weights, outs)):
+                bias = biases[i] if biases else None
+                if contraction_split:
+                    # G[:, c*k:(c+1)*k] @ W[c*k:(c+1)*k]: partial products summed over the chunks.
+                    wk = w[c * k : (c + 1) * k]
+                    if first:
+                        out.copy_(matmul(a, wk, bias))
+                    else:
+                        out.addmm_(a, wk)
                 else:
-                    out.addmm_(a.reshape(-1, k), wk)
-            else:
-                out_nd = out.view(*gshape[:-1], w.shape[1])
-                dst = out_nd.narrow(dim, c * step_len, step_len)
-                if dst.is_contiguous():  # gather dim 0 (or leading dims of size 1): write in place
-                    _mm(a.reshape(-1, k), w, bias, out=dst.view(-1, w.shape[1]))
-                else:
-                    dst.copy_(_mm(a.reshape(-1, k), w, bias).view(dst.shape))
+                    out_nd = out.view(*gshape[:-1], w.shape[1])
+                    dst = out_nd.narrow(dim, c * step_len, step_len)
+                    if dst.is_contiguous():  # gather dim 0 (or leading dims of size 1): write in place
+                        matmul(a, w, bias, out=dst.view(chunk_rows, w.shape[1]))
+                    else:
+                        dst.copy_(matmul(a, w, bias).view(dst.shape))
 
-    for step in range(ws):
-        c = (r - step) % ws
-        works = []
-        if step < ws - 1:
-            # Forward chunk c to the next rank and take chunk c-1 from the previous one while we
-            # compute on chunk c.
-            works = ring.shift(chunks[c], chunks[(c - 1) % ws])
-        compute(c, first=step == 0)
-        ring.wait(works, f"ring step {step} (chunk of rank {(c - 1) % ws})")
+        for step in range(ws):
+            c = (r - step) % ws
+            works = []
+            if step < ws - 1:
+                # Forward chunk c to the next rank and take chunk c-1 from the previous one while we
+                # compute on chunk c.
+                works = ring.shift(chunks[c], chunks[(c - 1) % ws])
+            compute(c, first=step == 0)
+            ring.wait(works, f"ring step {step} (chunk of rank {(c - 1) % ws})")
 
-    if not return_gathered:
-        gathered = shard.new_empty((0,))
-    elif dim == 0:
-        gathered = chunks.view(gshape)
-    else:
-        gathered = torch.cat(chunks.unbind(0), dim=dim)
-    return gathered, _epilogue.apply_all(list(epilogues), outs, epilogue_args)
+        if not return_gathered:
+            gathered = shard.new_empty((0,))
+        elif dim == 0:
+            gathered = chunks.view(gshape)
+        else:
+            gathered = torch.cat(chunks.unbind(0), dim=dim)
+        return gathered, _epilogue.apply_all(list(epilogues), outs, epilogue_args)
 
 
 # ----------------------------------------------------------------------------------------- mm_rs
@@ -309,26 +346,26 @@ def mm_rs(
 ) -> Tensor:
     # Inputs were validated by the op (runtime/checks.py): out_shape matches a @ b, its scatter dim
     # divides by the group size.
-    ring = Ring(group_name, "mm_rs")
-    ws = ring.size
-    out_shape = list(out_shape)
-    dim = scatter_dim % len(out_shape)
-    step_len = out_shape[dim] // ws
-    chunk_shape = list(out_shape)
-    chunk_shape[dim] = step_len
-    last = dim == len(out_shape) - 1
-    a_nd = a.reshape(*out_shape[:-1], a.shape[1])  # a copy only when a's layout cannot be viewed so
+    with Ring(group_name, "mm_rs") as ring:  # an exception in a step waits on its transfers first
+        ws = ring.size
+        out_shape = list(out_shape)
+        dim = scatter_dim % len(out_shape)
+        step_len = out_shape[dim] // ws
+        chunk_shape = list(out_shape)
+        chunk_shape[dim] = step_len
+        last = dim == len(out_shape) - 1
+        a_nd = a.reshape(*out_shape[:-1], a.shape[1])  # a copy only when a's layout cannot be viewed so
 
-    def partial(c: int) -> Tensor:
-        lo, hi = c * step_len, (c + 1) * step_len
-        if last:
-            return _mm(a, b[:, lo:hi], None if bias is None else bias[..., lo:hi]).view(chunk_shape)
-        rows = a_nd.narrow(dim, lo, step_len).reshape(-1, a.shape[1])
-        return _mm(rows, b, bias).view(chunk_shape)
+        def partial(c: int) -> Tensor:
+            lo, hi = c * step_len, (c + 1) * step_len
+            if last:
+                return matmul(a, b[:, lo:hi], None if bias is None else bias[..., lo:hi]).view(chunk_shape)
+            rows = a_nd.narrow(dim, lo, step_len).reshape(math.prod(chunk_shape[:-1]), a.shape[1])
+            return matmul(rows, b, bias).view(chunk_shape)
 
-    dtype = torch.result_type(a, b)
-    mine = reduce_scatter_matmul(ring, partial, chunk_shape, dtype, a.device, reduce_op)
-    return _epilogue.apply(epilogue, mine, epilogue_args)
+        dtype = torch.result_type(a, b)
+        mine = reduce_scatter_matmul(ring, partial, chunk_shape, dtype, a.device, reduce_op)
+        return _epilogue.apply(epilogue, mine, epilogue_args)
 
 
 # ----------------------------------------------------------------------------------------- mm_ar
@@ -342,20 +379,20 @@ def mm_ar(
     epilogue: str = "",
     epilogue_args: Sequence[Tensor | None] = (),
 ) -> Tensor:
-    ring = Ring(group_name, "mm_ar")
-    ws = ring.size
-    m, n = a.shape[0], b.shape[1]
-    step_len = -(-m // ws)  # row chunks of equal length; the last ones are zero-padded
-    dtype = torch.result_type(a, b)
+    with Ring(group_name, "mm_ar") as ring:  # an exception in a step waits on its transfers first
+        ws = ring.size
+        m, n = a.shape[0], b.shape[1]
+        step_len = -(-m // ws)  # row chunks of equal length; the last ones are zero-padded
+        dtype = torch.result_type(a, b)
 
-    def partial(c: int) -> Tensor:
-        lo, hi = min(c * step_len, m), min((c + 1) * step_len, m)
-        res = _mm(a[lo:hi], b, bias)
-        if hi - lo < step_len:
-            res = torch.cat([res, res.new_zeros((step_len - (hi - lo), n))])
-        return res
+        def partial(c: int) -> Tensor:
+            lo, hi = min(c * step_len, m), min((c + 1) * step_len, m)
+            res = matmul(a[lo:hi], b, bias)
+            if hi - lo < step_len:
+                res = torch.cat([res, res.new_zeros((step_len - (hi - lo), n))])
+            return res
 
-    mine = reduce_scatter_matmul(ring, partial, (step_len, n), dtype, a.device, reduce_op)
-    full = torch.empty((ws * step_len, n), dtype=dtype, device=a.device)
-    ring.wait([ring.all_gather(full, mine)], "the all-gather of the reduced chunks")
-    return _epilogue.apply(epilogue, full[:m] if ws * step_len != m else full, epilogue_args)
+        mine = reduce_scatter_matmul(ring, partial, (step_len, n), dtype, a.device, reduce_op)
+        full = torch.empty((ws * step_len, n), dtype=dtype, device=a.device)
+        ring.wait([ring.all_gather(full, mine)], "the all-gather of the reduced chunks")
+        return _epilogue.apply(epilogue, full[:m] if ws * step_len != m else full, epilogue_args)

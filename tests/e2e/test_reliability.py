@@ -637,3 +637,48 @@ def test_one_rank_group_is_reported_as_such(gloo_one_rank):
     recs = [m for r in be.reports for m in r.matches if m.pass_name == "ag_mm"]
     assert recs and all(not m.applied and "has 1 rank: nothing to overlap" in m.reason for m in recs), recs
     torch.testing.assert_close(out[0], torch.nn.functional.rms_norm(x, (8,)) @ w)  # left as it was: still right
+
+
+# ------------------------------------------------------------------------- rank disagreement
+def _disagreeing_ranks(rank, ws):
+    import torch.distributed as dist
+
+    from overlap_backend.runtime.checks import OverlapDisagreementError
+
+    name = dist.new_group(list(range(ws))).group_name
+    w = torch.randn(8, 16)
+    out = {}
+    cases = {
+        # rank 1 has a longer sequence
+        "rows": lambda: torch.ops.overlap.ag_mm(torch.randn(4 + rank, 8), [w], [None], 0, name, "p2p", False),
+        # rank 1 runs in bfloat16
+        "dtype": lambda: torch.ops.overlap.mm_ar(torch.randn(8, 4).to(torch.bfloat16 if rank else torch.float32),
+                                                 torch.randn(4, 4).to(torch.bfloat16 if rank else torch.float32),
+                                                 None, "sum", name, "p2p"),
+        "mm_rs rows": lambda: torch.ops.overlap.mm_rs(torch.randn(4 + 2 * rank, 4), torch.randn(4, 6), None,
+                                                      [4 + 2 * rank, 6], 0, "sum", name, "p2p"),
+    }
+    for case, call in cases.items():
+        try:
+            call()
+            out[case] = None
+        except OverlapDisagreementError as e:
+            out[case] = str(e)
+    # the group stays usable, and an agreeing call runs (its key checked once, then cached)
+    t = torch.ones(2)
+    dist.all_reduce(t, group=dist.group.WORLD)
+    x = torch.randn(4, 8)
+    for _ in range(2):
+        torch.ops.overlap.ag_mm(x, [w], [None], 0, name, "p2p", False)
+    out["after"] = t.tolist()
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_rank_disagreement_raises_on_every_rank():
+    for rank, out in enumerate(run_ranks(_disagreeing_ranks, 2, timeout=200, env={"OVERLAP_TIMEOUT_S": "10"})):
+        for case, op, arg in (("rows", "ag_mm", "'shard'"), ("dtype", "mm_ar", "'a'"), ("mm_rs rows", "mm_rs", "'a'")):
+            msg = out[case]
+            assert msg is not None, (rank, case, "no error: the ranks ran on disagreeing inputs")
+            assert msg.startswith(f"overlap::{op}:") and arg in msg and "disagree" in msg, (rank, case, msg)
+        assert out["after"] == [2.0, 2.0]

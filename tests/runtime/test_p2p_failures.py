@@ -1,0 +1,191 @@
+"""The p2p lowering on degenerate shapes and under failures, on 2 gloo ranks.
+
+Empty contraction (K = 0) or empty output columns (N = 0) compute what eager computes; an exception
+raised inside a ring step (a compute patched to raise) leaves the group usable: the transfers the
+step posted are waited on before the error propagates, so a following ``dist.all_reduce`` completes.
+One spawn of 2 ranks runs every case (spawning costs most of the time).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from dist_harness import run_ranks
+
+
+class InjectedFailure(RuntimeError):
+    """The error a patched compute raises inside a ring step."""
+
+
+def _group_usable(group):
+    """True when an all-reduce on ``group`` completes with the right sum, else what went wrong."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(3)
+    try:
+        work = dist.all_reduce(t, group=group, async_op=True)
+        work.wait(timedelta(seconds=10))
+    except RuntimeError as e:
+        return f"{type(e).__name__}: {e}"
+    return torch.equal(t, torch.full((3,), float(group.size()))) or f"wrong sum {t.tolist()}"
+
+
+def _empty_shapes(rank, ws, group):
+    """(case, max abs error vs eager, group usable after) for K = 0 and N = 0 matmuls of every op."""
+    import torch
+    import torch.distributed as dist
+
+    name = group.group_name
+    ov = torch.ops.overlap
+    results = []
+
+    def gather(shard, dim):
+        parts = [torch.empty_like(shard) for _ in range(ws)]
+        dist.all_gather(parts, shard.contiguous(), group=group)
+        return torch.cat(parts, dim=dim)
+
+    def record(case, got, ref):
+        err = (got - ref).abs().max().item() if got.numel() else 0.0
+        same_shape = list(got.shape) == list(ref.shape)
+        results.append((case, same_shape, err, _group_usable(group)))
+
+    g = torch.Generator().manual_seed(rank)
+    for gdim, (rows, k, n) in [(0, (4, 0, 6)), (0, (4, 8, 0)), (1, (4, 0, 6)), (1, (4, 4, 0)), (0, (0, 8, 6))]:
+        shard = torch.randn(rows, k, generator=g)
+        kk = k * (ws if gdim == 1 else 1)
+        w = torch.randn(kk, n, generator=torch.Generator().manual_seed(7))
+        bias = torch.randn(n, generator=torch.Generator().manual_seed(8))
+        for b in (None, bias):
+            case = f"ag_mm gather_dim={gdim} shard={[rows, k]} w={[kk, n]} bias={b is not None}"
+            try:
+                gathered, (out,) = ov.ag_mm(shard, [w], [b], gdim, name, "p2p", True)
+            except Exception as e:  # noqa: BLE001 - reported to the parent
+                results.append((case, False, f"{type(e).__name__}: {e}", _group_usable(group)))
+                continue
+            full = gather(shard, gdim)
+            ref = full.reshape(full.numel() // kk if kk else full.shape[0], kk) @ w + (0 if b is None else b)
+            record(case, out, ref)
+            record(case + " (gathered)", gathered, full)
+    for m, k, n in [(4, 0, 6), (4, 8, 0)]:
+        a = torch.randn(m, k, generator=g)
+        b = torch.randn(k, n, generator=torch.Generator().manual_seed(9))
+        bias = torch.randn(n, generator=g)
+        for bb in (None, bias):
+            full = a @ b + (0 if bb is None else bb)
+            reduced = full.clone()
+            dist.all_reduce(reduced, group=group)
+            for scatter_dim in (0, 1):
+                case = f"mm_rs a={[m, k]} b={[k, n]} scatter_dim={scatter_dim} bias={bb is not None}"
+                if n % ws and scatter_dim == 1:
+                    continue
+                try:
+                    got = ov.mm_rs(a, b, bb, [m, n], scatter_dim, "sum", name, "p2p")
+                except Exception as e:  # noqa: BLE001
+                    results.append((case, False, f"{type(e).__name__}: {e}", _group_usable(group)))
+                    continue
+                record(case, got, reduced.chunk(ws, dim=scatter_dim)[rank] if reduced.numel() else
+                       reduced.tensor_split(ws, dim=scatter_dim)[rank])
+            case = f"mm_ar a={[m, k]} b={[k, n]} bias={bb is not None}"
+            try:
+                record(case, ov.mm_ar(a, b, bb, "sum", name, "p2p"), reduced)
+            except Exception as e:  # noqa: BLE001
+                results.append((case, False, f"{type(e).__name__}: {e}", _group_usable(group)))
+    return results
+
+
+def _injected_failures(rank, ws):
+    """(case, whether this rank's compute raised, what the op raised, group usable after) per injected failure."""
+    import torch
+    import torch.distributed as dist
+
+    from overlap_backend.runtime import cta_p2p, moe_p2p, p2p
+
+    ov = torch.ops.overlap
+    x, w = torch.randn(4, 8), torch.randn(8, 6)
+    a, b = torch.randn(8, 4), torch.randn(4, 6)
+    wg, wd = torch.randn(2, 8, 6), torch.randn(2, 6, 8)
+
+    def patched(module, attr, fail_at, failing):
+        """``module.attr`` that raises on the ranks ``failing`` at its ``fail_at``-th call (0-based)."""
+        original = getattr(module, attr)
+        calls = [0]
+
+        def fn(*args, **kwargs):
+            calls[0] += 1
+            if rank in failing and calls[0] - 1 == fail_at:
+                raise InjectedFailure(f"injected into {attr}")
+            return original(*args, **kwargs)
+
+        return original, fn
+
+    both, first = (0, 1), (0,)
+    cases = [
+        # (case, the ranks that raise, module, attribute, its call that raises, the op call); a rank-local
+        # failure only where the peer's schedule needs nothing more from the failing rank (2 ranks)
+        ("ag_mm step 0", first, p2p, "matmul", 0, lambda: ov.ag_mm(x, [w], [None], 0, name, "p2p", False)),
+        ("ag_mm gather last dim", both, p2p, "matmul", 0, lambda: ov.ag_mm(x, [torch.randn(16, 6)], [None], 1, name,
+                                                                      "p2p", False)),
+        ("mm_rs step 1", first, p2p, "matmul", 1, lambda: ov.mm_rs(a, b, None, [8, 6], 0, "sum", name, "p2p")),
+        ("mm_ar step 1", both, p2p, "matmul", 1, lambda: ov.mm_ar(a, b, None, "sum", name, "p2p")),
+        ("moe_experts remote rows", both, moe_p2p, "expert_matmul", 0,
+         lambda: ov.moe_experts(x, [2, 2], [2, 2], torch.arange(4), None, [2, 2], wg, wg, wd, name, "p2p",
+                                [False] * 5)),
+        ("cta_pipeline_mlp step 1", both, cta_p2p, "linear", 2,
+         lambda: ov.cta_pipeline_mlp(x, torch.randn(8, 6), None, None, None, torch.randn(6, 8), None, "gelu", "none",
+                                     2, name, "p2p")),
+    ]
+    results = []
+    for case, failing, module, attr, fail_at, call in cases:
+        group = dist.new_group(list(range(ws)))  # one per case: a case that breaks its group spoils no other
+        name = group.group_name
+        original, fn = patched(module, attr, fail_at, failing)
+        setattr(module, attr, fn)
+        try:
+            try:
+                call()
+                raised = None
+            except Exception as e:  # noqa: BLE001
+                raised = f"{type(e).__name__}: {e}"
+        finally:
+            setattr(module, attr, original)
+        results.append((case, rank in failing, raised, _group_usable(group)))
+    return results
+
+
+def failures_worker(rank, ws):
+    import os
+
+    import torch.distributed as dist
+
+    import overlap_backend  # noqa: F401  registers torch.ops.overlap
+
+    os.environ["OVERLAP_TIMEOUT_S"] = "10"  # read by the group created next
+    group = dist.new_group(list(range(ws)))
+    return {"empty": _empty_shapes(rank, ws, group), "injected": _injected_failures(rank, ws)}
+
+
+@pytest.fixture(scope="module")
+def failure_results():
+    return run_ranks(failures_worker, 2, timeout=240)
+
+
+@pytest.mark.timeout(300)
+def test_empty_contraction_or_output_columns_compute_what_eager_computes(failure_results):
+    for rank, out in enumerate(failure_results):
+        for case, same_shape, err, usable in out["empty"]:
+            assert same_shape and err == 0.0 or (same_shape and isinstance(err, float) and err < 1e-5), (rank, case, err)
+            assert usable is True, (rank, case, usable)
+
+
+@pytest.mark.timeout(300)
+def test_exception_inside_a_ring_step_leaves_the_group_usable(failure_results):
+    for rank, out in enumerate(failure_results):
+        for case, failed, raised, usable in out["injected"]:
+            if failed:
+                assert raised is not None and "InjectedFailure" in raised, (rank, case, raised)
+            else:
+                assert raised is None, (rank, case, raised)
+            assert usable is True, (rank, case, usable)
