@@ -296,6 +296,15 @@ class OverlapDisagreementError(OverlapInputError):
 _AGREED: set[tuple] = set()  # (op, group name, key) checked once; the steady state pays nothing
 
 
+def _arg_key(value):
+    """What the agreement is keyed by, cheap to build on every call (no strings)."""
+    if isinstance(value, Tensor):
+        return (tuple(value.shape), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(_arg_key(v) for v in value)
+    return value
+
+
 def _arg_signature(value) -> str:
     if isinstance(value, Tensor):
         return f"{list(value.shape)} {value.dtype}"
@@ -313,10 +322,12 @@ def check_agreement(op: str, group, named_args: Sequence[tuple[str, object]]) ->
 
     import torch.distributed as dist
 
-    signatures = [(name, _arg_signature(v)) for name, v in named_args]
-    key = (op, group.group_name, tuple(s for _, s in signatures))
+    key = (op, group.group_name, tuple(_arg_key(v) for _, v in named_args))
     if key in _AGREED:
         return
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return  # no collective inside a capture: the warm-up call of this key (eager) is where it is checked
+    signatures = [(name, _arg_signature(v)) for name, v in named_args]
     ws = group.size()
     if ws > 1:
         hashes = [zlib.crc32(f"{name}={sig}".encode()) for name, sig in signatures]
