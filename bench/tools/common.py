@@ -76,6 +76,8 @@ def synchronize(device: torch.device) -> None:
 
 def allreduce_max(values: Sequence[float], device: torch.device) -> list[float]:
     """Element-wise maximum over ranks (NaN stands for 'missing' and wins)."""
+    if "gloo" in str(dist.get_backend()) and "cuda" not in str(dist.get_backend()):
+        device = torch.device("cpu")  # gloo reduces CPU tensors (ranks sharing one GPU)
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
     nan = torch.isnan(t).to(torch.float64)
     t = torch.nan_to_num(t, nan=-math.inf)

@@ -1,0 +1,228 @@
+"""Host time per call of a compiled collective-GEMM graph: ``backend="overlap"`` against the same graph
+compiled by Inductor with NCCL.
+
+    torchrun --nproc-per-node=N bench/suites/bench_host.py --out DIR [--sizes 128,512,2048,8192]
+        [--ops ag_mm,mm_rs,mm_ar] [--lowering symm] [--profile] [--set symm.KNOB=v]
+
+For each graph (bf16, K = N = 4096, ``M`` tokens: all-gather -> mm of the gathered [M, K], mm of [M, K] ->
+reduce-scatter, mm of [M, K] -> all-reduce) and each M: the host µs per call (``common.host_us``: wall
+time of ``--calls`` calls that are not waited for, median of 5 rounds, max over ranks) of
+
+- ``overlap``: the graph compiled with ``backend="overlap"`` (cost model off, the ``--lowering``) on the
+  benchmark's group;
+- ``inductor``: the same graph compiled by Inductor on an NCCL group: the benchmark's group when every
+  rank has a GPU of its own, else (ranks sharing one GPU) a one-rank NCCL group per rank;
+- ``torch.mm``: the local GEMM alone (eager), for scale;
+
+their ratio and difference (the overlap op's own host time), the GPU ms per call of each (CUDA events,
+median of 20), and the same host time with only 5 calls per burst: where a burst's calls queue more
+GPU work than the GPU retires, a longer burst measures the GPU, not the host. Ranks sharing one GPU run
+the overlap graph over a gloo group with ``symm`` allowed on it (its data path never uses the group's
+collectives). ``--profile``: a cProfile of 40 steady-state calls of each overlap graph on rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.tools import common  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
+
+import overlap_backend  # noqa: E402
+from overlap_backend.spec import knobs  # noqa: E402
+
+K = N = 4096
+
+
+def graphs(group):
+    """{op: (fn(x, w), local rows of x for M tokens)} on ``group``."""
+    ws = group.size()
+
+    def ag(x, w):
+        return torch.mm(funcol.all_gather_tensor(x, 0, group), w)
+
+    def rs(x, w):
+        return funcol.reduce_scatter_tensor(torch.mm(x, w), "sum", 0, group)
+
+    def ar(x, w):
+        return funcol.all_reduce(torch.mm(x, w), "sum", group)
+
+    return {"ag_mm": (ag, lambda m: m // ws), "mm_rs": (rs, lambda m: m), "mm_ar": (ar, lambda m: m)}
+
+
+def setup():
+    """(rank, ws, device, overlap group, inductor group, shared)"""
+    rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    shared = torch.cuda.device_count() < ws
+    local = 0 if shared else int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    if shared:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+        knobs.symm.set(GROUP_BACKENDS=("nccl", "gloo"))
+        solo = None
+        for r in range(ws):  # new_group is collective over the default group: every rank makes every one
+            g = dist.new_group([r], backend="nccl")
+            solo = g if r == rank else solo
+        return rank, ws, device, dist.group.WORLD, solo, True
+    dist.init_process_group("nccl", device_id=device, timeout=timedelta(seconds=300))
+    return rank, ws, device, dist.group.WORLD, dist.group.WORLD, False
+
+
+def profile_text(fn, calls: int = 40) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    buf.write(f"{calls} calls\n")
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
+    return buf.getvalue()
+
+
+def driver_costs(device, n: int = 2000) -> dict:
+    """Host µs per call of the driver and torch.cuda operations an op call is made of (this rank alone)."""
+    import ctypes
+    import time
+
+    from overlap_backend.runtime import cuda as _cuda
+
+    word = torch.zeros(64, dtype=torch.int32, device=device)
+    addr = word.data_ptr()
+    src = torch.zeros(1024, dtype=torch.uint8, device=device)
+    dst = torch.zeros(1024, dtype=torch.uint8, device=device)
+    s1, s2 = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    lib = ctypes.CDLL("libcuda.so.1")
+    ev = ctypes.c_void_p()
+    lib.cuEventCreate(ctypes.byref(ev), 2)  # CU_EVENT_DISABLE_TIMING
+    rec, wait_ev = lib.cuEventRecord, lib.cuStreamWaitEvent
+    rec.argtypes, wait_ev.argtypes = [ctypes.c_void_p, ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_void_p,
+                                                                          ctypes.c_uint]
+    h1, h2 = s1.cuda_stream, s2.cuda_stream
+    cases = {
+        "write_value32 (ctypes)": lambda: _cuda.write_value32(addr, 1, s1),
+        "wait_value32 (ctypes, satisfied)": lambda: _cuda.wait_value32(addr, 0, s1),
+        "memcpy_async 1 KiB (ctypes)": lambda: _cuda.memcpy_async(dst.data_ptr(), src.data_ptr(), 1024, s1),
+        "torch.cuda.current_stream()": lambda: torch.cuda.current_stream(device),
+        "Stream.wait_stream (torch)": lambda: s2.wait_stream(s1),
+        "cuEventRecord + cuStreamWaitEvent (ctypes)": lambda: (rec(ev, h1), wait_ev(h2, ev, 0)),
+        "torch.empty 512x4096 bf16": lambda: torch.empty((512, 4096), dtype=torch.bfloat16, device=device),
+        "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
+    }
+    out = {}
+    for name, fn in cases.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize(device)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--sizes", default="128,512,2048,8192")
+    p.add_argument("--ops", default="ag_mm,mm_rs,mm_ar")
+    p.add_argument("--lowering", default="symm")
+    p.add_argument("--calls", type=int, default=40)
+    p.add_argument("--profile", action="store_true")
+    common.add_set_argument(p)
+    args = common.parse_args_with_sets(p, argv)
+    rank, ws, device, group, nccl_group, shared = setup()
+    from overlap_backend.runtime.symm import lowering_helpers
+
+    backend = overlap_backend.make_backend(cost_model="off", lowering=args.lowering)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ops = args.ops.split(",")
+    over, ind = graphs(group), graphs(nccl_group)
+    torch.manual_seed(rank)
+    rows, profiles = [], {}
+    for op in ops:
+        fn_o, local_rows = over[op]
+        fn_i, local_rows_i = ind[op]
+        comp_o = torch.compile(fn_o, backend=backend, dynamic=False)
+        comp_i = torch.compile(fn_i, dynamic=False)
+        for m in sizes:
+            torch._dynamo.reset()  # one graph per size: a recompile per size, not a dynamic graph
+            x = torch.randn(local_rows(m), K, device=device, dtype=torch.bfloat16)
+            xi = torch.randn(local_rows_i(m), K, device=device, dtype=torch.bfloat16)
+            w = torch.randn(K, N, device=device, dtype=torch.bfloat16) / K**0.5
+            before = dict(lowering_helpers.PATHS)
+            for _ in range(3):
+                comp_o(x, w)
+                comp_i(xi, w)
+            common.synchronize(device)
+            took = {k: v - before.get(k, 0) for k, v in lowering_helpers.PATHS.items() if v != before.get(k, 0)}
+            cases = {"overlap": lambda: comp_o(x, w), "inductor": lambda: comp_i(xi, w),
+                     "torch.mm": lambda: torch.mm(xi, w)}
+            res = {"op": op, "M": m, "paths": took}
+            for name, fn in cases.items():
+                res[f"{name}_host_us"] = common.host_us(fn, device, calls=args.calls, rounds=5)
+                res[f"{name}_host_us_5"] = common.host_us(fn, device, calls=5, rounds=5)
+                res[f"{name}_gpu_ms"] = common.allreduce_max([common.events_ms(fn, 20)], device)[0]
+            res["ratio"] = res["overlap_host_us"] / res["inductor_host_us"]
+            res["own_us"] = res["overlap_host_us"] - res["inductor_host_us"]
+            rows.append(res)
+            if rank == 0:
+                print(f"{op} M={m}: overlap {res['overlap_host_us']:.1f} us, inductor {res['inductor_host_us']:.1f} "
+                      f"us, ratio {res['ratio']:.2f}, own {res['own_us']:.1f} us; 5-call bursts "
+                      f"{res['overlap_host_us_5']:.1f} / {res['inductor_host_us_5']:.1f}; gpu "
+                      f"{res['overlap_gpu_ms']:.3f} / {res['inductor_gpu_ms']:.3f} ms; paths {took}", flush=True)
+            if args.profile and rank == 0 and m in (sizes[0], 512, sizes[-1]):
+                profiles[f"{op}_M{m}"] = profile_text(cases["overlap"])
+            elif args.profile:
+                for _ in range(40):
+                    cases["overlap"]()
+            common.synchronize(device)
+            dist.barrier()
+    costs = driver_costs(device)
+    if rank == 0:
+        print("driver and torch.cuda calls, host µs each:", costs, flush=True)
+        write(args.out, rows, profiles, ws, shared, device, costs)
+    common.shutdown()
+    return 0
+
+
+def write(out: Path, rows, profiles, ws, shared, device, costs) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    info = common.machine_info(device, ws)
+    info["ranks_share_one_gpu"] = shared
+    headers = ["graph", "M", "torch.mm host µs", "Inductor + NCCL host µs", "overlap host µs", "ratio",
+               "overlap's own µs", "5-call bursts: overlap / Inductor µs", "GPU ms: overlap / Inductor", "paths"]
+    table = [[r["op"], r["M"], f"{r['torch.mm_host_us']:.1f}", f"{r['inductor_host_us']:.1f}",
+              f"{r['overlap_host_us']:.1f}", f"{r['ratio']:.2f}×", f"{r['own_us']:.1f}",
+              f"{r['overlap_host_us_5']:.1f} / {r['inductor_host_us_5']:.1f}",
+              f"{r['overlap_gpu_ms']:.3f} / {r['inductor_gpu_ms']:.3f}",
+              ", ".join(f"{k} {v}" for k, v in sorted(r["paths"].items()))] for r in rows]
+    text = (f"`{common.command_line(ws)}`\n\n{common.info_markdown(info)}\n\n"
+            + common.markdown_table(headers, table) + "\n\nHost µs per call of the operations an op call is made of "
+            "(rank 0, 2000 calls each, while the other ranks do the same):\n\n"
+            + common.markdown_table(["operation", "µs"], [[k, f"{v:.2f}"] for k, v in costs.items()]) + "\n")
+    (out / "host.md").write_text(text)
+    common.write_json(out / "host.json", {"info": info, "rows": rows, "driver_costs_us": costs})
+    for name, prof in profiles.items():
+        (out / f"profile_{name}.txt").write_text(prof)
+    print(text)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
