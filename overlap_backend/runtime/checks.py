@@ -313,20 +313,21 @@ def _arg_signature(value) -> str:
     return repr(value)
 
 
-def check_agreement(op: str, group, named_args: Sequence[tuple[str, object]]) -> None:
+def check_agreement(op: str, group, named_args: Sequence[tuple[str, object]]) -> bool:
     """On the first call of a (op, group, shapes/dtypes) key: all-gather one stable hash per argument
     over ``group`` and raise :class:`OverlapDisagreementError`, naming the op and the arguments that
     differ, on every rank where any rank differs. Values that are the same on every rank of an SPMD
-    program (shapes, dtypes, the op's scalars) are the key; never a tensor's contents."""
+    program (shapes, dtypes, the op's scalars) are the key; never a tensor's contents. Returns whether the
+    ranks agreed (False: not checked yet, inside a CUDA-graph capture)."""
     import zlib
 
     import torch.distributed as dist
 
     key = (op, group.group_name, tuple(_arg_key(v) for _, v in named_args))
     if key in _AGREED:
-        return
+        return True
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return  # no collective inside a capture: the warm-up call of this key (eager) is where it is checked
+        return False  # no collective inside a capture: the warm-up call of this key (eager) is where it is checked
     signatures = [(name, _arg_signature(v)) for name, v in named_args]
     ws = group.size()
     if ws > 1:
@@ -360,3 +361,31 @@ def check_agreement(op: str, group, named_args: Sequence[tuple[str, object]]) ->
                 f"must call the op with the same shapes and dtypes."
             )
     _AGREED.add(key)
+    return True
+
+
+# ------------------------------------------------------------------------ checked calls
+CHECKED: dict[tuple, tuple] = {}  # an op call's argument key -> what its checks found (runtime/ops.py)
+CHECKED_MAX = 4096  # keys kept (dynamic shapes make one per length); past it the cache starts over
+
+
+def tensor_key(t):
+    """What an op's checks read of a tensor (or None): dtype, shape, strides, device; never its contents."""
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.get_device())
+
+
+def tensors_key(ts):
+    return tuple([None if t is None else (t.dtype, t.shape, t.stride(), t.get_device()) for t in ts])
+
+
+def remember_checked(key: tuple, found: tuple) -> tuple:
+    if len(CHECKED) >= CHECKED_MAX:
+        CHECKED.clear()
+    CHECKED[key] = found
+    return found
+
+
+def forget_checked() -> None:
+    """Process groups were destroyed: their names may come back for other groups."""
+    CHECKED.clear()
+    _AGREED.clear()

@@ -153,6 +153,125 @@ def _fast():
     return None if None in calls else calls
 
 
+@cache
+def _fast_more():
+    """ctypes entry points of the other per-call operations: event record / stream wait on an event (a
+    stream join without torch's Event objects: ~2.4 us for the pair against ~6 us for ``wait_stream`` on an
+    H200 host) and the batched stream memory operation. None where libcuda cannot be opened this way."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    u32, ptr = ctypes.c_uint32, ctypes.c_void_p
+    names = (("cuEventRecord",), ("cuStreamWaitEvent",), ("cuStreamBatchMemOp_v2", "cuStreamBatchMemOp"))
+    types = ([ptr, ptr], [ptr, ptr, u32], [ptr, u32, ptr, u32])
+    found = []
+    for options, argtypes in zip(names, types):
+        f = next((getattr(lib, n) for n in options if getattr(lib, n, None) is not None), None)
+        if f is None:
+            return None
+        f.argtypes, f.restype = argtypes, ctypes.c_int
+        found.append((options[0], f))
+    return tuple(found)
+
+
+def fast_path() -> bool:
+    """Whether the ctypes entry points of every per-call operation are there (the op plans need them)."""
+    return _fast() is not None and _fast_more() is not None
+
+
+def event_create() -> int:
+    """A CUDA event without timing (for stream joins), as a raw handle."""
+    driver, _ = _bindings()
+    ev = _check("cuEventCreate", driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+    return int(ev)
+
+
+def join(dst: int, src: int, event: int) -> None:
+    """Later work on stream ``dst`` waits for the work queued so far on stream ``src`` (raw handles),
+    through ``event`` (re-recorded each time: a wait takes the record made before it)."""
+    (rname, rec), (wname, wait), _ = _fast_more()
+    _fast_check(rname, rec(event, src))
+    _fast_check(wname, wait(dst, event, 0))
+
+
+def wait_event(dst: int, event: int) -> None:
+    """Later work on stream ``dst`` waits for ``event``'s last record (made by :func:`join`)."""
+    name, wait = _fast_more()[1]
+    _fast_check(name, wait(dst, event, 0))
+
+
+class MemOp(ctypes.Structure):
+    """``CUstreamBatchMemOpParams`` (a 48-byte union) as a wait or write of a 32-bit value."""
+
+    _fields_ = [("operation", ctypes.c_uint32), ("_pad0", ctypes.c_uint32), ("address", ctypes.c_uint64),
+                ("value", ctypes.c_uint64), ("flags", ctypes.c_uint32), ("_pad1", ctypes.c_uint32),
+                ("alias", ctypes.c_uint64), ("_pad2", ctypes.c_uint64)]
+
+
+assert ctypes.sizeof(MemOp) == 48
+MEMOP_WAIT_VALUE_32, MEMOP_WRITE_VALUE_32 = 1, 2  # CUstreamBatchMemOpType
+
+
+def memops(ops: list[tuple[int, int]]):
+    """A reusable batch of stream memory operations: ``ops`` is a list of (kind, address) with kind
+    ``MEMOP_WAIT_VALUE_32`` (wait until ``*address >= value``) or ``MEMOP_WRITE_VALUE_32`` (``*address =
+    value`` after a memory barrier); the values are set per use (``batch[i].value = v``)."""
+    batch = (MemOp * len(ops))()
+    for op, (kind, addr) in zip(batch, ops):
+        op.operation, op.address = kind, addr
+    return batch
+
+
+def run_memops(stream: int, batch) -> None:
+    """Queue ``batch`` (:func:`memops`) on stream ``stream`` (a raw handle) with one driver call."""
+    name, f = _fast_more()[2]
+    _fast_check(name, f(stream, len(batch), batch, 0))
+
+
+def raw_memcpy(dst: int, src: int, nbytes: int, stream: int) -> None:
+    name, f = _fast()[0]
+    _fast_check(name, f(dst, src, nbytes, stream))
+
+
+def raw_wait_value32(addr: int, value: int, stream: int) -> None:
+    name, f = _fast()[2]
+    _fast_check(name, f(stream, addr, value, _WAIT_VALUE_GEQ))
+
+
+def raw_write_value32(addr: int, value: int, stream: int) -> None:
+    name, f = _fast()[1]
+    _fast_check(name, f(stream, addr, value, _WRITE_VALUE_DEFAULT))
+
+
+class RawStream:
+    """A CUDA stream known by its raw handle: what the per-call operations need of a ``torch.cuda.Stream``
+    (its ``cuda_stream``, ``wait_stream``), without building one per call (~6 us on an H200 host)."""
+
+    __slots__ = ("cuda_stream", "_event")
+
+    def __init__(self, handle: int):
+        self.cuda_stream = handle
+        self._event = None
+
+    def wait_stream(self, other) -> None:
+        if self._event is None:
+            self._event = event_create()
+        join(self.cuda_stream, other.cuda_stream, self._event)
+
+
+_raw_streams: dict[int, RawStream] = {}
+
+
+def current_stream(device_index: int) -> RawStream:
+    """The calling thread's current stream on ``device_index`` (one object per stream handle)."""
+    handle = torch._C._cuda_getCurrentRawStream(device_index)
+    stream = _raw_streams.get(handle)
+    if stream is None:
+        stream = _raw_streams[handle] = RawStream(handle)
+    return stream
+
+
 _WRITE_VALUE_DEFAULT = 0  # CU_STREAM_WRITE_VALUE_DEFAULT
 _WAIT_VALUE_GEQ = 0  # CU_STREAM_WAIT_VALUE_GEQ
 

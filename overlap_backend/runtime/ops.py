@@ -79,15 +79,22 @@ def ag_mm(
     them) then transforms ``outs[i]`` in place of the graph's pointwise nodes, reading
     ``epilogue_args``.
     """
-    impl = _lowering.implementation(lowering, "ag_mm")
-    group = _checks.resolve_group("ag_mm", group_name)
-    dim = _checks.check_ag_mm(shard, weights, biases, gather_dim, group)
     args = list(epilogue_args or ())
-    specs = _check_epilogues("ag_mm", epilogue, len(weights), args,
-                             [(_ag_rows(shard, dim, group.size()), w.shape[1]) for w in weights],
-                             shard.dtype, allow_out_refs=True)[0]
-    _checks.check_agreement("ag_mm", group, [("shard", shard), ("weights", weights), ("biases", biases),
-                                             ("gather_dim", gather_dim), ("epilogue", epilogue)])
+    key = ("ag_mm", _checks.tensor_key(shard), _checks.tensors_key(weights), _checks.tensors_key(biases), gather_dim,
+           group_name, lowering, return_gathered, epilogue, _checks.tensors_key(args))
+    found = _checks.CHECKED.get(key)
+    if found is None:  # the first call of this key: every check (later calls of it skip them)
+        impl = _lowering.implementation(lowering, "ag_mm")
+        group = _checks.resolve_group("ag_mm", group_name)
+        dim = _checks.check_ag_mm(shard, weights, biases, gather_dim, group)
+        specs = _check_epilogues("ag_mm", epilogue, len(weights), args,
+                                 [(_ag_rows(shard, dim, group.size()), w.shape[1]) for w in weights],
+                                 shard.dtype, allow_out_refs=True)[0]
+        found = (impl, specs)
+        if _checks.check_agreement("ag_mm", group, [("shard", shard), ("weights", weights), ("biases", biases),
+                                                    ("gather_dim", gather_dim), ("epilogue", epilogue)]):
+            _checks.remember_checked(key, found)
+    impl, specs = found
     return impl(shard, weights, biases, gather_dim, group_name, return_gathered, specs, args)
 
 
@@ -151,13 +158,18 @@ def mm_rs(
     ``epilogue`` (``spec/epilogue.py``) is then applied to that reduced chunk (a residual
     ``add`` reads the chunk-shaped tensor of ``epilogue_args``).
     """
-    impl = _lowering.implementation(lowering, "mm_rs")
-    group = _checks.resolve_group("mm_rs", group_name)
-    _checks.check_mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group)
     args = list(epilogue_args or ())
-    _check_epilogues("mm_rs", epilogue, 1, args, [_rs_shape(out_shape, scatter_dim, group.size())], a.dtype)
-    _checks.check_agreement("mm_rs", group, [("a", a), ("b", b), ("bias", bias), ("out_shape", list(out_shape)),
-                                             ("scatter_dim", scatter_dim), ("reduce_op", reduce_op)])
+    key = ("mm_rs", _checks.tensor_key(a), _checks.tensor_key(b), _checks.tensor_key(bias), tuple(out_shape),
+           scatter_dim, reduce_op, group_name, lowering, epilogue, _checks.tensors_key(args))
+    impl = _checks.CHECKED.get(key)
+    if impl is None:  # the first call of this key: every check (later calls of it skip them)
+        impl = _lowering.implementation(lowering, "mm_rs")
+        group = _checks.resolve_group("mm_rs", group_name)
+        _checks.check_mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group)
+        _check_epilogues("mm_rs", epilogue, 1, args, [_rs_shape(out_shape, scatter_dim, group.size())], a.dtype)
+        if _checks.check_agreement("mm_rs", group, [("a", a), ("b", b), ("bias", bias), ("out_shape", list(out_shape)),
+                                                    ("scatter_dim", scatter_dim), ("reduce_op", reduce_op)]):
+            _checks.remember_checked(key, impl)
     return impl(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, args)
 
 
@@ -194,12 +206,17 @@ def mm_ar(
     Semantics: ``all_reduce(a @ b + bias, reduce_op)``, shape ``[M, N]``, then ``epilogue``
     (``spec/epilogue.py``) on it.
     """
-    impl = _lowering.implementation(lowering, "mm_ar")
-    group = _checks.resolve_group("mm_ar", group_name)
-    _checks.check_mm_ar(a, b, bias, reduce_op)
     args = list(epilogue_args or ())
-    _check_epilogues("mm_ar", epilogue, 1, args, [(a.shape[0], b.shape[1])], a.dtype)
-    _checks.check_agreement("mm_ar", group, [("a", a), ("b", b), ("bias", bias), ("reduce_op", reduce_op)])
+    key = ("mm_ar", _checks.tensor_key(a), _checks.tensor_key(b), _checks.tensor_key(bias), reduce_op, group_name,
+           lowering, epilogue, _checks.tensors_key(args))
+    impl = _checks.CHECKED.get(key)
+    if impl is None:  # the first call of this key: every check (later calls of it skip them)
+        impl = _lowering.implementation(lowering, "mm_ar")
+        group = _checks.resolve_group("mm_ar", group_name)
+        _checks.check_mm_ar(a, b, bias, reduce_op)
+        _check_epilogues("mm_ar", epilogue, 1, args, [(a.shape[0], b.shape[1])], a.dtype)
+        if _checks.check_agreement("mm_ar", group, [("a", a), ("b", b), ("bias", bias), ("reduce_op", reduce_op)]):
+            _checks.remember_checked(key, impl)
     return impl(a, b, bias, reduce_op, group_name, epilogue, args)
 
 

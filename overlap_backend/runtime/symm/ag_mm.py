@@ -14,12 +14,11 @@ import math
 import torch
 from torch import Tensor
 
-from ...codegen import launcher
 from ...spec import epilogue as _epilogue
 from ...spec import knobs
 from ...spec import symm_layout as layout
 from ..lowering import register
-from .lowering_helpers import (PATHS, capture_problem, captured_call_problem, capturing, call_state, epilogue_pointers,
+from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem, capturing, call_state, epilogue_pointers,
                                generated_epilogue, kernel_weight, load_kernels, matmul_into, run_on_p2p, tma_aligned,
                                tma_problem, tune, tuned_configs)
 
@@ -41,6 +40,41 @@ def ag_mm_problem(shard, weights, biases, gather_dim) -> str | None:
     return None
 
 
+_plans: dict[tuple, tuple] = {}  # ag_mm_plan's decisions per call key
+
+
+def ag_mm_plan(st, shard, weights, epilogues, dim, graph) -> tuple:
+    """What a call of this key decides from shapes, dtypes, strides and knobs (the same on every rank):
+    (gemm, tile-config keys, generated epilogues, output dtypes, bands' rows). Made once per key."""
+    key = (knobs.generation(), graph, shard.shape, shard.dtype, dim, tuple(epilogues),
+           tuple([(w.shape, w.stride()) for w in weights]))
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    K = shard.shape[-1]
+    rows = shard.numel() // K
+    run = math.prod(shard.shape[dim:-1])
+    outer = rows // run if run else 0
+    keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows) for w in weights]
+    gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)))
+    specs = list(epilogues) or [""] * len(weights)
+    gens = [generated_epilogue(spec, shard.dtype) for spec in specs]
+    # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
+    gens = [None if g is not None and tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
+            for g, spec, w in zip(gens, specs, weights)]
+    # an output whose epilogue could not be generated is computed plainly, its reference applied after
+    dtypes = [shard.dtype if spec and g is None else _epilogue.out_dtype(spec, shard.dtype)
+              for spec, g in zip(specs, gens)]
+    post = [spec if g is None else "" for spec, g in zip(specs, gens)] if any(
+        spec and g is None for spec, g in zip(specs, gens)) else None
+    # outputs that a swiglu step reads are computed first
+    order = sorted(range(len(weights)), key=lambda i: bool(_epilogue.out_refs(specs[i])))
+    if len(_plans) >= knobs.symm.MAX_VIEWS:
+        _plans.clear()
+    plan = _plans[key] = (gemm, keys, gens, dtypes, post, order, rows, run, outer, layout.band_rows(rows))
+    return plan
+
+
 @register("symm", "ag_mm")
 def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilogues=(), epilogue_args=()):
     args = (shard, weights, biases, gather_dim, group_name, return_gathered, epilogues, epilogue_args)
@@ -53,16 +87,14 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     ws, r = st.ws, st.rank
     shard = tma_aligned(shard)
     dim = gather_dim % shard.dim()
+    gemm, keys, gens, dtypes, post, order, rows, run, outer, band_rows = ag_mm_plan(st, shard, weights, epilogues,
+                                                                                    dim, graph)
     K = shard.shape[-1]
-    rows = shard.numel() // K
-    run = math.prod(shard.shape[dim:-1])
-    outer = rows // run if run else 0
     chunk_bytes = rows * K * shard.element_size()
-    keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows) for w in weights]
-    gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)))
-    tuned = [tuned_configs.get(("ag_mm", k)) for k in keys] if gemm == "triton" else []
-    if graph and (why := captured_call_problem(st, ws * chunk_bytes, tuned)):
-        return run_on_p2p("ag_mm", why, group_name, *args)
+    if graph:
+        tuned = [tuned_configs.get(("ag_mm", k)) for k in keys] if gemm == "triton" else []
+        if why := captured_call_problem(st, ws * chunk_bytes, tuned):
+            return run_on_p2p("ag_mm", why, group_name, *args)
     PATHS["ag_mm:symm"] += 1
     PATHS[f"ag_mm:symm:{gemm}"] += 1
     st.ensure_data(ws * chunk_bytes, "ag_mm")
@@ -70,21 +102,15 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     shard2d = shard.view(rows, K)
     weights = [kernel_weight(w) for w in weights]
     biases = [b.contiguous() if b is not None else None for b in (biases or [None] * len(weights))]
-    gshape = list(shard.shape)
-    gshape[dim] *= ws
-    specs = list(epilogues) or [""] * len(weights)
-    gens = [generated_epilogue(spec, shard.dtype) for spec in specs]
-    # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
-    gens = [None if g is not None and tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
-            for g, spec, w in zip(gens, specs, weights)]
-    # an output whose epilogue could not be generated is computed plainly, its reference applied after
-    outs = [shard.new_empty((ws * rows, w.shape[1]), dtype=shard.dtype if spec and g is None else
-                            _epilogue.out_dtype(spec, shard.dtype)) for w, spec, g in zip(weights, specs, gens)]
-    gathered = shard.new_empty(gshape) if return_gathered else shard.new_empty((0,))
+    outs = [shard.new_empty((ws * rows, w.shape[1]), dtype=dt) for w, dt in zip(weights, dtypes)]
+    if return_gathered:
+        gshape = list(shard.shape)
+        gshape[dim] *= ws
+        gathered = shard.new_empty(gshape)
+    else:
+        gathered = shard.new_empty((0,))
     base = layout.GRAPH_BLOCK if graph else 0
     flags, status = st.flag_arg(base + layout.AG_ARRIVED), st.status_arg()
-
-    band_rows = layout.band_rows(rows)
 
     def launch(i, cfg, epoch):
         ag_kernel.launch(shard2d, buf, weights[i], biases[i], outs[i], flags, epoch, status, st.timeout_ns,
@@ -92,21 +118,21 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
                          ep_ptrs=epilogue_pointers(gens[i], epilogue_args, outs))
 
     cfgs = [] if gemm == "cublas" else [
+        tuned_configs.get(("ag_mm", keys[i])) or
         tune("ag_mm", keys[i], configs.candidates(shard.dtype, tma_store_rows=rows if run == rows else None),
              lambda cfg, i=i: launch(i, cfg, 0))
         for i in range(len(weights))
     ]
-
-    with launcher.preloading():  # compile and load before anything waits on a peer (codegen/launcher.py)
-        for i in range(len(cfgs)):
-            launch(i, cfgs[i], 0)
-    compute = torch.cuda.current_stream(shard.device)
+    # compile and load before anything waits on a peer (codegen/launcher.py); once per variant
+    preload_once(("ag_mm", tuple(keys), run, tuple(cfgs), tuple(map(id, gens)), base, r, ws, st.timeout_ns,
+                  aligned(biases), aligned(epilogue_args)),
+                 lambda: [launch(i, cfgs[i], 0) for i in range(len(cfgs))])
+    compute = compute_stream(st, graph)
     epoch = st.begin(compute, "ag_mm", graph=graph)
     nbands = push_shard(st, shard2d)
     if gemm == "cublas":
         ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute)
-    # outputs that a swiglu step reads are computed first
-    for i in sorted(range(len(cfgs)), key=lambda i: bool(_epilogue.out_refs(specs[i]))):
+    for i in order if cfgs else ():
         launch(i, cfgs[i], epoch)
     if return_gathered and rows:
         # strided copies on the copy stream (SM kernels). Copy-engine 2-D copies (cuMemcpy2DAsync) were
@@ -121,8 +147,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
                 st.stream_wait(base + layout.AG_ARRIVED + c * nbands + nbands - 1, epoch, st.copy_stream, nbands)
                 gview[:, c].copy_(buf[c].view(outer, run, K))
     st.end(compute)
-    if any(spec and g is None for spec, g in zip(specs, gens)):
-        outs = _epilogue.apply_all([spec if g is None else "" for spec, g in zip(specs, gens)], outs, epilogue_args)
+    if post is not None:
+        outs = _epilogue.apply_all(post, outs, epilogue_args)
     return gathered, outs
 
 

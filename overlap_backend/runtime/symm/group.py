@@ -177,6 +177,11 @@ class GroupState:
                     _flags.launch_bump(arg)
         except Exception as e:  # noqa: BLE001 - the ops must not fail for the watchdog's sake
             self._stop_counting_replays(e)
+        # Per-call stream joins and flag operations through ctypes (one event per join kind, batched
+        # stream memory operations): each torch.cuda wrapper or cuda-python call costs 4-9 us on an H200 host.
+        self.fast = _cuda.fast_path()
+        if self.fast:
+            self._join_events = [_cuda.event_create() for _ in range(3)]
         limit_s = self.timeout_ns / 1e9 * knobs.symm.WATCHDOG_FACTOR + knobs.symm.WATCHDOG_SLACK_S
         self._watched = watchdog.watch(limit_s, self._calls_in_flight, self._overdue, self._call_name)
 
@@ -198,6 +203,8 @@ class GroupState:
         self._flag_args: dict[int, _cuda.DevicePointer] = {}
         self._kept: list[_Mapped] = []  # data buffers that captured graphs may still use
         self._kept_tables: list[tuple] = []  # peer tables (device tensors) that captured graphs may still read
+        self.fast = False  # ctypes joins and batched flag operations (set by __init__ where libcuda allows)
+        self._memop_batches: dict[tuple, object] = {}  # (kind, watched) -> a reusable batch (``_batch``)
 
     @classmethod
     def host_only(cls, rank: int, ws: int, group_name: str = "g") -> GroupState:
@@ -416,6 +423,24 @@ class GroupState:
         for lo, hi in layout.RELEASE_SPANS:
             _cuda.memset32_async(self.flags.local + 4 * lo, layout.RELEASED, hi - lo, stream)
 
+    def _batch(self, kind: str, epoch: int):
+        """The reusable batch of stream memory operations of ``begin`` / ``end`` of an eager call, its
+        values set to ``epoch`` (``end``'s PEER_OK wait stays 1)."""
+        key = (kind, self._watch_progress)
+        batch = self._memop_batches.get(key)
+        if batch is None:
+            W, R = _cuda.MEMOP_WRITE_VALUE_32, _cuda.MEMOP_WAIT_VALUE_32
+            if kind == "begin":
+                ops = [(W, self.status_ptr + 4 * layout.STARTED)] if self._watch_progress else []
+                ops += [(W, self.flag_addr(layout.READY + self.rank, p)) for p in range(self.ws) if p != self.rank]
+            else:
+                ops = [(R, self.flag_addr(layout.PEER_OK))]
+                ops += [(W, self.status_ptr + 4 * layout.FINISHED)] if self._watch_progress else []
+            batch = self._memop_batches[key] = _cuda.memops(ops)
+        for op in batch:
+            op.value = 1 if op.operation == _cuda.MEMOP_WAIT_VALUE_32 else epoch
+        return batch
+
     def word(self, index: int) -> int:
         """Flag word ``index`` of the current call's block (eager, or captured: ``GRAPH_BLOCK``)."""
         return self.base + index
@@ -437,12 +462,27 @@ class GroupState:
             self.base, self.value = 0, self.epoch
             self._names[self.epoch % 64] = what
             self._awaited[self.epoch % 64].clear()
-            self._progress(layout.STARTED, compute)
-        for p in range(self.ws):
-            if p != self.rank:
-                _cuda.write_value32(self.flag_addr(self.word(layout.READY + self.rank), p), self.value, compute)
-        self.push_stream.wait_stream(compute)
-        self.copy_stream.wait_stream(compute)
+        if self.fast and not graph:
+            # STARTED (for the watchdog) and every peer's READY in one driver call
+            try:
+                _cuda.run_memops(compute.cuda_stream, self._batch("begin", self.epoch))
+            except _cuda.CudaError as e:  # (the STARTED write into pinned memory refused: run unwatched)
+                if not self._watch_progress:
+                    raise
+                self._unwatch(e)
+                _cuda.run_memops(compute.cuda_stream, self._batch("begin", self.epoch))
+        else:
+            if not graph:
+                self._progress(layout.STARTED, compute)
+            for p in range(self.ws):
+                if p != self.rank:
+                    _cuda.write_value32(self.flag_addr(self.word(layout.READY + self.rank), p), self.value, compute)
+        if self.fast:  # both side streams wait for one record of the compute stream
+            _cuda.join(self.push_stream.cuda_stream, compute.cuda_stream, self._join_events[0])
+            _cuda.wait_event(self.copy_stream.cuda_stream, self._join_events[0])
+        else:
+            self.push_stream.wait_stream(compute)
+            self.copy_stream.wait_stream(compute)
         self._ready_waited.clear()
         peers = [p for p in range(self.ws) if p != self.rank]
         self._push_to = ({p: comm_stream(self.device.index, SYMM_PUSH_TO + p) for p in peers}
@@ -496,8 +536,19 @@ class GroupState:
     def end(self, compute: torch.cuda.Stream) -> None:
         for stream in self._push_to.values():
             compute.wait_stream(stream)
-        compute.wait_stream(self.push_stream)
-        compute.wait_stream(self.copy_stream)
+        if self.fast:
+            _cuda.join(compute.cuda_stream, self.push_stream.cuda_stream, self._join_events[1])
+            _cuda.join(compute.cuda_stream, self.copy_stream.cuda_stream, self._join_events[2])
+        else:
+            compute.wait_stream(self.push_stream)
+            compute.wait_stream(self.copy_stream)
+        if self.fast and self.base == 0:
+            # PEER_OK's wait (see stall_if_a_peer_gave_up) and FINISHED in one driver call
+            waits = self._awaited[self.epoch % 64]
+            if len(waits) < AWAITED_MAX:
+                waits.append((layout.PEER_OK, 1, 1))
+            _cuda.run_memops(compute.cuda_stream, self._batch("end", self.epoch))
+            return
         self.stall_if_a_peer_gave_up(compute)
         if self.base == layout.GRAPH_BLOCK:
             self._zero_graph_flags(compute)
@@ -556,9 +607,12 @@ class GroupState:
         try:
             _cuda.write_value32(self.status_ptr + 4 * word, self.epoch, compute)
         except _cuda.CudaError as e:
-            self._watch_progress = False
-            watchdog.unwatch(self._watched)
-            log.warning("overlap symm: group %s runs without the stream-wait watchdog: %s", self.group_name, e)
+            self._unwatch(e)
+
+    def _unwatch(self, e: Exception) -> None:
+        self._watch_progress = False
+        watchdog.unwatch(self._watched)
+        log.warning("overlap symm: group %s runs without the stream-wait watchdog: %s", self.group_name, e)
 
     def _zero_graph_flags(self, compute: torch.cuda.Stream) -> None:
         """A captured call consumed its arrival and done flags: back to 0 on ``compute``, after its

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ...spec import knobs
+from .. import cuda as _cuda
 from ..lowering import implementation
 from . import registry
 from .group import GroupState
@@ -62,6 +63,15 @@ def call_state(group_name: str, device: torch.device, graph: bool) -> tuple[Grou
     if st is None:
         return None, "captured before any eager symm call set the group up (warm up eagerly first)"
     return st, None
+
+
+def compute_stream(st: GroupState, graph: bool):
+    """The stream the call's compute runs on: the current stream, as a raw-handle object in an eager call
+    of a group on the ctypes path (``GroupState.fast``), else as torch's ``Stream`` (a capture's
+    ``torch.cuda.stream`` blocks need one)."""
+    if st.fast and not graph:
+        return _cuda.current_stream(st.device.index)
+    return torch.cuda.current_stream(st.device)
 
 
 def captured_call_problem(st: GroupState, nbytes: int, tuned: list) -> str | None:
@@ -114,6 +124,27 @@ def load_kernels():
     # on every call (a context-variable write).
     triton.set_allocator(tma_scratch)
     return ag_mm, mm_rs, reduce, configs
+
+
+_preloaded: set = set()
+
+
+def preload_once(key: tuple, launches) -> None:
+    """``launches()`` inside ``launcher.preloading()`` the first time ``key`` is seen: ``key`` names the
+    kernel variants of a call (its tile configs, epilogues, flag block and the 16-byte alignment of the
+    operands that are not always aligned: ``aligned``), so a key seen before has nothing to load."""
+    if key in _preloaded:
+        return
+    from ...codegen import launcher
+
+    with launcher.preloading():
+        launches()
+    _preloaded.add(key)
+
+
+def aligned(tensors) -> tuple:
+    """Which of ``tensors`` (None allowed) start on a 16-byte boundary: part of a kernel variant's key."""
+    return tuple([t is not None and t.data_ptr() % 16 == 0 for t in tensors])
 
 
 def tune(kernel: str, key: tuple, cands, run) -> tuple:

@@ -12,13 +12,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...codegen import launcher
 from ...spec import epilogue as _epilogue
 from ...spec import knobs
 from ...spec import symm_layout as layout
 from .. import cuda as _cuda
 from ..lowering import register
-from .lowering_helpers import (PATHS, capture_problem, captured_call_problem, capturing, call_state, epilogue_pointers,
+from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem, capturing, call_state, epilogue_pointers,
                                generated_epilogue, kernel_weight, load_kernels, matmul_into, reduce_slots, run_on_p2p,
                                tma_aligned, tune, tuned_configs, wait_on_push_streams)
 from .mm_rs import cublas_min_rows, launch_rs_kernel, mm_problem, peer_store_args, rs_gemm
@@ -113,11 +112,13 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
         launch_rs_kernel(st, a, b, bias, stage, recv, gather, out, epoch, rows, rows, rounds, ws * rows, r * rows,
                          reduce_op == "avg", cfg, peer, base=base, copy_out=copy_out)
 
-    cfg = tune("mm_ar", _mm_ar_key(a, b), configs.candidates(a.dtype),
-               lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
-    with launcher.preloading():
-        launch(cfg, 0, peer, stage)
-    compute = torch.cuda.current_stream(a.device)
+    key = _mm_ar_key(a, b)
+    cfg = tuned_configs.get(("mm_ar", key)) or tune(
+        "mm_ar", key, configs.candidates(a.dtype),
+        lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
+    preload_once(("mm_ar", key, cfg, base, r, ws, st.timeout_ns, peer is None, copy_out, aligned([bias])),
+                 lambda: launch(cfg, 0, peer, stage))
+    compute = compute_stream(st, graph)
     epoch = st.begin(compute, "mm_ar", graph=graph)
     launch(cfg, epoch, peer, stage)
     gather_base = st.data_addr(r, region)
@@ -205,7 +206,7 @@ def mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
     def rows_of(slot):  # (first row of a, rows) of chunk ``slot`` = t * ws + c
         return slot * rows, max(0, min(rows, M - slot * rows))
 
-    compute = torch.cuda.current_stream(a.device)
+    compute = compute_stream(st, graph)
     epoch = st.begin(compute, "mm_ar", graph=graph)
     for t in range(rounds):
         for pos in range(ws - 1):  # reduce-scatter: this rank's partials of the chunks peers own
@@ -258,9 +259,9 @@ def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=(), graph=Fals
         reduce_kernel.launch(partial, recv, out, st.flag_arg(base + layout.RS_ARRIVED), epoch, st.status_arg(),
                              st.timeout_ns, r, ws, average, epilogue=g, ep_ptrs=ep_ptrs)
 
-    with launcher.preloading():
-        launch(0)
-    compute = torch.cuda.current_stream(a.device)
+    preload_once(("mm_ar:oneshot", M, N, a.dtype, base, r, ws, st.timeout_ns, average, id(g), aligned(ep_ptrs)),
+                 lambda: launch(0))
+    compute = compute_stream(st, graph)
     epoch = st.begin(compute, "mm_ar (one-shot)", graph=graph)
     for j in range(1, ws):
         st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, layout.RS_ARRIVED + r,

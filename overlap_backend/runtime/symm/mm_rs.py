@@ -14,14 +14,13 @@ import math
 import torch
 from torch import Tensor
 
-from ...codegen import launcher
 from ...spec import epilogue as _epilogue
 from ...spec import knobs
 from ...spec import symm_layout as layout
 from .. import cuda as _cuda
 from ..lowering import register
 from ..ops import group_size
-from .lowering_helpers import (PATHS, capture_problem, captured_call_problem, capturing, call_state, epilogue_pointers,
+from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem, capturing, call_state, epilogue_pointers,
                                generated_epilogue, kernel_weight, load_kernels, matmul_into, reduce_slots, run_on_p2p,
                                tma_aligned, tma_problem, tune, tuned_configs)
 
@@ -82,18 +81,25 @@ def rs_cublas_bands(outer: int, run: int, K: int, N: int, captured: bool = False
     return [[(o, 0, run) for o in range(o0, min(o0 + per, outer))] for o0 in range(0, outer, per)]
 
 
-@register("symm", "mm_rs")
-def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue="", epilogue_args=()):
-    args = (a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, epilogue_args)
-    out_shape = list(out_shape)
+_plans: dict[tuple, tuple] = {}  # mm_rs_plan's decisions per call key
+
+
+def mm_rs_plan(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, graph) -> tuple:
+    """What an ``mm_rs`` call of this key decides from shapes, dtypes and knobs (the same on every rank):
+    (why not symm or None, scatter dim, rows per rank along it, run, outer, gemm, kernel candidates, RS_TMA).
+    Made once per key."""
+    key = (knobs.generation(), graph, a.shape, a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
+           None if bias is None else bias.shape, tuple(out_shape), scatter_dim, reduce_op, group_name)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
     dim = scatter_dim % len(out_shape)
     why = mm_problem(a, b, bias, reduce_op) or capture_problem(a)
     if why is None and dim == len(out_shape) - 1:
         why = "scatter along the output's columns"
-    configs = load_kernels()[3] if why is None else None
-    graph = why is None and capturing(a)
-    st = gemm = None
+    seg = run = outer = gemm = cands = tma = None
     if why is None:
+        configs = load_kernels()[3]
         ws = group_size(group_name)
         seg = out_shape[dim] // ws
         run = seg * math.prod(out_shape[dim + 1 : -1])
@@ -108,8 +114,23 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
             cands = [c for c in cands if c[6]] or cands
         if gemm == "triton" and not cands:
             why = f"runs of {run} rows are not a multiple of any block height"
-        else:
-            st, why = call_state(group_name, a.device, graph)
+    if len(_plans) >= knobs.symm.MAX_VIEWS:
+        _plans.clear()
+    plan = _plans[key] = (why, dim, seg, run, outer, gemm, cands, tma)
+    return plan
+
+
+@register("symm", "mm_rs")
+def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue="", epilogue_args=()):
+    args = (a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, epilogue_args)
+    out_shape = list(out_shape)
+    graph = a.is_cuda and capturing(a)
+    why, dim, seg, run, outer, gemm, cands, tma = mm_rs_plan(a, b, bias, out_shape, scatter_dim, reduce_op,
+                                                             group_name, graph)
+    st = None
+    if why is None:
+        st, why = call_state(group_name, a.device, graph)
+    ws = st.ws if st is not None else 0
     if st is not None:
         key = (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0,
                f"tma={tma}")  # the candidates differ with knobs.symm.RS_TMA
@@ -151,9 +172,9 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
                lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
     if cfg[6]:
         PATHS["mm_rs:symm:triton-tma"] += 1
-    with launcher.preloading():
-        launch(cfg, 0, peer, stage)
-    compute = torch.cuda.current_stream(a.device)
+    preload_once(("mm_rs", key, cfg, id(g), base, st.rank, ws, st.timeout_ns, peer is None,
+                  aligned([bias, *epilogue_args])), lambda: launch(cfg, 0, peer, stage))
+    compute = compute_stream(st, graph)
     epoch = st.begin(compute, "mm_rs", graph=graph)
     launch(cfg, epoch, peer, stage)
     if peer is None:
@@ -209,7 +230,7 @@ def mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=None
     ep_ptrs = epilogue_pointers(epilogue, epilogue_args)
     bands = rs_cublas_bands(outer, run, K, N, captured=graph)
     nb = len(bands)
-    compute = torch.cuda.current_stream(a.device)
+    compute = compute_stream(st, graph)
     epoch = st.begin(compute, "mm_rs", graph=graph)
     for pos in range(ws - 1):
         c = (r + 1 + pos) % ws

@@ -141,8 +141,9 @@ def install_process_hooks() -> None:
         return
 
     def destroy_process_group(group=None):
-        from .. import p2p
+        from .. import checks, p2p
 
+        checks.forget_checked()
         if group is None:
             _forget_every_group()
             p2p._GROUPS.clear()

@@ -6,7 +6,7 @@ with ``knobs.patch({"cta.K_CHUNKS": 8})``, from a benchmark's command line with
 declares them all.
 """
 
-from .base import Knobs, knob_sets, knobs_hash, patch, set_from_text
+from .base import Knobs, generation, knob_sets, knobs_hash, patch, set_from_text
 from .codegen import codegen
 from .cost import cost
 from .cta import cta
@@ -15,5 +15,5 @@ from .passes import passes
 from .runtime import runtime
 from .symm import symm
 
-__all__ = ["Knobs", "codegen", "cost", "cta", "knob_sets", "knobs_hash", "moe", "passes", "patch", "runtime",
+__all__ = ["Knobs", "codegen", "cost", "cta", "generation", "knob_sets", "knobs_hash", "moe", "passes", "patch", "runtime",
            "set_from_text", "symm"]

@@ -36,6 +36,7 @@ class Knobs:
 
     def _store(self, values: Mapping[str, Any]) -> None:
         # Knobs are plain instance attributes, so a read on a launch path costs one attribute lookup.
+        _GENERATION[0] += 1
         self._values.update(values)
         for key, value in values.items():
             object.__setattr__(self, key, value)
@@ -87,6 +88,15 @@ class Knobs:
             yield self
         finally:
             self._store(old)
+
+
+_GENERATION = [0]  # bumped by every change of any knob
+
+
+def generation() -> int:
+    """A number that changes whenever any knob changes: what per-call caches of decisions made from knobs
+    (the symm op plans) are keyed by, instead of the knobs' values."""
+    return _GENERATION[0]
 
 
 def knob_sets() -> dict[str, Knobs]:

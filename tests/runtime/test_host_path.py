@@ -1,0 +1,215 @@
+"""Regression guard of the host path of a steady-state ``symm`` op call (CPU, fake driver).
+
+The real ``torch.ops.overlap`` ops and ``runtime/symm`` lowerings run on CPU tensors against a group state
+whose driver calls (``runtime/cuda.py``) and kernel launches (``codegen/launcher.py``) only count. A
+steady-state call (a shape seen before) must cost what its schedule needs and no more: these tests bound
+its driver calls, kernel launches, cuBLAS calls, tensor allocations and Python function calls, and check
+that the argument checks ran only on the first call of the key. The bounds are today's counts plus a
+little (the Python count includes this harness' ~20 counting wrappers): a change that adds per-call work
+fails here and has to say why.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from overlap_backend.codegen import launcher
+from overlap_backend.runtime import checks, cuda as _cuda, ops
+from overlap_backend.runtime.symm import ag_mm as symm_ag_mm
+from overlap_backend.runtime.symm import group as symm_group
+from overlap_backend.runtime.symm import lowering_helpers
+from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
+from overlap_backend.runtime.symm import mm_rs as symm_mm_rs
+from overlap_backend.spec import knobs
+
+WS = 2
+DRIVER = ("write_value32", "wait_value32", "memcpy_async", "join", "wait_event", "run_memops")
+
+
+class _Stream:
+    cuda_stream = 0
+
+    def __init__(self, counts):
+        self.counts = counts
+
+    def wait_stream(self, other):
+        self.counts["wait_stream"] += 1
+
+
+@pytest.fixture(scope="module")
+def group():
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD.group_name
+
+
+@pytest.fixture
+def fake(group, monkeypatch):
+    """(counts, state): the symm lowerings of this process run on a fake 2-rank state (this process is
+    rank 0) whose driver calls and launches are counted."""
+    counts: Counter = Counter()
+
+    def counter(name):
+        def call(*args, **kwargs):
+            counts[name] += 1
+        return call
+
+    for name in DRIVER:
+        monkeypatch.setattr(_cuda, name, counter(name))
+    st = symm_group.GroupState.host_only(0, WS, group)
+    st.fast, st._join_events = True, [1, 2, 3]
+    st.flags = SimpleNamespace(ptrs=[p << 24 for p in range(WS)], local=0)
+    st.data = SimpleNamespace(ptrs=[p << 32 for p in range(WS)], nbytes=1 << 30)
+    st.push_stream, st.copy_stream = _Stream(counts), _Stream(counts)
+    st.device, st._watch_progress = SimpleNamespace(index=0), True
+    st.num_sms, st.status_ptr, st._status_arg = 132, 1 << 40, (0, 0)
+    backing = torch.empty(1 << 24, dtype=torch.int8)
+
+    def data_view(dtype, shape, offset_bytes=0):
+        n = torch.Size(shape).numel() * dtype.itemsize
+        return backing[offset_bytes:offset_bytes + n].view(dtype).view(shape)
+
+    monkeypatch.setattr(st, "data_view", data_view, raising=False)
+    monkeypatch.setattr(st, "ensure_data", lambda nbytes, op="": None, raising=False)
+    compute = _Stream(counts)
+    monkeypatch.setattr(_cuda, "current_stream", lambda index: compute)
+    for module in (symm_ag_mm, symm_mm_rs, symm_mm_ar):
+        monkeypatch.setattr(module, "call_state", lambda group_name, device, graph: (st, None))
+    monkeypatch.setattr(symm_ag_mm, "ag_mm_problem", lambda *a: None)
+    monkeypatch.setattr(symm_mm_rs, "mm_problem", lambda *a: None)
+    monkeypatch.setattr(symm_mm_ar, "mm_problem", lambda *a: None)
+    monkeypatch.setattr(symm_mm_rs, "group_size", lambda name: WS)
+
+    def launch(kernel, grid, *args, **kwargs):
+        if not getattr(launcher._state, "preload", False):
+            counts["launch"] += 1
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    for fn in ("mm", "addmm", "sum"):
+        real = getattr(torch, fn)
+        monkeypatch.setattr(torch, fn, lambda *a, _real=real, _fn=fn, **k: (counts.update([f"torch.{_fn}"]),
+                                                                                 _real(*a, **k))[1])
+    yield counts, st
+    symm_ag_mm._plans.clear()
+    symm_mm_rs._plans.clear()
+    checks.CHECKED.clear()
+
+
+class _Allocations(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.empty, torch.ops.aten.new_empty, torch.ops.aten.empty_strided,
+                                   torch.ops.aten.empty_like, torch.ops.aten.zeros):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def steady_state(call, python_fn, counts):
+    """What one steady-state ``call()`` costs: {driver call kind / launch / torch op: count, "python
+    calls": Python functions entered, "allocations": tensors allocated (of ``python_fn()``, the same call
+    made from Python below the dispatcher)}."""
+    for _ in range(3):
+        call()
+    counts.clear()
+    entered = [0]
+
+    def prof(frame, event, arg):
+        if event == "call":
+            entered[0] += 1
+
+    sys.setprofile(prof)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    out = dict(counts)
+    out["python calls"] = entered[0]
+    with _Allocations() as mode:
+        python_fn()
+    out["allocations"] = mode.count
+    return out
+
+
+def within(measured: dict, bounds: dict):
+    over = {k: (measured.get(k, 0), v) for k, v in bounds.items() if measured.get(k, 0) > v}
+    assert not over, f"steady-state call costs more than its bound (measured, bound): {over}; all: {measured}"
+    unexpected = set(measured) - set(bounds)
+    assert not unexpected, f"per-call work with no bound: {unexpected}; all: {measured}"
+
+
+def test_ag_mm_cublas_steady_state(fake, group):
+    counts, _ = fake
+    shard, w = torch.randn(256, 64), torch.randn(64, 96)
+    args = (shard, [w], [None], 0, group, "symm", False)
+    with knobs.symm.patch(AG_MM_GEMM="cublas", AG_CUBLAS_MIN_N=0):
+        got = steady_state(lambda: torch.ops.overlap.ag_mm(*args), lambda: ops.ag_mm(*args), counts)
+        assert torch.ops.overlap.ag_mm(*args)[1][0][:256].allclose(shard @ w, atol=1e-5)
+    # begin: one batch (STARTED, READY) + a join and a wait on its event; push: READY wait, copy, flag;
+    # compute: the peer chunk's flag; end: two joins and one batch (PEER_OK, FINISHED)
+    within(got, {"run_memops": 2, "join": 3, "wait_event": 1, "wait_value32": 2, "memcpy_async": 1,
+                 "write_value32": 1, "torch.mm": 2, "python calls": 95, "allocations": 2})
+
+
+def test_ag_mm_kernel_steady_state(fake, group):
+    counts, st = fake
+    shard, w = torch.randn(512, 64), torch.randn(64, 128)
+    args = (shard, [w], [None], 0, group, "symm", False)
+    with knobs.symm.patch(AG_MM_GEMM="triton"):
+        key = symm_ag_mm.ag_mm_plan(st, shard, [w], (), 0, False)[1][0]
+        lowering_helpers.tuned_configs[("ag_mm", key)] = (128, 128, 64, 8, 3, 8, False)
+        got = steady_state(lambda: torch.ops.overlap.ag_mm(*args), lambda: ops.ag_mm(*args), counts)
+    within(got, {"run_memops": 2, "join": 3, "wait_event": 1, "wait_value32": 1, "memcpy_async": 1,
+                 "write_value32": 1, "launch": 1, "python calls": 100, "allocations": 2})
+
+
+def test_mm_rs_cublas_steady_state(fake, group):
+    counts, _ = fake
+    a, b = torch.randn(512, 64), torch.randn(64, 96)
+    args = (a, b, None, [512, 96], 0, "sum", group, "symm")
+    with knobs.symm.patch(MM_RS_GEMM="cublas", RS_CUBLAS_MIN_K=0, BAND_ROWS_MIN=16):
+        got = steady_state(lambda: torch.ops.overlap.mm_rs(*args), lambda: ops.mm_rs(*args), counts)
+        ref = a @ b
+        assert torch.ops.overlap.mm_rs(*args).shape == (256, 96) and ref.shape == (512, 96)
+    within(got, {"run_memops": 2, "join": 3, "wait_event": 1, "wait_value32": 3, "memcpy_async": 1,
+                 "write_value32": 2, "torch.mm": 2, "torch.sum": 1, "python calls": 90, "allocations": 2})
+
+
+def test_mm_ar_oneshot_steady_state(fake, group):
+    counts, _ = fake
+    a, b = torch.randn(64, 64), torch.randn(64, 96)
+    args = (a, b, None, "sum", group, "symm")
+    got = steady_state(lambda: torch.ops.overlap.mm_ar(*args), lambda: ops.mm_ar(*args), counts)
+    within(got, {"run_memops": 2, "join": 3, "wait_event": 1, "wait_value32": 1, "memcpy_async": 1,
+                 "write_value32": 1, "torch.mm": 1, "launch": 1, "python calls": 90, "allocations": 1})
+
+
+def test_checks_run_on_the_first_call_of_a_key_only(fake, group, monkeypatch):
+    counts, _ = fake
+    ran = Counter()
+    real = checks.check_mm_ar
+
+    def counted(*a, **k):
+        ran["check"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(checks, "check_mm_ar", counted)
+    a, b = torch.randn(64, 64), torch.randn(64, 96)
+    for _ in range(3):
+        torch.ops.overlap.mm_ar(a, b, None, "sum", group, "symm")
+    assert ran["check"] == 1
+    torch.ops.overlap.mm_ar(torch.randn(32, 64), b, None, "sum", group, "symm")  # a new key is checked
+    assert ran["check"] == 2
+    with pytest.raises(ops.OverlapInputError):  # and a bad input still raises, before any driver call
+        counts.clear()
+        torch.ops.overlap.mm_ar(a, torch.randn(32, 96), None, "sum", group, "symm")
+    assert not any(counts[k] for k in DRIVER)
