@@ -204,6 +204,7 @@ class GroupState:
         self._kept: list[_Mapped] = []  # data buffers that captured graphs may still use
         self._kept_tables: list[tuple] = []  # peer tables (device tensors) that captured graphs may still read
         self.fast = False  # ctypes joins and batched flag operations (set by __init__ where libcuda allows)
+        self._copy_joined = True  # the copy stream waits for the current call's start (see copy_stream)
         self._memop_batches: dict[tuple, object] = {}  # (kind, watched) -> a reusable batch (``_batch``)
 
     @classmethod
@@ -441,6 +442,20 @@ class GroupState:
             op.value = 1 if op.operation == _cuda.MEMOP_WAIT_VALUE_32 else epoch
         return batch
 
+    @property
+    def copy_stream(self) -> torch.cuda.Stream:
+        """The side stream of a call's copies out of the receive buffers. On the ctypes path it joins the
+        call (waits for ``begin``'s record of the compute stream) when the call first uses it, so a call
+        that copies nothing pays for neither join."""
+        if not self._copy_joined:
+            self._copy_joined = True
+            _cuda.wait_event(self._copy_stream.cuda_stream, self._join_events[0])
+        return self._copy_stream
+
+    @copy_stream.setter
+    def copy_stream(self, stream) -> None:
+        self._copy_stream = stream
+
     def word(self, index: int) -> int:
         """Flag word ``index`` of the current call's block (eager, or captured: ``GRAPH_BLOCK``)."""
         return self.base + index
@@ -477,12 +492,12 @@ class GroupState:
             for p in range(self.ws):
                 if p != self.rank:
                     _cuda.write_value32(self.flag_addr(self.word(layout.READY + self.rank), p), self.value, compute)
-        if self.fast:  # both side streams wait for one record of the compute stream
+        if self.fast:  # the copy stream waits for the same record when the call first uses it
             _cuda.join(self.push_stream.cuda_stream, compute.cuda_stream, self._join_events[0])
-            _cuda.wait_event(self.copy_stream.cuda_stream, self._join_events[0])
+            self._copy_joined = False
         else:
             self.push_stream.wait_stream(compute)
-            self.copy_stream.wait_stream(compute)
+            self._copy_stream.wait_stream(compute)
         self._ready_waited.clear()
         peers = [p for p in range(self.ws) if p != self.rank]
         self._push_to = ({p: comm_stream(self.device.index, SYMM_PUSH_TO + p) for p in peers}
@@ -538,10 +553,13 @@ class GroupState:
             compute.wait_stream(stream)
         if self.fast:
             _cuda.join(compute.cuda_stream, self.push_stream.cuda_stream, self._join_events[1])
-            _cuda.join(compute.cuda_stream, self.copy_stream.cuda_stream, self._join_events[2])
+            if not self._copy_joined:
+                self._copy_joined = True
+            else:
+                _cuda.join(compute.cuda_stream, self._copy_stream.cuda_stream, self._join_events[2])
         else:
             compute.wait_stream(self.push_stream)
-            compute.wait_stream(self.copy_stream)
+            compute.wait_stream(self._copy_stream)
         if self.fast and self.base == 0:
             # PEER_OK's wait (see stall_if_a_peer_gave_up) and FINISHED in one driver call
             waits = self._awaited[self.epoch % 64]

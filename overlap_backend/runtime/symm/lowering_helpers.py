@@ -115,15 +115,21 @@ def tma_scratch(size: int, align: int, stream):
 
 def load_kernels():
     """The kernel modules ``(ag_mm, mm_rs, reduce, configs)``, with Triton's allocator set."""
-    import triton
+    global _kernels
+    if _kernels is None:
+        import triton
 
-    from ...codegen import ag_mm, configs, mm_rs, reduce
+        from ...codegen import ag_mm, configs, mm_rs, reduce
 
+        _kernels = (ag_mm, mm_rs, reduce, configs, triton.set_allocator)
     # Device-side TMA descriptors need a little global scratch per launch. Triton keeps its
     # allocator in a context variable, which autograd's backward thread does not inherit: set it
     # on every call (a context-variable write).
-    triton.set_allocator(tma_scratch)
-    return ag_mm, mm_rs, reduce, configs
+    _kernels[4](tma_scratch)
+    return _kernels[:4]
+
+
+_kernels = None  # load_kernels' modules, imported on first use (never on machines without Triton)
 
 
 _preloaded: set = set()
