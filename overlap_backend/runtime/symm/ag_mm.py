@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ...codegen import launcher
 from ...spec import epilogue as _epilogue
-from ...spec import knobs
+from ...spec import kernel_ratios, knobs
 from ...spec import symm_layout as layout
 from ..lowering import register
 from .lowering_helpers import (PATHS, capture_problem, captured_call_problem, capturing, call_state, epilogue_pointers,
@@ -59,7 +59,7 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     outer = rows // run if run else 0
     chunk_bytes = rows * K * shard.element_size()
     keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows) for w in weights]
-    gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)))
+    gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)), ws=ws, dtype=shard.dtype)
     tuned = [tuned_configs.get(("ag_mm", k)) for k in keys] if gemm == "triton" else []
     if graph and (why := captured_call_problem(st, ws * chunk_bytes, tuned)):
         return run_on_p2p("ag_mm", why, group_name, *args)
@@ -73,7 +73,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     gshape = list(shard.shape)
     gshape[dim] *= ws
     specs = list(epilogues) or [""] * len(weights)
-    gens = [generated_epilogue(spec, shard.dtype) for spec in specs]
+    # on cuBLAS the epilogues run after the GEMMs (ag_gemm chose so where fusing measured slower)
+    gens = [generated_epilogue(spec, shard.dtype) if gemm == "triton" else None for spec in specs]
     # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
     gens = [None if g is not None and tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
             for g, spec, w in zip(gens, specs, weights)]
@@ -144,15 +145,22 @@ def push_shard(st, shard2d: Tensor) -> int:
     return nbands
 
 
-def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False) -> str:
+def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False, *, ws: int = 0,
+            dtype="bfloat16") -> str:
     """How ``ag_mm`` computes a gathered [outer, ws * run, K] @ [K, N] (``N``: all its weights'
-    columns): "cublas" or "triton" (see ``knobs.symm.AG_MM_GEMM``). Depends only on shapes and knobs, so
-    every rank decides alike."""
-    if knobs.symm.AG_MM_GEMM != "cublas" or epilogue:  # generated epilogues are fused into the kernel's tiles
+    columns): "cublas" or "triton" (see ``knobs.symm.AG_MM_GEMM``). With ``ws``: where a rule below
+    would take the consumer kernel but it measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times
+    cuBLAS near this GEMM on this GPU (``spec/kernel_ratios.py``; with a fused ``epilogue``: times
+    cuBLAS plus the separate epilogue kernel, which then runs after the GEMMs), "cublas". Depends only
+    on shapes, dtype, the GPU's name, the ratio file and knobs, so every rank decides alike."""
+    if knobs.symm.AG_MM_GEMM != "cublas":
         return "triton"
     if outer > 1 and run < knobs.symm.AG_CUBLAS_MIN_RUN:  # one GEMM per (outer index, chunk): too many tiny ones
         return "triton"
-    return "cublas" if N >= knobs.symm.AG_CUBLAS_MIN_N else "triton"
+    if epilogue or N < knobs.symm.AG_CUBLAS_MIN_N:  # generated epilogues are fused into the kernel's tiles
+        loses = ws and kernel_ratios.kernel_loses("ag_mm", ws * outer * run, K, N, ws=ws, dtype=dtype, fused=epilogue)
+        return "cublas" if loses else "triton"
+    return "cublas"
 
 
 def ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute) -> None:
