@@ -146,9 +146,9 @@ def cases(quick: bool = False, kernels=KERNELS, world_sizes=WORLD_SIZES) -> list
 class Bench:
     """A case's tensors, references and baseline; ``run(cfg)`` launches the kernel in one config."""
 
-    def __init__(self, case: Case, dev, num_sms: int, reps: int):
+    def __init__(self, case: Case, dev, num_sms: int, reps: int, dtype=torch.bfloat16):
         self.case, self.dev, self.num_sms, self.reps = case, dev, num_sms, reps
-        self.dt = torch.bfloat16
+        self.dt = dtype  # (float32: the CPU interpreter's test, tests/bench/test_bench_kernels.py)
         getattr(self, "_setup_" + case.kernel)()
 
     # ---- helpers
@@ -457,7 +457,7 @@ class Bench:
         for t in (self.own, self.stage, self.act):
             t.fill_(float("nan"))
         self._moe_run(cfg_gate, cfg_down, "both")
-        torch.cuda.synchronize()
+        _sync()
         got = self.stage.float()
         n0 = self.recv_rows[0]
         got[:n0] = self.own[:n0].float()
@@ -491,17 +491,22 @@ class Bench:
         for t in self.outputs:
             t.fill_(float("nan"))
         self.run(cfg)
-        torch.cuda.synchronize()
+        _sync()
         return self.error()
 
     def time(self, fn) -> float:
         return common.events_ms(fn, n=self.reps, warm=5)
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _first_error(fn) -> str | None:
     try:
         fn()
-        torch.cuda.synchronize()
+        _sync()
     except Exception as e:  # noqa: BLE001 - a variant that does not compile (or fit) is reported, not fatal
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
     return None
@@ -540,7 +545,8 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
     row["configs"] = results
     summarize(row)
     del b
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return row
 
 
@@ -761,14 +767,14 @@ def write_outputs(out: Path, rows, info, skipped, compile_stats) -> None:
         "kernel_ratios.json (install: copy over overlap_backend/spec/kernel_ratios.json).\n")
 
 
-def run_info(dry: bool) -> dict:
+def run_info(dry: bool, argv: list[str]) -> dict:
     import triton
 
     info = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
             "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
             "world_size": 1, "gpu_count_visible": torch.cuda.device_count() if not dry else 0,
             "env": {k: os.environ.get(k) for k in (*common.SAFE_ENV, "CUDA_VISIBLE_DEVICES")},
-            "command": "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:])}
+            "command": " ".join(["python bench/suites/bench_kernels.py", *(shlex.quote(a) for a in argv)])}
     if dry:
         info["gpu"] = "NVIDIA H200 (dry run, made-up times)"
     else:
@@ -813,7 +819,7 @@ def main(argv=None) -> int:
         print(f"{len(todo)} cases, {len(compile_jobs(todo, variants))} kernel variants to compile")
         return 0
     out = Path(args.out)
-    info = run_info(args.dry_run)
+    info = run_info(args.dry_run, sys.argv[1:] if argv is None else list(argv))
     rows, skipped, compile_stats = [], [], {}
     if args.dry_run:
         rows = [fake_measure(c, o, variants) for c, o in todo]
