@@ -146,7 +146,7 @@ def push_shard(st, shard2d: Tensor) -> int:
 
 
 def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False, *, ws: int = 0,
-            dtype="bfloat16") -> str:
+            dtype="bfloat16", gpu: str | None = None) -> str:
     """How ``ag_mm`` computes a gathered [outer, ws * run, K] @ [K, N] (``N``: all its weights'
     columns): "cublas" or "triton" (see ``knobs.symm.AG_MM_GEMM``). With ``ws``: where a rule below
     would take the consumer kernel but it measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times
@@ -158,7 +158,8 @@ def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False, *, ws:
     if outer > 1 and run < knobs.symm.AG_CUBLAS_MIN_RUN:  # one GEMM per (outer index, chunk): too many tiny ones
         return "triton"
     if epilogue or N < knobs.symm.AG_CUBLAS_MIN_N:  # generated epilogues are fused into the kernel's tiles
-        loses = ws and kernel_ratios.kernel_loses("ag_mm", ws * outer * run, K, N, ws=ws, dtype=dtype, fused=epilogue)
+        loses = ws and kernel_ratios.kernel_loses("ag_mm", ws * outer * run, K, N, ws=ws, dtype=dtype, fused=epilogue,
+                                                 gpu=gpu)
         return "cublas" if loses else "triton"
     return "cublas"
 

@@ -40,18 +40,18 @@ def mm_problem(a, b, bias, reduce_op) -> str | None:
 
 
 def rs_gemm(outer: int, run: int, K: int, transport: str | None = None, *, N: int = 0, ws: int = 1,
-            dtype="bfloat16") -> str:
+            dtype="bfloat16", gpu: str | None = None) -> str:
     """How ``mm_rs`` computes a chunk of ``outer`` runs of ``run`` rows with ``K`` (local)
     contraction: "cublas" or "triton" (see ``knobs.symm.MM_RS_GEMM``). With ``N`` (and the group's
     ``ws``, the dtype): "cublas" wherever the producer kernel measured slower than
     ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS at the nearest measured shape on this GPU
     (``spec/kernel_ratios.py``), the shape rules elsewhere. Depends only on shapes, dtype, the GPU's
-    name, the ratio file and knobs, so every rank decides alike."""
+    name (``gpu``, default this process's), the ratio file and knobs, so every rank decides alike."""
     if knobs.symm.MM_RS_GEMM != "cublas" or (transport or knobs.symm.TRANSPORT) != "ce":
         return "triton"  # (peer stores come from the kernel)
     if outer > 1 and run < knobs.symm.RS_CUBLAS_MIN_RUN:
         return "triton"  # many tiny GEMMs: the kernel's row map
-    if N and kernel_ratios.kernel_loses("mm_rs", ws * outer * run, K, N, ws=ws, dtype=dtype):
+    if N and kernel_ratios.kernel_loses("mm_rs", ws * outer * run, K, N, ws=ws, dtype=dtype, gpu=gpu):
         return "cublas"
     if K < knobs.symm.RS_CUBLAS_MIN_K or outer * run < knobs.symm.BAND_ROWS_MIN:
         return "triton"
