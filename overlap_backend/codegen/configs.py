@@ -1,7 +1,10 @@
 """Block configurations of the tile kernels, autotuned once per shape and cached (memory + disk).
 
-A config is ``(BM, BN, BK, GROUP_M, num_stages, num_warps, tma_store)``; ``tma_store`` (an
-asynchronous TMA epilogue store) only where the kernel can use it (``tma_store_ok``). The candidates
+A config is ``(BM, BN, BK, GROUP_M, num_stages, num_warps, store)``; ``store`` is False (pointer
+stores), True (an asynchronous TMA epilogue store) or a variant name of ``STORE_VARIANTS`` (TMA stores
+with the epilogue in two column halves, a warp-specialized tile loop), the TMA ones only where the
+kernel can use them (``tma_store_rows``). The variants are measured by ``bench/suites/bench_kernels.py``
+and tuned over only with ``knobs.codegen.TUNE_VARIANTS``. The candidates
 are tunables (``knobs.codegen.CANDIDATES_16BIT`` / ``CANDIDATES_32BIT``); the first is the one
 measured at ~cuBLAS speed on H200 (BM=128 BN=256 BK=64, 3 stages, 8 warps). Tuning
 times each candidate on the real problem with every flag already raised (epoch 0), so the numbers
@@ -34,16 +37,49 @@ _memory: dict[str, Config] = {}  # the contents of _loaded_from, and what was tu
 _loaded_from: Path | None = None
 
 
-def candidates(dtype: torch.dtype, row_multiple: int | None = None, tma_store_rows: int | None = None) -> list[Config]:
+# store field -> (TMA store, epilogue in two column halves, warp-specialized tile loop)
+STORE_VARIANTS = {False: (False, False, False), True: (True, False, False), "tma_subtile": (True, True, False),
+                  "tma_ws": (True, False, True)}
+
+
+def store_variant(store) -> tuple[bool, bool, bool]:
+    """(TMA store, subtiled epilogue, warp specialization) of a config's store field."""
+    try:
+        return STORE_VARIANTS[store]
+    except (KeyError, TypeError):
+        raise ValueError(f"store variant {store!r} is not one of {list(STORE_VARIANTS)}") from None
+
+
+def candidates(dtype: torch.dtype, row_multiple: int | None = None, tma_store_rows: int | None = None,
+               variants: bool | None = None, kernel: str = "ag_mm") -> list[Config]:
     """Candidates for ``dtype``; with ``row_multiple``, only those whose BM divides it (tiles that
     must not straddle two runs of rows); with ``tma_store_rows``, also TMA-store variants of the
-    first candidates whose BM divides it (tiles that must not straddle two chunks)."""
+    first candidates whose BM divides it (tiles that must not straddle two chunks). ``variants``
+    (default ``knobs.codegen.TUNE_VARIANTS``): also ``variant_candidates`` of ``kernel``."""
     cands = list(knobs.codegen.CANDIDATES_32BIT if dtype == torch.float32 else knobs.codegen.CANDIDATES_16BIT)
     if row_multiple is not None:
         cands = [c for c in cands if row_multiple % c[0] == 0]
     if tma_store_rows:
         cands += [(*c[:6], True) for c in cands[:knobs.codegen.TMA_STORE_VARIANTS] if tma_store_rows % c[0] == 0]
+    if knobs.codegen.TUNE_VARIANTS if variants is None else variants:
+        cands += [c for c in variant_candidates(dtype, kernel, row_multiple, tma_store_rows) if c not in cands]
     return cands
+
+
+def variant_candidates(dtype: torch.dtype, kernel: str, row_multiple: int | None = None,
+                       tma_store_rows: int | None = None) -> list[Config]:
+    """``knobs.codegen.VARIANTS_16BIT[kernel]`` (16-bit dtypes only) that fit: BM dividing
+    ``row_multiple``, TMA variants only with ``tma_store_rows`` that BM divides."""
+    if dtype == torch.float32:
+        return []
+    out = []
+    for c in knobs.codegen.VARIANTS_16BIT.get(kernel, ()):
+        if row_multiple is not None and row_multiple % c[0]:
+            continue
+        if store_variant(c[6])[0] and not (tma_store_rows and tma_store_rows % c[0] == 0):
+            continue
+        out.append(tuple(c))
+    return out
 
 
 def cache_file() -> Path:

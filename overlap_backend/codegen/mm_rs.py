@@ -20,7 +20,8 @@ every rank); flags and counters are per (round, chunk, band): index ``(round * w
 tiles go to ``stage`` by TMA stores, and a CTA counts its staged tiles of one band together, after
 the main loop of its next tile of another band or of its own chunk (so before any wait; the bulk
 stores drained meanwhile), and at the end; the own tiles load the peers' partials by TMA and store
-by TMA. Otherwise pointer stores, each tile counted right after them.
+by TMA. Otherwise pointer stores, each tile counted right after them. ``SUBTILE`` (with ``TMA``): the
+staged and own tiles are stored in two column halves, the own tile's epilogue run on each half in turn.
 
 ``PEER_STORE`` ships with the SMs instead of the copy engine: a remote tile is stored straight into
 its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY``), and the last
@@ -45,6 +46,7 @@ import triton
 import triton.language as tl
 
 from . import launcher
+from .configs import store_variant
 from .epilogue import epilogue_fn
 from .flags import (GATHER_FLAG_BASE, OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, bulk_stores_done, count_tile_done, count_tile_done_to_peers,
                     count_tiles_done, fence_proxy_async, wait_flag)
@@ -60,7 +62,7 @@ def mm_rs_kernel(
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr = False,
-    INTERPRET: tl.constexpr = False, COPY_OUT: tl.constexpr = False,
+    INTERPRET: tl.constexpr = False, COPY_OUT: tl.constexpr = False, SUBTILE: tl.constexpr = False,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_per_chunk = tl.cdiv(rows, BM) * tl.cdiv(N, BN)
@@ -70,9 +72,12 @@ def mm_rs_kernel(
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
     if TMA:  # one round, contiguous chunks, BM divides them (launch): tiles never straddle two
-        stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
+        # SUBTILE: tiles stored in two column halves (the epilogue of the second overlaps the first's store)
+        stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[WS * rows, N], strides=[N, 1],
+                                               block_shape=[BM, BN // 2 if SUBTILE else BN])
         recv_desc = tl.make_tensor_descriptor(recv_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
-        out_desc = tl.make_tensor_descriptor(out_ptr, shape=[out_rows, N], strides=[N, 1], block_shape=[BM, BN])
+        out_desc = tl.make_tensor_descriptor(out_ptr, shape=[out_rows, N], strides=[N, 1],
+                                             block_shape=[BM, BN // 2 if SUBTILE else BN])
     else:  # stand-ins for _rs_tile's arguments, never used without TMA
         stage_desc = a_desc
         recv_desc = a_desc
@@ -99,7 +104,7 @@ def mm_rs_kernel(
                 ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
                 copy_per_round, EPILOGUE, WS, BM, BN, BK,
                 GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
-                COPY_OUT)
+                COPY_OUT, SUBTILE)
             tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     while tile < num_tiles:
         waited, ready_seen, pending, pending_n, pending_tiles = _rs_tile(
@@ -110,7 +115,7 @@ def mm_rs_kernel(
             ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
             copy_per_round, EPILOGUE, WS, BM, BN, BK,
             GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
-            COPY_OUT)
+            COPY_OUT, SUBTILE)
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if TMA:
         if pending >= 0:
@@ -130,7 +135,7 @@ def _rs_tile(
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
-    OP: tl.constexpr, COPY_OUT: tl.constexpr,
+    OP: tl.constexpr, COPY_OUT: tl.constexpr, SUBTILE: tl.constexpr,
 ):
     """The work of ticket ``tile``: a GEMM tile (``_gemm_tile``), or with ``COPY_OUT`` a copy tile
     (``_copy_tile``), in ``_copy_out_order``. Returns the CTA's carried state."""
@@ -148,7 +153,7 @@ def _rs_tile(
             epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
             out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word,
             ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
-            WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP)
+            WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP, SUBTILE)
     return waited, ready_seen, pending, pending_n, pending_tiles
 
 
@@ -211,7 +216,7 @@ def _gemm_tile(
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
-    OP: tl.constexpr,
+    OP: tl.constexpr, SUBTILE: tl.constexpr,
 ):
     """GEMM tile ``tile`` of ``mm_rs_kernel``: the main loop, then either the staged / peer-stored
     remote tile (counted) or the own tile reduced with the peers' partials.
@@ -255,7 +260,12 @@ def _gemm_tile(
                             owner_flags + rs_flag_word + (rnd * WS + rank) * nbands + band, tiles_in_band, epoch,
                             SYS=True)
         elif TMA:
-            stage_desc.store([slot * rows + pid_m * BM, pid_n * BN], acc.to(stage_ptr.dtype.element_ty))
+            if SUBTILE:
+                acc0, acc1 = _halves(acc, BM, BN)
+                stage_desc.store([slot * rows + pid_m * BM, pid_n * BN], acc0.to(stage_ptr.dtype.element_ty))
+                stage_desc.store([slot * rows + pid_m * BM, pid_n * BN + BN // 2], acc1.to(stage_ptr.dtype.element_ty))
+            else:
+                stage_desc.store([slot * rows + pid_m * BM, pid_n * BN], acc.to(stage_ptr.dtype.element_ty))
             pending = slot * nbands + band
             pending_n += 1
             pending_tiles = tiles_in_band
@@ -284,12 +294,20 @@ def _gemm_tile(
         if AVERAGE:
             acc = acc / WS
         out_row = rnd * out_round_stride + out_offset + offs_m
-        acc = EPILOGUE(acc, out_row, offs_n, (in_chunk & (out_row < out_rows))[:, None] & (offs_n < N)[None, :],
-                       N, ep0, ep1, ep2, ep3)
-        if TMA:
-            out_desc.store([pid_m * BM, pid_n * BN], acc.to(out_ptr.dtype.element_ty))
+        if SUBTILE:  # (TMA only, never WRITE_GATHER: launch) the epilogue and store of each half in turn
+            acc0, acc1 = _halves(acc, BM, BN)
+            row_ok = in_chunk & (out_row < out_rows)
+            _epilogue_store_half(acc0, out_desc, out_ptr, pid_m * BM, pid_n * BN, out_row, row_ok, N,
+                                 ep0, ep1, ep2, ep3, EPILOGUE, BN // 2)
+            _epilogue_store_half(acc1, out_desc, out_ptr, pid_m * BM, pid_n * BN + BN // 2, out_row, row_ok, N,
+                                 ep0, ep1, ep2, ep3, EPILOGUE, BN // 2)
         else:
-            store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, acc)
+            acc = EPILOGUE(acc, out_row, offs_n, (in_chunk & (out_row < out_rows))[:, None] & (offs_n < N)[None, :],
+                           N, ep0, ep1, ep2, ep3)
+            if TMA:
+                out_desc.store([pid_m * BM, pid_n * BN], acc.to(out_ptr.dtype.element_ty))
+            else:
+                store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, acc)
         if WRITE_GATHER:
             if PEER_STORE:
                 for p in range(1, WS):
@@ -306,6 +324,21 @@ def _gemm_tile(
                 count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band,
                                 tiles_in_band, epoch)
     return waited, ready_seen, pending, pending_n, pending_tiles
+
+
+@triton.jit
+def _halves(acc, BM: tl.constexpr, BN: tl.constexpr):
+    """The [BM, BN/2] column halves of a [BM, BN] tile."""
+    return tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _epilogue_store_half(acc, out_desc, out_ptr, row0, col0, out_row, row_ok, N, ep0, ep1, ep2, ep3,
+                         EPILOGUE: tl.constexpr, HALF: tl.constexpr):
+    """The epilogue and TMA store of one [BM, HALF] column block of an own tile starting at ``col0``."""
+    offs_n = col0 + tl.arange(0, HALF)
+    acc = EPILOGUE(acc, out_row, offs_n, row_ok[:, None] & (offs_n < N)[None, :], N, ep0, ep1, ep2, ep3)
+    out_desc.store([row0, col0], acc.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -359,7 +392,8 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     fn, ptrs = epilogue_fn(epilogue, ep_ptrs, a.dtype, out)
     M, K = a.shape
     N = b.shape[1]
-    BM, BN, BK, GROUP_M, stages, warps, tma = config
+    BM, BN, BK, GROUP_M, stages, warps, store = config
+    tma, subtile, _ = store_variant(store)  # (no warp-specialized variant: the ticket loop)
     assert band_rows % BM == 0, (band_rows, BM)
     assert not tma or (tma_ok(rows, run, rounds, BM, gather is not None, peer is not None) and out_offset == 0), (
         rows, run, rounds, BM, out_offset)
@@ -379,6 +413,7 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
-        TMA=tma, INTERPRET=launcher.interpreting(), COPY_OUT=gathered is not None, num_stages=stages, num_warps=warps,
+        TMA=tma, INTERPRET=launcher.interpreting(), COPY_OUT=gathered is not None, SUBTILE=subtile,
+        num_stages=stages, num_warps=warps,
     )
     return out

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..spec import knobs, symm_layout
+from ..spec import kernel_ratios, knobs, symm_layout
 from .calibration import Calibration
 
 OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts", "cta_pipeline_mlp")
@@ -325,7 +325,7 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
     """The symm lowering's plan, or None where its kernels do not run this problem (it would run on p2p)."""
     e, ws, dt = p.e, p.ws, p.dtype
     host = cal.symm_call_ms
-    if p.op == "ag_mm" and _ag_on_cublas(p):
+    if p.op == "ag_mm" and _ag_on_cublas(p, cal):
         # runtime.symm.ag_mm.ag_mm_cublas: each chunk's GEMMs on cuBLAS, the own chunk first, each
         # peer's chunk once it arrived (they arrive one after the other: every rank pushes to r-1 first)
         chunk_g = p.gemms * gemm_ms(cal, p.m / ws, p.n / p.gemms, p.k, dt)
@@ -336,18 +336,24 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         return _symm_plan(host["ag_mm"], knobs.cost.SYMM_DEVICE_MS + done, ws,
                           {"gemm_ms": ws * chunk_g, "transfer_ms": (ws - 1) * x, "cublas_gemms": 1.0})
     if p.op == "ag_mm":
-        g = p.gemms * gemm_ms(cal, p.m, p.n / p.gemms, p.k, dt, knobs.cost.TRITON_EFF)
+        eff = kernel_eff(cal, "ag_mm", p.m, p.k, p.n // p.gemms, ws, dt) or knobs.cost.TRITON_EFF
+        g = p.gemms * gemm_ms(cal, p.m, p.n / p.gemms, p.k, dt, eff)
         x = ce_ms(cal, (ws - 1) * p.m * p.k * e / ws)  # the peers' shards into this rank
         nb = bands(p.m // ws)
         dev = knobs.cost.SYMM_DEVICE_MS + max(g, x + g / (ws * nb))  # the last band's GEMM follows its arrival
         return _symm_plan(host["ag_mm"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x})
     if p.op == "mm_rs":
         chunk = p.m * p.n * e / ws
-        g = gemm_ms(cal, p.m, p.n, p.k, dt, knobs.cost.TRITON_EFF)
+        # the GEMM at the measured kernel / cuBLAS ratio (which includes reading the partials), cuBLAS's
+        # where the runtime takes cuBLAS, else TRITON_EFF plus the sum's memory traffic
+        on_cublas = _rs_on_cublas(p, cal)
+        measured = None if on_cublas else kernel_eff(cal, "mm_rs", p.m, p.k, p.n, ws, dt)
+        g = gemm_ms(cal, p.m, p.n, p.k, dt, 1.0 if on_cublas else measured or knobs.cost.TRITON_EFF)
         x = ce_ms(cal, (ws - 1) * chunk)  # the peers' partials of this rank's chunk
         nb = bands(p.m // ws)
         # each band pushed as its tiles finish; the own chunk last, then the sum of the partials
-        dev = knobs.cost.SYMM_DEVICE_MS + max(g, g / (ws * nb) + x) + mem_ms(cal, (ws - 1) * chunk)
+        dev = knobs.cost.SYMM_DEVICE_MS + max(g, g / (ws * nb) + x) + (
+            0.0 if measured else mem_ms(cal, (ws - 1) * chunk))
         return _symm_plan(host["mm_rs"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x})
     if p.op == "mm_ar":
         total = p.m * p.n * e
@@ -358,7 +364,9 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
             return _symm_plan(host["mm_ar_oneshot"], dev, 1, {"gemm_ms": g, "transfer_ms": x})
         rounds = ar_rounds(p.m, ws)
         chunk = total / (rounds * ws)
-        g = gemm_ms(cal, p.m, p.n, p.k, dt, knobs.cost.TRITON_EFF)
+        on_cublas = _ar_on_cublas(p, cal)
+        eff = 1.0 if on_cublas else kernel_eff(cal, "mm_ar", p.m, p.k, p.n, ws, dt) or knobs.cost.TRITON_EFF
+        g = gemm_ms(cal, p.m, p.n, p.k, dt, eff)
         per_round = 2 * ce_ms(cal, (ws - 1) * chunk)  # reduce-scatter partials in, reduced chunk out
         dev = knobs.cost.SYMM_DEVICE_MS + max(g + per_round, rounds * per_round) + mem_ms(cal, (ws - 1) * chunk)
         return _symm_plan(host["mm_ar"], dev, rounds * ws * bands(p.m // (rounds * ws)),
@@ -371,7 +379,8 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         big_f = p.f * ws
         flops = (2.0 * p.m * p.k * big_f * gate + 2.0 * p.m * big_f * p.n) / ws  # balanced stages
         weights = (p.k * big_f * gate + big_f * p.n) * e / ws
-        stage = cal.launch_ms + max(flops / (cal.rate(dt) * 1e9), weights / (cal.hbm_gbps * 1e6)) * knobs.cost.CTA_EFF
+        stage_eff = _cta_eff(cal, p, tp, big_f, gate)
+        stage = cal.launch_ms + max(flops / (cal.rate(dt) * 1e9), weights / (cal.hbm_gbps * 1e6)) * stage_eff
         block_m, block_n1 = cta_block()
         tiles_m, tiles_n1 = -(-p.m // block_m), -(-(p.n // tp) // block_n1)
         most = max(1, min(tiles_m, cal.num_sms // max(1, tiles_n1)))
@@ -422,12 +431,57 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
     return best
 
 
-def _ag_on_cublas(p: Problem) -> bool:
-    """Does the symm ag_mm of ``p`` run on cuBLAS per chunk (``runtime.symm.ag_mm.ag_gemm``; the
-    model sees no gather layout or epilogue: one run per chunk, none)?"""
+def _ag_on_cublas(p: Problem, cal: Calibration | None = None) -> bool:
+    """Does the symm ag_mm of ``p`` run on cuBLAS per chunk (``runtime.symm.ag_mm.ag_gemm`` for the
+    calibration's GPU; the model sees no gather layout or epilogue: one run per chunk, none)?"""
     from ..runtime.symm import ag_mm as symm_ag_mm
 
-    return symm_ag_mm.ag_gemm(1, p.m // p.ws, p.k, p.n) == "cublas"
+    return symm_ag_mm.ag_gemm(1, p.m // p.ws, p.k, p.n, ws=p.ws, dtype=p.dtype, gpu=ratio_gpu(cal)) == "cublas"
+
+
+def _rs_on_cublas(p: Problem, cal: Calibration) -> bool:
+    """Does the symm mm_rs of ``p`` run on cuBLAS per band (``runtime.symm.mm_rs.rs_gemm``)?"""
+    from ..runtime.symm import mm_rs as symm_mm_rs
+
+    return symm_mm_rs.rs_gemm(1, p.m // p.ws, p.k, N=p.n, ws=p.ws, dtype=p.dtype, gpu=ratio_gpu(cal)) == "cublas"
+
+
+def _ar_on_cublas(p: Problem, cal: Calibration) -> bool:
+    """Does the symm mm_ar rounds path of ``p`` run on cuBLAS (``runtime.symm.mm_ar.ar_gemm``)?"""
+    from ..runtime.symm import mm_ar as symm_mm_ar
+
+    return symm_mm_ar.ar_gemm(p.m, p.k, p.ws, N=p.n, dtype=p.dtype, gpu=ratio_gpu(cal)) == "cublas"
+
+
+# GPU names (as torch reports them) of the calibrations' device classes: the kernel ratios are per GPU name
+RATIO_GPUS = {"h200": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3"}
+
+
+def ratio_gpu(cal: Calibration | None) -> str | None:
+    """The GPU whose measured kernel ratios (``spec/kernel_ratios.py``) stand for ``cal``'s machine."""
+    name = RATIO_GPUS.get(getattr(cal, "device_class", ""))
+    return name if name is not None else kernel_ratios.gpu_name()
+
+
+def kernel_eff(cal: Calibration, kernel: str, m: int, k: int, n: int, ws: int, dtype: str,
+               fused: bool = False) -> float | None:
+    """The measured kernel / cuBLAS time ratio of ``kernel`` near this local GEMM on the calibration's
+    GPU (None: not measured near it; the fitted constants stand in)."""
+    return kernel_ratios.measured_ratio(kernel, int(m), int(k), int(n), ws=ws, dtype=dtype, gpu=ratio_gpu(cal),
+                                        fused=fused)
+
+
+def _cta_eff(cal: Calibration, p: Problem, tp: int, big_f: int, gate: int) -> float:
+    """A CTA-pipeline stage's time over cuBLAS's: the flop-weighted measured ratios of the stage-0 and
+    stage-1 kernels at this call's local GEMMs (GELU only: the bench measures those), else CTA_EFF."""
+    if gate != 1:
+        return knobs.cost.CTA_EFF
+    r0 = kernel_eff(cal, "cta_stage0", p.m, p.k, big_f // tp, p.ws, p.dtype)
+    r1 = kernel_eff(cal, "cta_stage1", p.m, big_f, p.n // tp, p.ws, p.dtype)
+    if r0 is None or r1 is None:
+        return knobs.cost.CTA_EFF
+    f0, f1 = p.k * big_f, big_f * p.n  # the two GEMMs' flops (over the same rows)
+    return (r0 * f0 + r1 * f1) / (f0 + f1)
 
 
 def _symm_plan(host_ms: float, dev_ms: float, chunks: int, terms: dict, **kw) -> Plan:

@@ -296,7 +296,8 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
         dim = args["gather_dim"] % shard.dim()
         run = math.prod(shard.shape[dim:-1])
         outer = rows // run if run else 0
-        on_cublas = symm_ag_mm.ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), any(specs)) == "cublas"
+        on_cublas = symm_ag_mm.ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), any(specs), ws=ws,
+                                       dtype=shard.dtype) == "cublas"
         if on_cublas:
             lines.append(f"# ag_mm on cuBLAS (knobs.symm.AG_MM_GEMM): chunk c of output i is "
                          f"outs[i].view({outer}, {ws}, {run}, N)[:, c], the own chunk first")
@@ -346,13 +347,15 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
             "group.end(compute)",
         ]
         return lines
-    if op == "mm_ar" and symm_mm_ar.ar_gemm(M, a.shape[1], ws, "ce" if captured else None) == "cublas":
+    if op == "mm_ar" and symm_mm_ar.ar_gemm(M, a.shape[1], ws, "ce" if captured else None, N=N,
+                                            dtype=a.dtype) == "cublas":
         return lines + _mm_ar_cublas(args, rank, ws, M, a.shape[1], N, es)
     if op == "mm_rs":
         shape = list(args["out_shape"])
         dim = args["scatter_dim"] % len(shape)
         outer, run = math.prod(shape[:dim]), shape[dim] // ws * math.prod(shape[dim + 1 : -1])
-        if symm_mm_rs.rs_gemm(outer, run, a.shape[1], "ce" if captured else None) == "cublas":
+        if symm_mm_rs.rs_gemm(outer, run, a.shape[1], "ce" if captured else None, N=N, ws=ws,
+                              dtype=a.dtype) == "cublas":
             return lines + _mm_rs_cublas(args, rank, ws, outer, run, N, es, captured)
     rounds = symm_mm_ar.ar_rounds(M, ws) if op == "mm_ar" else 1
     if op == "mm_ar":

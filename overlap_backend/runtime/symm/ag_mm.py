@@ -15,12 +15,12 @@ import torch
 from torch import Tensor
 
 from ...spec import epilogue as _epilogue
-from ...spec import knobs
+from ...spec import kernel_ratios, knobs
 from ...spec import symm_layout as layout
 from ..lowering import register
-from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem, capturing, call_state, epilogue_pointers,
-                               generated_epilogue, kernel_weight, load_kernels, matmul_into, run_on_p2p, tma_aligned,
-                               tma_problem, tune, tuned_configs)
+from .lowering_helpers import (PATHS, aligned, call_state, capture_problem, captured_call_problem, capturing,
+                               compute_stream, epilogue_pointers, generated_epilogue, kernel_weight, load_kernels,
+                               matmul_into, preload_once, run_on_p2p, tma_aligned, tma_problem, tune, tuned_configs)
 
 
 def ag_mm_problem(shard, weights, biases, gather_dim) -> str | None:
@@ -56,9 +56,11 @@ def ag_mm_plan(st, shard, weights, epilogues, dim, graph) -> tuple:
     run = math.prod(shard.shape[dim:-1])
     outer = rows // run if run else 0
     keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows) for w in weights]
-    gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)))
+    gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)), ws=st.ws,
+                   dtype=shard.dtype)
     specs = list(epilogues) or [""] * len(weights)
-    gens = [generated_epilogue(spec, shard.dtype) for spec in specs]
+    # on cuBLAS the epilogues run after the GEMMs (ag_gemm chose so where fusing measured slower)
+    gens = [generated_epilogue(spec, shard.dtype) if gemm == "triton" else None for spec in specs]
     # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
     gens = [None if g is not None and tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
             for g, spec, w in zip(gens, specs, weights)]
@@ -170,15 +172,23 @@ def push_shard(st, shard2d: Tensor) -> int:
     return nbands
 
 
-def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False) -> str:
+def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False, *, ws: int = 0,
+            dtype="bfloat16", gpu: str | None = None) -> str:
     """How ``ag_mm`` computes a gathered [outer, ws * run, K] @ [K, N] (``N``: all its weights'
-    columns): "cublas" or "triton" (see ``knobs.symm.AG_MM_GEMM``). Depends only on shapes and knobs, so
-    every rank decides alike."""
-    if knobs.symm.AG_MM_GEMM != "cublas" or epilogue:  # generated epilogues are fused into the kernel's tiles
+    columns): "cublas" or "triton" (see ``knobs.symm.AG_MM_GEMM``). With ``ws``: where a rule below
+    would take the consumer kernel but it measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times
+    cuBLAS near this GEMM on this GPU (``spec/kernel_ratios.py``; with a fused ``epilogue``: times
+    cuBLAS plus the separate epilogue kernel, which then runs after the GEMMs), "cublas". Depends only
+    on shapes, dtype, the GPU's name, the ratio file and knobs, so every rank decides alike."""
+    if knobs.symm.AG_MM_GEMM != "cublas":
         return "triton"
     if outer > 1 and run < knobs.symm.AG_CUBLAS_MIN_RUN:  # one GEMM per (outer index, chunk): too many tiny ones
         return "triton"
-    return "cublas" if N >= knobs.symm.AG_CUBLAS_MIN_N else "triton"
+    if epilogue or N < knobs.symm.AG_CUBLAS_MIN_N:  # generated epilogues are fused into the kernel's tiles
+        loses = ws and kernel_ratios.kernel_loses("ag_mm", ws * outer * run, K, N, ws=ws, dtype=dtype, fused=epilogue,
+                                                 gpu=gpu)
+        return "cublas" if loses else "triton"
+    return "cublas"
 
 
 def ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute) -> None:

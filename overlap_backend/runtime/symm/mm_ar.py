@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ...spec import epilogue as _epilogue
-from ...spec import knobs
+from ...spec import kernel_ratios, knobs
 from ...spec import symm_layout as layout
 from .. import cuda as _cuda
 from ..lowering import register
@@ -74,7 +74,7 @@ def _mm_ar_needs(a, b, ws: int) -> tuple[int, list]:
     M, N, es = a.shape[0], b.shape[1], a.element_size()
     if M * N * es <= knobs.symm.ONESHOT_MAX_BYTES:
         return ws * M * N * es, []  # one-shot: no tuned kernel
-    if ar_gemm(M, a.shape[1], ws, "ce") == "cublas":
+    if ar_gemm(M, a.shape[1], ws, "ce", N=N, dtype=a.dtype) == "cublas":
         rounds = ar_cublas_rounds(M, a.shape[1], N, ws)
         return 2 * rounds * ws * -(-M // (rounds * ws)) * N * es, []  # no tuned kernel
     rounds, rows = _mm_ar_rounds_layout(M, ws)
@@ -91,7 +91,7 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     base = layout.GRAPH_BLOCK if graph else 0
     if M * N * es <= knobs.symm.ONESHOT_MAX_BYTES:
         return _mm_ar_oneshot(st, a, b, bias, reduce_op == "avg", g, epilogue_args, graph), g is not None
-    if ar_gemm(M, a.shape[1], ws, "ce" if graph else None) == "cublas":
+    if ar_gemm(M, a.shape[1], ws, "ce" if graph else None, N=N, dtype=a.dtype) == "cublas":
         PATHS["mm_ar:symm:cublas"] += 1
         return mm_ar_cublas(st, a, b, bias, reduce_op == "avg", graph), False
     configs = load_kernels()[3]
@@ -157,16 +157,23 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     return out, False
 
 
-def ar_gemm(M: int, K: int, ws: int, transport: str | None = None) -> str:
-    """How ``mm_ar``'s rounds path computes: "cublas" where ``mm_rs`` would and the kernel would run
-    one round, else "triton". Measured on 2xH200 (bench/probes/probe_symm.py,
+def ar_gemm(M: int, K: int, ws: int, transport: str | None = None, *, N: int = 0, dtype="bfloat16",
+            gpu: str | None = None) -> str:
+    """How ``mm_ar``'s rounds path computes: "cublas" where the rounds kernel measured slower than
+    ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS near this GEMM on this GPU (with ``N``;
+    ``spec/kernel_ratios.py``), else where ``mm_rs`` would and the kernel would run one round, else
+    "triton". Measured on 2xH200 (bench/probes/probe_symm.py,
     bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas, K=7168 N=8192, back to back): M=1024
     (one round) cuBLAS 0.570 ms vs kernel 0.782; but M=4096: 0.898-0.956 vs 0.834 and M=8192:
     1.738-1.764 vs 1.666, where the kernel's four rounds hide the all-gather and cuBLAS rounds cost host
     time."""
+    loses = kernel_ratios.kernel_loses("mm_ar", M, K, N, ws=ws, dtype=dtype, gpu=gpu) if N else None
+    if loses and knobs.symm.MM_RS_GEMM == "cublas" and (transport or knobs.symm.TRANSPORT) == "ce":
+        return "cublas"
     if ar_rounds(M, ws) > 1:
         return "triton"
-    return rs_gemm(1, -(-M // ws), K, transport)
+    # (the one-round kernel is mm_rs's: its ratios stand in where the rounds kernel was not measured)
+    return rs_gemm(1, -(-M // ws), K, transport, N=N if loses is None else 0, ws=ws, dtype=dtype, gpu=gpu)
 
 
 def ar_cublas_rounds(M: int, K: int, N: int, ws: int) -> int:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ...spec import epilogue as _epilogue
-from ...spec import knobs
+from ...spec import kernel_ratios, knobs
 from ...spec import symm_layout as layout
 from .. import cuda as _cuda
 from ..lowering import register
@@ -38,15 +38,23 @@ def mm_problem(a, b, bias, reduce_op) -> str | None:
     return tma_problem(a.dtype, a.shape[1], b.shape[1])
 
 
-def rs_gemm(outer: int, run: int, K: int, transport: str | None = None) -> str:
+def rs_gemm(outer: int, run: int, K: int, transport: str | None = None, *, N: int = 0, ws: int = 1,
+            dtype="bfloat16", gpu: str | None = None) -> str:
     """How ``mm_rs`` computes a chunk of ``outer`` runs of ``run`` rows with ``K`` (local)
-    contraction: "cublas" or "triton" (see ``knobs.symm.MM_RS_GEMM``). Depends only on shapes and
-    knobs, so every rank decides alike."""
+    contraction: "cublas" or "triton" (see ``knobs.symm.MM_RS_GEMM``). With ``N`` (and the group's
+    ``ws``, the dtype): "cublas" wherever the producer kernel measured slower than
+    ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS at the nearest measured shape on this GPU
+    (``spec/kernel_ratios.py``), the shape rules elsewhere. Depends only on shapes, dtype, the GPU's
+    name (``gpu``, default this process's), the ratio file and knobs, so every rank decides alike."""
     if knobs.symm.MM_RS_GEMM != "cublas" or (transport or knobs.symm.TRANSPORT) != "ce":
         return "triton"  # (peer stores come from the kernel)
+    if outer > 1 and run < knobs.symm.RS_CUBLAS_MIN_RUN:
+        return "triton"  # many tiny GEMMs: the kernel's row map
+    if N and kernel_ratios.kernel_loses("mm_rs", ws * outer * run, K, N, ws=ws, dtype=dtype, gpu=gpu):
+        return "cublas"
     if K < knobs.symm.RS_CUBLAS_MIN_K or outer * run < knobs.symm.BAND_ROWS_MIN:
         return "triton"
-    return "cublas" if outer == 1 or run >= knobs.symm.RS_CUBLAS_MIN_RUN else "triton"
+    return "cublas"
 
 
 def cublas_min_rows(K: int, N: int, captured: bool = False) -> int:
@@ -104,7 +112,7 @@ def mm_rs_plan(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, graph)
         seg = out_shape[dim] // ws
         run = seg * math.prod(out_shape[dim + 1 : -1])
         outer = math.prod(out_shape[:dim])
-        gemm = rs_gemm(outer, run, a.shape[1], "ce" if graph else None)
+        gemm = rs_gemm(outer, run, a.shape[1], "ce" if graph else None, N=b.shape[1], ws=ws, dtype=a.dtype)
         # TMA variants (codegen/mm_rs.py) where the transport is the copy engine and chunks are contiguous
         ce = graph or knobs.symm.TRANSPORT == "ce"
         tma = knobs.symm.RS_TMA

@@ -21,6 +21,28 @@ codegen = Knobs(
     # The first this many candidates are also tried with a TMA-store epilogue where the kernel can use
     # one: each variant is one more compilation on the first call.
     TMA_STORE_VARIANTS=2,
+    # More candidates of the ag_mm consumer / mm_rs producer (mm_ar rounds included), measured by
+    # bench/suites/bench_kernels.py next to the ones above: other stage / warp / GROUP_M choices and the store
+    # variants of codegen/configs.py (TMA stores with the epilogue in two halves, a warp-specialized loop).
+    VARIANTS_16BIT={
+        "ag_mm": (
+            (128, 256, 64, 8, 3, 8, "tma_subtile"),
+            (128, 256, 64, 8, 4, 8, "tma_subtile"),
+            (128, 256, 64, 8, 3, 8, "tma_ws"),
+            (128, 256, 64, 16, 3, 8, True),
+            (128, 128, 64, 8, 5, 8, True),
+        ),
+        "mm_rs": (
+            (128, 256, 64, 8, 3, 8, "tma_subtile"),
+            (128, 256, 64, 8, 4, 8, "tma_subtile"),
+            (128, 256, 64, 16, 3, 8, True),
+            (128, 128, 64, 8, 5, 8, True),
+            (128, 256, 64, 4, 3, 8, False),
+        ),
+    },
+    # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off until
+    # the kernel benchmark shows which of them win.
+    TUNE_VARIANTS=False,
     # Time the candidates and keep the fastest; False takes the first fitting one (tests: numerics do
     # not depend on the config, and it is one compilation per kernel variant).
     AUTOTUNE=True,

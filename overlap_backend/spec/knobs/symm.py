@@ -64,6 +64,15 @@ symm = Knobs(
     AG_CUBLAS_MIN_N=0,
     # ag_mm gathered along an inner dimension: on cuBLAS only with runs of at least this many rows.
     AG_CUBLAS_MIN_RUN=128,
+    # ag_mm / mm_rs / mm_ar compute a GEMM on cuBLAS where the op's Triton kernel measured more than this many
+    # times cuBLAS's time on it (fused epilogue: cuBLAS plus the separate epilogue kernel) in the kernel ratios
+    # (spec/kernel_ratios.py, written by bench/suites/bench_kernels.py); None: the shape rules alone.
+    CUBLAS_ABOVE_RATIO=1.03,
+    # A measured ratio stands for a GEMM within this distance of its shape (log2 units over M, K, N and the
+    # world size): a shape farther from every measured one keeps the shape rules.
+    KERNEL_RATIO_MAX_DISTANCE=1.0,
+    # The kernel-ratio file (None: the one in the package, spec/kernel_ratios.json).
+    KERNEL_RATIOS_FILE=None,
     # Calls made during a CUDA-graph capture run on symm with the toggling flag block (else on p2p, whose
     # NCCL calls are captured): on since the captured path passed on 2xH200 (tests/gpu/test_gpu.py).
     CAPTURE_ON_SYMM=True,

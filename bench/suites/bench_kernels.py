@@ -1,0 +1,862 @@
+"""Kernel benchmark of record (one GPU, no communication): every GEMM kernel the overlap ops run, alone,
+against cuBLAS on the same local GEMM.
+
+    python bench/suites/bench_kernels.py --out bench/results/kernels_h200x1_<date> [--quick] [--dry-run]
+        [--kernels ag_mm,mm_rs,mm_ar,oneshot,cta_stage0,cta_stage1,moe_gate_up,moe_down] [--ws 2,4,8]
+        [--budget-s 300] [--jobs N] [--reps 30] [--no-variants]
+
+Kernels (``codegen/``): the ``ag_mm`` consumer, the ``mm_rs`` producer, the same kernel as ``mm_ar``'s
+rounds (``WRITE_GATHER``), the one-shot all-reduce sum, the CTA op's stage-0 / stage-1 kernels and the
+MoE grouped GEMMs (gate/up with SwiGLU fused, down). Each runs as rank 0 of a ``ws``-rank group with
+every flag raised (epoch 0) and the peers' data already local, at the local shapes of the 2-, 4- and
+8-GPU tables of every suite (collective GEMMs, TP block, Llama, MoE DeepSeek-/Mixtral-like, CTA MLP)
+and at decode sizes, deduplicated (``cases``). Per case: the op's tuning candidates
+(``codegen.configs.candidates``, what the op's tuner picks from) and the bench-only variants
+(``knobs.codegen.VARIANTS_16BIT``: store variants, other stages / GROUP_M), each checked against a
+float32 reference on random inputs with its outputs NaN-poisoned first, then timed (CUDA events after
+warm-up, median of ``--reps``). Baselines: ``torch.mm`` / ``torch._grouped_mm`` on the same GEMM; with
+a fused epilogue, cuBLAS plus torch's separate pointwise op (the stand-in for Inductor's pointwise
+kernel, labelled so in the table); the one-shot sum against ``torch.sum`` over the partials.
+
+Outputs in ``--out``: ``table.md`` (the table of record), ``results.json`` (every config's time and
+error), ``kernel_ratios.json`` (the format of ``overlap_backend/spec/kernel_ratios.py``: copy it over
+``overlap_backend/spec/kernel_ratios.json`` and the ops take cuBLAS where the kernel measured slower than
+``knobs.symm.CUBLAS_ABOVE_RATIO``), ``variants.md`` (which variants beat the op's candidates),
+``README.md`` (machine, versions, the exact command). Cold Triton caches: the kernel variants are
+compiled first by ``--jobs`` worker processes (``launcher.preloading``), then timed in this one; the
+run stops starting cases after ``--budget-s`` seconds and lists those it left out. ``--dry-run`` (no
+GPU) builds the case list and writes every output with made-up timings, to check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from bench.tools import common  # noqa: E402
+
+KERNELS = ("ag_mm", "mm_rs", "mm_ar", "oneshot", "cta_stage0", "cta_stage1", "moe_gate_up", "moe_down")
+WORLD_SIZES = (2, 4, 8)
+# Global problems of the collective-GEMM suite (bench_collective_gemm.TABLE / DECODE, ws-independent):
+AG_MM = [(4096, 8192, 7168), (8192, 8192, 7168), (16384, 8192, 2048), (8192, 8192, 14336), (512, 8192, 7168)]
+MM_RS = [(4096, 7168, 8192), (8192, 7168, 8192), (16384, 2048, 8192), (512, 7168, 8192)]  # K split ws ways
+MM_AR = [(128, 7168, 8192), (1024, 7168, 8192), (4096, 7168, 8192), (8192, 7168, 8192)]  # per rank
+# The TP block (bench_block: batch 4 x seq 2048 tokens, hidden 4096, 32 heads, ffn 14336) and Llama
+# (bench_models: dim 4096, 8 KV heads of 128, ffn 14336, batch 4 x seq 2048), serving decode: 8 tokens.
+TOKENS, HIDDEN, FFN, KV = 8192, 4096, 14336, 1024
+CTA_H, CTA_F, CTA_M = 8192, 28672, (16, 128, 512, 1024, 4096)  # bench_cta defaults
+MOE = {"mixtral": (4096, 14336, 8, 2, 4096), "deepseek": (7168, 2048, 32, 8, 4096),  # bench_moe.CONFIGS
+       "mixtral-decode": (4096, 14336, 8, 2, 128), "deepseek-decode": (7168, 2048, 32, 8, 128),
+       "deepseek-ep8": (7168, 2048, 64, 8, 4096)}
+CHECK_TOL = 1e-2  # bf16 against float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One kernel at one local GEMM ``M x K x N`` as rank 0 of ``ws`` (``moe``: the MoE config)."""
+
+    kernel: str
+    ws: int
+    M: int
+    K: int
+    N: int
+    epilogue: str = ""  # fused: "gelu" (ag_mm, after its bias), "add:0" (mm_rs's residual), stage 0's GELU, MoE's SwiGLU
+    moe: str = ""
+
+    @property
+    def fused(self) -> bool:
+        return bool(self.epilogue)
+
+    def label(self) -> str:
+        return f"{self.kernel} ws={self.ws} {self.M}x{self.K}x{self.N}" + (f" +{self.epilogue}" if self.epilogue else "") + (
+            f" [{self.moe}]" if self.moe else "")
+
+
+def cases(quick: bool = False, kernels=KERNELS, world_sizes=WORLD_SIZES) -> list[tuple[Case, list[str]]]:
+    """Every (case, suites it stands for), deduplicated, in a stable order."""
+    found: dict[Case, list[str]] = {}
+
+    def add(case: Case, origin: str) -> None:
+        if case.kernel in kernels and case.ws in world_sizes:
+            found.setdefault(case, [])
+            if origin not in found[case]:
+                found[case].append(origin)
+
+    for ws in world_sizes:
+        tp = ws // 2
+        for M, K, N in AG_MM:
+            add(Case("ag_mm", ws, M, K, N), "collective ag_mm" + (" decode" if M == 512 else ""))
+        add(Case("ag_mm", ws, TOKENS, HIDDEN, 3 * HIDDEN // ws), "TP block qkv")
+        add(Case("ag_mm", ws, TOKENS, HIDDEN, FFN // ws), "TP block fc1 / Llama w1, w3")
+        add(Case("ag_mm", ws, TOKENS, HIDDEN, FFN // ws, "gelu"), "TP block fc1 + bias, GELU")
+        add(Case("ag_mm", ws, TOKENS, HIDDEN, (HIDDEN + 2 * KV) // ws), "Llama qkv")
+        for M, K, N in MM_RS:
+            add(Case("mm_rs", ws, M, K // ws, N), "collective mm_rs" + (" decode" if M == 512 else ""))
+        add(Case("mm_rs", ws, TOKENS, HIDDEN // ws, HIDDEN), "TP block out-proj / Llama wo")
+        add(Case("mm_rs", ws, TOKENS, FFN // ws, HIDDEN), "TP block fc2 / Llama w2")
+        add(Case("mm_rs", ws, TOKENS, FFN // ws, HIDDEN, "add:0"), "TP block fc2 + residual")
+        add(Case("mm_rs", ws, TOKENS, (HIDDEN + 2 * KV) // ws, HIDDEN), "Llama qkv input grad")
+        add(Case("mm_rs", ws, TOKENS, 2 * FFN // ws, HIDDEN), "Llama w1/w3 input grad")
+        for M, K, N in MM_AR:
+            if M * N * 2 <= 4 << 20:  # knobs.symm.ONESHOT_MAX_BYTES: torch.mm then the one-shot sum
+                add(Case("oneshot", ws, M, 1, N), "collective mm_ar (one-shot)")
+            else:
+                add(Case("mm_ar", ws, M, K, N), "collective mm_ar")
+        add(Case("oneshot", ws, 8, 1, HIDDEN), "Llama serving decode (one-shot)")
+        if tp:
+            for M in CTA_M:
+                add(Case("cta_stage0", ws, M, CTA_H, CTA_F // tp, "gelu_tanh"), "CTA MLP stage 0")
+                add(Case("cta_stage1", ws, M, CTA_F, CTA_H // tp), "CTA MLP stage 1")
+        for name, (h, f, experts, k, tokens) in MOE.items():
+            if experts % ws or (name == "deepseek-ep8" and ws != 8):
+                continue
+            add(Case("moe_gate_up", ws, tokens * k, h, f, "swiglu", name), f"MoE {name}")
+            add(Case("moe_down", ws, tokens * k, f, h, "", name), f"MoE {name}")
+    # the GEMMs the ops choose cuBLAS for first, 4 GPUs first: what a time box cuts is the least needed
+    order = {4: 0, 2: 1, 8: 2}
+    out = sorted(found.items(), key=lambda item: (KERNELS.index(item[0].kernel), order[item[0].ws]))
+    if quick:
+        keep = {Case("ag_mm", 4, 8192, 8192, 7168), Case("ag_mm", 4, TOKENS, HIDDEN, FFN // 4, "gelu"),
+                Case("mm_rs", 4, 4096, 1792, 8192), Case("mm_rs", 4, TOKENS, FFN // 4, HIDDEN, "add:0"),
+                Case("mm_ar", 4, 1024, 7168, 8192), Case("oneshot", 4, 128, 1, 8192),
+                Case("cta_stage0", 4, 1024, CTA_H, CTA_F // 2, "gelu_tanh"), Case("cta_stage1", 4, 1024, CTA_F, CTA_H // 2),
+                Case("moe_gate_up", 4, 32768, 7168, 2048, "swiglu", "deepseek"),
+                Case("moe_down", 4, 32768, 2048, 7168, "", "deepseek")}
+        out = [(c, o) for c, o in out if c in keep]
+    return out
+
+
+# ----------------------------------------------------------------------------------------- one case
+class Bench:
+    """A case's tensors, references and baseline; ``run(cfg)`` launches the kernel in one config."""
+
+    def __init__(self, case: Case, dev, num_sms: int, reps: int, dtype=torch.bfloat16):
+        self.case, self.dev, self.num_sms, self.reps = case, dev, num_sms, reps
+        self.dt = dtype  # (float32: the CPU interpreter's test, tests/bench/test_bench_kernels.py)
+        getattr(self, "_setup_" + case.kernel)()
+
+    # ---- helpers
+    def _rand(self, *shape, scale=1.0):
+        return (torch.randn(*shape, device=self.dev) * scale).to(self.dt)
+
+    def _status(self):
+        return (torch.zeros(1, dtype=torch.int32, device=self.dev), torch.zeros(8, dtype=torch.int32, device=self.dev))
+
+    def _gemm_operands(self):
+        c = self.case
+        self.a = self._rand(c.M, c.K)
+        self.b = self._rand(c.K, c.N, scale=c.K ** -0.5)
+        self.ref = self.a.float() @ self.b.float()
+
+    # ---- ag_mm consumer
+    def _setup_ag_mm(self):
+        from overlap_backend.codegen import ag_mm, configs
+        from overlap_backend.codegen import epilogue as gen
+        from overlap_backend.spec import symm_layout
+
+        c = self.case
+        self._gemm_operands()
+        rows = c.M // c.ws
+        self.shard, self.buf = self.a[:rows].contiguous(), self.a.view(c.ws, rows, c.K)
+        self.band = symm_layout.band_rows(rows)
+        self.flags = torch.zeros(c.ws * -(-rows // self.band), dtype=torch.int32, device=self.dev)
+        self.status = self._status()
+        self.out = torch.empty(c.M, c.N, device=self.dev, dtype=self.dt)
+        self.bias = self._rand(c.N) if c.fused else None
+        self.gen = gen.build(c.epilogue, self.dt) if c.fused else None
+        self.want = F.gelu(self.ref + self.bias.float()) if c.fused else self.ref
+        self.outputs = [self.out]
+        a, b, bias = self.a, self.b, self.bias
+        if c.fused:
+            self.baseline = ("cuBLAS addmm + torch F.gelu (Inductor pointwise proxy)", lambda: F.gelu(torch.addmm(bias, a, b)))
+        else:
+            self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self.op_cands = configs.candidates(self.dt, tma_store_rows=rows, variants=False, kernel="ag_mm")
+        self.variant_cands = configs.variant_candidates(self.dt, "ag_mm", tma_store_rows=rows)
+        ptrs = gen.pointers(self.gen, ()) if self.gen is not None else ()
+
+        def run(cfg):
+            ag_mm.launch(self.shard, self.buf, self.b, self.bias, self.out, self.flags, 0, self.status, 10**9, 0, c.ws,
+                         rows, self.band, cfg, self.num_sms, epilogue=self.gen, ep_ptrs=ptrs)
+
+        self.run = run
+        self.error = lambda: common.rel_err(self.out.float(), self.want)
+
+    # ---- mm_rs producer (and its mm_ar rounds form)
+    def _rs_buffers(self, rows, rounds):
+        from overlap_backend.spec import symm_layout
+
+        c = self.case
+        self.band = symm_layout.band_rows(rows)
+        nb = -(-rows // self.band)
+        self.flags = [torch.zeros(rounds * c.ws * nb, dtype=torch.int32, device=self.dev) for _ in range(3)]
+        self.ticket = torch.zeros(1, dtype=torch.int32, device=self.dev)
+        self.status = self._status()
+        self.recv = self._rand(rounds * c.ws * rows, c.N)  # the peers' partials of this rank's chunks
+        self.stage = torch.empty(rounds * c.ws * rows, c.N, device=self.dev, dtype=self.dt)
+
+    def _setup_mm_rs(self):
+        from overlap_backend.codegen import configs, mm_rs
+        from overlap_backend.codegen import epilogue as gen
+
+        c = self.case
+        self._gemm_operands()
+        rows = c.M // c.ws
+        self._rs_buffers(rows, 1)
+        self.out = torch.empty(rows, c.N, device=self.dev, dtype=self.dt)
+        own = self.ref[:rows] + sum(self.recv[p * rows:(p + 1) * rows].float() for p in range(1, c.ws))
+        self.residual = self._rand(rows, c.N) if c.fused else None
+        self.want = own.to(self.dt).float() + self.residual.float() if c.fused else own
+        self.gen = gen.build(c.epilogue, self.dt) if c.fused else None
+        ptrs = gen.pointers(self.gen, [self.residual]) if c.fused else ()
+        self.outputs = [self.out, self.stage]
+        a, b, res = self.a, self.b, self.residual
+        if c.fused:
+            summed = torch.empty(rows, c.N, device=self.dev, dtype=self.dt)
+            self.baseline = ("cuBLAS torch.mm + torch.add (Inductor pointwise proxy)",
+                             lambda: torch.add(torch.mm(a, b)[:rows], res, out=summed))
+        else:
+            self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self.op_cands = configs.candidates(self.dt, None, tma_store_rows=rows, variants=False, kernel="mm_rs")
+        self.variant_cands = configs.variant_candidates(self.dt, "mm_rs", tma_store_rows=rows)
+
+        def run(cfg):
+            mm_rs.launch(self.a, self.b, None, self.stage, self.recv, None, self.out, *self.flags, self.ticket, 0,
+                         self.status, 10**9, 0, c.ws, rows, rows, 1, 0, 0, False, self.band, cfg, self.num_sms,
+                         epilogue=self.gen, ep_ptrs=ptrs)
+
+        self.run = run
+
+        def error():
+            err = common.rel_err(self.out.float(), self.want)
+            if c.ws > 1:  # what this rank ships: its partials of the peers' chunks
+                err = max(err, common.rel_err(self.stage[rows:].float(), self.ref[rows:]))
+            return err
+
+        self.error = error
+
+    def _setup_mm_ar(self):
+        from overlap_backend.codegen import configs, mm_rs
+        from overlap_backend.runtime.symm.mm_ar import ar_rounds
+
+        c = self.case
+        self._gemm_operands()
+        rounds = ar_rounds(c.M, c.ws)
+        rows = -(-c.M // (rounds * c.ws))
+        self._rs_buffers(rows, rounds)
+        self.gather = torch.empty(rounds * c.ws * rows, c.N, device=self.dev, dtype=self.dt)
+        self.out = torch.empty(c.M, c.N, device=self.dev, dtype=self.dt)
+        self.outputs = [self.out, self.gather, self.stage]
+        a, b = self.a, self.b
+        self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self.op_cands = configs.candidates(self.dt, variants=False, kernel="mm_rs")
+        self.variant_cands = configs.variant_candidates(self.dt, "mm_rs")  # (no TMA variant: rounds)
+
+        def run(cfg):
+            mm_rs.launch(self.a, self.b, None, self.stage, self.recv, self.gather, self.out, *self.flags, self.ticket,
+                         0, self.status, 10**9, 0, c.ws, rows, rows, rounds, c.ws * rows, 0, False, self.band, cfg,
+                         self.num_sms)
+
+        self.run = run
+        own = [(t * c.ws * rows, min(rows, c.M - t * c.ws * rows)) for t in range(rounds)]
+
+        def error():
+            errs = []
+            for t, (lo, n) in enumerate(own):
+                if n <= 0:
+                    continue
+                want = self.ref[lo:lo + n] + sum(self.recv[(t * c.ws + p) * rows:(t * c.ws + p) * rows + n].float()
+                                                 for p in range(1, c.ws))
+                errs.append(common.rel_err(self.out[lo:lo + n].float(), want))
+                errs.append(common.rel_err(self.gather[t * c.ws * rows:t * c.ws * rows + n].float(), want))
+            return max(errs)
+
+        self.error = error
+
+    # ---- one-shot all-reduce sum
+    def _setup_oneshot(self):
+        from overlap_backend.codegen import reduce
+
+        c = self.case
+        self.recv = self._rand(c.ws, c.M, c.N)
+        own = self.recv[0]
+        self.flags = torch.zeros(c.ws, dtype=torch.int32, device=self.dev)
+        self.status = self._status()
+        self.out = torch.empty(c.M, c.N, device=self.dev, dtype=self.dt)
+        self.want = self.recv.float().sum(0)
+        self.outputs = [self.out]
+        summed = torch.empty(c.M, c.N, device=self.dev, dtype=self.dt)
+        self.baseline = ("torch.sum over the ws partials", lambda: torch.sum(self.recv, 0, out=summed))
+        self.op_cands, self.variant_cands = [None], []
+
+        def run(cfg):
+            reduce.launch(own, self.recv, self.out, self.flags, 0, self.status, 10**9, 0, c.ws, False)
+
+        self.run = run
+        self.error = lambda: common.rel_err(self.out.float(), self.want)
+
+    # ---- CTA stage kernels
+    def _cta_plan(self, M, fp, ns):
+        from overlap_backend.runtime import cta_plan
+
+        tp = self.case.ws // 2
+        cfg0, cfg1 = cta_plan.block_configs(self.dt, False, M, ns, self.num_sms)
+        kchunk, nch = cta_plan.k_chunks(fp, cfg0[1], cfg1[2], -(-(-(-M // cfg0[0])) // cfg0[3]), tp)
+        return cfg0, cfg1, kchunk, nch
+
+    def _setup_cta_stage0(self):
+        from overlap_backend.codegen import cta
+
+        c = self.case
+        self._gemm_operands()
+        cfg0, _, kchunk, nch = self._cta_plan(c.M, c.N, CTA_H // (c.ws // 2))
+        mp = cta.padded_rows(c.M, cfg0[0])
+        self.stage = torch.empty(nch * mp * kchunk, device=self.dev, dtype=self.dt)
+        self.counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
+        self.done = torch.zeros(4096, dtype=torch.int32, device=self.dev)
+        self.epoch = torch.ones(1, dtype=torch.int32, device=self.dev)
+        tables = torch.zeros(8, dtype=torch.int64, device=self.dev)
+        self.want = F.gelu(self.ref, approximate="tanh")
+        self.outputs = [self.stage]
+        a, b = self.a, self.b
+        self.baseline = ("cuBLAS torch.mm + torch F.gelu tanh (Inductor pointwise proxy)",
+                         lambda: F.gelu(torch.mm(a, b), approximate="tanh"))
+        # the op's config (cta_plan.block_configs, no tuning), pointer and TMA stores of the staged tiles
+        self.op_cands = [(*cfg0, False), (*cfg0, True)]
+        self.variant_cands = []
+
+        def run(cfg):
+            cta.launch_stage0(a, b, None, None, None, self.stage, tables, tables, self.counters, self.done, self.epoch,
+                              0, kchunk, nch, 0, 1, 1, cta.ACT_GELU_TANH, cfg[:6], self.num_sms, tma_store=cfg[6])
+
+        self.run = run
+        self.error = lambda: common.rel_err(
+            self.stage.view(nch, mp, kchunk)[:, :c.M].permute(1, 0, 2).reshape(c.M, nch * kchunk)[:, :c.N].float(),
+            self.want)
+
+    def _setup_cta_stage1(self):
+        from overlap_backend.codegen import cta
+
+        c = self.case
+        tp = c.ws // 2
+        fp = c.K // tp
+        self._gemm_operands()
+        _, cfg1, kchunk, nch = self._cta_plan(c.M, fp, c.N)
+        mp = cta.padded_rows(c.M, cfg1[0])
+        blocks = torch.zeros(tp * nch, mp, kchunk, device=self.dev, dtype=self.dt)  # chunk-major, as stage 0 ships
+        for p in range(tp):
+            for j in range(nch):
+                lo, w = p * fp + j * kchunk, min(kchunk, fp - j * kchunk)
+                blocks[p * nch + j, :c.M, :w] = self.a[:, lo:lo + w]
+        self.blocks = blocks.view(tp * nch * mp, kchunk)
+        self.out = torch.empty(c.M, c.N, device=self.dev, dtype=self.dt)
+        tiles_m = -(-c.M // cfg1[0])
+        self.flags = torch.zeros(4096, dtype=torch.int32, device=self.dev)
+        self.counters = torch.zeros(max(tiles_m, 1), dtype=torch.int32, device=self.dev)
+        self.epoch = torch.zeros(1, dtype=torch.int32, device=self.dev)
+        tables = torch.zeros(8, dtype=torch.int64, device=self.dev)
+        self.status = self._status()
+        self.want = self.ref
+        self.outputs = [self.out]
+        a, b = self.a, self.b
+        self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self.op_cands = [(*cfg1, False)]
+        self.variant_cands = []
+
+        def run(cfg):
+            cta.launch_stage1(self.blocks, b, None, self.out, tables, tables, 0, self.flags, self.counters, self.epoch,
+                              self.status, 10**9, 0, 1, c.M, fp, 0, kchunk, nch, 0, tp, cfg[:6], self.num_sms)
+
+        self.run = run
+        self.error = lambda: common.rel_err(self.out.float(), self.want)
+
+    # ---- MoE grouped GEMMs
+    def _moe_rank(self):
+        from overlap_backend.codegen import moe_gemm
+        from overlap_backend.runtime import moe_symm
+
+        c = self.case
+        h, f, experts, k, tokens = MOE[c.moe]
+        ws, e_local, dev = c.ws, experts // c.ws, self.dev
+        local = []
+        for src in range(ws):  # every source's rows for rank 0's experts (bench_moe's balanced routing)
+            gen_ = torch.Generator().manual_seed(1234 + src)
+            dest = torch.rand(tokens, experts, generator=gen_).topk(k, dim=1).indices.view(-1).sort().values
+            local.append(dest[dest < e_local])
+        recv = [len(v) for v in local]
+        e_recv = torch.cat(local).to(dev)
+        self.rows_sorted = torch.sort(e_recv, stable=True).indices
+        self.offsets = torch.cumsum(torch.bincount(e_recv, minlength=e_local), 0).to(torch.int32)
+        self.r = self._rand(sum(recv), h)
+        self.w_gate = self._rand(e_local, h, f, scale=h ** -0.5)
+        self.w_up = self._rand(e_local, h, f, scale=h ** -0.5)
+        self.w_down = self._rand(e_local, f, h, scale=f ** -0.5)
+        cap = max(recv)
+        self.disp = torch.zeros(ws * cap, h, device=dev, dtype=self.dt)
+        off = 0
+        for s, n in enumerate(recv):
+            self.disp[s * cap:s * cap + n] = self.r[off:off + n]
+            off += n
+        recv_off = torch.tensor([0] + torch.tensor(recv).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+        self.mflags = torch.zeros(64, dtype=torch.int32, device=dev)
+        self.status = self._status()
+        m = self.rows_sorted.shape[0]
+        self.act = torch.empty(m, f, device=dev, dtype=self.dt)
+        self.own = torch.empty(max(recv[0], 1), h, device=dev, dtype=self.dt)
+        self.stage = torch.empty(sum(recv), h, device=dev, dtype=self.dt)
+        em = moe_symm.expert_major(m, ws, e_local)
+        self.gate_cands = moe_gemm.candidates(self.dt, "gate_up")
+        self.down_cands = moe_gemm.candidates(self.dt, "down")
+        bms = sorted({cfg[0] for cfg in self.gate_cands + self.down_cands})
+        self.plan = moe_symm.plan(self.rows_sorted, self.offsets, recv_off, 0, ws, e_local, bms, em)
+        self.one = [(0, ws * e_local, 0, ws)]
+        self.start = None if em else (ws - 1) * e_local  # the runtime's walk: own groups first
+        self.cap, self.recv_rows = cap, recv
+        xg = self.r.index_select(0, self.rows_sorted)
+        self.xg = xg
+        # float32 reference per expert, in received-row order
+        ref = torch.empty(sum(recv), h, device=dev)
+        lo = 0
+        for e, hi in enumerate(self.offsets.tolist()):
+            x = xg[lo:hi].float()
+            y = (F.silu(x @ self.w_gate[e].float()) * (x @ self.w_up[e].float())).to(self.dt).float() @ self.w_down[e].float()
+            ref[self.rows_sorted[lo:hi]] = y
+            lo = hi
+        self.want = ref
+
+    def _moe_run(self, cfg_gate, cfg_down, part):
+        from overlap_backend.codegen import moe_gemm
+
+        c = self.case
+        for ph in self.one:
+            if part in ("both", "gate_up"):
+                moe_gemm.launch_gate_up(self.disp, self.w_gate, self.w_up, self.act, self.plan, self.mflags, self.mflags,
+                                        0, self.status, 10**10, 0, c.ws, self.cap, cfg_gate, self.num_sms, phase=ph,
+                                        start_group=self.start)
+            if part in ("both", "down"):
+                moe_gemm.launch_down(self.act, self.w_down, self.own, self.stage, self.plan, self.mflags[16:],
+                                     self.mflags[32:], 0, 0, c.ws, 0, cfg_down, self.num_sms, phase=ph)
+
+    def _moe_error(self, cfg_gate, cfg_down):
+        for t in (self.own, self.stage, self.act):
+            t.fill_(float("nan"))
+        self._moe_run(cfg_gate, cfg_down, "both")
+        _sync()
+        got = self.stage.float()
+        n0 = self.recv_rows[0]
+        got[:n0] = self.own[:n0].float()
+        return common.rel_err(got, self.want)
+
+    def _setup_moe_gate_up(self):
+        self._moe_rank()
+        xg, offs, wg, wu = self.xg, self.offsets, self.w_gate, self.w_up
+        self.baseline = ("torch._grouped_mm x2 + torch F.silu * up (pointwise proxy)",
+                         lambda: F.silu(torch._grouped_mm(xg, wg, offs=offs)) * torch._grouped_mm(xg, wu, offs=offs))
+        self.op_cands, self.variant_cands = list(self.gate_cands), []
+        self.outputs = []
+        self.run = lambda cfg: self._moe_run(cfg, self.down_cands[0], "gate_up")
+        self.error_of = lambda cfg: self._moe_error(cfg, self.down_cands[0])
+
+    def _setup_moe_down(self):
+        self._moe_rank()
+        offs, wd = self.offsets, self.w_down
+        act = self._rand(self.xg.shape[0], wd.shape[1])
+        self.baseline = ("torch._grouped_mm", lambda: torch._grouped_mm(act, wd, offs=offs))
+        self.op_cands, self.variant_cands = list(self.down_cands), []
+        self.outputs = []
+        self.run = lambda cfg: self._moe_run(self.gate_cands[0], cfg, "down")
+        self.error_of = lambda cfg: self._moe_error(self.gate_cands[0], cfg)
+
+    # ---- measurement
+    def check(self, cfg) -> float:
+        """Poison the outputs, run once, compare with the float32 reference (relative error)."""
+        if hasattr(self, "error_of"):
+            return self.error_of(cfg)
+        for t in self.outputs:
+            t.fill_(float("nan"))
+        self.run(cfg)
+        _sync()
+        return self.error()
+
+    def time(self, fn) -> float:
+        return common.events_ms(fn, n=self.reps, warm=5)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _first_error(fn) -> str | None:
+    try:
+        fn()
+        _sync()
+    except Exception as e:  # noqa: BLE001 - a variant that does not compile (or fit) is reported, not fatal
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+    return None
+
+
+def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, variants: bool,
+            deadline: float = math.inf) -> dict:
+    row = {"case": dataclasses.asdict(case), "label": case.label(), "suites": origins}
+    try:
+        b = Bench(case, dev, num_sms, reps)
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"set-up failed: {type(e).__name__}: {str(e)[:300]}"
+        return row
+    row["baseline"] = b.baseline[0]
+    row["baseline_ms"] = b.time(b.baseline[1])
+    configs = [(cfg, "op") for cfg in b.op_cands] + ([(cfg, "variant") for cfg in b.variant_cands] if variants else [])
+    results = []
+    for cfg, kind in configs:
+        r = {"config": list(cfg) if cfg is not None else None, "kind": kind}
+        if time.time() > deadline:  # (a variant left uncompiled would compile here, tens of seconds)
+            r["error"] = "not run (time box)"
+            results.append(r)
+            continue
+        why = _first_error(lambda: b.run(cfg))
+        if why is None:
+            err = b.check(cfg)
+            r["rel_err"] = err
+            if not err <= CHECK_TOL:
+                why = f"WRONG (rel err {err:.2e})"
+        if why is None:
+            r["ms"] = b.time(lambda: b.run(cfg))
+            r["ratio"] = r["ms"] / row["baseline_ms"]
+        else:
+            r["error"] = why
+        results.append(r)
+    row["configs"] = results
+    summarize(row)
+    del b
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
+
+
+def summarize(row: dict) -> None:
+    """The op's time (best of its tuning candidates), the best variant's, in ``row``."""
+    ok = [r for r in row.get("configs", ()) if "ms" in r]
+    op = [r for r in ok if r["kind"] == "op"]
+    if op:
+        best = min(op, key=lambda r: r["ms"])
+        row.update(op_ms=best["ms"], op_config=best["config"], op_ratio=best["ratio"])
+    if ok:
+        best = min(ok, key=lambda r: r["ms"])
+        row.update(best_ms=best["ms"], best_config=best["config"], best_kind=best["kind"], best_ratio=best["ratio"])
+    row["failed"] = [f"{r['config']}: {r['error']}" for r in row.get("configs", ()) if "error" in r]
+
+
+def fake_measure(case: Case, origins: list[str], variants: bool) -> dict:
+    """--dry-run: the row ``measure`` would write, with made-up times (a hash of the case and config)."""
+    def h(*parts) -> float:
+        return int(hashlib.sha256(repr(parts).encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+    from overlap_backend.codegen import configs as cfgs
+
+    rows = case.M // case.ws
+    if case.kernel in ("ag_mm", "mm_rs"):
+        op = cfgs.candidates(torch.bfloat16, tma_store_rows=rows, variants=False, kernel=case.kernel)
+        var = cfgs.variant_candidates(torch.bfloat16, case.kernel, tma_store_rows=rows)
+    elif case.kernel == "mm_ar":
+        op, var = cfgs.candidates(torch.bfloat16, variants=False), cfgs.variant_candidates(torch.bfloat16, "mm_rs")
+    else:
+        op, var = [None], []
+    base = 2 * case.M * case.K * case.N / 700e9 + 0.01
+    row = {"case": dataclasses.asdict(case), "label": case.label(), "suites": origins, "baseline": "(dry run)",
+           "baseline_ms": base, "configs": []}
+    for cfg, kind in [(c, "op") for c in op] + ([(c, "variant") for c in var] if variants else []):
+        ms = base * (0.95 + 0.4 * h(case, cfg))
+        row["configs"].append({"config": list(cfg) if cfg else None, "kind": kind, "ms": ms, "ratio": ms / base,
+                               "rel_err": 1.7e-3})
+    summarize(row)
+    return row
+
+
+# ----------------------------------------------------------------------------------- compilation
+def _compile_job(job) -> tuple[int, str | None, float]:
+    """Worker: compile and load one (case, config) without launching (``launcher.preloading``)."""
+    index, case, cfg = job
+    t0 = time.time()
+    try:
+        import triton
+
+        from overlap_backend.codegen import launcher
+
+        dev = torch.device("cuda")
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        b = Bench(case, dev, num_sms, 1)
+        with launcher.preloading():
+            b.run(b.op_cands[0] if cfg is None else cfg)  # None: the config the case's set-up derives
+        return index, None, time.time() - t0
+    except Exception as e:  # noqa: BLE001 - the timing pass reports it again
+        return index, f"{type(e).__name__}: {str(e)[:200]}", time.time() - t0
+
+
+def compile_jobs(todo: list[tuple[Case, list[str]]], variants: bool) -> list[tuple[int, Case, object]]:
+    """One (case, config) per kernel variant to compile: configs of the same kernel, ws and epilogue
+    compile once (other integer sizes with the same divisibility reuse the binary)."""
+    from overlap_backend.codegen import configs as cfgs
+
+    jobs, seen = [], set()
+    for case, _ in todo:
+        rows = case.M // case.ws
+        if case.kernel in ("ag_mm", "mm_rs"):
+            cands = cfgs.candidates(torch.bfloat16, tma_store_rows=rows, variants=False, kernel=case.kernel)
+            cands += cfgs.variant_candidates(torch.bfloat16, case.kernel, tma_store_rows=rows) if variants else []
+        elif case.kernel == "mm_ar":
+            cands = cfgs.candidates(torch.bfloat16, variants=False) + (
+                cfgs.variant_candidates(torch.bfloat16, "mm_rs") if variants else [])
+        else:  # configs derived in set-up (CTA, MoE): one job per case compiles its first
+            cands = [None]
+        for cfg in cands:
+            key = (case.kernel, case.ws, cfg, case.epilogue) if cfg is not None else case
+            if key not in seen:
+                seen.add(key)
+                jobs.append((len(jobs), case, cfg))
+    return jobs
+
+
+def precompile(todo, variants: bool, workers: int, deadline: float) -> dict:
+    """Compile every kernel variant in ``workers`` processes (into Triton's on-disk cache) before timing."""
+    import multiprocessing as mp
+
+    jobs = compile_jobs(todo, variants)
+    stats = {"jobs": len(jobs), "workers": workers, "failed": [], "done": 0, "seconds": 0.0}
+    if workers <= 0 or not jobs:
+        return stats
+    t0 = time.time()
+    ctx = mp.get_context("spawn")
+    pool = ctx.Pool(workers)
+    try:
+        pending = [pool.apply_async(_compile_job, (j,)) for j in jobs]
+        for res in pending:
+            left = deadline - time.time()
+            if left <= 0:
+                break
+            try:
+                index, err, _ = res.get(timeout=left)
+            except mp.TimeoutError:
+                break
+            stats["done"] += 1
+            if err:
+                stats["failed"].append(f"{jobs[index][1].label()} {jobs[index][2]}: {err}")
+    finally:
+        pool.terminate()
+        pool.join()
+    stats["seconds"] = time.time() - t0
+    return stats
+
+
+# ------------------------------------------------------------------------------------------ output
+def _fmt_cfg(cfg) -> str:
+    if cfg is None:
+        return "-"
+    BM, BN, BK, G, st, w, store = cfg
+    return f"{BM}x{BN}x{BK} g{G} s{st} w{w}" + ({False: "", True: " tma"}.get(store, f" {store}") if not isinstance(store, str) else f" {store}")
+
+
+def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
+    head = ["kernel", "ws", "local M×K×N", "fused epilogue", "suites", "baseline", "baseline ms", "op kernel ms",
+            "op / baseline", "op config", "best variant ms", "best / baseline", "best config", "rel err"]
+    body = []
+    for r in rows:
+        c = r["case"]
+        if "error" in r:
+            body.append([c["kernel"], c["ws"], f"{c['M']}×{c['K']}×{c['N']}", c["epilogue"] or "-", "; ".join(r["suites"]),
+                         r["error"], "", "", "", "", "", "", "", ""])
+            continue
+        errs = [x["rel_err"] for x in r.get("configs", ()) if "rel_err" in x]
+        flag = lambda v: "" if v is None else (" **>1.03**" if v > 1.03 else "")  # noqa: E731
+        body.append([
+            c["kernel"], c["ws"], f"{c['M']}×{c['K']}×{c['N']}" + (f" ({c['moe']})" if c["moe"] else ""),
+            c["epilogue"] or "-", "; ".join(r["suites"]), r["baseline"], common.fmt_ms(r["baseline_ms"]),
+            common.fmt_ms(r.get("op_ms")), (f"{r['op_ratio']:.3f}" + flag(r["op_ratio"])) if "op_ratio" in r else "n/a",
+            _fmt_cfg(r.get("op_config")), common.fmt_ms(r.get("best_ms")),
+            f"{r['best_ratio']:.3f}" if "best_ratio" in r else "n/a",
+            _fmt_cfg(r.get("best_config")) + (" (variant)" if r.get("best_kind") == "variant" else ""),
+            f"{max(errs):.1e}" if errs else "n/a"])
+    text = [f"# The op kernels alone against cuBLAS ({info.get('gpu', '?')})", "",
+            f"`{info['command']}`", "", common.info_markdown(info), "",
+            "Ratios are the kernel's time over the baseline's on the same local GEMM (fused epilogue: over cuBLAS "
+            "plus torch's separate pointwise op, the stand-in for Inductor's kernel). `op kernel`: the best of the "
+            "op's tuning candidates (what the op runs); `best variant`: the best of those and the bench-only "
+            "variants. **>1.03**: the ops take cuBLAS there once kernel_ratios.json is installed.", "",
+            common.markdown_table(head, body)]
+    failures = [f"- {r['label']}: {f}" for r in rows for f in r.get("failed", ())]
+    if failures:
+        text += ["", "## Configs that did not compile, fit or check", "", *failures]
+    if skipped:
+        text += ["", "## Not run (time box)", "", *[f"- {s}" for s in skipped]]
+    return "\n".join(text) + "\n"
+
+
+def variants_markdown(rows: list[dict]) -> str:
+    """Per variant config: at how many cases it ran, beat the op's best, and its geometric-mean ratio to it."""
+    stats: dict[str, list[float]] = {}
+    for r in rows:
+        op = r.get("op_ms")
+        for x in r.get("configs", ()):
+            if x["kind"] == "variant" and op:
+                key = f"{r['case']['kernel']} {_fmt_cfg(x['config'])}"
+                stats.setdefault(key, []).append(x["ms"] / op if "ms" in x else math.nan)
+    body = []
+    for key, v in sorted(stats.items()):
+        ok = [x for x in v if not math.isnan(x)]
+        gm = math.exp(sum(map(math.log, ok)) / len(ok)) if ok else math.nan
+        body.append([key, len(v), len(v) - len(ok), sum(x < 0.99 for x in ok), f"{gm:.3f}" if ok else "n/a",
+                     f"{min(ok):.3f}" if ok else "n/a"])
+    return ("# Bench-only kernel variants against the op's best candidate\n\nPer variant: cases, failed "
+            "(compile / fit / check), cases where it beat the op's best by >1%, geometric mean and best of "
+            "variant / op-best time. Promote winners into `knobs.codegen.CANDIDATES_16BIT` or set "
+            "`codegen.TUNE_VARIANTS=True`.\n\n" + common.markdown_table(
+                ["variant", "cases", "failed", "wins", "geo-mean / op best", "best / op best"], body) + "\n")
+
+
+def ratio_entries(rows: list[dict], info: dict, out: str) -> list[dict]:
+    """``spec/kernel_ratios.py`` entries: the op's ratio (its tuning candidates) at every measured case."""
+    entries = []
+    for r in rows:
+        if "op_ratio" not in r:
+            continue
+        c = r["case"]
+        entries.append({"gpu": info.get("gpu", "?"), "kernel": c["kernel"], "dtype": "bfloat16", "ws": c["ws"],
+                        "M": c["M"], "K": c["K"], "N": c["N"], "fused": bool(c["epilogue"]),
+                        "epilogue": c["epilogue"], "moe": c["moe"], "ratio": round(r["op_ratio"], 4),
+                        "kernel_ms": round(r["op_ms"], 4), "baseline_ms": round(r["baseline_ms"], 4),
+                        "config": r["op_config"], "best_variant_ratio": round(r.get("best_ratio", r["op_ratio"]), 4),
+                        "best_config": r.get("best_config"), "source": out})
+    return entries
+
+
+def write_outputs(out: Path, rows, info, skipped, compile_stats) -> None:
+    from overlap_backend.spec import kernel_ratios
+
+    out.mkdir(parents=True, exist_ok=True)
+    common.write_json(out / "results.json", {"info": info, "compile": compile_stats, "rows": rows, "skipped": skipped})
+    (out / "table.md").write_text(table_markdown(rows, info, skipped))
+    (out / "variants.md").write_text(variants_markdown(rows))
+    doc = kernel_ratios.document(ratio_entries(rows, info, str(out)),
+                                 f"bench/suites/bench_kernels.py, {info.get('gpu')}, torch {info.get('torch')}, "
+                                 f"triton {info.get('triton')}, {info.get('date')}")
+    (out / "kernel_ratios.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "command.txt").write_text(info["command"] + "\n")
+    (out / "README.md").write_text(
+        f"# Kernel benchmark of record, {info.get('gpu')}\n\n{common.info_markdown(info)}\n\n"
+        f"Cases: {len(rows)} measured, {len(skipped)} left out by the time box; compilation: "
+        f"{compile_stats.get('jobs', 0)} variants in {compile_stats.get('workers', 0)} processes, "
+        f"{compile_stats.get('seconds', 0):.0f} s, {len(compile_stats.get('failed', []))} failed.\n\n"
+        "Files: [table.md](table.md) (the kernel table), [variants.md](variants.md), results.json, "
+        "kernel_ratios.json (install: copy over overlap_backend/spec/kernel_ratios.json).\n")
+
+
+def run_info(dry: bool, argv: list[str]) -> dict:
+    import triton
+
+    info = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+            "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+            "world_size": 1, "gpu_count_visible": torch.cuda.device_count() if not dry else 0,
+            "env": {k: os.environ.get(k) for k in (*common.SAFE_ENV, "CUDA_VISIBLE_DEVICES")},
+            "command": " ".join(["python bench/suites/bench_kernels.py", *(shlex.quote(a) for a in argv)])}
+    if dry:
+        info["gpu"] = "NVIDIA H200 (dry run, made-up times)"
+    else:
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+        info["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    return info
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="results folder (bench/results/kernels_<hardware>_<date>)")
+    p.add_argument("--quick", action="store_true", help="ten cases at ws 4, the op candidates only")
+    p.add_argument("--dry-run", action="store_true", help="no GPU: the case list and every output, made-up times")
+    p.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated subset of " + ", ".join(KERNELS))
+    p.add_argument("--ws", default="2,4,8", help="world sizes whose local shapes to measure")
+    p.add_argument("--budget-s", type=float, default=300.0, help="start no case after this many seconds")
+    p.add_argument("--jobs", type=int, default=max(1, min(15, (os.cpu_count() or 2) - 1)),
+                   help="compile worker processes (0: compile while timing)")
+    p.add_argument("--reps", type=int, default=30, help="timed repetitions per measurement (median)")
+    p.add_argument("--no-variants", action="store_true", help="only the op's tuning candidates")
+    p.add_argument("--list", action="store_true", help="print the case list and exit")
+    args = p.parse_args(argv)
+    args.kernels = tuple(k for k in args.kernels.split(",") if k)
+    bad = [k for k in args.kernels if k not in KERNELS]
+    if bad:
+        p.error(f"--kernels: {bad} not among {KERNELS}")
+    args.ws = tuple(int(w) for w in args.ws.split(","))
+    if any(w not in WORLD_SIZES for w in args.ws):
+        p.error(f"--ws: each of {WORLD_SIZES}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = time.time()
+    todo = cases(args.quick, args.kernels, args.ws)
+    variants = not (args.no_variants or args.quick)
+    if args.list:
+        for case, origins in todo:
+            print(case.label(), "|", "; ".join(origins))
+        print(f"{len(todo)} cases, {len(compile_jobs(todo, variants))} kernel variants to compile")
+        return 0
+    out = Path(args.out)
+    info = run_info(args.dry_run, sys.argv[1:] if argv is None else list(argv))
+    rows, skipped, compile_stats = [], [], {}
+    if args.dry_run:
+        rows = [fake_measure(c, o, variants) for c, o in todo]
+        compile_stats = {"jobs": len(compile_jobs(todo, variants)), "workers": 0, "seconds": 0.0, "failed": []}
+        write_outputs(out, rows, info, skipped, compile_stats)
+        print(f"dry run: {len(rows)} cases -> {out}")
+        return 0
+    import triton
+
+    from overlap_backend.codegen import epilogue as gen
+
+    dev = torch.device("cuda")
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for spec in sorted({c.epilogue for c, _ in todo if c.kernel in ("ag_mm", "mm_rs")} | {""}):
+        gen.build(spec, torch.bfloat16)  # written once here, before the workers import it
+    print(f"{info['gpu']}, torch {info['torch']}, triton {info['triton']}: {len(todo)} cases", flush=True)
+    compile_stats = precompile(todo, variants, args.jobs, start + 0.55 * args.budget_s)
+    print(f"compiled {compile_stats['done']}/{compile_stats['jobs']} variants in {compile_stats['seconds']:.0f} s "
+          f"({len(compile_stats['failed'])} failed)", flush=True)
+    for i, (case, origins) in enumerate(todo):
+        if time.time() - start > args.budget_s:
+            skipped = [c.label() for c, _ in todo[i:]]
+            break
+        row = measure(case, origins, dev, num_sms, args.reps, variants, start + args.budget_s + 15)
+        rows.append(row)
+        print(f"{case.label()}: baseline {common.fmt_ms(row.get('baseline_ms'))} ms, op "
+              f"{common.fmt_ms(row.get('op_ms'))} ({row.get('op_ratio', math.nan):.3f}x), best "
+              f"{common.fmt_ms(row.get('best_ms'))} ({row.get('best_ratio', math.nan):.3f}x)"
+              + (f" {row['error']}" if "error" in row else "")
+              + (f" [{len(row['failed'])} failed]" if row.get("failed") else ""), flush=True)
+        if i % 10 == 9:
+            write_outputs(out, rows, info, [c.label() for c, _ in todo[i + 1:]], compile_stats)
+    write_outputs(out, rows, info, skipped, compile_stats)
+    print(f"{len(rows)} cases in {time.time() - start:.0f} s -> {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

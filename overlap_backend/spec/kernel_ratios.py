@@ -1,0 +1,137 @@
+"""Measured kernel/cuBLAS time ratios of the op kernels' GEMMs, per GPU, kernel and local shape.
+
+``bench/suites/bench_kernels.py`` measures every GEMM kernel the ops run alone on one GPU (flags
+raised, no communication) against cuBLAS on the same GEMM, and writes this file's format
+(``kernel_ratios.json`` in its output folder; the package's copy is ``spec/kernel_ratios.json``).
+The runtime's GEMM choices (``runtime/symm``: ``ag_gemm``, ``rs_gemm``, ``ar_gemm``) and the cost model
+read it through :func:`measured_ratio`: the decision depends only on the shape, the dtype, the GPU's
+name and this file, so every rank of a group on one node decides alike.
+
+An entry: ``{"gpu", "kernel", "dtype", "ws", "M", "K", "N", "fused", "ratio", ...}`` where ``M, K, N``
+is the kernel's local GEMM (``mm_rs`` / ``mm_ar``: the rank's [M, K] @ [K, N] with K already split;
+``ag_mm``: the gathered rows), ``ratio`` the kernel's time over cuBLAS's (``fused``: with its fused
+epilogue over cuBLAS plus the separate epilogue kernel), other keys informative (times, config, source).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from pathlib import Path
+
+from .knobs import symm as _symm
+from .knobs.base import generation as _generation
+
+PACKAGED = Path(__file__).with_name("kernel_ratios.json")
+FORMAT = 1
+_cache: dict[tuple, list[dict]] = {}
+
+
+def path() -> Path:
+    return Path(_symm.KERNEL_RATIOS_FILE) if _symm.KERNEL_RATIOS_FILE else PACKAGED
+
+
+def entries(file: Path | None = None) -> list[dict]:
+    """The entries of ``file`` (default :func:`path`), read once per (file, modification time); a
+    missing or unreadable file has none (the shape rules then decide)."""
+    file = Path(file) if file is not None else path()
+    try:
+        key = (str(file), os.stat(file).st_mtime_ns)
+    except OSError:
+        return []
+    if key not in _cache:
+        try:
+            data = json.loads(file.read_text())
+            rows = data["entries"] if data.get("format") == FORMAT else []
+        except (OSError, ValueError, KeyError, AttributeError):
+            rows = []
+        _cache.clear()
+        _cache[key] = [r for r in rows if _valid(r)]
+    return _cache[key]
+
+
+def _valid(r) -> bool:
+    try:
+        return (isinstance(r["gpu"], str) and isinstance(r["kernel"], str) and float(r["ratio"]) > 0
+                and all(int(r[d]) > 0 for d in ("M", "K", "N", "ws")))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(index)
+
+
+def gpu_name() -> str | None:
+    """The current CUDA device's name (None without CUDA): one model per node, so alike on every rank."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return _device_name(torch.cuda.current_device())
+
+
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` / ``"torch.bfloat16"`` / ``"bfloat16"`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def distance(entry: dict, M: int, K: int, N: int, ws: int) -> float:
+    """log2-space distance between a measured shape and (M, K, N, ws)."""
+    return math.sqrt(sum(math.log2(max(v, 1) / int(entry[d])) ** 2
+                         for d, v in (("M", M), ("K", K), ("N", N), ("ws", ws))))
+
+
+def nearest(kernel: str, M: int, K: int, N: int, *, ws: int = 1, dtype="bfloat16", gpu: str | None = None,
+            fused: bool = False, file: Path | None = None) -> dict | None:
+    """The measured entry of ``kernel`` nearest to this GEMM on this GPU and dtype, within
+    ``knobs.symm.KERNEL_RATIO_MAX_DISTANCE`` (None: none that near, or no GPU)."""
+    gpu = gpu if gpu is not None else gpu_name()
+    if gpu is None or min(M, K, N) <= 0:
+        return None
+    dt = dtype_name(dtype)
+    best, best_d = None, _symm.KERNEL_RATIO_MAX_DISTANCE
+    for e in entries(file):
+        if e["gpu"] != gpu or e["kernel"] != kernel or e.get("dtype", "bfloat16") != dt or bool(e.get("fused")) != fused:
+            continue
+        d = distance(e, M, K, N, ws)
+        if d < best_d or (best is None and d == best_d):  # ties: the first listed
+            best, best_d = e, d
+    return best
+
+
+def measured_ratio(kernel: str, M: int, K: int, N: int, **kw) -> float | None:
+    """The nearest measured kernel/cuBLAS ratio (see :func:`nearest`), or None."""
+    e = nearest(kernel, M, K, N, **kw)
+    return float(e["ratio"]) if e is not None else None
+
+
+def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
+    """Whether ``kernel`` measured more than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS near this GEMM
+    (True: compute it on cuBLAS), False where it measured at most that, None where nothing was measured
+    near it (or the threshold is off): the shape rules decide."""
+    if _symm.CUBLAS_ABOVE_RATIO is None:
+        return None
+    key = (_generation(), kernel, M, K, N, tuple(sorted(kw.items())))
+    verdict = _verdicts.get(key, _UNSEEN)
+    if verdict is _UNSEEN:  # a scan of the file's entries: once per shape (ops decide per call)
+        r = measured_ratio(kernel, M, K, N, **kw)
+        verdict = None if r is None else r > _symm.CUBLAS_ABOVE_RATIO
+        if len(_verdicts) >= 4096:
+            _verdicts.clear()
+        _verdicts[key] = verdict
+    return verdict
+
+
+_verdicts: dict[tuple, bool | None] = {}
+_UNSEEN = object()
+
+
+def document(rows: list[dict], about: str = "") -> dict:
+    """A kernel-ratio file's contents (what ``bench_kernels.py`` writes)."""
+    return {"format": FORMAT, "about": about, "entries": rows}

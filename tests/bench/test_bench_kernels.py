@@ -1,0 +1,80 @@
+"""bench/suites/bench_kernels.py without a GPU: the case list, every output of a dry run (and that the
+runtime reads its kernel_ratios.json), and each kernel's set-up, launch and float32 check under the
+Triton interpreter at tiny sizes (float32: the interpreter's bfloat16 dot is not the GPU's)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bk():
+    env = dict(os.environ)
+    sys.path.insert(0, str(REPO))
+    try:
+        yield importlib.import_module("bench.suites.bench_kernels")
+    finally:  # bench.tools.common sets NCCL variables
+        os.environ.clear()
+        os.environ.update(env)
+        sys.path.remove(str(REPO))
+
+
+def test_cases_cover_every_kernel_and_world_size_once(bk):
+    todo = bk.cases()
+    assert len(todo) == len({c for c, _ in todo}), "deduplicated"
+    assert {c.kernel for c, _ in todo} == set(bk.KERNELS)
+    assert {c.ws for c, _ in todo} == {2, 4, 8}
+    by = {c: o for c, o in todo}
+    # TP block fc1 and Llama w1/w3 are one GEMM; mm_rs's K is split ws ways; mm_ar at 128 rows is one-shot
+    assert by[bk.Case("ag_mm", 4, 8192, 4096, 3584)] == ["TP block fc1 / Llama w1, w3"]
+    assert bk.Case("mm_rs", 4, 4096, 1792, 8192) in by and bk.Case("oneshot", 2, 128, 1, 8192) in by
+    assert not any(c.kernel == "mm_ar" and c.M == 128 for c in by)
+    assert [c.kernel for c, _ in todo][0] == "ag_mm" and todo[0][0].ws == 4, "what the ops decide on, 4 GPUs first"
+    assert all(c.ws == 8 for c, _ in todo if c.moe == "deepseek-ep8")
+    quick = bk.cases(quick=True)
+    assert len(quick) == 10 and {c.kernel for c, _ in quick} == set(bk.KERNELS) and {c.ws for c, _ in quick} == {4}
+
+
+def test_dry_run_writes_every_output_and_the_runtime_reads_the_ratios(bk, tmp_path):
+    from overlap_backend.spec import kernel_ratios, knobs
+
+    assert bk.main(["--out", str(tmp_path), "--dry-run", "--kernels", "ag_mm,mm_rs", "--ws", "4"]) == 0
+    for name in ("table.md", "variants.md", "results.json", "kernel_ratios.json", "README.md", "command.txt"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {r["case"]["kernel"] for r in rows} == {"ag_mm", "mm_rs"}
+    assert all(r["op_ratio"] > 0 and r["configs"] for r in rows)
+    assert any(x["kind"] == "variant" for x in rows[0]["configs"])
+    table = (tmp_path / "table.md").read_text()
+    assert "--dry-run" in table and "TP block fc2 + residual" in table
+    entries = json.loads((tmp_path / "kernel_ratios.json").read_text())["entries"]
+    assert len(entries) == len(rows)
+    gpu = entries[0]["gpu"]
+    e = next(e for e in entries if e["kernel"] == "mm_rs" and not e["fused"])
+    with knobs.symm.patch(KERNEL_RATIOS_FILE=str(tmp_path / "kernel_ratios.json")):
+        assert kernel_ratios.measured_ratio("mm_rs", e["M"], e["K"], e["N"], ws=4, gpu=gpu) == e["ratio"]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter runs where CUDA is absent")
+def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, monkeypatch):
+    import triton
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
+    monkeypatch.setitem(bk.MOE, "tiny", (64, 128, 4, 2, 64))
+    cases = [bk.Case("ag_mm", 2, 1024, 64, 256, "gelu"), bk.Case("mm_rs", 2, 1024, 64, 256, "add:0"),
+             bk.Case("mm_ar", 2, 2048, 64, 256), bk.Case("oneshot", 2, 8, 1, 256),
+             bk.Case("cta_stage0", 4, 16, 64, 512, "gelu_tanh"), bk.Case("cta_stage1", 4, 16, 512, 256),
+             bk.Case("moe_gate_up", 2, 128, 64, 128, "swiglu", "tiny"), bk.Case("moe_down", 2, 128, 64, 128, "", "tiny")]
+    for case in cases:
+        b = bk.Bench(case, torch.device("cpu"), 4, 1, torch.float32)
+        cfg = next((c for c in b.op_cands if c is not None and c[6]), b.op_cands[0])  # a TMA store where there is one
+        assert b.check(cfg) <= 1e-5, case.label()

@@ -1,0 +1,103 @@
+"""The store variants of the ag_mm consumer and mm_rs producer kernels (``codegen/configs.py``:
+TMA stores with the epilogue in two column halves, a warp-specialized tile loop) under
+``TRITON_INTERPRET=1``, against float32 references on random inputs, outputs poisoned first, flags
+pre-set as in test_tile_kernels.py: the same results, counters and done flags as the plain kernels."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("interpreter tests: they run where CUDA is absent (CI)", allow_module_level=True)
+triton = pytest.importorskip("triton")
+from test_tile_kernels import BAND, EPOCH, _run_ag_mm, _run_mm_rs  # noqa: E402
+
+from overlap_backend.codegen import ag_mm, configs, mm_rs  # noqa: E402
+from overlap_backend.codegen import epilogue as gen  # noqa: E402
+from overlap_backend.spec import knobs  # noqa: E402
+
+SMALL = (16, 32, 16, 2, 1, 1)  # BN 32: two column halves of 16
+
+
+@pytest.fixture(autouse=True)
+def _cpu_allocator(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("store", ["tma_subtile", "tma_ws"])
+@pytest.mark.parametrize("ws,r,rows,N,bias,kmajor", [(2, 1, 32, 40, True, True), (4, 2, 48, 24, False, False)])
+def test_ag_mm_store_variants(store, ws, r, rows, N, bias, kmajor):
+    # N not a multiple of BN: the second half of the last column tile is partly (or wholly) outside
+    out, ref, status = _run_ag_mm(ws, r, 1, rows, 32, N, bias, kmajor, cfg=SMALL + (store,))
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_ag_mm_subtile_with_generated_epilogue():
+    ws, r, rows, K, N = 2, 0, 32, 16, 40
+    shards = [torch.randn(rows, K) for _ in range(ws)]
+    w, bias = torch.randn(K, N), torch.randn(N)
+    resid = torch.randn(ws * rows, N)
+    out = torch.full((ws * rows, N), float("nan"))
+    g = gen.build("bias:0,gelu,add:1", torch.float32)
+    extra = torch.randn(N)
+    ag_mm.launch(shards[r], torch.stack(shards), w, bias, out, torch.full((ws * 2,), EPOCH, dtype=torch.int32), EPOCH,
+                 (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)), 10**6, r, ws, rows, BAND,
+                 SMALL + ("tma_subtile",), 3, timed=False, epilogue=g, ep_ptrs=gen.pointers(g, [extra, resid]))
+    h = torch.cat(shards) @ w + bias + extra
+    ref = torch.nn.functional.gelu(h) + resid
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("ws,r,rows,N,bias,average", [(2, 0, 32, 40, True, False), (4, 3, 48, 24, False, True)])
+def test_mm_rs_subtile_stages_counts_and_reduces(ws, r, rows, N, bias, average):
+    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 32, N, bias, average,
+                                                               cfg=SMALL + ("tma_subtile",))
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    for c in range(ws):
+        if c != r:
+            torch.testing.assert_close(stage[c * rows:(c + 1) * rows], mine[c * rows:(c + 1) * rows], atol=1e-4,
+                                       rtol=1e-4)
+    nb = -(-rows // BAND)
+    assert counters.tolist() == [0] * (ws * nb), "tile counters are reset for the next call"
+    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
+
+
+def test_mm_rs_subtile_own_chunk_epilogue():
+    ws, r, rows, K, N = 2, 1, 32, 16, 40
+    A = [torch.randn(ws * rows, K) for _ in range(ws)]
+    B = [torch.randn(K, N) for _ in range(ws)]
+    C = [a @ b for a, b in zip(A, B)]
+    recv = torch.full((ws * rows, N), float("nan"))
+    recv[(1 - r) * rows:(2 - r) * rows] = C[1 - r][r * rows:(r + 1) * rows]
+    out = torch.full((rows, N), float("nan"))
+    resid = torch.randn(rows, N)
+    g = gen.build("add:0,silu", torch.float32)
+    nb = -(-rows // BAND)
+    mm_rs.launch(A[r], B[r], None, torch.full((ws * rows, N), float("nan")), recv, None, out,
+                 torch.zeros(ws * nb, dtype=torch.int32), torch.zeros(ws * nb, dtype=torch.int32),
+                 torch.full((ws * nb,), EPOCH, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), EPOCH,
+                 (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)), 10**6, r, ws, rows, rows, 1,
+                 0, 0, False, BAND, SMALL + ("tma_subtile",), 4, timed=False, epilogue=g, ep_ptrs=gen.pointers(g, [resid]))
+    ref = torch.nn.functional.silu(sum(c[r * rows:(r + 1) * rows] for c in C) + resid)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_variant_candidates_fit_the_problem():
+    with knobs.codegen.patch(VARIANTS_16BIT={"mm_rs": ((128, 256, 64, 8, 3, 8, "tma_subtile"),
+                                                       (64, 256, 64, 8, 3, 8, False))}):
+        assert configs.variant_candidates(torch.bfloat16, "mm_rs", tma_store_rows=1024) == [
+            (128, 256, 64, 8, 3, 8, "tma_subtile"), (64, 256, 64, 8, 3, 8, False)]
+        # no TMA stores where chunks are not whole tiles; BM must divide the runs
+        assert configs.variant_candidates(torch.bfloat16, "mm_rs", row_multiple=64) == [(64, 256, 64, 8, 3, 8, False)]
+        assert configs.variant_candidates(torch.float32, "mm_rs", tma_store_rows=1024) == []
+        base = configs.candidates(torch.bfloat16, tma_store_rows=1024, kernel="mm_rs")
+        assert configs.candidates(torch.bfloat16, tma_store_rows=1024, kernel="mm_rs", variants=True)[:len(base)] == base
+        assert len(configs.candidates(torch.bfloat16, tma_store_rows=1024, kernel="mm_rs", variants=True)) == len(base) + 2
+    with pytest.raises(ValueError, match="store variant"):
+        configs.store_variant("subtile")

@@ -1,0 +1,118 @@
+"""The measured kernel/cuBLAS ratios (spec/kernel_ratios.py) and the GEMM choices of ag_mm, mm_rs and
+mm_ar that read them: cuBLAS where the kernel measured slower than the threshold at the nearest
+measured shape of this GPU, the shape rules where nothing was measured near."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from overlap_backend.runtime.symm import ag_mm as symm_ag_mm
+from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
+from overlap_backend.runtime.symm import mm_rs as symm_mm_rs
+from overlap_backend.spec import kernel_ratios, knobs
+
+GPU = "Test GPU 80GB"
+
+
+def _entry(kernel, ws, M, K, N, ratio, fused=False, gpu=GPU, dtype="bfloat16"):
+    return {"gpu": gpu, "kernel": kernel, "dtype": dtype, "ws": ws, "M": M, "K": K, "N": N, "fused": fused,
+            "ratio": ratio}
+
+
+@pytest.fixture
+def ratios(tmp_path, monkeypatch):
+    """A ratio file of its own and this GPU's name; returns a function that writes the entries."""
+    path = tmp_path / "kernel_ratios.json"
+    monkeypatch.setattr(kernel_ratios, "gpu_name", lambda: GPU)
+
+    def write(*entries):
+        path.write_text(json.dumps(kernel_ratios.document(list(entries))))
+
+    with knobs.symm.patch(KERNEL_RATIOS_FILE=str(path)):
+        yield write
+
+
+def test_nearest_entry_of_this_gpu_kernel_dtype_and_epilogue(ratios):
+    ratios(_entry("mm_rs", 4, 4096, 1792, 8192, 1.26), _entry("mm_rs", 4, 16384, 512, 8192, 1.38),
+           _entry("mm_rs", 4, 4096, 1792, 8192, 0.9, gpu="Other GPU"), _entry("mm_rs", 4, 4096, 1792, 8192, 0.8,
+                                                                               dtype="float16"),
+           _entry("ag_mm", 4, 4096, 1792, 8192, 1.5, fused=True))
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=4) == 1.26
+    assert kernel_ratios.measured_ratio("mm_rs", 5000, 1792, 8192, ws=4) == 1.26  # nearest, within the distance
+    assert kernel_ratios.measured_ratio("mm_rs", 16384, 600, 8192, ws=4) == 1.38
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=4, gpu="Other GPU") == 0.9
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=4, dtype="torch.float16") == 0.8
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=4, dtype="float32") is None
+    assert kernel_ratios.measured_ratio("ag_mm", 4096, 1792, 8192, ws=4) is None  # only a fused entry
+    assert kernel_ratios.measured_ratio("ag_mm", 4096, 1792, 8192, ws=4, fused=True) == 1.5
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 7168, 8192, ws=4) is None  # 2 octaves of K away
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=8) == 1.26  # one octave of ws
+    with knobs.symm.patch(KERNEL_RATIO_MAX_DISTANCE=0.5):
+        assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=8) is None
+    assert kernel_ratios.kernel_loses("mm_rs", 4096, 1792, 8192, ws=4) is True
+    with knobs.symm.patch(CUBLAS_ABOVE_RATIO=1.3):
+        assert kernel_ratios.kernel_loses("mm_rs", 4096, 1792, 8192, ws=4) is False
+    with knobs.symm.patch(CUBLAS_ABOVE_RATIO=None):
+        assert kernel_ratios.kernel_loses("mm_rs", 4096, 1792, 8192, ws=4) is None
+
+
+def test_missing_or_broken_files_measure_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_ratios, "gpu_name", lambda: GPU)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for path in (tmp_path / "missing.json", bad):
+        with knobs.symm.patch(KERNEL_RATIOS_FILE=str(path)):
+            assert kernel_ratios.entries() == [] and kernel_ratios.measured_ratio("mm_rs", 1, 1, 1) is None
+    bad.write_text(json.dumps({"format": 1, "entries": [{"gpu": GPU, "kernel": "mm_rs", "ratio": 2.0}]}))
+    with knobs.symm.patch(KERNEL_RATIOS_FILE=str(bad)):
+        assert kernel_ratios.entries() == []  # an entry without its shape is left out
+
+
+def test_without_cuda_nothing_is_measured():
+    # (CI has no GPU: every decision keeps its shape rules, whatever the packaged file holds)
+    assert kernel_ratios.gpu_name() is None
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=4) is None
+
+
+def test_packaged_file_reads():
+    rows = kernel_ratios.entries(kernel_ratios.PACKAGED)
+    assert rows and all(r["gpu"] and r["ratio"] > 0 for r in rows)
+
+
+def test_rs_gemm_takes_cublas_where_the_kernel_measured_slower(ratios):
+    ratios(_entry("mm_rs", 4, 4096, 1792, 8192, 1.26), _entry("mm_rs", 4, 4096, 7168, 8192, 1.01))
+    # K=1792 is below RS_CUBLAS_MIN_K: the shape rule alone takes the kernel
+    assert symm_mm_rs.rs_gemm(1, 1024, 1792) == "triton"
+    assert symm_mm_rs.rs_gemm(1, 1024, 1792, N=8192, ws=4) == "cublas"
+    assert symm_mm_rs.rs_gemm(1, 1024, 7168, N=8192, ws=4) == "cublas"  # within 1.03: the rules (cuBLAS here)
+    assert symm_mm_rs.rs_gemm(1, 1024, 1792, "peer", N=8192, ws=4) == "triton"  # peer stores are the kernel's
+    assert symm_mm_rs.rs_gemm(8, 64, 1792, N=8192, ws=4) == "triton"  # runs too short for per-run GEMMs
+    with knobs.symm.patch(MM_RS_GEMM="triton"):
+        assert symm_mm_rs.rs_gemm(1, 1024, 1792, N=8192, ws=4) == "triton"
+    assert symm_mm_rs.rs_gemm(1, 1024, 1024, N=1024, ws=4) == "triton"  # never measured near: the rules
+
+
+def test_ar_gemm_takes_cublas_where_the_rounds_kernel_measured_slower(ratios):
+    ratios(_entry("mm_ar", 2, 4096, 7168, 8192, 1.2), _entry("mm_rs", 2, 1024, 1024, 8192, 1.3))
+    assert symm_mm_ar.ar_gemm(4096, 7168, 2) == "triton"  # rounds: the rule takes the kernel
+    assert symm_mm_ar.ar_gemm(4096, 7168, 2, N=8192) == "cublas"
+    assert symm_mm_ar.ar_gemm(4096, 7168, 2, "peer", N=8192) == "triton"
+    # one round, not measured as mm_ar: the mm_rs kernel's ratio near it stands in
+    assert symm_mm_ar.ar_gemm(1024, 1024, 2) == "triton" and symm_mm_ar.ar_gemm(1024, 1024, 2, N=8192) == "cublas"
+
+
+def test_ag_gemm_takes_cublas_where_the_fused_kernel_measured_slower(ratios):
+    ratios(_entry("ag_mm", 4, 16384, 8192, 512, 1.127, fused=True), _entry("ag_mm", 4, 8192, 4096, 3584, 1.02,
+                                                                           fused=True),
+           _entry("ag_mm", 4, 16384, 8192, 2048, 1.2))
+    assert symm_ag_mm.ag_gemm(1, 4096, 8192, 512, epilogue=True) == "triton"  # no ws: the rule
+    assert symm_ag_mm.ag_gemm(1, 4096, 8192, 512, epilogue=True, ws=4) == "cublas"
+    assert symm_ag_mm.ag_gemm(1, 2048, 4096, 3584, epilogue=True, ws=4) == "triton"  # fused within 1.03
+    assert symm_ag_mm.ag_gemm(4, 64, 8192, 512, epilogue=True, ws=4) == "triton"  # runs of 64 rows
+    with knobs.symm.patch(AG_CUBLAS_MIN_N=4096):  # the rule says kernel, the measurement says cuBLAS
+        assert symm_ag_mm.ag_gemm(1, 4096, 8192, 2048, ws=4) == "cublas"
+        assert symm_ag_mm.ag_gemm(1, 4096, 8192, 2048) == "triton"
+    with knobs.symm.patch(AG_MM_GEMM="triton"):
+        assert symm_ag_mm.ag_gemm(1, 4096, 8192, 512, epilogue=True, ws=4) == "triton"
