@@ -119,7 +119,8 @@ def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
         return None
     key = (_generation(), kernel, M, K, N, tuple(sorted(kw.items())))
     verdict = _verdicts.get(key, _UNSEEN)
-    if verdict is _UNSEEN:  # a scan of the file's entries: once per shape (ops decide per call)
+    if verdict is _UNSEEN:  # a scan of the file's entries once per shape and knob generation (ops decide per call;
+        # a file rewritten while the process runs counts from the next change of any knob)
         r = measured_ratio(kernel, M, K, N, **kw)
         verdict = None if r is None else r > _symm.CUBLAS_ABOVE_RATIO
         if len(_verdicts) >= 4096:

@@ -45,9 +45,12 @@ class _Stream:
 
 @pytest.fixture(scope="module")
 def group():
-    if not dist.is_initialized():
+    made = not dist.is_initialized()
+    if made:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield dist.group.WORLD.group_name
+    if made:  # later tests of this process start their own
+        dist.destroy_process_group()
 
 
 @pytest.fixture
