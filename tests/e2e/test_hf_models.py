@@ -89,16 +89,7 @@ MOE_CASES = [n for n, c in CASES.items() if c.moe]
 A2A_CASES = [n for n, c in CASES.items() if c.all_to_all]
 
 # Why the backend leaves each MoE form alone today (summary.json and the graphs of a tiny model say so).
-TP_EXPERTS_REASON = (
-    "moe_tp_experts: each rank holds every expert's slice along F and the experts' output is all-reduced; "
-    "mm_ar refuses it ('the all-reduced tensor sum_N is not produced by a matmul': the all-reduce reads the "
-    "top-k sum of the routing-weighted rows of {gemm}), and the moe pass only knows all-to-all dispatch")
 MOE_XFAIL = {
-    "mixtral-tp2": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback (float32)"),
-    "qwen3_moe-tp2": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback (float32)"),
-    "qwen3_moe-tp2-batched_mm": TP_EXPERTS_REASON.format(gemm="per-row bmm on gathered expert weights"),
-    "qwen3_moe-tp2-ep2-all_reduce": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback") +
-    "; AllReduceEP masks the other ranks' experts and all-reduces the same way",
     "qwen3_moe-tp2-ep2": (
         "AllToAllEP graph-breaks between its dispatch and its experts (.tolist() of the split sizes, "
         "expert_parallel.py:225): the dispatch all-to-all ends one graph; the experts "
@@ -366,7 +357,7 @@ def test_one_forward_and_one_backward_graph(hf_run, name):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MOE_XFAIL[n]))
-                                  for n in MOE_CASES])
+                                  if n in MOE_XFAIL else n for n in MOE_CASES])
 def test_moe_blocks_rewritten(hf_run, name):
     """The bar: every MoE layer's experts GEMM -> collective rewritten, in the forward and the backward
     (backward: the experts' input gradient; the routing weights' gradient is no GEMM output)."""
@@ -379,3 +370,5 @@ def test_moe_blocks_rewritten(hf_run, name):
         assert len(done) >= LAYERS, f"{kind}: {len(done)} experts' collectives rewritten, want one per layer; left: {left}"
         if kind == "forward" and not run.case.all_to_all:
             assert not left, f"forward: the experts' all-reduce left alone: {left}"
+        if not run.case.all_to_all:  # tensor-parallel experts (and AllReduceEP): one op per layer and direction
+            assert {m["pass"] for m in done} == {"moe_tp_experts"} and len(done) == LAYERS, done
