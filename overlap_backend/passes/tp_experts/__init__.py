@@ -72,14 +72,18 @@ class TpExpertsPass(OverlapPass):
         # every matched value but the last before the routing weight is read by the match only
         rows_readers = []
         inner = m.chain + g.nodes
-        for node in inner:
+        for node in m.chain + g.nodes[:2]:
             if node is g.weight_grad:
                 continue  # the weight gradient: the op computes it too
             others = [u for u in node.users if u not in inner and u not in ar.nodes]
             if node is m.rows and not m.backward:
                 rows_readers = others
+            elif node is g.bmm and others and m.rows is g.node:
+                m.bmm_readers = others  # read as unsqueeze(rows, -1)
             elif others:
                 raise Rejected(f"{node.name} is also used by {[u.name for u in others]}")
+        if m.bmm_readers:
+            rows_readers = rows_readers + [u for u in m.bmm_readers if u not in rows_readers]
         if rows_readers and m.slot_rows is not None and not is_inverse_permutation(m.slot_rows, val(g.a).shape[0]):
             raise Rejected(f"{m.rows.name} is also read by {[u.name for u in rows_readers]} and the un-permutation "
                            f"{m.slot_rows.name} is not recognisably a permutation of its rows")
@@ -121,6 +125,10 @@ class TpExpertsPass(OverlapPass):
         if m.backward and g.weight_grad is not None:
             g.weight_grad.replace_all_uses_with(second)
         elif not m.backward and m.rows_readers:
-            inner = set(m.chain)
+            inner = set(m.chain) | set(g.nodes)
             m.rows.replace_all_uses_with(second, delete_user_cb=lambda user: user not in inner)
+            if m.bmm_readers:
+                with graph.inserting_after(second):
+                    column = call(graph, torch.ops.aten.unsqueeze.default, (second, -1))
+                g.bmm.replace_all_uses_with(column, delete_user_cb=lambda user: user not in inner)
         erase_dead(list(reversed(ar.nodes)) + m.chain + g.nodes + m.extra + [second])

@@ -76,6 +76,7 @@ class Gemm:
     w_perm: tuple[int, ...] | None = None
     x: torch.fx.Node | None = None  # fallback backward: the forward input, for the weight gradient
     weight_grad: torch.fx.Node | None = None  # fallback backward: getitem 1
+    bmm: torch.fx.Node | None = None  # batched form: the [M, N, 1] bmm, whose other readers get unsqueeze(Y)
     nodes: list[torch.fx.Node] = field(default_factory=list)  # the GEMM's own nodes
 
 
@@ -95,6 +96,7 @@ class TpExpertsMatch:
     num_tokens: object = None
     extra: list[torch.fx.Node] = field(default_factory=list)  # matched constants (the zero of where, the full)
     rows_readers: list[torch.fx.Node] = field(default_factory=list)  # forward: other readers of ``rows`` (check)
+    bmm_readers: list[torch.fx.Node] = field(default_factory=list)  # batched form: other readers of the bmm
 
 
 class _Mismatch(Exception):
@@ -150,10 +152,8 @@ def _gemm_forward(node: torch.fx.Node) -> Gemm:
     w_src, ids = sel.args[0], sel.args[1][0]
     _need(val(w_src).dim() == 3 and val(ids).dim() == 1 and val(ids).dtype == torch.int64,
           f"{sel.name} is not one [N, K] weight per row")
-    nodes = [node, bmm, sel, col]
-    for n in nodes[1:]:
-        _need(len(n.users) == 1, f"{n.name} is also read elsewhere")
-    return Gemm(node, col.args[0], expert_ids=ids, w_source=w_src, w_perm=(0, 2, 1), nodes=nodes)
+    nodes = [node, bmm, sel, col]  # the gathered weights and rows may have other readers: they stay then
+    return Gemm(node, col.args[0], expert_ids=ids, w_source=w_src, w_perm=(0, 2, 1), nodes=nodes, bmm=bmm)
 
 
 def match_forward(ar: AllReduce) -> TpExpertsMatch | None:
