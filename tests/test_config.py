@@ -52,7 +52,7 @@ def test_explicit_argument_beats_env(clean_env):
     [
         ("OVERLAP_DISABLE", "maybe", "allowed: 1, 0"),
         ("OVERLAP_INDUCTOR", "2", "allowed: 1, 0"),
-        ("OVERLAP_PASSES", "ag_mm,bogus", "allowed: ag_mm, mm_rs, cta_pipeline, mm_ar, moe"),
+        ("OVERLAP_PASSES", "ag_mm,bogus", "allowed: ag_mm, mm_rs, cta_pipeline, moe_tp_experts, mm_ar, moe"),
         ("OVERLAP_CTA_STAGES", "0", "allowed: an integer >= 1"),
         ("OVERLAP_CTA_STAGES", "two", "allowed: an integer >= 1"),
         ("OVERLAP_LOWERING", "nvshmem", "allowed: auto, symm, p2p"),
