@@ -19,8 +19,8 @@ from typing import Any
 # not named (``passes_named``).
 # Every pass, in the order the pass manager runs them (tests check it against passes' registry, which
 # config.py must not import: config sits below every pass).
-PASS_NAMES = ("ag_mm", "mm_rs", "cta_pipeline", "mm_ar", "moe")
-DEFAULT_PASS_ORDER = ("ag_mm", "mm_rs", "mm_ar", "moe")
+PASS_NAMES = ("ag_mm", "mm_rs", "cta_pipeline", "moe_tp_experts", "mm_ar", "moe")
+DEFAULT_PASS_ORDER = ("ag_mm", "mm_rs", "moe_tp_experts", "mm_ar", "moe")
 
 LOWERINGS = ("auto", "symm", "p2p")
 COST_MODEL_MODES = ("auto", "on", "off")

@@ -12,7 +12,7 @@ from overlap_backend import ConfigError, OverlapConfig, make_backend
 def test_defaults(clean_env):
     cfg = OverlapConfig.from_env()
     assert cfg == OverlapConfig()
-    assert cfg.passes == ("ag_mm", "mm_rs", "mm_ar", "moe")
+    assert cfg.passes == ("ag_mm", "mm_rs", "moe_tp_experts", "mm_ar", "moe")
     assert cfg.lowering == "auto" and cfg.inductor and not cfg.disable and cfg.debug_dir is None
 
 
@@ -52,7 +52,7 @@ def test_explicit_argument_beats_env(clean_env):
     [
         ("OVERLAP_DISABLE", "maybe", "allowed: 1, 0"),
         ("OVERLAP_INDUCTOR", "2", "allowed: 1, 0"),
-        ("OVERLAP_PASSES", "ag_mm,bogus", "allowed: ag_mm, mm_rs, cta_pipeline, mm_ar, moe"),
+        ("OVERLAP_PASSES", "ag_mm,bogus", "allowed: ag_mm, mm_rs, cta_pipeline, moe_tp_experts, mm_ar, moe"),
         ("OVERLAP_CTA_STAGES", "0", "allowed: an integer >= 1"),
         ("OVERLAP_CTA_STAGES", "two", "allowed: an integer >= 1"),
         ("OVERLAP_LOWERING", "nvshmem", "allowed: auto, symm, p2p"),
@@ -126,7 +126,7 @@ def test_cta_pipeline_registered_but_off_by_default(clean_env):
     assert "cta_pipeline" not in OverlapConfig().passes
     assert OverlapConfig.from_env().cta_stages == 2
     clean_env.setenv("OVERLAP_PASSES", "default")
-    assert OverlapConfig.from_env().passes == ("ag_mm", "mm_rs", "mm_ar", "moe")
+    assert OverlapConfig.from_env().passes == ("ag_mm", "mm_rs", "moe_tp_experts", "mm_ar", "moe")
     clean_env.setenv("OVERLAP_PASSES", "mm_ar,cta_pipeline")
     clean_env.setenv("OVERLAP_CTA_STAGES", "4")
     cfg = OverlapConfig.from_env()

@@ -1,4 +1,4 @@
-"""Rewrite passes, one module each (``ag_mm``, ``mm_rs``, ``cta_pipeline``, ``mm_ar``, ``moe/``), run in
+"""Rewrite passes, one module each (``ag_mm``, ``mm_rs``, ``cta_pipeline``, ``tp_experts/``, ``mm_ar``, ``moe/``), run in
 order by :class:`~.manager.PassManager`.
 
 The helpers they share, by topic: ``fx`` (node access and surgery), ``sizes`` (symbolic sizes),
@@ -17,12 +17,14 @@ def _registry() -> dict[str, type[OverlapPass]]:
     from .cta_pipeline import CtaPipelinePass
     from .mm_ar import MmArPass
     from .mm_rs import MmRsPass
+    from .tp_experts import TpExpertsPass
     from .moe import MoePass
 
     # Order matters: an all-gather feeding a matmul whose result is reduce-scattered is claimed by
     # ag_mm first (the gather is on the critical path of both). cta_pipeline (off by default: not
-    # in config.DEFAULT_PASS_ORDER) runs before mm_ar, whose mm -> all_reduce is the MLP's tail.
-    return {p.name: p for p in (AgMmPass, MmRsPass, CtaPipelinePass, MmArPass, MoePass)}
+    # in config.DEFAULT_PASS_ORDER) runs before mm_ar, whose mm -> all_reduce is the MLP's tail;
+    # moe_tp_experts takes the experts' all-reduces (no matmul feeds them) before mm_ar would refuse them.
+    return {p.name: p for p in (AgMmPass, MmRsPass, CtaPipelinePass, TpExpertsPass, MmArPass, MoePass)}
 
 
 def available_passes() -> tuple[str, ...]:

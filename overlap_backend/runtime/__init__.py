@@ -6,6 +6,7 @@ released at exit and when their process group is destroyed).
 """
 
 from . import lowering, ops, p2p, moe_p2p, moe_symm, cta_p2p, cta_symm, symm  # noqa: F401  (registration side effects)
+from . import tp_experts, tp_experts_p2p  # noqa: F401  (the tensor-parallel experts' ops and lowerings)
 from .checks import OverlapGroupError, OverlapInputError
 from .lowering import LoweringError, available
 from .p2p import P2PError

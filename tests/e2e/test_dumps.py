@@ -36,8 +36,8 @@ def test_dump_layout_and_summary(fake_pg, clean_env, tmp_path):
     gdir = rank_dir / graph["id"]
     files = sorted(p.name for p in gdir.iterdir())
     assert files == [
-        "00_before.py", "01_after_ag_mm.py", "01_ag_mm.diff", "02_after_mm_rs.py", "03_after_mm_ar.py",
-        "04_after_moe.py", "diff.html", "ops",
+        "00_before.py", "01_after_ag_mm.py", "01_ag_mm.diff", "02_after_mm_rs.py",
+        "03_after_moe_tp_experts.py", "04_after_mm_ar.py", "05_after_moe.py", "diff.html", "ops",
     ]
     # per rewritten op: its generated code and runtime calls (docs/debugging.md)
     assert sorted(p.name for p in (gdir / "ops").iterdir()) == ["ag_mm_default.py"]

@@ -1,6 +1,6 @@
 """Hugging Face transformers models as users run them, compiled with the overlap backend on gloo ranks.
 
-Tiny random Llama, Mixtral and Qwen3-MoE models (float32, 2 layers) are distributed the way
+Tiny random Llama, Mixtral and Qwen3-MoE models (float32, one bfloat16 case; 2 layers) are distributed the way
 ``from_pretrained(..., distributed_config=DistributedConfig(...))`` distributes them: the model's own
 ``tp_plan`` (``"auto"``) and, with ``ep_size``, its ``ep_plan``. Each case builds the same model three
 times from one seed (one device, parallel eager, parallel compiled with
@@ -43,6 +43,7 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
                                            "these tests compile its models")
 
 FP32_TOL = 1e-4
+BF16_TOL = 3e-2  # bfloat16: the rewritten experts sum their rows in other GEMM shapes than eager's
 LAYERS = 2
 VOCAB = 64
 BATCH, SEQ = 2, 8
@@ -55,6 +56,11 @@ class Case:
     distributed: dict = field(hash=False)  # DistributedConfig arguments
     ranks: int = 2
     experts_implementation: str | None = None  # None: transformers' default ("grouped_mm")
+    dtype: str = "float32"  # bfloat16: the expert GEMMs are aten._grouped_mm instead of grouped_mm_fallback
+
+    @property
+    def tol(self) -> float:
+        return FP32_TOL if self.dtype == "float32" else BF16_TOL
 
     @property
     def moe(self) -> bool:
@@ -80,6 +86,7 @@ CASES = {
     "llama-tp4": Case("llama", {"tp_size": 4}, ranks=4),
     "mixtral-tp2": Case("mixtral", {"tp_size": 2}),
     "qwen3_moe-tp2": Case("qwen3_moe", {"tp_size": 2}),
+    "qwen3_moe-tp2-bf16": Case("qwen3_moe", {"tp_size": 2}, dtype="bfloat16"),
     "qwen3_moe-tp2-batched_mm": Case("qwen3_moe", {"tp_size": 2}, experts_implementation="batched_mm"),
     "qwen3_moe-tp2-ep2": Case("qwen3_moe", {"tp_size": 2, "ep_size": 2}),
     "mixtral-tp2-ep2": Case("mixtral", {"tp_size": 2, "ep_size": 2}),
@@ -89,16 +96,7 @@ MOE_CASES = [n for n, c in CASES.items() if c.moe]
 A2A_CASES = [n for n, c in CASES.items() if c.all_to_all]
 
 # Why the backend leaves each MoE form alone today (summary.json and the graphs of a tiny model say so).
-TP_EXPERTS_REASON = (
-    "moe_tp_experts: each rank holds every expert's slice along F and the experts' output is all-reduced; "
-    "mm_ar refuses it ('the all-reduced tensor sum_N is not produced by a matmul': the all-reduce reads the "
-    "top-k sum of the routing-weighted rows of {gemm}), and the moe pass only knows all-to-all dispatch")
 MOE_XFAIL = {
-    "mixtral-tp2": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback (float32)"),
-    "qwen3_moe-tp2": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback (float32)"),
-    "qwen3_moe-tp2-batched_mm": TP_EXPERTS_REASON.format(gemm="per-row bmm on gathered expert weights"),
-    "qwen3_moe-tp2-ep2-all_reduce": TP_EXPERTS_REASON.format(gemm="transformers::grouped_mm_fallback") +
-    "; AllReduceEP masks the other ranks' experts and all-reduces the same way",
     "qwen3_moe-tp2-ep2": (
         "AllToAllEP graph-breaks between its dispatch and its experts (.tolist() of the split sizes, "
         "expert_parallel.py:225): the dispatch all-to-all ends one graph; the experts "
@@ -107,6 +105,12 @@ MOE_XFAIL = {
         "grouped_mm_fallback and the top-k sum before the combine for expert GEMM rows"),
 }
 MOE_XFAIL["mixtral-tp2-ep2"] = MOE_XFAIL["qwen3_moe-tp2-ep2"]
+# Forms whose forward is rewritten and whose backward is not (yet): why, from summary.json and the graphs.
+BACKWARD_LEFT = {
+    "qwen3_moe-tp2-batched_mm": (
+        "batched_mm's backward: the experts' input gradient is sum(view(squeeze(bmm(Wsel^T, dY)), [T, k, H]), 1) "
+        "on the per-row weights Wsel that the forward saved ([T*k, H, 2F]), not a scatter of grouped GEMM rows"),
+}
 ONE_GRAPH_XFAIL = (
     "AllToAllEP graph-breaks every MoE layer: .tolist() of the split sizes (expert_parallel.py:225; "
     "capture_scalar_outputs gets past it), then 'if tokens.shape[0] == 0' on the received rows "
@@ -142,7 +146,7 @@ def build(case: Case, distributed: bool):
     if case.experts_implementation is not None:
         config._experts_implementation = case.experts_implementation
     torch.manual_seed(0)
-    model = cls(config)
+    model = cls(config).to(getattr(torch, case.dtype))
     if distributed:
         dist_config, _, meshes = cls.prepare_distribute_model(DistributedConfig(**case.distributed))
         model = cls.maybe_distribute_model(model, dist_config, meshes)
@@ -310,9 +314,10 @@ def test_logits_and_gradients_match_eager(hf_run, name):
     for rank, r in enumerate(run.ranks):
         assert not r["missing_grads"], f"rank {rank}: gradients only on one side: {r['missing_grads']}"
         worst = max(r["grads"], key=r["grads"].get)
-        assert r["logits"] <= FP32_TOL and r["loss"] <= FP32_TOL, (rank, r["logits"], r["loss"])
-        assert r["grads"][worst] <= FP32_TOL, f"rank {rank}: {worst} gradient rel err {r['grads'][worst]:.2e}"
-        assert r["one_device"] <= FP32_TOL, f"rank {rank}: parallel eager vs one device {r['one_device']:.2e}"
+        tol = run.case.tol
+        assert r["logits"] <= tol and r["loss"] <= tol, (rank, r["logits"], r["loss"])
+        assert r["grads"][worst] <= tol, f"rank {rank}: {worst} gradient rel err {r['grads'][worst]:.2e}"
+        assert r["one_device"] <= tol, f"rank {rank}: parallel eager vs one device {r['one_device']:.2e}"
 
 
 @pytest.mark.timeout(900)
@@ -322,7 +327,7 @@ def test_training_step_matches_eager(hf_run, name):
     run = hf_run(name)
     for rank, r in enumerate(run.ranks):
         assert r["loss_after"] < r["loss_before"], f"rank {rank}: the step did not train: {r}"
-        assert r["loss_after_step"] <= FP32_TOL and r["logits_after_step"] <= FP32_TOL, (rank, r)
+        assert r["loss_after_step"] <= run.case.tol and r["logits_after_step"] <= run.case.tol, (rank, r)
 
 
 @pytest.mark.timeout(900)
@@ -366,7 +371,7 @@ def test_one_forward_and_one_backward_graph(hf_run, name):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MOE_XFAIL[n]))
-                                  for n in MOE_CASES])
+                                  if n in MOE_XFAIL else n for n in MOE_CASES])
 def test_moe_blocks_rewritten(hf_run, name):
     """The bar: every MoE layer's experts GEMM -> collective rewritten, in the forward and the backward
     (backward: the experts' input gradient; the routing weights' gradient is no GEMM output)."""
@@ -376,6 +381,77 @@ def test_moe_blocks_rewritten(hf_run, name):
         mine = [m for m in experts if m["kind"] == kind]
         done = [m for m in mine if m["applied"]]
         left = [(m["pass"], m["reason"][:120]) for m in mine if not m["applied"]]
+        if kind == "backward" and name in BACKWARD_LEFT:
+            assert not done, f"the backward of {name} is rewritten now: drop it from BACKWARD_LEFT"
+            continue
         assert len(done) >= LAYERS, f"{kind}: {len(done)} experts' collectives rewritten, want one per layer; left: {left}"
         if kind == "forward" and not run.case.all_to_all:
             assert not left, f"forward: the experts' all-reduce left alone: {left}"
+        if not run.case.all_to_all:  # tensor-parallel experts (and AllReduceEP): one op per layer and direction
+            assert {m["pass"] for m in done} == {"moe_tp_experts"} and len(done) == LAYERS, done
+
+# ------------------------------------------------------------------------------ docs/models.md's table
+MODELS_DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+TABLE_BEGIN, TABLE_END = "<!-- hf-models-table:begin -->", "<!-- hf-models-table:end -->"
+
+
+def _plan(case: Case) -> str:
+    d = case.distributed
+    plan = f"tp{d['tp_size']}"
+    if case.expert_parallel:
+        plan += f" + ep{d['ep_size']}" + (f" ({d['ep_implementation']})" if "ep_implementation" in d else " (AllToAllEP)")
+    extra = [x for x in (case.experts_implementation, None if case.dtype == "float32" else case.dtype) if x]
+    return plan + (f", {', '.join(extra)}" if extra else "")
+
+
+def _rewritten(matches: list[dict], kind: str) -> str:
+    counts: dict[str, int] = {}
+    for m in matches:
+        if m["kind"] == kind and m["applied"]:
+            key = f"`{m['pass']}` ({'experts' if m['expert'] else 'dense'})"
+            counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"
+
+
+def _left(matches: list[dict]) -> str:
+    seen: dict[str, int] = {}
+    for m in matches:
+        if not m["applied"]:
+            reason = m["reason"].split(":")[0] if m["pass"] != "moe_tp_experts" else m["reason"]
+            key = f"{m['kind']} {'experts' if m['expert'] else 'dense'} `{m['pass']}`: {reason[:90]}"
+            seen[key] = seen.get(key, 0) + 1
+    return "; ".join(f"{k} (x{v})" for k, v in seen.items()) or "none"
+
+
+def table_row(name: str, run: Run) -> str:
+    """One row of docs/models.md's table, from rank 0's summary.json of ``CASES[name]``."""
+    matches = run.matches(0)
+    kinds = run.graph_kinds(0)
+    graphs = f"{kinds.count('forward')} + {kinds.count('backward')}"
+    return (f"| `{name}` | {run.case.family} | {_plan(run.case)} | {graphs} | {_rewritten(matches, 'forward')} | "
+            f"{_rewritten(matches, 'backward')} | {_left(matches)} |")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", list(CASES))
+def test_models_doc_table_row(hf_run, name):
+    """docs/models.md's table says, per case, what this run's summary.json says (regenerate the table with
+    ``OVERLAP_WRITE_MODELS_TABLE=1`` and every case selected: the rows of the cases that ran are replaced)."""
+    import os
+
+    row = table_row(name, hf_run(name))
+    text = MODELS_DOC.read_text()
+    head, rest = text.split(TABLE_BEGIN, 1)
+    body, tail = rest.split(TABLE_END, 1)
+    rows = [r for r in body.strip().splitlines()]
+    mine = [i for i, r in enumerate(rows) if r.startswith(f"| `{name}` |")]
+    if os.environ.get("OVERLAP_WRITE_MODELS_TABLE") == "1":
+        if mine:
+            rows[mine[0]] = row
+        else:
+            rows.append(row)
+        order = {f"| `{n}` |": i for i, n in enumerate(CASES)}
+        table = rows[:2] + sorted(rows[2:], key=lambda r: order.get(r.split(" | ")[0] + " |", len(order)))
+        MODELS_DOC.write_text(head + TABLE_BEGIN + "\n" + "\n".join(table) + "\n" + TABLE_END + tail)
+        return
+    assert mine and rows[mine[0]] == row, f"docs/models.md's row for {name} is stale; it should read:\n{row}"

@@ -14,6 +14,7 @@ from .moe import moe
 from .passes import passes
 from .runtime import runtime
 from .symm import symm
+from .tp_experts import tp_experts
 
-__all__ = ["Knobs", "codegen", "cost", "cta", "generation", "knob_sets", "knobs_hash", "moe", "passes", "patch", "runtime",
-           "set_from_text", "symm"]
+__all__ = ["Knobs", "codegen", "cost", "cta", "generation", "knob_sets", "knobs_hash", "moe", "passes", "patch",
+           "runtime", "set_from_text", "symm", "tp_experts"]
