@@ -392,6 +392,7 @@ def test_cta_pipeline_symm_numerics(ws):
             print(f"ws={ws}:\n  " + "\n  ".join(report))
 
 
+@pytest.mark.gpu_smoke
 @pytest.mark.parametrize("ws", [2], ids=["ws2"])
 @pytest.mark.timeout(300)
 def test_cta_pipeline_symm_compiled(ws):
