@@ -45,9 +45,12 @@ class _Stream:
 
 @pytest.fixture(scope="module")
 def group():
-    if not dist.is_initialized():
+    created = not dist.is_initialized()
+    if created:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield dist.group.WORLD.group_name
+    if created:  # later tests set up process groups of their own (fake_pg)
+        dist.destroy_process_group()
 
 
 @pytest.fixture
