@@ -5,6 +5,16 @@
 #   bash bench/run_device.sh quick    # smoke run: ws=2 tests only, benchmarks with --quick
 #   bash bench/run_device.sh bench    # the benchmarks only (no GPU tests)
 #   bash bench/run_device.sh tests    # the GPU tests only (every tests/gpu/test_gpu*.py), the whole deadline for them
+#   bash bench/run_device.sh smoke    # the GPU smoke set only (pytest -m gpu_smoke: every symm op once at 2 ranks,
+#                                      eager and captured, the timeout and dead-peer paths; ~3-5 min on a fresh
+#                                      machine); one GPU: the 2 ranks share it (OVERLAP_TEST_SHARED_GPU=1)
+#   SMOKE_LOOP=20 bash bench/run_device.sh smoke   # the smoke set up to 20 times in a row (each run a new
+#                                      pytest: fresh Inductor caches, warm Triton cache after the first); a
+#                                      run is started only while the longest so far still fits the deadline;
+#                                      prints the pass count of every test over the runs (logs gpu_smoke_<i>.log)
+#   SMOKE_WORKERS=1 bash bench/run_device.sh smoke # its 3 tests one after another (default: 3 pytest-xdist
+#                                      workers where pytest-xdist is installed, each test one spawned group)
+#   RUN_SMOKE=0 bash bench/run_device.sh    # full/quick/tests modes run the smoke set first; this skips it
 #   bash bench/run_device.sh help     # this text
 #   TESTS_K="ws4 or names_op_rank" bash bench/run_device.sh   # a pytest -k selection of the GPU tests
 #                                      (-k matches marker names too: "timeout" would select every test)
@@ -70,11 +80,11 @@ set -u -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 MODE="${1:-full}"
 case "$MODE" in
-  full | quick | bench | tests) ;;
+  full | quick | bench | tests | smoke) ;;
   help | -h | --help)
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' bench/run_device.sh
     exit 0 ;;
-  *) echo "usage: bash bench/run_device.sh [quick|bench|tests|help]   (help: what each does, 2/4/8 GPUs)" >&2; exit 2 ;;
+  *) echo "usage: bash bench/run_device.sh [quick|bench|tests|smoke|help]   (help: what each does, 2/4/8 GPUs)" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -101,6 +111,8 @@ DEADLINE="${DEADLINE:-540}"
 RESERVE=15 # kept for packaging the results at the end
 MIN_STAGE=20
 LIMIT_INFO="${LIMIT_INFO:-30}"
+LIMIT_SMOKE="${LIMIT_SMOKE:-320}"  # one run of the smoke set (a fresh machine: ~3-5 min, most of it compiling)
+SMOKE_LOOP="${SMOKE_LOOP:-1}"
 if [ "$MODE" = tests ]; then LIMIT_TESTS="${LIMIT_TESTS:-$DEADLINE}"; else LIMIT_TESTS="${LIMIT_TESTS:-210}"; fi
 LIMIT_BENCH="${LIMIT_BENCH:-210}"  # with --graphs: every variant also captured and replayed
 LIMIT_MOE="${LIMIT_MOE:-180}"
@@ -228,6 +240,39 @@ package() {
   fi
 }
 
+smoke() { # the smoke set, SMOKE_LOOP times while the deadline allows; a pass count per test
+  local workers=() runs=0 passed=0 longest=0 i left t log
+  if [ "${SMOKE_WORKERS:-3}" != 1 ] && "$PY" -c "import xdist" 2>/dev/null; then
+    workers=(-n "${SMOKE_WORKERS:-3}")
+  fi
+  if [ "$NGPU" -lt 2 ] && [ -z "${OVERLAP_TEST_SHARED_GPU+set}" ]; then
+    export OVERLAP_TEST_SHARED_GPU=1
+    echo "one GPU: the smoke set's 2 ranks share it (OVERLAP_TEST_SHARED_GPU=1)"
+  fi
+  : >"$OUT/gpu_smoke_counts.txt"
+  for ((i = 1; i <= SMOKE_LOOP; i++)); do
+    left=$((DEADLINE - RESERVE - 5 - (SECONDS - T0)))
+    if [ "$i" -gt 1 ] && [ "$left" -lt $((longest + 10)) ]; then
+      echo "=== smoke loop: run $i not started, ${left}s left, the longest run took ${longest}s"
+      break
+    fi
+    log="$OUT/gpu_smoke_$i.log"
+    t=$SECONDS
+    stage "gpu_smoke_$i" "$LIMIT_SMOKE" bash -c 'set -o pipefail; log=$1; shift; "$0" -m pytest -q -rA -p no:cacheprovider -m gpu_smoke "${@}" 2>&1 | tee "$log"' \
+      "$PY" "$log" "${workers[@]}" tests/gpu
+    t=$((SECONDS - t))
+    [ "$t" -gt "$longest" ] && longest=$t
+    runs=$((runs + 1))
+    grep -qE "^[0-9]+ passed" "$log" && ! grep -qE "[0-9]+ (failed|error)" "$log" && passed=$((passed + 1))
+    grep -E "^(PASSED|FAILED|ERROR|SKIPPED) " "$log" | awk '{print $1, $2}' >>"$OUT/gpu_smoke_counts.txt"
+  done
+  echo
+  echo "=== smoke loop: $passed of $runs run(s) passed every test ($SMOKE_LOOP asked); per test, over the runs:"
+  sort "$OUT/gpu_smoke_counts.txt" | uniq -c | awk '{printf "  %3d %-8s %s\n", $1, $2, $3}'
+  [ "$runs" -lt "$SMOKE_LOOP" ] && FAILED+=("smoke loop ($runs of $SMOKE_LOOP runs started)")
+  return 0
+}
+
 main() {
   echo "run_device.sh $MODE: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), repo $PWD, git $(git rev-parse --short HEAD 2>/dev/null || echo n/a), deadline ${DEADLINE}s"
   nvidia-smi -L || true
@@ -255,9 +300,12 @@ main() {
   fi
   BENCH_WS="${BENCH_WS:-$bench_ws}"
   BENCHES="${BENCHES:-$benches}"
-  echo "largest world size $ws_max$([ "$MODE" != tests ] && echo "; benchmarks at ws: $BENCH_WS; benchmarks: $BENCHES")"
+  echo "largest world size $ws_max$([ "$MODE" != tests ] && [ "$MODE" != smoke ] && echo "; benchmarks at ws: $BENCH_WS; benchmarks: $BENCHES")"
 
-  if [ "$MODE" != bench ]; then
+  if [ "$MODE" = smoke ] || { [ "$MODE" != bench ] && [ "${RUN_SMOKE:-1}" != 0 ]; }; then
+    smoke
+  fi
+  if [ "$MODE" != bench ] && [ "$MODE" != smoke ]; then
     # All GPU tests (3 lowerings x 3 world sizes) take longer than LIMIT_TESTS: by default the symm
     # ones at the largest world size here, plus the 2-GPU timeout, dead-peer (watchdog), captured-symm
     # and stream-operation tests (p2p's ran on 2026-11-29);
@@ -279,8 +327,8 @@ main() {
   # The demo (every GPU, NCCL, Inductor on, default GPU sizes): opt-in, bench_block.py covers it.
   [ "${RUN_DEMO:-0}" = 1 ] && [ "$NGPU" -ge 2 ] && stage demo "$LIMIT_DEMO" "$PY" -m overlap_backend.examples.demo --steps 10
 
-  # In BENCH_WS order: a late stage is the one cut by the deadline. `tests` mode: no benchmarks.
-  if [ "$MODE" != tests ]; then
+  # In BENCH_WS order: a late stage is the one cut by the deadline. `tests` and `smoke` modes: no benchmarks.
+  if [ "$MODE" != tests ] && [ "$MODE" != smoke ]; then
     local n
     for n in $BENCH_WS; do
       benchmarks "$n"

@@ -196,6 +196,15 @@ def group_names(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[str
     return names
 
 
+# Inductor settings under which every rank compiles a graph with collectives to the same graph before the
+# passes see it. Shape padding (``pad_mm``) times padded against unpadded matmuls on each rank's GPU at
+# compile time and, where padding wins by 10%, rewrites ``mm`` into ``mm(cat(a, 0)) -> slice``, which no
+# pass matches: a timing-dependent choice that can differ between ranks and runs (on two ranks sharing a
+# GPU it dropped the rewrite of a 2100-row MLP in some runs and not others), so it is off there; the
+# overlap ops replace those matmuls anyway.
+RANK_STABLE_PATCHES = {"shape_padding": False}
+
+
 def _device_types(example_inputs: list[Any]) -> set[str]:
     types = set()
     for x in example_inputs:
@@ -451,6 +460,8 @@ class OverlapBackend:
         patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
         if self.config.disable:  # plain Inductor: untouched, but for what mode/options ask
             return compile_fx(gm, example_inputs, **({"config_patches": patches} if patches else {}))
+        if group_names(gm, example_inputs):
+            patches.update(RANK_STABLE_PATCHES)
         if not self.config.inductor:
             with torch._functorch.config.patch(enable_autograd_cache=False):  # our compilers are not cacheable
                 return self._compile_without_inductor(gm, example_inputs)

@@ -296,6 +296,18 @@ class OverlapDisagreementError(OverlapInputError):
 _AGREED: set[tuple] = set()  # (op, group name, key) checked once; the steady state pays nothing
 
 
+class RowWidth(tuple):
+    """What the ranks must agree on of a tensor whose row count is theirs alone: its width and dtype."""
+
+    def __repr__(self) -> str:
+        return f"[*, {self[0]}] {self[1]}"
+
+
+def row_width(t: Tensor) -> RowWidth:
+    """``t``'s row width and dtype (a MoE op's token rows: their count differs per rank by design)."""
+    return RowWidth((t.shape[-1], t.dtype))
+
+
 def _arg_key(value):
     """What the agreement is keyed by, cheap to build on every call (no strings)."""
     if isinstance(value, Tensor):
@@ -306,6 +318,8 @@ def _arg_key(value):
 
 
 def _arg_signature(value) -> str:
+    if isinstance(value, RowWidth):
+        return repr(value)
     if isinstance(value, Tensor):
         return f"{list(value.shape)} {value.dtype}"
     if isinstance(value, (list, tuple)):

@@ -290,6 +290,10 @@ def moe_experts(
     group = _checks.resolve_group("moe_experts", group_name)
     _checks.check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, saved,
                               group, MOE_SAVED, comm_sms)
+    # token rows (x, rows), splits and expert sizes are per-rank values (dropless routing): not agreed
+    _checks.check_agreement("moe_experts", group, [("x", _checks.row_width(x)), ("w_gate", w_gate), ("w_up", w_up),
+                                                   ("w_down", w_down), ("offsets", offsets is not None),
+                                                   ("saved", list(saved)), ("comm_sms", comm_sms)])
     extra = {"comm_sms": comm_sms} if comm_sms >= 0 else {}
     return impl(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved, **extra)
 
@@ -362,6 +366,9 @@ def moe_experts_backward(
     group = _checks.resolve_group("moe_experts_backward", group_name)
     _checks.check_moe_experts_backward(grad, send_splits, recv_splits, rows, offsets, group_sizes, gate, up, wt_gate,
                                        wt_up, wt_down, group)
+    _checks.check_agreement("moe_experts_backward", group, [
+        ("grad", _checks.row_width(grad)), ("gate", _checks.row_width(gate)), ("up", _checks.row_width(up)),
+        ("wt_gate", wt_gate), ("wt_up", wt_up), ("wt_down", wt_down), ("offsets", offsets is not None)])
     return impl(grad, send_splits, recv_splits, rows, offsets, group_sizes, gate, up, wt_gate, wt_up, wt_down,
                 group_name)
 
@@ -417,9 +424,12 @@ def cta_pipeline_mlp(
     pipeline stages; it changes how the work is scheduled, never the result.
     """
     impl = _lowering.implementation(lowering, "cta_pipeline_mlp")
-    _checks.resolve_group("cta_pipeline_mlp", group_name)
+    group = _checks.resolve_group("cta_pipeline_mlp", group_name)
     _checks.check_cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                                    CTA_ACTIVATIONS, GELU_APPROXIMATIONS)
+    _checks.check_agreement("cta_pipeline_mlp", group, [("x", x), ("w1", w1), ("b1", b1), ("w3", w3), ("b3", b3),
+                                                        ("w2", w2), ("b2", b2), ("activation", activation),
+                                                        ("approximate", approximate), ("stages", stages)])
     return impl(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name)
 
 

@@ -657,6 +657,17 @@ def _disagreeing_ranks(rank, ws):
                                                  None, "sum", name, "p2p"),
         "mm_rs rows": lambda: torch.ops.overlap.mm_rs(torch.randn(4 + 2 * rank, 4), torch.randn(4, 6), None,
                                                       [4 + 2 * rank, 6], 0, "sum", name, "p2p"),
+        # MoE: rank 1's tokens are wider / it holds one expert more / its backward's experts are wider
+        "moe hidden": lambda: _moe_call(name, rank, h=8 + 8 * rank),
+        "moe experts": lambda: _moe_call(name, rank, experts=2 + rank),
+        "moe backward": lambda: _moe_backward_call(name, rank, f=4 + 4 * rank),
+        # CTA: rank 1 has more tokens (x is replicated in tensor parallelism) / another GELU
+        "cta rows": lambda: _cta_call(name, m=3 + rank),
+        "cta approximate": lambda: _cta_call(name, approximate=("none", "tanh")[rank]),
+        # MoE token rows and splits are per-rank (dropless routing): rank 0 sends [2, 3], rank 1 [3, 1]
+        "moe rows differ": lambda: _moe_call(name, rank, send=([2, 3], [3, 1])[rank], recv=([2, 3], [3, 1])[rank]),
+        "moe backward rows differ": lambda: _moe_backward_call(name, rank, send=([2, 3], [3, 1])[rank],
+                                                               recv=([2, 3], [3, 1])[rank]),
     }
     for case, call in cases.items():
         try:
@@ -674,11 +685,41 @@ def _disagreeing_ranks(rank, ws):
     return out
 
 
+def _moe_call(name, rank, h=8, experts=2, send=(2, 2), recv=(2, 2)):
+    """``moe_experts`` on p2p with SwiGLU experts of width 4; each rank's split sizes as given."""
+    x = torch.randn(sum(send), h)
+    m = sum(recv)
+    w = [torch.randn(experts, h, 4), torch.randn(experts, h, 4), torch.randn(experts, 4, h)]
+    offsets = torch.tensor([m * (e + 1) // experts for e in range(experts)], dtype=torch.int32)
+    return torch.ops.overlap.moe_experts(x, list(send), list(recv), torch.arange(m), offsets, [], *w, name, "p2p",
+                                         [False] * 5)
+
+
+def _moe_backward_call(name, rank, f=4, send=(2, 2), recv=(2, 2)):
+    grad, m = torch.randn(sum(send), 8), sum(recv)
+    wt = [torch.randn(2, f, 8), torch.randn(2, f, 8), torch.randn(2, 8, f)]
+    return torch.ops.overlap.moe_experts_backward(grad, list(send), list(recv), torch.arange(m), None,
+                                                  [m // 2, m - m // 2], torch.randn(m, f), torch.randn(m, f), *wt,
+                                                  name, "p2p")
+
+
+def _cta_call(name, m=3, approximate="none"):
+    x = torch.randn(m, 8)
+    return torch.ops.overlap.cta_pipeline_mlp(x, torch.randn(8, 4), None, None, None, torch.randn(4, 6), None, "gelu",
+                                              approximate, 2, name, "p2p")
+
+
 @pytest.mark.timeout(240)
 def test_rank_disagreement_raises_on_every_rank():
     for rank, out in enumerate(run_ranks(_disagreeing_ranks, 2, timeout=200, env={"OVERLAP_TIMEOUT_S": "10"})):
-        for case, op, arg in (("rows", "ag_mm", "'shard'"), ("dtype", "mm_ar", "'a'"), ("mm_rs rows", "mm_rs", "'a'")):
+        for case, op, arg in (("rows", "ag_mm", "'shard'"), ("dtype", "mm_ar", "'a'"), ("mm_rs rows", "mm_rs", "'a'"),
+                              ("moe hidden", "moe_experts", "'x'"), ("moe experts", "moe_experts", "'w_gate'"),
+                              ("moe backward", "moe_experts_backward", "'gate'"), ("cta rows", "cta_pipeline_mlp", "'x'"),
+                              ("cta approximate", "cta_pipeline_mlp", "'approximate'")):
             msg = out[case]
             assert msg is not None, (rank, case, "no error: the ranks ran on disagreeing inputs")
             assert msg.startswith(f"overlap::{op}:") and arg in msg and "disagree" in msg, (rank, case, msg)
+        # per-rank token rows of a MoE op are no disagreement
+        assert out["moe rows differ"] is None and out["moe backward rows differ"] is None, out
+        assert "'x'" not in out["moe experts"] and "'w_up'" in out["moe experts"], out["moe experts"]
         assert out["after"] == [2.0, 2.0]

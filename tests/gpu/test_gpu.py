@@ -739,7 +739,7 @@ def test_symm_reduce_overhead_training():
     print(_run(reduce_overhead_train_worker, 2, timeout=280, env=env)[0])
 
 
-def late_peer_worker(rank: int, ws: int, device: str):
+def late_peer_worker(rank: int, ws: int, device: str, group=None):
     """Rank 1 calls ag_mm 3 s after rank 0, whose kernel gives up after 1 s: rank 0 gets a
     SymmTimeoutError naming the op, its rank and the flag. Rank 0's watchdog then released its waits
     and told rank 1 (symm_layout.PEER_OK): rank 1's result is right (what rank 0 pushed was its shard), but
@@ -754,7 +754,7 @@ def late_peer_worker(rank: int, ws: int, device: str):
     from overlap_backend.runtime import symm
     from overlap_backend.spec import symm_layout
 
-    group = dist.group.WORLD
+    group = group or dist.group.WORLD  # (the smoke set runs it on a group of its own)
     dtype = torch.bfloat16
     shard = _randn(64, 128, dtype=dtype, device=device)
     w = _randn(128, 256, dtype=dtype, device=device, scale=128**-0.5)
@@ -764,14 +764,14 @@ def late_peer_worker(rank: int, ws: int, device: str):
     torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)
     torch.cuda.synchronize()
     _group_state(group, device).set_timeout(1.0)
-    dist.barrier()
+    dist.barrier(group=group)
     if rank == 1:
         time.sleep(3.0)
     out = torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)[1][0]
     torch.cuda.synchronize()
     if rank == 0:
         try:
-            symm.check_status()
+            _group_state(group, device).check_status()
         except symm.SymmTimeoutError as e:
             msg = str(e)
             assert "ag_mm" in msg and "rank 0" in msg and "rank 1's shard" in msg, msg
@@ -790,7 +790,7 @@ def late_peer_worker(rank: int, ws: int, device: str):
     err = _rel_err(out, ref)
     assert err <= _tol(dtype), err
     try:
-        symm.check_status()
+        _group_state(group, device).check_status()
     except symm.SymmTimeoutError as e:
         msg = str(e)
         assert "ag_mm on rank 1" in msg and "Rank(s) [0] had given up" in msg, msg
@@ -917,7 +917,7 @@ def test_fast_triton_launch_matches_tritons_own():
 DEAD_PEER_TIMEOUT_S = 2.0  # set after the warm-up call (GroupState.set_timeout)
 
 
-def dead_peer_worker(rank: int, ws: int, device: str):
+def dead_peer_worker(rank: int, ws: int, device: str, group=None):
     """Rank 1 skips the second call (as if it died). Rank 0's copy-engine pushes wait for rank 1's
     READY flag in ``cuStreamWaitValue32``, which has no timeout: without the watchdog its
     synchronize would never return. With it, the synchronize returns within ~1.25x
@@ -930,7 +930,7 @@ def dead_peer_worker(rank: int, ws: int, device: str):
     from overlap_backend.runtime import symm
     from overlap_backend.spec import knobs
 
-    group = dist.group.WORLD
+    group = group or dist.group.WORLD  # (the smoke set runs it on a group of its own)
     timeout_s = DEAD_PEER_TIMEOUT_S
     dtype = torch.bfloat16
     shard = _randn(64, 128, dtype=dtype, device=device)
@@ -939,7 +939,7 @@ def dead_peer_worker(rank: int, ws: int, device: str):
     torch.cuda.synchronize()
     st = _group_state(group, device)
     st.set_timeout(timeout_s)
-    dist.barrier()
+    dist.barrier(group=group)
     torch.cuda.synchronize()
     if rank == 1:
         time.sleep(timeout_s * knobs.symm.WATCHDOG_FACTOR + 8)  # alive (its buffers mapped), never calling
@@ -951,7 +951,7 @@ def dead_peer_worker(rank: int, ws: int, device: str):
     assert took < timeout_s * knobs.symm.WATCHDOG_FACTOR + 3, f"synchronize returned after {took:.1f} s"
     assert st.stalled is not None and "ag_mm on rank 0" in st.stalled, st.stalled
     try:
-        symm.check_status()
+        st.check_status()
     except symm.SymmTimeoutError as e:
         msg = str(e)
     else:
@@ -969,7 +969,7 @@ def test_symm_dead_peer_unblocks_stream_waits():
     print(_run(dead_peer_worker, 2, timeout=90))
 
 
-def dead_peer_replay_worker(rank: int, ws: int, device: str):
+def dead_peer_replay_worker(rank: int, ws: int, device: str, group=None):
     """As dead_peer_worker, inside a CUDA-graph replay: both ranks capture an ag_mm (returning the
     gathered input: a copy-stream wait too) and replay it once together; then rank 1 skips a replay.
     Rank 0's replay waits in stream waits for rank 1's READY; the watchdog sees the replay in flight
@@ -984,7 +984,7 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
     from overlap_backend.spec import knobs, symm_layout
 
     knobs.symm.set(CAPTURE_ON_SYMM=True)
-    group = dist.group.WORLD
+    group = group or dist.group.WORLD  # (the smoke set runs it on a group of its own)
     timeout_s = DEAD_PEER_TIMEOUT_S
     dtype = torch.bfloat16
     shard = _randn(64, 128, dtype=dtype, device=device)
@@ -1000,12 +1000,12 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
-    dist.barrier()
+    dist.barrier(group=group)
     graph.replay()
     torch.cuda.synchronize()
     counts = (st.status[symm_layout.GRAPH_STARTED], st.status[symm_layout.GRAPH_FINISHED])
     assert counts == (1, 1), f"replay counters {counts}, expected (1, 1)"
-    dist.barrier()
+    dist.barrier(group=group)
     torch.cuda.synchronize()
     if rank == 1:
         time.sleep(timeout_s * knobs.symm.WATCHDOG_FACTOR + 8)  # alive (its buffers mapped), never replaying
@@ -1017,7 +1017,7 @@ def dead_peer_replay_worker(rank: int, ws: int, device: str):
     assert took < timeout_s * knobs.symm.WATCHDOG_FACTOR + 3, f"synchronize returned after {took:.1f} s"
     assert st.stalled is not None, "the watchdog did not fire"
     try:
-        symm.check_status()
+        st.check_status()
     except symm.SymmTimeoutError as e:
         return f"synchronize returned after {took:.2f} s; raised: {e}"
     raise AssertionError(f"no error after the dead peer's replay: status {list(st.status)}")

@@ -258,17 +258,21 @@ def cta_compiled_worker(rank: int, ws: int, device: str):
     backend = make_backend(passes=["ag_mm", "mm_rs", "cta_pipeline", "mm_ar"], lowering="symm")
     compiled = torch.compile(mlp, backend=backend, fullgraph=True, dynamic=False)  # symbolic sizes: test_dynamic.py
     errs = []
-    with torch.no_grad():
+    # 2100 rows (700 x 3) are not a multiple of 8: Inductor's shape padding used to time the padded
+    # matmul against the plain one on each rank's (shared) GPU and, when padding won, hid the MLP from
+    # the pass in that graph (a run in a few failed: one of the two calls did not reach the op). The
+    # backend turns shape padding off for graphs with collectives; force_shape_pad makes the padding
+    # certain wherever it is not off, so this fails every time without that.
+    with torch.no_grad(), torch._inductor.config.patch(force_shape_pad=True):
         for tokens in (2, 700):
             x = torch.randn(tokens, 3, H, device=device).to(dtype)
             dist.broadcast(x, src=0)
             ref = mlp(x.float(), wg.float(), wu.float(), w2.float())
             errs.append(_rel_err(compiled(x, wg, wu, w2), ref))
-    applied = [m.pass_name for r in backend.reports for m in r.matches if m.applied]
-    assert "cta_pipeline" in applied, applied
-    # (once, with both ranks on one GPU, one of the two calls did not reach the op: the reports say why)
-    assert lowering_helpers.PATHS["cta_pipeline_mlp:symm"] >= 2, (dict(lowering_helpers.PATHS),
-                                                               [r.to_json() for r in backend.reports])
+    applied = [[m.pass_name for m in r.matches if m.applied] for r in backend.reports if r.matches]
+    assert len(applied) == 2 and all("cta_pipeline" in a for a in applied), (applied,
+                                                                           [r.to_json() for r in backend.reports])
+    assert lowering_helpers.PATHS["cta_pipeline_mlp:symm"] == 2, dict(lowering_helpers.PATHS)
     assert all(e <= 1e-2 for e in errs), errs
     return {"errs": errs, "applied": applied}
 
@@ -388,6 +392,7 @@ def test_cta_pipeline_symm_numerics(ws):
             print(f"ws={ws}:\n  " + "\n  ".join(report))
 
 
+@pytest.mark.gpu_smoke
 @pytest.mark.parametrize("ws", [2], ids=["ws2"])
 @pytest.mark.timeout(300)
 def test_cta_pipeline_symm_compiled(ws):

@@ -33,8 +33,9 @@ def _group_usable(group):
     return torch.equal(t, torch.full((3,), float(group.size()))) or f"wrong sum {t.tolist()}"
 
 
-def _empty_shapes(rank, ws, group):
-    """(case, max abs error vs eager, group usable after) for K = 0 and N = 0 matmuls of every op."""
+def _empty_shapes(rank, ws, group, lowering="p2p"):
+    """(case, max abs error vs eager, group usable after) for K = 0 and N = 0 matmuls of every op, called
+    with ``lowering`` (``symm`` handles them before its CUDA check, so its empty paths run on the CPU too)."""
     import torch
     import torch.distributed as dist
 
@@ -61,7 +62,7 @@ def _empty_shapes(rank, ws, group):
         for b in (None, bias):
             case = f"ag_mm gather_dim={gdim} shard={[rows, k]} w={[kk, n]} bias={b is not None}"
             try:
-                gathered, (out,) = ov.ag_mm(shard, [w], [b], gdim, name, "p2p", True)
+                gathered, (out,) = ov.ag_mm(shard, [w], [b], gdim, name, lowering, True)
             except Exception as e:  # noqa: BLE001 - reported to the parent
                 results.append((case, False, f"{type(e).__name__}: {e}", _group_usable(group)))
                 continue
@@ -82,7 +83,7 @@ def _empty_shapes(rank, ws, group):
                 if n % ws and scatter_dim == 1:
                     continue
                 try:
-                    got = ov.mm_rs(a, b, bb, [m, n], scatter_dim, "sum", name, "p2p")
+                    got = ov.mm_rs(a, b, bb, [m, n], scatter_dim, "sum", name, lowering)
                 except Exception as e:  # noqa: BLE001
                     results.append((case, False, f"{type(e).__name__}: {e}", _group_usable(group)))
                     continue
@@ -90,9 +91,59 @@ def _empty_shapes(rank, ws, group):
                        reduced.tensor_split(ws, dim=scatter_dim)[rank])
             case = f"mm_ar a={[m, k]} b={[k, n]} bias={bb is not None}"
             try:
-                record(case, ov.mm_ar(a, b, bb, "sum", name, "p2p"), reduced)
+                record(case, ov.mm_ar(a, b, bb, "sum", name, lowering), reduced)
             except Exception as e:  # noqa: BLE001
                 results.append((case, False, f"{type(e).__name__}: {e}", _group_usable(group)))
+    return results
+
+
+def _empty_mixed_weights(rank, ws, group):
+    """ag_mm on symm with a weight of N = 0 between two others, with and without the gathered tensor and
+    epilogues: (case, same shapes, max abs error vs eager, group usable after)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(50 + rank)
+    shard = torch.randn(3, 8, generator=g)
+    weights = [torch.randn(8, n, generator=torch.Generator().manual_seed(60 + n)) for n in (5, 0, 4)]
+    biases = [torch.randn(5, generator=torch.Generator().manual_seed(70)), None, None]
+    parts = [torch.empty_like(shard) for _ in range(ws)]
+    dist.all_gather(parts, shard, group=group)
+    full = torch.cat(parts)
+    refs = [full @ w + (0 if b is None else b) for w, b in zip(weights, biases)]
+    results = []
+    for gathered_too in (True, False):
+        for epilogue in ("", "gelu|mul:2.0|silu"):
+            case = f"ag_mm symm N=(5, 0, 4) return_gathered={gathered_too} epilogue={epilogue!r}"
+            try:
+                gathered, outs = torch.ops.overlap.ag_mm(shard, weights, biases, 0, group.group_name, "symm",
+                                                         gathered_too, epilogue)
+            except Exception as e:  # noqa: BLE001 - reported to the parent
+                results.append((case, False, f"{type(e).__name__}: {e}", _group_usable(group)))
+                continue
+            want = [F.gelu(refs[0]), refs[1] * 2.0, F.silu(refs[2])] if epilogue else refs
+            same = [list(o.shape) for o in outs] == [list(r.shape) for r in want]
+            same = same and list(gathered.shape) == (list(full.shape) if gathered_too else [0])
+            errs = [(o - r).abs().max().item() for o, r in zip(outs, want) if r.numel()]
+            if gathered_too:
+                errs.append((gathered - full).abs().max().item())
+            results.append((case, same, max(errs) if same else float("inf"), _group_usable(group)))
+    # K = 0 of ag_mm, N = 0 of mm_rs and mm_ar: computed without a transfer (no lowering path counts a call)
+    from overlap_backend.runtime.symm import lowering_helpers
+
+    before = dict(lowering_helpers.PATHS)
+    empty_k = torch.randn(3, 0, generator=g)
+    gathered, (out,) = torch.ops.overlap.ag_mm(empty_k, [torch.randn(0, 5)], [biases[0]], 0, group.group_name, "symm",
+                                               True)
+    rs = torch.ops.overlap.mm_rs(torch.randn(2 * ws, 8), weights[1], None, [2 * ws, 0], 0, "sum", group.group_name,
+                                 "symm")
+    ar = torch.ops.overlap.mm_ar(shard, weights[1], None, "sum", group.group_name, "symm")
+    same = (list(gathered.shape) == [3 * ws, 0] and list(rs.shape) == [2, 0] and list(ar.shape) == [3, 0]
+            and dict(lowering_helpers.PATHS) == before)
+    err = (out - biases[0].expand(3 * ws, 5)).abs().max().item()
+    results.append((f"no transfer for ag_mm K=0, mm_rs N=0, mm_ar N=0 (paths {dict(lowering_helpers.PATHS)} vs "
+                    f"{before})", same, err, _group_usable(group)))
     return results
 
 
@@ -164,7 +215,8 @@ def failures_worker(rank, ws):
 
     os.environ["OVERLAP_TIMEOUT_S"] = "10"  # read by the group created next
     group = dist.new_group(list(range(ws)))
-    return {"empty": _empty_shapes(rank, ws, group), "injected": _injected_failures(rank, ws)}
+    return {"empty": _empty_shapes(rank, ws, group), "empty_symm": _empty_shapes(rank, ws, group, "symm"),
+            "empty_symm_mixed": _empty_mixed_weights(rank, ws, group), "injected": _injected_failures(rank, ws)}
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +229,14 @@ def test_empty_contraction_or_output_columns_compute_what_eager_computes(failure
     for rank, out in enumerate(failure_results):
         for case, same_shape, err, usable in out["empty"]:
             assert same_shape and err == 0.0 or (same_shape and isinstance(err, float) and err < 1e-5), (rank, case, err)
+            assert usable is True, (rank, case, usable)
+
+
+@pytest.mark.timeout(300)
+def test_symm_empty_contraction_or_output_columns_compute_what_eager_computes(failure_results):
+    for rank, out in enumerate(failure_results):
+        for case, same_shape, err, usable in out["empty_symm"] + out["empty_symm_mixed"]:
+            assert same_shape and isinstance(err, float) and err < 1e-5, (rank, case, err)
             assert usable is True, (rank, case, usable)
 
 

@@ -18,6 +18,7 @@ from ...spec import epilogue as _epilogue
 from ...spec import kernel_ratios, knobs
 from ...spec import symm_layout as layout
 from ..lowering import register
+from ..ops import group_size
 from .lowering_helpers import (PATHS, aligned, call_state, capture_problem, captured_call_problem, capturing,
                                compute_stream, epilogue_pointers, generated_epilogue, kernel_weight, load_kernels,
                                matmul_into, preload_once, run_on_p2p, tma_aligned, tma_problem, tune, tuned_configs)
@@ -79,6 +80,8 @@ def ag_mm_plan(st, shard, weights, epilogues, dim, graph) -> tuple:
 
 @register("symm", "ag_mm")
 def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilogues=(), epilogue_args=()):
+    if shard.shape[-1] == 0 or any(w.shape[1] == 0 for w in weights):
+        return ag_mm_empty(shard, weights, biases, gather_dim, group_name, return_gathered, epilogues, epilogue_args)
     args = (shard, weights, biases, gather_dim, group_name, return_gathered, epilogues, epilogue_args)
     why = ag_mm_problem(shard, weights, biases, gather_dim) or capture_problem(shard)
     graph = why is None and capturing(shard)
@@ -152,6 +155,33 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     if post is not None:
         outs = _epilogue.apply_all(post, outs, epilogue_args)
     return gathered, outs
+
+
+def ag_mm_empty(shard, weights, biases, gather_dim, group_name, return_gathered, epilogues, epilogue_args):
+    """``ag_mm`` with an empty contraction (K = 0) or weights without columns (N = 0), as eager computes it.
+    K = 0 sends nothing: the gathered tensor has no elements and each output is its bias (or zeros)
+    broadcast over the rows. Outputs of N = 0 are empty; the other outputs (and the gathered tensor)
+    come from the usual path. Epilogues run as their reference (torch ops) on the whole list."""
+    ws = group_size(group_name)
+    dim = gather_dim % shard.dim()
+    gshape = list(shard.shape)
+    gshape[dim] *= ws
+    rows = math.prod(gshape[:-1])
+    biases = list(biases) if biases else [None] * len(weights)
+    if gshape[-1] == 0:
+        gathered = shard.new_empty(gshape) if return_gathered else shard.new_empty((0,))
+        outs = [b.expand(rows, w.shape[1]).clone() if b is not None else shard.new_zeros((rows, w.shape[1]))
+                for w, b in zip(weights, biases)]
+    else:
+        keep = [i for i, w in enumerate(weights) if w.shape[1] > 0]
+        gathered, kept = shard.new_empty((0,)), []
+        if keep or return_gathered:  # (no weight left: the path only gathers)
+            gathered, kept = ag_mm(shard, [weights[i] for i in keep], [biases[i] for i in keep], gather_dim,
+                                   group_name, return_gathered)
+        outs = [shard.new_empty((rows, 0)) for _ in weights]
+        for i, out in zip(keep, kept):
+            outs[i] = out
+    return gathered, _epilogue.apply_all(list(epilogues), outs, epilogue_args)
 
 
 def push_shard(st, shard2d: Tensor) -> int:

@@ -166,6 +166,15 @@ def tune(kernel: str, key: tuple, cands, run) -> tuple:
 
 
 # --------------------------------------------------------------------------------- operands
+ZERO_CONTRACTION = 64  # columns of zeros that stand in for an empty contraction (a row of 128+ bytes: TMA-aligned)
+
+
+def zero_contraction(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``a`` [M, 0] @ ``b`` [0, N] as a contraction over zeros that the kernels take: the same product
+    (all zeros), so ``+ bias`` and the reduction over ranks run as for any other GEMM."""
+    return (a.new_zeros((a.shape[0], ZERO_CONTRACTION)), b.new_zeros((ZERO_CONTRACTION, b.shape[1])))
+
+
 def tma_aligned(t: Tensor) -> Tensor:
     """Contiguous, 16-byte aligned (TMA needs both)."""
     t = t.contiguous()

@@ -19,7 +19,7 @@ from .. import cuda as _cuda
 from ..lowering import register
 from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem, capturing, call_state, epilogue_pointers,
                                generated_epilogue, kernel_weight, load_kernels, matmul_into, reduce_slots, run_on_p2p,
-                               tma_aligned, tune, tuned_configs, wait_on_push_streams)
+                               tma_aligned, tune, tuned_configs, wait_on_push_streams, zero_contraction)
 from .mm_rs import cublas_min_rows, launch_rs_kernel, mm_problem, peer_store_args, rs_gemm
 
 
@@ -34,6 +34,11 @@ def mm_ar(a, b, bias, reduce_op, group_name, epilogue="", epilogue_args=()):
     """One-shot: the epilogue runs in the sum kernel. Rounds: the all-reduce, then the epilogue as
     one generated pointwise kernel (the reduced rows of other ranks arrive by copy engine after the
     GEMM's last tile, so no GEMM tile could apply it)."""
+    if b.shape[1] == 0:  # no output columns: nothing to reduce, nothing to send
+        out = a.new_empty((a.shape[0], 0), dtype=torch.result_type(a, b))
+        return _epilogue.apply(epilogue, out, epilogue_args) if epilogue else out
+    if a.shape[1] == 0:  # an empty contraction: (a @ b + bias) is bias or zeros, all-reduced as usual
+        a, b = zero_contraction(a, b)
     args = (a, b, bias, reduce_op, group_name, epilogue, epilogue_args)
     why = mm_problem(a, b, bias, reduce_op) or capture_problem(a)
     graph = why is None and capturing(a)

@@ -22,7 +22,7 @@ from ..lowering import register
 from ..ops import group_size
 from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem, capturing, call_state, epilogue_pointers,
                                generated_epilogue, kernel_weight, load_kernels, matmul_into, reduce_slots, run_on_p2p,
-                               tma_aligned, tma_problem, tune, tuned_configs)
+                               tma_aligned, tma_problem, tune, tuned_configs, zero_contraction)
 
 
 def mm_problem(a, b, bias, reduce_op) -> str | None:
@@ -130,8 +130,14 @@ def mm_rs_plan(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, graph)
 
 @register("symm", "mm_rs")
 def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue="", epilogue_args=()):
-    args = (a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, epilogue_args)
     out_shape = list(out_shape)
+    if b.shape[1] == 0:  # no output columns: nothing to reduce, nothing to send
+        out = a.new_empty(_chunk_shape(out_shape, scatter_dim % len(out_shape), group_size(group_name)),
+                          dtype=torch.result_type(a, b))
+        return _epilogue.apply(epilogue, out, epilogue_args) if epilogue else out
+    if a.shape[1] == 0:  # an empty contraction: (a @ b + bias) is bias or zeros, reduced over the ranks as usual
+        a, b = zero_contraction(a, b)
+    args = (a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, epilogue_args)
     graph = a.is_cuda and capturing(a)
     why, dim, seg, run, outer, gemm, cands, tma = mm_rs_plan(a, b, bias, out_shape, scatter_dim, reduce_op,
                                                              group_name, graph)
@@ -190,6 +196,12 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     st.end(compute)
     out = out.view(chunk_shape)
     return _epilogue.apply(epilogue, out, epilogue_args) if epilogue and g is None else out
+
+
+def _chunk_shape(out_shape, dim: int, ws: int) -> list[int]:
+    shape = list(out_shape)
+    shape[dim] //= ws
+    return shape
 
 
 def push_partials(st, stage, rows, N, band_list, epoch, base):
