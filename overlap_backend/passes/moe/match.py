@@ -100,6 +100,14 @@ _GRADIENT_JOINS = (
 )
 
 
+def _opaque_grouped_backward(n: Any) -> bool:
+    """``n = getitem(transformers::grouped_mm_fallback_backward(...), i)``: one op that computes a
+    grouped GEMM's input and weight gradients together (the pass reports it, it cannot split it)."""
+    src = n.args[0] if isinstance(n, torch.fx.Node) and n.target is operator.getitem else None
+    return (isinstance(src, torch.fx.Node) and isinstance(src.target, torch._ops.OpOverload)
+            and src.target._schema.name == "transformers::grouped_mm_fallback_backward")
+
+
 def _reaches_gemm(node: torch.fx.Node) -> bool:
     """Is ``node`` computed from a GEMM through row moves (or sums/concatenations of them)?
 
@@ -112,7 +120,7 @@ def _reaches_gemm(node: torch.fx.Node) -> bool:
         if not isinstance(n, torch.fx.Node) or n in seen:
             continue
         seen.add(n)
-        if is_gemm(n) or n.target is aten.addmm.default:  # (addmm: Inductor's fold of mm + mm)
+        if is_gemm(n) or n.target is aten.addmm.default or _opaque_grouped_backward(n):  # (addmm: Inductor's fold of mm + mm)
             return True
         if (step := _row_step(n, scatter_accumulate_ok=True)) is not None:
             stack.append(step.src)
@@ -133,6 +141,10 @@ def _walk_out(y: torch.fx.Node, accumulate_ok: bool = False) -> tuple[list[Step]
             return list(reversed(steps)), n
         if accumulate_ok and n.target is aten.add.Tensor:
             return list(reversed(steps)), n
+        if _opaque_grouped_backward(n):
+            raise NoMatch(f"the experts' input gradient {n.name} comes from transformers::grouped_mm_fallback_backward, "
+                          "one op computing the input and the weight gradients of a float32 grouped GEMM (a bfloat16 "
+                          "model's backward holds aten._grouped_mm GEMMs, which are rewritten)")
         if n.target is aten.index_put.default and arg(n, 3, "accumulate", False) and not accumulate_ok:
             raise NoMatch(f"the combined rows are scattered with accumulate=True ({n.name})")
         step = _row_step(n, scatter_accumulate_ok=accumulate_ok)
