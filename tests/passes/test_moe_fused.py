@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dist_harness import run_ranks
+from test_moe import graphs  # noqa: F401 - the fixture: rewritten graphs kept, moe_experts as a shape stub
 
 # (policy, expert_form, fused_gate_up, linear_weights, gate_up_split)
 CASES = [
@@ -118,3 +119,61 @@ def test_fused_gate_up_rewritten_and_matches_eager(fused_runs, case):
             decisions[0]
     else:
         assert bwd and all(d[1] for d in bwd), f"backward expert gradients not rewritten: {decisions[0]}"
+
+
+# ----------------------------------------------------------------- the rewritten graphs (fake PG)
+def _weight_base(n):
+    """The tensor a weight argument is a view or cast of (through permute / convert_element_type)."""
+    while n.op == "call_function" and n.target in (torch.ops.aten.permute.default,
+                                                   torch.ops.prims.convert_element_type.default):
+        n = n.args[0]
+    return n
+
+
+def _halves(gate, up, dim):
+    """The (start, end) of the gate and up slices, both of one fused tensor along ``dim``."""
+    slice_ = torch.ops.aten.slice.Tensor
+    assert gate.target is slice_ and up.target is slice_, (gate, up)
+    assert gate.args[0] is up.args[0] and gate.args[1] == up.args[1] == dim, (gate.args, up.args)
+    return tuple(gate.args[2:4]), tuple(up.args[2:4])
+
+
+@pytest.mark.parametrize("policy,form,fused,linear", [
+    ("capacity", "bmm", "up_gate", False),
+    ("dropless", "grouped_mm", "gate_up", True),
+    ("dropless", "loop", "gate_up", True),
+    ("capacity", "loop", "up_gate", False),
+])
+def test_op_reads_the_fused_weight_in_place(fake_pg, graphs, policy, form, fused, linear):
+    """Forward and backward ops get the two halves of the fused weight as slices of the parameter (the
+    loop's per-expert selects folded back into it, no stacked copy), in the layer's half order; the
+    forward's expert GEMMs are gone."""
+    from test_moe import WS, _moe_records, _only
+
+    from overlap_backend import make_backend
+    from overlap_backend.models.moe import MoELayer
+
+    torch.manual_seed(0)
+    layer = MoELayer(16, 32, 2 * WS, top_k=2, policy=policy, expert_form=form, capacity_factor=1.0,
+                     fused_gate_up=fused, linear_weights=linear)
+    be = make_backend(inductor=False)
+    torch.compile(layer, backend=be, fullgraph=True)(torch.randn(6, 16, requires_grad=True)).sum().backward()
+    recs = _moe_records(be)
+    assert [r.applied for r in recs] == [True, True], [(r.applied, r.reason) for r in recs]
+    f = 32
+    gate_at, up_at = ((0, f), (f, 2 * f)) if fused == "gate_up" else ((f, 2 * f), (0, f))
+    fwd, bwd = be.graphs
+    op = _only(fwd, torch.ops.overlap.moe_experts.default)
+    wg, wu, wd = op.args[6:9]
+    assert _halves(wg, wu, 2) == (gate_at, up_at)
+    assert _weight_base(wg.args[0]).op == "placeholder" and _weight_base(wd).op == "placeholder"
+    assert not any(n.target in (torch.ops.aten.cat.default, torch.ops.aten.unsqueeze.default)
+                   for n in (wg.args[0], wd))
+    ts = [n.target for n in fwd.nodes]
+    assert torch.ops.aten.bmm.default not in ts and torch.ops.aten._grouped_mm.default not in ts
+    assert ts.count(torch.ops.aten.mm.default) == 1  # the router
+    op = _only(bwd, torch.ops.overlap.moe_experts_backward.default)
+    wt_gate, wt_up, wt_down = op.args[8:11]
+    assert _halves(wt_gate, wt_up, 1) == (gate_at, up_at)
+    assert _weight_base(wt_gate.args[0]).op == "placeholder" and _weight_base(wt_down).op == "placeholder"
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in layer.parameters())
