@@ -5,8 +5,8 @@ ranks (cost model off, ``OVERLAP_DEBUG_DIR`` set): the forward block and the bac
 gradients are rewritten (read from each rank's ``summary.json``) and the output and every gradient
 match eager. The cases cover the three GEMM forms, both weight layouts (``[E, H, 2F]`` and
 transformers' ``[E, 2F, H]`` through ``F.linear``), either half first, ``chunk`` and slices, and
-transformers' float32 grouped GEMM (``transformers::grouped_mm_fallback``). All cases run in one
-process group.
+transformers' float32 grouped GEMM (``transformers::grouped_mm_fallback``), two of them also with
+Inductor. All cases run in one process group.
 """
 
 import json
@@ -28,6 +28,9 @@ CASES = [
     ("dropless", "loop", "up_gate", False, "chunk"),
     ("dropless", "fallback", "gate_up", True, "chunk"),  # transformers::grouped_mm_fallback, float32
 ]
+# compiled with Inductor too (its partitioner decides what the backward reads: the fused GEMM's output or
+# its halves; the ops' weight arguments are slices of graph inputs)
+INDUCTOR_CASES = [("capacity", "bmm", "up_gate", True, "chunk"), ("dropless", "loop", "gate_up", True, "chunk")]
 
 
 def _rel(a, b):
@@ -53,7 +56,7 @@ def _fallback_layer_class():
 
 
 @torch._dynamo.config.patch(capture_scalar_outputs=True)  # dropless: .tolist() of the split sizes
-def fused_worker(rank, ws, cases, debug_root):
+def fused_worker(rank, ws, cases, inductor_cases, debug_root):
     import os
 
     import overlap_backend
@@ -75,13 +78,14 @@ def fused_worker(rank, ws, cases, debug_root):
         return [out, xi.grad] + [p.grad for p in model.parameters()]
 
     results = {}
-    for i, case in enumerate(cases):
+    runs = [(case, False) for case in cases] + [(case, True) for case in inductor_cases]
+    for i, (case, inductor) in enumerate(runs):
         torch._dynamo.reset()
         os.environ["OVERLAP_DEBUG_DIR"] = os.path.join(debug_root, str(i))  # read by make_backend
         ref = step(build(*case))
-        backend = overlap_backend.make_backend(inductor=False, cost_model="off")
+        backend = overlap_backend.make_backend(inductor=inductor, cost_model="off")
         got = step(torch.compile(build(*case), backend=backend, fullgraph=True))
-        results[case] = {"errs": [_rel(g, r) for g, r in zip(got, ref)], "ref_norm": ref[0].norm().item()}
+        results[(case, inductor)] = {"errs": [_rel(g, r) for g, r in zip(got, ref)], "ref_norm": ref[0].norm().item()}
     return results
 
 
@@ -89,9 +93,11 @@ def fused_worker(rank, ws, cases, debug_root):
 def fused_runs(tmp_path_factory):
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("moe_fused")
-    per_rank = run_ranks(fused_worker, 2, CASES, str(root), timeout=400, env={"OVERLAP_COST_MODEL": "off"})
-    summaries = {case: [json.loads((Path(root) / str(i) / f"rank{r}" / "summary.json").read_text()) for r in range(2)]
-                 for i, case in enumerate(CASES)}
+    per_rank = run_ranks(fused_worker, 2, CASES, INDUCTOR_CASES, str(root), timeout=500,
+                         env={"OVERLAP_COST_MODEL": "off"})
+    runs = [(case, False) for case in CASES] + [(case, True) for case in INDUCTOR_CASES]
+    summaries = {run: [json.loads((Path(root) / str(i) / f"rank{r}" / "summary.json").read_text()) for r in range(2)]
+                 for i, run in enumerate(runs)}
     return per_rank, summaries
 
 
@@ -100,16 +106,18 @@ def _moe_decisions(summary):
             if m["pass"] == "moe"]
 
 
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(x) for x in c))
-def test_fused_gate_up_rewritten_and_matches_eager(fused_runs, case):
+@pytest.mark.timeout(520)
+@pytest.mark.parametrize("case,inductor", [(c, False) for c in CASES] + [(c, True) for c in INDUCTOR_CASES],
+                         ids=lambda c: "-".join(str(x) for x in c) if isinstance(c, tuple) else ("inductor" if c else
+                                                                                                  "fx"))
+def test_fused_gate_up_rewritten_and_matches_eager(fused_runs, case, inductor):
     per_rank, summaries = fused_runs
     tol = 1e-2 if case[1] == "grouped_mm" else 1e-4  # (the grouped_mm form runs its GEMMs in bfloat16)
     for rank, res in enumerate(per_rank):
-        r = res[case]
+        r = res[(case, inductor)]
         assert r["ref_norm"] > 0, f"rank {rank}: the eager layer returned zeros (the test is vacuous)"
         assert all(e <= tol for e in r["errs"]), f"rank {rank}: rel errors (out, dx, grads) {r['errs']}"
-    decisions = [_moe_decisions(s) for s in summaries[case]]
+    decisions = [_moe_decisions(s) for s in summaries[(case, inductor)]]
     assert decisions[0] == decisions[1], decisions
     fwd = [d for d in decisions[0] if d[0] == "forward"]
     bwd = [d for d in decisions[0] if d[0] == "backward"]
