@@ -26,7 +26,7 @@ CASES = [
     ("dropless", "grouped_mm", "up_gate", False, "slice"),
     ("capacity", "loop", "gate_up", True, "chunk"),  # transformers' eager experts: F.linear(x, W[e]).chunk(2, -1)
     ("dropless", "loop", "up_gate", False, "chunk"),
-    ("dropless", "fallback", "gate_up", True, "chunk"),  # transformers::grouped_mm_fallback, float32
+    ("dropless", "fallback", "gate_up", True, "chunk"),  # transformers' grouped_mm_fallback (float32), ACT2FN
 ]
 # compiled with Inductor too (its partitioner decides what the backward reads: the fused GEMM's output or
 # its halves; the ops' weight arguments are slices of graph inputs)
@@ -40,17 +40,22 @@ def _rel(a, b):
 
 def _fallback_layer_class():
     """The reference layer with its grouped GEMMs as transformers runs them under torch.compile for a
-    float32 weight: ``transformers::grouped_mm_fallback(input, weight, offs)``."""
+    float32 weight, ``transformers::grouped_mm_fallback(input, weight, offs)``, and its activation
+    module ``ACT2FN["silu"]``."""
     import transformers.integrations.moe  # noqa: F401 - registers transformers::grouped_mm_fallback
+    from transformers.activations import ACT2FN
 
     from overlap_backend.models.moe import MoELayer
 
     gmm = torch.ops.transformers.grouped_mm_fallback
 
     class FallbackMoELayer(MoELayer):
+        act_fn = ACT2FN["silu"]
+
         def _grouped_experts(self, x, offs):
             w_gu, w_down = self._stacked_weights()
-            return gmm(self._act(gmm(x, w_gu, offs)), w_down, offs)
+            gate, up = gmm(x, w_gu, offs).chunk(2, dim=-1)  # (fused_gate_up="gate_up")
+            return gmm(self.act_fn(gate) * up, w_down, offs)
 
     return FallbackMoELayer
 
