@@ -28,7 +28,8 @@ transfers, the down tiles for nothing), so a CTA that is not resident yet delays
 
 - ``gate_up_kernel``: ``act[p] = silu(X[p] @ w_gate[e]) * (X[p] @ w_up[e])`` (float32 accumulators,
   one rounding to the compute dtype). Weights come through TMA (3-D descriptors over ``[E, H, F]``,
-  blocks ``[1, BK, BN]``). X rows are read from the dispatch buffer, where every source's rows sit
+  blocks ``[1, BK, BN]``, or over ``[E, F, H]`` for weights stored as ``F.linear`` reads them), with
+  the weight's own strides: the halves of a fused gate/up weight are read in place. X rows are read from the dispatch buffer, where every source's rows sit
   in its slot (this rank's own rows too: a local copy), after a bounded wait on that source's
   arrival flag (once per source and CTA: **a tile waits only for the segment it reads**). A group
   whose rows are consecutive in the slot (``contig``, from the plan: the usual case, senders sort
@@ -68,10 +69,25 @@ def find_group(rt, tile_start_ptr, G, LOG_G: tl.constexpr):
 
 
 @triton.jit
-def expert_descriptor(w_ptr, E, K, N, BK: tl.constexpr, BN: tl.constexpr):
-    """TMA descriptor of a row-major [E, K, N] expert weight; blocks [1, BK, BN] (zeros past K/N:
-    a block never reads the next expert's rows)."""
-    return tl.make_tensor_descriptor(w_ptr, shape=[E, K, N], strides=[K * N, N, 1], block_shape=[1, BK, BN])
+def expert_descriptor(w_ptr, E, K, N, stride_e, stride_row, BK: tl.constexpr, BN: tl.constexpr,
+                      K_MAJOR: tl.constexpr):
+    """TMA descriptor of an [E, K, N] expert weight whose rows of N are contiguous (``stride_row``
+    between rows of K), or with ``K_MAJOR`` whose columns of K are (the transpose of an [E, N, K]
+    weight, ``F.linear``'s layout; ``stride_row`` between its rows of N); ``stride_e`` between
+    experts. Any such view works, e.g. one half of a fused gate/up weight. Blocks [1, BK, BN]
+    ([1, BN, BK] K-major); zeros past K/N: a block never reads the next expert's rows or the other half."""
+    if K_MAJOR:
+        return tl.make_tensor_descriptor(w_ptr, shape=[E, N, K], strides=[stride_e, stride_row, 1],
+                                         block_shape=[1, BN, BK])
+    return tl.make_tensor_descriptor(w_ptr, shape=[E, K, N], strides=[stride_e, stride_row, 1], block_shape=[1, BK, BN])
+
+
+@triton.jit
+def expert_block(desc, e, k0, n0, BK: tl.constexpr, BN: tl.constexpr, K_MAJOR: tl.constexpr):
+    """The [BK, BN] block of expert ``e``'s weight at (``k0``, ``n0``) through ``expert_descriptor``."""
+    if K_MAJOR:
+        return tl.trans(desc.load([e, n0, k0]).reshape([BN, BK]))
+    return desc.load([e, k0, n0]).reshape([BK, BN])
 
 
 @triton.jit
@@ -114,14 +130,16 @@ def gate_up_kernel(
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, contig_ptr,
     arrived_ptr, caps_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, cap, H, F, G, E, group_lo, group_hi, start_group,
+    wg_stride_e, wg_stride_row, wu_stride_e, wu_stride_row,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, TIMED: tl.constexpr,
+    WG_K_MAJOR: tl.constexpr, WU_K_MAJOR: tl.constexpr,
 ):
     tiles_n = tl.cdiv(F, BN)
     first_tile, n_tiles, shift = walk(tile_start_ptr, tiles_n, group_lo, group_hi, start_group)
     x_desc = tl.make_tensor_descriptor(disp_ptr, shape=[WS * cap, H], strides=[H, 1], block_shape=[BM, BK])
-    wg_desc = expert_descriptor(w_gate_ptr, E, H, F, BK, BN)
-    wu_desc = expert_descriptor(w_up_ptr, E, H, F, BK, BN)
+    wg_desc = expert_descriptor(w_gate_ptr, E, H, F, wg_stride_e, wg_stride_row, BK, BN, WG_K_MAJOR)
+    wu_desc = expert_descriptor(w_up_ptr, E, H, F, wu_stride_e, wu_stride_row, BK, BN, WU_K_MAJOR)
     waited = 0  # bit s: this CTA has seen source s's dispatch flag
     offs_k = tl.arange(0, BK)
     for i in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
@@ -147,8 +165,8 @@ def gate_up_kernel(
             first = tl.min(tl.where(mask, slot_row, WS * cap), axis=0)
             for k in range(0, tl.cdiv(H, BK)):
                 a = x_desc.load([first, k * BK]).to(w_gate_ptr.dtype.element_ty)
-                bg = wg_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
-                bu = wu_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                bg = expert_block(wg_desc, e, k * BK, pid_n * BN, BK, BN, WG_K_MAJOR)
+                bu = expert_block(wu_desc, e, k * BK, pid_n * BN, BK, BN, WU_K_MAJOR)
                 acc_g = tl.dot(a, bg, acc_g)
                 acc_u = tl.dot(a, bu, acc_u)
         else:
@@ -156,8 +174,8 @@ def gate_up_kernel(
             for k in range(0, tl.cdiv(H, BK)):
                 k_ok = offs_k < H - k * BK
                 a = tl.load(a_ptrs, mask=mask[:, None] & k_ok[None, :], other=0.0).to(w_gate_ptr.dtype.element_ty)
-                bg = wg_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
-                bu = wu_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+                bg = expert_block(wg_desc, e, k * BK, pid_n * BN, BK, BN, WG_K_MAJOR)
+                bu = expert_block(wu_desc, e, k * BK, pid_n * BN, BK, BN, WU_K_MAJOR)
                 acc_g = tl.dot(a, bg, acc_g)
                 acc_u = tl.dot(a, bu, acc_u)
                 a_ptrs += BK
@@ -172,15 +190,15 @@ def down_kernel(
     act_ptr, w_down_ptr, out_ptr, stage_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, src_tiles_ptr,
     counters_ptr, done_ptr, epoch,
-    rank, own_row0, M, H, F, G, E, group_lo, group_hi, pos_lo, pos_hi,
+    rank, own_row0, M, H, F, G, E, group_lo, group_hi, pos_lo, pos_hi, wd_stride_e, wd_stride_row,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr,
+    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, WD_K_MAJOR: tl.constexpr,
 ):
     tiles_n = tl.cdiv(H, BN)
     first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
     end_tile = tl.load(tile_start_ptr + group_hi) * tiles_n
     a_desc = tl.make_tensor_descriptor(act_ptr, shape=[M, F], strides=[F, 1], block_shape=[BM, BK])
-    w_desc = expert_descriptor(w_down_ptr, E, F, H, BK, BN)
+    w_desc = expert_descriptor(w_down_ptr, E, F, H, wd_stride_e, wd_stride_row, BK, BN, WD_K_MAJOR)
     if tl.program_id(0) == 0:  # this launch's sources with no tile: their segment (zeros) is ready now
         for p in tl.static_range(WS - 1):
             if (p >= pos_lo) & (p < pos_hi):
@@ -196,7 +214,7 @@ def down_kernel(
         for k in range(0, tl.cdiv(F, BK)):
             # rows past this group's end belong to the next group (or are TMA's zeros): computed, never stored
             a = a_desc.load([first, k * BK])
-            b = w_desc.load([e, k * BK, pid_n * BN]).reshape([BK, BN])
+            b = expert_block(w_desc, e, k * BK, pid_n * BN, BK, BN, WD_K_MAJOR)
             acc = tl.dot(a, b, acc)
         y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
         src = (rank + 1 + pos) % WS
@@ -232,6 +250,16 @@ def log_groups(groups: int) -> int:
     return max(1, (groups - 1).bit_length() + 1)
 
 
+def expert_layout(w) -> tuple[int, int, bool]:
+    """``(stride_e, stride_row, k_major)`` of an [E, K, N] expert weight the kernels read as it is:
+    N contiguous (row-major per expert) or K contiguous (``k_major``: F.linear's layout); the
+    runtime passes only such views (``runtime/moe_symm.py: kernel_expert_weight``)."""
+    if w.stride(2) == 1:
+        return w.stride(0), w.stride(1), False
+    assert w.stride(1) == 1, f"expert weight strides {w.stride()}: neither N nor K contiguous"
+    return w.stride(0), w.stride(2), True
+
+
 def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, caps, epoch, status, timeout_ns, rank, ws, cap, config, grid,
                    timed=True, phase=None, start_group=None):
     """``plan``: dict with srows, counts, row_start, recv_off, contig and ``tile_start`` of this BM
@@ -247,11 +275,13 @@ def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, caps, epoch, status, 
     lo, hi = (phase or (0, G, 0, ws))[:2]
     start = lo if start_group is None else start_group
     assert lo <= start <= hi, (lo, start, hi)
+    (ge, gr, gk), (ue, ur, uk) = expert_layout(w_gate), expert_layout(w_up)
     launcher.launch(gate_up_kernel, (grid,),
         disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
         plan["recv_off"], plan["contig"], arrived, caps, epoch, *status, timeout_ns, rank, cap, H, F, G, E, lo, hi, start,
+        ge, gr, ue, ur,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"], TIMED=timed,
-        num_stages=stages, num_warps=warps,
+        WG_K_MAJOR=gk, WU_K_MAJOR=uk, num_stages=stages, num_warps=warps,
     )
 
 
@@ -262,12 +292,13 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     E, F, H = w_down.shape
     BM, BN, BK, GROUP_M, stages, warps, _ = config
     G = ws * E
+    de, dr, dk = expert_layout(w_down)
     launcher.launch(down_kernel, (grid,),
         act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
         plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
-        *(phase or (0, G, 0, ws)),
+        *(phase or (0, G, 0, ws)), de, dr,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"],
-        num_stages=stages, num_warps=warps,
+        WD_K_MAJOR=dk, num_stages=stages, num_warps=warps,
     )
 
 

@@ -35,6 +35,14 @@ Three forms of the expert GEMMs (``expert_form``), which the ``moe`` pass recogn
   receives at most one copy of each token: the top-k experts of a token are distinct);
 - ``"loop"``: a Python loop over the local experts, two ``mm`` and a ``mm`` each.
 
+``fused_gate_up`` stores gate and up as one weight and runs them as one GEMM whose output is split
+in two halves (``.chunk(2, -1)``, or slices with ``gate_up_split="slice"``), as transformers 5 and
+vLLM store experts: ``"gate_up"`` puts the gate columns first, ``"up_gate"`` the up columns.
+``linear_weights=True`` stores the weights transposed (``w_gate_up [E, 2F, H]``, ``w_down [E, H, F]``,
+transformers' layout) and applies them as ``F.linear`` does (``x @ W^T``); the default layout is
+``[E, H, 2F]`` / ``[E, F, H]``. The weights are the separate layer's, concatenated: the fused
+layer computes what the separate one does.
+
 Every rank draws the FULL weights from one generator seeded with ``seed`` and keeps its experts, so
 the layer is identical on every rank and from run to run, whatever the world size.
 """
@@ -53,6 +61,7 @@ from .tp import FullInit, group_info
 
 POLICIES = ("capacity", "dropless")
 EXPERT_FORMS = ("grouped_mm", "bmm", "loop")
+FUSED_GATE_UP = (None, "gate_up", "up_gate")
 
 # torch 2.13's all_to_all_single has autograd; older releases only through the *_autograd name.
 _all_to_all = getattr(funcol, "all_to_all_single_autograd", None) or funcol.all_to_all_single
@@ -114,12 +123,21 @@ class MoELayer(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         seed: int = 0,
+        fused_gate_up: str | None = None,
+        linear_weights: bool = False,
+        gate_up_split: str = "chunk",
     ):
         super().__init__()
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r}; allowed: {', '.join(POLICIES)}")
         if expert_form not in EXPERT_FORMS:
             raise ValueError(f"expert_form={expert_form!r}; allowed: {', '.join(EXPERT_FORMS)}")
+        if fused_gate_up not in FUSED_GATE_UP:
+            raise ValueError(f"fused_gate_up={fused_gate_up!r}; allowed: {FUSED_GATE_UP}")
+        if linear_weights and fused_gate_up is None:
+            raise ValueError("linear_weights=True needs fused_gate_up (transformers' fused layout)")
+        if gate_up_split not in ("chunk", "slice"):
+            raise ValueError(f"gate_up_split={gate_up_split!r}; allowed: 'chunk', 'slice'")
         if expert_form == "grouped_mm" and not has_grouped_mm():
             raise ValueError("expert_form='grouped_mm' needs torch._grouped_mm, which this torch lacks")
         self.group, rank, ws = group_info(group)
@@ -134,9 +152,19 @@ class MoELayer(nn.Module):
         init = FullInit(seed, dtype, device)
         lo, hi = rank * self.local_experts, (rank + 1) * self.local_experts
         self.router = nn.Parameter(init.linear(hidden, hidden, num_experts))
-        self.w_gate = nn.Parameter(init.linear(hidden, num_experts, hidden, ffn)[lo:hi].contiguous())
-        self.w_up = nn.Parameter(init.linear(hidden, num_experts, hidden, ffn)[lo:hi].contiguous())
-        self.w_down = nn.Parameter(init.linear(ffn, num_experts, ffn, hidden)[lo:hi].contiguous())
+        w_gate = init.linear(hidden, num_experts, hidden, ffn)[lo:hi]
+        w_up = init.linear(hidden, num_experts, hidden, ffn)[lo:hi]
+        w_down = init.linear(ffn, num_experts, ffn, hidden)[lo:hi]
+        self.fused_gate_up, self.linear_weights, self.gate_up_split = fused_gate_up, linear_weights, gate_up_split
+        if fused_gate_up is None:
+            self.w_gate = nn.Parameter(w_gate.contiguous())
+            self.w_up = nn.Parameter(w_up.contiguous())
+            self.w_down = nn.Parameter(w_down.contiguous())
+        else:
+            halves = (w_gate, w_up) if fused_gate_up == "gate_up" else (w_up, w_gate)
+            fused = torch.cat(halves, dim=-1)  # [E, H, 2F]
+            self.w_gate_up = nn.Parameter((fused.transpose(1, 2) if linear_weights else fused).contiguous())
+            self.w_down = nn.Parameter((w_down.transpose(1, 2) if linear_weights else w_down).contiguous())
 
     # ------------------------------------------------------------------------------ routing
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,11 +212,49 @@ class MoELayer(nn.Module):
         """SwiGLU of expert e on ``xe[e]`` (``[E_local, n, H]``), in the configured form."""
         el, n, h = xe.shape
         if self.expert_form == "bmm":
-            return bmm_swiglu(xe, self.w_gate, self.w_up, self.w_down)
+            return self._bmm_experts(xe)
         if self.expert_form == "grouped_mm":
             offs = torch.arange(1, el + 1, device=xe.device, dtype=torch.int32) * n
-            return grouped_swiglu(xe.reshape(el * n, h), self.w_gate, self.w_up, self.w_down, offs).view(el, n, h)
-        return torch.stack([swiglu(xe[i], self.w_gate[i], self.w_up[i], self.w_down[i]) for i in range(el)])
+            return self._grouped_experts(xe.reshape(el * n, h), offs).view(el, n, h)
+        return torch.stack([self._one_expert(xe[i], i) for i in range(el)])
+
+    # ------------------------------------------------------------------ the expert GEMMs
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(G) * U`` from the fused GEMM's output ``[..., 2F]``."""
+        if self.gate_up_split == "chunk":
+            first, second = gate_up.chunk(2, dim=-1)
+        else:
+            f = gate_up.shape[-1] // 2
+            first, second = gate_up[..., :f], gate_up[..., f:]
+        g, u = (first, second) if self.fused_gate_up == "gate_up" else (second, first)
+        return F.silu(g) * u
+
+    def _stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fused: ``[E, H, 2F]`` and ``[E, F, H]`` as the GEMMs read them (views for ``linear_weights``)."""
+        if self.linear_weights:
+            return self.w_gate_up.transpose(1, 2), self.w_down.transpose(1, 2)
+        return self.w_gate_up, self.w_down
+
+    def _bmm_experts(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_gate_up is None:
+            return bmm_swiglu(x, self.w_gate, self.w_up, self.w_down)
+        w_gu, w_down = self._stacked_weights()
+        return torch.bmm(self._act(torch.bmm(x, w_gu)), w_down)
+
+    def _grouped_experts(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        if self.fused_gate_up is None:
+            return grouped_swiglu(x, self.w_gate, self.w_up, self.w_down, offs)
+        bf16 = torch.bfloat16  # (see grouped_swiglu)
+        w_gu, w_down = self._stacked_weights()
+        a = self._act(torch._grouped_mm(x.to(bf16), w_gu.to(bf16), offs=offs))
+        return torch._grouped_mm(a, w_down.to(bf16), offs=offs).to(x.dtype)
+
+    def _one_expert(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        if self.fused_gate_up is None:
+            return swiglu(x, self.w_gate[i], self.w_up[i], self.w_down[i])
+        if self.linear_weights:  # transformers' eager experts
+            return F.linear(self._act(F.linear(x, self.w_gate_up[i])), self.w_down[i])
+        return self._act(x @ self.w_gate_up[i]) @ self.w_down[i]
 
     # --------------------------------------------------------------------- dropless policy
     def _dropless(self, x_rep: torch.Tensor, flat: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -216,14 +282,14 @@ class MoELayer(nn.Module):
         xg = recv[perm]
         if self.expert_form == "grouped_mm":
             offs = per_expert.cumsum(0).to(torch.int32)
-            yg = grouped_swiglu(xg, self.w_gate, self.w_up, self.w_down, offs)
+            yg = self._grouped_experts(xg, offs)
         elif self.expert_form == "loop":
             sizes = per_expert.tolist()
             for s in sizes:
                 torch._check(s >= 0)
             torch._check(sum(sizes) == n_recv)
             pieces = xg.split(sizes)
-            yg = torch.cat([swiglu(p, self.w_gate[i], self.w_up[i], self.w_down[i]) for i, p in enumerate(pieces)])
+            yg = torch.cat([self._one_expert(p, i) for i, p in enumerate(pieces)])
         else:
             # Pad every expert's rows to the fixed bound ws * tokens (static shapes for bmm).
             bound = ws * tokens
@@ -231,7 +297,7 @@ class MoELayer(nn.Module):
             expert_sorted = row_expert[perm]
             slot = torch.arange(n_recv, device=flat.device) - starts[expert_sorted]
             xp = xg.new_zeros(el, bound, h).index_put((expert_sorted, slot), xg)
-            yg = bmm_swiglu(xp, self.w_gate, self.w_up, self.w_down)[expert_sorted, slot]
+            yg = self._bmm_experts(xp)[expert_sorted, slot]
         y_recv = torch.empty_like(yg)
         y_recv[perm] = yg
         out_sorted = _all_to_all(y_recv, send_splits, recv_splits, self.group)  # [T*k, H]
@@ -240,4 +306,4 @@ class MoELayer(nn.Module):
         return out_rep
 
 
-__all__ = ["MoELayer", "POLICIES", "EXPERT_FORMS", "has_grouped_mm", "swiglu", "grouped_swiglu", "bmm_swiglu"]
+__all__ = ["MoELayer", "POLICIES", "EXPERT_FORMS", "FUSED_GATE_UP", "has_grouped_mm", "swiglu", "grouped_swiglu", "bmm_swiglu"]

@@ -60,10 +60,14 @@ def prefix_sums(sizes: list[int]) -> list[int]:
 
 
 def expert_matmul(a: Tensor, counts: list[int], w: Tensor) -> Tensor:
-    """``a``'s rows of expert ``e`` (``counts[e]`` consecutive rows after expert e-1's) @ ``w[e]``."""
+    """``a``'s rows of expert ``e`` (``counts[e]`` consecutive rows after expert e-1's) @ ``w[e]``
+    (``w`` may be any strided view: it is read in place)."""
     n, k, f = a.shape[0], a.shape[1], w.shape[2]
-    # _grouped_mm wants bfloat16 and 16-byte-aligned leading strides (rows of K and F elements).
-    if a.is_cuda and a.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and k % 8 == 0 and f % 8 == 0:
+    # _grouped_mm wants bfloat16 and 16-byte-aligned leading strides (rows of K and F elements), and
+    # takes ``w`` as a view (a half of a fused gate/up weight) where it is row- or column-major per expert
+    strided_ok = (w.stride(-1) == 1 or w.stride(-2) == 1) and w.data_ptr() % 16 == 0
+    if (a.is_cuda and a.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and k % 8 == 0 and f % 8 == 0
+            and strided_ok):
         offs = torch.tensor(prefix_sums(counts)[1:], dtype=torch.int32, device=a.device)
         return torch._grouped_mm(a.contiguous(), w, offs=offs)
     out = a.new_empty((n, f))

@@ -132,6 +132,18 @@ def problem(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, rows: Tenso
     return tma_problem(x.dtype, x.shape[1]) or tma_problem(w_gate.dtype, w_gate.shape[1], w_gate.shape[2])
 
 
+def kernel_expert_weight(w: Tensor) -> Tensor:
+    """``w`` [E, K, N] as the GEMM kernels read it in place (``moe_gemm.expert_layout``): N or K
+    contiguous per expert with 16-byte aligned strides and base, as are the halves of a fused gate/up
+    weight (``[E, K, 2N]`` or ``F.linear``'s ``[E, 2N, K]``) and ``F.linear``'s transposed weights;
+    any other view is copied contiguous (per call)."""
+    es = w.element_size()
+    if w.data_ptr() % 16 == 0 and (w.stride(0) * es) % 16 == 0 and (
+            (w.stride(2) == 1 and (w.stride(1) * es) % 16 == 0) or (w.stride(1) == 1 and (w.stride(2) * es) % 16 == 0)):
+        return w
+    return tma_aligned(w)
+
+
 def symm_dtypes():
     return (torch.bfloat16, torch.float16, torch.float32)
 
@@ -230,7 +242,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     load_kernels()  # Triton's allocator (scratch for device-side descriptors), as the other ops
     # inputs validated by the op (runtime/checks.py)
     x = tma_aligned(x)
-    w_gate, w_up, w_down = (tma_aligned(w) for w in (w_gate, w_up, w_down))
+    w_gate, w_up, w_down = (kernel_expert_weight(w) for w in (w_gate, w_up, w_down))
     st.ensure_data(lay["bytes"], "moe_experts")
     disp = st.data_view(x.dtype, (ws * cap, h), lay["disp"])
     comb = st.data_view(x.dtype, (ws * cap, h), lay["comb"])

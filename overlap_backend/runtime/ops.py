@@ -268,7 +268,9 @@ def moe_experts(
 
     ``x`` ``[N_send, H]``: this rank's token rows, ``send_splits[d]`` of them for rank ``d``, in rank
     order. ``w_gate``/``w_up`` ``[E, H, F]``, ``w_down`` ``[E, F, H]``: this rank's ``E`` experts; their
-    dtype is the compute dtype ``cd``. Semantics::
+    dtype is the compute dtype ``cd``. They may be strided views, read in place: e.g. the halves
+    ``W[..., :F]``, ``W[..., F:]`` of a fused gate/up weight ``W`` ``[E, H, 2F]`` (or of
+    ``W.transpose(1, 2)`` for one stored ``[E, 2F, H]``, as ``F.linear`` uses it). Semantics::
 
         R   = all_to_all_single(x, recv_splits, send_splits)        # [N_recv, H] received rows
         Xg[j] = R[rows[j]].to(cd), or 0 where rows[j] < 0            # [M, H] expert-grouped rows
@@ -350,8 +352,9 @@ def moe_experts_backward(
     ``grad`` ``[N_send, H]``: the gradient of ``moe_experts``' ``out`` (send order); ``rows``,
     ``offsets`` / ``group_sizes`` and the splits: the forward op's. ``gate`` / ``up`` ``[M, F]``: the
     forward's ``G`` and ``U`` (grouped rows). ``wt_gate`` / ``wt_up`` ``[E, F, H]`` and ``wt_down``
-    ``[E, H, F]``: the expert weights transposed, as the backward graph holds them; their dtype is the
-    compute dtype ``cd``. Semantics::
+    ``[E, H, F]``: the expert weights transposed, as the backward graph holds them (strided views
+    too, e.g. the halves along dim 1 of a fused ``[E, 2F, H]``); their dtype is the compute dtype
+    ``cd``. Semantics::
 
         R   = all_to_all_single(grad, recv_splits, send_splits)     # the received rows' result gradients
         dY[j] = R[rows[j]].to(cd), or 0 where rows[j] < 0            # [M, H]

@@ -102,7 +102,7 @@ MOE_XFAIL = {
         "expert_parallel.py:225): the dispatch all-to-all ends one graph; the experts "
         "(transformers::grouped_mm_fallback) and the combine all-to-all start the next, the split sizes "
         "baked in as constants; the moe pass needs both all-to-alls in one graph, and does not take "
-        "grouped_mm_fallback and the top-k sum before the combine for expert GEMM rows"),
+        "the sentinel masks and the top-k sum before the combine for expert GEMM rows"),
 }
 MOE_XFAIL["mixtral-tp2-ep2"] = MOE_XFAIL["qwen3_moe-tp2-ep2"]
 # Forms whose forward is rewritten and whose backward is not (yet): why, from summary.json and the graphs.

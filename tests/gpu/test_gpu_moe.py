@@ -11,7 +11,9 @@ GPUs are visible). Each test spawns one process per GPU (``dist_harness.run_rank
   bf16 and fp32 tokens with bf16 experts, fp16; both tile orders (remote-first, expert-major);
   both transports of the combine (SM consumer, copy engine) and comm-SM counts 1 and 8; rel err <= 1e-2, the path taken is ``symm``;
 - the compiled ``MoELayer`` (capacity and dropless, ``grouped_mm`` and ``loop`` forms) through
-  ``make_backend(lowering="symm")`` in inference, 20 calls on new tokens each, against eager.
+  ``make_backend(lowering="symm")`` in inference, 20 calls on new tokens each, against eager; also with
+  a fused gate/up weight (``[E, H, 2F]``, and ``F.linear``'s ``[E, 2F, H]``, either half first), whose
+  halves the kernels read in place (no weight copied per call).
 """
 
 from __future__ import annotations
@@ -372,20 +374,32 @@ def test_captured_moe_experts_replay(transport):
 
 # ------------------------------------------------------------------------- compiled layer
 @torch._dynamo.config.patch(capture_scalar_outputs=True)  # dropless: .tolist() of the split sizes
-def layer_worker(rank, ws, device, policy, form, calls=20):
+def layer_worker(rank, ws, device, policy, form, calls=20, fused=None, linear=False, split="chunk"):
     import torch.distributed as dist  # noqa: F401
 
     import overlap_backend
-    from overlap_backend.spec import knobs
     from overlap_backend.models.moe import MoELayer
+    from overlap_backend.runtime import moe_symm
     from overlap_backend.runtime.symm import lowering_helpers
     from overlap_backend.spec import knobs
+
+    copied = []  # expert weights the symm lowering had to copy (a fused weight's halves must not be)
+    in_place = moe_symm.kernel_expert_weight
+
+    def recording(w):
+        out = in_place(w)
+        if out is not w:
+            copied.append((tuple(w.shape), w.stride()))
+        return out
+
+    moe_symm.kernel_expert_weight = recording
 
     knobs.moe.set(ENABLED=True)  # the kernels under test
     knobs.codegen.set(AUTOTUNE=False)
     tokens, hidden, ffn, experts = 256, 512, 768, 2 * ws
     layer = MoELayer(hidden, ffn, experts, top_k=2, policy=policy, expert_form=form, capacity_factor=1.25,
-                     dtype=torch.bfloat16, device="cuda", seed=3)
+                     dtype=torch.bfloat16, device="cuda", seed=3, fused_gate_up=fused, linear_weights=linear,
+                     gate_up_split=split)
     backend = overlap_backend.make_backend(lowering="symm", inductor=False)
     compiled = torch.compile(layer, backend=backend, fullgraph=True)
     errs = []
@@ -402,6 +416,7 @@ def layer_worker(rank, ws, device, policy, form, calls=20):
                for r in backend.reports for m in r.matches]
     assert max(errs) <= 1e-2, f"rank {rank} {policy}/{form}: rel errs {errs}"
     assert paths.get("moe_experts:symm"), f"rank {rank}: moe_experts never ran on symm: {paths} {applied}"
+    assert not copied, f"rank {rank}: expert weights copied per call: {copied}"
     return {"max_err": max(errs), "paths": paths, "applied": applied}
 
 
@@ -414,6 +429,26 @@ def test_compiled_moe_layer_symm(ws, policy, form):
     env = {"OVERLAP_INDUCTOR": "0"}
     results = run_ranks(layer_worker, ws, "cuda", policy, form, timeout=580, env=env, backend="nccl")
     print(f"ws={ws} {policy}/{form}: {results[0]}")
+
+
+FUSED_CASES = [  # policy, form, fused_gate_up, linear_weights (F.linear's [E, 2F, H]), gate_up_split
+    ("capacity", "bmm", "gate_up", False, "chunk"),
+    ("dropless", "grouped_mm", "up_gate", True, "chunk"),
+    ("capacity", "grouped_mm", "gate_up", True, "slice"),
+    ("dropless", "loop", "gate_up", True, "chunk"),  # transformers' eager experts: F.linear(x, W[e]).chunk(2, -1)
+]
+
+
+@pytest.mark.parametrize("policy,form,fused,linear,split", FUSED_CASES, ids=["-".join(map(str, c)) for c in FUSED_CASES])
+@WORLD_SIZES
+@pytest.mark.timeout(600)
+def test_compiled_fused_gate_up_moe_layer_symm(ws, policy, form, fused, linear, split):
+    """Fused gate/up experts through symm: bf16 numerics vs eager, the symm path taken, no weight copied."""
+    _need_gpus(ws)
+    env = {"OVERLAP_INDUCTOR": "0"}
+    results = run_ranks(layer_worker, ws, "cuda", policy, form, 20, fused, linear, split, timeout=580, env=env,
+                        backend="nccl")
+    print(f"ws={ws} {policy}/{form}/{fused}/linear={linear}/{split}: {results[0]}")
 
 
 # ------------------------------------------------------------------------------- timeouts

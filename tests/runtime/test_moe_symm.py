@@ -650,3 +650,49 @@ def test_phases_cover_every_group_once():
         if own_first and ws > 1 and experts > 1:
             assert ph[0][2] == ws - 1 and ph[-1][2] == ws - 1  # own share first, the rest last
     assert moe_gemm.phases(4, 4, True, 0.5) == [(0, 16, 0, 4)]  # expert-major: one launch
+
+
+def _fused_views(wg, wu, wd, layout):
+    """The weights as views of one fused gate/up weight: ``"rows"`` ``[E, H, 2F]`` (up half first),
+    ``"linear"`` ``[E, 2F, H]`` read as ``F.linear`` does (gate first; ``w_down`` stored ``[E, H, F]``)."""
+    f = wg.shape[2]
+    if layout == "rows":
+        fused = torch.cat([wu, wg], -1)
+        return fused[..., f:], fused[..., :f], wd
+    fused = torch.cat([wg, wu], -1).transpose(1, 2).contiguous().transpose(1, 2)  # K-major [E, H, 2F] view
+    return fused[..., :f], fused[..., f:], wd.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("layout", ["rows", "linear"])
+def test_gemm_kernels_read_fused_weight_views_in_place(layout):
+    """gate/up and down on strided views of a fused gate/up weight (both layouts, K-major down for
+    ``linear``): no copy (``kernel_expert_weight`` keeps the view), the results of the contiguous weights."""
+    ws, rank, experts, h, f = 2, 1, 3, 24, 40
+    gen = torch.Generator().manual_seed(11)
+    case = _case(ws, rank, experts, h, f, gen, sorted_sources=True)
+    wg, wu, wd = _weights(experts, h, f, gen, torch.float16)
+    views = _fused_views(wg, wu, wd, layout)
+    assert all(not v.is_contiguous() for v in views[:2])
+    kernel_views = [moe_symm.kernel_expert_weight(v) for v in views]
+    assert all(k is v for k, v in zip(kernel_views, views)), "a fused weight view was copied"
+    x, disp, cap, recv_rows = _buffers(ws, rank, case, h, torch.float32, gen)
+    send_off, recv_off = _prefix(case["send"]), _prefix(case["recv"])
+    pl = moe_symm.plan(case["rows"], case["ends"], torch.tensor(recv_off, dtype=torch.int32), rank, ws, experts,
+                       [CFG[0]])
+    flags = torch.zeros(64, dtype=torch.int32)
+    ARR, CNT, DONE = 0, 24, 32
+    flags[ARR : ARR + ws] = EPOCH
+    claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    act = torch.full((max(len(case["rows"]), 1), f), float("nan")).to(torch.float16)
+    caps = torch.full((ws,), cap, dtype=torch.int32)
+    moe_gemm.launch_gate_up(disp, views[0], views[1], act, pl, flags[ARR:], caps, EPOCH, (claim, report), 10**6, rank,
+                            ws, cap, CFG, 3, timed=False)
+    out = torch.zeros_like(x)
+    stage = torch.zeros(max(recv_off[-1], 1), h)
+    moe_gemm.launch_down(act, views[2], out, stage, pl, flags[CNT:], flags[DONE:], EPOCH, rank, ws, send_off[rank],
+                         CFG, 2)
+    assert claim.item() == 0 and report[0].item() == 0
+    ref = _reference_yr(recv_rows.float(), case["rows"], case["ends"], wg, wu, wd)
+    assert _rel(out[send_off[rank] : send_off[rank + 1]], ref[recv_off[rank] : recv_off[rank + 1]]) < 2e-2
+    other = 1 - rank
+    assert _rel(stage[recv_off[other] : recv_off[other + 1]], ref[recv_off[other] : recv_off[other + 1]]) < 2e-2

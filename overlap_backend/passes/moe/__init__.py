@@ -54,7 +54,7 @@ class MoePass(OverlapPass):
             nodes += [m.dispatch.collective, m.dispatch.wait]
         if m.experts is not None:
             e = m.experts
-            nodes += [n for group in (e.gate, e.up, e.down) for n in group]
+            nodes += [n for group in (e.fused, e.gate, e.up, e.down) for n in group]
         if m.grads is not None:
             nodes += m.grads.gemms
         nodes += [m.combine.collective, m.combine.wait]

@@ -9,12 +9,12 @@ import operator
 import torch
 import torch.fx
 
-from ..fx import arg, erase_dead, hoist_before, val
+from ..fx import erase_dead, hoist_before, val
 from ..manager import OverlapPass
 from ..preconditions import require_dtype
 from ..rejected import Rejected
-from .region import (FakeNodes, Region, check_region, check_row_dtypes, decide_lowering, only_row_counts, region_of,
-                     replace_row_counts, row_ids)
+from .region import (FakeNodes, Region, check_region, check_row_dtypes, decide_lowering, fused_halves,
+                     only_row_counts, region_of, replace_row_counts, row_ids, stack_experts)
 from .structure import ExpertGrads, MoeMatch, shape_eq, shape_of, size_eq
 
 aten = torch.ops.aten
@@ -36,6 +36,10 @@ def check(p: OverlapPass, m: MoeMatch, ws: int) -> str:
         wg, wu, wd = ((len(g.wt_gate), *x) for x in next(iter(shapes)))
     else:
         wg, wu, wd = shape_of(g.wt_gate[0]), shape_of(g.wt_up[0]), shape_of(g.wt_down[0])
+    if g.d_fused:
+        if len(wg) != 3 or not isinstance(wg[1], int) or wg[1] % 2:
+            raise Rejected(f"the fused gate/up weight (transposed) {wg} is not [E, 2F, {h}]")
+        wg = wu = (wg[0], wg[1] // 2, wg[2])
     if len(wg) != 3 or not shape_eq(wg, wu) or not shape_eq(wd, (wg[0], wg[2], wg[1])) or not size_eq(wg[2], h):
         raise Rejected(f"expert weights (transposed) {wg}, {wu}, {wd} are not [E, F, {h}], [E, F, {h}], [E, {h}, F]")
     for i, (gt, ut) in enumerate(zip(g.gate, g.up)):
@@ -53,14 +57,20 @@ def check(p: OverlapPass, m: MoeMatch, ws: int) -> str:
     return decide_lowering(p, m, ws, "moe_experts_backward", g.dy, wg[1], wg[0], cd, False, 0).lowering
 
 
+FUSED = -1  # _outside_grads: the fused gate/up gradient, dG | dU concatenated from the op's outputs 2 and 3
+
+
 def _outside_grads(m: MoeMatch, region: Region) -> dict:
     """Region value -> (op output, expert or None) it is read as outside the region: dY, dG, dU (what
     the weight gradients read; the loop form's per expert); :class:`Rejected` for any other value."""
     g, d, c = m.grads, m.dispatch, m.combine
     if g.form == "loop":
-        provided = {n: (i, e) for i, group in ((1, g.pieces), (2, g.d_gate), (3, g.d_up)) for e, n in enumerate(group)}
+        provided = {n: (i, e) for i, group in ((1, g.pieces), (2, g.d_gate), (3, g.d_up), (FUSED, g.d_fused))
+                    for e, n in enumerate(group)}
     else:
         provided = {g.dy: (1, None), g.d_gate[0]: (2, None), g.d_up[0]: (3, None)}
+        if g.d_fused:
+            provided[g.d_fused[0]] = (FUSED, None)
     for n, users in region.outside.items():
         if n is c.wait or n in provided:
             continue
@@ -110,11 +120,15 @@ def rewrite(m: MoeMatch, lowering: str) -> None:
                     size = end if isinstance(start, int) and start == 0 else fake.call(
                         graph, operator.sub, (end, start))
                 sizes.append(size)
+        wt_down = stack_experts(graph, fake, g.wt_down)
+        if g.d_fused:  # views of the fused transposed weight [E, 2F, H]: no copy
+            wt_gate, wt_up = fused_halves(graph, fake, stack_experts(graph, fake, g.wt_gate), 1, g.gate_first)
+        else:
+            wt_gate, wt_up = stack_experts(graph, fake, g.wt_gate), stack_experts(graph, fake, g.wt_up)
         op = fake.call(
             graph, torch.ops.overlap.moe_experts_backward.default,
             (d.input, list(d.input_splits), list(d.output_splits), rows, g.offsets, sizes, flat(g.gate),
-             flat(g.up), *(_stacked_t(graph, fake, w) for w in (g.wt_gate, g.wt_up, g.wt_down)),
-             c.group_name, lowering),
+             flat(g.up), wt_gate, wt_up, wt_down, c.group_name, lowering),
         )
         dx = fake.call(graph, operator.getitem, (op, 0))
         outs: dict[int, torch.fx.Node] = {}
@@ -123,7 +137,13 @@ def rewrite(m: MoeMatch, lowering: str) -> None:
             users = region.outside.get(n, [])
             if not users:
                 continue
-            if i not in outs:
+            if i == FUSED:  # the weight gradient's cat(dG, dU): from the op's dG and dU, as the graph had it
+                if FUSED not in outs:
+                    for j in (2, 3):
+                        outs.setdefault(j, fake.call(graph, operator.getitem, (op, j)))
+                    halves = [outs[2], outs[3]]
+                    outs[FUSED] = fake.call(graph, aten.cat.default, (halves if g.gate_first else halves[::-1], -1))
+            elif i not in outs:
                 outs[i] = fake.call(graph, operator.getitem, (op, i))
             new = _expert_rows(graph, fake, g, outs[i], n, e, per_expert, i)
             for u in users:
@@ -151,18 +171,3 @@ def _expert_rows(graph, fake, g: ExpertGrads, flat: torch.fx.Node, like: torch.f
         per_expert[key] = fake.call(graph, aten.reshape.default,
                                     (flat, [len(g.pieces), g.group_sizes[0], shape_of(flat)[-1]]))
     return fake.call(graph, aten.select.int, (per_expert[key], 0, expert))
-
-
-def _stacked_t(graph, fake, weights: list[torch.fx.Node]) -> torch.fx.Node:
-    """The loop's per-expert transposed weights ``permute(select(W, 0, e), [1, 0])`` as one
-    ``[E, ., .]`` tensor: ``permute(W, [0, 2, 1])`` when they all come from one ``W`` in order
-    (no copy), else stacked (a copy per call)."""
-    if len(weights) == 1 and val(weights[0]).dim() == 3:
-        return weights[0]
-    sel = [w.args[0] if w.target is aten.permute.default and list(w.args[1]) == [1, 0] else None for w in weights]
-    if all(isinstance(x, torch.fx.Node) and x.target is aten.select.int and arg(x, 1, "dim") == 0
-           and arg(x, 2, "index") == e for e, x in enumerate(sel)):
-        bases = {x.args[0] for x in sel}
-        if len(bases) == 1 and val(next(iter(bases))).shape[0] == len(weights):
-            return fake.call(graph, aten.permute.default, (next(iter(bases)), [0, 2, 1]))
-    return fake.call(graph, aten.cat.default, ([fake.call(graph, aten.unsqueeze.default, (w, 0)) for w in weights],))

@@ -16,12 +16,12 @@ import torch.fx
 
 from ...runtime.ops import MOE_SAVED
 from ...spec import knobs
-from ..fx import arg, erase_dead, hoist_before, val
+from ..fx import erase_dead, hoist_before, val
 from ..manager import OverlapPass
 from ..preconditions import require_dtype
 from ..rejected import Rejected
-from .region import (FakeNodes, Region, check_region, check_row_dtypes, decide_lowering, only_row_counts, region_of,
-                     replace_row_counts, row_ids)
+from .region import (FakeNodes, Region, check_region, check_row_dtypes, decide_lowering, fused_halves,
+                     only_row_counts, region_of, replace_row_counts, row_ids, stack_experts)
 from .structure import MoeMatch, shape_eq, shape_of, size_eq
 
 aten = torch.ops.aten
@@ -35,7 +35,7 @@ def check(p: OverlapPass, m: MoeMatch, ws: int) -> str:
     _check_weights(m)
     # raises Rejected for values read outside that cannot be provided
     need = check_region(p, m, _plan_outside, _op_inputs(m), "the expert block", "dispatched rows")
-    wg = shape_of(e.w_gate[0])
+    wg = _gate_shape(e)
     experts = len(e.w_gate) if e.form == "loop" else wg[0]
     # symm runs as p2p where its kernels are off (knobs.moe.ENABLED) and where the op hands out saved values
     decision = decide_lowering(p, m, ws, "moe_experts", e.grouped, wg[-1], experts, val(e.gate[0]).dtype,
@@ -46,6 +46,12 @@ def check(p: OverlapPass, m: MoeMatch, ws: int) -> str:
         # OVERLAP_MOE_COMM_SMS per call and silently ignore make_backend(moe_comm_sms=...))
         m.comm_sms = p.ctx.config.moe_comm_sms
     return decision.lowering
+
+
+def _gate_shape(e) -> tuple:
+    """The shape of (one loop expert's) gate weight: ``[., H, F]``, half of a fused ``[., H, 2F]``."""
+    shape = shape_of(e.w_gate[0])
+    return (*shape[:-1], shape[-1] // 2) if e.fused else shape
 
 
 def _check_dtypes(m: MoeMatch) -> None:
@@ -66,6 +72,10 @@ def _check_weights(m: MoeMatch) -> None:
         g, u, w = (experts, *g), (experts, *u), (experts, *w)
     else:
         g, u, w = shape_of(e.w_gate[0]), shape_of(e.w_up[0]), shape_of(e.w_down[0])
+    if e.fused:
+        if len(g) != 3 or not isinstance(g[2], int) or g[2] % 2:
+            raise Rejected(f"the fused gate/up weight {g} is not [E, {h}, 2F]")
+        g = u = (*g[:2], g[2] // 2)
     if len(g) != 3 or not shape_eq(g, u) or not shape_eq(w, (g[0], g[2], g[1])) or not size_eq(g[1], h):
         raise Rejected(f"expert weights {g}, {u}, {w} are not [E, {h}, F], [E, {h}, F], [E, F, {h}]")
     if e.form == "grouped_mm" and not shape_eq(shape_of(e.offsets), (g[0],)):
@@ -81,7 +91,7 @@ def _roles(m: MoeMatch) -> dict:
     cd = val(e.gate[0]).dtype
     if val(e.grouped).dtype == cd:
         roles[e.grouped] = ("xg", None)
-    for name, group in (("gate", e.gate), ("up", e.up), ("act", e.act)):
+    for name, group in (("gate", e.gate), ("up", e.up), ("act", e.act), ("fused", e.fused)):
         for i, n in enumerate(group):
             roles[n] = (name, i if e.form == "loop" else None)
     if e.form == "loop":
@@ -100,7 +110,8 @@ def _plan_outside(m: MoeMatch, region: Region) -> set[str]:
 
     def visit(n: torch.fx.Node, seen: set) -> None:
         if n in roles:
-            need.add(roles[n][0])
+            name = roles[n][0]
+            need.update(("gate", "up") if name == "fused" else (name,))  # G|U: the two concatenated
             return
         if n not in region.nodes or n in seen:
             return
@@ -146,7 +157,11 @@ def rewrite(m: MoeMatch, lowering: str) -> None:
     fake = FakeNodes(d.wait)
     with graph.inserting_before(anchor):
         rows = row_ids(graph, fake, m)
-        w_gate, w_up, w_down = (_stacked(graph, fake, ws) for ws in (e.w_gate, e.w_up, e.w_down))
+        w_down = stack_experts(graph, fake, e.w_down)
+        if e.fused:  # views of the fused weight: no copy
+            w_gate, w_up = fused_halves(graph, fake, stack_experts(graph, fake, e.w_gate), 2, e.gate_first)
+        else:
+            w_gate, w_up = stack_experts(graph, fake, e.w_gate), stack_experts(graph, fake, e.w_up)
         saved = [name in need for name in MOE_SAVED]
         op = fake.call(
             graph, torch.ops.overlap.moe_experts.default,
@@ -161,20 +176,6 @@ def rewrite(m: MoeMatch, lowering: str) -> None:
     c.wait.replace_all_uses_with(out)
     replace_row_counts(graph, fake, m)
     erase_dead(sorted(region.dying | set(e.w_gate + e.w_up + e.w_down), key=lambda n: -order[n]))
-
-
-def _stacked(graph, fake, weights: list[torch.fx.Node]) -> torch.fx.Node:
-    if len(weights) == 1 and val(weights[0]).dim() == 3:
-        return weights[0]
-    bases = {w.args[0] for w in weights if w.target is aten.select.int and arg(w, 1, "dim") == 0}
-    if len(bases) == 1 and all(arg(w, 2, "index") == i for i, w in enumerate(weights)):
-        (base,) = bases
-        if all(w.target is aten.select.int for w in weights) and val(base).shape[0] == len(weights):
-            return base
-    # per-expert weights of different tensors: stacked (a copy per call); cat of unsqueezes, as
-    # decomposed graphs write stack
-    rows = [fake.call(graph, aten.unsqueeze.default, (w, 0)) for w in weights]
-    return fake.call(graph, aten.cat.default, (rows,))
 
 
 def _provide_outside(graph, fake, m: MoeMatch, region: Region, provided: dict) -> None:
@@ -204,6 +205,9 @@ def _provide_outside(graph, fake, m: MoeMatch, region: Region, provided: dict) -
             return cache[n]
         if n in roles:
             name, expert = roles[n]
+            if name == "fused" and "fused" not in provided:  # the fused GEMM's output: G | U (or U | G)
+                halves = [provided["gate"], provided["up"]]
+                provided["fused"] = fake.call(graph, aten.cat.default, (halves if e.gate_first else halves[::-1], -1))
             new = flat_to(provided[name], n, expert)
         elif n in region.nodes:
             new = graph.node_copy(n, lambda x: get(x) if x in region.nodes else x)

@@ -14,8 +14,8 @@ from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg
 
 from ..fx import RESHAPES, SPLITS, arg, val
 from .match_backward import is_expert_grads, match_expert_grads
-from .structure import (CASTS, GEMMS, AllToAll, Experts, MoeMatch, NoMatch, Step, describe_node, gemm_operands,
-                        size_eq)
+from .structure import (CASTS, AllToAll, Experts, MoeMatch, NoMatch, Step, describe_node, gemm_operands, is_gemm,
+                        is_grouped, shape_of, size_eq)
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -100,6 +100,14 @@ _GRADIENT_JOINS = (
 )
 
 
+def _opaque_grouped_backward(n: Any) -> bool:
+    """``n = getitem(transformers::grouped_mm_fallback_backward(...), i)``: one op that computes a
+    grouped GEMM's input and weight gradients together (the pass reports it, it cannot split it)."""
+    src = n.args[0] if isinstance(n, torch.fx.Node) and n.target is operator.getitem else None
+    return (isinstance(src, torch.fx.Node) and isinstance(src.target, torch._ops.OpOverload)
+            and src.target._schema.name == "transformers::grouped_mm_fallback_backward")
+
+
 def _reaches_gemm(node: torch.fx.Node) -> bool:
     """Is ``node`` computed from a GEMM through row moves (or sums/concatenations of them)?
 
@@ -112,7 +120,7 @@ def _reaches_gemm(node: torch.fx.Node) -> bool:
         if not isinstance(n, torch.fx.Node) or n in seen:
             continue
         seen.add(n)
-        if n.target in GEMMS or n.target is aten.addmm.default:  # (addmm: Inductor's fold of mm + mm)
+        if is_gemm(n) or n.target is aten.addmm.default or _opaque_grouped_backward(n):  # (addmm: Inductor's fold of mm + mm)
             return True
         if (step := _row_step(n, scatter_accumulate_ok=True)) is not None:
             stack.append(step.src)
@@ -129,10 +137,14 @@ def _walk_out(y: torch.fx.Node, accumulate_ok: bool = False) -> tuple[list[Step]
     does); the walk then also stops at an ``add`` (a backward's ``dX = dG @ Wg^T + dU @ Wu^T``)."""
     steps, n = [], y
     while True:
-        if n.target in GEMMS or n.target in (aten.cat.default, aten.stack.default):
+        if is_gemm(n) or n.target in (aten.cat.default, aten.stack.default):
             return list(reversed(steps)), n
         if accumulate_ok and n.target is aten.add.Tensor:
             return list(reversed(steps)), n
+        if _opaque_grouped_backward(n):
+            raise NoMatch(f"the experts' input gradient {n.name} comes from transformers::grouped_mm_fallback_backward, "
+                          "one op computing the input and the weight gradients of a float32 grouped GEMM (a bfloat16 "
+                          "model's backward holds aten._grouped_mm GEMMs, which are rewritten)")
         if n.target is aten.index_put.default and arg(n, 3, "accumulate", False) and not accumulate_ok:
             raise NoMatch(f"the combined rows are scattered with accumulate=True ({n.name})")
         step = _row_step(n, scatter_accumulate_ok=accumulate_ok)
@@ -177,8 +189,67 @@ def _silu_of(n: torch.fx.Node) -> tuple[torch.fx.Node, list[torch.fx.Node]] | No
     return None
 
 
+def last_dim(n: torch.fx.Node, dim: Any) -> bool:
+    """Is ``dim`` the last dimension of ``n``'s value?"""
+    rank = len(shape_of(n))
+    return isinstance(dim, int) and dim % rank == rank - 1
+
+
+def half_of(n: Any) -> tuple[torch.fx.Node, int, list[torch.fx.Node]] | None:
+    """``n`` as one half of a tensor's last dim: ``(y, 0 or 1, nodes)`` for ``y.chunk(2, -1)[i]``,
+    ``y.split(F, -1)[i]``, ``y.split([F, F], -1)[i]``, ``y[..., :F]`` or ``y[..., F:]`` (``y``: 2F wide)."""
+    if not isinstance(n, torch.fx.Node):
+        return None
+    if n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node) and n.args[0].target in SPLITS:
+        split, i = n.args[0], n.args[1]
+        y, sizes, dim = split.args[0], split.args[1], arg(split, 2, "dim", 0)
+        if not (isinstance(y, torch.fx.Node) and last_dim(y, dim) and i in (0, 1)):
+            return None
+        width = shape_of(y)[-1]
+        if isinstance(sizes, (list, tuple)):
+            ok = len(sizes) == 2 and size_eq(sizes[0], sizes[1]) and size_eq(width, sizes[0] + sizes[1])
+        else:
+            ok = size_eq(width, 2 * sizes)
+        return (y, i, [n, split]) if ok else None
+    if n.target is aten.slice.Tensor and isinstance(n.args[0], torch.fx.Node):
+        y = n.args[0]
+        dim, start, end, step = arg(n, 1, "dim", 0), arg(n, 2, "start", 0), arg(n, 3, "end"), arg(n, 4, "step", 1)
+        width = shape_of(y)[-1]
+        if not (last_dim(y, dim) and step == 1 and isinstance(width, int) and width % 2 == 0):
+            return None
+        f = width // 2
+        start = 0 if start is None else start
+        end = width if end is None or (isinstance(end, int) and end >= width) else end
+        if (start, end) == (0, f):
+            return y, 0, [n]
+        if (start, end) in ((f, width), (f - width, width)):
+            return y, 1, [n]
+    return None
+
+
+def _gate_and_up(gate: torch.fx.Node, up: torch.fx.Node, kind) -> dict:
+    """The gate and up projections: two GEMMs of one input, or the two halves of one GEMM on a fused
+    ``[., H, 2F]`` weight (either half first)."""
+    hg, hu = half_of(gate), half_of(up)
+    if hg is not None and hu is not None:
+        (y, ig, nodes_g), (y_u, iu, nodes_u) = hg, hu
+        if y_u is not y or ig == iu:
+            raise NoMatch(f"gate {gate.name} and up {up.name} are not the two halves of one fused GEMM")
+        x, w, offs = gemm_operands(y, kind)
+        return dict(x=x, w_gate=w, w_up=w, offs=offs, fused=[y], gate_first=ig == 0,
+                    pieces=list(dict.fromkeys(nodes_g + nodes_u)))
+    x, w_gate, offs_g = gemm_operands(gate, kind)
+    x_u, w_up, offs_u = gemm_operands(up, kind)
+    if x_u is not x:
+        raise NoMatch(f"gate {gate.name} and up {up.name} projections read different inputs")
+    if offs_g is not offs_u:
+        raise NoMatch("the gate and up grouped GEMMs do not share one offs tensor")
+    return dict(x=x, w_gate=w_gate, w_up=w_up, offs=offs_g, fused=[], gate_first=True, pieces=[])
+
+
 def _swiglu(down: torch.fx.Node, kind):
-    """``down = kind(silu(gate) * up, w_down)`` with gate/up ``kind(x, w)`` of one ``x``."""
+    """``down = kind(silu(gate) * up, w_down)`` with gate/up ``kind(x, w)`` of one ``x``, or the halves
+    of one ``kind(x, w_gate_up)``."""
     act, w_down, offs = gemm_operands(down, kind)
     if not (isinstance(act, torch.fx.Node) and act.target is aten.mul.Tensor):
         raise NoMatch(f"the down projection {down.name} does not read silu(gate) * up but {describe_node(act)}")
@@ -188,13 +259,13 @@ def _swiglu(down: torch.fx.Node, kind):
             break
     else:
         raise NoMatch(f"{act.name} is not silu(gate) * up")
-    x, w_gate, offs_g = gemm_operands(gate, kind)
-    x_u, w_up, offs_u = gemm_operands(u, kind)
-    if x_u is not x:
-        raise NoMatch(f"gate {gate.name} and up {u.name} projections read different inputs")
-    if kind is aten._grouped_mm.default and not (offs is offs_g is offs_u and isinstance(offs, torch.fx.Node)):
-        raise NoMatch("the three grouped GEMMs do not share one offs tensor")
-    return dict(x=x, gate=gate, up=u, act=act, w_gate=w_gate, w_up=w_up, w_down=w_down, offs=offs, inner=silu_nodes)
+    if not isinstance(u, torch.fx.Node):
+        raise NoMatch(f"{act.name} multiplies silu(gate) by {u!r}, not the up projection")
+    gu = _gate_and_up(gate, u, kind)
+    if is_grouped(kind) and not (offs is gu["offs"] and isinstance(offs, torch.fx.Node)):
+        raise NoMatch("the grouped GEMMs do not share one offs tensor")
+    return dict(x=gu["x"], gate=gate, up=u, act=act, w_gate=gu["w_gate"], w_up=gu["w_up"], w_down=w_down, offs=offs,
+                inner=silu_nodes + gu["pieces"], fused=gu["fused"], gate_first=gu["gate_first"])
 
 
 def _piece(x: torch.fx.Node) -> tuple[torch.fx.Node, Any, list[torch.fx.Node], Any]:
@@ -211,7 +282,7 @@ def _piece(x: torch.fx.Node) -> tuple[torch.fx.Node, Any, list[torch.fx.Node], A
 
 
 def _match_experts(d: torch.fx.Node) -> Experts:
-    if d.target in (aten.bmm.default, aten._grouped_mm.default):
+    if d.target is aten.bmm.default or is_grouped(d.target):
         form = "bmm" if d.target is aten.bmm.default else "grouped_mm"
         s = _swiglu(d, d.target)
         sizes = None
@@ -221,7 +292,7 @@ def _match_experts(d: torch.fx.Node) -> Experts:
         return Experts(
             form=form, grouped=s["x"], gate=[s["gate"]], up=[s["up"]], act=[s["act"]], down=[d],
             w_gate=[s["w_gate"]], w_up=[s["w_up"]], w_down=[s["w_down"]], down_out=d,
-            offsets=s["offs"], group_sizes=sizes, inner=s["inner"],
+            offsets=s["offs"], group_sizes=sizes, inner=s["inner"], fused=s["fused"], gate_first=s["gate_first"],
         )
     if d.target is aten.mm.default:
         raise NoMatch(f"a single mm ({d.name}) produces the combined rows, not a group of experts")
@@ -230,6 +301,8 @@ def _match_experts(d: torch.fx.Node) -> Experts:
         raise NoMatch(f"the experts' outputs are concatenated along dim {arg(d, 1, 'dim', 0)}, not 0")
     outs = list(d.args[0])
     per = [_swiglu(o, aten.mm.default) for o in outs]
+    if len({bool(p["fused"]) for p in per}) != 1 or len({p["gate_first"] for p in per}) != 1:
+        raise NoMatch("the loop's experts do not all compute gate and up the same way (fused, half order)")
     pieces = [_piece(p["x"]) for p in per]
     base, split = pieces[0][0], pieces[0][3]
     for i, (b, idx, _, sp) in enumerate(pieces):
@@ -259,6 +332,7 @@ def _match_experts(d: torch.fx.Node) -> Experts:
         act=[p["act"] for p in per], down=outs, w_gate=[p["w_gate"] for p in per],
         w_up=[p["w_up"] for p in per], w_down=[p["w_down"] for p in per], down_out=d,
         group_sizes=sizes, inner=inner, pieces=[p["x"] for p in per], split=split,
+        fused=[n for p in per for n in p["fused"]], gate_first=per[0]["gate_first"],
     )
 
 

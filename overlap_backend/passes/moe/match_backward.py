@@ -11,7 +11,8 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..fx import arg, val
-from .structure import ExpertGrads, NoMatch, describe_node, gemm_operands, is_zero_fill, shape_of, size_eq
+from .structure import (ExpertGrads, NoMatch, describe_node, gemm_operands, is_grouped, is_zero_fill, same_kind,
+                        shape_of, size_eq)
 
 aten = torch.ops.aten
 
@@ -75,11 +76,62 @@ def _silu_grad(g):
     return s * (1 + g * (1 - s))
 
 
+def fused_grad_halves(d: Any) -> tuple[torch.fx.Node, torch.fx.Node, list[torch.fx.Node]] | None:
+    """``d`` as the gradient of a fused gate/up GEMM's output, the two halves' gradients concatenated
+    along the last dim: ``(first half, second half, nodes)`` for ``cat([a, b], -1)``, or
+    ``slice_scatter(zeros, a, -1, 0, F) + slice_scatter(zeros, b, -1, F, 2F)`` (a slice's gradient)."""
+    if not isinstance(d, torch.fx.Node):
+        return None
+    rank = len(shape_of(d))
+    if d.target is aten.cat.default and len(d.args[0]) == 2 and arg(d, 1, "dim", 0) % rank == rank - 1:
+        a, b = d.args[0]
+        if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) and shape_eq_last(a, b):
+            return a, b, [d]
+        return None
+    if _plain_add(d):
+        width = shape_of(d)[-1]
+        parts = {}
+        for p in d.args[:2]:
+            if not (isinstance(p, torch.fx.Node) and p.target is aten.slice_scatter.default and _is_zeros(p.args[0])
+                    and arg(p, 2, "dim", 0) % rank == rank - 1 and arg(p, 5, "step", 1) == 1
+                    and isinstance(width, int) and width % 2 == 0):
+                return None
+            start, end = arg(p, 3, "start", 0), arg(p, 4, "end")
+            start = 0 if start is None else start
+            end = width if end is None or (isinstance(end, int) and end >= width) else end
+            if (start, end) == (0, width // 2):
+                parts[0] = p
+            elif (start, end) == (width // 2, width):
+                parts[1] = p
+        if sorted(parts) == [0, 1]:
+            return parts[0].args[1], parts[1].args[1], [d, parts[0], parts[1], parts[0].args[0], parts[1].args[0]]
+    return None
+
+
+def shape_eq_last(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    sa, sb = shape_of(a), shape_of(b)
+    return len(sa) == len(sb) and all(size_eq(x, y) for x, y in zip(sa, sb))
+
+
+def _is_fused_grad_gemm(n: Any, kinds) -> bool:
+    """``n = kind(cat(dG, dU), Wt)``: a fused gate/up GEMM's input gradient."""
+    return (isinstance(n, torch.fx.Node) and any(same_kind(n.target, k) for k in kinds)
+            and fused_grad_halves(n.args[0]) is not None)
+
+
 def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
     """``dx = dG @ Wg^T + dU @ Wu^T`` (one GEMM kind from ``kinds``) with ``dG``, ``dU`` the SwiGLU
-    gradients of ``dA = dY @ Wd^T``. For ``mm`` the sum may be one ``addmm(mm(...), ·, ·)``: Inductor's
-    post-grad patterns fold ``mm + mm`` so before the pass runs."""
-    if _plain_addmm(dx) and aten.mm.default in kinds:
+    gradients of ``dA = dY @ Wd^T``; or ``dx = cat(dG, dU) @ Wt`` for a fused gate/up weight (either
+    half first). For ``mm`` the sum may be one ``addmm(mm(...), ·, ·)``: Inductor's post-grad
+    patterns fold ``mm + mm`` so before the pass runs."""
+    fused, joins, gate_first = [], [], True
+    if _is_fused_grad_gemm(dx, kinds):
+        kind = next(k for k in kinds if same_kind(dx.target, k))
+        d_cat, wt, offs = gemm_operands(dx, kind)
+        first, second, joins = fused_grad_halves(d_cat)
+        terms = [(dx, first, wt, offs), (dx, second, wt, offs)]
+        fused = [d_cat]
+    elif _plain_addmm(dx) and aten.mm.default in kinds:
         c, a, b = dx.args[:3]
         if not (isinstance(c, torch.fx.Node) and c.target is aten.mm.default):
             raise NoMatch(f"{dx.name} adds {describe_node(c)} to an expert GEMM, not another expert GEMM")
@@ -89,18 +141,22 @@ def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
         if not _plain_add(dx):
             raise NoMatch(f"an expert's input gradient is {describe_node(dx)}, not the sum of two GEMMs")
         a, b = dx.args[0], dx.args[1]
-        if not all(isinstance(x, torch.fx.Node) and x.target in kinds for x in (a, b)) or a.target is not b.target:
+        if not all(isinstance(x, torch.fx.Node) and any(same_kind(x.target, k) for k in kinds) for x in (a, b)) \
+                or a.target is not b.target:
             raise NoMatch(f"{dx.name} does not add two expert GEMMs ({describe_node(a)}, {describe_node(b)})")
         kind = a.target
         terms = [(gemm, *gemm_operands(gemm, kind)) for gemm in (a, b)]
     branches = []
-    for gemm, lhs, w, offs in terms:
+    for i, (gemm, lhs, w, offs) in enumerate(terms):
         cone, leaves = _pointwise_cone(lhs)
-        branches.append((gemm, lhs, w, offs, cone, leaves))
+        branches.append((gemm, lhs, w, offs, cone, leaves, i))
     # dU's cone reads dA and G; dG's reads dA, U and G
     branches.sort(key=lambda br: len(br[5]))
-    (g_up, d_up, wt_up, offs_u, cone_u, leaves_u), (g_gate, d_gate, wt_gate, offs_g, cone_g, leaves_g) = branches
-    d_act = next((n for n in leaves_u if n in leaves_g and isinstance(n, torch.fx.Node) and n.target is kind), None)
+    (g_up, d_up, wt_up, offs_u, cone_u, leaves_u, _), (g_gate, d_gate, wt_gate, offs_g, cone_g, leaves_g, i_gate) = \
+        branches
+    gate_first = i_gate == 0
+    d_act = next((n for n in leaves_u if n in leaves_g and isinstance(n, torch.fx.Node) and same_kind(n.target, kind)),
+                 None)
     if d_act is None or len(leaves_u) != 2 or len(leaves_g) != 3:
         raise NoMatch(f"the gradients {d_up.name}, {d_gate.name} of the two expert GEMMs are not computed from one "
                       "gradient GEMM and the saved gate and up")
@@ -114,11 +170,12 @@ def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
     if not _computes(d_gate, {"da": d_act, "g": gate, "u": up}, lambda da, g, u: da * u * _silu_grad(g)):
         raise NoMatch(f"{d_gate.name} is not silu'(gate) * dA * up ({d_act.name}, {gate.name}, {up.name})")
     dy, wt_down, offs_d = gemm_operands(d_act, kind)
-    if kind is aten._grouped_mm.default and not (offs_d is offs_u is offs_g and isinstance(offs_d, torch.fx.Node)):
+    if is_grouped(kind) and not (offs_d is offs_u is offs_g and isinstance(offs_d, torch.fx.Node)):
         raise NoMatch("the three grouped gradient GEMMs do not share one offs tensor")
+    gemms = list(dict.fromkeys([d_act, g_gate, g_up]))
     return dict(kind=kind, dy=dy, d_act=d_act, d_gate=d_gate, d_up=d_up, gate=gate, up=up, wt_gate=wt_gate,
-                wt_up=wt_up, wt_down=wt_down, gemms=[d_act, g_gate, g_up], inner=list(dict.fromkeys(cone_u + cone_g)),
-                offs=offs_d)
+                wt_up=wt_up, wt_down=wt_down, gemms=gemms, inner=list(dict.fromkeys(cone_u + cone_g + joins[1:])),
+                offs=offs_d, d_fused=fused, gate_first=gate_first)
 
 
 def _plain_addmm(n: Any) -> bool:
@@ -191,9 +248,11 @@ def _grad_pieces(pieces: list) -> tuple[torch.fx.Node, list, list]:
 
 def match_expert_grads(out: torch.fx.Node) -> ExpertGrads:
     """The experts' input gradients ``out`` of a backward graph, in any of the three forms."""
-    if _plain_add(out) and all(isinstance(x, torch.fx.Node) and x.target in (
-            aten.bmm.default, aten._grouped_mm.default) for x in out.args[:2]):
-        g = _one_expert_grads(out, (aten.bmm.default, aten._grouped_mm.default))
+    batched = (aten.bmm.default, aten._grouped_mm.default)
+    if _is_fused_grad_gemm(out, batched) or (_plain_add(out) and all(
+            isinstance(x, torch.fx.Node) and (x.target is aten.bmm.default or is_grouped(x.target))
+            for x in out.args[:2])):
+        g = _one_expert_grads(out, batched)
         form = "bmm" if g["kind"] is aten.bmm.default else "grouped_mm"
         sizes = None
         if form == "bmm":
@@ -203,9 +262,12 @@ def match_expert_grads(out: torch.fx.Node) -> ExpertGrads:
             form=form, dy=g["dy"], d_act=[g["d_act"]], d_gate=[g["d_gate"]], d_up=[g["d_up"]], gate=[g["gate"]],
             up=[g["up"]], wt_gate=[g["wt_gate"]], wt_up=[g["wt_up"]], wt_down=[g["wt_down"]], dx_out=out,
             gemms=g["gemms"], inner=g["inner"], offsets=g["offs"] if form == "grouped_mm" else None, group_sizes=sizes,
+            d_fused=g["d_fused"], gate_first=g["gate_first"],
         )
     terms, joins = _loop_terms(out)
     per = [_one_expert_grads(t, (aten.mm.default,)) for t in terms]
+    if len({bool(p["d_fused"]) for p in per}) != 1 or len({p["gate_first"] for p in per}) != 1:
+        raise NoMatch("the loop's experts do not all compute gate and up the same way (fused, half order)")
     dy, sizes, bounds = _grad_pieces([p["dy"] for p in per])
     return ExpertGrads(
         form="loop", dy=dy, d_act=[p["d_act"] for p in per], d_gate=[p["d_gate"] for p in per],
@@ -213,6 +275,7 @@ def match_expert_grads(out: torch.fx.Node) -> ExpertGrads:
         wt_gate=[p["wt_gate"] for p in per], wt_up=[p["wt_up"] for p in per], wt_down=[p["wt_down"] for p in per],
         dx_out=out, gemms=[n for p in per for n in p["gemms"]], inner=[n for p in per for n in p["inner"]] + terms,
         group_sizes=sizes, pieces=[p["dy"] for p in per], bounds=bounds, joins=joins,
+        d_fused=[n for p in per for n in p["d_fused"]], gate_first=per[0]["gate_first"],
     )
 
 
@@ -220,7 +283,8 @@ def is_expert_grads(out: torch.fx.Node) -> bool:
     """Is ``out`` (where the walk from a combine input stopped) a backward's experts' input gradients:
     an ``add`` (of GEMMs, or of placed per-expert gradients) or a ``cat`` of per-expert sums (``add``,
     or ``addmm`` where Inductor folded ``mm + mm``)?"""
-    if out.target is aten.add.Tensor:
+    if out.target is aten.add.Tensor or _is_fused_grad_gemm(out, (aten.bmm.default, aten._grouped_mm.default)):
         return True
     return out.target is aten.cat.default and all(
-        isinstance(t, torch.fx.Node) and t.target in (aten.add.Tensor, aten.addmm.default) for t in out.args[0])
+        isinstance(t, torch.fx.Node) and (t.target in (aten.add.Tensor, aten.addmm.default)
+                                          or _is_fused_grad_gemm(t, (aten.mm.default,))) for t in out.args[0])

@@ -48,10 +48,10 @@ def region_of(m: MoeMatch) -> Region:
     known |= {s.node for s in m.in_steps + m.out_steps}
     if m.experts is not None:
         e = m.experts
-        known |= {n for group in (e.gate, e.up, e.act, e.down, e.inner, e.pieces) for n in group}
+        known |= {n for group in (e.gate, e.up, e.act, e.down, e.inner, e.pieces, e.fused) for n in group}
     else:
         g = m.grads
-        known |= set(g.gemms + g.inner + g.pieces + g.joins)
+        known |= set(g.gemms + g.inner + g.pieces + g.joins + g.d_fused)
     bases = {s.base for s in m.in_steps + m.out_steps if s.base is not None}
     dying = set(nodes) | bases
     changed = True
@@ -189,6 +189,44 @@ def total_rows(graph, fake, splits: list):
     if all(isinstance(s, int) for s in splits):
         return sum(splits)
     return fake.call(graph, torch.sym_sum, (list(splits),))
+
+
+def _expert_of(w: torch.fx.Node) -> tuple[torch.fx.Node, int, bool] | None:
+    """A loop expert's 2-D weight as ``(W, e, transposed)``: ``select(W, 0, e)`` under any number of
+    ``permute(., [1, 0])`` (``transposed``: an odd number of them)."""
+    flips = 0
+    while isinstance(w, torch.fx.Node) and w.target is aten.permute.default and list(w.args[1]) == [1, 0]:
+        w, flips = w.args[0], flips + 1
+    if isinstance(w, torch.fx.Node) and w.target is aten.select.int and arg(w, 1, "dim") == 0:
+        e = arg(w, 2, "index")
+        if isinstance(e, int):
+            return w.args[0], e, flips % 2 == 1
+    return None
+
+
+def stack_experts(graph, fake, weights: list[torch.fx.Node]) -> torch.fx.Node:
+    """The experts' weights as one ``[E, ., .]`` tensor: the 3-D weight itself, the tensor the loop's
+    per-expert ``select`` (and ``permute``: then a permuted view) read in expert order (no copy), else
+    stacked (a copy per call)."""
+    if len(weights) == 1 and val(weights[0]).dim() == 3:
+        return weights[0]
+    found = [_expert_of(w) for w in weights]
+    if all(f is not None for f in found):
+        bases, flips = {f[0] for f in found}, {f[2] for f in found}
+        (base,) = bases if len(bases) == 1 else (None,)
+        if (base is not None and len(flips) == 1 and [f[1] for f in found] == list(range(len(weights)))
+                and val(base).dim() == 3 and val(base).shape[0] == len(weights)):
+            return fake.call(graph, aten.permute.default, (base, [0, 2, 1])) if flips.pop() else base
+    # per-expert weights of different tensors: cat of unsqueezes, as decomposed graphs write stack
+    return fake.call(graph, aten.cat.default, ([fake.call(graph, aten.unsqueeze.default, (w, 0)) for w in weights],))
+
+
+def fused_halves(graph, fake, fused: torch.fx.Node, dim: int, gate_first: bool) -> tuple[torch.fx.Node, torch.fx.Node]:
+    """The gate and up weights as views (slices along ``dim``) of the fused gate/up weight ``fused``."""
+    f = shape_of(fused)[dim] // 2
+    first = fake.call(graph, aten.slice.Tensor, (fused, dim, 0, f))
+    second = fake.call(graph, aten.slice.Tensor, (fused, dim, f, 2 * f))
+    return (first, second) if gate_first else (second, first)
 
 
 class FakeNodes:

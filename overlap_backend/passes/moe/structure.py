@@ -16,6 +16,25 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 GEMMS = (aten.bmm.default, aten._grouped_mm.default, aten.mm.default)
+# Grouped GEMMs by schema name: ``transformers::grouped_mm_fallback(input, weight, offs)`` (what transformers
+# calls under torch.compile for weights that are not bfloat16) takes ``_grouped_mm``'s first three arguments
+# and computes the same; its namespace exists only once transformers is imported.
+GROUPED_GEMMS = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
+
+
+def is_grouped(target) -> bool:
+    """Is ``target`` a grouped GEMM (``aten._grouped_mm`` or an op that computes the same)?"""
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name in GROUPED_GEMMS
+
+
+def is_gemm(n) -> bool:
+    """Is ``n`` an expert GEMM node (``bmm``, ``mm`` or a grouped GEMM)?"""
+    return isinstance(n, torch.fx.Node) and (n.target in GEMMS or is_grouped(n.target))
+
+
+def same_kind(target, kind) -> bool:
+    """``target`` is a GEMM of kind ``kind`` (one of ``GEMMS``; any grouped GEMM for ``_grouped_mm``)."""
+    return target is kind or (is_grouped(target) and is_grouped(kind))
 CASTS = (prims.convert_element_type.default,)
 FILLS = (aten.full.default, aten.zeros.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_empty.default)
 
@@ -62,6 +81,10 @@ class Experts:
     inner: list[torch.fx.Node] = field(default_factory=list)  # silu / cast / piece nodes in between
     pieces: list[torch.fx.Node] = field(default_factory=list)  # loop: each expert's input rows
     split: torch.fx.Node | None = None  # loop: the split node the pieces come from
+    # fused gate/up: the one GEMM per group whose output halves are G and U (w_gate, w_up then both
+    # hold its weight [E, H, 2F] / the loop's [H, 2F] per expert); empty for separate gate and up
+    fused: list[torch.fx.Node] = field(default_factory=list)
+    gate_first: bool = True  # fused: G is the first half of the 2F columns
 
 
 @dataclass
@@ -91,6 +114,10 @@ class ExpertGrads:
     pieces: list[torch.fx.Node] = field(default_factory=list)  # loop: each expert's dY rows (select / slice of dy)
     bounds: list = field(default_factory=list)  # loop over slices: (start, end) of each piece
     joins: list[torch.fx.Node] = field(default_factory=list)  # loop: the nodes assembling dX
+    # fused gate/up: dX = cat(dG, dU) @ Wt per group, ``d_fused`` the cat (what the weight gradient also
+    # reads); wt_gate and wt_up then both hold the fused transposed weight [E, 2F, H]
+    d_fused: list[torch.fx.Node] = field(default_factory=list)
+    gate_first: bool = True
 
 
 @dataclass
@@ -149,10 +176,10 @@ def describe_node(n: Any) -> str:
 
 def gemm_operands(n: Any, kind) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None]:
     """``n = kind(a, b[, offs])``: ``(a, b, offs)``."""
-    if not (isinstance(n, torch.fx.Node) and n.target is kind):
+    if not (isinstance(n, torch.fx.Node) and same_kind(n.target, kind)):
         raise NoMatch(f"expected a {kind.__name__} where {describe_node(n)} is")
     a, b = n.args[0], n.args[1]
-    offs = arg(n, 2, "offs") if kind is aten._grouped_mm.default else None
-    if kind is aten._grouped_mm.default and (arg(n, 3, "bias") is not None or arg(n, 4, "out_dtype") is not None):
+    offs = arg(n, 2, "offs") if is_grouped(kind) else None
+    if is_grouped(kind) and (arg(n, 3, "bias") is not None or arg(n, 4, "out_dtype") is not None):
         raise NoMatch(f"{n.name}: grouped GEMM with a bias or an out_dtype")
     return a, b, offs
