@@ -76,10 +76,14 @@ def expert_descriptor(w_ptr, E, K, N, stride_e, stride_row, BK: tl.constexpr, BN
     weight, ``F.linear``'s layout; ``stride_row`` between its rows of N); ``stride_e`` between
     experts. Any such view works, e.g. one half of a fused gate/up weight. Blocks [1, BK, BN]
     ([1, BN, BK] K-major); zeros past K/N: a block never reads the next expert's rows or the other half."""
+    # one return: Triton refuses two returns of differently shaped descriptors, even behind a constexpr if
     if K_MAJOR:
-        return tl.make_tensor_descriptor(w_ptr, shape=[E, N, K], strides=[stride_e, stride_row, 1],
+        desc = tl.make_tensor_descriptor(w_ptr, shape=[E, N, K], strides=[stride_e, stride_row, 1],
                                          block_shape=[1, BN, BK])
-    return tl.make_tensor_descriptor(w_ptr, shape=[E, K, N], strides=[stride_e, stride_row, 1], block_shape=[1, BK, BN])
+    else:
+        desc = tl.make_tensor_descriptor(w_ptr, shape=[E, K, N], strides=[stride_e, stride_row, 1],
+                                         block_shape=[1, BK, BN])
+    return desc
 
 
 @triton.jit
