@@ -15,8 +15,8 @@ time of ``--calls`` calls that are not waited for, median of 5 rounds, max over 
 - ``torch.mm``: the local GEMM alone (eager), for scale;
 
 their ratio and difference (the overlap op's own host time), the GPU ms per call of each (CUDA events,
-median of 20), and the same host time with only 5 calls per burst: where a burst's calls queue more
-GPU work than the GPU retires, a longer burst measures the GPU, not the host. Ranks sharing one GPU run
+median of 20), the same host time with only 5 calls per burst and of one call started on an idle GPU: where
+a burst's calls queue more GPU work than the GPU retires, a longer burst measures the GPU, not the host. Ranks sharing one GPU run
 the overlap graph over a gloo group with ``symm`` allowed on it (its data path never uses the group's
 collectives). ``--profile``: a cProfile of 40 steady-state calls of each overlap graph on rank 0.
 """
@@ -79,6 +79,23 @@ def setup():
         return rank, ws, device, dist.group.WORLD, solo, True
     dist.init_process_group("nccl", device_id=device, timeout=timedelta(seconds=300))
     return rank, ws, device, dist.group.WORLD, dist.group.WORLD, False
+
+
+def single_us(fn, device, n: int = 20) -> float:
+    """Host µs of one call started on an idle GPU (a synchronize and a barrier before each): what the call's
+    host path costs without a queue of earlier calls in front of it; median of ``n``, max over ranks."""
+    import statistics
+    import time
+
+    times = []
+    for _ in range(n):
+        common.synchronize(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    common.synchronize(device)
+    return common.allreduce_max([statistics.median(times)], device)[0]
 
 
 def profile_text(fn, calls: int = 40) -> str:
@@ -178,6 +195,7 @@ def main(argv=None) -> int:
             for name, fn in cases.items():
                 res[f"{name}_host_us"] = common.host_us(fn, device, calls=args.calls, rounds=5)
                 res[f"{name}_host_us_5"] = common.host_us(fn, device, calls=5, rounds=5)
+                res[f"{name}_single_us"] = single_us(fn, device)
                 res[f"{name}_gpu_ms"] = common.allreduce_max([common.events_ms(fn, 20)], device)[0]
             res["ratio"] = res["overlap_host_us"] / res["inductor_host_us"]
             res["own_us"] = res["overlap_host_us"] - res["inductor_host_us"]
@@ -185,7 +203,8 @@ def main(argv=None) -> int:
             if rank == 0:
                 print(f"{op} M={m}: overlap {res['overlap_host_us']:.1f} us, inductor {res['inductor_host_us']:.1f} "
                       f"us, ratio {res['ratio']:.2f}, own {res['own_us']:.1f} us; 5-call bursts "
-                      f"{res['overlap_host_us_5']:.1f} / {res['inductor_host_us_5']:.1f}; gpu "
+                      f"{res['overlap_host_us_5']:.1f} / {res['inductor_host_us_5']:.1f}; one call "
+                      f"{res['overlap_single_us']:.1f} / {res['inductor_single_us']:.1f}; gpu "
                       f"{res['overlap_gpu_ms']:.3f} / {res['inductor_gpu_ms']:.3f} ms; paths {took}", flush=True)
             if args.profile and rank == 0 and m in (sizes[0], 512, sizes[-1]):
                 profiles[f"{op}_M{m}"] = profile_text(cases["overlap"])
@@ -207,10 +226,12 @@ def write(out: Path, rows, profiles, ws, shared, device, costs) -> None:
     info = common.machine_info(device, ws)
     info["ranks_share_one_gpu"] = shared
     headers = ["graph", "M", "torch.mm host µs", "Inductor + NCCL host µs", "overlap host µs", "ratio",
-               "overlap's own µs", "5-call bursts: overlap / Inductor µs", "GPU ms: overlap / Inductor", "paths"]
+               "overlap's own µs", "5-call bursts: overlap / Inductor µs", "one call on an idle GPU: overlap / Inductor µs",
+               "GPU ms: overlap / Inductor", "paths"]
     table = [[r["op"], r["M"], f"{r['torch.mm_host_us']:.1f}", f"{r['inductor_host_us']:.1f}",
               f"{r['overlap_host_us']:.1f}", f"{r['ratio']:.2f}×", f"{r['own_us']:.1f}",
               f"{r['overlap_host_us_5']:.1f} / {r['inductor_host_us_5']:.1f}",
+              f"{r['overlap_single_us']:.1f} / {r['inductor_single_us']:.1f}",
               f"{r['overlap_gpu_ms']:.3f} / {r['inductor_gpu_ms']:.3f}",
               ", ".join(f"{k} {v}" for k, v in sorted(r["paths"].items()))] for r in rows]
     text = (f"`{common.command_line(ws)}`\n\n{common.info_markdown(info)}\n\n"

@@ -134,7 +134,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
                  lambda: [launch(i, cfgs[i], 0) for i in range(len(cfgs))])
     compute = compute_stream(st, graph)
     epoch = st.begin(compute, "ag_mm", graph=graph)
-    nbands = push_shard(st, shard2d)
+    # the cuBLAS path waits for whole chunks: one copy and one flag per peer, not one per band
+    nbands = push_shard(st, shard2d, whole=gemm == "cublas")
     if gemm == "cublas":
         ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute)
     for i in order if cfgs else ():
@@ -184,15 +185,17 @@ def ag_mm_empty(shard, weights, biases, gather_dim, group_name, return_gathered,
     return gathered, _epilogue.apply_all(list(epilogues), outs, epilogue_args)
 
 
-def push_shard(st, shard2d: Tensor) -> int:
+def push_shard(st, shard2d: Tensor, whole: bool = False) -> int:
     """Push stream(s): this rank's shard [rows, K], band by band (``symm_layout.bands``), into slot
     ``rank`` of every peer's receive buffer, raising the peer's AG_ARRIVED flag of each band; rank r
     pushes to r-1 first, then r-2, ... (on one stream; or at once, ``knobs.symm.PUSH_STREAM_PER_PEER``:
-    either way a peer's bands go in order on one stream). Returns the number of bands per chunk."""
+    either way a peer's bands go in order on one stream). ``whole``: the chunk as one band (for readers that
+    wait for whole chunks; each band costs a copy and a flag write of host time). Returns the number of
+    bands per chunk."""
     ws, r = st.ws, st.rank
     rows, K = shard2d.shape
     row_bytes = K * shard2d.element_size()
-    band_list = layout.bands(rows)
+    band_list = [(0, rows)] if whole else layout.bands(rows)
     nbands = len(band_list)
     for j in range(ws - 1):
         peer = (r - 1 - j) % ws
