@@ -124,15 +124,18 @@ def _by_size(table: dict[int, float], ws: int) -> float:
     return table[lower[-1]] if lower else table[upper[0]]
 
 
-# Host times per symm call, fitted on bench/results/collective_gemm_h200x2_2026-11-29/band_flags and
-# bench/results/cta_h200x2_2026-11-30/first_runs ("back-to-back" times of decode shapes, where the device work is ~0.1 ms):
-# the same Python code on another host CPU runs at another speed, so they belong to the machine.
+# Host times per symm call. ag_mm, mm_rs, mm_ar one-shot: host µs per call of the compiled graph at M = 512,
+# K = N = 4096 bf16 (bench/results/host_h200x1_2026-12-02/whole_chunk, bench_host.py: 40 unwaited calls, ranks
+# sharing one H200): 257, 334 and 288 µs. mm_ar's rounds: fitted on
+# bench/results/collective_gemm_h200x2_2026-11-29/band_flags (back-to-back times of decode shapes); with ranks
+# sharing a GPU its bursts measure the GPU's time-slicing, not the host. The same Python code on another host
+# CPU runs at another speed, so they belong to the machine.
 # moe_experts: bench/results/host_h200x2_2026-11-30/per_call (decode sizes with the plan kernel, ~0.5-0.6 ms
 # of device work: 0.85-1.72 ms per call, median 1.23; 2.3-2.9 ms before the plan kernel,
 # bench/results/moe_h200x2_2026-11-30/grouped_raster)
 # cta_pipeline_mlp: eager GELU M=512, host-bound, 0.45-0.46 ms per call in bench/results/cta_h200x2_2026-11-30/last_group_tails
 # and 0.58-0.66 in bench/results/cta_h200x2_2026-11-30/tma_store (other hosts; 0.42 ms of GPU time): between them
-_H200_SYMM_CALL_MS = {"ag_mm": 0.45, "mm_rs": 0.50, "mm_ar_oneshot": 0.23, "mm_ar": 0.50,
+_H200_SYMM_CALL_MS = {"ag_mm": 0.26, "mm_rs": 0.33, "mm_ar_oneshot": 0.29, "mm_ar": 0.50,
                       "cta_pipeline_mlp": 0.52, "moe_experts": 1.2}
 
 # Built-in calibrations per device class. H200: measured on the 2x/4xH200 bench machines
