@@ -13,7 +13,8 @@ GPUs are visible). Each test spawns one process per GPU (``dist_harness.run_rank
 - the compiled ``MoELayer`` (capacity and dropless, ``grouped_mm`` and ``loop`` forms) through
   ``make_backend(lowering="symm")`` in inference, 20 calls on new tokens each, against eager; also with
   a fused gate/up weight (``[E, H, 2F]``, and ``F.linear``'s ``[E, 2F, H]``, either half first), whose
-  halves the kernels read in place (no weight copied per call).
+  halves the kernels read in place (no weight copied per call); and one training step of the fused
+  layer on 2 GPUs (p2p: ``torch._grouped_mm`` on the weight views, forward and backward) against eager.
 """
 
 from __future__ import annotations
@@ -449,6 +450,45 @@ def test_compiled_fused_gate_up_moe_layer_symm(ws, policy, form, fused, linear, 
     results = run_ranks(layer_worker, ws, "cuda", policy, form, 20, fused, linear, split, timeout=580, env=env,
                         backend="nccl")
     print(f"ws={ws} {policy}/{form}/{fused}/linear={linear}/{split}: {results[0]}")
+
+
+@torch._dynamo.config.patch(capture_scalar_outputs=True)  # dropless: .tolist() of the split sizes
+def fused_training_worker(rank, ws, device, policy, form, fused, linear):
+    """One training step of the fused gate/up layer: the forward op hands out saved values (p2p, whose
+    CUDA GEMMs run torch._grouped_mm on the fused weight's halves) and the backward op's transposed views."""
+    import overlap_backend
+    from overlap_backend.models.moe import MoELayer
+
+    def build():
+        return MoELayer(512, 768, 2 * ws, top_k=2, policy=policy, expert_form=form, capacity_factor=1.25,
+                        dtype=torch.bfloat16, device="cuda", seed=3, fused_gate_up=fused, linear_weights=linear)
+
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(rank))
+
+    def step(model):
+        xi = x.clone().requires_grad_()
+        out = model(xi)
+        out.float().square().sum().backward()
+        return [out, xi.grad] + [p.grad for p in model.parameters()]
+
+    ref = step(build())
+    backend = overlap_backend.make_backend(lowering="symm", inductor=False)
+    got = step(torch.compile(build(), backend=backend, fullgraph=True))
+    errs = [_rel(g.float(), r.float()) for g, r in zip(got, ref)]
+    applied = [(r.kind, m.pass_name, m.applied, m.reason) for r in backend.reports for m in r.matches]
+    assert max(errs) <= 2e-2, f"rank {rank}: rel errs (out, dx, grads) {errs}"
+    assert any(k == "forward" and p == "moe" and a for k, p, a, _ in applied), applied
+    return {"errs": errs, "applied": applied}
+
+
+@pytest.mark.parametrize("policy,form,fused,linear", [("dropless", "grouped_mm", "gate_up", True),
+                                                      ("capacity", "loop", "up_gate", False)])
+@pytest.mark.timeout(300)
+def test_fused_gate_up_moe_training_step(policy, form, fused, linear):
+    _need_gpus(2, lowering="p2p")
+    results = run_ranks(fused_training_worker, 2, "cuda", policy, form, fused, linear, timeout=280,
+                        env={"OVERLAP_INDUCTOR": "0"}, backend="nccl")
+    print(f"{policy}/{form}/{fused}/linear={linear}: {results[0]}")
 
 
 # ------------------------------------------------------------------------------- timeouts

@@ -27,6 +27,9 @@ CASES = [
     ("capacity", "loop", "gate_up", True, "chunk"),  # transformers' eager experts: F.linear(x, W[e]).chunk(2, -1)
     ("dropless", "loop", "up_gate", False, "chunk"),
     ("dropless", "fallback", "gate_up", True, "chunk"),  # transformers' grouped_mm_fallback (float32), ACT2FN
+    ("capacity", "matmul", "up_gate", True, "chunk"),  # x @ W: bmm between views and expands
+    ("dropless", "einsum", "gate_up", False, "slice"),  # einsum: bmm between unsqueezes, permutes and views
+    ("capacity", "einsum", None, False, "chunk"),  # (separate gate and up weights)
 ]
 # compiled with Inductor too (its partitioner decides what the backward reads: the fused GEMM's output or
 # its halves; the ops' weight arguments are slices of graph inputs)
@@ -60,6 +63,25 @@ def _fallback_layer_class():
     return FallbackMoELayer
 
 
+def _written_layer_class(how: str):
+    """The reference layer with its batched expert GEMMs written as ``x @ w`` or ``torch.einsum``."""
+    import torch.nn.functional as F
+
+    from overlap_backend.models.moe import MoELayer
+
+    def mm(x, w):
+        return x @ w if how == "matmul" else torch.einsum("enh,ehf->enf", x, w)
+
+    class WrittenMoELayer(MoELayer):
+        def _bmm_experts(self, x):
+            if self.fused_gate_up is None:
+                return mm(F.silu(mm(x, self.w_gate)) * mm(x, self.w_up), self.w_down)
+            w_gu, w_down = self._stacked_weights()
+            return mm(self._act(mm(x, w_gu)), w_down)
+
+    return WrittenMoELayer
+
+
 @torch._dynamo.config.patch(capture_scalar_outputs=True)  # dropless: .tolist() of the split sizes
 def fused_worker(rank, ws, cases, inductor_cases, debug_root):
     import os
@@ -72,7 +94,12 @@ def fused_worker(rank, ws, cases, inductor_cases, debug_root):
     probe = torch.cos(torch.arange(tokens * hidden, dtype=torch.float32)).view(tokens, hidden)
 
     def build(policy, form, fused, linear, split):
-        cls, form = (_fallback_layer_class(), "grouped_mm") if form == "fallback" else (MoELayer, form)
+        if form == "fallback":
+            cls, form = _fallback_layer_class(), "grouped_mm"
+        elif form in ("matmul", "einsum"):
+            cls, form = _written_layer_class(form), "bmm"
+        else:
+            cls = MoELayer
         return cls(hidden, ffn, experts, top_k=2, policy=policy, expert_form=form, capacity_factor=1.0, seed=3,
                    fused_gate_up=fused, linear_weights=linear, gate_up_split=split)
 
@@ -127,7 +154,10 @@ def test_fused_gate_up_rewritten_and_matches_eager(fused_runs, case, inductor):
     fwd = [d for d in decisions[0] if d[0] == "forward"]
     bwd = [d for d in decisions[0] if d[0] == "backward"]
     assert fwd and all(d[1] for d in fwd), f"forward block not rewritten: {decisions[0]}"
-    if case[1] == "fallback":  # its backward is one opaque op computing dX and dW: left to the graph, reported
+    if case[0] == "dropless" and case[1] in ("bmm", "matmul", "einsum"):
+        # (as with separate weights: the padded bmm's zero base is a saved tensor the backward reads)
+        assert bwd and not any(d[1] for d in bwd) and all(d[2] for d in bwd), decisions[0]
+    elif case[1] == "fallback":  # its backward is one opaque op computing dX and dW: left to the graph, reported
         assert bwd and not any(d[1] for d in bwd) and all("grouped_mm_fallback_backward" in d[2] for d in bwd), \
             decisions[0]
     else:

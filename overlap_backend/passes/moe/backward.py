@@ -15,7 +15,7 @@ from ..preconditions import require_dtype
 from ..rejected import Rejected
 from .region import (FakeNodes, Region, check_region, check_row_dtypes, decide_lowering, fused_halves,
                      only_row_counts, region_of, replace_row_counts, row_ids, stack_experts)
-from .structure import ExpertGrads, MoeMatch, shape_eq, shape_of, size_eq
+from .structure import ExpertGrads, MoeMatch, look_through, shape_eq, shape_of, size_eq
 
 aten = torch.ops.aten
 
@@ -73,6 +73,9 @@ def _outside_grads(m: MoeMatch, region: Region) -> dict:
             provided[g.d_fused[0]] = (FUSED, None)
     for n, users in region.outside.items():
         if n is c.wait or n in provided:
+            continue
+        if look_through(n) in provided:  # a view of a provided value to its own shape (x @ w's)
+            provided[n] = provided[look_through(n)]
             continue
         if n in (d.collective, c.collective):
             only_row_counts(n, users)

@@ -15,7 +15,7 @@ from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg
 from ..fx import RESHAPES, SPLITS, arg, val
 from .match_backward import is_expert_grads, match_expert_grads
 from .structure import (CASTS, AllToAll, Experts, MoeMatch, NoMatch, Step, describe_node, gemm_operands, is_gemm,
-                        is_grouped, shape_of, size_eq)
+                        is_grouped, look_through, shape_of, size_eq)
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -120,7 +120,8 @@ def _reaches_gemm(node: torch.fx.Node) -> bool:
         if not isinstance(n, torch.fx.Node) or n in seen:
             continue
         seen.add(n)
-        if is_gemm(n) or n.target is aten.addmm.default or _opaque_grouped_backward(n):  # (addmm: Inductor's fold of mm + mm)
+        if is_gemm(look_through(n)) or n.target is aten.addmm.default or _opaque_grouped_backward(n):
+            # (addmm: Inductor's fold of mm + mm)
             return True
         if (step := _row_step(n, scatter_accumulate_ok=True)) is not None:
             stack.append(step.src)
@@ -137,7 +138,7 @@ def _walk_out(y: torch.fx.Node, accumulate_ok: bool = False) -> tuple[list[Step]
     does); the walk then also stops at an ``add`` (a backward's ``dX = dG @ Wg^T + dU @ Wu^T``)."""
     steps, n = [], y
     while True:
-        if is_gemm(n) or n.target in (aten.cat.default, aten.stack.default):
+        if is_gemm(look_through(n)) or n.target in (aten.cat.default, aten.stack.default):
             return list(reversed(steps)), n
         if accumulate_ok and n.target is aten.add.Tensor:
             return list(reversed(steps)), n
@@ -230,27 +231,31 @@ def half_of(n: Any) -> tuple[torch.fx.Node, int, list[torch.fx.Node]] | None:
 def _gate_and_up(gate: torch.fx.Node, up: torch.fx.Node, kind) -> dict:
     """The gate and up projections: two GEMMs of one input, or the two halves of one GEMM on a fused
     ``[., H, 2F]`` weight (either half first)."""
+    views: list[torch.fx.Node] = []  # no-op views around the GEMMs (x @ w)
     hg, hu = half_of(gate), half_of(up)
     if hg is not None and hu is not None:
         (y, ig, nodes_g), (y_u, iu, nodes_u) = hg, hu
         if y_u is not y or ig == iu:
             raise NoMatch(f"gate {gate.name} and up {up.name} are not the two halves of one fused GEMM")
-        x, w, offs = gemm_operands(y, kind)
-        return dict(x=x, w_gate=w, w_up=w, offs=offs, fused=[y], gate_first=ig == 0,
-                    pieces=list(dict.fromkeys(nodes_g + nodes_u)))
-    x, w_gate, offs_g = gemm_operands(gate, kind)
-    x_u, w_up, offs_u = gemm_operands(up, kind)
+        x, w, offs = gemm_operands(y, kind, views)
+        return dict(x=x, w_gate=w, w_up=w, offs=offs, fused=[look_through(y)], gate_first=ig == 0,
+                    pieces=list(dict.fromkeys(nodes_g + nodes_u + views)))
+    x, w_gate, offs_g = gemm_operands(gate, kind, views)
+    x_u, w_up, offs_u = gemm_operands(up, kind, views)
     if x_u is not x:
         raise NoMatch(f"gate {gate.name} and up {up.name} projections read different inputs")
     if offs_g is not offs_u:
         raise NoMatch("the gate and up grouped GEMMs do not share one offs tensor")
-    return dict(x=x, w_gate=w_gate, w_up=w_up, offs=offs_g, fused=[], gate_first=True, pieces=[])
+    gemms = [g for g in (look_through(gate), look_through(up)) if g not in (gate, up)]
+    return dict(x=x, w_gate=w_gate, w_up=w_up, offs=offs_g, fused=[], gate_first=True,
+                pieces=list(dict.fromkeys(views + gemms)))
 
 
 def _swiglu(down: torch.fx.Node, kind):
     """``down = kind(silu(gate) * up, w_down)`` with gate/up ``kind(x, w)`` of one ``x``, or the halves
     of one ``kind(x, w_gate_up)``."""
-    act, w_down, offs = gemm_operands(down, kind)
+    views: list[torch.fx.Node] = []
+    act, w_down, offs = gemm_operands(down, kind, views)
     if not (isinstance(act, torch.fx.Node) and act.target is aten.mul.Tensor):
         raise NoMatch(f"the down projection {down.name} does not read silu(gate) * up but {describe_node(act)}")
     for s, u in ((act.args[0], act.args[1]), (act.args[1], act.args[0])):
@@ -265,7 +270,8 @@ def _swiglu(down: torch.fx.Node, kind):
     if is_grouped(kind) and not (offs is gu["offs"] and isinstance(offs, torch.fx.Node)):
         raise NoMatch("the grouped GEMMs do not share one offs tensor")
     return dict(x=gu["x"], gate=gate, up=u, act=act, w_gate=gu["w_gate"], w_up=gu["w_up"], w_down=w_down, offs=offs,
-                inner=silu_nodes + gu["pieces"], fused=gu["fused"], gate_first=gu["gate_first"])
+                inner=silu_nodes + gu["pieces"] + views, fused=gu["fused"], gate_first=gu["gate_first"],
+                down=look_through(down))
 
 
 def _piece(x: torch.fx.Node) -> tuple[torch.fx.Node, Any, list[torch.fx.Node], Any]:
@@ -282,19 +288,20 @@ def _piece(x: torch.fx.Node) -> tuple[torch.fx.Node, Any, list[torch.fx.Node], A
 
 
 def _match_experts(d: torch.fx.Node) -> Experts:
-    if d.target is aten.bmm.default or is_grouped(d.target):
-        form = "bmm" if d.target is aten.bmm.default else "grouped_mm"
-        s = _swiglu(d, d.target)
+    gemm = look_through(d)  # (d: the GEMM, or shape ops around it that compose to the identity)
+    if gemm.target is aten.bmm.default or is_grouped(gemm.target):
+        form = "bmm" if gemm.target is aten.bmm.default else "grouped_mm"
+        s = _swiglu(d, gemm.target)
         sizes = None
         if form == "bmm":
             shape = val(s["x"]).shape
             sizes = [shape[1]] * shape[0]
         return Experts(
-            form=form, grouped=s["x"], gate=[s["gate"]], up=[s["up"]], act=[s["act"]], down=[d],
+            form=form, grouped=s["x"], gate=[s["gate"]], up=[s["up"]], act=[s["act"]], down=[s["down"]],
             w_gate=[s["w_gate"]], w_up=[s["w_up"]], w_down=[s["w_down"]], down_out=d,
             offsets=s["offs"], group_sizes=sizes, inner=s["inner"], fused=s["fused"], gate_first=s["gate_first"],
         )
-    if d.target is aten.mm.default:
+    if gemm.target is aten.mm.default:
         raise NoMatch(f"a single mm ({d.name}) produces the combined rows, not a group of experts")
     # loop: cat/stack of one SwiGLU of mm per expert
     if arg(d, 1, "dim", 0) != 0:
@@ -329,7 +336,7 @@ def _match_experts(d: torch.fx.Node) -> Experts:
     inner = [n for p, pc in zip(per, pieces) for n in p["inner"] + pc[2]] + ([split] if split is not None else [])
     return Experts(
         form="loop", grouped=base, gate=[p["gate"] for p in per], up=[p["up"] for p in per],
-        act=[p["act"] for p in per], down=outs, w_gate=[p["w_gate"] for p in per],
+        act=[p["act"] for p in per], down=[p["down"] for p in per], w_gate=[p["w_gate"] for p in per],
         w_up=[p["w_up"] for p in per], w_down=[p["w_down"] for p in per], down_out=d,
         group_sizes=sizes, inner=inner, pieces=[p["x"] for p in per], split=split,
         fused=[n for p in per for n in p["fused"]], gate_first=per[0]["gate_first"],

@@ -11,8 +11,8 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..fx import arg, val
-from .structure import (ExpertGrads, NoMatch, describe_node, gemm_operands, is_grouped, is_zero_fill, same_kind,
-                        shape_of, size_eq)
+from .structure import (ExpertGrads, NoMatch, describe_node, gemm_operands, is_grouped, is_zero_fill, look_through,
+                        same_kind, shape_of, size_eq)
 
 aten = torch.ops.aten
 
@@ -115,8 +115,9 @@ def shape_eq_last(a: torch.fx.Node, b: torch.fx.Node) -> bool:
 
 def _is_fused_grad_gemm(n: Any, kinds) -> bool:
     """``n = kind(cat(dG, dU), Wt)``: a fused gate/up GEMM's input gradient."""
+    n = look_through(n)
     return (isinstance(n, torch.fx.Node) and any(same_kind(n.target, k) for k in kinds)
-            and fused_grad_halves(n.args[0]) is not None)
+            and fused_grad_halves(look_through(n.args[0])) is not None)
 
 
 def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
@@ -124,12 +125,12 @@ def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
     gradients of ``dA = dY @ Wd^T``; or ``dx = cat(dG, dU) @ Wt`` for a fused gate/up weight (either
     half first). For ``mm`` the sum may be one ``addmm(mm(...), ·, ·)``: Inductor's post-grad
     patterns fold ``mm + mm`` so before the pass runs."""
-    fused, joins, gate_first = [], [], True
+    fused, joins, views = [], [], []  # views: no-op views around the GEMMs (x @ w), in the region
     if _is_fused_grad_gemm(dx, kinds):
-        kind = next(k for k in kinds if same_kind(dx.target, k))
-        d_cat, wt, offs = gemm_operands(dx, kind)
+        kind = next(k for k in kinds if same_kind(look_through(dx).target, k))
+        d_cat, wt, offs = gemm_operands(dx, kind, views)
         first, second, joins = fused_grad_halves(d_cat)
-        terms = [(dx, first, wt, offs), (dx, second, wt, offs)]
+        terms = [(look_through(dx), first, wt, offs), (look_through(dx), second, wt, offs)]
         fused = [d_cat]
     elif _plain_addmm(dx) and aten.mm.default in kinds:
         c, a, b = dx.args[:3]
@@ -140,12 +141,12 @@ def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
     else:
         if not _plain_add(dx):
             raise NoMatch(f"an expert's input gradient is {describe_node(dx)}, not the sum of two GEMMs")
-        a, b = dx.args[0], dx.args[1]
+        a, b = look_through(dx.args[0], views), look_through(dx.args[1], views)
         if not all(isinstance(x, torch.fx.Node) and any(same_kind(x.target, k) for k in kinds) for x in (a, b)) \
                 or a.target is not b.target:
             raise NoMatch(f"{dx.name} does not add two expert GEMMs ({describe_node(a)}, {describe_node(b)})")
         kind = a.target
-        terms = [(gemm, *gemm_operands(gemm, kind)) for gemm in (a, b)]
+        terms = [(gemm, *gemm_operands(gemm, kind, views)) for gemm in (a, b)]
     branches = []
     for i, (gemm, lhs, w, offs) in enumerate(terms):
         cone, leaves = _pointwise_cone(lhs)
@@ -155,8 +156,9 @@ def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
     (g_up, d_up, wt_up, offs_u, cone_u, leaves_u, _), (g_gate, d_gate, wt_gate, offs_g, cone_g, leaves_g, i_gate) = \
         branches
     gate_first = i_gate == 0
-    d_act = next((n for n in leaves_u if n in leaves_g and isinstance(n, torch.fx.Node) and same_kind(n.target, kind)),
-                 None)
+    # dA: the leaf both cones read that is (a no-op view of) the GEMM with the down weight
+    d_act = next((n for n in leaves_u if n in leaves_g and isinstance(look_through(n), torch.fx.Node)
+                  and same_kind(look_through(n).target, kind)), None)
     if d_act is None or len(leaves_u) != 2 or len(leaves_g) != 3:
         raise NoMatch(f"the gradients {d_up.name}, {d_gate.name} of the two expert GEMMs are not computed from one "
                       "gradient GEMM and the saved gate and up")
@@ -169,12 +171,13 @@ def _one_expert_grads(dx: torch.fx.Node, kinds) -> dict:
         raise NoMatch(f"{d_up.name} is not dA * silu(gate) ({d_act.name}, {gate.name})")
     if not _computes(d_gate, {"da": d_act, "g": gate, "u": up}, lambda da, g, u: da * u * _silu_grad(g)):
         raise NoMatch(f"{d_gate.name} is not silu'(gate) * dA * up ({d_act.name}, {gate.name}, {up.name})")
-    dy, wt_down, offs_d = gemm_operands(d_act, kind)
+    dy, wt_down, offs_d = gemm_operands(d_act, kind, views)
     if is_grouped(kind) and not (offs_d is offs_u is offs_g and isinstance(offs_d, torch.fx.Node)):
         raise NoMatch("the three grouped gradient GEMMs do not share one offs tensor")
-    gemms = list(dict.fromkeys([d_act, g_gate, g_up]))
+    gemms = list(dict.fromkeys([look_through(d_act), g_gate, g_up]))
     return dict(kind=kind, dy=dy, d_act=d_act, d_gate=d_gate, d_up=d_up, gate=gate, up=up, wt_gate=wt_gate,
-                wt_up=wt_up, wt_down=wt_down, gemms=gemms, inner=list(dict.fromkeys(cone_u + cone_g + joins[1:])),
+                wt_up=wt_up, wt_down=wt_down, gemms=gemms,
+                inner=list(dict.fromkeys(cone_u + cone_g + joins[1:] + views)),
                 offs=offs_d, d_fused=fused, gate_first=gate_first)
 
 
@@ -250,7 +253,8 @@ def match_expert_grads(out: torch.fx.Node) -> ExpertGrads:
     """The experts' input gradients ``out`` of a backward graph, in any of the three forms."""
     batched = (aten.bmm.default, aten._grouped_mm.default)
     if _is_fused_grad_gemm(out, batched) or (_plain_add(out) and all(
-            isinstance(x, torch.fx.Node) and (x.target is aten.bmm.default or is_grouped(x.target))
+            isinstance(look_through(x), torch.fx.Node)
+            and (look_through(x).target is aten.bmm.default or is_grouped(look_through(x).target))
             for x in out.args[:2])):
         g = _one_expert_grads(out, batched)
         form = "bmm" if g["kind"] is aten.bmm.default else "grouped_mm"

@@ -3,6 +3,7 @@ gradients (backward), and the small vocabulary every stage of the pass shares (o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,11 +175,55 @@ def describe_node(n: Any) -> str:
     return f"{getattr(n.target, '__name__', n.target)} ({n.name})" if n.op == "call_function" else f"{n.op} {n.name}"
 
 
-def gemm_operands(n: Any, kind) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None]:
-    """``n = kind(a, b[, offs])``: ``(a, b, offs)``."""
+_SHAPE_OPS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default,
+              aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.permute.default)
+
+
+def _is_identity(chain: list[torch.fx.Node]) -> bool:
+    """Do the shape ops ``chain`` (last applied first) give back their input, element for element?
+    Replayed on concrete ids for static shapes; symbolic ones only as views to the same shape."""
+    src = chain[-1].args[0]
+    shapes = [shape_of(src)] + [shape_of(c) for c in chain]
+    if not all(is_static(sh) for sh in shapes):
+        return all(c.target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default)
+                   and shape_eq(shape_of(c), shape_of(c.args[0])) for c in chain)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        ids = torch.arange(math.prod(shapes[0])).reshape(shapes[0])
+        out = ids
+        try:
+            for c in reversed(chain):
+                out = c.target(out, *c.args[1:], **c.kwargs)
+        except RuntimeError:  # (not replayable on a contiguous input: not taken for the identity)
+            return False
+        return tuple(out.shape) == tuple(ids.shape) and torch.equal(out, ids)
+
+
+def look_through(n: Any, into: list | None = None) -> Any:
+    """``n`` without the shape ops around it that compose to the identity (``x @ w`` on 3-D tensors
+    decomposes to ``view(bmm(view(expand(x)), view(expand(w))))`` to the same shapes, ``einsum`` to
+    unsqueezes, permutes and views); the nodes skipped are appended to ``into``."""
+    chain, cur, best = [], n, None
+    while isinstance(cur, torch.fx.Node) and cur.target in _SHAPE_OPS and isinstance(cur.args[0], torch.fx.Node):
+        chain.append(cur)
+        cur = cur.args[0]
+        if shape_eq(shape_of(cur), shape_of(n)) and _is_identity(chain):
+            best = (cur, list(chain))
+    if best is None:
+        return n
+    if into is not None:
+        into.extend(best[1])
+    return best[0]
+
+
+def gemm_operands(n: Any, kind, into: list | None = None) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None]:
+    """``n = kind(a, b[, offs])``: ``(a, b, offs)``, looking through no-op views of ``n``, ``a`` and
+    ``b`` (appended to ``into``)."""
+    n = look_through(n, into)
     if not (isinstance(n, torch.fx.Node) and same_kind(n.target, kind)):
         raise NoMatch(f"expected a {kind.__name__} where {describe_node(n)} is")
-    a, b = n.args[0], n.args[1]
+    a, b = look_through(n.args[0], into), look_through(n.args[1], into)
     offs = arg(n, 2, "offs") if is_grouped(kind) else None
     if is_grouped(kind) and (arg(n, 3, "bias") is not None or arg(n, 4, "out_dtype") is not None):
         raise NoMatch(f"{n.name}: grouped GEMM with a bias or an out_dtype")
