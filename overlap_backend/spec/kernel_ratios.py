@@ -120,7 +120,7 @@ def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
     key = (_generation(), kernel, M, K, N, tuple(sorted(kw.items())))
     verdict = _verdicts.get(key, _UNSEEN)
     if verdict is _UNSEEN:  # a scan of the file's entries once per shape and knob generation (ops decide per call;
-        # a file rewritten while the process runs counts from the next change of any knob)
+        # a file rewritten while the process runs counts after forget())
         r = measured_ratio(kernel, M, K, N, **kw)
         verdict = None if r is None else r > _symm.CUBLAS_ABOVE_RATIO
         if len(_verdicts) >= 4096:
@@ -131,6 +131,12 @@ def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
 
 _verdicts: dict[tuple, bool | None] = {}
 _UNSEEN = object()
+
+
+def forget() -> None:
+    """Read the ratio file again at the next lookup (it was rewritten while the process runs)."""
+    _verdicts.clear()
+    _cache.clear()
 
 
 def document(rows: list[dict], about: str = "") -> dict:
