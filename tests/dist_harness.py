@@ -5,6 +5,10 @@ through a FileStore in a new temp dir (never a fixed port), call ``fn(rank, worl
 and send back its return value or traceback. A rank that dies, fails, or does not finish within
 ``timeout`` seconds (a deadlock) fails the test loudly, and every process is killed.
 
+``run_batch(calls, world_size)`` runs several such functions one after another in ONE spawn (starting
+the ranks and importing torch costs several seconds per spawn on the CI machine); each call's outcome is
+kept apart, so one failing call fails only the tests that read it.
+
 ``OVERLAP_TEST_SHARED_GPU=1`` puts every rank of a ``backend="nccl"`` run on GPU 0 with a gloo
 group instead (NCCL refuses two ranks on one GPU): the GPU tests of the multi-rank kernels and flag
 protocol then run on a one-GPU machine. Their timings mean nothing there (the ranks' kernels take
@@ -97,3 +101,37 @@ def run_ranks(
         if errors:
             raise AssertionError("\n".join(errors))
         return [out[r] for r in range(world_size)]
+
+
+def _batch_worker(rank, world_size, calls):
+    """Each ``(fn, args)`` of ``calls`` in order on this rank: ``(True, value)`` or ``(False, traceback)``."""
+    out = []
+    for fn, args in calls:
+        try:
+            out.append((True, fn(rank, world_size, *args)))
+        except Exception:  # noqa: BLE001 - reported to the tests that read this call
+            out.append((False, traceback.format_exc()))
+    return out
+
+
+class BatchResult:
+    """The per-rank results of one call of a :func:`run_batch`; :meth:`get` raises if it failed on any rank."""
+
+    def __init__(self, name: str, per_rank: list):
+        self.name, self.per_rank = name, per_rank
+
+    def get(self) -> list:
+        errors = [f"rank {r} failed in {self.name}:\n{v}" for r, (ok, v) in enumerate(self.per_rank) if not ok]
+        if errors:
+            raise AssertionError("\n".join(errors))
+        return [v for _, v in self.per_rank]
+
+
+def run_batch(calls: dict, world_size: int, *, timeout: float = 300, env: dict | None = None,
+              backend: str = "gloo") -> dict:
+    """``{name: BatchResult}`` of ``calls`` (``{name: (fn, args)}``, each ``fn(rank, world_size, *args)``),
+    run one after another in one process group. A call that raises does not stop the next ones."""
+    names = list(calls)
+    per_rank = run_ranks(_batch_worker, world_size, [calls[n] for n in names], timeout=timeout, env=env,
+                         backend=backend)
+    return {n: BatchResult(n, [per_rank[r][i] for r in range(world_size)]) for i, n in enumerate(names)}

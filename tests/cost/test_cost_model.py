@@ -17,7 +17,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
-from dist_harness import run_ranks
+from dist_harness import run_batch
 from overlap_backend import ConfigError, OverlapConfig, make_backend
 from overlap_backend.cost import calibration, decision, model
 from overlap_backend.cost.calibration import DEFAULTS
@@ -474,8 +474,18 @@ def _agree_worker(rank, ws):
     return agreed.key, agreed.source, agreed.gemm_tflops["bfloat16"]
 
 
+_RUNS: dict = {}
+
+
+def _gloo_runs() -> dict:
+    """Both 2-rank checks below in one process group (one start of the ranks and their imports)."""
+    if not _RUNS:
+        _RUNS.update(run_batch({"agree": (_agree_worker, ()), "host": (_host_worker, ("p2p", "cpu"))}, 2, timeout=180))
+    return _RUNS
+
+
 def test_ranks_agree_on_the_first_ranks_calibration():
-    out = run_ranks(_agree_worker, 2, timeout=60)
+    out = _gloo_runs()["agree"].get()
     assert out == [("rank0", "agreed:rank0 (file:/r0)", 600.0)] * 2
 
 
@@ -495,7 +505,7 @@ def test_measure_host_times_every_probe_and_agrees():
     over the ranks (so the same on every rank); here on the p2p lowering over gloo (CPU), at shrunk sizes."""
     from overlap_backend.tools import calibrate
 
-    out = run_ranks(_host_worker, 2, "p2p", "cpu", timeout=120)
+    out = _gloo_runs()["host"].get()
     assert out[0] == out[1] and set(out[0]) == set(calibrate.HOST_PROBES), out
     assert set(calibrate.HOST_PROBES) <= set(calibration.DEFAULTS["h200"].symm_call_ms)
     assert all(v > 0 for v in out[0].values()), out

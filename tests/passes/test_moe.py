@@ -10,7 +10,7 @@
 import pytest
 import torch
 
-from dist_harness import run_ranks
+from dist_harness import run_batch
 
 C10D = torch.ops._c10d_functional
 WS = 4
@@ -108,17 +108,33 @@ BACKWARD_REWRITTEN = [("capacity", "bmm"), ("capacity", "grouped_mm"), ("droples
 ALL_CASES = [(p, f) for p in POLICIES for f in FORMS]
 
 
-@pytest.mark.timeout(300)
+SKEWED_CASES = [("dropless", "grouped_mm"), ("dropless", "loop"), ("capacity", "bmm")]
+_RUNS: dict[int, dict] = {}
+
+
+def _gloo_runs(ws: int) -> dict:
+    """The multi-rank checks of this file at ``ws`` ranks, in one process group per world size (one start
+    of the ranks and their imports): the ops against their semantics, and at 2 and 4 ranks the layers."""
+    if ws not in _RUNS:
+        calls = {"op": (op_worker, (25,)), "backward": (backward_op_worker, (25,))}
+        if ws == 2:
+            calls.update(layers=(layer_worker, (ALL_CASES, False)), symbolic=(symbolic_tokens_worker, ((6, 10, 13),)))
+        if ws == 4:
+            calls.update(layers=(layer_worker, (SKEWED_CASES, True)))
+        _RUNS[ws] = run_batch(calls, ws, timeout=600)
+    return _RUNS[ws]
+
+
+@pytest.mark.timeout(700)
 def test_layer_matches_eager_2_ranks():
     """Every policy x form, forward and backward, 2 gloo ranks."""
-    _check_layers(run_ranks(layer_worker, 2, ALL_CASES, False, timeout=280), ALL_CASES)
+    _check_layers(_gloo_runs(2)["layers"].get(), ALL_CASES)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(700)
 def test_layer_matches_eager_4_ranks_skewed():
     """4 ranks, routing skewed so that some experts (and some rank pairs) get no tokens."""
-    cases = [("dropless", "grouped_mm"), ("dropless", "loop"), ("capacity", "bmm")]
-    _check_layers(run_ranks(layer_worker, 4, cases, True, timeout=280), cases, skewed=True)
+    _check_layers(_gloo_runs(4)["layers"].get(), SKEWED_CASES, skewed=True)
 
 
 # ----------------------------------------------------------------- exact graphs (fake PG)
@@ -459,10 +475,10 @@ def op_worker(rank, ws, max_examples):
     return failures, refused
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("ws", [2, 3, 4])
 def test_p2p_op_matches_all_to_all_and_experts(ws):
-    for failures, refused in run_ranks(op_worker, ws, 25, timeout=220):
+    for failures, refused in _gloo_runs(ws)["op"].get():
         assert not failures, failures[:3]
         assert refused[0] is not None and f"do not add up to the {ws + 2} rows of x" in refused[0], refused
         assert refused[1] is not None and "comm_sms" in refused[1] and "got 200" in refused[1], refused
@@ -560,13 +576,13 @@ def backward_op_worker(rank, ws, max_examples):
     return failures, refused
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("ws", [2, 3, 4])
 def test_p2p_backward_op_matches_autograd(ws):
     """``moe_experts_backward`` on the p2p lowering against autograd through the forward's semantics:
     dx (after the return all-to-all), dY, dG, dU; empty splits, zero rows, rows past the last expert,
     a received row read twice (its gradients add), float32 and bf16."""
-    for failures, refused in run_ranks(backward_op_worker, ws, 25, timeout=220):
+    for failures, refused in _gloo_runs(ws)["backward"].get():
         assert not failures, failures[:3]
         assert refused is not None and "wt_down" in refused and "[1, 4, 2]" in refused, refused
 
@@ -597,15 +613,31 @@ def inductor_worker(rank, ws, policy="dropless", form="grouped_mm"):
     return [_rel(g, r) for g, r in zip(got, ref)], decisions
 
 
+def inductor_case(rank, ws, policy, form):
+    """``inductor_worker`` as one case of several in a process: its own reports and Dynamo caches."""
+    import overlap_backend
+
+    torch._dynamo.reset()
+    overlap_backend.REPORTS.clear()
+    return inductor_worker(rank, ws, policy, form)
+
+
+INDUCTOR_FORMS = ["grouped_mm", "loop"]
+_INDUCTOR_RUNS: dict = {}
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("form", ["grouped_mm", "loop"])
+@pytest.mark.parametrize("form", INDUCTOR_FORMS)
 def test_inductor_forward_backward(clean_env, policy, form):
     """Inductor codegen around the ops (its partitioner decides what the backward reads): unbacked split
     sizes (dropless), saved values, the backward's op (in the loop form after Inductor's post-grad
-    patterns folded each expert's mm + mm into an addmm)."""
-    per_rank = run_ranks(inductor_worker, 2, policy, form, timeout=560, env={"OVERLAP_INDUCTOR": "1"})
+    patterns folded each expert's mm + mm into an addmm). Every case in one process group."""
+    if not _INDUCTOR_RUNS:
+        _INDUCTOR_RUNS.update(run_batch({(p, f): (inductor_case, (p, f)) for p in POLICIES for f in INDUCTOR_FORMS}, 2,
+                                        timeout=1100, env={"OVERLAP_INDUCTOR": "1"}))
+    per_rank = _INDUCTOR_RUNS[(policy, form)].get()
     for errs, decisions in per_rank:
         assert all(e <= 1e-2 for e in errs), errs
         assert decisions == per_rank[0][1]
@@ -644,12 +676,12 @@ def symbolic_tokens_worker(rank, ws, lengths):
     return out
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(700)
 def test_symbolic_token_count_2_ranks():
     """Dropless routing is rewritten on a symbolic token count and compiled once for every length;
     capacity routing is reported, not rewritten (its padded row moves are checked on concrete row
     ids, which a symbolic length does not give), and still right."""
-    for res in run_ranks(symbolic_tokens_worker, 2, (6, 10, 13), timeout=280):
+    for res in _gloo_runs(2)["symbolic"].get():
         for policy, r in res.items():
             assert r["frames"] == 1, (policy, r)
             assert all(e <= 1e-4 for e in r["errs"]), (policy, r["errs"])
