@@ -408,6 +408,7 @@ def _run_device(tmp_path, ngpu: int, mode: str, **env) -> tuple[list[list[str]],
     full_env = {k: v for k, v in os.environ.items()
                 if k not in ("PYTHON", "TESTS_K", "TEST_FILES", "BENCHES", "BENCH_WS", "MOE_ARGS", "RUN_DEMO",
                              "RUN_EPILOGUE", "EPILOGUE_WS", "DEADLINE") and not k.startswith("LIMIT_")}
+    full_env["RUN_SMOKE"] = "0"  # the smoke stage that full/quick/tests modes run first has tests of its own
     full_env.update(PATH=f"{fake}:{os.environ['PATH']}", FAKE_NGPU=str(ngpu), FAKE_LOG=str(log), OUT=str(out), **env)
     res = subprocess.run(["bash", str(REPO / "bench" / "run_device.sh"), mode], env=full_env, capture_output=True,
                          text=True, timeout=60)
