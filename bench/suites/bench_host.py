@@ -114,7 +114,6 @@ def profile_text(fn, calls: int = 40) -> str:
 
 def driver_costs(device, n: int = 2000) -> dict:
     """Host µs per call of the driver and torch.cuda operations an op call is made of (this rank alone)."""
-    import ctypes
     import time
 
     from overlap_backend.runtime import cuda as _cuda
@@ -124,12 +123,7 @@ def driver_costs(device, n: int = 2000) -> dict:
     src = torch.zeros(1024, dtype=torch.uint8, device=device)
     dst = torch.zeros(1024, dtype=torch.uint8, device=device)
     s1, s2 = torch.cuda.Stream(device), torch.cuda.Stream(device)
-    lib = ctypes.CDLL("libcuda.so.1")
-    ev = ctypes.c_void_p()
-    lib.cuEventCreate(ctypes.byref(ev), 2)  # CU_EVENT_DISABLE_TIMING
-    rec, wait_ev = lib.cuEventRecord, lib.cuStreamWaitEvent
-    rec.argtypes, wait_ev.argtypes = [ctypes.c_void_p, ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_void_p,
-                                                                          ctypes.c_uint]
+    ev = _cuda.event_create()
     h1, h2 = s1.cuda_stream, s2.cuda_stream
     cases = {
         "write_value32 (ctypes)": lambda: _cuda.write_value32(addr, 1, s1),
@@ -137,7 +131,7 @@ def driver_costs(device, n: int = 2000) -> dict:
         "memcpy_async 1 KiB (ctypes)": lambda: _cuda.memcpy_async(dst.data_ptr(), src.data_ptr(), 1024, s1),
         "torch.cuda.current_stream()": lambda: torch.cuda.current_stream(device),
         "Stream.wait_stream (torch)": lambda: s2.wait_stream(s1),
-        "cuEventRecord + cuStreamWaitEvent (ctypes)": lambda: (rec(ev, h1), wait_ev(h2, ev, 0)),
+        "cuEventRecord + cuStreamWaitEvent (ctypes, runtime/cuda.py: join)": lambda: _cuda.join(h2, h1, ev),
         "torch.empty 512x4096 bf16": lambda: torch.empty((512, 4096), dtype=torch.bfloat16, device=device),
         "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
     }

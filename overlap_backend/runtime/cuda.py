@@ -229,21 +229,6 @@ def run_memops(stream: int, batch) -> None:
     _fast_check(name, f(stream, len(batch), batch, 0))
 
 
-def raw_memcpy(dst: int, src: int, nbytes: int, stream: int) -> None:
-    name, f = _fast()[0]
-    _fast_check(name, f(dst, src, nbytes, stream))
-
-
-def raw_wait_value32(addr: int, value: int, stream: int) -> None:
-    name, f = _fast()[2]
-    _fast_check(name, f(stream, addr, value, _WAIT_VALUE_GEQ))
-
-
-def raw_write_value32(addr: int, value: int, stream: int) -> None:
-    name, f = _fast()[1]
-    _fast_check(name, f(stream, addr, value, _WRITE_VALUE_DEFAULT))
-
-
 class RawStream:
     """A CUDA stream known by its raw handle: what the per-call operations need of a ``torch.cuda.Stream``
     (its ``cuda_stream``, ``wait_stream``), without building one per call (~6 us on an H200 host)."""

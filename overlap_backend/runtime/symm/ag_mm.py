@@ -72,7 +72,7 @@ def ag_mm_plan(st, shard, weights, epilogues, dim, graph) -> tuple:
         spec and g is None for spec, g in zip(specs, gens)) else None
     # outputs that a swiglu step reads are computed first
     order = sorted(range(len(weights)), key=lambda i: bool(_epilogue.out_refs(specs[i])))
-    if len(_plans) >= knobs.symm.MAX_VIEWS:
+    if len(_plans) >= knobs.symm.MAX_PLANS:
         _plans.clear()
     plan = _plans[key] = (gemm, keys, gens, dtypes, post, order, rows, run, outer, layout.band_rows(rows))
     return plan

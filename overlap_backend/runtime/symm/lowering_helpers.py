@@ -145,6 +145,8 @@ def preload_once(key: tuple, launches) -> None:
 
     with launcher.preloading():
         launches()
+    if len(_preloaded) >= knobs.symm.MAX_PLANS:
+        _preloaded.clear()  # (a key seen again is preloaded again: its variant is found compiled)
     _preloaded.add(key)
 
 

@@ -122,7 +122,7 @@ def mm_rs_plan(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, graph)
             cands = [c for c in cands if c[6]] or cands
         if gemm == "triton" and not cands:
             why = f"runs of {run} rows are not a multiple of any block height"
-    if len(_plans) >= knobs.symm.MAX_VIEWS:
+    if len(_plans) >= knobs.symm.MAX_PLANS:
         _plans.clear()
     plan = _plans[key] = (why, dim, seg, run, outer, gemm, cands, tma)
     return plan
@@ -144,8 +144,8 @@ def mm_rs(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue=""
     st = None
     if why is None:
         st, why = call_state(group_name, a.device, graph)
-    ws = st.ws if st is not None else 0
     if st is not None:
+        ws = st.ws
         key = (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1, run if outer > 1 else 0,
                f"tma={tma}")  # the candidates differ with knobs.symm.RS_TMA
         nbytes = ws * outer * run * b.shape[1] * a.element_size()

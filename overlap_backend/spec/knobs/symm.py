@@ -19,6 +19,9 @@ symm = Knobs(
     GROUP_BACKENDS=("nccl",),
     # GroupState.data_view's cache of views over the data buffer, per group: bounded for dynamic shapes.
     MAX_VIEWS=64,
+    # ag_mm / mm_rs plans (their per-key decisions) and preloaded kernel-variant keys kept: bounded for dynamic
+    # shapes, whose every length is a key.
+    MAX_PLANS=256,
     # The stream-wait watchdog declares a call dead this many OVERLAP_TIMEOUT_S after it started...
     WATCHDOG_FACTOR=1.25,
     # ...plus this many seconds: later than the kernels' own bounded waits, whose reports say more.
