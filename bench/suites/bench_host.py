@@ -156,10 +156,12 @@ def main(argv=None) -> int:
     p.add_argument("--lowering", default="symm")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--private-graphs", action="store_true",
+                   help="also the overlap graph with knobs.symm.PRIVATE_GRAPHS (its ops replaying private CUDA graphs)")
     common.add_set_argument(p)
     args = common.parse_args_with_sets(p, argv)
     rank, ws, device, group, nccl_group, shared = setup()
-    from overlap_backend.runtime.symm import lowering_helpers
+    from overlap_backend.runtime.symm import lowering_helpers, private_graphs
 
     backend = overlap_backend.make_backend(cost_model="off", lowering=args.lowering)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -187,12 +189,25 @@ def main(argv=None) -> int:
                      "torch.mm": lambda: torch.mm(xi, w)}
             res = {"op": op, "M": m, "paths": took}
             for name, fn in cases.items():
-                res[f"{name}_host_us"] = common.host_us(fn, device, calls=args.calls, rounds=5)
-                res[f"{name}_host_us_5"] = common.host_us(fn, device, calls=5, rounds=5)
-                res[f"{name}_single_us"] = single_us(fn, device)
-                res[f"{name}_gpu_ms"] = common.allreduce_max([common.events_ms(fn, 20)], device)[0]
+                measure(res, name, fn, device, args.calls)
             res["ratio"] = res["overlap_host_us"] / res["inductor_host_us"]
             res["own_us"] = res["overlap_host_us"] - res["inductor_host_us"]
+            if args.private_graphs:
+                with knobs.symm.patch(PRIVATE_GRAPHS=True):
+                    stats, reserved = dict(private_graphs.STATS), torch.cuda.memory_reserved(device)
+                    for _ in range(3):  # the key's eager run of the captured protocol, its capture, a replay
+                        comp_o(x, w)
+                    measure(res, "private", cases["overlap"], device, args.calls)
+                    if args.profile and rank == 0 and m in (sizes[0], 512, sizes[-1]):
+                        profiles[f"{op}_M{m}_private_graphs"] = profile_text(cases["overlap"])
+                    elif args.profile:
+                        for _ in range(40):
+                            cases["overlap"]()
+                    common.synchronize(device)
+                    res["private_stats"] = {k: v - stats[k] for k, v in private_graphs.STATS.items()}
+                    res["private_reserved_mib"] = (torch.cuda.memory_reserved(device) - reserved) / 2**20
+                res["private_ratio"] = res["private_host_us"] / res["inductor_host_us"]
+                res["private_own_us"] = res["private_host_us"] - res["inductor_host_us"]
             rows.append(res)
             if rank == 0:
                 print(f"{op} M={m}: overlap {res['overlap_host_us']:.1f} us, inductor {res['inductor_host_us']:.1f} "
@@ -200,6 +215,11 @@ def main(argv=None) -> int:
                       f"{res['overlap_host_us_5']:.1f} / {res['inductor_host_us_5']:.1f}; one call "
                       f"{res['overlap_single_us']:.1f} / {res['inductor_single_us']:.1f}; gpu "
                       f"{res['overlap_gpu_ms']:.3f} / {res['inductor_gpu_ms']:.3f} ms; paths {took}", flush=True)
+                if args.private_graphs:
+                    print(f"  private graphs: {res['private_host_us']:.1f} us, ratio {res['private_ratio']:.2f}, own "
+                          f"{res['private_own_us']:.1f} us; 5-call bursts {res['private_host_us_5']:.1f}; one call "
+                          f"{res['private_single_us']:.1f}; gpu {res['private_gpu_ms']:.3f} ms; "
+                          f"{res['private_stats']}, +{res['private_reserved_mib']:.0f} MiB reserved", flush=True)
             if args.profile and rank == 0 and m in (sizes[0], 512, sizes[-1]):
                 profiles[f"{op}_M{m}"] = profile_text(cases["overlap"])
             elif args.profile:
@@ -215,6 +235,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def measure(res: dict, name: str, fn, device, calls: int) -> None:
+    res[f"{name}_host_us"] = common.host_us(fn, device, calls=calls, rounds=5)
+    res[f"{name}_host_us_5"] = common.host_us(fn, device, calls=5, rounds=5)
+    res[f"{name}_single_us"] = single_us(fn, device)
+    res[f"{name}_gpu_ms"] = common.allreduce_max([common.events_ms(fn, 20)], device)[0]
+
+
 def write(out: Path, rows, profiles, ws, shared, device, costs) -> None:
     out.mkdir(parents=True, exist_ok=True)
     info = common.machine_info(device, ws)
@@ -222,8 +249,13 @@ def write(out: Path, rows, profiles, ws, shared, device, costs) -> None:
     headers = ["graph", "M", "torch.mm host µs", "Inductor + NCCL host µs", "overlap host µs", "ratio",
                "overlap's own µs", "5-call bursts: overlap / Inductor µs", "one call on an idle GPU: overlap / Inductor µs",
                "GPU ms: overlap / Inductor", "paths"]
+    private = any("private_host_us" in r for r in rows)
+    if private:
+        headers[7:7] = ["private graphs: host µs", "ratio", "own µs", "GPU ms", "MiB more reserved"]
     table = [[r["op"], r["M"], f"{r['torch.mm_host_us']:.1f}", f"{r['inductor_host_us']:.1f}",
               f"{r['overlap_host_us']:.1f}", f"{r['ratio']:.2f}×", f"{r['own_us']:.1f}",
+              *([f"{r['private_host_us']:.1f}", f"{r['private_ratio']:.2f}×", f"{r['private_own_us']:.1f}",
+                 f"{r['private_gpu_ms']:.3f}", f"{r['private_reserved_mib']:.0f}"] if private else []),
               f"{r['overlap_host_us_5']:.1f} / {r['inductor_host_us_5']:.1f}",
               f"{r['overlap_single_us']:.1f} / {r['inductor_single_us']:.1f}",
               f"{r['overlap_gpu_ms']:.3f} / {r['inductor_gpu_ms']:.3f}",

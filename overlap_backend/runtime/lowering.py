@@ -37,6 +37,14 @@ def implementation(lowering: str, op: str) -> Callable:
         ) from None
 
 
+def bound(impl: Callable) -> Callable:
+    """``impl`` for the calls of one argument key (what ``ops.py`` caches per key): a lowering whose
+    implementation keeps per-key state gives it a ``bind_key()`` that makes that state (symm: the
+    key's private CUDA graphs)."""
+    bind_key = getattr(impl, "bind_key", None)
+    return impl if bind_key is None else bind_key()
+
+
 def available(op: str | None = None) -> tuple[str, ...]:
     """Lowerings registered (for ``op`` if given)."""
     return tuple(sorted(k for k, v in _IMPLS.items() if op is None or op in v))

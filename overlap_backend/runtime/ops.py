@@ -90,11 +90,12 @@ def ag_mm(
         specs = _check_epilogues("ag_mm", epilogue, len(weights), args,
                                  [(_ag_rows(shard, dim, group.size()), w.shape[1]) for w in weights],
                                  shard.dtype, allow_out_refs=True)[0]
-        found = (impl, specs)
+        found = (_lowering.bound(impl), specs)
         if _checks.check_agreement("ag_mm", group, [("shard", shard), ("weights", weights), ("biases", biases),
                                                     ("gather_dim", gather_dim), ("epilogue", epilogue)]):
-            _checks.remember_checked(key, found)
-    impl, specs = found
+            _checks.remember_checked(key, found)  # (this first call runs the unbound impl)
+    else:
+        impl, specs = found
     return impl(shard, weights, biases, gather_dim, group_name, return_gathered, specs, args)
 
 
@@ -169,7 +170,7 @@ def mm_rs(
         _check_epilogues("mm_rs", epilogue, 1, args, [_rs_shape(out_shape, scatter_dim, group.size())], a.dtype)
         if _checks.check_agreement("mm_rs", group, [("a", a), ("b", b), ("bias", bias), ("out_shape", list(out_shape)),
                                                     ("scatter_dim", scatter_dim), ("reduce_op", reduce_op)]):
-            _checks.remember_checked(key, impl)
+            _checks.remember_checked(key, _lowering.bound(impl))
     return impl(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, epilogue, args)
 
 
@@ -216,7 +217,7 @@ def mm_ar(
         _checks.check_mm_ar(a, b, bias, reduce_op)
         _check_epilogues("mm_ar", epilogue, 1, args, [(a.shape[0], b.shape[1])], a.dtype)
         if _checks.check_agreement("mm_ar", group, [("a", a), ("b", b), ("bias", bias), ("reduce_op", reduce_op)]):
-            _checks.remember_checked(key, impl)
+            _checks.remember_checked(key, _lowering.bound(impl))
     return impl(a, b, bias, reduce_op, group_name, epilogue, args)
 
 

@@ -329,11 +329,74 @@ def case_captured_cta_pipeline_mlp(rank, ws, group):
     return _check(errs)
 
 
+def case_private_graphs(rank, ws, group):
+    """``knobs.symm.PRIVATE_GRAPHS``: ag_mm (cuBLAS per chunk, the gathered input), mm_rs (the kernel), mm_ar
+    (one-shot, rounds) called 8 times each on fresh values. Per key: an eager run of the captured protocol, a
+    capture, replays; an output still held makes the next call capture another graph (the held one is checked
+    again at the end: no replay overwrote it); new input tensors (new addresses) capture again. Every output
+    is checked against float32 and poisoned once checked."""
+    from overlap_backend.runtime.symm import private_graphs
+    from overlap_backend.spec import knobs
+
+    gn = group.group_name
+    t = {"x": g._randn(64, 128, dtype=BF16, device="cuda"), "a": g._randn(ws * 64, 64, dtype=BF16, device="cuda"),
+         "a1": g._randn(91, 64, dtype=BF16, device="cuda"), "a2": g._randn(2100, 64, dtype=BF16, device="cuda")}
+    w_ag = g._randn(128, 256, dtype=BF16, device="cuda", scale=128**-0.5)
+    w_rs = g._randn(64, 128, dtype=BF16, device="cuda", scale=0.125)
+    w1, w2 = (g._randn(64, n, dtype=BF16, device="cuda", scale=0.125) for n in (152, 1032))
+
+    def ops():
+        gathered, (y1,) = torch.ops.overlap.ag_mm(t["x"], [w_ag], [None], 0, gn, "symm", True)
+        return (gathered, y1, torch.ops.overlap.mm_rs(t["a"], w_rs, None, [ws * 64, 128], 0, "sum", gn, "symm"),
+                torch.ops.overlap.mm_ar(t["a1"], w1, None, "sum", gn, "symm"),
+                torch.ops.overlap.mm_ar(t["a2"], w2, None, "sum", gn, "symm"))
+
+    def refs():
+        G = g._gather_ref(t["x"], 0, group)
+        return (G, G.float() @ w_ag.float(), g._all_reduce_ref(t["a"].float() @ w_rs.float(), group).chunk(ws)[rank],
+                g._all_reduce_ref(t["a1"].float() @ w1.float(), group),
+                g._all_reduce_ref(t["a2"].float() @ w2.float(), group))
+
+    def errs_of(outs, want):
+        return [0.0 if torch.equal(outs[0], want[0]) else math.inf] + [g._rel_err(o, r) for o, r in zip(outs[1:], want[1:])]
+
+    ops()  # (the keys' first calls, with the knob off: the eager protocol)
+    torch.cuda.synchronize()
+    worst, held = 0.0, None
+    with knobs.symm.patch(PRIVATE_GRAPHS=True):
+        before = dict(private_graphs.STATS)
+        for call in range(8):
+            if call == 5:  # new tensors at new addresses (the old ones still alive)
+                t = {k: v.clone() for k, v in t.items()}
+            for v in t.values():
+                v.copy_(torch.randn(v.shape, device="cuda").to(BF16))
+            outs = ops()
+            want = refs()
+            errs = errs_of(outs, want)
+            assert all(e <= TOL for e in errs), f"call {call}: {errs}"
+            worst = max(worst, *errs)
+            if call == 3:
+                held = (outs, want)
+            else:
+                for o in outs:
+                    o.fill_(float("nan"))
+                del o  # (a live reference keeps a graph's outputs busy)
+            del outs
+        torch.cuda.synchronize()
+        took = {k: private_graphs.STATS[k] - before[k] for k in before}
+    errs = errs_of(*held)
+    assert all(e <= TOL for e in errs), f"the output held since call 3 changed: {errs}"
+    # per key: call 0 eager, 1 captures, 2-3 replay, 4 captures (3's outputs held), 5 captures (new addresses), 6-7 replay
+    assert took["eager"] == 4 and took["captures"] == 12 and took["replays"] == 16, took
+    return f"{took}; max rel err {worst:.1e}"
+
+
 OPS_CASES = {
     "ag_mm": case_ag_mm, "mm_rs": case_mm_rs, "mm_ar": case_mm_ar, "empty K/N": case_empty_k_n,
     "moe_experts": case_moe_experts, "moe_experts_backward": case_moe_experts_backward,
     "cta_pipeline_mlp": case_cta_pipeline_mlp, "captured ag_mm, mm_rs, mm_ar": case_captured_gemm_ops,
     "captured moe_experts": case_captured_moe_experts, "captured cta_pipeline_mlp": case_captured_cta_pipeline_mlp,
+    "private graphs of ag_mm, mm_rs, mm_ar": case_private_graphs,
 }
 
 

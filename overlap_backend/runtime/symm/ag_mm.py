@@ -19,6 +19,7 @@ from ...spec import kernel_ratios, knobs
 from ...spec import symm_layout as layout
 from ..lowering import register
 from ..ops import group_size
+from . import private_graphs
 from .lowering_helpers import (PATHS, aligned, call_state, capture_problem, captured_call_problem, capturing,
                                compute_stream, epilogue_pointers, generated_epilogue, kernel_weight, load_kernels,
                                matmul_into, preload_once, run_on_p2p, tma_aligned, tma_problem, tune, tuned_configs)
@@ -249,3 +250,11 @@ def ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, bas
         for w, bias, out4 in zip(weights, biases, outs4):
             for o in range(outer):
                 matmul_into(src[o], w, bias, out4[o, c])
+
+
+def _ag_mm_inputs(args) -> tuple[list, str]:
+    shard, weights, biases, _, group_name, _, _, epilogue_args = args
+    return [shard, *weights, *[b for b in biases or () if b is not None], *epilogue_args], group_name
+
+
+ag_mm.bind_key = lambda: private_graphs.KeyGraphs("ag_mm", ag_mm, _ag_mm_inputs)

@@ -9,6 +9,7 @@ same on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 
@@ -42,14 +43,32 @@ def run_on_p2p(op: str, why: str | None, group_name: str, *args):
 
 
 # --------------------------------------------------------------------------- captured calls
+_graph_protocol = [False]  # set by ``protocol``: this thread's symm calls use the captured-call protocol
+
+
+@contextlib.contextmanager
+def protocol(graph: bool):
+    """Symm calls inside use the captured-call protocol (the toggling flag block) whether or not the
+    stream is capturing: the private graphs' eager runs and captures (``private_graphs.py``)."""
+    before = _graph_protocol[0]
+    _graph_protocol[0] = graph
+    try:
+        yield
+    finally:
+        _graph_protocol[0] = before
+
+
 def capturing(t: Tensor) -> bool:
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+    """The call uses the captured-call protocol: it is being captured, or runs under ``protocol(graph=True)``."""
+    return t.is_cuda and (_graph_protocol[0] or torch.cuda.is_current_stream_capturing())
 
 
 def capture_problem(t: Tensor) -> str | None:
     """Why a call being captured into a CUDA graph cannot take the symm path (None: it can, or it is
     not being captured). Every rank of a group captures the same graph, so the decision is the same
-    on every rank."""
+    on every rank. The private graphs' calls (``protocol``) always can."""
+    if _graph_protocol[0]:
+        return None
     return CAPTURE_WHY if capturing(t) and not knobs.symm.CAPTURE_ON_SYMM else None
 
 
@@ -76,7 +95,10 @@ def compute_stream(st: GroupState, graph: bool):
 
 def captured_call_problem(st: GroupState, nbytes: int, tuned: list) -> str | None:
     """Why a captured call cannot run on symm: its data buffer would have to grow (synchronising,
-    collective) or a block config was never tuned (timing runs synchronise) in an eager call."""
+    collective) or a block config was never tuned (timing runs synchronise) in an eager call. A call
+    that only uses the captured protocol without being captured (``protocol``) may do both."""
+    if _graph_protocol[0] and not torch.cuda.is_current_stream_capturing():
+        return None
     if st.data is None or st.data.nbytes < nbytes:
         return "inside a CUDA-graph capture the symm data buffer would have to grow (warm up eagerly first)"
     if None in tuned:

@@ -17,6 +17,7 @@ from ...spec import kernel_ratios, knobs
 from ...spec import symm_layout as layout
 from .. import cuda as _cuda
 from ..lowering import register
+from . import private_graphs
 from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem, capturing, call_state, epilogue_pointers,
                                generated_epilogue, kernel_weight, load_kernels, matmul_into, reduce_slots, run_on_p2p,
                                tma_aligned, tune, tuned_configs, wait_on_push_streams, zero_contraction)
@@ -281,3 +282,11 @@ def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=(), graph=Fals
     launch(epoch)
     st.end(compute)
     return out
+
+
+def _mm_ar_inputs(args) -> tuple[list, str]:
+    a, b, bias, _, group_name, _, epilogue_args = args
+    return [a, b, *([bias] if bias is not None else []), *epilogue_args], group_name
+
+
+mm_ar.bind_key = lambda: private_graphs.KeyGraphs("mm_ar", mm_ar, _mm_ar_inputs)

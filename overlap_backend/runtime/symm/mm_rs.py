@@ -20,6 +20,7 @@ from ...spec import symm_layout as layout
 from .. import cuda as _cuda
 from ..lowering import register
 from ..ops import group_size
+from . import private_graphs
 from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem, capturing, call_state, epilogue_pointers,
                                generated_epilogue, kernel_weight, load_kernels, matmul_into, reduce_slots, run_on_p2p,
                                tma_aligned, tma_problem, tune, tuned_configs, zero_contraction)
@@ -312,3 +313,11 @@ def peer_store_args(st, gather_offset: int) -> dict:
     data, flags = st.peer_tables()
     return dict(data=data, flags=flags, ready=st.flag_arg(layout.READY), gather_offset=gather_offset,
                 rs_flag_word=layout.RS_ARRIVED, ag_flag_word=layout.GATHERED)
+
+
+def _mm_rs_inputs(args) -> tuple[list, str]:
+    a, b, bias, _, _, _, group_name, _, epilogue_args = args
+    return [a, b, *([bias] if bias is not None else []), *epilogue_args], group_name
+
+
+mm_rs.bind_key = lambda: private_graphs.KeyGraphs("mm_rs", mm_rs, _mm_rs_inputs)

@@ -142,8 +142,10 @@ def install_process_hooks() -> None:
 
     def destroy_process_group(group=None):
         from .. import checks, p2p
+        from . import private_graphs
 
         checks.forget_checked()
+        private_graphs.forget()
         if group is None:
             _forget_every_group()
             p2p._GROUPS.clear()

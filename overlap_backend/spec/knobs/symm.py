@@ -79,4 +79,13 @@ symm = Knobs(
     # Calls made during a CUDA-graph capture run on symm with the toggling flag block (else on p2p, whose
     # NCCL calls are captured): on since the captured path passed on 2xH200 (tests/gpu/test_gpu.py).
     CAPTURE_ON_SYMM=True,
+    # Eager ag_mm / mm_rs / mm_ar calls replay a private CUDA graph of the op per argument key and tensor
+    # addresses from a key's third call on (runtime/symm/private_graphs.py): one launch instead of the op's host work.
+    PRIVATE_GRAPHS=False,
+    # Private graphs kept per key (one per set of addresses, or per output still referenced) ...
+    PRIVATE_GRAPHS_PER_KEY=4,
+    # ... and in all (each holds its outputs and intermediates in a memory pool of its own).
+    PRIVATE_GRAPHS_MAX=64,
+    # A key captured this many times while its graphs were replayed fewer times stops capturing (its tensors move).
+    PRIVATE_GRAPH_CAPTURES_MIN=8,
 )

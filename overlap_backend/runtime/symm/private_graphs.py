@@ -1,0 +1,207 @@
+"""Private CUDA graphs of eager symm calls: one graph launch per steady-state call.
+
+Outside CUDA graphs a symm call pays for its Python, its driver calls (stream memory operations,
+copies, joins) and its launches on every call, several times what Inductor's GEMM + NCCL call costs
+on the host. From the third call of an argument key on (the key ``ops.py`` caches its checks under),
+a call replays a CUDA graph of the op captured for the call's tensor addresses instead, and returns
+that graph's outputs.
+
+What every rank must agree on is the flag protocol, not the graph: each call of a key after its first
+uses the captured-call protocol (the toggling flag block, ``symm_layout.GRAPH_BLOCK``), whether this
+rank replays a graph, captures one and replays it, or runs the op without a graph (the second call of
+a key, which warms the captured path up eagerly, and any call no graph can serve). Which of those a
+rank does is its own decision: addresses and liveness differ between ranks.
+
+A graph serves a call when the call's tensors are at the addresses it was captured with, the group's
+data buffer has not moved since, and no graph output it returned before is still referenced (a replay
+overwrites them). The outputs are tensors of the graph's private memory pool, returned as new tensor
+objects over the same storage so that their references can be counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ...spec import knobs
+from . import registry
+from .lowering_helpers import PATHS, protocol
+
+log = logging.getLogger("overlap_backend.symm")
+
+# every private graph of the process, least recently used first (bounded by knobs.symm.PRIVATE_GRAPHS_MAX)
+_graphs: OrderedDict[int, "_Captured"] = OrderedDict()
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+STATS = {"replays": 0, "captures": 0, "eager": 0, "evicted": 0}  # of this process (tests and benchmarks read it)
+
+
+def _use_count(storage) -> int:
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
+class _Captured:
+    """One graph of one key: its addresses, its outputs and their storages' reference counts when idle."""
+
+    __slots__ = ("graph", "ptrs", "state", "data", "outputs", "storages", "idle", "owner", "__weakref__")
+
+    def __init__(self, graph, ptrs, state, outputs, owner):
+        self.graph, self.ptrs, self.state, self.data, self.owner = graph, ptrs, state, state.data, owner
+        self.outputs = outputs
+        flat = _flatten(outputs)
+        self.storages = [t.untyped_storage() for t in flat]
+        self.idle = [_use_count(s) for s in self.storages]
+
+    def free(self) -> bool:
+        """No output this graph returned is referenced any more (only this object's own references)."""
+        for s, n in zip(self.storages, self.idle):
+            if _use_count(s) != n:
+                return False
+        return True
+
+    def valid(self, st) -> bool:
+        return self.state is st and self.data is st.data
+
+
+def _flatten(out) -> list[Tensor]:
+    if isinstance(out, Tensor):
+        return [out]
+    return [t for part in out for t in _flatten(part)]
+
+
+def _detached(out):
+    """``out``'s structure over new tensor objects (same storage): what a replay returns."""
+    if isinstance(out, Tensor):
+        return out.detach()
+    return type(out)(_detached(part) for part in out)
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _capture_streams.get(device.index)
+    if stream is None:
+        stream = _capture_streams[device.index] = torch.cuda.Stream(device)
+    return stream
+
+
+def _drop(entry: _Captured) -> None:
+    """Forget ``entry``: its memory pool goes back to the allocator, so its last replay must have finished
+    (once per eviction, never in a steady state that graphs serve)."""
+    torch.cuda.synchronize(entry.state.device)
+    _graphs.pop(id(entry), None)
+    entry.owner.entries.remove(entry)
+    STATS["evicted"] += 1
+
+
+class KeyGraphs:
+    """The symm implementation ``impl`` of ``op`` bound to one argument key: the key's call count and graphs.
+    ``inputs(args)`` gives the call's tensors (whose addresses a graph is captured for) and its group name."""
+
+    __slots__ = ("op", "impl", "inputs", "calls", "entries", "captures", "replays", "plain", "capture_off")
+
+    def __init__(self, op: str, impl: Callable, inputs: Callable):
+        self.op, self.impl, self.inputs = op, impl, inputs
+        self.calls = 0  # calls of this key after the first (which ran before this object existed)
+        self.entries: list[_Captured] = []
+        self.captures = self.replays = 0
+        self.plain = False  # the key runs on p2p: no graph, and the eager protocol
+        self.capture_off = False  # graphs did not pay (or could not be captured) for this key: eager runs
+
+    def __call__(self, *args):
+        if self.plain or not knobs.symm.PRIVATE_GRAPHS:
+            return self.impl(*args)
+        tensors, group_name = self.inputs(args)
+        if not tensors[0].is_cuda or torch.cuda.is_current_stream_capturing():
+            return self.impl(*args)  # (a caller's capture: that graph is the one launch)
+        self.calls += 1
+        if self.calls == 1:  # warm the captured protocol up eagerly (tuning, buffer growth, kernel loads)
+            p2p = PATHS[f"{self.op}:p2p"]
+            out = self._eager(args)
+            self.plain = PATHS[f"{self.op}:p2p"] != p2p  # the same on every rank: p2p is chosen by shapes
+            return out
+        st = registry.states.get((group_name, tensors[0].device.index))
+        if st is None:
+            return self._eager(args)
+        st.check_status()
+        ptrs = tuple([t.data_ptr() for t in tensors])
+        stale = None
+        for entry in self.entries:
+            if entry.ptrs == ptrs and entry.free():
+                if not entry.valid(st):
+                    stale = entry
+                    break
+                entry.graph.replay()
+                _graphs.move_to_end(id(entry))
+                self.replays += 1
+                STATS["replays"] += 1
+                return _detached(entry.outputs)
+        if stale is not None:
+            _drop(stale)
+        if self.capture_off or not self._room():
+            return self._eager(args)
+        return self._capture(args, ptrs, st, tensors)
+
+    def _eager(self, args):
+        STATS["eager"] += 1
+        with protocol(graph=True):
+            return self.impl(*args)
+
+    def _room(self) -> bool:
+        """Room for one more graph of this key: under both bounds, after dropping idle graphs where needed.
+        A key whose graphs did not pay (captured far more often than replayed) stops capturing."""
+        if self.captures >= knobs.symm.PRIVATE_GRAPH_CAPTURES_MIN and self.replays < self.captures:
+            self.capture_off = True
+            log.info("overlap symm: %s: private CUDA graphs off for a key (%d captures, %d replays): its tensors "
+                     "move between calls", self.op, self.captures, self.replays)
+            return False
+        if len(self.entries) >= knobs.symm.PRIVATE_GRAPHS_PER_KEY:
+            idle = next((e for e in self.entries if e.free()), None)
+            if idle is None:
+                return False
+            _drop(idle)
+        if len(_graphs) >= knobs.symm.PRIVATE_GRAPHS_MAX:
+            idle = next((e for e in _graphs.values() if e.free()), None)
+            if idle is None:
+                return False
+            _drop(idle)
+        return True
+
+    def _capture(self, args, ptrs, st, tensors):
+        graph = torch.cuda.CUDAGraph()
+        caller = torch.cuda.current_stream(tensors[0].device)
+        try:
+            with torch.cuda.stream(_capture_stream(tensors[0].device)):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    with protocol(graph=True):
+                        out = self.impl(*args)
+                finally:
+                    graph.capture_end()
+        except Exception as e:  # noqa: BLE001 - this call then runs without a graph (same protocol)
+            self.capture_off = True
+            log.warning("overlap symm: %s: capturing a private CUDA graph failed (%s: %s); the key runs without one",
+                        self.op, type(e).__name__, e)
+            return self._eager(args)
+        inputs = {t.untyped_storage().data_ptr() for t in tensors}
+        if any(t.untyped_storage().data_ptr() in inputs for t in _flatten(out)):
+            self.capture_off = True  # an output over an input's memory: a graph cannot own it
+            return self._eager(args)
+        entry = _Captured(graph, ptrs, st, out, self)
+        self.entries.append(entry)
+        _graphs[id(entry)] = entry
+        self.captures += 1
+        STATS["captures"] += 1
+        with torch.cuda.stream(caller):
+            graph.replay()  # (not counted as a replay: the rule of ``_room`` counts the graphs' reuse)
+        return _detached(out)
+
+
+def forget() -> None:
+    """Drop every private graph (process groups destroyed: their buffers go)."""
+    if _graphs:
+        torch.cuda.synchronize()
+    for entry in list(_graphs.values()):
+        entry.owner.entries.clear()
+    _graphs.clear()
