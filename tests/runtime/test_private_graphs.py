@@ -225,3 +225,19 @@ def test_the_symm_gemm_ops_bind_their_tensors():
     assert [id(t) for t in tensors] == [id(shard), id(w), id(b)] and group == "tp"
     assert lowering.bound(lowering.implementation("p2p", "mm_ar")) is lowering.implementation("p2p", "mm_ar")
     assert lowering.bound(rs.impl) is not rs  # one state per key
+
+
+def test_destroying_a_process_group_drops_every_private_graph(fake_cuda):
+    """The buffers a graph captured go with their group: the destroy hook forgets every private graph."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import overlap_backend  # noqa: F401  installs the hook
+
+    key, x = bind(Op()), FakeInput()
+    key(x, "g")
+    key(x, "g")
+    assert len(key.entries) == 1 and len(private_graphs._graphs) == 1
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    dist.destroy_process_group()
+    assert not key.entries and not private_graphs._graphs

@@ -205,3 +205,6 @@ def forget() -> None:
     for entry in list(_graphs.values()):
         entry.owner.entries.clear()
     _graphs.clear()
+
+
+registry.on_destroy.append(forget)

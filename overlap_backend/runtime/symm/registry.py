@@ -121,6 +121,10 @@ def _forget_every_group() -> None:
 
 _installed = False
 
+# Callables run when any process group is destroyed, registered by modules that cache per-group
+# objects (the private graphs): registry cannot import them without an import cycle.
+on_destroy: list = []
+
 
 def install_process_hooks() -> None:
     """Release every group's buffers at exit, and on ``dist.destroy_process_group``: all of them (and
@@ -142,10 +146,10 @@ def install_process_hooks() -> None:
 
     def destroy_process_group(group=None):
         from .. import checks, p2p
-        from . import private_graphs
 
         checks.forget_checked()
-        private_graphs.forget()
+        for forget in on_destroy:
+            forget()
         if group is None:
             _forget_every_group()
             p2p._GROUPS.clear()
