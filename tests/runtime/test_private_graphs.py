@@ -241,3 +241,19 @@ def test_destroying_a_process_group_drops_every_private_graph(fake_cuda):
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     dist.destroy_process_group()
     assert not key.entries and not private_graphs._graphs
+
+
+def test_the_memory_bound_drops_idle_graphs_before_capturing_more(fake_cuda):
+    """Each fake graph holds 12 bytes of outputs; a 20-byte bound keeps two (the second goes over it)."""
+    keys, x = [bind(Op()) for _ in range(3)], FakeInput()
+    with knobs.symm.patch(PRIVATE_GRAPHS_MAX_MIB=20 / 2**20):
+        for key in keys[:2]:
+            key(x, "g")
+            key(x, "g")
+        assert [len(k.entries) for k in keys] == [1, 1, 0] and private_graphs._held_mib() == 24 / 2**20
+        held = keys[1](x, "g")  # keys[1]'s graph busy; keys[0]'s is the least recently used idle one
+        keys[2](x, "g")
+        keys[2](x, "g")
+        assert [len(k.entries) for k in keys] == [0, 1, 1] and held.numel() == 3
+        keys[0](x, "g")  # both graphs over the bound: keys[2]'s (idle) is dropped, keys[1]'s held one stays
+        assert [len(k.entries) for k in keys] == [1, 1, 0]

@@ -46,7 +46,7 @@ def _use_count(storage) -> int:
 class _Captured:
     """One graph of one key: its addresses, its outputs and their storages' reference counts when idle."""
 
-    __slots__ = ("graph", "ptrs", "state", "data", "outputs", "storages", "idle", "owner", "__weakref__")
+    __slots__ = ("graph", "ptrs", "state", "data", "outputs", "storages", "idle", "owner", "nbytes", "__weakref__")
 
     def __init__(self, graph, ptrs, state, outputs, owner):
         self.graph, self.ptrs, self.state, self.data, self.owner = graph, ptrs, state, state.data, owner
@@ -54,6 +54,7 @@ class _Captured:
         flat = _flatten(outputs)
         self.storages = [t.untyped_storage() for t in flat]
         self.idle = [_use_count(s) for s in self.storages]
+        self.nbytes = sum(s.nbytes() for s in self.storages)
 
     def free(self) -> bool:
         """No output this graph returned is referenced any more (only this object's own references)."""
@@ -84,6 +85,11 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     if stream is None:
         stream = _capture_streams[device.index] = torch.cuda.Stream(device)
     return stream
+
+
+def _held_mib() -> float:
+    """The outputs every private graph holds in its pool, in MiB (what the graphs keep from other tensors)."""
+    return sum(e.nbytes for e in _graphs.values()) / 2**20
 
 
 def _drop(entry: _Captured) -> None:
@@ -161,7 +167,7 @@ class KeyGraphs:
             if idle is None:
                 return False
             _drop(idle)
-        if len(_graphs) >= knobs.symm.PRIVATE_GRAPHS_MAX:
+        while len(_graphs) >= knobs.symm.PRIVATE_GRAPHS_MAX or _held_mib() >= knobs.symm.PRIVATE_GRAPHS_MAX_MIB:
             idle = next((e for e in _graphs.values() if e.free()), None)
             if idle is None:
                 return False
