@@ -740,6 +740,14 @@ def test_symm_reduce_overhead_training():
 
 
 def late_peer_worker(rank: int, ws: int, device: str, group=None):
+    """The late peer of ``_late_peer`` on eager calls (no private graph: each call's flags are known)."""
+    from overlap_backend.spec import knobs
+
+    with knobs.symm.patch(PRIVATE_GRAPHS=False):
+        return _late_peer(rank, ws, device, group)
+
+
+def _late_peer(rank: int, ws: int, device: str, group=None):
     """Rank 1 calls ag_mm 3 s after rank 0, whose kernel gives up after 1 s: rank 0 gets a
     SymmTimeoutError naming the op, its rank and the flag. Rank 0's watchdog then released its waits
     and told rank 1 (symm_layout.PEER_OK): rank 1's result is right (what rank 0 pushed was its shard), but
@@ -918,6 +926,14 @@ DEAD_PEER_TIMEOUT_S = 2.0  # set after the warm-up call (GroupState.set_timeout)
 
 
 def dead_peer_worker(rank: int, ws: int, device: str, group=None):
+    """The dead peer of ``_dead_peer`` on eager calls (no private graph: each call's flags are known)."""
+    from overlap_backend.spec import knobs
+
+    with knobs.symm.patch(PRIVATE_GRAPHS=False):
+        return _dead_peer(rank, ws, device, group)
+
+
+def _dead_peer(rank: int, ws: int, device: str, group=None):
     """Rank 1 skips the second call (as if it died). Rank 0's copy-engine pushes wait for rank 1's
     READY flag in ``cuStreamWaitValue32``, which has no timeout: without the watchdog its
     synchronize would never return. With it, the synchronize returns within ~1.25x
@@ -967,6 +983,72 @@ def dead_peer_worker(rank: int, ws: int, device: str, group=None):
 def test_symm_dead_peer_unblocks_stream_waits():
     _need_gpus(2)
     print(_run(dead_peer_worker, 2, timeout=90))
+
+
+def late_peer_private_replay_worker(rank: int, ws: int, device: str, group=None):
+    """Rank 1 replays its private graph of an eager ag_mm (``knobs.symm.PRIVATE_GRAPHS``) 3 s after rank 0,
+    whose call gives up after 1 s: rank 0's check raises a SymmTimeoutError naming the op of the replay and
+    its next call raises. Rank 1's replay ends (rank 0 released its waits), and its next call, which rank 0
+    never joins, ends in a SymmTimeoutError within the bound: no rank hangs or goes on unwarned."""
+    import time
+
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    from overlap_backend.runtime import symm
+    from overlap_backend.runtime.symm import private_graphs
+    from overlap_backend.spec import knobs
+
+    group = group or dist.group.WORLD
+    dtype = torch.bfloat16
+    shard = _randn(64, 128, dtype=dtype, device=device)
+    w = _randn(128, 256, dtype=dtype, device=device, scale=128**-0.5)
+    st = None
+
+    def call():
+        return torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)[1][0]
+
+    with knobs.symm.patch(PRIVATE_GRAPHS=True):
+        for _ in range(3):  # unbound, the captured protocol's eager run, the capture (default bound)
+            call()
+        torch.cuda.synchronize()
+        st = _group_state(group, device)
+        st.set_timeout(1.0)
+        replays = private_graphs.STATS["replays"]
+        dist.barrier(group=group)
+        if rank == 1:
+            time.sleep(3.0)
+        start = time.monotonic()
+        try:
+            call()
+            torch.cuda.synchronize()
+            st.check_status()
+        except symm.SymmTimeoutError as e:
+            msg = str(e)
+        else:
+            msg = None
+        took = time.monotonic() - start
+        assert private_graphs.STATS["replays"] == replays + 1, "the call was not a private replay"
+        if rank == 0:
+            assert msg is not None, f"rank 0 did not time out although rank 1 was 3 s late ({took:.1f} s)"
+            assert "ag_mm" in msg and "rank 0" in msg, msg
+            try:
+                call()
+            except symm.SymmTimeoutError:
+                return f"raised after {took:.1f} s: {msg}"
+            raise AssertionError("the next call after a timeout did not raise")
+        if msg is not None:
+            return f"the late rank raised after {took:.1f} s: {msg}"
+        start = time.monotonic()
+        try:
+            call()
+            torch.cuda.synchronize()
+            st.check_status()
+        except symm.SymmTimeoutError as e:
+            took = time.monotonic() - start
+            assert took < 1.0 * knobs.symm.WATCHDOG_FACTOR + 3, f"raised after {took:.1f} s"
+            return f"the late rank's replay ended; its next call raised after {took:.1f} s: {e}"
+        raise AssertionError("rank 1 went on calling although rank 0 had given up the group")
 
 
 def dead_peer_replay_worker(rank: int, ws: int, device: str, group=None):

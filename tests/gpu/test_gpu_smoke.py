@@ -360,7 +360,10 @@ def case_private_graphs(rank, ws, group):
     def errs_of(outs, want):
         return [0.0 if torch.equal(outs[0], want[0]) else math.inf] + [g._rel_err(o, r) for o, r in zip(outs[1:], want[1:])]
 
-    ops()  # (the keys' first calls, with the knob off: the eager protocol)
+    from overlap_backend.runtime import checks
+
+    checks.forget_checked()  # new keys: earlier cases of this process called the same shapes
+    ops()  # (the keys' first calls: the eager protocol)
     torch.cuda.synchronize()
     worst, held = 0.0, None
     with knobs.symm.patch(PRIVATE_GRAPHS=True):
@@ -413,7 +416,12 @@ def case_dead_peer_in_a_replay(rank, ws, group):
     return str(g.dead_peer_replay_worker(rank, ws, "cuda", group=group))
 
 
-FAULT_CASES = {"late peer": case_late_peer, "dead peer": case_dead_peer, "dead peer in a replay": case_dead_peer_in_a_replay}
+def case_late_peer_in_a_private_replay(rank, ws, group):
+    return str(g.late_peer_private_replay_worker(rank, ws, "cuda", group=group))
+
+
+FAULT_CASES = {"late peer": case_late_peer, "dead peer": case_dead_peer, "dead peer in a replay": case_dead_peer_in_a_replay,
+               "late peer in a private replay": case_late_peer_in_a_private_replay}
 
 
 # ------------------------------------------------------------------------- the runs

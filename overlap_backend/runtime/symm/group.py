@@ -193,6 +193,11 @@ class GroupState:
         self.value = 0  # what the current call raises its flags to and waits for: the epoch, or 1 captured
         self.graph_pinned = False  # a call was captured: its data buffer must never be freed or moved
         self.stalled: str | None = None  # set by the watchdog: why this group is unusable
+        # The op of the last call on the captured protocol that this host issued (a private graph's eager run
+        # or replay, private_graphs.py): the watchdog's name for a stuck one, unless a user's graph was captured.
+        self.host_graph_call = ""
+        self.private_capture = False  # private_graphs.py is capturing a call of this group
+        self._user_graphs = False
         self._names = [""] * 64  # the op of each of the last 64 eager calls, by epoch % 64
         # the local flag words each of those calls' streams wait for: (word, value, bands per chunk)
         self._awaited: list[list[tuple[int, int, int]]] = [[] for _ in range(64)]
@@ -469,6 +474,10 @@ class GroupState:
         if graph:
             self.base, self.value = layout.GRAPH_BLOCK, 1
             self.graph_pinned = True
+            if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+                self.host_graph_call = what
+            elif not self.private_capture:
+                self._user_graphs = True
             self._count_replay(layout.GRAPH_STARTED, compute)
         else:
             self.epoch += 1
@@ -596,6 +605,8 @@ class GroupState:
         s = self.status
         if s[layout.STARTED] > s[layout.FINISHED]:
             return self._names[s[layout.STARTED] % 64] or "a symm call"
+        if self.host_graph_call and not self._user_graphs:
+            return self.host_graph_call
         return "a captured symm call (CUDA-graph replay)"
 
     def _count_replay(self, word: int, compute: torch.cuda.Stream) -> None:

@@ -138,6 +138,7 @@ class KeyGraphs:
                 if not entry.valid(st):
                     stale = entry
                     break
+                st.host_graph_call = self.op
                 entry.graph.replay()
                 _graphs.move_to_end(id(entry))
                 self.replays += 1
@@ -180,10 +181,12 @@ class KeyGraphs:
         try:
             with torch.cuda.stream(_capture_stream(tensors[0].device)):
                 graph.capture_begin(capture_error_mode="thread_local")
+                st.private_capture = True
                 try:
                     with protocol(graph=True):
                         out = self.impl(*args)
                 finally:
+                    st.private_capture = False
                     graph.capture_end()
         except Exception as e:  # noqa: BLE001 - this call then runs without a graph (same protocol)
             self.capture_off = True
@@ -199,6 +202,7 @@ class KeyGraphs:
         _graphs[id(entry)] = entry
         self.captures += 1
         STATS["captures"] += 1
+        st.host_graph_call = self.op
         with torch.cuda.stream(caller):
             graph.replay()  # (not counted as a replay: the rule of ``_room`` counts the graphs' reuse)
         return _detached(out)
