@@ -159,6 +159,9 @@ def main(argv=None) -> int:
     p.add_argument("--private-graphs", action="store_true",
                    help="also the overlap graph with its ops replaying private CUDA graphs (knobs.symm.PRIVATE_GRAPHS, the default); "
                         "the overlap column is always the ops' eager host path")
+    p.add_argument("--layers", type=int, default=0,
+                   help="also each op called in turn with LAYERS weights (the same key at LAYERS addresses, as in a "
+                        "model of that many layers): host µs per call with private graphs and without")
     common.add_set_argument(p)
     args = common.parse_args_with_sets(p, argv)
     rank, ws, device, group, nccl_group, shared = setup()
@@ -210,6 +213,27 @@ def main(argv=None) -> int:
                     res["private_reserved_mib"] = (torch.cuda.memory_reserved(device) - reserved) / 2**20
                 res["private_ratio"] = res["private_host_us"] / res["inductor_host_us"]
                 res["private_own_us"] = res["private_host_us"] - res["inductor_host_us"]
+            if args.layers:
+                layer_weights = [torch.randn_like(w) for _ in range(args.layers)]
+
+                def layers():
+                    for lw in layer_weights:
+                        comp_o(x, lw)
+
+                for private in (False, True):
+                    name = "layers_private" if private else "layers_eager"
+                    with knobs.symm.patch(PRIVATE_GRAPHS=private):
+                        stats, reserved = dict(private_graphs.STATS), torch.cuda.memory_reserved(device)
+                        for _ in range(3):
+                            layers()
+                        common.synchronize(device)
+                        res[f"{name}_host_us"] = common.host_us(layers, device, calls=4, rounds=5) / args.layers
+                        res[f"{name}_stats"] = {k: v - stats[k] for k, v in private_graphs.STATS.items()}
+                        res[f"{name}_reserved_mib"] = (torch.cuda.memory_reserved(device) - reserved) / 2**20
+                if rank == 0:
+                    print(f"  {args.layers} layers: host us per call eager {res['layers_eager_host_us']:.1f}, private "
+                          f"graphs {res['layers_private_host_us']:.1f} ({res['layers_private_stats']}, "
+                          f"+{res['layers_private_reserved_mib']:.0f} MiB reserved)", flush=True)
             rows.append(res)
             if rank == 0:
                 print(f"{op} M={m}: overlap {res['overlap_host_us']:.1f} us, inductor {res['inductor_host_us']:.1f} "
@@ -267,6 +291,16 @@ def write(out: Path, rows, profiles, ws, shared, device, costs) -> None:
             + common.markdown_table(headers, table) + "\n\nHost µs per call of the operations an op call is made of "
             "(rank 0, 2000 calls each, while the other ranks do the same):\n\n"
             + common.markdown_table(["operation", "µs"], [[k, f"{v:.2f}"] for k, v in costs.items()]) + "\n")
+    layered = [r for r in rows if "layers_private_host_us" in r]
+    if layered:
+        text += ("\nEach op called in turn with one weight per layer (the same key at as many addresses), host µs per "
+                 "call (calls of all layers / layers), Inductor's single-op figure beside it:\n\n" + common.markdown_table(
+                     ["graph", "M", "Inductor + NCCL host µs", "eager overlap µs", "private graphs µs", "ratio to Inductor",
+                      "private graphs' replays / captures / eager runs", "MiB more reserved"],
+                     [[r["op"], r["M"], f"{r['inductor_host_us']:.1f}", f"{r['layers_eager_host_us']:.1f}",
+                       f"{r['layers_private_host_us']:.1f}", f"{r['layers_private_host_us'] / r['inductor_host_us']:.2f}×",
+                       "{replays} / {captures} / {eager}".format(**r["layers_private_stats"]),
+                       f"{r['layers_private_reserved_mib']:.0f}"] for r in layered]) + "\n")
     (out / "host.md").write_text(text)
     common.write_json(out / "host.json", {"info": info, "rows": rows, "driver_costs_us": costs})
     for name, prof in profiles.items():

@@ -149,13 +149,15 @@ def test_an_output_still_referenced_is_never_overwritten(fake_cuda):
     assert len(key.entries) == 2 and sum(captured for _, captured in op.runs) == 2
 
 
-def test_new_addresses_and_a_moved_data_buffer_capture_again(fake_cuda):
+def test_new_addresses_run_eagerly_then_capture_and_a_moved_data_buffer_captures_again(fake_cuda):
     op, x, y = Op(), FakeInput(), FakeInput()
     key = bind(op)
     key(x, "g")
     key(x, "g")
-    key(y, "g")  # other addresses: another graph
-    assert len(key.entries) == 2
+    key(y, "g")  # other addresses, the first time: an eager run
+    assert len(key.entries) == 1 and op.runs[-1] == (True, False)
+    key(y, "g")  # the second time: another graph
+    assert len(key.entries) == 2 and op.runs[-1] == (True, True)
     fake_cuda.data = object()  # the data buffer grew (moved): x's graph is stale
     op.value[0] = 7.0
     assert key(x, "g").eq(7.0).all()
@@ -171,17 +173,41 @@ def test_a_key_on_p2p_keeps_the_eager_protocol(fake_cuda):
     assert key.plain and op.runs == [(True, False)] + [(False, False)] * 3 and not key.entries
 
 
-def test_tensors_that_move_every_call_stop_the_captures(fake_cuda):
+def test_tensors_that_move_every_call_are_never_captured(fake_cuda):
     op = Op()
     key = bind(op)
     inputs = [FakeInput() for _ in range(7)]  # (all alive: distinct addresses)
-    key(inputs[0], "g")
-    with knobs.symm.patch(PRIVATE_GRAPH_CAPTURES_MIN=3, PRIVATE_GRAPHS_PER_KEY=2):
-        for x in inputs[1:]:
+    for x in inputs:
+        key(x, "g")
+    assert key.captures == 0 and not key.entries and op.runs == [(True, False)] * 7
+
+
+def test_layers_that_come_back_are_replayed(fake_cuda):
+    """A model's layers: one key, one set of addresses per layer, every step: eager, capture, then replays."""
+    op = Op()
+    key = bind(op)
+    layers = [FakeInput() for _ in range(10)]
+    key(layers[0], "g")  # (the key's first call ran before the binding)
+    for step in range(3):
+        for x in layers:
             key(x, "g")
-    assert key.capture_off and key.captures == 3
-    assert op.runs[-2:] == [(True, False)] * 2  # then eager runs, still on the captured protocol
-    assert len(key.entries) <= 2
+    # step 0: layer 0 captured (its warm-up saw it), the rest eager; step 1: layer 0 replayed, the rest captured
+    assert key.captures == 10 and key.replays == 11 and not key.capture_off and len(key.entries) == 10
+
+
+def test_more_layers_than_the_bound_holds_stop_the_captures(fake_cuda):
+    op = Op()
+    key = bind(op)
+    layers = [FakeInput() for _ in range(3)]
+    with knobs.symm.patch(PRIVATE_GRAPH_CAPTURES_MIN=3, PRIVATE_GRAPHS_PER_KEY=2):
+        for step in range(6):
+            for x in layers:
+                key(x, "g")
+    assert key.capture_off and key.evictions == 3
+    captures = key.captures
+    for x in layers:
+        key(x, "g")  # the graphs left still replay; the other layers run eagerly, on the captured protocol
+    assert key.captures == captures and len(key.entries) <= 2 and (True, False) in op.runs[-3:]
 
 
 def test_the_process_bound_evicts_the_least_recently_used_idle_graph(fake_cuda):

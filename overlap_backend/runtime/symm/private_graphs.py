@@ -4,7 +4,8 @@ Outside CUDA graphs a symm call pays for its Python, its driver calls (stream me
 copies, joins) and its launches on every call, several times what Inductor's GEMM + NCCL call costs
 on the host. From the third call of an argument key on (the key ``ops.py`` caches its checks under),
 a call replays a CUDA graph of the op captured for the call's tensor addresses instead, and returns
-that graph's outputs.
+that graph's outputs. A graph is captured the second time a set of addresses comes (a model's layers
+share a key and come back every step), so tensors that move on every call cost no capture.
 
 What every rank must agree on is the flag protocol, not the graph: each call of a key after its first
 uses the captured-call protocol (the toggling flag block, ``symm_layout.GRAPH_BLOCK``), whether this
@@ -98,6 +99,7 @@ def _drop(entry: _Captured) -> None:
     torch.cuda.synchronize(entry.state.device)
     _graphs.pop(id(entry), None)
     entry.owner.entries.remove(entry)
+    entry.owner.evictions += 1
     STATS["evicted"] += 1
 
 
@@ -105,13 +107,17 @@ class KeyGraphs:
     """The symm implementation ``impl`` of ``op`` bound to one argument key: the key's call count and graphs.
     ``inputs(args)`` gives the call's tensors (whose addresses a graph is captured for) and its group name."""
 
-    __slots__ = ("op", "impl", "inputs", "calls", "entries", "captures", "replays", "plain", "capture_off")
+    __slots__ = ("op", "impl", "inputs", "calls", "entries", "seen", "captures", "replays", "evictions", "plain",
+                 "capture_off")
 
     def __init__(self, op: str, impl: Callable, inputs: Callable):
         self.op, self.impl, self.inputs = op, impl, inputs
         self.calls = 0  # calls of this key after the first (which ran before this object existed)
         self.entries: list[_Captured] = []
-        self.captures = self.replays = 0
+        # addresses of the key's calls that no graph served, most recent last: a graph is captured for a set of
+        # addresses seen before (a model's layers come back each step; tensors that move every call never do)
+        self.seen: OrderedDict[tuple, None] = OrderedDict()
+        self.captures = self.replays = self.evictions = 0
         self.plain = False  # the key runs on p2p: no graph, and the eager protocol
         self.capture_off = False  # graphs did not pay (or could not be captured) for this key: eager runs
 
@@ -123,6 +129,7 @@ class KeyGraphs:
             return self.impl(*args)  # (a caller's capture: that graph is the one launch)
         self.calls += 1
         if self.calls == 1:  # warm the captured protocol up eagerly (tuning, buffer growth, kernel loads)
+            self._saw(tuple([t.data_ptr() for t in tensors]))
             p2p = PATHS[f"{self.op}:p2p"]
             out = self._eager(args)
             self.plain = PATHS[f"{self.op}:p2p"] != p2p  # the same on every rank: p2p is chosen by shapes
@@ -146,9 +153,16 @@ class KeyGraphs:
                 return _detached(entry.outputs)
         if stale is not None:
             _drop(stale)
-        if self.capture_off or not self._room():
+        if self.capture_off or ptrs not in self.seen or not self._room():
+            self._saw(ptrs)
             return self._eager(args)
         return self._capture(args, ptrs, st, tensors)
+
+    def _saw(self, ptrs: tuple) -> None:
+        self.seen[ptrs] = None
+        self.seen.move_to_end(ptrs)
+        if len(self.seen) > 2 * knobs.symm.PRIVATE_GRAPHS_PER_KEY:
+            self.seen.popitem(last=False)
 
     def _eager(self, args):
         STATS["eager"] += 1
@@ -157,11 +171,13 @@ class KeyGraphs:
 
     def _room(self) -> bool:
         """Room for one more graph of this key: under both bounds, after dropping idle graphs where needed.
-        A key whose graphs did not pay (captured far more often than replayed) stops capturing."""
-        if self.captures >= knobs.symm.PRIVATE_GRAPH_CAPTURES_MIN and self.replays < self.captures:
+        A key whose graphs did not pay (evicted again and again, replayed less often than captured: more sets
+        of addresses come back than the bounds hold) stops capturing."""
+        if self.evictions >= knobs.symm.PRIVATE_GRAPH_CAPTURES_MIN and self.replays < self.captures:
             self.capture_off = True
-            log.info("overlap symm: %s: private CUDA graphs off for a key (%d captures, %d replays): its tensors "
-                     "move between calls", self.op, self.captures, self.replays)
+            log.info("overlap symm: %s: private CUDA graphs off for a key (%d captures, %d evictions, %d replays): "
+                     "more sets of its tensors' addresses come back than the bounds (knobs.symm.PRIVATE_GRAPHS_*) "
+                     "hold", self.op, self.captures, self.evictions, self.replays)
             return False
         if len(self.entries) >= knobs.symm.PRIVATE_GRAPHS_PER_KEY:
             idle = next((e for e in self.entries if e.free()), None)

@@ -82,13 +82,14 @@ symm = Knobs(
     # Eager ag_mm / mm_rs / mm_ar calls replay a private CUDA graph of the op per argument key and tensor
     # addresses from a key's third call on (runtime/symm/private_graphs.py): one launch instead of the op's host work.
     PRIVATE_GRAPHS=True,
-    # Private graphs kept per key (one per set of addresses, or per output still referenced) ...
-    PRIVATE_GRAPHS_PER_KEY=4,
+    # Private graphs kept per key (one per set of addresses: a model's layers share a key; or per output
+    # still referenced) ...
+    PRIVATE_GRAPHS_PER_KEY=128,
     # ... and in all (each holds its outputs and intermediates in a memory pool of its own).
     PRIVATE_GRAPHS_MAX=64,
     # ... and by the output memory their pools hold (MiB per process; one graph may go over it): least
     # recently used idle graphs are dropped first, and none is captured while every graph is busy.
     PRIVATE_GRAPHS_MAX_MIB=2048.0,
-    # A key captured this many times while its graphs were replayed fewer times stops capturing (its tensors move).
+    # A key whose graphs were evicted this many times while replayed less often than captured stops capturing.
     PRIVATE_GRAPH_CAPTURES_MIN=8,
 )
