@@ -57,6 +57,10 @@ GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts", "cta_pipeline_mlp")
 # 0.81 vs 0.56 (predicted 0.69 vs 0.49: kept plain); cta_pipeline_mlp (bench_cta --graphs, 2xH200,
 # H 8192, F 28672): TP2 faster at every M, as predicted (M >= 512 within 17 %; M=128 0.22 vs 0.45).
 GRAPH_P2P_HOST_KEPT = ("moe_experts", "cta_pipeline_mlp")
+# Eager calls of these ops replay private CUDA graphs (knobs.symm.PRIVATE_GRAPHS): measured on one H200 at
+# 0.48-0.76x the host time of the plain graph compiled by Inductor with NCCL (bench/results/host_h200x1_2026-12-02/
+# private_graphs), so like a replay their symm plan carries no host floor.
+PRIVATE_GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar")
 
 
 @dataclass(frozen=True)
@@ -501,6 +505,12 @@ def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *
         cal = dataclasses.replace(cal, **p2p_host, symm_call_ms=dict.fromkeys(cal.symm_call_ms, 0.0))
         if not knobs.symm.CAPTURE_ON_SYMM and p.op != "cta_pipeline_mlp":  # (cta: always captured on symm)
             lowerings = [low for low in lowerings if low != "symm"] or ["p2p"]
+    elif p.op in PRIVATE_GRAPH_OPS:
+        from ..spec import knobs
+
+        if knobs.symm.PRIVATE_GRAPHS:
+            cal = dataclasses.replace(cal, symm_call_ms={k: 0.0 if k.startswith(p.op) else v
+                                                         for k, v in cal.symm_call_ms.items()})
     plans = []
     for low in dict.fromkeys(lowerings):
         plan = plan_symm(cal, p, stages, comm_sms) if low == "symm" else plan_p2p(cal, p, stages)
@@ -524,5 +534,5 @@ def _with_prologue(cal: Calibration, p: Problem, base: float, terms: dict[str, f
     return base + plain, {**terms, "prologue_ms": plain}
 
 
-__all__ = ["ELEMENT_BYTES", "GRAPH_OPS", "OPS", "Plan", "Prediction", "Problem", "ar_rounds", "bands", "baseline",
+__all__ = ["ELEMENT_BYTES", "GRAPH_OPS", "OPS", "PRIVATE_GRAPH_OPS", "Plan", "Prediction", "Problem", "ar_rounds", "bands", "baseline",
            "ce_ms", "coll_ms", "cta_block", "gemm_ms", "mem_ms", "p2p_ms", "plan_p2p", "plan_symm", "predict"]

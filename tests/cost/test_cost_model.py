@@ -48,11 +48,16 @@ def test_ag_mm_design_shape_ws4_predicted_to_win_on_symm():
 
 
 def test_tiny_match_predicted_to_lose():
-    pred = predict(Problem("ag_mm", m=16, n=64, k=64, dtype=BF16, ws=4), H200, ["symm", "p2p"])
+    tiny = Problem("ag_mm", m=16, n=64, k=64, dtype=BF16, ws=4)
+    with knobs.symm.patch(PRIVATE_GRAPHS=False):
+        pred = predict(tiny, H200, ["symm", "p2p"])
     assert not pred.wins
-    floor = H200.symm_call_ms["ag_mm"]  # a tiny call costs its host time
+    floor = H200.symm_call_ms["ag_mm"]  # a tiny eager call costs its host time
     assert pred.reason().startswith(f"cost model: predicted {floor:.2f} ms overlapped (symm) vs 0.0")
     assert " ms plain" in pred.reason()
+    # replaying a private graph it costs no host floor, and still loses: its flags and stream operations
+    private = predict(tiny, H200, ["symm", "p2p"])
+    assert not private.wins and private.best.terms["host_ms"] == 0.0 and private.best.ms < pred.best.ms
 
 
 @pytest.mark.parametrize(
@@ -71,6 +76,24 @@ def test_tiny_match_predicted_to_lose():
     ],
 )
 def test_decisions_on_bench_shapes(problem, wins):
+    with knobs.symm.patch(PRIVATE_GRAPHS=False):  # (measured on the eager host path)
+        assert predict(problem, H200, ["symm", "p2p"]).wins is wins
+
+
+@pytest.mark.parametrize(
+    "problem, wins",
+    [
+        (Problem("mm_rs", m=512, n=8192, k=7168 // 2, dtype=BF16, ws=2), True),  # host-bound eagerly, not replayed
+        (Problem("mm_ar", m=4096, n=4096, k=2048, dtype=BF16, ws=2), True),
+        (Problem("mm_ar", m=128, n=8192, k=7168, dtype=BF16, ws=4), False),  # its flags cost more than the GEMM
+        (Problem("ag_mm", m=512, n=7168, k=8192, dtype=BF16, ws=2), False),
+    ],
+)
+def test_private_graphs_price_eager_calls_like_replays(problem, wins):
+    """An eager call replays a private graph: its symm plan is the CUDA-graph replay's, no host floor."""
+    private = predict(problem, H200, ["symm"])
+    replay = predict(problem, H200, ["symm"], cuda_graphs=True)
+    assert private.best.ms == replay.best.ms and private.best.terms["host_ms"] == 0.0
     assert predict(problem, H200, ["symm", "p2p"]).wins is wins
 
 
@@ -140,7 +163,8 @@ def test_cuda_graphs_drop_the_host_time_of_captured_ops():
     from overlap_backend.spec import knobs
 
     prefill = Problem("mm_ar", m=4096, n=4096, k=2048, dtype=BF16, ws=2)
-    eager = predict(prefill, H200, ["symm", "p2p"])
+    with knobs.symm.patch(PRIVATE_GRAPHS=False):
+        eager = predict(prefill, H200, ["symm", "p2p"])
     graphs = predict(prefill, H200, ["symm", "p2p"], cuda_graphs=True)
     assert not eager.wins and eager.best.terms["host_ms"] > 0.2
     assert graphs.wins and graphs.best.lowering == "symm" and graphs.best.terms["host_ms"] == 0.0
@@ -455,8 +479,9 @@ def test_the_price_follows_the_knobs():
     with knobs.cta.patch(K_CHUNKS=2 * knobs.cta.K_CHUNKS):
         assert predict(cta, H200, ["symm"], stages=2).best.chunks == 2 * chunks
     ar = Problem("mm_ar", m=128, n=8192, k=7168, dtype=BF16, ws=2)
-    assert predict(ar, H200, ["symm"]).best.terms["host_ms"] == H200.symm_call_ms["mm_ar_oneshot"]
-    with knobs.symm.patch(ONESHOT_MAX_BYTES=0):
+    with knobs.symm.patch(PRIVATE_GRAPHS=False):
+        assert predict(ar, H200, ["symm"]).best.terms["host_ms"] == H200.symm_call_ms["mm_ar_oneshot"]
+    with knobs.symm.patch(ONESHOT_MAX_BYTES=0, PRIVATE_GRAPHS=False):
         assert predict(ar, H200, ["symm"]).best.terms["host_ms"] == H200.symm_call_ms["mm_ar"]
 
 
