@@ -25,7 +25,7 @@ from .cta_plan import ChunkPlan, chunk_plan
 from .lowering import register
 from .ops import group_size
 from .symm import private_graphs
-from .symm.lowering_helpers import PATHS, capturing, eager_protocol_run, load_kernels, run_on_p2p, tma_aligned, tma_problem
+from .symm.lowering_helpers import PATHS, capturing, load_kernels, run_on_p2p, tma_aligned, tma_problem
 
 _staging: dict[tuple, Tensor] = {}
 _staging_kept: list[Tensor] = []  # staging buffers outgrown after a call was captured (graphs may use them)
@@ -113,7 +113,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         return run_on_p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm_layout.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
     graph = capturing(x)  # (a private graph's eager runs too: the captured protocol without a capture)
-    captured = graph and not eager_protocol_run(x)  # (an eager run lays weights out: a collective)
+    captured = graph and torch.cuda.is_current_stream_capturing()  # (what only an eager run can do: collectives)
     placed = cta_weights.place(st, w1, b1, w3, b3, w2, b2, plan.window, captured)
     cfg0, cfg1, f1, kchunk, nch, nch1 = plan.cfg0, plan.cfg1, plan.f1, plan.kchunk, plan.nch, plan.nch1
     bm, group_m, tiles_m, groups = cfg0[0], cfg0[3], plan.tiles_m, plan.groups

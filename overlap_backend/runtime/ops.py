@@ -289,21 +289,14 @@ def moe_experts(
     SM count of the communication kernel as the cost model chose it (0: none, the copy engine does the
     whole combine); it never changes the result.
     """
+    impl = _lowering.implementation(lowering, "moe_experts")
     group = _checks.resolve_group("moe_experts", group_name)
     _checks.check_moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, saved,
                               group, MOE_SAVED, comm_sms)
-    # Token rows (x, rows), splits and expert sizes are per-rank values (dropless routing): checked on every
-    # call, not agreed, and not part of the key the implementation is bound to, which must be the same on
-    # every rank (the private graphs' protocol follows its calls).
-    key = ("moe_experts", x.shape[-1], x.dtype, x.device, _checks.tensors_key((w_gate, w_up, w_down)),
-           offsets is not None, tuple(saved), comm_sms, group_name, lowering)
-    impl = _checks.CHECKED.get(key)
-    if impl is None:
-        impl = _lowering.implementation(lowering, "moe_experts")
-        if _checks.check_agreement("moe_experts", group, [
-                ("x", _checks.row_width(x)), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down),
-                ("offsets", offsets is not None), ("saved", list(saved)), ("comm_sms", comm_sms)]):
-            _checks.remember_checked(key, _lowering.bound(impl))
+    # token rows (x, rows), splits and expert sizes are per-rank values (dropless routing): not agreed
+    _checks.check_agreement("moe_experts", group, [("x", _checks.row_width(x)), ("w_gate", w_gate), ("w_up", w_up),
+                                                   ("w_down", w_down), ("offsets", offsets is not None),
+                                                   ("saved", list(saved)), ("comm_sms", comm_sms)])
     extra = {"comm_sms": comm_sms} if comm_sms >= 0 else {}
     return impl(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate, w_up, w_down, group_name, saved, **extra)
 
