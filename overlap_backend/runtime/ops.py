@@ -427,18 +427,13 @@ def cta_pipeline_mlp(
     ``w3``/``b3`` are None unless ``activation == "swiglu"``. ``stages`` (>= 1) is the number of
     pipeline stages; it changes how the work is scheduled, never the result.
     """
-    key = ("cta_pipeline_mlp", _checks.tensors_key((x, w1, b1, w3, b3, w2, b2)), activation, approximate, stages,
-           group_name, lowering)
-    impl = _checks.CHECKED.get(key)
-    if impl is None:  # the first call of this key: every check (later calls of it skip them)
-        impl = _lowering.implementation(lowering, "cta_pipeline_mlp")
-        group = _checks.resolve_group("cta_pipeline_mlp", group_name)
-        _checks.check_cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
-                                       CTA_ACTIVATIONS, GELU_APPROXIMATIONS)
-        if _checks.check_agreement("cta_pipeline_mlp", group, [
-                ("x", x), ("w1", w1), ("b1", b1), ("w3", w3), ("b3", b3), ("w2", w2), ("b2", b2),
-                ("activation", activation), ("approximate", approximate), ("stages", stages)]):
-            _checks.remember_checked(key, _lowering.bound(impl))
+    impl = _lowering.implementation(lowering, "cta_pipeline_mlp")
+    group = _checks.resolve_group("cta_pipeline_mlp", group_name)
+    _checks.check_cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
+                                   CTA_ACTIVATIONS, GELU_APPROXIMATIONS)
+    _checks.check_agreement("cta_pipeline_mlp", group, [("x", x), ("w1", w1), ("b1", b1), ("w3", w3), ("b3", b3),
+                                                        ("w2", w2), ("b2", b2), ("activation", activation),
+                                                        ("approximate", approximate), ("stages", stages)])
     return impl(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name)
 
 

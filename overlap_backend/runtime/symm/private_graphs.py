@@ -1,5 +1,4 @@
-"""Private CUDA graphs of eager symm calls (``ag_mm``, ``mm_rs``, ``mm_ar``, ``cta_pipeline_mlp``): one graph
-launch per steady-state call.
+"""Private CUDA graphs of eager symm calls: one graph launch per steady-state call.
 
 Outside CUDA graphs a symm call pays for its Python, its driver calls (stream memory operations,
 copies, joins) and its launches on every call, several times what Inductor's GEMM + NCCL call costs
