@@ -605,7 +605,7 @@ class GroupState:
         s = self.status
         if s[layout.STARTED] > s[layout.FINISHED]:
             return self._names[s[layout.STARTED] % 64] or "a symm call"
-        if self.host_graph_call and not self._user_graphs:
+        if getattr(self, "host_graph_call", "") and not getattr(self, "_user_graphs", False):
             return self.host_graph_call
         return "a captured symm call (CUDA-graph replay)"
 
