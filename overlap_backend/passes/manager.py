@@ -39,11 +39,14 @@ class MatchRecord:
     cost: dict[str, Any] | None = None
     # ag_mm: the row-wise ops moved from after the gather onto the shard (passes/prologue.py)
     prologue: dict[str, Any] | None = None
+    # a pattern split over graphs: the graph breaks that split it, each with what the user can set
+    # (graph_breaks.py)
+    graph_break: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["pass"] = d.pop("pass_name")
-        for key in ("epilogue", "cost", "prologue"):
+        for key in ("epilogue", "cost", "prologue", "graph_break"):
             if d[key] is None:
                 del d[key]
         return d
