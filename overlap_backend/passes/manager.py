@@ -17,6 +17,7 @@ from ..cost import decision as cost_decision
 from .collectives import forward_collective_copies
 from .lowerings import lowering_candidates, written_lowering
 from .rejected import Rejected
+from .saved import record_forward
 from .sizes import GUARDS_ALLOWED
 
 log = logging.getLogger("overlap_backend")
@@ -191,6 +192,8 @@ class PassManager:
             GUARDS_ALLOWED.reset(token)
 
     def _run(self, graph, ctx, report, observer) -> None:
+        if ctx.graph_kind == "forward":  # its saved values' facts, for the backward's passes
+            record_forward(graph)
         if observer is not None:
             observer.before(graph)
         if self.passes and forward_collective_copies(graph) and observer is not None:
