@@ -407,6 +407,8 @@ def test_moe_blocks_rewritten(hf_run, name):
         left = [(m["pass"], m["reason"][:120]) for m in mine if not m["applied"]]
         if kind == "backward" and name in BACKWARD_LEFT:
             assert not done, f"the backward of {name} is rewritten now: drop it from BACKWARD_LEFT"
+            said = [m for m in mine if m["pass"] == "moe_tp_experts" and "per-row gathered expert weights" in m["reason"]]
+            assert len(said) >= LAYERS, f"the backward's experts' all-reduces are not reported with why: {left}"
             continue
         assert len(done) >= LAYERS, f"{kind}: {len(done)} experts' collectives rewritten, want one per layer; left: {left}"
         if kind == "forward" and not run.case.all_to_all:
