@@ -463,7 +463,7 @@ def _left(matches: list[dict]) -> str:
     seen: dict[str, int] = {}
     for m in matches:
         if not m["applied"]:
-            reason = m["reason"].split(":")[0] if m["pass"] != "moe_tp_experts" else m["reason"]
+            reason = m["reason"].split(":")[0] if m["pass"] != "moe_tp_experts" else m["reason"].split(": ", 1)[-1]
             key = f"{m['kind']} {'experts' if m['expert'] else 'dense'} `{m['pass']}`: {reason[:90]}"
             seen[key] = seen.get(key, 0) + 1
     return "; ".join(f"{k} (x{v})" for k, v in seen.items()) or "none"
