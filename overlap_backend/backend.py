@@ -31,6 +31,7 @@ import torch.fx
 
 from . import debug
 from .config import OverlapConfig
+from .graph_breaks import GraphBreakTracker, split_pattern_records
 from .passes import GraphReport, MatchRecord, PassContext, build_manager
 
 try:  # Inductor's interface for post-grad passes that take part in its cache keys
@@ -417,6 +418,8 @@ class OverlapBackend:
         self.config = config
         self.manager = build_manager(config.passes, config)
         self.reports: list[GraphReport] = []
+        self.graph_breaks = GraphBreakTracker()
+        self._breaks: dict[str, int] = {}  # counted before the Dynamo graph being compiled now
 
     # ------------------------------------------------------------------ the pipeline itself
     def run_pipeline(self, graph: torch.fx.Graph, kind: str | None = None) -> GraphReport:
@@ -428,6 +431,9 @@ class OverlapBackend:
         ctx = PassContext(self.config, kind, cuda_graphs=graphs and (partitioned or not cudagraph_blocker(graph)),
                           partitioned=partitioned)
         self.manager.run(graph, ctx, report, observer=dumper)
+        if kind != "backward":  # a pattern that graph breaks split: which breaks, and what to set
+            breaks, self._breaks = self._breaks or self.graph_breaks.recent, {}
+            report.matches.extend(split_pattern_records(graph, breaks, report.matches))
         if dumper is not None:
             dumper.ops(graph, captured=ctx.cuda_graphs)
             dumper.finish()
@@ -458,6 +464,7 @@ class OverlapBackend:
         from torch._inductor.compile_fx import compile_fx
 
         patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
+        self._breaks = self.graph_breaks.take()
         if self.config.disable:  # plain Inductor: untouched, but for what mode/options ask
             return compile_fx(gm, example_inputs, **({"config_patches": patches} if patches else {}))
         if group_names(gm, example_inputs):

@@ -73,9 +73,10 @@ def call(graph: torch.fx.Graph, target, args, kwargs=None) -> torch.fx.Node:
 
 
 def erase_dead(nodes: list[torch.fx.Node]) -> None:
-    """Erase the nodes of a replaced match that nothing uses any more (users before inputs)."""
+    """Erase the nodes of a replaced match that nothing uses any more (users before inputs); never a
+    placeholder (the compiled graph's signature stays)."""
     changed = True
-    pending = [n for n in nodes if n.graph is not None]
+    pending = [n for n in nodes if n.graph is not None and n.op != "placeholder"]
     while changed:
         changed = False
         for n in list(pending):

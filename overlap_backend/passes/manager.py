@@ -17,6 +17,7 @@ from ..cost import decision as cost_decision
 from .collectives import forward_collective_copies
 from .lowerings import lowering_candidates, written_lowering
 from .rejected import Rejected
+from .saved import record_forward
 from .sizes import GUARDS_ALLOWED
 
 log = logging.getLogger("overlap_backend")
@@ -39,11 +40,14 @@ class MatchRecord:
     cost: dict[str, Any] | None = None
     # ag_mm: the row-wise ops moved from after the gather onto the shard (passes/prologue.py)
     prologue: dict[str, Any] | None = None
+    # a pattern split over graphs: the graph breaks that split it, each with what the user can set
+    # (graph_breaks.py)
+    graph_break: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["pass"] = d.pop("pass_name")
-        for key in ("epilogue", "cost", "prologue"):
+        for key in ("epilogue", "cost", "prologue", "graph_break"):
             if d[key] is None:
                 del d[key]
         return d
@@ -188,6 +192,8 @@ class PassManager:
             GUARDS_ALLOWED.reset(token)
 
     def _run(self, graph, ctx, report, observer) -> None:
+        if ctx.graph_kind == "forward":  # its saved values' facts, for the backward's passes
+            record_forward(graph)
         if observer is not None:
             observer.before(graph)
         if self.passes and forward_collective_copies(graph) and observer is not None:

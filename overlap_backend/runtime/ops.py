@@ -451,3 +451,34 @@ def _(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages, group_name, lo
 
 
 OPS["cta_pipeline_mlp"] = torch.ops.overlap.cta_pipeline_mlp
+
+
+# ---------------------------------------------------------------------- grouped GEMM weight gradient
+# grouped_mm_weight_grad(Tensor input, Tensor grad_output, Tensor offs) -> Tensor
+@_define("grouped_mm_weight_grad(Tensor input, Tensor grad_output, Tensor offs) -> Tensor",
+         tags=(torch.Tag.cudagraph_unsafe,))
+def grouped_mm_weight_grad(input, grad_output, offs):
+    """The weight gradient of a grouped GEMM over expert-major rows (expert ``e``'s rows end at ``offs[e]``):
+    ``dW[e] = input[rows_e]^T @ grad_output[rows_e]``, ``[E, K, N]``, zeros for an expert without rows.
+
+    It is the second output of ``transformers::grouped_mm_fallback_backward``, computed the same way (the
+    offsets are read on the host), for backward graphs whose input gradient the ``moe`` pass takes.
+    """
+    if input.dim() != 2 or grad_output.dim() != 2 or offs.dim() != 1 or input.shape[0] != grad_output.shape[0]:
+        raise ValueError(f"overlap::grouped_mm_weight_grad: input {tuple(input.shape)}, grad_output "
+                         f"{tuple(grad_output.shape)} (both [M, *]) and offs {tuple(offs.shape)} ([E])")
+    out = input.new_zeros((offs.shape[0], input.shape[1], grad_output.shape[1]))
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        if end > start:
+            torch.mm(input[start:end].t(), grad_output[start:end], out=out[e])
+        start = end
+    return out
+
+
+@_fake("grouped_mm_weight_grad")
+def _(input, grad_output, offs):
+    return input.new_empty((offs.shape[0], input.shape[1], grad_output.shape[1]))
+
+
+OPS["grouped_mm_weight_grad"] = torch.ops.overlap.grouped_mm_weight_grad

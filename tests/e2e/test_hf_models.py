@@ -13,8 +13,12 @@ step on each, and checks:
 - from each rank's ``summary.json``: the same decisions on every rank; every dense GEMM -> collective
   rewritten (the rowwise o_proj / down_proj all-reduces forward, the colwise input-gradient
   all-reduces backward), only the embedding's all-reduce and the head's gather left alone;
-- the MoE blocks' collectives rewritten (forward and backward). The backend does not rewrite them yet:
-  those cases are strict xfails with the reason, so they flip when the ``moe`` pass learns the form.
+- the MoE blocks' collectives rewritten (forward and backward). transformers' own all-to-all expert parallelism
+  (``AllToAllEP``) splits every MoE layer over graphs: those cases are strict xfails with the reason, and
+  ``summary.json`` names each graph break and what the user can set. The same models with
+  ``models.hf.register_ep_implementation()``'s ``"overlap_all_to_all"`` (static-shape capacity all-to-alls; batched
+  and per-expert-loop expert GEMMs) compile to one forward and one backward graph, the ``moe`` pass rewriting
+  every layer.
 
 A collective belongs to the experts when the module that issued it is an ``*.experts`` module, or its
 stack trace runs through transformers' ``expert_parallel.py`` (graph breaks lose the module stack).
@@ -42,6 +46,8 @@ from dist_harness import run_ranks
 pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers): "
                                            "these tests compile its models")
 
+# models.hf.register_ep_implementation's names: the default (batched expert GEMMs) and a per-expert loop
+EP_OVERLAP, EP_OVERLAP_LOOP = "overlap_all_to_all", "overlap_all_to_all_loop"
 FP32_TOL = 1e-4
 BF16_TOL = 3e-2  # bfloat16: the rewritten experts sum their rows in other GEMM shapes than eager's
 LAYERS = 2
@@ -76,6 +82,16 @@ class Case:
         return self.expert_parallel and self.distributed.get("ep_implementation", "auto") != "all_reduce"
 
     @property
+    def transformers_all_to_all(self) -> bool:
+        """transformers' own AllToAllEP (``"auto"`` in training): data-dependent split sizes, graph breaks."""
+        return self.all_to_all and self.distributed.get("ep_implementation", "auto") in ("auto", "all_to_all")
+
+    @property
+    def overlap_ep(self) -> bool:
+        """``models.hf.OverlapAllToAllEP`` (static-shape capacity all-to-alls)."""
+        return self.distributed.get("ep_implementation", "").startswith(EP_OVERLAP)
+
+    @property
     def rowwise_per_layer(self) -> int:
         """Dense GEMM -> all-reduce blocks per decoder layer: o_proj, and down_proj of a dense MLP."""
         return 1 if self.moe else 2
@@ -91,9 +107,13 @@ CASES = {
     "qwen3_moe-tp2-ep2": Case("qwen3_moe", {"tp_size": 2, "ep_size": 2}),
     "mixtral-tp2-ep2": Case("mixtral", {"tp_size": 2, "ep_size": 2}),
     "qwen3_moe-tp2-ep2-all_reduce": Case("qwen3_moe", {"tp_size": 2, "ep_size": 2, "ep_implementation": "all_reduce"}),
+    "qwen3_moe-tp2-ep2-overlap": Case("qwen3_moe", {"tp_size": 2, "ep_size": 2, "ep_implementation": EP_OVERLAP}),
+    "qwen3_moe-tp2-ep2-overlap-loop": Case("qwen3_moe", {"tp_size": 2, "ep_size": 2,
+                                                          "ep_implementation": EP_OVERLAP_LOOP}),
+    "mixtral-tp2-ep2-overlap": Case("mixtral", {"tp_size": 2, "ep_size": 2, "ep_implementation": EP_OVERLAP}),
 }
 MOE_CASES = [n for n, c in CASES.items() if c.moe]
-A2A_CASES = [n for n, c in CASES.items() if c.all_to_all]
+A2A_CASES = [n for n, c in CASES.items() if c.transformers_all_to_all]
 
 # Why the backend leaves each MoE form alone today (summary.json and the graphs of a tiny model say so).
 MOE_XFAIL = {
@@ -185,6 +205,10 @@ def hf_worker(rank, ws, cases: list):
     import os
     import traceback
 
+    from overlap_backend.models.hf import register_ep_implementation
+
+    register_ep_implementation(EP_OVERLAP)
+    register_ep_implementation(EP_OVERLAP_LOOP, expert_form="loop")
     out = {}
     for name, case, debug_dir in cases:
         os.environ["OVERLAP_DEBUG_DIR"] = debug_dir  # read by make_backend
@@ -383,12 +407,34 @@ def test_moe_blocks_rewritten(hf_run, name):
         left = [(m["pass"], m["reason"][:120]) for m in mine if not m["applied"]]
         if kind == "backward" and name in BACKWARD_LEFT:
             assert not done, f"the backward of {name} is rewritten now: drop it from BACKWARD_LEFT"
+            said = [m for m in mine if m["pass"] == "moe_tp_experts" and "per-row gathered expert weights" in m["reason"]]
+            assert len(said) >= LAYERS, f"the backward's experts' all-reduces are not reported with why: {left}"
             continue
         assert len(done) >= LAYERS, f"{kind}: {len(done)} experts' collectives rewritten, want one per layer; left: {left}"
         if kind == "forward" and not run.case.all_to_all:
             assert not left, f"forward: the experts' all-reduce left alone: {left}"
         if not run.case.all_to_all:  # tensor-parallel experts (and AllReduceEP): one op per layer and direction
             assert {m["pass"] for m in done} == {"moe_tp_experts"} and len(done) == LAYERS, done
+        if run.case.overlap_ep:  # dispatch -> experts -> combine: one moe op per layer and direction
+            assert {m["pass"] for m in done} == {"moe"} and len(done) == LAYERS, done
+            assert not [m for m in mine if m["pass"] == "moe" and not m["applied"]], left
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", A2A_CASES)
+def test_graph_breaks_in_moe_blocks_reported(hf_run, name):
+    """transformers' AllToAllEP splits each MoE block over graphs: summary.json says so on the all-to-alls left
+    alone (a ``moe`` match with ``graph_break``), naming each break and what the user can set."""
+    run = hf_run(name)
+    split = [m for m in run.matches() if m["pass"] == "moe" and "graph_break" in m]
+    assert split and not any(m["applied"] for m in split), [m["pass"] for m in run.matches()]
+    assert all(m["expert"] for m in split), [m["modules"] for m in split]
+    breaks = [b for m in split for b in m["graph_break"]]
+    assert any("_local_scalar_dense" in b["explanation"] for b in breaks), breaks  # .tolist() of the split sizes
+    fixes = {fix for b in breaks for fix in b["set"]}
+    assert any("capture_scalar_outputs = True" in f for f in fixes), fixes
+    assert any('ep_implementation="overlap_all_to_all"' in f for f in fixes), fixes
+    assert all(b["count"] >= 1 and b["reason"] for b in breaks), breaks
+
 
 # ------------------------------------------------------------------------------ docs/models.md's table
 MODELS_DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
@@ -417,7 +463,7 @@ def _left(matches: list[dict]) -> str:
     seen: dict[str, int] = {}
     for m in matches:
         if not m["applied"]:
-            reason = m["reason"].split(":")[0] if m["pass"] != "moe_tp_experts" else m["reason"]
+            reason = m["reason"].split(":")[0] if m["pass"] != "moe_tp_experts" else m["reason"].split(": ", 1)[-1]
             key = f"{m['kind']} {'experts' if m['expert'] else 'dense'} `{m['pass']}`: {reason[:90]}"
             seen[key] = seen.get(key, 0) + 1
     return "; ".join(f"{k} (x{v})" for k, v in seen.items()) or "none"

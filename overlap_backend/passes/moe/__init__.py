@@ -33,6 +33,7 @@ from ..manager import OverlapPass
 from ..preconditions import require_group
 from ..rejected import Rejected
 from . import backward, forward
+from .fallback import split_fallback_backward
 from .layout import layout_error
 from .match import find_all_to_alls, find_moe
 from .region import same_splits
@@ -43,6 +44,8 @@ class MoePass(OverlapPass):
     name = "moe"
 
     def find(self, graph):
+        if self.ctx.graph_kind == "backward":  # transformers' float32 grouped GEMM backward: dX and dW apart
+            split_fallback_backward(graph)
         return find_moe(graph)
 
     def key(self, m: MoeMatch):

@@ -15,6 +15,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..saved import saved_zeros
 from .structure import FILLS, MoeMatch, Step, describe_node, is_static, is_zero_fill, shape_eq, shape_of, size_eq
 
 
@@ -38,7 +39,7 @@ def _keeps_rows(step: Step) -> str | None:
         moved = step.base if step.kind == "scatter" else step.src
         if len(index) >= len(shape_of(moved)):
             return f"{step.node.name} indexes into the row width"
-        if step.kind == "scatter" and step.base.target not in FILLS:
+        if step.kind == "scatter" and step.base.target not in FILLS and not saved_zeros(step.base):
             return f"{step.node.name} scatters into {describe_node(step.base)}, not a fresh tensor"
     return None
 
@@ -79,7 +80,7 @@ def layout_error(m: MoeMatch) -> str | None:
     for s in m.in_steps + m.out_steps:
         if err := _keeps_rows(s):
             return err
-        if s.kind == "scatter" and s in m.in_steps and not is_zero_fill(s.base):
+        if s.kind == "scatter" and s in m.in_steps and not (is_zero_fill(s.base) or saved_zeros(s.base)):
             return f"{s.node.name}: the padded expert input is not zero-filled"
     in_segs, in_idx = _segments(m.in_steps)
     out_segs, out_idx = _segments(m.out_steps)

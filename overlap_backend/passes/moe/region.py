@@ -136,7 +136,11 @@ def row_ids(graph, fake, m: MoeMatch) -> torch.fx.Node:
         elif s.kind == "gather":
             ids = fake.call(graph, aten.index.Tensor, (ids, s.index))
         elif s.kind == "scatter":
-            shape = list(s.base.args[0])
+            if s.base.op == "placeholder":  # a zero base the forward saved (passes/saved.py): its sizes
+                shape = [d if isinstance(d, int) else fake.call(graph, aten.sym_size.int, (s.base, i))
+                         for i, d in enumerate(shape_of(s.base))]
+            else:
+                shape = list(s.base.args[0])
             base = fake.call(graph, aten.full.default, (shape[:-1] + [1], -1), dict(dtype=torch.int64, device=recv.device))
             ids = fake.call(graph, aten.index_put.default, (base, s.index, ids))
     return fake.call(graph, aten.reshape.default, (ids, [-1]))

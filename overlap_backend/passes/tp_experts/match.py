@@ -214,8 +214,34 @@ def is_inverse_permutation(node: torch.fx.Node, m_rows) -> bool:
     return ok and known_eq(val(values).shape[0], m_rows) and known_eq(val(node).shape[0], m_rows)
 
 
+def _per_row_weights_bmm(node: torch.fx.Node, depth: int = 8) -> torch.fx.Node | None:
+    """The ``bmm`` of per-row matrices by per-row vectors (``bmm(W_rows [M, N, K], unsqueeze(v [M, K], -1))``:
+    batched_mm's form, on the expert weights gathered per (token, slot) row) that ``node`` is, through views,
+    squeezes and sums (the top-k sum), or None."""
+    n = node
+    for _ in range(depth):
+        if not (isinstance(n, torch.fx.Node) and n.op == "call_function"):
+            return None
+        if n.target is aten.bmm.default:
+            for operand in n.args[:2]:
+                if isinstance(operand, torch.fx.Node) and operand.target is aten.unsqueeze.default \
+                        and val(operand.args[0]).dim() == 2 and operand.args[1] in (2, -1):
+                    return n
+            return None
+        if n.target not in (*RESHAPES, aten.squeeze.dim, aten.sum.dim_IntList):
+            return None
+        n = n.args[0]
+    return None
+
+
 def match_backward(ar: AllReduce) -> TpExpertsMatch | None:
     p = ar.input
+    if p.op == "call_function" and p.target is not aten.index_put.default and (bmm := _per_row_weights_bmm(p)):
+        # batched_mm's backward: reported (the forward of that form is rewritten)
+        return TpExpertsMatch(ar, backward=True, error=(
+            f"the experts' input gradient {p.name} is a bmm ({bmm.name}) on per-row gathered expert weights "
+            "(experts_implementation='batched_mm': [M, N, K] matrices by [M, K, 1] vectors), summed over the top-k "
+            "slots, not grouped GEMM rows; experts_implementation='grouped_mm' is rewritten"))
     if p.op != "call_function" or p.target is not aten.index_put.default or not reaches_expert_gemm(p):
         return None
     m = TpExpertsMatch(ar, backward=True)
