@@ -1008,6 +1008,17 @@ def late_peer_private_replay_worker(rank: int, ws: int, device: str, group=None)
     def call():
         return torch.ops.overlap.ag_mm(shard, [w], [None], 0, group.group_name, "symm", False)[1][0]
 
+    def timed():
+        """(the SymmTimeoutError's message or None, seconds) of one call, synchronised and checked."""
+        start = time.monotonic()
+        try:
+            call()
+            torch.cuda.synchronize()
+            st.check_status()
+        except symm.SymmTimeoutError as e:
+            return str(e), time.monotonic() - start
+        return None, time.monotonic() - start
+
     with knobs.symm.patch(PRIVATE_GRAPHS=True):
         for _ in range(3):  # unbound, the captured protocol's eager run, the capture (default bound)
             call()
@@ -1018,16 +1029,7 @@ def late_peer_private_replay_worker(rank: int, ws: int, device: str, group=None)
         dist.barrier(group=group)
         if rank == 1:
             time.sleep(3.0)
-        start = time.monotonic()
-        try:
-            call()
-            torch.cuda.synchronize()
-            st.check_status()
-        except symm.SymmTimeoutError as e:
-            msg = str(e)
-        else:
-            msg = None
-        took = time.monotonic() - start
+        msg, took = timed()
         assert private_graphs.STATS["replays"] == replays + 1, "the call was not a private replay"
         if rank == 0:
             assert msg is not None, f"rank 0 did not time out although rank 1 was 3 s late ({took:.1f} s)"
@@ -1039,15 +1041,10 @@ def late_peer_private_replay_worker(rank: int, ws: int, device: str, group=None)
             raise AssertionError("the next call after a timeout did not raise")
         if msg is not None:
             return f"the late rank raised after {took:.1f} s: {msg}"
-        start = time.monotonic()
-        try:
-            call()
-            torch.cuda.synchronize()
-            st.check_status()
-        except symm.SymmTimeoutError as e:
-            took = time.monotonic() - start
+        msg, took = timed()
+        if msg is not None:
             assert took < 1.0 * knobs.symm.WATCHDOG_FACTOR + 3, f"raised after {took:.1f} s"
-            return f"the late rank's replay ended; its next call raised after {took:.1f} s: {e}"
+            return f"the late rank's replay ended; its next call raised after {took:.1f} s: {msg}"
         raise AssertionError("rank 1 went on calling although rank 0 had given up the group")
 
 
