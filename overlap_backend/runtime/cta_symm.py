@@ -24,7 +24,8 @@ from . import cta_weights, symm
 from .cta_plan import ChunkPlan, chunk_plan
 from .lowering import register
 from .ops import group_size
-from .symm.lowering_helpers import PATHS, load_kernels, run_on_p2p, tma_aligned, tma_problem
+from .symm import private_graphs
+from .symm.lowering_helpers import PATHS, capturing, eager_protocol_run, load_kernels, run_on_p2p, tma_aligned, tma_problem
 
 _staging: dict[tuple, Tensor] = {}
 _staging_kept: list[Tensor] = []  # staging buffers outgrown after a call was captured (graphs may use them)
@@ -111,8 +112,9 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     if plan.flag_words > symm_layout.CTA_CHUNK_WORDS // 2:
         return run_on_p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm_layout.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
-    graph = torch.cuda.is_current_stream_capturing()
-    placed = cta_weights.place(st, w1, b1, w3, b3, w2, b2, plan.window, graph)
+    graph = capturing(x)  # (a private graph's eager runs too: the captured protocol without a capture)
+    captured = graph and not eager_protocol_run(x)  # (an eager run lays weights out: a collective)
+    placed = cta_weights.place(st, w1, b1, w3, b3, w2, b2, plan.window, captured)
     cfg0, cfg1, f1, kchunk, nch, nch1 = plan.cfg0, plan.cfg1, plan.f1, plan.kchunk, plan.nch, plan.nch1
     bm, group_m, tiles_m, groups = cfg0[0], cfg0[3], plan.tiles_m, plan.groups
     fp = (F - f1) // tp
@@ -124,7 +126,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     y_offset = -(-((tp * nch + nch1) * block_bytes) // 256) * 256
     part_offset = -(-(y_offset + M * N * es) // 256) * 256  # the tails' partial products [tp, M, N/tp]
     need = part_offset + (M * N * es if tail else 0)
-    if graph and (st.data is None or st.data.nbytes < need):
+    if captured and (st.data is None or st.data.nbytes < need):
         raise RuntimeError("overlap symm: cta_pipeline_mlp was captured in a CUDA graph before an eager call of this "
                            "size: run it once eagerly first (the symmetric buffers grow, collectively, outside the "
                            "capture; torch.compile's mode='reduce-overhead' warms up eagerly)")
@@ -280,3 +282,11 @@ def _push_blocks(st, stage_buf, epoch, producer, tp, M, mp, group_rows, groups, 
                 else:
                     _cuda.memcpy_async(st.data_addr(tp + q, dst), block, nbytes, stream)
                     _cuda.memcpy_async(st.flag_addr(arrived, tp + q), st.flag_addr(base + symm_layout.CTA_EPOCH), 4, stream)
+
+
+def _cta_inputs(args) -> tuple[list, str]:
+    x, w1, b1, w3, b3, w2, b2, *_, group_name = args
+    return [t for t in (x, w1, b1, w3, b3, w2, b2) if t is not None], group_name
+
+
+cta_pipeline_mlp.bind_key = lambda: private_graphs.KeyGraphs("cta_pipeline_mlp", cta_pipeline_mlp, _cta_inputs)

@@ -37,10 +37,12 @@ from ..spec import knobs, symm_layout
 from . import cuda as _cuda
 from . import symm
 from .lowering import register
+from .symm import private_graphs
 from .moe_p2p import prefix_sums
 from .streams import SYMM_MOE_COMM, comm_stream
-from .symm.lowering_helpers import (PATHS, call_state, capture_problem, captured_call_problem, capturing, load_kernels,
-                                     run_on_p2p, tma_aligned, tma_problem, tune, tuned_configs)
+from .symm.lowering_helpers import (PATHS, call_state, capture_problem, captured_call_problem, capturing,
+                                     eager_protocol_run, load_kernels, run_on_p2p, tma_aligned, tma_problem, tune,
+                                     tuned_configs)
 
 log = logging.getLogger("overlap_backend.symm")
 
@@ -232,7 +234,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     tune_key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(x.dtype), str(cd), eager_grid)
     send_off, recv_off = prefix_sums(send_splits), prefix_sums(recv_splits)
     ends_host = [] if offsets is not None else prefix_sums(group_sizes)[1:]
-    meta = _meta(send_off + recv_off + ends_host, dev, graph)
+    meta = _meta(send_off + recv_off + ends_host, dev, graph and not eager_protocol_run(x))
     if graph and (why := captured_call_problem(st, lay["bytes"], [tuned_configs.get(("moe_gate_up", tune_key)),
                                                           tuned_configs.get(("moe_down", tune_key))])
                   or (meta is None and "inside a CUDA-graph capture with splits no eager call used (warm up "
@@ -414,3 +416,16 @@ def _record(stream):
 def _wait(stream, event):
     if stream is not None and event is not None:
         stream.wait_event(event)
+
+
+def _moe_inputs(args) -> tuple[list, str]:
+    x, _, _, rows, offsets, _, w_gate, w_up, w_down, group_name, *_ = args
+    return [t for t in (x, rows, offsets, w_gate, w_up, w_down) if t is not None], group_name
+
+
+def _moe_values(args) -> tuple:
+    x, send_splits, recv_splits, rows, _, group_sizes, *_ = args
+    return (x.shape[0], rows.shape[0], tuple(send_splits), tuple(recv_splits), tuple(group_sizes))
+
+
+moe_experts.bind_key = lambda: private_graphs.KeyGraphs("moe_experts", moe_experts, _moe_inputs, _moe_values)

@@ -395,12 +395,87 @@ def case_private_graphs(rank, ws, group):
     return f"{took}; max rel err {worst:.1e}"
 
 
+def case_private_graphs_cta(rank, ws, group):
+    """``cta_pipeline_mlp`` on private graphs: the key's first call, an eager run of the captured protocol, a
+    capture, then replays, each on fresh inputs with the output checked against float32 and poisoned."""
+    import torch.distributed as dist
+
+    from overlap_backend.runtime import checks
+    from overlap_backend.runtime.symm import private_graphs
+
+    M, H, F, N, act, approximate, bias = CTA_SHAPE
+    checks.forget_checked()  # a new key: earlier cases of this process called the same shape
+    args = gc._shards(ws, M, H, F, N, act, bias, BF16, "cuda")
+    x = args[0]
+    before = dict(private_graphs.STATS)
+    errs = {}
+    for i in range(6):
+        fresh = torch.randn(M, H, device="cuda").to(BF16)
+        dist.broadcast(fresh, src=0, group=group)  # the row-parallel MLP's input is the same on every rank
+        x.copy_(fresh)
+        out = _cta_call(group, args, act, approximate)
+        errs[f"call {i}"] = g._rel_err(out, gc._reference(args, act, approximate, group))
+        out.fill_(float("nan"))
+        del out
+    torch.cuda.synchronize()
+    took = {k: private_graphs.STATS[k] - before[k] for k in before}
+    assert took["eager"] == 1 and took["captures"] == 1 and took["replays"] == 3, took
+    return f"{took}; " + _check(errs)
+
+
+def case_private_graphs_moe(rank, ws, group):
+    """``moe_experts`` on private graphs, one routing kept (as capacity routing sends the same splits): the
+    key's first call, an eager run of the captured protocol, a capture, then replays, each on fresh token rows
+    with the output checked against float32 and poisoned; then other splits run eagerly."""
+    from overlap_backend.runtime import checks
+    from overlap_backend.runtime.symm import private_graphs
+
+    gn = group.group_name
+    n_rows, h, f, experts, _ = gm.CASES["balanced"]
+    gen = torch.Generator().manual_seed(zlib.crc32(b"smoke moe private"))  # the same on every rank
+    checks.forget_checked()  # a new key: earlier cases of this process called the same weights' shapes
+    counts, experts_of = gm._routing("balanced", ws, experts, gen)
+    send, recv = counts[rank].tolist(), counts[:, rank].tolist()
+    wg, wu = ((torch.randn(experts, h, f, device="cuda") / math.sqrt(h)).to(BF16) for _ in range(2))
+    wd = (torch.randn(experts, f, h, device="cuda") / math.sqrt(f)).to(BF16)
+    x = torch.randn(sum(send), h, device="cuda").to(BF16)
+    e_of = experts_of[rank].to("cuda")
+    rows = torch.sort(e_of, stable=True).indices
+    ends = torch.cumsum(torch.bincount(e_of, minlength=experts), 0)
+    offsets = ends.to(torch.int32)
+    before = dict(private_graphs.STATS)
+    errs = {}
+    for call in range(6):
+        x.copy_(torch.randn(x.shape, device="cuda").to(BF16))
+        ref = gm._reference(x, send, recv, rows, ends, wg, wu, wd, group)
+        out, _ = torch.ops.overlap.moe_experts(x, send, recv, rows, offsets, [], wg, wu, wd, gn, "symm", [False] * 5)
+        errs[f"call {call}"] = gm._rel(out.float(), ref.float())
+        out.fill_(float("nan"))
+        del out
+    torch.cuda.synchronize()
+    took = {k: private_graphs.STATS[k] - before[k] for k in before}
+    assert took["eager"] == 1 and took["captures"] == 1 and took["replays"] == 3, took
+    # other routing, the same key: new splits and rows, run eagerly (first seen) on the captured protocol
+    counts, experts_of = gm._routing("balanced", ws, experts, gen)
+    send, recv = counts[rank].tolist(), counts[:, rank].tolist()
+    x = torch.randn(sum(send), h, device="cuda").to(BF16)
+    e_of = experts_of[rank].to("cuda")
+    rows = torch.sort(e_of, stable=True).indices
+    ends = torch.cumsum(torch.bincount(e_of, minlength=experts), 0)
+    ref = gm._reference(x, send, recv, rows, ends, wg, wu, wd, group)
+    out, _ = torch.ops.overlap.moe_experts(x, send, recv, rows, ends.to(torch.int32), [], wg, wu, wd, gn, "symm",
+                                           [False] * 5)
+    errs["other splits"] = gm._rel(out.float(), ref.float())
+    return f"{took}; " + _check(errs)
+
+
 OPS_CASES = {
     "ag_mm": case_ag_mm, "mm_rs": case_mm_rs, "mm_ar": case_mm_ar, "empty K/N": case_empty_k_n,
     "moe_experts": case_moe_experts, "moe_experts_backward": case_moe_experts_backward,
     "cta_pipeline_mlp": case_cta_pipeline_mlp, "captured ag_mm, mm_rs, mm_ar": case_captured_gemm_ops,
     "captured moe_experts": case_captured_moe_experts, "captured cta_pipeline_mlp": case_captured_cta_pipeline_mlp,
-    "private graphs of ag_mm, mm_rs, mm_ar": case_private_graphs,
+    "private graphs of ag_mm, mm_rs, mm_ar": case_private_graphs, "private graphs of cta_pipeline_mlp": case_private_graphs_cta,
+    "private graphs of moe_experts": case_private_graphs_moe,
 }
 
 

@@ -249,6 +249,11 @@ def test_the_symm_gemm_ops_bind_their_tensors():
     ar = lowering.bound(lowering.implementation("symm", "mm_ar"))
     tensors, group = ar.inputs((shard, w, b, "sum", "tp", "", ()))
     assert [id(t) for t in tensors] == [id(shard), id(w), id(b)] and group == "tp"
+    from overlap_backend.runtime import cta_symm  # noqa: F401  registers the symm cta_pipeline_mlp
+
+    cta = lowering.bound(lowering.implementation("symm", "cta_pipeline_mlp"))
+    tensors, group = cta.inputs((shard, w, b, None, None, w, None, "gelu", "none", 2, "tp"))
+    assert [id(t) for t in tensors] == [id(shard), id(w), id(b), id(w)] and group == "tp"
     assert lowering.bound(lowering.implementation("p2p", "mm_ar")) is lowering.implementation("p2p", "mm_ar")
     assert lowering.bound(rs.impl) is not rs  # one state per key
 

@@ -63,6 +63,12 @@ def capturing(t: Tensor) -> bool:
     return t.is_cuda and (_graph_protocol[0] or torch.cuda.is_current_stream_capturing())
 
 
+def eager_protocol_run(t: Tensor) -> bool:
+    """The call runs on the captured-call protocol without being recorded into a graph (a private graph's
+    eager run): it may do what only an eager call can (collectives, host-to-device copies it keeps)."""
+    return _graph_protocol[0] and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def capture_problem(t: Tensor) -> str | None:
     """Why a call being captured into a CUDA graph cannot take the symm path (None: it can, or it is
     not being captured). Every rank of a group captures the same graph, so the decision is the same

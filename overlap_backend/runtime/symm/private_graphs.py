@@ -1,4 +1,5 @@
-"""Private CUDA graphs of eager symm calls: one graph launch per steady-state call.
+"""Private CUDA graphs of eager symm calls (``ag_mm``, ``mm_rs``, ``mm_ar``, ``cta_pipeline_mlp``,
+``moe_experts``): one graph launch per steady-state call.
 
 Outside CUDA graphs a symm call pays for its Python, its driver calls (stream memory operations,
 copies, joins) and its launches on every call, several times what Inductor's GEMM + NCCL call costs
@@ -107,11 +108,13 @@ class KeyGraphs:
     """The symm implementation ``impl`` of ``op`` bound to one argument key: the key's call count and graphs.
     ``inputs(args)`` gives the call's tensors (whose addresses a graph is captured for) and its group name."""
 
-    __slots__ = ("op", "impl", "inputs", "calls", "entries", "seen", "captures", "replays", "evictions", "plain",
-                 "capture_off")
+    __slots__ = ("op", "impl", "inputs", "values", "calls", "entries", "seen", "captures", "replays", "evictions",
+                 "plain", "capture_off")
 
-    def __init__(self, op: str, impl: Callable, inputs: Callable):
-        self.op, self.impl, self.inputs = op, impl, inputs
+    def __init__(self, op: str, impl: Callable, inputs: Callable, values: Callable | None = None):
+        """``values(args)``: the host values a graph bakes in that the key does not fix (moe_experts' token
+        splits and row counts, which differ between ranks and calls): a graph serves only calls with the same."""
+        self.op, self.impl, self.inputs, self.values = op, impl, inputs, values
         self.calls = 0  # calls of this key after the first (which ran before this object existed)
         self.entries: list[_Captured] = []
         # addresses of the key's calls that no graph served, most recent last: a graph is captured for a set of
@@ -121,24 +124,31 @@ class KeyGraphs:
         self.plain = False  # the key runs on p2p: no graph, and the eager protocol
         self.capture_off = False  # graphs did not pay (or could not be captured) for this key: eager runs
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:  # (moe_experts' comm_sms: part of the key)
+            return self._call(args, lambda *a: self.impl(*a, **kwargs))
+        return self._call(args, self.impl)
+
+    def _call(self, args, impl):
         if self.plain or not knobs.symm.PRIVATE_GRAPHS:
-            return self.impl(*args)
+            return impl(*args)
         tensors, group_name = self.inputs(args)
         if not tensors[0].is_cuda or torch.cuda.is_current_stream_capturing():
-            return self.impl(*args)  # (a caller's capture: that graph is the one launch)
+            return impl(*args)  # (a caller's capture: that graph is the one launch)
         self.calls += 1
+        ptrs = tuple([t.data_ptr() for t in tensors])
+        if self.values is not None:
+            ptrs += self.values(args)
         if self.calls == 1:  # warm the captured protocol up eagerly (tuning, buffer growth, kernel loads)
-            self._saw(tuple([t.data_ptr() for t in tensors]))
+            self._saw(ptrs)
             p2p = PATHS[f"{self.op}:p2p"]
-            out = self._eager(args)
+            out = self._eager(impl, args)
             self.plain = PATHS[f"{self.op}:p2p"] != p2p  # the same on every rank: p2p is chosen by shapes
             return out
         st = registry.states.get((group_name, tensors[0].device.index))
         if st is None:
-            return self._eager(args)
+            return self._eager(impl, args)
         st.check_status()
-        ptrs = tuple([t.data_ptr() for t in tensors])
         stale = None
         for entry in self.entries:
             if entry.ptrs == ptrs and entry.free():
@@ -155,8 +165,8 @@ class KeyGraphs:
             _drop(stale)
         if self.capture_off or ptrs not in self.seen or not self._room():
             self._saw(ptrs)
-            return self._eager(args)
-        return self._capture(args, ptrs, st, tensors)
+            return self._eager(impl, args)
+        return self._capture(impl, args, ptrs, st, tensors)
 
     def _saw(self, ptrs: tuple) -> None:
         self.seen[ptrs] = None
@@ -164,10 +174,10 @@ class KeyGraphs:
         if len(self.seen) > 2 * knobs.symm.PRIVATE_GRAPHS_PER_KEY:
             self.seen.popitem(last=False)
 
-    def _eager(self, args):
+    def _eager(self, impl, args):
         STATS["eager"] += 1
         with protocol(graph=True):
-            return self.impl(*args)
+            return impl(*args)
 
     def _room(self) -> bool:
         """Room for one more graph of this key: under both bounds, after dropping idle graphs where needed.
@@ -191,7 +201,7 @@ class KeyGraphs:
             _drop(idle)
         return True
 
-    def _capture(self, args, ptrs, st, tensors):
+    def _capture(self, impl, args, ptrs, st, tensors):
         graph = torch.cuda.CUDAGraph()
         caller = torch.cuda.current_stream(tensors[0].device)
         try:
@@ -200,7 +210,7 @@ class KeyGraphs:
                 st.private_capture = True
                 try:
                     with protocol(graph=True):
-                        out = self.impl(*args)
+                        out = impl(*args)
                 finally:
                     st.private_capture = False
                     graph.capture_end()
@@ -208,11 +218,11 @@ class KeyGraphs:
             self.capture_off = True
             log.warning("overlap symm: %s: capturing a private CUDA graph failed (%s: %s); the key runs without one",
                         self.op, type(e).__name__, e)
-            return self._eager(args)
+            return self._eager(impl, args)
         inputs = {t.untyped_storage().data_ptr() for t in tensors}
         if any(t.untyped_storage().data_ptr() in inputs for t in _flatten(out)):
             self.capture_off = True  # an output over an input's memory: a graph cannot own it
-            return self._eager(args)
+            return self._eager(impl, args)
         entry = _Captured(graph, ptrs, st, out, self)
         self.entries.append(entry)
         _graphs[id(entry)] = entry

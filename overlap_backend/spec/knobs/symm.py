@@ -79,8 +79,9 @@ symm = Knobs(
     # Calls made during a CUDA-graph capture run on symm with the toggling flag block (else on p2p, whose
     # NCCL calls are captured): on since the captured path passed on 2xH200 (tests/gpu/test_gpu.py).
     CAPTURE_ON_SYMM=True,
-    # Eager ag_mm / mm_rs / mm_ar calls replay a private CUDA graph of the op per argument key and tensor
-    # addresses from a key's third call on (runtime/symm/private_graphs.py): one launch instead of the op's host work.
+    # Eager ag_mm / mm_rs / mm_ar / cta_pipeline_mlp / moe_experts calls replay a private CUDA graph of the op per argument key
+    # and tensor addresses from a key's third call on (runtime/symm/private_graphs.py): one launch instead of the
+    # op's host work.
     PRIVATE_GRAPHS=True,
     # Private graphs kept per key (one per set of addresses: a model's layers share a key; or per output
     # still referenced) ...
