@@ -93,8 +93,8 @@ def choose(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws: int, com
     slower than it at this shape (``kernel_ratios.kernel_loses``: rows of x, the same on every rank, so
     every rank decides alike). One path for both GEMMs: the Triton gate/up writes its activations in the
     device-sorted order that only the Triton down reads, and this path's gather and scatter cost a pass
-    over the rows each, which only pays where both GEMMs are slower. With comm SMs the Triton kernels run on
-    the SMs left, while the ratios were measured with every SM: auto keeps Triton there. Cached per key."""
+    over the rows each, which only pays where both GEMMs are slower. Never with a comm kernel (CUDA). Cached
+    per key."""
     mode = knobs.moe.EXPERT_GEMM
     key = (generation(), mode, x.shape[0], x.dtype, x.device, ws, comm_sms > 0, w_gate.shape, w_gate.dtype,
            w_gate.stride(), w_up.stride(), w_down.stride(), w_gate.data_ptr(), w_up.data_ptr(), w_down.data_ptr())
@@ -117,10 +117,13 @@ def _choose(mode, x, w_gate, w_up, w_down, ws, comm_sms) -> tuple[bool, str]:
     why = problem(x, w_gate, w_up, w_down)
     if why:
         return False, why
+    if comm_sms > 0 and x.device.type != "cpu":
+        # the comm kernel spins on its SMs from the call's start, and torch loads its kernels lazily: a
+        # load may synchronise the context (codegen/launcher.py preloads the Triton kernels for this).
+        # (The interpreter, on CPU, runs the comm kernel after the GEMMs.)
+        return False, "a comm kernel runs (OVERLAP_MOE_COMM_SMS > 0): torch's kernels are not preloaded"
     if mode == "grouped_mm":
         return True, "knobs.moe.EXPERT_GEMM = 'grouped_mm'"
-    if comm_sms > 0:
-        return False, "comm SMs held (the kernel ratios were measured with every SM)"
     m, (_, h, f) = x.shape[0], w_gate.shape
     kw = {"ws": ws, "dtype": w_gate.dtype}
     lose = (kernel_ratios.kernel_loses("moe_gate_up", m, h, f, fused=True, **kw),

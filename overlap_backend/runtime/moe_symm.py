@@ -399,6 +399,10 @@ def _grouped_experts(st, gpl, per_source, disp, w_gate, w_up, w_down, out, stage
         for pos in positions:
             if pos < ws - 1:
                 _raise_local(st, base + symm_layout.MOE_DONE + pos, epoch, compute)
+    if ws > 1:  # the peers' row counts, once the compute stream has waited for every dispatch
+        from ..codegen import moe_caps
+
+        moe_caps.launch(st.flag_arg(symm_layout.MOE_CAP), st.status_arg(), r, ws, disp.shape[0] // ws)
 
 
 _metas: dict[tuple, Tensor] = {}

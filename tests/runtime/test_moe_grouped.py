@@ -183,7 +183,7 @@ def test_choice_by_knob_and_constraints():
                                            (8192, 4096, 14336, 2, True)])  # mixtral ws 2: 1.07 and 1.15
 def test_auto_follows_the_measured_ratios(monkeypatch, m, h, f, ws, want):
     """``auto`` on an H200 with the packaged ratio file (bench/results/kernels_h200x1_2026-12-02): grouped_mm
-    exactly where both Triton GEMMs measured slower; never while comm SMs are held; nothing measured
+    exactly where both Triton GEMMs measured slower; never with a comm kernel (off CPU); nothing measured
     (no GPU of that name): Triton."""
     # (shape-only weights: choose reads shapes and strides)
     wg = torch.empty(2, h, f, dtype=torch.bfloat16, device="meta")

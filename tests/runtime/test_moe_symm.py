@@ -355,6 +355,29 @@ def test_gate_up_reports_a_peer_with_other_row_counts():
     assert run(caps, EPOCH)[0] == 0
 
 
+def test_caps_check_reports_a_peer_with_other_row_counts():
+    """The grouped_mm form's row-count check (``codegen/moe_caps.py``, no GEMM kernel to do it) reports
+    as the gate/up kernel does; a released word and this rank's own word are not reported."""
+    from overlap_backend.codegen import moe_caps
+
+    ws, rank, cap = 3, 1, 24
+
+    def run(caps):
+        claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+        moe_caps.launch(torch.tensor(caps, dtype=torch.int32), (claim, report), rank, ws, cap)
+        return report.tolist()
+
+    odd = (rank + 1) % ws
+    caps = [cap] * ws
+    assert run(caps)[0] == 0
+    caps[odd] = cap + 16
+    assert run(caps)[:6] == [2, 5, rank, 300 + odd, cap + 16, cap]
+    caps[odd] = symm_layout.RELEASED
+    assert run(caps)[0] == 0
+    caps[odd], caps[rank] = cap, cap + 1
+    assert run(caps)[0] == 0
+
+
 @triton.jit
 def _walk_probe(out_ptr, srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, tiles_n, G, E, group_lo, group_hi,
                 start_group, LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, GROUP_M: tl.constexpr):
