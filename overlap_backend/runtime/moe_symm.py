@@ -233,7 +233,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     send_off, recv_off = prefix_sums(send_splits), prefix_sums(recv_splits)
     ends_host = [] if offsets is not None else prefix_sums(group_sizes)[1:]
     meta = _meta(send_off + recv_off + ends_host, dev, graph)
-    grouped, grouped_why = moe_grouped.choose(x, w_gate, w_up, w_down, ws, sms)
+    grouped, _ = moe_grouped.choose(x, w_gate, w_up, w_down, ws, sms)  # (its reason is logged once)
     tuned = [] if grouped else [tuned_configs.get(("moe_gate_up", tune_key)), tuned_configs.get(("moe_down", tune_key))]
     if graph and (why := captured_call_problem(st, lay["bytes"], tuned)
                   or (meta is None and "inside a CUDA-graph capture with splits no eager call used (warm up "
