@@ -12,6 +12,8 @@ One call on rank r (``epoch`` from ``GroupState.begin``; nothing is reset, the h
 4. ``down_kernel`` (compute stream, same SMs) scatters rows into ``out`` (own rows) or the staging
    buffer (remote rows, received-row order) and raises ``MOE_DONE[pos]`` per source. In the
    remote-first order 3 and 4 are launched once per source position (``moe_gemm.phases``).
+   Where both kernels measured slower than ``torch._grouped_mm`` (``knobs.moe.EXPERT_GEMM``), 3 and 4 are
+   ``runtime/moe_grouped.py``'s grouped GEMMs instead, behind stream waits on the arrival flags.
 5. the combine. By default (``OVERLAP_MOE_COMM_SMS=0``) the copy engine does all of it: per source
    it stream-waits for ``MOE_DONE`` and pushes the staging segment into the source's combine slot r,
    raising its ``MOE_RETURNED[r]``; per peer it stream-waits for ``MOE_RETURNED`` and copies the
