@@ -20,7 +20,9 @@ events (warm-up, >= 20 repetitions, median per rank, max over ranks):
   ``OVERLAP_MOE_COMM_SMS`` (0: no comm kernel, the copy engine does the whole combine) and, in the
   sweep table, each ``--comm-sms`` value (SM transport), the copy-engine pushes with the comm kernel
   copying the results out on ``CE_COMM_SMS`` SMs (``ce``), no comm kernel (``ce-only``) and both tile orders forced (``order=source``: remote-critical first,
-  ``order=expert``; the default picks by size, see ``moe_symm.expert_major``). Each is checked first against the baseline (rel err <= 1e-2, else FAIL).
+  ``order=expert``; the default picks by size, see ``moe_symm.expert_major``); on request (``--sweep``) the
+  expert GEMMs forced to one form (``gemm=triton``, ``gemm=grouped_mm``: ``knobs.moe.EXPERT_GEMM``, whose
+  default picks by the measured kernel ratios). Each is checked first against the baseline (rel err <= 1e-2, else FAIL).
 - ``--graphs``: the baseline and ``symm`` each captured once in a CUDA graph after eager warm-up
   (fixed splits, as capacity routing has them) and timed as replays, symm checked after a replay:
   what is left once the host time per call is gone (decode sizes are host-bound eagerly);
@@ -87,9 +89,11 @@ ROUTINGS = ("balanced", "skewed")
 # (phased); a column may join several with "+", e.g. "ce-only+schedule=phased"
 SWEEP_VARIANTS = ("ce", "ce-only", "order=source", "order=expert", "schedule=phased", "schedule=rotated",
                   "own-first=0.25")
+# columns a run names itself (not in the default sweep): the expert GEMMs forced to one form (knobs.moe.EXPERT_GEMM)
+EXTRA_VARIANTS = ("gemm=triton", "gemm=grouped_mm")
 
 
-SETTINGS = ("COMM_SMS", "TRANSPORT", "ORDER", "OWN_FIRST", "SCHEDULE")  # what a sweep column sets in knobs.moe
+SETTINGS = ("COMM_SMS", "TRANSPORT", "ORDER", "OWN_FIRST", "SCHEDULE", "EXPERT_GEMM")  # what a sweep column sets in knobs.moe
 CE_COMM_SMS = 8  # the comm kernel of the "ce" column, where the run's own setting has none (0, the default)
 
 
@@ -130,8 +134,9 @@ def sweep_settings(column, defaults: dict) -> dict:
     if isinstance(column, int):
         return {**out, "COMM_SMS": column, "TRANSPORT": "sm"}
     for part in column.split("+"):
-        if part not in SWEEP_VARIANTS:
-            raise ValueError(f"unknown sweep variant {part!r}; allowed: {', '.join(SWEEP_VARIANTS)} (joined by +)")
+        if part not in SWEEP_VARIANTS + EXTRA_VARIANTS:
+            raise ValueError(f"unknown sweep variant {part!r}; allowed: {', '.join(SWEEP_VARIANTS + EXTRA_VARIANTS)} "
+                             "(joined by +)")
         if part == "ce":  # the comm kernel copies the results out: it needs SMs
             out.update(TRANSPORT="ce", COMM_SMS=out.get("COMM_SMS") or CE_COMM_SMS)
         elif part == "ce-only":
@@ -140,6 +145,8 @@ def sweep_settings(column, defaults: dict) -> dict:
             out["ORDER"] = part.split("=")[1]
         elif part.startswith("schedule="):
             out["SCHEDULE"] = part.split("=")[1]
+        elif part.startswith("gemm="):
+            out["EXPERT_GEMM"] = part.split("=")[1]
         elif part.startswith("own-first="):
             out.update(OWN_FIRST=float(part.split("=")[1]), SCHEDULE="phased")
     return out
@@ -156,7 +163,7 @@ def parse_args(argv=None):
     p.add_argument("--routing", default=",".join(ROUTINGS), help="balanced,skewed")
     p.add_argument("--comm-sms", default="2,4,8,16,32", help="OVERLAP_MOE_COMM_SMS values of the sweep ('' for none)")
     p.add_argument("--sweep", default=",".join(SWEEP_VARIANTS),
-                   help=f"symm variants of the sweep, from {', '.join(SWEEP_VARIANTS)} ('' for none)")
+                   help=f"symm variants of the sweep, from {', '.join(SWEEP_VARIANTS + EXTRA_VARIANTS)} ('' for none)")
     p.add_argument("--no-p2p", action="store_true", help="skip the p2p lowering")
     p.add_argument("--p2p-first", action="store_true",
                    help="check and time p2p before everything of symm (the order that slowed the symm op down "

@@ -12,6 +12,8 @@ One call on rank r (``epoch`` from ``GroupState.begin``; nothing is reset, the h
 4. ``down_kernel`` (compute stream, same SMs) scatters rows into ``out`` (own rows) or the staging
    buffer (remote rows, received-row order) and raises ``MOE_DONE[pos]`` per source. In the
    remote-first order 3 and 4 are launched once per source position (``moe_gemm.phases``).
+   Where both kernels measured slower than ``torch._grouped_mm`` (``knobs.moe.EXPERT_GEMM``), 3 and 4 are
+   ``runtime/moe_grouped.py``'s grouped GEMMs instead, behind stream waits on the arrival flags.
 5. the combine. By default (``OVERLAP_MOE_COMM_SMS=0``) the copy engine does all of it: per source
    it stream-waits for ``MOE_DONE`` and pushes the staging segment into the source's combine slot r,
    raising its ``MOE_RETURNED[r]``; per peer it stream-waits for ``MOE_RETURNED`` and copies the
@@ -35,7 +37,7 @@ from torch import Tensor
 from ..codegen import launcher
 from ..spec import knobs, symm_layout
 from . import cuda as _cuda
-from . import symm
+from . import moe_grouped, symm
 from .lowering import register
 from .symm import private_graphs
 from .moe_p2p import prefix_sums
@@ -235,12 +237,14 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     send_off, recv_off = prefix_sums(send_splits), prefix_sums(recv_splits)
     ends_host = [] if offsets is not None else prefix_sums(group_sizes)[1:]
     meta = _meta(send_off + recv_off + ends_host, dev, graph and not eager_protocol_run(x))
-    if graph and (why := captured_call_problem(st, lay["bytes"], [tuned_configs.get(("moe_gate_up", tune_key)),
-                                                          tuned_configs.get(("moe_down", tune_key))])
+    grouped, _ = moe_grouped.choose(x, w_gate, w_up, w_down, ws, sms)  # (its reason is logged once)
+    tuned = [] if grouped else [tuned_configs.get(("moe_gate_up", tune_key)), tuned_configs.get(("moe_down", tune_key))]
+    if graph and (why := captured_call_problem(st, lay["bytes"], tuned)
                   or (meta is None and "inside a CUDA-graph capture with splits no eager call used (warm up "
                                        "eagerly first)")):
         return run_on_p2p("moe_experts", why, group_name, *args)
     PATHS["moe_experts:symm"] += 1
+    PATHS["moe_experts:symm:" + ("grouped_mm" if grouped else "triton")] += 1
     load_kernels()  # Triton's allocator (scratch for device-side descriptors), as the other ops
     # inputs validated by the op (runtime/checks.py)
     x = tma_aligned(x)
@@ -255,15 +259,19 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     base = symm_layout.GRAPH_BLOCK if graph else 0
     cands_a, cands_b = moe_gemm.candidates(cd, "gate_up"), moe_gemm.candidates(cd, "down")
     cfg_a, cfg_b = cands_a[0], cands_b[0]
-    pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands_a + cands_b],
-              expert_major(m, ws, experts))
-    act = x.new_empty((max(m, 1), f), dtype=cd)
+    major = expert_major(m, ws, experts)
+    if grouped:  # segments: one per source position (phased, remote-first), or one of everything
+        per_source = not major and knobs.moe.SCHEDULE == "phased"
+        gpl = moe_grouped.plan(rows, ends, recv_off_d, r, ws, experts, n_recv, cap, per_source) if n_recv else None
+    else:
+        pl = plan(rows, ends, recv_off_d, r, ws, experts, [c[0] for c in cands_a + cands_b], major)
+        act = x.new_empty((max(m, 1), f), dtype=cd)
     stage = x.new_empty((max(n_recv, 1), h))
     out = x.new_empty(x.shape)
     flag = lambda word: st.flag_arg(base + word)  # noqa: E731
     status = st.status_arg()
 
-    gemm_phases, own_start = gemm_schedule(ws, experts, pl["expert_major"])
+    gemm_phases, own_start = ([], None) if grouped else gemm_schedule(ws, experts, pl["expert_major"])
 
     def gate_up(cfg, epoch, phase=None):
         moe_gemm.launch_gate_up(disp, w_gate, w_up, act, pl, flag(symm_layout.MOE_ARRIVED), st.flag_arg(symm_layout.MOE_CAP), epoch,
@@ -274,7 +282,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         moe_gemm.launch_down(act, w_down, out, stage, pl, flag(symm_layout.MOE_COUNTERS), flag(symm_layout.MOE_DONE),
                              epoch, r, ws, send_off[r], cfg, grid, phase=phase)
 
-    if x.is_cuda:  # tune on the real problem with every flag raised (epoch 0: no communication)
+    if x.is_cuda and not grouped:  # tune on the real problem with every flag raised (epoch 0: no communication)
         # (a captured call: tuned by an eager call, checked above; tune only looks it up)
         cfg_a = tune("moe_gate_up", tune_key, cands_a, lambda c: gate_up(c, 0))
         cfg_b = tune("moe_down", tune_key, cands_b, lambda c: down(c, 0))
@@ -319,9 +327,11 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
             disp[r * cap : r * cap + send_splits[r]].copy_(x[send_off[r] : send_off[r + 1]])
         _raise_local(st, base + symm_layout.MOE_ARRIVED + r, epoch, side)
         own_copied = _record(side)
-        # received rows no grouped row points at are 0: zero the staging rows and own output rows
-        stage.zero_()
-        out[send_off[r] : send_off[r + 1]].zero_()
+        # received rows no grouped row points at are 0: zero the staging rows and own output rows (the
+        # grouped_mm form writes every one of them)
+        if not grouped:
+            stage.zero_()
+            out[send_off[r] : send_off[r + 1]].zero_()
         zeroed = _record(side)
     # The comm kernel starts now (after this call's begin) and spins on its SMs until the down
     # GEMM finishes each source; the GEMMs run on the other SMs.
@@ -331,6 +341,9 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     if comm is not None:
         with _on(comm):
             launch_comm(epoch)
+    if grouped:
+        _grouped_experts(st, gpl, per_source, disp, w_gate, w_up, w_down, out, stage, send_off, recv_off, epoch, base,
+                         own_copied, compute)
     for i, phase in enumerate(gemm_phases):
         if i == 0 and phase[2] <= ws - 1 < phase[3]:
             # A copy within one GPU runs as a kernel on the SMs, not on a copy engine
@@ -361,6 +374,39 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
         compute.wait_stream(comm)
     st.end(compute)
     return out, [x.new_empty((0,)) for _ in saved]
+
+
+def _grouped_experts(st, gpl, per_source, disp, w_gate, w_up, w_down, out, stage, send_off, recv_off, epoch, base,
+                     own_copied, compute) -> None:
+    """The expert GEMMs by ``torch._grouped_mm`` (``moe_grouped``) on the compute stream, segment by
+    segment in the remote-first order: wait for the segment's dispatch (a stream memory wait on its
+    arrival flag; the own rows: their copy's event), compute, scatter into ``out`` / ``stage``, and raise
+    ``MOE_DONE`` of its remote positions by a stream write for the combine."""
+    ws, r = st.ws, st.rank
+    gate_up = moe_grouped.gate_up_weights(w_gate, w_up)
+    own = out[send_off[r] : send_off[r + 1]]
+    for seg_index, positions, lo, hi in moe_grouped.schedule(ws, recv_off, per_source, r):
+        for pos in positions:
+            s = (r + 1 + pos) % ws
+            if s == r:
+                _wait(compute, own_copied)
+            elif compute is not None:  # (the interpreter tests pre-set the flags)
+                st.stream_wait(base + symm_layout.MOE_ARRIVED + s, epoch, compute)
+        if hi > lo:
+            y = moe_grouped.experts(gpl, seg_index, lo, hi, disp, gate_up, w_down).to(stage.dtype)
+            if positions == [ws - 1]:  # the own rows, straight into out
+                own.index_copy_(0, gpl["seg"][lo:hi] - lo, y)
+            else:
+                stage.index_copy_(0, gpl["seg"][lo:hi], y)
+                if ws - 1 in positions:
+                    own.copy_(stage[recv_off[r] : recv_off[r + 1]])
+        for pos in positions:
+            if pos < ws - 1:
+                _raise_local(st, base + symm_layout.MOE_DONE + pos, epoch, compute)
+    if ws > 1:  # the peers' row counts, once the compute stream has waited for every dispatch
+        from ..codegen import moe_caps
+
+        moe_caps.launch(st.flag_arg(symm_layout.MOE_CAP), st.status_arg(), r, ws, disp.shape[0] // ws)
 
 
 _metas: dict[tuple, Tensor] = {}

@@ -134,8 +134,11 @@ def test_moe_sweep_columns(bench):
     """A sweep column sets only the moe_symm settings it names (joined by +); the rest stay the
     defaults the run started with; comm-SM columns take the SM transport; unknown parts are refused."""
     m = bench["bench_moe"]
-    defaults = {"COMM_SMS": None, "TRANSPORT": "ce", "ORDER": "auto", "OWN_FIRST": 0.0, "SCHEDULE": "phased"}
+    defaults = {"COMM_SMS": None, "TRANSPORT": "ce", "ORDER": "auto", "OWN_FIRST": 0.0, "SCHEDULE": "phased",
+                "EXPERT_GEMM": "auto"}
     assert set(defaults) == set(m.SETTINGS)
+    assert m.sweep_settings("gemm=grouped_mm+order=expert", defaults) == {**defaults, "EXPERT_GEMM": "grouped_mm",
+                                                                          "ORDER": "expert"}
     assert m.sweep_settings("ce-only+schedule=rotated", defaults) == {**defaults, "TRANSPORT": "ce-only",
                                                                       "SCHEDULE": "rotated"}
     assert m.sweep_settings(16, defaults) == {**defaults, "COMM_SMS": 16, "TRANSPORT": "sm"}

@@ -355,6 +355,29 @@ def test_gate_up_reports_a_peer_with_other_row_counts():
     assert run(caps, EPOCH)[0] == 0
 
 
+def test_caps_check_reports_a_peer_with_other_row_counts():
+    """The grouped_mm form's row-count check (``codegen/moe_caps.py``, no GEMM kernel to do it) reports
+    as the gate/up kernel does; a released word and this rank's own word are not reported."""
+    from overlap_backend.codegen import moe_caps
+
+    ws, rank, cap = 3, 1, 24
+
+    def run(caps):
+        claim, report = torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+        moe_caps.launch(torch.tensor(caps, dtype=torch.int32), (claim, report), rank, ws, cap)
+        return report.tolist()
+
+    odd = (rank + 1) % ws
+    caps = [cap] * ws
+    assert run(caps)[0] == 0
+    caps[odd] = cap + 16
+    assert run(caps)[:6] == [2, 5, rank, 300 + odd, cap + 16, cap]
+    caps[odd] = symm_layout.RELEASED
+    assert run(caps)[0] == 0
+    caps[odd], caps[rank] = cap, cap + 1
+    assert run(caps)[0] == 0
+
+
 @triton.jit
 def _walk_probe(out_ptr, srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, tiles_n, G, E, group_lo, group_hi,
                 start_group, LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, GROUP_M: tl.constexpr):
@@ -482,22 +505,25 @@ class FakeState:
                 torch.tensor([f.data_ptr() for f in self.flag_bufs], dtype=torch.int64))
 
 
-@pytest.mark.parametrize("skew,order,schedule,own_first,graph", [(False, "source", "rotated", 0.0, False),
-                                                                 (True, "source", "rotated", 0.0, False),
-                                                                 (True, "auto", "rotated", 0.0, False),
-                                                                 (False, "source", "phased", 0.0, False),
-                                                                 (False, "source", "phased", 0.5, False),
-                                                                 (True, "source", "phased", 0.0, True)],
-                         ids=["balanced", "skewed", "skewed-auto", "phased", "phased-own-first", "captured"])
+@pytest.mark.parametrize("skew,order,schedule,own_first,graph,gemm", [
+    (False, "source", "rotated", 0.0, False, "triton"), (True, "source", "rotated", 0.0, False, "triton"),
+    (True, "auto", "rotated", 0.0, False, "triton"), (False, "source", "phased", 0.0, False, "triton"),
+    (False, "source", "phased", 0.5, False, "triton"), (True, "source", "phased", 0.0, True, "triton"),
+    (False, "source", "phased", 0.0, False, "grouped_mm"), (True, "source", "phased", 0.0, False, "grouped_mm"),
+    (True, "auto", "rotated", 0.0, False, "grouped_mm"), (True, "source", "phased", 0.0, True, "grouped_mm")],
+    ids=["balanced", "skewed", "skewed-auto", "phased", "phased-own-first", "captured", "grouped-phased",
+         "grouped-skewed-phased", "grouped-one-segment", "grouped-captured"])
 @pytest.mark.parametrize("ws,rank", [(2, 1), (3, 0)])
 @knobs.codegen.patch(MOE_GATE_UP_16BIT=(CFG,), MOE_DOWN_16BIT=(CFG,))
-def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule, own_first, graph):
+def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule, own_first, graph, gemm):
     """``moe_symm.moe_experts`` end to end on one fake rank: dispatch pushes (to rank-1 first, into
     slot ``rank``), the kernels, the peer stores of the results, and ``out`` == the op's semantics
     (own rows computed here, peers' rows as they 'returned' them). ``auto`` takes the expert-major
     tile order at these sizes. ``captured``: the call as a CUDA-graph capture makes it (after an
     eager call of the same splits and sizes): every flag in the toggling block (symm_layout.GRAPH_BLOCK,
-    raised to 1), none of the eager block touched; without that eager call it runs on p2p."""
+    raised to 1), none of the eager block touched; without that eager call it runs on p2p. ``grouped_mm``:
+    the experts by CPU's ``torch._grouped_mm`` (bf16 experts; the outputs not zeroed first: it writes every
+    row), the rest of the protocol alike."""
     gen = torch.Generator().manual_seed(ws * 3 + rank + skew)
     experts, h, f = 2, 16, 32
     n_send = 18
@@ -510,7 +536,7 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
     case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(1,) if skew else (), send=send, recv=recv,
                  sorted_sources=not skew)
     dtype = torch.bfloat16
-    wg, wu, wd = _weights(experts, h, f, gen, torch.float16)
+    wg, wu, wd = _weights(experts, h, f, gen, torch.float16 if gemm == "triton" else torch.bfloat16)
     x = torch.randn(n_send, h, generator=gen).to(dtype)
     lay = moe_symm.layout(ws, n_send, h, 2)
     st = FakeState(ws, rank, lay["bytes"])
@@ -545,7 +571,7 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
     # TRANSPORT "sm": the copy-engine transport needs CUDA streams; OWN_FIRST 0.5 of 2 experts: own
     # expert 0 before the remote rows
     with knobs.moe.patch(ENABLED=True, SCHEDULE=schedule, COMM_SMS=2, TRANSPORT="sm", ORDER=order,
-                         OWN_FIRST=own_first):
+                         OWN_FIRST=own_first, EXPERT_GEMM=gemm):
         _symm_path_calls(x, case, wg, wu, wd, st, lay, ws, rank, skew, graph, recv_rows, returned,
                          fell_back if graph else None, n_send, experts, h, f, dtype)
 
@@ -560,16 +586,21 @@ def _symm_path_calls(x, case, wg, wu, wd, st, lay, ws, rank, skew, graph, recv_r
     ends = None if skew else case["ends"].to(torch.int32)
     call = lambda: moe_symm.moe_experts(x, case["send"], case["recv"], case["rows"], ends,  # noqa: E731
                                         [] if ends is not None else case["sizes"], wg, wu, wd, "g", [False] * 5)
-    if graph:  # nothing an eager call set up: p2p, with the reason
+    grouped = knobs.moe.EXPERT_GEMM == "grouped_mm"
+    before = dict(lowering_helpers.PATHS)
+    if graph and not grouped:  # nothing an eager call set up: p2p, with the reason
         assert call() == ("p2p", None) and "tuned" in fell_back[0]
+    if graph:  # (the grouped_mm form tunes nothing)
         m = case["rows"].shape[0]
         key = (1 << max(0, m - 1).bit_length(), h, f, experts, ws, str(dtype), str(torch.float16), st.num_sms - 2)
         lowering_helpers.tuned_configs.update({("moe_gate_up", key): CFG, ("moe_down", key): CFG})
-        assert call() == ("p2p", None) and "splits" in fell_back[1]
+        assert call() == ("p2p", None) and "splits" in fell_back[-1]
         ends_host = [] if ends is not None else _prefix(case["sizes"])[1:]
         moe_symm._meta(_prefix(case["send"]) + _prefix(case["recv"]) + ends_host, x.device, False)
     out, saved = call()
     assert st.report[0].item() == 0
+    went = lowering_helpers.PATHS["moe_experts:symm:grouped_mm"] - before.get("moe_experts:symm:grouped_mm", 0)
+    assert went == int(grouped)
     ref = _reference_yr(recv_rows.float(), case["rows"], case["ends"], wg, wu, wd)
     assert _rel(out[send_off[rank] : send_off[rank + 1]].float(), ref[recv_off[rank] : recv_off[rank + 1]]) < 2e-2 \
         or case["recv"][rank] == 0

@@ -33,4 +33,9 @@ moe = Knobs(
     # Distinct offset lists kept on the device (capacity routing repeats its splits; dropless routing
     # makes new ones every call, which are copied without being kept past this many).
     META_MAX=64,
+    # Who computes the expert GEMMs: "triton" (the persistent grouped kernels, codegen/moe_gemm.py),
+    # "grouped_mm" (torch._grouped_mm per source segment, runtime/moe_grouped.py, where its constraints
+    # hold) or "auto": grouped_mm where both Triton GEMMs measured slower than it at the shape
+    # (spec/kernel_ratios.json; bench/results/kernels_h200x1_2026-12-02/table.md).
+    EXPERT_GEMM="auto",
 )
