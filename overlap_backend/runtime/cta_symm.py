@@ -158,8 +158,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
             cta_cublas.preload(st, symm_layout.cta_block(False), symm_layout.cta_block(True))
         if stage == 0 and s0 == "cublas":
             if not preloading:
-                cta_cublas.stage0(xa, first, stage_buf.view(nch, mp, kchunk), keep2d, plan, fp, activation,
-                                  approximate, stage0_done)
+                blocks = stage_buf[:nch * mp * kchunk].view(nch, mp, kchunk)  # (the buffer may be larger)
+                cta_cublas.stage0(xa, first, blocks, keep2d, plan, fp, activation, approximate, stage0_done)
             return
         if stage == 0:
             cta.launch_stage0(xa, *first, stage_buf, data, flags,
