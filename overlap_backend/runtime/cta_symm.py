@@ -250,7 +250,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
         for p in writes_to:
             st.stream_wait(symm_layout.READY + p, epoch, compute)
-    cflags = cta_cublas.CallFlags(st, base, epoch, compute, (symm_layout.OP_CTA_STAGE0, symm_layout.OP_CTA_STAGE1)[stage])
+    cflags = cta_cublas.CallFlags(st, base, epoch, compute, symm_layout.OP_CTA_STAGE1 if stage else symm_layout.OP_CTA_STAGE0)
     gemms()
     if stage_buf is not None:
         _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base,

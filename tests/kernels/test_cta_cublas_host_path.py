@@ -18,14 +18,17 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 
 try:
-    from test_cta_kernels import FakeRank, _cpu_allocator, fake_host_path  # noqa: F401  (fixtures)
+    import test_cta_kernels as _kernels
 except ImportError:  # imported as tests.kernels.test_cta_cublas_host_path
-    from tests.kernels.test_cta_kernels import FakeRank, _cpu_allocator, fake_host_path  # noqa: F401
+    from tests.kernels import test_cta_kernels as _kernels
 
 from overlap_backend.runtime import cta_plan  # noqa: E402
 from overlap_backend.runtime import cuda as _cuda  # noqa: E402
 from overlap_backend.runtime.symm import lowering_helpers  # noqa: E402
 from overlap_backend.spec import knobs  # noqa: E402
+
+_cpu_allocator = _kernels._cpu_allocator  # (an autouse fixture there)
+fake_host_path = _kernels.fake_host_path
 
 
 class Stream:
@@ -42,7 +45,7 @@ def _memcpy2d(dst, dst_pitch, src, src_pitch, width, height, stream):
 def cublas_world(monkeypatch, fake_host_path):
     """``fake_host_path`` plus what the cuBLAS stage 1 uses: a push stream, peer data addresses and the
     copy engine's copies (at once)."""
-    monkeypatch.setattr(FakeRank, "data_addr", lambda self, rank, off: self.g.data[rank].data_ptr() + off,
+    monkeypatch.setattr(_kernels.FakeRank, "data_addr", lambda self, rank, off: self.g.data[rank].data_ptr() + off,
                         raising=False)
     monkeypatch.setattr(_cuda, "memcpy_async", lambda dst, src, n, stream: ctypes.memmove(dst, src, n))
     monkeypatch.setattr(_cuda, "memcpy2d_async", _memcpy2d)

@@ -62,8 +62,10 @@ def test_auto_takes_cublas_exactly_where_the_packaged_ratios_say_the_kernel_lose
 
 
 def test_auto_follows_the_ratio_file_and_the_threshold(ratios):
-    ratios(_entry("cta_stage0", 2, 512, 1024, 4096, 1.10, True), _entry("cta_stage1", 2, 512, 4096, 1024, 1.02, False),
-           _entry("cta_stage0", 2, 4096, 1024, 4096, 0.98, True), _entry("cta_stage1", 2, 4096, 4096, 1024, 1.50, False))
+    ratios(_entry("cta_stage0", 2, 512, 1024, 4096, 1.10, True),
+           _entry("cta_stage1", 2, 512, 4096, 1024, 1.02, False),
+           _entry("cta_stage0", 2, 4096, 1024, 4096, 0.98, True),
+           _entry("cta_stage1", 2, 4096, 4096, 1024, 1.50, False))
     args = dict(H=1024, F_=4096, N=1024, dtype=torch.bfloat16)
     assert cta_cublas.stage_gemms(2, 512, **args) == ("cublas", "triton")
     assert cta_cublas.stage_gemms(2, 600, **args) == ("cublas", "triton")  # nearest entry
