@@ -40,8 +40,10 @@ def signal_kernel(flags_ptr, peer_flags_ptr, first, count, epoch_word, rank, WS:
 
 
 def launch_wait(flags, first, count, epoch_word, status, timeout_ns, rank, op_code, index0, nbands, skip=-1,
-                timed=True):
-    """``flags``: this rank's flag buffer (word 0); ``status``: (claim word, report)."""
+                timed=None):
+    """``flags``: this rank's flag buffer (word 0); ``status``: (claim word, report); ``timed``: the
+    bound in GPU time (default: but under the interpreter, which bounds the polls)."""
+    timed = not launcher.interpreting() if timed is None else timed
     launcher.launch(wait_kernel, (1,), flags, first, count, skip, epoch_word, *status, timeout_ns, rank, op_code,
                     index0, nbands, TIMED=timed, num_warps=1)
 

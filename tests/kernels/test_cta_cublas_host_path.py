@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -87,3 +88,47 @@ def test_cublas_stages_match_mlp(cublas_world, forms, case):
     for stage in (0, 1):  # 2 calls on each of the stage's tp ranks
         key = f"cta_pipeline_mlp:symm:stage{stage}_{forms[stage]}"
         assert lowering_helpers.PATHS[key] - before.get(key, 0) == 2 * tp, (key, dict(lowering_helpers.PATHS))
+
+
+@pytest.mark.parametrize("forms", FORMS, ids=lambda f: f"{f[0]}-{f[1]}")
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[4]],
+                         ids=lambda c: f"ws{c[0]}-{c[1]}-F{c[2]}-M{c[3]}-{c[6]}-ship{int(c[7])}")
+def test_cublas_stages_on_the_captured_protocol(cublas_world, monkeypatch, forms, case):
+    """The captured protocol (what a CUDA graph replays): epochs counted on the device, the cuBLAS
+    forms' waits by ``wait_kernel``, stage 0's done flags raised to 1 and reset by the pushes, the
+    consumers' arrival flags raised by a copy of the device epoch; calls on it and eager calls mixed."""
+    from overlap_backend.runtime import cta_symm
+    from overlap_backend.spec import symm_layout as layout
+
+    ws, act, F_, M, num_sms, share, transport, ship_first = case
+    fake = cublas_world(ws, F_, transport, num_sms=num_sms, M=M)
+    monkeypatch.setattr(_kernels.FakeRank, "captured_call", lambda self, compute, finished: None, raising=False)
+    monkeypatch.setattr(_kernels.FakeRank, "stall_if_a_peer_gave_up", lambda self, compute: None, raising=False)
+    monkeypatch.setattr(cta_symm, "_captured", False)  # (the module's flag, set by a capture)
+    for rank in fake.group.ranks:  # (a capture checks that the eager calls grew the buffer)
+        rank.data = SimpleNamespace(nbytes=1 << 40)
+    graph = layout.cta_block(True)
+    with knobs.cta.patch(STAGE0_GEMM=forms[0], STAGE1_GEMM=forms[1], GELU_SHARE_COLS=share,
+                         SHIP_BEFORE_TAILS=ship_first):
+        fake.check_calls(act, calls=1)  # eager first: placement, buffers
+        for call in range(1, 4):
+            # every rank's begin_kernel ran before any rank's stage (all ranks count the same epochs)
+            for r in range(ws):
+                for p in range(ws):
+                    if p != r:
+                        fake.group.flags[p][graph + layout.CTA_READY + r] = call
+            monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+            x = fake.xs * (call + 2)
+            outs = fake.call(x, act)
+            monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+            ref = fake.reference(x, act)
+            for r in range(ws):
+                assert fake.group.ranks[r].status[1][0] == 0, f"rank {r} gave up a wait (call {call})"
+                assert fake.group.flags[r][graph + layout.CTA_EPOCH] == call
+                torch.testing.assert_close(outs[r], ref, atol=1e-4, rtol=1e-4)
+                assert torch.equal(outs[r], outs[0]), f"rank {r}'s result differs from rank 0's"
+                done = fake.group.flags[r][graph + layout.CTA_DONE:graph + layout.CTA_Y_DONE]
+                # (a stage-1 rank's share kernel raises done flags of its own that nothing awaits)
+                assert r >= ws // 2 or done.eq(0).all(), f"rank {r}: a done flag left up (the pushes reset them)"
+            if call == 2:
+                fake.check_calls(act, calls=1)  # an eager call between (separate epochs)
