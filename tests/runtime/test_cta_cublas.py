@@ -201,3 +201,23 @@ def test_stage1_steps_walk_the_kernels_arrival_order():
     flags = [s[3] for s in steps[plan.nch1:]]
     assert flags == [p * plan.nch + j for j in range(plan.nch) for p in range(2)]  # chunk j of every producer
     assert sum(s[2] for s in steps) == plan.f1 + 2 * fp  # every column once
+
+
+@pytest.mark.parametrize("forms", [("cublas", "triton"), ("triton", "cublas"), ("cublas", "cublas")])
+def test_plan_listing_names_the_cublas_forms(monkeypatch, forms):
+    """The debug listing (runtime/plan.py) follows the forms; still valid Python."""
+    from overlap_backend.runtime import cta_symm, plan
+
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    ws, F_ = 2, 28672
+    args = {"x": torch.empty(512, 8192, **meta), "w1": torch.empty(8192, F_ // ws, **meta), "b1": None, "w3": None,
+            "b3": None, "w2": torch.empty(F_ // ws, 8192, **meta), "b2": None, "activation": "gelu",
+            "approximate": "tanh", "stages": 2, "group_name": "g", "lowering": "symm"}
+    monkeypatch.setattr(cta_symm, "problem", lambda *a: None)  # meta tensors stand for CUDA ones
+    with knobs.cta.patch(STAGE0_GEMM=forms[0], STAGE1_GEMM=forms[1], TRANSPORT="peer"):
+        stage0, stage1 = (plan.render("cta_pipeline_mlp", args, r, ws) for r in (0, 1))
+    for text in (stage0, stage1):
+        compile(text, "cta.py", "exec")
+    assert ("cublas_stage0(" in stage0) == (forms[0] == "cublas") != ("launch(stage0_kernel, x, placed.w1," in stage0)
+    assert ("cublas_stage1(" in stage1) == (forms[1] == "cublas") != ("launch(stage1_kernel" in stage1)
+    assert ("cuMemcpyAsync(dst=peer_buf(" in stage0) == (forms[0] == "cublas")  # staged whatever the transport
