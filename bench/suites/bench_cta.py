@@ -433,7 +433,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--list-layouts", metavar="WS", type=int, default=None,
                    help="print the variants a run with WS GPUs takes (baselines, ours, what is not supported), then exit")
-    args = p.parse_args(argv)
+    common.add_set_argument(p)  # e.g. --set cta.STAGE0_GEMM=cublas (an A/B of the stages' GEMM forms)
+    args = common.parse_args_with_sets(p, argv)
     args.m = [int(v) for v in args.sizes.split(",")]
     args.acts = [a for a in args.acts.split(",") if a]
     if any(a not in ("gelu", "swiglu") for a in args.acts):

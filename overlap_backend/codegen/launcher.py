@@ -54,6 +54,11 @@ def preloading():
         _state.preload = prev
 
 
+def is_preloading() -> bool:
+    """Inside ``preloading()`` (callers that also queue non-Triton work skip it there)."""
+    return getattr(_state, "preload", False)
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for host code (grids, row counts): ``triton.cdiv`` is a constexpr function,
     whose call from Python costs microseconds (argument unwrapping), several times per op call."""

@@ -20,7 +20,7 @@ from torch import Tensor
 from ..codegen import launcher
 from ..spec import knobs, symm_layout
 from . import cuda as _cuda
-from . import cta_weights, symm
+from . import cta_cublas, cta_weights, symm
 from .cta_plan import ChunkPlan, chunk_plan
 from .lowering import register
 from .ops import group_size
@@ -38,6 +38,7 @@ _captured = False  # a cta_pipeline_mlp call was captured in a CUDA graph (in th
 _verdicts: dict[tuple, str | None] = {}
 _plans: dict[tuple, ChunkPlan] = {}
 _preloaded_calls: dict[tuple, bool] = {}
+_forms: dict[tuple, tuple[str, str]] = {}  # cta_cublas.stage_gemms per shape and knob generation
 
 
 def _cached(cache: dict, key, compute):
@@ -112,6 +113,10 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     if plan.flag_words > symm_layout.CTA_CHUNK_WORDS // 2:
         return run_on_p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm_layout.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
+    # each stage's GEMM on its Triton kernel or on cuBLAS (runtime/cta_cublas.py), alike on every rank
+    s0, s1 = _cached(_forms, (M, F, N, H, ws, x.dtype, knobs.generation()),
+                     lambda: cta_cublas.stage_gemms(ws, M, H, F, N, x.dtype))
+    PATHS[f"cta_pipeline_mlp:symm:stage{stage}_{(s0, s1)[stage]}"] += 1
     graph = capturing(x)  # (a private graph's eager runs too: the captured protocol without a capture)
     captured = graph and not eager_protocol_run(x)  # (an eager run lays weights out: a collective)
     placed = cta_weights.place(st, w1, b1, w3, b3, w2, b2, plan.window, captured)
@@ -137,7 +142,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     word = lambda off: st.flag_arg(base + off)  # noqa: E731
     status = st.status_arg()
     epoch_word = word(symm_layout.CTA_EPOCH)
-    ready, staged = (word(symm_layout.CTA_READY) if graph else None), knobs.cta.TRANSPORT == "ce"
+    # (cuBLAS stage 0 stages its blocks whatever the transport: the copy engine ships them)
+    ready, staged = (word(symm_layout.CTA_READY) if graph else None), knobs.cta.TRANSPORT == "ce" or s0 == "cublas"
     act = cta.ACTIVATIONS[(activation, approximate)]
     xa = tma_aligned(x)
     stage_buf = _staging_buffer(x, nch * mp * kchunk, "blocks") if stage == 0 and staged else None
@@ -149,6 +155,14 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     tma_store = knobs.cta.STAGE0_TMA_STORE
 
     def gemms():
+        preloading = launcher.is_preloading()  # (only the Triton launches are preloaded: no cuBLAS work there)
+        if preloading and "cublas" in (s0, s1):
+            cta_cublas.preload(st, symm_layout.cta_block(False), symm_layout.cta_block(True))
+        if stage == 0 and s0 == "cublas":
+            if not preloading:
+                blocks = stage_buf[:nch * mp * kchunk].view(nch, mp, kchunk)  # (the buffer may be larger)
+                cta_cublas.stage0(xa, first, blocks, keep2d, plan, fp, activation, approximate, stage0_done)
+            return
         if stage == 0:
             cta.launch_stage0(xa, *first, stage_buf, data, flags,
                               word(symm_layout.CTA_COUNTERS), word(symm_layout.CTA_DONE), epoch_word, idx, kchunk, nch,
@@ -158,16 +172,37 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                               split_last=knobs.cta.STAGE0_SPLIT_LAST)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
-        if f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
+        if f1 and s0 == "cublas":
+            if not preloading:
+                cta_cublas.share(xa, first, a[tp * nch * mp:].view(nch1, mp, kchunk), plan, activation, approximate)
+        elif f1:  # this rank's share of the first GEMM, into its own chunks (read after, in stream order)
             own = a[tp * nch * mp:].view(-1)
             cta.launch_stage0(xa, *first, own, data, flags,
                               word(symm_layout.CTA_COUNTERS), word(symm_layout.CTA_DONE), epoch_word, 0, kchunk, nch1,
                               base + symm_layout.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, tma_store=tma_store)
+        if s1 == "cublas":
+            if not preloading:
+                stage1_cublas(a.view(tp * nch + nch1, mp, kchunk))
+            return
         cta.launch_stage1(a, placed.w2, placed.b2, out, data, flags, y_offset, word(symm_layout.CTA_ARRIVED),
                           word(symm_layout.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
                           nch, base + symm_layout.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,
                           part=part, tail_flags=word(symm_layout.CTA_TAIL_ARRIVED), tail_group=plan.tail_group,
                           ship_before_tail=ship_first)
+
+    keep2d = keep[:(mp - m0) * tail].view(mp - m0, tail) if keep is not None else None
+
+    def stage0_done(g, j):
+        """cuBLAS stage 0 staged block (g, j): its done flag (captured: once the consumers' READY is up)."""
+        if g == j == 0:
+            cflags.wait_ready(tp, tp)
+        cflags.raise_done(g, j, nch)
+
+    def stage1_cublas(a3):
+        cflags.wait_ready(0, ws)
+        cta_cublas.stage1(a3, placed.w2, placed.b2_lowp, out, plan, fp, idx,
+                          part.view(tp, M, N // tp) if tail else None, ship_first, cflags.wait,
+                          lambda r0, r1: cflags.ship_rows(out, r0, r1, idx, tp, y_offset, bm), cflags.after_push)
 
     def tails():
         """Stage 0: its tail's partial products, into the stage-1 ranks' buffers (stream order: after
@@ -187,7 +222,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
 
     # Every pointer argument is 16-byte aligned (x via tma_aligned, placed weights and views at whole
     # tiles, buffers from the allocator), so the kernel variants follow from this key alone.
-    call_key = (plan_key, r, activation, approximate, shapes, x.device.index, st.timeout_ns, graph)
+    call_key = (plan_key, r, activation, approximate, shapes, x.device.index, st.timeout_ns, graph, s0, s1)
     def preload() -> bool:
         with launcher.preloading():  # compile and load before the stream waits below (codegen/launcher.py)
             gemms()
@@ -217,6 +252,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         writes_to = (range(tp, ws) if not staged else ()) if stage == 0 else [p for p in range(ws) if p != r]
         for p in writes_to:
             st.stream_wait(symm_layout.READY + p, epoch, compute)
+    cflags = cta_cublas.CallFlags(st, base, epoch, compute, symm_layout.OP_CTA_STAGE1 if stage else symm_layout.OP_CTA_STAGE0)
     gemms()
     if stage_buf is not None:
         _push_blocks(st, stage_buf, epoch, idx, tp, M, mp, bm * group_m, groups, kchunk, nch, es, base,
@@ -227,7 +263,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     tails()
     collect()
     if graph:
-        if stage_buf is not None:
+        if stage_buf is not None or (stage == 1 and s1 == "cublas"):  # (the cuBLAS stage 1 pushes its rows)
             compute.wait_stream(st.push_stream)
         st.stall_if_a_peer_gave_up(compute)
         st.captured_call(compute, finished=True)

@@ -36,13 +36,14 @@ class Placement:
     b3: Tensor | None = None
     w2: Tensor | None = None  # stage 1: [F, N/tp]
     b2: Tensor | None = None  # stage 1: [N/tp] float32, the sum of every rank's b2
+    b2_lowp: Tensor | None = None  # stage 1: b2 in the weights' dtype (the cuBLAS form's addmm bias)
     w2_tail: Tensor | None = None  # stage 0: the W2 rows [tail_rows[0], tail_rows[1]) its tails can take, [., N]
     tail_rows: tuple[int, int] = (0, 0)
     first_views: dict = field(default_factory=dict)  # first_gemm_weights, per share
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.w1, self.b1, self.w3, self.b3, self.w2, self.b2,
-                                                          self.w2_tail) if t is not None)
+                                                          self.b2_lowp, self.w2_tail) if t is not None)
 
     def first_gemm_weights(self, stage: int, idx: int, tp: int, F: int, f1: int, hi: int) -> tuple:
         """(w1, b1, w3, b3) of a call's part of the first GEMM, views into this placement (which
@@ -169,5 +170,6 @@ def _lay_out(st: symm.GroupState, tensors, window: tuple[int, int, int]) -> Plac
         cols = slice(idx * ns, (idx + 1) * ns)
         placed.w2 = full["w2"][:, cols].contiguous()
         placed.b2 = b2_sum[cols].contiguous() if b2_sum is not None else None
+        placed.b2_lowp = placed.b2.to(w2.dtype) if b2_sum is not None else None
     del full
     return placed

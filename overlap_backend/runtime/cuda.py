@@ -278,6 +278,18 @@ def memcpy_async(dst: int, src: int, nbytes: int, stream: torch.cuda.Stream) -> 
     _check("cuMemcpyAsync", driver.cuMemcpyAsync(dst, src, nbytes, _stream_handle(stream)))
 
 
+def memcpy2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int,
+                   stream: torch.cuda.Stream) -> None:
+    """``height`` rows of ``width`` bytes, ``src_pitch`` / ``dst_pitch`` bytes apart, device to device
+    (peer addresses included) on ``stream``: the copy engine does it."""
+    driver, _ = _bindings()
+    p = driver.CUDA_MEMCPY2D()
+    p.srcMemoryType = p.dstMemoryType = driver.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    p.srcDevice, p.srcPitch, p.dstDevice, p.dstPitch = src, src_pitch, dst, dst_pitch
+    p.WidthInBytes, p.Height = width, height
+    _check("cuMemcpy2DAsync", driver.cuMemcpy2DAsync(p, _stream_handle(stream)))
+
+
 def write_value32(addr: int, value: int, stream: torch.cuda.Stream) -> None:
     """``*addr = value`` once all earlier work on ``stream`` is done (with a memory barrier, so the
     data written before is visible to whoever sees the value)."""

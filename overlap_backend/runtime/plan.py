@@ -118,7 +118,7 @@ def _cta_p2p(args: dict, rank: int, ws: int) -> list[str]:
 def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     """runtime/cta_symm.py, following its plan (cta_plan.chunk_plan) and knobs."""
     from ..spec import knobs, symm_layout
-    from . import cta_plan, cta_symm
+    from . import cta_cublas, cta_plan, cta_symm
 
     x, w1, w2 = args["x"], args["w1"], args["w2"]
     act, approx, stages = args["activation"], args["approximate"], args["stages"]
@@ -140,7 +140,8 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
         return [f"# symm falls back to p2p: {M} rows need more chunk flags than {symm_layout.CTA_CHUNK_WORDS // 2}"]
     bm, group_m = plan.cfg0[0], plan.cfg0[3]
     fp = (F - plan.f1) // tp
-    staged = knobs.cta.TRANSPORT == "ce"
+    s0, s1 = cta_cublas.stage_gemms(ws, M, H, F, N, x.dtype)  # (auto: the ratios of this process's GPU, if any)
+    staged = knobs.cta.TRANSPORT == "ce" or s0 == "cublas"
     lines = [
         f"# lowering 'symm': cta_pipeline_mlp ({act}), 2 stages x TP{tp}: this rank is stage {stage}, position {idx}",
         f"# plan (cta_plan.chunk_plan for {num_sms} SMs): {plan.groups} row group(s) of {bm * group_m} rows; each "
@@ -155,8 +156,13 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
     lines += [f"cuStreamWaitValue32(flag=flags.READY[{p}], geq=epoch, stream=compute)" for p in writes_to]
     if stage == 0:
         store = "into its staging buffer" if staged else "straight into the stage-1 ranks' buffers"
-        lines.append(f"launch(stage0_kernel, x, placed.w1, position={idx}, stream=compute)  # GEMM 1 + {act} tiles "
-                     f"{store}; raises CTA_DONE of each (row group, K-chunk) block once its tiles are counted")
+        if s0 == "cublas":
+            lines.append(f"cublas_stage0(x, placed.w1, position={idx}, stream=compute)  # runtime/cta_cublas.py: addmm + "
+                         f"{act} per (row group, K-chunk) block into the staging buffer, then cuStreamWriteValue32 of "
+                         "its CTA_DONE")
+        else:
+            lines.append(f"launch(stage0_kernel, x, placed.w1, position={idx}, stream=compute)  # GEMM 1 + {act} tiles "
+                         f"{store}; raises CTA_DONE of each (row group, K-chunk) block once its tiles are counted")
         if staged:
             for g in range(plan.groups):
                 shipped = plan.fship if g == plan.tail_group else fp
@@ -177,10 +183,17 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
                      "stage 1's result rows into out")
     else:
         if plan.f1:
-            lines.append(f"launch(stage0_kernel, x, placed.w1_share, chunks={plan.nch1}, stream=compute)  # this rank's "
+            share = "cublas_share(" if s0 == "cublas" else "launch(stage0_kernel, "
+            lines.append(f"{share}x, placed.w1_share, chunks={plan.nch1}, stream=compute)  # this rank's "
                          "share of GEMM 1, into its own K-chunks")
-        lines.append(f"launch(stage1_kernel, a, placed.w2, stream=compute)  # each CTA walks K in arrival order, waiting "
-                     f"per K-chunk on CTA_ARRIVED; stores its result tiles into every rank's buffer, CTA_Y_DONE")
+        if s1 == "cublas":
+            lines.append("cublas_stage1(a, placed.w2, stream=compute)  # runtime/cta_cublas.py: per row group, "
+                         "cuStreamWaitValue32 on each block's CTA_ARRIVED, addmm into the output rows in arrival "
+                         "order; the tails; the rows to every rank by cuMemcpyAsync, their CTA_Y_DONE by signal_kernel")
+        else:
+            lines.append("launch(stage1_kernel, a, placed.w2, stream=compute)  # each CTA walks K in arrival order, "
+                         "waiting per K-chunk on CTA_ARRIVED; stores its result tiles into every rank's buffer, "
+                         "CTA_Y_DONE")
         if tp > 1:
             lines.append("launch(collect_kernel, y, out, stream=compute)  # the other stage-1 ranks' column blocks")
     lines.append("group.end(compute)  # compute waits for the push and copy streams, and for PEER_OK >= 1")

@@ -63,6 +63,12 @@ cta = Knobs(
     STAGE0_CONFIG_FP32_SWIGLU=(64, 128, 32, 0, 3, 4),
     # Stage-1 block config, float32 inputs.
     STAGE1_CONFIG_FP32=(128, 128, 32, 0, 3, 8),
+    # How each stage computes its GEMM: "triton" (the pipelined kernel), "cublas" (runtime/cta_cublas.py: a GEMM
+    # per row group and K-chunk, flags by stream operations) or "auto": cuBLAS where the stage's kernel measured
+    # more than knobs.symm.CUBLAS_ABOVE_RATIO times cuBLAS near this shape (spec/kernel_ratios.json, kernels
+    # cta_stage0 / cta_stage1: stage 1 up to 10.8x at M=16, bench/results/kernels_h200x1_2026-12-02).
+    STAGE0_GEMM="auto",
+    STAGE1_GEMM="auto",
     # Entries per host-side cache of the op (verdicts, plans, preloaded calls); beyond it a cache starts
     # over, so a server with ever new token counts does not grow without bound.
     CACHE_MAX=4096,
