@@ -1,7 +1,7 @@
 """The cost model's predicted 2-, 4- and 8-GPU tables of the collective-GEMM, MoE and end-to-end (TP block,
 Llama) suites, beside the last measured multi-GPU numbers (CPU, no GPU).
 
-    python bench/tools/predict_tables.py [--out-dir bench/results/predicted_<date>] [--ws 2,4,8] [--calibration h200]
+    python bench/tools/predict_tables.py [--out-dir bench/results/predicted_<date>] [--ws 2,4,8] [--calibration h200] [--quiet]
 
 Every number in a "pred" column is a prediction of ``overlap_backend.cost.model`` with a built-in calibration
 (``cost.calibration.DEFAULTS``) and today's knobs and kernel ratios (``spec/kernel_ratios.json``): each op's GEMM
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(RESULTS / f"predicted_{today}"))
     ap.add_argument("--ws", default="2,4,8")
     ap.add_argument("--calibration", default="h200", choices=sorted(calibrate.DEFAULTS))
-    ap.add_argument("--print", action="store_true", help="also print the tables")
+    ap.add_argument("--quiet", action="store_true", help="write the files without printing the tables")
     args = ap.parse_args(argv)
     world_sizes = [int(w) for w in args.ws.split(",")]
     cal = calibrate.DEFAULTS[args.calibration]
@@ -295,7 +295,7 @@ def main(argv=None) -> int:
         f"```bash\n{command}\n```\n\nFiles: [table.md](table.md), predicted.json, command.txt. Calibration: the "
         f"built-in `{args.calibration}` defaults (`{cal.key}`); kernel ratios: `overlap_backend/spec/kernel_ratios.json` "
         "(bench/results/kernels_h200x1_2026-12-02).\n")
-    if args.print:
+    if not args.quiet:
         print(md)
     print(f"wrote {out}/table.md ({len(rows)} rows)")
     return 0

@@ -19,7 +19,7 @@ def _tool():
 
 def test_predict_tables_writes_labelled_predictions_beside_measurements(tmp_path):
     tool = _tool()
-    assert tool.main(["--out-dir", str(tmp_path), "--ws", "2,4,8"]) == 0
+    assert tool.main(["--out-dir", str(tmp_path), "--ws", "2,4,8", "--quiet"]) == 0
     md = (tmp_path / "table.md").read_text()
     assert "**Predictions**, not measurements" in md
     for ws in (2, 4, 8):
