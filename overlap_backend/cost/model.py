@@ -340,12 +340,14 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         return _symm_plan(host["ag_mm"], knobs.cost.SYMM_DEVICE_MS + done, ws,
                           {"gemm_ms": ws * chunk_g, "transfer_ms": (ws - 1) * x, "cublas_gemms": 1.0})
     if p.op == "ag_mm":
-        eff = kernel_eff(cal, "ag_mm", p.m, p.k, p.n // p.gemms, ws, dt) or knobs.cost.TRITON_EFF
+        # (looked up with all the weights' columns, as ag_gemm does and bench_kernels measures them)
+        eff = kernel_eff(cal, "ag_mm", p.m, p.k, p.n, ws, dt) or knobs.cost.TRITON_EFF
         g = p.gemms * gemm_ms(cal, p.m, p.n / p.gemms, p.k, dt, eff)
         x = ce_ms(cal, (ws - 1) * p.m * p.k * e / ws)  # the peers' shards into this rank
         nb = bands(p.m // ws)
         dev = knobs.cost.SYMM_DEVICE_MS + max(g, x + g / (ws * nb))  # the last band's GEMM follows its arrival
-        return _symm_plan(host["ag_mm"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x})
+        return _symm_plan(host["ag_mm"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x, "gemm_ratio": eff,
+                                                          "cublas_gemms": 0.0})
     if p.op == "mm_rs":
         chunk = p.m * p.n * e / ws
         # the GEMM at the measured kernel / cuBLAS ratio (which includes reading the partials), cuBLAS's
@@ -358,23 +360,33 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         # each band pushed as its tiles finish; the own chunk last, then the sum of the partials
         dev = knobs.cost.SYMM_DEVICE_MS + max(g, g / (ws * nb) + x) + (
             0.0 if measured else mem_ms(cal, (ws - 1) * chunk))
-        return _symm_plan(host["mm_rs"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x})
+        return _symm_plan(host["mm_rs"], dev, ws * nb, {"gemm_ms": g, "transfer_ms": x, "cublas_gemms": float(on_cublas)})
     if p.op == "mm_ar":
         total = p.m * p.n * e
         if total <= knobs.symm.ONESHOT_MAX_BYTES:  # cuBLAS partial, pushed whole to every peer, summed
             g = gemm_ms(cal, p.m, p.n, p.k, dt)
             x = ce_ms(cal, (ws - 1) * total)
-            dev = knobs.cost.SYMM_DEVICE_MS + g + x + mem_ms(cal, (ws + 1) * total) + cal.launch_ms
-            return _symm_plan(host["mm_ar_oneshot"], dev, 1, {"gemm_ms": g, "transfer_ms": x})
+            # the sum: torch.sum's roofline, times the one-shot kernel's measured ratio to it where the
+            # runtime sums with the kernel (runtime.symm.mm_ar.oneshot_sum)
+            on_torch = _oneshot_on_torch(p, cal)
+            ratio = 1.0 if on_torch else kernel_eff(cal, "oneshot", p.m, 1, p.n, ws, dt) or 1.0
+            summed = (mem_ms(cal, (ws + 1) * total) + cal.launch_ms) * ratio
+            dev = knobs.cost.SYMM_DEVICE_MS + g + x + summed
+            return _symm_plan(host["mm_ar_oneshot"], dev, 1, {"gemm_ms": g, "transfer_ms": x, "sum_ms": summed,
+                                                               "sum_ratio": ratio, "torch_sum": float(on_torch)})
         rounds = ar_rounds(p.m, ws)
         chunk = total / (rounds * ws)
         on_cublas = _ar_on_cublas(p, cal)
-        eff = 1.0 if on_cublas else kernel_eff(cal, "mm_ar", p.m, p.k, p.n, ws, dt) or knobs.cost.TRITON_EFF
+        eff = 1.0 if on_cublas else (kernel_eff(cal, "mm_ar", p.m, p.k, p.n, ws, dt)
+                                     or (kernel_eff(cal, "mm_rs", -(-p.m // ws) * ws, p.k, p.n, ws, dt)
+                                         if rounds == 1 else None)
+                                     or knobs.cost.TRITON_EFF)
         g = gemm_ms(cal, p.m, p.n, p.k, dt, eff)
         per_round = 2 * ce_ms(cal, (ws - 1) * chunk)  # reduce-scatter partials in, reduced chunk out
         dev = knobs.cost.SYMM_DEVICE_MS + max(g + per_round, rounds * per_round) + mem_ms(cal, (ws - 1) * chunk)
         return _symm_plan(host["mm_ar"], dev, rounds * ws * bands(p.m // (rounds * ws)),
-                          {"gemm_ms": g, "transfer_ms": rounds * per_round})
+                          {"gemm_ms": g, "transfer_ms": rounds * per_round, "gemm_ratio": eff,
+                           "cublas_gemms": float(on_cublas)})
     if p.op == "cta_pipeline_mlp":
         if ws % 2 or (stages is not None and stages != 2):
             return None  # the kernels run 2 stages of ws/2 ranks; anything else falls back to p2p
@@ -418,18 +430,22 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
     # where the total is (4096 tokens x top-2 = 8192 rows over 8 groups priced Mixtral-like at 2 GPUs 4.78 ms,
     # a rewrite, where 8330 received rows measured 5.438 against the baseline's 5.368; docs/cost_model.md)
     padded = (p.m // (groups * knobs.cost.MOE_TILE_ROWS) + 1) * groups * knobs.cost.MOE_TILE_ROWS if p.m else 0
+    grouped = _moe_on_grouped_mm(p, cal)
     best = None
     for c in cands:
         sms = max(1, cal.num_sms - c)
-        g = _experts_ms(cal, p, padded, knobs.cost.MOE_SYMM_EFF) * cal.num_sms / sms
+        if grouped:  # torch._grouped_mm, as the plain graph's experts (ratio 1 to them), on the rows as they are
+            g = _experts_ms(cal, p, p.m, compute_eff=knobs.cost.BASE_GROUPED_EFF) * cal.num_sms / sms
+        else:  # the persistent expert kernel on tile-padded rows (MOE_SYMM_EFF: fitted on it end to end)
+            g = _experts_ms(cal, p, padded, knobs.cost.MOE_SYMM_EFF) * cal.num_sms / sms
         moved = (ws - 1) * p.rows_sent * p.k * e / ws
         first = ce_ms(cal, p.rows_sent * p.k * e / ws)  # the first source's rows arrive (copy engine)
         copy_out = moved / (c * knobs.cost.SM_PULL_GBPS * 1e6) if c else mem_ms(cal, 2 * moved)
         comm = ce_ms(cal, moved) + copy_out  # returned by copy engine, then copied out
         tail = max(0.0, comm / max(1, ws - 1) - g / ws)
         dev = knobs.cost.SYMM_DEVICE_MS + first + g + tail
-        plan = _symm_plan(host["moe_experts"], dev, ws, {"gemm_ms": g, "transfer_ms": comm, "tail_ms": tail},
-                          comm_sms=c)
+        plan = _symm_plan(host["moe_experts"], dev, ws, {"gemm_ms": g, "transfer_ms": comm, "tail_ms": tail,
+                                                          "cublas_gemms": float(grouped)}, comm_sms=c)
         if best is None or plan.ms < best.ms:
             best = plan
     return best
@@ -448,6 +464,14 @@ def _rs_on_cublas(p: Problem, cal: Calibration) -> bool:
     from ..runtime.symm import mm_rs as symm_mm_rs
 
     return symm_mm_rs.rs_gemm(1, p.m // p.ws, p.k, N=p.n, ws=p.ws, dtype=p.dtype, gpu=ratio_gpu(cal)) == "cublas"
+
+
+def _oneshot_on_torch(p: Problem, cal: Calibration) -> bool:
+    """Does the symm mm_ar one-shot of ``p`` sum with torch (``runtime.symm.mm_ar.oneshot_sum``; the model
+    sees no epilogue)?"""
+    from ..runtime.symm import mm_ar as symm_mm_ar
+
+    return symm_mm_ar.oneshot_sum(p.m, p.n, p.ws, dtype=p.dtype, gpu=ratio_gpu(cal)) == "torch"
 
 
 def _ar_on_cublas(p: Problem, cal: Calibration) -> bool:
@@ -476,16 +500,48 @@ def kernel_eff(cal: Calibration, kernel: str, m: int, k: int, n: int, ws: int, d
 
 
 def _cta_eff(cal: Calibration, p: Problem, tp: int, big_f: int, gate: int) -> float:
-    """A CTA-pipeline stage's time over cuBLAS's: the flop-weighted measured ratios of the stage-0 and
-    stage-1 kernels at this call's local GEMMs (GELU only: the bench measures those), else CTA_EFF."""
-    if gate != 1:
-        return knobs.cost.CTA_EFF
-    r0 = kernel_eff(cal, "cta_stage0", p.m, p.k, big_f // tp, p.ws, p.dtype)
-    r1 = kernel_eff(cal, "cta_stage1", p.m, big_f, p.n // tp, p.ws, p.dtype)
-    if r0 is None or r1 is None:
-        return knobs.cost.CTA_EFF
-    f0, f1 = p.k * big_f, big_f * p.n  # the two GEMMs' flops (over the same rows)
+    """A CTA-pipeline stage's time over cuBLAS's: the flop-weighted ratios of stage 0 and stage 1 at this
+    call's local GEMMs, each by the path it takes (``cta_stage_gemm``): 1 on cuBLAS, else the kernel's
+    measured ratio (GELU only: the bench measures those; stage 0 with its fused activation), else CTA_EFF."""
+    def ratio(stage: int, m: int, k: int, n: int) -> float:
+        if cta_stage_gemm(stage, cal, p, m, k, n, gate) == "cublas":
+            return 1.0
+        r = kernel_eff(cal, f"cta_stage{stage}", m, k, n, p.ws, p.dtype, fused=stage == 0) if gate == 1 else None
+        return r if r is not None else knobs.cost.CTA_EFF
+
+    r0, r1 = ratio(0, p.m, p.k, big_f // tp), ratio(1, p.m, big_f, p.n // tp)
+    f0, f1 = gate * p.k * big_f, big_f * p.n  # the two GEMMs' flops (over the same rows)
     return (r0 * f0 + r1 * f1) / (f0 + f1)
+
+
+# The GEMM-path knobs of the CTA stages and MoE's experts (knobs.cta.STAGE0_GEMM / STAGE1_GEMM,
+# knobs.moe.EXPERT_GEMM): "triton" (the op's kernel) where a knob set does not declare them.
+def _gemm_knob(knob_set, name: str) -> str:
+    return getattr(knob_set, name, "triton")
+
+
+def cta_stage_gemm(stage: int, cal: Calibration, p: Problem, m: int, k: int, n: int, gate: int) -> str:
+    """The path of CTA stage ``stage``'s GEMM (local [m, k] @ [k, n]): "cublas" where its knob says
+    "cublas", or "auto" and the stage kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times
+    cuBLAS near it (stage 0 with its fused GELU); else "triton"."""
+    mode = _gemm_knob(knobs.cta, f"STAGE{stage}_GEMM")
+    if mode == "auto":
+        loses = kernel_ratios.kernel_loses(f"cta_stage{stage}", int(m), int(k), int(n), ws=p.ws, dtype=p.dtype,
+                                           gpu=ratio_gpu(cal), fused=stage == 0) if gate == 1 else None
+        return "cublas" if loses else "triton"
+    return "cublas" if mode == "cublas" else "triton"
+
+
+def _moe_on_grouped_mm(p: Problem, cal: Calibration) -> bool:
+    """Does ``moe_experts``' symm lowering compute its experts with ``torch._grouped_mm`` (``knobs.moe.EXPERT_GEMM``:
+    a value other than "triton"; "auto": where either expert kernel measured slower than
+    ``knobs.symm.CUBLAS_ABOVE_RATIO`` times ``torch._grouped_mm`` near these rows)?"""
+    mode = _gemm_knob(knobs.moe, "EXPERT_GEMM")
+    if mode == "auto":
+        kw = dict(ws=p.ws, dtype=p.dtype, gpu=ratio_gpu(cal))
+        return bool(kernel_ratios.kernel_loses("moe_gate_up", p.m, p.k, p.f, fused=True, **kw)
+                    or kernel_ratios.kernel_loses("moe_down", p.m, p.f, p.k, **kw))
+    return mode != "triton"
 
 
 def _symm_plan(host_ms: float, dev_ms: float, chunks: int, terms: dict, **kw) -> Plan:

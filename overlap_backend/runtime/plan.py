@@ -344,6 +344,23 @@ def _symm(op: str, args: dict, rank: int, ws: int, captured: bool = False) -> li
     M, N = a.shape[0], b.shape[1]
     es = a.element_size()
     spec = args.get("epilogue", "")
+    if op == "mm_ar" and M * N * es <= knobs.symm.ONESHOT_MAX_BYTES and symm_mm_ar.oneshot_sum(
+            M, N, ws, bool(spec), dtype=a.dtype) == "torch":
+        return lines + [
+            "# lowering 'symm': mm_ar one-shot, summed by torch (knobs.symm.ONESHOT_SUM)",
+            f"recv[{rank}] = a @ b + bias  # cuBLAS, into this rank's own slot",
+            "epoch = group.begin(compute)",
+            *(line for j in range(1, ws) for line in (
+                f"cuStreamWaitValue32(flag=flags.READY[{(rank - j) % ws}], geq=epoch, stream=push_stream)",
+                f"cuMemcpyAsync(dst=peer_buf({(rank - j) % ws})[{rank}], src=recv[{rank}], nbytes={M * N * es}, "
+                "stream=push_stream)",
+                f"cuStreamWriteValue32(flag=peer_flags({(rank - j) % ws}).RS_ARRIVED[{rank}], value=epoch, "
+                "stream=push_stream)")),
+            *(f"cuStreamWaitValue32(flag=flags.RS_ARRIVED[{(rank + p) % ws}], geq=epoch, stream=compute)"
+              for p in range(1, ws)),
+            f"out = torch.{'mean' if args['reduce_op'] == 'avg' else 'sum'}(recv, dim=0)  # float32 accumulate",
+            "group.end(compute)",
+        ]
     if op == "mm_ar" and M * N * es <= knobs.symm.ONESHOT_MAX_BYTES:
         lines += [
             "# lowering 'symm': mm_ar one-shot (partial <= ONESHOT_MAX_BYTES)",

@@ -62,7 +62,102 @@ def test_mm_ar_rounds_and_cta_stages_read_their_ratios(ratios):
     assert _gemm(p) == pytest.approx(model.gemm_ms(H200, 8192, 8192, 7168, BF16, 1.01))
     cta = Problem("cta_pipeline_mlp", m=1024, n=8192, k=8192, dtype=BF16, ws=4, f=28672 // 4, activation="gelu")
     fitted = model.plan_symm(H200, cta).terms["stage_ms"]
-    ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 1.5},
+    # stage 0 is measured with its fused GELU (bench_kernels writes it "fused"): an unfused entry is not its ratio
+    ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 3.0},
+           {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.5})
+    assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx((knobs.cost.CTA_EFF + 1.5) / 2)
+    ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 1.5, "fused": True},
            {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.5})
     assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.5)
     assert model.plan_symm(H200, cta).terms["stage_ms"] > fitted
+
+
+def test_packaged_cta_stage0_ratio_is_found():
+    """The benchmark of record's stage-0 entries (fused GELU-tanh) price the H200's CTA stages."""
+    kernel_ratios.forget()
+    cta = Problem("cta_pipeline_mlp", m=1024, n=8192, k=8192, dtype=BF16, ws=2, f=28672 // 2, activation="gelu")
+    r0 = model.kernel_eff(H200, "cta_stage0", 1024, 8192, 28672, 2, BF16, fused=True)
+    r1 = model.kernel_eff(H200, "cta_stage1", 1024, 28672, 8192, 2, BF16)
+    assert r0 == pytest.approx(1.143, abs=1e-3) and r1 == pytest.approx(1.116, abs=1e-3)
+    assert model._cta_eff(H200, cta, 1, 28672, 1) == pytest.approx((r0 + r1) / 2)
+
+
+def _best(p, **kw):
+    return model.predict(p, H200, ("symm",), **kw).best
+
+
+def test_mm_ar_oneshot_sum_priced_by_its_form(ratios):
+    """The one-shot sum: torch.sum's price where the runtime sums with torch, the kernel's measured ratio
+    times it where it keeps the kernel; so a changed ratio moves the kernel form's prediction only."""
+    p = Problem("mm_ar", m=128, n=8192, k=7168, dtype=BF16, ws=4)
+    ratios({"kernel": "oneshot", "ws": 4, "M": 128, "K": 1, "N": 8192, "ratio": 2.0})
+    auto = _best(p)
+    assert auto.terms["torch_sum"] == 1.0 and auto.terms["sum_ratio"] == 1.0
+    with knobs.symm.patch(ONESHOT_SUM="triton"):
+        kernel = _best(p)
+        assert kernel.terms["torch_sum"] == 0.0
+        assert kernel.terms["sum_ms"] == pytest.approx(2.0 * auto.terms["sum_ms"])
+        assert kernel.ms > auto.ms
+        ratios({"kernel": "oneshot", "ws": 4, "M": 128, "K": 1, "N": 8192, "ratio": 3.0})
+        assert _best(p).ms > kernel.ms
+    assert _best(p).ms == pytest.approx(auto.ms)  # (torch: the ratio does not enter)
+    ratios({"kernel": "oneshot", "ws": 4, "M": 128, "K": 1, "N": 8192, "ratio": 1.0})
+    assert _best(p).terms["torch_sum"] == 0.0  # the kernel no longer loses: auto keeps it, at its ratio
+
+
+def test_ag_mm_of_several_weights_reads_the_ratio_of_all_its_columns(ratios):
+    """ag_gemm and bench_kernels take N as every weight's columns together (one kernel computes them all)."""
+    p = Problem("ag_mm", m=8192, n=3 * 1024, k=4096, dtype=BF16, ws=4, gemms=3)
+    ratios({"kernel": "ag_mm", "ws": 4, "M": 8192, "K": 4096, "N": 3072, "ratio": 1.2})
+    with knobs.symm.patch(AG_MM_GEMM="triton"):
+        assert _best(p).terms["gemm_ratio"] == pytest.approx(1.2)
+        ratios({"kernel": "ag_mm", "ws": 4, "M": 8192, "K": 4096, "N": 3072, "ratio": 1.1})
+        assert _best(p).terms["gemm_ratio"] == pytest.approx(1.1)
+
+
+def test_every_priced_gemm_follows_its_ratio(ratios):
+    """Where the runtime takes the Triton kernel, a worse measured ratio makes a slower prediction; where it
+    takes cuBLAS (the kernel measured over the threshold), the prediction is cuBLAS's whatever the ratio."""
+    cases = [
+        (Problem("mm_rs", m=4096, n=8192, k=1792, dtype=BF16, ws=4), {"kernel": "mm_rs", "M": 4096, "K": 1792, "N": 8192}),
+        (Problem("mm_ar", m=8192, n=8192, k=7168, dtype=BF16, ws=4), {"kernel": "mm_ar", "M": 8192, "K": 7168, "N": 8192}),
+        (Problem("cta_pipeline_mlp", m=4096, n=8192, k=8192, dtype=BF16, ws=4, f=28672 // 4, activation="gelu"),
+         {"kernel": "cta_stage1", "M": 4096, "K": 28672, "N": 4096}),
+    ]
+    for p, entry in cases:
+        ratios({"ws": 4, **entry, "ratio": 1.0})
+        fast = _best(p).terms["device_ms"]
+        ratios({"ws": 4, **entry, "ratio": 1.02})
+        slow = _best(p).terms["device_ms"]
+        assert slow > fast, p.op
+    p, entry = cases[0]
+    ratios({"ws": 4, **entry, "ratio": 1.5})
+    on_cublas = _best(p)
+    ratios({"ws": 4, **entry, "ratio": 2.5})
+    assert _best(p).terms["device_ms"] == pytest.approx(on_cublas.terms["device_ms"])
+    assert on_cublas.terms["cublas_gemms"] == 1.0
+
+
+def test_cta_and_moe_gemm_knobs_price_cublas_where_set(ratios, monkeypatch):
+    """knobs.cta.STAGE0_GEMM / STAGE1_GEMM and knobs.moe.EXPERT_GEMM (read with getattr: a knob set without
+    them means "triton"): a stage on cuBLAS is priced at ratio 1, the experts on torch._grouped_mm as the plain
+    graph's grouped GEMMs."""
+    cta = Problem("cta_pipeline_mlp", m=1024, n=8192, k=8192, dtype=BF16, ws=4, f=28672 // 4, activation="gelu")
+    ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 1.5, "fused": True},
+           {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.3})
+    assert model._gemm_knob(knobs.cta, "NO_SUCH_GEMM") == "triton"
+    triton = model._cta_eff(H200, cta, 2, 28672, 1)
+    assert triton == pytest.approx(1.4)
+    values = {}
+    monkeypatch.setattr(model, "_gemm_knob", lambda knob_set, name: values.get(name, "triton"))
+    values.update(STAGE0_GEMM="cublas")
+    assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.15)
+    values.update(STAGE0_GEMM="auto", STAGE1_GEMM="auto")  # both measured over CUBLAS_ABOVE_RATIO
+    assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.0)
+    moe = Problem("moe_experts", m=8192, n=4096, k=4096, dtype=BF16, ws=4, f=14336, experts=2, rows_sent=8192)
+    kernel = _best(moe, comm_sms=0)
+    values.update(EXPERT_GEMM="grouped_mm")
+    grouped = _best(moe, comm_sms=0)
+    assert grouped.terms["cublas_gemms"] == 1.0 and kernel.terms["cublas_gemms"] == 0.0
+    assert grouped.terms["gemm_ms"] == pytest.approx(
+        model._experts_ms(H200, moe, moe.m, compute_eff=knobs.cost.BASE_GROUPED_EFF))

@@ -207,12 +207,30 @@ def queue_mm_ar_cublas(sim, states, r, M=10):
     assert st.base == 0
 
 
+def queue_mm_ar_oneshot_torch(sim, states, r, M=6):
+    """mm_ar one-shot summed by torch, the real schedule (``symm_mm_ar._mm_ar_oneshot_torch``): the partial
+    pushed whole to every peer, the compute stream waiting for every peer's arrival flag."""
+    from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
+
+    K, N = 4, 8
+    sim.current_rank = r
+    st = states[r]
+    st.ensure_data = lambda nbytes, op="": None
+    st.data_view = lambda dtype, shape, offset=0: torch.zeros(shape, dtype=dtype)
+    compute = sim.streams[r]["compute"]
+    first = len(compute.ops)
+    symm_mm_ar._mm_ar_oneshot_torch(st, torch.randn(M, K), torch.randn(K, N), None, False, graph=True)
+    assert st.base == 0
+    waited = {op[2] for op in compute.ops[first:] if op[0] == "wait"}  # the sum reads every peer's slot
+    assert all(symm_layout.GRAPH_BLOCK + symm_layout.RS_ARRIVED + p in waited for p in range(sim.ws) if p != r)
+
+
 def compute_stream_of_current_rank(sim, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: sim.streams[sim.current_rank]["compute"])
 
 
 @pytest.mark.parametrize("ws,per_peer", [(2, False), (4, False), (4, True)], ids=["ws2", "ws4", "ws4-per-peer"])
-@pytest.mark.parametrize("rs", ["kernel", "cublas", "mm_ar_cublas"])
+@pytest.mark.parametrize("rs", ["kernel", "cublas", "mm_ar_cublas", "mm_ar_oneshot_torch"])
 def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, per_peer, rs, monkeypatch, symm_knobs):
     """``per_peer``: the pushes to each peer on a stream of their own (knobs.symm.PUSH_STREAM_PER_PEER)."""
     from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
@@ -222,7 +240,8 @@ def test_captured_calls_toggle_flags_without_stale_releases_or_deadlocks(ws, per
     states = make_states(sim, monkeypatch)
     compute_stream_of_current_rank(sim, monkeypatch)
     monkeypatch.setattr(symm_mm_ar, "ar_cublas_rounds", lambda *a: 2)
-    queue_rs = {"kernel": queue_mm_rs, "cublas": queue_mm_rs_cublas, "mm_ar_cublas": queue_mm_ar_cublas}[rs]
+    queue_rs = {"kernel": queue_mm_rs, "cublas": queue_mm_rs_cublas, "mm_ar_cublas": queue_mm_ar_cublas,
+                "mm_ar_oneshot_torch": queue_mm_ar_oneshot_torch}[rs]
     symm_knobs(BAND_ROWS_MIN=2)  # the cuBLAS path's 2 runs of 3 rows: a band each
     for call in range(4):  # replays queued back to back, the two ops alternating
         for r in range(ws):

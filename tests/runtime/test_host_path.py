@@ -196,6 +196,21 @@ def test_mm_ar_oneshot_steady_state(fake, group):
                  "write_value32": 1, "torch.mm": 1, "launch": 1, "python calls": 90, "allocations": 1})
 
 
+def test_mm_ar_oneshot_summed_by_torch_steady_state(fake, group):
+    """knobs.symm.ONESHOT_SUM="torch": the kernel launch becomes one stream wait per peer and one torch.sum."""
+    counts, _ = fake
+    a, b = torch.randn(64, 64), torch.randn(64, 96)
+    args = (a, b, None, "sum", group, "symm")
+    with knobs.symm.patch(ONESHOT_SUM="torch"):
+        before = lowering_helpers.PATHS["mm_ar:oneshot:torch"]
+        got = steady_state(lambda: torch.ops.overlap.mm_ar(*args), lambda: ops.mm_ar(*args), counts)
+        assert lowering_helpers.PATHS["mm_ar:oneshot:torch"] > before
+    # (stream waits: the peer's READY before the push, as the kernel form; the peer's arrival before the sum)
+    assert not got.get("launch") and got.get("wait_value32") == 2 and got.get("torch.sum") == 1, got
+    within(got, {"run_memops": 2, "join": 2, "wait_value32": 2, "memcpy_async": 1,
+                 "write_value32": 1, "torch.mm": 1, "torch.sum": 1, "python calls": 90, "allocations": 1})
+
+
 def test_checks_run_on_the_first_call_of_a_key_only(fake, group, monkeypatch):
     counts, _ = fake
     ran = Counter()

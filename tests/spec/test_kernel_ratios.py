@@ -117,3 +117,33 @@ def test_ag_gemm_takes_cublas_where_the_fused_kernel_measured_slower(ratios):
         assert symm_ag_mm.ag_gemm(1, 4096, 8192, 2048) == "triton"
     with knobs.symm.patch(AG_MM_GEMM="triton"):
         assert symm_ag_mm.ag_gemm(1, 4096, 8192, 512, epilogue=True, ws=4) == "triton"
+
+
+def test_oneshot_sum_takes_torch_where_the_sum_kernel_measured_slower(ratios):
+    """mm_ar one-shot (knobs.symm.ONESHOT_SUM): "auto" sums with torch where the one-shot kernel measured
+    slower than torch.sum near the shape (entries with K = 1), the kernel elsewhere; a generated epilogue
+    keeps the kernel whatever the knob says; "triton" / "torch" force the form."""
+    ratios(_entry("oneshot", 4, 128, 1, 8192, 1.84), _entry("oneshot", 2, 8, 1, 4096, 0.9))
+    sums = symm_mm_ar.oneshot_sum
+    assert sums(128, 8192, 4) == "torch" and sums(160, 8192, 4) == "torch"  # near the measured shape
+    assert sums(8, 4096, 2) == "triton"  # measured faster there
+    assert sums(1024, 1024, 4) == "triton"  # nothing measured near: the kernel
+    assert sums(128, 8192, 4, epilogue=True) == "triton"
+    assert sums(128, 8192, 4, gpu="Other GPU") == "triton"
+    with knobs.symm.patch(ONESHOT_SUM="triton"):
+        assert sums(128, 8192, 4) == "triton"
+    with knobs.symm.patch(ONESHOT_SUM="torch"):
+        assert sums(1024, 1024, 4) == "torch" and sums(8, 4096, 2) == "torch"
+        assert sums(128, 8192, 4, epilogue=True) == "triton"
+    with knobs.symm.patch(CUBLAS_ABOVE_RATIO=2.0):
+        assert sums(128, 8192, 4) == "triton"
+    with knobs.symm.patch(ONESHOT_SUM="cuda"), pytest.raises(ValueError, match="ONESHOT_SUM"):
+        sums(128, 8192, 4)
+
+
+def test_oneshot_sum_of_the_packaged_ratios():
+    """The kernel benchmark of record (bench/results/kernels_h200x1_2026-12-02): the one-shot kernel took
+    1.8-2.2x torch.sum at every measured shape, so "auto" sums with torch there on an H200."""
+    kernel_ratios.forget()
+    for ws, M, N in ((2, 128, 8192), (4, 8, 4096), (8, 128, 8192)):
+        assert symm_mm_ar.oneshot_sum(M, N, ws, gpu="NVIDIA H200") == "torch", (ws, M, N)

@@ -255,8 +255,30 @@ def mm_ar_cublas(st, a, b, bias, average, graph=False) -> Tensor:
     return out
 
 
+ONESHOT_SUMS = ("auto", "triton", "torch")
+
+
+def oneshot_sum(M: int, N: int, ws: int, epilogue: bool = False, *, dtype="bfloat16", gpu: str | None = None) -> str:
+    """How ``mm_ar`` one-shot sums the ws partials of an [M, N] output: "torch" (stream waits on the peers'
+    arrival flags, then ``torch.sum`` over the slots) or "triton" (the sum kernel, spinning on the flags).
+    ``knobs.symm.ONESHOT_SUM``: "auto" takes torch where the one-shot kernel measured slower than
+    ``knobs.symm.CUBLAS_ABOVE_RATIO`` times ``torch.sum`` near this shape on this GPU (``spec/kernel_ratios.py``,
+    kernel "oneshot", ``K`` = 1). A generated ``epilogue`` runs in the kernel's tiles, so it keeps the kernel.
+    Depends only on shapes, dtype, the GPU's name, the ratio file and knobs, so every rank decides alike."""
+    mode = knobs.symm.ONESHOT_SUM
+    if mode not in ONESHOT_SUMS:
+        raise ValueError(f"knobs.symm.ONESHOT_SUM = {mode!r}: expected one of {', '.join(ONESHOT_SUMS)}")
+    if epilogue or mode == "triton":
+        return "triton"
+    if mode == "torch":
+        return "torch"
+    return "torch" if kernel_ratios.kernel_loses("oneshot", M, 1, N, ws=ws, dtype=dtype, gpu=gpu) else "triton"
+
+
 def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=(), graph=False):
     PATHS["mm_ar:oneshot"] += 1
+    if oneshot_sum(a.shape[0], b.shape[1], st.ws, g is not None, dtype=a.dtype) == "torch":
+        return _mm_ar_oneshot_torch(st, a, b, bias, average, graph)
     _, _, reduce_kernel, _ = load_kernels()
     ws, r = st.ws, st.rank
     M, N = a.shape[0], b.shape[1]
@@ -280,6 +302,36 @@ def _mm_ar_oneshot(st, a, b, bias, average, g=None, epilogue_args=(), graph=Fals
         st.push((r - j) % ws, r * nbytes, partial.data_ptr(), nbytes, layout.RS_ARRIVED + r,
                 st.push_stream_to((r - j) % ws))
     launch(epoch)
+    st.end(compute)
+    return out
+
+
+def _mm_ar_oneshot_torch(st, a, b, bias, average, graph=False) -> Tensor:
+    """One-shot with the sum in torch: cuBLAS writes the partial straight into this rank's own slot of the
+    receive region (peers push into theirs only), the copy engine pushes it to every peer under its arrival
+    flag, the compute stream waits for every peer's flag by stream operations, and one ``torch.sum`` (``mean``
+    for ``avg``) over the [ws, M, N] slots accumulates in float32 and rounds once, as the kernel does. Nothing
+    follows the reads: as with the kernel, a peer pushes into these slots again only after this rank's next
+    ``begin`` (its ``READY``), queued on the compute stream after the sum; captured, ``end`` resets the
+    arrival flags (``GRAPH_RESET``)."""
+    PATHS["mm_ar:oneshot:torch"] += 1
+    ws, r = st.ws, st.rank
+    M, N = a.shape[0], b.shape[1]
+    base = layout.GRAPH_BLOCK if graph else 0
+    nbytes = M * N * a.element_size()
+    st.ensure_data(ws * nbytes, "mm_ar")
+    slots = st.data_view(a.dtype, (ws, M, N))
+    own = slots[r]
+    matmul_into(a, b, bias, own)  # (before begin, like the kernel path's partial: no peer writes this slot)
+    out = a.new_empty((M, N))
+    compute = compute_stream(st, graph)
+    epoch = st.begin(compute, "mm_ar (one-shot)", graph=graph)
+    for j in range(1, ws):
+        st.push((r - j) % ws, r * nbytes, own.data_ptr(), nbytes, layout.RS_ARRIVED + r,
+                st.push_stream_to((r - j) % ws))
+    for p in range(1, ws):
+        st.stream_wait(base + layout.RS_ARRIVED + (r + p) % ws, epoch, compute)
+    (torch.mean if average else torch.sum)(slots, dim=0, out=out)
     st.end(compute)
     return out
 

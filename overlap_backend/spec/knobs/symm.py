@@ -10,6 +10,11 @@ symm = Knobs(
     "symm",
     # mm_ar: one-shot (push the whole partial to every peer) up to this partial size in bytes.
     ONESHOT_MAX_BYTES=4 << 20,
+    # mm_ar one-shot: how the partials are summed: "triton" (one kernel that spins on the peers' flags),
+    # "torch" (stream waits on the flags, then torch.sum over the [ws, M, N] slots), "auto" (torch where the
+    # kernel ratios say the kernel loses at the shape: 0.032-0.033 ms against torch.sum's 0.015-0.018,
+    # bench/results/kernels_h200x1_2026-12-02). Generated epilogues stay in the kernel.
+    ONESHOT_SUM="auto",
     # mm_ar: at least this many rows per chunk and round, so that each stays an efficient GEMM.
     AR_ROWS_PER_CHUNK=512,
     # Chunks travel in bands of at least this many rows; a multiple of every kernel block height (BM).
