@@ -203,10 +203,10 @@ def test_more_layers_than_the_bound_holds_stop_the_captures(fake_cuda):
         for step in range(6):
             for x in layers:
                 key(x, "g")
-    assert key.capture_off and key.evictions == 3
-    captures = key.captures
-    for x in layers:
-        key(x, "g")  # the graphs left still replay; the other layers run eagerly, on the captured protocol
+        assert key.capture_off and key.evictions == 3
+        captures = key.captures
+        for x in layers:
+            key(x, "g")  # the graphs left still replay; the other layers run eagerly, on the captured protocol
     assert key.captures == captures and len(key.entries) <= 2 and (True, False) in op.runs[-3:]
 
 
@@ -288,3 +288,23 @@ def test_the_memory_bound_drops_idle_graphs_before_capturing_more(fake_cuda):
         assert [len(k.entries) for k in keys] == [0, 1, 1] and held.numel() == 3
         keys[0](x, "g")  # both graphs over the bound: keys[2]'s (idle) is dropped, keys[1]'s held one stays
         assert [len(k.entries) for k in keys] == [1, 1, 0]
+
+
+def test_a_knob_change_forgets_the_graphs_captured_under_the_old_values(fake_cuda):
+    op, x = Op(), FakeInput()
+    key = bind(op)
+    for value in (1.0, 2.0, 3.0):  # eager, capture, replay
+        op.value[0] = value
+        del_out = key(x, "g")
+        del del_out
+    assert len(key.entries) == 1 and key.replays == 1 and len(private_graphs._graphs) == 1
+    runs = len(op.runs)
+    with knobs.cta.patch(K_CHUNKS=knobs.cta.K_CHUNKS + 1):  # a graph bakes in what the knobs chose
+        op.value[0] = 4.0
+        out = key(x, "g")
+        assert len(op.runs) == runs + 1 and op.runs[-1] == (True, False), "the old graph replayed"
+        assert out.eq(4.0).all() and not key.entries and not private_graphs._graphs
+        del out
+        op.value[0] = 5.0
+        out = key(x, "g")  # its addresses seen again under the new values: captured
+        assert op.runs[-1] == (True, True) and out.eq(5.0).all() and len(key.entries) == 1

@@ -109,7 +109,7 @@ class KeyGraphs:
     ``inputs(args)`` gives the call's tensors (whose addresses a graph is captured for) and its group name."""
 
     __slots__ = ("op", "impl", "inputs", "values", "calls", "entries", "seen", "captures", "replays", "evictions",
-                 "plain", "capture_off")
+                 "plain", "capture_off", "generation")
 
     def __init__(self, op: str, impl: Callable, inputs: Callable, values: Callable | None = None):
         """``values(args)``: the host values a graph bakes in that the key does not fix (moe_experts' token
@@ -123,6 +123,7 @@ class KeyGraphs:
         self.captures = self.replays = self.evictions = 0
         self.plain = False  # the key runs on p2p: no graph, and the eager protocol
         self.capture_off = False  # graphs did not pay (or could not be captured) for this key: eager runs
+        self.generation = knobs.generation()  # the knobs' values its graphs and decisions were made under
 
     def __call__(self, *args, **kwargs):
         if kwargs:  # (moe_experts' comm_sms: part of the key)
@@ -130,6 +131,8 @@ class KeyGraphs:
         return self._call(args, self.impl)
 
     def _call(self, args, impl):
+        if self.generation != knobs.generation():
+            self._start_over()
         if self.plain or not knobs.symm.PRIVATE_GRAPHS:
             return impl(*args)
         tensors, group_name = self.inputs(args)
@@ -167,6 +170,19 @@ class KeyGraphs:
             self._saw(ptrs)
             return self._eager(impl, args)
         return self._capture(impl, args, ptrs, st, tensors)
+
+    def _start_over(self) -> None:
+        """Forget the graphs and decisions of this key: a knob changed since (a graph bakes in the kernels,
+        paths and configs the knobs chose), so the next call is the key's first again."""
+        if self.entries:
+            torch.cuda.synchronize()
+        for entry in self.entries:
+            _graphs.pop(id(entry), None)
+        self.entries.clear()
+        self.seen.clear()
+        self.calls = self.captures = self.replays = self.evictions = 0
+        self.plain = self.capture_off = False
+        self.generation = knobs.generation()
 
     def _saw(self, ptrs: tuple) -> None:
         self.seen[ptrs] = None
