@@ -514,34 +514,24 @@ def _cta_eff(cal: Calibration, p: Problem, tp: int, big_f: int, gate: int) -> fl
     return (r0 * f0 + r1 * f1) / (f0 + f1)
 
 
-# The GEMM-path knobs of the CTA stages and MoE's experts (knobs.cta.STAGE0_GEMM / STAGE1_GEMM,
-# knobs.moe.EXPERT_GEMM): "triton" (the op's kernel) where a knob set does not declare them.
-def _gemm_knob(knob_set, name: str) -> str:
-    return getattr(knob_set, name, "triton")
-
-
 def cta_stage_gemm(stage: int, cal: Calibration, p: Problem, m: int, k: int, n: int, gate: int) -> str:
-    """The path of CTA stage ``stage``'s GEMM (local [m, k] @ [k, n]): "cublas" where its knob says
-    "cublas", or "auto" and the stage kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times
-    cuBLAS near it (stage 0 with its fused GELU); else "triton"."""
-    mode = _gemm_knob(knobs.cta, f"STAGE{stage}_GEMM")
-    if mode == "auto":
-        loses = kernel_ratios.kernel_loses(f"cta_stage{stage}", int(m), int(k), int(n), ws=p.ws, dtype=p.dtype,
-                                           gpu=ratio_gpu(cal), fused=stage == 0) if gate == 1 else None
-        return "cublas" if loses else "triton"
-    return "cublas" if mode == "cublas" else "triton"
+    """The path of CTA stage ``stage``'s GEMM (local [m, k] @ [k, n]): the runtime's own decision
+    (``runtime/cta_cublas.stage_form``: ``knobs.cta.STAGE0_GEMM`` / ``STAGE1_GEMM``) on the calibration's GPU."""
+    from ..runtime import cta_cublas
+
+    return cta_cublas.stage_form(stage, int(m), int(k), int(n), p.ws, p.dtype, gpu=ratio_gpu(cal))
 
 
 def _moe_on_grouped_mm(p: Problem, cal: Calibration) -> bool:
-    """Does ``moe_experts``' symm lowering compute its experts with ``torch._grouped_mm`` (``knobs.moe.EXPERT_GEMM``:
-    a value other than "triton"; "auto": where either expert kernel measured slower than
-    ``knobs.symm.CUBLAS_ABOVE_RATIO`` times ``torch._grouped_mm`` near these rows)?"""
-    mode = _gemm_knob(knobs.moe, "EXPERT_GEMM")
+    """Does ``moe_experts``' symm lowering compute its experts with ``torch._grouped_mm``
+    (``knobs.moe.EXPERT_GEMM``; "auto": where both expert kernels measured slower, ``moe_grouped.kernels_lose``)?
+    The weights' layout constraints the runtime also checks are assumed met."""
+    from ..runtime import moe_grouped
+
+    mode = knobs.moe.EXPERT_GEMM
     if mode == "auto":
-        kw = dict(ws=p.ws, dtype=p.dtype, gpu=ratio_gpu(cal))
-        return bool(kernel_ratios.kernel_loses("moe_gate_up", p.m, p.k, p.f, fused=True, **kw)
-                    or kernel_ratios.kernel_loses("moe_down", p.m, p.f, p.k, **kw))
-    return mode != "triton"
+        return all(moe_grouped.kernels_lose(p.m, p.k, p.f, p.ws, p.dtype, gpu=ratio_gpu(cal)))
+    return mode == "grouped_mm"
 
 
 def _symm_plan(host_ms: float, dev_ms: float, chunks: int, terms: dict, **kw) -> Plan:

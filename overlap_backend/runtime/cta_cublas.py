@@ -37,8 +37,12 @@ def stage_gemms(ws: int, M: int, H: int, F_: int, N: int, dtype, gpu: str | None
     is decided by the same entries (only GELU's kernel is measured). Shapes, dtype, the GPU's name,
     the ratio file and knobs only: every rank decides alike."""
     tp = ws // 2
-    return (_form("STAGE0_GEMM", "cta_stage0", M, H, F_ // tp, ws, dtype, True, gpu),
-            _form("STAGE1_GEMM", "cta_stage1", M, F_, N // tp, ws, dtype, False, gpu))
+    return stage_form(0, M, H, F_ // tp, ws, dtype, gpu), stage_form(1, M, F_, N // tp, ws, dtype, gpu)
+
+
+def stage_form(stage: int, M: int, K: int, N: int, ws: int, dtype, gpu: str | None = None) -> str:
+    """Stage ``stage``'s form at its local GEMM [M, K] @ [K, N] (what the cost model prices too)."""
+    return _form(f"STAGE{stage}_GEMM", f"cta_stage{stage}", M, K, N, ws, dtype, stage == 0, gpu)
 
 
 def _form(name, kernel, M, K, N, ws, dtype, fused, gpu) -> str:

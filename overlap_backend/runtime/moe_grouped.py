@@ -109,6 +109,15 @@ def choose(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws: int, com
     return hit
 
 
+def kernels_lose(m: int, h: int, f: int, ws: int, dtype, gpu: str | None = None) -> tuple:
+    """(gate/up, down): did the Triton expert GEMM measure slower than ``torch._grouped_mm`` near these
+    ``m`` rows (``kernel_ratios.kernel_loses``; None: nothing measured near)? "auto" takes grouped_mm where
+    both did; the cost model prices the same decision."""
+    kw = {"ws": ws, "dtype": dtype, "gpu": gpu}
+    return (kernel_ratios.kernel_loses("moe_gate_up", m, h, f, fused=True, **kw),
+            kernel_ratios.kernel_loses("moe_down", m, f, h, **kw))
+
+
 def _choose(mode, x, w_gate, w_up, w_down, ws, comm_sms) -> tuple[bool, str]:
     if mode not in CHOICES:
         raise ValueError(f"knobs.moe.EXPERT_GEMM must be one of {CHOICES}, not {mode!r}")
@@ -125,9 +134,7 @@ def _choose(mode, x, w_gate, w_up, w_down, ws, comm_sms) -> tuple[bool, str]:
     if mode == "grouped_mm":
         return True, "knobs.moe.EXPERT_GEMM = 'grouped_mm'"
     m, (_, h, f) = x.shape[0], w_gate.shape
-    kw = {"ws": ws, "dtype": w_gate.dtype}
-    lose = (kernel_ratios.kernel_loses("moe_gate_up", m, h, f, fused=True, **kw),
-            kernel_ratios.kernel_loses("moe_down", m, f, h, **kw))
+    lose = kernels_lose(m, h, f, ws, w_gate.dtype)
     if all(lose):
         return True, f"both Triton expert GEMMs measured slower than torch._grouped_mm near M={m} H={h} F={f} ws={ws}"
     return False, f"Triton expert GEMMs measured (gate_up, down) slower: {lose} near M={m} H={h} F={f} ws={ws}"

@@ -138,26 +138,23 @@ def test_every_priced_gemm_follows_its_ratio(ratios):
     assert on_cublas.terms["cublas_gemms"] == 1.0
 
 
-def test_cta_and_moe_gemm_knobs_price_cublas_where_set(ratios, monkeypatch):
-    """knobs.cta.STAGE0_GEMM / STAGE1_GEMM and knobs.moe.EXPERT_GEMM (read with getattr: a knob set without
-    them means "triton"): a stage on cuBLAS is priced at ratio 1, the experts on torch._grouped_mm as the plain
-    graph's grouped GEMMs."""
+def test_cta_and_moe_gemm_knobs_price_cublas_where_set(ratios):
+    """knobs.cta.STAGE0_GEMM / STAGE1_GEMM and knobs.moe.EXPERT_GEMM, decided by the runtime's own functions:
+    a stage on cuBLAS is priced at ratio 1, the experts on torch._grouped_mm as the plain graph's grouped GEMMs."""
     cta = Problem("cta_pipeline_mlp", m=1024, n=8192, k=8192, dtype=BF16, ws=4, f=28672 // 4, activation="gelu")
     ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 1.5, "fused": True},
            {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.3})
-    assert model._gemm_knob(knobs.cta, "NO_SUCH_GEMM") == "triton"
-    triton = model._cta_eff(H200, cta, 2, 28672, 1)
-    assert triton == pytest.approx(1.4)
-    values = {}
-    monkeypatch.setattr(model, "_gemm_knob", lambda knob_set, name: values.get(name, "triton"))
-    values.update(STAGE0_GEMM="cublas")
-    assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.15)
-    values.update(STAGE0_GEMM="auto", STAGE1_GEMM="auto")  # both measured over CUBLAS_ABOVE_RATIO
-    assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.0)
+    with knobs.cta.patch(STAGE0_GEMM="triton", STAGE1_GEMM="triton"):
+        assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.4)
+    with knobs.cta.patch(STAGE0_GEMM="cublas", STAGE1_GEMM="triton"):
+        assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.15)
+    with knobs.cta.patch(STAGE0_GEMM="auto", STAGE1_GEMM="auto"):  # both measured over CUBLAS_ABOVE_RATIO
+        assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.0)
     moe = Problem("moe_experts", m=8192, n=4096, k=4096, dtype=BF16, ws=4, f=14336, experts=2, rows_sent=8192)
-    kernel = _best(moe, comm_sms=0)
-    values.update(EXPERT_GEMM="grouped_mm")
-    grouped = _best(moe, comm_sms=0)
+    with knobs.moe.patch(EXPERT_GEMM="triton"):
+        kernel = _best(moe, comm_sms=0)
+    with knobs.moe.patch(EXPERT_GEMM="grouped_mm"):
+        grouped = _best(moe, comm_sms=0)
     assert grouped.terms["cublas_gemms"] == 1.0 and kernel.terms["cublas_gemms"] == 0.0
     assert grouped.terms["gemm_ms"] == pytest.approx(
         model._experts_ms(H200, moe, moe.m, compute_eff=knobs.cost.BASE_GROUPED_EFF))

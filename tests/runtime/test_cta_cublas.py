@@ -45,7 +45,13 @@ def ratios(tmp_path, monkeypatch):
         yield write
 
 
-def test_auto_takes_cublas_exactly_where_the_packaged_ratios_say_the_kernel_loses():
+@pytest.fixture
+def auto_forms():
+    with knobs.cta.patch(STAGE0_GEMM="auto", STAGE1_GEMM="auto"):
+        yield
+
+
+def test_auto_takes_cublas_exactly_where_the_packaged_ratios_say_the_kernel_loses(auto_forms):
     """At every measured CTA shape of the packaged file (H200): cuBLAS iff ratio > the threshold."""
     H, F_, seen = 8192, 28672, 0
     for e in kernel_ratios.entries(kernel_ratios.PACKAGED):
@@ -61,7 +67,7 @@ def test_auto_takes_cublas_exactly_where_the_packaged_ratios_say_the_kernel_lose
     assert seen >= 20  # both stages, several world sizes and M
 
 
-def test_auto_follows_the_ratio_file_and_the_threshold(ratios):
+def test_auto_follows_the_ratio_file_and_the_threshold(ratios, auto_forms):
     ratios(_entry("cta_stage0", 2, 512, 1024, 4096, 1.10, True),
            _entry("cta_stage1", 2, 512, 4096, 1024, 1.02, False),
            _entry("cta_stage0", 2, 4096, 1024, 4096, 0.98, True),

@@ -36,6 +36,7 @@ moe = Knobs(
     # Who computes the expert GEMMs: "triton" (the persistent grouped kernels, codegen/moe_gemm.py),
     # "grouped_mm" (torch._grouped_mm per source segment, runtime/moe_grouped.py, where its constraints
     # hold) or "auto": grouped_mm where both Triton GEMMs measured slower than it at the shape
-    # (spec/kernel_ratios.json; bench/results/kernels_h200x1_2026-12-02/table.md).
-    EXPERT_GEMM="auto",
+    # (spec/kernel_ratios.json; bench/results/kernels_h200x1_2026-12-02/table.md). "triton" until the op is
+    # timed with grouped_mm on 2 GPUs: that form adds a gather and a scatter pass over the rows.
+    EXPERT_GEMM="triton",
 )
