@@ -2,23 +2,44 @@
 compiled by Inductor with NCCL.
 
     torchrun --nproc-per-node=N bench/suites/bench_host.py --out DIR [--sizes 128,512,2048,8192]
-        [--ops ag_mm,mm_rs,mm_ar] [--lowering symm] [--profile] [--set symm.KNOB=v]
+        [--ops ag_mm,mm_rs,mm_ar[,moe,cta]] [--lowering symm] [--profile] [--set symm.KNOB=v]
 
-For each graph (bf16, K = N = 4096, ``M`` tokens: all-gather -> mm of the gathered [M, K], mm of [M, K] ->
-reduce-scatter, mm of [M, K] -> all-reduce) and each M: the host µs per call (``common.host_us``: wall
-time of ``--calls`` calls that are not waited for, median of 5 rounds, max over ranks) of
+For each graph (bf16, ``M`` tokens per rank) and each M:
+
+- ``ag_mm``: all-gather -> mm of the gathered [M, K]; ``mm_rs``: mm of [M, K] -> reduce-scatter; ``mm_ar``: mm of
+  [M, K] -> all-reduce (K = N = 4096);
+- ``moe`` (``overlap::moe_experts``): a capacity-routed expert-parallel MoE block as ``models/moe.py`` writes it
+  (``MoELayer._capacity`` with the bmm expert form), from the dispatch buffer on: each rank's ``M`` tokens routed
+  to ``MOE_TOP_K`` = 2 of ``MOE_EXPERTS`` = 8 experts with capacity factor 1, so every (expert, source rank) pair
+  holds ``2M / 8`` rows and the all-to-all splits are fixed and equal (static shapes); dispatch
+  ``all_to_all_single`` of the [2M, H] buffer -> SwiGLU experts by ``bmm`` over [8 / ws, 2M / (8 / ws), H]
+  (H = 4096, F = ``MOE_F`` = 1024: Mixtral's H with a small F, to keep memory and GPU time small; host time does
+  not depend on F) -> combine ``all_to_all_single``. Every rank sends and computes the same rows whatever the
+  group's size, so the one-rank baseline groups below compute what a rank of the overlap group does;
+- ``cta`` (``overlap::cta_pipeline_mlp``, the ``cta_pipeline`` pass, off by default, is listed for this graph
+  only): the tensor-parallel GELU MLP, ``all_reduce(F.linear(gelu_tanh(F.linear(x, W1)), W2))`` with x [M, H]
+  replicated and this rank's shards W1 [F/ws, H], W2 [H, F/ws] (H = 4096, F = ``MLP_F`` = 4H, no biases);
+  the group's size must be even (2 stages of ws/2 ranks);
+
+the host µs per call (``common.host_us``: wall time of ``--calls`` calls that are not waited for, median of 5
+rounds, max over ranks) of
 
 - ``overlap``: the graph compiled with ``backend="overlap"`` (cost model off, the ``--lowering``) on the
   benchmark's group;
 - ``inductor``: the same graph compiled by Inductor on an NCCL group: the benchmark's group when every
   rank has a GPU of its own, else (ranks sharing one GPU) a one-rank NCCL group per rank;
-- ``torch.mm``: the local GEMM alone (eager), for scale;
+- ``torch.mm``: the local GEMM alone (eager), for scale (``moe``: the rank's expert GEMMs, ``cta``: its shard of
+  the MLP, both in eager torch);
 
 their ratio and difference (the overlap op's own host time), the GPU ms per call of each (CUDA events,
 median of 20), the same host time with only 5 calls per burst and of one call started on an idle GPU: where
 a burst's calls queue more GPU work than the GPU retires, a longer burst measures the GPU, not the host. Ranks sharing one GPU run
 the overlap graph over a gloo group with ``symm`` allowed on it (its data path never uses the group's
 collectives). ``--profile``: a cProfile of 40 steady-state calls of each overlap graph on rank 0.
+
+The ``moe`` and ``cta`` rows are checked before they are timed: their pass rewrote the graph (the backend's
+reports), and under ``--lowering symm`` the op ran on symm (``lowering_helpers.PATHS``), not on its p2p
+fallback; the benchmark stops with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -29,8 +50,10 @@ import io
 import os
 import pstats
 import sys
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -39,16 +62,45 @@ from bench.tools import common  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed._functional_collectives as funcol  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import overlap_backend  # noqa: E402
+from overlap_backend.config import PASS_NAMES  # noqa: E402
+from overlap_backend.models.moe import bmm_swiglu  # noqa: E402
 from overlap_backend.spec import knobs  # noqa: E402
 
 K = N = 4096
+H = 4096  # hidden size of the moe and cta graphs
+MOE_F, MOE_EXPERTS, MOE_TOP_K = 1024, 8, 2
+MLP_F = 4 * H
+OPS = ("ag_mm", "mm_rs", "mm_ar", "moe", "cta")
+# the overlap op each graph's pass makes, and the pass (checked for the graphs listed)
+CHECKED = {"moe": ("moe_experts", "moe"), "cta": ("cta_pipeline_mlp", "cta_pipeline")}
 
 
-def graphs(group):
-    """{op: (fn(x, w), local rows of x for M tokens)} on ``group``."""
+@dataclass(frozen=True)
+class Graph:
+    """One benchmarked graph: ``fn(x, *weights)`` on a group, and how to make its inputs."""
+
+    fn: Callable
+    rows: Callable[[int], int]  # rows of this rank's x for M tokens
+    cols: int  # columns of x
+    weights: Callable  # weights(device, dtype) -> tuple, the same for the overlap and the Inductor graph
+    local: Callable  # local(x, *weights): this rank's GEMMs alone, eager (the "torch.mm" column)
+
+
+def _randn(device, dtype, *shape, fan_in):
+    return torch.randn(*shape, device=device, dtype=dtype) / fan_in**0.5
+
+
+def graphs(group, world: int | None = None, *, k: int = K, n: int = N, hidden: int = H, moe_ffn: int = MOE_F,
+           experts: int = MOE_EXPERTS, top_k: int = MOE_TOP_K, mlp_ffn: int = MLP_F) -> dict[str, Graph]:
+    """{op: Graph} on ``group``. ``world``: the overlap group's size (default ``group``'s), which fixes the
+    moe graph's local experts and the cta graph's shards, so that a one-rank baseline group computes what a
+    rank of the overlap group does."""
     ws = group.size()
+    world = world or ws
+    local_experts = experts // world
 
     def ag(x, w):
         return torch.mm(funcol.all_gather_tensor(x, 0, group), w)
@@ -59,7 +111,73 @@ def graphs(group):
     def ar(x, w):
         return funcol.all_reduce(torch.mm(x, w), "sum", group)
 
-    return {"ag_mm": (ag, lambda m: m // ws), "mm_rs": (rs, lambda m: m), "mm_ar": (ar, lambda m: m)}
+    def moe(x, w_gate, w_up, w_down):
+        # models/moe.py MoELayer._capacity from the dispatch buffer [E * cap, H] (expert-major) on
+        el, h = w_gate.shape[0], x.shape[1]
+        recv = funcol.all_to_all_single(x, None, None, group)  # [ws (source), E_local, cap, H]
+        xe = recv.view(ws, el, -1, h).transpose(0, 1).reshape(el, -1, h)
+        ye = bmm_swiglu(xe, w_gate, w_up, w_down)  # [E_local, ws * cap, H]
+        back = ye.view(el, ws, -1, h).transpose(0, 1).reshape(-1, h)
+        return funcol.all_to_all_single(back, None, None, group)  # [E * cap, H]: this rank's tokens
+
+    def mlp(x, w1, w2):
+        return funcol.all_reduce(F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2), "sum", group)
+
+    def moe_rows(m):
+        rows = m * top_k
+        if rows % experts:
+            raise ValueError(f"moe: M={m} tokens x top-{top_k} do not split evenly over {experts} experts")
+        return rows
+
+    def mm_weights(device, dtype):
+        return (_randn(device, dtype, k, n, fan_in=k),)
+
+    def moe_weights(device, dtype):
+        return (_randn(device, dtype, local_experts, hidden, moe_ffn, fan_in=hidden),
+                _randn(device, dtype, local_experts, hidden, moe_ffn, fan_in=hidden),
+                _randn(device, dtype, local_experts, moe_ffn, hidden, fan_in=moe_ffn))
+
+    def mlp_weights(device, dtype):
+        f = mlp_ffn // world
+        return _randn(device, dtype, f, hidden, fan_in=hidden), _randn(device, dtype, hidden, f, fan_in=mlp_ffn)
+
+    def local_mm(x, w):
+        return torch.mm(x, w)
+
+    def local_moe(x, w_gate, w_up, w_down):
+        return bmm_swiglu(x.view(w_gate.shape[0], -1, x.shape[1]), w_gate, w_up, w_down)
+
+    def local_mlp(x, w1, w2):
+        return F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2)
+
+    return {
+        "ag_mm": Graph(ag, lambda m: m // ws, k, mm_weights, local_mm),
+        "mm_rs": Graph(rs, lambda m: m, k, mm_weights, local_mm),
+        "mm_ar": Graph(ar, lambda m: m, k, mm_weights, local_mm),
+        "moe": Graph(moe, moe_rows, hidden, moe_weights, local_moe),
+        "cta": Graph(mlp, lambda m: m, hidden, mlp_weights, local_mlp),
+    }
+
+
+def make_backend(op: str, lowering: str):
+    """The overlap backend for ``op``'s graph: cost model off; every pass for ``cta`` (its pass is off by
+    default), the default passes otherwise."""
+    extra = {"passes": PASS_NAMES} if op == "cta" else {}
+    return overlap_backend.make_backend(cost_model="off", lowering=lowering, **extra)
+
+
+def check_applied(op: str, backend, took: dict, lowering: str) -> None:
+    """For the ops of ``CHECKED``: ``op``'s pass rewrote the graph, and under symm the op ran on symm."""
+    if op not in CHECKED:
+        return
+    name, pass_name = CHECKED[op]
+    matches = [m for r in backend.reports for m in r.matches if m.pass_name == pass_name]
+    if not any(m.applied for m in matches):
+        raise RuntimeError(f"{op}: the {pass_name} pass did not rewrite the graph: "
+                           f"{[(m.applied, m.reason) for m in matches] or 'no match'}")
+    if lowering == "symm" and (not took.get(f"{name}:symm") or took.get(f"{name}:p2p")):
+        raise RuntimeError(f"{op}: overlap::{name} did not run on symm in its warm-up calls (paths {took}; the "
+                           "reason is logged by overlap_backend.symm)")
 
 
 def setup():
@@ -167,31 +285,38 @@ def main(argv=None) -> int:
     rank, ws, device, group, nccl_group, shared = setup()
     from overlap_backend.runtime.symm import lowering_helpers, private_graphs
 
-    backend = overlap_backend.make_backend(cost_model="off", lowering=args.lowering)
     sizes = [int(s) for s in args.sizes.split(",")]
     ops = args.ops.split(",")
-    over, ind = graphs(group), graphs(nccl_group)
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise SystemExit(f"--ops: unknown {unknown}; allowed: {', '.join(OPS)}")
+    if "cta" in ops and ws % 2:
+        raise SystemExit(f"--ops cta needs an even number of ranks (2 stages of ws/2), not {ws}")
+    if "moe" in ops and MOE_EXPERTS % ws:
+        raise SystemExit(f"--ops moe needs a number of ranks that divides its {MOE_EXPERTS} experts, not {ws}")
+    over, ind = graphs(group, ws), graphs(nccl_group, ws)
     torch.manual_seed(rank)
     rows, profiles = [], {}
     for op in ops:
-        fn_o, local_rows = over[op]
-        fn_i, local_rows_i = ind[op]
-        comp_o = torch.compile(fn_o, backend=backend, dynamic=False)
-        comp_i = torch.compile(fn_i, dynamic=False)
+        g_o, g_i = over[op], ind[op]
+        backend = make_backend(op, args.lowering)
+        comp_o = torch.compile(g_o.fn, backend=backend, dynamic=False)
+        comp_i = torch.compile(g_i.fn, dynamic=False)
         for m in sizes:
             torch._dynamo.reset()  # one graph per size: a recompile per size, not a dynamic graph
-            x = torch.randn(local_rows(m), K, device=device, dtype=torch.bfloat16)
-            xi = torch.randn(local_rows_i(m), K, device=device, dtype=torch.bfloat16)
-            w = torch.randn(K, N, device=device, dtype=torch.bfloat16) / K**0.5
+            x = torch.randn(g_o.rows(m), g_o.cols, device=device, dtype=torch.bfloat16)
+            xi = torch.randn(g_i.rows(m), g_i.cols, device=device, dtype=torch.bfloat16)
+            w = g_o.weights(device, torch.bfloat16)
             before = dict(lowering_helpers.PATHS)
-            cases = {"overlap": lambda: comp_o(x, w), "inductor": lambda: comp_i(xi, w),
-                     "torch.mm": lambda: torch.mm(xi, w)}
+            cases = {"overlap": lambda: comp_o(x, *w), "inductor": lambda: comp_i(xi, *w),
+                     "torch.mm": lambda: g_i.local(xi, *w)}
             with knobs.symm.patch(PRIVATE_GRAPHS=False):  # the overlap column: the ops' eager host path
                 for _ in range(3):
-                    comp_o(x, w)
-                    comp_i(xi, w)
+                    comp_o(x, *w)
+                    comp_i(xi, *w)
                 common.synchronize(device)
                 took = {k: v - before.get(k, 0) for k, v in lowering_helpers.PATHS.items() if v != before.get(k, 0)}
+                check_applied(op, backend, took, args.lowering)
                 res = {"op": op, "M": m, "paths": took}
                 for name, fn in cases.items():
                     measure(res, name, fn, device, args.calls)
@@ -201,7 +326,7 @@ def main(argv=None) -> int:
                 with knobs.symm.patch(PRIVATE_GRAPHS=True):
                     stats, reserved = dict(private_graphs.STATS), torch.cuda.memory_reserved(device)
                     for _ in range(3):  # the key's eager run of the captured protocol, its capture, a replay
-                        comp_o(x, w)
+                        comp_o(x, *w)
                     measure(res, "private", cases["overlap"], device, args.calls)
                     if args.profile and rank == 0 and m in (sizes[0], 512, sizes[-1]):
                         profiles[f"{op}_M{m}_private_graphs"] = profile_text(cases["overlap"])
@@ -214,11 +339,11 @@ def main(argv=None) -> int:
                 res["private_ratio"] = res["private_host_us"] / res["inductor_host_us"]
                 res["private_own_us"] = res["private_host_us"] - res["inductor_host_us"]
             if args.layers:
-                layer_weights = [torch.randn_like(w) for _ in range(args.layers)]
+                layer_weights = [tuple(torch.randn_like(t) for t in w) for _ in range(args.layers)]
 
                 def layers():
                     for lw in layer_weights:
-                        comp_o(x, lw)
+                        comp_o(x, *lw)
 
                 for private in (False, True):
                     name = "layers_private" if private else "layers_eager"
