@@ -166,12 +166,13 @@ def make_backend(op: str, lowering: str):
     return overlap_backend.make_backend(cost_model="off", lowering=lowering, **extra)
 
 
-def check_applied(op: str, backend, took: dict, lowering: str) -> None:
-    """For the ops of ``CHECKED``: ``op``'s pass rewrote the graph, and under symm the op ran on symm."""
+def check_applied(op: str, reports, took: dict, lowering: str) -> None:
+    """For the ops of ``CHECKED``: ``op``'s pass rewrote the graph (``reports``: the backend's reports of its
+    compile), and under symm the op ran on symm (``took``: the PATHS counted by its calls)."""
     if op not in CHECKED:
         return
     name, pass_name = CHECKED[op]
-    matches = [m for r in backend.reports for m in r.matches if m.pass_name == pass_name]
+    matches = [m for r in reports for m in r.matches if m.pass_name == pass_name]
     if not any(m.applied for m in matches):
         raise RuntimeError(f"{op}: the {pass_name} pass did not rewrite the graph: "
                            f"{[(m.applied, m.reason) for m in matches] or 'no match'}")
@@ -307,7 +308,7 @@ def main(argv=None) -> int:
             x = torch.randn(g_o.rows(m), g_o.cols, device=device, dtype=torch.bfloat16)
             xi = torch.randn(g_i.rows(m), g_i.cols, device=device, dtype=torch.bfloat16)
             w = g_o.weights(device, torch.bfloat16)
-            before = dict(lowering_helpers.PATHS)
+            before, reports = dict(lowering_helpers.PATHS), len(backend.reports)
             cases = {"overlap": lambda: comp_o(x, *w), "inductor": lambda: comp_i(xi, *w),
                      "torch.mm": lambda: g_i.local(xi, *w)}
             with knobs.symm.patch(PRIVATE_GRAPHS=False):  # the overlap column: the ops' eager host path
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
                     comp_i(xi, *w)
                 common.synchronize(device)
                 took = {k: v - before.get(k, 0) for k, v in lowering_helpers.PATHS.items() if v != before.get(k, 0)}
-                check_applied(op, backend, took, args.lowering)
+                check_applied(op, backend.reports[reports:], took, args.lowering)
                 res = {"op": op, "M": m, "paths": took}
                 for name, fn in cases.items():
                     measure(res, name, fn, device, args.calls)
