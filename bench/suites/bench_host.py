@@ -12,13 +12,14 @@ For each graph (bf16, ``M`` tokens per rank) and each M:
   (``MoELayer._capacity`` with the bmm expert form), from the dispatch buffer on: each rank's ``M`` tokens routed
   to ``MOE_TOP_K`` = 2 of ``MOE_EXPERTS`` = 8 experts with capacity factor 1, so every (expert, source rank) pair
   holds ``2M / 8`` rows and the all-to-all splits are fixed and equal (static shapes); dispatch
-  ``all_to_all_single`` of the [2M, H] buffer -> SwiGLU experts by ``bmm`` over [8 / ws, 2M / (8 / ws), H]
+  ``all_to_all_single`` of the [2M, H] buffer -> SwiGLU experts by ``bmm`` over [8 / ws experts, ws·2M / 8 rows, H]
   (H = 4096, F = ``MOE_F`` = 1024: Mixtral's H with a small F, to keep memory and GPU time small; host time does
   not depend on F) -> combine ``all_to_all_single``. Every rank sends and computes the same rows whatever the
   group's size, so the one-rank baseline groups below compute what a rank of the overlap group does;
 - ``cta`` (``overlap::cta_pipeline_mlp``, the ``cta_pipeline`` pass, off by default, is listed for this graph
   only): the tensor-parallel GELU MLP, ``all_reduce(F.linear(gelu_tanh(F.linear(x, W1)), W2))`` with x [M, H]
-  replicated and this rank's shards W1 [F/ws, H], W2 [H, F/ws] (H = 4096, F = ``MLP_F`` = 4H, no biases);
+  (the replicated input of a TP MLP; each rank draws its own values here, which the host path does not read) and
+  this rank's shards W1 [F/ws, H], W2 [H, F/ws] (H = 4096, F = ``MLP_F`` = 4H, no biases);
   the group's size must be even (2 stages of ws/2 ranks);
 
 the host µs per call (``common.host_us``: wall time of ``--calls`` calls that are not waited for, median of 5
