@@ -64,3 +64,32 @@ def test_moe_and_cta_graphs_are_rewritten():
             assert r["matches"] == [(True, "p2p")], f"rank {rank} {op}: {r['matches']}"
             assert r["err"] <= 1e-2, f"rank {rank} {op}: rel err {r['err']}"
             assert r["shapes"][0] == r["shapes"][1], f"rank {rank} {op}: {r['shapes']}"
+
+
+@pytest.fixture
+def bench_host():
+    """``bench.suites.bench_host`` imported here (``bench.tools.common`` sets NCCL variables: undone after)."""
+    import importlib
+    import os
+
+    env = dict(os.environ)
+    sys.path.insert(0, str(REPO))
+    try:
+        yield importlib.import_module("bench.suites.bench_host")
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        sys.path.remove(str(REPO))
+
+
+def test_check_applied_needs_the_pass_and_symm(bench_host):
+    from types import SimpleNamespace as NS
+
+    bh = bench_host
+    rewritten = [NS(matches=[NS(pass_name="moe", applied=True, reason="rewritten")])]
+    bh.check_applied("moe", rewritten, {"moe_experts:symm": 3, "moe_experts:symm:triton": 3}, "symm")
+    bh.check_applied("mm_ar", [], {}, "symm")  # the other ops are not checked
+    for reports, took in ((rewritten, {"moe_experts:p2p": 3}), (rewritten, {}),
+                          ([NS(matches=[NS(pass_name="moe", applied=False, reason="no")])], {"moe_experts:symm": 3})):
+        with pytest.raises(RuntimeError):
+            bh.check_applied("moe", reports, took, "symm")
