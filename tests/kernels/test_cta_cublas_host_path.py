@@ -72,8 +72,13 @@ CASES = [  # (ws, act, F, M, num_sms, GELU share, transport, ship first); (M, nu
 ]
 
 
-@pytest.mark.parametrize("forms", FORMS, ids=lambda f: f"{f[0]}-{f[1]}")
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"ws{c[0]}-{c[1]}-F{c[2]}-M{c[3]}-{c[6]}-ship{int(c[7])}")
+# every case with both stages on cuBLAS; each mixed pair (a cuBLAS stage beside a Triton one) on some cases, tp 2 both
+MATCH = [(case, FORMS[2]) for case in CASES] + [(CASES[i], FORMS[f]) for i, f in ((0, 0), (2, 1), (3, 0), (3, 1),
+                                                                                (4, 1), (5, 0))]
+
+
+@pytest.mark.parametrize("case,forms", MATCH,
+                         ids=[f"ws{c[0]}-{c[1]}-F{c[2]}-M{c[3]}-{c[6]}-ship{int(c[7])}-{f[0]}-{f[1]}" for c, f in MATCH])
 def test_cublas_stages_match_mlp(cublas_world, forms, case):
     ws, act, F_, M, num_sms, share, transport, ship_first = case
     fake = cublas_world(ws, F_, transport, num_sms=num_sms, M=M)
