@@ -28,6 +28,8 @@ for _d in [_TESTS] + sorted(e.path for e in os.scandir(_TESTS) if e.is_dir() and
     if _d not in sys.path:
         sys.path.insert(0, _d)
 
+pytest_plugins = ["ratio_files"]  # the ``ratios`` fixture: a kernel-ratio file of a test's own
+
 
 @pytest.fixture(autouse=True)
 def _gpu_tests_rewrite_every_match(request, monkeypatch):

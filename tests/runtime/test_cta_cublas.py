@@ -14,8 +14,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,25 +22,7 @@ from overlap_backend.runtime import cta_cublas, cta_plan
 from overlap_backend.spec import kernel_ratios, knobs
 from overlap_backend.spec import symm_layout as layout
 
-GPU = "Test GPU 80GB"
-
-
-def _entry(kernel, ws, M, K, N, ratio, fused):
-    return {"gpu": GPU, "kernel": kernel, "dtype": "bfloat16", "ws": ws, "M": M, "K": K, "N": N, "fused": fused,
-            "ratio": ratio}
-
-
-@pytest.fixture
-def ratios(tmp_path, monkeypatch):
-    path = tmp_path / "kernel_ratios.json"
-    monkeypatch.setattr(kernel_ratios, "gpu_name", lambda: GPU)
-
-    def write(*entries):
-        path.write_text(json.dumps(kernel_ratios.document(list(entries))))
-        kernel_ratios.forget()
-
-    with knobs.symm.patch(KERNEL_RATIOS_FILE=str(path)):
-        yield write
+from ratio_files import entry as _entry
 
 
 @pytest.fixture

@@ -13,26 +13,8 @@ from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
 from overlap_backend.runtime.symm import mm_rs as symm_mm_rs
 from overlap_backend.spec import kernel_ratios, knobs
 
-GPU = "Test GPU 80GB"
-
-
-def _entry(kernel, ws, M, K, N, ratio, fused=False, gpu=GPU, dtype="bfloat16"):
-    return {"gpu": gpu, "kernel": kernel, "dtype": dtype, "ws": ws, "M": M, "K": K, "N": N, "fused": fused,
-            "ratio": ratio}
-
-
-@pytest.fixture
-def ratios(tmp_path, monkeypatch):
-    """A ratio file of its own and this GPU's name; returns a function that writes the entries."""
-    path = tmp_path / "kernel_ratios.json"
-    monkeypatch.setattr(kernel_ratios, "gpu_name", lambda: GPU)
-
-    def write(*entries):
-        path.write_text(json.dumps(kernel_ratios.document(list(entries))))
-        kernel_ratios.forget()  # the file changed under the same knobs
-
-    with knobs.symm.patch(KERNEL_RATIOS_FILE=str(path)):
-        yield write
+from ratio_files import GPU
+from ratio_files import entry as _entry
 
 
 def test_nearest_entry_of_this_gpu_kernel_dtype_and_epilogue(ratios):
