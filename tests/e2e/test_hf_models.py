@@ -2,7 +2,8 @@
 
 Tiny random Llama, Mixtral and Qwen3-MoE models (float32, one bfloat16 case; 2 layers) are distributed the way
 ``from_pretrained(..., distributed_config=DistributedConfig(...))`` distributes them: the model's own
-``tp_plan`` (``"auto"``) and, with ``ep_size``, its ``ep_plan``. Each case builds the same model three
+``tp_plan`` (``"auto"``; the tensor-parallel experts, ``moe_tp_experts``, asked for by name, since transformers
+5.25 no longer shards the experts by default) and, with ``ep_size``, its ``ep_plan``. Each case builds the same model three
 times from one seed (one device, parallel eager, parallel compiled with
 ``make_backend(inductor=False, cost_model="off")`` and ``OVERLAP_DEBUG_DIR`` set), runs one training
 step on each, and checks:
@@ -54,6 +55,12 @@ LAYERS = 2
 VOCAB = 64
 BATCH, SEQ = 2, 8
 SGD_LR = 1.0
+# Tensor-parallel experts (each rank holds every expert's slice along F, the experts' output all-reduced):
+# Mixtral's and Qwen3-MoE's default tp_plan up to transformers 5.24; from 5.25 on the default replicates the
+# experts under TP (no collective in the MoE block), and this override asks for them (deprecated there).
+TP_EXPERTS_PLAN = {"model.layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+                   "model.layers.*.mlp.experts.down_proj": "rowwise",
+                   "model.layers.*.mlp.experts": "moe_tp_experts"}
 
 
 @dataclass(frozen=True)
@@ -100,10 +107,11 @@ class Case:
 CASES = {
     "llama-tp2": Case("llama", {"tp_size": 2}),
     "llama-tp4": Case("llama", {"tp_size": 4}, ranks=4),
-    "mixtral-tp2": Case("mixtral", {"tp_size": 2}),
-    "qwen3_moe-tp2": Case("qwen3_moe", {"tp_size": 2}),
-    "qwen3_moe-tp2-bf16": Case("qwen3_moe", {"tp_size": 2}, dtype="bfloat16"),
-    "qwen3_moe-tp2-batched_mm": Case("qwen3_moe", {"tp_size": 2}, experts_implementation="batched_mm"),
+    "mixtral-tp2": Case("mixtral", {"tp_size": 2, "tp_plan": TP_EXPERTS_PLAN}),
+    "qwen3_moe-tp2": Case("qwen3_moe", {"tp_size": 2, "tp_plan": TP_EXPERTS_PLAN}),
+    "qwen3_moe-tp2-bf16": Case("qwen3_moe", {"tp_size": 2, "tp_plan": TP_EXPERTS_PLAN}, dtype="bfloat16"),
+    "qwen3_moe-tp2-batched_mm": Case("qwen3_moe", {"tp_size": 2, "tp_plan": TP_EXPERTS_PLAN},
+                                     experts_implementation="batched_mm"),
     "qwen3_moe-tp2-ep2": Case("qwen3_moe", {"tp_size": 2, "ep_size": 2}),
     "mixtral-tp2-ep2": Case("mixtral", {"tp_size": 2, "ep_size": 2}),
     "qwen3_moe-tp2-ep2-all_reduce": Case("qwen3_moe", {"tp_size": 2, "ep_size": 2, "ep_implementation": "all_reduce"}),
@@ -443,7 +451,7 @@ TABLE_BEGIN, TABLE_END = "<!-- hf-models-table:begin -->", "<!-- hf-models-table
 
 def _plan(case: Case) -> str:
     d = case.distributed
-    plan = f"tp{d['tp_size']}"
+    plan = f"tp{d['tp_size']}" + (" (experts: `moe_tp_experts`)" if d.get("tp_plan") == TP_EXPERTS_PLAN else "")
     if case.expert_parallel:
         plan += f" + ep{d['ep_size']}" + (f" ({d['ep_implementation']})" if "ep_implementation" in d else " (AllToAllEP)")
     extra = [x for x in (case.experts_implementation, None if case.dtype == "float32" else case.dtype) if x]
