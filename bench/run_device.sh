@@ -115,7 +115,7 @@ LIMIT_SMOKE="${LIMIT_SMOKE:-320}"  # one run of the smoke set (a fresh machine: 
 SMOKE_LOOP="${SMOKE_LOOP:-1}"
 if [ "$MODE" = tests ]; then LIMIT_TESTS="${LIMIT_TESTS:-$DEADLINE}"; else LIMIT_TESTS="${LIMIT_TESTS:-210}"; fi
 LIMIT_BENCH="${LIMIT_BENCH:-210}"  # with --graphs: every variant also captured and replayed
-LIMIT_MOE="${LIMIT_MOE:-180}"
+LIMIT_MOE="${LIMIT_MOE:-270}"
 LIMIT_BLOCK="${LIMIT_BLOCK:-120}"
 LIMIT_CTA="${LIMIT_CTA:-240}"
 # BENCHES, BENCH_WS: defaults depend on the GPU count (main); TEST_FILES: on the mode.
@@ -123,8 +123,9 @@ DEFAULT_TEST_FILES="tests/gpu/test_gpu.py tests/gpu/test_gpu_cta.py"
 [ "$MODE" = tests ] && DEFAULT_TEST_FILES="$(echo tests/gpu/test_gpu*.py)"
 TEST_FILES="${TEST_FILES:-$DEFAULT_TEST_FILES}"
 # The MoE stage (8 GPUs by default, else BENCHES="... moe"): DeepSeek-like at EP=N first (64 experts),
-# then the 32-expert one; MOE_ARGS replaces these arguments of bench_moe.py.
-MOE_ARGS="${MOE_ARGS:---configs deepseek-ep8,deepseek --routing balanced,skewed --comm-sms 8}"
+# then the 32-expert one, with transformers' fused expert weights too and the tensor-parallel experts' table;
+# MOE_ARGS replaces these arguments of bench_moe.py.
+MOE_ARGS="${MOE_ARGS:---configs deepseek-ep8,deepseek --routing balanced,skewed --comm-sms 8 --weights separate,fused_linear --tp-experts}"
 EPILOGUE_WS="${EPILOGUE_WS:-2}"
 LIMIT_MODELS="${LIMIT_MODELS:-300}"
 LIMIT_DEMO="${LIMIT_DEMO:-90}"

@@ -179,7 +179,8 @@ def moe_rows(path: Path) -> list[dict]:
         h, f, experts, top_k, tokens = MOE_CONFIGS[r["config"]]
         prob = Problem("moe_experts", m=int(r["recv_rows_max"]), n=h, k=h, f=f, experts=experts // ws,
                        rows_sent=tokens * top_k, dtype="bfloat16", ws=ws)
-        shape = f"{r['config']} {r['routing']}"
+        weights = r.get("weights", "separate")  # bench_moe --weights: the fused layouts' rows named as such
+        shape = f"{r['config']} {r['routing']}" + ("" if weights == "separate" else f" {weights}")
         sweep = r.get("sweep", {})
         defaults = d.get("moe_defaults", {})
         setting = d.get("comm_sms_setting", 8)

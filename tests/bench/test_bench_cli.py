@@ -113,6 +113,13 @@ def test_moe_configs(bench):
     assert m.parse_args(["--out", "/tmp/x"]).configs is None  # resolved per world size in main
     with pytest.raises(SystemExit):
         m.parse_args(["--out", "/tmp/x", "--configs", "nope"])
+    assert m.parse_args(["--out", "/tmp/x"]).weights == ["separate"]
+    assert m.parse_args(["--out", "/tmp/x", "--weights", "fused_linear,separate"]).weights == ["fused_linear", "separate"]
+    for bad in ("fused,nope", ","):
+        with pytest.raises(SystemExit):
+            m.parse_args(["--out", "/tmp/x", "--weights", bad])
+    assert "does not split over 3 ranks" in m.tp_experts_problem("deepseek", 3)
+    assert all(m.tp_experts_problem(c, ws) is None for ws in WORLD_SIZES for c in m.default_configs(ws))
 
 
 def test_moe_backend_column_is_the_cost_models_decision(bench):
@@ -474,7 +481,7 @@ def test_run_device_2_and_4_gpus_unchanged(tmp_path):
 def test_run_device_8_gpus(tmp_path):
     cmds, out = _run_device(tmp_path, 8, "full")
     moe = _torchrun(8, "bench/suites/bench_moe.py", "--out", "TMP/results", "--configs", "deepseek-ep8,deepseek",
-                    "--routing", "balanced,skewed", "--comm-sms", "8")
+                    "--routing", "balanced,skewed", "--comm-sms", "8", "--weights", "separate,fused_linear", "--tp-experts")
     collective, block, cta = _benches(8, True)
     assert cmds == [VERSIONS, _pytest("-v", OLD_TESTS, "ws8 and symm or names_op_rank or dead_peer or captured_symm or fast_path"), collective, moe, block, cta]
     stages = re.findall(r"^=== \[t=\d+s\] (\S+) \(limit", out, re.M)
