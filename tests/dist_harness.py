@@ -28,6 +28,22 @@ from overlap_backend.tools.spawn import collect, dump_stacks_on_signal
 # One intra-op thread per rank: the ranks share a 2-core CI machine. Inductor off by default
 # (its C++ codegen costs ~25 s per graph there); Inductor tests set OVERLAP_INDUCTOR=1.
 _RANK_ENV = {"OMP_NUM_THREADS": "1", "OVERLAP_INDUCTOR": "0"}
+# What a rank process imports before it runs anything: ~3.5 s of CPU per process on the CI machine, paid once
+# by a fork server instead of by every rank of every test (where CUDA is absent, see _context).
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "overlap_backend"]
+
+
+def _context():
+    """Where CUDA is absent, rank processes fork from a server that imported ``_PRELOAD`` once (a forked
+    child has no CUDA context to lose, nor threads: importing them starts none); on GPU machines each rank is
+    a fresh interpreter (``spawn``), as the GPU tests were measured."""
+    import torch
+
+    if torch.cuda.is_available():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
 
 
 def shared_gpu() -> bool:
@@ -44,6 +60,8 @@ def on_group_device(t, group):
 
 
 def _worker(fn, rank, world_size, store_path, results, env, backend, args):
+    # the caller's environment at the call (a fork server's children inherit the server's), then the ranks' own
+    os.environ.clear()
     os.environ.update(env)
     dump_stacks_on_signal()
     try:
@@ -86,9 +104,9 @@ def run_ranks(
     cap = os.environ.get("OVERLAP_TEST_TIMEOUT_S")
     if cap:
         timeout = min(timeout, float(cap))
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
-    full_env = {**_RANK_ENV, **(env or {})}
+    full_env = {**os.environ, **_RANK_ENV, **(env or {})}
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
         procs = [
