@@ -270,12 +270,9 @@ class Problem:
             self.w_gate, self.w_up, self.w_down = w_gate, w_up, w_down
         else:
             fused = torch.cat([w_gate, w_up], dim=-1)
-            if weights == "fused_linear":  # stored [E, 2F, H] and [E, H, F], read transposed
-                self.stored = (fused.transpose(1, 2).contiguous(), w_down.transpose(1, 2).contiguous())
-                self.w_gate_up, self.w_down = (w.transpose(1, 2) for w in self.stored)
-            else:
-                self.stored = (fused, w_down)
-                self.w_gate_up, self.w_down = self.stored
+            if weights == "fused_linear":  # stored [E, 2F, H] and [E, H, F] (transformers'), read transposed
+                fused, w_down = (w.transpose(1, 2).contiguous().transpose(1, 2) for w in (fused, w_down))
+            self.w_gate_up, self.w_down = fused, w_down
             self.w_gate, self.w_up = self.w_gate_up[..., :f], self.w_gate_up[..., f:]  # as the moe pass slices it
         self.recv_buf = self.x.new_empty((sum(self.recv), h))
 
