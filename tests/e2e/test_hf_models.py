@@ -3,8 +3,8 @@
 Tiny random Llama, Mixtral and Qwen3-MoE models (float32, one bfloat16 case; 2 layers) are distributed the way
 ``from_pretrained(..., distributed_config=DistributedConfig(...))`` distributes them: the model's own
 ``tp_plan`` (``"auto"``; the tensor-parallel experts, ``moe_tp_experts``, asked for by name, since transformers
-5.25 no longer shards the experts by default) and, with ``ep_size``, its ``ep_plan``. Each case builds the same model three
-times from one seed (one device, parallel eager, parallel compiled with
+5.25 no longer shards the experts by default; ``qwen3_moe-tp2-auto`` takes the installed release's plan as it is)
+and, with ``ep_size``, its ``ep_plan``. Each case builds the same model three times from one seed (one device, parallel eager, parallel compiled with
 ``make_backend(inductor=False, cost_model="off")`` and ``OVERLAP_DEBUG_DIR`` set), runs one training
 step on each, and checks:
 
@@ -107,6 +107,7 @@ class Case:
 CASES = {
     "llama-tp2": Case("llama", {"tp_size": 2}),
     "llama-tp4": Case("llama", {"tp_size": 4}, ranks=4),
+    "qwen3_moe-tp2-auto": Case("qwen3_moe", {"tp_size": 2}),  # the installed transformers' own plan (below)
     "mixtral-tp2": Case("mixtral", {"tp_size": 2, "tp_plan": TP_EXPERTS_PLAN}),
     "qwen3_moe-tp2": Case("qwen3_moe", {"tp_size": 2, "tp_plan": TP_EXPERTS_PLAN}),
     "qwen3_moe-tp2-bf16": Case("qwen3_moe", {"tp_size": 2, "tp_plan": TP_EXPERTS_PLAN}, dtype="bfloat16"),
@@ -121,6 +122,16 @@ CASES = {
     "mixtral-tp2-ep2-overlap": Case("mixtral", {"tp_size": 2, "ep_size": 2, "ep_implementation": EP_OVERLAP}),
 }
 MOE_CASES = [n for n, c in CASES.items() if c.moe]
+# What tp_plan="auto" alone does to the experts depends on the transformers release: not in the docs' table.
+VERSION_DEPENDENT = {"qwen3_moe-tp2-auto"}
+
+
+def default_plan_shards_experts() -> bool:
+    """Whether the installed transformers' default Qwen3-MoE tp_plan holds tensor-parallel experts (up to 5.24;
+    from 5.25 on the experts are replicated under TP and the MoE block has no collective)."""
+    import transformers
+
+    return "moe_tp_experts" in transformers.Qwen3MoeConfig().base_model_tp_plan.values()
 A2A_CASES = [n for n, c in CASES.items() if c.transformers_all_to_all]
 
 # Why the backend leaves each MoE form alone today (summary.json and the graphs of a tiny model say so).
@@ -409,6 +420,9 @@ def test_moe_blocks_rewritten(hf_run, name):
     (backward: the experts' input gradient; the routing weights' gradient is no GEMM output)."""
     run = hf_run(name)
     experts = [m for m in run.matches() if m["expert"]]
+    if name in VERSION_DEPENDENT and not default_plan_shards_experts():
+        assert not experts, f"replicated experts issue no collective, yet: {experts}"
+        return
     for kind in ("forward", "backward"):
         mine = [m for m in experts if m["kind"] == kind]
         done = [m for m in mine if m["applied"]]
@@ -487,7 +501,7 @@ def table_row(name: str, run: Run) -> str:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [n for n in CASES if n not in VERSION_DEPENDENT])
 def test_models_doc_table_row(hf_run, name):
     """docs/models.md's table says, per case, what this run's summary.json says (regenerate the table with
     ``OVERLAP_WRITE_MODELS_TABLE=1`` and every case selected: the rows of the cases that ran are replaced)."""
