@@ -4,9 +4,9 @@ Tiny random Llama, Mixtral and Qwen3-MoE models (float32, one bfloat16 case; 2 l
 ``from_pretrained(..., distributed_config=DistributedConfig(...))`` distributes them: the model's own
 ``tp_plan`` (``"auto"``; the tensor-parallel experts, ``moe_tp_experts``, asked for by name, since transformers
 5.25 no longer shards the experts by default; ``qwen3_moe-tp2-auto`` takes the installed release's plan as it is)
-and, with ``ep_size``, its ``ep_plan``. Each case builds the same model three times from one seed (one device, parallel eager, parallel compiled with
-``make_backend(inductor=False, cost_model="off")`` and ``OVERLAP_DEBUG_DIR`` set), runs one training
-step on each, and checks:
+and, with ``ep_size``, its ``ep_plan``. Each case builds the same model three times from one seed (one device,
+parallel eager, parallel compiled with ``make_backend(inductor=False, cost_model="off")`` and ``OVERLAP_DEBUG_DIR``
+set), runs one training step on each, and checks:
 
 - compiled logits, loss and every parameter's gradient against eager (float32: relative 1e-4), the
   parallel eager logits against one device, and the loss after one SGD step;
@@ -122,6 +122,7 @@ CASES = {
     "mixtral-tp2-ep2-overlap": Case("mixtral", {"tp_size": 2, "ep_size": 2, "ep_implementation": EP_OVERLAP}),
 }
 MOE_CASES = [n for n, c in CASES.items() if c.moe]
+A2A_CASES = [n for n, c in CASES.items() if c.transformers_all_to_all]
 # What tp_plan="auto" alone does to the experts depends on the transformers release: not in the docs' table.
 VERSION_DEPENDENT = {"qwen3_moe-tp2-auto"}
 
@@ -132,7 +133,7 @@ def default_plan_shards_experts() -> bool:
     import transformers
 
     return "moe_tp_experts" in transformers.Qwen3MoeConfig().base_model_tp_plan.values()
-A2A_CASES = [n for n, c in CASES.items() if c.transformers_all_to_all]
+
 
 # Why the backend leaves each MoE form alone today (summary.json and the graphs of a tiny model say so).
 MOE_XFAIL = {
