@@ -481,8 +481,8 @@ def main(argv=None):
             continue
         for routing in args.routing:
             for i, weights in enumerate(args.weights):
-                res = run_ep_row(cfg, routing, weights, i == 0, args, ws, device, timing, defaults, cal,
-                                 (rows, sweep_rows, graph_rows), trace_dir)
+                res = run_ep_row(cfg, routing, weights, i == 0, args, rank, ws, device, timing, defaults, cal,
+                                 (rows, sweep_rows, graph_rows), trace_dir, swept)
                 results.append(res)
                 if on_gpu:
                     torch.cuda.empty_cache()
@@ -512,10 +512,11 @@ def main(argv=None):
     return 0
 
 
-def run_ep_row(cfg, routing, weights, first, args, ws, device, timing, defaults, cal, tables, trace_dir) -> dict:
+def run_ep_row(cfg, routing, weights, first, args, rank, ws, device, timing, defaults, cal, tables, trace_dir,
+               swept) -> dict:
     """One (config, routing, weights) row of the expert-parallel table, appended to the first of ``tables``
-    (rows, sweep rows, graph rows); the sweep, the graphs and the traces on the first weights form only, on
-    GPUs. A failure is reported in the row."""
+    (rows, sweep rows, graph rows); the sweep (where ``swept``), the graphs and the traces on the first weights
+    form only, on GPUs. A failure is reported in the row."""
     from overlap_backend.runtime import moe_symm
     from overlap_backend.runtime.symm import lowering_helpers
     from overlap_backend.spec import knobs
@@ -524,7 +525,7 @@ def run_ep_row(cfg, routing, weights, first, args, ws, device, timing, defaults,
     on_gpu = device.type == "cuda"
     res = {"config": cfg, "routing": routing, "weights": weights, "shape": CONFIGS[cfg]}
     try:
-        prob = Problem(cfg, routing, dist.get_rank(), ws, device, weights)
+        prob = Problem(cfg, routing, rank, ws, device, weights)
         recv_max = common.allreduce_max([sum(prob.recv)], device)[0]
         ref = prob.baseline()
         checks = []
@@ -559,9 +560,9 @@ def run_ep_row(cfg, routing, weights, first, args, ws, device, timing, defaults,
                                common.fmt_ms(graphs.get("baseline")), common.fmt_ms(graphs.get("symm")),
                                f"{graphs['baseline'] / graphs['symm']:.2f}" if graphs.get("symm") else "—",
                                graphs["check"]])
-            if dist.get_rank() == 0:
+            if rank == 0:
                 print(f"graphs: {graph_rows[-1]}", flush=True)
-        if first and on_gpu and (args.comm_sms or args.sweep):
+        if first and swept:
             sweep = {}
             for n in args.comm_sms + list(args.sweep):
                 knobs.moe.set(**sweep_settings(n, defaults))
@@ -588,7 +589,7 @@ def run_ep_row(cfg, routing, weights, first, args, ws, device, timing, defaults,
                      backend["decision"], f"{res['base_over_backend']:.2f}" if chosen else "—", "; ".join(checks)])
     except Exception as e:  # noqa: BLE001 - keep going, report the failure in the table
         res["error"] = f"{type(e).__name__}: {e}"
-        if dist.get_rank() == 0:
+        if rank == 0:
             traceback.print_exc()
         rows.append([cfg, routing, weights, "-", *["n/a"] * 10, f"ERROR {type(e).__name__}: {str(e)[:120]}"])
     return res

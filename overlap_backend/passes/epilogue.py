@@ -94,6 +94,18 @@ class Capture:
     def report(self) -> dict:
         return {"captured": [n.name for n in self.nodes], "left": self.stop}
 
+    def single_output_spec(self) -> str:
+        """The spec of a one-output op (``mm_rs``, ``mm_ar``) whose epilogue arguments are ``args`` in order."""
+        return self.spec({a: i for i, a in enumerate(self.args)})
+
+    def single_output_report(self) -> list[dict]:
+        """The epilogue report of a one-output op."""
+        return [{"output": 0, "spec": self.single_output_spec(), **self.report()}]
+
+    def single_output_op_args(self) -> tuple:
+        """The trailing ``(spec, args)`` of a one-output op's call; nothing without a captured step."""
+        return (self.single_output_spec(), list(self.args)) if self.steps else ()
+
 
 def _is_reshape_keeping_last(node: torch.fx.Node, n: int) -> bool:
     v = val(node)
@@ -310,7 +322,7 @@ def capture_after_collective(ctx, wait: torch.fx.Node, collective: torch.fx.Node
     cap = walk(wait, set(matched), None, ctx.config.fuse_epilogues)
     if cap.steps:
         try:
-            spec_mod.check([cap.spec({a: i for i, a in enumerate(cap.args)})], [val(a) for a in cap.args], [shape],
+            spec_mod.check([cap.single_output_spec()], [val(a) for a in cap.args], [shape],
                            [dtype], allow_out_refs=False)
         except spec_mod.EpilogueError as e:
             return Capture(stop=f"epilogue not captured: {e}")

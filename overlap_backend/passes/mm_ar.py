@@ -79,15 +79,13 @@ class MmArPass(OverlapPass):
         return self.decide(problem, ar.group_name, device_type(mm.a), lowering).lowering
 
     def epilogue_report(self, m: MmArMatch):
-        if m.capture is None:
-            return None
-        return [{"output": 0, "spec": m.capture.spec({a: i for i, a in enumerate(m.capture.args)}), **m.capture.report()}]
+        return None if m.capture is None else m.capture.single_output_report()
 
     def rewrite(self, m: MmArMatch, lowering: str) -> None:
         ar, mm = m.reduce, m.matmul
         graph = ar.wait.graph
         cap = m.capture or ep.Capture()
-        extra = (cap.spec({a: i for i, a in enumerate(cap.args)}), list(cap.args)) if cap.steps else ()
+        extra = cap.single_output_op_args()
         with graph.inserting_before(ar.wait):
             op = call(
                 graph, torch.ops.overlap.mm_ar.default,

@@ -128,16 +128,14 @@ class MmRsPass(OverlapPass):
         return list(m.scatter.nodes) + terms + m.adds
 
     def epilogue_report(self, m: MmRsMatch):
-        if m.capture is None:
-            return None
-        return [{"output": 0, "spec": m.capture.spec({a: i for i, a in enumerate(m.capture.args)}), **m.capture.report()}]
+        return None if m.capture is None else m.capture.single_output_report()
 
     def rewrite(self, m: MmRsMatch, lowering: str) -> None:
         rs, mm = m.scatter, m.matmul
         graph = rs.wait.graph
         out_shape = size_args(graph, val(rs.input).shape, rs.wait)
         cap = m.capture or ep.Capture()
-        extra = (cap.spec({a: i for i, a in enumerate(cap.args)}), list(cap.args)) if cap.steps else ()
+        extra = cap.single_output_op_args()
         with graph.inserting_before(rs.wait):
             a, b = mm.a, mm.b
             if m.more:  # sum_i a_i @ b_i == cat(a_i, 1) @ cat(b_i, 0)
