@@ -46,6 +46,20 @@ def _fail(op: str, arg: str, msg: str) -> OverlapInputError:
     return OverlapInputError(f"overlap::{op}: argument {arg!r}: {msg}")
 
 
+def check_no_autograd(op: str, arg_names: Sequence[str], args: tuple, kwargs: dict) -> None:
+    """Raise if a tensor argument requires grad (called in grad mode only): an op has no autograd formula."""
+    named = list(zip(arg_names, args)) + list(kwargs.items())
+    for arg, value in named:
+        for i, t in enumerate(value if isinstance(value, (list, tuple)) else (value,)):
+            if isinstance(t, Tensor) and t.requires_grad:
+                where = f"{arg}[{i}]" if isinstance(value, (list, tuple)) else arg
+                raise _fail(op, where, "requires grad in grad mode, and the overlap ops have no autograd formula "
+                            "(autograd would differentiate the local steps and miss the communication). They run "
+                            "inside the graphs torch.compile(backend='overlap') builds, where AOTAutograd "
+                            "differentiates the original collectives; called directly, call them under "
+                            "torch.no_grad() or on detached tensors.")
+
+
 def resolve_group(op: str, group_name: str):
     """The process group named ``group_name``, of which this process is a member."""
     from torch.distributed.distributed_c10d import _resolve_process_group

@@ -3,6 +3,8 @@
 Empty contraction (K = 0) or empty output columns (N = 0) compute what eager computes; an exception
 raised inside a ring step (a compute patched to raise) leaves the group usable: the transfers the
 step posted are waited on before the error propagates, so a following ``dist.all_reduce`` completes.
+A tensor that requires grad in grad mode is refused before any transfer, naming the op and the argument
+(the ops have no autograd formula); under ``torch.no_grad`` the same call computes what eager computes.
 One spawn of 2 ranks runs every case (spawning costs most of the time).
 """
 
@@ -206,6 +208,57 @@ def _injected_failures(rank, ws):
     return results
 
 
+def _grad_mode(rank, ws, group):
+    """Per op and argument that requires grad: (case, what grad mode raised, max abs error of the same call
+    under no_grad and of a grad-mode call on detached tensors vs eager, group usable after)."""
+    import torch
+    import torch.distributed as dist
+
+    name = group.group_name
+    ov = torch.ops.overlap
+    g = torch.Generator().manual_seed(90 + rank)
+    x, w, bias = torch.randn(4, 8, generator=g), torch.randn(8, 6, generator=g), torch.randn(6, generator=g)
+    parts = [torch.empty_like(x) for _ in range(ws)]
+    dist.all_gather(parts, x, group=group)
+    gathered_ref = torch.cat(parts)
+    full = x @ w + bias
+    summed = full.clone()
+    dist.all_reduce(summed, group=group)
+    ws1, wd1 = torch.randn(2, 8, 6, generator=g), torch.randn(2, 6, 8, generator=g)
+    ref_gathered = gathered_ref @ w + bias
+    cases = [  # (case, the arguments, which of them requires grad, the op call, eager's result)
+        ("ag_mm", {"x": x, "w": w, "b": bias}, "w", "weights[0]",
+         lambda t: ov.ag_mm(t["x"], [t["w"]], [t["b"]], 0, name, "p2p", False)[1][0], ref_gathered),
+        ("ag_mm", {"x": x, "w": w, "b": bias}, "b", "biases[0]",
+         lambda t: ov.ag_mm(t["x"], [t["w"]], [t["b"]], 0, name, "p2p", False)[1][0], ref_gathered),
+        ("mm_rs", {"x": x, "w": w, "b": bias}, "x", "a",
+         lambda t: ov.mm_rs(t["x"], t["w"], t["b"], [4, 6], 0, "sum", name, "p2p"), summed.chunk(ws)[rank]),
+        ("mm_ar", {"x": x, "w": w, "b": bias}, "b", "bias",
+         lambda t: ov.mm_ar(t["x"], t["w"], t["b"], "sum", name, "p2p"), summed),
+        ("moe_experts", {"x": x, "wg": ws1, "wd": wd1}, "wd", "w_down",
+         lambda t: ov.moe_experts(t["x"], [2, 2], [2, 2], torch.arange(4), None, [2, 2], t["wg"], t["wg"], t["wd"],
+                                  name, "p2p", [False] * 5)[0], None),
+    ]
+    results = []
+    for op, tensors, grad_arg, arg_name, call, ref in cases:
+        case = f"{op} with {arg_name} requiring grad"
+        needs = {k: (v.clone().requires_grad_() if k == grad_arg else v) for k, v in tensors.items()}
+        try:
+            call(needs)
+            raised = None
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            raised = f"{type(e).__name__}: {e}"
+        usable = _group_usable(group)
+        with torch.no_grad():
+            under_no_grad = call(needs)
+        detached = call(tensors)
+        if ref is None:  # moe_experts: the two ways against each other
+            ref = under_no_grad
+        errs = [(got - ref).abs().max().item() for got in (under_no_grad, detached)]
+        results.append((case, raised, max(errs), usable and _group_usable(group)))
+    return results
+
+
 def failures_worker(rank, ws):
     import os
 
@@ -216,7 +269,8 @@ def failures_worker(rank, ws):
     os.environ["OVERLAP_TIMEOUT_S"] = "10"  # read by the group created next
     group = dist.new_group(list(range(ws)))
     return {"empty": _empty_shapes(rank, ws, group), "empty_symm": _empty_shapes(rank, ws, group, "symm"),
-            "empty_symm_mixed": _empty_mixed_weights(rank, ws, group), "injected": _injected_failures(rank, ws)}
+            "empty_symm_mixed": _empty_mixed_weights(rank, ws, group), "grad_mode": _grad_mode(rank, ws, group),
+            "injected": _injected_failures(rank, ws)}
 
 
 @pytest.fixture(scope="module")
@@ -249,3 +303,13 @@ def test_exception_inside_a_ring_step_leaves_the_group_usable(failure_results):
             else:
                 assert raised is None, (rank, case, raised)
             assert usable is True, (rank, case, usable)
+
+
+@pytest.mark.timeout(300)
+def test_a_tensor_requiring_grad_in_grad_mode_is_refused_before_any_transfer(failure_results):
+    for rank, out in enumerate(failure_results):
+        for case, raised, err, usable in out["grad_mode"]:
+            op, arg = case.split(" with ")[0], case.split(" with ")[1].split(" requiring")[0]
+            assert raised is not None and raised.startswith("OverlapInputError"), (rank, case, raised)
+            assert f"overlap::{op}: argument {arg!r}: requires grad in grad mode" in raised, (rank, case, raised)
+            assert err < 1e-5 and usable is True, (rank, case, err, usable)
