@@ -8,6 +8,8 @@ A bad value raises :class:`ConfigError` naming the variable (or argument) and th
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +23,12 @@ from typing import Any
 # config.py must not import: config sits below every pass).
 PASS_NAMES = ("ag_mm", "mm_rs", "cta_pipeline", "moe_tp_experts", "mm_ar", "moe")
 DEFAULT_PASS_ORDER = ("ag_mm", "mm_rs", "moe_tp_experts", "mm_ar", "moe")
+
+log = logging.getLogger("overlap_backend")
+
+# ``OVERLAP_*`` names that this package does not read but the project's own tests do.
+OTHER_VARIABLE_PREFIXES = ("OVERLAP_TEST_",)
+_warned_unknown: set[str] = set()  # each unknown name is warned about once per process
 
 LOWERINGS = ("auto", "symm", "p2p")
 COST_MODEL_MODES = ("auto", "on", "off")
@@ -270,6 +278,7 @@ class OverlapConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OverlapConfig:
         """Defaults, then ``environ`` (``os.environ`` by default), then ``overrides``."""
         environ = os.environ if environ is None else environ
+        _warn_unknown_variables(environ)
         values: dict[str, Any] = {}
         for fname, (var, parse) in cls._ENV.items():
             if var in environ:
@@ -286,6 +295,28 @@ class OverlapConfig:
         when it lists the same passes (``OVERLAP_PASSES=default`` included). Where they were not
         named, the active cost model may add ``cta_pipeline`` where it predicts a win."""
         return self.passes is not DEFAULT_PASS_ORDER
+
+
+def known_variables() -> list[str]:
+    """The ``OVERLAP_*`` environment variables the backend reads."""
+    return [var for var, _ in OverlapConfig._ENV.values()]
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """The ``OVERLAP_*`` names set in ``environ`` that nothing reads (a typo is otherwise silently ignored)."""
+    known = set(known_variables())
+    return sorted(k for k in environ
+                  if k.startswith("OVERLAP_") and k not in known and not k.startswith(OTHER_VARIABLE_PREFIXES))
+
+
+def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    for name in unknown_variables(environ):
+        if name in _warned_unknown:
+            continue
+        _warned_unknown.add(name)
+        close = difflib.get_close_matches(name, known_variables(), n=1, cutoff=0.8)
+        log.warning("%s is set, but overlap_backend reads no such variable%s; it reads: %s", name,
+                    f" (did you mean {close[0]}?)" if close else "", ", ".join(known_variables()))
 
 
 def _parse_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Config parsing, precedence, bad values, OVERLAP_DISABLE and backend registration."""
 
 import importlib.metadata
+import logging
 
 import pytest
 import torch
@@ -190,3 +191,19 @@ def test_timeout_bounds_are_accepted_and_representable(clean_env):
         assert seconds == float(value)
         assert timedelta(seconds=seconds) // timedelta(milliseconds=1) >= 1  # not rounded to "no timeout"
         assert int(seconds * 1e9) < 2**63  # the symm kernels' timeout_ns argument
+
+
+def test_an_unknown_overlap_variable_is_warned_about_once_with_the_closest_name(clean_env, caplog):
+    from overlap_backend import config
+
+    clean_env.setattr(config, "_warned_unknown", set())
+    env = {"OVERLAP_LOWERNG": "p2p", "OVERLAP_TEST_SHARED_GPU": "1", "OVERLAP_LOWERING": "p2p", "OVERLAP_": "x"}
+    with caplog.at_level(logging.WARNING, logger="overlap_backend"):
+        assert OverlapConfig.from_env(env).lowering == "p2p"
+        OverlapConfig.from_env(env)  # the second compile of a process says nothing new
+    warned = [r.getMessage() for r in caplog.records if r.name == "overlap_backend"]
+    assert len(warned) == 2, warned
+    typo = next(m for m in warned if m.startswith("OVERLAP_LOWERNG is set"))
+    assert "did you mean OVERLAP_LOWERING?" in typo and "OVERLAP_TIMEOUT_S" in typo, typo
+    assert any(m.startswith("OVERLAP_ is set") and "did you mean" not in m for m in warned), warned
+    assert config.unknown_variables({v: "1" for v in config.known_variables()}) == []

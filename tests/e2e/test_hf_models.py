@@ -505,7 +505,7 @@ def table_row(name: str, run: Run) -> str:
 @pytest.mark.parametrize("name", [n for n in CASES if n not in VERSION_DEPENDENT])
 def test_models_doc_table_row(hf_run, name):
     """docs/models.md's table says, per case, what this run's summary.json says (regenerate the table with
-    ``OVERLAP_WRITE_MODELS_TABLE=1`` and every case selected: the rows of the cases that ran are replaced)."""
+    ``OVERLAP_TEST_WRITE_MODELS_TABLE=1`` and every case selected: the rows of the cases that ran are replaced)."""
     import os
 
     row = table_row(name, hf_run(name))
@@ -514,7 +514,7 @@ def test_models_doc_table_row(hf_run, name):
     body, tail = rest.split(TABLE_END, 1)
     rows = [r for r in body.strip().splitlines()]
     mine = [i for i, r in enumerate(rows) if r.startswith(f"| `{name}` |")]
-    if os.environ.get("OVERLAP_WRITE_MODELS_TABLE") == "1":
+    if os.environ.get("OVERLAP_TEST_WRITE_MODELS_TABLE") == "1":
         if mine:
             rows[mine[0]] = row
         else:
