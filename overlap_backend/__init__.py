@@ -11,8 +11,10 @@ from __future__ import annotations
 from . import runtime  # noqa: F401  registers torch.ops.overlap.* and the lowerings
 from .backend import REPORTS, OverlapBackend, make_backend, overlap, register_torch_logs
 from .config import ConfigError, OverlapConfig
+from .rank_config import RankConfigMismatchError
 
-__all__ = ["ConfigError", "OverlapBackend", "OverlapConfig", "REPORTS", "make_backend", "overlap"]
+__all__ = ["ConfigError", "OverlapBackend", "OverlapConfig", "RankConfigMismatchError", "REPORTS", "make_backend",
+           "overlap"]
 __version__ = "0.1.0"
 
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import debug
-from .config import OverlapConfig
+from . import debug, rank_config
+from .config import PATH_FIELDS, OverlapConfig
 from .graph_breaks import GraphBreakTracker, split_pattern_records
 from .passes import GraphReport, MatchRecord, PassContext, build_manager
 
@@ -242,8 +242,6 @@ def group_facts(config: OverlapConfig, gm: torch.fx.GraphModule, example_inputs:
     return tuple(facts)
 
 
-# config fields that say only where files go: they never change a rewritten graph
-_PATH_FIELDS = ("debug_dir", "cache_dir")
 # the package's layers above the backend (models, examples, tools) never change a rewritten graph
 _SOURCE_SKIPPED = ("models", "examples", "tools")
 
@@ -266,7 +264,7 @@ def pipeline_key(config: OverlapConfig, groups: tuple[GroupFacts, ...]) -> str:
     """The pipeline's ``CustomGraphPass.uuid()``: everything but the graph that its rewrite depends on."""
     from .spec.knobs import knobs_hash
 
-    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in _PATH_FIELDS}
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in PATH_FIELDS}
     parts = {"config": fields, "passes_named": config.passes_named, "knobs": knobs_hash(),
              "groups": [dataclasses.asdict(g) for g in groups], "source": source_digest()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
@@ -466,9 +464,12 @@ class OverlapBackend:
         patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
         self._breaks = self.graph_breaks.take()
         if self.config.disable:  # plain Inductor: untouched, but for what mode/options ask
+            rank_config.publish(self.config, source_digest())  # (a store key: peers that are not disabled say so)
             return compile_fx(gm, example_inputs, **({"config_patches": patches} if patches else {}))
-        if group_names(gm, example_inputs):
+        names = group_names(gm, example_inputs)
+        if names:
             patches.update(RANK_STABLE_PATCHES)
+            rank_config.agree(self.config, names, source_digest())  # before any communication of ours
         if not self.config.inductor:
             with torch._functorch.config.patch(enable_autograd_cache=False):  # our compilers are not cacheable
                 return self._compile_without_inductor(gm, example_inputs)

@@ -31,6 +31,8 @@ OTHER_VARIABLE_PREFIXES = ("OVERLAP_TEST_",)
 _warned_unknown: set[str] = set()  # each unknown name is warned about once per process
 
 LOWERINGS = ("auto", "symm", "p2p")
+# OverlapConfig fields that say only where files go: they never change a rewritten graph, and may differ per rank
+PATH_FIELDS = ("debug_dir", "cache_dir")
 COST_MODEL_MODES = ("auto", "on", "off")
 
 
