@@ -4,19 +4,25 @@ The passes decide identically on every rank only if every rank runs them with th
 values, knobs and package source (docs/architecture.md#same-decision-on-every-rank). A rank that differs
 (``OVERLAP_DISABLE=1`` on one rank, another ``OVERLAP_MIN_NUMEL``, another release of the package) would
 otherwise pair its collectives with its peers' point-to-point steps: gloo aborts the process, NCCL hangs or
-returns garbage. So each compile whose graph communicates publishes this rank's configuration in the default
-process group's store (a disabled rank too: it only writes the key), and a rank that is not disabled waits,
-for at most ``OVERLAP_TIMEOUT_S``, until every rank of each group it communicates over has published the same
-one; otherwise every such rank raises :class:`RankConfigMismatchError`, naming the ranks and what differs,
-before any communication of the backend's own. Store keys, not collectives: a rank whose peers run plain
-Inductor must not leave a collective of its own unmatched.
+returns garbage.
+
+So each compile whose graph communicates records, in the default process group's store, that this rank
+compiles with its configuration: a key per (rank, configuration) and the rank's latest configuration (a
+disabled rank records that it is disabled). A rank that is not disabled then waits until every rank of each
+group the graph communicates over has recorded the same configuration at some compile, for at most
+``max(OVERLAP_TIMEOUT_S, knobs.runtime.RANK_CONFIG_MIN_WAIT_S)`` (compile times differ between ranks more
+than the run-time waits), and otherwise raises :class:`RankConfigMismatchError` naming each rank and what
+differs, before any communication of the backend's own. Keys per configuration, not the latest only: a
+program may compile with several configurations, and a rank may recompile a graph that its peers do not.
+Store keys, not a collective: a rank whose peers run plain Inductor must not be left with a collective of its
+own that they never match.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import time
 from datetime import timedelta
 
 from .config import PATH_FIELDS, ConfigError, OverlapConfig
@@ -24,17 +30,19 @@ from .spec.knobs import knobs_hash, runtime as runtime_knobs
 
 KEY_PREFIX = "overlap_backend/rank_config/"
 
-_published: dict[int, str] = {}  # id of the store -> the payload this rank last wrote there
+# (id of the store, rank; ranks may be threads of one process) -> the configurations it recorded there / its latest
+_recorded: dict[tuple[int, int], set[str]] = {}
+_latest_recorded: dict[tuple[int, int], str] = {}
 
 
 class RankConfigMismatchError(ConfigError):
     """The ranks of a process group compile with different backend configurations, or some of them not
-    with ``backend="overlap"`` within ``OVERLAP_TIMEOUT_S``."""
+    with ``backend="overlap"`` within the wait."""
 
 
 def payload(config: OverlapConfig, source: str) -> str:
-    """What the ranks must agree on, as the JSON this rank publishes: every field but the paths (under the
-    variable it comes from), the knobs and ``source`` (a digest of the package's source)."""
+    """What the ranks must agree on, as JSON: every field but the paths (under the variable it comes from),
+    the knobs and ``source`` (a digest of the package's source); a disabled rank's says only that."""
     if config.disable:
         return json.dumps({"OVERLAP_DISABLE": "1"}, sort_keys=True)
     env = OverlapConfig._ENV
@@ -44,6 +52,14 @@ def payload(config: OverlapConfig, source: str) -> str:
     values["knobs (overlap_backend.spec.knobs)"] = knobs_hash()
     values["overlap_backend source"] = source[:16]
     return json.dumps(values, sort_keys=True)
+
+
+def _key(rank: int, what: str) -> str:
+    return f"{KEY_PREFIX}{rank}/{what}"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _store_and_group(group_name: str | None = None):
@@ -61,86 +77,80 @@ def _store_and_group(group_name: str | None = None):
 
 
 def publish(config: OverlapConfig, source: str) -> str:
-    """Write this rank's configuration to the store (only when it changed since its last write); returns it."""
+    """Record in the store that this rank compiles with this configuration (once per configuration; its
+    latest too); returns the configuration's payload."""
     import torch.distributed as dist
 
     mine = payload(config, source)
     found = _store_and_group()
-    if found is not None and _published.get(id(found[0])) != mine:
-        found[0].set(f"{KEY_PREFIX}{dist.get_rank()}", mine)
-        _published[id(found[0])] = mine
+    if found is None:
+        return mine
+    store, rank = found[0], dist.get_rank()
+    at = (id(store), rank)
+    if _latest_recorded.get(at) != mine:
+        store.set(_key(rank, "latest"), mine)
+        _latest_recorded[at] = mine
+    recorded = _recorded.setdefault(at, set())
+    if mine not in recorded:
+        store.set(_key(rank, _digest(mine)), "1")
+        recorded.add(mine)
     return mine
 
 
 def agree(config: OverlapConfig, group_names: list[str], source: str) -> None:
-    """Publish this rank's configuration and wait until every rank of each of ``group_names`` has published
-    the same (at most ``config.timeout_s``); raise :class:`RankConfigMismatchError` otherwise."""
+    """Record this rank's configuration and wait until every rank of each of ``group_names`` has recorded the
+    same; raise :class:`RankConfigMismatchError` at the end of the wait otherwise."""
     import torch.distributed as dist
 
     mine = publish(config, source)
+    wait_s = max(config.timeout_s, runtime_knobs.RANK_CONFIG_MIN_WAIT_S)
     for name in group_names:
         found = _store_and_group(name)
         if found is None:
             continue
         store, group = found
-        # read at every compile (a key read per peer): a peer's configuration may change between compiles
-        peers = [r for r in dist.get_process_group_ranks(group) if r != dist.get_rank()]
-        theirs = _wait_for_peers(store, peers, mine, config.timeout_s)
-        differ = {r: v for r, v in theirs.items() if v != mine}
-        if differ:
-            raise RankConfigMismatchError(_describe(name, mine, differ, config.timeout_s))
+        keys = {r: _key(r, _digest(mine)) for r in dist.get_process_group_ranks(group) if r != dist.get_rank()}
+        if not keys or store.check(list(keys.values())):  # every peer recorded it already: one store read
+            continue
+        try:
+            store.wait(list(keys.values()), timedelta(seconds=wait_s))
+        except Exception:  # noqa: BLE001 - the store's timeout (its type differs between stores)
+            missing = {r: _latest(store, r) for r, k in keys.items() if not store.check([k])}
+            if missing:
+                raise RankConfigMismatchError(_describe(name, mine, missing, wait_s)) from None
 
 
-def _wait_for_peers(store, peers: list[int], mine: str, timeout_s: float) -> dict[int, str | None]:
-    """Each peer's published configuration (None: none yet) once all equal ``mine``, or at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    theirs: dict[int, str | None] = {r: None for r in peers}
-    pending = list(peers)
-    while True:
-        for r in list(pending):
-            k = f"{KEY_PREFIX}{r}"
-            if store.check([k]):
-                theirs[r] = store.get(k).decode()
-                if theirs[r] == mine:
-                    pending.remove(r)
-        left = deadline - time.monotonic()
-        if not pending or left <= 0:
-            return theirs
-        absent = [f"{KEY_PREFIX}{r}" for r in pending if theirs[r] is None]
-        if absent and len(absent) == len(pending):  # nobody published yet: block in the store, not a poll
-            try:
-                store.wait(absent, timedelta(seconds=min(left, 1.0)))
-            except Exception:  # noqa: BLE001 - the store's timeout: look again
-                pass
-        else:
-            time.sleep(min(runtime_knobs.RANK_CONFIG_POLL_S, left))
+def _latest(store, rank: int) -> str | None:
+    key = _key(rank, "latest")
+    return store.get(key).decode() if store.check([key]) else None
 
 
-def _describe(group_name: str, mine: str, differ: dict[int, str | None], timeout_s: float) -> str:
+def _describe(group_name: str, mine: str, missing: dict[int, str | None], wait_s: float) -> str:
     import torch.distributed as dist
 
     own = json.loads(mine)
     lines = []
-    for r, value in sorted(differ.items()):
-        if value is None:
-            lines.append(f"rank {r}: no compile with backend='overlap' within OVERLAP_TIMEOUT_S={timeout_s:g} s (it "
-                         "compiles plain, or later than this rank by more than that: raise OVERLAP_TIMEOUT_S then)")
-            continue
-        other = json.loads(value)
-        if other.get("OVERLAP_DISABLE") == "1" and len(other) == 1:
+    for r, value in sorted(missing.items()):
+        other = json.loads(value) if value is not None else None
+        if other is None:
+            lines.append(f"rank {r}: no compile with backend='overlap' within {wait_s:g} s (it compiles plain, or "
+                         "later than this rank by more than that: raise OVERLAP_TIMEOUT_S then)")
+        elif other == {"OVERLAP_DISABLE": "1"}:
             lines.append(f"rank {r}: OVERLAP_DISABLE=1 (not on this rank)")
-            continue
-        fields = sorted(set(own) | set(other))
-        diffs = [f"{f} = {other.get(f)} (this rank: {own.get(f)})" for f in fields if own.get(f) != other.get(f)]
-        lines.append(f"rank {r}: " + "; ".join(diffs))
+        else:
+            fields = sorted(set(own) | set(other))
+            diffs = [f"{f} = {other.get(f)} (this rank: {own.get(f)})" for f in fields if own.get(f) != other.get(f)]
+            lines.append(f"rank {r}, its latest compile: " + ("; ".join(diffs) if diffs else
+                         f"the same configuration, recorded after this rank's wait of {wait_s:g} s ended"))
     return (f"overlap_backend: the ranks of process group {group_name!r} compile with different configurations, "
             f"so their rewrites would not match (this is rank {dist.get_rank()}). Every rank must be given the same "
-            "OVERLAP_* values and the same overlap_backend:\n  " + "\n  ".join(lines))
+            "OVERLAP_* values, knobs and overlap_backend:\n  " + "\n  ".join(lines))
 
 
 def forget() -> None:
     """Process groups were destroyed: a new store may reuse an old one's id."""
-    _published.clear()
+    _recorded.clear()
+    _latest_recorded.clear()
 
 
 def _install() -> None:

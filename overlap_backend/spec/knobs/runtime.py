@@ -7,7 +7,8 @@ runtime = Knobs(
     # Poll period of the stream-wait watchdog (runtime/watchdog.py): an overdue call is reported at most
     # this late, and each poll is a few host reads.
     WATCHDOG_POLL_S=0.05,
-    # Period of the compile-time configuration check's reads of a peer's key that differs from this rank's
-    # (rank_config.py; a peer may not have written its new one yet).
-    RANK_CONFIG_POLL_S=0.02,
+    # The least the compile-time configuration check (rank_config.py) waits for the ranks of a group to record
+    # the same configuration, whatever OVERLAP_TIMEOUT_S says: compile times differ between ranks more than
+    # the run-time steps it bounds.
+    RANK_CONFIG_MIN_WAIT_S=60.0,
 )
