@@ -6,16 +6,16 @@ values, knobs and package source (docs/architecture.md#same-decision-on-every-ra
 otherwise pair its collectives with its peers' point-to-point steps: gloo aborts the process, NCCL hangs or
 returns garbage.
 
-So each compile whose graph communicates records, in the default process group's store, that this rank
-compiles with its configuration: a key per (rank, configuration) and the rank's latest configuration (a
-disabled rank records that it is disabled). A rank that is not disabled then waits until every rank of each
-group the graph communicates over has recorded the same configuration at some compile, for at most
-``max(OVERLAP_TIMEOUT_S, knobs.runtime.RANK_CONFIG_MIN_WAIT_S)`` (compile times differ between ranks more
-than the run-time waits), and otherwise raises :class:`RankConfigMismatchError` naming each rank and what
-differs, before any communication of the backend's own. Keys per configuration, not the latest only: a
-program may compile with several configurations, and a rank may recompile a graph that its peers do not.
-Store keys, not a collective: a rank whose peers run plain Inductor must not be left with a collective of its
-own that they never match.
+So each compile records, in the default process group's store, the rank's latest configuration (a disabled
+rank records that it is disabled), and each compile whose graph communicates over a group counts this rank in
+for (group, configuration), once: the rank that completes the count marks it done. A rank that is not
+disabled waits for that mark, for at most ``max(OVERLAP_TIMEOUT_S, knobs.runtime.RANK_CONFIG_MIN_WAIT_S)``
+(compile times differ between ranks more than the run-time waits), and otherwise raises
+:class:`RankConfigMismatchError` naming each rank that did not come and what its latest compile had, before any
+communication of the backend's own. A mark per configuration, not one latest value: a program may compile
+with several configurations, and a rank may recompile a graph that its peers do not; a counter, so a group of
+N ranks costs O(N) store operations, not N waits on N keys. Store keys, not a collective: a rank whose peers
+run plain Inductor must not be left with a collective of its own that they never match.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from .spec.knobs import knobs_hash, runtime as runtime_knobs
 
 KEY_PREFIX = "overlap_backend/rank_config/"
 
-# (id of the store, rank; ranks may be threads of one process) -> the configurations it recorded there / its latest
-_recorded: dict[tuple[int, int], set[str]] = {}
+# (id of the store, rank; ranks may be threads of one process) -> the configuration it last recorded there
 _latest_recorded: dict[tuple[int, int], str] = {}
+_counted: set[tuple[int, int, str]] = set()  # (id of the store, rank, group and configuration) counted in
 
 
 class RankConfigMismatchError(ConfigError):
@@ -77,8 +77,7 @@ def _store_and_group(group_name: str | None = None):
 
 
 def publish(config: OverlapConfig, source: str) -> str:
-    """Record in the store that this rank compiles with this configuration (once per configuration; its
-    latest too); returns the configuration's payload."""
+    """Record in the store that this rank's latest compile has this configuration; returns its payload."""
     import torch.distributed as dist
 
     mine = payload(config, source)
@@ -90,34 +89,37 @@ def publish(config: OverlapConfig, source: str) -> str:
     if _latest_recorded.get(at) != mine:
         store.set(_key(rank, "latest"), mine)
         _latest_recorded[at] = mine
-    recorded = _recorded.setdefault(at, set())
-    if mine not in recorded:
-        store.set(_key(rank, _digest(mine)), "1")
-        recorded.add(mine)
     return mine
 
 
 def agree(config: OverlapConfig, group_names: list[str], source: str) -> None:
-    """Record this rank's configuration and wait until every rank of each of ``group_names`` has recorded the
-    same; raise :class:`RankConfigMismatchError` at the end of the wait otherwise."""
+    """Record this rank's configuration, count it in for each of ``group_names``, and wait until every rank of
+    each has come with the same configuration; raise :class:`RankConfigMismatchError` at the end of the wait
+    otherwise."""
     import torch.distributed as dist
 
     mine = publish(config, source)
     wait_s = max(config.timeout_s, runtime_knobs.RANK_CONFIG_MIN_WAIT_S)
+    rank = dist.get_rank()
     for name in group_names:
         found = _store_and_group(name)
         if found is None:
             continue
         store, group = found
-        keys = {r: _key(r, _digest(mine)) for r in dist.get_process_group_ranks(group) if r != dist.get_rank()}
-        if not keys or store.check(list(keys.values())):  # every peer recorded it already: one store read
+        ranks = sorted(dist.get_process_group_ranks(group))
+        where = f"{KEY_PREFIX}groups/{_digest(','.join(map(str, ranks)))}/{_digest(mine)}/"
+        if len(ranks) < 2 or store.check([where + "done"]):  # agreed at an earlier compile: one store read
             continue
+        if (id(store), rank, where) not in _counted:
+            _counted.add((id(store), rank, where))
+            store.set(f"{where}rank{rank}", "1")  # (who came: for the error)
+            if store.add(where + "arrived", 1) == len(ranks):
+                store.set(where + "done", "1")
         try:
-            store.wait(list(keys.values()), timedelta(seconds=wait_s))
+            store.wait([where + "done"], timedelta(seconds=wait_s))
         except Exception:  # noqa: BLE001 - the store's timeout (its type differs between stores)
-            missing = {r: _latest(store, r) for r, k in keys.items() if not store.check([k])}
-            if missing:
-                raise RankConfigMismatchError(_describe(name, mine, missing, wait_s)) from None
+            missing = {r: _latest(store, r) for r in ranks if r != rank and not store.check([f"{where}rank{r}"])}
+            raise RankConfigMismatchError(_describe(name, mine, missing, wait_s)) from None
 
 
 def _latest(store, rank: int) -> str | None:
@@ -137,11 +139,13 @@ def _describe(group_name: str, mine: str, missing: dict[int, str | None], wait_s
                          "later than this rank by more than that: raise OVERLAP_TIMEOUT_S then)")
         elif other == {"OVERLAP_DISABLE": "1"}:
             lines.append(f"rank {r}: OVERLAP_DISABLE=1 (not on this rank)")
+        elif other == own:
+            lines.append(f"rank {r}: the same configuration, but no graph that communicates over this group within "
+                         f"{wait_s:g} s (the ranks trace different graphs, or it is later by more than that)")
         else:
             fields = sorted(set(own) | set(other))
             diffs = [f"{f} = {other.get(f)} (this rank: {own.get(f)})" for f in fields if own.get(f) != other.get(f)]
-            lines.append(f"rank {r}, its latest compile: " + ("; ".join(diffs) if diffs else
-                         f"the same configuration, recorded after this rank's wait of {wait_s:g} s ended"))
+            lines.append(f"rank {r}, its latest compile: " + "; ".join(diffs))
     return (f"overlap_backend: the ranks of process group {group_name!r} compile with different configurations, "
             f"so their rewrites would not match (this is rank {dist.get_rank()}). Every rank must be given the same "
             "OVERLAP_* values, knobs and overlap_backend:\n  " + "\n  ".join(lines))
@@ -149,8 +153,8 @@ def _describe(group_name: str, mine: str, missing: dict[int, str | None], wait_s
 
 def forget() -> None:
     """Process groups were destroyed: a new store may reuse an old one's id."""
-    _recorded.clear()
     _latest_recorded.clear()
+    _counted.clear()
 
 
 def _install() -> None:

@@ -70,8 +70,12 @@ def rank_config_worker(rank, ws):
     if rank == 0:
         out["absent"] = compile_with()
     dist.barrier()
-    # the same configuration: agreed, and the compiled graph runs
+    # the same configuration: agreed
     out["same"] = compile_with()
+    # a recompile on one rank only (a guard that failed there): agreed at once, the peer is not waited for
+    if rank == 0:
+        out["alone"] = compile_with()
+    dist.barrier()
     # another OVERLAP_MIN_NUMEL on rank 1: refused on both ranks, the group untouched
     out["min_numel"] = compile_with(min_numel=1 + rank)
     out["min_numel usable"] = _group_usable()
@@ -121,6 +125,8 @@ def test_a_rank_that_never_compiles_with_the_backend_is_named_within_the_timeout
 
 
 def test_ranks_with_the_same_configuration_compile(results):
+    msg, seconds = results[0]["alone"]
+    assert msg is None and seconds < TIMEOUT_S, results[0]["alone"]
     for out in results:
         assert out["same"][0] is None and out["late"][0] is None, out
         err, decisions = out["compiled"]
