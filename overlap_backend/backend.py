@@ -30,7 +30,7 @@ import torch
 import torch.fx
 
 from . import debug, rank_config
-from .config import PATH_FIELDS, OverlapConfig
+from .config import OverlapConfig
 from .graph_breaks import GraphBreakTracker, split_pattern_records
 from .passes import GraphReport, MatchRecord, PassContext, build_manager
 
@@ -264,8 +264,7 @@ def pipeline_key(config: OverlapConfig, groups: tuple[GroupFacts, ...]) -> str:
     """The pipeline's ``CustomGraphPass.uuid()``: everything but the graph that its rewrite depends on."""
     from .spec.knobs import knobs_hash
 
-    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in PATH_FIELDS}
-    parts = {"config": fields, "passes_named": config.passes_named, "knobs": knobs_hash(),
+    parts = {"config": config.rewrite_fields(), "passes_named": config.passes_named, "knobs": knobs_hash(),
              "groups": [dataclasses.asdict(g) for g in groups], "source": source_digest()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
 

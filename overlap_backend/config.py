@@ -287,6 +287,10 @@ class OverlapConfig:
                 values[fname] = parse(var, environ[var])
         return dataclasses.replace(cls(**values), **_parse_overrides(overrides))
 
+    def rewrite_fields(self) -> dict[str, Any]:
+        """Every field but the paths (``PATH_FIELDS``): what a rewritten graph depends on, which every rank must share."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in PATH_FIELDS}
+
     def replace(self, **overrides: Any) -> OverlapConfig:
         return dataclasses.replace(self, **_parse_overrides(overrides))
 

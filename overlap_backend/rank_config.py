@@ -20,15 +20,15 @@ run plain Inductor must not be left with a collective of its own that they never
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from datetime import timedelta
 
-from .config import PATH_FIELDS, ConfigError, OverlapConfig
+from .config import ConfigError, OverlapConfig
 from .spec.knobs import knobs_hash, runtime as runtime_knobs
 
 KEY_PREFIX = "overlap_backend/rank_config/"
+_DISABLED = {"OVERLAP_DISABLE": "1"}  # a disabled rank's configuration
 
 # (id of the store, rank; ranks may be threads of one process) -> the configuration it last recorded there
 _latest_recorded: dict[tuple[int, int], str] = {}
@@ -44,18 +44,16 @@ def payload(config: OverlapConfig, source: str) -> str:
     """What the ranks must agree on, as JSON: every field but the paths (under the variable it comes from),
     the knobs and ``source`` (a digest of the package's source); a disabled rank's says only that."""
     if config.disable:
-        return json.dumps({"OVERLAP_DISABLE": "1"}, sort_keys=True)
-    env = OverlapConfig._ENV
-    values = {env[f.name][0]: repr(getattr(config, f.name)) for f in dataclasses.fields(config)
-              if f.name not in PATH_FIELDS}
+        return json.dumps(_DISABLED)
+    values = {OverlapConfig._ENV[name][0]: repr(value) for name, value in config.rewrite_fields().items()}
     values["passes named"] = repr(config.passes_named)
     values["knobs (overlap_backend.spec.knobs)"] = knobs_hash()
     values["overlap_backend source"] = source[:16]
     return json.dumps(values, sort_keys=True)
 
 
-def _key(rank: int, what: str) -> str:
-    return f"{KEY_PREFIX}{rank}/{what}"
+def _latest_key(rank: int) -> str:
+    return f"{KEY_PREFIX}{rank}/latest"
 
 
 def _digest(text: str) -> str:
@@ -87,7 +85,7 @@ def publish(config: OverlapConfig, source: str) -> str:
     store, rank = found[0], dist.get_rank()
     at = (id(store), rank)
     if _latest_recorded.get(at) != mine:
-        store.set(_key(rank, "latest"), mine)
+        store.set(_latest_key(rank), mine)
         _latest_recorded[at] = mine
     return mine
 
@@ -123,7 +121,7 @@ def agree(config: OverlapConfig, group_names: list[str], source: str) -> None:
 
 
 def _latest(store, rank: int) -> str | None:
-    key = _key(rank, "latest")
+    key = _latest_key(rank)
     return store.get(key).decode() if store.check([key]) else None
 
 
@@ -137,7 +135,7 @@ def _describe(group_name: str, mine: str, missing: dict[int, str | None], wait_s
         if other is None:
             lines.append(f"rank {r}: no compile with backend='overlap' within {wait_s:g} s (it compiles plain, or "
                          "later than this rank by more than that: raise OVERLAP_TIMEOUT_S then)")
-        elif other == {"OVERLAP_DISABLE": "1"}:
+        elif other == _DISABLED:
             lines.append(f"rank {r}: OVERLAP_DISABLE=1 (not on this rank)")
         elif other == own:
             lines.append(f"rank {r}: the same configuration, but no graph that communicates over this group within "

@@ -220,22 +220,22 @@ def _grad_mode(rank, ws, group):
     x, w, bias = torch.randn(4, 8, generator=g), torch.randn(8, 6, generator=g), torch.randn(6, generator=g)
     parts = [torch.empty_like(x) for _ in range(ws)]
     dist.all_gather(parts, x, group=group)
-    gathered_ref = torch.cat(parts)
+    gathered = torch.cat(parts)
     full = x @ w + bias
     summed = full.clone()
     dist.all_reduce(summed, group=group)
-    ws1, wd1 = torch.randn(2, 8, 6, generator=g), torch.randn(2, 6, 8, generator=g)
-    ref_gathered = gathered_ref @ w + bias
+    w_experts, w_down = torch.randn(2, 8, 6, generator=g), torch.randn(2, 6, 8, generator=g)
+    ag_mm_ref = gathered @ w + bias
     cases = [  # (case, the arguments, which of them requires grad, the op call, eager's result)
         ("ag_mm", {"x": x, "w": w, "b": bias}, "w", "weights[0]",
-         lambda t: ov.ag_mm(t["x"], [t["w"]], [t["b"]], 0, name, "p2p", False)[1][0], ref_gathered),
+         lambda t: ov.ag_mm(t["x"], [t["w"]], [t["b"]], 0, name, "p2p", False)[1][0], ag_mm_ref),
         ("ag_mm", {"x": x, "w": w, "b": bias}, "b", "biases[0]",
-         lambda t: ov.ag_mm(t["x"], [t["w"]], [t["b"]], 0, name, "p2p", False)[1][0], ref_gathered),
+         lambda t: ov.ag_mm(t["x"], [t["w"]], [t["b"]], 0, name, "p2p", False)[1][0], ag_mm_ref),
         ("mm_rs", {"x": x, "w": w, "b": bias}, "x", "a",
          lambda t: ov.mm_rs(t["x"], t["w"], t["b"], [4, 6], 0, "sum", name, "p2p"), summed.chunk(ws)[rank]),
         ("mm_ar", {"x": x, "w": w, "b": bias}, "b", "bias",
          lambda t: ov.mm_ar(t["x"], t["w"], t["b"], "sum", name, "p2p"), summed),
-        ("moe_experts", {"x": x, "wg": ws1, "wd": wd1}, "wd", "w_down",
+        ("moe_experts", {"x": x, "wg": w_experts, "wd": w_down}, "wd", "w_down",
          lambda t: ov.moe_experts(t["x"], [2, 2], [2, 2], torch.arange(4), None, [2, 2], t["wg"], t["wg"], t["wd"],
                                   name, "p2p", [False] * 5)[0], None),
     ]
