@@ -2,12 +2,15 @@
 against cuBLAS on the same local GEMM.
 
     python bench/suites/bench_kernels.py --out bench/results/kernels_h200x1_<date> [--quick] [--dry-run]
-        [--kernels ag_mm,mm_rs,mm_ar,oneshot,cta_stage0,cta_stage1,moe_gate_up,moe_down] [--ws 2,4,8]
+        [--kernels ag_mm,mm_rs,mm_ar,oneshot,cta_stage0,cta_stage1,cta_stage0_cublas,cta_stage1_cublas,
+                   moe_gate_up,moe_down] [--ws 2,4,8]
         [--budget-s 300] [--jobs N] [--reps 30] [--no-variants]
 
 Kernels (``codegen/``): the ``ag_mm`` consumer, the ``mm_rs`` producer, the same kernel as ``mm_ar``'s
 rounds (``WRITE_GATHER``), the one-shot all-reduce sum, the CTA op's stage-0 / stage-1 kernels and the
-MoE grouped GEMMs (gate/up with SwiGLU fused, down). Each runs as rank 0 of a ``ws``-rank group with
+MoE grouped GEMMs (gate/up with SwiGLU fused, down); and the CTA stages' cuBLAS forms
+(``runtime/cta_cublas.py``: a GEMM per row group and K-chunk into the staged blocks, the activation a
+separate pass; stage 1's accumulating ``addmm`` per arrived block), with their flag steps left out. Each runs as rank 0 of a ``ws``-rank group with
 every flag raised (epoch 0) and the peers' data already local, at the local shapes of the 2-, 4- and
 8-GPU tables of every suite (collective GEMMs, TP block, Llama, MoE DeepSeek-/Mixtral-like, CTA MLP)
 and at decode sizes, deduplicated (``cases``). Per case: the op's tuning candidates
@@ -51,7 +54,10 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench.tools import common  # noqa: E402
 
-KERNELS = ("ag_mm", "mm_rs", "mm_ar", "oneshot", "cta_stage0", "cta_stage1", "moe_gate_up", "moe_down")
+KERNELS = ("ag_mm", "mm_rs", "mm_ar", "oneshot", "cta_stage0", "cta_stage1", "cta_stage0_cublas", "cta_stage1_cublas",
+           "moe_gate_up", "moe_down")
+# The ops' cuBLAS forms (no Triton kernel to compile): the op's own steps, timed as its kernels are.
+CUBLAS_FORMS = ("cta_stage0_cublas", "cta_stage1_cublas")
 WORLD_SIZES = (2, 4, 8)
 # Global problems of the collective-GEMM suite (bench_collective_gemm.TABLE / DECODE, ws-independent):
 AG_MM = [(4096, 8192, 7168), (8192, 8192, 7168), (16384, 8192, 2048), (8192, 8192, 14336), (512, 8192, 7168)]
@@ -123,6 +129,8 @@ def cases(quick: bool = False, kernels=KERNELS, world_sizes=WORLD_SIZES) -> list
             for M in CTA_M:
                 add(Case("cta_stage0", ws, M, CTA_H, CTA_F // tp, "gelu_tanh"), "CTA MLP stage 0")
                 add(Case("cta_stage1", ws, M, CTA_F, CTA_H // tp), "CTA MLP stage 1")
+                add(Case("cta_stage0_cublas", ws, M, CTA_H, CTA_F // tp, "gelu_tanh"), "CTA MLP stage 0")
+                add(Case("cta_stage1_cublas", ws, M, CTA_F, CTA_H // tp), "CTA MLP stage 1")
         for name, (h, f, experts, k, tokens) in MOE.items():
             if experts % ws or (name == "deepseek-ep8" and ws != 8):
                 continue
@@ -136,6 +144,8 @@ def cases(quick: bool = False, kernels=KERNELS, world_sizes=WORLD_SIZES) -> list
                 Case("mm_rs", 4, 4096, 1792, 8192), Case("mm_rs", 4, TOKENS, FFN // 4, HIDDEN, "add:0"),
                 Case("mm_ar", 4, 1024, 7168, 8192), Case("oneshot", 4, 128, 1, 8192),
                 Case("cta_stage0", 4, 1024, CTA_H, CTA_F // 2, "gelu_tanh"), Case("cta_stage1", 4, 1024, CTA_F, CTA_H // 2),
+                Case("cta_stage0_cublas", 4, 1024, CTA_H, CTA_F // 2, "gelu_tanh"),
+                Case("cta_stage1_cublas", 4, 1024, CTA_F, CTA_H // 2),
                 Case("moe_gate_up", 4, 32768, 7168, 2048, "swiglu", "deepseek"),
                 Case("moe_down", 4, 32768, 2048, 7168, "", "deepseek")}
         out = [(c, o) for c, o in out if c in keep]
@@ -386,6 +396,66 @@ class Bench:
         self.run = run
         self.error = lambda: common.rel_err(self.out.float(), self.want)
 
+    # ---- the CTA stages' cuBLAS forms (rank 0 of its stage; flags are no-ops: every block is there)
+    def _cublas_plan(self, M, fp, ns, cfg_index):
+        """The stage's ``cta_plan.ChunkPlan`` as the Triton stage's case splits it: no stage-1 share, no tails."""
+        from overlap_backend.runtime import cta_plan
+
+        cfg0, cfg1, kchunk, nch = self._cta_plan(M, fp, ns)
+        cfg = (cfg0, cfg1)[cfg_index]
+        tiles_m = -(-M // cfg[0])
+        groups = -(-tiles_m // cfg[3])
+        return cta_plan.ChunkPlan(cfg0, cfg1, self.case.ws // 2, tiles_m, groups, (0, 0, 0), 0, fp, 0, groups - 1,
+                                  kchunk, nch, 0)
+
+    def _setup_cta_stage0_cublas(self):
+        from overlap_backend.codegen import cta
+        from overlap_backend.runtime import cta_cublas
+
+        c = self.case
+        self._gemm_operands()
+        plan = self._cublas_plan(c.M, c.N, CTA_H // (c.ws // 2), 0)
+        mp = cta.padded_rows(c.M, plan.cfg0[0])
+        blocks = torch.empty(plan.nch, mp, plan.kchunk, device=self.dev, dtype=self.dt)
+        self.want = F.gelu(self.ref, approximate="tanh")
+        self.outputs = [blocks]
+        a, b = self.a, self.b
+        self.baseline = ("cuBLAS torch.mm + torch F.gelu tanh (Inductor pointwise proxy)",
+                         lambda: F.gelu(torch.mm(a, b), approximate="tanh"))
+        self.op_cands, self.variant_cands = [None], []
+        self.run = lambda cfg: cta_cublas.stage0(a, (b, None, None, None), blocks, None, plan, c.N, "gelu", "tanh",
+                                                 lambda g, j: None)
+        self.error = lambda: common.rel_err(
+            blocks[:, :c.M].permute(1, 0, 2).reshape(c.M, plan.nch * plan.kchunk)[:, :c.N].float(), self.want)
+
+    def _setup_cta_stage1_cublas(self):
+        from overlap_backend.codegen import cta
+        from overlap_backend.runtime import cta_cublas
+
+        c = self.case
+        tp = c.ws // 2
+        fp = c.K // tp
+        self._gemm_operands()
+        plan = self._cublas_plan(c.M, fp, c.N, 1)
+        mp = cta.padded_rows(c.M, plan.cfg1[0])
+        blocks = torch.zeros(tp * plan.nch, mp, plan.kchunk, device=self.dev, dtype=self.dt)
+        for p in range(tp):
+            for j in range(plan.nch):
+                lo, w = p * fp + j * plan.kchunk, min(plan.kchunk, fp - j * plan.kchunk)
+                blocks[p * plan.nch + j, :c.M, :w] = self.a[:, lo:lo + w]
+        out = torch.empty(c.M, tp * c.N, device=self.dev, dtype=self.dt)  # rank 0 of its stage: columns [0, N)
+        self.want = self.ref
+        self.outputs = [out]
+        a, b = self.a, self.b
+        self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self.op_cands, self.variant_cands = [None], []
+
+        def skip(*_):
+            return None
+
+        self.run = lambda cfg: cta_cublas.stage1(blocks, b, None, out, plan, fp, 0, None, False, skip, skip, skip)
+        self.error = lambda: common.rel_err(out[:, :c.N].float(), self.want)
+
     # ---- MoE grouped GEMMs
     def _moe_rank(self):
         from overlap_backend.codegen import moe_gemm
@@ -618,6 +688,8 @@ def compile_jobs(todo: list[tuple[Case, list[str]]], variants: bool) -> list[tup
     jobs, seen = [], set()
     for case, _ in todo:
         rows = case.M // case.ws
+        if case.kernel in CUBLAS_FORMS:
+            continue
         if case.kernel in ("ag_mm", "mm_rs"):
             cands = cfgs.candidates(torch.bfloat16, tma_store_rows=rows, variants=False, kernel=case.kernel)
             cands += cfgs.variant_candidates(torch.bfloat16, case.kernel, tma_store_rows=rows) if variants else []
@@ -698,7 +770,9 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             "Ratios are the kernel's time over the baseline's on the same local GEMM (fused epilogue: over cuBLAS "
             "plus torch's separate pointwise op, the stand-in for Inductor's kernel). `op kernel`: the best of the "
             "op's tuning candidates (what the op runs); `best variant`: the best of those and the bench-only "
-            "variants. **>1.03**: the ops take cuBLAS there once kernel_ratios.json is installed.", "",
+            "variants. **>1.03**: the ops take cuBLAS there once kernel_ratios.json is installed. `*_cublas` rows: the "
+            "op's cuBLAS form of that CTA stage over the same baseline (the stage takes it under \"auto\" only where "
+            "it beats the stage's kernel).", "",
             common.markdown_table(head, body)]
     failures = [f"- {r['label']}: {f}" for r in rows for f in r.get("failed", ())]
     if failures:

@@ -501,11 +501,16 @@ def kernel_eff(cal: Calibration, kernel: str, m: int, k: int, n: int, ws: int, d
 
 def _cta_eff(cal: Calibration, p: Problem, tp: int, big_f: int, gate: int) -> float:
     """A CTA-pipeline stage's time over cuBLAS's: the flop-weighted ratios of stage 0 and stage 1 at this
-    call's local GEMMs, each by the path it takes (``cta_stage_gemm``): 1 on cuBLAS, else the kernel's
-    measured ratio (GELU only: the bench measures those; stage 0 with its fused activation), else CTA_EFF."""
+    call's local GEMMs, each by the path it takes (``cta_stage_gemm``): on cuBLAS the form's measured ratio
+    (``cta_cublas.form_ratio``), else 1; else the kernel's measured ratio (GELU only: the bench measures those;
+    stage 0 with its fused activation), else CTA_EFF."""
+    from ..runtime import cta_cublas
+
     def ratio(stage: int, m: int, k: int, n: int) -> float:
         if cta_stage_gemm(stage, cal, p, m, k, n, gate) == "cublas":
-            return 1.0
+            form = cta_cublas.form_ratio(f"cta_stage{stage}", int(m), int(k), int(n), ws=p.ws, dtype=p.dtype,
+                                         gpu=ratio_gpu(cal), fused=stage == 0) if gate == 1 else None
+            return form if form is not None else 1.0
         r = kernel_eff(cal, f"cta_stage{stage}", m, k, n, p.ws, p.dtype, fused=stage == 0) if gate == 1 else None
         return r if r is not None else knobs.cost.CTA_EFF
 

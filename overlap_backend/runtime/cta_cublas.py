@@ -41,7 +41,9 @@ def stage_gemms(ws: int, M: int, H: int, F_: int, N: int, dtype, gpu: str | None
 
 
 def stage_form(stage: int, M: int, K: int, N: int, ws: int, dtype, gpu: str | None = None) -> str:
-    """Stage ``stage``'s form at its local GEMM [M, K] @ [K, N] (what the cost model prices too)."""
+    """Stage ``stage``'s form at its local GEMM [M, K] @ [K, N] (what the cost model prices too). "auto":
+    cuBLAS where the stage kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS and the
+    cuBLAS form, where measured, faster than the kernel."""
     return _form(f"STAGE{stage}_GEMM", f"cta_stage{stage}", M, K, N, ws, dtype, stage == 0, gpu)
 
 
@@ -51,8 +53,19 @@ def _form(name, kernel, M, K, N, ws, dtype, fused, gpu) -> str:
         raise ValueError(f"knobs.cta.{name} = {value!r}: one of {', '.join(map(repr, FORMS))}")
     if value != "auto":
         return value
-    loses = kernel_ratios.kernel_loses(kernel, M, K, N, ws=ws, dtype=dtype, fused=fused, gpu=gpu)
-    return "cublas" if loses else "triton"
+    shape = dict(ws=ws, dtype=dtype, fused=fused, gpu=gpu)
+    if not kernel_ratios.kernel_loses(kernel, M, K, N, **shape):
+        return "triton"
+    # Where the form itself was measured (bench_kernels' "<kernel>_cublas": its chunked GEMMs and separate
+    # activation), it must beat the kernel too.
+    form = form_ratio(kernel, M, K, N, **shape)
+    return "cublas" if form is None or form < kernel_ratios.measured_ratio(kernel, M, K, N, **shape) else "triton"
+
+
+def form_ratio(kernel: str, M: int, K: int, N: int, **kw) -> float | None:
+    """The cuBLAS form of CTA stage ``kernel`` ("cta_stage0" / "cta_stage1"): its measured time over one whole
+    cuBLAS GEMM (plus the separate activation) near this GEMM, or None where it was not measured."""
+    return kernel_ratios.measured_ratio(kernel + "_cublas", M, K, N, **kw)
 
 
 # ------------------------------------------------------------------------------ the GEMM steps

@@ -41,7 +41,12 @@ def test_cases_cover_every_kernel_and_world_size_once(bk):
     assert [c.kernel for c, _ in todo][0] == "ag_mm" and todo[0][0].ws == 4, "what the ops decide on, 4 GPUs first"
     assert all(c.ws == 8 for c, _ in todo if c.moe == "deepseek-ep8")
     quick = bk.cases(quick=True)
-    assert len(quick) == 10 and {c.kernel for c, _ in quick} == set(bk.KERNELS) and {c.ws for c, _ in quick} == {4}
+    assert len(quick) == 12 and {c.kernel for c, _ in quick} == set(bk.KERNELS) and {c.ws for c, _ in quick} == {4}
+    # every CTA stage case has its cuBLAS form beside it, at the same local GEMM; nothing of theirs compiles
+    for stage in ("cta_stage0", "cta_stage1"):
+        assert ({(c.ws, c.M, c.K, c.N, c.epilogue) for c, _ in todo if c.kernel == stage}
+                == {(c.ws, c.M, c.K, c.N, c.epilogue) for c, _ in todo if c.kernel == stage + "_cublas"})
+    assert not any(case.kernel in bk.CUBLAS_FORMS for _, case, _ in bk.compile_jobs(todo, variants=False))
 
 
 def test_dry_run_writes_every_output_and_the_runtime_reads_the_ratios(bk, tmp_path):
@@ -78,3 +83,16 @@ def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, monkeypa
         b = bk.Bench(case, torch.device("cpu"), 4, 1, torch.float32)
         cfg = next((c for c in b.op_cands if c is not None and c[6]), b.op_cands[0])  # a TMA store where there is one
         assert b.check(cfg) <= 1e-5, case.label()
+
+
+@pytest.mark.parametrize("case", [("cta_stage0_cublas", 4, 16, 64, 512, "gelu_tanh"), ("cta_stage1_cublas", 4, 16, 512, 256),
+                                  ("cta_stage0_cublas", 2, 300, 64, 1024, "gelu_tanh"),
+                                  ("cta_stage1_cublas", 8, 300, 1024, 128)], ids=lambda c: f"{c[0]}-ws{c[1]}-M{c[2]}")
+def test_cta_cublas_forms_write_every_block_the_stage_kernel_writes(bk, case):
+    """The cuBLAS forms run the op's own steps (runtime/cta_cublas.py) on the Triton stage's chunk plan; the
+    check poisons their output first, so a block left unwritten fails it. Several row groups at M = 300."""
+    b = bk.Bench(bk.Case(*case), torch.device("cpu"), 4, 1, torch.float32)
+    assert b.op_cands == [None]
+    assert b.check(None) <= 1e-5
+    b.outputs[0].fill_(float("nan"))  # and the check sees what it is given
+    assert not b.error() <= 1e-5

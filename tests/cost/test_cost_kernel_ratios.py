@@ -140,7 +140,8 @@ def test_every_priced_gemm_follows_its_ratio(ratios):
 
 def test_cta_and_moe_gemm_knobs_price_cublas_where_set(ratios):
     """knobs.cta.STAGE0_GEMM / STAGE1_GEMM and knobs.moe.EXPERT_GEMM, decided by the runtime's own functions:
-    a stage on cuBLAS is priced at ratio 1, the experts on torch._grouped_mm as the plain graph's grouped GEMMs."""
+    a stage on cuBLAS is priced at its form's measured ratio (1 where not measured), the experts on
+    torch._grouped_mm as the plain graph's grouped GEMMs."""
     cta = Problem("cta_pipeline_mlp", m=1024, n=8192, k=8192, dtype=BF16, ws=4, f=28672 // 4, activation="gelu")
     ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 1.5, "fused": True},
            {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.3})
@@ -150,6 +151,16 @@ def test_cta_and_moe_gemm_knobs_price_cublas_where_set(ratios):
         assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.15)
     with knobs.cta.patch(STAGE0_GEMM="auto", STAGE1_GEMM="auto"):  # both measured over CUBLAS_ABOVE_RATIO
         assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.0)
+    # the cuBLAS forms measured (bench_kernels' cta_stage<i>_cublas): priced at their own ratios; auto takes
+    # the form only where it beats the kernel (stage 0: 1.2 < 1.5; stage 1: 1.35 > 1.3, the kernel stays)
+    ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 1.5, "fused": True},
+           {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.3},
+           {"kernel": "cta_stage0_cublas", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 1.2, "fused": True},
+           {"kernel": "cta_stage1_cublas", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.35})
+    with knobs.cta.patch(STAGE0_GEMM="cublas", STAGE1_GEMM="cublas"):
+        assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx((1.2 + 1.35) / 2)
+    with knobs.cta.patch(STAGE0_GEMM="auto", STAGE1_GEMM="auto"):
+        assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx((1.2 + 1.3) / 2)
     moe = Problem("moe_experts", m=8192, n=4096, k=4096, dtype=BF16, ws=4, f=14336, experts=2, rows_sent=8192)
     with knobs.moe.patch(EXPERT_GEMM="triton"):
         kernel = _best(moe, comm_sms=0)

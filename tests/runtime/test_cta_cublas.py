@@ -32,17 +32,21 @@ def auto_forms():
 
 
 def test_auto_takes_cublas_exactly_where_the_packaged_ratios_say_the_kernel_loses(auto_forms):
-    """At every measured CTA shape of the packaged file (H200): cuBLAS iff ratio > the threshold."""
+    """At every measured CTA shape of the packaged file (H200): cuBLAS iff ratio > the threshold (and the
+    cuBLAS form, where measured, faster than the kernel)."""
     H, F_, seen = 8192, 28672, 0
     for e in kernel_ratios.entries(kernel_ratios.PACKAGED):
-        if not e["kernel"].startswith("cta_stage") or e["gpu"] != "NVIDIA H200":
+        if e["kernel"] not in ("cta_stage0", "cta_stage1") or e["gpu"] != "NVIDIA H200":
             continue
         ws, M, tp = e["ws"], e["M"], e["ws"] // 2
         N = e["N"] * tp if e["kernel"] == "cta_stage1" else H
         assert (e["K"], e["N"]) == ((H, F_ // tp) if e["kernel"] == "cta_stage0" else (F_, N // tp)), e
         forms = cta_cublas.stage_gemms(ws, M, H, F_, N, torch.bfloat16, gpu="NVIDIA H200")
         form = forms[e["kernel"] == "cta_stage1"]
-        assert form == ("cublas" if e["ratio"] > knobs.symm.CUBLAS_ABOVE_RATIO else "triton"), (e, forms)
+        measured = cta_cublas.form_ratio(e["kernel"], M, e["K"], e["N"], ws=ws, dtype=torch.bfloat16,
+                                         fused=e["fused"], gpu="NVIDIA H200")
+        faster = measured is None or measured < e["ratio"]
+        assert form == ("cublas" if e["ratio"] > knobs.symm.CUBLAS_ABOVE_RATIO and faster else "triton"), (e, forms)
         seen += 1
     assert seen >= 20  # both stages, several world sizes and M
 
@@ -63,6 +67,20 @@ def test_auto_follows_the_ratio_file_and_the_threshold(ratios, auto_forms):
         assert cta_cublas.stage_gemms(2, 4096, **args) == ("triton", "cublas")
     with knobs.symm.patch(CUBLAS_ABOVE_RATIO=None):
         assert cta_cublas.stage_gemms(2, 4096, **args) == ("triton", "triton")
+
+
+def test_auto_keeps_the_kernel_where_the_measured_cublas_form_is_not_faster(ratios, auto_forms):
+    """bench_kernels' "cta_stage<i>_cublas" rows time the form itself (chunked GEMMs, a separate activation):
+    where it measured no faster than the kernel, the kernel stays, though the kernel loses to one whole GEMM."""
+    kernels = (_entry("cta_stage0", 2, 512, 1024, 4096, 1.10, True), _entry("cta_stage1", 2, 512, 4096, 1024, 1.20))
+    args = dict(H=1024, F_=4096, N=1024, dtype=torch.bfloat16)
+    ratios(*kernels)
+    assert cta_cublas.stage_gemms(2, 512, **args) == ("cublas", "cublas")  # forms not measured: cuBLAS
+    ratios(*kernels, _entry("cta_stage0_cublas", 2, 512, 1024, 4096, 1.15, True),
+           _entry("cta_stage1_cublas", 2, 512, 4096, 1024, 1.05))
+    assert cta_cublas.stage_gemms(2, 512, **args) == ("triton", "cublas")
+    ratios(*kernels, _entry("cta_stage0_cublas", 2, 512, 1024, 4096, 1.04, False))  # another epilogue: not it
+    assert cta_cublas.stage_gemms(2, 512, **args) == ("cublas", "cublas")
 
 
 def test_forced_forms_and_bad_values(ratios):
