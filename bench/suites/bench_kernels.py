@@ -3,14 +3,16 @@ against cuBLAS on the same local GEMM.
 
     python bench/suites/bench_kernels.py --out bench/results/kernels_h200x1_<date> [--quick] [--dry-run]
         [--kernels ag_mm,mm_rs,mm_ar,oneshot,cta_stage0,cta_stage1,cta_stage0_cublas,cta_stage1_cublas,
-                   moe_gate_up,moe_down] [--ws 2,4,8]
+                   moe_gate_up,moe_down,moe_grouped_mm] [--ws 2,4,8]
         [--budget-s 300] [--jobs N] [--reps 30] [--no-variants]
 
 Kernels (``codegen/``): the ``ag_mm`` consumer, the ``mm_rs`` producer, the same kernel as ``mm_ar``'s
 rounds (``WRITE_GATHER``), the one-shot all-reduce sum, the CTA op's stage-0 / stage-1 kernels and the
 MoE grouped GEMMs (gate/up with SwiGLU fused, down); and the CTA stages' cuBLAS forms
 (``runtime/cta_cublas.py``: a GEMM per row group and K-chunk into the staged blocks, the activation a
-separate pass; stage 1's accumulating ``addmm`` per arrived block), with their flag steps left out. Each runs as rank 0 of a ``ws``-rank group with
+separate pass; stage 1's accumulating ``addmm`` per arrived block) and the MoE experts' ``torch._grouped_mm``
+form (``runtime/moe_grouped.py``: per segment, gather, both grouped GEMMs with SwiGLU between, scatter; against
+the two grouped GEMMs on rows already sorted), with their flag steps left out. Each runs as rank 0 of a ``ws``-rank group with
 every flag raised (epoch 0) and the peers' data already local, at the local shapes of the 2-, 4- and
 8-GPU tables of every suite (collective GEMMs, TP block, Llama, MoE DeepSeek-/Mixtral-like, CTA MLP)
 and at decode sizes, deduplicated (``cases``). Per case: the op's tuning candidates
@@ -55,9 +57,9 @@ import torch.nn.functional as F  # noqa: E402
 from bench.tools import common  # noqa: E402
 
 KERNELS = ("ag_mm", "mm_rs", "mm_ar", "oneshot", "cta_stage0", "cta_stage1", "cta_stage0_cublas", "cta_stage1_cublas",
-           "moe_gate_up", "moe_down")
+           "moe_gate_up", "moe_down", "moe_grouped_mm")
 # The ops' cuBLAS forms (no Triton kernel to compile): the op's own steps, timed as its kernels are.
-CUBLAS_FORMS = ("cta_stage0_cublas", "cta_stage1_cublas")
+CUBLAS_FORMS = ("cta_stage0_cublas", "cta_stage1_cublas", "moe_grouped_mm")
 WORLD_SIZES = (2, 4, 8)
 # Global problems of the collective-GEMM suite (bench_collective_gemm.TABLE / DECODE, ws-independent):
 AG_MM = [(4096, 8192, 7168), (8192, 8192, 7168), (16384, 8192, 2048), (8192, 8192, 14336), (512, 8192, 7168)]
@@ -136,6 +138,7 @@ def cases(quick: bool = False, kernels=KERNELS, world_sizes=WORLD_SIZES) -> list
                 continue
             add(Case("moe_gate_up", ws, tokens * k, h, f, "swiglu", name), f"MoE {name}")
             add(Case("moe_down", ws, tokens * k, f, h, "", name), f"MoE {name}")
+            add(Case("moe_grouped_mm", ws, tokens * k, h, f, "swiglu", name), f"MoE {name}")
     # the GEMMs the ops choose cuBLAS for first, 4 GPUs first: what a time box cuts is the least needed
     order = {4: 0, 2: 1, 8: 2}
     out = sorted(found.items(), key=lambda item: (KERNELS.index(item[0].kernel), order[item[0].ws]))
@@ -147,7 +150,8 @@ def cases(quick: bool = False, kernels=KERNELS, world_sizes=WORLD_SIZES) -> list
                 Case("cta_stage0_cublas", 4, 1024, CTA_H, CTA_F // 2, "gelu_tanh"),
                 Case("cta_stage1_cublas", 4, 1024, CTA_F, CTA_H // 2),
                 Case("moe_gate_up", 4, 32768, 7168, 2048, "swiglu", "deepseek"),
-                Case("moe_down", 4, 32768, 2048, 7168, "", "deepseek")}
+                Case("moe_down", 4, 32768, 2048, 7168, "", "deepseek"),
+                Case("moe_grouped_mm", 4, 32768, 7168, 2048, "swiglu", "deepseek")}
         out = [(c, o) for c, o in out if c in keep]
     return out
 
@@ -553,6 +557,34 @@ class Bench:
         self.run = lambda cfg: self._moe_run(self.gate_cands[0], cfg, "down")
         self.error_of = lambda cfg: self._moe_error(self.gate_cands[0], cfg)
 
+    def _setup_moe_grouped_mm(self):
+        from overlap_backend.runtime import moe_grouped, moe_symm
+
+        self._moe_rank()
+        c = self.case
+        ws, e_local = c.ws, self.w_gate.shape[0]
+        recv_off = [0] + torch.tensor(self.recv_rows).cumsum(0).tolist()
+        n_recv = recv_off[-1]
+        per_source = not moe_symm.expert_major(self.rows_sorted.shape[0], ws, e_local)  # (the phased schedule)
+        gpl = moe_grouped.plan(self.rows_sorted, self.offsets, torch.tensor(recv_off, dtype=torch.int32, device=self.dev),
+                               0, ws, e_local, n_recv, self.cap, per_source)
+        gate_up = moe_grouped.gate_up_weights(self.w_gate, self.w_up)
+        segments = [(i, lo, hi) for i, _, lo, hi in moe_grouped.schedule(ws, recv_off, per_source, 0) if hi > lo]
+        stage, disp, wd = self.stage, self.disp, self.w_down
+        xg, offs, wg, wu = self.xg, self.offsets, self.w_gate, self.w_up
+        self.baseline = ("torch._grouped_mm x3 + torch F.silu * up (rows already sorted)",
+                         lambda: torch._grouped_mm(F.silu(torch._grouped_mm(xg, wg, offs=offs))
+                                                   * torch._grouped_mm(xg, wu, offs=offs), wd, offs=offs))
+        self.op_cands, self.variant_cands = [None], []
+        self.outputs = [stage]
+
+        def run(cfg):
+            for i, lo, hi in segments:
+                stage.index_copy_(0, gpl["seg"][lo:hi], moe_grouped.experts(gpl, i, lo, hi, disp, gate_up, wd))
+
+        self.run = run
+        self.error = lambda: common.rel_err(stage.float(), self.want)
+
     # ---- measurement
     def check(self, cfg) -> float:
         """Poison the outputs, run once, compare with the float32 reference (relative error)."""
@@ -772,7 +804,8 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             "op's tuning candidates (what the op runs); `best variant`: the best of those and the bench-only "
             "variants. **>1.03**: the ops take cuBLAS there once kernel_ratios.json is installed. `*_cublas` rows: the "
             "op's cuBLAS form of that CTA stage over the same baseline (the stage takes it under \"auto\" only where "
-            "it beats the stage's kernel).", "",
+            "it beats the stage's kernel); `moe_grouped_mm`: the MoE experts' torch._grouped_mm form (gather, both "
+            "GEMMs, scatter) over the grouped GEMMs on sorted rows.", "",
             common.markdown_table(head, body)]
     failures = [f"- {r['label']}: {f}" for r in rows for f in r.get("failed", ())]
     if failures:

@@ -41,11 +41,13 @@ def test_cases_cover_every_kernel_and_world_size_once(bk):
     assert [c.kernel for c, _ in todo][0] == "ag_mm" and todo[0][0].ws == 4, "what the ops decide on, 4 GPUs first"
     assert all(c.ws == 8 for c, _ in todo if c.moe == "deepseek-ep8")
     quick = bk.cases(quick=True)
-    assert len(quick) == 12 and {c.kernel for c, _ in quick} == set(bk.KERNELS) and {c.ws for c, _ in quick} == {4}
+    assert len(quick) == 13 and {c.kernel for c, _ in quick} == set(bk.KERNELS) and {c.ws for c, _ in quick} == {4}
     # every CTA stage case has its cuBLAS form beside it, at the same local GEMM; nothing of theirs compiles
     for stage in ("cta_stage0", "cta_stage1"):
         assert ({(c.ws, c.M, c.K, c.N, c.epilogue) for c, _ in todo if c.kernel == stage}
                 == {(c.ws, c.M, c.K, c.N, c.epilogue) for c, _ in todo if c.kernel == stage + "_cublas"})
+    moe = lambda kernel: {(c.ws, c.M, c.moe) for c, _ in todo if c.kernel == kernel}  # noqa: E731
+    assert moe("moe_grouped_mm") == moe("moe_gate_up") == moe("moe_down")
     assert not any(case.kernel in bk.CUBLAS_FORMS for _, case, _ in bk.compile_jobs(todo, variants=False))
 
 
@@ -87,10 +89,19 @@ def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, monkeypa
 
 @pytest.mark.parametrize("case", [("cta_stage0_cublas", 4, 16, 64, 512, "gelu_tanh"), ("cta_stage1_cublas", 4, 16, 512, 256),
                                   ("cta_stage0_cublas", 2, 300, 64, 1024, "gelu_tanh"),
-                                  ("cta_stage1_cublas", 8, 300, 1024, 128)], ids=lambda c: f"{c[0]}-ws{c[1]}-M{c[2]}")
-def test_cta_cublas_forms_write_every_block_the_stage_kernel_writes(bk, case):
-    """The cuBLAS forms run the op's own steps (runtime/cta_cublas.py) on the Triton stage's chunk plan; the
-    check poisons their output first, so a block left unwritten fails it. Several row groups at M = 300."""
+                                  ("cta_stage1_cublas", 8, 300, 1024, 128),
+                                  ("moe_grouped_mm", 2, 128, 64, 128, "swiglu", "tiny"),
+                                  ("moe_grouped_mm", 4, 120, 64, 128, "swiglu", "tiny-skewed"),
+                                  ("moe_grouped_mm", 4, 2048, 64, 128, "swiglu", "tiny-phased")],
+                         ids=lambda c: f"{c[0]}-ws{c[1]}-M{c[2]}" + (f"-{c[6]}" if len(c) > 6 else ""))
+def test_cublas_forms_write_every_row_the_kernels_write(bk, case, monkeypatch):
+    """The cuBLAS forms run the op's own steps (runtime/cta_cublas.py on the Triton stage's chunk plan;
+    runtime/moe_grouped.py per segment, CPU's torch._grouped_mm); the check poisons their output first, so a
+    block or row left unwritten fails it. Several CTA row groups at M = 300; MoE with 4 and 8 experts, one
+    segment (expert-major) and one per source."""
+    monkeypatch.setitem(bk.MOE, "tiny", (64, 128, 4, 2, 64))
+    monkeypatch.setitem(bk.MOE, "tiny-skewed", (64, 128, 8, 3, 40))
+    monkeypatch.setitem(bk.MOE, "tiny-phased", (64, 128, 8, 2, 1024))  # a segment per source (not expert-major)
     b = bk.Bench(bk.Case(*case), torch.device("cpu"), 4, 1, torch.float32)
     assert b.op_cands == [None]
     assert b.check(None) <= 1e-5
