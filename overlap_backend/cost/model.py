@@ -59,8 +59,10 @@ GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar", "moe_experts", "cta_pipeline_mlp")
 GRAPH_P2P_HOST_KEPT = ("moe_experts", "cta_pipeline_mlp")
 # Eager calls of these ops replay private CUDA graphs (knobs.symm.PRIVATE_GRAPHS): measured on one H200 at
 # 0.48-0.76x the host time of the plain graph compiled by Inductor with NCCL (bench/results/host_h200x1_2026-12-02/
-# private_graphs), so like a replay their symm plan carries no host floor.
-PRIVATE_GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar")
+# private_graphs; moe_experts 0.59x, cta_pipeline_mlp 0.57x at M = 512, host_h200x1_2026-12-05), so like a
+# replay their symm plan carries no host floor. moe_experts only with fixed splits: a graph serves calls that
+# send what it was captured with.
+PRIVATE_GRAPH_OPS = ("ag_mm", "mm_rs", "mm_ar", "cta_pipeline_mlp", "moe_experts")
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ class Problem:
     ``gemms`` how many. ``mm_rs`` / ``mm_ar``: ``[m, k] @ [k, n]`` per rank (``k`` the local shard).
     ``cta_pipeline_mlp``: ``x [m, k]``, ``w1 [k, f]`` per rank, ``w2 [f, n]``, ``activation``.
     ``moe_experts``: ``m`` grouped rows, ``rows_sent`` rows of ``x``, ``k`` hidden, ``f`` expert
-    width, ``experts`` per rank.
+    width, ``experts`` per rank, ``fixed_splits`` whether the all-to-alls' split sizes are constants of the
+    graph (capacity routing: every call sends the same, so its eager calls replay a private graph).
     """
 
     op: str
@@ -84,6 +87,7 @@ class Problem:
     f: int = 0
     experts: int = 0
     rows_sent: int = 0
+    fixed_splits: bool = False
     activation: str = ""
     # ``ag_mm`` with a prologue (passes/prologue.py): bytes its row-wise ops move over the gathered
     # rows in the plain graph (the rewrite moves 1/ws of them, on the shard), and the bytes and
@@ -102,7 +106,8 @@ class Problem:
 
     def to_json(self) -> dict[str, Any]:
         d = {"op": self.op, "m": self.m, "n": self.n, "k": self.k, "dtype": self.dtype, "ws": self.ws}
-        for name in ("gemms", "f", "experts", "rows_sent", "activation", "prologue_bytes", "fold_bytes", "folds"):
+        for name in ("gemms", "f", "experts", "rows_sent", "fixed_splits", "activation", "prologue_bytes", "fold_bytes",
+                     "folds"):
             v = getattr(self, name)
             if v and not (name == "gemms" and v == 1):
                 d[name] = v
@@ -556,7 +561,7 @@ def predict(p: Problem, cal: Calibration, lowerings: Sequence[str] = ("p2p",), *
         cal = dataclasses.replace(cal, **p2p_host, symm_call_ms=dict.fromkeys(cal.symm_call_ms, 0.0))
         if not knobs.symm.CAPTURE_ON_SYMM and p.op != "cta_pipeline_mlp":  # (cta: always captured on symm)
             lowerings = [low for low in lowerings if low != "symm"] or ["p2p"]
-    elif p.op in PRIVATE_GRAPH_OPS:
+    elif p.op in PRIVATE_GRAPH_OPS and (p.op != "moe_experts" or p.fixed_splits):
         from ..spec import knobs
 
         if knobs.symm.PRIVATE_GRAPHS:

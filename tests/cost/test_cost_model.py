@@ -97,6 +97,22 @@ def test_private_graphs_price_eager_calls_like_replays(problem, wins):
     assert predict(problem, H200, ["symm", "p2p"]).wins is wins
 
 
+def test_private_graphs_of_cta_and_of_moe_with_fixed_splits_carry_no_host_floor():
+    """cta_pipeline_mlp's eager calls replay private graphs, and moe_experts' where every call sends the same
+    (fixed splits, capacity routing); a moe_experts whose splits change between calls pays its host time."""
+    cta = Problem("cta_pipeline_mlp", m=512, n=8192, k=8192, dtype=BF16, ws=2, f=28672 // 2, activation="gelu")
+    moe = dict(m=8192, n=4096, k=4096, dtype=BF16, ws=2, f=14336, experts=4, rows_sent=8192)
+    for problem in (cta, Problem("moe_experts", fixed_splits=True, **moe)):
+        private = predict(problem, H200, ["symm"])
+        assert private.best.terms["host_ms"] == 0.0, problem
+        with knobs.symm.patch(PRIVATE_GRAPHS=False):
+            assert predict(problem, H200, ["symm"]).best.terms["host_ms"] == H200.symm_call_ms[problem.op]
+    varying = predict(Problem("moe_experts", **moe), H200, ["symm"])
+    assert varying.best.terms["host_ms"] == H200.symm_call_ms["moe_experts"]
+    assert Problem("moe_experts", fixed_splits=True, **moe).to_json()["fixed_splits"] is True
+    assert "fixed_splits" not in Problem("moe_experts", **moe).to_json()
+
+
 @pytest.mark.parametrize(
     "problem, lowering, measured",  # bench/results: the fit's data (bench/suites/check_cost_model.py checks them all)
     [

@@ -157,6 +157,28 @@ def test_moe_op_is_dumped(fake_pg, clean_env, tmp_path):
     text = listing.read_text()
     compile(text, listing.name, "exec")
     assert "def moe_experts_calls():" in text and "lowering 'p2p'" in text, text
+    # capacity routing: the split sizes are graph constants, so the cost model prices the private graphs
+    summary = json.loads((tmp_path / "rank1" / "summary.json").read_text())
+    found = [m["cost"]["problem"] for g in summary["graphs"] for m in g["matches"]
+             if m.get("cost", {}).get("problem", {}).get("op") == "moe_experts"]
+    assert found and all(pr.get("fixed_splits") is True for pr in found), found
+
+
+@torch._dynamo.config.patch(capture_scalar_outputs=True)
+def test_dropless_moe_is_priced_with_its_host_time(fake_pg, clean_env, tmp_path):
+    """Dropless routing: the split sizes come from the counts on every call, so no private graph serves its
+    calls and the cost model's problem says so (no fixed_splits)."""
+    from overlap_backend.models.moe import MoELayer
+
+    clean_env.setenv("OVERLAP_DEBUG_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    layer = MoELayer(16, 32, 2 * fake_pg.size(), top_k=2, policy="dropless", expert_form="grouped_mm")
+    with torch.no_grad():
+        torch.compile(layer, backend=make_backend(inductor=False), fullgraph=True)(torch.randn(6, 16))
+    summary = json.loads((tmp_path / "rank1" / "summary.json").read_text())
+    found = [m["cost"]["problem"] for g in summary["graphs"] for m in g["matches"]
+             if m.get("cost", {}).get("problem", {}).get("op") == "moe_experts"]
+    assert found and not any(pr.get("fixed_splits") for pr in found), found
 
 
 def test_cta_listing_follows_the_plan(monkeypatch):

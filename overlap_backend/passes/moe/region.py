@@ -109,10 +109,12 @@ def decide_lowering(p: OverlapPass, m: MoeMatch, ws: int, op: str, grouped: torc
                        "per-expert row counts on the host (a synchronisation a capture cannot hold): the "
                        "all-to-alls are left to NCCL")
     gshape = shape_of(grouped)
+    # the forward op's eager calls replay a private graph where every call sends the same (the backward's do not)
+    fixed = op == "moe_experts" and all(isinstance(s, int) for s in (*d.output_splits, *d.input_splits))
     problem = Problem(
         "moe_experts", m=math.prod(hint(x) for x in gshape[:-1]), k=hint(gshape[-1]), n=hint(gshape[-1]),
         f=hint(f), experts=hint(experts), rows_sent=hint(shape_of(d.input)[0]), dtype=str(cd).removeprefix("torch."),
-        ws=ws,
+        ws=ws, fixed_splits=fixed,
     )
     return p.decide(problem, c.group_name, device_type(d.input), lowering, symm_runs=symm_runs, nodes=nodes,
                     comm_sms=comm_sms)
