@@ -334,6 +334,15 @@ class Bench:
         kchunk, nch = cta_plan.k_chunks(fp, cfg0[1], cfg1[2], -(-(-(-M // cfg0[0])) // cfg0[3]), tp)
         return cfg0, cfg1, kchunk, nch
 
+    def _chunk_major(self, tp, fp, kchunk, nch, mp):
+        """Stage 1's input as the stage-0 ranks ship it: [tp * nch, mp, kchunk] blocks of ``self.a``'s columns."""
+        blocks = torch.zeros(tp * nch, mp, kchunk, device=self.dev, dtype=self.dt)
+        for p in range(tp):
+            for j in range(nch):
+                lo, w = p * fp + j * kchunk, min(kchunk, fp - j * kchunk)
+                blocks[p * nch + j, :self.case.M, :w] = self.a[:, lo:lo + w]
+        return blocks
+
     def _setup_cta_stage0(self):
         from overlap_backend.codegen import cta
 
@@ -373,12 +382,7 @@ class Bench:
         self._gemm_operands()
         _, cfg1, kchunk, nch = self._cta_plan(c.M, fp, c.N)
         mp = cta.padded_rows(c.M, cfg1[0])
-        blocks = torch.zeros(tp * nch, mp, kchunk, device=self.dev, dtype=self.dt)  # chunk-major, as stage 0 ships
-        for p in range(tp):
-            for j in range(nch):
-                lo, w = p * fp + j * kchunk, min(kchunk, fp - j * kchunk)
-                blocks[p * nch + j, :c.M, :w] = self.a[:, lo:lo + w]
-        self.blocks = blocks.view(tp * nch * mp, kchunk)
+        self.blocks = self._chunk_major(tp, fp, kchunk, nch, mp).view(tp * nch * mp, kchunk)
         self.out = torch.empty(c.M, c.N, device=self.dev, dtype=self.dt)
         tiles_m = -(-c.M // cfg1[0])
         self.flags = torch.zeros(4096, dtype=torch.int32, device=self.dev)
@@ -401,14 +405,14 @@ class Bench:
         self.error = lambda: common.rel_err(self.out.float(), self.want)
 
     # ---- the CTA stages' cuBLAS forms (rank 0 of its stage; flags are no-ops: every block is there)
-    def _cublas_plan(self, M, fp, ns, cfg_index):
-        """The stage's ``cta_plan.ChunkPlan`` as the Triton stage's case splits it: no stage-1 share, no tails."""
+    def _cublas_plan(self, M, fp, ns):
+        """The stage's ``cta_plan.ChunkPlan`` as the Triton stage's case splits it: no stage-1 share, no tails
+        (both stages' configs have the same row blocks and groups, ``cta_plan.block_configs``)."""
         from overlap_backend.runtime import cta_plan
 
         cfg0, cfg1, kchunk, nch = self._cta_plan(M, fp, ns)
-        cfg = (cfg0, cfg1)[cfg_index]
-        tiles_m = -(-M // cfg[0])
-        groups = -(-tiles_m // cfg[3])
+        tiles_m = -(-M // cfg0[0])
+        groups = -(-tiles_m // cfg0[3])
         return cta_plan.ChunkPlan(cfg0, cfg1, self.case.ws // 2, tiles_m, groups, (0, 0, 0), 0, fp, 0, groups - 1,
                                   kchunk, nch, 0)
 
@@ -418,7 +422,7 @@ class Bench:
 
         c = self.case
         self._gemm_operands()
-        plan = self._cublas_plan(c.M, c.N, CTA_H // (c.ws // 2), 0)
+        plan = self._cublas_plan(c.M, c.N, CTA_H // (c.ws // 2))
         mp = cta.padded_rows(c.M, plan.cfg0[0])
         blocks = torch.empty(plan.nch, mp, plan.kchunk, device=self.dev, dtype=self.dt)
         self.want = F.gelu(self.ref, approximate="tanh")
@@ -440,13 +444,8 @@ class Bench:
         tp = c.ws // 2
         fp = c.K // tp
         self._gemm_operands()
-        plan = self._cublas_plan(c.M, fp, c.N, 1)
-        mp = cta.padded_rows(c.M, plan.cfg1[0])
-        blocks = torch.zeros(tp * plan.nch, mp, plan.kchunk, device=self.dev, dtype=self.dt)
-        for p in range(tp):
-            for j in range(plan.nch):
-                lo, w = p * fp + j * plan.kchunk, min(plan.kchunk, fp - j * plan.kchunk)
-                blocks[p * plan.nch + j, :c.M, :w] = self.a[:, lo:lo + w]
+        plan = self._cublas_plan(c.M, fp, c.N)
+        blocks = self._chunk_major(tp, fp, plan.kchunk, plan.nch, cta.padded_rows(c.M, plan.cfg1[0]))
         out = torch.empty(c.M, tp * c.N, device=self.dev, dtype=self.dt)  # rank 0 of its stage: columns [0, N)
         self.want = self.ref
         self.outputs = [out]
@@ -487,7 +486,8 @@ class Bench:
         for s, n in enumerate(recv):
             self.disp[s * cap:s * cap + n] = self.r[off:off + n]
             off += n
-        recv_off = torch.tensor([0] + torch.tensor(recv).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+        self.recv_off = [0] + torch.tensor(recv).cumsum(0).tolist()  # (and on the device, as the op has them)
+        self.recv_off_d = recv_off = torch.tensor(self.recv_off, dtype=torch.int32, device=dev)
         self.mflags = torch.zeros(64, dtype=torch.int32, device=dev)
         self.status = self._status()
         m = self.rows_sorted.shape[0]
@@ -563,11 +563,10 @@ class Bench:
         self._moe_rank()
         c = self.case
         ws, e_local = c.ws, self.w_gate.shape[0]
-        recv_off = [0] + torch.tensor(self.recv_rows).cumsum(0).tolist()
-        n_recv = recv_off[-1]
+        recv_off = self.recv_off
         per_source = not moe_symm.expert_major(self.rows_sorted.shape[0], ws, e_local)  # (the phased schedule)
-        gpl = moe_grouped.plan(self.rows_sorted, self.offsets, torch.tensor(recv_off, dtype=torch.int32, device=self.dev),
-                               0, ws, e_local, n_recv, self.cap, per_source)
+        gpl = moe_grouped.plan(self.rows_sorted, self.offsets, self.recv_off_d, 0, ws, e_local, recv_off[-1], self.cap,
+                               per_source)
         gate_up = moe_grouped.gate_up_weights(self.w_gate, self.w_up)
         segments = [(i, lo, hi) for i, _, lo, hi in moe_grouped.schedule(ws, recv_off, per_source, 0) if hi > lo]
         stage, disp, wd = self.stage, self.disp, self.w_down

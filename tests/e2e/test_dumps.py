@@ -140,6 +140,13 @@ def test_moe_listing_follows_the_combine_transport(monkeypatch):
     assert p2p.count("batch_isend_irecv") == 2 * (ws - 1) and "own rows last" in p2p
 
 
+def _moe_problems(debug_dir) -> list[dict]:
+    """The cost model's problem of every moe_experts match in rank 1's summary.json."""
+    summary = json.loads((debug_dir / "rank1" / "summary.json").read_text())
+    return [m["cost"]["problem"] for g in summary["graphs"] for m in g["matches"]
+            if m.get("cost", {}).get("problem", {}).get("op") == "moe_experts"]
+
+
 @torch._dynamo.config.patch(capture_scalar_outputs=True)
 def test_moe_op_is_dumped(fake_pg, clean_env, tmp_path):
     """OVERLAP_DEBUG_DIR: a rewritten MoE block gets its ops/<node>.py listing like the GEMM ops."""
@@ -158,9 +165,7 @@ def test_moe_op_is_dumped(fake_pg, clean_env, tmp_path):
     compile(text, listing.name, "exec")
     assert "def moe_experts_calls():" in text and "lowering 'p2p'" in text, text
     # capacity routing: the split sizes are graph constants, so the cost model prices the private graphs
-    summary = json.loads((tmp_path / "rank1" / "summary.json").read_text())
-    found = [m["cost"]["problem"] for g in summary["graphs"] for m in g["matches"]
-             if m.get("cost", {}).get("problem", {}).get("op") == "moe_experts"]
+    found = _moe_problems(tmp_path)
     assert found and all(pr.get("fixed_splits") is True for pr in found), found
 
 
@@ -175,9 +180,7 @@ def test_dropless_moe_is_priced_with_its_host_time(fake_pg, clean_env, tmp_path)
     layer = MoELayer(16, 32, 2 * fake_pg.size(), top_k=2, policy="dropless", expert_form="grouped_mm")
     with torch.no_grad():
         torch.compile(layer, backend=make_backend(inductor=False), fullgraph=True)(torch.randn(6, 16))
-    summary = json.loads((tmp_path / "rank1" / "summary.json").read_text())
-    found = [m["cost"]["problem"] for g in summary["graphs"] for m in g["matches"]
-             if m.get("cost", {}).get("problem", {}).get("op") == "moe_experts"]
+    found = _moe_problems(tmp_path)
     assert found and not any(pr.get("fixed_splits") for pr in found), found
 
 
