@@ -5,4 +5,4 @@
 SMOKE="env PYTHONPATH=.. OVERLAP_TEST_SHARED_GPU=1 python -m pytest -q -rA -p no:cacheprovider -m gpu_smoke -n 3 ../tests/gpu"
 FORMS=cta_stage0,cta_stage0_cublas,cta_stage1,cta_stage1_cublas,moe_gate_up,moe_down,moe_grouped_mm
 TAILN=30 run kernels 250 python suites/bench_kernels.py --out $RES/kernels --kernels $FORMS --budget-s 190
-for i in $(seq 1 4); do TAILN=4 run smoke$i 110 $SMOKE; done
+for i in $(seq 1 4); do TAILN=4 run smoke$i 130 $SMOKE; done
