@@ -738,18 +738,34 @@ def compile_jobs(todo: list[tuple[Case, list[str]]], variants: bool) -> list[tup
 
 
 def precompile(todo, variants: bool, workers: int, deadline: float) -> dict:
-    """Compile every kernel variant in ``workers`` processes (into Triton's on-disk cache) before timing."""
-    import multiprocessing as mp
-
+    """Compile every kernel variant in ``workers`` processes (into Triton's on-disk cache) before timing; the
+    jobs that ran out of GPU memory beside the others (each worker holds its case's tensors) go again one at a
+    time."""
     jobs = compile_jobs(todo, variants)
-    stats = {"jobs": len(jobs), "workers": workers, "failed": [], "done": 0, "seconds": 0.0}
+    stats = {"jobs": len(jobs), "workers": workers, "failed": [], "done": 0, "retried": 0, "seconds": 0.0}
     if workers <= 0 or not jobs:
         return stats
     t0 = time.time()
-    ctx = mp.get_context("spawn")
-    pool = ctx.Pool(workers)
+    ran = _compile_in_pool(jobs, range(len(jobs)), workers, deadline)
+    stats["done"] = len(ran)
+    out_of_memory = [i for i, err in ran.items() if err.startswith("OutOfMemoryError")]
+    stats["retried"] = len(out_of_memory)
+    if out_of_memory:
+        ran.update(_compile_in_pool(jobs, out_of_memory, 1, deadline))
+    stats["failed"] = [f"{jobs[i][1].label()} {jobs[i][2]}: {err}" for i, err in sorted(ran.items()) if err]
+    stats["seconds"] = time.time() - t0
+    return stats
+
+
+def _compile_in_pool(jobs, indices, workers: int, deadline: float) -> dict[int, str]:
+    """``_compile_job`` on ``jobs[i]`` for each of ``indices`` in ``workers`` spawned processes until
+    ``deadline``: {index: error, "" where it compiled} of every job that finished."""
+    import multiprocessing as mp
+
+    ran = {}
+    pool = mp.get_context("spawn").Pool(workers)
     try:
-        pending = [pool.apply_async(_compile_job, (j,)) for j in jobs]
+        pending = [pool.apply_async(_compile_job, (jobs[i],)) for i in indices]
         for res in pending:
             left = deadline - time.time()
             if left <= 0:
@@ -758,14 +774,11 @@ def precompile(todo, variants: bool, workers: int, deadline: float) -> dict:
                 index, err, _ = res.get(timeout=left)
             except mp.TimeoutError:
                 break
-            stats["done"] += 1
-            if err:
-                stats["failed"].append(f"{jobs[index][1].label()} {jobs[index][2]}: {err}")
+            ran[index] = err or ""
     finally:
         pool.terminate()
         pool.join()
-    stats["seconds"] = time.time() - t0
-    return stats
+    return ran
 
 
 # ------------------------------------------------------------------------------------------ output
@@ -868,7 +881,9 @@ def write_outputs(out: Path, rows, info, skipped, compile_stats) -> None:
         f"# Kernel benchmark of record, {info.get('gpu')}\n\n{common.info_markdown(info)}\n\n"
         f"Cases: {len(rows)} measured, {len(skipped)} left out by the time box; compilation: "
         f"{compile_stats.get('jobs', 0)} variants in {compile_stats.get('workers', 0)} processes, "
-        f"{compile_stats.get('seconds', 0):.0f} s, {len(compile_stats.get('failed', []))} failed.\n\n"
+        f"{compile_stats.get('seconds', 0):.0f} s, {len(compile_stats.get('failed', []))} failed "
+        f"({compile_stats.get('retried', 0)} retried alone after running out of GPU memory beside the others; "
+        "a variant that failed here is compiled again when its case is timed).\n\n"
         "Files: [table.md](table.md) (the kernel table), [variants.md](variants.md), results.json, "
         "kernel_ratios.json (install: copy over overlap_backend/spec/kernel_ratios.json).\n")
 
@@ -945,7 +960,7 @@ def main(argv=None) -> int:
     print(f"{info['gpu']}, torch {info['torch']}, triton {info['triton']}: {len(todo)} cases", flush=True)
     compile_stats = precompile(todo, variants, args.jobs, start + 0.55 * args.budget_s)
     print(f"compiled {compile_stats['done']}/{compile_stats['jobs']} variants in {compile_stats['seconds']:.0f} s "
-          f"({len(compile_stats['failed'])} failed)", flush=True)
+          f"({len(compile_stats['failed'])} failed, {compile_stats['retried']} retried alone for memory)", flush=True)
     for i, (case, origins) in enumerate(todo):
         if time.time() - start > args.budget_s:
             skipped = [c.label() for c, _ in todo[i:]]

@@ -71,6 +71,26 @@ def test_dry_run_writes_every_output_and_the_runtime_reads_the_ratios(bk, tmp_pa
         assert kernel_ratios.measured_ratio("mm_rs", e["M"], e["K"], e["N"], ws=4, gpu=gpu) == e["ratio"]
 
 
+def test_precompile_retries_alone_what_ran_out_of_memory_beside_the_others(bk, monkeypatch):
+    todo = bk.cases(kernels=("moe_gate_up", "moe_down"), world_sizes=(4,))
+    jobs = bk.compile_jobs(todo, variants=False)
+    assert len(jobs) >= 3
+    calls = []
+
+    def pool(jobs_, indices, workers, deadline):
+        indices = list(indices)
+        calls.append((indices, workers))
+        if workers > 1:  # the first job runs out of memory, the second fails for good, the rest compile
+            return {i: {0: "OutOfMemoryError: CUDA out of memory", 1: "ValueError: bad"}.get(i, "") for i in indices}
+        return {i: "" for i in indices}  # alone, it fits
+
+    monkeypatch.setattr(bk, "_compile_in_pool", pool)
+    stats = bk.precompile(todo, variants=False, workers=4, deadline=float("inf"))
+    assert calls == [(list(range(len(jobs))), 4), ([0], 1)]
+    assert stats["done"] == len(jobs) and stats["retried"] == 1
+    assert stats["failed"] == [f"{jobs[1][1].label()} {jobs[1][2]}: ValueError: bad"]
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter runs where CUDA is absent")
 def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, monkeypatch):
     import triton
