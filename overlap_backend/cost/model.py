@@ -534,13 +534,13 @@ def cta_stage_gemm(stage: int, cal: Calibration, p: Problem, m: int, k: int, n: 
 
 def _moe_on_grouped_mm(p: Problem, cal: Calibration) -> bool:
     """Does ``moe_experts``' symm lowering compute its experts with ``torch._grouped_mm``
-    (``knobs.moe.EXPERT_GEMM``; "auto": where both expert kernels measured slower, ``moe_grouped.kernels_lose``)?
+    (``knobs.moe.EXPERT_GEMM``; "auto": where the form measured faster, ``moe_grouped.grouped_wins``)?
     The weights' layout constraints the runtime also checks are assumed met."""
     from ..runtime import moe_grouped
 
     mode = knobs.moe.EXPERT_GEMM
     if mode == "auto":
-        return all(moe_grouped.kernels_lose(p.m, p.k, p.f, p.ws, p.dtype, gpu=ratio_gpu(cal)))
+        return moe_grouped.grouped_wins(p.m, p.k, p.f, p.ws, p.dtype, gpu=ratio_gpu(cal))[0]
     return mode == "grouped_mm"
 
 

@@ -89,9 +89,8 @@ def problem(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> str | No
 
 def choose(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws: int, comm_sms: int) -> tuple[bool, str]:
     """(compute the experts with ``torch._grouped_mm``, why), by ``knobs.moe.EXPERT_GEMM``: "triton",
-    "grouped_mm" (where its constraints hold), or "auto": grouped_mm where both Triton GEMMs measured
-    slower than it at this shape (``kernel_ratios.kernel_loses``: rows of x, the same on every rank, so
-    every rank decides alike). One path for both GEMMs: the Triton gate/up writes its activations in the
+    "grouped_mm" (where its constraints hold), or "auto": grouped_mm where it measured faster than the Triton
+    GEMMs at this shape (:func:`grouped_wins`: rows of x, the same on every rank, so every rank decides alike). One path for both GEMMs: the Triton gate/up writes its activations in the
     device-sorted order that only the Triton down reads, and this path's gather and scatter cost a pass
     over the rows each, which only pays where both GEMMs are slower. Never with a comm kernel (CUDA). Cached
     per key."""
@@ -111,11 +110,37 @@ def choose(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws: int, com
 
 def kernels_lose(m: int, h: int, f: int, ws: int, dtype, gpu: str | None = None) -> tuple:
     """(gate/up, down): did the Triton expert GEMM measure slower than ``torch._grouped_mm`` near these
-    ``m`` rows (``kernel_ratios.kernel_loses``; None: nothing measured near)? "auto" takes grouped_mm where
-    both did; the cost model prices the same decision."""
+    ``m`` rows (``kernel_ratios.kernel_loses``; None: nothing measured near)?"""
     kw = {"ws": ws, "dtype": dtype, "gpu": gpu}
     return (kernel_ratios.kernel_loses("moe_gate_up", m, h, f, fused=True, **kw),
             kernel_ratios.kernel_loses("moe_down", m, f, h, **kw))
+
+
+def form_faster(m: int, h: int, f: int, ws: int, dtype, gpu: str | None = None) -> bool | None:
+    """Did this module's form (bench_kernels' ``moe_grouped_mm``: its segments, gather, grouped GEMMs and
+    scatter) measure faster than the two Triton kernels together near these ``m`` rows? None where one of
+    the three was not measured there."""
+    kw = {"ws": ws, "dtype": dtype, "gpu": gpu}
+    found = (kernel_ratios.nearest("moe_grouped_mm", m, h, f, fused=True, **kw),
+             kernel_ratios.nearest("moe_gate_up", m, h, f, fused=True, **kw),
+             kernel_ratios.nearest("moe_down", m, f, h, **kw))
+    ms = [e.get("kernel_ms") if e is not None else None for e in found]
+    if any(t is None for t in ms):
+        return None
+    return ms[0] < ms[1] + ms[2]
+
+
+def grouped_wins(m: int, h: int, f: int, ws: int, dtype, gpu: str | None = None) -> tuple[bool, str]:
+    """"auto"'s choice (and why): grouped_mm where both Triton GEMMs measured slower than the grouped GEMMs
+    alone and the form, where measured, faster than both kernels (its gather and scatter cost a pass over
+    the rows each). The cost model prices the same decision."""
+    where = f"near M={m} H={h} F={f} ws={ws}"
+    lose = kernels_lose(m, h, f, ws, dtype, gpu)
+    if not all(lose):
+        return False, f"Triton expert GEMMs measured (gate_up, down) slower: {lose} {where}"
+    if form_faster(m, h, f, ws, dtype, gpu) is False:
+        return False, f"the grouped_mm form (gather, grouped GEMMs, scatter) measured slower than the Triton GEMMs {where}"
+    return True, f"both Triton expert GEMMs measured slower than torch._grouped_mm {where}"
 
 
 def _choose(mode, x, w_gate, w_up, w_down, ws, comm_sms) -> tuple[bool, str]:
@@ -134,10 +159,7 @@ def _choose(mode, x, w_gate, w_up, w_down, ws, comm_sms) -> tuple[bool, str]:
     if mode == "grouped_mm":
         return True, "knobs.moe.EXPERT_GEMM = 'grouped_mm'"
     m, (_, h, f) = x.shape[0], w_gate.shape
-    lose = kernels_lose(m, h, f, ws, w_gate.dtype)
-    if all(lose):
-        return True, f"both Triton expert GEMMs measured slower than torch._grouped_mm near M={m} H={h} F={f} ws={ws}"
-    return False, f"Triton expert GEMMs measured (gate_up, down) slower: {lose} near M={m} H={h} F={f} ws={ws}"
+    return grouped_wins(m, h, f, ws, w_gate.dtype)
 
 
 def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, experts: int, n_recv: int, cap: int,

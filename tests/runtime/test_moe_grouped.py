@@ -177,14 +177,22 @@ def test_choice_by_knob_and_constraints():
         _choose(x, wg, wu, wd)
 
 
-@pytest.mark.parametrize("m,h,f,ws,want", [(1024, 7168, 2048, 4, True),  # deepseek-decode ws 4: both lose
-                                           (32768, 7168, 2048, 2, False),  # deepseek ws 2: gate/up 0.99
-                                           (256, 4096, 14336, 8, False),  # mixtral-decode ws 8: down 0.99
-                                           (8192, 4096, 14336, 2, True)])  # mixtral ws 2: 1.07 and 1.15
-def test_auto_follows_the_measured_ratios(monkeypatch, m, h, f, ws, want):
-    """``auto`` on an H200 with the packaged ratio file (bench/results/kernels_h200x1_2026-12-02): grouped_mm
-    exactly where both Triton GEMMs measured slower; never with a comm kernel (off CPU); nothing measured
-    (no GPU of that name): Triton."""
+H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize("gpu,m,h,f,ws,want", [(H200, 1024, 7168, 2048, 4, True),  # deepseek-decode ws 4: both lose
+                                               (H200, 32768, 7168, 2048, 2, False),  # deepseek ws 2: gate/up 0.99
+                                               (H200, 256, 4096, 14336, 8, False),  # mixtral-decode ws 8: down 0.99
+                                               (H200, 8192, 4096, 14336, 2, True),  # mixtral ws 2: 1.07 and 1.15
+                                               # H100, the form measured too: at mixtral-decode ws 4 0.327 ms
+                                               # against the kernels' 0.464 + 0.217; at mixtral ws 2 both kernels
+                                               # lose (1.06, 1.08) but the form is slower (5.41 against 4.49 ms)
+                                               (H100, 256, 4096, 14336, 4, True),
+                                               (H100, 8192, 4096, 14336, 2, False)])
+def test_auto_follows_the_measured_ratios(monkeypatch, gpu, m, h, f, ws, want):
+    """``auto`` with the packaged ratio file (bench/results/kernels_h200x1_2026-12-02, kernels_h100x1_2026-12-05):
+    grouped_mm exactly where both Triton GEMMs measured slower and the form, where measured, faster than both;
+    never with a comm kernel (off CPU); nothing measured (no GPU of that name): Triton."""
     # (shape-only weights: choose reads shapes and strides)
     wg = torch.empty(2, h, f, dtype=torch.bfloat16, device="meta")
     wd = torch.empty(2, f, h, dtype=torch.bfloat16, device="meta")
@@ -192,7 +200,7 @@ def test_auto_follows_the_measured_ratios(monkeypatch, m, h, f, ws, want):
     monkeypatch.setattr(moe_grouped, "problem", lambda *a: None)
     kernel_ratios.forget()
     try:
-        monkeypatch.setattr(kernel_ratios, "gpu_name", lambda: "NVIDIA H200")
+        monkeypatch.setattr(kernel_ratios, "gpu_name", lambda: gpu)
         with knobs.moe.patch(EXPERT_GEMM="auto"):
             assert _choose(x, wg, wg, wd, ws)[0] is want
             assert _choose(x, wg, wg, wd, ws, comm_sms=8)[0] is False
