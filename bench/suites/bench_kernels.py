@@ -12,8 +12,8 @@ MoE grouped GEMMs (gate/up with SwiGLU fused, down); and the CTA stages' cuBLAS 
 (``runtime/cta_cublas.py``: a GEMM per row group and K-chunk into the staged blocks, the activation a
 separate pass; stage 1's accumulating ``addmm`` per arrived block) and the MoE experts' ``torch._grouped_mm``
 form (``runtime/moe_grouped.py``: per segment, gather, both grouped GEMMs with SwiGLU between, scatter; against
-the two grouped GEMMs on rows already sorted), with their flag steps left out. Each runs as rank 0 of a ``ws``-rank group with
-every flag raised (epoch 0) and the peers' data already local, at the local shapes of the 2-, 4- and
+the two grouped GEMMs on rows already sorted), with their flag steps left out. Each runs as rank 0 of a
+``ws``-rank group with every flag raised (epoch 0) and the peers' data already local, at the local shapes of the 2-, 4- and
 8-GPU tables of every suite (collective GEMMs, TP block, Llama, MoE DeepSeek-/Mixtral-like, CTA MLP)
 and at decode sizes, deduplicated (``cases``). Per case: the op's tuning candidates
 (``codegen.configs.candidates``, what the op's tuner picks from) and the bench-only variants

@@ -89,11 +89,10 @@ def problem(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> str | No
 
 def choose(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws: int, comm_sms: int) -> tuple[bool, str]:
     """(compute the experts with ``torch._grouped_mm``, why), by ``knobs.moe.EXPERT_GEMM``: "triton",
-    "grouped_mm" (where its constraints hold), or "auto": grouped_mm where it measured faster than the Triton
-    GEMMs at this shape (:func:`grouped_wins`: rows of x, the same on every rank, so every rank decides alike). One path for both GEMMs: the Triton gate/up writes its activations in the
-    device-sorted order that only the Triton down reads, and this path's gather and scatter cost a pass
-    over the rows each, which only pays where both GEMMs are slower. Never with a comm kernel (CUDA). Cached
-    per key."""
+    "grouped_mm" (where its constraints hold), or "auto": :func:`grouped_wins` at the rows of x (the same on
+    every rank, so every rank decides alike). One path for both GEMMs: the Triton gate/up writes its
+    activations in the device-sorted order that only the Triton down reads. Never with a comm kernel (CUDA).
+    Cached per key."""
     mode = knobs.moe.EXPERT_GEMM
     key = (generation(), mode, x.shape[0], x.dtype, x.device, ws, comm_sms > 0, w_gate.shape, w_gate.dtype,
            w_gate.stride(), w_up.stride(), w_down.stride(), w_gate.data_ptr(), w_up.data_ptr(), w_down.data_ptr())
