@@ -361,9 +361,11 @@ class Bench:
         a, b = self.a, self.b
         self.baseline = ("cuBLAS torch.mm + torch F.gelu tanh (Inductor pointwise proxy)",
                          lambda: F.gelu(torch.mm(a, b), approximate="tanh"))
-        # the op's config (cta_plan.block_configs, no tuning), pointer and TMA stores of the staged tiles
+        # the op's config (cta_plan.block_configs, no tuning), pointer and TMA stores of the staged tiles; variants:
+        # narrower tiles (more of them where few rows leave SMs idle)
         self.op_cands = [(*cfg0, False), (*cfg0, True)]
-        self.variant_cands = []
+        self.variant_cands = [(cfg0[0], bn, cfg0[2], cfg0[3], stages, warps, True)
+                              for bn, stages, warps in ((128, 4, 8), (64, 4, 4)) if bn < cfg0[1]]
 
         def run(cfg):
             cta.launch_stage0(a, b, None, None, None, self.stage, tables, tables, self.counters, self.done, self.epoch,
@@ -376,6 +378,7 @@ class Bench:
 
     def _setup_cta_stage1(self):
         from overlap_backend.codegen import cta
+        from overlap_backend.runtime import cta_plan
 
         c = self.case
         tp = c.ws // 2
@@ -395,12 +398,21 @@ class Bench:
         self.outputs = [self.out]
         a, b = self.a, self.b
         self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
-        self.op_cands = [(*cfg1, False)]
-        self.variant_cands = []
+        # the op's config and split-K runs (cta_plan), then bench-only variants: no split, and 128-column tiles
+        def split(cfg):
+            return cta_plan.stage1_split_k(tiles_m * -(-c.N // cfg[1]), tp * nch, self.num_sms)
+
+        narrow = (cfg1[0], 128, cfg1[2], cfg1[3], 4, 8)
+        self.op_cands = [(*cfg1, split(cfg1))]
+        self.variant_cands = [cand for cand in [(*cfg1, 1), (*narrow, split(narrow))] if cand not in self.op_cands]
+        self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cfg[6])
+                                        for cfg in self.op_cands + self.variant_cands), device=self.dev)
+        self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
 
         def run(cfg):
             cta.launch_stage1(self.blocks, b, None, self.out, tables, tables, 0, self.flags, self.counters, self.epoch,
-                              self.status, 10**9, 0, 1, c.M, fp, 0, kchunk, nch, 0, tp, cfg[:6], self.num_sms)
+                              self.status, 10**9, 0, 1, c.M, fp, 0, kchunk, nch, 0, tp, cfg[:6], self.num_sms,
+                              split_k=cfg[6], split_partials=self.partials, split_counters=self.split_counters)
 
         self.run = run
         self.error = lambda: common.rel_err(self.out.float(), self.want)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import launcher
 from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, OP_CTA_TAIL, READY_FLAG_BASE, bulk_stores_done,
-                    count_tile_done, count_tile_done_to_ranks, fence_proxy_async, signal_flag, wait_flag)
+                    count_local, count_tile_done, count_tile_done_to_ranks, fence_proxy_async, signal_flag, wait_flag)
 from .tiles import add_bias, b_descriptor, grouped_tile
 
 ACT_GELU = 0
@@ -284,10 +284,11 @@ def stage1_kernel(
     a_ptr, w2_ptr, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, a_flags_ptr, counters_ptr,
     epoch_ptr, ready_ptr, claim_ptr, report_ptr, timeout_ns,
     rank, M, Mp, Fp, Fship, F1, N, Ns, consumer, kchunk, nch, nch1, y_flag_word, part_ptr, tail_flags_ptr, tail_group,
+    split_ptr, split_counters_ptr, split_k,
     WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, WAIT_READY: tl.constexpr, PRECISION: tl.constexpr,
     TIMED: tl.constexpr, INTERPRET: tl.constexpr, HAS_TAIL: tl.constexpr = False,
-    SHIP_BEFORE_TAIL: tl.constexpr = False,
+    SHIP_BEFORE_TAIL: tl.constexpr = False, SPLIT_K: tl.constexpr = False,
 ):
     """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
 
@@ -308,6 +309,13 @@ def stage1_kernel(
     without them (the stage-0 rank adds its own copy in its collect), then adds them into ``out``
     only, so the two transfers (partial products in, rows out) overlap instead of following
     each other.
+
+    ``SPLIT_K`` (few tiles: decode sizes; ``split_k`` 1 without): each tile's K-chunks, in arrival
+    order, are split into up to ``split_k`` contiguous runs, one work item each, so that all SMs
+    stream W2; each run waits only for its own chunks. Its partial sum goes to its slot of
+    ``split_ptr`` (``[tiles, split_k, BM, BN]`` float32), and the run that finishes last
+    (``split_counters_ptr``: one local int32 per tile, 0 between calls) adds the slots in split
+    order (the same bits whichever finishes last) and runs the tile's epilogue.
     """
     epoch = tl.load(epoch_ptr, volatile=True)
     if WAIT_READY:
@@ -320,62 +328,120 @@ def stage1_kernel(
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[(TP * nch + nch1) * Mp, kchunk], strides=[kchunk, 1],
                                        block_shape=[BM, BK])
     w2_desc = b_descriptor(w2_ptr, TP * Fp + F1, Ns, BK, BN, False)
-    for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+    for item in range(tl.program_id(0), tiles_m * tiles_n * split_k, tl.num_programs(0)):
+        tile = item // split_k
+        split = item % split_k
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         in_tail_group = pid_m // GROUP_M == tail_group
         shipped = tl.where(in_tail_group, Fship, Fp)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        # K in arrival order: this rank's own chunks (already here), then chunk j of every
-        # producer, then j + 1.
-        for i in range(0, nch1 + TP * tl.cdiv(shipped, kchunk)):
-            if i < nch1:
-                block = TP * nch + i
-                k0 = TP * Fp + i * kchunk  # W2 row of the chunk's first column
-                width = tl.minimum(kchunk, F1 - i * kchunk)
+        steps = nch1 + TP * tl.cdiv(shipped, kchunk)  # the tile's K-chunks
+        splits = tl.minimum(split_k, steps)
+        if split < splits:
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            acc = _chunks_in_arrival_order(acc, a_desc, w2_desc, a_flags_ptr, epoch, claim_ptr, report_ptr, rank,
+                                           timeout_ns, pid_m, pid_n, split * steps // splits,
+                                           (split + 1) * steps // splits, shipped, Mp, Fp, F1, kchunk, nch, nch1, TP,
+                                           BM, BN, BK, GROUP_M, PRECISION, TIMED, INTERPRET)
+            finishes = True
+            if SPLIT_K:
+                acc, finishes = _add_split_partials(acc, split_ptr, split_counters_ptr, tile, split, splits, split_k,
+                                                    pid_m * BM + tl.arange(0, BM) < M, BM, BN)
+            if finishes:
+                _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch,
+                                 claim_ptr, report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr,
+                                 tail_flags_ptr, pid_m, pid_n, tiles_m, tiles_n, in_tail_group, WS, TP, BM, BN, HAS_B2,
+                                 TIMED, HAS_TAIL, SHIP_BEFORE_TAIL)
+
+
+@triton.jit
+def _chunks_in_arrival_order(acc, a_desc, w2_desc, a_flags_ptr, epoch, claim_ptr, report_ptr, rank, timeout_ns, pid_m,
+                             pid_n, first, last, shipped, Mp, Fp, F1, kchunk, nch, nch1, TP: tl.constexpr,
+                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+                             TIMED: tl.constexpr, INTERPRET: tl.constexpr):
+    """``acc`` += the tile's K-chunks ``[first, last)`` in arrival order: this rank's own chunks
+    (already here), then chunk j of every producer, then j + 1; each producer chunk's flag awaited
+    just before it is read."""
+    for i in range(first, last):
+        if i < nch1:
+            block = TP * nch + i
+            k0 = TP * Fp + i * kchunk  # W2 row of the chunk's first column
+            width = tl.minimum(kchunk, F1 - i * kchunk)
+        else:
+            p = (i - nch1) % TP
+            j = (i - nch1) // TP
+            flag = ((pid_m // GROUP_M) * TP + p) * nch + j
+            wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch,
+                      timeout_ns, TIMED)
+            fence_proxy_async(INTERPRET)
+            block = p * nch + j
+            k0 = p * Fp + j * kchunk
+            width = tl.minimum(kchunk, shipped - j * kchunk)
+        a_row = block * Mp + pid_m * BM
+        for k in range(0, width, BK):
+            acc = tl.dot(a_desc.load([a_row, k]), w2_desc.load([k0 + k, pid_n * BN]), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _add_split_partials(acc, split_ptr, counters_ptr, tile, split, splits, split_k, row_ok, BM: tl.constexpr,
+                        BN: tl.constexpr):
+    """(the tile's whole sum, True) for the split that finishes it last, (``acc``, False) for the
+    others; see ``stage1_kernel``'s ``SPLIT_K``. Only rows below M are stored and read."""
+    rows = tl.arange(0, BM)
+    cols = tl.arange(0, BN)
+    slots = split_ptr + ((tile * split_k).to(tl.int64) * BM + rows[:, None]) * BN + cols[None, :]
+    mask = row_ok[:, None]
+    tl.store(slots + split * (BM * BN), acc, mask=mask)
+    finishes = count_local(counters_ptr + tile) == splits - 1
+    total = acc
+    if finishes:
+        tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # for the next call
+        tl.debug_barrier()  # every thread reads after the acquire above
+        total = tl.zeros((BM, BN), dtype=tl.float32)
+        for q in range(0, splits):
+            # .cg: from L2, where the other SMs' stores went
+            total += tl.load(slots + q * (BM * BN), mask=mask, other=0.0, cache_modifier=".cg")
+    return total, finishes
+
+
+@triton.jit
+def _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch, claim_ptr,
+                     report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr, tail_flags_ptr, pid_m,
+                     pid_n, tiles_m, tiles_n, in_tail_group, WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, HAS_B2: tl.constexpr, TIMED: tl.constexpr, HAS_TAIL: tl.constexpr,
+                     SHIP_BEFORE_TAIL: tl.constexpr):
+    """A finished stage-1 tile: bias (and the tails), into ``out`` and every other rank's Y buffer,
+    then counted towards its row block's flag on every other rank."""
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    acc = add_bias(acc, b2_ptr, offs_n, Ns, HAS_B2)
+    row_ok = offs_m < M
+    cols = consumer * Ns + offs_n
+    mask = row_ok[:, None] & (offs_n < Ns)[None, :]
+    ptrs = offs_m.to(tl.int64)[:, None] * N + cols[None, :]
+    tails_later = False
+    if HAS_TAIL:
+        if in_tail_group:
+            if SHIP_BEFORE_TAIL:
+                tails_later = True
             else:
-                p = (i - nch1) % TP
-                j = (i - nch1) // TP
-                flag = ((pid_m // GROUP_M) * TP + p) * nch + j
-                wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch,
-                          timeout_ns, TIMED)
-                fence_proxy_async(INTERPRET)
-                block = p * nch + j
-                k0 = p * Fp + j * kchunk
-                width = tl.minimum(kchunk, shipped - j * kchunk)
-            a_row = block * Mp + pid_m * BM
-            for k in range(0, width, BK):
-                acc = tl.dot(a_desc.load([a_row, k]), w2_desc.load([k0 + k, pid_n * BN]), acc,
-                             input_precision=PRECISION)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        acc = add_bias(acc, b2_ptr, offs_n, Ns, HAS_B2)
-        row_ok = offs_m < M
-        cols = consumer * Ns + offs_n
-        mask = row_ok[:, None] & (offs_n < Ns)[None, :]
-        ptrs = offs_m.to(tl.int64)[:, None] * N + cols[None, :]
-        tails_later = False
-        if HAS_TAIL:
-            if in_tail_group:
-                if SHIP_BEFORE_TAIL:
-                    tails_later = True
-                else:
-                    acc = _add_tails(acc, part_ptr, tail_flags_ptr, offs_m, offs_n, M, Ns, tiles_m, pid_m, epoch,
-                                     claim_ptr, report_ptr, rank, timeout_ns, TP, TIMED)
-        if not tails_later:
-            tl.store(out_ptr + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-        for q in range(1, WS):
-            peer = (rank + q) % WS
-            buf = (tl.load(peer_data_ptr + peer) + y_offset).to(tl.pointer_type(out_ptr.dtype.element_ty))
-            tl.store(buf + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-        count_tile_done_to_ranks(counters_ptr + pid_m, peer_flags_ptr, y_flag_word + consumer * tiles_m + pid_m,
-                                 tiles_n, epoch, rank + 1, WS - 1, WS)
-        if tails_later:
-            # Rounded as shipped first: the stage-0 rank adds the same partial products to the same
-            # rounded rows, so every rank returns the same bits (as an all-reduce does).
-            acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
-            acc = _add_tails(acc, part_ptr, tail_flags_ptr, offs_m, offs_n, M, Ns, tiles_m, pid_m, epoch,
-                             claim_ptr, report_ptr, rank, timeout_ns, TP, TIMED)
-            tl.store(out_ptr + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+                acc = _add_tails(acc, part_ptr, tail_flags_ptr, offs_m, offs_n, M, Ns, tiles_m, pid_m, epoch,
+                                 claim_ptr, report_ptr, rank, timeout_ns, TP, TIMED)
+    if not tails_later:
+        tl.store(out_ptr + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    for q in range(1, WS):
+        peer = (rank + q) % WS
+        buf = (tl.load(peer_data_ptr + peer) + y_offset).to(tl.pointer_type(out_ptr.dtype.element_ty))
+        tl.store(buf + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    count_tile_done_to_ranks(counters_ptr + pid_m, peer_flags_ptr, y_flag_word + consumer * tiles_m + pid_m,
+                             tiles_n, epoch, rank + 1, WS - 1, WS)
+    if tails_later:
+        # Rounded as shipped first: the stage-0 rank adds the same partial products to the same
+        # rounded rows, so every rank returns the same bits (as an all-reduce does).
+        acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
+        acc = _add_tails(acc, part_ptr, tail_flags_ptr, offs_m, offs_n, M, Ns, tiles_m, pid_m, epoch,
+                         claim_ptr, report_ptr, rank, timeout_ns, TP, TIMED)
+        tl.store(out_ptr + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -494,28 +560,45 @@ def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int
 
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
                   rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True, f1=0,
-                  ready=None, fship=None, part=None, tail_flags=None, tail_group=0, ship_before_tail=False):
+                  ready=None, fship=None, part=None, tail_flags=None, tail_group=0, ship_before_tail=False,
+                  split_k=1, split_partials=None, split_counters=None):
     """``a``: this rank's buffer, ``[(tp * nch + cdiv(f1, kchunk)) * Mp, kchunk]``; ``fship``: columns
     each stage-0 rank ships for row group ``tail_group`` (default ``Fp``; ``Fp`` for the others);
     ``part`` / ``tail_flags``: that group's tails' partial products ``[tp, M, Ns]`` and their flags
     (``tail_kernel``), None without tails; ``ship_before_tail`` (``tp == 1``): that group's rows go
-    out before the tails are added (``stage1_kernel``'s ``SHIP_BEFORE_TAIL``)."""
+    out before the tails are added (``stage1_kernel``'s ``SHIP_BEFORE_TAIL``). ``split_k`` > 1: each
+    tile's K-chunks in up to that many runs (``stage1_kernel``'s ``SPLIT_K``), with
+    ``split_partials`` (float32, ``split_partials_numel``) and ``split_counters`` (int32, one per
+    tile, 0)."""
     assert not ship_before_tail or (tp == 1 and part is not None), (tp, ship_before_tail)
     Ns = w2.shape[1]
     N = out.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
     fship = Fp if fship is None else fship
     assert kchunk % BK == 0 and Fp % BK == 0 and fship % BK == 0 and f1 % BK == 0, (kchunk, Fp, fship, f1, BK)
-    grid = (max(1, min(num_sms, launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN))),)
+    tiles = launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN)
+    if split_k > 1:
+        assert split_partials is not None and split_partials.dtype == torch.float32, "split_k needs float32 partials"
+        assert split_partials.numel() >= split_partials_numel(M, Ns, config, split_k), split_partials.numel()
+        assert split_counters is not None and split_counters.numel() >= tiles, "split_k needs a counter per tile"
+    grid = (max(1, min(num_sms, tiles * split_k)),)
     launcher.launch(stage1_kernel, grid,
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
         epoch, ready if ready is not None else counters, *status, timeout_ns,
         rank, M, padded_rows(M, BM), Fp, fship, f1, N, Ns, consumer, kchunk, nch, launcher.cdiv(f1, kchunk), y_flag_word,
         part if part is not None else out, tail_flags if tail_flags is not None else counters, tail_group,
+        split_partials if split_k > 1 else counters, split_counters if split_k > 1 else counters, split_k,
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=launcher.interpreting(),
-        HAS_TAIL=part is not None, SHIP_BEFORE_TAIL=ship_before_tail, num_stages=stages, num_warps=warps,
+        HAS_TAIL=part is not None, SHIP_BEFORE_TAIL=ship_before_tail, SPLIT_K=split_k > 1, num_stages=stages,
+        num_warps=warps,
     )
+
+
+def split_partials_numel(M: int, Ns: int, config, split_k: int) -> int:
+    """Float32 elements of stage 1's split-K partial sums: a ``BM x BN`` slot per tile and split."""
+    BM, BN = config[0], config[1]
+    return launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN) * split_k * BM * BN
 
 
 def launch_tail(keep, w2, peer_data, peer_flags, part_offset, counters, epoch, status, timeout_ns, rank, M, producer,

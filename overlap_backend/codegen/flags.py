@@ -131,6 +131,12 @@ def _count(counter_ptr, SYS: tl.constexpr):
 
 
 @triton.jit
+def count_local(counter_ptr):
+    """``_count`` of a counter that only this GPU's CTAs add to (GPU scope): the value before."""
+    return _count(counter_ptr, False)
+
+
+@triton.jit
 def count_tile_done(counter_ptr, done_flag_ptr, tiles_in_chunk, epoch, SYS: tl.constexpr = False):
     """One more finished tile of a chunk (or band); the CTA that finishes it resets its counter (for
     the next call) and raises its flag (local, or a peer's) to ``epoch``."""

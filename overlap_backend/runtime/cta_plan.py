@@ -126,6 +126,7 @@ class ChunkPlan:
     kchunk: int
     nch: int  # K-chunks per stage-0 rank
     nch1: int  # K-chunks of the stage-1 share
+    split_k: int = 1  # runs per stage-1 tile (stage1_split_k)
 
     @property
     def flag_words(self) -> int:
@@ -149,8 +150,25 @@ def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: in
     tail = stage0_tail(F, N, 2 * h if swiglu else h, tp, f1, fp, tail_max=most_tail, **shape)
     # Chunks cover what the widest group ships: all of fp, but for one group only its shipped part.
     kchunk, nch = k_chunks(fp - tail if groups == 1 else fp, cfg0[1], cfg1[2], groups, tp)
-    return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, groups - 1, kchunk, nch,
-                     -(-f1 // kchunk))
+    nch1 = -(-f1 // kchunk)
+    split = stage1_split_k(tiles_m * -(-(N // tp) // cfg1[1]), nch1 + tp * nch, num_sms)
+    return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, groups - 1, kchunk, nch, nch1,
+                     split)
+
+
+def stage1_split_k(tiles: int, chunks: int, num_sms: int) -> int:
+    """Runs per stage-1 tile (``stage1_kernel``'s ``SPLIT_K``; ``chunks``: a tile's K-chunks): with
+    ``tiles`` fewer than half the SMs (decode sizes: a tile streams ``K x BN`` of W2 alone, so few
+    tiles read it at a fraction of the GPU's bandwidth), as many runs as fill the SMs, at most one
+    per K-chunk; 1 otherwise (``knobs.cta.STAGE1_SPLIT_K``, when set: that many, at most one per K-chunk).
+    The split counters follow the row counters in their region: they must fit there."""
+    want = knobs.cta.STAGE1_SPLIT_K
+    if want is None:
+        want = num_sms // tiles if 2 * tiles <= num_sms else 1
+    split = max(1, min(int(want), chunks))
+    if split > 1 and 2 * tiles > symm_layout.CTA_ROW_WORDS:  # (the row counters: at most one per tile)
+        return 1
+    return split
 
 
 def _rounds(tiles: int, num_sms: int) -> int:

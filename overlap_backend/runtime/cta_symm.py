@@ -151,6 +151,10 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     keep = _staging_buffer(x, (mp - m0) * tail, "tail") if stage == 0 and tail else None
     ship_first = bool(tail) and tp == 1 and knobs.cta.SHIP_BEFORE_TAILS
     part = st.data_view(x.dtype, (tp * M * (N // tp),), part_offset) if tail else None
+    split_partials = None
+    if stage == 1 and s1 == "triton" and plan.split_k > 1:
+        split_partials = _staging_buffer(x, cta.split_partials_numel(M, N // tp, cfg1, plan.split_k), "split",
+                                         torch.float32)
 
     tma_store = knobs.cta.STAGE0_TMA_STORE
 
@@ -188,7 +192,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                           word(symm_layout.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
                           nch, base + symm_layout.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,
                           part=part, tail_flags=word(symm_layout.CTA_TAIL_ARRIVED), tail_group=plan.tail_group,
-                          ship_before_tail=ship_first)
+                          ship_before_tail=ship_first, split_k=plan.split_k, split_partials=split_partials,
+                          split_counters=word(symm_layout.CTA_Y_COUNTERS + tiles_m))
 
     keep2d = keep[:(mp - m0) * tail].view(mp - m0, tail) if keep is not None else None
 
@@ -272,18 +277,20 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     return out
 
 
-def _staging_buffer(x: Tensor, numel: int, what: str) -> Tensor:
-    """Stage 0's local buffers (``what``: "blocks", the chunk-major blocks the copy engine ships;
-    "tail", its tail of A). Reused: the next call's kernels run after this call's pushes, which
+def _staging_buffer(x: Tensor, numel: int, what: str, dtype: torch.dtype | None = None) -> Tensor:
+    """A rank's local buffers (``what``: stage 0's "blocks", the chunk-major blocks the copy engine
+    ships, and "tail", its tail of A; stage 1's "split", float32 split-K partial sums), of ``x``'s
+    dtype unless ``dtype``. Reused: the next call's kernels run after this call's pushes, which
     ``GroupState.end`` orders before anything later on the compute stream."""
-    key = (x.device, x.dtype, what)
+    dtype = dtype or x.dtype
+    key = (x.device, dtype, what)
     buf = _staging.get(key)
     if buf is None or buf.numel() < numel:
         if buf is not None and _captured:  # a captured graph may still use the old one: keep it
             _staging_kept.append(buf)
         elif buf is not None and x.is_cuda:
             torch.cuda.synchronize(x.device)  # the old buffer's memory goes back to the allocator
-        buf = _staging[key] = symm.persistent(lambda: torch.empty(numel, dtype=x.dtype, device=x.device), x.device)
+        buf = _staging[key] = symm.persistent(lambda: torch.empty(numel, dtype=dtype, device=x.device), x.device)
     return buf
 
 

@@ -191,9 +191,11 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
                          "cuStreamWaitValue32 on each block's CTA_ARRIVED, addmm into the output rows in arrival "
                          "order; the tails; the rows to every rank by cuMemcpyAsync, their CTA_Y_DONE by signal_kernel")
         else:
-            lines.append("launch(stage1_kernel, a, placed.w2, stream=compute)  # each CTA walks K in arrival order, "
-                         "waiting per K-chunk on CTA_ARRIVED; stores its result tiles into every rank's buffer, "
-                         "CTA_Y_DONE")
+            split = (f" in {plan.split_k} runs per tile (split-K: the run that finishes last adds the partial sums)"
+                     if plan.split_k > 1 else "")
+            lines.append("launch(stage1_kernel, a, placed.w2, stream=compute)  # each CTA walks K in arrival order"
+                         f"{split}, waiting per K-chunk on CTA_ARRIVED; stores its result tiles into every rank's "
+                         "buffer, CTA_Y_DONE")
         if tp > 1:
             lines.append("launch(collect_kernel, y, out, stream=compute)  # the other stage-1 ranks' column blocks")
     lines.append("group.end(compute)  # compute waits for the push and copy streams, and for PEER_OK >= 1")

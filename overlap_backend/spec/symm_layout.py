@@ -48,7 +48,8 @@ CTA_ARRIVED = 0  # [(g * tp + p) * nch + j]: stage-0 rank p's block (g, j) is in
 CTA_COUNTERS = CTA_ARRIVED + CTA_CHUNK_WORDS  # [g * nch + j]: tiles of block (g, j) stored (stage 0, local)
 CTA_DONE = CTA_COUNTERS + CTA_CHUNK_WORDS // 2  # [g * nch + j]: block (g, j) staged (stage 0, local)
 CTA_Y_DONE = CTA_DONE + CTA_CHUNK_WORDS // 2  # [t * tiles_m + m]: stage-1 rank t's row block m is here
-# [m]: tiles of row block m done (stage 1, local); stage 0: [t * tiles_m + m], its tail tiles for rank t
+# [m]: tiles of row block m done (stage 1, local), then [tiles_m + tile]: split-K runs of a tile done (stage 1,
+# local); stage 0: [t * tiles_m + m], its tail tiles for rank t
 CTA_Y_COUNTERS = CTA_Y_DONE + CTA_ROW_WORDS
 CTA_TAIL_ARRIVED = CTA_Y_COUNTERS + CTA_ROW_WORDS  # [p * tiles_m + m]: stage-0 rank p's tail of row block m is here
 CTA_EPOCH = CTA_TAIL_ARRIVED + CTA_ROW_WORDS  # the epoch the kernels read (local)

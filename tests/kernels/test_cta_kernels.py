@@ -94,7 +94,7 @@ def chunk_major(a, tp, nch, kchunk, mp, f1=0):
 
 
 def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None, transport="peer", f1=0,
-         ready=False, stage0_order=None):
+         ready=False, stage0_order=None, split_k=1):
     tp = ws // 2
     x = torch.randn(M, H)
     w1, w3 = torch.randn(H, F_) / H**0.5, torch.randn(H, F_) / H**0.5
@@ -138,6 +138,9 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
                         world.a(tp + q, kchunk).view(-1, mp, kchunk)[p * nch + j, r0:r1] = blocks[j, r0:r1]
                         world.flags[tp + q][B + symm_layout.CTA_ARRIVED + (g * tp + p) * nch + j] = EPOCH
     outs = [torch.full((M, N), float("nan")) for _ in range(ws)]
+    split_counters = [torch.zeros(64, dtype=torch.int32) for _ in range(ws)]
+    split = dict(split_k=split_k, split_partials=torch.full((cta.split_partials_numel(M, ns, CFG1, split_k),), float("nan")),
+                 split_counters=split_counters[0]) if split_k > 1 else {}
     statuses = [status or (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)) for _ in range(ws)]
     for t in range(tp):
         r = tp + t
@@ -155,13 +158,14 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
                           world.peer_flags, world.y_offset, world.flag(r, symm_layout.CTA_ARRIVED),
                           world.flag(r, symm_layout.CTA_Y_COUNTERS), world.epoch(r), statuses[r], 10**6, r, ws, M, fp, t, kchunk,
                           nch, B + symm_layout.CTA_Y_DONE, tp, CFG1, 3, timed=False, f1=f1,
-                          ready=world.flag(r, symm_layout.CTA_READY) if ready else None)
+                          ready=world.flag(r, symm_layout.CTA_READY) if ready else None,
+                          **(dict(split, split_counters=split_counters[r]) if split else {}))
     for r in range(ws):
         if r < tp or tp > 1:
             cta.launch_collect(world.y(r), outs[r], world.flag(r, symm_layout.CTA_Y_DONE), world.epoch(r), statuses[r], 10**6, r, tp,
                                r - tp if r >= tp else -1, bm, timed=False, col_blocks=2)
     return dict(world=world, outs=outs, a_ref=chunk_major(a_ref, tp, nch, kchunk, mp, f1), y_ref=y_ref,
-                statuses=statuses, tiles_m=tiles_m, groups=groups, nch=nch, kchunk=kchunk)
+                statuses=statuses, tiles_m=tiles_m, groups=groups, nch=nch, kchunk=kchunk, split_counters=split_counters)
 
 
 def _k_chunks(fp, want):
@@ -199,6 +203,56 @@ def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias, f1, transport):
                 assert block.eq(EPOCH).all(), (r, t, block)
         assert world.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_DONE].eq(0).all()
         assert world.flags[r][B + symm_layout.CTA_Y_COUNTERS:B + symm_layout.CTA_EPOCH].eq(0).all()
+
+
+@pytest.mark.parametrize("ws,M,H,F_,N,act,bias,f1,split_k", [
+    (2, 40, 32, 128, 48, "gelu", True, 0, 2),       # 2 K-chunks, each its own split
+    (2, 40, 32, 192, 48, "gelu", True, 0, 2),       # 3 K-chunks in 2 runs: 1 + 2
+    (4, 24, 16, 192, 64, "swiglu", False, 64, 3),   # own chunks first, then two producers' in arrival order
+    (4, 20, 32, 256, 32, "gelu", True, 0, 16),      # more splits than K-chunks: one run per chunk
+])
+def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k):
+    """Stage 1 with each tile's K-chunks in several runs (``SPLIT_K``; slots NaN-poisoned): the MLP's
+    result on every rank, every row-block flag raised, the split counters back at 0."""
+    res = _run(ws, M, H, F_, N, act, bias, f1=f1, split_k=split_k)
+    world, tp = res["world"], ws // 2
+    for r in range(ws):
+        assert res["statuses"][r][1].tolist() == [0] * 8, f"rank {r} gave up a wait"
+        torch.testing.assert_close(res["outs"][r], res["y_ref"], atol=1e-4, rtol=1e-4)
+        assert res["split_counters"][r].eq(0).all(), (r, res["split_counters"][r])
+        assert world.flags[r][B + symm_layout.CTA_Y_COUNTERS:B + symm_layout.CTA_EPOCH].eq(0).all()
+        for t in range(tp):
+            if r != tp + t:
+                assert world.flags[r][B + symm_layout.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]].eq(EPOCH).all()
+
+
+@pytest.mark.parametrize("chunks,split_k,runs", [(3, 2, [(0, 1), (1, 3)]), (4, 4, [(0, 1), (1, 2), (2, 3), (3, 4)]),
+                                                (5, 3, [(0, 1), (1, 3), (3, 5)])])
+def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs):
+    """Run q of a tile sums K-chunks ``[q * n // s, (q + 1) * n // s)`` (its slot, read back), and
+    the output is the slots added in run order."""
+    M, N, kchunk = 16, 16, 16
+    K = chunks * kchunk
+    a, w2 = torch.randn(M, K), torch.randn(K, N)
+    out = torch.full((M, N), float("nan"))
+    tables = torch.zeros(1, dtype=torch.int64)
+    flags = torch.full((64,), EPOCH, dtype=torch.int32)  # every chunk already arrived
+    split_counters = torch.zeros(1, dtype=torch.int32)
+    parts = torch.full((cta.split_partials_numel(M, N, CFG1, split_k),), float("nan"))
+    status = (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
+    cta.launch_stage1(chunk_major(a, 1, chunks, kchunk, M), w2, None, out, tables, tables, 0, flags,
+                      torch.zeros(64, dtype=torch.int32), torch.tensor([EPOCH], dtype=torch.int32), status, 10**6, 0,
+                      1, M, K, 0, kchunk, chunks, 0, 1, CFG1, 3, timed=False, split_k=split_k,
+                      split_partials=parts, split_counters=split_counters)
+    slots = parts.view(split_k, M, N)
+    for q, (lo, hi) in enumerate(runs):
+        cols = slice(lo * kchunk, hi * kchunk)
+        torch.testing.assert_close(slots[q], a[:, cols] @ w2[cols], atol=1e-4, rtol=1e-4)
+    total = torch.zeros(M, N)
+    for q in range(split_k):
+        total = total + slots[q]
+    assert torch.equal(out, total)
+    assert split_counters.eq(0).all() and status[1].eq(0).all()
 
 
 @pytest.mark.parametrize("transport", ["peer", "ce"])
@@ -551,6 +605,47 @@ def test_host_path_last_group_tail(fake_host_path, ws, F_, M, num_sms, share, tr
         fake.check_calls("gelu")
         with knobs.cta.patch(MULTI_GROUP_TAIL=False):
             assert cta_plan.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H).tail == 0
+
+
+@pytest.mark.parametrize("ws,F_,M,num_sms,act,share,ship_first,split", [
+    (2, 1024, 40, 4, "gelu", None, True, 3),     # several row groups, the last with tails shipped first
+    (2, 1024, 50, 4, "gelu", 256, False, 2),     # a stage-1 share (own chunks first), tails added before
+    (4, 1024, 40, 2, "gelu", None, True, 16),    # 2 producers; more runs asked than K-chunks
+    (4, 1536, 20, 8, "swiglu", None, True, 4),   # the SwiGLU share, no tails
+    (2, 1024, 20, 64, "gelu", None, True, None),  # the plan's own choice: few tiles on many SMs
+])
+def test_host_path_stage1_split_k(fake_host_path, ws, F_, M, num_sms, act, share, ship_first, split):
+    """Stage 1 split-K (``STAGE1_SPLIT_K``) inside the op, for two calls: with the stage-0 tails
+    (their partial products added by the finishing run), a stage-1 share and several row groups,
+    every rank returns the MLP's result and the split counters are back at 0."""
+    from overlap_backend.runtime import cta_plan
+
+    fake = fake_host_path(ws, F_, transport="ce", num_sms=num_sms, M=M)
+    with knobs.cta.patch(GELU_SHARE_COLS=share, SHIP_BEFORE_TAILS=ship_first, STAGE1_SPLIT_K=split):
+        plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, act == "swiglu", torch.float32, num_sms, H=fake.H)
+        assert plan.split_k > 1, plan
+        fake.check_calls(act)
+    for r in range(ws):
+        words = fake.group.flags[r][B + symm_layout.CTA_Y_COUNTERS:B + symm_layout.CTA_TAIL_ARRIVED]
+        assert words.eq(0).all(), (r, words.nonzero())
+
+
+def test_stage1_split_k_fills_the_sms_only_at_few_tiles():
+    """132 SMs: 8 tiles of 16 K-chunks in 16 runs, 32 tiles of 4 chunks in 4, 64 tiles (over half
+    the SMs) in one; never more runs than K-chunks; the knob sets the runs of every call."""
+    assert cta_plan_split(8, 16) == 16 and cta_plan_split(8, 8) == 8
+    assert cta_plan_split(32, 4) == 4 and cta_plan_split(33, 16) == 4
+    assert cta_plan_split(66, 16) == 2 and cta_plan_split(67, 16) == 1 and cta_plan_split(256, 16) == 1
+    with knobs.cta.patch(STAGE1_SPLIT_K=1):
+        assert cta_plan_split(8, 16) == 1
+    with knobs.cta.patch(STAGE1_SPLIT_K=6):
+        assert cta_plan_split(256, 16) == 6 and cta_plan_split(256, 4) == 4
+
+
+def cta_plan_split(tiles, chunks, num_sms=132):
+    from overlap_backend.runtime import cta_plan
+
+    return cta_plan.stage1_split_k(tiles, chunks, num_sms)
 
 
 @pytest.mark.parametrize("ws,F_,M,num_sms,transport", [(2, 1024, 50, 6, "ce"), (4, 2048, 16, 8, "peer"),
