@@ -332,4 +332,12 @@ def _cta_inputs(args) -> tuple[list, str]:
     return [t for t in (x, w1, b1, w3, b3, w2, b2) if t is not None], group_name
 
 
-cta_pipeline_mlp.bind_key = lambda: private_graphs.KeyGraphs("cta_pipeline_mlp", cta_pipeline_mlp, _cta_inputs)
+def _cta_values(args) -> tuple:
+    """The weights' versions: a graph replays the placement it was captured with (``cta_weights``), so a
+    weight changed in place since must run the op again, which lays the weights out anew."""
+    x, w1, b1, w3, b3, w2, b2, *_ = args
+    return cta_weights.versions((w1, b1, w3, b3, w2, b2))
+
+
+cta_pipeline_mlp.bind_key = lambda: private_graphs.KeyGraphs("cta_pipeline_mlp", cta_pipeline_mlp, _cta_inputs,
+                                                             _cta_values)

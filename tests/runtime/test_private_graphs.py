@@ -254,6 +254,11 @@ def test_the_symm_gemm_ops_bind_their_tensors():
     cta = lowering.bound(lowering.implementation("symm", "cta_pipeline_mlp"))
     tensors, group = cta.inputs((shard, w, b, None, None, w, None, "gelu", "none", 2, "tp"))
     assert [id(t) for t in tensors] == [id(shard), id(w), id(b), id(w)] and group == "tp"
+    # cta_pipeline_mlp lays its weights out on the host (cta_weights): their versions are part of the key, so
+    # a weight changed in place is never served by a graph that replays the old placement
+    before = cta.values((shard, w, b, None, None, w, None, "gelu", "none", 2, "tp"))
+    w.mul_(0.5)
+    assert cta.values((shard, w, b, None, None, w, None, "gelu", "none", 2, "tp")) != before
     assert lowering.bound(lowering.implementation("p2p", "mm_ar")) is lowering.implementation("p2p", "mm_ar")
     assert lowering.bound(rs.impl) is not rs  # one state per key
 
