@@ -346,6 +346,8 @@ class Bench:
 
     def _setup_cta_stage0(self):
         from overlap_backend.codegen import cta
+        from overlap_backend.runtime import cta_plan
+        from overlap_backend.spec import knobs
 
         c = self.case
         self._gemm_operands()
@@ -361,15 +363,25 @@ class Bench:
         a, b = self.a, self.b
         self.baseline = ("cuBLAS torch.mm + torch F.gelu tanh (Inductor pointwise proxy)",
                          lambda: F.gelu(torch.mm(a, b), approximate="tanh"))
-        # the op's config (cta_plan.block_configs, no tuning), pointer and TMA stores of the staged tiles; variants:
-        # narrower tiles (more of them where few rows leave SMs idle)
-        self.op_cands = [(*cfg0, False), (*cfg0, True)]
-        self.variant_cands = [(cfg0[0], bn, cfg0[2], cfg0[3], stages, warps, True)
-                              for bn, stages, warps in ((128, 4, 8), (64, 4, 4)) if bn < cfg0[1]]
+        # the op's config and split-K runs (cta_plan, no tuning), pointer and TMA stores of the staged tiles;
+        # variants: no split, and narrower tiles (more of them where few rows leave SMs idle)
+        def split(cfg):
+            return cta_plan.split_runs(-(-c.M // cfg[0]) * -(-c.N // cfg[1]), -(-c.K // cfg[2]), self.num_sms,
+                                       knobs.cta.STAGE0_SPLIT_K)
+
+        self.op_cands = [(*cfg0, False, split(cfg0)), (*cfg0, True, split(cfg0))]
+        narrow = [(cfg0[0], bn, cfg0[2], cfg0[3], stages, warps) for bn, stages, warps in ((128, 4, 8), (64, 4, 4))
+                  if bn < cfg0[1]]
+        self.variant_cands = ([(*cfg0, True, 1)] if split(cfg0) > 1 else []) + [(*cfg, True, split(cfg))
+                                                                                 for cfg in narrow]
+        self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cfg[7])
+                                        for cfg in self.op_cands + self.variant_cands), device=self.dev)
+        self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
 
         def run(cfg):
             cta.launch_stage0(a, b, None, None, None, self.stage, tables, tables, self.counters, self.done, self.epoch,
-                              0, kchunk, nch, 0, 1, 1, cta.ACT_GELU_TANH, cfg[:6], self.num_sms, tma_store=cfg[6])
+                              0, kchunk, nch, 0, 1, 1, cta.ACT_GELU_TANH, cfg[:6], self.num_sms, tma_store=cfg[6],
+                              split_k=cfg[7], split_partials=self.partials, split_counters=self.split_counters)
 
         self.run = run
         self.error = lambda: common.rel_err(
@@ -379,6 +391,7 @@ class Bench:
     def _setup_cta_stage1(self):
         from overlap_backend.codegen import cta
         from overlap_backend.runtime import cta_plan
+        from overlap_backend.spec import knobs
 
         c = self.case
         tp = c.ws // 2
@@ -400,7 +413,7 @@ class Bench:
         self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
         # the op's config and split-K runs (cta_plan), then bench-only variants: no split, and 128-column tiles
         def split(cfg):
-            return cta_plan.stage1_split_k(tiles_m * -(-c.N // cfg[1]), tp * nch, self.num_sms)
+            return cta_plan.split_runs(tiles_m * -(-c.N // cfg[1]), tp * nch, self.num_sms, knobs.cta.STAGE1_SPLIT_K)
 
         narrow = (cfg1[0], 128, cfg1[2], cfg1[3], 4, 8)
         self.op_cands = [(*cfg1, split(cfg1))]
@@ -804,8 +817,16 @@ def _compile_in_pool(jobs, indices, workers: int, deadline: float) -> dict[int, 
 def _fmt_cfg(cfg) -> str:
     if cfg is None:
         return "-"
-    BM, BN, BK, G, st, w, store = cfg
-    return f"{BM}x{BN}x{BK} g{G} s{st} w{w}" + ({False: "", True: " tma"}.get(store, f" {store}") if not isinstance(store, str) else f" {store}")
+    BM, BN, BK, G, st, w, *rest = cfg  # rest: a store variant (bool or name); the CTA stages' split-K runs (int)
+    tail = ""
+    for item in rest:
+        if isinstance(item, bool):
+            tail += " tma" if item else ""
+        elif isinstance(item, int):
+            tail += f" split-K {item}" if item > 1 else " no split"
+        else:
+            tail += f" {item}"
+    return f"{BM}x{BN}x{BK} g{G} s{st} w{w}{tail}"
 
 
 def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:

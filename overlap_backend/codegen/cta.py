@@ -67,10 +67,11 @@ def _keep_tail_tile(keep_ptr, act, offs_m, offs_n, M, Fp, Fship, m0):
 
 
 @triton.jit
-def _mainloop2(x_desc, x_row, w1_desc, w3_desc, off_n, K, acc1, acc3, BK: tl.constexpr, DUAL: tl.constexpr,
-               PRECISION: tl.constexpr):
-    """acc1 += x @ W1 tile (and acc3 += x @ W3 tile, the same x tile, when DUAL) over all of K."""
-    for k in range(0, tl.cdiv(K, BK)):
+def _mainloop2(x_desc, x_row, w1_desc, w3_desc, off_n, k_first, k_last, acc1, acc3, BK: tl.constexpr,
+               DUAL: tl.constexpr, PRECISION: tl.constexpr):
+    """acc1 += x @ W1 tile (and acc3 += x @ W3 tile, the same x tile, when DUAL) over K-steps
+    ``[k_first, k_last)`` of BK."""
+    for k in range(k_first, k_last):
         a = x_desc.load([x_row, k * BK])
         acc1 = tl.dot(a, w1_desc.load([k * BK, off_n]), acc1, input_precision=PRECISION)
         if DUAL:
@@ -87,6 +88,7 @@ def stage0_kernel(
     ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, WAIT_READY: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
     TMA_STORE: tl.constexpr = False, INTERPRET: tl.constexpr = False, split_tiles=0, SPLIT_LAST: tl.constexpr = False,
+    split_ptr=None, split_counters_ptr=None, split_k=1, SPLIT_K: tl.constexpr = False,  # (1 without SPLIT_K)
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
@@ -117,6 +119,11 @@ def stage0_kernel(
     ``SPLIT_LAST``: the last ``split_tiles`` tiles (all of them tail tiles, at most half a round:
     ``launch_stage0`` decides) are made as two half-width tiles each, by twice as many programs, so
     that the final, partial round of tiles takes about half a tile's time instead of a whole one.
+
+    ``SPLIT_K`` (few tiles: decode sizes; never with ``SPLIT_LAST``): each tile's K-steps in
+    ``split_k`` contiguous runs, one work item each, added as stage 1's are (``_add_split_partials``:
+    ``split_ptr`` float32 ``[tiles, split_k, 1 + DUAL, BM, BN]``, ``split_counters_ptr`` one local
+    int32 per tile, 0 between calls); the run that finishes last makes the tile's epilogue.
     """
     DUAL: tl.constexpr = ACT == 2
     epoch = tl.load(epoch_ptr, volatile=True)
@@ -134,16 +141,29 @@ def stage0_kernel(
     if TMA_STORE:
         stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[nch * Mp, kchunk], strides=[kchunk, 1],
                                                block_shape=[BM, BN])
+    else:
+        stage_desc = x_desc  # (not used)
     prev_m = -1  # the tile stored in the previous iteration, counted after this one's main loop
     prev_n = 0
     # (tl.range(..., flatten=True), fusing this loop with the K-loop, made stage 0 3x slower with
     # Triton 3.6 on H200: bench/results/cta_h200x2_2026-11-30/stage0_probes)
     wide_tiles = tiles_m * tiles_n - split_tiles if SPLIT_LAST else tiles_m * tiles_n
-    for tile in range(tl.program_id(0), wide_tiles, tl.num_programs(0)):
+    steps = tl.cdiv(H, BK)
+    for item in range(tl.program_id(0), wide_tiles * split_k, tl.num_programs(0)):
+        if SPLIT_K:
+            tile = item // split_k
+            split = item % split_k
+            k_first = split * steps // split_k
+            k_last = (split + 1) * steps // split_k
+        else:
+            tile = item
+            k_first = 0
+            k_last = steps
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
-        acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, pid_n * BN, H, acc1, acc3, BK, DUAL, PRECISION)
+        acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, pid_n * BN, k_first, k_last, acc1, acc3, BK,
+                                DUAL, PRECISION)
         # Count the previous tile now: its stores had a whole main loop to drain, so the release
         # below does not stall this CTA on them (counting right after the stores did).
         if prev_m >= 0:
@@ -152,37 +172,18 @@ def stage0_kernel(
             _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
                               tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
                               STAGED)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        act = _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT, HAS_B1, HAS_B3).to(x_ptr.dtype.element_ty)
-        in_tail_group = pid_m // GROUP_M == tail_group
-        if in_tail_group & (pid_n >= tiles_ship):  # the tail: kept here, not counted
-            _keep_tail_tile(keep_ptr, act, offs_m, offs_n, M, Fp, Fship, m0)
-            prev_m = -1
-        else:
-            j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
-            mask = (offs_m < M)[:, None] & (offs_n < tl.where(in_tail_group, Fship, Fp))[None, :]
-            rel = (j * Mp + offs_m).to(tl.int64)[:, None] * kchunk + (offs_n - j * kchunk)[None, :]
-            if TMA_STORE:
-                stage_desc.store([j * Mp + pid_m * BM, pid_n * BN - j * kchunk], act)
-            elif STAGED:
-                tl.store(stage_ptr + rel, act, mask=mask)
-            else:
-                for q in range(TP):
-                    buf = tl.load(peer_data_ptr + first_consumer + q).to(tl.pointer_type(x_ptr.dtype.element_ty))
-                    tl.store(buf + producer * nch * Mp * kchunk + rel, act, mask=mask)
-            prev_m = pid_m
-            prev_n = pid_n
-            if COUNT_FIRST_AT_ONCE:
-                # The first row group's chunks are what stage 1 waits for first (the pipeline's fill):
-                # counted right after their stores instead of a main loop later.
-                if pid_m < GROUP_M:
-                    if TMA_STORE:
-                        bulk_stores_done(INTERPRET)
-                    _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
-                                      tiles_m, tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer,
-                                      first_consumer, TP, GROUP_M, STAGED)
-                    prev_m = -1
+        finishes = True
+        if SPLIT_K:
+            prev_m = -1  # (counted above; a run that does not finish its tile stores nothing to count)
+            acc1, acc3, finishes = _add_split_partials(acc1, acc3, split_ptr, split_counters_ptr, tile, split,
+                                                       split_k, split_k, pid_m * BM + tl.arange(0, BM) < M, BM, BN,
+                                                       DUAL)
+        if finishes:
+            prev_m, prev_n = _stage0_epilogue(
+                acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr,
+                keep_ptr, stage_desc, epoch, pid_m, pid_n, M, Mp, Fp, Fship, tiles_m, tiles_n,
+                tiles_ship, tail_group, m0, producer, kchunk, nch, a_flag_word, first_consumer, TP, BM, BN, GROUP_M,
+                ACT, HAS_B1, HAS_B3, STAGED, TMA_STORE, COUNT_FIRST_AT_ONCE, INTERPRET)
     if SPLIT_LAST:
         _split_tail_tiles(x_desc, w1_ptr, w3_ptr, b1_ptr, b3_ptr, keep_ptr, M, H, Fp, ldw, Fship, m0, wide_tiles,
                           split_tiles, tiles_m, tiles_n, BM, BN, BK, GROUP_M, ACT, HAS_B1, HAS_B3, PRECISION)
@@ -192,6 +193,50 @@ def stage0_kernel(
         _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
                           tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
                           STAGED)
+
+
+@triton.jit
+def _stage0_epilogue(acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr,
+                     done_ptr, keep_ptr, stage_desc, epoch, pid_m, pid_n, M, Mp, Fp, Fship, tiles_m, tiles_n, tiles_ship,
+                     tail_group, m0, producer, kchunk, nch, a_flag_word, first_consumer, TP: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, ACT: tl.constexpr,
+                     HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, TMA_STORE: tl.constexpr,
+                     COUNT_FIRST_AT_ONCE: tl.constexpr, INTERPRET: tl.constexpr):
+    """A finished stage-0 tile: its activation, kept (a tail tile) or stored into its K-chunk's
+    block; (row block, column block) of the tile left to count after the next main loop, row
+    block -1 for none (a tail tile, or one counted here: ``COUNT_FIRST_AT_ONCE``)."""
+    prev_m = -1
+    prev_n = pid_n
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    act = _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT, HAS_B1, HAS_B3).to(x_ptr.dtype.element_ty)
+    in_tail_group = pid_m // GROUP_M == tail_group
+    if in_tail_group & (pid_n >= tiles_ship):  # the tail: kept here, not counted
+        _keep_tail_tile(keep_ptr, act, offs_m, offs_n, M, Fp, Fship, m0)
+    else:
+        j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
+        mask = (offs_m < M)[:, None] & (offs_n < tl.where(in_tail_group, Fship, Fp))[None, :]
+        rel = (j * Mp + offs_m).to(tl.int64)[:, None] * kchunk + (offs_n - j * kchunk)[None, :]
+        if TMA_STORE:
+            stage_desc.store([j * Mp + pid_m * BM, pid_n * BN - j * kchunk], act)
+        elif STAGED:
+            tl.store(stage_ptr + rel, act, mask=mask)
+        else:
+            for q in range(TP):
+                buf = tl.load(peer_data_ptr + first_consumer + q).to(tl.pointer_type(x_ptr.dtype.element_ty))
+                tl.store(buf + producer * nch * Mp * kchunk + rel, act, mask=mask)
+        prev_m = pid_m
+        if COUNT_FIRST_AT_ONCE:
+            # The first row group's chunks are what stage 1 waits for first (the pipeline's fill):
+            # counted right after their stores instead of a main loop later.
+            if pid_m < GROUP_M:
+                if TMA_STORE:
+                    bulk_stores_done(INTERPRET)
+                _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
+                                  tiles_m, tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer,
+                                  first_consumer, TP, GROUP_M, STAGED)
+                prev_m = -1
+    return prev_m, prev_n
 
 
 @triton.jit
@@ -209,7 +254,8 @@ def _split_tail_tiles(x_desc, w1_ptr, w3_ptr, b1_ptr, b3_ptr, keep_ptr, M, H, Fp
         off_n = pid_n * BN + (h % 2) * HALF
         acc1 = tl.zeros((BM, HALF), dtype=tl.float32)
         acc3 = tl.zeros((BM, HALF), dtype=tl.float32)
-        acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, off_n, H, acc1, acc3, BK, DUAL, PRECISION)
+        acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, off_n, 0, tl.cdiv(H, BK), acc1, acc3, BK, DUAL,
+                                PRECISION)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = off_n + tl.arange(0, HALF)
         act = _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT, HAS_B1, HAS_B3).to(keep_ptr.dtype.element_ty)
@@ -314,7 +360,7 @@ def stage1_kernel(
     order, are split into up to ``split_k`` contiguous runs, one work item each, so that all SMs
     stream W2; each run waits only for its own chunks. Its partial sum goes to its slot of
     ``split_ptr`` (``[tiles, split_k, BM, BN]`` float32), and the run that finishes last
-    (``split_counters_ptr``: one local int32 per tile, 0 between calls) adds the slots in split
+    (``split_counters_ptr``: one local int32 per tile, 0 between calls) adds the slots in run
     order (the same bits whichever finishes last) and runs the tile's epilogue.
     """
     epoch = tl.load(epoch_ptr, volatile=True)
@@ -344,8 +390,8 @@ def stage1_kernel(
                                            BM, BN, BK, GROUP_M, PRECISION, TIMED, INTERPRET)
             finishes = True
             if SPLIT_K:
-                acc, finishes = _add_split_partials(acc, split_ptr, split_counters_ptr, tile, split, splits, split_k,
-                                                    pid_m * BM + tl.arange(0, BM) < M, BM, BN)
+                acc, _, finishes = _add_split_partials(acc, acc, split_ptr, split_counters_ptr, tile, split, splits,
+                                                       split_k, pid_m * BM + tl.arange(0, BM) < M, BM, BN, False)
             if finishes:
                 _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch,
                                  claim_ptr, report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr,
@@ -356,8 +402,8 @@ def stage1_kernel(
 @triton.jit
 def _chunks_in_arrival_order(acc, a_desc, w2_desc, a_flags_ptr, epoch, claim_ptr, report_ptr, rank, timeout_ns, pid_m,
                              pid_n, first, last, shipped, Mp, Fp, F1, kchunk, nch, nch1, TP: tl.constexpr,
-                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
-                             TIMED: tl.constexpr, INTERPRET: tl.constexpr):
+                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                             PRECISION: tl.constexpr, TIMED: tl.constexpr, INTERPRET: tl.constexpr):
     """``acc`` += the tile's K-chunks ``[first, last)`` in arrival order: this rank's own chunks
     (already here), then chunk j of every producer, then j + 1; each producer chunk's flag awaited
     just before it is read."""
@@ -383,25 +429,34 @@ def _chunks_in_arrival_order(acc, a_desc, w2_desc, a_flags_ptr, epoch, claim_ptr
 
 
 @triton.jit
-def _add_split_partials(acc, split_ptr, counters_ptr, tile, split, splits, split_k, row_ok, BM: tl.constexpr,
-                        BN: tl.constexpr):
-    """(the tile's whole sum, True) for the split that finishes it last, (``acc``, False) for the
-    others; see ``stage1_kernel``'s ``SPLIT_K``. Only rows below M are stored and read."""
+def _add_split_partials(acc, acc3, split_ptr, counters_ptr, tile, split, splits, split_k, row_ok, BM: tl.constexpr,
+                        BN: tl.constexpr, DUAL: tl.constexpr):
+    """(the tile's whole sums, True) for the run that finishes it last, (its own, False) for the
+    others: ``acc`` (and ``acc3`` when DUAL) of run ``split`` of ``splits``, ``split_k`` slots
+    per tile, one counter per tile. Every run stores its sums to its slot; the last to count adds
+    the slots in run order, so the bits do not depend on which run finished last. (A fixed
+    pairwise tree, which reads fewer slots per run but waits once per level, measured slower at
+    8 of 10 decode shapes on an H100.) Only rows below M are stored and read."""
+    SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
     rows = tl.arange(0, BM)
     cols = tl.arange(0, BN)
-    slots = split_ptr + ((tile * split_k).to(tl.int64) * BM + rows[:, None]) * BN + cols[None, :]
+    slots = split_ptr + (tile * split_k).to(tl.int64) * SLOT + (rows[:, None] * BN + cols[None, :])
     mask = row_ok[:, None]
-    tl.store(slots + split * (BM * BN), acc, mask=mask)
+    tl.store(slots + split * SLOT, acc, mask=mask)
+    if DUAL:
+        tl.store(slots + split * SLOT + BM * BN, acc3, mask=mask)
     finishes = count_local(counters_ptr + tile) == splits - 1
-    total = acc
     if finishes:
         tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # for the next call
         tl.debug_barrier()  # every thread reads after the acquire above
-        total = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc3 = tl.zeros((BM, BN), dtype=tl.float32)
         for q in range(0, splits):
             # .cg: from L2, where the other SMs' stores went
-            total += tl.load(slots + q * (BM * BN), mask=mask, other=0.0, cache_modifier=".cg")
-    return total, finishes
+            acc += tl.load(slots + q * SLOT, mask=mask, other=0.0, cache_modifier=".cg")
+            if DUAL:
+                acc3 += tl.load(slots + q * SLOT + BM * BN, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc, acc3, finishes
 
 
 @triton.jit
@@ -508,14 +563,17 @@ def padded_rows(M: int, BM: int) -> int:
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
                   a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
                   rank=0, timed=True, count_first_at_once=False, fship=None, keep=None, tail_group=0,
-                  tma_store=False, split_last=False):
+                  tma_store=False, split_last=False, split_k=1, split_partials=None, split_counters=None):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
     straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
     words to wait on in the kernel (None: the caller made the stream wait); ``fship``: columns
     row group ``tail_group`` ships (default all), the rest of that group's into ``keep``
     ``[Mp - m0, Fp - fship]`` (the tail; ``m0``: the group's first row); ``tma_store``: the
     staged tiles by TMA (with ``stage`` only); ``split_last``: a final partial round of tail tiles
-    made in half-width tiles (``split_tail_tiles``)."""
+    made in half-width tiles (``split_tail_tiles``); ``split_k`` > 1: each tile's K-steps in that
+    many runs (``stage0_kernel``'s ``SPLIT_K``), with ``split_partials`` (float32,
+    ``split_partials_numel`` with two accumulators for SwiGLU) and ``split_counters`` (int32, one
+    per tile, 0)."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -523,8 +581,14 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     assert w1.stride(1) == 1 and (w3 is None or w3.stride() == w1.stride()), (w1.stride(), w3 and w3.stride())
     fship = Fp if fship is None else fship
     assert fship == Fp or (fship % BN == 0 and keep is not None), (fship, Fp, BN)
-    grid = (max(1, min(num_sms, launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN))),)
+    tiles = launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN)
     split = split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, num_sms) if split_last else 0
+    if split_k > 1:
+        assert split == 0 and split_k <= launcher.cdiv(H, BK), (split, split_k, H, BK)
+        accumulators = 2 if act == ACT_SWIGLU else 1
+        _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Fp, config, split_k, accumulators),
+                             tiles)
+    grid = (max(1, min(num_sms, tiles * split_k)),)
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
@@ -537,7 +601,9 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed,
         COUNT_FIRST_AT_ONCE=count_first_at_once, TMA_STORE=tma_store and stage is not None,
         INTERPRET=launcher.interpreting(),
-        split_tiles=split, SPLIT_LAST=split > 0, num_stages=stages, num_warps=warps,
+        split_tiles=split, SPLIT_LAST=split > 0, split_ptr=split_partials if split_k > 1 else counters,
+        split_counters_ptr=split_counters if split_k > 1 else counters, split_k=split_k, SPLIT_K=split_k > 1,
+        num_stages=stages, num_warps=warps,
     )
 
 
@@ -578,9 +644,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     assert kchunk % BK == 0 and Fp % BK == 0 and fship % BK == 0 and f1 % BK == 0, (kchunk, Fp, fship, f1, BK)
     tiles = launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN)
     if split_k > 1:
-        assert split_partials is not None and split_partials.dtype == torch.float32, "split_k needs float32 partials"
-        assert split_partials.numel() >= split_partials_numel(M, Ns, config, split_k), split_partials.numel()
-        assert split_counters is not None and split_counters.numel() >= tiles, "split_k needs a counter per tile"
+        _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Ns, config, split_k), tiles)
     grid = (max(1, min(num_sms, tiles * split_k)),)
     launcher.launch(stage1_kernel, grid,
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
@@ -595,10 +659,20 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     )
 
 
-def split_partials_numel(M: int, Ns: int, config, split_k: int) -> int:
-    """Float32 elements of stage 1's split-K partial sums: a ``BM x BN`` slot per tile and split."""
+def split_partials_numel(M: int, N: int, config, split_k: int, accumulators: int = 1) -> int:
+    """Float32 elements of a stage's split-K partial sums (``N``: its columns): a slot of
+    ``accumulators`` ``BM x BN`` tiles per tile and run."""
     BM, BN = config[0], config[1]
-    return launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN) * split_k * BM * BN
+    return launcher.cdiv(M, BM) * launcher.cdiv(N, BN) * split_k * accumulators * BM * BN
+
+
+def _check_split_buffers(partials, counters, numel: int, words: int) -> None:
+    """Split-K's buffers: ``numel`` float32 partials, ``words`` counters (a tensor, or a device
+    pointer into the flag region, which the plan sized)."""
+    assert partials is not None and partials.dtype == torch.float32, "split-K needs float32 partial sums"
+    assert partials.numel() >= numel, (partials.numel(), numel)
+    assert counters is not None, "split-K needs its counters"
+    assert not isinstance(counters, torch.Tensor) or counters.numel() >= words, (counters.numel(), words)
 
 
 def launch_tail(keep, w2, peer_data, peer_flags, part_offset, counters, epoch, status, timeout_ns, rank, M, producer,

@@ -126,7 +126,8 @@ class ChunkPlan:
     kchunk: int
     nch: int  # K-chunks per stage-0 rank
     nch1: int  # K-chunks of the stage-1 share
-    split_k: int = 1  # runs per stage-1 tile (stage1_split_k)
+    split0: int = 1  # runs per stage-0 tile (split_runs)
+    split1: int = 1  # runs per stage-1 tile (split_runs)
 
     @property
     def flag_words(self) -> int:
@@ -151,24 +152,25 @@ def chunk_plan(M: int, F: int, N: int, tp: int, swiglu: bool, dtype, num_sms: in
     # Chunks cover what the widest group ships: all of fp, but for one group only its shipped part.
     kchunk, nch = k_chunks(fp - tail if groups == 1 else fp, cfg0[1], cfg1[2], groups, tp)
     nch1 = -(-f1 // kchunk)
-    split = stage1_split_k(tiles_m * -(-(N // tp) // cfg1[1]), nch1 + tp * nch, num_sms)
+    split0 = split_runs(tiles_m * -(-fp // cfg0[1]), -(-h // cfg0[2]), num_sms, knobs.cta.STAGE0_SPLIT_K)
+    split1 = split_runs(tiles_m * -(-(N // tp) // cfg1[1]), nch1 + tp * nch, num_sms, knobs.cta.STAGE1_SPLIT_K)
     return ChunkPlan(cfg0, cfg1, tp, tiles_m, groups, window, f1, fp - tail, tail, groups - 1, kchunk, nch, nch1,
-                     split)
+                     split0, split1)
 
 
-def stage1_split_k(tiles: int, chunks: int, num_sms: int) -> int:
-    """Runs per stage-1 tile (``stage1_kernel``'s ``SPLIT_K``; ``chunks``: a tile's K-chunks): with
-    ``tiles`` fewer than half the SMs (decode sizes: a tile streams ``K x BN`` of W2 alone, so few
-    tiles read it at a fraction of the GPU's bandwidth), as many runs as fill the SMs, at most one
-    per K-chunk; 1 otherwise (``knobs.cta.STAGE1_SPLIT_K``, when set: that many, at most one per K-chunk).
-    The split counters follow the row counters in their region: they must fit there."""
-    want = knobs.cta.STAGE1_SPLIT_K
+def split_runs(tiles: int, steps: int, num_sms: int, want: int | None) -> int:
+    """Split-K runs per tile of a stage's GEMM (the kernels' ``SPLIT_K``; ``steps``: the units its
+    K splits in, stage 0's BK-steps or stage 1's K-chunks): with ``tiles`` fewer than half the
+    SMs (decode sizes: a tile streams ``K x BN`` of the weight alone, so few tiles read it at a
+    fraction of the GPU's bandwidth), as many runs as fill the SMs; 1 otherwise; ``want`` (the
+    stage's ``knobs.cta.STAGE<i>_SPLIT_K``), when set, for every call. At most one run per step;
+    none where a split counter per tile would not fit after the row counters
+    (``symm_layout.CTA_Y_COUNTERS``)."""
     if want is None:
         want = num_sms // tiles if 2 * tiles <= num_sms else 1
-    split = max(1, min(int(want), chunks))
-    if split > 1 and 2 * tiles > symm_layout.CTA_ROW_WORDS:  # (the row counters: at most one per tile)
+    if 2 * tiles > symm_layout.CTA_ROW_WORDS:
         return 1
-    return split
+    return max(1, min(int(want), steps))
 
 
 def _rounds(tiles: int, num_sms: int) -> int:

@@ -151,9 +151,12 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     keep = _staging_buffer(x, (mp - m0) * tail, "tail") if stage == 0 and tail else None
     ship_first = bool(tail) and tp == 1 and knobs.cta.SHIP_BEFORE_TAILS
     part = st.data_view(x.dtype, (tp * M * (N // tp),), part_offset) if tail else None
-    split_partials = None
-    if stage == 1 and s1 == "triton" and plan.split_k > 1:
-        split_partials = _staging_buffer(x, cta.split_partials_numel(M, N // tp, cfg1, plan.split_k), "split",
+    split_partials = None  # split-K's float32 partial sums (its counters: the start of CTA_Y_COUNTERS)
+    if stage == 0 and s0 == "triton" and plan.split0 > 1:
+        split_partials = _staging_buffer(x, cta.split_partials_numel(M, fp, cfg0, plan.split0, 1 + swiglu), "split",
+                                         torch.float32)
+    if stage == 1 and s1 == "triton" and plan.split1 > 1:
+        split_partials = _staging_buffer(x, cta.split_partials_numel(M, N // tp, cfg1, plan.split1), "split",
                                          torch.float32)
 
     tma_store = knobs.cta.STAGE0_TMA_STORE
@@ -173,7 +176,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                               base + symm_layout.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
                               timeout_ns=st.timeout_ns, rank=r, count_first_at_once=knobs.cta.COUNT_FIRST_GROUP_AT_ONCE,
                               fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=tma_store,
-                              split_last=knobs.cta.STAGE0_SPLIT_LAST)
+                              split_last=knobs.cta.STAGE0_SPLIT_LAST and plan.split0 == 1, split_k=plan.split0,
+                              split_partials=split_partials, split_counters=word(symm_layout.CTA_Y_COUNTERS))
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1 and s0 == "cublas":
@@ -192,7 +196,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                           word(symm_layout.CTA_Y_COUNTERS), epoch_word, status, st.timeout_ns, r, ws, M, fp, idx, kchunk,
                           nch, base + symm_layout.CTA_Y_DONE, tp, cfg1, st.num_sms, f1=f1, ready=ready, fship=plan.fship,
                           part=part, tail_flags=word(symm_layout.CTA_TAIL_ARRIVED), tail_group=plan.tail_group,
-                          ship_before_tail=ship_first, split_k=plan.split_k, split_partials=split_partials,
+                          ship_before_tail=ship_first, split_k=plan.split1, split_partials=split_partials,
                           split_counters=word(symm_layout.CTA_Y_COUNTERS + tiles_m))
 
     keep2d = keep[:(mp - m0) * tail].view(mp - m0, tail) if keep is not None else None
@@ -279,7 +283,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
 
 def _staging_buffer(x: Tensor, numel: int, what: str, dtype: torch.dtype | None = None) -> Tensor:
     """A rank's local buffers (``what``: stage 0's "blocks", the chunk-major blocks the copy engine
-    ships, and "tail", its tail of A; stage 1's "split", float32 split-K partial sums), of ``x``'s
+    ships, and "tail", its tail of A; "split", a stage's float32 split-K partial sums), of ``x``'s
     dtype unless ``dtype``. Reused: the next call's kernels run after this call's pushes, which
     ``GroupState.end`` orders before anything later on the compute stream."""
     dtype = dtype or x.dtype

@@ -161,8 +161,10 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
                          f"{act} per (row group, K-chunk) block into the staging buffer, then cuStreamWriteValue32 of "
                          "its CTA_DONE")
         else:
-            lines.append(f"launch(stage0_kernel, x, placed.w1, position={idx}, stream=compute)  # GEMM 1 + {act} tiles "
-                         f"{store}; raises CTA_DONE of each (row group, K-chunk) block once its tiles are counted")
+            split = f" ({plan.split0} split-K runs per tile)" if plan.split0 > 1 else ""
+            lines.append(f"launch(stage0_kernel, x, placed.w1, position={idx}, stream=compute)  # GEMM 1 + {act} tiles"
+                         f"{split} {store}; raises CTA_DONE of each (row group, K-chunk) block once its tiles are "
+                         "counted")
         if staged:
             for g in range(plan.groups):
                 shipped = plan.fship if g == plan.tail_group else fp
@@ -191,8 +193,8 @@ def _cta_symm(args: dict, rank: int, ws: int, captured: bool) -> list[str]:
                          "cuStreamWaitValue32 on each block's CTA_ARRIVED, addmm into the output rows in arrival "
                          "order; the tails; the rows to every rank by cuMemcpyAsync, their CTA_Y_DONE by signal_kernel")
         else:
-            split = (f" in {plan.split_k} runs per tile (split-K: the run that finishes last adds the partial sums)"
-                     if plan.split_k > 1 else "")
+            split = (f" in {plan.split1} runs per tile (split-K: the last run adds the partial sums)"
+                     if plan.split1 > 1 else "")
             lines.append("launch(stage1_kernel, a, placed.w2, stream=compute)  # each CTA walks K in arrival order"
                          f"{split}, waiting per K-chunk on CTA_ARRIVED; stores its result tiles into every rank's "
                          "buffer, CTA_Y_DONE")

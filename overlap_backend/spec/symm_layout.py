@@ -49,7 +49,8 @@ CTA_COUNTERS = CTA_ARRIVED + CTA_CHUNK_WORDS  # [g * nch + j]: tiles of block (g
 CTA_DONE = CTA_COUNTERS + CTA_CHUNK_WORDS // 2  # [g * nch + j]: block (g, j) staged (stage 0, local)
 CTA_Y_DONE = CTA_DONE + CTA_CHUNK_WORDS // 2  # [t * tiles_m + m]: stage-1 rank t's row block m is here
 # [m]: tiles of row block m done (stage 1, local), then [tiles_m + tile]: split-K runs of a tile done (stage 1,
-# local); stage 0: [t * tiles_m + m], its tail tiles for rank t
+# local); stage 0: [tile], its split-K runs, then (the next kernel) [t * tiles_m + m], its tail tiles for rank t.
+# Every kernel leaves the words it counts on at 0, so kernels one after another share them.
 CTA_Y_COUNTERS = CTA_Y_DONE + CTA_ROW_WORDS
 CTA_TAIL_ARRIVED = CTA_Y_COUNTERS + CTA_ROW_WORDS  # [p * tiles_m + m]: stage-0 rank p's tail of row block m is here
 CTA_EPOCH = CTA_TAIL_ARRIVED + CTA_ROW_WORDS  # the epoch the kernels read (local)

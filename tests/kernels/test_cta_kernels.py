@@ -226,11 +226,43 @@ def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k):
                 assert world.flags[r][B + symm_layout.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]].eq(EPOCH).all()
 
 
+@pytest.mark.parametrize("ws,M,H,F_,N,act,bias,transport,tma,first,split", [
+    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4),     # 4 K-steps in 4 runs, TMA stores
+    (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3),  # two accumulators, 3 runs (a pair and one)
+    (4, 24, 64, 128, 64, "swiglu", False, "ce", False, True, 2),  # 2 producers, each splitting
+    (4, 20, 64, 256, 32, "gelu", True, "peer", False, False, 3),
+])
+def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, first, split):
+    """Stage 0 with each tile's K-steps in several runs (``SPLIT_K``; slots NaN-poisoned), the run
+    that adds the last pair making the tile's epilogue: the same chunk-major blocks, flags and MLP
+    result, every counter (chunk and split) back at 0."""
+    tp = ws // 2
+    fp = F_ // tp
+    tiles = -(-M // CFG0[0]) * -(-fp // CFG0[1])
+    counters = torch.zeros(tiles, dtype=torch.int32)
+    accumulators = 2 if act == "swiglu" else 1
+    parts = torch.full((cta.split_partials_numel(M, fp, CFG0, split, accumulators),), float("nan"))
+    res = _run(ws, M, H, F_, N, act, bias, transport=transport,
+               stage0_order=dict(tma_store=tma, count_first_at_once=first, split_k=split, split_partials=parts,
+                                 split_counters=counters))
+    world = res["world"]
+    real = ~res["a_ref"].isnan()
+    for r in range(tp, ws):
+        torch.testing.assert_close(world.a(r, res["kchunk"])[real], res["a_ref"][real], atol=1e-4, rtol=1e-4)
+        n_chunk = res["groups"] * tp * res["nch"]
+        assert world.flags[r][B + symm_layout.CTA_ARRIVED:B + symm_layout.CTA_ARRIVED + n_chunk].eq(EPOCH).all()
+    for r in range(ws):
+        assert res["statuses"][r][1].tolist() == [0] * 8, f"rank {r} gave up a wait"
+        torch.testing.assert_close(res["outs"][r], res["y_ref"], atol=1e-4, rtol=1e-4)
+        assert world.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_DONE].eq(0).all()
+    assert counters.eq(0).all() and not parts.isnan().all()  # (every producer used the same buffers, in turn)
+
+
 @pytest.mark.parametrize("chunks,split_k,runs", [(3, 2, [(0, 1), (1, 3)]), (4, 4, [(0, 1), (1, 2), (2, 3), (3, 4)]),
                                                 (5, 3, [(0, 1), (1, 3), (3, 5)])])
 def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs):
     """Run q of a tile sums K-chunks ``[q * n // s, (q + 1) * n // s)`` (its slot, read back), and
-    the output is the slots added in run order."""
+    the output is the slots added in run order (the same bits whichever run finished last)."""
     M, N, kchunk = 16, 16, 16
     K = chunks * kchunk
     a, w2 = torch.randn(M, K), torch.randn(K, N)
@@ -608,44 +640,52 @@ def test_host_path_last_group_tail(fake_host_path, ws, F_, M, num_sms, share, tr
 
 
 @pytest.mark.parametrize("ws,F_,M,num_sms,act,share,ship_first,split", [
-    (2, 1024, 40, 4, "gelu", None, True, 3),     # several row groups, the last with tails shipped first
-    (2, 1024, 50, 4, "gelu", 256, False, 2),     # a stage-1 share (own chunks first), tails added before
-    (4, 1024, 40, 2, "gelu", None, True, 16),    # 2 producers; more runs asked than K-chunks
-    (4, 1536, 20, 8, "swiglu", None, True, 4),   # the SwiGLU share, no tails
-    (2, 1024, 20, 64, "gelu", None, True, None),  # the plan's own choice: few tiles on many SMs
+    (2, 1024, 40, 4, "gelu", None, True, (1, 3)),      # several row groups, the last with tails shipped first
+    (2, 1024, 50, 4, "gelu", 256, False, (1, 2)),      # a stage-1 share (own chunks first), tails added before
+    (4, 1024, 40, 2, "gelu", None, True, (1, 16)),     # 2 producers; more runs asked than K-chunks
+    (4, 1536, 20, 8, "swiglu", None, True, (1, 4)),    # the SwiGLU share, no tails
+    (2, 1024, 20, 64, "gelu", None, True, (None, None)),  # the plan's own choice: few tiles on many SMs
+    (2, 1024, 40, 4, "gelu", None, True, (2, 1)),      # stage 0 split, with its tails
+    (4, 1536, 20, 8, "swiglu", None, True, (3, 2)),    # both stages split, two accumulators in stage 0
 ])
-def test_host_path_stage1_split_k(fake_host_path, ws, F_, M, num_sms, act, share, ship_first, split):
-    """Stage 1 split-K (``STAGE1_SPLIT_K``) inside the op, for two calls: with the stage-0 tails
-    (their partial products added by the finishing run), a stage-1 share and several row groups,
-    every rank returns the MLP's result and the split counters are back at 0."""
+def test_host_path_split_k(fake_host_path, monkeypatch, ws, F_, M, num_sms, act, share, ship_first, split):
+    """Split-K (``STAGE0_SPLIT_K``, ``STAGE1_SPLIT_K``) inside the op, for two calls: with the stage-0
+    tails (their partial products added by stage 1's finishing run), a stage-1 share and several row
+    groups, every rank returns the MLP's result and every counter is back at 0."""
     from overlap_backend.runtime import cta_plan
 
+    monkeypatch.setattr(FakeHostPath, "H", 48)  # 3 K-steps of 16 for stage 0 to split
     fake = fake_host_path(ws, F_, transport="ce", num_sms=num_sms, M=M)
-    with knobs.cta.patch(GELU_SHARE_COLS=share, SHIP_BEFORE_TAILS=ship_first, STAGE1_SPLIT_K=split):
+    with knobs.cta.patch(GELU_SHARE_COLS=share, SHIP_BEFORE_TAILS=ship_first, STAGE0_SPLIT_K=split[0],
+                         STAGE1_SPLIT_K=split[1]):
         plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, act == "swiglu", torch.float32, num_sms, H=fake.H)
-        assert plan.split_k > 1, plan
+        assert (plan.split0, plan.split1) != (1, 1), plan
+        assert split[0] is None or plan.split0 == split[0], plan
         fake.check_calls(act)
     for r in range(ws):
-        words = fake.group.flags[r][B + symm_layout.CTA_Y_COUNTERS:B + symm_layout.CTA_TAIL_ARRIVED]
+        words = fake.group.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_TAIL_ARRIVED]
+        words = torch.cat([words[:symm_layout.CTA_DONE - symm_layout.CTA_COUNTERS],
+                           words[symm_layout.CTA_Y_COUNTERS - symm_layout.CTA_COUNTERS:]])
         assert words.eq(0).all(), (r, words.nonzero())
 
 
-def test_stage1_split_k_fills_the_sms_only_at_few_tiles():
+def test_split_runs_fill_the_sms_only_at_few_tiles():
     """132 SMs: 8 tiles of 16 K-chunks in 16 runs, 32 tiles of 4 chunks in 4, 64 tiles (over half
-    the SMs) in one; never more runs than K-chunks; the knob sets the runs of every call."""
+    the SMs) in one; never more runs than K-steps, none where the counters would not fit; the knob
+    sets the runs of every call."""
     assert cta_plan_split(8, 16) == 16 and cta_plan_split(8, 8) == 8
     assert cta_plan_split(32, 4) == 4 and cta_plan_split(33, 16) == 4
     assert cta_plan_split(66, 16) == 2 and cta_plan_split(67, 16) == 1 and cta_plan_split(256, 16) == 1
-    with knobs.cta.patch(STAGE1_SPLIT_K=1):
-        assert cta_plan_split(8, 16) == 1
-    with knobs.cta.patch(STAGE1_SPLIT_K=6):
-        assert cta_plan_split(256, 16) == 6 and cta_plan_split(256, 4) == 4
+    assert cta_plan_split(8, 16, want=1) == 1
+    assert cta_plan_split(100, 16, want=6) == 6 and cta_plan_split(100, 4, want=6) == 4
+    assert cta_plan_split(256, 16, want=6) == 6
+    assert cta_plan_split(symm_layout.CTA_ROW_WORDS // 2 + 1, 16, want=6) == 1  # row and split counters: no room
 
 
-def cta_plan_split(tiles, chunks, num_sms=132):
+def cta_plan_split(tiles, steps, num_sms=132, want=None):
     from overlap_backend.runtime import cta_plan
 
-    return cta_plan.stage1_split_k(tiles, chunks, num_sms)
+    return cta_plan.split_runs(tiles, steps, num_sms, want)
 
 
 @pytest.mark.parametrize("ws,F_,M,num_sms,transport", [(2, 1024, 50, 6, "ce"), (4, 2048, 16, 8, "peer"),

@@ -51,9 +51,10 @@ cta = Knobs(
     # One stage-0 rank: the last group's rows are shipped before the tails' partial products are added, so
     # the two transfers overlap (0.435 vs 0.450 ms at M=512, bench/results/cta_h200x2_2026-11-30/tma_store/).
     SHIP_BEFORE_TAILS=True,
-    # Stage 1 with few tiles (decode sizes): each tile's K-chunks in several runs on as many SMs, the last run
-    # adding the partial sums (None: as runtime/cta_plan.stage1_split_k decides; a number: the runs of every
-    # call, 1 for none).
+    # A stage with few tiles (decode sizes): each tile's K in several runs on as many SMs, the last run adding
+    # the partial sums (None: as runtime/cta_plan.split_runs decides; a number: the runs of every call, 1 for
+    # none). Stage 0 splits its K-steps, stage 1 its K-chunks.
+    STAGE0_SPLIT_K=None,
     STAGE1_SPLIT_K=None,
     # Stage-0 block config, GELU (one accumulator), 16-bit inputs.
     STAGE0_CONFIG=(128, 256, 64, 0, 3, 8),
