@@ -1,0 +1,5 @@
+P="env PYTHONPATH=.. OVERLAP_TEST_SHARED_GPU=1 python -m pytest -q -rA -p no:cacheprovider"
+TAILN=8 run cta_ws2 120 $P ../tests/gpu/test_gpu_cta.py -k "symm_numerics and ws2"
+TAILN=8 run cta_graphs_ws2 100 $P ../tests/gpu/test_gpu_cta.py -k "cuda_graphs and ws2"
+TAILN=8 run cta_ws4 150 $P ../tests/gpu/test_gpu_cta.py -k "symm_numerics and ws4"
+TAILN=8 run cta_compiled 100 $P ../tests/gpu/test_gpu_cta.py -k "compiled"
