@@ -363,8 +363,8 @@ class Bench:
         a, b = self.a, self.b
         self.baseline = ("cuBLAS torch.mm + torch F.gelu tanh (Inductor pointwise proxy)",
                          lambda: F.gelu(torch.mm(a, b), approximate="tanh"))
-        # the op's config and split-K runs (cta_plan, no tuning), pointer and TMA stores of the staged tiles;
-        # variants: no split, and narrower tiles (more of them where few rows leave SMs idle)
+        # the op's config and split-K runs (cta_plan, no tuning), pointer and TMA stores of the staged tiles, then
+        # bench-only variants (narrower tiles: more of them where few rows leave SMs idle)
         def split(cfg):
             return cta_plan.split_runs(-(-c.M // cfg[0]) * -(-c.N // cfg[1]), -(-c.K // cfg[2]), self.num_sms,
                                        knobs.cta.STAGE0_SPLIT_K)
@@ -372,8 +372,9 @@ class Bench:
         self.op_cands = [(*cfg0, False, split(cfg0)), (*cfg0, True, split(cfg0))]
         narrow = [(cfg0[0], bn, cfg0[2], cfg0[3], stages, warps) for bn, stages, warps in ((128, 4, 8), (64, 4, 4))
                   if bn < cfg0[1]]
-        self.variant_cands = ([(*cfg0, True, 1)] if split(cfg0) > 1 else []) + [(*cfg, True, split(cfg))
-                                                                                 for cfg in narrow]
+        runs = split(cfg0)  # variants: no split, half the runs (a shorter sum, longer runs), narrower tiles
+        self.variant_cands = [(*cfg0, True, r) for r in sorted({1, runs // 2} - {0, runs})]
+        self.variant_cands += [(*cfg, True, split(cfg)) for cfg in narrow]
         self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cfg[7])
                                         for cfg in self.op_cands + self.variant_cands), device=self.dev)
         self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
@@ -411,13 +412,15 @@ class Bench:
         self.outputs = [self.out]
         a, b = self.a, self.b
         self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
-        # the op's config and split-K runs (cta_plan), then bench-only variants: no split, and 128-column tiles
+        # the op's config and split-K runs (cta_plan), then bench-only variants
         def split(cfg):
             return cta_plan.split_runs(tiles_m * -(-c.N // cfg[1]), tp * nch, self.num_sms, knobs.cta.STAGE1_SPLIT_K)
 
         narrow = (cfg1[0], 128, cfg1[2], cfg1[3], 4, 8)
         self.op_cands = [(*cfg1, split(cfg1))]
-        self.variant_cands = [cand for cand in [(*cfg1, 1), (*narrow, split(narrow))] if cand not in self.op_cands]
+        runs = split(cfg1)  # variants: no split, half the runs (a shorter sum, longer runs), narrower tiles
+        self.variant_cands = [(*cfg1, r) for r in sorted({1, runs // 2} - {0, runs})]
+        self.variant_cands += [cand for cand in [(*narrow, split(narrow))] if cand not in self.op_cands]
         self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cfg[6])
                                         for cfg in self.op_cands + self.variant_cands), device=self.dev)
         self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
