@@ -570,8 +570,8 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     row group ``tail_group`` ships (default all), the rest of that group's into ``keep``
     ``[Mp - m0, Fp - fship]`` (the tail; ``m0``: the group's first row); ``tma_store``: the
     staged tiles by TMA (with ``stage`` only); ``split_last``: a final partial round of tail tiles
-    made in half-width tiles (``split_tail_tiles``); ``split_k`` > 1: each tile's K-steps in that
-    many runs (``stage0_kernel``'s ``SPLIT_K``), with ``split_partials`` (float32,
+    made in half-width tiles (``split_tail_tiles``; not with split-K); ``split_k`` > 1: each tile's
+    K-steps in that many runs (``stage0_kernel``'s ``SPLIT_K``), with ``split_partials`` (float32,
     ``split_partials_numel`` with two accumulators for SwiGLU) and ``split_counters`` (int32, one
     per tile, 0)."""
     M, H = x.shape
@@ -582,9 +582,10 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     fship = Fp if fship is None else fship
     assert fship == Fp or (fship % BN == 0 and keep is not None), (fship, Fp, BN)
     tiles = launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN)
-    split = split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, num_sms) if split_last else 0
+    # (half-width last tiles only without split-K: its runs already fill the SMs)
+    split = split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, num_sms) if split_last and split_k == 1 else 0
     if split_k > 1:
-        assert split == 0 and split_k <= launcher.cdiv(H, BK), (split, split_k, H, BK)
+        assert split_k <= launcher.cdiv(H, BK), (split_k, H, BK)
         accumulators = 2 if act == ACT_SWIGLU else 1
         _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Fp, config, split_k, accumulators),
                              tiles)

@@ -176,7 +176,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                               base + symm_layout.CTA_ARRIVED, tp, tp, act, cfg0, st.num_sms, ready=ready, status=status,
                               timeout_ns=st.timeout_ns, rank=r, count_first_at_once=knobs.cta.COUNT_FIRST_GROUP_AT_ONCE,
                               fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=tma_store,
-                              split_last=knobs.cta.STAGE0_SPLIT_LAST and plan.split0 == 1, split_k=plan.split0,
+                              split_last=knobs.cta.STAGE0_SPLIT_LAST, split_k=plan.split0,
                               split_partials=split_partials, split_counters=word(symm_layout.CTA_Y_COUNTERS))
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
