@@ -18,8 +18,11 @@ the two grouped GEMMs on rows already sorted), with their flag steps left out. E
 and at decode sizes, deduplicated (``cases``). Per case: the op's tuning candidates
 (``codegen.configs.candidates``, what the op's tuner picks from) and the bench-only variants
 (``knobs.codegen.VARIANTS_16BIT``: store variants, other stages / GROUP_M), each checked against a
-float32 reference on random inputs with its outputs NaN-poisoned first, then timed (CUDA events after
-warm-up, median of ``--reps``). Baselines: ``torch.mm`` / ``torch._grouped_mm`` on the same GEMM; with
+float32 reference on random inputs with its outputs NaN-poisoned first, then timed: GPU time, CUDA events
+around each call after warm-up, median of ``--reps``, the calls enqueued behind a GPU spin so that none
+waits for its launch (``common.queued_ms``: the host's launch time, recorded beside it, is not in it, as
+in the ops' CUDA graphs); the op's best config and the baseline also back to back, events only, where a
+launch that takes longer than its kernel shows. Baselines: ``torch.mm`` / ``torch._grouped_mm`` on the same GEMM; with
 a fused epilogue, cuBLAS plus torch's separate pointwise op (the stand-in for Inductor's pointwise
 kernel, labelled so in the table), timed before and after the case's configs, the faster run kept; the one-shot
 sum against ``torch.sum`` over the partials.
@@ -624,8 +627,12 @@ class Bench:
         _sync()
         return self.error()
 
-    def time(self, fn) -> float:
-        return common.events_ms(fn, n=self.reps, warm=5)
+    def time(self, fn) -> "common.QueuedTime":
+        return common.queued_ms(fn, n=self.reps, warm=5)
+
+    def back_to_back_ms(self, fn) -> float:
+        """Event timing of calls enqueued as they run: the host's launch time shows where it exceeds the GPU's."""
+        return common.events_ms(fn, n=self.reps, warm=2)
 
 
 def _sync() -> None:
@@ -651,7 +658,8 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
         row["error"] = f"set-up failed: {type(e).__name__}: {str(e)[:300]}"
         return row
     row["baseline"] = b.baseline[0]
-    row["baseline_ms"] = b.time(b.baseline[1])
+    t = b.time(b.baseline[1])
+    row["baseline_ms"], row["baseline_host_us"], queued = t.ms, t.host_us, [t.queued]
     configs = [(cfg, "op") for cfg in b.op_cands] + ([(cfg, "variant") for cfg in b.variant_cands] if variants else [])
     results = []
     for cfg, kind in configs:
@@ -667,19 +675,29 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
             if not err <= CHECK_TOL:
                 why = f"WRONG (rel err {err:.2e})"
         if why is None:
-            r["ms"] = b.time(lambda: b.run(cfg))
+            t = b.time(lambda: b.run(cfg))
+            r["ms"], r["host_us"] = t.ms, t.host_us
+            queued.append(t.queued)
         else:
             r["error"] = why
         results.append(r)
     # cuBLAS again after the configs, the faster of the two kept: one run's slow baseline (the same GEMM
     # measured in two rows differed by up to 2x on an H100) skews every ratio of its row.
-    row["baseline_ms_runs"] = [row["baseline_ms"], b.time(b.baseline[1])]
+    t = b.time(b.baseline[1])
+    queued.append(t.queued)
+    row["baseline_ms_runs"] = [row["baseline_ms"], t.ms]
     row["baseline_ms"] = min(row["baseline_ms_runs"])
     for r in results:
         if "ms" in r:
             r["ratio"] = r["ms"] / row["baseline_ms"]
     row["configs"] = results
+    row["all_queued"] = all(queued)  # (False: some call waited on the GPU, its time includes host time)
     summarize(row)
+    op_timed = [(r["ms"], cfg) for r, (cfg, kind) in zip(results, configs) if kind == "op" and "ms" in r]
+    if op_timed:  # what back-to-back event timing reads at this case (the host's launch time where it is longer)
+        op_cfg = min(op_timed, key=lambda x: x[0])[1]
+        row["back_to_back_ms"] = {"baseline": b.back_to_back_ms(b.baseline[1]),
+                                  "op": b.back_to_back_ms(lambda: b.run(op_cfg))}
     del b
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -692,7 +710,7 @@ def summarize(row: dict) -> None:
     op = [r for r in ok if r["kind"] == "op"]
     if op:
         best = min(op, key=lambda r: r["ms"])
-        row.update(op_ms=best["ms"], op_config=best["config"], op_ratio=best["ratio"])
+        row.update(op_ms=best["ms"], op_config=best["config"], op_ratio=best["ratio"], op_host_us=best.get("host_us"))
     if ok:
         best = min(ok, key=lambda r: r["ms"])
         row.update(best_ms=best["ms"], best_config=best["config"], best_kind=best["kind"], best_ratio=best["ratio"])
@@ -716,12 +734,13 @@ def fake_measure(case: Case, origins: list[str], variants: bool) -> dict:
         op, var = [None], []
     base = 2 * case.M * case.K * case.N / 700e9 + 0.01
     row = {"case": dataclasses.asdict(case), "label": case.label(), "suites": origins, "baseline": "(dry run)",
-           "baseline_ms": base, "configs": []}
+           "baseline_ms": base, "baseline_host_us": 8.0, "all_queued": True, "configs": []}
     for cfg, kind in [(c, "op") for c in op] + ([(c, "variant") for c in var] if variants else []):
         ms = base * (0.95 + 0.4 * h(case, cfg))
         row["configs"].append({"config": list(cfg) if cfg else None, "kind": kind, "ms": ms, "ratio": ms / base,
-                               "rel_err": 1.7e-3})
+                               "rel_err": 1.7e-3, "host_us": 20 + 40 * h(cfg)})
     summarize(row)
+    row["back_to_back_ms"] = {"baseline": max(base, 0.008), "op": max(row["op_ms"], row["op_host_us"] / 1e3)}
     return row
 
 
@@ -834,13 +853,14 @@ def _fmt_cfg(cfg) -> str:
 
 def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
     head = ["kernel", "ws", "local M×K×N", "fused epilogue", "suites", "baseline", "baseline ms", "op kernel ms",
-            "op / baseline", "op config", "best variant ms", "best / baseline", "best config", "rel err"]
+            "op / baseline", "op config", "best variant ms", "best / baseline", "best config", "rel err",
+            "host µs op / baseline", "back to back op / baseline"]
     body = []
     for r in rows:
         c = r["case"]
         if "error" in r:
             body.append([c["kernel"], c["ws"], f"{c['M']}×{c['K']}×{c['N']}", c["epilogue"] or "-", "; ".join(r["suites"]),
-                         r["error"], "", "", "", "", "", "", "", ""])
+                         r["error"], "", "", "", "", "", "", "", "", "", ""])
             continue
         errs = [x["rel_err"] for x in r.get("configs", ()) if "rel_err" in x]
         flag = lambda v: "" if v is None else (" **>1.03**" if v > 1.03 else "")  # noqa: E731
@@ -851,7 +871,9 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             _fmt_cfg(r.get("op_config")), common.fmt_ms(r.get("best_ms")),
             f"{r['best_ratio']:.3f}" if "best_ratio" in r else "n/a",
             _fmt_cfg(r.get("best_config")) + (" (variant)" if r.get("best_kind") == "variant" else ""),
-            f"{max(errs):.1e}" if errs else "n/a"])
+            f"{max(errs):.1e}" if errs else "n/a",
+            f"{r['op_host_us']:.0f} / {r['baseline_host_us']:.0f}" if r.get("op_host_us") else "n/a",
+            _back_to_back(r)])
     text = [f"# The op kernels alone against cuBLAS ({info.get('gpu', '?')})", "",
             f"`{info['command']}`", "", common.info_markdown(info), "",
             "Ratios are the kernel's time over the baseline's on the same local GEMM (fused epilogue: over cuBLAS "
@@ -860,7 +882,11 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             "variants. **>1.03**: the ops take cuBLAS there once kernel_ratios.json is installed. `*_cublas` rows: the "
             "op's cuBLAS form of that CTA stage over the same baseline (the stage takes it under \"auto\" only where "
             "it beats the stage's kernel); `moe_grouped_mm`: the MoE experts' torch._grouped_mm form (gather, both "
-            "GEMMs, scatter) over the grouped GEMMs on sorted rows.", "",
+            "GEMMs, scatter) over the grouped GEMMs on sorted rows. Times are GPU times with every call queued "
+            "(the ops replay CUDA graphs); `host µs`: the host's time to enqueue one call; `back to back`: the "
+            "ratio as event timing of calls enqueued as they run reads it, where a launch slower than its "
+            "kernel counts (†: some call of the row waited on the GPU while queued, so its times hold host time).",
+            "",
             common.markdown_table(head, body)]
     failures = [f"- {r['label']}: {f}" for r in rows for f in r.get("failed", ())]
     if failures:
@@ -868,6 +894,13 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
     if skipped:
         text += ["", "## Not run (time box)", "", *[f"- {s}" for s in skipped]]
     return "\n".join(text) + "\n"
+
+
+def _back_to_back(row: dict) -> str:
+    b2b = row.get("back_to_back_ms")
+    if not b2b:
+        return "n/a"
+    return f"{b2b['op'] / b2b['baseline']:.3f}" + ("" if row.get("all_queued", True) else " †")
 
 
 def variants_markdown(rows: list[dict]) -> str:

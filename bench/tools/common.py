@@ -8,6 +8,7 @@ measurement, and the reported time is the maximum over ranks of each rank's medi
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -156,6 +157,67 @@ def events_ms(fn: Callable[[], object], n: int = 20, warm: int = 3) -> float:
         fn()
     torch.cuda.synchronize()
     return statistics.median(Timing(torch.device("cuda"))._elapsed_ms(fn, n))
+
+
+_spin_cycles_per_ms: float | None = None
+
+
+def _cycles_per_ms() -> float:
+    """GPU clock cycles per ms of ``torch.cuda._sleep`` (measured once: the spin is what queues the calls)."""
+    global _spin_cycles_per_ms
+    if _spin_cycles_per_ms is None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # (the clock ramps up)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        _spin_cycles_per_ms = 10_000_000 / max(start.elapsed_time(end), 1e-3)
+    return _spin_cycles_per_ms
+
+
+@dataclasses.dataclass
+class QueuedTime:
+    """``queued_ms``'s result: GPU ms per call (median), host µs to enqueue one call, and whether the
+    spin outlasted the enqueueing (if not, ``fn`` waited on the GPU and the GPU time includes host time)."""
+
+    ms: float
+    host_us: float
+    queued: bool
+
+
+def queued_ms(fn: Callable[[], object], n: int = 20, warm: int = 3) -> QueuedTime:
+    """Median GPU time of ``fn`` alone on this GPU, without the host's launch time in it: the ``n``
+    timed calls (each between two CUDA events) are enqueued behind a GPU spin that outlasts their
+    enqueueing, so that no call waits for the host to launch it, as under a CUDA graph. (Back-to-back
+    event timing, ``events_ms``, measures max(GPU time, host time) per call: a kernel whose launch
+    costs more host time than it runs reads as slow as its launch.)"""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    host_s = (time.perf_counter() - t0) / 3
+    torch.cuda.synchronize()
+    for _ in range(3):
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        spun = torch.cuda.Event()
+        torch.cuda._sleep(int((2e3 * host_s * n + 1.0) * _cycles_per_ms()))
+        spun.record()
+        t0 = time.perf_counter()
+        for s, e in zip(starts, ends):
+            s.record()
+            fn()
+            e.record()
+        host_s = (time.perf_counter() - t0) / n
+        queued = not spun.query()
+        torch.cuda.synchronize()
+        result = QueuedTime(statistics.median([s.elapsed_time(e) for s, e in zip(starts, ends)]), host_s * 1e6, queued)
+        if queued:
+            break
+    return result
 
 
 def together_ms(fn: Callable[[], object], n: int = 10, warm: int = 0) -> float:

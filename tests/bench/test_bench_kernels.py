@@ -120,14 +120,20 @@ def test_measure_keeps_the_faster_of_two_baseline_runs(bk, monkeypatch):
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
     monkeypatch.setitem(bk.MOE, "tiny", (64, 128, 4, 2, 64))
     case = bk.Case("moe_down", 2, 128, 64, 128, "", "tiny")
-    times = iter([0.4, 0.3, 0.2])  # the baseline (a slow run), the op's one config, the baseline again
+    QT = bk.common.QueuedTime
+    # the baseline (a slow run), the op's one config, the baseline again (one call waited on the GPU)
+    times = iter([QT(0.4, 9.0, True), QT(0.3, 60.0, True), QT(0.2, 9.0, False)])
     monkeypatch.setattr(bk.Bench, "time", lambda self, fn: next(times))
+    monkeypatch.setattr(bk.Bench, "back_to_back_ms", lambda self, fn: 0.5)
     init = bk.Bench.__init__
     monkeypatch.setattr(bk.Bench, "__init__", lambda self, c, dev, sms, reps: init(self, c, dev, sms, reps, torch.float32))
     row = bk.measure(case, ["MoE tiny"], torch.device("cpu"), 4, 1, variants=False)
     assert "error" not in row and len(row["configs"]) == 1, row
     assert row["baseline_ms_runs"] == [0.4, 0.2] and row["baseline_ms"] == 0.2
     assert row["op_ms"] == 0.3 and row["op_ratio"] == pytest.approx(1.5) and row["configs"][0]["ratio"] == pytest.approx(1.5)
+    assert row["op_host_us"] == 60.0 and row["baseline_host_us"] == 9.0
+    assert row["all_queued"] is False and row["back_to_back_ms"] == {"baseline": 0.5, "op": 0.5}
+    assert bk._back_to_back(row) == "1.000 †"
 
 
 @pytest.mark.parametrize("case", [("cta_stage0_cublas", 4, 16, 64, 512, "gelu_tanh"), ("cta_stage1_cublas", 4, 16, 512, 256),
