@@ -420,10 +420,12 @@ class Bench:
             return cta_plan.split_runs(tiles_m * -(-c.N // cfg[1]), tp * nch, self.num_sms, knobs.cta.STAGE1_SPLIT_K)
 
         narrow = (cfg1[0], 128, cfg1[2], cfg1[3], 4, 8)
+        wide = (cfg1[0], *knobs.cta.STAGE1_CONFIG[1:3], cfg1[3], *knobs.cta.STAGE1_CONFIG[4:])
         self.op_cands = [(*cfg1, split(cfg1))]
-        runs = split(cfg1)  # variants: no split, half the runs (a shorter sum, longer runs), narrower tiles
+        runs = split(cfg1)  # variants: no split, half the runs (a shorter sum, longer runs), the other tile width
         self.variant_cands = [(*cfg1, r) for r in sorted({1, runs // 2} - {0, runs})]
-        self.variant_cands += [cand for cand in [(*narrow, split(narrow))] if cand not in self.op_cands]
+        self.variant_cands += [cand for cand in [(*narrow, split(narrow)), (*wide, split(wide))]
+                               if cand not in self.op_cands]
         self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cfg[6])
                                         for cfg in self.op_cands + self.variant_cands), device=self.dev)
         self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)

@@ -18,7 +18,9 @@ from ..spec import knobs, symm_layout
 
 def block_configs(dtype, swiglu: bool, m: int, ns: int, num_sms: int) -> tuple[tuple, tuple]:
     """The (stage 0, stage 1) block configs of a call of ``m`` rows and ``ns`` stage-1 columns per
-    rank, with ``GROUP_M`` (row blocks per row group) filled in."""
+    rank, with ``GROUP_M`` (row blocks per row group) filled in. 16-bit calls of one row block
+    whose stage 1 has few enough narrow tiles to split K (``split_runs``) take stage 1's decode
+    config (``knobs.cta.STAGE1_CONFIG_DECODE``)."""
     cta = knobs.cta
     if dtype == torch.float32:
         c0, c1 = (cta.STAGE0_CONFIG_FP32_SWIGLU if swiglu else cta.STAGE0_CONFIG_FP32), cta.STAGE1_CONFIG_FP32
@@ -26,6 +28,9 @@ def block_configs(dtype, swiglu: bool, m: int, ns: int, num_sms: int) -> tuple[t
         c0, c1 = (cta.STAGE0_CONFIG_SWIGLU if swiglu else cta.STAGE0_CONFIG), cta.STAGE1_CONFIG
     bm = min(c0[0], c1[0])
     tiles_m, tiles_n1 = -(-m // bm), -(-ns // c1[1])
+    narrow = cta.STAGE1_CONFIG_DECODE
+    if dtype != torch.float32 and tiles_m == 1 and cta.STAGE1_SPLIT_K != 1 and 2 * -(-ns // narrow[1]) <= num_sms:
+        c1, tiles_n1 = narrow, -(-ns // narrow[1])  # one row block, stage 1 split (split_runs) even so
     # A group of row blocks gives stage 1 at most one wave of tiles (all resident at once, walking
     # the group's K-chunks as stage 0 finishes them, in that order), as many as fit; W1 columns are
     # reused from L2 across the group. Groups of equal size: a small last group would leave most

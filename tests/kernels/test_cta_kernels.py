@@ -680,6 +680,29 @@ def test_split_runs_fill_the_sms_only_at_few_tiles():
     assert cta_plan_split(symm_layout.CTA_ROW_WORDS // 2 + 1, 16, want=6) == 1  # row and split counters: no room
 
 
+def test_stage1_takes_narrow_tiles_at_one_split_row_block():
+    """16-bit calls of one row block whose stage 1 splits K even with twice the tiles take
+    ``STAGE1_CONFIG_DECODE``; more row blocks, float32, no split asked, or too many narrow tiles
+    keep ``STAGE1_CONFIG`` (the narrow tiles measured slower there)."""
+    from overlap_backend.runtime import cta_plan
+
+    wide, narrow = knobs.cta.STAGE1_CONFIG, knobs.cta.STAGE1_CONFIG_DECODE
+    assert wide[1] != narrow[1]
+
+    def stage1(m, ns, dtype=torch.bfloat16, sms=132):
+        return cta_plan.block_configs(dtype, False, m, ns, sms)[1]
+
+    assert stage1(16, 2048)[1:3] == narrow[1:3] and stage1(128, 8192)[1:3] == narrow[1:3]  # 64 tiles: 128 <= 132
+    assert stage1(128, 8192)[3] == 1 and stage1(128, 8192)[4:] == narrow[4:]
+    assert stage1(129, 2048)[1:3] == wide[1:3]  # two row blocks
+    assert stage1(16, 8704)[1:3] == wide[1:3]  # 68 narrow tiles: more than half the SMs
+    assert stage1(16, 2048, torch.float32) == (*knobs.cta.STAGE1_CONFIG_FP32[:3], 1, *knobs.cta.STAGE1_CONFIG_FP32[4:])
+    with knobs.cta.patch(STAGE1_SPLIT_K=1):
+        assert stage1(16, 2048)[1:3] == wide[1:3]
+    plan = cta_plan.chunk_plan(16, 4096, 2048, 1, False, torch.bfloat16, 132)
+    assert plan.cfg1[1] == narrow[1] and plan.split1 > 1, plan
+
+
 def cta_plan_split(tiles, steps, num_sms=132, want=None):
     from overlap_backend.runtime import cta_plan
 

@@ -62,6 +62,10 @@ cta = Knobs(
     STAGE0_CONFIG_SWIGLU=(128, 128, 64, 0, 3, 8),
     # Stage-1 block config, 16-bit inputs (the cost model prices row groups of its BM x BN tiles).
     STAGE1_CONFIG=(128, 256, 64, 0, 3, 8),
+    # Stage-1 block config, 16-bit inputs, for a call of one row block whose stage 1 splits K (decode sizes):
+    # twice the tiles, each in half the runs (one H100, M = 16 and 128 at 2, 4 and 8 GPUs' shapes: 1.02-1.58x
+    # cuBLAS vs 1.06-1.73x, bench/results/kernels_h100x1_2026-12-05/queued; narrower tiles lost at M = 512).
+    STAGE1_CONFIG_DECODE=(128, 128, 64, 0, 4, 8),
     # Stage-0 block config, GELU, float32 inputs (smaller tiles: twice the bytes per element).
     STAGE0_CONFIG_FP32=(128, 128, 32, 0, 3, 8),
     # Stage-0 block config, SwiGLU, float32 inputs.
