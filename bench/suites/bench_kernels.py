@@ -3,12 +3,14 @@ against cuBLAS on the same local GEMM.
 
     python bench/suites/bench_kernels.py --out bench/results/kernels_h200x1_<date> [--quick] [--dry-run]
         [--kernels ag_mm,mm_rs,mm_ar,oneshot,cta_stage0,cta_stage1,cta_stage0_cublas,cta_stage1_cublas,
-                   moe_gate_up,moe_down,moe_grouped_mm] [--ws 2,4,8]
+                   moe_gate_up,moe_down,moe_grouped_mm,ag_mm_cublas,mm_rs_cublas,mm_ar_cublas] [--ws 2,4,8]
         [--budget-s 300] [--jobs N] [--reps 30] [--no-variants]
 
 Kernels (``codegen/``): the ``ag_mm`` consumer, the ``mm_rs`` producer, the same kernel as ``mm_ar``'s
 rounds (``WRITE_GATHER``), the one-shot all-reduce sum, the CTA op's stage-0 / stage-1 kernels and the
-MoE grouped GEMMs (gate/up with SwiGLU fused, down); and the CTA stages' cuBLAS forms
+MoE grouped GEMMs (gate/up with SwiGLU fused, down); the cuBLAS paths the collective GEMMs take where their
+kernels lose (``runtime/symm``'s ``ag_mm_cublas``, ``mm_rs_cublas``, ``mm_ar_cublas`` on ``AloneGroup``: a GEMM
+per chunk or band, the flag writes and waits, the partials' sum; no transfers); and the CTA stages' cuBLAS forms
 (``runtime/cta_cublas.py``: a GEMM per row group and K-chunk into the staged blocks, the activation a
 separate pass; stage 1's accumulating ``addmm`` per arrived block) and the MoE experts' ``torch._grouped_mm``
 form (``runtime/moe_grouped.py``: per segment, gather, both grouped GEMMs with SwiGLU between, scatter; against
@@ -61,9 +63,10 @@ import torch.nn.functional as F  # noqa: E402
 from bench.tools import common  # noqa: E402
 
 KERNELS = ("ag_mm", "mm_rs", "mm_ar", "oneshot", "cta_stage0", "cta_stage1", "cta_stage0_cublas", "cta_stage1_cublas",
-           "moe_gate_up", "moe_down", "moe_grouped_mm")
+           "moe_gate_up", "moe_down", "moe_grouped_mm", "ag_mm_cublas", "mm_rs_cublas", "mm_ar_cublas")
 # The ops' cuBLAS forms (no Triton kernel to compile): the op's own steps, timed as its kernels are.
-CUBLAS_FORMS = ("cta_stage0_cublas", "cta_stage1_cublas", "moe_grouped_mm")
+CUBLAS_FORMS = ("cta_stage0_cublas", "cta_stage1_cublas", "moe_grouped_mm", "ag_mm_cublas", "mm_rs_cublas",
+                "mm_ar_cublas")
 WORLD_SIZES = (2, 4, 8)
 # Global problems of the collective-GEMM suite (bench_collective_gemm.TABLE / DECODE, ws-independent):
 AG_MM = [(4096, 8192, 7168), (8192, 8192, 7168), (16384, 8192, 2048), (8192, 8192, 14336), (512, 8192, 7168)]
@@ -112,24 +115,27 @@ def cases(quick: bool = False, kernels=KERNELS, world_sizes=WORLD_SIZES) -> list
 
     for ws in world_sizes:
         tp = ws // 2
-        for M, K, N in AG_MM:
-            add(Case("ag_mm", ws, M, K, N), "collective ag_mm" + (" decode" if M == 512 else ""))
-        add(Case("ag_mm", ws, TOKENS, HIDDEN, 3 * HIDDEN // ws), "TP block qkv")
-        add(Case("ag_mm", ws, TOKENS, HIDDEN, FFN // ws), "TP block fc1 / Llama w1, w3")
+        for kernel in ("ag_mm", "ag_mm_cublas"):  # (the cuBLAS form: plain GEMMs; an epilogue fuses into the kernel)
+            for M, K, N in AG_MM:
+                add(Case(kernel, ws, M, K, N), "collective ag_mm" + (" decode" if M == 512 else ""))
+            add(Case(kernel, ws, TOKENS, HIDDEN, 3 * HIDDEN // ws), "TP block qkv")
+            add(Case(kernel, ws, TOKENS, HIDDEN, FFN // ws), "TP block fc1 / Llama w1, w3")
+            add(Case(kernel, ws, TOKENS, HIDDEN, (HIDDEN + 2 * KV) // ws), "Llama qkv")
         add(Case("ag_mm", ws, TOKENS, HIDDEN, FFN // ws, "gelu"), "TP block fc1 + bias, GELU")
-        add(Case("ag_mm", ws, TOKENS, HIDDEN, (HIDDEN + 2 * KV) // ws), "Llama qkv")
-        for M, K, N in MM_RS:
-            add(Case("mm_rs", ws, M, K // ws, N), "collective mm_rs" + (" decode" if M == 512 else ""))
-        add(Case("mm_rs", ws, TOKENS, HIDDEN // ws, HIDDEN), "TP block out-proj / Llama wo")
-        add(Case("mm_rs", ws, TOKENS, FFN // ws, HIDDEN), "TP block fc2 / Llama w2")
-        add(Case("mm_rs", ws, TOKENS, FFN // ws, HIDDEN, "add:0"), "TP block fc2 + residual")
-        add(Case("mm_rs", ws, TOKENS, (HIDDEN + 2 * KV) // ws, HIDDEN), "Llama qkv input grad")
-        add(Case("mm_rs", ws, TOKENS, 2 * FFN // ws, HIDDEN), "Llama w1/w3 input grad")
+        for kernel in ("mm_rs", "mm_rs_cublas"):
+            for M, K, N in MM_RS:
+                add(Case(kernel, ws, M, K // ws, N), "collective mm_rs" + (" decode" if M == 512 else ""))
+            add(Case(kernel, ws, TOKENS, HIDDEN // ws, HIDDEN), "TP block out-proj / Llama wo")
+            add(Case(kernel, ws, TOKENS, FFN // ws, HIDDEN), "TP block fc2 / Llama w2")
+            add(Case(kernel, ws, TOKENS, FFN // ws, HIDDEN, "add:0"), "TP block fc2 + residual")
+            add(Case(kernel, ws, TOKENS, (HIDDEN + 2 * KV) // ws, HIDDEN), "Llama qkv input grad")
+            add(Case(kernel, ws, TOKENS, 2 * FFN // ws, HIDDEN), "Llama w1/w3 input grad")
         for M, K, N in MM_AR:
             if M * N * 2 <= 4 << 20:  # knobs.symm.ONESHOT_MAX_BYTES: torch.mm then the one-shot sum
                 add(Case("oneshot", ws, M, 1, N), "collective mm_ar (one-shot)")
             else:
                 add(Case("mm_ar", ws, M, K, N), "collective mm_ar")
+                add(Case("mm_ar_cublas", ws, M, K, N), "collective mm_ar")
         add(Case("oneshot", ws, 8, 1, HIDDEN), "Llama serving decode (one-shot)")
         if tp:
             for M in CTA_M:
@@ -155,18 +161,78 @@ def cases(quick: bool = False, kernels=KERNELS, world_sizes=WORLD_SIZES) -> list
                 Case("cta_stage1_cublas", 4, 1024, CTA_F, CTA_H // 2),
                 Case("moe_gate_up", 4, 32768, 7168, 2048, "swiglu", "deepseek"),
                 Case("moe_down", 4, 32768, 2048, 7168, "", "deepseek"),
-                Case("moe_grouped_mm", 4, 32768, 7168, 2048, "swiglu", "deepseek")}
+                Case("moe_grouped_mm", 4, 32768, 7168, 2048, "swiglu", "deepseek"),
+                Case("ag_mm_cublas", 4, 8192, 8192, 7168), Case("mm_rs_cublas", 4, 4096, 1792, 8192),
+                Case("mm_ar_cublas", 4, 1024, 7168, 8192)}
         out = [(c, o) for c, o in out if c in keep]
     return out
 
 
 # ----------------------------------------------------------------------------------------- one case
+class AloneGroup:
+    """The ``GroupState`` the collective GEMMs' cuBLAS forms (``runtime/symm``) see here: rank 0 of ``ws`` on
+    this one device, every flag already raised (the forms' stream waits pass at once), pushes dropped (no
+    communication); the flag writes and waits are the real stream memory operations, on local words; the copy
+    stream is a stream of its own that the call's end joins, as the op's. A call as the op makes it under its
+    private CUDA graphs (``graph``: the captured protocol's banding and flag block) on a GPU."""
+
+    EPOCH = 1
+    rank = 0
+    fast = False
+
+    def __init__(self, ws: int, dev):
+        from overlap_backend.spec import symm_layout
+
+        self.ws, self.device = ws, dev
+        self.graph = dev.type == "cuda"
+        self.base = symm_layout.GRAPH_BLOCK if self.graph else 0
+        self.flags = torch.full((symm_layout.FLAG_WORDS,), 1 << 30, dtype=torch.int32, device=dev)
+        self.data = torch.empty(0, dtype=torch.uint8, device=dev)
+        self.copy_stream = torch.cuda.Stream(dev) if self.graph else None
+
+    def compute(self):
+        return torch.cuda.current_stream(self.device)
+
+    def begin(self, compute, what: str = "", graph: bool = False) -> int:
+        return self.EPOCH
+
+    def end(self, compute) -> None:
+        if self.copy_stream is not None:
+            compute.wait_stream(self.copy_stream)
+
+    def flag_addr(self, index: int, rank: int | None = None) -> int:
+        return self.flags.data_ptr() + 4 * index
+
+    def stream_wait(self, word: int, value: int, stream, nbands: int = 1) -> None:
+        from overlap_backend.runtime import cuda as _cuda
+
+        _cuda.wait_value32(self.flag_addr(word), value, stream)
+
+    def push_stream_to(self, peer: int):
+        return self.compute()
+
+    def push(self, *args, **kwargs) -> None:
+        pass
+
+    def ensure_data(self, nbytes: int, op: str = "") -> None:
+        if self.data.numel() < nbytes:
+            self.data = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def data_view(self, dtype, shape, offset_bytes: int = 0):
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return self.data[offset_bytes:offset_bytes + n].view(dtype).view(*shape)
+
+    def data_addr(self, rank: int, offset_bytes: int) -> int:
+        return self.data.data_ptr() + offset_bytes
+
+
 class Bench:
     """A case's tensors, references and baseline; ``run(cfg)`` launches the kernel in one config."""
 
     def __init__(self, case: Case, dev, num_sms: int, reps: int, dtype=torch.bfloat16):
         self.case, self.dev, self.num_sms, self.reps = case, dev, num_sms, reps
         self.dt = dtype  # (float32: the CPU interpreter's test, tests/bench/test_bench_kernels.py)
+        self.fresh_outputs: list[tuple[int, ...]] = []  # (see check)
         getattr(self, "_setup_" + case.kernel)()
 
     # ---- helpers
@@ -229,21 +295,19 @@ class Bench:
         self.recv = self._rand(rounds * c.ws * rows, c.N)  # the peers' partials of this rank's chunks
         self.stage = torch.empty(rounds * c.ws * rows, c.N, device=self.dev, dtype=self.dt)
 
-    def _setup_mm_rs(self):
-        from overlap_backend.codegen import configs, mm_rs
+    def _mm_rs_problem(self, rows):
+        """Rank 0's reduce-scatter of its [M, K] @ [K, N] (its own chunk: rows [0, rows)): the peers' partials
+        of it in ``self.recv`` slots 1.., the reference, the baseline, the fused residual and epilogue."""
         from overlap_backend.codegen import epilogue as gen
 
         c = self.case
         self._gemm_operands()
-        rows = c.M // c.ws
         self._rs_buffers(rows, 1)
         self.out = torch.empty(rows, c.N, device=self.dev, dtype=self.dt)
         own = self.ref[:rows] + sum(self.recv[p * rows:(p + 1) * rows].float() for p in range(1, c.ws))
         self.residual = self._rand(rows, c.N) if c.fused else None
         self.want = own.to(self.dt).float() + self.residual.float() if c.fused else own
         self.gen = gen.build(c.epilogue, self.dt) if c.fused else None
-        ptrs = gen.pointers(self.gen, [self.residual]) if c.fused else ()
-        self.outputs = [self.out, self.stage]
         a, b, res = self.a, self.b, self.residual
         if c.fused:
             summed = torch.empty(rows, c.N, device=self.dev, dtype=self.dt)
@@ -251,6 +315,16 @@ class Bench:
                              lambda: torch.add(torch.mm(a, b)[:rows], res, out=summed))
         else:
             self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+
+    def _setup_mm_rs(self):
+        from overlap_backend.codegen import configs, mm_rs
+        from overlap_backend.codegen import epilogue as gen
+
+        c = self.case
+        rows = c.M // c.ws
+        self._mm_rs_problem(rows)
+        ptrs = gen.pointers(self.gen, [self.residual]) if c.fused else ()
+        self.outputs = [self.out, self.stage]
         self.op_cands = configs.candidates(self.dt, None, tma_store_rows=rows, variants=False, kernel="mm_rs")
         self.variant_cands = configs.variant_candidates(self.dt, "mm_rs", tma_store_rows=rows)
 
@@ -303,6 +377,80 @@ class Bench:
                                                  for p in range(1, c.ws))
                 errs.append(common.rel_err(self.out[lo:lo + n].float(), want))
                 errs.append(common.rel_err(self.gather[t * c.ws * rows:t * c.ws * rows + n].float(), want))
+            return max(errs)
+
+        self.error = error
+
+    # ---- the collective GEMMs' cuBLAS forms (runtime/symm: the op's own code on an AloneGroup)
+    def _setup_ag_mm_cublas(self):
+        from overlap_backend.runtime.symm import ag_mm as symm_ag_mm
+
+        c = self.case
+        self._gemm_operands()
+        rows = c.M // c.ws
+        shard, buf = self.a[:rows].contiguous(), self.a.view(c.ws, rows, c.K)
+        out = torch.empty(c.M, c.N, device=self.dev, dtype=self.dt)
+        st = AloneGroup(c.ws, self.dev)
+        self.want, self.outputs = self.ref, [out]
+        a, b = self.a, self.b
+        self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self.op_cands, self.variant_cands = [None], []
+        # whole chunks (one flag per peer: the cuBLAS path's push), the call's compute on the current stream
+        self.run = lambda cfg: symm_ag_mm.ag_mm_cublas(st, shard, buf, [b], [None], [out], 1, rows, st.EPOCH, st.base,
+                                                       1, st.compute())
+        self.error = lambda: common.rel_err(out.float(), self.want)
+
+    def _setup_mm_rs_cublas(self):
+        from overlap_backend.runtime.symm import mm_rs as symm_mm_rs
+
+        c = self.case
+        rows = c.M // c.ws
+        self._mm_rs_problem(rows)
+        st = AloneGroup(c.ws, self.dev)
+        self.outputs = []
+        self.fresh_outputs = [(rows, c.N)]  # the reduced chunk the form returns
+        self.op_cands, self.variant_cands = [None], []
+        got = {}
+        args = [self.residual] if c.fused else []
+
+        def run(cfg):
+            got["out"] = symm_mm_rs.mm_rs_cublas(st, self.a, self.b, None, self.recv[:c.ws * rows], 1, rows, False,
+                                                 st.graph, self.gen, args)
+
+        self.run = run
+        self.error = lambda: common.rel_err(got["out"].float(), self.want)
+
+    def _setup_mm_ar_cublas(self):
+        from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
+
+        c = self.case
+        self._gemm_operands()
+        st = AloneGroup(c.ws, self.dev)
+        rounds = symm_mm_ar.ar_cublas_rounds(c.M, c.K, c.N, c.ws)
+        rows = -(-c.M // (rounds * c.ws))
+        st.ensure_data(2 * rounds * c.ws * rows * c.N * self.a.element_size())
+        recv = st.data_view(self.dt, (rounds, c.ws, rows, c.N))
+        recv.copy_(self._rand(rounds, c.ws, rows, c.N))  # the peers' partials of this rank's chunks (slots 1..)
+        a, b = self.a, self.b
+        self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self.op_cands, self.variant_cands = [None], []
+        self.outputs = []
+        self.fresh_outputs = [(c.M, c.N)] * (2 if rounds * c.ws * rows == c.M else 1)  # out (and stage, same size)
+        got = {}
+
+        def run(cfg):
+            got["out"] = symm_mm_ar.mm_ar_cublas(st, a, b, None, False, st.graph)
+
+        self.run = run
+
+        def error():  # this rank's reduced chunk of every round (the peers' come from the gather region)
+            errs = []
+            for t in range(rounds):
+                lo = t * c.ws * rows
+                n = max(0, min(rows, c.M - lo))
+                if n:
+                    want = self.ref[lo:lo + n] + recv[t, 1:, :n].float().sum(0)
+                    errs.append(common.rel_err(got["out"][lo:lo + n].float(), want))
             return max(errs)
 
         self.error = error
@@ -625,6 +773,10 @@ class Bench:
             return self.error_of(cfg)
         for t in self.outputs:
             t.fill_(float("nan"))
+        # A form that returns a new tensor: NaN blocks of its allocations' sizes, freed just before the call, so that
+        # the caching allocator hands them to it (a row it leaves unwritten then reads NaN, not an earlier result).
+        poison = [torch.full(shape, float("nan"), device=self.dev, dtype=self.dt) for shape in self.fresh_outputs]
+        del poison
         self.run(cfg)
         _sync()
         return self.error()
@@ -881,7 +1033,9 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             "Ratios are the kernel's time over the baseline's on the same local GEMM (fused epilogue: over cuBLAS "
             "plus torch's separate pointwise op, the stand-in for Inductor's kernel). `op kernel`: the best of the "
             "op's tuning candidates (what the op runs); `best variant`: the best of those and the bench-only "
-            "variants. **>1.03**: the ops take cuBLAS there once kernel_ratios.json is installed. `*_cublas` rows: the "
+            "variants. **>1.03**: the ops take cuBLAS there once kernel_ratios.json is installed. `ag_mm_cublas`, "
+            "`mm_rs_cublas`, `mm_ar_cublas`: what the op then runs, its cuBLAS path (the GEMM per chunk or band, "
+            "the flag writes, the sum of the partials; no transfers) over one cuBLAS GEMM. `cta_stage<i>_cublas`: the "
             "op's cuBLAS form of that CTA stage over the same baseline (the stage takes it under \"auto\" only where "
             "it beats the stage's kernel); `moe_grouped_mm`: the MoE experts' torch._grouped_mm form (gather, both "
             "GEMMs, scatter) over the grouped GEMMs on sorted rows. Times are GPU times with every call queued "

@@ -41,11 +41,15 @@ def test_cases_cover_every_kernel_and_world_size_once(bk):
     assert [c.kernel for c, _ in todo][0] == "ag_mm" and todo[0][0].ws == 4, "what the ops decide on, 4 GPUs first"
     assert all(c.ws == 8 for c, _ in todo if c.moe == "deepseek-ep8")
     quick = bk.cases(quick=True)
-    assert len(quick) == 13 and {c.kernel for c, _ in quick} == set(bk.KERNELS) and {c.ws for c, _ in quick} == {4}
+    assert len(quick) == 16 and {c.kernel for c, _ in quick} == set(bk.KERNELS) and {c.ws for c, _ in quick} == {4}
     # every CTA stage case has its cuBLAS form beside it, at the same local GEMM; nothing of theirs compiles
     for stage in ("cta_stage0", "cta_stage1"):
         assert ({(c.ws, c.M, c.K, c.N, c.epilogue) for c, _ in todo if c.kernel == stage}
                 == {(c.ws, c.M, c.K, c.N, c.epilogue) for c, _ in todo if c.kernel == stage + "_cublas"})
+    # the collective GEMMs' cuBLAS forms at every plain shape of their kernels (mm_rs's fused one too)
+    for kernel in ("ag_mm", "mm_rs", "mm_ar"):
+        assert ({(c.ws, c.M, c.K, c.N, c.epilogue) for c, _ in todo if c.kernel == kernel and c.epilogue != "gelu"}
+                == {(c.ws, c.M, c.K, c.N, c.epilogue) for c, _ in todo if c.kernel == kernel + "_cublas"})
     moe = lambda kernel: {(c.ws, c.M, c.moe) for c, _ in todo if c.kernel == kernel}  # noqa: E731
     assert moe("moe_grouped_mm") == moe("moe_gate_up") == moe("moe_down")
     assert not any(case.kernel in bk.CUBLAS_FORMS for _, case, _ in bk.compile_jobs(todo, variants=False))
@@ -156,3 +160,40 @@ def test_cublas_forms_write_every_row_the_kernels_write(bk, case, monkeypatch):
     assert b.check(None) <= 1e-5
     b.outputs[0].fill_(float("nan"))  # and the check sees what it is given
     assert not b.error() <= 1e-5
+
+
+@pytest.mark.parametrize("case", [("ag_mm_cublas", 2, 256, 64, 128), ("ag_mm_cublas", 4, 256, 64, 96),
+                                  ("mm_rs_cublas", 2, 256, 64, 128), ("mm_rs_cublas", 4, 512, 32, 96),
+                                  ("mm_rs_cublas", 2, 256, 64, 128, "add:0"),
+                                  ("mm_ar_cublas", 2, 256, 64, 128), ("mm_ar_cublas", 4, 300, 64, 96)],
+                         ids=lambda c: f"{c[0]}-ws{c[1]}-M{c[2]}" + (f"-{c[5]}" if len(c) > 5 else ""))
+def test_collective_cublas_forms_run_the_ops_code_alone(bk, case, monkeypatch):
+    """``*_cublas`` rows run runtime/symm's cuBLAS paths themselves on ``AloneGroup`` (rank 0, every flag raised,
+    no pushes; the stream memory operations are no-ops on the CPU, which has no streams): this rank's result
+    matches the float32 reference, and with the form's GEMMs and sums skipped the check fails (the rows it
+    writes read NaN: poisoned outputs, and new tensors NaN-filled here as ``check``'s freed NaN blocks make
+    them under the GPU's caching allocator)."""
+    from overlap_backend.runtime import cuda as _cuda
+    from overlap_backend.runtime.symm import ag_mm as symm_ag_mm
+    from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
+    from overlap_backend.runtime.symm import mm_rs as symm_mm_rs
+
+    class HostStream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: HostStream())
+    for name in ("write_value32", "wait_value32", "memcpy_async"):
+        monkeypatch.setattr(_cuda, name, lambda *args: None)
+    b = bk.Bench(bk.Case(*case), torch.device("cpu"), 4, 1, torch.float32)
+    assert b.op_cands == [None] and b.variant_cands == []
+    assert b.check(None) <= 1e-5
+    assert bool(b.outputs) != bool(b.fresh_outputs)  # poisoned in place, or a new tensor of the form's
+    skip = lambda *args, **kwargs: None  # noqa: E731
+    for module in (symm_ag_mm, symm_mm_rs, symm_mm_ar):
+        for name in ("matmul_into", "reduce_slots", "reduce_own"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, skip)
+    new_empty = torch.Tensor.new_empty
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: new_empty(self, *a, **k).fill_(float("nan")))
+    assert not b.check(None) <= 1e-5
