@@ -336,8 +336,11 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
     host = cal.symm_call_ms
     if p.op == "ag_mm" and _ag_on_cublas(p, cal):
         # runtime.symm.ag_mm.ag_mm_cublas: each chunk's GEMMs on cuBLAS, the own chunk first, each
-        # peer's chunk once it arrived (they arrive one after the other: every rank pushes to r-1 first)
-        chunk_g = p.gemms * gemm_ms(cal, p.m / ws, p.n / p.gemms, p.k, dt)
+        # peer's chunk once it arrived (they arrive one after the other: every rank pushes to r-1 first);
+        # where the path was measured against one GEMM (bench_kernels' ag_mm_cublas), a ws-th of that
+        form = kernel_eff(cal, "ag_mm_cublas", p.m, p.k, p.n, ws, dt)
+        chunk_g = (form * p.gemms * gemm_ms(cal, p.m, p.n / p.gemms, p.k, dt) / ws if form is not None
+                   else p.gemms * gemm_ms(cal, p.m / ws, p.n / p.gemms, p.k, dt))
         x = ce_ms(cal, p.m * p.k * e / ws)  # one peer's shard
         done = chunk_g
         for j in range(1, ws):
@@ -355,11 +358,12 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
                                                           "cublas_gemms": 0.0})
     if p.op == "mm_rs":
         chunk = p.m * p.n * e / ws
-        # the GEMM at the measured kernel / cuBLAS ratio (which includes reading the partials), cuBLAS's
-        # where the runtime takes cuBLAS, else TRITON_EFF plus the sum's memory traffic
+        # the GEMM at the measured ratio of the path the runtime takes (the kernel's, or the cuBLAS path's:
+        # both include reading and summing the partials), else cuBLAS's (on cuBLAS) or TRITON_EFF, plus
+        # the sum's memory traffic
         on_cublas = _rs_on_cublas(p, cal)
-        measured = None if on_cublas else kernel_eff(cal, "mm_rs", p.m, p.k, p.n, ws, dt)
-        g = gemm_ms(cal, p.m, p.n, p.k, dt, 1.0 if on_cublas else measured or knobs.cost.TRITON_EFF)
+        measured = kernel_eff(cal, "mm_rs_cublas" if on_cublas else "mm_rs", p.m, p.k, p.n, ws, dt)
+        g = gemm_ms(cal, p.m, p.n, p.k, dt, measured or (1.0 if on_cublas else knobs.cost.TRITON_EFF))
         x = ce_ms(cal, (ws - 1) * chunk)  # the peers' partials of this rank's chunk
         nb = bands(p.m // ws)
         # each band pushed as its tiles finish; the own chunk last, then the sum of the partials
@@ -382,10 +386,12 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         rounds = ar_rounds(p.m, ws)
         chunk = total / (rounds * ws)
         on_cublas = _ar_on_cublas(p, cal)
-        eff = 1.0 if on_cublas else (kernel_eff(cal, "mm_ar", p.m, p.k, p.n, ws, dt)
-                                     or (kernel_eff(cal, "mm_rs", -(-p.m // ws) * ws, p.k, p.n, ws, dt)
-                                         if rounds == 1 else None)
-                                     or knobs.cost.TRITON_EFF)
+        if on_cublas:  # the cuBLAS path's measured ratio (bench_kernels' mm_ar_cublas), else cuBLAS's own
+            eff = kernel_eff(cal, "mm_ar_cublas", p.m, p.k, p.n, ws, dt) or 1.0
+        else:
+            eff = (kernel_eff(cal, "mm_ar", p.m, p.k, p.n, ws, dt)
+                   or (kernel_eff(cal, "mm_rs", -(-p.m // ws) * ws, p.k, p.n, ws, dt) if rounds == 1 else None)
+                   or knobs.cost.TRITON_EFF)
         g = gemm_ms(cal, p.m, p.n, p.k, dt, eff)
         per_round = 2 * ce_ms(cal, (ws - 1) * chunk)  # reduce-scatter partials in, reduced chunk out
         dev = knobs.cost.SYMM_DEVICE_MS + max(g + per_round, rounds * per_round) + mem_ms(cal, (ws - 1) * chunk)

@@ -56,6 +56,41 @@ def test_mm_rs_follows_the_runtime_onto_cublas_and_the_kernel_ratio_elsewhere(ra
     assert _gemm(p) == pytest.approx(model.gemm_ms(H200, 4096, 8192, 1792, BF16))  # cuBLAS's own time
 
 
+def test_the_cublas_paths_are_priced_at_their_measured_ratios(ratios):
+    """Where the runtime takes cuBLAS and bench_kernels measured that path against one GEMM (``*_cublas``: its
+    GEMMs per chunk or band and the partials' sum), the model prices it at that ratio; cuBLAS's own time where not
+    measured."""
+    ag = Problem("ag_mm", m=8192, n=3584, k=4096, dtype=BF16, ws=4)
+    with knobs.symm.patch(AG_MM_GEMM="cublas"):
+        assert model._ag_on_cublas(ag, H200)
+        chunks = _gemm(ag)
+        assert chunks == pytest.approx(4 * model.gemm_ms(H200, 2048, 3584, 4096, BF16))
+        ratios({"kernel": "ag_mm_cublas", "ws": 4, "M": 8192, "K": 4096, "N": 3584, "ratio": 1.08})
+        assert _gemm(ag) == pytest.approx(1.08 * model.gemm_ms(H200, 8192, 3584, 4096, BF16))
+    rs = Problem("mm_rs", m=4096, n=8192, k=1792, dtype=BF16, ws=4)
+    ratios({"kernel": "mm_rs", "ws": 4, "M": 4096, "K": 1792, "N": 8192, "ratio": 1.26})
+    assert model._rs_on_cublas(rs, H200)
+
+    def rs_device_ms_without_the_sum(terms):
+        g, x, nb = terms["gemm_ms"], terms["transfer_ms"], model.bands(4096 // 4)
+        return knobs.cost.SYMM_DEVICE_MS + max(g, g / (4 * nb) + x)
+
+    unmeasured = model.plan_symm(H200, rs).terms
+    assert unmeasured["device_ms"] > rs_device_ms_without_the_sum(unmeasured)  # the partials' sum priced apart
+    ratios({"kernel": "mm_rs", "ws": 4, "M": 4096, "K": 1792, "N": 8192, "ratio": 1.26},
+           {"kernel": "mm_rs_cublas", "ws": 4, "M": 4096, "K": 1792, "N": 8192, "ratio": 1.1})
+    measured = model.plan_symm(H200, rs).terms
+    assert measured["gemm_ms"] == pytest.approx(model.gemm_ms(H200, 4096, 8192, 1792, BF16, 1.1))
+    assert measured["device_ms"] == pytest.approx(rs_device_ms_without_the_sum(measured))  # the ratio holds it
+    ar = Problem("mm_ar", m=8192, n=8192, k=7168, dtype=BF16, ws=4)
+    ratios({"kernel": "mm_ar", "ws": 4, "M": 8192, "K": 7168, "N": 8192, "ratio": 1.2})
+    assert model._ar_on_cublas(ar, H200)
+    assert _gemm(ar) == pytest.approx(model.gemm_ms(H200, 8192, 8192, 7168, BF16))
+    ratios({"kernel": "mm_ar", "ws": 4, "M": 8192, "K": 7168, "N": 8192, "ratio": 1.2},
+           {"kernel": "mm_ar_cublas", "ws": 4, "M": 8192, "K": 7168, "N": 8192, "ratio": 1.05})
+    assert _gemm(ar) == pytest.approx(model.gemm_ms(H200, 8192, 8192, 7168, BF16, 1.05))
+
+
 def test_mm_ar_rounds_and_cta_stages_read_their_ratios(ratios):
     p = Problem("mm_ar", m=8192, n=8192, k=7168, dtype=BF16, ws=4)
     ratios({"kernel": "mm_ar", "ws": 4, "M": 8192, "K": 7168, "N": 8192, "ratio": 1.01})
