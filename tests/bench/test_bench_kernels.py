@@ -28,6 +28,12 @@ def bk():
         sys.path.remove(str(REPO))
 
 
+@pytest.fixture
+def moe(bk):
+    """The MoE configs the cases and the set-ups read (``bench/suites/kernel_cases.py``)."""
+    return importlib.import_module("bench.suites.kernel_cases").MOE
+
+
 def test_cases_cover_every_kernel_and_world_size_once(bk):
     todo = bk.cases()
     assert len(todo) == len({c for c, _ in todo}), "deduplicated"
@@ -96,11 +102,11 @@ def test_precompile_retries_alone_what_ran_out_of_memory_beside_the_others(bk, m
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter runs where CUDA is absent")
-def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, monkeypatch):
+def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, moe, monkeypatch):
     import triton
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
-    monkeypatch.setitem(bk.MOE, "tiny", (64, 128, 4, 2, 64))
+    monkeypatch.setitem(moe, "tiny", (64, 128, 4, 2, 64))
     cases = [bk.Case("ag_mm", 2, 1024, 64, 256, "gelu"), bk.Case("mm_rs", 2, 1024, 64, 256, "add:0"),
              bk.Case("mm_ar", 2, 2048, 64, 256), bk.Case("oneshot", 2, 8, 1, 256),
              bk.Case("cta_stage0", 4, 16, 64, 512, "gelu_tanh"), bk.Case("cta_stage1", 4, 16, 512, 256),
@@ -117,12 +123,12 @@ def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, monkeypa
             assert b.check(cfg) <= 1e-5, (case.label(), cfg)
 
 
-def test_measure_keeps_the_faster_of_two_baseline_runs(bk, monkeypatch):
+def test_measure_keeps_the_faster_of_two_baseline_runs(bk, moe, monkeypatch):
     """cuBLAS is timed before and after the kernel's configs; the faster run is the baseline of every ratio."""
     import triton
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
-    monkeypatch.setitem(bk.MOE, "tiny", (64, 128, 4, 2, 64))
+    monkeypatch.setitem(moe, "tiny", (64, 128, 4, 2, 64))
     case = bk.Case("moe_down", 2, 128, 64, 128, "", "tiny")
     QT = bk.common.QueuedTime
     # the baseline (a slow run), the op's one config, the baseline again (one call waited on the GPU)
@@ -147,14 +153,14 @@ def test_measure_keeps_the_faster_of_two_baseline_runs(bk, monkeypatch):
                                   ("moe_grouped_mm", 4, 120, 64, 128, "swiglu", "tiny-skewed"),
                                   ("moe_grouped_mm", 4, 2048, 64, 128, "swiglu", "tiny-phased")],
                          ids=lambda c: f"{c[0]}-ws{c[1]}-M{c[2]}" + (f"-{c[6]}" if len(c) > 6 else ""))
-def test_cublas_forms_write_every_row_the_kernels_write(bk, case, monkeypatch):
+def test_cublas_forms_write_every_row_the_kernels_write(bk, moe, case, monkeypatch):
     """The cuBLAS forms run the op's own steps (runtime/cta_cublas.py on the Triton stage's chunk plan;
     runtime/moe_grouped.py per segment, CPU's torch._grouped_mm); the check poisons their output first, so a
     block or row left unwritten fails it. Several CTA row groups at M = 300; MoE with 4 and 8 experts, one
     segment (expert-major) and one per source."""
-    monkeypatch.setitem(bk.MOE, "tiny", (64, 128, 4, 2, 64))
-    monkeypatch.setitem(bk.MOE, "tiny-skewed", (64, 128, 8, 3, 40))
-    monkeypatch.setitem(bk.MOE, "tiny-phased", (64, 128, 8, 2, 1024))  # a segment per source (not expert-major)
+    monkeypatch.setitem(moe, "tiny", (64, 128, 4, 2, 64))
+    monkeypatch.setitem(moe, "tiny-skewed", (64, 128, 8, 3, 40))
+    monkeypatch.setitem(moe, "tiny-phased", (64, 128, 8, 2, 1024))  # a segment per source (not expert-major)
     b = bk.Bench(bk.Case(*case), torch.device("cpu"), 4, 1, torch.float32)
     assert b.op_cands == [None]
     assert b.check(None) <= 1e-5
