@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -149,6 +150,12 @@ def cta_rows(path: Path) -> list[dict]:
     return out
 
 
+def cta_split_knobs(run: str) -> dict:
+    """The CTA knobs of the code that measured ``run``: no split-K before it came (2026-12-05)."""
+    day = re.search(r"_(\d{4}-\d{2}-\d{2})", run)
+    return dict(STAGE0_SPLIT_K=1, STAGE1_SPLIT_K=1) if day and day.group(1) < "2026-12-05" else {}
+
+
 MOE_CONFIGS = {  # bench_moe.CONFIGS: (hidden, ffn, experts, top_k, tokens per rank)
     "mixtral": (4096, 14336, 8, 2, 4096), "deepseek": (7168, 2048, 32, 8, 4096),
     "mixtral-decode": (4096, 14336, 8, 2, 128), "deepseek-decode": (7168, 2048, 32, 8, 128),
@@ -251,7 +258,8 @@ def main(argv=None) -> int:
     from overlap_backend.spec import knobs
 
     for r in rows:
-        with knobs.symm.patch(PRIVATE_GRAPHS=False):  # the tables' eager calls ran without private graphs
+        # the tables' eager calls ran without private graphs; the CTA tables' code, without split-K
+        with knobs.symm.patch(PRIVATE_GRAPHS=False), knobs.cta.patch(**cta_split_knobs(r["run"])):
             r["predicted"] = predicted(r, cal)
         r["error"] = r["predicted"] / r["measured"] - 1.0
         r["ok"] = abs(r["error"]) <= args.limit

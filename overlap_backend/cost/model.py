@@ -226,13 +226,6 @@ def ar_rounds(m: int, ws: int) -> int:
     return mm_ar.ar_rounds(m, ws)
 
 
-def cta_block() -> tuple[int, int]:
-    """(rows, columns) of a CTA-pipeline stage-1 tile, the pipeline's row groups
-    (``knobs.cta.STAGE1_CONFIG``)."""
-    bm, bn = knobs.cta.STAGE1_CONFIG[:2]
-    return bm, bn
-
-
 def _p2p_time(cal: Calibration, ws: int, device_ms: float, steps: int | None = None) -> float:
     """A p2p op: ``max(host, device)``. The host enqueues a fixed part plus one batch_isend_irecv on a
     side stream (with its events and waits) per ring step (``steps``, default ws - 1); the device
@@ -408,10 +401,14 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         weights = (p.k * big_f * gate + big_f * p.n) * e / ws
         stage_eff = _cta_eff(cal, p, tp, big_f, gate)
         stage = cal.launch_ms + max(flops / (cal.rate(dt) * 1e9), weights / (cal.hbm_gbps * 1e6)) * stage_eff
-        block_m, block_n1 = cta_block()
-        tiles_m, tiles_n1 = -(-p.m // block_m), -(-(p.n // tp) // block_n1)
-        most = max(1, min(tiles_m, cal.num_sms // max(1, tiles_n1)))
-        groups = -(-tiles_m // most)
+        import torch
+
+        from ..runtime import cta_plan
+
+        # the runtime's own plan of this call: its tiles, row groups and split-K runs
+        plan = cta_plan.chunk_plan(p.m, big_f, p.n, tp, gate == 2, getattr(torch, dt), cal.num_sms, H=p.k)
+        block_n1 = plan.cfg1[1]
+        tiles_n1, most, groups = -(-(p.n // tp) // block_n1), plan.cfg1[3], plan.groups
         # The pipeline's fill is hidden by the stage-1 share (stage 1's own first-GEMM columns) and its
         # drain by the stage-0 tails; what is left at the end is the last row group's transfers: its
         # tails' partial products to the stage-1 ranks and their rows back to every rank, one after
@@ -423,7 +420,7 @@ def plan_symm(cal: Calibration, p: Problem, stages: int | None = None, comm_sms:
         share = (big_f // (2 * (tp + 1)) * 2 if gate == 2
                  else min(cal.num_sms // most * block_n1, int(knobs.cta.GELU_SHARE_MAX * big_f)))
         stage1_bytes = (big_f * (p.n // tp) + share * p.k) * e
-        active = min(cal.num_sms, most * tiles_n1)
+        active = min(cal.num_sms, most * tiles_n1 * plan.split1)
         bw = cal.hbm_gbps * min(1.0, active / (knobs.cost.CTA_BW_SMS * cal.num_sms))
         stage = max(stage, cal.launch_ms + stage1_bytes / (bw * 1e6))
         dev = knobs.cost.SYMM_DEVICE_MS + stage + end
@@ -597,4 +594,4 @@ def _with_prologue(cal: Calibration, p: Problem, base: float, terms: dict[str, f
 
 
 __all__ = ["ELEMENT_BYTES", "GRAPH_OPS", "OPS", "PRIVATE_GRAPH_OPS", "Plan", "Prediction", "Problem", "ar_rounds", "bands", "baseline",
-           "ce_ms", "coll_ms", "cta_block", "gemm_ms", "mem_ms", "p2p_ms", "plan_p2p", "plan_symm", "predict"]
+           "ce_ms", "coll_ms", "gemm_ms", "mem_ms", "p2p_ms", "plan_p2p", "plan_symm", "predict"]

@@ -148,13 +148,30 @@ def test_knobs_chosen_or_kept():
     assert none.comm_sms == 0 and none.terms["gemm_ms"] < eight.terms["gemm_ms"] and none.ms < eight.ms
 
 
+def test_cta_plan_is_the_runtimes_with_its_split_k(monkeypatch):
+    """The CTA pipeline is priced on the runtime's own chunk plan (``cta_plan.chunk_plan``: tiles, row groups,
+    split-K runs): at a decode size stage 1 split over the SMs streams W2 at full bandwidth, unsplit (a few
+    tiles' SMs) it does not."""
+    from overlap_backend.runtime import cta_plan
+
+    p = Problem("cta_pipeline_mlp", m=16, n=8192, k=8192, dtype="bfloat16", ws=4, f=28672 // 4, activation="gelu")
+    seen = []
+    real = cta_plan.chunk_plan
+    monkeypatch.setattr(cta_plan, "chunk_plan", lambda *a, **k: seen.append((a, k)) or real(*a, **k))
+    split = model.plan_symm(H200, p).terms["stage_ms"]
+    assert seen == [((16, 28672, 8192, 2, False, torch.bfloat16, H200.num_sms), {"H": 8192})]
+    assert real(16, 28672, 8192, 2, False, torch.bfloat16, H200.num_sms, H=8192).split1 > 1
+    with knobs.cta.patch(STAGE1_SPLIT_K=1):
+        unsplit = model.plan_symm(H200, p).terms["stage_ms"]
+    assert unsplit > 1.5 * split
+
+
 def test_mirrored_runtime_constants():
     """The model prices the chunking the runtime does: it reads the runtime's knobs and chunking
     functions (the bands and the all-reduce rounds are the runtime's own, not copies)."""
     from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
     from overlap_backend.spec import symm_layout
 
-    assert model.cta_block() == knobs.cta.STAGE1_CONFIG[:2]
     for rows in (0, 1, 256, 512, 2048, 4096, 8192, 12345):
         assert model.bands(rows) == len(symm_layout.bands(rows))
         for ws in (2, 4, 8):
@@ -287,11 +304,13 @@ def test_cta_pipeline_under_cuda_graphs_stays_plain():
             assert p2p_plan.ms == predict(p, H200, ["p2p"]).best.ms
 
 
+@knobs.cta.patch(STAGE0_SPLIT_K=1, STAGE1_SPLIT_K=1)
 def test_cta_small_m_is_bound_by_stage_ones_weight_stream():
-    """At M <= 128 stage 1 streams all of W2 with 32 CTAs (one row block): the model's device time
-    follows the graph replays measured on 2xH200 (bench/results/cta_h200x2_2026-11-30/eager_graphs/run2:
-    GELU 0.326 / 0.334 ms, SwiGLU 0.415 / 0.396 at M = 16 / 128) within 20 %, where a full-bandwidth weight
-    read predicted 0.18-0.25; from M = 512 (128 CTAs) the term does not bind."""
+    """Without split-K (the code these tables measured), at M <= 128 stage 1 streams all of W2 with 32 CTAs
+    (one row block): the model's device time follows the graph replays measured on 2xH200
+    (bench/results/cta_h200x2_2026-11-30/eager_graphs/run2: GELU 0.326 / 0.334 ms, SwiGLU 0.415 / 0.396 at
+    M = 16 / 128) within 20 %, where a full-bandwidth weight read predicted 0.18-0.25; from M = 512 (128 CTAs)
+    the term does not bind."""
     measured = {("gelu", 16): 0.326, ("gelu", 128): 0.334, ("swiglu", 16): 0.415, ("swiglu", 128): 0.396}
     for (act, m), ms in measured.items():
         p = Problem("cta_pipeline_mlp", m=m, n=8192, k=8192, dtype=BF16, ws=2, f=28672 // 2, activation=act)
