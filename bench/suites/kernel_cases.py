@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-KERNELS = ("ag_mm", "mm_rs", "mm_ar", "oneshot", "cta_stage0", "cta_stage1", "cta_stage0_cublas", "cta_stage1_cublas",
-           "moe_gate_up", "moe_down", "moe_grouped_mm", "ag_mm_cublas", "mm_rs_cublas", "mm_ar_cublas")
+KERNELS = ("ag_mm", "mm_rs", "mm_ar", "oneshot", "ag_mm_cublas", "mm_rs_cublas", "mm_ar_cublas", "cta_stage0",
+           "cta_stage1", "cta_stage0_cublas", "cta_stage1_cublas", "moe_gate_up", "moe_down", "moe_grouped_mm")
 # The ops' cuBLAS forms (no Triton kernel to compile): the op's own steps, timed as its kernels are.
 CUBLAS_FORMS = ("cta_stage0_cublas", "cta_stage1_cublas", "moe_grouped_mm", "ag_mm_cublas", "mm_rs_cublas",
                 "mm_ar_cublas")
@@ -91,7 +91,8 @@ def cases(quick: bool = False, kernels=KERNELS, world_sizes=WORLD_SIZES) -> list
             add(Case("moe_gate_up", ws, tokens * k, h, f, "swiglu", name), f"MoE {name}")
             add(Case("moe_down", ws, tokens * k, f, h, "", name), f"MoE {name}")
             add(Case("moe_grouped_mm", ws, tokens * k, h, f, "swiglu", name), f"MoE {name}")
-    # the GEMMs the ops choose cuBLAS for first, 4 GPUs first: what a time box cuts is the least needed
+    # the GEMMs the ops choose cuBLAS for first, then those cuBLAS paths; 4 GPUs first: what a time box cuts is the
+    # least needed
     order = {4: 0, 2: 1, 8: 2}
     out = sorted(found.items(), key=lambda item: (KERNELS.index(item[0].kernel), order[item[0].ws]))
     if quick:
