@@ -59,17 +59,16 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 
 from bench.suites.kernel_cases import CUBLAS_FORMS, KERNELS, WORLD_SIZES, Case, cases  # noqa: E402
-from bench.suites.kernel_setups import Bench, _sync  # noqa: E402
+from bench.suites.kernel_setups import Bench  # noqa: E402
 from bench.tools import common  # noqa: E402
 
 CHECK_TOL = 1e-2  # bf16 against float32
 
 
-
-def _first_error(fn) -> str | None:
+def _first_error(fn, dev) -> str | None:
     try:
         fn()
-        _sync()
+        common.synchronize(dev)
     except Exception as e:  # noqa: BLE001 - a variant that does not compile (or fit) is reported, not fatal
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
     return None
@@ -94,7 +93,7 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
             r["error"] = "not run (time box)"
             results.append(r)
             continue
-        why = _first_error(lambda: b.run(cfg))
+        why = _first_error(lambda: b.run(cfg), dev)
         if why is None:
             err = b.check(cfg)
             r["rel_err"] = err

@@ -555,7 +555,7 @@ class Bench:
         for t in (self.own, self.stage, self.act):
             t.fill_(float("nan"))
         self._moe_run(cfg_gate, cfg_down, "both")
-        _sync()
+        common.synchronize(self.dev)
         got = self.stage.float()
         n0 = self.recv_rows[0]
         got[:n0] = self.own[:n0].float()
@@ -620,7 +620,7 @@ class Bench:
         poison = [torch.full(shape, float("nan"), device=self.dev, dtype=self.dt) for shape in self.fresh_outputs]
         del poison
         self.run(cfg)
-        _sync()
+        common.synchronize(self.dev)
         return self.error()
 
     def time(self, fn) -> "common.QueuedTime":
@@ -629,9 +629,3 @@ class Bench:
     def back_to_back_ms(self, fn) -> float:
         """Event timing of calls enqueued as they run: the host's launch time shows where it exceeds the GPU's."""
         return common.events_ms(fn, n=self.reps, warm=2)
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-

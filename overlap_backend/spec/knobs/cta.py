@@ -60,7 +60,7 @@ cta = Knobs(
     STAGE0_CONFIG=(128, 256, 64, 0, 3, 8),
     # Stage-0 block config, SwiGLU (two accumulators: narrower tiles), 16-bit inputs.
     STAGE0_CONFIG_SWIGLU=(128, 128, 64, 0, 3, 8),
-    # Stage-1 block config, 16-bit inputs (the cost model prices row groups of its BM x BN tiles).
+    # Stage-1 block config, 16-bit inputs.
     STAGE1_CONFIG=(128, 256, 64, 0, 3, 8),
     # Stage-1 block config, 16-bit inputs, for a call of one row block whose stage 1 splits K (decode sizes):
     # twice the tiles, each in half the runs (one H100, M = 16 and 128 at 2, 4 and 8 GPUs' shapes: 1.02-1.58x
