@@ -53,13 +53,10 @@ def _form(name, kernel, M, K, N, ws, dtype, fused, gpu) -> str:
         raise ValueError(f"knobs.cta.{name} = {value!r}: one of {', '.join(map(repr, FORMS))}")
     if value != "auto":
         return value
-    shape = dict(ws=ws, dtype=dtype, fused=fused, gpu=gpu)
-    if not kernel_ratios.kernel_loses(kernel, M, K, N, **shape):
-        return "triton"
-    # Where the form itself was measured (bench_kernels' "<kernel>_cublas": its chunked GEMMs and separate
-    # activation), it must beat the kernel too.
-    form = form_ratio(kernel, M, K, N, **shape)
-    return "cublas" if form is None or form < kernel_ratios.measured_ratio(kernel, M, K, N, **shape) else "triton"
+    # (where the form itself was measured, bench_kernels' "<kernel>_cublas": its chunked GEMMs and separate
+    # activation, it must beat the kernel too)
+    choice = kernel_ratios.measured_choice(kernel, M, K, N, ws=ws, dtype=dtype, fused=fused, gpu=gpu)
+    return choice or "triton"
 
 
 def form_ratio(kernel: str, M: int, K: int, N: int, **kw) -> float | None:

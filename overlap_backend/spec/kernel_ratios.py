@@ -3,9 +3,9 @@
 ``bench/suites/bench_kernels.py`` measures every GEMM kernel the ops run alone on one GPU (flags
 raised, no communication) against cuBLAS on the same GEMM, and writes this file's format
 (``kernel_ratios.json`` in its output folder; the package's copy is ``spec/kernel_ratios.json``).
-The runtime's GEMM choices (``runtime/symm``: ``ag_gemm``, ``rs_gemm``, ``ar_gemm``) and the cost model
-read it through :func:`measured_ratio`: the decision depends only on the shape, the dtype, the GPU's
-name and this file, so every rank of a group on one node decides alike.
+The runtime's GEMM choices (``runtime/symm``: ``ag_gemm``, ``rs_gemm``, ``ar_gemm``; the CTA stages' forms)
+read it through :func:`measured_choice`, the cost model through :func:`measured_ratio`: a decision depends
+only on the shape, the dtype, the GPU's name and this file, so every rank of a group on one node decides alike.
 
 An entry: ``{"gpu", "kernel", "dtype", "ws", "M", "K", "N", "fused", "ratio", ...}`` where ``M, K, N``
 is the kernel's local GEMM (``mm_rs`` / ``mm_ar``: the rank's [M, K] @ [K, N] with K already split;
@@ -127,6 +127,17 @@ def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
             _verdicts.clear()
         _verdicts[key] = verdict
     return verdict
+
+
+def measured_choice(kernel: str, M: int, K: int, N: int, *, path: str | None = None, **kw) -> str | None:
+    """"cublas" where ``kernel`` loses (:func:`kernel_loses`) and the op's cuBLAS path for this GEMM (``path``,
+    default ``"<kernel>_cublas"``: bench_kernels' rows of that path against one cuBLAS GEMM), where measured near it,
+    is faster than the kernel; "triton" where the kernel loses but its cuBLAS path measured slower still; None
+    where the kernel measured within the threshold or nothing was measured near (the shape rules decide)."""
+    if not kernel_loses(kernel, M, K, N, **kw):
+        return None
+    on_cublas = measured_ratio(path or kernel + "_cublas", M, K, N, **kw)
+    return "cublas" if on_cublas is None or on_cublas < measured_ratio(kernel, M, K, N, **kw) else "triton"
 
 
 _verdicts: dict[tuple, bool | None] = {}

@@ -86,6 +86,30 @@ def test_ar_gemm_takes_cublas_where_the_rounds_kernel_measured_slower(ratios):
     assert symm_mm_ar.ar_gemm(1024, 1024, 2) == "triton" and symm_mm_ar.ar_gemm(1024, 1024, 2, N=8192) == "cublas"
 
 
+def test_measured_cublas_paths_slower_than_their_kernel_keep_the_kernel(ratios):
+    """Where an op's cuBLAS path was measured too (bench_kernels' "<kernel>_cublas" rows: its per-band or
+    per-round GEMMs and flags against one GEMM), the op takes it only where it beats the losing kernel."""
+    ratios(_entry("mm_rs", 4, 4096, 1792, 8192, 1.26), _entry("mm_rs_cublas", 4, 4096, 1792, 8192, 1.31),
+           _entry("mm_rs", 4, 16384, 512, 8192, 1.38), _entry("mm_rs_cublas", 4, 16384, 512, 8192, 1.02),
+           _entry("mm_ar", 2, 4096, 7168, 8192, 1.2), _entry("mm_ar_cublas", 2, 4096, 7168, 8192, 1.25),
+           _entry("mm_ar", 2, 1024, 7168, 8192, 1.2), _entry("mm_ar_cublas", 2, 1024, 7168, 8192, 1.1),
+           _entry("ag_mm", 4, 16384, 8192, 512, 1.127, fused=True), _entry("ag_mm", 4, 16384, 8192, 2048, 1.2),
+           _entry("ag_mm_cublas", 4, 16384, 8192, 2048, 1.3))
+    choice = kernel_ratios.measured_choice
+    assert choice("mm_rs", 4096, 1792, 8192, ws=4) == "triton"
+    assert choice("mm_rs", 16384, 512, 8192, ws=4) == "cublas"
+    assert choice("mm_rs", 4096, 1792, 8192, ws=4, path="mm_rs_elsewhere") == "cublas"  # the path not measured
+    with knobs.symm.patch(CUBLAS_ABOVE_RATIO=1.3):
+        assert choice("mm_rs", 4096, 1792, 8192, ws=4) is None  # the kernel within the threshold: the rules
+    assert symm_mm_rs.rs_gemm(1, 1024, 1792, N=8192, ws=4) == "triton"
+    assert symm_mm_rs.rs_gemm(1, 4096, 512, N=8192, ws=4) == "cublas"
+    assert symm_mm_ar.ar_gemm(4096, 7168, 2, N=8192) == "triton"
+    assert symm_mm_ar.ar_gemm(1024, 7168, 2, N=8192) == "cublas"
+    assert symm_ag_mm.ag_gemm(1, 4096, 8192, 512, epilogue=True, ws=4) == "cublas"  # the fused path: not measured
+    with knobs.symm.patch(AG_CUBLAS_MIN_N=4096):
+        assert symm_ag_mm.ag_gemm(1, 4096, 8192, 2048, ws=4) == "triton"
+
+
 def test_ag_gemm_takes_cublas_where_the_fused_kernel_measured_slower(ratios):
     ratios(_entry("ag_mm", 4, 16384, 8192, 512, 1.127, fused=True), _entry("ag_mm", 4, 8192, 4096, 3584, 1.02,
                                                                            fused=True),

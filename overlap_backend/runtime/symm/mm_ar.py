@@ -165,21 +165,22 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
 
 def ar_gemm(M: int, K: int, ws: int, transport: str | None = None, *, N: int = 0, dtype="bfloat16",
             gpu: str | None = None) -> str:
-    """How ``mm_ar``'s rounds path computes: "cublas" where the rounds kernel measured slower than
-    ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS near this GEMM on this GPU (with ``N``;
-    ``spec/kernel_ratios.py``), else where ``mm_rs`` would and the kernel would run one round, else
-    "triton". Measured on 2xH200 (bench/probes/probe_symm.py,
+    """How ``mm_ar``'s rounds path computes: where the rounds kernel measured slower than
+    ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS near this GEMM on this GPU (with ``N``), "cublas" unless
+    this cuBLAS path measured slower still (``kernel_ratios.measured_choice``), else where ``mm_rs`` would
+    and the kernel would run one round, else "triton". Measured on 2xH200 (bench/probes/probe_symm.py,
     bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas, K=7168 N=8192, back to back): M=1024
     (one round) cuBLAS 0.570 ms vs kernel 0.782; but M=4096: 0.898-0.956 vs 0.834 and M=8192:
     1.738-1.764 vs 1.666, where the kernel's four rounds hide the all-gather and cuBLAS rounds cost host
     time."""
-    loses = kernel_ratios.kernel_loses("mm_ar", M, K, N, ws=ws, dtype=dtype, gpu=gpu) if N else None
-    if loses and knobs.symm.MM_RS_GEMM == "cublas" and (transport or knobs.symm.TRANSPORT) == "ce":
+    measured = N and kernel_ratios.kernel_loses("mm_ar", M, K, N, ws=ws, dtype=dtype, gpu=gpu) is not None
+    choice = kernel_ratios.measured_choice("mm_ar", M, K, N, ws=ws, dtype=dtype, gpu=gpu) if N else None
+    if choice == "cublas" and knobs.symm.MM_RS_GEMM == "cublas" and (transport or knobs.symm.TRANSPORT) == "ce":
         return "cublas"
-    if ar_rounds(M, ws) > 1:
+    if choice == "triton" or ar_rounds(M, ws) > 1:
         return "triton"
     # (the one-round kernel is mm_rs's: its ratios stand in where the rounds kernel was not measured)
-    return rs_gemm(1, -(-M // ws), K, transport, N=N if loses is None else 0, ws=ws, dtype=dtype, gpu=gpu)
+    return rs_gemm(1, -(-M // ws), K, transport, N=0 if measured else N, ws=ws, dtype=dtype, gpu=gpu)
 
 
 def ar_cublas_rounds(M: int, K: int, N: int, ws: int) -> int:

@@ -43,16 +43,17 @@ def rs_gemm(outer: int, run: int, K: int, transport: str | None = None, *, N: in
             dtype="bfloat16", gpu: str | None = None) -> str:
     """How ``mm_rs`` computes a chunk of ``outer`` runs of ``run`` rows with ``K`` (local)
     contraction: "cublas" or "triton" (see ``knobs.symm.MM_RS_GEMM``). With ``N`` (and the group's
-    ``ws``, the dtype): "cublas" wherever the producer kernel measured slower than
-    ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS at the nearest measured shape on this GPU
-    (``spec/kernel_ratios.py``), the shape rules elsewhere. Depends only on shapes, dtype, the GPU's
+    ``ws``, the dtype): where the producer kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO``
+    times cuBLAS at the nearest measured shape on this GPU, the faster of the kernel and this cuBLAS path
+    where the path was measured too, else "cublas" (``kernel_ratios.measured_choice``); the shape rules elsewhere. Depends only on shapes, dtype, the GPU's
     name (``gpu``, default this process's), the ratio file and knobs, so every rank decides alike."""
     if knobs.symm.MM_RS_GEMM != "cublas" or (transport or knobs.symm.TRANSPORT) != "ce":
         return "triton"  # (peer stores come from the kernel)
     if outer > 1 and run < knobs.symm.RS_CUBLAS_MIN_RUN:
         return "triton"  # many tiny GEMMs: the kernel's row map
-    if N and kernel_ratios.kernel_loses("mm_rs", ws * outer * run, K, N, ws=ws, dtype=dtype, gpu=gpu):
-        return "cublas"
+    choice = kernel_ratios.measured_choice("mm_rs", ws * outer * run, K, N, ws=ws, dtype=dtype, gpu=gpu) if N else None
+    if choice is not None:
+        return choice
     if K < knobs.symm.RS_CUBLAS_MIN_K or outer * run < knobs.symm.BAND_ROWS_MIN:
         return "triton"
     return "cublas"
