@@ -32,7 +32,8 @@ sum against ``torch.sum`` over the partials.
 Outputs in ``--out``: ``table.md`` (the table of record), ``results.json`` (every config's time and
 error), ``kernel_ratios.json`` (the format of ``overlap_backend/spec/kernel_ratios.py``: copy it over
 ``overlap_backend/spec/kernel_ratios.json`` and the ops take cuBLAS where the kernel measured slower than
-``knobs.symm.CUBLAS_ABOVE_RATIO``), ``variants.md`` (which variants beat the op's candidates),
+``knobs.symm.CUBLAS_ABOVE_RATIO``), ``paths.md`` (``kernel_paths.py``: the path each op takes at each shape on
+these ratios, and that path's ratio), ``variants.md`` (which variants beat the op's candidates),
 ``README.md`` (machine, versions, the exact command). Cold Triton caches: the kernel variants are
 compiled first by ``--jobs`` worker processes (``launcher.preloading``), then timed in this one; the
 run stops starting cases after ``--budget-s`` seconds and lists those it left out. ``--dry-run`` (no
@@ -58,6 +59,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
+from bench.suites import kernel_paths  # noqa: E402
 from bench.suites.kernel_cases import CUBLAS_FORMS, KERNELS, WORLD_SIZES, Case, cases  # noqa: E402
 from bench.suites.kernel_setups import Bench  # noqa: E402
 from bench.tools import common  # noqa: E402
@@ -379,6 +381,7 @@ def write_outputs(out: Path, rows, info, skipped, compile_stats) -> None:
                                  f"bench/suites/bench_kernels.py, {info.get('gpu')}, torch {info.get('torch')}, "
                                  f"triton {info.get('triton')}, {info.get('date')}")
     (out / "kernel_ratios.json").write_text(json.dumps(doc, indent=1) + "\n")
+    kernel_paths.write(out)
     (out / "command.txt").write_text(info["command"] + "\n")
     (out / "README.md").write_text(
         f"# Kernel benchmark of record, {info.get('gpu')}\n\n{common.info_markdown(info)}\n\n"
@@ -387,7 +390,8 @@ def write_outputs(out: Path, rows, info, skipped, compile_stats) -> None:
         f"{compile_stats.get('seconds', 0):.0f} s, {len(compile_stats.get('failed', []))} failed "
         f"({compile_stats.get('retried', 0)} retried alone after running out of GPU memory beside the others; "
         "a variant that failed here is compiled again when its case is timed).\n\n"
-        "Files: [table.md](table.md) (the kernel table), [variants.md](variants.md), results.json, "
+        "Files: [table.md](table.md) (the kernel table), [paths.md](paths.md) (the path each op takes at each "
+        "shape on these ratios, and its ratio), [variants.md](variants.md), results.json, "
         "kernel_ratios.json (install: copy over overlap_backend/spec/kernel_ratios.json).\n")
 
 

@@ -65,7 +65,8 @@ def test_dry_run_writes_every_output_and_the_runtime_reads_the_ratios(bk, tmp_pa
     from overlap_backend.spec import kernel_ratios, knobs
 
     assert bk.main(["--out", str(tmp_path), "--dry-run", "--kernels", "ag_mm,mm_rs", "--ws", "4"]) == 0
-    for name in ("table.md", "variants.md", "results.json", "kernel_ratios.json", "README.md", "command.txt"):
+    for name in ("table.md", "paths.md", "variants.md", "results.json", "kernel_ratios.json", "README.md",
+                 "command.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {r["case"]["kernel"] for r in rows} == {"ag_mm", "mm_rs"}
@@ -203,3 +204,41 @@ def test_collective_cublas_forms_run_the_ops_code_alone(bk, case, monkeypatch):
     new_empty = torch.Tensor.new_empty
     monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: new_empty(self, *a, **k).fill_(float("nan")))
     assert not b.check(None) <= 1e-5
+
+
+def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_path):
+    """kernel_paths: at each shape, the path the runtime's choice functions take on the run's own ratios, and
+    that path's ratio; a cuBLAS path measured slower than its losing kernel leaves the op on the kernel."""
+    from overlap_backend.spec import kernel_ratios
+
+    paths = importlib.import_module("bench.suites.kernel_paths")
+    gpu = "Test GPU"
+
+    def row(kernel, ws, M, K, N, ratio, epilogue="", moe=""):
+        return {"case": {"kernel": kernel, "ws": ws, "M": M, "K": K, "N": N, "epilogue": epilogue, "moe": moe},
+                "op_ratio": ratio, "op_ms": ratio}
+
+    rows = [row("mm_rs", 4, 4096, 1792, 8192, 1.3), row("mm_rs_cublas", 4, 4096, 1792, 8192, 1.02),
+            row("mm_rs", 4, 16384, 512, 8192, 1.3), row("mm_rs_cublas", 4, 16384, 512, 8192, 1.4),
+            row("mm_ar", 4, 4096, 7168, 8192, 1.2),  # its cuBLAS path not measured
+            row("oneshot", 4, 128, 1, 8192, 0.8), row("oneshot", 2, 128, 1, 8192, 1.7),
+            row("cta_stage1", 2, 1024, 28672, 8192, 1.2), row("cta_stage1_cublas", 2, 1024, 28672, 8192, 1.1)]
+    entries = [{"gpu": gpu, "kernel": r["case"]["kernel"], "dtype": "bfloat16", "ws": r["case"]["ws"],
+                "M": r["case"]["M"], "K": r["case"]["K"], "N": r["case"]["N"], "fused": False,
+                "ratio": r["op_ratio"]} for r in rows]
+    (tmp_path / "kernel_ratios.json").write_text(json.dumps(kernel_ratios.document(entries)))
+    got = {(e["case"]["kernel"], e["case"]["ws"], e["case"]["M"]): e
+           for e in paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)}
+    assert len(got) == 6, "a row per kernel case, none for the paths' own rows"
+    assert (got["mm_rs", 4, 4096]["path"], got["mm_rs", 4, 4096]["path_ratio"]) == ("other", 1.02)
+    assert (got["mm_rs", 4, 16384]["path"], got["mm_rs", 4, 16384]["path_ratio"]) == ("kernel", 1.3)
+    assert got["mm_ar", 4, 4096]["path"] == "other" and got["mm_ar", 4, 4096]["path_ratio"] is None
+    assert (got["oneshot", 4, 128]["path"], got["oneshot", 4, 128]["path_ratio"]) == ("kernel", 0.8)
+    assert (got["oneshot", 2, 128]["path"], got["oneshot", 2, 128]["path_ratio"]) == ("other", 1.0)
+    stage1 = got["cta_stage1", 2, 1024]
+    assert (stage1["path"], stage1["path_ratio"], stage1["auto"], stage1["auto_ratio"]) == ("kernel", 1.2, "other", 1.1)
+    text = paths.markdown(list(got.values()), gpu, "here")
+    assert "| mm_rs_cublas " in text and "1.300 **>1.03**" in text and "torch.sum" in text
+    summary = {r[0]: r for r in paths.summary(list(got.values()))}
+    assert summary["mm_rs"][1:4] == [2, 1, 0] and summary["mm_ar"][1:4] == [1, 0, 1] and summary["oneshot"][2] == 2
+    assert kernel_ratios.entries(tmp_path / "kernel_ratios.json"), "the run's file is left as it was"

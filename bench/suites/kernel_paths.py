@@ -1,0 +1,161 @@
+"""The path each op takes at each shape of a kernel benchmark run, and that path's ratio to cuBLAS.
+
+The ops choose per shape between their Triton kernel and a cuBLAS path (or ``torch.sum`` for the one-shot
+all-reduce, ``torch._grouped_mm`` for the MoE experts) from the measured ratios (``spec/kernel_ratios.py``). This
+module asks the runtime's own choice functions what they decide on a run's ratios and GPU, and reads the chosen
+path's ratio from the same run: the op's GEMM time over cuBLAS's on the same local GEMM, the kernel benchmark's bar.
+
+    python bench/suites/kernel_paths.py DIR [DIR...]     # writes DIR/paths.md for each run folder
+
+Paths are given twice: with the knobs as set (the CTA stages and the MoE experts stay on their kernels unless
+``knobs.cta.STAGE*_GEMM`` / ``knobs.moe.EXPERT_GEMM`` say otherwise) and with those set to ``"auto"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.tools import common  # noqa: E402
+
+BAR = 1.03
+# kernel -> the row that measures the op's other path at the same case (None: that path is the baseline itself)
+OTHER_PATH = {"ag_mm": "ag_mm_cublas", "mm_rs": "mm_rs_cublas", "mm_ar": "mm_ar_cublas", "oneshot": None,
+              "cta_stage0": "cta_stage0_cublas", "cta_stage1": "cta_stage1_cublas",
+              "moe_gate_up": "moe_grouped_mm", "moe_down": "moe_grouped_mm"}
+
+
+def choose(case: dict, gpu: str) -> str:
+    """``"kernel"`` or ``"other"``: what the runtime decides for this case (rank 0 of ``case['ws']``, one run per
+    chunk, bf16) with the ratio file and knobs in effect."""
+    from overlap_backend.runtime import cta_cublas, moe_grouped
+    from overlap_backend.runtime.symm import ag_mm, mm_ar, mm_rs
+
+    k, ws, M, K, N = case["kernel"], case["ws"], case["M"], case["K"], case["N"]
+    kw = {"dtype": "bfloat16", "gpu": gpu}
+    if k == "ag_mm":
+        return "other" if ag_mm.ag_gemm(1, M // ws, K, N, bool(case["epilogue"]), ws=ws, **kw) == "cublas" else "kernel"
+    if k == "mm_rs":
+        return "other" if mm_rs.rs_gemm(1, M // ws, K, N=N, ws=ws, **kw) == "cublas" else "kernel"
+    if k == "mm_ar":
+        return "other" if mm_ar.ar_gemm(M, K, ws, N=N, **kw) == "cublas" else "kernel"
+    if k == "oneshot":
+        return "other" if mm_ar.oneshot_sum(M, N, ws, **kw) == "torch" else "kernel"
+    if k in ("cta_stage0", "cta_stage1"):
+        return "other" if cta_cublas.stage_form(int(k[-1]), M, K, N, ws, **kw) == "cublas" else "kernel"
+    if k in ("moe_gate_up", "moe_down"):
+        from overlap_backend.spec import knobs
+
+        if knobs.moe.EXPERT_GEMM == "triton":
+            return "kernel"
+        if knobs.moe.EXPERT_GEMM == "grouped_mm":
+            return "other"
+        h, f = (K, N) if k == "moe_gate_up" else (N, K)
+        return "other" if moe_grouped.grouped_wins(M, h, f, ws, **kw)[0] else "kernel"
+    raise ValueError(f"no op path for kernel {k!r}")
+
+
+def _key(case: dict, kernel: str | None = None) -> tuple:
+    return (kernel or case["kernel"], case["ws"], case["M"], case["K"], case["N"], case["moe"])
+
+
+def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
+    """Per kernel row of a run: the kernel's and the other path's ratios, and the path chosen with the knobs as set
+    (``path``) and with the CTA / MoE forms on ``"auto"`` (``auto``), each with its ratio (None: not measured)."""
+    from overlap_backend.spec import kernel_ratios, knobs
+
+    ratio = {_key(r["case"]): r["op_ratio"] for r in rows if "op_ratio" in r}
+    out = []
+    with knobs.symm.patch(KERNEL_RATIOS_FILE=str(ratio_file)):
+        kernel_ratios.forget()
+        for r in rows:
+            c = r["case"]
+            if c["kernel"] not in OTHER_PATH or "op_ratio" not in r:
+                continue
+            other = OTHER_PATH[c["kernel"]]
+            # the other path's row at this case; a fused case (ag_mm + GELU) reads the plain path's ratio: its
+            # cuBLAS path runs the epilogue apart, which adds the same time to it and to the baseline (a bound)
+            other_ratio = 1.0 if other is None else ratio.get(_key(c, other))
+            entry = {"case": c, "kernel_ratio": r["op_ratio"], "other": other or "torch.sum",
+                     "other_ratio": other_ratio}
+            entry["path"] = choose(c, gpu)
+            with knobs.cta.patch(STAGE0_GEMM="auto", STAGE1_GEMM="auto"), knobs.moe.patch(EXPERT_GEMM="auto"):
+                entry["auto"] = choose(c, gpu)
+            for name in ("path", "auto"):
+                entry[name + "_ratio"] = r["op_ratio"] if entry[name] == "kernel" else other_ratio
+            out.append(entry)
+        kernel_ratios.forget()
+    return out
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.3f}" + (" **>1.03**" if v > BAR else "")
+
+
+def _name(entry: dict, which: str) -> str:
+    return entry["case"]["kernel"] if entry[which] == "kernel" else entry["other"]
+
+
+def summary(entries: list[dict], which: str = "path") -> list[list]:
+    """Per kernel: cases, cases whose chosen path measured ≤ BAR, cases whose path was not measured, geo-mean."""
+    by: dict[str, list] = {}
+    for e in entries:
+        by.setdefault(e["case"]["kernel"], []).append(e[which + "_ratio"])
+    body = []
+    for k, v in by.items():
+        got = [x for x in v if x is not None]
+        gm = math.exp(sum(map(math.log, got)) / len(got)) if got else None
+        body.append([k, len(v), sum(x <= BAR for x in got), len(v) - len(got), _fmt(gm),
+                     f"{min(got):.2f}–{max(got):.2f}" if got else "n/a"])
+    return body
+
+
+def markdown(entries: list[dict], gpu: str, source: str) -> str:
+    head = ["kernel", "ws", "local M×K×N", "fused epilogue", "kernel / cuBLAS", "other path", "other / cuBLAS",
+            "op's path", "op / cuBLAS", "with auto forms", "auto / cuBLAS"]
+    body = [[e["case"]["kernel"], e["case"]["ws"],
+             f"{e['case']['M']}×{e['case']['K']}×{e['case']['N']}" + (f" ({e['case']['moe']})" if e["case"]["moe"] else ""),
+             e["case"]["epilogue"] or "-", _fmt(e["kernel_ratio"]), e["other"], _fmt(e["other_ratio"]),
+             _name(e, "path"), _fmt(e["path_ratio"]), _name(e, "auto"), _fmt(e["auto_ratio"])] for e in entries]
+    sum_head = ["kernel", "cases", f"≤ {BAR} on the op's path", "path not measured", "geo-mean", "range"]
+    return "\n".join([
+        f"# The op's path at each shape, {gpu}", "",
+        f"From `{source}`: at each shape, the path the runtime's own choice functions take on this run's ratios "
+        "(`kernel_ratios.measured_choice` and the CTA / MoE form choices) and that path's ratio to the baseline "
+        "(cuBLAS on the same local GEMM; fused epilogues: cuBLAS plus the separate pointwise op; the one-shot sum: "
+        "`torch.sum`; MoE: `torch._grouped_mm`). `other path`: the op's cuBLAS path (`*_cublas` rows: its GEMMs "
+        "per chunk or band with the flags, over one GEMM), `torch.sum`, or the MoE experts' grouped-GEMM form "
+        "(over both grouped GEMMs); a fused case's cuBLAS path reads the plain one's ratio (its epilogue runs "
+        "apart, as the baseline's does: a bound). n/a: that path was not measured in this run. `with auto forms`: the CTA "
+        f"stages and MoE experts with `knobs.cta.STAGE*_GEMM` / `knobs.moe.EXPERT_GEMM` = \"auto\". Bar: ≤ {BAR}.",
+        "", "## Per kernel, the op's path with the knobs as set", "", common.markdown_table(sum_head, summary(entries)),
+        "", "## Per kernel, with the CTA and MoE forms on auto", "",
+        common.markdown_table(sum_head, summary(entries, "auto")), "", "## Every shape", "",
+        common.markdown_table(head, body), ""])
+
+
+def write(folder: Path) -> Path:
+    """``folder/paths.md`` from its ``results.json`` and ``kernel_ratios.json``."""
+    results = json.loads((folder / "results.json").read_text())
+    gpu = results["info"].get("gpu", "?")
+    entries = paths(results["rows"], folder / "kernel_ratios.json", gpu)
+    (folder / "paths.md").write_text(markdown(entries, gpu, str(folder)))
+    return folder / "paths.md"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("folders", nargs="+", type=Path, help="bench_kernels.py output folders")
+    for folder in p.parse_args(argv).folders:
+        print(write(folder))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
