@@ -30,9 +30,9 @@ kernel, labelled so in the table), timed before and after the case's configs, th
 sum against ``torch.sum`` over the partials.
 
 Outputs in ``--out``: ``table.md`` (the table of record), ``results.json`` (every config's time and
-error), ``kernel_ratios.json`` (the format of ``overlap_backend/spec/kernel_ratios.py``: copy it over
-``overlap_backend/spec/kernel_ratios.json`` and the ops take cuBLAS where the kernel measured slower than
-``knobs.symm.CUBLAS_ABOVE_RATIO``), ``paths.md`` (``kernel_paths.py``: the path each op takes at each shape on
+error), ``kernel_ratios.json`` (the format of ``overlap_backend/spec/kernel_ratios.py``: installed into
+``overlap_backend/spec/kernel_ratios.json`` by ``bench/tools/install_ratios.py``, the ops take cuBLAS where the
+kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO``), ``paths.md`` (``kernel_paths.py``: the path each op takes at each shape on
 these ratios, and that path's ratio), ``variants.md`` (which variants beat the op's candidates),
 ``README.md`` (machine, versions, the exact command). Cold Triton caches: the kernel variants are
 compiled first by ``--jobs`` worker processes (``launcher.preloading``), then timed in this one; the
@@ -392,7 +392,7 @@ def write_outputs(out: Path, rows, info, skipped, compile_stats) -> None:
         "a variant that failed here is compiled again when its case is timed).\n\n"
         "Files: [table.md](table.md) (the kernel table), [paths.md](paths.md) (the path each op takes at each "
         "shape on these ratios, and its ratio), [variants.md](variants.md), results.json, "
-        "kernel_ratios.json (install: copy over overlap_backend/spec/kernel_ratios.json).\n")
+        "kernel_ratios.json (install: `python bench/tools/install_ratios.py DIR`).\n")
 
 
 def run_info(dry: bool, argv: list[str]) -> dict:
