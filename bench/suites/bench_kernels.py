@@ -87,6 +87,10 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
     row["baseline"] = b.baseline[0]
     t = b.time(b.baseline[1])
     row["baseline_ms"], row["baseline_host_us"], queued = t.ms, t.host_us, [t.queued]
+    if b.with_sum is not None:  # mm_rs / mm_ar: also against the baseline plus the reduce-scatter's sum
+        t = b.time(b.with_sum[1])
+        row["with_sum"], row["with_sum_ms"] = b.with_sum[0], t.ms
+        queued.append(t.queued)
     configs = [(cfg, "op") for cfg in b.op_cands] + ([(cfg, "variant") for cfg in b.variant_cands] if variants else [])
     results = []
     for cfg, kind in configs:
@@ -141,6 +145,8 @@ def summarize(row: dict) -> None:
     if ok:
         best = min(ok, key=lambda r: r["ms"])
         row.update(best_ms=best["ms"], best_config=best["config"], best_kind=best["kind"], best_ratio=best["ratio"])
+    if op and row.get("with_sum_ms"):
+        row["op_ratio_with_sum"] = row["op_ms"] / row["with_sum_ms"]
     row["failed"] = [f"{r['config']}: {r['error']}" for r in row.get("configs", ()) if "error" in r]
 
 
@@ -162,6 +168,8 @@ def fake_measure(case: Case, origins: list[str], variants: bool) -> dict:
     base = 2 * case.M * case.K * case.N / 700e9 + 0.01
     row = {"case": dataclasses.asdict(case), "label": case.label(), "suites": origins, "baseline": "(dry run)",
            "baseline_ms": base, "baseline_host_us": 8.0, "all_queued": True, "configs": []}
+    if case.kernel in ("mm_rs", "mm_ar", "mm_rs_cublas", "mm_ar_cublas"):
+        row["with_sum"], row["with_sum_ms"] = "(dry run) + sum", base * (1.1 + 0.1 * h(case))
     for cfg, kind in [(c, "op") for c in op] + ([(c, "variant") for c in var] if variants else []):
         ms = base * (0.95 + 0.4 * h(case, cfg))
         row["configs"].append({"config": list(cfg) if cfg else None, "kind": kind, "ms": ms, "ratio": ms / base,
@@ -280,14 +288,14 @@ def _fmt_cfg(cfg) -> str:
 
 def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
     head = ["kernel", "ws", "local M×K×N", "fused epilogue", "suites", "baseline", "baseline ms", "op kernel ms",
-            "op / baseline", "op config", "best variant ms", "best / baseline", "best config", "rel err",
+            "op / baseline", "op / (baseline + sum)", "op config", "best variant ms", "best / baseline", "best config", "rel err",
             "host µs op / baseline", "back to back op / baseline"]
     body = []
     for r in rows:
         c = r["case"]
         if "error" in r:
             body.append([c["kernel"], c["ws"], f"{c['M']}×{c['K']}×{c['N']}", c["epilogue"] or "-", "; ".join(r["suites"]),
-                         r["error"], "", "", "", "", "", "", "", "", "", ""])
+                         r["error"], "", "", "", "", "", "", "", "", "", "", ""])
             continue
         errs = [x["rel_err"] for x in r.get("configs", ()) if "rel_err" in x]
         flag = lambda v: "" if v is None else (" **>1.03**" if v > 1.03 else "")  # noqa: E731
@@ -295,6 +303,7 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             c["kernel"], c["ws"], f"{c['M']}×{c['K']}×{c['N']}" + (f" ({c['moe']})" if c["moe"] else ""),
             c["epilogue"] or "-", "; ".join(r["suites"]), r["baseline"], common.fmt_ms(r["baseline_ms"]),
             common.fmt_ms(r.get("op_ms")), (f"{r['op_ratio']:.3f}" + flag(r["op_ratio"])) if "op_ratio" in r else "n/a",
+            (f"{r['op_ratio_with_sum']:.3f}" + flag(r["op_ratio_with_sum"])) if "op_ratio_with_sum" in r else "-",
             _fmt_cfg(r.get("op_config")), common.fmt_ms(r.get("best_ms")),
             f"{r['best_ratio']:.3f}" if "best_ratio" in r else "n/a",
             _fmt_cfg(r.get("best_config")) + (" (variant)" if r.get("best_kind") == "variant" else ""),
@@ -314,7 +323,10 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             "GEMMs, scatter) over the grouped GEMMs on sorted rows. Times are GPU times with every call queued "
             "(the ops replay CUDA graphs); `host µs`: the host's time to enqueue one call; `back to back`: the "
             "ratio as event timing of calls enqueued as they run reads it, where a launch slower than its "
-            "kernel counts (†: some call of the row waited on the GPU while queued, so its times hold host time).",
+            "kernel counts (†: some call of the row waited on the GPU while queued, so its times hold host time). "
+            "`op / (baseline + sum)` (`mm_rs`, `mm_ar` and their cuBLAS paths): over the baseline followed by "
+            "`torch.sum` of this rank's ws partials, the sum that the unfused reduce-scatter or all-reduce does and "
+            "that these ops do in their GEMM's epilogue.",
             "",
             common.markdown_table(head, body)]
     failures = [f"- {r['label']}: {f}" for r in rows for f in r.get("failed", ())]
@@ -366,7 +378,8 @@ def ratio_entries(rows: list[dict], info: dict, out: str) -> list[dict]:
                         "epilogue": c["epilogue"], "moe": c["moe"], "ratio": round(r["op_ratio"], 4),
                         "kernel_ms": round(r["op_ms"], 4), "baseline_ms": round(r["baseline_ms"], 4),
                         "config": r["op_config"], "best_variant_ratio": round(r.get("best_ratio", r["op_ratio"]), 4),
-                        "best_config": r.get("best_config"), "source": out})
+                        "best_config": r.get("best_config"), "source": out,
+                        **({"ratio_with_sum": round(r["op_ratio_with_sum"], 4)} if "op_ratio_with_sum" in r else {})})
     return entries
 
 

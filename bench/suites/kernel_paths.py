@@ -71,6 +71,7 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
     from overlap_backend.spec import kernel_ratios, knobs
 
     ratio = {_key(r["case"]): r["op_ratio"] for r in rows if "op_ratio" in r}
+    with_sum = {_key(r["case"]): r["op_ratio_with_sum"] for r in rows if "op_ratio_with_sum" in r}
     out = []
     with knobs.symm.patch(KERNEL_RATIOS_FILE=str(ratio_file)):
         kernel_ratios.forget()
@@ -89,6 +90,8 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
                 entry["auto"] = choose(c, gpu)
             for name in ("path", "auto"):
                 entry[name + "_ratio"] = r["op_ratio"] if entry[name] == "kernel" else other_ratio
+            if c["kernel"] in ("mm_rs", "mm_ar"):  # over the baseline and the sum the unfused collective does
+                entry["path_ratio_with_sum"] = with_sum.get(_key(c, None if entry["path"] == "kernel" else other))
             out.append(entry)
         kernel_ratios.forget()
     return out
@@ -102,11 +105,13 @@ def _name(entry: dict, which: str) -> str:
     return entry["case"]["kernel"] if entry[which] == "kernel" else entry["other"]
 
 
-def summary(entries: list[dict], which: str = "path") -> list[list]:
-    """Per kernel: cases, cases whose chosen path measured ≤ BAR, cases whose path was not measured, geo-mean."""
+def summary(entries: list[dict], which: str = "path_ratio") -> list[list]:
+    """Per kernel (that has ``which``): cases, cases whose chosen path measured ≤ BAR, cases whose path was not
+    measured, geo-mean, range."""
     by: dict[str, list] = {}
     for e in entries:
-        by.setdefault(e["case"]["kernel"], []).append(e[which + "_ratio"])
+        if which in e:
+            by.setdefault(e["case"]["kernel"], []).append(e[which])
     body = []
     for k, v in by.items():
         got = [x for x in v if x is not None]
@@ -118,11 +123,13 @@ def summary(entries: list[dict], which: str = "path") -> list[list]:
 
 def markdown(entries: list[dict], gpu: str, source: str) -> str:
     head = ["kernel", "ws", "local M×K×N", "fused epilogue", "kernel / cuBLAS", "other path", "other / cuBLAS",
-            "op's path", "op / cuBLAS", "with auto forms", "auto / cuBLAS"]
+            "op's path", "op / cuBLAS", "op / (cuBLAS + sum)", "with auto forms", "auto / cuBLAS"]
     body = [[e["case"]["kernel"], e["case"]["ws"],
              f"{e['case']['M']}×{e['case']['K']}×{e['case']['N']}" + (f" ({e['case']['moe']})" if e["case"]["moe"] else ""),
              e["case"]["epilogue"] or "-", _fmt(e["kernel_ratio"]), e["other"], _fmt(e["other_ratio"]),
-             _name(e, "path"), _fmt(e["path_ratio"]), _name(e, "auto"), _fmt(e["auto_ratio"])] for e in entries]
+             _name(e, "path"), _fmt(e["path_ratio"]),
+             _fmt(e["path_ratio_with_sum"]) if "path_ratio_with_sum" in e else "-",
+             _name(e, "auto"), _fmt(e["auto_ratio"])] for e in entries]
     sum_head = ["kernel", "cases", f"≤ {BAR} on the op's path", "path not measured", "geo-mean", "range"]
     return "\n".join([
         f"# The op's path at each shape, {gpu}", "",
@@ -133,10 +140,14 @@ def markdown(entries: list[dict], gpu: str, source: str) -> str:
         "per chunk or band with the flags, over one GEMM), `torch.sum`, or the MoE experts' grouped-GEMM form "
         "(over both grouped GEMMs); a fused case's cuBLAS path reads the plain one's ratio (its epilogue runs "
         "apart, as the baseline's does: a bound). n/a: that path was not measured in this run. `with auto forms`: the CTA "
-        f"stages and MoE experts with `knobs.cta.STAGE*_GEMM` / `knobs.moe.EXPERT_GEMM` = \"auto\". Bar: ≤ {BAR}.",
+        f"stages and MoE experts with `knobs.cta.STAGE*_GEMM` / `knobs.moe.EXPERT_GEMM` = \"auto\". Bar: ≤ {BAR}. "
+        "`op / (cuBLAS + sum)` (`mm_rs`, `mm_ar`): over cuBLAS followed by `torch.sum` of this rank's ws partials, "
+        "the sum the unfused reduce-scatter or all-reduce does and these ops do in their GEMM's epilogue.",
         "", "## Per kernel, the op's path with the knobs as set", "", common.markdown_table(sum_head, summary(entries)),
         "", "## Per kernel, with the CTA and MoE forms on auto", "",
-        common.markdown_table(sum_head, summary(entries, "auto")), "", "## Every shape", "",
+        common.markdown_table(sum_head, summary(entries, "auto_ratio")), "",
+        "## `mm_rs` and `mm_ar` against cuBLAS plus the collective's sum", "",
+        common.markdown_table(sum_head, summary(entries, "path_ratio_with_sum")), "", "## Every shape", "",
         common.markdown_table(head, body), ""])
 
 

@@ -75,6 +75,8 @@ class Bench:
         self.case, self.dev, self.num_sms, self.reps = case, dev, num_sms, reps
         self.dt = dtype  # (float32: the CPU interpreter's test, tests/bench/test_bench_kernels.py)
         self.fresh_outputs: list[tuple[int, ...]] = []  # (see check)
+        # mm_rs / mm_ar: the baseline followed by the sum a reduce-scatter does, over this rank's chunk (label, fn)
+        self.with_sum = None
         getattr(self, "_setup_" + case.kernel)()
 
     # ---- helpers
@@ -157,6 +159,21 @@ class Bench:
                              lambda: torch.add(torch.mm(a, b)[:rows], res, out=summed))
         else:
             self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self._sum_after_baseline(self.recv[:c.ws * rows].view(c.ws, rows, c.N), 0)
+
+    def _sum_after_baseline(self, parts, dim: int):
+        """``with_sum``: the baseline, then ``torch.sum`` of ``parts`` (the ws partials of this rank's chunk, along
+        ``dim``): what the unfused GEMM and reduce-scatter compute, the sum of the partials done by the collective."""
+        shape = parts.shape[:dim] + parts.shape[dim + 1:]
+        summed = self.summed = torch.empty(shape, device=self.dev, dtype=self.dt)
+        self.sum_of = (parts, dim)  # (the tests' reference)
+        base = self.baseline[1]
+
+        def fn():
+            base()
+            torch.sum(parts, dim, out=summed)
+
+        self.with_sum = (self.baseline[0] + " + torch.sum of this rank's ws partials", fn)
 
     def _setup_mm_rs(self):
         from overlap_backend.codegen import configs, mm_rs
@@ -199,6 +216,7 @@ class Bench:
         self.outputs = [self.out, self.gather, self.stage]
         a, b = self.a, self.b
         self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self._sum_after_baseline(self.recv.view(rounds, c.ws, rows, c.N), 1)
         self.op_cands = configs.candidates(self.dt, variants=False, kernel="mm_rs")
         self.variant_cands = configs.variant_candidates(self.dt, "mm_rs")  # (no TMA variant: rounds)
 
@@ -275,6 +293,7 @@ class Bench:
         recv.copy_(self._rand(rounds, c.ws, rows, c.N))  # the peers' partials of this rank's chunks (slots 1..)
         a, b = self.a, self.b
         self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
+        self._sum_after_baseline(recv, 1)
         self.op_cands, self.variant_cands = [None], []
         self.outputs = []
         self.fresh_outputs = [(c.M, c.N)] * (2 if rounds * c.ws * rows == c.M else 1)  # out (and stage, same size)

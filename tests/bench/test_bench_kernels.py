@@ -122,6 +122,19 @@ def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, moe, mon
             cfgs = [next((c for c in b.op_cands if c is not None and c[6]), b.op_cands[0])]  # a TMA store if any
         for cfg in cfgs:
             assert b.check(cfg) <= 1e-5, (case.label(), cfg)
+        _check_with_sum(b, case.kernel in ("mm_rs", "mm_ar"))
+
+
+def _check_with_sum(b, expected: bool) -> None:
+    """The second baseline of mm_rs / mm_ar rows: cuBLAS, then the sum of this rank's ws partials (none elsewhere)."""
+    if not expected:
+        assert b.with_sum is None
+        return
+    b.summed.fill_(float("nan"))
+    b.with_sum[1]()
+    parts, dim = b.sum_of
+    assert parts.shape[dim] == b.case.ws and b.summed.shape[-1] == b.case.N
+    torch.testing.assert_close(b.summed, parts.sum(dim))
 
 
 def test_measure_keeps_the_faster_of_two_baseline_runs(bk, moe, monkeypatch):
@@ -195,6 +208,7 @@ def test_collective_cublas_forms_run_the_ops_code_alone(bk, case, monkeypatch):
     b = bk.Bench(bk.Case(*case), torch.device("cpu"), 4, 1, torch.float32)
     assert b.op_cands == [None] and b.variant_cands == []
     assert b.check(None) <= 1e-5
+    _check_with_sum(b, case[0] != "ag_mm_cublas")
     assert bool(b.outputs) != bool(b.fresh_outputs)  # poisoned in place, or a new tensor of the form's
     skip = lambda *args, **kwargs: None  # noqa: E731
     for module in (symm_ag_mm, symm_mm_rs, symm_mm_ar):
@@ -226,12 +240,15 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
     entries = [{"gpu": gpu, "kernel": r["case"]["kernel"], "dtype": "bfloat16", "ws": r["case"]["ws"],
                 "M": r["case"]["M"], "K": r["case"]["K"], "N": r["case"]["N"], "fused": False,
                 "ratio": r["op_ratio"]} for r in rows]
+    rows[0]["op_ratio_with_sum"], rows[1]["op_ratio_with_sum"], rows[2]["op_ratio_with_sum"] = 1.1, 0.9, 1.05
     (tmp_path / "kernel_ratios.json").write_text(json.dumps(kernel_ratios.document(entries)))
     got = {(e["case"]["kernel"], e["case"]["ws"], e["case"]["M"]): e
            for e in paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)}
     assert len(got) == 6, "a row per kernel case, none for the paths' own rows"
     assert (got["mm_rs", 4, 4096]["path"], got["mm_rs", 4, 4096]["path_ratio"]) == ("other", 1.02)
     assert (got["mm_rs", 4, 16384]["path"], got["mm_rs", 4, 16384]["path_ratio"]) == ("kernel", 1.3)
+    assert got["mm_rs", 4, 4096]["path_ratio_with_sum"] == 0.9 and got["mm_rs", 4, 16384]["path_ratio_with_sum"] == 1.05
+    assert got["mm_ar", 4, 4096]["path_ratio_with_sum"] is None and "path_ratio_with_sum" not in got["oneshot", 4, 128]
     assert got["mm_ar", 4, 4096]["path"] == "other" and got["mm_ar", 4, 4096]["path_ratio"] is None
     assert (got["oneshot", 4, 128]["path"], got["oneshot", 4, 128]["path_ratio"]) == ("kernel", 0.8)
     assert (got["oneshot", 2, 128]["path"], got["oneshot", 2, 128]["path_ratio"]) == ("other", 1.0)
@@ -241,4 +258,26 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
     assert "| mm_rs_cublas " in text and "1.300 **>1.03**" in text and "torch.sum" in text
     summary = {r[0]: r for r in paths.summary(list(got.values()))}
     assert summary["mm_rs"][1:4] == [2, 1, 0] and summary["mm_ar"][1:4] == [1, 0, 1] and summary["oneshot"][2] == 2
+    assert {r[0]: r[1:4] for r in paths.summary(list(got.values()), "path_ratio_with_sum")} == {
+        "mm_rs": [2, 1, 0], "mm_ar": [1, 0, 1]}
     assert kernel_ratios.entries(tmp_path / "kernel_ratios.json"), "the run's file is left as it was"
+
+
+def test_measure_times_the_baseline_with_the_reduce_scatters_sum(bk, monkeypatch):
+    """mm_rs / mm_ar rows are also timed against the baseline followed by the sum of this rank's ws partials
+    (what the unfused collective sums): ``op_ratio_with_sum``, beside ``op_ratio``, and in the ratio file."""
+    case = bk.Case("mm_rs", 2, 256, 64, 128)
+    QT = bk.common.QueuedTime
+    times = iter([QT(0.4, 9.0, True), QT(0.5, 9.0, True)] + [QT(0.48, 20.0, True)] * 20 + [QT(0.4, 9.0, True)])
+    monkeypatch.setattr(bk.Bench, "time", lambda self, fn: next(times))
+    monkeypatch.setattr(bk.Bench, "back_to_back_ms", lambda self, fn: 0.5)
+    monkeypatch.setattr(bk.Bench, "check", lambda self, cfg: 0.0)
+    monkeypatch.setattr(bk, "_first_error", lambda fn, dev: None)
+    init = bk.Bench.__init__
+    monkeypatch.setattr(bk.Bench, "__init__", lambda self, c, dev, sms, reps: init(self, c, dev, sms, reps, torch.float32))
+    row = bk.measure(case, ["collective mm_rs"], torch.device("cpu"), 4, 1, variants=False)
+    assert "error" not in row and row["with_sum_ms"] == 0.5 and "torch.sum" in row["with_sum"]
+    assert row["op_ratio"] == pytest.approx(1.2) and row["op_ratio_with_sum"] == pytest.approx(0.96)
+    entry = bk.ratio_entries([row], {"gpu": "G"}, "here")[0]
+    assert entry["ratio"] == pytest.approx(1.2) and entry["ratio_with_sum"] == pytest.approx(0.96)
+    assert "| 0.960 " in bk.table_markdown([row], bk.run_info(True, ["--dry-run"]), [])
