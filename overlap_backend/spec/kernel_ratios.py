@@ -130,17 +130,35 @@ def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
 
 
 def measured_choice(kernel: str, M: int, K: int, N: int, *, path: str | None = None, **kw) -> str | None:
-    """"cublas" where ``kernel`` loses (:func:`kernel_loses`) and the op's cuBLAS path for this GEMM (``path``,
-    default ``"<kernel>_cublas"``: bench_kernels' rows of that path against one cuBLAS GEMM), where measured near it,
-    is faster than the kernel; "triton" where the kernel loses but its cuBLAS path measured slower still; None
-    where the kernel measured within the threshold or nothing was measured near (the shape rules decide)."""
-    if not kernel_loses(kernel, M, K, N, **kw):
+    """The op's path for this GEMM where measurements decide it, else None (the shape rules decide). ``path``
+    (default ``"<kernel>_cublas"``): bench_kernels' rows of the op's cuBLAS path against one cuBLAS GEMM.
+
+    - the kernel measured over ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS: "cublas", unless the path, where
+      measured, is slower still ("triton");
+    - the kernel within it: "triton" where the path measured slower than the kernel, else None;
+    - the kernel not measured near (or the threshold off): None."""
+    if _symm.CUBLAS_ABOVE_RATIO is None:
         return None
-    on_cublas = measured_ratio(path or kernel + "_cublas", M, K, N, **kw)
-    return "cublas" if on_cublas is None or on_cublas < measured_ratio(kernel, M, K, N, **kw) else "triton"
+    path = path or kernel + "_cublas"
+    key = (_generation(), "choice", kernel, path, M, K, N, tuple(sorted(kw.items())))
+    choice = _verdicts.get(key, _UNSEEN)
+    if choice is _UNSEEN:  # once per shape and knob generation, as kernel_loses
+        choice = _choice(measured_ratio(kernel, M, K, N, **kw), measured_ratio(path, M, K, N, **kw))
+        if len(_verdicts) >= 4096:
+            _verdicts.clear()
+        _verdicts[key] = choice
+    return choice
 
 
-_verdicts: dict[tuple, bool | None] = {}
+def _choice(on_kernel: float | None, on_path: float | None) -> str | None:
+    if on_kernel is None:
+        return None
+    if on_kernel > _symm.CUBLAS_ABOVE_RATIO:
+        return "cublas" if on_path is None or on_path < on_kernel else "triton"
+    return "triton" if on_path is not None and on_path > on_kernel else None
+
+
+_verdicts: dict[tuple, bool | str | None] = {}
 _UNSEEN = object()
 
 

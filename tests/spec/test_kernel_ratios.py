@@ -99,8 +99,13 @@ def test_measured_cublas_paths_slower_than_their_kernel_keep_the_kernel(ratios):
     assert choice("mm_rs", 4096, 1792, 8192, ws=4) == "triton"
     assert choice("mm_rs", 16384, 512, 8192, ws=4) == "cublas"
     assert choice("mm_rs", 4096, 1792, 8192, ws=4, path="mm_rs_elsewhere") == "cublas"  # the path not measured
-    with knobs.symm.patch(CUBLAS_ABOVE_RATIO=1.3):
-        assert choice("mm_rs", 4096, 1792, 8192, ws=4) is None  # the kernel within the threshold: the rules
+    with knobs.symm.patch(CUBLAS_ABOVE_RATIO=1.3):  # the kernel within the threshold
+        assert choice("mm_rs", 4096, 1792, 8192, ws=4) == "triton"  # and its path measured slower
+        assert choice("mm_rs", 4096, 1792, 8192, ws=4, path="mm_rs_elsewhere") is None  # not measured: the rules
+    with knobs.symm.patch(CUBLAS_ABOVE_RATIO=1.4):
+        assert choice("mm_rs", 16384, 512, 8192, ws=4) is None  # the path faster: the rules
+    with knobs.symm.patch(CUBLAS_ABOVE_RATIO=None):
+        assert choice("mm_rs", 16384, 512, 8192, ws=4) is None
     assert symm_mm_rs.rs_gemm(1, 1024, 1792, N=8192, ws=4) == "triton"
     assert symm_mm_rs.rs_gemm(1, 4096, 512, N=8192, ws=4) == "cublas"
     assert symm_mm_ar.ar_gemm(4096, 7168, 2, N=8192) == "triton"
@@ -108,6 +113,17 @@ def test_measured_cublas_paths_slower_than_their_kernel_keep_the_kernel(ratios):
     assert symm_ag_mm.ag_gemm(1, 4096, 8192, 512, epilogue=True, ws=4) == "cublas"  # the fused path: not measured
     with knobs.symm.patch(AG_CUBLAS_MIN_N=4096):
         assert symm_ag_mm.ag_gemm(1, 4096, 8192, 2048, ws=4) == "triton"
+
+
+def test_ag_gemm_keeps_a_kernel_at_cublas_speed_where_the_chunked_path_measured_slower(ratios):
+    """Plain ag_mm takes its cuBLAS path by rule (a GEMM per chunk); at decode sizes each of those GEMMs reads the
+    whole weight, so where that path measured slower than a kernel within the threshold, the kernel stays."""
+    ratios(_entry("ag_mm", 8, 512, 8192, 7168, 1.02), _entry("ag_mm_cublas", 8, 512, 8192, 7168, 3.1),
+           _entry("ag_mm", 8, 8192, 8192, 7168, 1.02), _entry("ag_mm_cublas", 8, 8192, 8192, 7168, 1.01))
+    assert symm_ag_mm.ag_gemm(1, 64, 8192, 7168, ws=8) == "triton"
+    assert symm_ag_mm.ag_gemm(1, 1024, 8192, 7168, ws=8) == "cublas"  # the path as fast: the rule
+    assert symm_ag_mm.ag_gemm(1, 64, 8192, 7168) == "cublas"  # no ws, nothing looked up: the rule
+    assert symm_ag_mm.ag_gemm(1, 64, 8192, 7168, ws=8, gpu="Other GPU") == "cublas"
 
 
 def test_ag_gemm_takes_cublas_where_the_fused_kernel_measured_slower(ratios):

@@ -209,21 +209,20 @@ def push_shard(st, shard2d: Tensor, whole: bool = False) -> int:
 def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False, *, ws: int = 0,
             dtype="bfloat16", gpu: str | None = None) -> str:
     """How ``ag_mm`` computes a gathered [outer, ws * run, K] @ [K, N] (``N``: all its weights'
-    columns): "cublas" or "triton" (see ``knobs.symm.AG_MM_GEMM``). With ``ws``: where a rule below
-    would take the consumer kernel but it measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times
-    cuBLAS near this GEMM on this GPU (``spec/kernel_ratios.py``; with a fused ``epilogue``: times
-    cuBLAS plus the separate epilogue kernel, which then runs after the GEMMs), "cublas" unless this cuBLAS
-    path measured slower still (``kernel_ratios.measured_choice``). Depends only
-    on shapes, dtype, the GPU's name, the ratio file and knobs, so every rank decides alike."""
+    columns): "cublas" or "triton" (see ``knobs.symm.AG_MM_GEMM``). With ``ws``, where measured near this GEMM on
+    this GPU (``kernel_ratios.measured_choice``: the consumer kernel against cuBLAS, with a fused ``epilogue``
+    against cuBLAS plus the separate epilogue kernel, which then runs after the GEMMs; the cuBLAS path, a GEMM
+    per chunk, against one GEMM), the measurements decide; elsewhere the rules below. Depends only on shapes,
+    dtype, the GPU's name, the ratio file and knobs, so every rank decides alike."""
     if knobs.symm.AG_MM_GEMM != "cublas":
         return "triton"
     if outer > 1 and run < knobs.symm.AG_CUBLAS_MIN_RUN:  # one GEMM per (outer index, chunk): too many tiny ones
         return "triton"
+    choice = ws and kernel_ratios.measured_choice("ag_mm", ws * outer * run, K, N, ws=ws, dtype=dtype, fused=epilogue,
+                                                 gpu=gpu)
     if epilogue or N < knobs.symm.AG_CUBLAS_MIN_N:  # generated epilogues are fused into the kernel's tiles
-        choice = ws and kernel_ratios.measured_choice("ag_mm", ws * outer * run, K, N, ws=ws, dtype=dtype,
-                                                     fused=epilogue, gpu=gpu)
         return choice or "triton"
-    return "cublas"
+    return choice or "cublas"
 
 
 def ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute) -> None:

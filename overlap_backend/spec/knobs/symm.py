@@ -75,7 +75,7 @@ symm = Knobs(
     # ag_mm / mm_rs / mm_ar compute a GEMM on cuBLAS where the op's Triton kernel measured more than this many
     # times cuBLAS's time on it (fused epilogue: cuBLAS plus the separate epilogue kernel) in the kernel ratios
     # (spec/kernel_ratios.py, written by bench/suites/bench_kernels.py) and the op's cuBLAS path, where measured
-    # there too, faster than the kernel; None: the shape rules alone.
+    # there too, faster than the kernel; on the kernel where that path measured slower; None: the shape rules alone.
     CUBLAS_ABOVE_RATIO=1.03,
     # A measured ratio stands for a GEMM within this distance of its shape (log2 units over M, K, N and the
     # world size): a shape farther from every measured one keeps the shape rules.
