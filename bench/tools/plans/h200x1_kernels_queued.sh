@@ -5,4 +5,5 @@ P="env PYTHONPATH=.. python -m pytest -q -rA -s -p no:cacheprovider"
 TAILN=4 run timing 60 $P ../tests/gpu/test_gpu_timing.py
 TAILN=12 run kernels 520 python suites/bench_kernels.py --out $RES/kernels --budget-s 400
 # Ran on an H100 (bench/results/kernels_h100x1_2026-12-05/queued); still to run on an H200, whose entries in
-# kernel_ratios.json are from calls timed back to back (kernels_h200x1_2026-12-02).
+# kernel_ratios.json are from calls timed back to back (kernels_h200x1_2026-12-02). Afterwards:
+# python bench/tools/install_ratios.py bench/results/kernels_h200x1_<date>  (paths.md: the op's path at each shape)
