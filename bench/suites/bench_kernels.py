@@ -438,7 +438,8 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=30, help="timed repetitions per measurement (median)")
     p.add_argument("--no-variants", action="store_true", help="only the op's tuning candidates")
     p.add_argument("--list", action="store_true", help="print the case list and exit")
-    args = p.parse_args(argv)
+    common.add_set_argument(p)  # (knobs of the ops' cuBLAS paths, run in this process; not the compile workers')
+    args = common.parse_args_with_sets(p, argv)
     args.kernels = tuple(k for k in args.kernels.split(",") if k)
     bad = [k for k in args.kernels if k not in KERNELS]
     if bad:

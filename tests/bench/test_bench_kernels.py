@@ -281,3 +281,47 @@ def test_measure_times_the_baseline_with_the_reduce_scatters_sum(bk, monkeypatch
     entry = bk.ratio_entries([row], {"gpu": "G"}, "here")[0]
     assert entry["ratio"] == pytest.approx(1.2) and entry["ratio_with_sum"] == pytest.approx(0.96)
     assert "| 0.960 " in bk.table_markdown([row], bk.run_info(True, ["--dry-run"]), [])
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_ag_mm_cublas_merges_short_chunks_into_a_gemm_per_contiguous_range(bk, rank, monkeypatch):
+    """``knobs.symm.AG_CUBLAS_MERGE_ROWS``: chunks shorter than it are computed, after the own one, by one GEMM per
+    contiguous range of the peers' slots (after this rank's, then before it) once all arrived, not one per chunk:
+    the same rows as the per-chunk path, in fewer weight reads; longer chunks keep a GEMM each."""
+    from overlap_backend.runtime import cuda as _cuda
+    from overlap_backend.runtime.symm import ag_mm as symm_ag_mm
+    from overlap_backend.spec import knobs
+
+    setups = importlib.import_module("bench.suites.kernel_setups")
+    monkeypatch.setattr(_cuda, "wait_value32", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    ws, run, K, N = 4, 8, 16, 12
+    st = setups.AloneGroup(ws, torch.device("cpu"))
+    monkeypatch.setattr(st, "rank", rank, raising=False)
+    buf = torch.randn(ws, run, K)
+    shard = buf[rank].clone()
+    buf[rank].fill_(float("nan"))  # the own rows come from the shard, never from its slot
+    w, bias = torch.randn(K, N), torch.randn(N)
+    want = torch.cat([shard if c == rank else buf[c] for c in range(ws)]) @ w + bias
+    calls = []
+    real = symm_ag_mm.matmul_into
+    monkeypatch.setattr(symm_ag_mm, "matmul_into", lambda a, *rest: (calls.append(a.shape[0]), real(a, *rest)))
+    for merge_rows, gemms in ((0, [run] * ws), (run + 1, [run] + [n * run for n in (ws - 1 - rank, rank) if n])):
+        calls.clear()
+        out = torch.full((ws * run, N), float("nan"))
+        with knobs.symm.patch(AG_CUBLAS_MERGE_ROWS=merge_rows):
+            symm_ag_mm.ag_mm_cublas(st, shard, buf, [w], [bias], [out], 1, run, st.EPOCH, st.base, 1, None)
+        torch.testing.assert_close(out, want)
+        assert calls == gemms, (merge_rows, calls)
+
+
+def test_set_applies_a_knob_for_the_run_and_records_it(bk, tmp_path):
+    from overlap_backend.spec import knobs
+
+    with knobs.symm.patch(AG_CUBLAS_MERGE_ROWS=0):  # (restored after the run's --set)
+        assert bk.main(["--out", str(tmp_path), "--dry-run", "--kernels", "ag_mm_cublas", "--ws", "8",
+                        "--set", "symm.AG_CUBLAS_MERGE_ROWS=256"]) == 0
+        assert knobs.symm.AG_CUBLAS_MERGE_ROWS == 256
+    assert "--set symm.AG_CUBLAS_MERGE_ROWS=256" in (tmp_path / "command.txt").read_text()
+    with pytest.raises(SystemExit):
+        bk.parse_args(["--out", str(tmp_path), "--set", "symm.NO_SUCH_KNOB=1"])

@@ -230,16 +230,28 @@ def ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, bas
     the shard itself, while the copy engine brings the peers' shards; then each peer's chunk in the order
     they arrive (rank r receives r+1's first: every rank pushes to r-1 first), each after a stream
     wait on its last band's flag (bands are pushed in order on one stream). Chunk c of an output is
-    ``out.view(outer, ws, run, N)[:, c]``: one GEMM per outer index."""
+    ``out.view(outer, ws, run, N)[:, c]``: one GEMM per outer index. Chunks of fewer rows than
+    ``knobs.symm.AG_CUBLAS_MERGE_ROWS`` (outer 1): after the own chunk's, one GEMM per contiguous range of the peers'
+    slots once they all arrived."""
     ws, r, K = st.ws, st.rank, shard2d.shape[1]
     if outer == 1:  # contiguous chunks: plain row slices (a tensor index costs a few us of host time each)
+        # short chunks: the peers' in as few GEMMs as their slots allow, once all arrived (knobs.symm)
+        merge = run < knobs.symm.AG_CUBLAS_MERGE_ROWS
         for p in range(ws):
             c = (r + p) % ws
             if p:
                 st.stream_wait(base + layout.AG_ARRIVED + c * nbands + nbands - 1, epoch, compute, nbands)
+            if p and merge:
+                continue
             src = shard2d if c == r else buf[c]
             for w, bias, out in zip(weights, biases, outs):
                 matmul_into(src, w, bias, out[c * run:(c + 1) * run])
+        if merge:  # the slots after this rank's, then those before it
+            for lo, hi in ((r + 1, ws), (0, r)):
+                if hi > lo:
+                    src = buf[lo:hi].view((hi - lo) * run, K)
+                    for w, bias, out in zip(weights, biases, outs):
+                        matmul_into(src, w, bias, out[lo * run:hi * run])
         return
     outs4 = [o.view(outer, ws, run, o.shape[1]) for o in outs]
     for p in range(ws):

@@ -72,6 +72,11 @@ symm = Knobs(
     AG_CUBLAS_MIN_N=0,
     # ag_mm gathered along an inner dimension: on cuBLAS only with runs of at least this many rows.
     AG_CUBLAS_MIN_RUN=128,
+    # ag_mm's cuBLAS path with whole-row chunks of fewer rows than this: the own chunk's GEMM, then, once every
+    # peer's chunk arrived, one GEMM per contiguous range of them (each chunk's GEMM reads the whole weight, which
+    # bounds it below a few hundred rows); 0: a GEMM per chunk as it arrives. Not yet timed: A/B with
+    # bench_kernels.py --kernels ag_mm_cublas --set symm.AG_CUBLAS_MERGE_ROWS=256.
+    AG_CUBLAS_MERGE_ROWS=0,
     # ag_mm / mm_rs / mm_ar compute a GEMM on cuBLAS where the op's Triton kernel measured more than this many
     # times cuBLAS's time on it (fused epilogue: cuBLAS plus the separate epilogue kernel) in the kernel ratios
     # (spec/kernel_ratios.py, written by bench/suites/bench_kernels.py) and the op's cuBLAS path, where measured
