@@ -167,8 +167,9 @@ def ar_gemm(M: int, K: int, ws: int, transport: str | None = None, *, N: int = 0
             gpu: str | None = None) -> str:
     """How ``mm_ar``'s rounds path computes: where the rounds kernel measured slower than
     ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS near this GEMM on this GPU (with ``N``), "cublas" unless
-    this cuBLAS path measured slower still (``kernel_ratios.measured_choice``), else where ``mm_rs`` would
-    and the kernel would run one round, else "triton". Measured on 2xH200 (bench/probes/probe_symm.py,
+    this cuBLAS path measured slower still; "triton" where the path measured slower than the kernel
+    (``kernel_ratios.measured_choice``); else where ``mm_rs`` would and the kernel would run one round, else
+    "triton". Measured on 2xH200 (bench/probes/probe_symm.py,
     bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas, K=7168 N=8192, back to back): M=1024
     (one round) cuBLAS 0.570 ms vs kernel 0.782; but M=4096: 0.898-0.956 vs 0.834 and M=8192:
     1.738-1.764 vs 1.666, where the kernel's four rounds hide the all-gather and cuBLAS rounds cost host
