@@ -62,7 +62,9 @@ def choose(case: dict, gpu: str) -> str:
 
 
 def _key(case: dict, kernel: str | None = None) -> tuple:
-    return (kernel or case["kernel"], case["ws"], case["M"], case["K"], case["N"], case["moe"])
+    """A row's key; the MoE form's row for ``moe_down`` is the layer's, keyed by gate/up's [M, H] @ [H, F]."""
+    K, N = (case["N"], case["K"]) if case["kernel"] == "moe_down" and kernel == "moe_grouped_mm" else (case["K"], case["N"])
+    return (kernel or case["kernel"], case["ws"], case["M"], K, N, case["moe"])
 
 
 def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:

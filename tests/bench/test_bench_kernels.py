@@ -236,7 +236,9 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
             row("mm_rs", 4, 16384, 512, 8192, 1.3), row("mm_rs_cublas", 4, 16384, 512, 8192, 1.4),
             row("mm_ar", 4, 4096, 7168, 8192, 1.2),  # its cuBLAS path not measured
             row("oneshot", 4, 128, 1, 8192, 0.8), row("oneshot", 2, 128, 1, 8192, 1.7),
-            row("cta_stage1", 2, 1024, 28672, 8192, 1.2), row("cta_stage1_cublas", 2, 1024, 28672, 8192, 1.1)]
+            row("cta_stage1", 2, 1024, 28672, 8192, 1.2), row("cta_stage1_cublas", 2, 1024, 28672, 8192, 1.1),
+            row("moe_gate_up", 4, 8192, 7168, 2048, 1.3, "swiglu", "ds"), row("moe_down", 4, 8192, 2048, 7168, 1.4, "", "ds"),
+            row("moe_grouped_mm", 4, 8192, 7168, 2048, 1.1, "swiglu", "ds")]
     entries = [{"gpu": gpu, "kernel": r["case"]["kernel"], "dtype": "bfloat16", "ws": r["case"]["ws"],
                 "M": r["case"]["M"], "K": r["case"]["K"], "N": r["case"]["N"], "fused": False,
                 "ratio": r["op_ratio"]} for r in rows]
@@ -244,7 +246,9 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
     (tmp_path / "kernel_ratios.json").write_text(json.dumps(kernel_ratios.document(entries)))
     got = {(e["case"]["kernel"], e["case"]["ws"], e["case"]["M"]): e
            for e in paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)}
-    assert len(got) == 6, "a row per kernel case, none for the paths' own rows"
+    assert len(got) == 8, "a row per kernel case, none for the paths' own rows"
+    # the MoE layer's grouped form (over both GEMMs) stands for the down GEMM too, keyed by gate/up's shape
+    assert got["moe_down", 4, 8192]["other_ratio"] == got["moe_gate_up", 4, 8192]["other_ratio"] == 1.1
     assert (got["mm_rs", 4, 4096]["path"], got["mm_rs", 4, 4096]["path_ratio"]) == ("other", 1.02)
     assert (got["mm_rs", 4, 16384]["path"], got["mm_rs", 4, 16384]["path_ratio"]) == ("kernel", 1.3)
     assert got["mm_rs", 4, 4096]["path_ratio_with_sum"] == 0.9 and got["mm_rs", 4, 16384]["path_ratio_with_sum"] == 1.05
