@@ -61,10 +61,19 @@ def choose(case: dict, gpu: str) -> str:
     raise ValueError(f"no op path for kernel {k!r}")
 
 
-def _key(case: dict, kernel: str | None = None) -> tuple:
-    """A row's key; the MoE form's row for ``moe_down`` is the layer's, keyed by gate/up's [M, H] @ [H, F]."""
-    K, N = (case["N"], case["K"]) if case["kernel"] == "moe_down" and kernel == "moe_grouped_mm" else (case["K"], case["N"])
-    return (kernel or case["kernel"], case["ws"], case["M"], K, N, case["moe"])
+def case_key(case: dict, kernel: str | None = None) -> tuple:
+    """A row's key (``kernel``: the same case's row of another kernel); the MoE form's row for ``moe_down`` is the
+    layer's, keyed by gate/up's [M, H] @ [H, F] and epilogue."""
+    if case["kernel"] == "moe_down" and kernel == "moe_grouped_mm":
+        return (kernel, case["ws"], case["M"], case["N"], case["K"], "swiglu", case["moe"])
+    return (kernel or case["kernel"], case["ws"], case["M"], case["K"], case["N"], case["epilogue"], case["moe"])
+
+
+def _other(table: dict, case: dict, kernel: str):
+    """``kernel``'s row for ``case`` in ``table``; a fused case without one reads the plain row (ag_mm's cuBLAS
+    path runs the epilogue apart, which adds the same time to it and to the baseline: a bound)."""
+    got = table.get(case_key(case, kernel))
+    return got if got is not None else table.get(case_key({**case, "epilogue": ""}, kernel))
 
 
 def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
@@ -72,8 +81,8 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
     (``path``) and with the CTA / MoE forms on ``"auto"`` (``auto``), each with its ratio (None: not measured)."""
     from overlap_backend.spec import kernel_ratios, knobs
 
-    ratio = {_key(r["case"]): r["op_ratio"] for r in rows if "op_ratio" in r}
-    with_sum = {_key(r["case"]): r["op_ratio_with_sum"] for r in rows if "op_ratio_with_sum" in r}
+    ratio = {case_key(r["case"]): r["op_ratio"] for r in rows if "op_ratio" in r}
+    with_sum = {case_key(r["case"]): r["op_ratio_with_sum"] for r in rows if "op_ratio_with_sum" in r}
     out = []
     with knobs.symm.patch(KERNEL_RATIOS_FILE=str(ratio_file)):
         kernel_ratios.forget()
@@ -82,9 +91,7 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
             if c["kernel"] not in OTHER_PATH or "op_ratio" not in r:
                 continue
             other = OTHER_PATH[c["kernel"]]
-            # the other path's row at this case; a fused case (ag_mm + GELU) reads the plain path's ratio: its
-            # cuBLAS path runs the epilogue apart, which adds the same time to it and to the baseline (a bound)
-            other_ratio = 1.0 if other is None else ratio.get(_key(c, other))
+            other_ratio = 1.0 if other is None else _other(ratio, c, other)
             entry = {"case": c, "kernel_ratio": r["op_ratio"], "other": other or "torch.sum",
                      "other_ratio": other_ratio}
             entry["path"] = choose(c, gpu)
@@ -93,7 +100,8 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
             for name in ("path", "auto"):
                 entry[name + "_ratio"] = r["op_ratio"] if entry[name] == "kernel" else other_ratio
             if c["kernel"] in ("mm_rs", "mm_ar"):  # over the baseline and the sum the unfused collective does
-                entry["path_ratio_with_sum"] = with_sum.get(_key(c, None if entry["path"] == "kernel" else other))
+                entry["path_ratio_with_sum"] = (with_sum.get(case_key(c)) if entry["path"] == "kernel"
+                                                else _other(with_sum, c, other))
             out.append(entry)
         kernel_ratios.forget()
     return out

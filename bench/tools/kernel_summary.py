@@ -47,13 +47,11 @@ def summarize(folder: Path) -> dict[str, dict]:
     on_path = {}
     if (folder / "kernel_ratios.json").exists():
         for e in kernel_paths.paths(results["rows"], folder / "kernel_ratios.json", gpu):
-            c = e["case"]
-            on_path[(c["kernel"], c["ws"], c["M"], c["K"], c["N"], c["epilogue"], c["moe"])] = e["path_ratio"]
+            on_path[kernel_paths.case_key(e["case"])] = e["path_ratio"]
     out = {}
     for name, rows in groups(results["rows"]).items():
         ratios = [r["op_ratio"] for r in rows]
-        path = [on_path.get(tuple(r["case"][k] for k in ("kernel", "ws", "M", "K", "N", "epilogue", "moe")), "-")
-                for r in rows]
+        path = [on_path.get(kernel_paths.case_key(r["case"]), "-") for r in rows]
         measured = [p for p in path if isinstance(p, float)]
         out[name] = {"shapes": len(rows), "within": sum(x <= BAR for x in ratios), "median": statistics.median(ratios),
                      "worst": max(ratios), "path_within": sum(p <= BAR for p in measured) if measured else None,

@@ -233,6 +233,8 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
                 "op_ratio": ratio, "op_ms": ratio}
 
     rows = [row("mm_rs", 4, 4096, 1792, 8192, 1.3), row("mm_rs_cublas", 4, 4096, 1792, 8192, 1.02),
+            row("mm_rs", 4, 4096, 1792, 8192, 1.25, "add:0"), row("mm_rs_cublas", 4, 4096, 1792, 8192, 1.08, "add:0"),
+            row("ag_mm", 4, 8192, 4096, 3584, 1.2, "gelu"), row("ag_mm_cublas", 4, 8192, 4096, 3584, 1.01),
             row("mm_rs", 4, 16384, 512, 8192, 1.3), row("mm_rs_cublas", 4, 16384, 512, 8192, 1.4),
             row("mm_ar", 4, 4096, 7168, 8192, 1.2),  # its cuBLAS path not measured
             row("oneshot", 4, 128, 1, 8192, 0.8), row("oneshot", 2, 128, 1, 8192, 1.7),
@@ -240,13 +242,18 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
             row("moe_gate_up", 4, 8192, 7168, 2048, 1.3, "swiglu", "ds"), row("moe_down", 4, 8192, 2048, 7168, 1.4, "", "ds"),
             row("moe_grouped_mm", 4, 8192, 7168, 2048, 1.1, "swiglu", "ds")]
     entries = [{"gpu": gpu, "kernel": r["case"]["kernel"], "dtype": "bfloat16", "ws": r["case"]["ws"],
-                "M": r["case"]["M"], "K": r["case"]["K"], "N": r["case"]["N"], "fused": False,
+                "M": r["case"]["M"], "K": r["case"]["K"], "N": r["case"]["N"], "fused": bool(r["case"]["epilogue"]),
                 "ratio": r["op_ratio"]} for r in rows]
-    rows[0]["op_ratio_with_sum"], rows[1]["op_ratio_with_sum"], rows[2]["op_ratio_with_sum"] = 1.1, 0.9, 1.05
+    rows[0]["op_ratio_with_sum"], rows[1]["op_ratio_with_sum"], rows[6]["op_ratio_with_sum"] = 1.1, 0.9, 1.05
+    rows[2]["op_ratio_with_sum"], rows[3]["op_ratio_with_sum"] = 1.15, 0.95
     (tmp_path / "kernel_ratios.json").write_text(json.dumps(kernel_ratios.document(entries)))
-    got = {(e["case"]["kernel"], e["case"]["ws"], e["case"]["M"]): e
-           for e in paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)}
-    assert len(got) == 8, "a row per kernel case, none for the paths' own rows"
+    found = paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)
+    fused = {e["case"]["kernel"]: e for e in found if e["case"]["epilogue"] in ("add:0", "gelu")}
+    got = {(e["case"]["kernel"], e["case"]["ws"], e["case"]["M"]): e for e in found if e not in fused.values()}
+    assert len(found) == 10 and len(got) == 8, "a row per kernel case, none for the paths' own rows"
+    # a fused case reads its own cuBLAS path's row, and the plain one's where only that was measured
+    assert fused["mm_rs"]["other_ratio"] == 1.08 and fused["mm_rs"]["path_ratio_with_sum"] == 0.95
+    assert fused["ag_mm"]["other_ratio"] == 1.01
     # the MoE layer's grouped form (over both GEMMs) stands for the down GEMM too, keyed by gate/up's shape
     assert got["moe_down", 4, 8192]["other_ratio"] == got["moe_gate_up", 4, 8192]["other_ratio"] == 1.1
     assert (got["mm_rs", 4, 4096]["path"], got["mm_rs", 4, 4096]["path_ratio"]) == ("other", 1.02)
