@@ -3,20 +3,10 @@ kernel, a later run wins, everything else stays, and the runtime reads the resul
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from overlap_backend.spec import kernel_ratios
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("install_ratios", REPO / "bench" / "tools" / "install_ratios.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _e(gpu, kernel, M, ratio, source="x"):
@@ -30,8 +20,8 @@ def _run(folder: Path, *entries) -> Path:
     return folder
 
 
-def test_runs_replace_their_gpu_and_kernel_groups_only(tmp_path):
-    tool = _tool()
+def test_runs_replace_their_gpu_and_kernel_groups_only(tmp_path, bench_tool):
+    tool = bench_tool("install_ratios")
     target = tmp_path / "installed.json"
     target.write_text(json.dumps(kernel_ratios.document(
         [_e("A", "mm_rs", 1024, 1.3), _e("A", "mm_rs", 2048, 1.2), _e("A", "ag_mm", 1024, 1.1),

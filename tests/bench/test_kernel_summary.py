@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from overlap_backend.spec import kernel_ratios
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("kernel_summary", REPO / "bench" / "tools" / "kernel_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _row(kernel, M, ratio, epilogue=""):
@@ -25,8 +14,8 @@ def _row(kernel, M, ratio, epilogue=""):
             "op_ratio": ratio, "op_ms": ratio}
 
 
-def test_summary_counts_shapes_within_the_bar_per_kernel_and_on_the_ops_path(tmp_path):
-    tool = _tool()
+def test_summary_counts_shapes_within_the_bar_per_kernel_and_on_the_ops_path(tmp_path, bench_tool):
+    tool = bench_tool("kernel_summary")
     rows = [_row("mm_rs", 4096, 1.3), _row("mm_rs", 8192, 1.02), _row("mm_rs", 8192, 1.1, "add:0"),
             _row("mm_rs_cublas", 4096, 1.01), _row("oneshot", 128, 0.8), {"case": _row("ag_mm", 1, 1)["case"],
                                                                          "error": "set-up failed"}]

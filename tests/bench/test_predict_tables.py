@@ -3,22 +3,11 @@ collective-GEMM, MoE and end-to-end suites, labelled as predictions, beside the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("predict_tables", REPO / "bench" / "tools" / "predict_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_predict_tables_writes_labelled_predictions_beside_measurements(tmp_path):
-    tool = _tool()
+def test_predict_tables_writes_labelled_predictions_beside_measurements(tmp_path, bench_tool):
+    tool = bench_tool("predict_tables")
     assert tool.main(["--out-dir", str(tmp_path), "--ws", "2,4,8", "--quiet"]) == 0
     md = (tmp_path / "table.md").read_text()
     assert "**Predictions**, not measurements" in md
@@ -42,8 +31,8 @@ def test_predict_tables_writes_labelled_predictions_beside_measurements(tmp_path
     assert (tmp_path / "README.md").exists() and "predict_tables.py" in (tmp_path / "command.txt").read_text()
 
 
-def test_every_measured_source_exists():
-    tool = _tool()
+def test_every_measured_source_exists(bench_tool):
+    tool = bench_tool("predict_tables")
     for suite, by_ws in tool.MEASURED.items():
         for ws, folders in by_ws.items():
             assert all((tool.RESULTS / f).exists() for f in folders), (suite, ws, folders)
