@@ -32,8 +32,8 @@ sum against ``torch.sum`` over the partials.
 Outputs in ``--out``: ``table.md`` (the table of record), ``results.json`` (every config's time and
 error), ``kernel_ratios.json`` (the format of ``overlap_backend/spec/kernel_ratios.py``: installed into
 ``overlap_backend/spec/kernel_ratios.json`` by ``bench/tools/install_ratios.py``, the ops take cuBLAS where the
-kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO``), ``paths.md`` (``kernel_paths.py``: the path each op takes at each shape on
-these ratios, and that path's ratio), ``variants.md`` (which variants beat the op's candidates),
+kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO``), ``paths.md`` (``kernel_paths.py``: the path
+each op takes at each shape on these ratios, and that path's ratio), ``variants.md`` (which variants beat the op's candidates),
 ``README.md`` (machine, versions, the exact command). Cold Triton caches: the kernel variants are
 compiled first by ``--jobs`` worker processes (``launcher.preloading``), then timed in this one; the
 run stops starting cases after ``--budget-s`` seconds and lists those it left out. ``--dry-run`` (no

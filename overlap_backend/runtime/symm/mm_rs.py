@@ -46,8 +46,9 @@ def rs_gemm(outer: int, run: int, K: int, transport: str | None = None, *, N: in
     ``ws``, the dtype): where the producer kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO``
     times cuBLAS at the nearest measured shape on this GPU, the faster of the kernel and this cuBLAS path
     where the path was measured too, else "cublas"; where the kernel measured within it but faster than the
-    path, "triton" (``kernel_ratios.measured_choice``); the shape rules elsewhere. Depends only on shapes, dtype, the GPU's
-    name (``gpu``, default this process's), the ratio file and knobs, so every rank decides alike."""
+    path, "triton" (``kernel_ratios.measured_choice``); the shape rules elsewhere. Depends only on shapes,
+    dtype, the GPU's name (``gpu``, default this process's), the ratio file and knobs, so every rank decides
+    alike."""
     if knobs.symm.MM_RS_GEMM != "cublas" or (transport or knobs.symm.TRANSPORT) != "ce":
         return "triton"  # (peer stores come from the kernel)
     if outer > 1 and run < knobs.symm.RS_CUBLAS_MIN_RUN:
