@@ -50,6 +50,7 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -356,7 +357,7 @@ def variants_markdown(rows: list[dict]) -> str:
     body = []
     for key, v in sorted(stats.items()):
         ok = [x for x in v if not math.isnan(x)]
-        gm = math.exp(sum(map(math.log, ok)) / len(ok)) if ok else math.nan
+        gm = statistics.geometric_mean(ok) if ok else math.nan
         body.append([key, len(v), len(v) - len(ok), sum(x < 0.99 for x in ok), f"{gm:.3f}" if ok else "n/a",
                      f"{min(ok):.3f}" if ok else "n/a"])
     return ("# Bench-only kernel variants against the op's best candidate\n\nPer variant: cases, failed "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -125,7 +125,7 @@ def summary(entries: list[dict], which: str = "path_ratio") -> list[list]:
     body = []
     for k, v in by.items():
         got = [x for x in v if x is not None]
-        gm = math.exp(sum(map(math.log, got)) / len(got)) if got else None
+        gm = statistics.geometric_mean(got) if got else None
         body.append([k, len(v), sum(x <= BAR for x in got), len(v) - len(got), _fmt(gm),
                      f"{min(got):.2f}–{max(got):.2f}" if got else "n/a"])
     return body

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -36,10 +35,6 @@ def groups(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def _geo(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values))
-
-
 def summarize(folder: Path) -> dict[str, dict]:
     """Per group: shapes, within the bar, median, worst; and on the op's path: within, not measured, geo-mean."""
     results = json.loads((folder / "results.json").read_text())
@@ -55,7 +50,7 @@ def summarize(folder: Path) -> dict[str, dict]:
         measured = [p for p in path if isinstance(p, float)]
         out[name] = {"shapes": len(rows), "within": sum(x <= BAR for x in ratios), "median": statistics.median(ratios),
                      "worst": max(ratios), "path_within": sum(p <= BAR for p in measured) if measured else None,
-                     "path_unmeasured": sum(p is None for p in path), "path_geo": _geo(measured) if measured else None,
+                     "path_unmeasured": sum(p is None for p in path), "path_geo": statistics.geometric_mean(measured) if measured else None,
                      "has_path": any(p != "-" for p in path)}
     return out
 

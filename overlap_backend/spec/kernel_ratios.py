@@ -117,16 +117,12 @@ def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
     near it (or the threshold is off): the shape rules decide."""
     if _symm.CUBLAS_ABOVE_RATIO is None:
         return None
-    key = (_generation(), kernel, M, K, N, tuple(sorted(kw.items())))
-    verdict = _verdicts.get(key, _UNSEEN)
-    if verdict is _UNSEEN:  # a scan of the file's entries once per shape and knob generation (ops decide per call;
-        # a file rewritten while the process runs counts after forget())
+
+    def verdict():
         r = measured_ratio(kernel, M, K, N, **kw)
-        verdict = None if r is None else r > _symm.CUBLAS_ABOVE_RATIO
-        if len(_verdicts) >= 4096:
-            _verdicts.clear()
-        _verdicts[key] = verdict
-    return verdict
+        return None if r is None else r > _symm.CUBLAS_ABOVE_RATIO
+
+    return _memo((_generation(), kernel, M, K, N, tuple(sorted(kw.items()))), verdict)
 
 
 def measured_choice(kernel: str, M: int, K: int, N: int, *, path: str | None = None, **kw) -> str | None:
@@ -140,14 +136,8 @@ def measured_choice(kernel: str, M: int, K: int, N: int, *, path: str | None = N
     if _symm.CUBLAS_ABOVE_RATIO is None:
         return None
     path = path or kernel + "_cublas"
-    key = (_generation(), "choice", kernel, path, M, K, N, tuple(sorted(kw.items())))
-    choice = _verdicts.get(key, _UNSEEN)
-    if choice is _UNSEEN:  # once per shape and knob generation, as kernel_loses
-        choice = _choice(measured_ratio(kernel, M, K, N, **kw), measured_ratio(path, M, K, N, **kw))
-        if len(_verdicts) >= 4096:
-            _verdicts.clear()
-        _verdicts[key] = choice
-    return choice
+    return _memo((_generation(), "choice", kernel, path, M, K, N, tuple(sorted(kw.items()))),
+                 lambda: _choice(measured_ratio(kernel, M, K, N, **kw), measured_ratio(path, M, K, N, **kw)))
 
 
 def _choice(on_kernel: float | None, on_path: float | None) -> str | None:
@@ -156,6 +146,18 @@ def _choice(on_kernel: float | None, on_path: float | None) -> str | None:
     if on_kernel > _symm.CUBLAS_ABOVE_RATIO:
         return "cublas" if on_path is None or on_path < on_kernel else "triton"
     return "triton" if on_path is not None and on_path > on_kernel else None
+
+
+def _memo(key: tuple, compute):
+    """``compute()`` once per key: a scan of the file's entries once per shape and knob generation (ops decide per
+    call; a file rewritten while the process runs counts after forget())."""
+    value = _verdicts.get(key, _UNSEEN)
+    if value is _UNSEEN:
+        value = compute()
+        if len(_verdicts) >= 4096:
+            _verdicts.clear()
+        _verdicts[key] = value
+    return value
 
 
 _verdicts: dict[tuple, bool | str | None] = {}
