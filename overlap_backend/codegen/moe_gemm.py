@@ -7,8 +7,9 @@ rows that go back to rank+1 first, ..., this rank's own rows last ("remote-criti
 is sorted row p's received-row index (``recv_off[s] <= srows[p] < recv_off[s + 1]``).
 
 With ``expert_major`` (small groups: decode sizes) groups are ``g = e * ws + pos`` instead: the
-tiles of one expert's sources are neighbours, so concurrent CTAs share its weights in L2 (the
-weight-bandwidth-bound case), and sources finish later.
+tiles of one expert's sources are neighbours and go GROUP_M row tiles of the expert (across its
+sources) at a time, so concurrent CTAs share its weights in L2 (the weight-bandwidth-bound case), and
+sources finish later.
 
 A launch covers the groups ``group_lo .. group_hi`` (all by default). In the remote-first order the
 runtime launches gate/up then down once per source position (``phases``): the first source's
@@ -18,8 +19,8 @@ gate/up GEMM, so the combine overlaps the remaining (ws-1)/ws.
 Tiles: group g has ``cdiv(counts[g], BM)`` row tiles; ``tile_start`` ([G + 1], int32, on the
 device) is their prefix sum, so the tile -> (group, row tile, column tile) map is a binary search
 on the device: variable (unbacked) group sizes need no host synchronisation. Group g owns tiles
-``tile_start[g] * tiles_n ..`` (its row tiles times the column tiles); inside it they go GROUP_M row
-tiles at a time (``tiles.grouped_tile``), so the CTAs running side by side share both their A rows
+``tile_start[g] * tiles_n ..`` (its row tiles times the column tiles); inside it (expert-major: inside
+the expert's groups) they go GROUP_M row tiles at a time (``tiles.grouped_tile``), so the CTAs running side by side share both their A rows
 and their weight columns in L2. (Row by row, 132 CTAs walking all 112 column tiles of a Mixtral-like
 expert would stream its whole 235 MB gate/up weight from HBM once per ~1.2 row tiles.)
 CTA i takes tiles i, i + grid, ... (a ``tl.range`` loop): static assignment is
@@ -99,21 +100,31 @@ def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, 
               LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr,
               GROUP_M: tl.constexpr):
     """Tile t -> (group, expert, source position, column tile, first sorted row, sorted rows, row
-    mask, received rows)."""
+    mask, received rows).
+
+    Remote-first order (groups ``pos * E + e``): GROUP_M row tiles of one group at a time. Expert-major
+    (groups ``e * ws + pos``): GROUP_M row tiles of one *expert* at a time, across its sources' groups, so
+    that the tiles reading one column block of its weight run side by side (at decode sizes a group is one
+    row tile: walking group by group would read the weight once per wave of CTAs, not once)."""
     g = find_group(t // tiles_n, tile_start_ptr, G, LOG_G)
-    g_first = tl.load(tile_start_ptr + g)
-    pid_m, pid_n = grouped_tile(t - g_first * tiles_n, tl.load(tile_start_ptr + g + 1) - g_first, tiles_n, GROUP_M)
+    if EXPERT_MAJOR:  # groups e * ws + pos
+        e = g // WS
+        span_first = tl.load(tile_start_ptr + e * WS)
+        span_m, pid_n = grouped_tile(t - span_first * tiles_n, tl.load(tile_start_ptr + e * WS + WS) - span_first,
+                                     tiles_n, GROUP_M)
+        g = find_group(span_first + span_m, tile_start_ptr, G, LOG_G)
+        pid_m = span_first + span_m - tl.load(tile_start_ptr + g)
+        pos = g % WS
+    else:  # groups pos * E + e
+        g_first = tl.load(tile_start_ptr + g)
+        pid_m, pid_n = grouped_tile(t - g_first * tiles_n, tl.load(tile_start_ptr + g + 1) - g_first, tiles_n, GROUP_M)
+        e = g % E
+        pos = g // E
     group_row = tl.load(row_start_ptr + g)
     tile_row = group_row + pid_m * BM
     offs_p = tile_row + tl.arange(0, BM)
     mask = offs_p < group_row + tl.load(counts_ptr + g)
     srow = tl.load(srows_ptr + offs_p, mask=mask, other=0)
-    if EXPERT_MAJOR:  # groups e * ws + pos
-        e = g // WS
-        pos = g % WS
-    else:  # groups pos * E + e
-        e = g % E
-        pos = g // E
     return g, e, pos, pid_n, tile_row, offs_p, mask, srow
 
 

@@ -136,14 +136,16 @@ def _grouped_order(tiles_m, tiles_n, group_m):
 
 
 @pytest.mark.parametrize("skew,expert_major,group_m", [(False, False, 1), (False, False, 2), (True, False, 3),
-                                                         (True, True, 2)],
-                         ids=["balanced", "balanced-grouped", "skewed-grouped", "skewed-expert-major-grouped"])
+                                                         (True, True, 2), (False, True, 3)],
+                         ids=["balanced", "balanced-grouped", "skewed-grouped", "skewed-expert-major-grouped",
+                              "balanced-expert-major-grouped"])
 @pytest.mark.parametrize("ws,rank", [(2, 0), (4, 2)])
 def test_plan_and_tile_map(ws, rank, skew, expert_major, group_m):
     """Groups come remote-first (sources rank+1, rank+2, ..., own last), expert order inside (or
     expert-major, source order inside); every valid grouped row appears once; tile t maps to the
     group, expert, source position, column tile and rows that a host-side enumeration gives
-    (inside a group, ``group_m`` row tiles at a time), empty experts and empty sources included."""
+    (``group_m`` row tiles at a time inside a group, or expert-major inside an expert's groups, across its
+    sources), empty experts and empty sources included."""
     gen = torch.Generator().manual_seed(ws * 10 + rank + skew)
     experts = 3
     case = _case(ws, rank, experts, 8, 8, gen, skew=skew, empty=(1,), idle=3)
@@ -170,9 +172,15 @@ def test_plan_and_tile_map(ws, rank, skew, expert_major, group_m):
     tiles_n = 3
     ts = pl["tile_start"][bm]
     expect = []
-    for g, c in enumerate(counts):
-        for m, n in _grouped_order(-(-c // bm), tiles_n, group_m):
-            expect.append((g, pos_expert(g)[1], pos_expert(g)[0], n, min(bm, c - m * bm), m * bm))
+    # the walk's spans: a group (remote-first), or an expert's ws groups (expert-major), whose row tiles go
+    # group_m at a time across the span's groups
+    spans = [[g] for g in range(len(counts))] if not expert_major else [
+        list(range(e * ws, (e + 1) * ws)) for e in range(experts)]
+    for span in spans:
+        row_tiles = [(g, m) for g in span for m in range(-(-counts[g] // bm))]
+        for i, n in _grouped_order(len(row_tiles), tiles_n, group_m):
+            g, m = row_tiles[i]
+            expect.append((g, pos_expert(g)[1], pos_expert(g)[0], n, min(bm, counts[g] - m * bm), m * bm))
     assert int(ts[-1]) * tiles_n == len(expect)
     assert pl["src_tiles"][bm].tolist() == [sum(-(-c // bm) for g, c in enumerate(counts) if pos_expert(g)[0] == p)
                                             for p in range(ws)]

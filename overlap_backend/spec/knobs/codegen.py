@@ -59,9 +59,11 @@ codegen = Knobs(
         (64, 256, 64, 8, 3, 8, False),
     ),
     # moe_experts' down kernel's candidates: (128, 256) was the fastest at every size timed in the same
-    # runs (1.37-1.41 / 1.61-1.67 / 0.27 ms).
+    # runs (1.37-1.41 / 1.61-1.67 / 0.27 ms); (64, 256) for decode sizes, where a (source, expert) group
+    # holds ~32 rows and 128-row tiles compute four times the rows they store (not in those runs).
     MOE_DOWN_16BIT=(
         (128, 256, 64, 8, 3, 8, False),
+        (64, 256, 64, 8, 3, 8, False),
     ),
     # The single-CTA MoE plan kernel (codegen/moe_plan.py) takes at most this many grouped rows: beyond,
     # the torch version's GPU time is shorter and its host time hides behind the GPU's.
