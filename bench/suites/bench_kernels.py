@@ -272,7 +272,7 @@ def _compile_in_pool(jobs, indices, workers: int, deadline: float) -> dict[int, 
 
 
 # ------------------------------------------------------------------------------------------ output
-def _fmt_cfg(cfg) -> str:
+def config_label(cfg) -> str:
     if cfg is None:
         return "-"
     BM, BN, BK, G, st, w, *rest = cfg  # rest: a store variant (bool or name); the CTA stages' split-K runs (int)
@@ -305,9 +305,9 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             c["epilogue"] or "-", "; ".join(r["suites"]), r["baseline"], common.fmt_ms(r["baseline_ms"]),
             common.fmt_ms(r.get("op_ms")), (f"{r['op_ratio']:.3f}" + flag(r["op_ratio"])) if "op_ratio" in r else "n/a",
             (f"{r['op_ratio_with_sum']:.3f}" + flag(r["op_ratio_with_sum"])) if "op_ratio_with_sum" in r else "-",
-            _fmt_cfg(r.get("op_config")), common.fmt_ms(r.get("best_ms")),
+            config_label(r.get("op_config")), common.fmt_ms(r.get("best_ms")),
             f"{r['best_ratio']:.3f}" if "best_ratio" in r else "n/a",
-            _fmt_cfg(r.get("best_config")) + (" (variant)" if r.get("best_kind") == "variant" else ""),
+            config_label(r.get("best_config")) + (" (variant)" if r.get("best_kind") == "variant" else ""),
             f"{max(errs):.1e}" if errs else "n/a",
             f"{r['op_host_us']:.0f} / {r['baseline_host_us']:.0f}" if r.get("op_host_us") else "n/a",
             _back_to_back(r)])
@@ -352,7 +352,7 @@ def variants_markdown(rows: list[dict]) -> str:
         op = r.get("op_ms")
         for x in r.get("configs", ()):
             if x["kind"] == "variant" and op:
-                key = f"{r['case']['kernel']} {_fmt_cfg(x['config'])}"
+                key = f"{r['case']['kernel']} {config_label(x['config'])}"
                 stats.setdefault(key, []).append(x["ms"] / op if "ms" in x else math.nan)
     body = []
     for key, v in sorted(stats.items()):
