@@ -60,7 +60,8 @@ codegen = Knobs(
     ),
     # moe_experts' down kernel's candidates: (128, 256) was the fastest at every size timed in the same
     # runs (1.37-1.41 / 1.61-1.67 / 0.27 ms); (64, 256) for decode sizes, where a (source, expert) group
-    # holds ~32 rows and 128-row tiles compute four times the rows they store (not in those runs).
+    # holds ~32 rows and 128-row tiles compute four times the rows they store: tuning took it at every decode
+    # shape and at no prefill one (bench/results/kernels_h200x1_2026-12-06).
     MOE_DOWN_16BIT=(
         (128, 256, 64, 8, 3, 8, False),
         (64, 256, 64, 8, 3, 8, False),
