@@ -20,9 +20,10 @@ Tiles: group g has ``cdiv(counts[g], BM)`` row tiles; ``tile_start`` ([G + 1], i
 device) is their prefix sum, so the tile -> (group, row tile, column tile) map is a binary search
 on the device: variable (unbacked) group sizes need no host synchronisation. Group g owns tiles
 ``tile_start[g] * tiles_n ..`` (its row tiles times the column tiles); inside it (expert-major: inside
-the expert's groups) they go GROUP_M row tiles at a time (``tiles.grouped_tile``), so the CTAs running side by side share both their A rows
-and their weight columns in L2. (Row by row, 132 CTAs walking all 112 column tiles of a Mixtral-like
-expert would stream its whole 235 MB gate/up weight from HBM once per ~1.2 row tiles.)
+the expert's groups) they go GROUP_M row tiles at a time (``tiles.grouped_tile``), so the CTAs running
+side by side share both their A rows and their weight columns in L2. (Row by row, 132 CTAs walking all
+112 column tiles of a Mixtral-like expert would stream its whole 235 MB gate/up weight from HBM once per
+~1.2 row tiles.)
 CTA i takes tiles i, i + grid, ... (a ``tl.range`` loop): static assignment is
 safe here because no tile waits for another GPU's SMs (the gate/up tiles wait only for copy-engine
 transfers, the down tiles for nothing), so a CTA that is not resident yet delays but cannot block.
