@@ -107,7 +107,7 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
     return out
 
 
-def _fmt(v) -> str:
+def fmt_ratio(v) -> str:
     return "n/a" if v is None else f"{v:.3f}" + (" **>1.03**" if v > BAR else "")
 
 
@@ -126,7 +126,7 @@ def summary(entries: list[dict], which: str = "path_ratio") -> list[list]:
     for k, v in by.items():
         got = [x for x in v if x is not None]
         gm = statistics.geometric_mean(got) if got else None
-        body.append([k, len(v), sum(x <= BAR for x in got), len(v) - len(got), _fmt(gm),
+        body.append([k, len(v), sum(x <= BAR for x in got), len(v) - len(got), fmt_ratio(gm),
                      f"{min(got):.2f}–{max(got):.2f}" if got else "n/a"])
     return body
 
@@ -136,10 +136,10 @@ def markdown(entries: list[dict], gpu: str, source: str) -> str:
             "op's path", "op / cuBLAS", "op / (cuBLAS + sum)", "with auto forms", "auto / cuBLAS"]
     body = [[e["case"]["kernel"], e["case"]["ws"],
              f"{e['case']['M']}×{e['case']['K']}×{e['case']['N']}" + (f" ({e['case']['moe']})" if e["case"]["moe"] else ""),
-             e["case"]["epilogue"] or "-", _fmt(e["kernel_ratio"]), e["other"], _fmt(e["other_ratio"]),
-             _name(e, "path"), _fmt(e["path_ratio"]),
-             _fmt(e["path_ratio_with_sum"]) if "path_ratio_with_sum" in e else "-",
-             _name(e, "auto"), _fmt(e["auto_ratio"])] for e in entries]
+             e["case"]["epilogue"] or "-", fmt_ratio(e["kernel_ratio"]), e["other"], fmt_ratio(e["other_ratio"]),
+             _name(e, "path"), fmt_ratio(e["path_ratio"]),
+             fmt_ratio(e["path_ratio_with_sum"]) if "path_ratio_with_sum" in e else "-",
+             _name(e, "auto"), fmt_ratio(e["auto_ratio"])] for e in entries]
     sum_head = ["kernel", "cases", f"≤ {BAR} on the op's path", "path not measured", "geo-mean", "range"]
     return "\n".join([
         f"# The op's path at each shape, {gpu}", "",

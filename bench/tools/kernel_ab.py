@@ -42,18 +42,15 @@ def table(before: dict[str, dict], after: dict[str, dict]) -> str:
         ratios["after"].append(a["op_ratio"])
         ratios["time"].append(a["op_ms"] / b["op_ms"])
         lines.append(f"| {label} | {b['baseline_ms']:.3f} / {a['baseline_ms']:.3f} | {b['op_ms']:.3f} | "
-                     f"{mark(b['op_ratio'])} | {a['op_ms']:.3f} | {mark(a['op_ratio'])} | "
-                     f"{config_label(a['op_config'])} | {a['op_ms'] / b['op_ms']:.3f} |")
+                     f"{kernel_paths.fmt_ratio(b['op_ratio'])} | {a['op_ms']:.3f} | "
+                     f"{kernel_paths.fmt_ratio(a['op_ratio'])} | {config_label(a['op_config'])} | "
+                     f"{ratios['time'][-1]:.3f} |")
     geo = {k: statistics.geometric_mean(v) for k, v in ratios.items()}
     over = {k: sum(r > kernel_paths.BAR for r in ratios[k]) for k in ("before", "after")}
     lines.append(f"\n{len(both)} shapes. Op / baseline, geo-mean: before {geo['before']:.3f} ({over['before']} over "
                  f"{kernel_paths.BAR}), after {geo['after']:.3f} ({over['after']} over); op time after / before, "
                  f"geo-mean {geo['time']:.3f}.")
     return "\n".join(lines) + "\n"
-
-
-def mark(ratio: float) -> str:
-    return f"{ratio:.3f}" + (f" **>{kernel_paths.BAR}**" if ratio > kernel_paths.BAR else "")
 
 
 def main(argv=None) -> None:

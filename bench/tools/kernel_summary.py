@@ -50,7 +50,8 @@ def summarize(folder: Path) -> dict[str, dict]:
         measured = [p for p in path if isinstance(p, float)]
         out[name] = {"shapes": len(rows), "within": sum(x <= BAR for x in ratios), "median": statistics.median(ratios),
                      "worst": max(ratios), "path_within": sum(p <= BAR for p in measured) if measured else None,
-                     "path_unmeasured": sum(p is None for p in path), "path_geo": statistics.geometric_mean(measured) if measured else None,
+                     "path_unmeasured": sum(p is None for p in path),
+                     "path_geo": statistics.geometric_mean(measured) if measured else None,
                      "has_path": any(p != "-" for p in path)}
     return out
 
