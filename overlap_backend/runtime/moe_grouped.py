@@ -130,15 +130,19 @@ def form_faster(m: int, h: int, f: int, ws: int, dtype, gpu: str | None = None) 
 
 
 def grouped_wins(m: int, h: int, f: int, ws: int, dtype, gpu: str | None = None) -> tuple[bool, str]:
-    """"auto"'s choice (and why): grouped_mm where both Triton GEMMs measured slower than the grouped GEMMs
-    alone and the form, where measured, faster than both kernels (its gather and scatter cost a pass over
-    the rows each). The cost model prices the same decision."""
+    """"auto"'s choice (and why): the faster of the two forms where the grouped_mm form and both Triton GEMMs
+    were measured near this shape (one Triton GEMM losing can outweigh the other winning); where the form was
+    not, grouped_mm only if both Triton GEMMs measured slower than the grouped GEMMs alone (the form's gather
+    and scatter cost a pass over the rows each). The cost model prices the same decision."""
     where = f"near M={m} H={h} F={f} ws={ws}"
+    faster = form_faster(m, h, f, ws, dtype, gpu)
+    if faster is not None:
+        if faster:
+            return True, f"the grouped_mm form (gather, grouped GEMMs, scatter) measured faster than the Triton GEMMs {where}"
+        return False, f"the grouped_mm form (gather, grouped GEMMs, scatter) measured slower than the Triton GEMMs {where}"
     lose = kernels_lose(m, h, f, ws, dtype, gpu)
     if not all(lose):
         return False, f"Triton expert GEMMs measured (gate_up, down) slower: {lose} {where}"
-    if form_faster(m, h, f, ws, dtype, gpu) is False:
-        return False, f"the grouped_mm form (gather, grouped GEMMs, scatter) measured slower than the Triton GEMMs {where}"
     return True, f"both Triton expert GEMMs measured slower than torch._grouped_mm {where}"
 
 

@@ -250,7 +250,13 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
     rows[0]["op_ratio_with_sum"], rows[1]["op_ratio_with_sum"], rows[6]["op_ratio_with_sum"] = 1.1, 0.9, 1.05
     rows[2]["op_ratio_with_sum"], rows[3]["op_ratio_with_sum"] = 1.15, 0.95
     (tmp_path / "kernel_ratios.json").write_text(json.dumps(kernel_ratios.document(entries)))
-    found = paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)
+    from overlap_backend.spec import knobs
+
+    by_default = paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)
+    with knobs.cta.patch(STAGE0_GEMM="triton", STAGE1_GEMM="triton"), knobs.moe.patch(EXPERT_GEMM="triton"):
+        found = paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)  # "path": the forms' knobs as set here
+    assert [(e["path"], e["path_ratio"]) for e in by_default] == [(e["auto"], e["auto_ratio"]) for e in found], \
+        "the CTA and MoE forms' knobs are auto by default"
     fused = {e["case"]["kernel"]: e for e in found if e["case"]["epilogue"] in ("add:0", "gelu")}
     got = {(e["case"]["kernel"], e["case"]["ws"], e["case"]["M"]): e for e in found if e not in fused.values()}
     assert len(found) == 10 and len(got) == 8, "a row per kernel case, none for the paths' own rows"

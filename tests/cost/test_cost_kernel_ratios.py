@@ -96,15 +96,18 @@ def test_mm_ar_rounds_and_cta_stages_read_their_ratios(ratios):
     ratios({"kernel": "mm_ar", "ws": 4, "M": 8192, "K": 7168, "N": 8192, "ratio": 1.01})
     assert _gemm(p) == pytest.approx(model.gemm_ms(H200, 8192, 8192, 7168, BF16, 1.01))
     cta = Problem("cta_pipeline_mlp", m=1024, n=8192, k=8192, dtype=BF16, ws=4, f=28672 // 4, activation="gelu")
-    fitted = model.plan_symm(H200, cta).terms["stage_ms"]
-    # stage 0 is measured with its fused GELU (bench_kernels writes it "fused"): an unfused entry is not its ratio
-    ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 3.0},
-           {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.5})
-    assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx((knobs.cost.CTA_EFF + 1.5) / 2)
-    ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 1.5, "fused": True},
-           {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.5})
-    assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.5)
-    assert model.plan_symm(H200, cta).terms["stage_ms"] > fitted
+    with knobs.cta.patch(STAGE0_GEMM="triton", STAGE1_GEMM="triton"):  # the kernels' ratios price the kernels
+        fitted = model.plan_symm(H200, cta).terms["stage_ms"]
+        # stage 0 is measured with its fused GELU (bench_kernels writes it "fused"): an unfused entry is not its ratio
+        ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 3.0},
+               {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.5})
+        assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx((knobs.cost.CTA_EFF + 1.5) / 2)
+        ratios({"kernel": "cta_stage0", "ws": 4, "M": 1024, "K": 8192, "N": 14336, "ratio": 1.5, "fused": True},
+               {"kernel": "cta_stage1", "ws": 4, "M": 1024, "K": 28672, "N": 4096, "ratio": 1.5})
+        assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.5)
+        assert model.plan_symm(H200, cta).terms["stage_ms"] > fitted
+    # by default ("auto") both stages measured over CUBLAS_ABOVE_RATIO run, and are priced, on cuBLAS
+    assert model._cta_eff(H200, cta, 2, 28672, 1) == pytest.approx(1.0)
 
 
 def test_packaged_cta_stage0_ratio_is_found():
@@ -114,7 +117,8 @@ def test_packaged_cta_stage0_ratio_is_found():
     r0 = model.kernel_eff(H200, "cta_stage0", 1024, 8192, 28672, 2, BF16, fused=True)
     r1 = model.kernel_eff(H200, "cta_stage1", 1024, 28672, 8192, 2, BF16)
     assert r0 == pytest.approx(1.143, abs=1e-3) and r1 == pytest.approx(1.116, abs=1e-3)
-    assert model._cta_eff(H200, cta, 1, 28672, 1) == pytest.approx((r0 + r1) / 2)
+    with knobs.cta.patch(STAGE0_GEMM="triton", STAGE1_GEMM="triton"):
+        assert model._cta_eff(H200, cta, 1, 28672, 1) == pytest.approx((r0 + r1) / 2)
 
 
 def _best(p, **kw):

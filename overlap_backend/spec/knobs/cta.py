@@ -76,11 +76,10 @@ cta = Knobs(
     # per row group and K-chunk, flags by stream operations) or "auto": cuBLAS where the stage's kernel measured
     # more than knobs.symm.CUBLAS_ABOVE_RATIO times cuBLAS near this shape (spec/kernel_ratios.json, kernels
     # cta_stage0 / cta_stage1: stage 1 up to 10.8x at M=16, bench/results/kernels_h200x1_2026-12-02) and the
-    # cuBLAS form, where measured (cta_stage0_cublas / cta_stage1_cublas), faster than the kernel. "triton"
-    # until the op itself is timed with cuBLAS stages on 2 GPUs: the cuBLAS form runs K-chunked GEMMs and a
-    # separate activation pass, which one whole GEMM does not.
-    STAGE0_GEMM="triton",
-    STAGE1_GEMM="triton",
+    # cuBLAS form, where measured (cta_stage0_cublas / cta_stage1_cublas), faster than the kernel; nothing
+    # measured near the shape on this GPU: the kernel.
+    STAGE0_GEMM="auto",
+    STAGE1_GEMM="auto",
     # Entries per host-side cache of the op (verdicts, plans, preloaded calls); beyond it a cache starts
     # over, so a server with ever new token counts does not grow without bound.
     CACHE_MAX=4096,
