@@ -43,7 +43,8 @@ def stage_gemms(ws: int, M: int, H: int, F_: int, N: int, dtype, gpu: str | None
 def stage_form(stage: int, M: int, K: int, N: int, ws: int, dtype, gpu: str | None = None) -> str:
     """Stage ``stage``'s form at its local GEMM [M, K] @ [K, N] (what the cost model prices too). "auto":
     cuBLAS where the stage kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS and the
-    cuBLAS form, where measured, faster than the kernel."""
+    cuBLAS form measured faster than the kernel; the kernel where the form was not measured near this shape on
+    this GPU (its GEMMs per row group and K-chunk cost 1.06-11x one GEMM on an H100)."""
     return _form(f"STAGE{stage}_GEMM", f"cta_stage{stage}", M, K, N, ws, dtype, stage == 0, gpu)
 
 
@@ -53,8 +54,10 @@ def _form(name, kernel, M, K, N, ws, dtype, fused, gpu) -> str:
         raise ValueError(f"knobs.cta.{name} = {value!r}: one of {', '.join(map(repr, FORMS))}")
     if value != "auto":
         return value
-    # (where the form itself was measured, bench_kernels' "<kernel>_cublas": its chunked GEMMs and separate
-    # activation, it must beat the kernel too)
+    # the form itself (bench_kernels' "<kernel>_cublas": its chunked GEMMs and separate activation) must have
+    # been measured beating the kernel
+    if form_ratio(kernel, M, K, N, ws=ws, dtype=dtype, fused=fused, gpu=gpu) is None:
+        return "triton"
     choice = kernel_ratios.measured_choice(kernel, M, K, N, ws=ws, dtype=dtype, fused=fused, gpu=gpu)
     return choice or "triton"
 

@@ -1,8 +1,9 @@
 """The cuBLAS forms of the CTA-pipeline stages (``runtime/cta_cublas.py``) on CPU.
 
 - The choice (``stage_gemms``): "auto" takes cuBLAS exactly where the ratio file says the stage's
-  kernel measured above ``knobs.symm.CUBLAS_ABOVE_RATIO`` (the packaged file's H200 entries, and a file
-  of the test's own), the kernel where nothing was measured near; forced values; bad values refused;
+  kernel measured above ``knobs.symm.CUBLAS_ABOVE_RATIO`` and the cuBLAS form measured faster than it (the
+  packaged file's H200 entries, and a file of the test's own), the kernel where either was not measured
+  near; forced values; bad values refused;
   nothing but shapes, dtype, GPU name, file and knobs in it (so every rank decides alike).
 - The data path: stage 0 and the stage-1 share write the chunk-major blocks and ``keep`` the Triton
   kernels write (done flags after each block, in the kernel's order); the blocks shipped as
@@ -32,8 +33,8 @@ def auto_forms():
 
 
 def test_auto_takes_cublas_exactly_where_the_packaged_ratios_say_the_kernel_loses(auto_forms):
-    """At every measured CTA shape of the packaged file (H200): cuBLAS iff ratio > the threshold (and the
-    cuBLAS form, where measured, faster than the kernel)."""
+    """At every measured CTA shape of the packaged file (H200): cuBLAS iff ratio > the threshold and the
+    cuBLAS form measured faster than the kernel."""
     H, F_, seen = 8192, 28672, 0
     for e in kernel_ratios.entries(kernel_ratios.PACKAGED):
         if e["kernel"] not in ("cta_stage0", "cta_stage1") or e["gpu"] != "NVIDIA H200":
@@ -45,7 +46,7 @@ def test_auto_takes_cublas_exactly_where_the_packaged_ratios_say_the_kernel_lose
         form = forms[e["kernel"] == "cta_stage1"]
         measured = cta_cublas.form_ratio(e["kernel"], M, e["K"], e["N"], ws=ws, dtype=torch.bfloat16,
                                          fused=e["fused"], gpu="NVIDIA H200")
-        faster = measured is None or measured < e["ratio"]
+        faster = measured is not None and measured < e["ratio"]
         assert form == ("cublas" if e["ratio"] > knobs.symm.CUBLAS_ABOVE_RATIO and faster else "triton"), (e, forms)
         seen += 1
     assert seen >= 20  # both stages, several world sizes and M
@@ -55,7 +56,9 @@ def test_auto_follows_the_ratio_file_and_the_threshold(ratios, auto_forms):
     ratios(_entry("cta_stage0", 2, 512, 1024, 4096, 1.10, True),
            _entry("cta_stage1", 2, 512, 4096, 1024, 1.02, False),
            _entry("cta_stage0", 2, 4096, 1024, 4096, 0.98, True),
-           _entry("cta_stage1", 2, 4096, 4096, 1024, 1.50, False))
+           _entry("cta_stage1", 2, 4096, 4096, 1024, 1.50, False),
+           *(_entry(f"cta_stage{i}_cublas", 2, m, *kn, 1.01, i == 0)  # the forms: faster than a losing kernel
+             for m in (512, 4096) for i, kn in ((0, (1024, 4096)), (1, (4096, 1024)))))
     args = dict(H=1024, F_=4096, N=1024, dtype=torch.bfloat16)
     assert cta_cublas.stage_gemms(2, 512, **args) == ("cublas", "triton")
     assert cta_cublas.stage_gemms(2, 600, **args) == ("cublas", "triton")  # nearest entry
@@ -71,16 +74,19 @@ def test_auto_follows_the_ratio_file_and_the_threshold(ratios, auto_forms):
 
 def test_auto_keeps_the_kernel_where_the_measured_cublas_form_is_not_faster(ratios, auto_forms):
     """bench_kernels' "cta_stage<i>_cublas" rows time the form itself (chunked GEMMs, a separate activation):
-    where it measured no faster than the kernel, the kernel stays, though the kernel loses to one whole GEMM."""
+    where it measured no faster than the kernel, or was not measured, the kernel stays, though the kernel loses
+    to one whole GEMM."""
     kernels = (_entry("cta_stage0", 2, 512, 1024, 4096, 1.10, True), _entry("cta_stage1", 2, 512, 4096, 1024, 1.20))
     args = dict(H=1024, F_=4096, N=1024, dtype=torch.bfloat16)
     ratios(*kernels)
-    assert cta_cublas.stage_gemms(2, 512, **args) == ("cublas", "cublas")  # forms not measured: cuBLAS
+    assert cta_cublas.stage_gemms(2, 512, **args) == ("triton", "triton")  # forms not measured: the kernels
     ratios(*kernels, _entry("cta_stage0_cublas", 2, 512, 1024, 4096, 1.15, True),
            _entry("cta_stage1_cublas", 2, 512, 4096, 1024, 1.05))
     assert cta_cublas.stage_gemms(2, 512, **args) == ("triton", "cublas")
+    ratios(*kernels, _entry("cta_stage0_cublas", 2, 512, 1024, 4096, 1.04, True))
+    assert cta_cublas.stage_gemms(2, 512, **args) == ("cublas", "triton")
     ratios(*kernels, _entry("cta_stage0_cublas", 2, 512, 1024, 4096, 1.04, False))  # another epilogue: not it
-    assert cta_cublas.stage_gemms(2, 512, **args) == ("cublas", "cublas")
+    assert cta_cublas.stage_gemms(2, 512, **args) == ("triton", "triton")
 
 
 def test_forced_forms_and_bad_values(ratios):

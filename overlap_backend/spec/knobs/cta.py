@@ -76,8 +76,8 @@ cta = Knobs(
     # per row group and K-chunk, flags by stream operations) or "auto": cuBLAS where the stage's kernel measured
     # more than knobs.symm.CUBLAS_ABOVE_RATIO times cuBLAS near this shape (spec/kernel_ratios.json, kernels
     # cta_stage0 / cta_stage1: stage 1 up to 10.8x at M=16, bench/results/kernels_h200x1_2026-12-02) and the
-    # cuBLAS form, where measured (cta_stage0_cublas / cta_stage1_cublas), faster than the kernel; nothing
-    # measured near the shape on this GPU: the kernel.
+    # cuBLAS form (cta_stage0_cublas / cta_stage1_cublas) measured faster than the kernel; either not measured
+    # near the shape on this GPU: the kernel.
     STAGE0_GEMM="auto",
     STAGE1_GEMM="auto",
     # Entries per host-side cache of the op (verdicts, plans, preloaded calls); beyond it a cache starts

@@ -36,8 +36,8 @@ moe = Knobs(
     # Who computes the expert GEMMs: "triton" (the persistent grouped kernels, codegen/moe_gemm.py),
     # "grouped_mm" (torch._grouped_mm per source segment, runtime/moe_grouped.py, where its constraints
     # hold) or "auto": the faster of the two where the form and both Triton GEMMs were measured near the shape
-    # on this GPU, else grouped_mm where both Triton GEMMs measured slower than the grouped GEMMs alone
-    # (spec/kernel_ratios.json; on an H100 the form wins at decode sizes and loses at prefill, where its gather
-    # and scatter passes cost more than the kernels lose: bench/results/kernels_h100x1_2026-12-05/forms.md).
+    # on this GPU, else Triton (spec/kernel_ratios.json; on an H100 the form wins at decode sizes and loses at
+    # prefill, where its gather and scatter passes cost more than the kernels lose:
+    # bench/results/kernels_h100x1_2026-12-05/forms.md).
     EXPERT_GEMM="auto",
 )
