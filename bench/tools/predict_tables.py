@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from overlap_backend.cost import calibration as calibrate  # noqa: E402
-from overlap_backend.cost.model import Problem, predict  # noqa: E402
+from overlap_backend.cost.model import Problem, predict, ratio_gpu  # noqa: E402
+from overlap_backend.spec import kernel_ratios  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # The current multi-GPU result of each suite (bench/results/INDEX.md); per (suite, ws) the first folder that
@@ -75,6 +76,13 @@ def _first(suite: str, ws: int, name: str | None = None) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def ratio_sources(cal) -> str:
+    """The results folders of the installed kernel ratios that price ``cal``'s GPU."""
+    gpu = ratio_gpu(cal)
+    found = sorted({e.get("source", "?") for e in kernel_ratios.entries() if e["gpu"] == gpu})
+    return f"{gpu}: " + ", ".join(found) if found else f"none measured for {gpu}"
 
 
 def _gemm_path(plan) -> str:
@@ -294,7 +302,7 @@ def main(argv=None) -> int:
         "`pred`, next to measurements labelled `meas`.\n\n"
         f"```bash\n{command}\n```\n\nFiles: [table.md](table.md), predicted.json, command.txt. Calibration: the "
         f"built-in `{args.calibration}` defaults (`{cal.key}`); kernel ratios: `overlap_backend/spec/kernel_ratios.json` "
-        "(bench/results/kernels_h200x1_2026-12-02).\n")
+        f"({ratio_sources(cal)}).\n")
     if not args.quiet:
         print(md)
     print(f"wrote {out}/table.md ({len(rows)} rows)")
