@@ -132,15 +132,21 @@ def summary(entries: list[dict], which: str = "path_ratio") -> list[list]:
 
 
 def markdown(entries: list[dict], gpu: str, source: str) -> str:
+    """paths.md; the "auto" columns and summary only where the forms' knobs as set chose otherwise somewhere."""
+    with_auto = any(e["auto"] != e["path"] for e in entries)
     head = ["kernel", "ws", "local M×K×N", "fused epilogue", "kernel / cuBLAS", "other path", "other / cuBLAS",
-            "op's path", "op / cuBLAS", "op / (cuBLAS + sum)", "with auto forms", "auto / cuBLAS"]
+            "op's path", "op / cuBLAS", "op / (cuBLAS + sum)"] + (["with auto forms", "auto / cuBLAS"] if with_auto else [])
     body = [[e["case"]["kernel"], e["case"]["ws"],
              f"{e['case']['M']}×{e['case']['K']}×{e['case']['N']}" + (f" ({e['case']['moe']})" if e["case"]["moe"] else ""),
              e["case"]["epilogue"] or "-", fmt_ratio(e["kernel_ratio"]), e["other"], fmt_ratio(e["other_ratio"]),
              _name(e, "path"), fmt_ratio(e["path_ratio"]),
-             fmt_ratio(e["path_ratio_with_sum"]) if "path_ratio_with_sum" in e else "-",
-             _name(e, "auto"), fmt_ratio(e["auto_ratio"])] for e in entries]
+             fmt_ratio(e["path_ratio_with_sum"]) if "path_ratio_with_sum" in e else "-"]
+            + ([_name(e, "auto"), fmt_ratio(e["auto_ratio"])] if with_auto else []) for e in entries]
     sum_head = ["kernel", "cases", f"≤ {BAR} on the op's path", "path not measured", "geo-mean", "range"]
+    auto_note = ("`with auto forms`: the CTA stages and MoE experts with `knobs.cta.STAGE*_GEMM` / "
+                 "`knobs.moe.EXPERT_GEMM` = \"auto\". " if with_auto else "")
+    auto_section = (["## Per kernel, with the CTA and MoE forms on auto", "",
+                     common.markdown_table(sum_head, summary(entries, "auto_ratio")), ""] if with_auto else [])
     return "\n".join([
         f"# The op's path at each shape, {gpu}", "",
         f"From `{source}`: at each shape, the path the runtime's own choice functions take on this run's ratios "
@@ -149,13 +155,11 @@ def markdown(entries: list[dict], gpu: str, source: str) -> str:
         "`torch.sum`; MoE: `torch._grouped_mm`). `other path`: the op's cuBLAS path (`*_cublas` rows: its GEMMs "
         "per chunk or band with the flags, over one GEMM), `torch.sum`, or the MoE experts' grouped-GEMM form "
         "(over both grouped GEMMs); a fused case's cuBLAS path reads the plain one's ratio (its epilogue runs "
-        "apart, as the baseline's does: a bound). n/a: that path was not measured in this run. `with auto forms`: the CTA "
-        f"stages and MoE experts with `knobs.cta.STAGE*_GEMM` / `knobs.moe.EXPERT_GEMM` = \"auto\". Bar: ≤ {BAR}. "
+        f"apart, as the baseline's does: a bound). n/a: that path was not measured in this run. {auto_note}Bar: ≤ {BAR}. "
         "`op / (cuBLAS + sum)` (`mm_rs`, `mm_ar`): over cuBLAS followed by `torch.sum` of this rank's ws partials, "
         "the sum the unfused reduce-scatter or all-reduce does and these ops do in their GEMM's epilogue.",
         "", "## Per kernel, the op's path with the knobs as set", "", common.markdown_table(sum_head, summary(entries)),
-        "", "## Per kernel, with the CTA and MoE forms on auto", "",
-        common.markdown_table(sum_head, summary(entries, "auto_ratio")), "",
+        "", *auto_section,
         "## `mm_rs` and `mm_ar` against cuBLAS plus the collective's sum", "",
         common.markdown_table(sum_head, summary(entries, "path_ratio_with_sum")), "", "## Every shape", "",
         common.markdown_table(head, body), ""])

@@ -276,6 +276,8 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
     assert (stage1["path"], stage1["path_ratio"], stage1["auto"], stage1["auto_ratio"]) == ("kernel", 1.2, "other", 1.1)
     text = paths.markdown(list(got.values()), gpu, "here")
     assert "| mm_rs_cublas " in text and "1.300 **>1.03**" in text and "torch.sum" in text
+    assert "with auto forms" in text and "with auto forms" not in paths.markdown(by_default, gpu, "here"), \
+        "the auto columns only where the knobs as set chose otherwise"
     summary = {r[0]: r for r in paths.summary(list(got.values()))}
     assert summary["mm_rs"][1:4] == [2, 1, 0] and summary["mm_ar"][1:4] == [1, 0, 1] and summary["oneshot"][2] == 2
     assert {r[0]: r[1:4] for r in paths.summary(list(got.values()), "path_ratio_with_sum")} == {
