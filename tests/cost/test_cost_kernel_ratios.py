@@ -116,8 +116,13 @@ def test_packaged_cta_stage0_ratio_is_found():
     cta = Problem("cta_pipeline_mlp", m=1024, n=8192, k=8192, dtype=BF16, ws=2, f=28672 // 2, activation="gelu")
     r0 = model.kernel_eff(H200, "cta_stage0", 1024, 8192, 28672, 2, BF16, fused=True)
     r1 = model.kernel_eff(H200, "cta_stage1", 1024, 28672, 8192, 2, BF16)
-    assert r0 == pytest.approx(1.143, abs=1e-3) and r1 == pytest.approx(1.116, abs=1e-3)
-    assert model._cta_eff(H200, cta, 1, 28672, 1) == pytest.approx((r0 + r1) / 2)
+    assert r0 == pytest.approx(1.101, abs=1e-3) and r1 == pytest.approx(1.098, abs=1e-3)
+    with knobs.cta.patch(STAGE0_GEMM="triton", STAGE1_GEMM="triton"):
+        assert model._cta_eff(H200, cta, 1, 28672, 1) == pytest.approx((r0 + r1) / 2)
+    # by default stage 1 takes its cuBLAS form there, measured faster (1.061) than its kernel; stage 0's is slower
+    form1 = model.kernel_eff(H200, "cta_stage1_cublas", 1024, 28672, 8192, 2, BF16)
+    assert form1 == pytest.approx(1.061, abs=1e-3)
+    assert model._cta_eff(H200, cta, 1, 28672, 1) == pytest.approx((r0 + form1) / 2)
 
 
 def _best(p, **kw):

@@ -181,17 +181,19 @@ H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
 
 
 @pytest.mark.parametrize("gpu,m,h,f,ws,want", [
-    # H200: the form not measured (the kernels at deepseek ws 2 lose to the grouped GEMMs alone, 1.07 and 1.19)
-    (H200, 32768, 7168, 2048, 2, False),
-    (H200, 1024, 7168, 2048, 8, False),
-    # H100, the form measured too: at mixtral-decode ws 4 0.331 ms against the kernels' 0.456 + 0.203; at
+    # H200 (kernels_h200x1_2026-12-06/record), ms of the form against the gate/up and down kernels:
+    (H200, 256, 4096, 14336, 4, True),  # mixtral-decode ws 4: 0.267 against 0.221 + 0.125
+    (H200, 256, 4096, 14336, 8, True),  # mixtral-decode ws 8: 0.285 against 0.207 + 0.117 (down alone wins)
+    (H200, 1024, 7168, 2048, 4, False),  # deepseek-decode ws 4: 0.385 against 0.188 + 0.148
+    (H200, 32768, 7168, 2048, 2, False),  # deepseek ws 2: 5.85 against 2.71 + 1.55
+    # H100 (kernels_h100x1_2026-12-05/queued/run1): at mixtral-decode ws 4 0.331 against 0.456 + 0.203; at
     # deepseek-decode ws 4 0.406 against 0.232 + 0.211 (the gate/up kernel within 1.03x of the grouped GEMM, the
     # down kernel's loss outweighing it); at mixtral ws 2 the form is slower (5.33 against 2.99 + 1.25 ms)
     (H100, 256, 4096, 14336, 4, True),
     (H100, 1024, 7168, 2048, 4, True),
     (H100, 8192, 4096, 14336, 2, False)])
 def test_auto_follows_the_measured_ratios(monkeypatch, gpu, m, h, f, ws, want):
-    """``auto`` with the packaged ratio file (bench/results/kernels_h200x1_2026-12-06/after, kernels_h100x1_2026-12-05):
+    """``auto`` with the packaged ratio file (bench/results/kernels_h200x1_2026-12-06/record, kernels_h100x1_2026-12-05):
     grouped_mm exactly where the form measured faster than both Triton GEMMs together;
     never with a comm kernel (off CPU); nothing measured (no GPU of that name): Triton."""
     # (shape-only weights: choose reads shapes and strides)
