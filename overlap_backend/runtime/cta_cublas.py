@@ -56,9 +56,8 @@ def _form(name, kernel, M, K, N, ws, dtype, fused, gpu) -> str:
         return value
     # the form itself (bench_kernels' "<kernel>_cublas": its chunked GEMMs and separate activation) must have
     # been measured beating the kernel
-    if form_ratio(kernel, M, K, N, ws=ws, dtype=dtype, fused=fused, gpu=gpu) is None:
-        return "triton"
-    choice = kernel_ratios.measured_choice(kernel, M, K, N, ws=ws, dtype=dtype, fused=fused, gpu=gpu)
+    choice = kernel_ratios.measured_choice(kernel, M, K, N, path_required=True, ws=ws, dtype=dtype, fused=fused,
+                                           gpu=gpu)
     return choice or "triton"
 
 

@@ -1,12 +1,12 @@
 """``torch._grouped_mm`` form of the ``moe_experts`` symm lowering's expert GEMMs (docs/moe.md).
 
 Where this form measured faster than the persistent Triton producer (``codegen/moe_gemm.py``) on this GPU
-(``spec/kernel_ratios.json``: on an H100 at decode sizes, bench/results/kernels_h100x1_2026-12-05/forms.md),
-the lowering keeps its overlap protocol and computes the experts with cuBLAS/CUTLASS instead: per segment of the schedule (one source position in
-the remote-first order, or every position at once where the Triton path goes expert-major) the compute
-stream waits for the segment's dispatch flags by a stream memory operation, gathers its rows expert-major,
-runs the gate/up grouped GEMM (one on a fused [E, K, 2F] weight), SwiGLU, the down grouped GEMM, scatters
-the rows into ``out`` (own rows) or the staging buffer (remote rows) and raises ``MOE_DONE[pos]`` by a
+(``spec/kernel_ratios.json``: on an H200 at 3 of 6 decode shapes, bench/results/kernels_h200x1_2026-12-06/record),
+the lowering keeps its overlap protocol and computes the experts with cuBLAS/CUTLASS instead: per segment of the
+schedule (one source position in the remote-first order, or every position at once where the Triton path goes
+expert-major) the compute stream waits for the segment's dispatch flags by a stream memory operation, gathers its
+rows expert-major, runs the gate/up grouped GEMM (one on a fused [E, K, 2F] weight), SwiGLU, the down grouped GEMM,
+scatters the rows into ``out`` (own rows) or the staging buffer (remote rows) and raises ``MOE_DONE[pos]`` by a
 stream write, so the combine ships the segment as soon as it is ready.
 
 ``torch._grouped_mm`` needs each group's rows consecutive from a host-known first row, while the
@@ -130,9 +130,8 @@ def grouped_wins(m: int, h: int, f: int, ws: int, dtype, gpu: str | None = None)
     faster = form_faster(m, h, f, ws, dtype, gpu)
     if faster is None:
         return False, f"the grouped_mm form and the Triton expert GEMMs not all measured {where}"
-    if faster:
-        return True, f"the grouped_mm form (gather, grouped GEMMs, scatter) measured faster than the Triton GEMMs {where}"
-    return False, f"the grouped_mm form (gather, grouped GEMMs, scatter) measured slower than the Triton GEMMs {where}"
+    verdict = "faster" if faster else "slower"
+    return faster, f"the grouped_mm form (gather, grouped GEMMs, scatter) measured {verdict} than the Triton GEMMs {where}"
 
 
 def _choose(mode, x, w_gate, w_up, w_down, ws, comm_sms) -> tuple[bool, str]:

@@ -125,26 +125,30 @@ def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
     return _memo((_generation(), kernel, M, K, N, tuple(sorted(kw.items()))), verdict)
 
 
-def measured_choice(kernel: str, M: int, K: int, N: int, *, path: str | None = None, **kw) -> str | None:
+def measured_choice(kernel: str, M: int, K: int, N: int, *, path: str | None = None, path_required: bool = False,
+                    **kw) -> str | None:
     """The op's path for this GEMM where measurements decide it, else None (the shape rules decide). ``path``
     (default ``"<kernel>_cublas"``): bench_kernels' rows of the op's cuBLAS path against one cuBLAS GEMM.
 
     - the kernel measured over ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS: "cublas", unless the path, where
-      measured, is slower still ("triton");
+      measured, is slower still ("triton"); with ``path_required``, "cublas" only where the path was measured;
     - the kernel within it: "triton" where the path measured slower than the kernel, else None;
     - the kernel not measured near (or the threshold off): None."""
     if _symm.CUBLAS_ABOVE_RATIO is None:
         return None
     path = path or kernel + "_cublas"
-    return _memo((_generation(), "choice", kernel, path, M, K, N, tuple(sorted(kw.items()))),
-                 lambda: _choice(measured_ratio(kernel, M, K, N, **kw), measured_ratio(path, M, K, N, **kw)))
+    return _memo((_generation(), "choice", kernel, path, path_required, M, K, N, tuple(sorted(kw.items()))),
+                 lambda: _choice(measured_ratio(kernel, M, K, N, **kw), measured_ratio(path, M, K, N, **kw),
+                                 path_required))
 
 
-def _choice(on_kernel: float | None, on_path: float | None) -> str | None:
+def _choice(on_kernel: float | None, on_path: float | None, path_required: bool = False) -> str | None:
     if on_kernel is None:
         return None
     if on_kernel > _symm.CUBLAS_ABOVE_RATIO:
-        return "cublas" if on_path is None or on_path < on_kernel else "triton"
+        if on_path is None:
+            return "triton" if path_required else "cublas"
+        return "cublas" if on_path < on_kernel else "triton"
     return "triton" if on_path is not None and on_path > on_kernel else None
 
 
