@@ -6,6 +6,11 @@ module asks the runtime's own choice functions what they decide on a run's ratio
 path's ratio from the same run: the op's GEMM time over cuBLAS's on the same local GEMM, the kernel benchmark's bar.
 
     python bench/suites/kernel_paths.py DIR [DIR...]     # writes DIR/paths.md for each run folder
+    python bench/suites/kernel_paths.py DIR --over EARLIER [EARLIER...]   # one GPU's runs together
+
+``--over``: a run that measured some kernels only (e.g. the cuBLAS paths) is read over earlier runs of the same
+GPU: their rows and ratios, with this run's where it measured a case again (later runs win, as in
+``bench/tools/install_ratios.py``).
 
 Paths are given twice: with the knobs as set (the CTA stages and the MoE experts stay on their kernels unless
 ``knobs.cta.STAGE*_GEMM`` / ``knobs.moe.EXPERT_GEMM`` say otherwise) and with those set to ``"auto"``.
@@ -17,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -149,13 +155,13 @@ def markdown(entries: list[dict], gpu: str, source: str) -> str:
                      common.markdown_table(sum_head, summary(entries, "auto_ratio")), ""] if with_auto else [])
     return "\n".join([
         f"# The op's path at each shape, {gpu}", "",
-        f"From `{source}`: at each shape, the path the runtime's own choice functions take on this run's ratios "
+        f"From `{source}`: at each shape, the path the runtime's own choice functions take on these ratios "
         "(`kernel_ratios.measured_choice` and the CTA / MoE form choices) and that path's ratio to the baseline "
         "(cuBLAS on the same local GEMM; fused epilogues: cuBLAS plus the separate pointwise op; the one-shot sum: "
         "`torch.sum`; MoE: `torch._grouped_mm`). `other path`: the op's cuBLAS path (`*_cublas` rows: its GEMMs "
         "per chunk or band with the flags, over one GEMM), `torch.sum`, or the MoE experts' grouped-GEMM form "
         "(over both grouped GEMMs); a fused case's cuBLAS path reads the plain one's ratio (its epilogue runs "
-        f"apart, as the baseline's does: a bound). n/a: that path was not measured in this run. {auto_note}Bar: ≤ {BAR}. "
+        f"apart, as the baseline's does: a bound). n/a: that path was not measured. {auto_note}Bar: ≤ {BAR}. "
         "`op / (cuBLAS + sum)` (`mm_rs`, `mm_ar`): over cuBLAS followed by `torch.sum` of this rank's ws partials, "
         "the sum the unfused reduce-scatter or all-reduce does and these ops do in their GEMM's epilogue.",
         "", "## Per kernel, the op's path with the knobs as set", "", common.markdown_table(sum_head, summary(entries)),
@@ -165,20 +171,41 @@ def markdown(entries: list[dict], gpu: str, source: str) -> str:
         common.markdown_table(head, body), ""])
 
 
-def write(folder: Path) -> Path:
-    """``folder/paths.md`` from its ``results.json`` and ``kernel_ratios.json``."""
-    results = json.loads((folder / "results.json").read_text())
-    gpu = results["info"].get("gpu", "?")
-    entries = paths(results["rows"], folder / "kernel_ratios.json", gpu)
-    (folder / "paths.md").write_text(markdown(entries, gpu, str(folder)))
+def write(folder: Path, over: list[Path] = ()) -> Path:
+    """``folder/paths.md`` from its ``results.json`` and ``kernel_ratios.json``, read over those of the ``over``
+    folders (earlier runs of the same GPU, oldest first; a case in several: the latest run's)."""
+    from bench.tools import install_ratios
+
+    runs = [*over, folder]
+    docs = [json.loads((f / "results.json").read_text()) for f in runs]
+    gpu = docs[-1]["info"].get("gpu", "?")
+    others = {f: d["info"].get("gpu") for f, d in zip(runs, docs) if d["info"].get("gpu") != gpu}
+    if others:
+        raise SystemExit(f"{folder} measured {gpu}, but {others}: --over takes runs of one GPU")
+    rows: dict[tuple, dict] = {}
+    for d in docs:
+        rows.update((case_key(r["case"]), r) for r in d["rows"])
+    ratio_docs = [json.loads((f / "kernel_ratios.json").read_text()) for f in runs]
+    entries, _ = install_ratios.merge(ratio_docs[0]["entries"], [d["entries"] for d in ratio_docs[1:]])
+    source = " over ".join(str(f) for f in reversed(runs))
+    with tempfile.TemporaryDirectory() as tmp:
+        ratio_file = Path(tmp) / "kernel_ratios.json"
+        ratio_file.write_text(json.dumps({**ratio_docs[-1], "entries": entries}))
+        result = paths(list(rows.values()), ratio_file, gpu)
+    (folder / "paths.md").write_text(markdown(result, gpu, source))
     return folder / "paths.md"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folders", nargs="+", type=Path, help="bench_kernels.py output folders")
-    for folder in p.parse_args(argv).folders:
-        print(write(folder))
+    p.add_argument("--over", nargs="+", type=Path, default=[],
+                   help="earlier runs of the same GPU (oldest first) that the one folder is read over")
+    args = p.parse_args(argv)
+    if args.over and len(args.folders) != 1:
+        p.error("--over reads one run folder over earlier ones")
+    for folder in args.folders:
+        print(write(folder, args.over))
     return 0
 
 

@@ -15,7 +15,9 @@ Variants (the config's store field, ``codegen/configs.py``): ``SUBTILE`` runs th
 and the TMA store on two column halves of the tile in turn, so the first half's asynchronous store
 overlaps the second half's maths; ``WARP_SPEC`` asks Triton to warp-specialize the tile loop (loads
 and MMAs in separate warp groups), which it may refuse to compile around the flag wait (the tuner
-and the kernel benchmark then skip that variant).
+and the kernel benchmark then skip that variant); ``FLATTEN`` flattens the tile loop and the K-loop
+into one (``tl.range(flatten=True)``), so that the pipeliner issues a tile's first loads during the
+previous tile's epilogue: the loads' row is made to depend on the wait's result, so they cannot pass it.
 """
 
 import torch
@@ -37,7 +39,7 @@ def ag_mm_kernel(
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr = False,
-    WARP_SPEC: tl.constexpr = False,
+    WARP_SPEC: tl.constexpr = False, FLATTEN: tl.constexpr = False,
 ):
     tiles_m = tl.cdiv(rows, BM)
     tiles_n = tl.cdiv(N, BN)
@@ -49,10 +51,12 @@ def ag_mm_kernel(
         out_desc = tl.make_tensor_descriptor(out_ptr, shape=[WS * rows, N], strides=[N, 1],
                                              block_shape=[BM, BN // 2 if SUBTILE else BN])
     waited = nbands - 1  # bands are known here up to this (position, band) key: position 0 is local
-    for tile in tl.range(tl.program_id(0), WS * tiles_per_chunk, tl.num_programs(0), warp_specialize=WARP_SPEC):
+    for tile in tl.range(tl.program_id(0), WS * tiles_per_chunk, tl.num_programs(0), flatten=FLATTEN,
+                         warp_specialize=WARP_SPEC):
         pos = tile // tiles_per_chunk
         chunk = (rank + pos) % WS
         pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
+        seen = tl.full([], 1, tl.int32)  # the band's flag was seen (0: the wait gave up; the call fails)
         if pos == 0:
             a_desc = shard_desc
             a_row = pid_m * BM
@@ -61,11 +65,13 @@ def ag_mm_kernel(
             key = pos * nbands + band
             if key > waited:  # a CTA's tiles come in increasing (position, band) order
                 flag = chunk * nbands + band
-                wait_flag(flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_AG_MM, rank, flag, nbands, timeout_ns,
-                          TIMED)
+                seen = wait_flag(flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_AG_MM, rank, flag, nbands,
+                                 timeout_ns, TIMED)
                 waited = key
             a_desc = buf_desc
             a_row = chunk * rows + pid_m * BM
+        if FLATTEN:  # the loads' row depends on the wait's result (offset 0 once seen), so the pipeliner of the
+            a_row += 1 - seen  # flattened loop, which issues the next tile's loads early, cannot issue them before it
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
         offs_m = pid_m * BM + tl.arange(0, BM)
@@ -111,7 +117,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     rows, K = shard.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, store = config
-    tma_store, subtile, warp_spec = store_variant(store)
+    tma_store, subtile, warp_spec, flatten = store_variant(store)
     assert band_rows % BM == 0, (band_rows, BM)
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     assert not tma_store or (run == rows and rows % BM == 0), (tma_store, run, rows, BM)
@@ -125,6 +131,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
         rank, rows, run, N, K, band_rows, max(1, launcher.cdiv(rows, band_rows)), *ptrs,
         EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor,
         HAS_BIAS=bias is not None, PRECISION="ieee" if shard.dtype == torch.float32 else None,
-        TIMED=timed, TMA_STORE=tma_store, SUBTILE=subtile, WARP_SPEC=warp_spec, num_stages=stages, num_warps=warps,
+        TIMED=timed, TMA_STORE=tma_store, SUBTILE=subtile, WARP_SPEC=warp_spec, FLATTEN=flatten, num_stages=stages,
+        num_warps=warps,
     )
     return out

@@ -393,7 +393,9 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, store = config
-    tma, subtile, _ = store_variant(store)  # (no warp-specialized variant: the ticket loop)
+    tma, subtile, warp_spec, flatten = store_variant(store)
+    if warp_spec or flatten:  # its tiles come from an atomic ticket, not from a static loop
+        raise ValueError(f"mm_rs has no warp-specialized or flattened tile loop (config store {store!r})")
     assert band_rows % BM == 0, (band_rows, BM)
     assert not tma or (tma_ok(rows, run, rounds, BM, gather is not None, peer is not None) and out_offset == 0), (
         rows, run, rounds, BM, out_offset)

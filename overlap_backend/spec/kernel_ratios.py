@@ -133,13 +133,20 @@ def measured_choice(kernel: str, M: int, K: int, N: int, *, path: str | None = N
     - the kernel measured over ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS: "cublas", unless the path, where
       measured, is slower still ("triton"); with ``path_required``, "cublas" only where the path was measured;
     - the kernel within it: "triton" where the path measured slower than the kernel, else None;
-    - the kernel not measured near (or the threshold off): None."""
+    - the kernel not measured near (or the threshold off): None.
+
+    A fused GEMM's path measured only without the epilogue reads that ratio: the path runs the epilogue apart,
+    as the baseline does, which adds the same time to both, so the plain ratio bounds the fused one from above."""
     if _symm.CUBLAS_ABOVE_RATIO is None:
         return None
     path = path or kernel + "_cublas"
+
+    def path_ratio():
+        got = measured_ratio(path, M, K, N, **kw)
+        return got if got is not None or not kw.get("fused") else measured_ratio(path, M, K, N, **{**kw, "fused": False})
+
     return _memo((_generation(), "choice", kernel, path, path_required, M, K, N, tuple(sorted(kw.items()))),
-                 lambda: _choice(measured_ratio(kernel, M, K, N, **kw), measured_ratio(path, M, K, N, **kw),
-                                 path_required))
+                 lambda: _choice(measured_ratio(kernel, M, K, N, **kw), path_ratio(), path_required))
 
 
 def _choice(on_kernel: float | None, on_path: float | None, path_required: bool = False) -> str | None:

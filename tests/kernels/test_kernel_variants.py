@@ -28,13 +28,34 @@ def _cpu_allocator(tmp_path, monkeypatch):
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
 
 
-@pytest.mark.parametrize("store", ["tma_subtile", "tma_ws"])
+@pytest.mark.parametrize("store", ["tma_subtile", "tma_ws", "tma_flatten", "tma_subtile_flatten"])
 @pytest.mark.parametrize("ws,r,rows,N,bias,kmajor", [(2, 1, 32, 40, True, True), (4, 2, 48, 24, False, False)])
 def test_ag_mm_store_variants(store, ws, r, rows, N, bias, kmajor):
     # N not a multiple of BN: the second half of the last column tile is partly (or wholly) outside
     out, ref, status = _run_ag_mm(ws, r, 1, rows, 32, N, bias, kmajor, cfg=SMALL + (store,))
     assert status[1][0] == 0
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_ag_mm_flattened_wait_gives_up_and_reports():
+    """The flattened loop's loads take their row from the wait's result: a wait that gives up still ends the
+    kernel and reports, and the tiles of the bands that arrived are right."""
+    ws, r, rows = 3, 0, 32  # two bands per chunk: rows 0-15 and 16-31
+    flags = torch.full((ws * 2,), EPOCH, dtype=torch.int32)
+    flags[2 * 2 + 1] = EPOCH - 1  # the second band of rank 2's shard never arrives
+    out, ref, status = _run_ag_mm(ws, r, 1, rows, 16, 40, False, False, flags=flags, timeout_ns=30_000,
+                                  cfg=SMALL + ("tma_flatten",))
+    claim, report = status
+    assert claim.item() == 1 and report.tolist()[:7] == [1, 1, r, 5, EPOCH - 1, EPOCH, 2]
+    torch.testing.assert_close(out[: 2 * rows + 16], ref[: 2 * rows + 16], atol=1e-4, rtol=1e-4)
+
+
+def test_mm_rs_refuses_loops_it_does_not_have():
+    """The producer's tiles come from an atomic ticket: a warp-specialized or flattened config is an error, not a
+    silently different kernel."""
+    for store in ("tma_ws", "tma_flatten"):
+        with pytest.raises(ValueError, match="no warp-specialized or flattened"):
+            _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + (store,))
 
 
 def test_ag_mm_subtile_with_generated_epilogue():

@@ -110,9 +110,24 @@ def test_measured_cublas_paths_slower_than_their_kernel_keep_the_kernel(ratios):
     assert symm_mm_rs.rs_gemm(1, 4096, 512, N=8192, ws=4) == "cublas"
     assert symm_mm_ar.ar_gemm(4096, 7168, 2, N=8192) == "triton"
     assert symm_mm_ar.ar_gemm(1024, 7168, 2, N=8192) == "cublas"
-    assert symm_ag_mm.ag_gemm(1, 4096, 8192, 512, epilogue=True, ws=4) == "cublas"  # the fused path: not measured
+    assert symm_ag_mm.ag_gemm(1, 4096, 8192, 512, epilogue=True, ws=4) == "cublas"  # no path measured near it
     with knobs.symm.patch(AG_CUBLAS_MIN_N=4096):
         assert symm_ag_mm.ag_gemm(1, 4096, 8192, 2048, ws=4) == "triton"
+
+
+def test_a_fused_gemm_reads_its_paths_plain_ratio_where_only_that_was_measured(ratios):
+    """A fused epilogue runs apart on the cuBLAS path, as on the baseline: the path's plain ratio bounds its fused
+    one, so a fused kernel faster than that stays (measured on an H200: the fused kernel 1.08, the path 1.19)."""
+    ratios(_entry("ag_mm", 4, 8192, 4096, 3584, 1.082, fused=True), _entry("ag_mm_cublas", 4, 8192, 4096, 3584, 1.188),
+           _entry("ag_mm", 2, 8192, 4096, 7168, 1.083, fused=True), _entry("ag_mm_cublas", 2, 8192, 4096, 7168, 1.009))
+    choice = kernel_ratios.measured_choice
+    assert choice("ag_mm", 8192, 4096, 3584, ws=4, fused=True) == "triton"
+    assert choice("ag_mm", 8192, 4096, 7168, ws=2, fused=True) == "cublas"
+    assert symm_ag_mm.ag_gemm(1, 2048, 4096, 3584, epilogue=True, ws=4) == "triton"
+    assert symm_ag_mm.ag_gemm(1, 4096, 4096, 7168, epilogue=True, ws=2) == "cublas"
+    ratios(_entry("ag_mm", 4, 8192, 4096, 3584, 1.082, fused=True), _entry("ag_mm_cublas", 4, 8192, 4096, 3584, 1.05),
+           _entry("ag_mm_cublas", 4, 8192, 4096, 3584, 1.2, fused=True))
+    assert choice("ag_mm", 8192, 4096, 3584, ws=4, fused=True) == "triton"  # the fused path's own ratio first
 
 
 def test_ag_gemm_keeps_a_kernel_at_cublas_speed_where_the_chunked_path_measured_slower(ratios):

@@ -23,7 +23,8 @@ codegen = Knobs(
     TMA_STORE_VARIANTS=2,
     # More candidates of the ag_mm consumer / mm_rs producer (mm_ar rounds included), measured by
     # bench/suites/bench_kernels.py next to the ones above: other stage / warp / GROUP_M choices and the store
-    # variants of codegen/configs.py (TMA stores with the epilogue in two halves, a warp-specialized loop).
+    # variants of codegen/configs.py (TMA stores with the epilogue in two halves, a warp-specialized or flattened
+    # tile loop; a flattened 128x256 tile fits 4 stages in shared memory only with the subtiled epilogue).
     VARIANTS_16BIT={
         "ag_mm": (
             (128, 256, 64, 8, 3, 8, "tma_subtile"),
@@ -31,6 +32,9 @@ codegen = Knobs(
             (128, 256, 64, 8, 3, 8, "tma_ws"),
             (128, 256, 64, 16, 3, 8, True),
             (128, 128, 64, 8, 5, 8, True),
+            (128, 256, 64, 8, 3, 8, "tma_flatten"),
+            (128, 256, 64, 8, 4, 8, "tma_subtile_flatten"),
+            (128, 128, 64, 8, 4, 8, "tma_flatten"),
         ),
         "mm_rs": (
             (128, 256, 64, 8, 3, 8, "tma_subtile"),
