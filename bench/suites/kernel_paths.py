@@ -87,8 +87,9 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
     (``path``) and with the CTA / MoE forms on ``"auto"`` (``auto``), each with its ratio (None: not measured)."""
     from overlap_backend.spec import kernel_ratios, knobs
 
-    ratio = {case_key(r["case"]): r["op_ratio"] for r in rows if "op_ratio" in r}
-    with_sum = {case_key(r["case"]): r["op_ratio_with_sum"] for r in rows if "op_ratio_with_sum" in r}
+    ratio = {case_key(r["case"]): r["op_ratio"] * _variant_scale(r) for r in rows if "op_ratio" in r}
+    with_sum = {case_key(r["case"]): r["op_ratio_with_sum"] * _variant_scale(r) for r in rows
+                if "op_ratio_with_sum" in r}
     out = []
     with knobs.symm.patch(KERNEL_RATIOS_FILE=str(ratio_file)):
         kernel_ratios.forget()
@@ -98,19 +99,32 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
                 continue
             other = OTHER_PATH[c["kernel"]]
             other_ratio = 1.0 if other is None else _other(ratio, c, other)
-            entry = {"case": c, "kernel_ratio": r["op_ratio"], "other": other or "torch.sum",
+            kernel_ratio = ratio[case_key(c)]
+            entry = {"case": c, "kernel_ratio": kernel_ratio, "other": other or "torch.sum",
                      "other_ratio": other_ratio}
             entry["path"] = choose(c, gpu)
             with knobs.cta.patch(STAGE0_GEMM="auto", STAGE1_GEMM="auto"), knobs.moe.patch(EXPERT_GEMM="auto"):
                 entry["auto"] = choose(c, gpu)
             for name in ("path", "auto"):
-                entry[name + "_ratio"] = r["op_ratio"] if entry[name] == "kernel" else other_ratio
+                entry[name + "_ratio"] = kernel_ratio if entry[name] == "kernel" else other_ratio
             if c["kernel"] in ("mm_rs", "mm_ar"):  # over the baseline and the sum the unfused collective does
                 entry["path_ratio_with_sum"] = (with_sum.get(case_key(c)) if entry["path"] == "kernel"
                                                 else _other(with_sum, c, other))
             out.append(entry)
         kernel_ratios.forget()
     return out
+
+
+def _variant_scale(row: dict) -> float:
+    """The op's kernel time at this row's case over its tuning candidates' best: 1, or where the op tunes over the
+    run's best bench-only variant too (``kernel_ratios.adopts_variant``: ag_mm, mm_rs and mm_ar, where that
+    variant won by enough) the variant's time over theirs."""
+    from overlap_backend.spec import kernel_ratios
+
+    entry = {"kernel": row["case"]["kernel"], "ratio": row["op_ratio"], "best_variant_ratio": row.get("best_ratio"),
+             "best_config": row.get("best_config")}
+    adopted = row.get("best_kind") == "variant" and kernel_ratios.adopts_variant(entry)
+    return row["best_ratio"] / row["op_ratio"] if adopted else 1.0
 
 
 def fmt_ratio(v) -> str:
@@ -158,7 +172,9 @@ def markdown(entries: list[dict], gpu: str, source: str) -> str:
         f"From `{source}`: at each shape, the path the runtime's own choice functions take on these ratios "
         "(`kernel_ratios.measured_choice` and the CTA / MoE form choices) and that path's ratio to the baseline "
         "(cuBLAS on the same local GEMM; fused epilogues: cuBLAS plus the separate pointwise op; the one-shot sum: "
-        "`torch.sum`; MoE: `torch._grouped_mm`). `other path`: the op's cuBLAS path (`*_cublas` rows: its GEMMs "
+        "`torch.sum`; MoE: `torch._grouped_mm`). `kernel / cuBLAS`: the op's kernel, the best of its tuning "
+        "candidates, or for `ag_mm`, `mm_rs` and `mm_ar` the run's best bench-only variant where that won by "
+        "`knobs.codegen.MEASURED_VARIANT_GAIN` (the op then tunes over it too). `other path`: the op's cuBLAS path (`*_cublas` rows: its GEMMs "
         "per chunk or band with the flags, over one GEMM), `torch.sum`, or the MoE experts' grouped-GEMM form "
         "(over both grouped GEMMs); a fused case's cuBLAS path reads the plain one's ratio (its epilogue runs "
         f"apart, as the baseline's does: a bound). n/a: that path was not measured. {auto_note}Bar: ≤ {BAR}. "

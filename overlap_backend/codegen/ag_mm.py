@@ -17,7 +17,7 @@ overlaps the second half's maths; ``WARP_SPEC`` asks Triton to warp-specialize t
 and MMAs in separate warp groups), which it may refuse to compile around the flag wait (the tuner
 and the kernel benchmark then skip that variant); ``FLATTEN`` flattens the tile loop and the K-loop
 into one (``tl.range(flatten=True)``), so that the pipeliner issues a tile's first loads during the
-previous tile's epilogue: the loads' row is made to depend on the wait's result, so they cannot pass it.
+previous tile's epilogue. In both, the loads' row is made to depend on the wait's result, so they cannot pass it.
 """
 
 import torch
@@ -70,8 +70,8 @@ def ag_mm_kernel(
                 waited = key
             a_desc = buf_desc
             a_row = chunk * rows + pid_m * BM
-        if FLATTEN:  # the loads' row depends on the wait's result (offset 0 once seen), so the pipeliner of the
-            a_row += 1 - seen  # flattened loop, which issues the next tile's loads early, cannot issue them before it
+        if FLATTEN or WARP_SPEC:  # the loads' row depends on the wait's result (offset 0 once seen), so neither the
+            a_row += 1 - seen  # flattened loop's pipeliner nor a separate load warp group can issue them before it
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
         offs_m = pid_m * BM + tl.arange(0, BM)

@@ -52,11 +52,12 @@ def store_variant(store) -> tuple[bool, bool, bool, bool]:
 
 
 def candidates(dtype: torch.dtype, row_multiple: int | None = None, tma_store_rows: int | None = None,
-               variants: bool | None = None, kernel: str = "ag_mm") -> list[Config]:
+               variants: bool | None = None, kernel: str = "ag_mm", measured: Config | None = None) -> list[Config]:
     """Candidates for ``dtype``; with ``row_multiple``, only those whose BM divides it (tiles that
     must not straddle two runs of rows); with ``tma_store_rows``, also TMA-store variants of the
     first candidates whose BM divides it (tiles that must not straddle two chunks). ``variants``
-    (default ``knobs.codegen.TUNE_VARIANTS``): also ``variant_candidates`` of ``kernel``."""
+    (default ``knobs.codegen.TUNE_VARIANTS``): also ``variant_candidates`` of ``kernel``. ``measured``
+    (``spec.kernel_ratios.measured_variant``): one more config, where it fits the problem as those do."""
     cands = list(knobs.codegen.CANDIDATES_32BIT if dtype == torch.float32 else knobs.codegen.CANDIDATES_16BIT)
     if row_multiple is not None:
         cands = [c for c in cands if row_multiple % c[0] == 0]
@@ -64,7 +65,17 @@ def candidates(dtype: torch.dtype, row_multiple: int | None = None, tma_store_ro
         cands += [(*c[:6], True) for c in cands[:knobs.codegen.TMA_STORE_VARIANTS] if tma_store_rows % c[0] == 0]
     if knobs.codegen.TUNE_VARIANTS if variants is None else variants:
         cands += [c for c in variant_candidates(dtype, kernel, row_multiple, tma_store_rows) if c not in cands]
+    if measured is not None and dtype != torch.float32 and tuple(measured) not in cands and _fits(
+            tuple(measured), row_multiple, tma_store_rows):
+        cands.append(tuple(measured))
     return cands
+
+
+def _fits(c: Config, row_multiple: int | None, tma_store_rows: int | None) -> bool:
+    """BM divides ``row_multiple``; a TMA-store config only with ``tma_store_rows`` that BM divides."""
+    if row_multiple is not None and row_multiple % c[0]:
+        return False
+    return not store_variant(c[6])[0] or bool(tma_store_rows and tma_store_rows % c[0] == 0)
 
 
 def variant_candidates(dtype: torch.dtype, kernel: str, row_multiple: int | None = None,
@@ -73,14 +84,7 @@ def variant_candidates(dtype: torch.dtype, kernel: str, row_multiple: int | None
     ``row_multiple``, TMA variants only with ``tma_store_rows`` that BM divides."""
     if dtype == torch.float32:
         return []
-    out = []
-    for c in knobs.codegen.VARIANTS_16BIT.get(kernel, ()):
-        if row_multiple is not None and row_multiple % c[0]:
-            continue
-        if store_variant(c[6])[0] and not (tma_store_rows and tma_store_rows % c[0] == 0):
-            continue
-        out.append(tuple(c))
-    return out
+    return [tuple(c) for c in knobs.codegen.VARIANTS_16BIT.get(kernel, ()) if _fits(tuple(c), row_multiple, tma_store_rows)]
 
 
 def cache_file() -> Path:

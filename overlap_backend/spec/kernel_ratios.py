@@ -10,7 +10,10 @@ only on the shape, the dtype, the GPU's name and this file, so every rank of a g
 An entry: ``{"gpu", "kernel", "dtype", "ws", "M", "K", "N", "fused", "ratio", ...}`` where ``M, K, N``
 is the kernel's local GEMM (``mm_rs`` / ``mm_ar``: the rank's [M, K] @ [K, N] with K already split;
 ``ag_mm``: the gathered rows), ``ratio`` the kernel's time over cuBLAS's (``fused``: with its fused
-epilogue over cuBLAS plus the separate epilogue kernel), other keys informative (times, config, source).
+epilogue over cuBLAS plus the separate epilogue kernel), other keys informative (times, config, source),
+but for ``best_config`` / ``best_variant_ratio``: the fastest config the benchmark timed, bench-only variants
+included, and its ratio. Where a variant measured faster by ``knobs.codegen.MEASURED_VARIANT_GAIN``, the ops
+of :data:`VARIANT_KERNELS` tune over it too (:func:`measured_variant`), and the kernel's ratio is the variant's.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 import os
 from pathlib import Path
 
+from .knobs import codegen as _codegen
 from .knobs import symm as _symm
 from .knobs.base import generation as _generation
 
@@ -105,10 +109,33 @@ def nearest(kernel: str, M: int, K: int, N: int, *, ws: int = 1, dtype="bfloat16
     return best
 
 
+# The kernels whose ops add the benchmark's best variant at the nearest measured shape to their tuning candidates.
+VARIANT_KERNELS = ("ag_mm", "mm_rs", "mm_ar")
+
+
 def measured_ratio(kernel: str, M: int, K: int, N: int, **kw) -> float | None:
-    """The nearest measured kernel/cuBLAS ratio (see :func:`nearest`), or None."""
+    """The nearest measured kernel/cuBLAS ratio (see :func:`nearest`), or None: the op's candidates' best, or the
+    variant's where the op tunes over it too (:func:`measured_variant`)."""
     e = nearest(kernel, M, K, N, **kw)
-    return float(e["ratio"]) if e is not None else None
+    if e is None:
+        return None
+    return float(e["best_variant_ratio"]) if adopts_variant(e) else float(e["ratio"])
+
+
+def measured_variant(kernel: str, M: int, K: int, N: int, **kw) -> tuple | None:
+    """The config of the benchmark's fastest bench-only variant at the nearest measured shape (see :func:`nearest`),
+    where it measured at least ``knobs.codegen.MEASURED_VARIANT_GAIN`` faster than the op's candidates and
+    ``kernel`` is one of :data:`VARIANT_KERNELS`: the op tunes over it too. Else None."""
+    e = nearest(kernel, M, K, N, **kw)
+    return tuple(e["best_config"]) if e is not None and adopts_variant(e) else None
+
+
+def adopts_variant(e: dict) -> bool:
+    """Whether the op of entry ``e`` (or of a kernel benchmark row with the same keys) tunes over its best variant."""
+    gain = _codegen.MEASURED_VARIANT_GAIN
+    best, config = e.get("best_variant_ratio"), e.get("best_config")
+    return (gain is not None and e["kernel"] in VARIANT_KERNELS and best is not None
+            and isinstance(config, list | tuple) and len(config) == 7 and float(best) <= float(e["ratio"]) * (1 - gain))
 
 
 def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:

@@ -79,7 +79,15 @@ def test_dry_run_writes_every_output_and_the_runtime_reads_the_ratios(bk, tmp_pa
     gpu = entries[0]["gpu"]
     e = next(e for e in entries if e["kernel"] == "mm_rs" and not e["fused"])
     with knobs.symm.patch(KERNEL_RATIOS_FILE=str(tmp_path / "kernel_ratios.json")):
-        assert kernel_ratios.measured_ratio("mm_rs", e["M"], e["K"], e["N"], ws=4, gpu=gpu) == e["ratio"]
+        # the op's candidates' best, or the variant it tunes over too where that won by MEASURED_VARIANT_GAIN
+        with knobs.codegen.patch(MEASURED_VARIANT_GAIN=None):
+            assert kernel_ratios.measured_ratio("mm_rs", e["M"], e["K"], e["N"], ws=4, gpu=gpu) == e["ratio"]
+            assert kernel_ratios.measured_variant("mm_rs", e["M"], e["K"], e["N"], ws=4, gpu=gpu) is None
+        won = e["best_variant_ratio"] <= e["ratio"] * (1 - knobs.codegen.MEASURED_VARIANT_GAIN)
+        assert kernel_ratios.measured_ratio("mm_rs", e["M"], e["K"], e["N"], ws=4, gpu=gpu) == (
+            e["best_variant_ratio"] if won else e["ratio"])
+        assert kernel_ratios.measured_variant("mm_rs", e["M"], e["K"], e["N"], ws=4, gpu=gpu) == (
+            tuple(e["best_config"]) if won else None)
 
 
 def test_precompile_retries_alone_what_ran_out_of_memory_beside_the_others(bk, monkeypatch):
@@ -283,6 +291,30 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
     assert {r[0]: r[1:4] for r in paths.summary(list(got.values()), "path_ratio_with_sum")} == {
         "mm_rs": [2, 1, 0], "mm_ar": [1, 0, 1]}
     assert kernel_ratios.entries(tmp_path / "kernel_ratios.json"), "the run's file is left as it was"
+
+
+def test_paths_read_the_variant_the_op_tunes_over_too(bk, tmp_path):
+    """Where a run's best bench-only variant of ag_mm / mm_rs / mm_ar beat the op's candidates by
+    MEASURED_VARIANT_GAIN, the op tunes over it too: its path's ratio is the variant's (and so is the choice)."""
+    from overlap_backend.spec import kernel_ratios, knobs
+
+    paths = importlib.import_module("bench.suites.kernel_paths")
+    gpu = "Test GPU"
+    case = {"kernel": "mm_ar", "ws": 4, "M": 4096, "K": 7168, "N": 8192, "epilogue": "", "moe": ""}
+    rows = [{"case": case, "op_ratio": 1.2, "op_ms": 1.2, "op_ratio_with_sum": 1.1, "best_ratio": 1.02,
+             "best_ms": 1.02, "best_kind": "variant", "best_config": [128, 256, 64, 4, 3, 8, False]},
+            {"case": {**case, "kernel": "mm_ar_cublas"}, "op_ratio": 1.1, "op_ms": 1.1}]
+    entries = [{"gpu": gpu, "kernel": "mm_ar", "dtype": "bfloat16", "ws": 4, "M": 4096, "K": 7168, "N": 8192,
+                "fused": False, "ratio": 1.2, "best_variant_ratio": 1.02, "best_config": [128, 256, 64, 4, 3, 8, False]},
+               {"gpu": gpu, "kernel": "mm_ar_cublas", "dtype": "bfloat16", "ws": 4, "M": 4096, "K": 7168, "N": 8192,
+                "fused": False, "ratio": 1.1}]
+    (tmp_path / "kernel_ratios.json").write_text(json.dumps(kernel_ratios.document(entries)))
+    (e,) = paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)
+    assert (e["kernel_ratio"], e["path"], e["path_ratio"]) == (1.02, "kernel", 1.02)
+    assert abs(e["path_ratio_with_sum"] - 1.1 * 1.02 / 1.2) < 1e-12
+    with knobs.codegen.patch(MEASURED_VARIANT_GAIN=None):
+        (e,) = paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)
+    assert (e["kernel_ratio"], e["path"], e["path_ratio"]) == (1.2, "other", 1.1)
 
 
 def test_measure_times_the_baseline_with_the_reduce_scatters_sum(bk, monkeypatch):

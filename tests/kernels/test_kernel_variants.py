@@ -122,3 +122,17 @@ def test_variant_candidates_fit_the_problem():
         assert len(configs.candidates(torch.bfloat16, tma_store_rows=1024, kernel="mm_rs", variants=True)) == len(base) + 2
     with pytest.raises(ValueError, match="store variant"):
         configs.store_variant("subtile")
+
+
+def test_a_measured_variant_joins_the_candidates_where_it_fits():
+    base = configs.candidates(torch.bfloat16, tma_store_rows=1024)
+    flat = (128, 256, 64, 8, 4, 8, "tma_subtile_flatten")
+    assert configs.candidates(torch.bfloat16, tma_store_rows=1024, measured=flat) == base + [flat]
+    assert configs.candidates(torch.bfloat16, tma_store_rows=1024, measured=list(base[0])) == base  # already there
+    assert flat not in configs.candidates(torch.bfloat16, tma_store_rows=None, measured=flat)  # no TMA stores here
+    assert flat not in configs.candidates(torch.bfloat16, tma_store_rows=1000, measured=flat)  # BM does not divide
+    narrow = (64, 256, 64, 8, 3, 8, False)
+    assert configs.candidates(torch.bfloat16, 64, measured=narrow)[-1] == narrow
+    assert (128, 256, 64, 4, 3, 8, False) not in configs.candidates(torch.bfloat16, 64, measured=(128, 256, 64, 4, 3, 8,
+                                                                                                   False))
+    assert configs.candidates(torch.float32, measured=narrow) == configs.candidates(torch.float32)

@@ -187,3 +187,40 @@ def test_oneshot_sum_of_the_packaged_ratios():
         assert symm_mm_ar.oneshot_sum(M, N, ws, gpu="NVIDIA H200") == "torch", (ws, M, N)
     for ws, M, N in ((2, 128, 8192), (2, 8, 4096), (4, 128, 8192), (8, 128, 8192)):
         assert symm_mm_ar.oneshot_sum(M, N, ws, gpu="NVIDIA H200") == "triton", (ws, M, N)
+
+
+def _with_variant(kernel, ws, M, K, N, ratio, best, config=(128, 256, 64, 8, 4, 8, "tma_subtile_flatten")):
+    return {**_entry(kernel, ws, M, K, N, ratio), "config": [128, 256, 64, 8, 3, 8, False],
+            "best_variant_ratio": best, "best_config": list(config)}
+
+
+def test_the_ops_tune_over_a_variant_that_won_by_the_gain_and_read_its_ratio(ratios):
+    """Where the benchmark's best bench-only variant beat the op's candidates by MEASURED_VARIANT_GAIN, ag_mm /
+    mm_rs / mm_ar add it to their tuning candidates, and their choices read its ratio (1.02: no cuBLAS path)."""
+    ratios(_with_variant("ag_mm", 4, 8192, 8192, 14336, 1.05, 1.02),
+           _with_variant("mm_rs", 4, 8192, 3584, 4096, 1.137, 1.133),  # within 1%: noise, not taken
+           _with_variant("cta_stage0", 4, 512, 8192, 14336, 1.2, 1.0),  # the CTA op tunes no such variant
+           _entry("ag_mm_cublas", 4, 8192, 8192, 14336, 1.034))
+    assert kernel_ratios.measured_variant("ag_mm", 8192, 8192, 14336, ws=4) == (128, 256, 64, 8, 4, 8,
+                                                                                 "tma_subtile_flatten")
+    assert kernel_ratios.measured_ratio("ag_mm", 8192, 8192, 14336, ws=4) == 1.02
+    assert symm_ag_mm.ag_gemm(1, 2048, 8192, 14336, ws=4) == "triton"  # 1.02 < the path's 1.034
+    assert kernel_ratios.measured_variant("mm_rs", 8192, 3584, 4096, ws=4) is None
+    assert kernel_ratios.measured_ratio("mm_rs", 8192, 3584, 4096, ws=4) == 1.137
+    assert kernel_ratios.measured_variant("cta_stage0", 512, 8192, 14336, ws=4) is None
+    assert kernel_ratios.measured_ratio("cta_stage0", 512, 8192, 14336, ws=4) == 1.2
+    with knobs.codegen.patch(MEASURED_VARIANT_GAIN=None):
+        assert kernel_ratios.measured_variant("ag_mm", 8192, 8192, 14336, ws=4) is None
+        assert kernel_ratios.measured_ratio("ag_mm", 8192, 8192, 14336, ws=4) == 1.05
+        assert symm_ag_mm.ag_gemm(1, 2048, 8192, 14336, ws=4) == "cublas"
+    with knobs.codegen.patch(MEASURED_VARIANT_GAIN=0.001):
+        assert kernel_ratios.measured_variant("mm_rs", 8192, 3584, 4096, ws=4) == (128, 256, 64, 8, 4, 8,
+                                                                                   "tma_subtile_flatten")
+
+
+def test_a_malformed_best_config_is_no_variant(ratios):
+    ratios({**_with_variant("ag_mm", 4, 8192, 8192, 14336, 1.05, 1.02), "best_config": None},
+           {**_with_variant("mm_ar", 4, 4096, 7168, 8192, 1.1, 1.0), "best_config": [128, 256]})
+    assert kernel_ratios.measured_variant("ag_mm", 8192, 8192, 14336, ws=4) is None
+    assert kernel_ratios.measured_ratio("ag_mm", 8192, 8192, 14336, ws=4) == 1.05
+    assert kernel_ratios.measured_variant("mm_ar", 4096, 7168, 8192, ws=4) is None

@@ -120,7 +120,8 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
 
     key = _mm_ar_key(a, b)
     cfg = tuned_configs.get(("mm_ar", key)) or tune(
-        "mm_ar", key, configs.candidates(a.dtype),
+        "mm_ar", key, configs.candidates(a.dtype, measured=kernel_ratios.measured_variant(
+            "mm_ar", a.shape[0], a.shape[1], N, ws=ws, dtype=a.dtype)),
         lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
     preload_once(("mm_ar", key, cfg, base, r, ws, st.timeout_ns, peer is None, copy_out, aligned([bias])),
                  lambda: launch(cfg, 0, peer, stage))

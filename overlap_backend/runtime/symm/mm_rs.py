@@ -121,7 +121,9 @@ def mm_rs_plan(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, graph)
         ce = graph or knobs.symm.TRANSPORT == "ce"
         tma = knobs.symm.RS_TMA
         cands = configs.candidates(a.dtype, None if outer == 1 else run,
-                                   tma_store_rows=run if ce and outer == 1 and tma != "off" else None)
+                                   tma_store_rows=run if ce and outer == 1 and tma != "off" else None,
+                                   measured=kernel_ratios.measured_variant("mm_rs", ws * outer * run, a.shape[1],
+                                                                           b.shape[1], ws=ws, dtype=a.dtype))
         if tma == "only":
             cands = [c for c in cands if c[6]] or cands
         if gemm == "triton" and not cands:

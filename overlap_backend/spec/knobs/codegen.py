@@ -44,9 +44,13 @@ codegen = Knobs(
             (128, 256, 64, 4, 3, 8, False),
         ),
     },
-    # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off until
-    # the kernel benchmark shows which of them win.
+    # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off, as no
+    # variant wins at most shapes (the kernel benchmark); MEASURED_VARIANT_GAIN takes the winners shape by shape.
     TUNE_VARIANTS=False,
+    # Where the kernel benchmark's fastest variant at the nearest measured shape of this GPU (spec/kernel_ratios.json:
+    # best_config) was at least this fraction faster than the candidates above, ag_mm / mm_rs / mm_ar tune over
+    # it too (one more compilation) and their GEMM choices read its ratio; None: never.
+    MEASURED_VARIANT_GAIN=0.01,
     # Time the candidates and keep the fastest; False takes the first fitting one (tests: numerics do
     # not depend on the config, and it is one compilation per kernel variant).
     AUTOTUNE=True,

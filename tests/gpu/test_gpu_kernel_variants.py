@@ -1,0 +1,80 @@
+"""GPU tests (marker ``gpu``) of the ag_mm consumer kernel's store variants (``codegen/configs.py``), one GPU.
+
+Run on the device machine: ``python -m pytest -q -m gpu tests/gpu/test_gpu_kernel_variants.py``.
+
+The flattened and warp-specialized tile loops let Triton issue a tile's loads away from where the kernel
+wrote them; the kernel ties their row to the flag wait's result. Each variant runs here with the peers' shards
+arriving late: the receive buffer holds NaN and the flags an old epoch while the kernel starts, and another
+stream sleeps, then writes the shards and raises the flags. A load issued before its wait reads NaN. Every
+result is checked against a float32 reference (random inputs, output poisoned), and again with every flag
+raised before the launch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+EPOCH = 7
+VARIANTS = [(128, 256, 64, 8, 3, 8, False), (128, 256, 64, 8, 3, 8, True),
+            (128, 256, 64, 8, 3, 8, "tma_subtile"), (128, 256, 64, 8, 3, 8, "tma_ws"),
+            (128, 256, 64, 8, 3, 8, "tma_flatten"), (128, 256, 64, 8, 4, 8, "tma_subtile_flatten"),
+            (128, 128, 64, 8, 4, 8, "tma_flatten")]
+
+
+def _label(cfg) -> str:
+    return "x".join(map(str, cfg[:3])) + f"-s{cfg[4]}-{cfg[6]}"
+
+
+@pytest.fixture(scope="module")
+def device():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import triton
+
+    dev = torch.device("cuda")
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    return dev
+
+
+def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_rows=256):
+    from overlap_backend.codegen import ag_mm
+
+    torch.manual_seed(0)
+    shards = [torch.randn(rows, K, device=device, dtype=torch.bfloat16) for _ in range(ws)]
+    w = (torch.randn(N, K, device=device, dtype=torch.bfloat16) * K**-0.5).t()  # an nn.Linear weight
+    bias = torch.randn(N, device=device, dtype=torch.bfloat16)
+    buf = torch.full((ws, rows, K), float("nan"), device=device, dtype=torch.bfloat16)
+    out = torch.full((ws * rows, N), float("nan"), device=device, dtype=torch.bfloat16)
+    nbands = rows // band_rows
+    flags = torch.full((ws * nbands,), EPOCH - 1 if late else EPOCH, device=device, dtype=torch.int32)
+    status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
+    peers = torch.stack(shards)
+    if not late:
+        buf.copy_(peers)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    if late:  # the shards land, then their flags rise, while the kernel already runs
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)  # ~10 ms
+            buf.copy_(peers)
+            flags.fill_(EPOCH)
+    # half the SMs: the side stream's copy and fill find SMs free beside the spinning CTAs
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
+    ag_mm.launch(shards[rank], buf, w, bias, out, flags, EPOCH, status, 10**10, rank, ws, rows, band_rows, cfg,
+                 num_sms)
+    torch.cuda.synchronize()
+    ref = torch.cat(shards).float() @ w.float() + bias.float()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    return err, status[0].item()
+
+
+@pytest.mark.parametrize("cfg", VARIANTS, ids=_label)
+@pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_shards"])
+def test_ag_mm_variants_wait_before_they_load(cfg, late, device):
+    err, claimed = _run(cfg, device, late)
+    print(f"{_label(cfg)} {'late shards' if late else 'flags set'}: rel err {err:.2e}")
+    assert claimed == 0, "a wait gave up"
+    assert err < 1e-2, f"rel err {err}"
