@@ -2,7 +2,9 @@
 
 Tile order: the local shard's tiles first (read straight from the shard), then chunk rank+1,
 rank+2, ... in the order the copy engines deliver them into this rank's receive buffer
-(``buf[ws, rows, K]``). Each chunk arrives in *bands* of ``band_rows`` rows (a multiple of every
+(``buf[ws, rows, K]``). Chunks of at most ``knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS`` rows (decode sizes,
+where every chunk's tiles read the whole weight) take the peers' tiles column block by column block instead
+(``tile_position``): the first wave then waits for every peer's shard, which at those sizes is small. Each chunk arrives in *bands* of ``band_rows`` rows (a multiple of every
 block height, the same on every rank), each with its own flag ``flags[chunk * nbands + band]``:
 before its first tile of a band a CTA waits for that band's flag (acquire, system scope, bounded). The wait sits in the outer (tile) loop, which is not software
 pipelined: a pipelined loop could issue the next tile's loads before the wait.
@@ -24,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..spec import knobs
 from . import launcher
 from .configs import store_variant
 from .epilogue import epilogue_fn
@@ -39,7 +42,7 @@ def ag_mm_kernel(
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr = False,
-    WARP_SPEC: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    WARP_SPEC: tl.constexpr = False, FLATTEN: tl.constexpr = False, PEERS_BY_COLUMN: tl.constexpr = False,
 ):
     tiles_m = tl.cdiv(rows, BM)
     tiles_n = tl.cdiv(N, BN)
@@ -53,9 +56,8 @@ def ag_mm_kernel(
     waited = nbands - 1  # bands are known here up to this (position, band) key: position 0 is local
     for tile in tl.range(tl.program_id(0), WS * tiles_per_chunk, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPEC):
-        pos = tile // tiles_per_chunk
+        pos, pid_m, pid_n = tile_position(tile, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
         chunk = (rank + pos) % WS
-        pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
         seen = tl.full([], 1, tl.int32)  # the band's flag was seen (0: the wait gave up; the call fails)
         if pos == 0:
             a_desc = shard_desc
@@ -63,7 +65,8 @@ def ag_mm_kernel(
         else:
             band = (pid_m * BM) // band_rows
             key = pos * nbands + band
-            if key > waited:  # a CTA's tiles come in increasing (position, band) order
+            # a CTA's tiles come in increasing (position, band) order, except column by column: each checks its flag
+            if (key > waited) | PEERS_BY_COLUMN:
                 flag = chunk * nbands + band
                 seen = wait_flag(flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_AG_MM, rank, flag, nbands,
                                  timeout_ns, TIMED)
@@ -94,6 +97,26 @@ def ag_mm_kernel(
 
 
 @triton.jit
+def tile_position(tile, tiles_m, tiles_n, WS: tl.constexpr, GROUP_M: tl.constexpr, PEERS_BY_COLUMN: tl.constexpr):
+    """(position, pid_m, pid_n) of tile ``tile``: the local shard's tiles first (position 0), then the peers'.
+    Chunk by chunk in arrival order; with ``PEERS_BY_COLUMN`` column block by column block, every peer's row
+    tiles of one block in turn, so that the weight's block is read from memory once and from L2 by the others
+    (chunks of few rows, where each chunk's tiles would read the whole weight)."""
+    tiles_per_chunk = tiles_m * tiles_n
+    pos = tile // tiles_per_chunk
+    pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
+    if PEERS_BY_COLUMN:
+        peer_tile = tl.maximum(tile - tiles_per_chunk, 0)
+        per_column = (WS - 1) * tiles_m
+        within = peer_tile % per_column
+        local = tile < tiles_per_chunk
+        pos = tl.where(local, 0, 1 + within // tiles_m)
+        pid_m = tl.where(local, pid_m, within % tiles_m)
+        pid_n = tl.where(local, pid_n, peer_tile // per_column)
+    return pos, pid_m, pid_n
+
+
+@triton.jit
 def _store_half(acc, out_desc, out_ptr, bias_ptr, row0, col0, offs_m, out_rows, rows, N, ep0, ep1, ep2, ep3, EPILOGUE: tl.constexpr,
                 HALF: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Bias, epilogue and TMA store of one [BM, HALF] column block of a tile starting at column ``col0``."""
@@ -118,6 +141,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, store = config
     tma_store, subtile, warp_spec, flatten = store_variant(store)
+    peers_by_column = 0 < rows <= knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS
     assert band_rows % BM == 0, (band_rows, BM)
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     assert not tma_store or (run == rows and rows % BM == 0), (tma_store, run, rows, BM)
@@ -131,7 +155,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
         rank, rows, run, N, K, band_rows, max(1, launcher.cdiv(rows, band_rows)), *ptrs,
         EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, B_KMAJOR=b_kmajor,
         HAS_BIAS=bias is not None, PRECISION="ieee" if shard.dtype == torch.float32 else None,
-        TIMED=timed, TMA_STORE=tma_store, SUBTILE=subtile, WARP_SPEC=warp_spec, FLATTEN=flatten, num_stages=stages,
-        num_warps=warps,
+        TIMED=timed, TMA_STORE=tma_store, SUBTILE=subtile, WARP_SPEC=warp_spec, FLATTEN=flatten,
+        PEERS_BY_COLUMN=peers_by_column, num_stages=stages, num_warps=warps,
     )
     return out

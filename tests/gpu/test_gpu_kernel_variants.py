@@ -1,4 +1,5 @@
-"""GPU tests (marker ``gpu``) of the ag_mm consumer kernel's store variants (``codegen/configs.py``), one GPU.
+"""GPU tests (marker ``gpu``) of the ag_mm consumer kernel's store variants (``codegen/configs.py``) and tile
+orders, one GPU.
 
 Run on the device machine: ``python -m pytest -q -m gpu tests/gpu/test_gpu_kernel_variants.py``.
 
@@ -7,7 +8,7 @@ wrote them; the kernel ties their row to the flag wait's result. Each variant ru
 arriving late: the receive buffer holds NaN and the flags an old epoch while the kernel starts, and another
 stream sleeps, then writes the shards and raises the flags. A load issued before its wait reads NaN. Every
 result is checked against a float32 reference (random inputs, output poisoned), and again with every flag
-raised before the launch.
+raised before the launch. At decode sizes the same for both tile orders (``knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def device():
     return dev
 
 
-def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_rows=256):
+def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_rows=256, by_column=None):
     from overlap_backend.codegen import ag_mm
 
     torch.manual_seed(0)
@@ -48,7 +49,7 @@ def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_r
     bias = torch.randn(N, device=device, dtype=torch.bfloat16)
     buf = torch.full((ws, rows, K), float("nan"), device=device, dtype=torch.bfloat16)
     out = torch.full((ws * rows, N), float("nan"), device=device, dtype=torch.bfloat16)
-    nbands = rows // band_rows
+    nbands = -(-rows // band_rows)
     flags = torch.full((ws * nbands,), EPOCH - 1 if late else EPOCH, device=device, dtype=torch.int32)
     status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
     peers = torch.stack(shards)
@@ -63,8 +64,12 @@ def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_r
             flags.fill_(EPOCH)
     # half the SMs: the side stream's copy and fill find SMs free beside the spinning CTAs
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
-    ag_mm.launch(shards[rank], buf, w, bias, out, flags, EPOCH, status, 10**10, rank, ws, rows, band_rows, cfg,
-                 num_sms)
+    from overlap_backend.spec import knobs
+
+    with knobs.codegen.patch(AG_MM_PEERS_BY_COLUMN_ROWS=knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS
+                             if by_column is None else (rows if by_column else 0)):
+        ag_mm.launch(shards[rank], buf, w, bias, out, flags, EPOCH, status, 10**10, rank, ws, rows, band_rows, cfg,
+                     num_sms)
     torch.cuda.synchronize()
     ref = torch.cat(shards).float() @ w.float() + bias.float()
     err = ((out.float() - ref).norm() / ref.norm()).item()
@@ -76,5 +81,21 @@ def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_r
 def test_ag_mm_variants_wait_before_they_load(cfg, late, device):
     err, claimed = _run(cfg, device, late)
     print(f"{_label(cfg)} {'late shards' if late else 'flags set'}: rel err {err:.2e}")
+    assert claimed == 0, "a wait gave up"
+    assert err < 1e-2, f"rel err {err}"
+
+
+DECODE = [(64, 256, 64, 8, 4, 4, False), (64, 256, 64, 8, 4, 4, True)]
+
+
+@pytest.mark.parametrize("cfg", DECODE, ids=_label)
+@pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_shards"])
+@pytest.mark.parametrize("by_column", [False, True], ids=["chunk_order", "column_order"])
+def test_ag_mm_decode_tile_orders_wait_before_they_load(cfg, late, by_column, device):
+    """Chunks of 64 rows at 8 ranks (decode): the peers' tiles chunk by chunk, or column block by column block,
+    where a CTA's tiles visit the peers out of order and each checks its own flag."""
+    err, claimed = _run(cfg, device, late, ws=8, rows=64, K=2048, N=4096, rank=3, band_rows=64, by_column=by_column)
+    print(f"{_label(cfg)} {'column' if by_column else 'chunk'} order {'late shards' if late else 'flags set'}: "
+          f"rel err {err:.2e}")
     assert claimed == 0, "a wait gave up"
     assert err < 1e-2, f"rel err {err}"

@@ -23,6 +23,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("interpreter tests: they run where CUDA is absent (CI); the GPU runs the real kernels "
                 "in tests/gpu/test_gpu.py", allow_module_level=True)
 triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
 from overlap_backend.codegen import ag_mm, mm_rs, reduce  # noqa: E402
 from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
 
@@ -76,6 +78,48 @@ def test_ag_mm_matches_gathered_matmul(ws, r, outer, run, K, N, bias, kmajor):
     out, ref, status = _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor)
     assert status[1].tolist() == [0] * 8
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("by_column", [0, 1 << 30], ids=["chunk_order", "column_order"])
+@pytest.mark.parametrize("ws,r,outer,run,K,N,bias,kmajor", [
+    (4, 1, 1, 33, 48, 40, True, False),    # rows over three row tiles, N over three column tiles
+    (3, 2, 2, 7, 16, 40, False, True),     # [B, S, K] gathered along S
+])
+def test_ag_mm_both_tile_orders_match(by_column, ws, r, outer, run, K, N, bias, kmajor):
+    """Chunk by chunk (the order the shards arrive in) or the peers' tiles column block by column block (short
+    chunks: the weight's blocks read once): the same product, every flag checked."""
+    from overlap_backend.spec import knobs
+
+    with knobs.codegen.patch(AG_MM_PEERS_BY_COLUMN_ROWS=by_column):
+        out, ref, status = _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor)
+    assert status[1].tolist() == [0] * 8
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@triton.jit
+def _tile_positions(out_ptr, tiles_m, tiles_n, WS: tl.constexpr, GROUP_M: tl.constexpr,
+                    PEERS_BY_COLUMN: tl.constexpr):
+    for tile in range(0, WS * tiles_m * tiles_n):
+        pos, pid_m, pid_n = ag_mm.tile_position(tile, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
+        tl.store(out_ptr + 3 * tile, pos)
+        tl.store(out_ptr + 3 * tile + 1, pid_m)
+        tl.store(out_ptr + 3 * tile + 2, pid_n)
+
+
+@pytest.mark.parametrize("ws,tiles_m,tiles_n", [(4, 1, 5), (8, 2, 3), (2, 3, 4)])
+def test_tile_positions_cover_every_tile_once_local_first(ws, tiles_m, tiles_n):
+    per = tiles_m * tiles_n
+    for by_column in (False, True):
+        got = torch.full((ws * per * 3,), -1, dtype=torch.int32)
+        _tile_positions[(1,)](got, tiles_m, tiles_n, WS=ws, GROUP_M=2, PEERS_BY_COLUMN=by_column)
+        order = [tuple(x) for x in got.view(-1, 3).tolist()]
+        assert sorted(order) == [(p, m, n) for p in range(ws) for m in range(tiles_m) for n in range(tiles_n)]
+        assert [p for p, _, _ in order[:per]] == [0] * per, "the local shard's tiles first"
+        peers = order[per:]
+        if by_column:  # every peer's row tiles of one column block in turn, blocks in order
+            assert peers == [(p, m, n) for n in range(tiles_n) for p in range(1, ws) for m in range(tiles_m)]
+        else:  # chunk by chunk, in arrival order
+            assert [p for p, _, _ in peers] == sorted(p for p, _, _ in peers)
 
 
 @pytest.mark.parametrize("ws,r,rows,N", [(2, 1, 32, 24), (4, 2, 48, 40)])

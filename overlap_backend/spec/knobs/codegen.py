@@ -44,6 +44,10 @@ codegen = Knobs(
             (128, 256, 64, 4, 3, 8, False),
         ),
     },
+    # ag_mm takes the peers' tiles column block by column block (every chunk's row tiles of one block of the
+    # weight in turn: the block read once from memory, then from L2) where a chunk has at most this many rows;
+    # chunk by chunk in arrival order above. 0: never.
+    AG_MM_PEERS_BY_COLUMN_ROWS=128,
     # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off, as no
     # variant wins at most shapes (the kernel benchmark); MEASURED_VARIANT_GAIN takes the winners shape by shape.
     TUNE_VARIANTS=False,
