@@ -109,6 +109,8 @@ def nearest(kernel: str, M: int, K: int, N: int, *, ws: int = 1, dtype="bfloat16
     return best
 
 
+# The collective GEMMs' cuBLAS paths: the kernel benchmark times them without epilogues, which they run apart.
+PLAIN_MEASURED_PATHS = ("ag_mm_cublas", "mm_rs_cublas", "mm_ar_cublas")
 # The kernels whose ops add the benchmark's best variant at the nearest measured shape to their tuning candidates.
 VARIANT_KERNELS = ("ag_mm", "mm_rs", "mm_ar")
 
@@ -162,15 +164,18 @@ def measured_choice(kernel: str, M: int, K: int, N: int, *, path: str | None = N
     - the kernel within it: "triton" where the path measured slower than the kernel, else None;
     - the kernel not measured near (or the threshold off): None.
 
-    A fused GEMM's path measured only without the epilogue reads that ratio: the path runs the epilogue apart,
-    as the baseline does, which adds the same time to both, so the plain ratio bounds the fused one from above."""
+    A fused GEMM's path of :data:`PLAIN_MEASURED_PATHS` measured only without the epilogue reads that ratio: the
+    path runs the epilogue apart, as the baseline does, which adds the same time to both, so the plain ratio bounds
+    the fused one from above."""
     if _symm.CUBLAS_ABOVE_RATIO is None:
         return None
     path = path or kernel + "_cublas"
 
     def path_ratio():
         got = measured_ratio(path, M, K, N, **kw)
-        return got if got is not None or not kw.get("fused") else measured_ratio(path, M, K, N, **{**kw, "fused": False})
+        if got is not None or not kw.get("fused") or path not in PLAIN_MEASURED_PATHS:
+            return got
+        return measured_ratio(path, M, K, N, **{**kw, "fused": False})
 
     return _memo((_generation(), "choice", kernel, path, path_required, M, K, N, tuple(sorted(kw.items()))),
                  lambda: _choice(measured_ratio(kernel, M, K, N, **kw), path_ratio(), path_required))
