@@ -99,3 +99,61 @@ def test_ag_mm_decode_tile_orders_wait_before_they_load(cfg, late, by_column, de
           f"rel err {err:.2e}")
     assert claimed == 0, "a wait gave up"
     assert err < 1e-2, f"rel err {err}"
+
+
+def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str):
+    """Each op at a shape whose ratio entry names a variant that beat the candidates: with no other candidate
+    (``CANDIDATES_16BIT=()``), the op must tune over that variant, run it and get the right result."""
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    try:
+        from test_gpu import _all_reduce_ref, _gather_ref, _randn, _rel_err, _setup_rank
+    except ImportError:
+        from tests.gpu.test_gpu import _all_reduce_ref, _gather_ref, _randn, _rel_err, _setup_rank
+    _setup_rank(rank, device)
+    from overlap_backend.runtime.symm.lowering_helpers import tuned_configs
+    from overlap_backend.spec import kernel_ratios, knobs
+
+    group = dist.group.WORLD
+    gn = group.group_name
+    K, N, rows = 1024, 2048, 1024
+    variants = {"ag_mm": [128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], "mm_rs": [128, 256, 64, 4, 3, 8, False],
+                "mm_ar": [128, 256, 64, 4, 3, 8, False]}
+    gpu = kernel_ratios.gpu_name()
+    entries = [{"gpu": gpu, "kernel": k, "dtype": "bfloat16", "ws": ws, "M": ws * rows, "K": K, "N": N, "fused": False,
+                "ratio": 1.0, "best_variant_ratio": 0.9, "best_config": v} for k, v in variants.items()]
+    path = Path(ratio_dir) / f"ratios_rank{rank}.json"
+    path.write_text(json.dumps(kernel_ratios.document(entries)))
+    knobs.symm.set(KERNEL_RATIOS_FILE=str(path), AG_MM_GEMM="triton", MM_RS_GEMM="triton")
+    knobs.codegen.set(CANDIDATES_16BIT=())
+    kernel_ratios.forget()
+    dt = torch.bfloat16
+    shard = _randn(rows, K, dtype=dt, device=device)
+    w = _randn(K, N, dtype=dt, device=device, scale=K**-0.5)
+    a = _randn(ws * rows, K, dtype=dt, device=device)
+    out_ag = torch.ops.overlap.ag_mm(shard, [w], [None], 0, gn, "symm", False)[1][0]
+    out_rs = torch.ops.overlap.mm_rs(a, w, None, [ws * rows, N], 0, "sum", gn, "symm")
+    out_ar = torch.ops.overlap.mm_ar(a, w, None, "sum", gn, "symm")
+    torch.cuda.synchronize()
+    full = _all_reduce_ref(a.float() @ w.float(), group)
+    errs = {"ag_mm": _rel_err(out_ag, _gather_ref(shard, 0, group).float() @ w.float()),
+            "mm_rs": _rel_err(out_rs, full.chunk(ws)[rank]), "mm_ar": _rel_err(out_ar, full)}
+    tuned = {k[0]: v for k, v in tuned_configs.items()}
+    return errs, {k: list(v) for k, v in tuned.items()}, variants
+
+
+@pytest.mark.timeout(200)
+def test_ops_run_the_measured_variant(tmp_path):
+    try:
+        from test_gpu import _need_gpus, _run
+    except ImportError:
+        from tests.gpu.test_gpu import _need_gpus, _run
+    _need_gpus(2, "symm")
+    for errs, tuned, variants in _run(measured_variant_worker, 2, str(tmp_path), timeout=180):
+        print(f"rel errs {errs}; tuned {tuned}")
+        assert all(e < 1e-2 for e in errs.values()), errs
+        for k, v in variants.items():
+            assert tuned.get(k) == v, f"{k} tuned {tuned.get(k)}, not the measured variant {v}"
