@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..spec import knobs
 from . import launcher
 from .configs import store_variant
 from .epilogue import epilogue_fn
@@ -63,6 +64,7 @@ def mm_rs_kernel(
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr = False,
     INTERPRET: tl.constexpr = False, COPY_OUT: tl.constexpr = False, SUBTILE: tl.constexpr = False,
+    PARTIAL_STAGES: tl.constexpr = 1,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_per_chunk = tl.cdiv(rows, BM) * tl.cdiv(N, BN)
@@ -104,7 +106,7 @@ def mm_rs_kernel(
                 ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
                 copy_per_round, EPILOGUE, WS, BM, BN, BK,
                 GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
-                COPY_OUT, SUBTILE)
+                COPY_OUT, SUBTILE, PARTIAL_STAGES)
             tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     while tile < num_tiles:
         waited, ready_seen, pending, pending_n, pending_tiles = _rs_tile(
@@ -115,7 +117,7 @@ def mm_rs_kernel(
             ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
             copy_per_round, EPILOGUE, WS, BM, BN, BK,
             GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
-            COPY_OUT, SUBTILE)
+            COPY_OUT, SUBTILE, PARTIAL_STAGES)
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if TMA:
         if pending >= 0:
@@ -135,7 +137,7 @@ def _rs_tile(
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
-    OP: tl.constexpr, COPY_OUT: tl.constexpr, SUBTILE: tl.constexpr,
+    OP: tl.constexpr, COPY_OUT: tl.constexpr, SUBTILE: tl.constexpr, PARTIAL_STAGES: tl.constexpr,
 ):
     """The work of ticket ``tile``: a GEMM tile (``_gemm_tile``), or with ``COPY_OUT`` a copy tile
     (``_copy_tile``), in ``_copy_out_order``. Returns the CTA's carried state."""
@@ -153,7 +155,7 @@ def _rs_tile(
             epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
             out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word,
             ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
-            WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP, SUBTILE)
+            WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP, SUBTILE, PARTIAL_STAGES)
     return waited, ready_seen, pending, pending_n, pending_tiles
 
 
@@ -216,7 +218,7 @@ def _gemm_tile(
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
-    OP: tl.constexpr, SUBTILE: tl.constexpr,
+    OP: tl.constexpr, SUBTILE: tl.constexpr, PARTIAL_STAGES: tl.constexpr,
 ):
     """GEMM tile ``tile`` of ``mm_rs_kernel``: the main loop, then either the staged / peer-stored
     remote tile (counted) or the own tile reduced with the peers' partials.
@@ -284,7 +286,7 @@ def _gemm_tile(
             waited = key
             if TMA:  # the acquiring waits above, then TMA (async-proxy) loads of what they guard
                 fence_proxy_async(INTERPRET)
-        for p in range(1, WS):
+        for p in tl.range(1, WS, num_stages=PARTIAL_STAGES):  # PARTIAL_STAGES - 1 partials' loads in flight
             peer = (rank + p) % WS
             if TMA:
                 part = recv_desc.load([peer * rows + pid_m * BM, pid_n * BN])
@@ -416,6 +418,6 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
         TMA=tma, INTERPRET=launcher.interpreting(), COPY_OUT=gathered is not None, SUBTILE=subtile,
-        num_stages=stages, num_warps=warps,
+        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, num_stages=stages, num_warps=warps,
     )
     return out

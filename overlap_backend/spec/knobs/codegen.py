@@ -52,6 +52,9 @@ codegen = Knobs(
     # weight in turn: the block read once from memory, then from L2) where a chunk has at most this many rows;
     # chunk by chunk in arrival order above. 0: never.
     AG_MM_PEERS_BY_COLUMN_ROWS=128,
+    # Pipeline stages of the loop in which mm_rs's / mm_ar's own tiles load the peers' partials (TMA loads of
+    # [BM, BN] tiles; this minus one in flight, in shared memory the main loop has left): 1 loads one at a time.
+    RS_PARTIAL_STAGES=3,
     # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off, as no
     # variant wins at most shapes (the kernel benchmark); MEASURED_VARIANT_GAIN takes the winners shape by shape.
     TUNE_VARIANTS=False,
