@@ -54,7 +54,10 @@ codegen = Knobs(
     AG_MM_PEERS_BY_COLUMN_ROWS=128,
     # Pipeline stages of the loop in which mm_rs's / mm_ar's own tiles load the peers' partials (TMA loads of
     # [BM, BN] tiles; this minus one in flight, in shared memory the main loop has left): 1 loads one at a time.
-    RS_PARTIAL_STAGES=3,
+    # Two in flight (3) measured neutral on one H100 (kernels alone, geo-mean 0.997x the time, -8 % to +8 % per
+    # shape; bench/results/kernels_h100x1_2026-12-06/rs_partials), where every SM loads at once; untried with
+    # the peers' traffic of real GPUs.
+    RS_PARTIAL_STAGES=1,
     # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off, as no
     # variant wins at most shapes (the kernel benchmark); MEASURED_VARIANT_GAIN takes the winners shape by shape.
     TUNE_VARIANTS=False,
