@@ -127,7 +127,9 @@ def measured_ratio(kernel: str, M: int, K: int, N: int, **kw) -> float | None:
 def measured_variant(kernel: str, M: int, K: int, N: int, **kw) -> tuple | None:
     """The config of the benchmark's fastest bench-only variant at the nearest measured shape (see :func:`nearest`),
     where it measured at least ``knobs.codegen.MEASURED_VARIANT_GAIN`` faster than the op's candidates and
-    ``kernel`` is one of :data:`VARIANT_KERNELS`: the op tunes over it too. Else None."""
+    ``kernel`` is one of :data:`VARIANT_KERNELS`: the op tunes over it too. Else None. At a nearby shape where
+    that config does not fit (its BM not dividing the rows a TMA store needs), the op tunes over its own
+    candidates only, while :func:`measured_ratio` still reads the variant's ratio: an estimate off by that gain."""
     e = nearest(kernel, M, K, N, **kw)
     return tuple(e["best_config"]) if e is not None and adopts_variant(e) else None
 
