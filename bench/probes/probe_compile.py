@@ -1,0 +1,116 @@
+"""Probe: compile an op kernel for a GPU architecture on any machine, no GPU needed, and report how Triton built
+it (explains a kernel's speed before a device call; not a test).
+
+    python bench/probes/probe_compile.py ag_mm [--set FLATTEN=True] [--set WS=8 ...] [--arch 90] [--warps 8]
+        [--stages 3] [--out DIR] [--json]
+
+Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer) and ``mm_rs`` (``codegen/mm_rs.py``'s producer), bf16, with
+the constexprs below unless ``--set NAME=VALUE`` (a Python literal) overrides one. Prints the shared memory the
+kernel needs and, in its TTGIR, the loops (``scf.for`` / ``scf.while``), the TMA loads, the barrier waits, the
+wgmma ops and the multi-buffered shared allocations (``2x``, ``3x`` ...: loads in flight); ``--out`` also writes the
+TTGIR and PTX. Which loads a loop issues ahead, and whether a wait sits between a load and its use, shows there:
+e.g. mm_rs's own tiles loaded the peers' partials one at a time (a barrier wait after each), the flattened ag_mm
+loop keeps each tile's flag wait before its loads.
+
+Use the Triton of the GPU machines to see what they compile (``pip install triton==3.6.0`` in a separate venv);
+the probe turns the interpreter off for itself (kernels decorated under ``TRITON_INTERPRET=1`` cannot compile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # before the kernels are decorated
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+# per kernel: its constexprs (defaults), its bf16 pointers, its int32 pointers, its 64-bit integers
+KERNELS = {
+    "ag_mm": dict(
+        const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, PRECISION=None, TIMED=True,
+                   TMA_STORE=True, SUBTILE=False, WARP_SPEC=False, FLATTEN=False, PEERS_BY_COLUMN=False),
+        data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
+        flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}),
+    "mm_rs": dict(
+        const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
+                   WRITE_GATHER=False, PRECISION=None, TIMED=True, PEER_STORE=False, TMA=True, INTERPRET=False,
+                   COPY_OUT=False, SUBTILE=False, PARTIAL_STAGES=1),
+        data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "gather_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
+        flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "tile_ticket_ptr", "gathered_ptr", "claim_ptr",
+               "report_ptr", "peer_data_ptr", "peer_flags_ptr", "ready_ptr"}, wide={"timeout_ns"}),
+}
+COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
+          "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",
+          "multi-buffered shared": r"local_alloc : \(\) -> !ttg\.memdesc<[2-9]x"}
+
+
+def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, stages: int = 3):
+    """The compiled kernel (``triton.compile``) of ``name`` with its constexprs overridden by ``overrides``."""
+    from overlap_backend.codegen import ag_mm, mm_rs
+    from overlap_backend.codegen.epilogue import epilogue_fn
+
+    spec = KERNELS[name]
+    fn = {"ag_mm": ag_mm.ag_mm_kernel, "mm_rs": mm_rs.mm_rs_kernel}[name]
+    unknown = set(overrides) - set(spec["const"])
+    if unknown:
+        raise SystemExit(f"{name} has no constexpr {sorted(unknown)}; its constexprs: {sorted(spec['const'])}")
+    const = {**spec["const"], **overrides, "EPILOGUE": epilogue_fn(None, (), torch.bfloat16, torch.empty(1))[0]}
+    names = fn.arg_names
+    sig = {}
+    for n in names:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n in spec["data"]:
+            sig[n] = "*bf16"
+        elif n in spec["flags"]:
+            sig[n] = "*i32"
+        else:
+            sig[n] = "i64" if n in spec["wide"] else "i32"
+    pointers = spec["data"] | spec["flags"]
+    src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in const.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names if n in pointers})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def report(compiled) -> dict:
+    ttgir = compiled.asm["ttgir"]
+    return {"triton": triton.__version__, "shared_bytes": compiled.metadata.shared,
+            **{k: len(re.findall(p, ttgir)) for k, p in COUNTS.items()}}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("kernel", choices=sorted(KERNELS))
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a constexpr (Python literal)")
+    p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
+    p.add_argument("--warps", type=int, default=8)
+    p.add_argument("--stages", type=int, default=3)
+    p.add_argument("--out", type=Path, help="write <kernel>.ttgir and <kernel>.ptx here")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    args = p.parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        overrides[key] = ast.literal_eval(value)
+    compiled = compile_kernel(args.kernel, overrides, args.arch, args.warps, args.stages)
+    rep = report(compiled)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.kernel}.ttgir").write_text(compiled.asm["ttgir"])
+        (args.out / f"{args.kernel}.ptx").write_text(compiled.asm["ptx"])
+    print(json.dumps(rep) if args.json else "\n".join(f"{k}: {v}" for k, v in rep.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
