@@ -187,28 +187,36 @@ def markdown(entries: list[dict], gpu: str, source: str) -> str:
         common.markdown_table(head, body), ""])
 
 
-def write(folder: Path, over: list[Path] = ()) -> Path:
-    """``folder/paths.md`` from its ``results.json`` and ``kernel_ratios.json``, read over those of the ``over``
-    folders (earlier runs of the same GPU, oldest first; a case in several: the latest run's)."""
+def read_runs(folder: Path, over: list[Path] = ()) -> tuple[list[dict], list[dict], str]:
+    """(rows, path entries (:func:`paths`), GPU) of the run in ``folder`` read over the ``over`` folders (earlier
+    runs of the same GPU, oldest first; a case in several: the latest run's rows and ratios)."""
     from bench.tools import install_ratios
 
     runs = [*over, folder]
     docs = [json.loads((f / "results.json").read_text()) for f in runs]
     gpu = docs[-1]["info"].get("gpu", "?")
-    others = {f: d["info"].get("gpu") for f, d in zip(runs, docs) if d["info"].get("gpu") != gpu}
+    others = {str(f): d["info"].get("gpu") for f, d in zip(runs, docs) if d["info"].get("gpu") != gpu}
     if others:
         raise SystemExit(f"{folder} measured {gpu}, but {others}: --over takes runs of one GPU")
     rows: dict[tuple, dict] = {}
     for d in docs:
         rows.update((case_key(r["case"]), r) for r in d["rows"])
-    ratio_docs = [json.loads((f / "kernel_ratios.json").read_text()) for f in runs]
+    ratio_docs = [json.loads((f / "kernel_ratios.json").read_text()) for f in runs if (f / "kernel_ratios.json").exists()]
+    if not ratio_docs:
+        return list(rows.values()), [], gpu
     entries, _ = install_ratios.merge(ratio_docs[0]["entries"], [d["entries"] for d in ratio_docs[1:]])
-    source = " over ".join(str(f) for f in reversed(runs))
     with tempfile.TemporaryDirectory() as tmp:
         ratio_file = Path(tmp) / "kernel_ratios.json"
         ratio_file.write_text(json.dumps({**ratio_docs[-1], "entries": entries}))
-        result = paths(list(rows.values()), ratio_file, gpu)
-    (folder / "paths.md").write_text(markdown(result, gpu, source))
+        return list(rows.values()), paths(list(rows.values()), ratio_file, gpu), gpu
+
+
+def write(folder: Path, over: list[Path] = ()) -> Path:
+    """``folder/paths.md`` from its ``results.json`` and ``kernel_ratios.json``, read over those of the ``over``
+    folders (:func:`read_runs`)."""
+    _, entries, gpu = read_runs(folder, over)
+    source = " over ".join(str(f) for f in reversed([*over, folder]))
+    (folder / "paths.md").write_text(markdown(entries, gpu, source))
     return folder / "paths.md"
 
 

@@ -3,6 +3,7 @@ shapes the op's kernel is within 1.03x of its baseline, the median and worst rat
 takes at each shape (``bench/suites/kernel_paths.py``) how many are within 1.03x and their geo-mean.
 
     python bench/tools/kernel_summary.py LABEL=DIR [LABEL=DIR...]      # e.g. H100=bench/results/kernels_h100x1_...
+    python bench/tools/kernel_summary.py H100=DIR --over H100=EARLIER,EARLIER   # one GPU's runs together
 
 Prints a markdown table (one column group per run, in the order given) to paste into the README.
 """
@@ -35,16 +36,13 @@ def groups(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def summarize(folder: Path) -> dict[str, dict]:
-    """Per group: shapes, within the bar, median, worst; and on the op's path: within, not measured, geo-mean."""
-    results = json.loads((folder / "results.json").read_text())
-    gpu = results["info"].get("gpu", "?")
-    on_path = {}
-    if (folder / "kernel_ratios.json").exists():
-        for e in kernel_paths.paths(results["rows"], folder / "kernel_ratios.json", gpu):
-            on_path[kernel_paths.case_key(e["case"])] = e["path_ratio"]
+def summarize(folder: Path, over: list[Path] = ()) -> dict[str, dict]:
+    """Per group: shapes, within the bar, median, worst; and on the op's path: within, not measured, geo-mean. With
+    ``over``, the run read over those earlier runs of its GPU (``kernel_paths.read_runs``)."""
+    all_rows, entries, _ = kernel_paths.read_runs(folder, over)
+    on_path = {kernel_paths.case_key(e["case"]): e["path_ratio"] for e in entries}
     out = {}
-    for name, rows in groups(results["rows"]).items():
+    for name, rows in groups(all_rows).items():
         ratios = [r["op_ratio"] for r in rows]
         path = [on_path.get(kernel_paths.case_key(r["case"]), "-") for r in rows]
         measured = [p for p in path if isinstance(p, float)]
@@ -89,13 +87,21 @@ def _path_cell(s: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+", metavar="LABEL=DIR", help="a label and a bench_kernels.py output folder")
+    p.add_argument("--over", action="append", default=[], metavar="LABEL=DIR,DIR",
+                   help="earlier runs of that label's GPU (oldest first) its run is read over")
     args = p.parse_args(argv)
+    over = {}
+    for item in args.over:
+        label, sep, folders = item.partition("=")
+        if not sep:
+            p.error(f"--over {item!r}: expected LABEL=DIR,DIR")
+        over[label] = [Path(f) for f in folders.split(",") if f]
     runs = []
     for item in args.runs:
         label, sep, folder = item.partition("=")
         if not sep or not (Path(folder) / "results.json").exists():
             p.error(f"{item!r}: expected LABEL=DIR with DIR/results.json")
-        runs.append((label, summarize(Path(folder))))
+        runs.append((label, summarize(Path(folder), over.get(label, []))))
     print(table(runs))
     return 0
 

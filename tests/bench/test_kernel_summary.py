@@ -38,3 +38,32 @@ def test_summary_counts_shapes_within_the_bar_per_kernel_and_on_the_ops_path(tmp
     assert tool.main([f"X={tmp_path}"]) == 0
     with pytest.raises(SystemExit):
         tool.main([str(tmp_path)])
+
+
+def test_a_run_read_over_earlier_runs_of_its_gpu(tmp_path, bench_tool):
+    """A run that measured only the cuBLAS paths, read over the run that measured the kernels (``--over``): the
+    kernels' rows come from the earlier run, the op's path reads the later run's path ratio; a run of another GPU
+    is refused."""
+    tool = bench_tool("kernel_summary")
+
+    def run(name, rows, gpu="G"):
+        folder = tmp_path / name
+        folder.mkdir()
+        entries = [{"gpu": gpu, "kernel": r["case"]["kernel"], "dtype": "bfloat16", "ws": 4, "M": r["case"]["M"],
+                    "K": 1024, "N": 4096, "fused": False, "ratio": r["op_ratio"]} for r in rows]
+        (folder / "results.json").write_text(json.dumps({"info": {"gpu": gpu}, "rows": rows}))
+        (folder / "kernel_ratios.json").write_text(json.dumps(kernel_ratios.document(entries)))
+        return folder
+
+    kernels = run("kernels", [_row("mm_rs", 4096, 1.3), _row("mm_rs_cublas", 4096, 1.5)])
+    paths = run("paths", [_row("mm_rs_cublas", 4096, 1.01)])
+    alone = tool.summarize(paths)
+    assert set(alone) == {"mm_rs_cublas"}
+    s = tool.summarize(paths, [kernels])
+    assert set(s) == {"mm_rs", "mm_rs_cublas"}
+    assert s["mm_rs"]["path_geo"] == pytest.approx(1.01), "the later run's path, faster than the kernel"
+    assert tool.summarize(kernels)["mm_rs"]["path_geo"] == pytest.approx(1.3), "alone: the path measured slower"
+    assert tool.main([f"X={paths}", "--over", f"X={kernels}"]) == 0
+    other = run("other", [_row("mm_rs", 4096, 1.2)], gpu="H")
+    with pytest.raises(SystemExit, match="runs of one GPU"):
+        tool.summarize(paths, [other])
