@@ -11,7 +11,6 @@ Prints a markdown table (one column group per run, in the order given) to paste 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
