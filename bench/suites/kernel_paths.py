@@ -91,8 +91,7 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
     with_sum = {case_key(r["case"]): r["op_ratio_with_sum"] * _variant_scale(r) for r in rows
                 if "op_ratio_with_sum" in r}
     out = []
-    with knobs.symm.patch(KERNEL_RATIOS_FILE=str(ratio_file)):
-        kernel_ratios.forget()
+    with kernel_ratios.reading(ratio_file):
         for r in rows:
             c = r["case"]
             if c["kernel"] not in OTHER_PATH or "op_ratio" not in r:
@@ -111,7 +110,6 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
                 entry["path_ratio_with_sum"] = (with_sum.get(case_key(c)) if entry["path"] == "kernel"
                                                 else _other(with_sum, c, other))
             out.append(entry)
-        kernel_ratios.forget()
     return out
 
 

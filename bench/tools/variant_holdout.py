@@ -31,11 +31,10 @@ KERNELS = ("ag_mm", "mm_rs", "mm_ar")
 def holdout(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
     """Per case of ``KERNELS``: the op's ratio on its candidates (``without``), the variant ``ratio_file``
     adopts there (None: none) and the op's ratio with it among its candidates (``with``)."""
-    from overlap_backend.spec import kernel_ratios, knobs
+    from overlap_backend.spec import kernel_ratios
 
     out = []
-    with knobs.symm.patch(KERNEL_RATIOS_FILE=str(ratio_file)):
-        kernel_ratios.forget()
+    with kernel_ratios.reading(ratio_file):
         for r in rows:
             c = r["case"]
             if c["kernel"] not in KERNELS or "op_ratio" not in r:
@@ -47,7 +46,6 @@ def holdout(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
             ms = min(r["op_ms"], times[tuple(variant)]) if timed else r["op_ms"]
             out.append({"case": c, "variant": variant, "timed": timed, "without": r["op_ratio"],
                         "with": r["op_ratio"] * ms / r["op_ms"]})
-        kernel_ratios.forget()
     return out
 
 

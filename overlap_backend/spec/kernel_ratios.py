@@ -18,6 +18,7 @@ of :data:`VARIANT_KERNELS` tune over it too (:func:`measured_variant`), and the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -213,6 +214,18 @@ def forget() -> None:
     """Read the ratio file again at the next lookup (it was rewritten while the process runs)."""
     _verdicts.clear()
     _cache.clear()
+
+
+@contextlib.contextmanager
+def reading(file):
+    """Within: lookups read ``file`` (``knobs.symm.KERNEL_RATIOS_FILE``) instead, nothing cached from either file
+    leaking across the switch (a benchmark's ratios, asking the runtime's choices what they decide on them)."""
+    with _symm.patch(KERNEL_RATIOS_FILE=str(file)):
+        forget()
+        try:
+            yield
+        finally:
+            forget()
 
 
 def document(rows: list[dict], about: str = "") -> dict:

@@ -224,3 +224,18 @@ def test_a_malformed_best_config_is_no_variant(ratios):
     assert kernel_ratios.measured_variant("ag_mm", 8192, 8192, 14336, ws=4) is None
     assert kernel_ratios.measured_ratio("ag_mm", 8192, 8192, 14336, ws=4) == 1.05
     assert kernel_ratios.measured_variant("mm_ar", 4096, 7168, 8192, ws=4) is None
+
+
+def test_reading_another_file_switches_and_forgets_both_ways(ratios, tmp_path):
+    ratios(_entry("mm_rs", 4, 4096, 1792, 8192, 1.26))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(kernel_ratios.document([_entry("mm_rs", 4, 4096, 1792, 8192, 1.5)])))
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=4) == 1.26
+    with kernel_ratios.reading(other):
+        assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=4) == 1.5
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=4) == 1.26
+    with pytest.raises(RuntimeError), kernel_ratios.reading(other):
+        assert kernel_ratios.measured_choice("mm_rs", 4096, 1792, 8192, ws=4) == "cublas"
+        raise RuntimeError("a run that fails half way")
+    assert kernel_ratios.measured_choice("mm_rs", 4096, 1792, 8192, ws=4) == "cublas"  # 1.26 > 1.03, path unmeasured
+    assert kernel_ratios.measured_ratio("mm_rs", 4096, 1792, 8192, ws=4) == 1.26
