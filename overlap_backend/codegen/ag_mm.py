@@ -146,7 +146,8 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     assert not tma_store or (run == rows and rows % BM == 0), (tma_store, run, rows, BM)
     assert tma_store or not subtile, "subtiled epilogues store by TMA"
-    grid = (min(num_sms, ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)),)
+    grid = launcher.Persistent(ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN), num_sms,
+                               knobs.codegen.PERSISTENT_CTAS_PER_SM)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     fn, ptrs = epilogue_fn(epilogue, ep_ptrs, shard.dtype, out)
     launcher.launch(ag_mm_kernel, grid,

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import os
 import threading
+from typing import NamedTuple
 
 import torch
 
@@ -65,22 +66,37 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class Persistent(NamedTuple):
+    """The grid of a persistent kernel: one CTA per tile, at most ``per_sm`` CTAs on each of ``sms`` SMs and
+    no more than one SM holds at once (the compiled variant's registers, shared memory and threads decide)."""
+
+    tiles: int
+    sms: int
+    per_sm: int = 1
+
+
 def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)``, or, inside ``preloading()``, its compilation and loading."""
+    """``kernel[grid](*args, **kwargs)``, or, inside ``preloading()``, its compilation and loading.
+    ``grid`` may be a ``Persistent``."""
     if getattr(_state, "preload", False):
         if interpreting():
             return None
         key = _variant_key(kernel, args, kwargs)
         if key not in _preloaded:
-            compiled = kernel.warmup(*args, grid=grid, **kwargs)
-            init = getattr(compiled, "_init_handles", None)  # loads the module (Triton 3.x)
-            if init is not None:
-                init()
+            _load(kernel, (1,) if isinstance(grid, Persistent) else grid, args, kwargs)
             _preloaded.add(key)
         return None
+    key = None
+    if isinstance(grid, Persistent):
+        if grid.per_sm > 1 and not interpreting():
+            key = _variant_key(kernel, args, kwargs)
+            per_sm = min(grid.per_sm, _resident(key, kernel, args, kwargs))
+        else:
+            per_sm = 1
+        grid = (max(1, min(grid.tiles, grid.sms * per_sm)),)
     if not knobs.codegen.FAST_LAUNCH or interpreting() or _launch_hooks():
         return kernel[grid](*args, **kwargs)
-    key = _variant_key(kernel, args, kwargs)
+    key = key or _variant_key(kernel, args, kwargs)
     fast = _fast_launches.get(key)
     if fast is None:  # first launch of this variant: Triton's own path (binds, compiles if needed, launches)
         compiled = kernel[grid](*args, **kwargs)
@@ -90,6 +106,41 @@ def launch(kernel, grid, *args, **kwargs):
         return kernel[grid](*args, **kwargs)
     fast(grid, args, kwargs)
     return fast.compiled
+
+
+def _load(kernel, grid, args, kwargs):
+    """Compile (if needed) and load the variant ``kernel(*args, **kwargs)`` would launch; returns it."""
+    compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    init = getattr(compiled, "_init_handles", None)  # loads the module (Triton 3.x)
+    if init is not None:
+        init()
+    return compiled
+
+
+_resident_cache: dict = {}
+
+
+def _resident(key, kernel, args, kwargs) -> int:
+    """How many CTAs of the variant ``key`` one SM holds at once (cached per variant)."""
+    per_sm = _resident_cache.get(key)
+    if per_sm is None:
+        compiled = _load(kernel, (1,), args, kwargs)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        per_sm = resident_per_sm(compiled.metadata.shared, compiled.n_regs, compiled.metadata.num_warps, props)
+        _resident_cache[key] = per_sm
+    return per_sm
+
+
+def resident_per_sm(shared: int, regs_per_thread: int, warps: int, props) -> int:
+    """CTAs of a kernel one SM holds at once: its dynamic shared memory (bytes, plus the 1 KiB the driver
+    reserves per CTA), registers (allocated per warp in units of 256) and threads against the SM's
+    (``props``: CUDA device properties; Hopper's where a field is missing). At least 1."""
+    smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    regs = getattr(props, "regs_per_multiprocessor", 65536)
+    threads = getattr(props, "max_threads_per_multi_processor", 2048)
+    by_smem = smem // (shared + 1024)
+    by_regs = regs // (cdiv(max(1, regs_per_thread) * 32, 256) * 256 * warps)
+    return max(1, min(by_smem, by_regs, threads // (32 * warps)))
 
 
 # Triton's ``kernel[grid](...)`` binds every argument, specialises it (alignment, ==1, %16), looks

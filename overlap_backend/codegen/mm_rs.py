@@ -404,7 +404,7 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     assert gathered is None or (gather is not None and not tma), "copy tiles: mm_ar's rounds, pointer stores"
     tiles_per_round = (2 * ws - 1 if gathered is not None else ws) * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)
-    grid = (min(num_sms, rounds * tiles_per_round),)
+    grid = launcher.Persistent(rounds * tiles_per_round, num_sms, knobs.codegen.PERSISTENT_CTAS_PER_SM)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     launcher.launch(mm_rs_kernel, grid,
         a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv,

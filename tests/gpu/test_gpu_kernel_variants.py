@@ -157,3 +157,103 @@ def test_ops_run_the_measured_variant(tmp_path):
         assert all(e < 1e-2 for e in errs.values()), errs
         for k, v in variants.items():
             assert tuned.get(k) == v, f"{k} tuned {tuned.get(k)}, not the measured variant {v}"
+
+
+# ---------------------------------------------------------------- several CTAs per SM (PERSISTENT_CTAS_PER_SM)
+TWO_PER_SM = [(128, 128, 64, 8, 2, 4, True), (64, 128, 64, 8, 3, 4, False), (128, 256, 64, 8, 3, 8, True)]
+
+
+def _run_mm_rs(cfg, device, late: bool, ws=4, rows=1024, K=256, N=2048, rank=1, band_rows=256):
+    """mm_rs's producer on one GPU as rank ``rank`` of ``ws``: the peers' partials of this rank's chunk in
+    ``recv`` (late: NaN and old flags at the launch, written and raised ~10 ms later by another stream).
+    Returns (rel err of the reduced chunk, of the staged chunks, claim word)."""
+    from overlap_backend.codegen import mm_rs
+
+    torch.manual_seed(0)
+    a = torch.randn(ws * rows, K, device=device, dtype=torch.bfloat16)
+    w = (torch.randn(K, N, device=device, dtype=torch.bfloat16) * K**-0.5)
+    peers = torch.randn(ws * rows, N, device=device, dtype=torch.bfloat16)  # what every peer sends this rank
+    recv = torch.full((ws * rows, N), float("nan"), device=device, dtype=torch.bfloat16)
+    stage = torch.full((ws * rows, N), float("nan"), device=device, dtype=torch.bfloat16)
+    out = torch.full((rows, N), float("nan"), device=device, dtype=torch.bfloat16)
+    nbands = -(-rows // band_rows)
+    flags = torch.full((ws * nbands,), EPOCH - 1 if late else EPOCH, device=device, dtype=torch.int32)
+    counters = torch.zeros(ws * nbands, device=device, dtype=torch.int32)
+    done = torch.zeros(ws * nbands, device=device, dtype=torch.int32)
+    ticket = torch.zeros(1, device=device, dtype=torch.int32)
+    status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
+    if not late:
+        recv.copy_(peers)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    if late:
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)
+            recv.copy_(peers)
+            flags.fill_(EPOCH)
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
+    mm_rs.launch(a, w, None, stage, recv, None, out, counters, done, flags, ticket, EPOCH, status, 10**10, rank, ws,
+                 rows, rows, 1, 0, 0, False, band_rows, cfg, num_sms)
+    torch.cuda.synchronize()
+    full = a.float() @ w.float()
+    mine = full[rank * rows:(rank + 1) * rows]
+    ref = mine + sum(peers[p * rows:(p + 1) * rows].float() for p in range(ws) if p != rank)
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    remote = [c for c in range(ws) if c != rank]
+    staged = torch.cat([stage[c * rows:(c + 1) * rows] for c in remote]).float()
+    staged_ref = torch.cat([full[c * rows:(c + 1) * rows] for c in remote])
+    staged_err = ((staged - staged_ref).norm() / staged_ref.norm()).item()
+    assert ticket.item() == 0, "the tile ticket is reset for the next call"
+    assert (done == EPOCH).sum().item() == (ws - 1) * nbands, "every remote band's done flag raised"
+    return err, staged_err, status[0].item()
+
+
+@pytest.mark.parametrize("cfg", TWO_PER_SM, ids=_label)
+@pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_partials"])
+def test_mm_rs_with_two_ctas_per_sm(cfg, late, device):
+    """Short K (few main-loop steps per tile), up to two CTAs per SM: the tickets, the staged bands' counts and
+    the own tiles' waits hold with twice the CTAs in flight."""
+    from overlap_backend.spec import knobs
+
+    with knobs.codegen.patch(PERSISTENT_CTAS_PER_SM=2):
+        err, staged_err, claimed = _run_mm_rs(cfg, device, late)
+    print(f"{_label(cfg)} {'late partials' if late else 'flags set'}: rel err {err:.2e}, staged {staged_err:.2e}")
+    assert claimed == 0, "a wait gave up"
+    assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
+
+
+@pytest.mark.parametrize("cfg", TWO_PER_SM, ids=_label)
+def test_ag_mm_with_two_ctas_per_sm(cfg, device):
+    from overlap_backend.spec import knobs
+
+    with knobs.codegen.patch(PERSISTENT_CTAS_PER_SM=2):
+        err, claimed = _run(cfg, device, late=True)
+    assert claimed == 0, "a wait gave up"
+    assert err < 1e-2, f"rel err {err}"
+
+
+def test_resident_ctas_match_the_cuda_occupancy_api(device, monkeypatch):
+    """``launcher.resident_per_sm`` (the persistent grid's CTAs per SM) against the driver's own occupancy
+    calculation, for the variants the two-per-SM tests compile."""
+    from overlap_backend.codegen import launcher
+    from overlap_backend.runtime import cuda as rt_cuda
+    from overlap_backend.spec import knobs
+
+    seen = []
+    load = launcher._load
+    monkeypatch.setattr(launcher, "_load", lambda *a: seen.append(load(*a)) or seen[-1])
+    monkeypatch.setattr(launcher, "_resident_cache", {})
+    with knobs.codegen.patch(PERSISTENT_CTAS_PER_SM=8):
+        for cfg in TWO_PER_SM:
+            _run_mm_rs(cfg, device, late=False)
+    assert len(seen) == len(TWO_PER_SM)
+    driver = rt_cuda._bindings()[0]
+    props = torch.cuda.get_device_properties(device)
+    for compiled in seen:
+        warps, shared = compiled.metadata.num_warps, compiled.metadata.shared
+        err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(driver.CUfunction(compiled.function),
+                                                                         32 * warps, shared)
+        assert int(err) == 0, err
+        ours = launcher.resident_per_sm(shared, compiled.n_regs, warps, props)
+        print(f"shared {shared} B, {compiled.n_regs} regs x {warps} warps: ours {ours}, CUDA {blocks}")
+        assert ours == max(1, blocks)

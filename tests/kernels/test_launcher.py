@@ -165,3 +165,57 @@ def test_launch_hooks_are_unset_until_a_profiler_adds_one():
         finally:
             hook.remove(f)
         assert not launcher._launch_hooks()
+
+
+HOPPER = type("Props", (), {"shared_memory_per_multiprocessor": 233472, "regs_per_multiprocessor": 65536,
+                            "max_threads_per_multi_processor": 2048})()
+
+
+@pytest.mark.parametrize("shared,regs,warps,expect", [
+    (160 * 1024, 168, 8, 1),   # a 3-stage 128x256 tile with its TMA store buffer: one per SM
+    (97 * 1024, 168, 4, 2),    # a 2-stage 128x128 tile: two fit by shared memory and by registers
+    (48 * 1024, 255, 8, 1),    # 255 registers x 256 threads take all 64 Ki registers
+    (48 * 1024, 128, 4, 4),    # shared memory: 233472 // (48 KiB + 1 KiB) = 4
+    (0, 32, 4, 16),            # threads: 2048 // 128
+    (300 * 1024, 32, 4, 1),    # more than an SM has: still one (the launch would fail, not the grid)
+])
+def test_resident_per_sm_counts_shared_memory_registers_and_threads(shared, regs, warps, expect):
+    assert launcher.resident_per_sm(shared, regs, warps, HOPPER) == expect
+
+
+def test_a_persistent_grid_holds_as_many_ctas_as_the_sms_do(monkeypatch):
+    """``Persistent(tiles, sms, per_sm)``: min(tiles, sms x min(per_sm, resident CTAs of the compiled variant));
+    the variant is compiled and measured once, and per_sm 1 compiles nothing up front."""
+    import torch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(launcher, "_launch_hooks", lambda: True)  # Triton's own launch path (records the grid)
+    monkeypatch.setattr(launcher, "_resident_cache", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: HOPPER)
+    k = FakeKernel()
+
+    class Compiled:
+        n_regs = 128
+        metadata = type("M", (), {"shared": 48 * 1024, "num_warps": 4})()
+
+        def _init_handles(self):
+            k.calls.append(("load",))
+
+    k.warmup = lambda *args, grid, **kwargs: k.calls.append(("warmup", grid)) or Compiled()
+
+    def grid_of(p, BM=64):
+        launcher.launch(k, p, FakeTensor(4096), 7, BM=BM)
+        return k.calls[-1][1]
+
+    assert grid_of(launcher.Persistent(1000, 10)) == (10,) and k.calls[0][0] == "launch"  # per_sm 1: nothing compiled
+    assert grid_of(launcher.Persistent(5, 10, 1)) == (5,)
+    assert grid_of(launcher.Persistent(1000, 10, 2)) == (20,)
+    assert [c[0] for c in k.calls[-3:]] == ["warmup", "load", "launch"]
+    assert grid_of(launcher.Persistent(1000, 10, 8)) == (40,)  # 4 resident (48 KiB each): the cap
+    assert grid_of(launcher.Persistent(25, 10, 8)) == (25,)
+    assert sum(c[0] == "warmup" for c in k.calls) == 1, "measured once per variant"
+    assert grid_of(launcher.Persistent(1000, 10, 8), BM=128) == (40,)  # another variant: measured again
+    assert sum(c[0] == "warmup" for c in k.calls) == 2
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert grid_of(launcher.Persistent(1000, 10, 8)) == (10,)  # the interpreter runs one program per SM

@@ -25,7 +25,7 @@ codegen = Knobs(
     # bench/suites/bench_kernels.py next to the ones above: other stage / warp / GROUP_M choices and the store
     # variants of codegen/configs.py (TMA stores with the epilogue in two halves, a warp-specialized or flattened
     # tile loop; a flattened 128x256 tile fits 4 stages in shared memory only with the subtiled epilogue; 64-row
-    # tiles for decode sizes' short chunks).
+    # tiles for decode sizes' short chunks; few-stage tiles that fit two CTAs on one SM, see PERSISTENT_CTAS_PER_SM).
     VARIANTS_16BIT={
         "ag_mm": (
             (128, 256, 64, 8, 3, 8, "tma_subtile"),
@@ -38,6 +38,8 @@ codegen = Knobs(
             (128, 128, 64, 8, 4, 8, "tma_flatten"),
             (64, 256, 64, 8, 4, 8, False),
             (64, 128, 64, 8, 6, 4, False),
+            (64, 128, 64, 8, 3, 4, False),
+            (128, 128, 64, 8, 2, 4, True),
         ),
         "mm_rs": (
             (128, 256, 64, 8, 3, 8, "tma_subtile"),
@@ -46,8 +48,16 @@ codegen = Knobs(
             (128, 128, 64, 8, 5, 8, True),
             (128, 256, 64, 4, 3, 8, False),
             (64, 256, 64, 8, 4, 8, False),
+            (128, 128, 64, 8, 2, 4, True),
+            (128, 128, 64, 8, 2, 8, True),
+            (64, 128, 64, 8, 3, 4, True),
+            (64, 128, 64, 8, 3, 4, False),
         ),
     },
+    # At most this many CTAs of the ag_mm consumer / mm_rs producer (mm_ar rounds included) on one SM, as many as
+    # the compiled config lets one SM hold (registers, shared memory): one CTA's loads, waits and stores then
+    # overlap another's, where short main loops (small K, decode sizes) leave their latency exposed. 1: one per SM.
+    PERSISTENT_CTAS_PER_SM=1,
     # ag_mm takes the peers' tiles column block by column block (every chunk's row tiles of one block of the
     # weight in turn: the block read once from memory, then from L2) where a chunk has at most this many rows;
     # chunk by chunk in arrival order above. 0: never.
