@@ -53,6 +53,12 @@ codegen = Knobs(
             (64, 128, 64, 8, 3, 4, True),
             (64, 128, 64, 8, 3, 4, False),
         ),
+        # moe_experts' down kernel with its tile loop flattened (its epilogue beside the next tile's first loads)
+        "moe_down": (
+            (128, 256, 64, 8, 3, 8, "flatten"),
+            (128, 256, 64, 8, 4, 8, "flatten"),
+            (64, 256, 64, 8, 3, 8, "flatten"),
+        ),
     },
     # At most this many CTAs of the ag_mm consumer / mm_rs producer (mm_ar rounds included) on one SM, as many as
     # the compiled config lets one SM hold (registers, shared memory): one CTA's loads, waits and stores then
