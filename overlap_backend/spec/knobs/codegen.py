@@ -25,7 +25,7 @@ codegen = Knobs(
     # bench/suites/bench_kernels.py next to the ones above: other stage / warp / GROUP_M choices and the store
     # variants of codegen/configs.py (TMA stores with the epilogue in two halves, a warp-specialized or flattened
     # tile loop; a flattened 128x256 tile fits 4 stages in shared memory only with the subtiled epilogue; 64-row
-    # tiles for decode sizes' short chunks; few-stage tiles that fit two CTAs on one SM, see PERSISTENT_CTAS_PER_SM).
+    # tiles for decode sizes' short chunks).
     VARIANTS_16BIT={
         "ag_mm": (
             (128, 256, 64, 8, 3, 8, "tma_subtile"),
@@ -38,8 +38,6 @@ codegen = Knobs(
             (128, 128, 64, 8, 4, 8, "tma_flatten"),
             (64, 256, 64, 8, 4, 8, False),
             (64, 128, 64, 8, 6, 4, False),
-            (64, 128, 64, 8, 3, 4, False),
-            (128, 128, 64, 8, 2, 4, True),
         ),
         "mm_rs": (
             (128, 256, 64, 8, 3, 8, "tma_subtile"),
@@ -48,10 +46,6 @@ codegen = Knobs(
             (128, 128, 64, 8, 5, 8, True),
             (128, 256, 64, 4, 3, 8, False),
             (64, 256, 64, 8, 4, 8, False),
-            (128, 128, 64, 8, 2, 4, True),
-            (128, 128, 64, 8, 2, 8, True),
-            (64, 128, 64, 8, 3, 4, True),
-            (64, 128, 64, 8, 3, 4, False),
         ),
         # moe_experts' down kernel with its tile loop flattened (its epilogue beside the next tile's first loads)
         "moe_down": (
@@ -61,8 +55,10 @@ codegen = Knobs(
         ),
     },
     # At most this many CTAs of the ag_mm consumer / mm_rs producer (mm_ar rounds included) on one SM, as many as
-    # the compiled config lets one SM hold (registers, shared memory): one CTA's loads, waits and stores then
-    # overlap another's, where short main loops (small K, decode sizes) leave their latency exposed. 1: one per SM.
+    # the compiled config lets one SM hold (registers, shared memory), so that one CTA's loads, waits and stores
+    # overlap another's. 1: the configs above hold one per SM anyway; tiles small enough for two (128x128 in 2
+    # stages, 64x128 in 3) ran 0.59-0.70x their one-per-SM time with 2 and still 1.35-2.1x cuBLAS, slower than
+    # the 128x256 tiles at every shape of the kernel benchmark (one H100).
     PERSISTENT_CTAS_PER_SM=1,
     # ag_mm takes the peers' tiles column block by column block (every chunk's row tiles of one block of the
     # weight in turn: the block read once from memory, then from L2) where a chunk has at most this many rows;
@@ -74,6 +70,9 @@ codegen = Knobs(
     # shape; bench/results/kernels_h100x1_2026-12-06/rs_partials), where every SM loads at once; untried with
     # the peers' traffic of real GPUs.
     RS_PARTIAL_STAGES=1,
+    # mm_rs / mm_ar draw a CTA's next tile ticket before the current tile's work instead of after it, so that the
+    # atomic's round trip overlaps the tile (a short main loop leaves it exposed once per tile).
+    RS_TICKET_AHEAD=True,
     # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off, as no
     # variant wins at most shapes (the kernel benchmark); MEASURED_VARIANT_GAIN takes the winners shape by shape.
     TUNE_VARIANTS=False,
