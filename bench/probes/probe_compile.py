@@ -4,7 +4,8 @@ it (explains a kernel's speed before a device call; not a test).
     python bench/probes/probe_compile.py ag_mm [--set FLATTEN=True] [--set WS=8 ...] [--arch 90] [--warps 8]
         [--stages 3] [--out DIR] [--json]
 
-Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer) and ``mm_rs`` (``codegen/mm_rs.py``'s producer), bf16, with
+Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer), ``mm_rs`` (``codegen/mm_rs.py``'s producer) and ``moe_down``
+(``codegen/moe_gemm.py``'s down kernel), bf16, with
 the constexprs below unless ``--set NAME=VALUE`` (a Python literal) overrides one. Prints the shared memory the
 kernel needs and, in its TTGIR, the loops (``scf.for`` / ``scf.while``), the TMA loads, the barrier waits, the
 wgmma ops and the multi-buffered shared allocations (``2x``, ``3x`` ...: loads in flight); ``--out`` also writes the
@@ -48,6 +49,11 @@ KERNELS = {
         data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "gather_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "tile_ticket_ptr", "gathered_ptr", "claim_ptr",
                "report_ptr", "peer_data_ptr", "peer_flags_ptr", "ready_ptr"}, wide={"timeout_ns"}),
+    "moe_down": dict(
+        const=dict(WS=4, LOG_G=5, BM=128, BN=256, BK=64, GROUP_M=8, EXPERT_MAJOR=False, WD_K_MAJOR=False),
+        data={"act_ptr", "w_down_ptr", "out_ptr", "stage_ptr"},
+        flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
+               "counters_ptr", "done_ptr"}, wide=set()),
 }
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
           "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",
@@ -56,16 +62,18 @@ COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"a
 
 def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, stages: int = 3):
     """The compiled kernel (``triton.compile``) of ``name`` with its constexprs overridden by ``overrides``."""
-    from overlap_backend.codegen import ag_mm, mm_rs
+    from overlap_backend.codegen import ag_mm, mm_rs, moe_gemm
     from overlap_backend.codegen.epilogue import epilogue_fn
 
     spec = KERNELS[name]
-    fn = {"ag_mm": ag_mm.ag_mm_kernel, "mm_rs": mm_rs.mm_rs_kernel}[name]
+    fn = {"ag_mm": ag_mm.ag_mm_kernel, "mm_rs": mm_rs.mm_rs_kernel, "moe_down": moe_gemm.down_kernel}[name]
     unknown = set(overrides) - set(spec["const"])
     if unknown:
         raise SystemExit(f"{name} has no constexpr {sorted(unknown)}; its constexprs: {sorted(spec['const'])}")
-    const = {**spec["const"], **overrides, "EPILOGUE": epilogue_fn(None, (), torch.bfloat16, torch.empty(1))[0]}
     names = fn.arg_names
+    const = {**spec["const"], **overrides}
+    if "EPILOGUE" in names:
+        const["EPILOGUE"] = epilogue_fn(None, (), torch.bfloat16, torch.empty(1))[0]
     sig = {}
     for n in names:
         if n in const:

@@ -164,8 +164,6 @@ def fake_measure(case: Case, origins: list[str], variants: bool) -> dict:
         var = cfgs.variant_candidates(torch.bfloat16, case.kernel, tma_store_rows=rows)
     elif case.kernel == "mm_ar":
         op, var = cfgs.candidates(torch.bfloat16, variants=False), cfgs.variant_candidates(torch.bfloat16, "mm_rs")
-    elif case.kernel == "moe_down":
-        op, var = [None], cfgs.variant_candidates(torch.bfloat16, "moe_down")
     else:
         op, var = [None], []
     base = 2 * case.M * case.K * case.N / 700e9 + 0.01
@@ -219,8 +217,6 @@ def compile_jobs(todo: list[tuple[Case, list[str]]], variants: bool) -> list[tup
         elif case.kernel == "mm_ar":
             cands = cfgs.candidates(torch.bfloat16, variants=False) + (
                 cfgs.variant_candidates(torch.bfloat16, "mm_rs") if variants else [])
-        elif case.kernel == "moe_down":  # the set-up's first config, and the bench-only variants
-            cands = [None] + (cfgs.variant_candidates(torch.bfloat16, "moe_down") if variants else [])
         else:  # configs derived in set-up (CTA, MoE): one job per case compiles its first
             cands = [None]
         for cfg in cands:

@@ -504,7 +504,7 @@ class Bench:
 
     # ---- MoE grouped GEMMs
     def _moe_rank(self):
-        from overlap_backend.codegen import configs, moe_gemm
+        from overlap_backend.codegen import moe_gemm
         from overlap_backend.runtime import moe_symm
 
         c = self.case
@@ -540,8 +540,7 @@ class Bench:
         em = moe_symm.expert_major(m, ws, e_local)
         self.gate_cands = moe_gemm.candidates(self.dt, "gate_up")
         self.down_cands = moe_gemm.candidates(self.dt, "down")
-        self.down_variants = configs.variant_candidates(self.dt, "moe_down")
-        bms = sorted({cfg[0] for cfg in self.gate_cands + self.down_cands + self.down_variants})
+        bms = sorted({cfg[0] for cfg in self.gate_cands + self.down_cands})
         self.plan = moe_symm.plan(self.rows_sorted, self.offsets, recv_off, 0, ws, e_local, bms, em)
         self.one = [(0, ws * e_local, 0, ws)]
         self.start = None if em else (ws - 1) * e_local  # the runtime's walk: own groups first
@@ -596,7 +595,7 @@ class Bench:
         offs, wd = self.offsets, self.w_down
         act = self._rand(self.xg.shape[0], wd.shape[1])
         self.baseline = ("torch._grouped_mm", lambda: torch._grouped_mm(act, wd, offs=offs))
-        self.op_cands, self.variant_cands = list(self.down_cands), list(self.down_variants)
+        self.op_cands, self.variant_cands = list(self.down_cands), []
         self.outputs = []
         self.run = lambda cfg: self._moe_run(self.gate_cands[0], cfg, "down")
         self.error_of = lambda cfg: self._moe_error(self.gate_cands[0], cfg)

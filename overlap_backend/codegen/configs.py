@@ -40,8 +40,7 @@ _loaded_from: Path | None = None
 # store field -> (TMA store, epilogue in two column halves, warp-specialized tile loop, flattened tile loop)
 STORE_VARIANTS = {False: (False, False, False, False), True: (True, False, False, False),
                   "tma_subtile": (True, True, False, False), "tma_ws": (True, False, True, False),
-                  "tma_flatten": (True, False, False, True), "tma_subtile_flatten": (True, True, False, True),
-                  "flatten": (False, False, False, True)}
+                  "tma_flatten": (True, False, False, True), "tma_subtile_flatten": (True, True, False, True)}
 
 
 def store_variant(store) -> tuple[bool, bool, bool, bool]:

@@ -36,9 +36,6 @@ kernel's last tile (bench/probe_copy_sms.py).
 Tiles are handed out in that order by an atomic counter (not by CTA index): a CTA that is not
 resident (SMs busy with other work) then holds no tile that a peer's spinning CTA depends on, so
 waits across GPUs cannot form a cycle. The CTA that draws the last ticket resets the counter.
-``TICKET_AHEAD`` draws a CTA's next ticket before the work of its current one: it then holds one later
-tile while it works, never an earlier one, and a tile waits only for tiles of earlier tickets (the peers'
-remote tiles of its round, which come before every own tile), so a cycle still cannot form.
 
 Rows: local row i of chunk c of round t is A row ``t * ws * rows + global_row(i, c, run, ws)``;
 the own chunk's row i goes to ``out`` row ``t * out_round_stride + out_offset + i`` (< out_rows).
@@ -67,7 +64,7 @@ def mm_rs_kernel(
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr = False,
     INTERPRET: tl.constexpr = False, COPY_OUT: tl.constexpr = False, SUBTILE: tl.constexpr = False,
-    PARTIAL_STAGES: tl.constexpr = 1, TICKET_AHEAD: tl.constexpr = False,
+    PARTIAL_STAGES: tl.constexpr = 1,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_per_chunk = tl.cdiv(rows, BM) * tl.cdiv(N, BN)
@@ -101,8 +98,6 @@ def mm_rs_kernel(
     # (a plain persistent GEMM, one H200: 0.243 vs 0.266 ms at 16384x512x8192 in a ``while``).
     for _ in range(0, tl.cdiv(num_tiles, tl.num_programs(0)) + 1):
         if tile < num_tiles:
-            if TICKET_AHEAD:  # the next ticket drawn before this tile's work: the atomic's latency hides behind it
-                following = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
             waited, ready_seen, pending, pending_n, pending_tiles = _rs_tile(
                 tile, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
                 out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
@@ -112,13 +107,8 @@ def mm_rs_kernel(
                 copy_per_round, EPILOGUE, WS, BM, BN, BK,
                 GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
                 COPY_OUT, SUBTILE, PARTIAL_STAGES)
-            if TICKET_AHEAD:
-                tile = following
-            else:
-                tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
+            tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     while tile < num_tiles:
-        if TICKET_AHEAD:
-            following = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
         waited, ready_seen, pending, pending_n, pending_tiles = _rs_tile(
             tile, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
             out_desc, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
@@ -128,10 +118,7 @@ def mm_rs_kernel(
             copy_per_round, EPILOGUE, WS, BM, BN, BK,
             GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
             COPY_OUT, SUBTILE, PARTIAL_STAGES)
-        if TICKET_AHEAD:
-            tile = following
-        else:
-            tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
+        tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if TMA:
         if pending >= 0:
             _count_staged(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
@@ -431,7 +418,6 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
         TMA=tma, INTERPRET=launcher.interpreting(), COPY_OUT=gathered is not None, SUBTILE=subtile,
-        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, TICKET_AHEAD=knobs.codegen.RS_TICKET_AHEAD,
-        num_stages=stages, num_warps=warps,
+        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, num_stages=stages, num_warps=warps,
     )
     return out

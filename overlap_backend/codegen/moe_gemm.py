@@ -50,7 +50,6 @@ import triton.language as tl
 
 from ..spec import knobs
 from . import launcher
-from .configs import store_variant
 from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_tile_done,
                     signal_flag, wait_flag)
 from .tiles import grouped_tile
@@ -209,7 +208,7 @@ def down_kernel(
     counters_ptr, done_ptr, epoch,
     rank, own_row0, M, H, F, G, E, group_lo, group_hi, pos_lo, pos_hi, wd_stride_e, wd_stride_row,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, WD_K_MAJOR: tl.constexpr, FLATTEN: tl.constexpr = False,
+    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, WD_K_MAJOR: tl.constexpr,
 ):
     tiles_n = tl.cdiv(H, BN)
     first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
@@ -221,9 +220,7 @@ def down_kernel(
             if (p >= pos_lo) & (p < pos_hi):
                 if tl.load(src_tiles_ptr + p) == 0:
                     signal_flag(done_ptr + p, epoch)
-    # FLATTEN: one loop over the tiles' K steps, so that the pipeliner loads a tile's first blocks during the
-    # previous tile's epilogue (its scattered stores); no tile waits for anything, so no load can pass a wait
-    for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0), flatten=FLATTEN):
+    for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
         g, e, pos, pid_n, first, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr,
                                                                 counts_ptr, srows_ptr, G, E, LOG_G, BM, WS,
                                                                 EXPERT_MAJOR, GROUP_M)
@@ -309,10 +306,7 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     ``phase``: (first group, end group, first source position, end position) of this launch
     (default: all)."""
     E, F, H = w_down.shape
-    BM, BN, BK, GROUP_M, stages, warps, store = config
-    tma_store, subtile, warp_spec, flatten = store_variant(store)
-    if tma_store or subtile or warp_spec:  # its rows scatter to their received positions: pointer stores
-        raise ValueError(f"moe_experts' down kernel has only pointer stores, flattened or not (config store {store!r})")
+    BM, BN, BK, GROUP_M, stages, warps, _ = config
     G = ws * E
     de, dr, dk = expert_layout(w_down)
     launcher.launch(down_kernel, (grid,),
@@ -320,14 +314,14 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
         plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
         *(phase or (0, G, 0, ws)), de, dr,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"],
-        WD_K_MAJOR=dk, FLATTEN=flatten, num_stages=stages, num_warps=warps,
+        WD_K_MAJOR=dk, num_stages=stages, num_warps=warps,
     )
 
 
 def candidates(dtype: torch.dtype, kernel: str = "gate_up") -> list:
     """Block configs to tune ``kernel`` ("gate_up" or "down") over, for a 16-bit compute ``dtype``:
-    (BM, BN, BK, GROUP_M, stages, warps, store: False, or for the down kernel "flatten"),
-    ``knobs.codegen.MOE_GATE_UP_16BIT`` / ``MOE_DOWN_16BIT``."""
+    (BM, BN, BK, GROUP_M, stages, warps, TMA store unused), ``knobs.codegen.MOE_GATE_UP_16BIT`` /
+    ``MOE_DOWN_16BIT``."""
     if kernel not in ("gate_up", "down"):
         raise ValueError(f"kernel must be 'gate_up' or 'down', not {kernel!r}")
     return list(knobs.codegen.MOE_GATE_UP_16BIT if kernel == "gate_up" else knobs.codegen.MOE_DOWN_16BIT)

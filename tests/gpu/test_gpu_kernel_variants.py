@@ -258,26 +258,3 @@ def test_resident_ctas_match_the_cuda_occupancy_api(device, monkeypatch):
         print(f"shared {shared} B, {compiled.n_regs} regs x {warps} warps: ours {ours}, CUDA {blocks}")
         assert ours == max(1, blocks)
 
-
-# ---------------------------------------------------------------- moe_experts' down kernel, flattened
-def _moe_down_variants():
-    from overlap_backend.spec import knobs
-
-    return list(knobs.codegen.VARIANTS_16BIT.get("moe_down", ()))
-
-
-@pytest.mark.parametrize("cfg", _moe_down_variants(), ids=_label)
-@pytest.mark.parametrize("moe", ["deepseek-decode", "mixtral-decode"])
-def test_moe_down_flattened_variants(cfg, moe, device):
-    """The down kernel's flattened tile loop on the kernel benchmark's MoE case (rank 0 of 4, balanced routing,
-    every flag set): its scattered rows against the float32 reference, outputs NaN-poisoned first."""
-    from bench.suites.bench_kernels import CHECK_TOL
-    from bench.suites.kernel_cases import MOE, Case
-    from bench.suites.kernel_setups import Bench
-
-    h, f, _, k, tokens = MOE[moe]
-    b = Bench(Case("moe_down", 4, tokens * k, f, h, "", moe), device,
-              torch.cuda.get_device_properties(device).multi_processor_count, 1)
-    err = b.check(tuple(cfg))
-    print(f"{moe} {_label(cfg)}: rel err {err:.2e}")
-    assert err <= CHECK_TOL, err

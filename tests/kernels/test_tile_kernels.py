@@ -203,19 +203,6 @@ def test_mm_rs_stages_remote_chunks_and_reduces_own(ws, r, outer, run, K, N, bia
     assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
 
 
-@pytest.mark.parametrize("ahead", [True, False], ids=["ticket_ahead", "ticket_after"])
-def test_mm_rs_draws_every_ticket_once_either_way(ahead):
-    """The next tile ticket drawn before the current tile's work (``knobs.codegen.RS_TICKET_AHEAD``) or after it:
-    every tile computed once, the ticket counter reset for the next call (checked in ``_run_mm_rs``)."""
-    from overlap_backend.spec import knobs
-
-    with knobs.codegen.patch(RS_TICKET_AHEAD=ahead):
-        out, ref, stage, mine, counters, done, status = _run_mm_rs(3, 1, 2, 16, 16, 24, False, False)
-    assert status[1][0] == 0
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    assert counters.tolist() == [0] * counters.numel()
-
-
 @pytest.mark.parametrize("ws,r,rows,N,bias,average", [(2, 0, 32, 24, True, False), (4, 2, 48, 40, False, True)])
 def test_mm_rs_tma_stages_counts_and_reduces(ws, r, rows, N, bias, average):
     # contiguous chunks whose rows BM divides: remote tiles stored by TMA and counted a main loop

@@ -256,18 +256,6 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     position, remote rows in the staging buffer at their received position, rows no grouped row
     points at stay 0; each source's done flag is raised (also for sources without tiles), counters
     are back to 0."""
-    _gemm_kernels_case(ws, rank, dtype, skew, sorted_sources, expert_major, CFG)
-
-
-def test_down_kernel_flattened_and_refused_stores():
-    """The down kernel's flattened tile loop (config store "flatten") computes and signals what the plain one
-    does; a TMA store or warp specialization is refused by name (its rows scatter)."""
-    _gemm_kernels_case(3, 0, torch.bfloat16, True, True, False, (*CFG[:6], "flatten"))
-    with pytest.raises(ValueError, match="pointer stores"):
-        _gemm_kernels_case(2, 1, torch.float32, False, True, False, (*CFG[:6], "tma_ws"))
-
-
-def _gemm_kernels_case(ws, rank, dtype, skew, sorted_sources, expert_major, down_cfg):
     gen = torch.Generator().manual_seed(ws + rank + 3 * skew)
     experts, h, f = 3, 24, 40
     case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(2,), idle=2, sorted_sources=sorted_sources)
@@ -297,7 +285,7 @@ def _gemm_kernels_case(ws, rank, dtype, skew, sorted_sources, expert_major, down
     out[send_off[rank] : send_off[rank + 1]] = 0
     stage = torch.zeros(max(recv_off[-1], 1), h, dtype=dtype)
     moe_gemm.launch_down(act, wd, out, stage, pl, flags[CNT:], flags[DONE:], EPOCH, rank, ws,
-                         send_off[rank], down_cfg, 2)
+                         send_off[rank], CFG, 2)
     assert claim.item() == 0 and report[0].item() == 0
     ref = _reference_yr(recv_rows.float(), case["rows"], case["ends"], wg, wu, wd)
     tol = 2e-2

@@ -47,12 +47,6 @@ codegen = Knobs(
             (128, 256, 64, 4, 3, 8, False),
             (64, 256, 64, 8, 4, 8, False),
         ),
-        # moe_experts' down kernel with its tile loop flattened (its epilogue beside the next tile's first loads)
-        "moe_down": (
-            (128, 256, 64, 8, 3, 8, "flatten"),
-            (128, 256, 64, 8, 4, 8, "flatten"),
-            (64, 256, 64, 8, 3, 8, "flatten"),
-        ),
     },
     # At most this many CTAs of the ag_mm consumer / mm_rs producer (mm_ar rounds included) on one SM, as many as
     # the compiled config lets one SM hold (registers, shared memory), so that one CTA's loads, waits and stores
@@ -70,9 +64,6 @@ codegen = Knobs(
     # shape; bench/results/kernels_h100x1_2026-12-06/rs_partials), where every SM loads at once; untried with
     # the peers' traffic of real GPUs.
     RS_PARTIAL_STAGES=1,
-    # mm_rs / mm_ar draw a CTA's next tile ticket before the current tile's work instead of after it, so that the
-    # atomic's round trip overlaps the tile (a short main loop leaves it exposed once per tile).
-    RS_TICKET_AHEAD=True,
     # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off, as no
     # variant wins at most shapes (the kernel benchmark); MEASURED_VARIANT_GAIN takes the winners shape by shape.
     TUNE_VARIANTS=False,
