@@ -23,6 +23,10 @@ stores drained meanwhile), and at the end; the own tiles load the peers' partial
 by TMA. Otherwise pointer stores, each tile counted right after them. ``SUBTILE`` (with ``TMA``): the
 staged and own tiles are stored in two column halves, the own tile's epilogue run on each half in turn.
 
+``FLATTEN`` (with ``TMA``): the CTA's even share of tickets in a tile loop flattened with the K loop, so that the
+next tile's first loads issue during this tile's epilogue (``_flat_tiles``); what is left after it (CTAs that
+started late) goes through the loop below, as without it.
+
 ``PEER_STORE`` ships with the SMs instead of the copy engine: a remote tile is stored straight into
 its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY``), and the last
 tile of a band raises the owner's flag itself (system-scope release); with ``WRITE_GATHER`` the
@@ -64,7 +68,7 @@ def mm_rs_kernel(
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr = False,
     INTERPRET: tl.constexpr = False, COPY_OUT: tl.constexpr = False, SUBTILE: tl.constexpr = False,
-    PARTIAL_STAGES: tl.constexpr = 1,
+    PARTIAL_STAGES: tl.constexpr = 1, FLATTEN: tl.constexpr = False,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_per_chunk = tl.cdiv(rows, BM) * tl.cdiv(N, BN)
@@ -92,11 +96,21 @@ def mm_rs_kernel(
     waited = -1  # this CTA has seen every peer's partial of (round, band) keys <= waited
     ready_seen = 0  # PEER_STORE: bit p set once rank p's READY was seen by this CTA
     num_tiles = rounds * (WS * tiles_per_chunk + copy_per_round)
-    tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
+    if FLATTEN:  # (TMA: one round) the even share of tickets in a loop flattened with the K loop
+        tile, waited, pending, pending_n, pending_tiles = _flat_tiles(
+            a_desc, b_desc, stage_desc, recv_ptr, out_desc, bias_ptr, stage_ptr, out_ptr, counters_ptr, done_ptr,
+            recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, M, N, K, rows, run,
+            out_rows, nbands, band_rows, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
+            PRECISION, TIMED, INTERPRET, OP, SUBTILE)
+        more = tile < num_tiles  # the share was not enough (others started late): the loop below takes the rest
+        drawn = tl.atomic_add(tile_ticket_ptr, 1, mask=more, sem="relaxed", scope="gpu")
+        tile = tl.where(more, drawn, tile)
+    else:
+        tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     # The ticket loop as a ``for`` over the even share of tiles (+1), then a ``while`` for what programs
     # that started late left: the same draws, but Triton 3.6 compiles a tile loop in a ``for`` better
     # (a plain persistent GEMM, one H200: 0.243 vs 0.266 ms at 16384x512x8192 in a ``while``).
-    for _ in range(0, tl.cdiv(num_tiles, tl.num_programs(0)) + 1):
+    for _ in range(0, 0 if FLATTEN else tl.cdiv(num_tiles, tl.num_programs(0)) + 1):
         if tile < num_tiles:
             waited, ready_seen, pending, pending_n, pending_tiles = _rs_tile(
                 tile, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
@@ -157,6 +171,111 @@ def _rs_tile(
             ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
             WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP, SUBTILE, PARTIAL_STAGES)
     return waited, ready_seen, pending, pending_n, pending_tiles
+
+
+@triton.jit
+def _flat_tiles(
+    a_desc, b_desc, stage_desc, recv_ptr, out_desc, bias_ptr, stage_ptr, out_ptr, counters_ptr, done_ptr,
+    recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, M, N, K, rows, run,
+    out_rows, nbands, band_rows, ep0, ep1, ep2, ep3,
+    EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, PRECISION: tl.constexpr,
+    TIMED: tl.constexpr, INTERPRET: tl.constexpr, OP: tl.constexpr, SUBTILE: tl.constexpr,
+):
+    """``FLATTEN`` (TMA, one round): the CTA's even share of tickets in one loop flattened with the K loop
+    (``tl.range(flatten=True)``), so that the next tile's first loads issue during this tile's epilogue.
+
+    Triton fuses the two loops only if the K loop sits directly in the tile loop's body and the epilogue's
+    branches yield no values: every tile runs the K loop (a ticket past the end computes a dummy tile out of
+    bounds, which TMA fills with zeros, and stores nothing), the carried state is chosen by ``tl.where``.
+    Ticket draws stop at the first one past the end, as in the loop that takes what is left. An own tile
+    waits for the peers' partials after its K loop, after counting the staged tiles the CTA holds: the
+    pipeliner may draw the next tickets early, but never moves a wait before that count.
+    Returns the last ticket drawn and the carried state."""
+    tiles_m = tl.cdiv(rows, BM)
+    tiles_n = tl.cdiv(N, BN)
+    tiles_per_chunk = tiles_m * tiles_n
+    num_tiles = WS * tiles_per_chunk
+    band_tile_rows = band_rows // BM
+    tile = -1
+    waited = -1  # this CTA has seen every peer's partial of bands <= waited
+    pending = -1  # the band (chunk * nbands + band) of the staged tiles not yet counted
+    pending_n = 0
+    pending_tiles = 0
+    for _ in tl.range(0, tl.cdiv(num_tiles, tl.num_programs(0)), flatten=True):
+        drawn = tl.atomic_add(tile_ticket_ptr, 1, mask=tile < num_tiles, sem="relaxed", scope="gpu")
+        tile = tl.where(tile < num_tiles, drawn, tile)
+        valid = tile < num_tiles
+        index = tl.minimum(tile, num_tiles - 1)
+        pos = index // tiles_per_chunk
+        chunk = (rank + 1 + pos) % WS  # pos WS-1 is this rank's own chunk
+        pid_m, pid_n = grouped_tile(index % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
+        a_row = tl.where(valid, global_row(pid_m * BM, chunk, run, WS), M)  # a dummy tile reads past A's end
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
+        band = pid_m // band_tile_rows
+        key = chunk * nbands + band
+        remote = valid & (pos < WS - 1)
+        own = valid & (pos == WS - 1)
+        flush = (pending >= 0) & (own | (remote & (pending != key)))
+        if flush:  # before any wait (below): a CTA never waits on a peer while holding tiles it has not counted
+            _count_staged(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+        if remote:
+            _stage_tile(acc, stage_desc, stage_ptr, chunk * rows + pid_m * BM, pid_n * BN, BM, BN, SUBTILE)
+        pending_n = tl.where(remote, tl.where(flush, 0, pending_n) + 1, tl.where(flush, 0, pending_n))
+        pending = tl.where(remote, key, tl.where(flush, -1, pending))
+        pending_tiles = tl.where(remote, tl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n,
+                                 pending_tiles)
+        wait_now = own & (band > waited)  # a CTA's own tiles come in increasing band order
+        if wait_now:
+            for p in tl.static_range(1, WS):
+                flag = ((rank + p) % WS) * nbands + band
+                wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP, rank, flag, nbands, timeout_ns,
+                          TIMED)
+            fence_proxy_async(INTERPRET)  # the acquiring waits, then TMA (async-proxy) loads of what they guard
+        waited = tl.where(wait_now, band, waited)
+        if own:
+            _reduce_own_tile(acc, recv_ptr, out_desc, out_ptr, rank, rows, out_rows, pid_m, pid_n, N, ep0, ep1, ep2, ep3,
+                             EPILOGUE, WS, BM, BN, AVERAGE, SUBTILE)
+    return tile, waited, pending, pending_n, pending_tiles
+
+
+@triton.jit
+def _stage_tile(acc, stage_desc, stage_ptr, row0, col0, BM: tl.constexpr, BN: tl.constexpr, SUBTILE: tl.constexpr):
+    """TMA store of a remote tile into the staging buffer (in two column halves with ``SUBTILE``)."""
+    if SUBTILE:
+        acc0, acc1 = _halves(acc, BM, BN)
+        stage_desc.store([row0, col0], acc0.to(stage_ptr.dtype.element_ty))
+        stage_desc.store([row0, col0 + BN // 2], acc1.to(stage_ptr.dtype.element_ty))
+    else:
+        stage_desc.store([row0, col0], acc.to(stage_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _reduce_own_tile(acc, recv_ptr, out_desc, out_ptr, rank, rows, out_rows, pid_m, pid_n, N, ep0, ep1, ep2, ep3,
+                     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     AVERAGE: tl.constexpr, SUBTILE: tl.constexpr):
+    """An own tile (TMA, one round, ``out`` rows = the chunk's rows): the peers' partials added (their flags
+    seen), the epilogue, the TMA store into ``out``."""
+    out_row = pid_m * BM + tl.arange(0, BM)
+    row_ok = (out_row < rows) & (out_row < out_rows)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    total = acc
+    for p in tl.static_range(1, WS):  # into registers: the pipelined K loop's buffers leave no room for TMA's
+        total += load_rows(recv_ptr, ((rank + p) % WS) * rows + out_row, row_ok, offs_n, N, N).to(tl.float32)
+    if AVERAGE:
+        total = total / WS
+    if SUBTILE:
+        half0, half1 = _halves(total, BM, BN)
+        _epilogue_store_half(half0, out_desc, out_ptr, pid_m * BM, pid_n * BN, out_row, row_ok, N,
+                             ep0, ep1, ep2, ep3, EPILOGUE, BN // 2)
+        _epilogue_store_half(half1, out_desc, out_ptr, pid_m * BM, pid_n * BN + BN // 2, out_row, row_ok, N,
+                             ep0, ep1, ep2, ep3, EPILOGUE, BN // 2)
+    else:
+        total = EPILOGUE(total, out_row, offs_n, row_ok[:, None] & (offs_n < N)[None, :], N, ep0, ep1, ep2, ep3)
+        out_desc.store([pid_m * BM, pid_n * BN], total.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -396,8 +515,8 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, store = config
     tma, subtile, warp_spec, flatten = store_variant(store)
-    if warp_spec or flatten:  # its tiles come from an atomic ticket, not from a static loop
-        raise ValueError(f"mm_rs has no warp-specialized or flattened tile loop (config store {store!r})")
+    if warp_spec:  # its tiles come from an atomic ticket, not from a static loop
+        raise ValueError(f"mm_rs has no warp-specialized tile loop (config store {store!r})")
     assert band_rows % BM == 0, (band_rows, BM)
     assert not tma or (tma_ok(rows, run, rounds, BM, gather is not None, peer is not None) and out_offset == 0), (
         rows, run, rounds, BM, out_offset)
@@ -418,6 +537,6 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
         TMA=tma, INTERPRET=launcher.interpreting(), COPY_OUT=gathered is not None, SUBTILE=subtile,
-        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, num_stages=stages, num_warps=warps,
+        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, FLATTEN=flatten, num_stages=stages, num_warps=warps,
     )
     return out

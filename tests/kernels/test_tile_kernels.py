@@ -158,7 +158,9 @@ def test_ag_mm_wait_gives_up_and_reports():
 
 
 # ------------------------------------------------------------------------------------ mm_rs
-def _run_mm_rs(ws, r, outer, run, K, N, bias, average, cfg=CFG):
+def _run_mm_rs(ws, r, outer, run, K, N, bias, average, cfg=CFG, late=None, timeout_ns=10**6):
+    """Rank r's mm_rs kernel with every peer's partial in ``recv`` and its flag raised (``late``: the index
+    of one flag left an epoch behind)."""
     rows = outer * run
     M = ws * rows
     A = [torch.randn(M, K) for _ in range(ws)]
@@ -175,9 +177,11 @@ def _run_mm_rs(ws, r, outer, run, K, N, bias, average, cfg=CFG):
     counters = torch.zeros(ws * nb, dtype=torch.int32)
     done = torch.zeros(ws * nb, dtype=torch.int32)
     rflags = torch.full((ws * nb,), EPOCH, dtype=torch.int32)
+    if late is not None:
+        rflags[late] = EPOCH - 1
     status = _status()
     ticket = torch.zeros(1, dtype=torch.int32)
-    mm_rs.launch(A[r], B[r], b, stage, recv, None, out, counters, done, rflags, ticket, EPOCH, status, 10**6,
+    mm_rs.launch(A[r], B[r], b, stage, recv, None, out, counters, done, rflags, ticket, EPOCH, status, timeout_ns,
                  r, ws, rows, run, 1, 0, 0, average, BAND, cfg, 4, timed=False)
     assert ticket.item() == 0, "the tile ticket counter is reset for the next call"
     ref = sum(_chunk(c, r, outer, ws, run) for c in C) / (ws if average else 1)
