@@ -50,7 +50,8 @@ KERNELS = {
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "tile_ticket_ptr", "gathered_ptr", "claim_ptr",
                "report_ptr", "peer_data_ptr", "peer_flags_ptr", "ready_ptr"}, wide={"timeout_ns"}),
     "moe_down": dict(
-        const=dict(WS=4, LOG_G=5, BM=128, BN=256, BK=64, GROUP_M=8, EXPERT_MAJOR=False, WD_K_MAJOR=False),
+        const=dict(WS=4, LOG_G=5, BM=128, BN=256, BK=64, GROUP_M=8, EXPERT_MAJOR=False, WD_K_MAJOR=False, FLATTEN=False,
+                   INTERPRET=False),
         data={"act_ptr", "w_down_ptr", "out_ptr", "stage_ptr"},
         flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
                "counters_ptr", "done_ptr"}, wide=set()),

@@ -23,9 +23,9 @@ stores drained meanwhile), and at the end; the own tiles load the peers' partial
 by TMA. Otherwise pointer stores, each tile counted right after them. ``SUBTILE`` (with ``TMA``): the
 staged and own tiles are stored in two column halves, the own tile's epilogue run on each half in turn.
 
-``FLATTEN`` (with ``TMA``): the CTA's even share of tickets in a tile loop flattened with the K loop, so that the
-next tile's first loads issue during this tile's epilogue (``_flat_tiles``); what is left after it (CTAs that
-started late) goes through the loop below, as without it.
+``FLATTEN`` (with ``TMA``): the CTA's even share of the remote tiles in a tile loop flattened with the K loop, so
+that the next tile's first loads issue during this tile's epilogue (``_flat_remote_tiles``); the own tiles and
+what is left after it (CTAs that started late) go through the loop below, as without it.
 
 ``PEER_STORE`` ships with the SMs instead of the copy engine: a remote tile is stored straight into
 its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY``), and the last
@@ -96,15 +96,13 @@ def mm_rs_kernel(
     waited = -1  # this CTA has seen every peer's partial of (round, band) keys <= waited
     ready_seen = 0  # PEER_STORE: bit p set once rank p's READY was seen by this CTA
     num_tiles = rounds * (WS * tiles_per_chunk + copy_per_round)
-    if FLATTEN:  # (TMA: one round) the even share of tickets in a loop flattened with the K loop
-        tile, waited, pending, pending_n, pending_tiles = _flat_tiles(
-            a_desc, b_desc, stage_desc, recv_ptr, out_desc, bias_ptr, stage_ptr, out_ptr, counters_ptr, done_ptr,
-            recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, M, N, K, rows, run,
-            out_rows, nbands, band_rows, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
-            PRECISION, TIMED, INTERPRET, OP, SUBTILE)
-        more = tile < num_tiles  # the share was not enough (others started late): the loop below takes the rest
-        drawn = tl.atomic_add(tile_ticket_ptr, 1, mask=more, sem="relaxed", scope="gpu")
-        tile = tl.where(more, drawn, tile)
+    if FLATTEN:  # (TMA: one round) the even share of remote tiles in a loop flattened with the K loop
+        tile, pending, pending_n, pending_tiles = _flat_remote_tiles(
+            a_desc, b_desc, stage_desc, bias_ptr, stage_ptr, counters_ptr, done_ptr, tile_ticket_ptr, epoch, rank, M,
+            N, K, rows, run, nbands, band_rows, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, PRECISION, INTERPRET,
+            SUBTILE)
+        drawn = tl.atomic_add(tile_ticket_ptr, 1, mask=tile < 0, sem="relaxed", scope="gpu")
+        tile = tl.where(tile < 0, drawn, tile)  # the own tiles and what is left: the loop below
     else:
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     # The ticket loop as a ``for`` over the even share of tiles (+1), then a ``while`` for what programs
@@ -174,72 +172,59 @@ def _rs_tile(
 
 
 @triton.jit
-def _flat_tiles(
-    a_desc, b_desc, stage_desc, recv_ptr, out_desc, bias_ptr, stage_ptr, out_ptr, counters_ptr, done_ptr,
-    recv_flags_ptr, tile_ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, M, N, K, rows, run,
-    out_rows, nbands, band_rows, ep0, ep1, ep2, ep3,
-    EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, PRECISION: tl.constexpr,
-    TIMED: tl.constexpr, INTERPRET: tl.constexpr, OP: tl.constexpr, SUBTILE: tl.constexpr,
+def _flat_remote_tiles(
+    a_desc, b_desc, stage_desc, bias_ptr, stage_ptr, counters_ptr, done_ptr, tile_ticket_ptr, epoch, rank, M, N, K,
+    rows, run, nbands, band_rows,
+    WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    SUBTILE: tl.constexpr,
 ):
-    """``FLATTEN`` (TMA, one round): the CTA's even share of tickets in one loop flattened with the K loop
-    (``tl.range(flatten=True)``), so that the next tile's first loads issue during this tile's epilogue.
+    """``FLATTEN`` (TMA, one round): the CTA's even share of the remote tiles' tickets in one loop flattened with
+    the K loop (``tl.range(flatten=True)``), so that the next tile's first loads issue during this tile's
+    epilogue: its TMA store into the staging buffer, its band counted as without ``FLATTEN``.
 
     Triton fuses the two loops only if the K loop sits directly in the tile loop's body and the epilogue's
-    branches yield no values: every tile runs the K loop (a ticket past the end computes a dummy tile out of
-    bounds, which TMA fills with zeros, and stores nothing), the carried state is chosen by ``tl.where``.
-    Ticket draws stop at the first one past the end, as in the loop that takes what is left. An own tile
-    waits for the peers' partials after its K loop, after counting the staged tiles the CTA holds: the
-    pipeliner may draw the next tickets early, but never moves a wait before that count.
-    Returns the last ticket drawn and the carried state."""
+    branches yield no values: every iteration runs the K loop (once the CTA holds a ticket past the remote
+    tiles, it computes dummy tiles out of bounds, which TMA fills with zeros, and stores nothing), the carried
+    state is chosen by ``tl.where``. The own tiles, whose partials would not fit the registers beside the
+    pipelined loop's, and what CTAs that started late left, go through the loop without ``FLATTEN``; a CTA
+    stops drawing at the first ticket past the remote tiles and hands it on. No wait here: the pipeliner may
+    draw a ticket early, which only a CTA that is running does.
+    Returns the ticket the CTA holds (-1: draw the next) and the staged tiles not yet counted."""
     tiles_m = tl.cdiv(rows, BM)
     tiles_n = tl.cdiv(N, BN)
     tiles_per_chunk = tiles_m * tiles_n
-    num_tiles = WS * tiles_per_chunk
+    remote_tiles = (WS - 1) * tiles_per_chunk
     band_tile_rows = band_rows // BM
     tile = -1
-    waited = -1  # this CTA has seen every peer's partial of bands <= waited
     pending = -1  # the band (chunk * nbands + band) of the staged tiles not yet counted
     pending_n = 0
     pending_tiles = 0
-    for _ in tl.range(0, tl.cdiv(num_tiles, tl.num_programs(0)), flatten=True):
-        drawn = tl.atomic_add(tile_ticket_ptr, 1, mask=tile < num_tiles, sem="relaxed", scope="gpu")
-        tile = tl.where(tile < num_tiles, drawn, tile)
-        valid = tile < num_tiles
-        index = tl.minimum(tile, num_tiles - 1)
-        pos = index // tiles_per_chunk
-        chunk = (rank + 1 + pos) % WS  # pos WS-1 is this rank's own chunk
+    for _ in tl.range(0, tl.cdiv(remote_tiles, tl.num_programs(0)), flatten=True):
+        drawn = tl.atomic_add(tile_ticket_ptr, 1, mask=tile < remote_tiles, sem="relaxed", scope="gpu")
+        tile = tl.where(tile < remote_tiles, drawn, tile)
+        remote = tile < remote_tiles
+        index = tl.minimum(tile, remote_tiles - 1)
+        chunk = (rank + 1 + index // tiles_per_chunk) % WS
         pid_m, pid_n = grouped_tile(index % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
-        a_row = tl.where(valid, global_row(pid_m * BM, chunk, run, WS), M)  # a dummy tile reads past A's end
+        a_row = tl.where(remote, global_row(pid_m * BM, chunk, run, WS), M)  # a dummy tile reads past A's end
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
         band = pid_m // band_tile_rows
         key = chunk * nbands + band
-        remote = valid & (pos < WS - 1)
-        own = valid & (pos == WS - 1)
-        flush = (pending >= 0) & (own | (remote & (pending != key)))
-        if flush:  # before any wait (below): a CTA never waits on a peer while holding tiles it has not counted
+        flush = (pending >= 0) & remote & (pending != key)
+        if flush:  # the staged tiles of the band before (their bulk stores had this main loop to drain)
             _count_staged(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
-        if remote:
-            _stage_tile(acc, stage_desc, stage_ptr, chunk * rows + pid_m * BM, pid_n * BN, BM, BN, SUBTILE)
-        pending_n = tl.where(remote, tl.where(flush, 0, pending_n) + 1, tl.where(flush, 0, pending_n))
-        pending = tl.where(remote, key, tl.where(flush, -1, pending))
+        # stored whether remote or not (a dummy tile past the buffer's rows, where TMA writes nothing): with the
+        # store in a branch, ptxas serializes the wgmma ops of the loop (C7515)
+        acc = add_bias(acc, bias_ptr, pid_n * BN + tl.arange(0, BN), N, HAS_BIAS)
+        _stage_tile(acc, stage_desc, stage_ptr, tl.where(remote, chunk * rows + pid_m * BM, WS * rows), pid_n * BN,
+                    BM, BN, SUBTILE)
+        pending_n = tl.where(remote, tl.where(flush, 0, pending_n) + 1, pending_n)
+        pending = tl.where(remote, key, pending)
         pending_tiles = tl.where(remote, tl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n,
                                  pending_tiles)
-        wait_now = own & (band > waited)  # a CTA's own tiles come in increasing band order
-        if wait_now:
-            for p in tl.static_range(1, WS):
-                flag = ((rank + p) % WS) * nbands + band
-                wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP, rank, flag, nbands, timeout_ns,
-                          TIMED)
-            fence_proxy_async(INTERPRET)  # the acquiring waits, then TMA (async-proxy) loads of what they guard
-        waited = tl.where(wait_now, band, waited)
-        if own:
-            _reduce_own_tile(acc, recv_ptr, out_desc, out_ptr, rank, rows, out_rows, pid_m, pid_n, N, ep0, ep1, ep2, ep3,
-                             EPILOGUE, WS, BM, BN, AVERAGE, SUBTILE)
-    return tile, waited, pending, pending_n, pending_tiles
+    return tl.where(tile < remote_tiles, -1, tile), pending, pending_n, pending_tiles
 
 
 @triton.jit
@@ -251,31 +236,6 @@ def _stage_tile(acc, stage_desc, stage_ptr, row0, col0, BM: tl.constexpr, BN: tl
         stage_desc.store([row0, col0 + BN // 2], acc1.to(stage_ptr.dtype.element_ty))
     else:
         stage_desc.store([row0, col0], acc.to(stage_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _reduce_own_tile(acc, recv_ptr, out_desc, out_ptr, rank, rows, out_rows, pid_m, pid_n, N, ep0, ep1, ep2, ep3,
-                     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     AVERAGE: tl.constexpr, SUBTILE: tl.constexpr):
-    """An own tile (TMA, one round, ``out`` rows = the chunk's rows): the peers' partials added (their flags
-    seen), the epilogue, the TMA store into ``out``."""
-    out_row = pid_m * BM + tl.arange(0, BM)
-    row_ok = (out_row < rows) & (out_row < out_rows)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    total = acc
-    for p in tl.static_range(1, WS):  # into registers: the pipelined K loop's buffers leave no room for TMA's
-        total += load_rows(recv_ptr, ((rank + p) % WS) * rows + out_row, row_ok, offs_n, N, N).to(tl.float32)
-    if AVERAGE:
-        total = total / WS
-    if SUBTILE:
-        half0, half1 = _halves(total, BM, BN)
-        _epilogue_store_half(half0, out_desc, out_ptr, pid_m * BM, pid_n * BN, out_row, row_ok, N,
-                             ep0, ep1, ep2, ep3, EPILOGUE, BN // 2)
-        _epilogue_store_half(half1, out_desc, out_ptr, pid_m * BM, pid_n * BN + BN // 2, out_row, row_ok, N,
-                             ep0, ep1, ep2, ep3, EPILOGUE, BN // 2)
-    else:
-        total = EPILOGUE(total, out_row, offs_n, row_ok[:, None] & (offs_n < N)[None, :], N, ep0, ep1, ep2, ep3)
-        out_desc.store([pid_m * BM, pid_n * BN], total.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
