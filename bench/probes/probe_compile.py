@@ -8,8 +8,9 @@ Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer), ``mm_rs`` (``codegen/mm_rs
 (``codegen/moe_gemm.py``'s down kernel), bf16, with
 the constexprs below unless ``--set NAME=VALUE`` (a Python literal) overrides one. Prints the shared memory the
 kernel needs and, in its TTGIR, the loops (``scf.for`` / ``scf.while``), the TMA loads, the barrier waits, the
-wgmma ops and the multi-buffered shared allocations (``2x``, ``3x`` ...: loads in flight); ``--out`` also writes the
-TTGIR and PTX. Which loads a loop issues ahead, and whether a wait sits between a load and its use, shows there:
+wgmma ops and the multi-buffered shared allocations (``2x``, ``3x`` ...: loads in flight); then what Triton's ptxas
+reports of its PTX: registers, spills and performance warnings; ``--out`` also writes the TTGIR and PTX. Which
+loads a loop issues ahead, and whether a wait sits between a load and its use, shows there:
 e.g. mm_rs's own tiles loaded the peers' partials one at a time (a barrier wait after each), the flattened ag_mm
 loop keeps each tile's flag wait before its loads.
 
@@ -24,7 +25,9 @@ import ast
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # before the kernels are decorated
@@ -45,13 +48,12 @@ KERNELS = {
     "mm_rs": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
                    WRITE_GATHER=False, PRECISION=None, TIMED=True, PEER_STORE=False, TMA=True, INTERPRET=False,
-                   COPY_OUT=False, SUBTILE=False, PARTIAL_STAGES=1, FLATTEN=False),
+                   COPY_OUT=False, SUBTILE=False, PARTIAL_STAGES=1),
         data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "gather_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "tile_ticket_ptr", "gathered_ptr", "claim_ptr",
                "report_ptr", "peer_data_ptr", "peer_flags_ptr", "ready_ptr"}, wide={"timeout_ns"}),
     "moe_down": dict(
-        const=dict(WS=4, LOG_G=5, BM=128, BN=256, BK=64, GROUP_M=8, EXPERT_MAJOR=False, WD_K_MAJOR=False, FLATTEN=False,
-                   INTERPRET=False),
+        const=dict(WS=4, LOG_G=5, BM=128, BN=256, BK=64, GROUP_M=8, EXPERT_MAJOR=False, WD_K_MAJOR=False),
         data={"act_ptr", "w_down_ptr", "out_ptr", "stage_ptr"},
         flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
                "counters_ptr", "done_ptr"}, wide=set()),
@@ -91,10 +93,34 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
 
 
-def report(compiled) -> dict:
+def report(compiled, arch: int = 90) -> dict:
     ttgir = compiled.asm["ttgir"]
     return {"triton": triton.__version__, "shared_bytes": compiled.metadata.shared,
-            **{k: len(re.findall(p, ttgir)) for k, p in COUNTS.items()}}
+            **{k: len(re.findall(p, ttgir)) for k, p in COUNTS.items()}, **ptxas_report(compiled.asm["ptx"], arch)}
+
+
+def ptxas_report(ptx: str, arch: int) -> dict:
+    """What Triton's ptxas says of the kernel (``-v``): registers per thread, bytes spilled, and its performance
+    warnings (e.g. C7515: wgmma ops serialized; C7517: a warpgroup.wait injected) — a kernel that spills or whose
+    wgmma ops are serialized loses far more than its tile loop's structure can win."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        ptxas = Path(get_ptxas(arch).path)  # the one Triton compiles this architecture with
+    except Exception as e:  # noqa: BLE001 - a report, not a failure
+        return {"ptxas": f"not found: {e}"}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        run = subprocess.run([str(ptxas), f"-arch=sm_{arch}{'a' if arch >= 90 else ''}", "-v", str(src), "-o",
+                              str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True)
+    log = run.stdout + run.stderr
+    if run.returncode:
+        return {"ptxas": f"failed: {log.strip()[-300:]}"}
+    found = lambda pattern: int(m.group(1)) if (m := re.search(pattern, log)) else None  # noqa: E731
+    return {"registers": found(r"Used (\d+) registers"), "spill stores (bytes)": found(r"(\d+) bytes spill stores"),
+            "spill loads (bytes)": found(r"(\d+) bytes spill loads"),
+            "ptxas warnings": sorted(set(re.findall(r"\((C\d+)\) ([^.]*)", log)))}
 
 
 def main(argv=None) -> int:
@@ -112,7 +138,7 @@ def main(argv=None) -> int:
         key, _, value = item.partition("=")
         overrides[key] = ast.literal_eval(value)
     compiled = compile_kernel(args.kernel, overrides, args.arch, args.warps, args.stages)
-    rep = report(compiled)
+    rep = report(compiled, args.arch)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{args.kernel}.ttgir").write_text(compiled.asm["ttgir"])

@@ -591,14 +591,11 @@ class Bench:
         self.error_of = lambda cfg: self._moe_error(cfg, self.down_cands[0])
 
     def _setup_moe_down(self):
-        from overlap_backend.spec import knobs
-
         self._moe_rank()
         offs, wd = self.offsets, self.w_down
         act = self._rand(self.xg.shape[0], wd.shape[1])
         self.baseline = ("torch._grouped_mm", lambda: torch._grouped_mm(act, wd, offs=offs))
-        self.op_cands = list(self.down_cands)
-        self.variant_cands = [tuple(c) for c in knobs.codegen.MOE_DOWN_VARIANTS_16BIT if tuple(c) not in self.op_cands]
+        self.op_cands, self.variant_cands = list(self.down_cands), []
         self.outputs = []
         self.run = lambda cfg: self._moe_run(self.gate_cands[0], cfg, "down")
         self.error_of = lambda cfg: self._moe_error(self.gate_cands[0], cfg)

@@ -87,22 +87,11 @@ def fence_proxy_async(INTERPRET: tl.constexpr):
 def bulk_stores_done(INTERPRET: tl.constexpr):
     """This CTA's TMA (bulk) stores are complete and ordered before its later generic-proxy accesses
     (the release that counts a tile): the issuing thread waits for its bulk groups and fences the
-    async proxy, then the CTA synchronises (``sync_cta``) so the thread that counts comes after it."""
+    async proxy, then the CTA synchronises so the thread that counts comes after it."""
     if not INTERPRET:
         tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
                                   dtype=tl.int32, is_pure=False, pack=1)
-    sync_cta(INTERPRET)
-
-
-@triton.jit
-def sync_cta(INTERPRET: tl.constexpr):
-    """``tl.debug_barrier()`` (every thread of the CTA arrives; their memory accesses are ordered before what
-    any does next) written in asm: Triton 3.6 does not software-pipeline a loop whose body holds a
-    ``tl.debug_barrier``, and a tile loop flattened with its K loop holds the epilogue that counts tiles."""
-    if INTERPRET:
-        tl.debug_barrier()
-    else:
-        tl.inline_asm_elementwise("bar.sync 0; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -159,8 +148,8 @@ def count_tile_done(counter_ptr, done_flag_ptr, tiles_in_chunk, epoch, SYS: tl.c
 
 @triton.jit
 def count_tiles_done(counter_ptr, done_flag_ptr, n, tiles_in_chunk, epoch):
-    """``count_tile_done`` for ``n`` finished tiles of one chunk (or band) at once (local flag); the caller
-    synchronised the CTA since their stores (``sync_cta``, or ``bulk_stores_done`` after TMA stores)."""
+    """``count_tile_done`` for ``n`` finished tiles of one chunk (or band) at once (local flag)."""
+    tl.debug_barrier()  # every thread's stores of these tiles happen before the release below
     old = tl.atomic_add(counter_ptr, n, sem="acq_rel", scope="gpu")
     if old + n == tiles_in_chunk:
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")

@@ -23,10 +23,6 @@ stores drained meanwhile), and at the end; the own tiles load the peers' partial
 by TMA. Otherwise pointer stores, each tile counted right after them. ``SUBTILE`` (with ``TMA``): the
 staged and own tiles are stored in two column halves, the own tile's epilogue run on each half in turn.
 
-``FLATTEN`` (with ``TMA``): the CTA's even share of the remote tiles in a tile loop flattened with the K loop, so
-that the next tile's first loads issue during this tile's epilogue (``_flat_remote_tiles``); the own tiles and
-what is left after it (CTAs that started late) go through the loop below, as without it.
-
 ``PEER_STORE`` ships with the SMs instead of the copy engine: a remote tile is stored straight into
 its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY``), and the last
 tile of a band raises the owner's flag itself (system-scope release); with ``WRITE_GATHER`` the
@@ -68,7 +64,7 @@ def mm_rs_kernel(
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr = False,
     INTERPRET: tl.constexpr = False, COPY_OUT: tl.constexpr = False, SUBTILE: tl.constexpr = False,
-    PARTIAL_STAGES: tl.constexpr = 1, FLATTEN: tl.constexpr = False,
+    PARTIAL_STAGES: tl.constexpr = 1,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_per_chunk = tl.cdiv(rows, BM) * tl.cdiv(N, BN)
@@ -96,19 +92,11 @@ def mm_rs_kernel(
     waited = -1  # this CTA has seen every peer's partial of (round, band) keys <= waited
     ready_seen = 0  # PEER_STORE: bit p set once rank p's READY was seen by this CTA
     num_tiles = rounds * (WS * tiles_per_chunk + copy_per_round)
-    if FLATTEN:  # (TMA: one round) the even share of remote tiles in a loop flattened with the K loop
-        tile, pending, pending_n, pending_tiles = _flat_remote_tiles(
-            a_desc, b_desc, stage_desc, bias_ptr, stage_ptr, counters_ptr, done_ptr, tile_ticket_ptr, epoch, rank, M,
-            N, K, rows, run, nbands, band_rows, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, PRECISION, INTERPRET,
-            SUBTILE)
-        drawn = tl.atomic_add(tile_ticket_ptr, 1, mask=tile < 0, sem="relaxed", scope="gpu")
-        tile = tl.where(tile < 0, drawn, tile)  # the own tiles and what is left: the loop below
-    else:
-        tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
+    tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     # The ticket loop as a ``for`` over the even share of tiles (+1), then a ``while`` for what programs
     # that started late left: the same draws, but Triton 3.6 compiles a tile loop in a ``for`` better
     # (a plain persistent GEMM, one H200: 0.243 vs 0.266 ms at 16384x512x8192 in a ``while``).
-    for _ in range(0, 0 if FLATTEN else tl.cdiv(num_tiles, tl.num_programs(0)) + 1):
+    for _ in range(0, tl.cdiv(num_tiles, tl.num_programs(0)) + 1):
         if tile < num_tiles:
             waited, ready_seen, pending, pending_n, pending_tiles = _rs_tile(
                 tile, waited, ready_seen, pending, pending_n, pending_tiles, a_desc, b_desc, stage_desc, recv_desc,
@@ -169,73 +157,6 @@ def _rs_tile(
             ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
             WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP, SUBTILE, PARTIAL_STAGES)
     return waited, ready_seen, pending, pending_n, pending_tiles
-
-
-@triton.jit
-def _flat_remote_tiles(
-    a_desc, b_desc, stage_desc, bias_ptr, stage_ptr, counters_ptr, done_ptr, tile_ticket_ptr, epoch, rank, M, N, K,
-    rows, run, nbands, band_rows,
-    WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-    SUBTILE: tl.constexpr,
-):
-    """``FLATTEN`` (TMA, one round): the CTA's even share of the remote tiles' tickets in one loop flattened with
-    the K loop (``tl.range(flatten=True)``), so that the next tile's first loads issue during this tile's
-    epilogue: its TMA store into the staging buffer, its band counted as without ``FLATTEN``.
-
-    Triton fuses the two loops only if the K loop sits directly in the tile loop's body and the epilogue's
-    branches yield no values: every iteration runs the K loop (once the CTA holds a ticket past the remote
-    tiles, it computes dummy tiles out of bounds, which TMA fills with zeros, and stores nothing), the carried
-    state is chosen by ``tl.where``. The own tiles, whose partials would not fit the registers beside the
-    pipelined loop's, and what CTAs that started late left, go through the loop without ``FLATTEN``; a CTA
-    stops drawing at the first ticket past the remote tiles and hands it on. No wait here: the pipeliner may
-    draw a ticket early, which only a CTA that is running does.
-    Returns the ticket the CTA holds (-1: draw the next) and the staged tiles not yet counted."""
-    tiles_m = tl.cdiv(rows, BM)
-    tiles_n = tl.cdiv(N, BN)
-    tiles_per_chunk = tiles_m * tiles_n
-    remote_tiles = (WS - 1) * tiles_per_chunk
-    band_tile_rows = band_rows // BM
-    tile = -1
-    pending = -1  # the band (chunk * nbands + band) of the staged tiles not yet counted
-    pending_n = 0
-    pending_tiles = 0
-    for _ in tl.range(0, tl.cdiv(remote_tiles, tl.num_programs(0)), flatten=True):
-        drawn = tl.atomic_add(tile_ticket_ptr, 1, mask=tile < remote_tiles, sem="relaxed", scope="gpu")
-        tile = tl.where(tile < remote_tiles, drawn, tile)
-        remote = tile < remote_tiles
-        index = tl.minimum(tile, remote_tiles - 1)
-        chunk = (rank + 1 + index // tiles_per_chunk) % WS
-        pid_m, pid_n = grouped_tile(index % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
-        a_row = tl.where(remote, global_row(pid_m * BM, chunk, run, WS), M)  # a dummy tile reads past A's end
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
-        band = pid_m // band_tile_rows
-        key = chunk * nbands + band
-        flush = (pending >= 0) & remote & (pending != key)
-        if flush:  # the staged tiles of the band before (their bulk stores had this main loop to drain)
-            _count_staged(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
-        # stored whether remote or not (a dummy tile past the buffer's rows, where TMA writes nothing): with the
-        # store in a branch, ptxas serializes the wgmma ops of the loop (C7515)
-        acc = add_bias(acc, bias_ptr, pid_n * BN + tl.arange(0, BN), N, HAS_BIAS)
-        _stage_tile(acc, stage_desc, stage_ptr, tl.where(remote, chunk * rows + pid_m * BM, WS * rows), pid_n * BN,
-                    BM, BN, SUBTILE)
-        pending_n = tl.where(remote, tl.where(flush, 0, pending_n) + 1, pending_n)
-        pending = tl.where(remote, key, pending)
-        pending_tiles = tl.where(remote, tl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n,
-                                 pending_tiles)
-    return tl.where(tile < remote_tiles, -1, tile), pending, pending_n, pending_tiles
-
-
-@triton.jit
-def _stage_tile(acc, stage_desc, stage_ptr, row0, col0, BM: tl.constexpr, BN: tl.constexpr, SUBTILE: tl.constexpr):
-    """TMA store of a remote tile into the staging buffer (in two column halves with ``SUBTILE``)."""
-    if SUBTILE:
-        acc0, acc1 = _halves(acc, BM, BN)
-        stage_desc.store([row0, col0], acc0.to(stage_ptr.dtype.element_ty))
-        stage_desc.store([row0, col0 + BN // 2], acc1.to(stage_ptr.dtype.element_ty))
-    else:
-        stage_desc.store([row0, col0], acc.to(stage_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -475,8 +396,8 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, store = config
     tma, subtile, warp_spec, flatten = store_variant(store)
-    if warp_spec:  # its tiles come from an atomic ticket, not from a static loop
-        raise ValueError(f"mm_rs has no warp-specialized tile loop (config store {store!r})")
+    if warp_spec or flatten:  # its tiles come from an atomic ticket, not from a static loop
+        raise ValueError(f"mm_rs has no warp-specialized or flattened tile loop (config store {store!r})")
     assert band_rows % BM == 0, (band_rows, BM)
     assert not tma or (tma_ok(rows, run, rounds, BM, gather is not None, peer is not None) and out_offset == 0), (
         rows, run, rounds, BM, out_offset)
@@ -497,6 +418,6 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
         TMA=tma, INTERPRET=launcher.interpreting(), COPY_OUT=gathered is not None, SUBTILE=subtile,
-        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, FLATTEN=flatten, num_stages=stages, num_warps=warps,
+        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, num_stages=stages, num_warps=warps,
     )
     return out

@@ -41,9 +41,7 @@ transfers, the down tiles for nothing), so a CTA that is not resident yet delays
   position ``srows[p]``: into ``out`` for this rank's own rows, else into the staging buffer
   (``[N_recv, H]``, received-row order); each remote tile is counted per source position and the
   CTA that finishes a source's last tile raises ``done[pos]`` (release). Program 0 raises the done
-  flag of sources with no tile at all (nothing to wait for: their staging rows are zeros). Its config's
-  last field ``"flatten"`` flattens the tile loop with the K loop (the next tile's loads issue during this
-  tile's epilogue).
+  flag of sources with no tile at all (nothing to wait for: their staging rows are zeros).
 """
 
 import torch
@@ -52,8 +50,8 @@ import triton.language as tl
 
 from ..spec import knobs
 from . import launcher
-from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_tiles_done,
-                    signal_flag, sync_cta, wait_flag)
+from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_tile_done,
+                    signal_flag, wait_flag)
 from .tiles import grouped_tile
 
 
@@ -210,8 +208,7 @@ def down_kernel(
     counters_ptr, done_ptr, epoch,
     rank, own_row0, M, H, F, G, E, group_lo, group_hi, pos_lo, pos_hi, wd_stride_e, wd_stride_row,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, WD_K_MAJOR: tl.constexpr, FLATTEN: tl.constexpr = False,
-    INTERPRET: tl.constexpr = False,
+    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, WD_K_MAJOR: tl.constexpr,
 ):
     tiles_n = tl.cdiv(H, BN)
     first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
@@ -223,8 +220,7 @@ def down_kernel(
             if (p >= pos_lo) & (p < pos_hi):
                 if tl.load(src_tiles_ptr + p) == 0:
                     signal_flag(done_ptr + p, epoch)
-    own_off = own_row0 - tl.load(recv_off_ptr + rank)  # an own row's place in ``out``: its source row + this
-    for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0), flatten=FLATTEN):
+    for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
         g, e, pos, pid_n, first, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr,
                                                                 counts_ptr, srows_ptr, G, E, LOG_G, BM, WS,
                                                                 EXPERT_MAJOR, GROUP_M)
@@ -237,17 +233,16 @@ def down_kernel(
             b = expert_block(w_desc, e, k * BK, pid_n * BN, BK, BN, WD_K_MAJOR)
             acc = tl.dot(a, b, acc)
         y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
-        # own rows into ``out``, remote rows into the staging buffer (then counted): one store, no branch
-        # yielding values, so that Triton can flatten this loop with the K loop
-        own = (rank + 1 + pos) % WS == rank
-        rows_at = tl.where(own, out_ptr, stage_ptr) + tl.where(own, srow + own_off, srow).to(tl.int64)[:, None] * H
-        y0, y1 = tl.split(tl.permute(tl.reshape(y.to(out_ptr.dtype.element_ty), (BM, 2, BN // 2)), (0, 2, 1)))
-        offs_h = pid_n * BN + tl.arange(0, BN // 2)  # in two column halves: half the registers for addresses
-        tl.store(rows_at + offs_h[None, :], y0, mask=mask[:, None] & (offs_h < H)[None, :])
-        tl.store(rows_at + (offs_h + BN // 2)[None, :], y1, mask=mask[:, None] & (offs_h + BN // 2 < H)[None, :])
-        if not own:
-            sync_cta(INTERPRET)  # every thread's stores of this tile before the count's release
-            count_tiles_done(counters_ptr + pos, done_ptr + pos, 1, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
+        src = (rank + 1 + pos) % WS
+        smask = mask[:, None] & n_ok[None, :]
+        if src == rank:
+            local = srow - tl.load(recv_off_ptr + rank)
+            ptrs = out_ptr + (own_row0 + local).to(tl.int64)[:, None] * H + offs_n[None, :]
+            tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=smask)
+        else:
+            ptrs = stage_ptr + srow.to(tl.int64)[:, None] * H + offs_n[None, :]
+            tl.store(ptrs, y.to(stage_ptr.dtype.element_ty), mask=smask)
+            count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
 
 
 def phases(ws: int, experts: int, expert_major: bool, own_first: float = 0.0) -> list[tuple[int, int, int, int]]:
@@ -311,11 +306,7 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     ``phase``: (first group, end group, first source position, end position) of this launch
     (default: all)."""
     E, F, H = w_down.shape
-    BM, BN, BK, GROUP_M, stages, warps, loop = config
-    assert out.dtype == stage.dtype, (out.dtype, stage.dtype)  # one store into either
-    if loop not in (False, "flatten"):
-        raise ValueError(f"down kernel config {config}: its last field is False or 'flatten' (the tile loop "
-                         "flattened with the K loop)")
+    BM, BN, BK, GROUP_M, stages, warps, _ = config
     G = ws * E
     de, dr, dk = expert_layout(w_down)
     launcher.launch(down_kernel, (grid,),
@@ -323,14 +314,14 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
         plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
         *(phase or (0, G, 0, ws)), de, dr,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"],
-        WD_K_MAJOR=dk, FLATTEN=loop == "flatten", INTERPRET=launcher.interpreting(), num_stages=stages, num_warps=warps,
+        WD_K_MAJOR=dk, num_stages=stages, num_warps=warps,
     )
 
 
 def candidates(dtype: torch.dtype, kernel: str = "gate_up") -> list:
     """Block configs to tune ``kernel`` ("gate_up" or "down") over, for a 16-bit compute ``dtype``:
-    (BM, BN, BK, GROUP_M, stages, warps, last), ``knobs.codegen.MOE_GATE_UP_16BIT`` / ``MOE_DOWN_16BIT``; ``last``
-    False, or for the down kernel "flatten" (its tile loop flattened with the K loop)."""
+    (BM, BN, BK, GROUP_M, stages, warps, TMA store unused), ``knobs.codegen.MOE_GATE_UP_16BIT`` /
+    ``MOE_DOWN_16BIT``."""
     if kernel not in ("gate_up", "down"):
         raise ValueError(f"kernel must be 'gate_up' or 'down', not {kernel!r}")
     return list(knobs.codegen.MOE_GATE_UP_16BIT if kernel == "gate_up" else knobs.codegen.MOE_DOWN_16BIT)

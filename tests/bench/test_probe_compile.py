@@ -1,5 +1,5 @@
 """bench/probes/probe_compile.py: an op kernel compiled for Hopper on a machine without a GPU, and what its TTGIR
-shows (here: mm_rs's partial-load loop multi-buffered only when pipelined)."""
+shows (here: mm_rs's partial-load loop multi-buffered only when pipelined) and what ptxas reports of it."""
 
 from __future__ import annotations
 
@@ -37,3 +37,15 @@ def test_partial_loads_pipelined_only_with_stages(tmp_path):
 def test_an_unknown_constexpr_is_refused():
     got = _probe("ag_mm", "--set", "FLATTENED=True")
     assert got.returncode != 0 and "ag_mm has no constexpr ['FLATTENED']" in got.stderr
+
+
+def test_ptxas_reports_registers_and_spills():
+    """ag_mm's 128x256 float32 accumulator: 128 registers a thread with 8 warps, 256 with 4, past the 255 a thread
+    can have, so ptxas must spill."""
+    reps = {}
+    for warps in (8, 4):
+        got = _probe("ag_mm", "--warps", str(warps), "--json")
+        assert got.returncode == 0, got.stderr[-2000:]
+        reps[warps] = json.loads(got.stdout.strip().splitlines()[-1])
+    assert 128 <= reps[8]["registers"] <= 255 and isinstance(reps[8]["ptxas warnings"], list)
+    assert reps[4]["registers"] == 255 and reps[4]["spill stores (bytes)"] > 0

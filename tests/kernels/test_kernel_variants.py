@@ -50,11 +50,12 @@ def test_ag_mm_flattened_wait_gives_up_and_reports():
     torch.testing.assert_close(out[: 2 * rows + 16], ref[: 2 * rows + 16], atol=1e-4, rtol=1e-4)
 
 
-def test_mm_rs_refuses_a_loop_it_does_not_have():
-    """The producer's tiles come from an atomic ticket: a warp-specialized config is an error, not a silently
-    different kernel."""
-    with pytest.raises(ValueError, match="no warp-specialized"):
-        _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + ("tma_ws",))
+def test_mm_rs_refuses_loops_it_does_not_have():
+    """The producer's tiles come from an atomic ticket: a warp-specialized or flattened config is an error, not a
+    silently different kernel."""
+    for store in ("tma_ws", "tma_flatten"):
+        with pytest.raises(ValueError, match="no warp-specialized or flattened"):
+            _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + (store,))
 
 
 def test_ag_mm_subtile_with_generated_epilogue():
@@ -73,15 +74,11 @@ def test_ag_mm_subtile_with_generated_epilogue():
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("store", ["tma_subtile", "tma_flatten", "tma_subtile_flatten"])
 @pytest.mark.parametrize("ws,r,rows,N,bias,average", [(2, 0, 32, 40, True, False), (4, 3, 48, 24, False, True),
-                                                      (3, 1, 16, 16, False, False)])
-def test_mm_rs_store_variants_stage_count_and_reduce(store, ws, r, rows, N, bias, average):
-    # The interpreter runs the programs one after the other: in the flattened loop the first draws its share of
-    # tickets, then every other ticket in the loop after it, and the others draw past the end at once (dummy
-    # tiles that must store nothing). (3, 1, 16, 16): 3 tiles for 4 programs.
+                                                      (3, 1, 16, 16, False, False)])  # 3 tiles, 4 programs
+def test_mm_rs_subtile_stages_counts_and_reduces(ws, r, rows, N, bias, average):
     out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 32, N, bias, average,
-                                                               cfg=SMALL + (store,))
+                                                               cfg=SMALL + ("tma_subtile",))
     assert status[1][0] == 0
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     for c in range(ws):
@@ -94,21 +91,7 @@ def test_mm_rs_store_variants_stage_count_and_reduce(store, ws, r, rows, N, bias
     assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
 
 
-def test_mm_rs_flattened_wait_gives_up_and_reports():
-    """An own tile of the flattened loop waits after its K loop: a peer's band that never arrives ends the wait,
-    the kernel reports it, and the bands that did arrive are right."""
-    ws, r, rows = 3, 0, 32  # two bands per chunk: rows 0-15 and 16-31
-    late = 2 * 2 + 1  # rank 2's partial of this rank's second band
-    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 16, 40, False, False, late=late,
-                                                               cfg=SMALL + ("tma_subtile_flatten",), timeout_ns=30_000)
-    claim, report = status
-    assert claim.item() == 1 and report.tolist()[:7] == [1, 2, r, late, EPOCH - 1, EPOCH, 2]
-    torch.testing.assert_close(out[:16], ref[:16], atol=1e-4, rtol=1e-4)
-    assert done.tolist() == [0, 0] + [EPOCH] * 4, "the remote bands are signalled all the same"
-
-
-@pytest.mark.parametrize("store", ["tma_subtile", "tma_subtile_flatten"])
-def test_mm_rs_subtile_own_chunk_epilogue(store):
+def test_mm_rs_subtile_own_chunk_epilogue():
     ws, r, rows, K, N = 2, 1, 32, 16, 40
     A = [torch.randn(ws * rows, K) for _ in range(ws)]
     B = [torch.randn(K, N) for _ in range(ws)]
@@ -123,7 +106,7 @@ def test_mm_rs_subtile_own_chunk_epilogue(store):
                  torch.zeros(ws * nb, dtype=torch.int32), torch.zeros(ws * nb, dtype=torch.int32),
                  torch.full((ws * nb,), EPOCH, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), EPOCH,
                  (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)), 10**6, r, ws, rows, rows, 1,
-                 0, 0, False, BAND, SMALL + (store,), 4, timed=False, epilogue=g, ep_ptrs=gen.pointers(g, [resid]))
+                 0, 0, False, BAND, SMALL + ("tma_subtile",), 4, timed=False, epilogue=g, ep_ptrs=gen.pointers(g, [resid]))
     ref = torch.nn.functional.silu(sum(c[r * rows:(r + 1) * rows] for c in C) + resid)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 

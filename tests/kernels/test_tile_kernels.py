@@ -223,6 +223,22 @@ def test_mm_rs_tma_stages_counts_and_reduces(ws, r, rows, N, bias, average):
     assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
 
 
+@pytest.mark.parametrize("cfg", [CFG, CFG_TMA_STORE], ids=["pointer_stores", "tma"])
+def test_mm_rs_own_wait_gives_up_and_reports(cfg):
+    """A peer's partial of an own band that never arrives: the own tile's wait gives up, the kernel reports it and
+    finishes; the band that arrived is right and every remote band is staged and signalled all the same."""
+    ws, r, rows = 3, 0, 32  # two bands per chunk: rows 0-15 and 16-31
+    late = 2 * 2 + 1  # rank 2's partial of this rank's second band
+    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 16, 40, False, False, cfg=cfg,
+                                                               late=late, timeout_ns=30_000)
+    claim, report = status
+    assert claim.item() == 1 and report.tolist()[:7] == [1, 2, r, late, EPOCH - 1, EPOCH, 2]
+    torch.testing.assert_close(out[:16], ref[:16], atol=1e-4, rtol=1e-4)
+    assert done.tolist() == [0, 0] + [EPOCH] * 4, "the remote bands are signalled all the same"
+    err = status_error(report.tolist(), "", 2.0)
+    assert isinstance(err, SymmTimeoutError) and "mm_rs on rank 0" in str(err)
+
+
 @SLOW
 @given(ws=st.integers(2, 4), data=st.data())
 def test_mm_rs_random_shapes(ws, data):

@@ -251,12 +251,11 @@ def _buffers(ws, rank, case, h, dtype, gen):
                                                                (True, True, False), (True, False, True)],
                          ids=["balanced-gather", "balanced-tma", "skewed-tma", "skewed-gather-expert-major"])
 @pytest.mark.parametrize("ws,rank,dtype", [(2, 1, torch.float32), (3, 0, torch.bfloat16)])
-@pytest.mark.parametrize("down_loop", [False, "flatten"])
-def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources, expert_major, down_loop):
+def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources, expert_major):
     """gate/up then down with the dispatch flags pre-set: own rows land in ``out`` at their send
     position, remote rows in the staging buffer at their received position, rows no grouped row
     points at stay 0; each source's done flag is raised (also for sources without tiles), counters
-    are back to 0. The down kernel's tile loop as it is and flattened with its K loop."""
+    are back to 0."""
     gen = torch.Generator().manual_seed(ws + rank + 3 * skew)
     experts, h, f = 3, 24, 40
     case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(2,), idle=2, sorted_sources=sorted_sources)
@@ -286,7 +285,7 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     out[send_off[rank] : send_off[rank + 1]] = 0
     stage = torch.zeros(max(recv_off[-1], 1), h, dtype=dtype)
     moe_gemm.launch_down(act, wd, out, stage, pl, flags[CNT:], flags[DONE:], EPOCH, rank, ws,
-                         send_off[rank], CFG[:6] + (down_loop,), 2)
+                         send_off[rank], CFG, 2)
     assert claim.item() == 0 and report[0].item() == 0
     ref = _reference_yr(recv_rows.float(), case["rows"], case["ends"], wg, wu, wd)
     tol = 2e-2
@@ -736,10 +735,3 @@ def test_gemm_kernels_read_fused_weight_views_in_place(layout):
     assert _rel(out[send_off[rank] : send_off[rank + 1]], ref[recv_off[rank] : recv_off[rank + 1]]) < 2e-2
     other = 1 - rank
     assert _rel(stage[recv_off[other] : recv_off[other + 1]], ref[recv_off[other] : recv_off[other + 1]]) < 2e-2
-
-
-def test_down_kernel_refuses_a_loop_it_does_not_have():
-    act, wd = torch.randn(16, 16), torch.randn(1, 16, 16)
-    with pytest.raises(ValueError, match="False or 'flatten'"):
-        moe_gemm.launch_down(act, wd, torch.zeros(16, 16), torch.zeros(16, 16), {}, None, None, EPOCH, 0, 1, 0,
-                             CFG[:6] + ("tma_flatten",), 1)

@@ -46,10 +46,6 @@ codegen = Knobs(
             (128, 128, 64, 8, 5, 8, True),
             (128, 256, 64, 4, 3, 8, False),
             (64, 256, 64, 8, 4, 8, False),
-            (128, 256, 64, 8, 3, 8, "tma_subtile_flatten"),
-            (128, 256, 64, 8, 4, 8, "tma_subtile_flatten"),
-            (128, 256, 64, 8, 3, 8, "tma_flatten"),
-            (128, 128, 64, 8, 4, 8, "tma_flatten"),
         ),
     },
     # At most this many CTAs of the ag_mm consumer / mm_rs producer (mm_ar rounds included) on one SM, as many as
@@ -97,13 +93,6 @@ codegen = Knobs(
     MOE_DOWN_16BIT=(
         (128, 256, 64, 8, 3, 8, False),
         (64, 256, 64, 8, 3, 8, False),
-    ),
-    # More down-kernel configs, measured by bench/suites/bench_kernels.py next to the ones above: the tile loop
-    # flattened with the K loop (last field "flatten").
-    MOE_DOWN_VARIANTS_16BIT=(
-        (128, 256, 64, 8, 3, 8, "flatten"),
-        (128, 128, 64, 8, 4, 8, "flatten"),
-        (64, 256, 64, 8, 3, 8, "flatten"),
     ),
     # The single-CTA MoE plan kernel (codegen/moe_plan.py) takes at most this many grouped rows: beyond,
     # the torch version's GPU time is shorter and its host time hides behind the GPU's.
