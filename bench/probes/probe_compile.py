@@ -38,25 +38,28 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-# per kernel: its constexprs (defaults), its bf16 pointers, its int32 pointers, its 64-bit integers
+# per kernel: its constexprs (defaults), its bf16 pointers, its int32 pointers, its 64-bit integers, and the integers
+# taken to be multiples of 16, as Triton's launcher specializes sizes that are (the stores' vector width follows)
 KERNELS = {
     "ag_mm": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, PRECISION=None, TIMED=True,
                    TMA_STORE=True, SUBTILE=False, WARP_SPEC=False, FLATTEN=False, PEERS_BY_COLUMN=False),
         data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
-        flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}),
+        flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"},
+        sizes={"rows", "run", "N", "K", "band_rows"}),
     "mm_rs": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
                    WRITE_GATHER=False, PRECISION=None, TIMED=True, PEER_STORE=False, TMA=True, INTERPRET=False,
                    COPY_OUT=False, SUBTILE=False, PARTIAL_STAGES=1),
         data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "gather_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "tile_ticket_ptr", "gathered_ptr", "claim_ptr",
-               "report_ptr", "peer_data_ptr", "peer_flags_ptr", "ready_ptr"}, wide={"timeout_ns"}),
+               "report_ptr", "peer_data_ptr", "peer_flags_ptr", "ready_ptr"}, wide={"timeout_ns"},
+        sizes={"M", "N", "K", "rows", "run", "out_round_stride", "out_rows", "band_rows"}),
     "moe_down": dict(
         const=dict(WS=4, LOG_G=5, BM=128, BN=256, BK=64, GROUP_M=8, EXPERT_MAJOR=False, WD_K_MAJOR=False),
         data={"act_ptr", "w_down_ptr", "out_ptr", "stage_ptr"},
         flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
-               "counters_ptr", "done_ptr"}, wide=set()),
+               "counters_ptr", "done_ptr"}, wide=set(), sizes={"M", "H", "F", "wd_stride_e", "wd_stride_row"}),
 }
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
           "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",
@@ -89,7 +92,8 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
             sig[n] = "i64" if n in spec["wide"] else "i32"
     pointers = spec["data"] | spec["flags"]
     src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in const.items()},
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names if n in pointers})
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names
+                           if n in pointers or n in spec["sizes"]})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
 
 
