@@ -117,7 +117,8 @@ def _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM: tl
 def persistent_gemm(a_ptr, b_ptr, c_ptr, ticket_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, WS: tl.constexpr, EPI: tl.constexpr,
                     TICKET: tl.constexpr = False, WHILE: tl.constexpr = False, TICKET_FOR: tl.constexpr = False,
-                    SUBTILE: tl.constexpr = False, FLATTEN: tl.constexpr = False):
+                    SUBTILE: tl.constexpr = False, FLATTEN: tl.constexpr = False, GUARDED: tl.constexpr = False,
+                    TICKET_STATIC: tl.constexpr = False):
     """C = act(A @ B) (EPI: EPILOGUES), tiles in groups of GROUP_M row blocks, column by column.
     ``TICKET``: tiles drawn from an atomic counter in a while loop (as the mm_rs kernel does) instead
     of a static ``for`` over this program's tiles; ``WHILE``: the static tiles in a while loop (no
@@ -125,7 +126,10 @@ def persistent_gemm(a_ptr, b_ptr, c_ptr, ticket_ptr, M, N, K, BM: tl.constexpr, 
     of tiles plus one, each iteration guarded, then a while loop for what is left. ``SUBTILE``: the
     epilogue and store in two column halves; ``FLATTEN``: the static tile loop and the K-loop flattened
     into one (``tl.range(flatten=True)``: the pipeliner may prefetch the next tile's first K-steps
-    during this tile's epilogue)."""
+    during this tile's epilogue). ``GUARDED``: static tiles in ``TICKET_FOR``'s loop form (a ``for`` of
+    the even share plus one, each iteration guarded: the loop form without the atomic);
+    ``TICKET_STATIC``: static tiles, each one's index made to depend on an atomic draw (the atomic's
+    round trip without the ticket's order; its own counter, never reset: 2**31 draws are far off)."""
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN // (2 if SUBTILE else 1)])
@@ -150,6 +154,14 @@ def persistent_gemm(a_ptr, b_ptr, c_ptr, ticket_ptr, M, N, K, BM: tl.constexpr, 
             tile = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
         if tile == n + tl.num_programs(0) - 1:
             tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+    elif GUARDED or TICKET_STATIC:
+        n = tiles_m * tiles_n
+        for i in range(0, tl.cdiv(n, tl.num_programs(0)) + 1):
+            tile = tl.program_id(0) + i * tl.num_programs(0)
+            if TICKET_STATIC:  # a draw is never >= 2**31: the shift adds 0, but the index waits for the atomic
+                tile += tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu") >> 31
+            if tile < n:
+                _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI)
     elif WHILE:
         tile = tl.program_id(0)
         while tile < tiles_m * tiles_n:
@@ -193,6 +205,26 @@ def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
     return f"{t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e} (config {cfg0}, {nch} chunks of {kchunk})"
 
 
+def _interleaved_lines(baseline, timed, rounds: int) -> list[str]:
+    """Each of ``timed`` ((label, run)) and ``baseline`` (cuBLAS) timed in ``rounds`` interleaved rounds
+    (cuBLAS, then every variant, each the median of 20 CUDA-event timings), so that a clock or thermal
+    drift over the run falls on every variant alike: per variant the median ms and the median, lowest
+    and highest of its per-round ratios to that round's cuBLAS."""
+    import statistics
+
+    runs = [("cuBLAS", baseline)] + list(timed)
+    ms = {label: [] for label, _ in runs}
+    for _ in range(rounds):
+        for label, run in runs:
+            ms[label].append(events_ms(run, warm=5))
+    lines = [f"  interleaved, {rounds} rounds: cuBLAS {statistics.median(ms['cuBLAS']):.3f} ms"]
+    for label, _ in timed:
+        ratios = [t / c for t, c in zip(ms[label], ms["cuBLAS"])]
+        lines.append(f"{label}: {statistics.median(ms[label]):.3f} ms, {statistics.median(ratios):.3f}x cuBLAS "
+                     f"(rounds {min(ratios):.3f}-{max(ratios):.3f})")
+    return lines
+
+
 def _first_run_error(run) -> str | None:
     """Run ``run`` once and wait for it: None, or why it failed (e.g. did not compile), in one line.
     A probe reports that and goes on with its next variant."""
@@ -207,7 +239,7 @@ def _first_run_error(run) -> str | None:
 # --variants: name -> the ``ws`` value of the plain GEMM's loop (False: a static for loop; True: the same,
 # warp-specialized; the strings name the other loops and epilogue forms)
 LOOP_VARIANTS = {"plain": False, "warp_specialize": True, "ticket": "ticket", "while": "while",
-                 "ticket_for": "ticket_for", "subtile": "subtile", "flatten": "flatten",
+                 "ticket_for": "ticket_for", "guarded": "guarded", "ticket_static": "ticket_static", "subtile": "subtile", "flatten": "flatten",
                  "subtile_flatten": "subtile_flatten"}
 PLAIN_CONFIGS = "128x256x64x3x8,128x256x64x4x8,128x128x64x4x8,128x128x64x4x4"
 
@@ -363,6 +395,9 @@ def main() -> int:
     p.add_argument("--variants", default=None,
                    help="the plain GEMM's loop variants, comma-separated from " + ", ".join(LOOP_VARIANTS) +
                         " (default: all but subtile / flatten; --no-ws: plain only)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="the plain GEMM's variants and cuBLAS timed in this many interleaved rounds (median ratio "
+                        "and range per variant; default 1: each variant timed once, in turn)")
     p.add_argument("--stage0", action="store_true",
                    help="also the CTA op's stage-0 kernel (GELU, chunk-major local stores, tiles counted; "
                         "flags local) at each MxKxN, in its default config")
@@ -393,6 +428,7 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}, {num_sms} SMs",
           flush=True)
     ticket = torch.zeros(1, dtype=torch.int32, device=dev)  # the TICKET variant's tile counter (0 between calls)
+    draws = torch.zeros(1, dtype=torch.int32, device=dev)  # the TICKET_STATIC variant's counter (never reset)
     for shape in args.shapes.split(","):
         M, K, N = (int(v) for v in shape.split("x"))
         a = torch.randn(M, K, device=dev).to(torch.bfloat16)
@@ -415,6 +451,7 @@ def main() -> int:
             for tma in (False, True):
                 print(f"  stage0 (cta.launch_stage0, tma_store={tma}): {_stage0_ms(a, b, gelu_ref, num_sms, cublas, tma)}",
                       flush=True)
+        timed = []  # (label, run) of every variant that compiled and checked: timed below
         for cfg in (args.configs or PLAIN_CONFIGS).split(","):
             BM, BN, BK, stages, warps, *ctas = (int(v) for v in cfg.split("x"))  # [xCTAS]: a cluster of CTAs
             for epi in epilogues:
@@ -424,12 +461,14 @@ def main() -> int:
                     # a program is a cluster of num_ctas CTAs sharing one tile: a cluster per num_ctas SMs
                     grid = (min(num_sms // (ctas[0] if ctas else 1), triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
 
-                    def run():
-                        persistent_gemm[grid](a, b, c, ticket, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=8,
-                                              NUM_SMS=grid[0], WS=ws is True, EPI=EPILOGUES[epi],
-                                              TICKET=ws == "ticket", WHILE=ws == "while",
+                    def run(c=c, grid=grid, BM=BM, BN=BN, BK=BK, stages=stages, warps=warps, ctas=ctas, epi=epi,
+                            ws=ws):
+                        persistent_gemm[grid](a, b, c, draws if ws == "ticket_static" else ticket, M, N, K, BM=BM,
+                                              BN=BN, BK=BK, GROUP_M=8, NUM_SMS=grid[0], WS=ws is True,
+                                              EPI=EPILOGUES[epi], TICKET=ws == "ticket", WHILE=ws == "while",
                                               TICKET_FOR=ws == "ticket_for", SUBTILE="subtile" in str(ws),
-                                              FLATTEN="flatten" in str(ws), num_stages=stages,
+                                              FLATTEN="flatten" in str(ws), GUARDED=ws == "guarded",
+                                              TICKET_STATIC=ws == "ticket_static", num_stages=stages,
                                               num_warps=warps, **({"num_ctas": ctas[0]} if ctas else {}))
 
                     label = f"  {cfg} {epi} ws={ws}"
@@ -441,9 +480,15 @@ def main() -> int:
                     if not err <= 1e-2:
                         print(f"{label}: WRONG (rel err {err:.2e})", flush=True)
                         continue
+                    if args.rounds > 1:
+                        timed.append((label, run))
+                        continue
                     t = events_ms(run, warm=5)
                     print(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e}, max abs err {worst:.1e}",
                           flush=True)
+        if timed:
+            for line in _interleaved_lines(lambda: torch.mm(a, b), timed, args.rounds):
+                print(line, flush=True)
     return 0
 
 
