@@ -20,14 +20,16 @@ the two grouped GEMMs on rows already sorted), with their flag steps left out. E
 and at decode sizes, deduplicated (``kernel_cases.cases``; each case's set-up: ``kernel_setups.Bench``). Per case: the op's tuning candidates
 (``codegen.configs.candidates``, what the op's tuner picks from) and the bench-only variants
 (``knobs.codegen.VARIANTS_16BIT``: store variants, other stages / GROUP_M), each checked against a
-float32 reference on random inputs with its outputs NaN-poisoned first, then timed: GPU time, CUDA events
-around each call after warm-up, median of ``--reps``, the calls enqueued behind a GPU spin so that none
-waits for its launch (``common.queued_ms``: the host's launch time, recorded beside it, is not in it, as
-in the ops' CUDA graphs); the op's best config and the baseline also back to back, events only, where a
-launch that takes longer than its kernel shows. Baselines: ``torch.mm`` / ``torch._grouped_mm`` on the same GEMM; with
+float32 reference on random inputs with its outputs NaN-poisoned first, then timed call by call against
+the baseline: GPU time, CUDA events around each call after warm-up, the calls alternating with the
+baseline's and enqueued behind a GPU spin so that none waits for its launch
+(``common.paired_queued_ms``: the host's launch time, recorded beside it, is not in it, as in the ops'
+CUDA graphs; the GPU's clock moves under a sustained load, and neighbouring calls run at the same
+clock); a config's ratio is the median over ``--reps`` calls of each call's time over the baseline
+calls beside it. The op's best config and the baseline also back to back, events only, where a launch
+that takes longer than its kernel shows. Baselines: ``torch.mm`` / ``torch._grouped_mm`` on the same GEMM; with
 a fused epilogue, cuBLAS plus torch's separate pointwise op (the stand-in for Inductor's pointwise
-kernel, labelled so in the table), timed before and after the case's configs, the faster run kept; the one-shot
-sum against ``torch.sum`` over the partials.
+kernel, labelled so in the table); the one-shot sum against ``torch.sum`` over the partials.
 
 Outputs in ``--out``: ``table.md`` (the table of record), ``results.json`` (every config's time and
 error), ``kernel_ratios.json`` (the format of ``overlap_backend/spec/kernel_ratios.py``: installed into
@@ -86,11 +88,13 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
         row["error"] = f"set-up failed: {type(e).__name__}: {str(e)[:300]}"
         return row
     row["baseline"] = b.baseline[0]
-    t = b.time(b.baseline[1])
-    row["baseline_ms"], row["baseline_host_us"], queued = t.ms, t.host_us, [t.queued]
+    t = b.time(b.baseline[1])  # alone: its host time, and its GPU time without the configs' calls between
+    row["baseline_alone_ms"], row["baseline_host_us"], queued = t.ms, t.host_us, [t.queued]
+    paired_baseline = []  # the baseline's median beside each paired timing
     if b.with_sum is not None:  # mm_rs / mm_ar: also against the baseline plus the reduce-scatter's sum
-        t = b.time(b.with_sum[1])
-        row["with_sum"], row["with_sum_ms"] = b.with_sum[0], t.ms
+        t = b.time_paired(b.with_sum[1])
+        row["with_sum"], row["with_sum_ms"], row["with_sum_ratio"] = b.with_sum[0], t.ms, t.ratio
+        paired_baseline.append(t.baseline_ms)
         queued.append(t.queued)
     configs = [(cfg, "op") for cfg in b.op_cands] + ([(cfg, "variant") for cfg in b.variant_cands] if variants else [])
     results = []
@@ -107,21 +111,17 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
             if not err <= CHECK_TOL:
                 why = f"WRONG (rel err {err:.2e})"
         if why is None:
-            t = b.time(lambda: b.run(cfg))
-            r["ms"], r["host_us"] = t.ms, t.host_us
+            # call by call against cuBLAS: the GPU's clock moves under a sustained load, and timings made one
+            # after the other (the baseline before and after the configs) differed by up to 17 % on one GPU
+            t = b.time_paired(lambda: b.run(cfg))
+            r["ms"], r["ratio"], r["baseline_ms"], r["host_us"] = t.ms, t.ratio, t.baseline_ms, t.host_us
+            paired_baseline.append(t.baseline_ms)
             queued.append(t.queued)
         else:
             r["error"] = why
         results.append(r)
-    # cuBLAS again after the configs, the faster of the two kept: one run's slow baseline (the same GEMM
-    # measured in two rows differed by up to 2x on an H100) skews every ratio of its row.
-    t = b.time(b.baseline[1])
-    queued.append(t.queued)
-    row["baseline_ms_runs"] = [row["baseline_ms"], t.ms]
-    row["baseline_ms"] = min(row["baseline_ms_runs"])
-    for r in results:
-        if "ms" in r:
-            r["ratio"] = r["ms"] / row["baseline_ms"]
+    row["baseline_ms_runs"] = paired_baseline or [row["baseline_alone_ms"]]
+    row["baseline_ms"] = statistics.median(row["baseline_ms_runs"])
     row["configs"] = results
     row["all_queued"] = all(queued)  # (False: some call waited on the GPU, its time includes host time)
     summarize(row)
@@ -137,17 +137,18 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
 
 
 def summarize(row: dict) -> None:
-    """The op's time (best of its tuning candidates), the best variant's, in ``row``."""
+    """The op's time (best of its tuning candidates), the best variant's, in ``row``: the best by its ratio
+    to the baseline beside it (each config's time was taken at its own moment's clock)."""
     ok = [r for r in row.get("configs", ()) if "ms" in r]
     op = [r for r in ok if r["kind"] == "op"]
     if op:
-        best = min(op, key=lambda r: r["ms"])
+        best = min(op, key=lambda r: r["ratio"])
         row.update(op_ms=best["ms"], op_config=best["config"], op_ratio=best["ratio"], op_host_us=best.get("host_us"))
     if ok:
-        best = min(ok, key=lambda r: r["ms"])
+        best = min(ok, key=lambda r: r["ratio"])
         row.update(best_ms=best["ms"], best_config=best["config"], best_kind=best["kind"], best_ratio=best["ratio"])
-    if op and row.get("with_sum_ms"):
-        row["op_ratio_with_sum"] = row["op_ms"] / row["with_sum_ms"]
+    if op and row.get("with_sum_ratio"):  # both ratios to the baseline beside them: op / (baseline + sum)
+        row["op_ratio_with_sum"] = row["op_ratio"] / row["with_sum_ratio"]
     row["failed"] = [f"{r['config']}: {r['error']}" for r in row.get("configs", ()) if "error" in r]
 
 
@@ -170,7 +171,8 @@ def fake_measure(case: Case, origins: list[str], variants: bool) -> dict:
     row = {"case": dataclasses.asdict(case), "label": case.label(), "suites": origins, "baseline": "(dry run)",
            "baseline_ms": base, "baseline_host_us": 8.0, "all_queued": True, "configs": []}
     if case.kernel in ("mm_rs", "mm_ar", "mm_rs_cublas", "mm_ar_cublas"):
-        row["with_sum"], row["with_sum_ms"] = "(dry run) + sum", base * (1.1 + 0.1 * h(case))
+        row["with_sum"], row["with_sum_ratio"] = "(dry run) + sum", 1.1 + 0.1 * h(case)
+        row["with_sum_ms"] = base * row["with_sum_ratio"]
     for cfg, kind in [(c, "op") for c in op] + ([(c, "variant") for c in var] if variants else []):
         ms = base * (0.95 + 0.4 * h(case, cfg))
         row["configs"].append({"config": list(cfg) if cfg else None, "kind": kind, "ms": ms, "ratio": ms / base,
@@ -314,7 +316,9 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
     text = [f"# The op kernels alone against cuBLAS ({info.get('gpu', '?')})", "",
             f"`{info['command']}`", "", common.info_markdown(info), "",
             "Ratios are the kernel's time over the baseline's on the same local GEMM (fused epilogue: over cuBLAS "
-            "plus torch's separate pointwise op, the stand-in for Inductor's kernel). `op kernel`: the best of the "
+            "plus torch's separate pointwise op, the stand-in for Inductor's kernel), call by call: the median of "
+            "each call's time over the baseline calls beside it, the two alternating (the GPU's clock moves under "
+            "a sustained load); `baseline ms`: the baseline's median beside the row's configs. `op kernel`: the best of the "
             "op's tuning candidates (what the op runs); `best variant`: the best of those and the bench-only "
             "variants. **>1.03**: the ops take cuBLAS there once kernel_ratios.json is installed. `ag_mm_cublas`, "
             "`mm_rs_cublas`, `mm_ar_cublas`: what the op then runs, its cuBLAS path (the GEMM per chunk or band, "

@@ -645,6 +645,10 @@ class Bench:
     def time(self, fn) -> "common.QueuedTime":
         return common.queued_ms(fn, n=self.reps, warm=5)
 
+    def time_paired(self, fn) -> "common.PairedTime":
+        """``fn`` call by call against the baseline (``common.paired_queued_ms``)."""
+        return common.paired_queued_ms(fn, self.baseline[1], n=self.reps, warm=5)
+
     def back_to_back_ms(self, fn) -> float:
         """Event timing of calls enqueued as they run: the host's launch time shows where it exceeds the GPU's."""
         return common.events_ms(fn, n=self.reps, warm=2)

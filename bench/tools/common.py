@@ -220,6 +220,61 @@ def queued_ms(fn: Callable[[], object], n: int = 20, warm: int = 3) -> QueuedTim
     return result
 
 
+@dataclasses.dataclass
+class PairedTime:
+    """``paired_queued_ms``'s result: ``fn``'s and the baseline's GPU ms per call (medians over the same
+    sequence), the median of ``fn``'s per-call ratios to the baseline calls beside it, host µs to enqueue
+    one call of ``fn``, and whether the spin outlasted the enqueueing (as ``QueuedTime``)."""
+
+    ms: float
+    baseline_ms: float
+    ratio: float
+    host_us: float
+    queued: bool
+
+
+def paired_queued_ms(fn: Callable[[], object], baseline: Callable[[], object], n: int = 20,
+                     warm: int = 3) -> PairedTime:
+    """``fn`` against ``baseline`` on this GPU, call by call: ``baseline, fn, baseline, ..., fn, baseline``
+    (``n`` calls of ``fn``), each call between two CUDA events, all enqueued behind a GPU spin as in
+    ``queued_ms``; each call of ``fn`` is divided by the mean of the two baseline calls around it. Under a
+    sustained GEMM load the GPU's clock moves (power and thermal limits: the same cuBLAS GEMM took 0.60 ms
+    and 0.69 ms a second later on an H100), so timings made one after the other compare clock states as
+    much as kernels; neighbouring calls run at the same clock."""
+    for _ in range(warm):
+        baseline()
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    host_us = (time.perf_counter() - t0) / 3 * 1e6
+    t0 = time.perf_counter()
+    baseline()
+    host_s = host_us * 1e-6 + time.perf_counter() - t0  # one call of each
+    torch.cuda.synchronize()
+    for _ in range(3):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2 * n + 1)]
+        spun = torch.cuda.Event()
+        torch.cuda._sleep(int((2e3 * host_s * n + 1.0) * _cycles_per_ms()))
+        spun.record()
+        t0 = time.perf_counter()
+        for i, (s, e) in enumerate(events):
+            s.record()
+            (fn if i % 2 else baseline)()
+            e.record()
+        host_s = 2 * (time.perf_counter() - t0) / (2 * n + 1)  # one call of each, for a longer spin if needed
+        queued = not spun.query()
+        torch.cuda.synchronize()
+        ms = [s.elapsed_time(e) for s, e in events]
+        base, own = ms[0::2], ms[1::2]
+        ratios = [t / (0.5 * (base[i] + base[i + 1])) for i, t in enumerate(own)]
+        result = PairedTime(statistics.median(own), statistics.median(base), statistics.median(ratios), host_us, queued)
+        if queued:
+            break
+    return result
+
+
 def together_ms(fn: Callable[[], object], n: int = 10, warm: int = 0) -> float:
     """Median ms of one call of ``fn`` started on every rank at once (a barrier and a synchronize
     before each; CUDA events around it), max over ranks. For probes: a call's latency without

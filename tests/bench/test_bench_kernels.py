@@ -145,28 +145,33 @@ def _check_with_sum(b, expected: bool) -> None:
     torch.testing.assert_close(b.summed, parts.sum(dim))
 
 
-def test_measure_keeps_the_faster_of_two_baseline_runs(bk, moe, monkeypatch):
-    """cuBLAS is timed before and after the kernel's configs; the faster run is the baseline of every ratio."""
+def test_measure_takes_each_configs_ratio_to_the_baseline_beside_it(bk, moe, monkeypatch):
+    """Each config is timed call by call against cuBLAS (``time_paired``): its ratio is the paired one, not its
+    time over a baseline timed at another moment, and the op's config is the one of the lowest ratio."""
     import triton
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
     monkeypatch.setitem(moe, "tiny", (64, 128, 4, 2, 64))
     case = bk.Case("moe_down", 2, 128, 64, 128, "", "tiny")
-    QT = bk.common.QueuedTime
-    # the baseline (a slow run), the op's one config, the baseline again (one call waited on the GPU)
-    times = iter([QT(0.4, 9.0, True), QT(0.3, 60.0, True), QT(0.2, 9.0, False)])
-    monkeypatch.setattr(bk.Bench, "time", lambda self, fn: next(times))
+    QT, PT = bk.common.QueuedTime, bk.common.PairedTime
+    # the baseline alone (one call waited on the GPU), then two configs: the first faster in ms at a faster
+    # clock (its baseline 0.2 ms), the second slower in ms but faster than the baseline beside it
+    monkeypatch.setattr(bk.Bench, "time", lambda self, fn: QT(0.4, 9.0, False))
+    paired = iter([PT(0.3, 0.2, 1.5, 60.0, True), PT(0.35, 0.4, 0.875, 50.0, True)])
+    monkeypatch.setattr(bk.Bench, "time_paired", lambda self, fn: next(paired))
     monkeypatch.setattr(bk.Bench, "back_to_back_ms", lambda self, fn: 0.5)
     init = bk.Bench.__init__
     monkeypatch.setattr(bk.Bench, "__init__", lambda self, c, dev, sms, reps: init(self, c, dev, sms, reps, torch.float32))
     from overlap_backend.spec import knobs
 
-    with knobs.codegen.patch(MOE_DOWN_16BIT=knobs.codegen.MOE_DOWN_16BIT[:1]):  # one config: three times in all
+    with knobs.codegen.patch(MOE_DOWN_16BIT=knobs.codegen.MOE_DOWN_16BIT[:1] * 2):  # the one config, twice
         row = bk.measure(case, ["MoE tiny"], torch.device("cpu"), 4, 1, variants=False)
-    assert "error" not in row and len(row["configs"]) == 1, row
-    assert row["baseline_ms_runs"] == [0.4, 0.2] and row["baseline_ms"] == 0.2
-    assert row["op_ms"] == 0.3 and row["op_ratio"] == pytest.approx(1.5) and row["configs"][0]["ratio"] == pytest.approx(1.5)
-    assert row["op_host_us"] == 60.0 and row["baseline_host_us"] == 9.0
+    assert "error" not in row and len(row["configs"]) == 2, row
+    assert row["baseline_ms_runs"] == [0.2, 0.4] and row["baseline_ms"] == pytest.approx(0.3)
+    assert row["baseline_alone_ms"] == 0.4
+    assert [r["ratio"] for r in row["configs"]] == [1.5, 0.875]
+    assert row["op_ms"] == 0.35 and row["op_ratio"] == 0.875 and row["op_host_us"] == 50.0
+    assert row["baseline_host_us"] == 9.0
     assert row["all_queued"] is False and row["back_to_back_ms"] == {"baseline": 0.5, "op": 0.5}
     assert bk._back_to_back(row) == "1.000 †"
 
@@ -321,9 +326,11 @@ def test_measure_times_the_baseline_with_the_reduce_scatters_sum(bk, monkeypatch
     """mm_rs / mm_ar rows are also timed against the baseline followed by the sum of this rank's ws partials
     (what the unfused collective sums): ``op_ratio_with_sum``, beside ``op_ratio``, and in the ratio file."""
     case = bk.Case("mm_rs", 2, 256, 64, 128)
-    QT = bk.common.QueuedTime
-    times = iter([QT(0.4, 9.0, True), QT(0.5, 9.0, True)] + [QT(0.48, 20.0, True)] * 20 + [QT(0.4, 9.0, True)])
-    monkeypatch.setattr(bk.Bench, "time", lambda self, fn: next(times))
+    QT, PT = bk.common.QueuedTime, bk.common.PairedTime
+    monkeypatch.setattr(bk.Bench, "time", lambda self, fn: QT(0.4, 9.0, True))
+    # the baseline + sum (1.25x the baseline beside it), then every config at 1.2x
+    paired = iter([PT(0.5, 0.4, 1.25, 9.0, True)] + [PT(0.48, 0.4, 1.2, 20.0, True)] * 20)
+    monkeypatch.setattr(bk.Bench, "time_paired", lambda self, fn: next(paired))
     monkeypatch.setattr(bk.Bench, "back_to_back_ms", lambda self, fn: 0.5)
     monkeypatch.setattr(bk.Bench, "check", lambda self, cfg: 0.0)
     monkeypatch.setattr(bk, "_first_error", lambda fn, dev: None)
