@@ -130,7 +130,8 @@ def _save_disk() -> None:
 
 
 def pick(kernel: str, shape_key: tuple, cands: list[Config], time_ms: Callable[[Config], float]) -> Config:
-    """The fastest of ``cands`` for this kernel and shape (``time_ms(config)`` measures one)."""
+    """The fastest of ``cands`` for this kernel and shape (``time_ms(config)`` measures one), timed in
+    ``knobs.codegen.TUNE_ROUNDS`` rounds."""
     if not cands:
         raise ValueError(f"no block configuration fits {kernel} {shape_key}")
     if len(cands) == 1 or not knobs.codegen.AUTOTUNE:
@@ -140,13 +141,17 @@ def pick(kernel: str, shape_key: tuple, cands: list[Config], time_ms: Callable[[
         _load_disk()
         if key in _memory and tuple(_memory[key]) in cands:
             return tuple(_memory[key])
-    timings, errors = {}, {}
-    for cfg in cands:
-        try:
-            timings[cfg] = time_ms(cfg)
-        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: not a candidate here
-            errors[cfg] = f"{type(e).__name__}: {e}"
-            log.info("overlap: config %s of %s failed: %s", cfg, kernel, errors[cfg])
+    samples, errors = {cfg: [] for cfg in cands}, {}
+    for r in range(max(1, knobs.codegen.TUNE_ROUNDS)):
+        for cfg in cands if r % 2 == 0 else cands[::-1]:  # (a drifting clock falls alike on every candidate)
+            if cfg in errors:
+                continue
+            try:
+                samples[cfg].append(time_ms(cfg))
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: not a candidate here
+                errors[cfg] = f"{type(e).__name__}: {e}"
+                log.info("overlap: config %s of %s failed: %s", cfg, kernel, errors[cfg])
+    timings = {cfg: sum(t) / len(t) for cfg, t in samples.items() if cfg not in errors}
     if not timings:
         detail = "; ".join(f"{c}: {e[:400]}" for c, e in errors.items())
         raise RuntimeError(f"every block configuration of {kernel} failed for {shape_key}: {detail}")

@@ -52,6 +52,26 @@ def test_overlap_cache_dir_moves_the_generated_epilogues(fresh_caches, tmp_path)
     assert not (tmp_path / "xdg").exists()
 
 
+def test_tuning_rounds_keep_a_drifting_clock_off_the_later_candidates(fresh_caches, tmp_path):
+    """Under a clock that slows by 10 % per timing, a candidate 5 % faster but timed second loses a single pass
+    and wins the rounds (in order, then reversed: the drift falls alike on both)."""
+    monkeypatch = fresh_caches
+    monkeypatch.setenv("OVERLAP_CACHE_DIR", str(tmp_path))
+    first, better = (128, 128, 32, 8, 3, 8, False), (64, 64, 32, 8, 3, 4, False)
+    calls = []
+
+    def time_ms(cfg):
+        calls.append(cfg)
+        return (0.95 if cfg == better else 1.0) * 1.1 ** len(calls)
+
+    with knobs.codegen.patch(AUTOTUNE=True, TUNE_ROUNDS=1):
+        assert configs.pick("mm_rs", (2048, 512), [first, better], time_ms) == first
+    calls.clear()
+    with knobs.codegen.patch(AUTOTUNE=True, TUNE_ROUNDS=2):
+        assert configs.pick("mm_rs", (2048, 512), [first, better], time_ms) == better
+    assert calls == [first, better, better, first]
+
+
 def test_overlap_cache_dir_moves_the_tuned_configs(fresh_caches, tmp_path):
     monkeypatch = fresh_caches
     fast, slow = (64, 64, 32, 8, 3, 4, False), (128, 128, 32, 8, 3, 8, False)
@@ -66,13 +86,13 @@ def test_overlap_cache_dir_moves_the_tuned_configs(fresh_caches, tmp_path):
             monkeypatch.setenv("OVERLAP_CACHE_DIR", str(tmp_path / name))
             timed.clear()
             assert configs.pick("mm_rs", (1024, 512), [slow, fast], time_ms) == fast
-            assert timed == [slow, fast]  # a new root: nothing tuned there yet
+            assert timed == [slow, fast, fast, slow]  # a new root: nothing tuned there yet (two rounds)
             path = tmp_path / name / "autotune" / "tiles.json"
             assert configs.cache_file() == path
             assert json.loads(path.read_text()) == {configs.tuning_key("mm_rs", (1024, 512)): list(fast)}
             timed.clear()
             assert configs.pick("mm_rs", (1024, 512), [slow, fast], time_ms) == fast and timed == []
         with knobs.codegen.patch(TMA_STORE_VARIANTS=0):  # another knob value: tuned again, kept apart
-            assert configs.pick("mm_rs", (1024, 512), [slow, fast], time_ms) == fast and timed == [slow, fast]
+            assert configs.pick("mm_rs", (1024, 512), [slow, fast], time_ms) == fast and timed == [slow, fast, fast, slow]
             assert len(json.loads(path.read_text())) == 2
     assert not (tmp_path / "xdg").exists()

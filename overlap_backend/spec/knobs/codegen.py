@@ -74,6 +74,11 @@ codegen = Knobs(
     # Time the candidates and keep the fastest; False takes the first fitting one (tests: numerics do
     # not depend on the config, and it is one compilation per kernel variant).
     AUTOTUNE=True,
+    # Rounds of that timing, every candidate once per round, alternately in list order and reversed, each
+    # candidate scored by its mean: the GPU's clock drifts under a sustained GEMM load (the same cuBLAS GEMM
+    # 0.60 then 0.69 ms a second later on an H100), and a drift linear over the tuning then falls alike on
+    # every candidate instead of on the later ones.
+    TUNE_ROUNDS=2,
     # Launch a kernel variant seen before through its compiled launcher, skipping Triton's per-launch
     # binding (tens of microseconds per launch of the 30-40-argument kernels: codegen/launcher.py).
     FAST_LAUNCH=True,
