@@ -82,21 +82,21 @@ codegen = Knobs(
     # Launch a kernel variant seen before through its compiled launcher, skipping Triton's per-launch
     # binding (tens of microseconds per launch of the 30-40-argument kernels: codegen/launcher.py).
     FAST_LAUNCH=True,
-    # moe_experts' gate/up kernel's candidates (two [BM, BN] float32 accumulators): the fastest of the
-    # configs bench/probe_moe_gemm.py timed on H200 (2 runs, bench/results/moe_h200x2_2026-11-30/grouped_raster),
-    # (128, 128) at Mixtral-/DeepSeek-like sizes (2.93-3.07 / 3.01-3.05 ms) and (64, 256) at decode sizes
-    # (0.39 vs 0.49 ms); few on purpose, as each one is a compilation on the first call (a fresh machine
-    # spent > 190 s compiling seven).
+    # moe_experts' gate/up kernel's candidates (two [BM, BN] float32 accumulators): (128, 128) at Mixtral-/DeepSeek-like
+    # prefill sizes, in four stages (2-3 % faster than three at all 7 prefill shapes, 0.95-1.06x torch._grouped_mm),
+    # and (64, 256) at decode sizes (the fastest at 5 of 6); few on purpose, as each one is a compilation on the
+    # first call (a fresh machine spent > 190 s compiling seven). Six configs, each call by call against
+    # torch._grouped_mm: bench/results/kernels_h100x1_2026-12-06/moe_configs.
     MOE_GATE_UP_16BIT=(
-        (128, 128, 64, 8, 3, 8, False),
+        (128, 128, 64, 8, 4, 8, False),
         (64, 256, 64, 8, 3, 8, False),
     ),
-    # moe_experts' down kernel's candidates: (128, 256) was the fastest at every size timed in the same
-    # runs (1.37-1.41 / 1.61-1.67 / 0.27 ms); (64, 256) for decode sizes, where a (source, expert) group
-    # holds ~32 rows and 128-row tiles compute four times the rows they store: tuning took it at every decode
-    # shape and at no prefill one (bench/results/kernels_h200x1_2026-12-06).
+    # moe_experts' down kernel's candidates: (128, 256) at prefill sizes, its row tiles in groups of 16 (1.5-7 %
+    # faster than 8 at the 4 DeepSeek-like shapes, within 2 % at the Mixtral-like ones; none of nine configs
+    # closes DeepSeek's 1.08-1.25x); (64, 256) for decode sizes, where a (source, expert) group holds ~32 rows
+    # and 128-row tiles compute four times the rows they store (the fastest at 5 of 6 decode shapes). Same runs.
     MOE_DOWN_16BIT=(
-        (128, 256, 64, 8, 3, 8, False),
+        (128, 256, 64, 16, 3, 8, False),
         (64, 256, 64, 8, 3, 8, False),
     ),
     # The single-CTA MoE plan kernel (codegen/moe_plan.py) takes at most this many grouped rows: beyond,
