@@ -493,9 +493,10 @@ def main(argv=None) -> int:
             break
         row = measure(case, origins, dev, num_sms, args.reps, variants, start + args.budget_s + 15)
         rows.append(row)
+        # (a ratio is to the baseline calls beside the config's, not to the baseline's median over the case)
         print(f"{case.label()}: baseline {common.fmt_ms(row.get('baseline_ms'))} ms, op "
-              f"{common.fmt_ms(row.get('op_ms'))} ({row.get('op_ratio', math.nan):.3f}x), best "
-              f"{common.fmt_ms(row.get('best_ms'))} ({row.get('best_ratio', math.nan):.3f}x)"
+              f"{common.fmt_ms(row.get('op_ms'))} ({row.get('op_ratio', math.nan):.3f}x paired), best "
+              f"{common.fmt_ms(row.get('best_ms'))} ({row.get('best_ratio', math.nan):.3f}x paired)"
               + (f" {row['error']}" if "error" in row else "")
               + (f" [{len(row['failed'])} failed]" if row.get("failed") else ""), flush=True)
         if i % 10 == 9:
