@@ -25,8 +25,10 @@ epilogue against cuBLAS ``addmm`` followed by ``F.gelu`` (is fusing worth the Tr
 flag raised, the peers' partials already local): its GEMM rate against cuBLAS at the local shapes of
 the collective benchmark's table, with pointer stores and with its TMA variant.
 
-Not a benchmark of record: a diagnostic. Prints one line per (shape, config, variant): ms (median of
-CUDA-event timings after warm-up) and the ratio to cuBLAS, or why the variant did not compile.
+Not a benchmark of record: a diagnostic. Prints one line per (shape, config, variant): ms and the ratio to
+cuBLAS, the variant's calls alternating with cuBLAS's (``common.paired_queued_ms``: the GPU's clock drifts
+under a sustained load, so timings made one after the other compare clock states too), or why the variant
+did not compile; ``--rounds N``: the plain GEMM's variants in N interleaved rounds instead.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bench.tools.common import events_ms  # noqa: E402
+from bench.tools.common import events_ms, paired_queued_ms  # noqa: E402
 
 
 @triton.jit
@@ -172,6 +174,13 @@ def persistent_gemm(a_ptr, b_ptr, c_ptr, ticket_ptr, M, N, K, BM: tl.constexpr, 
             _plain_tile(a_desc, b_desc, c_desc, c_ptr, tile, tiles_m, tiles_n, K, BM, BN, BK, GROUP_M, EPI, SUBTILE)
 
 
+def _vs_cublas(run, cublas) -> str:
+    """``run``'s time and its ratio to ``cublas`` (a callable), their calls alternating
+    (``common.paired_queued_ms``: the GPU's clock drifts under a sustained load)."""
+    t = paired_queued_ms(run, cublas, n=20, warm=5)
+    return f"{t.ms:.3f} ms, {t.ratio:.3f}x cuBLAS (paired; cuBLAS {t.baseline_ms:.3f} ms beside it)"
+
+
 def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
     """The op's stage-0 kernel alone on this GPU: A = GELU(a @ b) into a local chunk-major staging
     buffer (the copy-engine transport's), counting tiles per chunk; checked, then timed."""
@@ -201,8 +210,7 @@ def _stage0_ms(a, b, ref, num_sms, cublas, tma_store=False) -> str:
     err = ((got.float() - ref).norm() / ref.norm()).item()
     if not err <= 1e-2:
         return f"WRONG (rel err {err:.2e})"
-    t = events_ms(run, warm=5)
-    return f"{t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e} (config {cfg0}, {nch} chunks of {kchunk})"
+    return f"{_vs_cublas(run, cublas)}, rel err {err:.1e} (config {cfg0}, {nch} chunks of {kchunk})"
 
 
 def _interleaved_lines(baseline, timed, rounds: int) -> list[str]:
@@ -294,8 +302,7 @@ def _mm_rs_lines(a, b, ws, num_sms, cublas, configs_text=None, residual_add=Fals
         if not err <= 1e-2:
             lines.append(f"{label}: WRONG (rel err {err:.2e})")
             continue
-        t = events_ms(run, warm=5)
-        lines.append(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e}")
+        lines.append(f"{label}: {_vs_cublas(run, cublas)}, rel err {err:.1e}")
         if residual_add:
             lines.append(_residual_add_line(a, b, ws, num_sms, cfg, recv, out, want_own, flags, ticket, status,
                                             band_rows, run, gen, mm_rs))
@@ -326,8 +333,9 @@ def _residual_add_line(a, b, ws, num_sms, cfg, recv, out, want_own, flags, ticke
     err = ((fused_out.float() - want).norm() / want.norm()).item()
     if not err <= 1e-2:
         return f"    + residual add fused: WRONG (rel err {err:.2e})"
-    return (f"    + residual add: fused {events_ms(fused, warm=5):.3f} ms, kernel then torch.add "
-            f"{events_ms(unfused, warm=5):.3f} ms (rel err {err:.1e})")
+    t = paired_queued_ms(fused, unfused, n=20, warm=5)
+    return (f"    + residual add: fused {t.ms:.3f} ms, kernel then torch.add {t.baseline_ms:.3f} ms, fused / unfused "
+            f"{t.ratio:.3f} (paired; rel err {err:.1e})")
 
 
 def _ag_mm_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
@@ -374,8 +382,7 @@ def _ag_mm_lines(a, b, ws, num_sms, cublas, configs_text=None) -> list[str]:
             if not err <= 1e-2:
                 lines.append(f"{label}: WRONG (rel err {err:.2e})")
                 continue
-            t = events_ms(run, warm=5)
-            lines.append(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS mm, rel err {err:.1e}")
+            lines.append(f"{label}: {_vs_cublas(run, cublas)} mm, rel err {err:.1e}")
     return lines
 
 
@@ -435,8 +442,8 @@ def main() -> int:
         b = (torch.randn(K, N, device=dev) / K**0.5).to(torch.bfloat16)
         ref = a.float() @ b.float()
         gelu_ref = torch.nn.functional.gelu(ref, approximate="tanh")
-        cublas = events_ms(lambda: torch.mm(a, b), warm=5)
-        print(f"M={M} K={K} N={N}: cuBLAS {cublas:.3f} ms", flush=True)
+        cublas = lambda a=a, b=b: torch.mm(a, b)  # noqa: E731 - every kernel is timed call by call against it
+        print(f"M={M} K={K} N={N}: cuBLAS {events_ms(cublas, warm=5):.3f} ms (alone)", flush=True)
         if args.ag_mm:
             for ws in (int(w) for w in args.ag_mm.split(",")):
                 for line in _ag_mm_lines(a, b, ws, num_sms, cublas, args.configs):
@@ -483,11 +490,10 @@ def main() -> int:
                     if args.rounds > 1:
                         timed.append((label, run))
                         continue
-                    t = events_ms(run, warm=5)
-                    print(f"{label}: {t:.3f} ms, {t / cublas:.3f}x cuBLAS, rel err {err:.1e}, max abs err {worst:.1e}",
+                    print(f"{label}: {_vs_cublas(run, cublas)}, rel err {err:.1e}, max abs err {worst:.1e}",
                           flush=True)
         if timed:
-            for line in _interleaved_lines(lambda: torch.mm(a, b), timed, args.rounds):
+            for line in _interleaved_lines(cublas, timed, args.rounds):
                 print(line, flush=True)
     return 0
 

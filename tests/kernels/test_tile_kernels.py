@@ -498,7 +498,8 @@ def test_symm_ops_under_cuda_graph_capture(monkeypatch):
     assert "grow" in fit(types.SimpleNamespace(data=None), 1, [])
 
 
-@pytest.mark.parametrize("variant", ["plain", "ticket_for", "subtile", "flatten", "subtile_flatten"])
+@pytest.mark.parametrize("variant", ["plain", "ticket_for", "guarded", "ticket_static", "subtile", "flatten",
+                                     "subtile_flatten"])
 def test_probe_plain_gemm_variants_match_the_reference(variant):
     """bench/probes/probe_ws.py's plain persistent GEMM (the yardstick its GPU timings compare the op kernels
     with): every loop / epilogue variant computes act(A @ B), partial edge tiles included."""
@@ -516,6 +517,9 @@ def test_probe_plain_gemm_variants_match_the_reference(variant):
         c = torch.full((M, N), float("nan"))
         probe_ws.persistent_gemm[(2,)](a, b, c, ticket, M, N, K, BM=32, BN=64, BK=32, GROUP_M=8, NUM_SMS=2, WS=False,
                                        EPI=probe_ws.EPILOGUES[epi], TICKET_FOR=ws == "ticket_for",
-                                       SUBTILE="subtile" in str(ws), FLATTEN="flatten" in str(ws))
+                                       SUBTILE="subtile" in str(ws), FLATTEN="flatten" in str(ws),
+                                       GUARDED=ws == "guarded", TICKET_STATIC=ws == "ticket_static")
         torch.testing.assert_close(c, probe_ws._reference(a @ b, epi), rtol=1e-4, atol=1e-4)
-    assert int(ticket) == 0  # the ticket loop leaves its counter at 0 for the next call
+    # the ticket loop leaves its counter at 0 for the next call; ticket_static draws once per program and step:
+    # two calls of 2 programs, each over 4 tiles // 2 programs + 1 steps
+    assert int(ticket) == (2 * 2 * (4 // 2 + 1) if ws == "ticket_static" else 0)
