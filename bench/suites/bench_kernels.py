@@ -130,7 +130,7 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
         op_cfg = min(op_timed, key=lambda x: x[0])[1]
         row["back_to_back_ms"] = {"baseline": b.back_to_back_ms(b.baseline[1]),
                                   "op": b.back_to_back_ms(lambda: b.run(op_cfg))}
-    del b
+    b = None  # its tensors freed before the next case (the lambdas above are done with it)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return row
