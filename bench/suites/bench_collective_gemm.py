@@ -5,7 +5,8 @@
 
 For each suite and shape (the baseline tables measured on 4×H200, docs/results.md, plus a decode-size M=512 row for ag_mm and
 mm_rs) it times, in bf16, with CUDA events (warm-up, >= 20 timed repetitions, median per rank, max
-over ranks; a barrier before each measurement):
+over ranks; a barrier before each measurement; every variant once, then ``--rounds`` (2) more rounds over
+them interleaved, a variant's time the median of its timings):
 
 - ``mm``: cuBLAS ``torch.mm`` alone on the full local problem;
 - ``comm``: the NCCL collective alone;
@@ -141,6 +142,7 @@ class Runner:
         self.notes: dict[str, str] = {}
         self.reps: dict[str, int] = {}
         self.fns: dict[str, object] = {}
+        self.round_ms: dict[str, list[float]] = {}
 
     def run(self, key: str, fn) -> None:
         try:
@@ -155,6 +157,22 @@ class Runner:
     def na(self, key: str, reason: str) -> None:
         self.times[key] = None
         self.notes[key] = f"n/a: {reason}"
+
+    def interleave(self, rounds: int) -> None:
+        """``rounds`` more timings of every variant that every rank timed, in interleaved rounds
+        (``common.time_in_rounds``): a variant's time is the median of its first timing and those, so a
+        drift of the machine (the GPUs' clocks under a sustained load) falls alike on every variant."""
+        if rounds <= 0:
+            return
+        keys = [k for k in self.fns if self.times.get(k) is not None]
+        if dist.is_initialized() and dist.get_world_size() > 1:  # (each timing is collective: the same keys)
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, keys)
+            keys = [k for k in keys if all(k in other for other in everyone)]
+        rows = {k: {"round_ms": [self.times[k]], "reps": self.reps[k]} for k in keys}
+        common.time_in_rounds([(rows[k], self.fns[k]) for k in keys], rounds, self.timing)
+        for k, row in rows.items():
+            self.times[k], self.reps[k], self.round_ms[k] = row["time_ms"], row["reps"], row["round_ms"]
 
 
 def _short(e: BaseException, n: int = 160) -> str:
@@ -568,7 +586,8 @@ def render(suite: str, ws: int, dtype, info: dict, rows: list[dict], lowerings) 
         "",
         f"{DESCRIPTIONS[suite]}. Times in ms: per-rank median of repetitions timed with "
         f"{'CUDA events' if info['device'] == 'cuda' else 'the wall clock (CPU smoke test)'} after "
-        f"warm-up, maximum over ranks. {legend}",
+        f"warm-up, maximum over ranks; each variant timed once, then in {info.get('rounds', 0)} more rounds "
+        f"interleaved with the other variants, its time the median of those. {legend}",
         "",
         common.info_markdown(info),
         "",
@@ -643,10 +662,11 @@ def run_suite(suite: str, args, ws: int, dtype, device, timing: common.Timing, i
         r = Runner(timing, args.verbose)
         torch.manual_seed(1234 + rank)
         BENCH[suite](r, shape, ws, dtype, device, gn, checks)
+        r.interleave(args.rounds)
         local_a = local_shapes(suite, shape, ws)["A"]
         row = {
             "M": shape.M, "K": shape.K, "N": shape.N, "origin": shape.origin, "local_a": list(local_a),
-            "times_ms": r.times, "reps": r.reps, "notes": r.notes,
+            "times_ms": r.times, "reps": r.reps, "round_ms": r.round_ms, "notes": r.notes,
             "check": {ours_key(lo): c.status for lo, c in checks.items()},
             "rel_err": {ours_key(lo): None if c.status == "n/a" else c.err for lo, c in checks.items()},
             "symm_path": checks["symm"].path if "symm" in checks else None,
@@ -715,6 +735,9 @@ def parse_args(argv=None):
                    help="with --trace: trace only the rows with these M (global M as in the table, e.g. 4096)")
     p.add_argument("--graphs", action="store_true",
                    help="also time every variant (but ours on p2p) captured in a CUDA graph: a second table")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="after every variant of a shape was timed once, this many more rounds over them, interleaved "
+                        "(a variant's time: the median of its timings; the GPUs' clocks drift under a sustained load)")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of baselines that are n/a")
     p.add_argument("--list-shapes", metavar="WS", type=int, default=None,
                    help="print the rows (global problem, per-rank operands) a run with WS processes takes, then "
@@ -725,6 +748,8 @@ def parse_args(argv=None):
     args = common.parse_args_with_sets(p, argv)
     if args.graphs and args.device != "cuda":
         p.error("--graphs needs CUDA")
+    if args.rounds < 0:
+        p.error(f"--rounds {args.rounds}: 0 or more")
     suites = _csv(args.suite)
     bad = [s for s in suites if s not in SUITES]
     if bad or not suites:
@@ -776,6 +801,7 @@ def main(argv=None) -> int:
     info = common.machine_info(device, ws)
     info["dtype"] = str(dtype)
     info["quick"] = args.quick
+    info["rounds"] = args.rounds
     info["lowerings_registered"] = {s: list(overlap_backend.runtime.available(s)) for s in SUITES}
     ok = True
     trace_jobs: list = []

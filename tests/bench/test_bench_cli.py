@@ -95,6 +95,42 @@ def test_collective_cli(bench, capsys):
     assert "world size 8" in out and "4096×896" in out  # mm_rs: A [M, K/8] per rank
 
 
+def test_collective_variants_are_timed_again_in_interleaved_rounds(bench):
+    """Runner.interleave: after each variant was timed once, ``--rounds`` more rounds over the variants that
+    timed (A, B, A, B, ...); a variant's time is the median of its timings, n/a ones are not timed again."""
+    b = bench["bench_collective_gemm"]
+    calls = []
+    script = {"mm": [1.0, 5.0, 2.0], "ours": [9.0, 3.0, 4.0]}
+
+    class FakeTiming:
+        def bench(self, fn):
+            fn()
+            calls.append(fn.__name__)
+            return script[fn.__name__][calls.count(fn.__name__) - 1], 10
+
+    def mm():
+        pass
+
+    def ours():
+        pass
+
+    def broken():
+        raise RuntimeError("this torch has no such op")
+
+    r = b.Runner(FakeTiming(), verbose=False)
+    r.run("mm", mm)
+    r.run("torch_fused", broken)
+    r.run("ours", ours)
+    r.interleave(2)
+    assert calls == ["mm", "ours", "mm", "ours", "mm", "ours"]
+    assert r.times == {"mm": 2.0, "torch_fused": None, "ours": 4.0} and r.reps == {"mm": 30, "ours": 30}
+    assert r.round_ms == {"mm": [1.0, 5.0, 2.0], "ours": [9.0, 3.0, 4.0]}
+    assert r.notes["torch_fused"] == "n/a: RuntimeError: this torch has no such op"
+    assert b.parse_args(["--out-dir", "x"]).rounds == 2
+    with pytest.raises(SystemExit):
+        b.parse_args(["--out-dir", "x", "--rounds", "-1"])
+
+
 # ----------------------------------------------------------------------------------- MoE
 def test_moe_configs(bench):
     m = bench["bench_moe"]
