@@ -123,17 +123,39 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
     row["baseline_ms_runs"] = paired_baseline or [row["baseline_alone_ms"]]
     row["baseline_ms"] = statistics.median(row["baseline_ms_runs"])
     row["configs"] = results
-    row["all_queued"] = all(queued)  # (False: some call waited on the GPU, its time includes host time)
     summarize(row)
-    op_timed = [(r["ms"], cfg) for r, (cfg, kind) in zip(results, configs) if kind == "op" and "ms" in r]
-    if op_timed:  # what back-to-back event timing reads at this case (the host's launch time where it is longer)
-        op_cfg = min(op_timed, key=lambda x: x[0])[1]
+    if b.run_apart is not None and "op_config" in row:  # the op's other way with an epilogue: kernel plain, epilogue apart
+        _measure_apart(b, row, queued, deadline)
+    row["all_queued"] = all(queued)  # (False: some call waited on the GPU, its time includes host time)
+    if "op_config" in row:  # what back-to-back event timing reads at this case (the host's launch time where longer)
+        op_cfg = tuple(row["op_config"]) if row["op_config"] is not None else None
         row["back_to_back_ms"] = {"baseline": b.back_to_back_ms(b.baseline[1]),
                                   "op": b.back_to_back_ms(lambda: b.run(op_cfg))}
     b = None  # its tensors freed before the next case (the lambdas above are done with it)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return row
+
+
+def _measure_apart(b, row: dict, queued: list, deadline: float) -> None:
+    """``apart_ratio``: the op's best config run without its epilogue, the epilogue then applied by torch as the
+    op does where fusing it measured slower (``spec.kernel_ratios.fuses_epilogue``), over the same baseline
+    (cuBLAS plus the separate epilogue), call by call; checked against the fused case's reference first."""
+    cfg = tuple(row["op_config"]) if row["op_config"] is not None else None
+    if time.time() > deadline:
+        row["apart_error"] = "not run (time box)"
+        return
+    why = _first_error(lambda: b.run_apart(cfg), b.dev)
+    if why is None:
+        err = b.apart_error(cfg)
+        if not err <= CHECK_TOL:
+            why = f"WRONG (rel err {err:.2e})"
+    if why is not None:
+        row["apart_error"] = why
+        return
+    t = b.time_paired(lambda: b.run_apart(cfg))
+    row["apart_ms"], row["apart_ratio"] = t.ms, t.ratio
+    queued.append(t.queued)
 
 
 def summarize(row: dict) -> None:
@@ -178,6 +200,8 @@ def fake_measure(case: Case, origins: list[str], variants: bool) -> dict:
         row["configs"].append({"config": list(cfg) if cfg else None, "kind": kind, "ms": ms, "ratio": ms / base,
                                "rel_err": 1.7e-3, "host_us": 20 + 40 * h(cfg)})
     summarize(row)
+    if case.kernel == "ag_mm" and case.epilogue:
+        row["apart_ratio"] = row["op_ratio"] * (0.9 + 0.2 * h(case, "apart"))
     row["back_to_back_ms"] = {"baseline": max(base, 0.008), "op": max(row["op_ms"], row["op_host_us"] / 1e3)}
     return row
 
@@ -291,14 +315,14 @@ def config_label(cfg) -> str:
 
 def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
     head = ["kernel", "ws", "local M×K×N", "fused epilogue", "suites", "baseline", "baseline ms", "op kernel ms",
-            "op / baseline", "op / (baseline + sum)", "op config", "best variant ms", "best / baseline", "best config", "rel err",
+            "op / baseline", "op / (baseline + sum)", "epilogue apart / baseline", "op config", "best variant ms", "best / baseline", "best config", "rel err",
             "host µs op / baseline", "back to back op / baseline"]
     body = []
     for r in rows:
         c = r["case"]
         if "error" in r:
             body.append([c["kernel"], c["ws"], f"{c['M']}×{c['K']}×{c['N']}", c["epilogue"] or "-", "; ".join(r["suites"]),
-                         r["error"], "", "", "", "", "", "", "", "", "", "", ""])
+                         r["error"], "", "", "", "", "", "", "", "", "", "", "", ""])
             continue
         errs = [x["rel_err"] for x in r.get("configs", ()) if "rel_err" in x]
         flag = lambda v: "" if v is None else (" **>1.03**" if v > 1.03 else "")  # noqa: E731
@@ -307,6 +331,7 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             c["epilogue"] or "-", "; ".join(r["suites"]), r["baseline"], common.fmt_ms(r["baseline_ms"]),
             common.fmt_ms(r.get("op_ms")), (f"{r['op_ratio']:.3f}" + flag(r["op_ratio"])) if "op_ratio" in r else "n/a",
             (f"{r['op_ratio_with_sum']:.3f}" + flag(r["op_ratio_with_sum"])) if "op_ratio_with_sum" in r else "-",
+            (f"{r['apart_ratio']:.3f}" + flag(r["apart_ratio"])) if "apart_ratio" in r else r.get("apart_error", "-"),
             config_label(r.get("op_config")), common.fmt_ms(r.get("best_ms")),
             f"{r['best_ratio']:.3f}" if "best_ratio" in r else "n/a",
             config_label(r.get("best_config")) + (" (variant)" if r.get("best_kind") == "variant" else ""),
@@ -331,7 +356,9 @@ def table_markdown(rows: list[dict], info: dict, skipped: list[str]) -> str:
             "kernel counts (†: some call of the row waited on the GPU while queued, so its times hold host time). "
             "`op / (baseline + sum)` (`mm_rs`, `mm_ar` and their cuBLAS paths): over the baseline followed by "
             "`torch.sum` of this rank's ws partials, the sum that the unfused reduce-scatter or all-reduce does and "
-            "that these ops do in their GEMM's epilogue.",
+            "that these ops do in their GEMM's epilogue. `epilogue apart` (`ag_mm` with an epilogue): the op's config "
+            "run plain, the epilogue's torch step after it, over the same baseline: what the op runs where that "
+            "measured faster than fused (`knobs.symm.EPILOGUE_APART_GAIN`).",
             "",
             common.markdown_table(head, body)]
     failures = [f"- {r['label']}: {f}" for r in rows for f in r.get("failed", ())]
@@ -384,7 +411,8 @@ def ratio_entries(rows: list[dict], info: dict, out: str) -> list[dict]:
                         "kernel_ms": round(r["op_ms"], 4), "baseline_ms": round(r["baseline_ms"], 4),
                         "config": r["op_config"], "best_variant_ratio": round(r.get("best_ratio", r["op_ratio"]), 4),
                         "best_config": r.get("best_config"), "source": out,
-                        **({"ratio_with_sum": round(r["op_ratio_with_sum"], 4)} if "op_ratio_with_sum" in r else {})})
+                        **({"ratio_with_sum": round(r["op_ratio_with_sum"], 4)} if "op_ratio_with_sum" in r else {}),
+                        **({"apart_ratio": round(r["apart_ratio"], 4)} if "apart_ratio" in r else {})})
     return entries
 
 

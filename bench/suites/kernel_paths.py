@@ -38,15 +38,18 @@ OTHER_PATH = {"ag_mm": "ag_mm_cublas", "mm_rs": "mm_rs_cublas", "mm_ar": "mm_ar_
 
 
 def choose(case: dict, gpu: str) -> str:
-    """``"kernel"`` or ``"other"``: what the runtime decides for this case (rank 0 of ``case['ws']``, one run per
-    chunk, bf16) with the ratio file and knobs in effect."""
+    """``"kernel"``, ``"other"`` or ``"apart"`` (``ag_mm``'s kernel with its epilogue run after it): what the runtime
+    decides for this case (rank 0 of ``case['ws']``, one run per chunk, bf16) with the ratio file and knobs in
+    effect."""
     from overlap_backend.runtime import cta_cublas, moe_grouped
     from overlap_backend.runtime.symm import ag_mm, mm_ar, mm_rs
 
     k, ws, M, K, N = case["kernel"], case["ws"], case["M"], case["K"], case["N"]
     kw = {"dtype": "bfloat16", "gpu": gpu}
     if k == "ag_mm":
-        return "other" if ag_mm.ag_gemm(1, M // ws, K, N, bool(case["epilogue"]), ws=ws, **kw) == "cublas" else "kernel"
+        if ag_mm.ag_gemm(1, M // ws, K, N, bool(case["epilogue"]), ws=ws, **kw) == "cublas":
+            return "other"
+        return "apart" if case["epilogue"] and ag_mm.ag_epilogue_apart(1, M // ws, K, N, ws=ws, **kw) else "kernel"
     if k == "mm_rs":
         return "other" if mm_rs.rs_gemm(1, M // ws, K, N=N, ws=ws, **kw) == "cublas" else "kernel"
     if k == "mm_ar":
@@ -90,6 +93,7 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
     ratio = {case_key(r["case"]): r["op_ratio"] * _variant_scale(r) for r in rows if "op_ratio" in r}
     with_sum = {case_key(r["case"]): r["op_ratio_with_sum"] * _variant_scale(r) for r in rows
                 if "op_ratio_with_sum" in r}
+    apart = {case_key(r["case"]): r["apart_ratio"] for r in rows if "apart_ratio" in r}
     out = []
     with kernel_ratios.reading(ratio_file):
         for r in rows:
@@ -105,7 +109,8 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
             with knobs.cta.patch(STAGE0_GEMM="auto", STAGE1_GEMM="auto"), knobs.moe.patch(EXPERT_GEMM="auto"):
                 entry["auto"] = choose(c, gpu)
             for name in ("path", "auto"):
-                entry[name + "_ratio"] = kernel_ratio if entry[name] == "kernel" else other_ratio
+                entry[name + "_ratio"] = {"kernel": kernel_ratio, "other": other_ratio,
+                                          "apart": apart.get(case_key(c))}[entry[name]]
             if c["kernel"] in ("mm_rs", "mm_ar"):  # over the baseline and the sum the unfused collective does
                 entry["path_ratio_with_sum"] = (with_sum.get(case_key(c)) if entry["path"] == "kernel"
                                                 else _other(with_sum, c, other))
@@ -130,6 +135,8 @@ def fmt_ratio(v) -> str:
 
 
 def _name(entry: dict, which: str) -> str:
+    if entry[which] == "apart":
+        return entry["case"]["kernel"] + ", epilogue apart"
     return entry["case"]["kernel"] if entry[which] == "kernel" else entry["other"]
 
 
@@ -175,7 +182,8 @@ def markdown(entries: list[dict], gpu: str, source: str) -> str:
         "`knobs.codegen.MEASURED_VARIANT_GAIN` (the op then tunes over it too). `other path`: the op's cuBLAS path (`*_cublas` rows: its GEMMs "
         "per chunk or band with the flags, over one GEMM), `torch.sum`, or the MoE experts' grouped-GEMM form "
         "(over both grouped GEMMs); a fused case's cuBLAS path reads the plain one's ratio (its epilogue runs "
-        f"apart, as the baseline's does: a bound). n/a: that path was not measured. {auto_note}Bar: ≤ {BAR}. "
+        f"apart, as the baseline's does: a bound); `epilogue apart`: `ag_mm`'s kernel run plain, its epilogue after it, "
+        f"where that measured faster than fused (`apart_ratio`). n/a: that path was not measured. {auto_note}Bar: ≤ {BAR}. "
         "`op / (cuBLAS + sum)` (`mm_rs`, `mm_ar`): over cuBLAS followed by `torch.sum` of this rank's ws partials, "
         "the sum the unfused reduce-scatter or all-reduce does and these ops do in their GEMM's epilogue.",
         "", "## Per kernel, the op's path with the knobs as set", "", common.markdown_table(sum_head, summary(entries)),

@@ -77,6 +77,9 @@ class Bench:
         self.fresh_outputs: list[tuple[int, ...]] = []  # (see check)
         # mm_rs / mm_ar: the baseline followed by the sum a reduce-scatter does, over this rank's chunk (label, fn)
         self.with_sum = None
+        # ag_mm with an epilogue: run_apart(cfg) runs the kernel plain, then the epilogue as the op's torch step
+        # (spec.epilogue.apply_all), the path the op takes where fusing measured slower; apart_error() checks it
+        self.run_apart = None
         getattr(self, "_setup_" + case.kernel)()
 
     # ---- helpers
@@ -125,6 +128,25 @@ class Bench:
 
         self.run = run
         self.error = lambda: common.rel_err(self.out.float(), self.want)
+        if c.fused:
+            from overlap_backend.spec import epilogue as spec
+
+            plain = torch.empty_like(self.out)
+            self.apart_out = None
+
+            def run_apart(cfg):
+                ag_mm.launch(self.shard, self.buf, self.b, self.bias, plain, self.flags, 0, self.status, 10**9, 0, c.ws,
+                             rows, self.band, cfg, self.num_sms)
+                self.apart_out = spec.apply_all([c.epilogue], [plain], ())[0]
+
+            def apart_error(cfg):
+                plain.fill_(float("nan"))
+                self.apart_out = None
+                run_apart(cfg)
+                common.synchronize(self.dev)
+                return common.rel_err(self.apart_out.float(), self.want)
+
+            self.run_apart, self.apart_error = run_apart, apart_error
 
     # ---- mm_rs producer (and its mm_ar rounds form)
     def _rs_buffers(self, rows, rounds):

@@ -157,6 +157,25 @@ def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
     return _memo((_generation(), kernel, M, K, N, tuple(sorted(kw.items()))), verdict)
 
 
+def fuses_epilogue(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
+    """Whether the op should fuse its epilogue into ``kernel``'s tiles at this GEMM (``kw``: as :func:`nearest`,
+    without ``fused``): False where the kernel run plain with the epilogue apart after it (the benchmark's
+    ``apart_ratio``, timed over the same baseline as the fused kernel's ``ratio``) measured at least
+    ``knobs.symm.EPILOGUE_APART_GAIN`` faster; True where it did not; None where that was not measured near
+    (or the knob is off): the op fuses."""
+    gain = _symm.EPILOGUE_APART_GAIN
+    if gain is None:
+        return None
+
+    def verdict():
+        e = nearest(kernel, M, K, N, fused=True, **kw)
+        if e is None or e.get("apart_ratio") is None:
+            return None
+        return not float(e["apart_ratio"]) <= measured_ratio(kernel, M, K, N, fused=True, **kw) * (1 - gain)
+
+    return _memo((_generation(), "fuses", kernel, M, K, N, tuple(sorted(kw.items()))), verdict)
+
+
 def measured_choice(kernel: str, M: int, K: int, N: int, *, path: str | None = None, path_required: bool = False,
                     **kw) -> str | None:
     """The op's path for this GEMM where measurements decide it, else None (the shape rules decide). ``path``

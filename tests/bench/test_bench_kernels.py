@@ -131,6 +131,9 @@ def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, moe, mon
         for cfg in cfgs:
             assert b.check(cfg) <= 1e-5, (case.label(), cfg)
         _check_with_sum(b, case.kernel in ("mm_rs", "mm_ar"))
+        assert (b.run_apart is not None) == (case.kernel == "ag_mm")  # the fused ag_mm: its epilogue apart too
+        if b.run_apart is not None:
+            assert b.apart_error(cfgs[0]) <= 1e-5 and not torch.isnan(b.apart_out).any()
 
 
 def _check_with_sum(b, expected: bool) -> None:
@@ -298,6 +301,25 @@ def test_paths_take_the_runtimes_choice_and_read_the_chosen_paths_ratio(bk, tmp_
     assert kernel_ratios.entries(tmp_path / "kernel_ratios.json"), "the run's file is left as it was"
 
 
+def test_paths_take_the_epilogue_apart_where_it_measured_faster(bk, tmp_path):
+    """A fused ag_mm case on its kernel: the path is the kernel with its epilogue apart where ``apart_ratio``
+    measured faster than fused by the gain, its ratio that one; fused otherwise."""
+    from overlap_backend.spec import kernel_ratios
+
+    paths = importlib.import_module("bench.suites.kernel_paths")
+    gpu = "Test GPU"
+    rows = [{"case": {"kernel": "ag_mm", "ws": 4, "M": M, "K": 4096, "N": N, "epilogue": "gelu", "moe": ""},
+             "op_ratio": 1.02, "op_ms": 1.0, "apart_ratio": apart} for M, N, apart in
+            ((8192, 3584, 0.99), (8192, 28672, 1.015))]
+    entries = [{"gpu": gpu, "kernel": "ag_mm", "dtype": "bfloat16", "ws": 4, "M": r["case"]["M"], "K": 4096,
+                "N": r["case"]["N"], "fused": True, "ratio": r["op_ratio"], "apart_ratio": r["apart_ratio"]}
+               for r in rows]
+    (tmp_path / "kernel_ratios.json").write_text(json.dumps(kernel_ratios.document(entries)))
+    found = paths.paths(rows, tmp_path / "kernel_ratios.json", gpu)
+    assert [(e["path"], e["path_ratio"]) for e in found] == [("apart", 0.99), ("kernel", 1.02)]
+    assert "ag_mm, epilogue apart" in paths.markdown(found, gpu, "here")
+
+
 def test_paths_read_the_variant_the_op_tunes_over_too(bk, tmp_path):
     """Where a run's best bench-only variant of ag_mm / mm_rs / mm_ar beat the op's candidates by
     MEASURED_VARIANT_GAIN, the op tunes over it too: its path's ratio is the variant's (and so is the choice)."""
@@ -342,6 +364,42 @@ def test_measure_times_the_baseline_with_the_reduce_scatters_sum(bk, monkeypatch
     entry = bk.ratio_entries([row], {"gpu": "G"}, "here")[0]
     assert entry["ratio"] == pytest.approx(1.2) and entry["ratio_with_sum"] == pytest.approx(0.96)
     assert "| 0.960 " in bk.table_markdown([row], bk.run_info(True, ["--dry-run"]), [])
+
+
+def test_measure_times_the_fused_ag_mm_with_its_epilogue_apart_too(bk, monkeypatch):
+    """A fused ag_mm row also times the op's best config plain with the epilogue's torch step after it, over the
+    same baseline (``apart_ratio``): in the ratio file, the table and the op's path where it wins."""
+    case = bk.Case("ag_mm", 2, 1024, 64, 256, "gelu")
+    QT, PT = bk.common.QueuedTime, bk.common.PairedTime
+    monkeypatch.setattr(bk.Bench, "time", lambda self, fn: QT(0.4, 9.0, True))
+    init = bk.Bench.__init__
+    n = len(bk.Bench(case, torch.device("cpu"), 4, 1, torch.float32).op_cands)
+    paired = iter([PT(0.45, 0.4, 1.12, 20.0, True)] * n + [PT(0.42, 0.4, 1.05, 20.0, True)])
+    monkeypatch.setattr(bk.Bench, "time_paired", lambda self, fn: next(paired))
+    monkeypatch.setattr(bk.Bench, "back_to_back_ms", lambda self, fn: 0.5)
+    monkeypatch.setattr(bk.Bench, "check", lambda self, cfg: 0.0)
+    monkeypatch.setattr(bk, "_first_error", lambda fn, dev: None)
+
+    def cpu_init(self, c, dev, sms, reps):
+        init(self, c, dev, sms, reps, torch.float32)
+        self.apart_error = lambda cfg: 0.0
+
+    monkeypatch.setattr(bk.Bench, "__init__", cpu_init)
+    row = bk.measure(case, ["collective ag_mm"], torch.device("cpu"), 4, 1, variants=False)
+    assert "error" not in row and row["op_ratio"] == pytest.approx(1.12) and row["apart_ratio"] == pytest.approx(1.05)
+    entry = bk.ratio_entries([row], {"gpu": "G"}, "here")[0]
+    assert entry["apart_ratio"] == pytest.approx(1.05) and entry["fused"]
+    assert "1.050 **>1.03**" in bk.table_markdown([row], bk.run_info(True, ["--dry-run"]), [])
+    # a config whose apart path is wrong: reported, not timed
+    paired = iter([PT(0.45, 0.4, 1.12, 20.0, True)] * n)
+
+    def wrong_init(self, c, dev, sms, reps):
+        init(self, c, dev, sms, reps, torch.float32)
+        self.apart_error = lambda cfg: 0.5
+
+    monkeypatch.setattr(bk.Bench, "__init__", wrong_init)
+    row = bk.measure(case, ["collective ag_mm"], torch.device("cpu"), 4, 1, variants=False)
+    assert "apart_ratio" not in row and row["apart_error"].startswith("WRONG")
 
 
 @pytest.mark.parametrize("rank", [0, 1, 3])

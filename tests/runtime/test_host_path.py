@@ -175,6 +175,24 @@ def test_ag_mm_kernel_steady_state(fake, group):
                  "write_value32": 1, "launch": 1, "python calls": 100, "allocations": 2})
 
 
+def test_ag_mm_plan_runs_the_epilogue_apart_where_that_measured_faster(fake, ratios):
+    """ag_mm on its kernel: a generated epilogue fused into the tiles, or where the ratio file measured the kernel
+    plain with the epilogue after it faster (``apart_ratio``), no generated epilogue and the spec run after it."""
+    from ratio_files import entry
+
+    _, st = fake
+    shard, w = torch.randn(512, 64), torch.randn(64, 128)
+    fused = {**entry("ag_mm", 2, 1024, 64, 128, 1.10, fused=True, dtype="float32"), "apart_ratio": 1.08}
+    with knobs.symm.patch(AG_MM_GEMM="triton"):
+        for apart, want_post in ((1.02, ["gelu"]), (1.095, None)):
+            ratios({**fused, "apart_ratio": apart})
+            symm_ag_mm._plans.clear()
+            gemm, _, gens, dtypes, post, *_ = symm_ag_mm.ag_mm_plan(st, shard, [w], ("gelu",), 0, False)
+            assert gemm == "triton" and post == want_post and dtypes == [shard.dtype]
+            assert (gens[0] is None) == (want_post is not None)
+    symm_ag_mm._plans.clear()
+
+
 def test_mm_rs_cublas_steady_state(fake, group):
     counts, _ = fake
     a, b = torch.randn(512, 64), torch.randn(64, 96)

@@ -156,6 +156,28 @@ def test_ag_gemm_takes_cublas_where_the_fused_kernel_measured_slower(ratios):
         assert symm_ag_mm.ag_gemm(1, 4096, 8192, 512, epilogue=True, ws=4) == "triton"
 
 
+def test_ag_mm_runs_its_epilogue_apart_where_that_measured_faster_than_fused(ratios):
+    """fuses_epilogue / ag_epilogue_apart: the kernel plain with the epilogue after it (``apart_ratio``, over the same
+    baseline as the fused ``ratio``) where that measured faster by knobs.symm.EPILOGUE_APART_GAIN; fused where it
+    did not, or was not measured near."""
+    apart = {**_entry("ag_mm", 4, 8192, 4096, 3584, 1.094, fused=True), "apart_ratio": 1.042}
+    close = {**_entry("ag_mm", 4, 8192, 4096, 28672, 1.05, fused=True), "apart_ratio": 1.045}
+    ratios(apart, close, _entry("ag_mm", 4, 16384, 8192, 512, 1.02, fused=True),
+           _entry("ag_mm", 4, 8192, 4096, 3584, 1.03))
+    assert kernel_ratios.fuses_epilogue("ag_mm", 8192, 4096, 3584, ws=4) is False
+    assert symm_ag_mm.ag_epilogue_apart(1, 2048, 4096, 3584, ws=4) is True
+    assert symm_ag_mm.ag_epilogue_apart(1, 2048, 4096, 28672, ws=4) is False  # 0.5 % faster: under the gain
+    assert kernel_ratios.fuses_epilogue("ag_mm", 8192, 4096, 28672, ws=4) is True
+    assert kernel_ratios.fuses_epilogue("ag_mm", 16384, 8192, 512, ws=4) is None  # apart not measured
+    assert symm_ag_mm.ag_epilogue_apart(1, 4096, 8192, 512, ws=4) is False
+    assert kernel_ratios.fuses_epilogue("ag_mm", 1024, 1024, 1024, ws=4) is None  # nothing near
+    assert symm_ag_mm.ag_epilogue_apart(1, 2048, 4096, 3584, ws=0) is False  # no group: the rule (fused)
+    with knobs.symm.patch(EPILOGUE_APART_GAIN=None):
+        assert symm_ag_mm.ag_epilogue_apart(1, 2048, 4096, 3584, ws=4) is False
+    with knobs.symm.patch(EPILOGUE_APART_GAIN=0.1):
+        assert symm_ag_mm.ag_epilogue_apart(1, 2048, 4096, 3584, ws=4) is False  # 4.8 % faster: under 10 %
+
+
 def test_oneshot_sum_takes_torch_where_the_sum_kernel_measured_slower(ratios):
     """mm_ar one-shot (knobs.symm.ONESHOT_SUM): "auto" sums with torch where the one-shot kernel measured
     slower than torch.sum near the shape (entries with K = 1), the kernel elsewhere; a generated epilogue

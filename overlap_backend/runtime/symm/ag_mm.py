@@ -61,8 +61,11 @@ def ag_mm_plan(st, shard, weights, epilogues, dim, graph) -> tuple:
     gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)), ws=st.ws,
                    dtype=shard.dtype)
     specs = list(epilogues) or [""] * len(weights)
-    # on cuBLAS the epilogues run after the GEMMs (ag_gemm chose so where fusing measured slower)
-    gens = [generated_epilogue(spec, shard.dtype) if gemm == "triton" else None for spec in specs]
+    # on cuBLAS the epilogues run after the GEMMs (ag_gemm chose so where fusing measured slower); on the kernel
+    # too where the kernel plain and the epilogue after it measured faster than the epilogue fused
+    fuse = gemm == "triton" and not (any(epilogues) and ag_epilogue_apart(
+        outer, run, K, sum(w.shape[1] for w in weights), ws=st.ws, dtype=shard.dtype))
+    gens = [generated_epilogue(spec, shard.dtype) if fuse else None for spec in specs]
     # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
     gens = [None if g is not None and tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
             for g, spec, w in zip(gens, specs, weights)]
@@ -103,6 +106,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
             return run_on_p2p("ag_mm", why, group_name, *args)
     PATHS["ag_mm:symm"] += 1
     PATHS[f"ag_mm:symm:{gemm}"] += 1
+    if gemm == "triton" and post is not None:
+        PATHS["ag_mm:symm:triton-epilogue-apart"] += 1
     st.ensure_data(ws * chunk_bytes, "ag_mm")
     buf = st.data_view(shard.dtype, (ws, rows, K))
     shard2d = shard.view(rows, K)
@@ -225,6 +230,13 @@ def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False, *, ws:
     if epilogue or N < knobs.symm.AG_CUBLAS_MIN_N:  # generated epilogues are fused into the kernel's tiles
         return choice or "triton"
     return choice or "cublas"
+
+
+def ag_epilogue_apart(outer: int, run: int, K: int, N: int, *, ws: int, dtype="bfloat16", gpu: str | None = None) -> bool:
+    """Whether ``ag_mm`` on its kernel runs its generated epilogues apart, after the kernel (``post``), instead of
+    in the kernel's tiles: where the kernel benchmark measured that faster near this GEMM on this GPU
+    (``kernel_ratios.fuses_epilogue``; ``N``: all the weights' columns). Alike on every rank."""
+    return bool(ws) and kernel_ratios.fuses_epilogue("ag_mm", ws * outer * run, K, N, ws=ws, dtype=dtype, gpu=gpu) is False
 
 
 def ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute) -> None:

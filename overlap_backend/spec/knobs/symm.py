@@ -82,6 +82,10 @@ symm = Knobs(
     # (spec/kernel_ratios.py, written by bench/suites/bench_kernels.py) and the op's cuBLAS path, where measured
     # there too, faster than the kernel; on the kernel where that path measured slower; None: the shape rules alone.
     CUBLAS_ABOVE_RATIO=1.03,
+    # ag_mm on its kernel runs a generated epilogue apart (the kernel plain, the epilogue's torch step after it)
+    # where that measured at least this fraction faster than the epilogue fused into the kernel's tiles (the
+    # kernel benchmark's apart_ratio against ratio, over the same cuBLAS-plus-epilogue baseline); None: always fused.
+    EPILOGUE_APART_GAIN=0.01,
     # A measured ratio stands for a GEMM within this distance of its shape (log2 units over M, K, N and the
     # world size): a shape farther from every measured one keeps the shape rules.
     KERNEL_RATIO_MAX_DISTANCE=1.0,
