@@ -9,7 +9,8 @@ of ``experts`` experts and owns ``experts / N`` of them; a config whose experts 
 reported as ``n/a``, not run; ``deepseek-ep8`` -- 64 experts, for EP=8 -- is added to the default
 configs from 8 ranks on) and routing (``balanced``: uniform;
 ``skewed``: expert 0 is every token's first choice, so rank 0 receives most rows), times with CUDA
-events (warm-up, >= 20 repetitions, median per rank, max over ranks):
+events (warm-up, >= 20 repetitions, median per rank, max over ranks; ``baseline``, ``a2a``, ``experts`` and
+``symm`` then timed again in ``--rounds`` (2) interleaved rounds, each column the median of its timings):
 
 - ``baseline``: NCCL ``all_to_all_single`` of the rows, gather expert-major, three
   ``torch._grouped_mm`` + silu*up (a batched GEMM, as torchtitan), scatter back, NCCL
@@ -192,6 +193,9 @@ def parse_args(argv=None):
                    help="one torch.profiler trace of the baseline and of symm per config and routing (after "
                         "p2p with --p2p-first), ranks 0 and 1: DIR/moe_ws<N>_<config>_<routing>_<variant>_rank<R>.json")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="after the baseline, a2a, experts and symm were timed once each, this many more rounds over "
+                        "them, interleaved (a column's time: the median of its timings)")
     p.add_argument("--graphs", action="store_true",
                    help="also time the baseline and symm captured in a CUDA graph (replays; table 'CUDA graphs')")
     p.add_argument("--list-configs", metavar="WS", type=int, default=None,
@@ -202,6 +206,8 @@ def parse_args(argv=None):
         p.error("--out DIR is required")
     if args.p2p_first and args.no_p2p:
         p.error("--p2p-first and --no-p2p exclude each other")
+    if args.rounds < 0:
+        p.error(f"--rounds {args.rounds}: 0 or more")
     args.configs = None if args.configs is None else [c for c in args.configs.split(",") if c]
     args.routing = [r for r in args.routing.split(",") if r]
     args.comm_sms = [int(v) for v in args.comm_sms.split(",") if v]
@@ -544,11 +550,16 @@ def run_ep_row(cfg, routing, weights, first, args, rank, ws, device, timing, def
             res["paths"] = dict(lowering_helpers.PATHS)
             res["expert_major_auto"] = moe_symm.expert_major(prob.rows.shape[0], ws, prob.e_local)
         r_fixed = prob.dispatch().clone()
-        t["baseline"], _ = timing.bench(prob.baseline)
-        t["a2a"], _ = timing.bench(prob.a2a)
-        t["experts"], _ = timing.bench(lambda: prob.experts(r_fixed))
+        steps = {"baseline": prob.baseline, "a2a": prob.a2a, "experts": lambda: prob.experts(r_fixed)}
         if on_gpu:
-            t["symm"] = time_lowering(prob, "symm", timing)
+            steps["symm"] = lambda: prob.ours("symm")
+        for name, step in steps.items():
+            t[name], _ = timing.bench(step)
+        if args.rounds:  # then interleaved rounds: a drift of the GPUs' clocks falls alike on every column
+            timed = {name: {"round_ms": [t[name]]} for name in steps}
+            common.time_in_rounds([(timed[name], step) for name, step in steps.items()], args.rounds, timing)
+            t.update({name: row["time_ms"] for name, row in timed.items()})
+            res["round_ms"] = {name: row["round_ms"] for name, row in timed.items()}
         t["max"] = max(t["experts"], t["a2a"])
         res.update(times_ms=t, recv_rows_max=recv_max)
         if on_gpu:

@@ -37,6 +37,9 @@ def test_bench_moe_cpu_checks_every_form(tmp_path):
         assert r["err_p2p"] <= 1e-2, r
         assert r["times_ms"]["p2p"] > 0 and r["times_ms"]["baseline"] > 0, r
         assert "symm" not in r["times_ms"] and "sweep" not in r, r  # (no symm on gloo)
+        # timed once, then in two interleaved rounds: each column the median of its three timings
+        assert set(r["round_ms"]) == {"baseline", "a2a", "experts"} and len(r["round_ms"]["baseline"]) == 3, r
+        assert r["times_ms"]["a2a"] == sorted(r["round_ms"]["a2a"])[1], r
     tp = data["tp_experts"]
     assert [r["routing"] for r in tp] == ["balanced", "skewed"]
     for r in tp:
