@@ -1,6 +1,7 @@
 """Two kernel benchmark runs side by side (the code before and after a change, on one machine): per shape the
 baseline of each run, the op's time and ratio to its own run's baseline in each, the op's config after, and the
-op's time after over before.
+op's ratio after over before: its time after over before at the same clock, as each run's ratio is to the cuBLAS
+calls beside it (the op's times of two runs, made minutes apart, differ by the GPU's clock too).
 
     python bench/tools/kernel_ab.py BEFORE_DIR AFTER_DIR [--out FILE]      # each holding results.json
 
@@ -33,23 +34,23 @@ def table(before: dict[str, dict], after: dict[str, dict]) -> str:
     if not both:
         raise SystemExit("no shape measured in both runs")
     lines = ["| shape | baseline ms before / after | op ms before | op / baseline before | op ms after "
-             "| op / baseline after | op's config after | op after / before |",
+             "| op / baseline after | op's config after | op / baseline, after over before |",
              "|---|---|---|---|---|---|---|---|"]
-    ratios = {"before": [], "after": [], "time": []}
+    ratios = {"before": [], "after": [], "change": []}
     for label in both:
         b, a = before[label], after[label]
         ratios["before"].append(b["op_ratio"])
         ratios["after"].append(a["op_ratio"])
-        ratios["time"].append(a["op_ms"] / b["op_ms"])
+        ratios["change"].append(a["op_ratio"] / b["op_ratio"])
         lines.append(f"| {label} | {b['baseline_ms']:.3f} / {a['baseline_ms']:.3f} | {b['op_ms']:.3f} | "
                      f"{kernel_paths.fmt_ratio(b['op_ratio'])} | {a['op_ms']:.3f} | "
                      f"{kernel_paths.fmt_ratio(a['op_ratio'])} | {config_label(a['op_config'])} | "
-                     f"{ratios['time'][-1]:.3f} |")
+                     f"{ratios['change'][-1]:.3f} |")
     geo = {k: statistics.geometric_mean(v) for k, v in ratios.items()}
     over = {k: sum(r > kernel_paths.BAR for r in ratios[k]) for k in ("before", "after")}
     lines.append(f"\n{len(both)} shapes. Op / baseline, geo-mean: before {geo['before']:.3f} ({over['before']} over "
-                 f"{kernel_paths.BAR}), after {geo['after']:.3f} ({over['after']} over); op time after / before, "
-                 f"geo-mean {geo['time']:.3f}.")
+                 f"{kernel_paths.BAR}), after {geo['after']:.3f} ({over['after']} over); op / baseline after over "
+                 f"before, geo-mean {geo['change']:.3f}.")
     return "\n".join(lines) + "\n"
 
 
