@@ -104,16 +104,10 @@ def measure(case: Case, origins: list[str], dev, num_sms: int, reps: int, varian
             r["error"] = "not run (time box)"
             results.append(r)
             continue
-        why = _first_error(lambda: b.run(cfg), dev)
-        if why is None:
-            err = b.check(cfg)
+        why, err, t = _check_then_time(b, lambda cfg=cfg: b.run(cfg), lambda cfg=cfg: b.check(cfg))
+        if err is not None:
             r["rel_err"] = err
-            if not err <= CHECK_TOL:
-                why = f"WRONG (rel err {err:.2e})"
         if why is None:
-            # call by call against cuBLAS: the GPU's clock moves under a sustained load, and timings made one
-            # after the other (the baseline before and after the configs) differed by up to 17 % on one GPU
-            t = b.time_paired(lambda: b.run(cfg))
             r["ms"], r["ratio"], r["baseline_ms"], r["host_us"] = t.ms, t.ratio, t.baseline_ms, t.host_us
             paired_baseline.append(t.baseline_ms)
             queued.append(t.queued)
@@ -145,17 +139,26 @@ def _measure_apart(b, row: dict, queued: list, deadline: float) -> None:
     if time.time() > deadline:
         row["apart_error"] = "not run (time box)"
         return
-    why = _first_error(lambda: b.run_apart(cfg), b.dev)
-    if why is None:
-        err = b.apart_error(cfg)
-        if not err <= CHECK_TOL:
-            why = f"WRONG (rel err {err:.2e})"
+    why, _, t = _check_then_time(b, lambda: b.run_apart(cfg), lambda: b.apart_error(cfg))
     if why is not None:
         row["apart_error"] = why
         return
-    t = b.time_paired(lambda: b.run_apart(cfg))
     row["apart_ms"], row["apart_ratio"] = t.ms, t.ratio
     queued.append(t.queued)
+
+
+def _check_then_time(b, run, check) -> tuple[str | None, float | None, object]:
+    """(why ``run`` failed, or None; ``check()``'s relative error, where it ran; its ``b.time_paired`` where
+    it passed). A run that does not compile or fit, or computes wrong, is reported, not timed. Timed call by
+    call against cuBLAS: the GPU's clock moves under a sustained load, and timings made one after the other
+    (the baseline before and after a case's configs) differed by up to 17 % on one GPU."""
+    why = _first_error(run, b.dev)
+    if why is not None:
+        return why, None, None
+    err = check()
+    if not err <= CHECK_TOL:
+        return f"WRONG (rel err {err:.2e})", err, None
+    return None, err, b.time_paired(run)
 
 
 def summarize(row: dict) -> None:

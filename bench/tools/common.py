@@ -200,24 +200,31 @@ def queued_ms(fn: Callable[[], object], n: int = 20, warm: int = 3) -> QueuedTim
         fn()
     host_s = (time.perf_counter() - t0) / 3
     torch.cuda.synchronize()
+    ms, queued, host_s = _behind_spin([fn] * n, host_s)
+    return QueuedTime(statistics.median(ms), host_s * 1e6, queued)
+
+
+def _behind_spin(calls: list[Callable[[], object]], host_s: float) -> tuple[list[float], bool, float]:
+    """(ms of each of ``calls``, each between two CUDA events; whether the GPU spin they were enqueued behind
+    outlasted their enqueueing; host s per call). The spin is sized from ``host_s`` (an estimate of the host's
+    time per call) and, where it ran out before the last call was enqueued, from the time measured, up to
+    three tries."""
     for _ in range(3):
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in calls]
         spun = torch.cuda.Event()
-        torch.cuda._sleep(int((2e3 * host_s * n + 1.0) * _cycles_per_ms()))
+        torch.cuda._sleep(int((2e3 * host_s * len(calls) + 1.0) * _cycles_per_ms()))
         spun.record()
         t0 = time.perf_counter()
-        for s, e in zip(starts, ends):
+        for (s, e), call in zip(events, calls):
             s.record()
-            fn()
+            call()
             e.record()
-        host_s = (time.perf_counter() - t0) / n
+        host_s = (time.perf_counter() - t0) / len(calls)
         queued = not spun.query()
         torch.cuda.synchronize()
-        result = QueuedTime(statistics.median([s.elapsed_time(e) for s, e in zip(starts, ends)]), host_s * 1e6, queued)
         if queued:
             break
-    return result
+    return [s.elapsed_time(e) for s, e in events], queued, host_s
 
 
 @dataclasses.dataclass
@@ -251,28 +258,12 @@ def paired_queued_ms(fn: Callable[[], object], baseline: Callable[[], object], n
     host_us = (time.perf_counter() - t0) / 3 * 1e6
     t0 = time.perf_counter()
     baseline()
-    host_s = host_us * 1e-6 + time.perf_counter() - t0  # one call of each
+    host_s = 0.5 * (host_us * 1e-6 + time.perf_counter() - t0)  # per call, the two alike
     torch.cuda.synchronize()
-    for _ in range(3):
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2 * n + 1)]
-        spun = torch.cuda.Event()
-        torch.cuda._sleep(int((2e3 * host_s * n + 1.0) * _cycles_per_ms()))
-        spun.record()
-        t0 = time.perf_counter()
-        for i, (s, e) in enumerate(events):
-            s.record()
-            (fn if i % 2 else baseline)()
-            e.record()
-        host_s = 2 * (time.perf_counter() - t0) / (2 * n + 1)  # one call of each, for a longer spin if needed
-        queued = not spun.query()
-        torch.cuda.synchronize()
-        ms = [s.elapsed_time(e) for s, e in events]
-        base, own = ms[0::2], ms[1::2]
-        ratios = [t / (0.5 * (base[i] + base[i + 1])) for i, t in enumerate(own)]
-        result = PairedTime(statistics.median(own), statistics.median(base), statistics.median(ratios), host_us, queued)
-        if queued:
-            break
-    return result
+    ms, queued, _ = _behind_spin([baseline, fn] * n + [baseline], host_s)
+    base, own = ms[0::2], ms[1::2]
+    ratios = [t / (0.5 * (base[i] + base[i + 1])) for i, t in enumerate(own)]
+    return PairedTime(statistics.median(own), statistics.median(base), statistics.median(ratios), host_us, queued)
 
 
 def together_ms(fn: Callable[[], object], n: int = 10, warm: int = 0) -> float:

@@ -58,13 +58,13 @@ def ag_mm_plan(st, shard, weights, epilogues, dim, graph) -> tuple:
     run = math.prod(shard.shape[dim:-1])
     outer = rows // run if run else 0
     keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows) for w in weights]
-    gemm = ag_gemm(outer, run, K, sum(w.shape[1] for w in weights), bool(any(epilogues)), ws=st.ws,
-                   dtype=shard.dtype)
+    N = sum(w.shape[1] for w in weights)
+    gemm = ag_gemm(outer, run, K, N, bool(any(epilogues)), ws=st.ws, dtype=shard.dtype)
     specs = list(epilogues) or [""] * len(weights)
     # on cuBLAS the epilogues run after the GEMMs (ag_gemm chose so where fusing measured slower); on the kernel
     # too where the kernel plain and the epilogue after it measured faster than the epilogue fused
-    fuse = gemm == "triton" and not (any(epilogues) and ag_epilogue_apart(
-        outer, run, K, sum(w.shape[1] for w in weights), ws=st.ws, dtype=shard.dtype))
+    apart = any(epilogues) and ag_epilogue_apart(outer, run, K, N, ws=st.ws, dtype=shard.dtype)
+    fuse = gemm == "triton" and not apart
     gens = [generated_epilogue(spec, shard.dtype) if fuse else None for spec in specs]
     # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
     gens = [None if g is not None and tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
@@ -232,11 +232,13 @@ def ag_gemm(outer: int, run: int, K: int, N: int, epilogue: bool = False, *, ws:
     return choice or "cublas"
 
 
-def ag_epilogue_apart(outer: int, run: int, K: int, N: int, *, ws: int, dtype="bfloat16", gpu: str | None = None) -> bool:
+def ag_epilogue_apart(outer: int, run: int, K: int, N: int, *, ws: int, dtype="bfloat16",
+                      gpu: str | None = None) -> bool:
     """Whether ``ag_mm`` on its kernel runs its generated epilogues apart, after the kernel (``post``), instead of
     in the kernel's tiles: where the kernel benchmark measured that faster near this GEMM on this GPU
     (``kernel_ratios.fuses_epilogue``; ``N``: all the weights' columns). Alike on every rank."""
-    return bool(ws) and kernel_ratios.fuses_epilogue("ag_mm", ws * outer * run, K, N, ws=ws, dtype=dtype, gpu=gpu) is False
+    return bool(ws) and kernel_ratios.fuses_epilogue("ag_mm", ws * outer * run, K, N, ws=ws, dtype=dtype,
+                                                      gpu=gpu) is False
 
 
 def ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute) -> None:
