@@ -617,7 +617,9 @@ class Bench:
         offs, wd = self.offsets, self.w_down
         act = self._rand(self.xg.shape[0], wd.shape[1])
         self.baseline = ("torch._grouped_mm", lambda: torch._grouped_mm(act, wd, offs=offs))
-        self.op_cands, self.variant_cands = list(self.down_cands), []
+        # variants: each candidate with the other store kind (TMA stores of full consecutive tiles, or pointers)
+        self.op_cands = list(self.down_cands)
+        self.variant_cands = [c[:6] + (not c[6],) for c in self.down_cands]
         self.outputs = []
         self.run = lambda cfg: self._moe_run(self.gate_cands[0], cfg, "down")
         self.error_of = lambda cfg: self._moe_error(self.gate_cands[0], cfg)

@@ -42,6 +42,10 @@ transfers, the down tiles for nothing), so a CTA that is not resident yet delays
   (``[N_recv, H]``, received-row order); each remote tile is counted per source position and the
   CTA that finishes a source's last tile raises ``done[pos]`` (release). Program 0 raises the done
   flag of sources with no tile at all (nothing to wait for: their staging rows are zeros).
+  With ``TMA_STORE`` (the config's store field) a full tile of a group whose rows are consecutive (``contig``)
+  is stored by TMA, asynchronously: the store drains during the CTA's next main loop instead of delaying it
+  (at DeepSeek-like K = 2048 the pointer-store epilogue is a seventh of a tile's time). A remote tile stored so is
+  counted after that next main loop, once its bulk store completed; the other tiles are stored by pointers.
 """
 
 import torch
@@ -50,8 +54,8 @@ import triton.language as tl
 
 from ..spec import knobs
 from . import launcher
-from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_tile_done,
-                    signal_flag, wait_flag)
+from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, bulk_stores_done, claim_and_report,
+                    count_tile_done, count_tiles_done, signal_flag, wait_flag)
 from .tiles import grouped_tile
 
 
@@ -205,16 +209,25 @@ def gate_up_kernel(
 def down_kernel(
     act_ptr, w_down_ptr, out_ptr, stage_ptr,
     srows_ptr, counts_ptr, row_start_ptr, tile_start_ptr, recv_off_ptr, src_tiles_ptr,
-    counters_ptr, done_ptr, epoch,
-    rank, own_row0, M, H, F, G, E, group_lo, group_hi, pos_lo, pos_hi, wd_stride_e, wd_stride_row,
+    counters_ptr, done_ptr, contig_ptr, epoch,
+    rank, own_row0, M, H, F, G, E, out_rows, stage_rows, group_lo, group_hi, pos_lo, pos_hi, wd_stride_e,
+    wd_stride_row,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, WD_K_MAJOR: tl.constexpr,
+    GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, WD_K_MAJOR: tl.constexpr, TMA_STORE: tl.constexpr = False,
+    INTERPRET: tl.constexpr = False,
 ):
     tiles_n = tl.cdiv(H, BN)
     first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
     end_tile = tl.load(tile_start_ptr + group_hi) * tiles_n
     a_desc = tl.make_tensor_descriptor(act_ptr, shape=[M, F], strides=[F, 1], block_shape=[BM, BK])
     w_desc = expert_descriptor(w_down_ptr, E, F, H, wd_stride_e, wd_stride_row, BK, BN, WD_K_MAJOR)
+    if TMA_STORE:  # full tiles of a group whose rows are consecutive: stored by TMA (see _store_tile)
+        out_desc = tl.make_tensor_descriptor(out_ptr, shape=[out_rows, H], strides=[H, 1], block_shape=[BM, BN])
+        stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[stage_rows, H], strides=[H, 1], block_shape=[BM, BN])
+    else:  # stand-ins, never used
+        out_desc = a_desc
+        stage_desc = a_desc
+    pending = -1  # TMA_STORE: the source position of this CTA's last remote tile stored by TMA, not yet counted
     if tl.program_id(0) == 0:  # this launch's sources with no tile: their segment (zeros) is ready now
         for p in tl.static_range(WS - 1):
             if (p >= pos_lo) & (p < pos_hi):
@@ -232,17 +245,35 @@ def down_kernel(
             a = a_desc.load([first, k * BK])
             b = expert_block(w_desc, e, k * BK, pid_n * BN, BK, BN, WD_K_MAJOR)
             acc = tl.dot(a, b, acc)
+        if pending >= 0:  # the previous tile's bulk store had this main loop to drain: count it now
+            bulk_stores_done(INTERPRET)
+            count_tiles_done(counters_ptr + pending, done_ptr + pending, 1,
+                             tl.load(src_tiles_ptr + pending) * tiles_n, epoch)
+            pending = -1
         y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
         src = (rank + 1 + pos) % WS
         smask = mask[:, None] & n_ok[None, :]
+        by_tma = False
+        if TMA_STORE:
+            by_tma = (tl.load(contig_ptr + g) != 0) & (tl.sum(mask.to(tl.int32), axis=0) == BM)
         if src == rank:
             local = srow - tl.load(recv_off_ptr + rank)
-            ptrs = out_ptr + (own_row0 + local).to(tl.int64)[:, None] * H + offs_n[None, :]
-            tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=smask)
+            if by_tma:
+                out_desc.store([own_row0 + tl.min(local, axis=0), pid_n * BN], y.to(out_ptr.dtype.element_ty))
+            else:
+                ptrs = out_ptr + (own_row0 + local).to(tl.int64)[:, None] * H + offs_n[None, :]
+                tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=smask)
+        elif by_tma:
+            stage_desc.store([tl.min(srow, axis=0), pid_n * BN], y.to(stage_ptr.dtype.element_ty))
+            pending = pos
         else:
             ptrs = stage_ptr + srow.to(tl.int64)[:, None] * H + offs_n[None, :]
             tl.store(ptrs, y.to(stage_ptr.dtype.element_ty), mask=smask)
             count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
+    if pending >= 0:
+        bulk_stores_done(INTERPRET)
+        count_tiles_done(counters_ptr + pending, done_ptr + pending, 1, tl.load(src_tiles_ptr + pending) * tiles_n,
+                         epoch)
 
 
 def phases(ws: int, experts: int, expert_major: bool, own_first: float = 0.0) -> list[tuple[int, int, int, int]]:
@@ -306,22 +337,30 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     ``phase``: (first group, end group, first source position, end position) of this launch
     (default: all)."""
     E, F, H = w_down.shape
-    BM, BN, BK, GROUP_M, stages, warps, _ = config
+    BM, BN, BK, GROUP_M, stages, warps, store = config
     G = ws * E
     de, dr, dk = expert_layout(w_down)
     launcher.launch(down_kernel, (grid,),
         act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
-        plan["recv_off"], plan["src_tiles"][BM], counters, done, epoch, rank, own_row0, act.shape[0], H, F, G, E,
-        *(phase or (0, G, 0, ws)), de, dr,
+        plan["recv_off"], plan["src_tiles"][BM], counters, done, plan["contig"], epoch, rank, own_row0, act.shape[0],
+        H, F, G, E, out.shape[0], stage.shape[0], *(phase or (0, G, 0, ws)), de, dr,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"],
-        WD_K_MAJOR=dk, num_stages=stages, num_warps=warps,
+        WD_K_MAJOR=dk, TMA_STORE=bool(store) and tma_stores(out, stage), INTERPRET=launcher.interpreting(),
+        num_stages=stages, num_warps=warps,
     )
+
+
+def tma_stores(out: torch.Tensor, stage: torch.Tensor) -> bool:
+    """Whether the down kernel can store into ``out`` and ``stage`` by TMA: rows of a multiple of 16 bytes from
+    16-byte aligned bases."""
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 and t.shape[1] * t.element_size() % 16 == 0
+               for t in (out, stage))
 
 
 def candidates(dtype: torch.dtype, kernel: str = "gate_up") -> list:
     """Block configs to tune ``kernel`` ("gate_up" or "down") over, for a 16-bit compute ``dtype``:
-    (BM, BN, BK, GROUP_M, stages, warps, TMA store unused), ``knobs.codegen.MOE_GATE_UP_16BIT`` /
-    ``MOE_DOWN_16BIT``."""
+    (BM, BN, BK, GROUP_M, stages, warps, TMA store: the down kernel's, unused by gate/up),
+    ``knobs.codegen.MOE_GATE_UP_16BIT`` / ``MOE_DOWN_16BIT``."""
     if kernel not in ("gate_up", "down"):
         raise ValueError(f"kernel must be 'gate_up' or 'down', not {kernel!r}")
     return list(knobs.codegen.MOE_GATE_UP_16BIT if kernel == "gate_up" else knobs.codegen.MOE_DOWN_16BIT)

@@ -11,13 +11,17 @@ process per GPU through ``dist_harness.run_ranks(..., backend="nccl")``.
   matmul, the steps in float32) in bf16, fp16 and fp32, outputs poisoned by running each case after
   NaN-filled allocations; on ``symm`` the kernels' path must be taken (``PATHS``);
 - the demo block and the SwiGLU MLP compiled with Inductor, fusion on and off, inference, against
-  eager (bf16 tolerance), with the captured specs the same on every rank.
+  eager (bf16 tolerance), with the captured specs the same on every rank;
+- ``ag_mm``'s epilogues run apart, after its kernel, where a ratio file measured that faster: the path taken
+  and the numerics (2 ranks).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -297,3 +301,44 @@ def test_compiled_prologues_vs_eager(ws, lowering):
     env = {"OVERLAP_INDUCTOR": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     for rank, res in enumerate(_run(prologue_worker, ws, lowering, timeout=380, env=env)):
         print(f"ws={ws} {lowering} rank {rank}: {res}")
+
+
+def apart_worker(rank: int, ws: int, device: str, ratio_dir: str):
+    """The ``ag_mm`` cases of ``_cases`` with a ratio file that measured the kernel plain with the epilogue after
+    it faster than fused (``apart_ratio``): each must take ``ag_mm:symm:triton-epilogue-apart`` and meet the
+    float32 reference in every dtype."""
+    import torch.distributed as dist
+
+    _setup_rank(rank, device)
+    from overlap_backend.spec import kernel_ratios, knobs
+
+    group = dist.group.WORLD
+    cases = [c for c in _cases(ws) if c[1] is _ag_case]
+    entries = [{"gpu": kernel_ratios.gpu_name(), "kernel": "ag_mm", "dtype": kernel_ratios.dtype_name(dtype),
+                "ws": ws, "M": ws * kw["rows"], "K": kw["k"], "N": sum(kw["ns"]), "fused": True, "ratio": 1.2,
+                "apart_ratio": 1.0} for _, _, kw in cases for dtype in DTYPES]
+    path = Path(ratio_dir) / f"ratios_rank{rank}.json"
+    path.write_text(json.dumps(kernel_ratios.document(entries)))
+    knobs.symm.set(KERNEL_RATIOS_FILE=str(path), AG_MM_GEMM="triton")
+    kernel_ratios.forget()
+    bad, results = [], []
+    for dtype in DTYPES:
+        for label, case, kw in cases:
+            before = _paths().get("ag_mm:symm:triton-epilogue-apart", 0)
+            err = case(group, dtype, device, "symm", **kw)
+            took = _paths().get("ag_mm:symm:triton-epilogue-apart", 0) - before
+            results.append((label, str(dtype), err))
+            if took != 1:
+                bad.append(f"rank {rank}: {label} {dtype}: the epilogue-apart path ran {took} times, not once")
+            if not err <= _tol(dtype):
+                bad.append(f"rank {rank}: {label} {dtype}: rel err {err:.3e} > {_tol(dtype):g}")
+    assert not bad, "\n".join(bad)
+    return results
+
+
+@pytest.mark.timeout(300)
+def test_ag_mm_epilogue_apart_numerics(tmp_path):
+    _need_gpus(2, "symm")
+    for per_rank in _run(apart_worker, 2, str(tmp_path), timeout=280):
+        for label, dtype, err in per_rank:
+            print(f"ws=2 symm epilogue apart: {label} {dtype}: rel err {err:.2e}")

@@ -251,14 +251,17 @@ def _buffers(ws, rank, case, h, dtype, gen):
                                                                (True, True, False), (True, False, True)],
                          ids=["balanced-gather", "balanced-tma", "skewed-tma", "skewed-gather-expert-major"])
 @pytest.mark.parametrize("ws,rank,dtype", [(2, 1, torch.float32), (3, 0, torch.bfloat16)])
-def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources, expert_major):
+@pytest.mark.parametrize("tma_store", [False, True], ids=["pointer-stores", "tma-stores"])
+def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources, expert_major, tma_store):
     """gate/up then down with the dispatch flags pre-set: own rows land in ``out`` at their send
     position, remote rows in the staging buffer at their received position, rows no grouped row
     points at stay 0; each source's done flag is raised (also for sources without tiles), counters
-    are back to 0."""
+    are back to 0. With the down kernel's TMA stores (full tiles of consecutive rows; the column tile
+    past H clipped) the same, its remote tiles counted after the CTA's next main loop."""
     gen = torch.Generator().manual_seed(ws + rank + 3 * skew)
     experts, h, f = 3, 24, 40
-    case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(2,), idle=2, sorted_sources=sorted_sources)
+    recv = [50 + 7 * s for s in range(ws)] if tma_store else None  # groups of more rows than a tile
+    case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(2,), idle=2, sorted_sources=sorted_sources, recv=recv)
     if skew:
         case["recv"][(rank + 1) % ws] = 0  # a source that sent nothing
         case = _case(ws, rank, experts, h, f, gen, skew=True, empty=(2,), send=case["send"], recv=case["recv"],
@@ -270,6 +273,8 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     pl = moe_symm.plan(case["rows"], case["ends"], recv_off_t, rank, ws, experts, [CFG[0]], expert_major)
     if sorted_sources:
         assert pl["contig"].all()  # sorted senders: TMA for every group
+        if tma_store:  # some full tile is stored by TMA
+            assert (pl["counts"] >= CFG[0]).any()
     elif not skew:
         assert not pl["contig"].all()  # some group is gathered
     flags = torch.zeros(64, dtype=torch.int32)
@@ -284,8 +289,9 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     out = torch.full_like(x, float("nan"))
     out[send_off[rank] : send_off[rank + 1]] = 0
     stage = torch.zeros(max(recv_off[-1], 1), h, dtype=dtype)
+    assert moe_gemm.tma_stores(out, stage)
     moe_gemm.launch_down(act, wd, out, stage, pl, flags[CNT:], flags[DONE:], EPOCH, rank, ws,
-                         send_off[rank], CFG, 2)
+                         send_off[rank], CFG[:6] + (tma_store,), 2)
     assert claim.item() == 0 and report[0].item() == 0
     ref = _reference_yr(recv_rows.float(), case["rows"], case["ends"], wg, wu, wd)
     tol = 2e-2

@@ -96,8 +96,8 @@ codegen = Knobs(
     # closes DeepSeek's 1.08-1.25x); (64, 256) for decode sizes, where a (source, expert) group holds ~32 rows
     # and 128-row tiles compute four times the rows they store (the fastest at 5 of 6 decode shapes). Same runs.
     MOE_DOWN_16BIT=(
-        (128, 256, 64, 16, 3, 8, False),
-        (64, 256, 64, 8, 3, 8, False),
+        (128, 256, 64, 16, 3, 8, True),
+        (64, 256, 64, 8, 3, 8, True),
     ),
     # The single-CTA MoE plan kernel (codegen/moe_plan.py) takes at most this many grouped rows: beyond,
     # the torch version's GPU time is shorter and its host time hides behind the GPU's.
