@@ -56,10 +56,11 @@ KERNELS = {
                "report_ptr", "peer_data_ptr", "peer_flags_ptr", "ready_ptr"}, wide={"timeout_ns"},
         sizes={"M", "N", "K", "rows", "run", "out_round_stride", "out_rows", "band_rows"}),
     "moe_down": dict(
-        const=dict(WS=4, LOG_G=5, BM=128, BN=256, BK=64, GROUP_M=8, EXPERT_MAJOR=False, WD_K_MAJOR=False),
+        const=dict(WS=4, LOG_G=5, BM=128, BN=256, BK=64, GROUP_M=16, EXPERT_MAJOR=False, WD_K_MAJOR=False,
+                   TMA_STORE=True, INTERPRET=False),
         data={"act_ptr", "w_down_ptr", "out_ptr", "stage_ptr"},
         flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
-               "counters_ptr", "done_ptr"}, wide=set(), sizes={"M", "H", "F", "wd_stride_e", "wd_stride_row"}),
+               "counters_ptr", "done_ptr", "contig_ptr"}, wide=set(), sizes={"M", "H", "F", "wd_stride_e", "wd_stride_row"}),
 }
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
           "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",

@@ -245,35 +245,47 @@ def down_kernel(
             a = a_desc.load([first, k * BK])
             b = expert_block(w_desc, e, k * BK, pid_n * BN, BK, BN, WD_K_MAJOR)
             acc = tl.dot(a, b, acc)
-        if pending >= 0:  # the previous tile's bulk store had this main loop to drain: count it now
-            bulk_stores_done(INTERPRET)
-            count_tiles_done(counters_ptr + pending, done_ptr + pending, 1,
-                             tl.load(src_tiles_ptr + pending) * tiles_n, epoch)
-            pending = -1
+        if TMA_STORE:
+            if pending >= 0:  # the previous tile's bulk store had this main loop to drain: count it now
+                bulk_stores_done(INTERPRET)
+                count_tiles_done(counters_ptr + pending, done_ptr + pending, 1,
+                                 tl.load(src_tiles_ptr + pending) * tiles_n, epoch)
+                pending = -1
         y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
         src = (rank + 1 + pos) % WS
         smask = mask[:, None] & n_ok[None, :]
-        by_tma = False
-        if TMA_STORE:
-            by_tma = (tl.load(contig_ptr + g) != 0) & (tl.sum(mask.to(tl.int32), axis=0) == BM)
+        # a full tile of consecutive rows: one TMA store (TMA_STORE)
+        by_tma = (tl.load(contig_ptr + g) != 0) & (tl.sum(mask.to(tl.int32), axis=0) == BM)
         if src == rank:
-            local = srow - tl.load(recv_off_ptr + rank)
-            if by_tma:
-                out_desc.store([own_row0 + tl.min(local, axis=0), pid_n * BN], y.to(out_ptr.dtype.element_ty))
-            else:
-                ptrs = out_ptr + (own_row0 + local).to(tl.int64)[:, None] * H + offs_n[None, :]
-                tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=smask)
-        elif by_tma:
-            stage_desc.store([tl.min(srow, axis=0), pid_n * BN], y.to(stage_ptr.dtype.element_ty))
-            pending = pos
+            local = own_row0 + srow - tl.load(recv_off_ptr + rank)
+            _store_tile(out_desc, out_ptr, local, pid_n * BN, offs_n, smask, y, by_tma, H, TMA_STORE)
         else:
-            ptrs = stage_ptr + srow.to(tl.int64)[:, None] * H + offs_n[None, :]
-            tl.store(ptrs, y.to(stage_ptr.dtype.element_ty), mask=smask)
-            count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
-    if pending >= 0:
-        bulk_stores_done(INTERPRET)
-        count_tiles_done(counters_ptr + pending, done_ptr + pending, 1, tl.load(src_tiles_ptr + pending) * tiles_n,
-                         epoch)
+            _store_tile(stage_desc, stage_ptr, srow, pid_n * BN, offs_n, smask, y, by_tma, H, TMA_STORE)
+            if TMA_STORE:
+                if by_tma:  # counted once its bulk store completed: after the next main loop, or below
+                    pending = pos
+                else:
+                    count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
+            else:
+                count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
+    if TMA_STORE:
+        if pending >= 0:
+            bulk_stores_done(INTERPRET)
+            count_tiles_done(counters_ptr + pending, done_ptr + pending, 1,
+                             tl.load(src_tiles_ptr + pending) * tiles_n, epoch)
+
+
+@triton.jit
+def _store_tile(desc, ptr, rows, col0, offs_n, mask, y, by_tma, H, TMA_STORE: tl.constexpr):
+    """Tile ``y`` into ``ptr[rows, offs_n]``: one TMA store at row ``rows[0]`` where ``by_tma`` (``TMA_STORE``
+    only: ``desc`` is a stand-in otherwise), else masked pointer stores."""
+    if TMA_STORE:
+        if by_tma:
+            desc.store([tl.min(rows, axis=0), col0], y.to(ptr.dtype.element_ty))
+        else:
+            tl.store(ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y.to(ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y.to(ptr.dtype.element_ty), mask=mask)
 
 
 def phases(ws: int, experts: int, expert_major: bool, own_first: float = 0.0) -> list[tuple[int, int, int, int]]:
