@@ -363,10 +363,11 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
 
 
 def tma_stores(out: torch.Tensor, stage: torch.Tensor) -> bool:
-    """Whether the down kernel can store into ``out`` and ``stage`` by TMA: rows of a multiple of 16 bytes from
-    16-byte aligned bases."""
-    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 and t.shape[1] * t.element_size() % 16 == 0
-               for t in (out, stage))
+    """Whether the down kernel can store into ``out`` and ``stage`` by TMA: 16-bit outputs (a 32-bit tile's
+    store buffer would take the kernel past the shared memory an SM has, at (128, 256) tiles), rows of a multiple
+    of 16 bytes from 16-byte aligned bases."""
+    return all(t.element_size() == 2 and t.is_contiguous() and t.data_ptr() % 16 == 0
+               and t.shape[1] * t.element_size() % 16 == 0 for t in (out, stage))
 
 
 def candidates(dtype: torch.dtype, kernel: str = "gate_up") -> list:

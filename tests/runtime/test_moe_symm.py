@@ -256,8 +256,8 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     """gate/up then down with the dispatch flags pre-set: own rows land in ``out`` at their send
     position, remote rows in the staging buffer at their received position, rows no grouped row
     points at stay 0; each source's done flag is raised (also for sources without tiles), counters
-    are back to 0. With the down kernel's TMA stores (full tiles of consecutive rows; the column tile
-    past H clipped) the same, its remote tiles counted after the CTA's next main loop."""
+    are back to 0. With the down kernel's TMA stores (16-bit outputs: full tiles of consecutive rows; the column
+    tile past H clipped) the same, its remote tiles counted after the CTA's next main loop."""
     gen = torch.Generator().manual_seed(ws + rank + 3 * skew)
     experts, h, f = 3, 24, 40
     recv = [50 + 7 * s for s in range(ws)] if tma_store else None  # groups of more rows than a tile
@@ -289,7 +289,7 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     out = torch.full_like(x, float("nan"))
     out[send_off[rank] : send_off[rank + 1]] = 0
     stage = torch.zeros(max(recv_off[-1], 1), h, dtype=dtype)
-    assert moe_gemm.tma_stores(out, stage)
+    assert moe_gemm.tma_stores(out, stage) == (dtype != torch.float32)  # 32-bit outputs: pointer stores
     moe_gemm.launch_down(act, wd, out, stage, pl, flags[CNT:], flags[DONE:], EPOCH, rank, ws,
                          send_off[rank], CFG[:6] + (tma_store,), 2)
     assert claim.item() == 0 and report[0].item() == 0

@@ -93,11 +93,14 @@ codegen = Knobs(
     ),
     # moe_experts' down kernel's candidates: (128, 256) at prefill sizes, its row tiles in groups of 16 (1.5-7 %
     # faster than 8 at the 4 DeepSeek-like shapes, within 2 % at the Mixtral-like ones; none of nine configs
-    # closes DeepSeek's 1.08-1.25x); (64, 256) for decode sizes, where a (source, expert) group holds ~32 rows
-    # and 128-row tiles compute four times the rows they store (the fastest at 5 of 6 decode shapes). Same runs.
+    # closes DeepSeek's 1.08-1.25x), its full tiles stored by TMA (2.5-5.4 % faster at the DeepSeek-like shapes,
+    # where K = 2048 leaves the pointer stores a seventh of a tile's time; within 1 % at the Mixtral-like ones);
+    # (64, 256) for decode sizes, where a (source, expert) group holds ~32 rows and 128-row tiles compute four
+    # times the rows they store (the fastest at 5 of 6 decode shapes), by pointer stores (TMA 1-2 % slower at 5
+    # of 6). bench/results/kernels_h100x1_2026-12-06/moe_configs and moe_down_tma.
     MOE_DOWN_16BIT=(
         (128, 256, 64, 16, 3, 8, True),
-        (64, 256, 64, 8, 3, 8, True),
+        (64, 256, 64, 8, 3, 8, False),
     ),
     # The single-CTA MoE plan kernel (codegen/moe_plan.py) takes at most this many grouped rows: beyond,
     # the torch version's GPU time is shorter and its host time hides behind the GPU's.
