@@ -4,7 +4,7 @@ it (explains a kernel's speed before a device call; not a test).
     python bench/probes/probe_compile.py ag_mm [--set FLATTEN=True] [--set WS=8 ...] [--arch 90] [--warps 8]
         [--stages 3] [--out DIR] [--json]
 
-Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer), ``mm_rs`` (``codegen/mm_rs.py``'s producer) and ``moe_down``
+Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer; ``ag_mm_whole``: its kernel at decode sizes), ``mm_rs`` (``codegen/mm_rs.py``'s producer) and ``moe_down``
 (``codegen/moe_gemm.py``'s down kernel), bf16, with
 the constexprs below unless ``--set NAME=VALUE`` (a Python literal) overrides one. Prints the shared memory the
 kernel needs and, in its TTGIR, the loops (``scf.for`` / ``scf.while``), the TMA loads, the barrier waits, the
@@ -47,6 +47,11 @@ KERNELS = {
         data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"},
         sizes={"rows", "run", "N", "K", "band_rows"}),
+    "ag_mm_whole": dict(
+        const=dict(WS=8, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, PRECISION=None, TIMED=True,
+                   TMA_STORE=True, SUBTILE=False, WARP_SPEC=False, FLATTEN=False, INTERPRET=False),
+        data={"buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
+        flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "run", "N", "K"}),
     "mm_rs": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
                    WRITE_GATHER=False, PRECISION=None, TIMED=True, PEER_STORE=False, TMA=True, INTERPRET=False,
@@ -73,7 +78,8 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
     from overlap_backend.codegen.epilogue import epilogue_fn
 
     spec = KERNELS[name]
-    fn = {"ag_mm": ag_mm.ag_mm_kernel, "mm_rs": mm_rs.mm_rs_kernel, "moe_down": moe_gemm.down_kernel}[name]
+    fn = {"ag_mm": ag_mm.ag_mm_kernel, "ag_mm_whole": ag_mm.ag_mm_whole_kernel, "mm_rs": mm_rs.mm_rs_kernel,
+          "moe_down": moe_gemm.down_kernel}[name]
     unknown = set(overrides) - set(spec["const"])
     if unknown:
         raise SystemExit(f"{name} has no constexpr {sorted(unknown)}; its constexprs: {sorted(spec['const'])}")

@@ -118,8 +118,9 @@ class Bench:
             self.baseline = ("cuBLAS addmm + torch F.gelu (Inductor pointwise proxy)", lambda: F.gelu(torch.addmm(bias, a, b)))
         else:
             self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
-        self.op_cands = configs.candidates(self.dt, tma_store_rows=rows, variants=False, kernel="ag_mm")
-        self.variant_cands = configs.variant_candidates(self.dt, "ag_mm", tma_store_rows=rows)
+        tma_rows = ag_mm.tma_store_rows(rows, c.ws)  # (decode sizes: the whole gathered input's)
+        self.op_cands = configs.candidates(self.dt, tma_store_rows=tma_rows, variants=False, kernel="ag_mm")
+        self.variant_cands = configs.variant_candidates(self.dt, "ag_mm", tma_store_rows=tma_rows)
         ptrs = gen.pointers(self.gen, ()) if self.gen is not None else ()
 
         def run(cfg):

@@ -8,7 +8,8 @@ wrote them; the kernel ties their row to the flag wait's result. Each variant ru
 arriving late: the receive buffer holds NaN and the flags an old epoch while the kernel starts, and another
 stream sleeps, then writes the shards and raises the flags. A load issued before its wait reads NaN. Every
 result is checked against a float32 reference (random inputs, output poisoned), and again with every flag
-raised before the launch. At decode sizes the same for both tile orders (``knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS``).
+raised before the launch. At decode sizes the same for both tile orders (``knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS``)
+and for the kernel that reads the whole gathered input (``knobs.codegen.AG_MM_WHOLE_ROWS``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def device():
     return dev
 
 
-def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_rows=256, by_column=None):
+def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_rows=256, by_column=None,
+         whole=None):
     from overlap_backend.codegen import ag_mm
 
     torch.manual_seed(0)
@@ -67,7 +69,8 @@ def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_r
     from overlap_backend.spec import knobs
 
     with knobs.codegen.patch(AG_MM_PEERS_BY_COLUMN_ROWS=knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS
-                             if by_column is None else (rows if by_column else 0)):
+                             if by_column is None else (rows if by_column else 0),
+                             AG_MM_WHOLE_ROWS=knobs.codegen.AG_MM_WHOLE_ROWS if whole is None else (rows if whole else 0)):
         ag_mm.launch(shards[rank], buf, w, bias, out, flags, EPOCH, status, 10**10, rank, ws, rows, band_rows, cfg,
                      num_sms)
     torch.cuda.synchronize()
@@ -88,13 +91,25 @@ def test_ag_mm_variants_wait_before_they_load(cfg, late, device):
 DECODE = [(64, 256, 64, 8, 4, 4, False), (64, 256, 64, 8, 4, 4, True)]
 
 
+@pytest.mark.parametrize("cfg", VARIANTS + DECODE, ids=_label)
+@pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_shards"])
+def test_ag_mm_whole_input_waits_before_it_loads(cfg, late, device):
+    """Chunks of 64 rows at 8 ranks read as one gathered matrix (``knobs.codegen.AG_MM_WHOLE_ROWS``): every
+    variant's CTAs wait for every peer's shard before their first tile; tiles span chunks."""
+    err, claimed = _run(cfg, device, late, ws=8, rows=64, K=2048, N=4096, rank=3, band_rows=64, whole=True)
+    print(f"{_label(cfg)} whole input {'late shards' if late else 'flags set'}: rel err {err:.2e}")
+    assert claimed == 0, "a wait gave up"
+    assert err < 1e-2, f"rel err {err}"
+
+
 @pytest.mark.parametrize("cfg", DECODE, ids=_label)
 @pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_shards"])
 @pytest.mark.parametrize("by_column", [False, True], ids=["chunk_order", "column_order"])
 def test_ag_mm_decode_tile_orders_wait_before_they_load(cfg, late, by_column, device):
     """Chunks of 64 rows at 8 ranks (decode): the peers' tiles chunk by chunk, or column block by column block,
     where a CTA's tiles visit the peers out of order and each checks its own flag."""
-    err, claimed = _run(cfg, device, late, ws=8, rows=64, K=2048, N=4096, rank=3, band_rows=64, by_column=by_column)
+    err, claimed = _run(cfg, device, late, ws=8, rows=64, K=2048, N=4096, rank=3, band_rows=64, by_column=by_column,
+                        whole=False)
     print(f"{_label(cfg)} {'column' if by_column else 'chunk'} order {'late shards' if late else 'flags set'}: "
           f"rel err {err:.2e}")
     assert claimed == 0, "a wait gave up"

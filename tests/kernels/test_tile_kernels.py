@@ -51,6 +51,16 @@ def _chunk(t, c, outer, ws, run):
 
 
 # ------------------------------------------------------------------------------------ ag_mm
+@pytest.fixture(params=[0, 1 << 30], ids=["per_chunk", "whole"])
+def ag_reads(request):
+    """Both ag_mm kernels: tiles chunk by chunk, and the whole gathered input once every shard is in
+    (``knobs.codegen.AG_MM_WHOLE_ROWS``: decode sizes)."""
+    from overlap_backend.spec import knobs
+
+    with knobs.codegen.patch(AG_MM_WHOLE_ROWS=request.param):
+        yield "whole" if request.param else "per_chunk"
+
+
 def _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor, flags=None, timeout_ns=10**6, cfg=CFG):
     rows = outer * run
     shards = [torch.randn(outer, run, K) for _ in range(ws)]
@@ -74,7 +84,7 @@ def _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor, flags=None, timeout_ns=10*
     (3, 2, 2, 7, 16, 40, False, False),    # [B, S, K] gathered along S: runs of 7 rows
     (4, 1, 1, 33, 48, 16, True, False),    # rows over two tiles
 ])
-def test_ag_mm_matches_gathered_matmul(ws, r, outer, run, K, N, bias, kmajor):
+def test_ag_mm_matches_gathered_matmul(ws, r, outer, run, K, N, bias, kmajor, ag_reads):
     out, ref, status = _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor)
     assert status[1].tolist() == [0] * 8
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
@@ -90,7 +100,7 @@ def test_ag_mm_both_tile_orders_match(by_column, ws, r, outer, run, K, N, bias, 
     chunks: the weight's blocks read once): the same product, every flag checked."""
     from overlap_backend.spec import knobs
 
-    with knobs.codegen.patch(AG_MM_PEERS_BY_COLUMN_ROWS=by_column):
+    with knobs.codegen.patch(AG_MM_PEERS_BY_COLUMN_ROWS=by_column, AG_MM_WHOLE_ROWS=0):
         out, ref, status = _run_ag_mm(ws, r, outer, run, K, N, bias, kmajor)
     assert status[1].tolist() == [0] * 8
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
@@ -123,25 +133,29 @@ def test_tile_positions_cover_every_tile_once_local_first(ws, tiles_m, tiles_n):
 
 
 @pytest.mark.parametrize("ws,r,rows,N", [(2, 1, 32, 24), (4, 2, 48, 40)])
-def test_ag_mm_tma_store_epilogue(ws, r, rows, N):
+def test_ag_mm_tma_store_epilogue(ws, r, rows, N, ag_reads):
     # rows a multiple of BM and chunks contiguous: the epilogue stores whole tiles with TMA
     out, ref, status = _run_ag_mm(ws, r, 1, rows, 32, N, True, True, cfg=CFG_TMA_STORE)
     assert status[1][0] == 0
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("whole_rows", [0, 1 << 30], ids=["per_chunk", "whole"])
 @SLOW
 @given(ws=st.integers(2, 4), data=st.data())
-def test_ag_mm_random_shapes(ws, data):
+def test_ag_mm_random_shapes(whole_rows, ws, data):
+    from overlap_backend.spec import knobs
+
     r = data.draw(st.integers(0, ws - 1))
     outer, run = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 20))
     K, N = 16 * data.draw(st.integers(1, 3)), 4 * data.draw(st.integers(1, 10))  # TMA: 16-byte rows
-    out, ref, status = _run_ag_mm(ws, r, outer, run, K, N, data.draw(st.booleans()), data.draw(st.booleans()))
+    with knobs.codegen.patch(AG_MM_WHOLE_ROWS=whole_rows):
+        out, ref, status = _run_ag_mm(ws, r, outer, run, K, N, data.draw(st.booleans()), data.draw(st.booleans()))
     assert status[1][0] == 0
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_ag_mm_wait_gives_up_and_reports():
+def test_ag_mm_wait_gives_up_and_reports(ag_reads):
     ws, r, rows = 3, 0, 20  # two bands per chunk: rows 0-15 and 16-19
     flags = torch.full((ws * 2,), EPOCH, dtype=torch.int32)
     flags[2 * 2 + 1] = EPOCH - 1  # the second band of rank 2's shard never arrives

@@ -58,6 +58,10 @@ codegen = Knobs(
     # weight in turn: the block read once from memory, then from L2) where a chunk has at most this many rows;
     # chunk by chunk in arrival order above. 0: never.
     AG_MM_PEERS_BY_COLUMN_ROWS=128,
+    # ag_mm reads the gathered input as one matrix (the own shard copied into its slot, every peer waited for
+    # before a CTA's first tile: codegen/ag_mm.py's whole kernel) where a chunk has at most this many rows: decode
+    # sizes, where a chunk is shorter than a 128-row tile. 0: never.
+    AG_MM_WHOLE_ROWS=64,
     # Pipeline stages of the loop in which mm_rs's / mm_ar's own tiles load the peers' partials (TMA loads of
     # [BM, BN] tiles; this minus one in flight, in shared memory the main loop has left): 1 loads one at a time.
     # Two in flight (3) measured neutral on one H100 (kernels alone, geo-mean 0.997x the time, -8 % to +8 % per
