@@ -2,9 +2,9 @@
 
     python bench/tools/install_ratios.py DIR [DIR...] [--kernels k1,k2] [--target FILE] [--dry-run]
 
-Each ``DIR`` is a ``bench/suites/bench_kernels.py`` output folder. For every (GPU, kernel) a run measured (only
-``--kernels`` where given), its entries replace the target's entries of that GPU and kernel; a later ``DIR`` wins
-over an earlier one; every other GPU's and kernel's entries stay. An installed entry's ``source`` is its folder
+Each ``DIR`` is a ``bench/suites/bench_kernels.py`` output folder. For every (GPU, kernel, world size) a run measured
+(only ``--kernels`` where given), its entries replace the target's entries of that GPU, kernel and world size (a run
+with ``--ws 8`` replaces the 8-GPU shapes only); a later ``DIR`` wins over an earlier one; every other entry stays. An installed entry's ``source`` is its folder
 (relative to the repository). The file's ``about`` is written from the
 entries' sources, per GPU. Prints what it replaced.
 """
@@ -23,21 +23,24 @@ from overlap_backend.spec import kernel_ratios  # noqa: E402
 
 
 def merge(installed: list[dict], runs: list[list[dict]], kernels: set[str] | None = None) -> tuple[list[dict], list[str]]:
-    """(the merged entries, a line per (gpu, kernel) replaced): each run's (gpu, kernel) groups replace those of
-    ``installed`` and of earlier runs; the order of ``installed`` is kept, new groups appended."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """(the merged entries, a line per (gpu, kernel, ws) replaced): each run's (gpu, kernel, ws) groups replace those
+    of ``installed`` and of earlier runs; the order of ``installed`` is kept, new groups appended."""
+    def key(e):
+        return e["gpu"], e["kernel"], int(e["ws"])
+
+    groups: dict[tuple, list[dict]] = {}
     for e in installed:
-        groups.setdefault((e["gpu"], e["kernel"]), []).append(e)
+        groups.setdefault(key(e), []).append(e)
     report = []
     for run in runs:
-        new: dict[tuple[str, str], list[dict]] = {}
+        new: dict[tuple, list[dict]] = {}
         for e in run:
             if kernels is None or e["kernel"] in kernels:
-                new.setdefault((e["gpu"], e["kernel"]), []).append(e)
-        for key, entries in new.items():
-            report.append(f"{key[0]} {key[1]}: {len(groups.get(key, []))} -> {len(entries)} entries "
+                new.setdefault(key(e), []).append(e)
+        for k, entries in new.items():
+            report.append(f"{k[0]} {k[1]} ws {k[2]}: {len(groups.get(k, []))} -> {len(entries)} entries "
                           f"({entries[0].get('source', '?')})")
-            groups[key] = entries
+            groups[k] = entries
     return [e for entries in groups.values() for e in entries], report
 
 

@@ -1,5 +1,5 @@
-"""``bench/tools/install_ratios.py`` (CPU): a run's (GPU, kernel) groups replace the installed ones of that GPU and
-kernel, a later run wins, everything else stays, and the runtime reads the result."""
+"""``bench/tools/install_ratios.py`` (CPU): a run's (GPU, kernel, world size) groups replace the installed ones of that
+GPU, kernel and world size, a later run wins, everything else stays, and the runtime reads the result."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from overlap_backend.spec import kernel_ratios
 
 
-def _e(gpu, kernel, M, ratio, source="x"):
-    return {"gpu": gpu, "kernel": kernel, "dtype": "bfloat16", "ws": 4, "M": M, "K": 1024, "N": 1024, "fused": False,
+def _e(gpu, kernel, M, ratio, source="x", ws=4):
+    return {"gpu": gpu, "kernel": kernel, "dtype": "bfloat16", "ws": ws, "M": M, "K": 1024, "N": 1024, "fused": False,
             "ratio": ratio, "source": source}
 
 
@@ -38,3 +38,14 @@ def test_runs_replace_their_gpu_and_kernel_groups_only(tmp_path, bench_tool):
     before = target.read_text()
     assert tool.main([str(two), "--target", str(target), "--dry-run"]) == 0
     assert target.read_text() == before, "a dry run writes nothing"
+
+
+def test_a_run_at_one_world_size_replaces_that_world_size_only(tmp_path, bench_tool):
+    tool = bench_tool("install_ratios")
+    target = tmp_path / "installed.json"
+    target.write_text(json.dumps(kernel_ratios.document(
+        [_e("A", "ag_mm", 512, 1.5, ws=8), _e("A", "ag_mm", 512, 1.07, ws=4), _e("A", "ag_mm", 4096, 1.02, ws=8)])))
+    ws8 = _run(tmp_path / "ws8", _e("A", "ag_mm", 512, 1.06, ws=8))
+    assert tool.main([str(ws8), "--target", str(target)]) == 0
+    got = {(e["ws"], e["M"]): e["ratio"] for e in json.loads(target.read_text())["entries"]}
+    assert got == {(8, 512): 1.06, (4, 512): 1.07}
