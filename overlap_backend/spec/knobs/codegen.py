@@ -60,7 +60,8 @@ codegen = Knobs(
     AG_MM_PEERS_BY_COLUMN_ROWS=128,
     # ag_mm reads the gathered input as one matrix (the own shard copied into its slot, every peer waited for
     # before a CTA's first tile: codegen/ag_mm.py's whole kernel) where a chunk has at most this many rows: decode
-    # sizes, where a chunk is shorter than a 128-row tile. 0: never.
+    # sizes, where a chunk is shorter than a 128-row tile (8 GPUs' 512-token shape on an H100: 1.56x -> 1.06x
+    # cuBLAS, bench/results/kernels_h100x1_2026-12-06/ag_whole). 0: never.
     AG_MM_WHOLE_ROWS=64,
     # Pipeline stages of the loop in which mm_rs's / mm_ar's own tiles load the peers' partials (TMA loads of
     # [BM, BN] tiles; this minus one in flight, in shared memory the main loop has left): 1 loads one at a time.
