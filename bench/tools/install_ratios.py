@@ -2,11 +2,11 @@
 
     python bench/tools/install_ratios.py DIR [DIR...] [--kernels k1,k2] [--target FILE] [--dry-run]
 
-Each ``DIR`` is a ``bench/suites/bench_kernels.py`` output folder. For every (GPU, kernel, world size) a run measured
-(only ``--kernels`` where given), its entries replace the target's entries of that GPU, kernel and world size (a run
-with ``--ws 8`` replaces the 8-GPU shapes only); a later ``DIR`` wins over an earlier one; every other entry stays. An installed entry's ``source`` is its folder
-(relative to the repository). The file's ``about`` is written from the
-entries' sources, per GPU. Prints what it replaced.
+Each ``DIR`` is a ``bench/suites/bench_kernels.py`` output folder. For every (GPU, kernel, world size) a run
+measured (only ``--kernels`` where given), its entries replace the target's entries of that GPU, kernel and world
+size (a run with ``--ws 8`` replaces the 8-GPU shapes only); a later ``DIR`` wins over an earlier one; every other
+entry stays. An installed entry's ``source`` is its folder (relative to the repository). The file's ``about`` is
+written from the entries' sources, per GPU. Prints what it replaced.
 """
 
 from __future__ import annotations

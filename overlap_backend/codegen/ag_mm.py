@@ -184,7 +184,8 @@ def _store_half(acc, out_desc, out_ptr, bias_ptr, row0, col0, offs_m, out_rows, 
 
 
 def reads_whole(rows: int) -> bool:
-    """Whether ``launch`` runs ``ag_mm_whole_kernel`` for chunks of ``rows`` rows (``knobs.codegen.AG_MM_WHOLE_ROWS``)."""
+    """Whether ``launch`` runs ``ag_mm_whole_kernel`` for chunks of ``rows`` rows
+    (``knobs.codegen.AG_MM_WHOLE_ROWS``)."""
     return 0 < rows <= knobs.codegen.AG_MM_WHOLE_ROWS
 
 

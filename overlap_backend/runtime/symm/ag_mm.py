@@ -131,8 +131,9 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     cfgs = [] if gemm == "cublas" else [
         tuned_configs.get(("ag_mm", keys[i])) or
         tune("ag_mm", keys[i], configs.candidates(
-            shard.dtype, tma_store_rows=ag_kernel.tma_store_rows(rows, ws) if run == rows else None, measured=kernel_ratios.measured_variant(
-                "ag_mm", ws * rows, K, weights[i].shape[1], ws=ws, dtype=shard.dtype, fused=gens[i] is not None)),
+            shard.dtype, tma_store_rows=ag_kernel.tma_store_rows(rows, ws) if run == rows else None,
+            measured=kernel_ratios.measured_variant("ag_mm", ws * rows, K, weights[i].shape[1], ws=ws,
+                                                    dtype=shard.dtype, fused=gens[i] is not None)),
              lambda cfg, i=i: launch(i, cfg, 0))
         for i in range(len(weights))
     ]
