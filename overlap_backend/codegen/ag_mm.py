@@ -195,7 +195,7 @@ def tma_store_rows(rows: int, ws: int) -> int:
 
 
 def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, band_rows, config, num_sms,
-           timed=True, epilogue=None, ep_ptrs=()):
+           timed=True, epilogue=None, ep_ptrs=(), shard_in_buf=False):
     """out[G rows, N] = G @ b (+ bias), G = the gathered shards (own: ``shard``, others: ``buf``).
 
     ``shard``: [rows, K] contiguous; ``buf``: [ws, rows, K] (this rank's receive buffer; slot
@@ -204,7 +204,8 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     ``flags``: ws * nbands int32 flags, flag c * nbands + b >= epoch once band b (rows
     [b * band_rows, (b + 1) * band_rows)) of chunk c is in ``buf``; ``band_rows`` % BM == 0.
     ``epilogue``: a ``codegen.epilogue.Generated`` (None: identity), ``ep_ptrs`` its ``P0..P3``
-    (``codegen.epilogue.pointers``); ``out`` has the epilogue's output dtype.
+    (``codegen.epilogue.pointers``); ``out`` has the epilogue's output dtype. ``shard_in_buf``: an earlier launch
+    of the same call (another weight) already filled the own slot.
     """
     rows, K = shard.shape
     N = b.shape[1]
@@ -223,7 +224,8 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
                   TIMED=timed, TMA_STORE=tma_store, SUBTILE=subtile, WARP_SPEC=warp_spec, FLATTEN=flatten,
                   num_stages=stages, num_warps=warps)
     if whole:
-        buf[rank].copy_(shard)  # (stream-ordered before the kernel's loads)
+        if not shard_in_buf:
+            buf[rank].copy_(shard)  # (stream-ordered before the kernel's loads)
         grid = launcher.Persistent(launcher.cdiv(ws * rows, BM) * launcher.cdiv(N, BN), num_sms,
                                    knobs.codegen.PERSISTENT_CTAS_PER_SM)
         launcher.launch(ag_mm_whole_kernel, grid,

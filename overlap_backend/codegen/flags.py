@@ -157,6 +157,14 @@ def count_tiles_done(counter_ptr, done_flag_ptr, n, tiles_in_chunk, epoch):
 
 
 @triton.jit
+def count_bulk_stored(counters_ptr, done_ptr, index, n, tiles_in_chunk, epoch, INTERPRET: tl.constexpr):
+    """``n`` tiles of chunk (or band) ``index`` (a counter and done-flag index) stored by TMA are finished: once
+    this CTA's bulk stores completed, count them; the CTA that completes the chunk raises its done flag."""
+    bulk_stores_done(INTERPRET)
+    count_tiles_done(counters_ptr + index, done_ptr + index, n, tiles_in_chunk, epoch)
+
+
+@triton.jit
 def count_tile_done_to_ranks(counter_ptr, peer_flags_ptr, flag_word, tiles_in_chunk, epoch, first,
                              COUNT: tl.constexpr, WS: tl.constexpr):
     """As ``count_tile_done`` for tiles stored into other ranks' memory: the last tile raises word

@@ -49,8 +49,8 @@ from ..spec import knobs
 from . import launcher
 from .configs import store_variant
 from .epilogue import epilogue_fn
-from .flags import (GATHER_FLAG_BASE, OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, bulk_stores_done, count_tile_done, count_tile_done_to_peers,
-                    count_tiles_done, fence_proxy_async, wait_flag)
+from .flags import (GATHER_FLAG_BASE, OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, count_bulk_stored, count_tile_done,
+                    count_tile_done_to_peers, fence_proxy_async, wait_flag)
 from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, mainloop, store_rows
 
 
@@ -121,7 +121,7 @@ def mm_rs_kernel(
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if TMA:
         if pending >= 0:
-            _count_staged(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
+            count_bulk_stored(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
     if tile == num_tiles + tl.num_programs(0) - 1:  # every CTA drew its last ticket: reset for the next call
         tl.atomic_xchg(tile_ticket_ptr, 0, sem="relaxed", scope="gpu")
 
@@ -242,7 +242,7 @@ def _gemm_tile(
             # Count the earlier tiles now: their bulk stores had a main loop to drain, so this
             # does not stall on them. Always before this tile's waits (below): a CTA never waits on a
             # peer while holding tiles it has not counted, so waits across GPUs form no cycle.
-            _count_staged(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
+            count_bulk_stored(counters_ptr, done_ptr, pending, pending_n, pending_tiles, epoch, INTERPRET)
             pending = -1
             pending_n = 0
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -341,14 +341,6 @@ def _epilogue_store_half(acc, out_desc, out_ptr, row0, col0, out_row, row_ok, N,
     offs_n = col0 + tl.arange(0, HALF)
     acc = EPILOGUE(acc, out_row, offs_n, row_ok[:, None] & (offs_n < N)[None, :], N, ep0, ep1, ep2, ep3)
     out_desc.store([row0, col0], acc.to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _count_staged(counters_ptr, done_ptr, band, n, tiles_in_band, epoch, INTERPRET: tl.constexpr):
-    """``n`` TMA-staged tiles of ``band`` (a counter and done-flag index) are finished: once their bulk
-    stores completed, count them; the CTA that completes the band raises its done flag."""
-    bulk_stores_done(INTERPRET)
-    count_tiles_done(counters_ptr + band, done_ptr + band, n, tiles_in_band, epoch)
 
 
 @triton.jit

@@ -54,8 +54,8 @@ import triton.language as tl
 
 from ..spec import knobs
 from . import launcher
-from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, bulk_stores_done, claim_and_report,
-                    count_tile_done, count_tiles_done, signal_flag, wait_flag)
+from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_bulk_stored,
+                    count_tile_done, signal_flag, wait_flag)
 from .tiles import grouped_tile
 
 
@@ -247,9 +247,8 @@ def down_kernel(
             acc = tl.dot(a, b, acc)
         if TMA_STORE:
             if pending >= 0:  # the previous tile's bulk store had this main loop to drain: count it now
-                bulk_stores_done(INTERPRET)
-                count_tiles_done(counters_ptr + pending, done_ptr + pending, 1,
-                                 tl.load(src_tiles_ptr + pending) * tiles_n, epoch)
+                count_bulk_stored(counters_ptr, done_ptr, pending, 1, tl.load(src_tiles_ptr + pending) * tiles_n, epoch,
+                                  INTERPRET)
                 pending = -1
         y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
         src = (rank + 1 + pos) % WS
@@ -270,9 +269,8 @@ def down_kernel(
                 count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
     if TMA_STORE:
         if pending >= 0:
-            bulk_stores_done(INTERPRET)
-            count_tiles_done(counters_ptr + pending, done_ptr + pending, 1,
-                             tl.load(src_tiles_ptr + pending) * tiles_n, epoch)
+            count_bulk_stored(counters_ptr, done_ptr, pending, 1, tl.load(src_tiles_ptr + pending) * tiles_n, epoch,
+                              INTERPRET)
 
 
 @triton.jit

@@ -249,3 +249,20 @@ def test_checks_run_on_the_first_call_of_a_key_only(fake, group, monkeypatch):
         counts.clear()
         torch.ops.overlap.mm_ar(a, torch.randn(32, 96), None, "sum", group, "symm")
     assert not any(counts[k] for k in DRIVER)
+
+
+def test_ag_mm_decode_copies_the_own_shard_once_per_call(fake, group, monkeypatch):
+    """Chunks short enough for the whole-input kernel (``knobs.codegen.AG_MM_WHOLE_ROWS``): the own shard goes into
+    its slot of the receive buffer once per call, by the first weight's launch, not once per weight."""
+    from overlap_backend.codegen import ag_mm as ag_kernel
+
+    _, st = fake
+    shard, ws_ = torch.randn(32, 64), [torch.randn(64, 128), torch.randn(64, 96)]
+    assert ag_kernel.reads_whole(shard.shape[0])
+    seen, real = [], ag_kernel.launch
+    monkeypatch.setattr(ag_kernel, "launch", lambda *a, **kw: (seen.append(kw["shard_in_buf"]), real(*a, **kw))[1])
+    with knobs.symm.patch(AG_MM_GEMM="triton"):
+        for key in symm_ag_mm.ag_mm_plan(st, shard, ws_, (), 0, False)[1]:
+            lowering_helpers.tuned_configs[("ag_mm", key)] = (64, 128, 64, 8, 3, 8, False)
+        torch.ops.overlap.ag_mm(shard, ws_, [None, None], 0, group, "symm", False)
+    assert seen[-2:] == [False, True]

@@ -123,10 +123,10 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     base = layout.GRAPH_BLOCK if graph else 0
     flags, status = st.flag_arg(base + layout.AG_ARRIVED), st.status_arg()
 
-    def launch(i, cfg, epoch):
+    def launch(i, cfg, epoch, shard_in_buf=False):
         ag_kernel.launch(shard2d, buf, weights[i], biases[i], outs[i], flags, epoch, status, st.timeout_ns,
                          r, ws, run, band_rows, cfg, st.num_sms, epilogue=gens[i],
-                         ep_ptrs=epilogue_pointers(gens[i], epilogue_args, outs))
+                         ep_ptrs=epilogue_pointers(gens[i], epilogue_args, outs), shard_in_buf=shard_in_buf)
 
     cfgs = [] if gemm == "cublas" else [
         tuned_configs.get(("ag_mm", keys[i])) or
@@ -147,8 +147,8 @@ def ag_mm(shard, weights, biases, gather_dim, group_name, return_gathered, epilo
     nbands = push_shard(st, shard2d, whole=gemm == "cublas")
     if gemm == "cublas":
         ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, base, nbands, compute)
-    for i in order if cfgs else ():
-        launch(i, cfgs[i], epoch)
+    for n, i in enumerate(order if cfgs else ()):
+        launch(i, cfgs[i], epoch, shard_in_buf=n > 0)  # (decode sizes: the first copies the own shard into buf)
     if return_gathered and rows:
         # strided copies on the copy stream (SM kernels). Copy-engine 2-D copies (cuMemcpy2DAsync) were
         # measured slower end to end: TP block training step 11.77 vs 10.34 ms on 2xH200 (bench_epilogue,
