@@ -67,7 +67,8 @@ cta = Knobs(
     # cuBLAS vs 1.06-1.73x, bench/results/kernels_h100x1_2026-12-05/queued; narrower tiles lost at M = 512).
     STAGE1_CONFIG_DECODE=(128, 128, 64, 0, 4, 8),
     # 16-bit calls of at most this many rows run both stages in 64-row blocks of one warpgroup (num_warps 4):
-    # half the padding rows of a 128-row block, whose MMA work the weights' stream must hide (0: off).
+    # half the padding rows of a 128-row block, whose MMA work the weights' stream must hide (0: off). One H100:
+    # 2-8 % faster at every 16-row stage shape (bench/results/kernels_h100x1_2026-12-06/cta_few_rows/).
     FEW_ROWS=64,
     # Stage-0 block config, GELU, float32 inputs (smaller tiles: twice the bytes per element).
     STAGE0_CONFIG_FP32=(128, 128, 32, 0, 3, 8),
