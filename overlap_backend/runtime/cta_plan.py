@@ -21,7 +21,7 @@ def block_configs(dtype, swiglu: bool, m: int, ns: int, num_sms: int) -> tuple[t
     rank, with ``GROUP_M`` (row blocks per row group) filled in. 16-bit calls of one row block
     whose stage 1 has few enough narrow tiles to split K (``split_runs``) take stage 1's decode
     config (``knobs.cta.STAGE1_CONFIG_DECODE``); 16-bit calls of at most ``knobs.cta.FEW_ROWS`` rows run
-    both stages in 64-row blocks of 4 warps."""
+    both stages in 64-row blocks of ``knobs.cta.FEW_ROWS_WARPS`` warps."""
     cta = knobs.cta
     if dtype == torch.float32:
         c0, c1 = (cta.STAGE0_CONFIG_FP32_SWIGLU if swiglu else cta.STAGE0_CONFIG_FP32), cta.STAGE1_CONFIG_FP32
@@ -33,7 +33,8 @@ def block_configs(dtype, swiglu: bool, m: int, ns: int, num_sms: int) -> tuple[t
     if dtype != torch.float32 and tiles_m == 1 and cta.STAGE1_SPLIT_K != 1 and 2 * -(-ns // narrow[1]) <= num_sms:
         c1, tiles_n1 = narrow, -(-ns // narrow[1])  # one row block, stage 1 split (split_runs) even so
     if dtype != torch.float32 and m <= cta.FEW_ROWS:
-        bm, c0, c1 = 64, (*c0[:5], 4), (*c1[:5], 4)  # one warpgroup's MMA height
+        warps = cta.FEW_ROWS_WARPS
+        bm, c0, c1 = 64, (*c0[:5], warps), (*c1[:5], warps)  # one warpgroup's MMA height
         tiles_m = -(-m // bm)
     # A group of row blocks gives stage 1 at most one wave of tiles (all resident at once, walking
     # the group's K-chunks as stage 0 finishes them, in that order), as many as fit; W1 columns are

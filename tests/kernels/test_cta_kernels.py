@@ -717,11 +717,13 @@ def test_few_rows_take_64_row_blocks_in_both_stages():
     for swiglu in (False, True):
         c0, c1 = configs(few, swiglu=swiglu)
         base0 = knobs.cta.STAGE0_CONFIG_SWIGLU if swiglu else knobs.cta.STAGE0_CONFIG
-        assert c0[0] == c1[0] == 64 and c0[5] == c1[5] == 4, (c0, c1)
+        assert c0[0] == c1[0] == 64 and c0[5] == c1[5] == knobs.cta.FEW_ROWS_WARPS, (c0, c1)
         assert c0[1:3] == base0[1:3] and c0[4] == base0[4]
         assert c1[1:3] == knobs.cta.STAGE1_CONFIG_DECODE[1:3] and c1[3] == c0[3] == 1
     assert configs(few + 1)[0][0] == configs(few + 1)[1][0] == 128
     assert configs(16, torch.float32)[1] == (*knobs.cta.STAGE1_CONFIG_FP32[:3], 1, *knobs.cta.STAGE1_CONFIG_FP32[4:])
+    with knobs.cta.patch(FEW_ROWS_WARPS=8):
+        assert configs(16)[0][5] == configs(16)[1][5] == 8
     with knobs.cta.patch(FEW_ROWS=0):
         assert configs(16)[0][0] == 128 and configs(16)[1][5] == knobs.cta.STAGE1_CONFIG_DECODE[5]
     plan = cta_plan.chunk_plan(16, 4096, 2048, 1, False, torch.bfloat16, 132)

@@ -70,6 +70,9 @@ cta = Knobs(
     # half the padding rows of a 128-row block, whose MMA work the weights' stream must hide (0: off). One H100:
     # 2-8 % faster at every 16-row stage shape (bench/results/kernels_h100x1_2026-12-06/cta_few_rows/).
     FEW_ROWS=64,
+    # Warps of those 64-row blocks (one H100: the bench's 8-warp variants were ahead of 4 at four of the six
+    # 16-row shapes in one run, by 0.7-3.9 %).
+    FEW_ROWS_WARPS=4,
     # Stage-0 block config, GELU, float32 inputs (smaller tiles: twice the bytes per element).
     STAGE0_CONFIG_FP32=(128, 128, 32, 0, 3, 8),
     # Stage-0 block config, SwiGLU, float32 inputs.
