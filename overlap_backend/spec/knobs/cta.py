@@ -66,13 +66,13 @@ cta = Knobs(
     # twice the tiles, each in half the runs (one H100, M = 16 and 128 at 2, 4 and 8 GPUs' shapes: 1.02-1.58x
     # cuBLAS vs 1.06-1.73x, bench/results/kernels_h100x1_2026-12-05/queued; narrower tiles lost at M = 512).
     STAGE1_CONFIG_DECODE=(128, 128, 64, 0, 4, 8),
-    # 16-bit calls of at most this many rows run both stages in 64-row blocks of one warpgroup (num_warps 4):
+    # 16-bit calls of at most this many rows run both stages in 64-row blocks (one warpgroup's MMA height):
     # half the padding rows of a 128-row block, whose MMA work the weights' stream must hide (0: off). One H100:
     # 2-8 % faster at every 16-row stage shape (bench/results/kernels_h100x1_2026-12-06/cta_few_rows/).
     FEW_ROWS=64,
-    # Warps of those 64-row blocks (one H100: the bench's 8-warp variants were ahead of 4 at four of the six
-    # 16-row shapes in one run, by 0.7-3.9 %).
-    FEW_ROWS_WARPS=4,
+    # Warps of those 64-row blocks: 8 against 4, one H100, stage 0 1.7-6.0 % faster at the three 16-row shapes,
+    # stage 1 within 1.1 % (bench/results/kernels_h100x1_2026-12-06/cta_few_rows_warps/).
+    FEW_ROWS_WARPS=8,
     # Stage-0 block config, GELU, float32 inputs (smaller tiles: twice the bytes per element).
     STAGE0_CONFIG_FP32=(128, 128, 32, 0, 3, 8),
     # Stage-0 block config, SwiGLU, float32 inputs.
