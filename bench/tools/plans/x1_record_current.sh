@@ -3,8 +3,8 @@
 # test, then the GPU tests of every kernel variant. On another card (whose record is current): the CTA op at 2 ranks
 # sharing the GPU (few-row calls in 64-row blocks of 8 warps), the GPU tests of every kernel variant, the MoE op at 2
 # and 4 ranks sharing the GPU (a fresh machine compiles its kernels: up to ~4 min) and the smoke set. run_stages
-# runs in bench/. Afterwards: python bench/tools/install_ratios.py DIR, python bench/tools/variant_holdout.py DIR --ratios BEFORE
-# and python bench/suites/kernel_paths.py DIR.
+# runs in bench/. Afterwards: python bench/tools/install_ratios.py DIR, python bench/tools/variant_holdout.py DIR
+# --ratios BEFORE and python bench/suites/kernel_paths.py DIR.
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   TAILN=8 run timing_test 60 env PYTHONPATH=.. python -m pytest -q -rA -s -p no:cacheprovider -m gpu ../tests/gpu/test_gpu_timing.py
   TAILN=12 run kernels 470 python suites/bench_kernels.py --out $RES/kernels --budget-s 400
