@@ -154,6 +154,43 @@ def test_cublas_path_matches_the_float32_reduce_scatter(ws, outer, run, bias, re
         assert sts[r].epoch == 1 and {p for p, _ in sts[r]._ready_waited} == {p for p in range(ws) if p != r}
 
 
+@pytest.mark.parametrize("merge_rows", [0, 64], ids=["per_chunk", "merged"])
+@pytest.mark.parametrize("ws", [3, 4])
+def test_short_chunks_take_one_gemm_per_range_of_the_peers(ws, merge_rows, monkeypatch, symm_knobs):
+    """knobs.symm.RS_CUBLAS_MERGE_ROWS: chunks shorter than it are computed in one GEMM per contiguous range of
+    the peers' chunks (after the rank's own, then before it) and the own chunk's; the result is the
+    reduce-scatter's, on every rank (first, middle and last: one range or two)."""
+    torch.manual_seed(ws + merge_rows)
+    symm_knobs(RS_CUBLAS_MERGE_ROWS=merge_rows)
+    outer, run, K, N = 1, 40, 24, 40
+    a = [torch.randn(ws * run, K) for _ in range(ws)]
+    b = [torch.randn(K, N) for _ in range(ws)]
+    recvs = [torch.full((ws * run, N), float("nan")) for _ in range(ws)]
+    sts, local = states(ws, recvs, monkeypatch)
+    real, gemms = symm_mm_rs.matmul_into, {}
+
+    def counted(x, w, bias, out):
+        gemms.setdefault(threading.get_ident(), []).append(x.shape[0])
+        return real(x, w, bias, out)
+
+    monkeypatch.setattr(symm_mm_rs, "matmul_into", counted)
+    idents = [None] * ws
+
+    def call(r):
+        idents[r] = threading.get_ident()
+        return symm_mm_rs.mm_rs_cublas(sts[r], a[r], b[r], None, recvs[r], outer, run, False, graph=False)
+
+    outs = run_ranks(ws, [lambda r=r: call(r) for r in range(ws)], local)
+    full = sum(a[r].double() @ b[r].double() for r in range(ws))
+    for r in range(ws):
+        torch.testing.assert_close(outs[r].double(), full[r * run:(r + 1) * run], rtol=1e-4, atol=1e-4)
+        rows = gemms[idents[r]]
+        assert sum(rows) == ws * run, rows
+        if merge_rows:
+            assert rows[:-1] == [n * run for n in (ws - 1 - r, r) if n] and rows[-1] == run, (r, rows)
+        else:
+            assert rows == [run] * ws, (r, rows)
+
 @pytest.mark.parametrize("ws,outer,run", [(3, 1, 600), (4, 10, 8)])
 def test_cublas_path_with_a_push_stream_per_peer(ws, outer, run, monkeypatch, symm_knobs):
     """knobs.symm.PUSH_STREAM_PER_PEER: each peer's partials go on a stream of its own, whose READY wait

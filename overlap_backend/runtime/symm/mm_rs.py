@@ -231,7 +231,8 @@ def mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=None
 
     Chunk c of ``a`` is ``a3[:, c]`` with ``a3 = a.view(outer, ws, run, K)``. Remote chunks first,
     band by band (``rs_cublas_bands``): each band's GEMMs write ``stage`` and a stream write raises
-    its done flag; the push stream ships it as for the kernel. Then the own bands: a chunk of one
+    its done flag; the push stream ships it as for the kernel. Chunks of one run shorter than
+    ``knobs.symm.RS_CUBLAS_MERGE_ROWS``: one GEMM per contiguous range of the peers' chunks instead. Then the own bands: a chunk of one
     band computes its own partial into the receive buffer's own slot while the transfer runs, then
     waits for the peers' and one kernel reduces the ws slots (in float32 for 16-bit types); with
     several bands each waits first (the peers' band arrived while the later remote bands computed),
@@ -258,12 +259,19 @@ def mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=None
     nb = len(bands)
     compute = compute_stream(st, graph)
     epoch = st.begin(compute, "mm_rs", graph=graph)
-    for pos in range(ws - 1):
-        c = (r + 1 + pos) % ws
-        for i, band in enumerate(bands):
-            for o, j, n in band:
-                matmul_into(a3[o, c, j : j + n], b, bias, stage4[c, o, j : j + n])
-            _cuda.write_value32(st.flag_addr(base + layout.DONE + c * nb + i), epoch, compute)
+    if outer == 1 and nb == 1 and run < knobs.symm.RS_CUBLAS_MERGE_ROWS:
+        for lo, hi in ((r + 1, ws), (0, r)):  # short chunks: one GEMM per contiguous range of the peers'
+            if hi > lo:
+                matmul_into(a[lo * run : hi * run], b, bias, stage[lo * run : hi * run])
+                for c in range(lo, hi):
+                    _cuda.write_value32(st.flag_addr(base + layout.DONE + c), epoch, compute)
+    else:
+        for pos in range(ws - 1):
+            c = (r + 1 + pos) % ws
+            for i, band in enumerate(bands):
+                for o, j, n in band:
+                    matmul_into(a3[o, c, j : j + n], b, bias, stage4[c, o, j : j + n])
+                _cuda.write_value32(st.flag_addr(base + layout.DONE + c * nb + i), epoch, compute)
     push_partials(st, stage, rows, N, [rs_band_span(band, run) for band in bands], epoch, base)
     own_first = nb == 1
     for i, band in enumerate(bands):

@@ -54,6 +54,11 @@ symm = Knobs(
     # one band 0.470-0.510 ms vs four of 512 rows 0.696-0.899,
     # bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas).
     RS_CUBLAS_BAND_FLOPS=64e9,
+    # mm_rs's cuBLAS path with whole-row chunks of fewer rows than this (decode sizes): the peers' chunks in one
+    # GEMM per contiguous range of them (those after this rank's, then those before it), their done flags raised
+    # after it, instead of a GEMM per chunk (each reads the whole weight); 0: a GEMM per chunk. Not yet timed: A/B
+    # with bench_kernels.py --kernels mm_rs_cublas --set symm.RS_CUBLAS_MERGE_ROWS=256.
+    RS_CUBLAS_MERGE_ROWS=0,
     # Captured calls' band floor (None: RS_CUBLAS_BAND_FLOPS): finer bands won at M=4096 and 16384 but lost at
     # M=8192 in replays (bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas): an open question.
     RS_CUBLAS_BAND_FLOPS_CAPTURED=None,
