@@ -231,8 +231,9 @@ def mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=None
 
     Chunk c of ``a`` is ``a3[:, c]`` with ``a3 = a.view(outer, ws, run, K)``. Remote chunks first,
     band by band (``rs_cublas_bands``): each band's GEMMs write ``stage`` and a stream write raises
-    its done flag; the push stream ships it as for the kernel. Chunks of one run shorter than
-    ``knobs.symm.RS_CUBLAS_MERGE_ROWS``: one GEMM per contiguous range of the peers' chunks instead. Then the own bands: a chunk of one
+    its done flag; the push stream ships it as for the kernel (chunks of one run shorter than
+    ``knobs.symm.RS_CUBLAS_MERGE_ROWS``: one GEMM per contiguous range of the peers' chunks instead).
+    Then the own bands: a chunk of one
     band computes its own partial into the receive buffer's own slot while the transfer runs, then
     waits for the peers' and one kernel reduces the ws slots (in float32 for 16-bit types); with
     several bands each waits first (the peers' band arrived while the later remote bands computed),
