@@ -38,7 +38,7 @@ from . import launcher
 from .configs import store_variant
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
-from .tiles import add_bias, b_descriptor, global_row, grouped_tile, mainloop, store_rows
+from .tiles import add_bias, b_descriptor, column_halves, global_row, grouped_tile, mainloop, store_rows
 
 
 @triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
@@ -60,6 +60,8 @@ def ag_mm_kernel(
     if TMA_STORE:  # chunks are contiguous blocks of rows and BM divides them: tiles never straddle two
         out_desc = tl.make_tensor_descriptor(out_ptr, shape=[WS * rows, N], strides=[N, 1],
                                              block_shape=[BM, BN // 2 if SUBTILE else BN])
+    else:  # a stand-in, never used without TMA_STORE
+        out_desc = buf_desc
     waited = nbands - 1  # bands are known here up to this (position, band) key: position 0 is local
     for tile in tl.range(tl.program_id(0), WS * tiles_per_chunk, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPEC):
@@ -85,22 +87,9 @@ def ag_mm_kernel(
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
         offs_m = pid_m * BM + tl.arange(0, BM)
-        out_rows = global_row(offs_m, chunk, run, WS)
-        if SUBTILE:  # (with TMA_STORE only: launch)
-            acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
-            _store_half(acc0, out_desc, out_ptr, bias_ptr, chunk * rows + pid_m * BM, pid_n * BN, offs_m, out_rows, rows, N,
-                        ep0, ep1, ep2, ep3, EPILOGUE, BN // 2, HAS_BIAS)
-            _store_half(acc1, out_desc, out_ptr, bias_ptr, chunk * rows + pid_m * BM, pid_n * BN + BN // 2, offs_m, out_rows,
-                        rows, N, ep0, ep1, ep2, ep3, EPILOGUE, BN // 2, HAS_BIAS)
-        else:
-            offs_n = pid_n * BN + tl.arange(0, BN)
-            acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
-            acc = EPILOGUE(acc, out_rows, offs_n, (offs_m < rows)[:, None] & (offs_n < N)[None, :], N, ep0, ep1, ep2,
-                           ep3)
-            if TMA_STORE:
-                out_desc.store([chunk * rows + pid_m * BM, pid_n * BN], acc.to(out_ptr.dtype.element_ty))
-            else:
-                store_rows(out_ptr, out_rows, offs_m < rows, offs_n, N, N, acc)
+        _epilogue_store(acc, out_desc, out_ptr, bias_ptr, chunk * rows + pid_m * BM, pid_n * BN, offs_m,
+                        global_row(offs_m, chunk, run, WS), rows, N, ep0, ep1, ep2, ep3, EPILOGUE, BM, BN, HAS_BIAS,
+                        TMA_STORE, SUBTILE)
 
 
 @triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
@@ -130,27 +119,17 @@ def ag_mm_whole_kernel(
     if TMA_STORE:  # contiguous chunks (run == rows): the gathered rows are the output's rows
         out_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1],
                                              block_shape=[BM, BN // 2 if SUBTILE else BN])
+    else:  # a stand-in, never used without TMA_STORE
+        out_desc = a_desc
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPEC):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = mainloop(a_desc, pid_m * BM, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
         offs_m = pid_m * BM + tl.arange(0, BM)
-        out_rows = global_row(offs_m % rows, offs_m // rows, run, WS)
-        if SUBTILE:  # (with TMA_STORE only: launch)
-            acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
-            _store_half(acc0, out_desc, out_ptr, bias_ptr, pid_m * BM, pid_n * BN, offs_m, out_rows, M, N,
-                        ep0, ep1, ep2, ep3, EPILOGUE, BN // 2, HAS_BIAS)
-            _store_half(acc1, out_desc, out_ptr, bias_ptr, pid_m * BM, pid_n * BN + BN // 2, offs_m, out_rows, M, N,
-                        ep0, ep1, ep2, ep3, EPILOGUE, BN // 2, HAS_BIAS)
-        else:
-            offs_n = pid_n * BN + tl.arange(0, BN)
-            acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
-            acc = EPILOGUE(acc, out_rows, offs_n, (offs_m < M)[:, None] & (offs_n < N)[None, :], N, ep0, ep1, ep2, ep3)
-            if TMA_STORE:
-                out_desc.store([pid_m * BM, pid_n * BN], acc.to(out_ptr.dtype.element_ty))
-            else:
-                store_rows(out_ptr, out_rows, offs_m < M, offs_n, N, N, acc)
+        _epilogue_store(acc, out_desc, out_ptr, bias_ptr, pid_m * BM, pid_n * BN, offs_m,
+                        global_row(offs_m % rows, offs_m // rows, run, WS), M, N, ep0, ep1, ep2, ep3, EPILOGUE, BM, BN,
+                        HAS_BIAS, TMA_STORE, SUBTILE)
 
 
 @triton.jit
@@ -171,6 +150,29 @@ def tile_position(tile, tiles_m, tiles_n, WS: tl.constexpr, GROUP_M: tl.constexp
         pid_m = tl.where(local, pid_m, within % tiles_m)
         pid_n = tl.where(local, pid_n, peer_tile // per_column)
     return pos, pid_m, pid_n
+
+
+@triton.jit
+def _epilogue_store(acc, out_desc, out_ptr, bias_ptr, row0, col0, offs_m, out_rows, rows, N, ep0, ep1, ep2, ep3,
+                    EPILOGUE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr):
+    """Bias, epilogue and store of a finished [BM, BN] tile at ``out_rows`` (local rows ``offs_m`` < ``rows``):
+    by TMA at ``(row0, col0)`` of ``out_desc`` (``SUBTILE``: in two column halves, each stored while the next is
+    computed), else by pointers."""
+    if SUBTILE:  # (with TMA_STORE only: launch)
+        acc0, acc1 = column_halves(acc, BM, BN)
+        _store_half(acc0, out_desc, out_ptr, bias_ptr, row0, col0, offs_m, out_rows, rows, N,
+                    ep0, ep1, ep2, ep3, EPILOGUE, BN // 2, HAS_BIAS)
+        _store_half(acc1, out_desc, out_ptr, bias_ptr, row0, col0 + BN // 2, offs_m, out_rows, rows, N,
+                    ep0, ep1, ep2, ep3, EPILOGUE, BN // 2, HAS_BIAS)
+    else:
+        offs_n = col0 + tl.arange(0, BN)
+        acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+        acc = EPILOGUE(acc, out_rows, offs_n, (offs_m < rows)[:, None] & (offs_n < N)[None, :], N, ep0, ep1, ep2, ep3)
+        if TMA_STORE:
+            out_desc.store([row0, col0], acc.to(out_ptr.dtype.element_ty))
+        else:
+            store_rows(out_ptr, out_rows, offs_m < rows, offs_n, N, N, acc)
 
 
 @triton.jit

@@ -51,7 +51,8 @@ from .configs import store_variant
 from .epilogue import epilogue_fn
 from .flags import (GATHER_FLAG_BASE, OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, count_bulk_stored, count_tile_done,
                     count_tile_done_to_peers, fence_proxy_async, wait_flag)
-from .tiles import add_bias, b_descriptor, global_row, grouped_tile, load_rows, mainloop, store_rows
+from .tiles import (add_bias, b_descriptor, column_halves, global_row, grouped_tile, load_rows, mainloop,
+                    store_rows)
 
 
 @triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
@@ -263,7 +264,7 @@ def _gemm_tile(
                             SYS=True)
         elif TMA:
             if SUBTILE:
-                acc0, acc1 = _halves(acc, BM, BN)
+                acc0, acc1 = column_halves(acc, BM, BN)
                 stage_desc.store([slot * rows + pid_m * BM, pid_n * BN], acc0.to(stage_ptr.dtype.element_ty))
                 stage_desc.store([slot * rows + pid_m * BM, pid_n * BN + BN // 2], acc1.to(stage_ptr.dtype.element_ty))
             else:
@@ -297,7 +298,7 @@ def _gemm_tile(
             acc = acc / WS
         out_row = rnd * out_round_stride + out_offset + offs_m
         if SUBTILE:  # (TMA only, never WRITE_GATHER: launch) the epilogue and store of each half in turn
-            acc0, acc1 = _halves(acc, BM, BN)
+            acc0, acc1 = column_halves(acc, BM, BN)
             row_ok = in_chunk & (out_row < out_rows)
             _epilogue_store_half(acc0, out_desc, out_ptr, pid_m * BM, pid_n * BN, out_row, row_ok, N,
                                  ep0, ep1, ep2, ep3, EPILOGUE, BN // 2)
@@ -326,12 +327,6 @@ def _gemm_tile(
                 count_tile_done(counters_ptr + slot * nbands + band, done_ptr + slot * nbands + band,
                                 tiles_in_band, epoch)
     return waited, ready_seen, pending, pending_n, pending_tiles
-
-
-@triton.jit
-def _halves(acc, BM: tl.constexpr, BN: tl.constexpr):
-    """The [BM, BN/2] column halves of a [BM, BN] tile."""
-    return tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
 
 
 @triton.jit

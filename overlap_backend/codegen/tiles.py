@@ -32,6 +32,12 @@ def global_row(i, chunk, run, ws):
 
 
 @triton.jit
+def column_halves(acc, BM: tl.constexpr, BN: tl.constexpr):
+    """The [BM, BN/2] column halves of a [BM, BN] tile (a subtiled epilogue stores one while it computes the other)."""
+    return tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def mainloop(a_desc, a_row, b_desc, off_n, K, acc, BK: tl.constexpr, B_KMAJOR: tl.constexpr,
              PRECISION: tl.constexpr):
     """acc += A[a_row : a_row+BM, :] @ B[:, off_n : off_n+BN] over all of K (TMA loads).
