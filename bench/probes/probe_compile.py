@@ -55,7 +55,7 @@ KERNELS = {
     "mm_rs": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
                    WRITE_GATHER=False, PRECISION=None, TIMED=True, PEER_STORE=False, TMA=True, INTERPRET=False,
-                   COPY_OUT=False, SUBTILE=False, PARTIAL_STAGES=1, PREFETCH=0),
+                   COPY_OUT=False, SUBTILE=False, PARTIAL_STAGES=1),
         data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "gather_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "tile_ticket_ptr", "gathered_ptr", "claim_ptr",
                "report_ptr", "peer_data_ptr", "peer_flags_ptr", "ready_ptr"}, wide={"timeout_ns"},
@@ -69,8 +69,7 @@ KERNELS = {
 }
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
           "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",
-          "multi-buffered shared": r"local_alloc : \(\) -> !ttg\.memdesc<[2-9]x",
-          "L2 prefetches": r"prefetch\.global\.L2"}
+          "multi-buffered shared": r"local_alloc : \(\) -> !ttg\.memdesc<[2-9]x"}
 
 
 def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, stages: int = 3):

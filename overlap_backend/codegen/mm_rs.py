@@ -65,7 +65,7 @@ def mm_rs_kernel(
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr = False,
     INTERPRET: tl.constexpr = False, COPY_OUT: tl.constexpr = False, SUBTILE: tl.constexpr = False,
-    PARTIAL_STAGES: tl.constexpr = 1, PREFETCH: tl.constexpr = 0,
+    PARTIAL_STAGES: tl.constexpr = 1,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_per_chunk = tl.cdiv(rows, BM) * tl.cdiv(N, BN)
@@ -107,7 +107,7 @@ def mm_rs_kernel(
                 ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
                 copy_per_round, EPILOGUE, WS, BM, BN, BK,
                 GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
-                COPY_OUT, SUBTILE, PARTIAL_STAGES, PREFETCH)
+                COPY_OUT, SUBTILE, PARTIAL_STAGES)
             tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     while tile < num_tiles:
         waited, ready_seen, pending, pending_n, pending_tiles = _rs_tile(
@@ -118,7 +118,7 @@ def mm_rs_kernel(
             ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
             copy_per_round, EPILOGUE, WS, BM, BN, BK,
             GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
-            COPY_OUT, SUBTILE, PARTIAL_STAGES, PREFETCH)
+            COPY_OUT, SUBTILE, PARTIAL_STAGES)
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if TMA:
         if pending >= 0:
@@ -139,7 +139,6 @@ def _rs_tile(
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
     OP: tl.constexpr, COPY_OUT: tl.constexpr, SUBTILE: tl.constexpr, PARTIAL_STAGES: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """The work of ticket ``tile``: a GEMM tile (``_gemm_tile``), or with ``COPY_OUT`` a copy tile
     (``_copy_tile``), in ``_copy_out_order``. Returns the CTA's carried state."""
@@ -157,7 +156,7 @@ def _rs_tile(
             epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, run, out_round_stride, out_offset,
             out_rows, nbands, band_rows, peer_data_ptr, peer_flags_ptr, ready_ptr, gather_offset, rs_flag_word,
             ag_flag_word, ep0, ep1, ep2, ep3, EPILOGUE, WS, BM, BN, BK, GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE,
-            WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP, SUBTILE, PARTIAL_STAGES, PREFETCH)
+            WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP, SUBTILE, PARTIAL_STAGES)
     return waited, ready_seen, pending, pending_n, pending_tiles
 
 
@@ -220,7 +219,7 @@ def _gemm_tile(
     EPILOGUE: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
-    OP: tl.constexpr, SUBTILE: tl.constexpr, PARTIAL_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+    OP: tl.constexpr, SUBTILE: tl.constexpr, PARTIAL_STAGES: tl.constexpr,
 ):
     """GEMM tile ``tile`` of ``mm_rs_kernel``: the main loop, then either the staged / peer-stored
     remote tile (counted) or the own tile reduced with the peers' partials.
@@ -234,9 +233,6 @@ def _gemm_tile(
     chunk = (rank + 1 + pos) % WS  # pos WS-1 is this rank's own chunk
     pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
     a_row = rnd * WS * rows + global_row(pid_m * BM, chunk, run, WS)
-    if PREFETCH > 0:
-        if pos == WS - 1:
-            _prefetch_partials(recv_ptr, rnd, rank, rows, pid_m, pid_n, N, WS, BM, BN, PREFETCH, INTERPRET)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc = mainloop(a_desc, a_row, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
     slot = rnd * WS + chunk
@@ -334,23 +330,6 @@ def _gemm_tile(
 
 
 @triton.jit
-def _prefetch_partials(recv_ptr, rnd, rank, rows, pid_m, pid_n, N, WS: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, COUNT: tl.constexpr, INTERPRET: tl.constexpr):
-    """Ask L2 for the first ``COUNT`` peers' partials of this own tile, one request per 128-byte line, before
-    its main loop: they then stream in while it computes instead of after it, when every SM's own tiles load
-    theirs at once. A hint only (the partials are read after the flag waits, L2 being coherent with the
-    peers' writes); rows and columns past the buffer's are clamped into it."""
-    if not INTERPRET:
-        LINE: tl.constexpr = 1024 // recv_ptr.dtype.element_ty.primitive_bitwidth  # elements per 128 bytes
-        row = tl.minimum(pid_m * BM + tl.arange(0, BM), rows - 1)
-        col = tl.minimum(pid_n * BN + tl.arange(0, BN // LINE) * LINE, N - 1)
-        for p in tl.static_range(1, COUNT + 1):
-            line = recv_ptr + ((rnd * WS + (rank + p) % WS) * rows + row).to(tl.int64)[:, None] * N + col[None, :]
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [line], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-
-
-@triton.jit
 def _epilogue_store_half(acc, out_desc, out_ptr, row0, col0, out_row, row_ok, N, ep0, ep1, ep2, ep3,
                          EPILOGUE: tl.constexpr, HALF: tl.constexpr):
     """The epilogue and TMA store of one [BM, HALF] column block of an own tile starting at ``col0``."""
@@ -426,7 +405,6 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
         TMA=tma, INTERPRET=launcher.interpreting(), COPY_OUT=gathered is not None, SUBTILE=subtile,
-        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, PREFETCH=min(knobs.codegen.RS_PREFETCH_PARTIALS, ws - 1),
-        num_stages=stages, num_warps=warps,
+        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, num_stages=stages, num_warps=warps,
     )
     return out

@@ -28,23 +28,12 @@ def test_partial_loads_pipelined_only_with_stages(tmp_path):
         assert got.returncode == 0, got.stderr[-2000:]
         reps[stages] = json.loads(got.stdout.strip().splitlines()[-1])
     assert reps[1]["wgmma"] > 0 and reps[1]["shared_bytes"] > 0
-    assert reps[1]["L2 prefetches"] == 0, "no prefetch unless asked for"
     assert reps[3]["TMA loads"] > reps[1]["TMA loads"], "the pipelined loop issues loads ahead (prologue)"
     assert reps[3]["multi-buffered shared"] > reps[1]["multi-buffered shared"], "two partial buffers in flight"
     assert "ttng.warp_group_dot" in (tmp_path / "mm_rs.ttgir").read_text()
     assert (tmp_path / "mm_rs.ptx").stat().st_size > 0
     assert 128 <= reps[3]["registers"] <= 255, "ptxas's report: a 128x256 float32 accumulator over 8 warps"
     assert isinstance(reps[3]["ptxas warnings"], list) and reps[3]["spill stores (bytes)"] >= 0
-
-
-def test_own_tiles_prefetch_each_peers_partial_line_by_line(tmp_path):
-    """PREFETCH=3 at ws 4: a 128x256 bf16 partial is 512 lines of 128 bytes, two a thread of 8 warps, for each of
-    the three peers, in both of the ticket loops (the ``for`` and the ``while``); nothing spilled for it."""
-    got = _probe("mm_rs", "--set", "WS=4", "--set", "PREFETCH=3", "--json", "--out", str(tmp_path))
-    assert got.returncode == 0, got.stderr[-2000:]
-    rep = json.loads(got.stdout.strip().splitlines()[-1])
-    assert (tmp_path / "mm_rs.ptx").read_text().count("prefetch.global.L2") == 2 * 3 * 2
-    assert rep["spill stores (bytes)"] == 0 and rep["ptxas warnings"] == []
 
 
 def test_an_unknown_constexpr_is_refused():

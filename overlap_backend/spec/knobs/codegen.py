@@ -69,9 +69,6 @@ codegen = Knobs(
     # shape; bench/results/kernels_h100x1_2026-12-06/rs_partials), where every SM loads at once; untried with
     # the peers' traffic of real GPUs.
     RS_PARTIAL_STAGES=1,
-    # How many of the peers' partials mm_rs's / mm_ar's own tiles ask L2 for (prefetch, one request per 128-byte
-    # line) before their main loop, so that they stream in while it computes; at most ws - 1. 0: none.
-    RS_PREFETCH_PARTIALS=0,
     # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off, as no
     # variant wins at most shapes (the kernel benchmark); MEASURED_VARIANT_GAIN takes the winners shape by shape.
     TUNE_VARIANTS=False,
