@@ -56,9 +56,10 @@ symm = Knobs(
     RS_CUBLAS_BAND_FLOPS=64e9,
     # mm_rs's cuBLAS path with whole-row chunks of fewer rows than this (decode sizes): the peers' chunks in one
     # GEMM per contiguous range of them (those after this rank's, then those before it), their done flags raised
-    # after it, instead of a GEMM per chunk (each reads the whole weight); 0: a GEMM per chunk. Not yet timed: A/B
-    # with bench_kernels.py --kernels mm_rs_cublas --set symm.RS_CUBLAS_MERGE_ROWS=256.
-    RS_CUBLAS_MERGE_ROWS=0,
+    # after it, instead of a GEMM per chunk (each reads the whole weight); 0: a GEMM per chunk. 256: the path at
+    # the 512-token shapes 5.44x -> 3.56x one cuBLAS GEMM (8 GPUs) and 2.49x -> 2.16x (4 GPUs), the others as before
+    # (one H100, bench/results/kernels_h100x1_2026-12-06/open_ab).
+    RS_CUBLAS_MERGE_ROWS=256,
     # Captured calls' band floor (None: RS_CUBLAS_BAND_FLOPS): finer bands won at M=4096 and 16384 but lost at
     # M=8192 in replays (bench/results/collective_gemm_h200x2_2026-11-30/mm_rs_cublas): an open question.
     RS_CUBLAS_BAND_FLOPS_CAPTURED=None,
@@ -79,9 +80,10 @@ symm = Knobs(
     AG_CUBLAS_MIN_RUN=128,
     # ag_mm's cuBLAS path with whole-row chunks of fewer rows than this: the own chunk's GEMM, then, once every
     # peer's chunk arrived, one GEMM per contiguous range of them (each chunk's GEMM reads the whole weight, which
-    # bounds it below a few hundred rows); 0: a GEMM per chunk as it arrives. Not yet timed: A/B with
-    # bench_kernels.py --kernels ag_mm_cublas --set symm.AG_CUBLAS_MERGE_ROWS=256.
-    AG_CUBLAS_MERGE_ROWS=0,
+    # bounds it below a few hundred rows); 0: a GEMM per chunk as it arrives. 256: the path at the 512-token shapes
+    # 4.11x -> 1.56x one cuBLAS GEMM (8 GPUs) and 2.12x -> 1.33x (4 GPUs), the others as before (one H100,
+    # bench/results/kernels_h100x1_2026-12-06/open_ab).
+    AG_CUBLAS_MERGE_ROWS=256,
     # ag_mm / mm_rs / mm_ar compute a GEMM on cuBLAS where the op's Triton kernel measured more than this many
     # times cuBLAS's time on it (fused epilogue: cuBLAS plus the separate epilogue kernel) in the kernel ratios
     # (spec/kernel_ratios.py, written by bench/suites/bench_kernels.py) and the op's cuBLAS path, where measured
