@@ -43,7 +43,7 @@ CASES = [
     (200, 256, 1024, 384, "gelu", "tanh", False, torch.bfloat16),
     (129, 512, 2048, 256, "swiglu", "none", True, torch.float16),
     (1, 256, 1024, 256, "gelu", "none", True, torch.bfloat16),
-    # few rows (knobs.cta.FEW_ROWS): both stages in 64-row blocks of 4 warps, SwiGLU's two accumulators too
+    # few rows (knobs.cta.FEW_ROWS): both stages in 64-row blocks (FEW_ROWS_WARPS warps), SwiGLU's two accumulators too
     (40, 512, 2048, 512, "swiglu", "none", True, torch.bfloat16),
     (64, 256, 1024, 256, "swiglu", "none", False, torch.float32),
     (1500, 1024, 4096, 1024, "swiglu", "none", False, torch.bfloat16),  # several row groups

@@ -704,9 +704,9 @@ def test_stage1_takes_narrow_tiles_at_one_split_row_block():
 
 
 def test_few_rows_take_64_row_blocks_in_both_stages():
-    """16-bit calls of at most ``FEW_ROWS`` rows run both stages in 64-row blocks of 4 warps, each stage's
-    tile width and pipeline kept (stage 1's narrow decode tiles included); more rows, float32, or the knob
-    at 0 keep the 128-row configs."""
+    """16-bit calls of at most ``FEW_ROWS`` rows run both stages in 64-row blocks of ``FEW_ROWS_WARPS`` warps,
+    each stage's tile width and pipeline kept (stage 1's narrow decode tiles included); more rows, float32, or
+    the knob at 0 keep the 128-row configs."""
     from overlap_backend.runtime import cta_plan
 
     def configs(m, dtype=torch.bfloat16, swiglu=False, ns=2048):
@@ -722,12 +722,13 @@ def test_few_rows_take_64_row_blocks_in_both_stages():
         assert c1[1:3] == knobs.cta.STAGE1_CONFIG_DECODE[1:3] and c1[3] == c0[3] == 1
     assert configs(few + 1)[0][0] == configs(few + 1)[1][0] == 128
     assert configs(16, torch.float32)[1] == (*knobs.cta.STAGE1_CONFIG_FP32[:3], 1, *knobs.cta.STAGE1_CONFIG_FP32[4:])
-    with knobs.cta.patch(FEW_ROWS_WARPS=8):
-        assert configs(16)[0][5] == configs(16)[1][5] == 8
+    with knobs.cta.patch(FEW_ROWS_WARPS=4):
+        assert configs(16)[0][5] == configs(16)[1][5] == 4
     with knobs.cta.patch(FEW_ROWS=0):
         assert configs(16)[0][0] == 128 and configs(16)[1][5] == knobs.cta.STAGE1_CONFIG_DECODE[5]
     plan = cta_plan.chunk_plan(16, 4096, 2048, 1, False, torch.bfloat16, 132)
     assert plan.cfg0[0] == plan.cfg1[0] == 64 and plan.split1 > 1, plan
+
 
 def cta_plan_split(tiles, steps, num_sms=132, want=None):
     from overlap_backend.runtime import cta_plan

@@ -191,6 +191,7 @@ def test_short_chunks_take_one_gemm_per_range_of_the_peers(ws, merge_rows, monke
         else:
             assert rows == [run] * ws, (r, rows)
 
+
 @pytest.mark.parametrize("ws,outer,run", [(3, 1, 600), (4, 10, 8)])
 def test_cublas_path_with_a_push_stream_per_peer(ws, outer, run, monkeypatch, symm_knobs):
     """knobs.symm.PUSH_STREAM_PER_PEER: each peer's partials go on a stream of its own, whose READY wait

@@ -22,7 +22,8 @@ from ..ops import group_size
 from . import private_graphs
 from .lowering_helpers import (PATHS, aligned, call_state, capture_problem, captured_call_problem, capturing,
                                compute_stream, epilogue_pointers, generated_epilogue, kernel_weight, load_kernels,
-                               matmul_into, preload_once, run_on_p2p, tma_aligned, tma_problem, tune, tuned_configs)
+                               matmul_into, peer_slot_ranges, preload_once, run_on_p2p, tma_aligned, tma_problem,
+                               tune, tuned_configs)
 
 
 def ag_mm_problem(shard, weights, biases, gather_dim) -> str | None:
@@ -263,12 +264,11 @@ def ag_mm_cublas(st, shard2d, buf, weights, biases, outs, outer, run, epoch, bas
             src = shard2d if c == r else buf[c]
             for w, bias, out in zip(weights, biases, outs):
                 matmul_into(src, w, bias, out[c * run:(c + 1) * run])
-        if merge:  # the slots after this rank's, then those before it
-            for lo, hi in ((r + 1, ws), (0, r)):
-                if hi > lo:
-                    src = buf[lo:hi].view((hi - lo) * run, K)
-                    for w, bias, out in zip(weights, biases, outs):
-                        matmul_into(src, w, bias, out[lo * run:hi * run])
+        if merge:
+            for lo, hi in peer_slot_ranges(r, ws):
+                src = buf[lo:hi].view((hi - lo) * run, K)
+                for w, bias, out in zip(weights, biases, outs):
+                    matmul_into(src, w, bias, out[lo * run:hi * run])
         return
     outs4 = [o.view(outer, ws, run, o.shape[1]) for o in outs]
     for p in range(ws):

@@ -233,6 +233,12 @@ def tma_problem(dtype: torch.dtype, *inner_dims: int) -> str | None:
 
 
 # ----------------------------------------------------------------------- cuBLAS-path steps
+def peer_slot_ranges(rank: int, ws: int) -> list[tuple[int, int]]:
+    """The peers' slots as contiguous ``[lo, hi)`` ranges, those after ``rank`` first (the order chunks arrive
+    and are shipped in), then those before it; empty ranges left out."""
+    return [(lo, hi) for lo, hi in ((rank + 1, ws), (0, rank)) if hi > lo]
+
+
 def matmul_into(a, b, bias, out) -> None:
     """``out = a @ b (+ bias)`` on cuBLAS."""
     if bias is None:

@@ -21,9 +21,10 @@ from .. import cuda as _cuda
 from ..lowering import register
 from ..ops import group_size
 from . import private_graphs
-from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem, capturing, call_state, epilogue_pointers,
-                               generated_epilogue, kernel_weight, load_kernels, matmul_into, reduce_slots, run_on_p2p,
-                               tma_aligned, tma_problem, tune, tuned_configs, zero_contraction)
+from .lowering_helpers import (PATHS, aligned, capture_problem, compute_stream, preload_once, captured_call_problem,
+                               capturing, call_state, epilogue_pointers, generated_epilogue, kernel_weight,
+                               load_kernels, matmul_into, peer_slot_ranges, reduce_slots, run_on_p2p, tma_aligned,
+                               tma_problem, tune, tuned_configs, zero_contraction)
 
 
 def mm_problem(a, b, bias, reduce_op) -> str | None:
@@ -261,11 +262,10 @@ def mm_rs_cublas(st, a, b, bias, recv, outer, run, average, graph, epilogue=None
     compute = compute_stream(st, graph)
     epoch = st.begin(compute, "mm_rs", graph=graph)
     if outer == 1 and nb == 1 and run < knobs.symm.RS_CUBLAS_MERGE_ROWS:
-        for lo, hi in ((r + 1, ws), (0, r)):  # short chunks: one GEMM per contiguous range of the peers'
-            if hi > lo:
-                matmul_into(a[lo * run : hi * run], b, bias, stage[lo * run : hi * run])
-                for c in range(lo, hi):
-                    _cuda.write_value32(st.flag_addr(base + layout.DONE + c), epoch, compute)
+        for lo, hi in peer_slot_ranges(r, ws):  # short chunks: one GEMM per contiguous range of the peers'
+            matmul_into(a[lo * run : hi * run], b, bias, stage[lo * run : hi * run])
+            for c in range(lo, hi):
+                _cuda.write_value32(st.flag_addr(base + layout.DONE + c), epoch, compute)
     else:
         for pos in range(ws - 1):
             c = (r + 1 + pos) % ws
