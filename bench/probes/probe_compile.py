@@ -4,8 +4,8 @@ it (explains a kernel's speed before a device call; not a test).
     python bench/probes/probe_compile.py ag_mm [--set FLATTEN=True] [--set WS=8 ...] [--arch 90] [--warps 8]
         [--stages 3] [--out DIR] [--json]
 
-Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer; ``ag_mm_whole``: its kernel at decode sizes), ``mm_rs`` (``codegen/mm_rs.py``'s producer) and ``moe_down``
-(``codegen/moe_gemm.py``'s down kernel), bf16, with
+Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer; ``ag_mm_whole``: its kernel at decode sizes), ``mm_rs`` (``codegen/mm_rs.py``'s producer), ``moe_down``
+(``codegen/moe_gemm.py``'s down kernel) and ``cta_stage1`` (``codegen/cta.py``'s stage 1), bf16, with
 the constexprs below unless ``--set NAME=VALUE`` (a Python literal) overrides one. Prints the shared memory the
 kernel needs and, in its TTGIR, the loops (``scf.for`` / ``scf.while``), the TMA loads, the barrier waits, the
 wgmma ops and the multi-buffered shared allocations (``2x``, ``3x`` ...: loads in flight); then what Triton's ptxas
@@ -38,7 +38,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-# per kernel: its constexprs (defaults), its bf16 pointers, its int32 pointers, its 64-bit integers, and the integers
+# per kernel: its constexprs (defaults), its bf16 pointers, its int32 pointers (float32 ones: fp32, peer address tables:
+# tables), its 64-bit integers, and the integers
 # taken to be multiples of 16, as Triton's launcher specializes sizes that are (the stores' vector width follows)
 KERNELS = {
     "ag_mm": dict(
@@ -66,6 +67,15 @@ KERNELS = {
         data={"act_ptr", "w_down_ptr", "out_ptr", "stage_ptr"},
         flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
                "counters_ptr", "done_ptr", "contig_ptr"}, wide=set(), sizes={"M", "H", "F", "wd_stride_e", "wd_stride_row"}),
+    "cta_stage1": dict(
+        const=dict(WS=8, TP=4, BM=128, BN=256, BK=64, GROUP_M=16, HAS_B2=False, WAIT_READY=False, PRECISION=None,
+                   TIMED=True, INTERPRET=False, HAS_TAIL=False, SHIP_BEFORE_TAIL=False, SPLIT_K=False,
+                   READY_RUNS=True),
+        data={"a_ptr", "w2_ptr", "out_ptr", "part_ptr"}, fp32={"b2_ptr", "split_ptr"},
+        tables={"peer_data_ptr", "peer_flags_ptr"},
+        flags={"a_flags_ptr", "counters_ptr", "epoch_ptr", "ready_ptr", "claim_ptr", "report_ptr", "tail_flags_ptr",
+               "split_counters_ptr"},
+        wide={"timeout_ns", "y_offset"}, sizes={"Mp", "Fp", "Fship", "F1", "N", "Ns", "kchunk"}),
 }
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
           "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",
@@ -74,12 +84,12 @@ COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"a
 
 def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, stages: int = 3):
     """The compiled kernel (``triton.compile``) of ``name`` with its constexprs overridden by ``overrides``."""
-    from overlap_backend.codegen import ag_mm, mm_rs, moe_gemm
+    from overlap_backend.codegen import ag_mm, cta, mm_rs, moe_gemm
     from overlap_backend.codegen.epilogue import epilogue_fn
 
     spec = KERNELS[name]
     fn = {"ag_mm": ag_mm.ag_mm_kernel, "ag_mm_whole": ag_mm.ag_mm_whole_kernel, "mm_rs": mm_rs.mm_rs_kernel,
-          "moe_down": moe_gemm.down_kernel}[name]
+          "moe_down": moe_gemm.down_kernel, "cta_stage1": cta.stage1_kernel}[name]
     unknown = set(overrides) - set(spec["const"])
     if unknown:
         raise SystemExit(f"{name} has no constexpr {sorted(unknown)}; its constexprs: {sorted(spec['const'])}")
@@ -95,9 +105,13 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
             sig[n] = "*bf16"
         elif n in spec["flags"]:
             sig[n] = "*i32"
+        elif n in spec.get("fp32", ()):
+            sig[n] = "*fp32"
+        elif n in spec.get("tables", ()):
+            sig[n] = "*i64"
         else:
             sig[n] = "i64" if n in spec["wide"] else "i32"
-    pointers = spec["data"] | spec["flags"]
+    pointers = spec["data"] | spec["flags"] | spec.get("fp32", set()) | spec.get("tables", set())
     src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in const.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names
                            if n in pointers or n in spec["sizes"]})

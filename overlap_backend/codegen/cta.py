@@ -9,8 +9,9 @@ Ranks form two *stages* of ``TP`` ranks each (stage 0: ranks ``0..TP-1``, stage 
 - **Stage 1** (``stage1_kernel``, consumer ``t`` of ``TP``): ``Y[:, t*Ns:(t+1)*Ns] = A @ W2_t + b2``.
   Each CTA walks K in *arrival order* (chunk j of producer 0, of producer 1, ..., then chunk j+1)
   and waits for each chunk's flag just before reading it: a row block starts as soon as its first
-  chunk exists. The wait sits between two K-loops (the inner one is software-pipelined, so a wait
-  inside it could be overtaken by loads issued ahead). Finished tiles go into this rank's output
+  chunk exists. A wait never sits inside a software-pipelined K-loop (loads issued ahead would
+  overtake it): after each wait, the chunks already here run through one such loop, up to the
+  first one not here yet. Finished tiles go into this rank's output
   and into every other rank's ``Y`` buffer; the last tile of a row block raises that row block's
   flag on every other rank.
 - ``collect_kernel`` (every rank but the tile's owner): waits per (consumer, row block) and copies
@@ -26,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..spec import knobs
 from . import launcher
 from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, OP_CTA_TAIL, READY_FLAG_BASE, bulk_stores_done,
                     count_local, count_tile_done, count_tile_done_to_ranks, fence_proxy_async, signal_flag, wait_flag)
@@ -334,7 +336,7 @@ def stage1_kernel(
     WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, WAIT_READY: tl.constexpr, PRECISION: tl.constexpr,
     TIMED: tl.constexpr, INTERPRET: tl.constexpr, HAS_TAIL: tl.constexpr = False,
-    SHIP_BEFORE_TAIL: tl.constexpr = False, SPLIT_K: tl.constexpr = False,
+    SHIP_BEFORE_TAIL: tl.constexpr = False, SPLIT_K: tl.constexpr = False, READY_RUNS: tl.constexpr = False,
 ):
     """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
 
@@ -387,7 +389,7 @@ def stage1_kernel(
             acc = _chunks_in_arrival_order(acc, a_desc, w2_desc, a_flags_ptr, epoch, claim_ptr, report_ptr, rank,
                                            timeout_ns, pid_m, pid_n, split * steps // splits,
                                            (split + 1) * steps // splits, shipped, Mp, Fp, F1, kchunk, nch, nch1, TP,
-                                           BM, BN, BK, GROUP_M, PRECISION, TIMED, INTERPRET)
+                                           BM, BN, BK, GROUP_M, PRECISION, TIMED, INTERPRET, READY_RUNS)
             finishes = True
             if SPLIT_K:
                 acc, _, finishes = _add_split_partials(acc, acc, split_ptr, split_counters_ptr, tile, split, splits,
@@ -403,29 +405,94 @@ def stage1_kernel(
 def _chunks_in_arrival_order(acc, a_desc, w2_desc, a_flags_ptr, epoch, claim_ptr, report_ptr, rank, timeout_ns, pid_m,
                              pid_n, first, last, shipped, Mp, Fp, F1, kchunk, nch, nch1, TP: tl.constexpr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                             PRECISION: tl.constexpr, TIMED: tl.constexpr, INTERPRET: tl.constexpr):
+                             PRECISION: tl.constexpr, TIMED: tl.constexpr, INTERPRET: tl.constexpr,
+                             READY_RUNS: tl.constexpr):
     """``acc`` += the tile's K-chunks ``[first, last)`` in arrival order: this rank's own chunks
     (already here), then chunk j of every producer, then j + 1; each producer chunk's flag awaited
-    just before it is read."""
-    for i in range(first, last):
-        if i < nch1:
-            block = TP * nch + i
-            k0 = TP * Fp + i * kchunk  # W2 row of the chunk's first column
-            width = tl.minimum(kchunk, F1 - i * kchunk)
-        else:
-            p = (i - nch1) % TP
-            j = (i - nch1) // TP
-            flag = ((pid_m // GROUP_M) * TP + p) * nch + j
-            wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch,
-                      timeout_ns, TIMED)
+    just before it is read.
+
+    ``READY_RUNS``: after a chunk's wait, the flags of the chunks after it are looked at once (no
+    wait), and the run of chunks already here goes through one software-pipelined K-loop, which
+    refills its pipeline once per run instead of once per chunk (a chunk is 14-28 BK-steps at
+    4 and 8 GPUs' shapes). A run ends after a chunk narrower than ``kchunk``."""
+    if READY_RUNS:
+        steps_per_chunk = kchunk // BK
+        i = first
+        while i < last:
+            _wait_chunk(a_flags_ptr, epoch, claim_ptr, report_ptr, rank, timeout_ns, pid_m, i, nch, nch1, TP,
+                        GROUP_M, TIMED)
+            run_end = i + 1
+            open_run = _chunk_width(i, shipped, F1, kchunk, nch1, TP) == kchunk
+            while open_run & (run_end < last):
+                open_run = _chunk_here(a_flags_ptr, epoch, pid_m, run_end, nch, nch1, TP, GROUP_M)
+                if open_run:
+                    open_run = _chunk_width(run_end, shipped, F1, kchunk, nch1, TP) == kchunk
+                    run_end += 1
             fence_proxy_async(INTERPRET)
-            block = p * nch + j
-            k0 = p * Fp + j * kchunk
-            width = tl.minimum(kchunk, shipped - j * kchunk)
-        a_row = block * Mp + pid_m * BM
-        for k in range(0, width, BK):
-            acc = tl.dot(a_desc.load([a_row, k]), w2_desc.load([k0 + k, pid_n * BN]), acc, input_precision=PRECISION)
+            steps = (run_end - 1 - i) * steps_per_chunk + _chunk_width(run_end - 1, shipped, F1, kchunk, nch1,
+                                                                         TP) // BK
+            for s in range(0, steps):
+                block, k0 = _chunk_block(i + s // steps_per_chunk, Fp, kchunk, nch, nch1, TP)
+                k = (s % steps_per_chunk) * BK
+                acc = tl.dot(a_desc.load([block * Mp + pid_m * BM, k]), w2_desc.load([k0 + k, pid_n * BN]), acc,
+                             input_precision=PRECISION)
+            i = run_end
+    else:
+        for i in range(first, last):
+            _wait_chunk(a_flags_ptr, epoch, claim_ptr, report_ptr, rank, timeout_ns, pid_m, i, nch, nch1, TP,
+                        GROUP_M, TIMED)
+            fence_proxy_async(INTERPRET)
+            block, k0 = _chunk_block(i, Fp, kchunk, nch, nch1, TP)
+            a_row = block * Mp + pid_m * BM
+            for k in range(0, _chunk_width(i, shipped, F1, kchunk, nch1, TP), BK):
+                acc = tl.dot(a_desc.load([a_row, k]), w2_desc.load([k0 + k, pid_n * BN]), acc,
+                             input_precision=PRECISION)
     return acc
+
+
+@triton.jit
+def _chunk_flag(pid_m, i, nch, nch1, TP: tl.constexpr, GROUP_M: tl.constexpr):
+    """The flag word of producer chunk ``i`` (in arrival order, ``i >= nch1``) of row block ``pid_m``."""
+    return ((pid_m // GROUP_M) * TP + (i - nch1) % TP) * nch + (i - nch1) // TP
+
+
+@triton.jit
+def _wait_chunk(a_flags_ptr, epoch, claim_ptr, report_ptr, rank, timeout_ns, pid_m, i, nch, nch1, TP: tl.constexpr,
+                GROUP_M: tl.constexpr, TIMED: tl.constexpr):
+    """Wait for chunk ``i``'s flag; this rank's own chunks (``i < nch1``) are here already."""
+    if i >= nch1:
+        flag = _chunk_flag(pid_m, i, nch, nch1, TP, GROUP_M)
+        wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch, timeout_ns, TIMED)
+
+
+@triton.jit
+def _chunk_here(a_flags_ptr, epoch, pid_m, i, nch, nch1, TP: tl.constexpr, GROUP_M: tl.constexpr):
+    """Whether chunk ``i`` is here now (one acquiring look at its flag, no wait)."""
+    here = i < nch1
+    if i >= nch1:
+        flag = _chunk_flag(pid_m, i, nch, nch1, TP, GROUP_M)
+        here = tl.atomic_add(a_flags_ptr + flag, 0, sem="acquire", scope="sys") >= epoch
+    return here
+
+
+@triton.jit
+def _chunk_width(i, shipped, F1, kchunk, nch1, TP: tl.constexpr):
+    """Columns of chunk ``i``: ``kchunk`` but for the last chunk of this rank's share or of a producer."""
+    if i < nch1:
+        width = tl.minimum(kchunk, F1 - i * kchunk)
+    else:
+        width = tl.minimum(kchunk, shipped - ((i - nch1) // TP) * kchunk)
+    return width
+
+
+@triton.jit
+def _chunk_block(i, Fp, kchunk, nch, nch1, TP: tl.constexpr):
+    """(block of the A buffer, W2 row of its first column) of chunk ``i`` in arrival order; selects
+    rather than branches, so that the pipelined K-loop computes its load coordinates without one."""
+    own = i < nch1
+    p = (i - nch1) % TP
+    j = (i - nch1) // TP
+    return tl.where(own, TP * nch + i, p * nch + j), tl.where(own, TP * Fp + i * kchunk, p * Fp + j * kchunk)
 
 
 @triton.jit
@@ -655,7 +722,8 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
         split_partials if split_k > 1 else counters, split_counters if split_k > 1 else counters, split_k,
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=launcher.interpreting(),
-        HAS_TAIL=part is not None, SHIP_BEFORE_TAIL=ship_before_tail, SPLIT_K=split_k > 1, num_stages=stages,
+        HAS_TAIL=part is not None, SHIP_BEFORE_TAIL=ship_before_tail, SPLIT_K=split_k > 1,
+        READY_RUNS=knobs.cta.STAGE1_READY_RUNS, num_stages=stages,
         num_warps=warps,
     )
 

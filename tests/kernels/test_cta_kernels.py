@@ -25,7 +25,6 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 triton = pytest.importorskip("triton")
 from overlap_backend.codegen import cta  # noqa: E402
 from overlap_backend.codegen.flags import OP_CTA_STAGE1  # noqa: E402
-from overlap_backend.runtime import symm  # noqa: E402
 from overlap_backend.runtime.cta_plan import k_chunks  # noqa: E402
 from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
 from overlap_backend.spec import knobs  # noqa: E402
@@ -276,6 +275,50 @@ def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs):
         total = total + slots[q]
     assert torch.equal(out, total)
     assert split_counters.eq(0).all() and status[1].eq(0).all()
+
+
+@pytest.mark.parametrize("late,widths", [(2, (16, 16, 16, 16)), (1, (32, 32, 32, 16)), (0, (16, 16, 16, 16))])
+def test_stage1_runs_stop_at_a_chunk_not_here(late, widths):
+    """Stage 1 reads the chunks already here in one pipelined run (``knobs.cta.STAGE1_READY_RUNS``):
+    chunk ``late`` (flag down, data NaN) is written and raised by another thread while the kernel
+    runs, so a run that took it before its flag would sum NaN. The result is the reference's, no
+    wait gave up, and it has the bits of the chunk-by-chunk loop's (the same dots in the same order);
+    ``widths``: with a narrower last chunk (``Fp`` not a multiple of ``kchunk``) too."""
+    import threading
+    import time
+
+    M, N, kchunk = 16, 16, max(widths)
+    K = sum(widths)
+    chunks = len(widths)
+    a, w2 = torch.randn(M, K), torch.randn(K, N) / K**0.5
+    blocks = chunk_major(a, 1, chunks, kchunk, M)
+    held = blocks.view(chunks, M, kchunk)[late].clone()
+    blocks.view(chunks, M, kchunk)[late] = float("nan")
+    flags = torch.full((64,), EPOCH, dtype=torch.int32)
+    flags[late] = 0
+
+    def arrive():
+        time.sleep(0.3)
+        blocks.view(chunks, M, kchunk)[late] = held
+        flags[late] = EPOCH
+
+    def stage1(ready_runs):
+        out = torch.full((M, N), float("nan"))
+        status = (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
+        tables = torch.zeros(1, dtype=torch.int64)
+        with knobs.cta.patch(STAGE1_READY_RUNS=ready_runs):
+            cta.launch_stage1(blocks, w2, None, out, tables, tables, 0, flags, torch.zeros(64, dtype=torch.int32),
+                              torch.tensor([EPOCH], dtype=torch.int32), status, 10**9, 0, 1, M, K, 0, kchunk, chunks,
+                              0, 1, (16, 16, 16, 2, 1, 1), 3, timed=False)
+        assert status[1].eq(0).all(), status[1]
+        return out
+
+    writer = threading.Thread(target=arrive)
+    writer.start()
+    runs = stage1(True)
+    writer.join()
+    torch.testing.assert_close(runs, a @ w2, atol=1e-4, rtol=1e-4)
+    assert torch.equal(runs, stage1(False))
 
 
 @pytest.mark.parametrize("transport", ["peer", "ce"])

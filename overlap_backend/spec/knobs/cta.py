@@ -8,8 +8,11 @@ from .base import Knobs
 
 cta = Knobs(
     "cta",
-    # K-chunks per stage-0 rank: a stage-1 CTA waits (and refills its pipeline) this often.
+    # K-chunks per stage-0 rank: a stage-1 CTA waits this often.
     K_CHUNKS=4,
+    # Stage 1 reads the chunks that are already here after each wait in one software-pipelined K-loop (a
+    # run), so that its pipeline refills once per run rather than once per chunk (codegen/cta.py).
+    STAGE1_READY_RUNS=True,
     # How stage-0 tiles reach the stage-1 ranks: "ce" (stored locally, shipped by the copy engine block
     # by block) or "peer" (stored straight into the consumers' memory), which measured slower at every M
     # (bench/results/cta_h200x2_2026-11-30/last_group_tails/README.md).
