@@ -431,11 +431,16 @@ def _chunks_in_arrival_order(acc, a_desc, w2_desc, a_flags_ptr, epoch, claim_ptr
             fence_proxy_async(INTERPRET)
             steps = (run_end - 1 - i) * steps_per_chunk + _chunk_width(run_end - 1, shipped, F1, kchunk, nch1,
                                                                          TP) // BK
-            for s in range(0, steps):
-                block, k0 = _chunk_block(i + s // steps_per_chunk, Fp, kchunk, nch, nch1, TP)
-                k = (s % steps_per_chunk) * BK
+            chunk = i
+            k = 0
+            for _ in range(0, steps):  # (chunk, k) carried, not divided out of the step: no division per step
+                block, k0 = _chunk_block(chunk, Fp, kchunk, nch, nch1, TP)
                 acc = tl.dot(a_desc.load([block * Mp + pid_m * BM, k]), w2_desc.load([k0 + k, pid_n * BN]), acc,
                              input_precision=PRECISION)
+                k += BK
+                next_chunk = k == kchunk
+                chunk = tl.where(next_chunk, chunk + 1, chunk)
+                k = tl.where(next_chunk, 0, k)
             i = run_end
     else:
         for i in range(first, last):
