@@ -11,7 +11,9 @@ cta = Knobs(
     # K-chunks per stage-0 rank: a stage-1 CTA waits this often.
     K_CHUNKS=4,
     # Stage 1 reads the chunks that are already here after each wait in one software-pipelined K-loop (a
-    # run), so that its pipeline refills once per run rather than once per chunk (codegen/cta.py).
+    # run), so that its pipeline refills once per run rather than once per chunk (codegen/cta.py). One H100:
+    # faster at 12 and 15 of 15 stage-1 shapes in two runs, 3-6 % at 8 GPUs' 512-4096 rows
+    # (bench/results/kernels_h100x1_2026-12-06/ready_runs/).
     STAGE1_READY_RUNS=True,
     # How stage-0 tiles reach the stage-1 ranks: "ce" (stored locally, shipped by the copy engine block
     # by block) or "peer" (stored straight into the consumers' memory), which measured slower at every M
