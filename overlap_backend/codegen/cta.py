@@ -413,8 +413,8 @@ def _chunks_in_arrival_order(acc, a_desc, w2_desc, a_flags_ptr, epoch, claim_ptr
 
     ``READY_RUNS``: after a chunk's wait, the flags of the chunks after it are looked at once (no
     wait), and the run of chunks already here goes through one software-pipelined K-loop, which
-    refills its pipeline once per run instead of once per chunk (a chunk is 14-28 BK-steps at
-    4 and 8 GPUs' shapes). A run ends after a chunk narrower than ``kchunk``."""
+    refills its pipeline once per run instead of once per chunk (a chunk is 28 BK-steps at 8
+    GPUs' shapes, 56 at 4 GPUs'). A run ends after a chunk narrower than ``kchunk``."""
     if READY_RUNS:
         steps_per_chunk = kchunk // BK
         i = first
