@@ -421,13 +421,7 @@ def _chunks_in_arrival_order(acc, a_desc, w2_desc, a_flags_ptr, epoch, claim_ptr
         while i < last:
             _wait_chunk(a_flags_ptr, epoch, claim_ptr, report_ptr, rank, timeout_ns, pid_m, i, nch, nch1, TP,
                         GROUP_M, TIMED)
-            run_end = i + 1
-            open_run = _chunk_width(i, shipped, F1, kchunk, nch1, TP) == kchunk
-            while open_run & (run_end < last):
-                open_run = _chunk_here(a_flags_ptr, epoch, pid_m, run_end, nch, nch1, TP, GROUP_M)
-                if open_run:
-                    open_run = _chunk_width(run_end, shipped, F1, kchunk, nch1, TP) == kchunk
-                    run_end += 1
+            run_end = _ready_run_end(a_flags_ptr, epoch, pid_m, i, last, shipped, F1, kchunk, nch, nch1, TP, GROUP_M)
             fence_proxy_async(INTERPRET)
             steps = (run_end - 1 - i) * steps_per_chunk + _chunk_width(run_end - 1, shipped, F1, kchunk, nch1,
                                                                          TP) // BK
@@ -468,6 +462,21 @@ def _wait_chunk(a_flags_ptr, epoch, claim_ptr, report_ptr, rank, timeout_ns, pid
     if i >= nch1:
         flag = _chunk_flag(pid_m, i, nch, nch1, TP, GROUP_M)
         wait_flag(a_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_CTA_STAGE1, rank, flag, nch, timeout_ns, TIMED)
+
+
+@triton.jit
+def _ready_run_end(a_flags_ptr, epoch, pid_m, i, last, shipped, F1, kchunk, nch, nch1, TP: tl.constexpr,
+                   GROUP_M: tl.constexpr):
+    """The end of the run that starts at chunk ``i`` (here): the first later chunk before ``last``
+    not here yet, or the one after a chunk narrower than ``kchunk``."""
+    run_end = i + 1
+    open_run = _chunk_width(i, shipped, F1, kchunk, nch1, TP) == kchunk
+    while open_run & (run_end < last):
+        open_run = _chunk_here(a_flags_ptr, epoch, pid_m, run_end, nch, nch1, TP, GROUP_M)
+        if open_run:
+            open_run = _chunk_width(run_end, shipped, F1, kchunk, nch1, TP) == kchunk
+            run_end += 1
+    return run_end
 
 
 @triton.jit
