@@ -38,6 +38,9 @@ from triton.runtime.jit import mangle_type  # noqa: E402
 
 import ws_gemm as W  # noqa: E402
 
+sys.path.insert(0, str(HERE.parent))
+from probe_compile import ptxas_report  # noqa: E402
+
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SMEM_LIMIT = 232448  # 227 KiB: the most dynamic shared memory one block may opt into on sm_90
 
@@ -73,32 +76,27 @@ def report(kernel, tmp):
     """What the compiled kernel shows: shared bytes, registers, spills, partitions, instructions."""
     cubin = Path(tmp) / "k.cubin"
     cubin.write_bytes(kernel.asm["cubin"])
-    ptx = Path(tmp) / "k.ptx"
-    ptx.write_text(kernel.asm["ptx"])
     usage = subprocess.run([str(BIN / "cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True,
                            text=True, check=True).stdout
     sass = subprocess.run([str(BIN / "cuobjdump"), "--dump-sass", str(cubin)], capture_output=True, text=True,
                           check=True).stdout
-    pv = subprocess.run([str(BIN / "ptxas"), "--gpu-name=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "v.cubin")],
-                        capture_output=True, text=True)
-    ptxas_log = pv.stdout + pv.stderr
+    ptxas = ptxas_report(kernel.asm["ptx"], 90)
     ttgir = kernel.asm["ttgir"]
     regs = int(re.search(r"REG:(\d+)", usage).group(1))
     local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas_log)
     ws = re.search(r"ttg\.warp_specialize\(.*requestedRegisters = array<i32: ([0-9, ]+)>", ttgir)
     parts = re.findall(r"^\s*partition(\d+)\(.*\) num_warps\((\d+)\)", ttgir, re.M)
     return dict(
         shared=kernel.metadata.shared, fits=kernel.metadata.shared <= SMEM_LIMIT, num_warps=kernel.metadata.num_warps,
-        regs=regs, local=local, spill_st=int(spill.group(1)) if spill else -1,
-        spill_ld=int(spill.group(2)) if spill else -1,
+        regs=regs, local=local, spill_st=ptxas.get("spill stores (bytes)", -1),
+        spill_ld=ptxas.get("spill loads (bytes)", -1),
         setmaxnreg=sorted(set(int(x) for x in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)",
                                                               kernel.asm["ptx"]))),
         requested=ws.group(1) if ws else None, partitions=[f"p{p}:{w}w" for p, w in parts],
         hgmma=len(re.findall(r"\bHGMMA\.", sass)), setmaxreg_sass=len(re.findall(r"USETMAXREG", sass)),
         tma_ld=len(re.findall(r"UTMALDG", sass)), tma_st=len(re.findall(r"UTMASTG", sass)),
         hgmma_shape=sorted(set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass))),
-        warnings=[ln.strip() for ln in ptxas_log.splitlines() if "warning" in ln.lower()],
+        warnings=ptxas.get("ptxas warnings", [ptxas.get("ptxas")]), sass=sass,
         tma_boxes=[m["block_size"] for m in (kernel.metadata.tensordesc_meta or [])],
     )
 
@@ -145,11 +143,7 @@ def main():
             stem = name.replace(":", "_") + ("_kmajor" if b_kmajor else "")
             (out / f"{stem}.ttgir").write_text(kernel.asm["ttgir"])
             (out / f"{stem}.ptx").write_text(kernel.asm["ptx"])
-            with tempfile.TemporaryDirectory() as tmp:
-                (Path(tmp) / "k.cubin").write_bytes(kernel.asm["cubin"])
-                (out / f"{stem}.sass").write_text(subprocess.run(
-                    [str(BIN / "cuobjdump"), "--dump-sass", str(Path(tmp) / "k.cubin")], capture_output=True,
-                    text=True).stdout)
+            (out / f"{stem}.sass").write_text(r["sass"])
     print()
     print("columns: shared = bytes of shared memory (fits: <= 227 KiB); regs = per-thread registers at kernel entry "
           "(maxnreg); spill = ptxas spill stores/loads (bytes); setmaxnreg = the per-warpgroup budgets the PTX sets; "
