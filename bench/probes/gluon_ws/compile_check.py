@@ -1,7 +1,6 @@
 """Compile every ws_gemm variant/config for sm_90a on a machine without a GPU and report how it built.
 
-Written against Triton 3.6 (the GPU machines'), whose Gluon API later versions changed (3.9's
-``gl.warp_specialize`` takes other arguments): run it under 3.6, e.g. in a separate venv.
+Runs under Triton 3.6 (the GPU machines', e.g. in a separate venv) and 3.9 (torch 2.13's).
 
     python bench/probes/gluon_ws/compile_check.py [--configs pingpong:128x128x64:8:4,...] [--out DIR]
 

@@ -1,4 +1,5 @@
-"""Warp-specialized persistent bf16 GEMM for Hopper (sm_90a) in Gluon, written against Triton 3.6.0.
+"""Warp-specialized persistent bf16 GEMM for Hopper (sm_90a) in Gluon (Triton 3.6 and 3.9: the few names
+that changed between them are picked at import).
 
     C[M, N] = A[M, K] @ B[K, N]   (bf16 in, fp32 accumulate, bf16 out)
 
@@ -38,6 +39,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 VARIANTS = ("coop", "pingpong", "coop1")
+# the barrier of a partition's own warps: Triton 3.6 names it thread_barrier, later versions barrier
+_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+# TMA copies: Triton 3.6's names, renamed async_load / async_store later (the old names then raise)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 
 # --------------------------------------------------------------------------------------------- tile schedule
@@ -97,12 +103,12 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
             for h in gl.static_range(A_SPLIT):  # coop: one box per MMA partition's half of the rows
-                tma.async_copy_global_to_shared(a_desc, [off_m + h * SUB_M, ki * BK], bar,
+                _tma_load(a_desc, [off_m + h * SUB_M, ki * BK], bar,
                                                 a_bufs.index(s * A_SPLIT + h))
             if B_KMAJOR:
-                tma.async_copy_global_to_shared(b_desc, [off_n, ki * BK], bar, b_bufs.index(s))
+                _tma_load(b_desc, [off_n, ki * BK], bar, b_bufs.index(s))
             else:
-                tma.async_copy_global_to_shared(b_desc, [ki * BK, off_n], bar, b_bufs.index(s))
+                _tma_load(b_desc, [ki * BK, off_n], bar, b_bufs.index(s))
             p += 1
 
 
@@ -141,10 +147,10 @@ def _finish(acc, empty, p, STAGES: gl.constexpr):
 def _epilogue(acc, c_desc, c_buf, off_m, off_n):
     """bf16 tile -> smem -> TMA store, not waited for; only the previous store from c_buf is waited for first."""
     tma.store_wait(0)  # the thread that issued the last store from c_buf waits for it to have read c_buf ...
-    gl.thread_barrier()  # ... and the partition's other threads wait for that thread before overwriting c_buf
+    _partition_barrier()  # ... and the partition's other threads wait for that thread before overwriting c_buf
     c_buf.store(acc.to(c_desc.dtype))
     fence_async_shared()  # generic-proxy smem writes -> visible to the TMA (async proxy)
-    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+    _tma_store(c_desc, [off_m, off_n], c_buf)
 
 
 @gluon.jit
