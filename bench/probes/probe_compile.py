@@ -4,11 +4,14 @@ it (explains a kernel's speed before a device call; not a test).
     python bench/probes/probe_compile.py ag_mm [--set FLATTEN=True] [--set WS=8 ...] [--arch 90] [--warps 8]
         [--stages 3] [--out DIR] [--json]
 
-Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer; ``ag_mm_whole``: its kernel at decode sizes), ``mm_rs`` (``codegen/mm_rs.py``'s producer), ``moe_down``
+Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer; ``ag_mm_whole``: its kernel at decode sizes; ``ag_mm_ws``:
+its warp-specialized Gluon kernel, ``codegen/ag_mm_ws.py``, 4 warps and its own register budgets whatever
+``--warps``), ``mm_rs`` (``codegen/mm_rs.py``'s producer), ``moe_down``
 (``codegen/moe_gemm.py``'s down kernel) and ``cta_stage1`` (``codegen/cta.py``'s stage 1), bf16, with
 the constexprs below unless ``--set NAME=VALUE`` (a Python literal) overrides one. Prints the shared memory the
 kernel needs and, in its TTGIR, the loops (``scf.for`` / ``scf.while``), the TMA loads, the barrier waits, the
-wgmma ops and the multi-buffered shared allocations (``2x``, ``3x`` ...: loads in flight); then what Triton's ptxas
+wgmma ops, the multi-buffered shared allocations (``2x``, ``3x`` ...: loads in flight) and the worker partitions of
+a warp-specialized kernel; then what Triton's ptxas
 reports of its PTX: registers, spills and performance warnings; ``--out`` also writes the TTGIR and PTX. Which
 loads a loop issues ahead, and whether a wait sits between a load and its use, shows there:
 e.g. mm_rs's own tiles loaded the peers' partials one at a time (a barrier wait after each), the flattened ag_mm
@@ -53,6 +56,11 @@ KERNELS = {
                    TMA_STORE=True, SUBTILE=False, WARP_SPEC=False, FLATTEN=False, INTERPRET=False),
         data={"buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "run", "N", "K"}),
+    "ag_mm_ws": dict(  # a Gluon kernel: 4 warps (the default partition), its register budgets from the module
+        const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, TIMED=True,
+                   PEERS_BY_COLUMN=False),
+        data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr"},
+        flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "N", "K", "band_rows"}),
     "mm_rs": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
                    WRITE_GATHER=False, PRECISION=None, TIMED=True, PEER_STORE=False, TMA=True, INTERPRET=False,
@@ -79,7 +87,8 @@ KERNELS = {
 }
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
           "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",
-          "multi-buffered shared": r"local_alloc : \(\) -> !ttg\.memdesc<[2-9]x"}
+          "multi-buffered shared": r"local_alloc : \(\) -> !ttg\.memdesc<[2-9]x",
+          "worker partitions": r"\bpartition\d+\("}
 
 
 def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, stages: int = 3):
@@ -88,13 +97,23 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
     from overlap_backend.codegen.epilogue import epilogue_fn
 
     spec = KERNELS[name]
-    fn = {"ag_mm": ag_mm.ag_mm_kernel, "ag_mm_whole": ag_mm.ag_mm_whole_kernel, "mm_rs": mm_rs.mm_rs_kernel,
-          "moe_down": moe_gemm.down_kernel, "cta_stage1": cta.stage1_kernel}[name]
     unknown = set(overrides) - set(spec["const"])
     if unknown:
         raise SystemExit(f"{name} has no constexpr {sorted(unknown)}; its constexprs: {sorted(spec['const'])}")
-    names = fn.arg_names
     const = {**spec["const"], **overrides}
+    source, options = ASTSource, {"num_warps": warps, "num_stages": stages}
+    if name == "ag_mm_ws":
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        from overlap_backend.codegen import ag_mm_ws
+
+        fn = ag_mm_ws.ag_mm_ws_kernel
+        const.update(MMA_REGS=ag_mm_ws.MMA_REGS, LOAD_REGS=ag_mm_ws.LOAD_REGS)
+        source, options = GluonASTSource, {"num_warps": ag_mm_ws.WARPS, "maxnreg": ag_mm_ws.MAXNREG}
+    else:
+        fn = {"ag_mm": ag_mm.ag_mm_kernel, "ag_mm_whole": ag_mm.ag_mm_whole_kernel, "mm_rs": mm_rs.mm_rs_kernel,
+              "moe_down": moe_gemm.down_kernel, "cta_stage1": cta.stage1_kernel}[name]
+    names = fn.arg_names
     if "EPILOGUE" in names:
         const["EPILOGUE"] = epilogue_fn(None, (), torch.bfloat16, torch.empty(1))[0]
     sig = {}
@@ -112,10 +131,10 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
         else:
             sig[n] = "i64" if n in spec["wide"] else "i32"
     pointers = spec["data"] | spec["flags"] | spec.get("fp32", set()) | spec.get("tables", set())
-    src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in const.items()},
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names
-                           if n in pointers or n in spec["sizes"]})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
+    src = source(fn, sig, constexprs={(names.index(n),): v for n, v in const.items()},
+                 attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names
+                        if n in pointers or n in spec["sizes"]})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def report(compiled, arch: int = 90) -> dict:

@@ -2,7 +2,8 @@
 
 A config is ``(BM, BN, BK, GROUP_M, num_stages, num_warps, store)``; ``store`` is False (pointer
 stores), True (an asynchronous TMA epilogue store) or a variant name of ``STORE_VARIANTS`` (TMA stores
-with the epilogue in two column halves, a warp-specialized or flattened tile loop), the TMA ones only where the
+with the epilogue in two column halves, a warp-specialized or flattened tile loop, ``ag_mm``'s warp-specialized
+Gluon kernel), the TMA ones only where the
 kernel can use them (``tma_store_rows``). The variants are measured by ``bench/suites/bench_kernels.py``
 and tuned over only with ``knobs.codegen.TUNE_VARIANTS``. The candidates
 are tunables (``knobs.codegen.CANDIDATES_16BIT`` / ``CANDIDATES_32BIT``); the first is the one
@@ -37,10 +38,12 @@ _memory: dict[str, Config] = {}  # the contents of _loaded_from, and what was tu
 _loaded_from: Path | None = None
 
 
-# store field -> (TMA store, epilogue in two column halves, warp-specialized tile loop, flattened tile loop)
+# store field -> (TMA store, epilogue in two column halves, warp-specialized tile loop, flattened tile loop);
+# "ws_pingpong": the Gluon kernel of codegen/ag_mm_ws.py (a TMA loader warp, two MMA warpgroups taking tiles in turns)
 STORE_VARIANTS = {False: (False, False, False, False), True: (True, False, False, False),
                   "tma_subtile": (True, True, False, False), "tma_ws": (True, False, True, False),
-                  "tma_flatten": (True, False, False, True), "tma_subtile_flatten": (True, True, False, True)}
+                  "tma_flatten": (True, False, False, True), "tma_subtile_flatten": (True, True, False, True),
+                  "ws_pingpong": (True, False, True, False)}
 
 
 def store_variant(store) -> tuple[bool, bool, bool, bool]:

@@ -26,6 +26,10 @@ VARIANTS = [(128, 256, 64, 8, 3, 8, False), (128, 256, 64, 8, 3, 8, True),
             (128, 128, 64, 8, 4, 8, "tma_flatten")]
 
 
+# ag_mm's warp-specialized Gluon kernel (codegen/ag_mm_ws.py): no whole-input form, 128-row tiles
+GLUON = [(128, 128, 64, 8, 4, 4, "ws_pingpong")]
+
+
 def _label(cfg) -> str:
     return "x".join(map(str, cfg[:3])) + f"-s{cfg[4]}-{cfg[6]}"
 
@@ -42,7 +46,9 @@ def device():
 
 
 def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_rows=256, by_column=None,
-         whole=None):
+         whole=None, timeout_ns=10**10, never=False):
+    """(rel err, claim word) of ``ag_mm.launch`` as rank ``rank`` of ``ws``; ``late``: the peers' shards land ~10 ms
+    after the launch; ``never``: they never do (the waits must give up after ``timeout_ns``)."""
     from overlap_backend.codegen import ag_mm
 
     torch.manual_seed(0)
@@ -59,7 +65,7 @@ def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_r
         buf.copy_(peers)
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
-    if late:  # the shards land, then their flags rise, while the kernel already runs
+    if late and not never:  # the shards land, then their flags rise, while the kernel already runs
         with torch.cuda.stream(side):
             torch.cuda._sleep(20_000_000)  # ~10 ms
             buf.copy_(peers)
@@ -71,7 +77,7 @@ def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_r
     with knobs.codegen.patch(AG_MM_PEERS_BY_COLUMN_ROWS=knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS
                              if by_column is None else (rows if by_column else 0),
                              AG_MM_WHOLE_ROWS=knobs.codegen.AG_MM_WHOLE_ROWS if whole is None else (rows if whole else 0)):
-        ag_mm.launch(shards[rank], buf, w, bias, out, flags, EPOCH, status, 10**10, rank, ws, rows, band_rows, cfg,
+        ag_mm.launch(shards[rank], buf, w, bias, out, flags, EPOCH, status, timeout_ns, rank, ws, rows, band_rows, cfg,
                      num_sms)
     torch.cuda.synchronize()
     ref = torch.cat(shards).float() @ w.float() + bias.float()
@@ -79,7 +85,7 @@ def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_r
     return err, status[0].item()
 
 
-@pytest.mark.parametrize("cfg", VARIANTS, ids=_label)
+@pytest.mark.parametrize("cfg", VARIANTS + GLUON, ids=_label)
 @pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_shards"])
 def test_ag_mm_variants_wait_before_they_load(cfg, late, device):
     err, claimed = _run(cfg, device, late)
@@ -114,6 +120,31 @@ def test_ag_mm_decode_tile_orders_wait_before_they_load(cfg, late, by_column, de
           f"rel err {err:.2e}")
     assert claimed == 0, "a wait gave up"
     assert err < 1e-2, f"rel err {err}"
+
+
+@pytest.mark.parametrize("n", [2048, 1984], ids=["N2048", "N1984"])
+@pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_shards"])
+@pytest.mark.parametrize("by_column", [False, True], ids=["chunk_order", "column_order"])
+def test_ag_mm_ws_tile_orders_wait_before_they_load(by_column, late, n, device):
+    """The Gluon kernel at 8 ranks' 128-row chunks, in both tile orders (column by column, a CTA's tiles visit the
+    peers out of order and its loader checks each band's flag), N a multiple of the tile or not."""
+    cfg = GLUON[0]
+    err, claimed = _run(cfg, device, late, ws=8, rows=128, K=2048, N=n, rank=3, band_rows=128,
+                        by_column=by_column, whole=False)
+    print(f"{_label(cfg)} {'column' if by_column else 'chunk'} order N={n} "
+          f"{'late shards' if late else 'flags set'}: rel err {err:.2e}")
+    assert claimed == 0, "a wait gave up"
+    assert err < 1e-2, f"rel err {err}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cfg", [VARIANTS[1]] + GLUON, ids=_label)
+def test_ag_mm_wait_that_gives_up_ends_the_kernel_and_reports(cfg, device):
+    """Shards that never arrive: the bounded waits give up (50 ms), the kernel ends and the claim word is set, so the
+    host can raise instead of hanging (the Gluon kernel's waits sit in its loader partition)."""
+    err, claimed = _run(cfg, device, True, never=True, timeout_ns=50_000_000)
+    print(f"{_label(cfg)} shards never sent: claim {claimed}")
+    assert claimed == 1
 
 
 def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str):

@@ -53,7 +53,7 @@ def test_ag_mm_flattened_wait_gives_up_and_reports():
 def test_mm_rs_refuses_loops_it_does_not_have():
     """The producer's tiles come from an atomic ticket: a warp-specialized or flattened config is an error, not a
     silently different kernel."""
-    for store in ("tma_ws", "tma_flatten"):
+    for store in ("tma_ws", "tma_flatten", "ws_pingpong"):
         with pytest.raises(ValueError, match="no warp-specialized or flattened"):
             _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + (store,))
 
@@ -138,3 +138,25 @@ def test_a_measured_variant_joins_the_candidates_where_it_fits():
     assert (128, 256, 64, 4, 3, 8, False) not in configs.candidates(torch.bfloat16, 64, measured=(128, 256, 64, 4, 3, 8,
                                                                                                    False))
     assert configs.candidates(torch.float32, measured=narrow) == configs.candidates(torch.float32)
+
+
+def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
+    """The Gluon kernel runs only what it implements: under the interpreter, with a generated epilogue, at decode
+    sizes (the whole-input kernel's), for runs of rows or rows a tile does not divide, float32, or 8 warps, the launch
+    is an error (the tuner then drops the config), never another kernel's result."""
+    from overlap_backend.codegen import ag_mm_ws, launcher
+
+    cfg = (128, 128, 64, 8, 4, 4, "ws_pingpong")
+    with pytest.raises(ValueError, match="interpreter"):
+        _run_ag_mm(2, 0, 1, 128, 64, 128, False, True, cfg=cfg)
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)
+    bf16 = torch.bfloat16
+    assert ag_mm_ws.unsupported(1024, 1024, cfg, bf16, None) is None
+    assert "epilogue" in ag_mm_ws.unsupported(1024, 1024, cfg, bf16, gen.build("gelu", bf16))
+    assert "whole-input" in ag_mm_ws.unsupported(knobs.codegen.AG_MM_WHOLE_ROWS, knobs.codegen.AG_MM_WHOLE_ROWS, cfg,
+                                                 bf16, None)
+    assert "contiguous" in ag_mm_ws.unsupported(1024, 512, cfg, bf16, None)
+    assert "contiguous" in ag_mm_ws.unsupported(1000, 1000, cfg, bf16, None)
+    assert "16-bit" in ag_mm_ws.unsupported(1024, 1024, cfg, torch.float32, None)
+    assert "num_warps" in ag_mm_ws.unsupported(1024, 1024, cfg[:5] + (8, cfg[6]), bf16, None)
+    assert configs.store_variant("ws_pingpong")[0], "it stores by TMA: candidates only where tiles fit the chunks"

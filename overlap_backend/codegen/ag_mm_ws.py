@@ -1,0 +1,182 @@
+"""``ag_mm`` consumer, warp-specialized (Gluon, Hopper): ``ag_mm_kernel``'s tiles, tile order, band waits and TMA
+stores, in three partitions instead of one loop, so that a tile's epilogue and the next tile's loads overlap the
+main loops (the config's store field ``ws_pingpong``; ``codegen/gluon_ring.py`` has the ring they share).
+
+- The loader (1 warp) walks the CTA's tiles in ``ag_mm``'s order (``tile_position``: the own shard first, then the
+  peers' chunks in arrival order or column block by column block), waits for a peer band's flag before the first
+  load of that band (``wait_flag``: acquire, system scope, bounded; then ``fence.proxy.async`` so that the TMA loads
+  come after it) and fills the ring, running ahead into the next tile while the MMA warpgroups are busy.
+- Two MMA warpgroups take the CTA's tiles in turns, as CUTLASS's ping-pong kernel: one's main loop runs while the
+  other stores its last tile (bias, then an asynchronous TMA store). A ``turn`` mbarrier pair keeps their main loops
+  in ring order: a partition must not wait on a stage's ``ready`` for lap n while lap n - 1 (the other's) is pending,
+  as a parity wait would then pass at once.
+
+A wait that gives up claims the report as ``ag_mm_kernel``'s does; the loader then loads whatever the buffer holds,
+the kernel finishes and the host raises. Only the loader waits: no MMA partition can read a band before the loader
+has loaded it after its flag.
+
+What it does not do (``launch`` raises ``ValueError``; ``ag_mm``'s other variants do these): generated epilogues,
+chunks whose rows a tile does not divide or that are not contiguous (TMA stores), chunks short enough for the
+whole-input kernel, float32.
+"""
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from ..spec import knobs
+from . import launcher
+from .ag_mm import reads_whole, tile_position
+from .flags import OP_AG_MM, fence_proxy_async, wait_flag
+from .gluon_ring import acc_layout, finish_tile, init_ring, load_stage, mma_tile, smem_layout, store_tile
+
+STORE = "ws_pingpong"  # the config's store field that selects this kernel (codegen/configs.py)
+WARPS = 4  # the default partition is one MMA warpgroup (the launch's num_warps)
+
+
+@gluon.jit
+def _load_tiles(shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr, report_ptr,
+                timeout_ns, rank, rows, N, K, band_rows, nbands,
+                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+                B_KMAJOR: gl.constexpr, TIMED: gl.constexpr, PEERS_BY_COLUMN: gl.constexpr):
+    """The loader partition: every K-chunk of every tile of this CTA, a peer band's flag waited for first."""
+    tiles_m = gl.cdiv(rows, BM)
+    tiles_n = gl.cdiv(N, BN)
+    k_iters = gl.cdiv(K, BK)
+    waited = nbands - 1  # bands are known here up to this (position, band) key: position 0 is local
+    p = 0
+    for tile in range(gl.program_id(0), WS * tiles_m * tiles_n, gl.num_programs(0)):
+        pos, pid_m, pid_n = tile_position(tile, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
+        if pos == 0:
+            for ki in range(k_iters):
+                p = load_stage(shard_desc, pid_m * BM, b_desc, pid_n * BN, ki * BK, a_bufs, b_bufs, ready, empty, p,
+                               B_KMAJOR)
+        else:
+            chunk = (rank + pos) % WS
+            band = (pid_m * BM) // band_rows
+            key = pos * nbands + band
+            # a CTA's tiles come in increasing (position, band) order, except column by column: each checks its flag
+            if (key > waited) | PEERS_BY_COLUMN:
+                flag = chunk * nbands + band
+                wait_flag(flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_AG_MM, rank, flag, nbands, timeout_ns,
+                          TIMED)
+                fence_proxy_async(False)  # the acquiring wait, then the TMA (async-proxy) loads it guards
+                waited = key
+            for ki in range(k_iters):
+                p = load_stage(buf_desc, chunk * rows + pid_m * BM, b_desc, pid_n * BN, ki * BK, a_bufs, b_bufs, ready,
+                               empty, p, B_KMAJOR)
+
+
+@gluon.jit
+def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K,
+               WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+               ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, PEERS_BY_COLUMN: gl.constexpr):
+    """MMA partition ``ME`` (0 or 1): the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
+    [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then bias and store."""
+    tiles_m = gl.cdiv(rows, BM)
+    tiles_n = gl.cdiv(N, BN)
+    k_iters = gl.cdiv(K, BK)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    my_tiles = gl.cdiv(WS * tiles_m * tiles_n - pid, nprog)
+    c_buf = c_bufs.index(ME)
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout(BN))
+    for i in range(ME, my_tiles, 2):
+        pos, pid_m, pid_n = tile_position(pid + i * nprog, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
+        # partition 0 goes first: on a fresh barrier a wait for the parity before phase 0 passes at once
+        mbarrier.wait(turn.index(ME), ((i // 2) & 1) ^ (1 - ME))
+        acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, i * k_iters, k_iters, B_KMAJOR)
+        mbarrier.arrive(turn.index(1 - ME))
+        acc = finish_tile(acc, empty, p)
+        store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM, pid_n * BN, N, HAS_BIAS)
+    tma.store_wait(0)  # no exit while a TMA store still reads this CTA's shared memory
+
+
+@gluon.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
+def ag_mm_ws_kernel(
+    shard_ptr, buf_ptr, b_ptr, bias_ptr, out_ptr,
+    flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+    rank, rows, N, K, band_rows, nbands,
+    WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, TIMED: gl.constexpr,
+    PEERS_BY_COLUMN: gl.constexpr, MMA_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
+):
+    dtype: gl.constexpr = shard_ptr.dtype.element_ty
+    a_layout: gl.constexpr = smem_layout([BM, BK], dtype)
+    shard_desc = tma.make_tensor_descriptor(shard_ptr, [rows, K], [K, 1], [BM, BK], a_layout)
+    buf_desc = tma.make_tensor_descriptor(buf_ptr, [WS * rows, K], [K, 1], [BM, BK], a_layout)
+    if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
+        b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BN, BK], smem_layout([BN, BK], dtype))
+    else:
+        b_desc = tma.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BK, BN], smem_layout([BK, BN], dtype))
+    out_dtype: gl.constexpr = out_ptr.dtype.element_ty
+    out_desc = tma.make_tensor_descriptor(out_ptr, [WS * rows, N], [N, 1], [BM, BN], smem_layout([BM, BN], out_dtype))
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(out_dtype, [2, BM, BN], out_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    init_ring(ready, empty, turn)
+    # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
+    gl.warp_specialize([
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, WS, BM, BN, BK,
+                      GROUP_M, 0, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN)),
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, WS, BM, BN, BK,
+                      GROUP_M, 1, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN)),
+        (_load_tiles, (shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr,
+                       report_ptr, timeout_ns, rank, rows, N, K, band_rows, nbands, WS, BM, BN, BK, GROUP_M, B_KMAJOR,
+                       TIMED, PEERS_BY_COLUMN)),
+    ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
+
+
+# Registers: the kernel runs 3 warpgroups (the default partition, the second MMA partition, the loader's warp padded
+# to a warpgroup), 3 x 128 threads x MAXNREG within the 64K register file; setmaxnreg then gives the loader
+# LOAD_REGS and each MMA warpgroup the rest (a 128x128 fp32 accumulator is 128 registers a thread).
+MAXNREG = 168
+LOAD_REGS = 40
+MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
+
+
+def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue) -> str | None:
+    """Why ``launch`` cannot run ``config`` for these chunks (None: it can)."""
+    BM, warps = config[0], config[5]
+    if launcher.interpreting():
+        return "Gluon kernels do not run under Triton's interpreter"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"16-bit inputs only, not {dtype}"
+    if epilogue is not None:
+        return "no generated epilogue (ag_mm's other variants fuse one)"
+    if reads_whole(rows):
+        return f"chunks of {rows} rows take the whole-input kernel"
+    if run != rows or rows % BM:
+        return f"TMA stores need contiguous chunks whose rows ({rows}, runs of {run}) BM={BM} divides"
+    if warps != WARPS:
+        return f"one MMA warpgroup per partition: num_warps {WARPS}, not {warps}"
+    return None
+
+
+def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, band_rows, config, num_sms,
+           timed=True, epilogue=None):
+    """``ag_mm.launch``'s contract for a ``ws_pingpong`` config (see ``unsupported`` for what it refuses)."""
+    rows, K = shard.shape
+    N = b.shape[1]
+    BM, BN, BK, GROUP_M, stages, _warps, _store = config
+    why = unsupported(rows, run, config, shard.dtype, epilogue)
+    if why:
+        raise ValueError(f"ag_mm's {STORE} kernel: {why}")
+    if band_rows % BM:
+        raise ValueError(f"band_rows {band_rows} is not a multiple of BM {BM}")
+    b_kmajor = b.stride(0) == 1 and b.stride(1) == K
+    nbands = max(1, launcher.cdiv(rows, band_rows))
+    grid = launcher.Persistent(ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN), num_sms, 1)
+    launcher.launch(ag_mm_ws_kernel, grid,
+        shard, buf, b.t() if b_kmajor else b, bias if bias is not None else out, out,
+        flags, epoch, *status, timeout_ns, rank, rows, N, K, band_rows, nbands,
+        WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor,
+        HAS_BIAS=bias is not None, TIMED=timed,
+        PEERS_BY_COLUMN=0 < rows <= knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS, MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,
+        num_warps=WARPS, maxnreg=MAXNREG,
+    )
+    return out

@@ -1,0 +1,114 @@
+"""The pieces of a warp-specialized Hopper GEMM in Gluon (``triton.experimental.gluon``, Triton 3.6 and later):
+a ring of shared-memory stages that a TMA loader partition fills and MMA warpgroups drain, and the epilogue's
+asynchronous TMA store.
+
+Why Gluon: Triton 3.6 does not warp-specialize ``tl.range(warp_specialize=True)`` on Hopper (the attribute stays in
+the TTGIR, no partitions; docs/codegen.md), so a ``tl`` kernel's epilogue and its next tile's pipeline fill never
+overlap its main loop. Gluon states the partitions itself.
+
+Protocol of the ring (stage ``s`` of ``STAGES``; ``p`` counts every fill of the CTA's ring, in the order the MMA
+partitions drain it): the loader waits for ``empty[s]`` (parity of the lap before), arms ``ready[s]`` with the
+bytes it will load (expect-tx) and issues the TMA loads; an MMA warpgroup waits for ``ready[s]``, issues its wgmma
+and arrives on ``empty`` of the previous stage once ``warpgroup_mma_wait(1)`` showed that stage's wgmma retired.
+A fresh mbarrier counts as having completed the phase before phase 0, so the loader's first lap passes at once.
+Each MMA partition is one warpgroup: Gluon lowers ``mbarrier.arrive`` to an arrive by the partition's thread 0, and
+``wgmma.wait_group`` retires the calling warpgroup's wgmmas only.
+
+Versions: Triton 3.6 names the partition barrier ``thread_barrier`` and the TMA copies
+``async_copy_global_to_shared`` / ``async_copy_shared_to_global``; later versions ``barrier``, ``async_load`` and
+``async_store`` (the old copy names then raise). The names are picked here once.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
+
+partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.constexpr_function
+def smem_layout(block_shape, dtype):
+    """The NVMMA shared layout TMA and wgmma both read for a ``block_shape`` tile of ``dtype``."""
+    return gl.NVMMASharedLayout.get_default_for(block_shape, dtype)
+
+
+@gluon.constexpr_function
+def acc_layout(BN):
+    """The wgmma accumulator of one warpgroup: m64 per 4 warps, n = BN, k = 16."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+
+
+@gluon.jit
+def load_stage(a_desc, a_row, b_desc, off_n, k, a_bufs, b_bufs, ready, empty, p, B_KMAJOR: gl.constexpr):
+    """Fill ring position ``p`` with A[a_row:+BM, k:+BK] and B's [BK, BN] block at (k, off_n) (``B_KMAJOR``: ``b_desc``
+    is B^T, [N, K]); waits until the stage's previous contents were consumed. Returns ``p + 1``."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    s = p % STAGES
+    mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
+    bar = ready.index(s)
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma_load(a_desc, [a_row, k], bar, a_bufs.index(s))
+    if B_KMAJOR:
+        tma_load(b_desc, [off_n, k], bar, b_bufs.index(s))
+    else:
+        tma_load(b_desc, [k, off_n], bar, b_bufs.index(s))
+    return p + 1
+
+
+@gluon.jit
+def mma_tile(acc, a_bufs, b_bufs, ready, empty, p, k_iters, B_KMAJOR: gl.constexpr):
+    """Issue the tile's product over ``k_iters`` ring positions from ``p`` on, at most one wgmma in flight behind the
+    newest, each stage freed once its wgmma retired. Returns (acc, p after the tile) with the last wgmma possibly still
+    in flight (``finish_tile``): a ping-pong partition hands the turn over before it waits for that one."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    for ki in range(k_iters):
+        s = p % STAGES
+        mbarrier.wait(ready.index(s), (p // STAGES) & 1)
+        b = b_bufs.index(s)
+        if B_KMAJOR:
+            b = b.permute((1, 0))
+        acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=ki > 0, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(acc, ))
+        mbarrier.arrive(empty.index((p + STAGES - 1) % STAGES), pred=ki > 0)  # the previous chunk's wgmma retired
+        p += 1
+    return acc, p
+
+
+@gluon.jit
+def finish_tile(acc, empty, p):
+    """Retire the tile's last wgmma (ring position ``p - 1``), then free its stage."""
+    STAGES: gl.constexpr = empty.type.shape[0]
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(empty.index((p + STAGES - 1) % STAGES))
+    return acc
+
+
+@gluon.jit
+def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, HAS_BIAS: gl.constexpr):
+    """(+ bias) -> ``c_buf`` -> TMA store at (row0, col0), not waited for: only the previous store from ``c_buf`` is
+    waited for, before the buffer is written again."""
+    if HAS_BIAS:
+        BN: gl.constexpr = acc.type.shape[1]
+        offs_n = col0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
+        bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+    tma.store_wait(0)  # the thread that issued the last store from c_buf waits for it to have read c_buf ...
+    partition_barrier()  # ... and the partition's other threads for that thread before overwriting c_buf
+    c_buf.store(acc.to(out_desc.dtype))
+    fence_async_shared()  # generic-proxy shared-memory writes -> visible to the TMA (async proxy)
+    tma_store(out_desc, [row0, col0], c_buf)
+
+
+@gluon.jit
+def init_ring(ready, empty, turn):
+    """Every stage's ``ready`` (the loader's expect-tx arrive + the bytes) and ``empty`` (one MMA partition's arrive)
+    barrier, and the two MMA partitions' ``turn`` pair, each completing on one arrive."""
+    STAGES: gl.constexpr = ready.type.shape[0]
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    for j in gl.static_range(2):
+        mbarrier.init(turn.index(j), count=1)
