@@ -1,5 +1,5 @@
 """Warp-specialized persistent bf16 GEMM for Hopper (sm_90a) in Gluon (Triton 3.6 and 3.9: the few names
-that changed between them are picked at import).
+that changed between them come from ``overlap_backend/codegen/gluon_ring.py``).
 
     C[M, N] = A[M, K] @ B[K, N]   (bf16 in, fp32 accumulate, bf16 out)
 
@@ -29,6 +29,8 @@ Epilogue: the accumulator goes to a per-partition smem buffer and out with a TMA
 from __future__ import annotations
 
 import functools
+import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -38,12 +40,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+# the names that differ between Triton versions, as the ops' Gluon kernels take them
+from overlap_backend.codegen.gluon_ring import partition_barrier, tma_load, tma_store  # noqa: E402
+
 VARIANTS = ("coop", "pingpong", "coop1")
-# the barrier of a partition's own warps: Triton 3.6 names it thread_barrier, later versions barrier
-_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-# TMA copies: Triton 3.6's names, renamed async_load / async_store later (the old names then raise)
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 
 # --------------------------------------------------------------------------------------------- tile schedule
@@ -103,12 +104,12 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
             for h in gl.static_range(A_SPLIT):  # coop: one box per MMA partition's half of the rows
-                _tma_load(a_desc, [off_m + h * SUB_M, ki * BK], bar,
+                tma_load(a_desc, [off_m + h * SUB_M, ki * BK], bar,
                                                 a_bufs.index(s * A_SPLIT + h))
             if B_KMAJOR:
-                _tma_load(b_desc, [off_n, ki * BK], bar, b_bufs.index(s))
+                tma_load(b_desc, [off_n, ki * BK], bar, b_bufs.index(s))
             else:
-                _tma_load(b_desc, [ki * BK, off_n], bar, b_bufs.index(s))
+                tma_load(b_desc, [ki * BK, off_n], bar, b_bufs.index(s))
             p += 1
 
 
@@ -147,10 +148,10 @@ def _finish(acc, empty, p, STAGES: gl.constexpr):
 def _epilogue(acc, c_desc, c_buf, off_m, off_n):
     """bf16 tile -> smem -> TMA store, not waited for; only the previous store from c_buf is waited for first."""
     tma.store_wait(0)  # the thread that issued the last store from c_buf waits for it to have read c_buf ...
-    _partition_barrier()  # ... and the partition's other threads wait for that thread before overwriting c_buf
+    partition_barrier()  # ... and the partition's other threads wait for that thread before overwriting c_buf
     c_buf.store(acc.to(c_desc.dtype))
     fence_async_shared()  # generic-proxy smem writes -> visible to the TMA (async proxy)
-    _tma_store(c_desc, [off_m, off_n], c_buf)
+    tma_store(c_desc, [off_m, off_n], c_buf)
 
 
 @gluon.jit
