@@ -27,9 +27,9 @@ and MMAs in separate warp groups), which it may refuse to compile around the fla
 and the kernel benchmark then skip that variant); ``FLATTEN`` flattens the tile loop and the K-loop
 into one (``tl.range(flatten=True)``), so that the pipeliner issues a tile's first loads during the
 previous tile's epilogue. In both, the loads' row is made to depend on the wait's result, so they cannot pass it.
-``ws_pingpong`` runs ``codegen/ag_mm_ws.py``'s Gluon kernel instead, warp-specialized on Hopper (a loader warp
-that waits for the bands, two MMA warpgroups taking tiles in turns), where Triton 3.6 does not warp-specialize
-``WARP_SPEC``'s loop.
+``ws_pingpong`` and ``ws_coop`` run ``codegen/ag_mm_ws.py``'s Gluon kernel instead, warp-specialized on Hopper (a
+loader warp that waits for the bands, two MMA warpgroups taking tiles in turns or sharing each), where Triton 3.6
+does not warp-specialize ``WARP_SPEC``'s loop.
 """
 
 import torch
@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ..spec import knobs
 from . import launcher
-from .configs import store_variant
+from .configs import GLUON_STORES, store_variant
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
 from .tiles import add_bias, b_descriptor, column_halves, global_row, grouped_tile, mainloop, store_rows
@@ -212,7 +212,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     (``codegen.epilogue.pointers``); ``out`` has the epilogue's output dtype. ``shard_in_buf``: an earlier launch
     of the same call (another weight) already filled the own slot.
     """
-    if config[6] == "ws_pingpong":  # the warp-specialized Gluon kernel (Hopper; imported only where it runs)
+    if config[6] in GLUON_STORES:  # the warp-specialized Gluon kernel (Hopper; imported only where it runs)
         from . import ag_mm_ws
 
         return ag_mm_ws.launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, band_rows,

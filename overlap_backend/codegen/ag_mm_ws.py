@@ -1,15 +1,17 @@
 """``ag_mm`` consumer, warp-specialized (Gluon, Hopper): ``ag_mm_kernel``'s tiles, tile order, band waits and TMA
-stores, in three partitions instead of one loop, so that a tile's epilogue and the next tile's loads overlap the
-main loops (the config's store field ``ws_pingpong``; ``codegen/gluon_ring.py`` has the ring they share).
+stores, in three partitions instead of one loop, so that the next tiles' loads run during a tile's epilogue (the
+config's store field ``ws_pingpong`` or ``ws_coop``; ``codegen/gluon_ring.py`` has the ring they share).
 
 - The loader (1 warp) walks the CTA's tiles in ``ag_mm``'s order (``tile_position``: the own shard first, then the
   peers' chunks in arrival order or column block by column block), waits for a peer band's flag before the first
   load of that band (``wait_flag``: acquire, system scope, bounded; then ``fence.proxy.async`` so that the TMA loads
   come after it) and fills the ring, running ahead into the next tile while the MMA warpgroups are busy.
-- Two MMA warpgroups take the CTA's tiles in turns, as CUTLASS's ping-pong kernel: one's main loop runs while the
-  other stores its last tile (bias, then an asynchronous TMA store). A ``turn`` mbarrier pair keeps their main loops
-  in ring order: a partition must not wait on a stage's ``ready`` for lap n while lap n - 1 (the other's) is pending,
-  as a parity wait would then pass at once.
+- Two MMA warpgroups (each stores its tiles itself: bias, then an asynchronous TMA store):
+  ``ws_pingpong`` takes the CTA's tiles in turns, as CUTLASS's ping-pong kernel, so that one's main loop runs while
+  the other stores; a ``turn`` mbarrier pair keeps their main loops in ring order (a partition must not wait on a
+  stage's ``ready`` for lap n while lap n - 1, the other's, is pending, as a parity wait would then pass at once).
+  ``ws_coop`` shares every tile, each warpgroup computing half of its rows, as CUTLASS's cooperative kernel: tiles
+  twice as large for the same registers per thread, the epilogue covered only by the loader running ahead.
 
 A wait that gives up claims the report as ``ag_mm_kernel``'s does; the loader then loads whatever the buffer holds,
 the kernel finishes and the host raises. Only the loader waits: no MMA partition can read a band before the loader
@@ -28,10 +30,10 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from ..spec import knobs
 from . import launcher
 from .ag_mm import reads_whole, tile_position
+from .configs import GLUON_STORES
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
 from .gluon_ring import acc_layout, finish_tile, init_ring, load_stage, mma_tile, smem_layout, store_tile
 
-STORE = "ws_pingpong"  # the config's store field that selects this kernel (codegen/configs.py)
 WARPS = 4  # the default partition is one MMA warpgroup (the launch's num_warps)
 
 
@@ -71,9 +73,11 @@ def _load_tiles(shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flag
 @gluon.jit
 def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K,
                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-               ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, PEERS_BY_COLUMN: gl.constexpr):
-    """MMA partition ``ME`` (0 or 1): the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
-    [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then bias and store."""
+               ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, PEERS_BY_COLUMN: gl.constexpr,
+               COOP: gl.constexpr):
+    """MMA partition ``ME`` (0 or 1). Ping-pong: the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
+    [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then bias and store. Cooperative: rows
+    [ME * BM / 2, (ME + 1) * BM / 2) of every tile of the CTA."""
     tiles_m = gl.cdiv(rows, BM)
     tiles_n = gl.cdiv(N, BN)
     k_iters = gl.cdiv(K, BK)
@@ -81,15 +85,26 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, r
     nprog = gl.num_programs(0)
     my_tiles = gl.cdiv(WS * tiles_m * tiles_n - pid, nprog)
     c_buf = c_bufs.index(ME)
-    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout(BN))
-    for i in range(ME, my_tiles, 2):
-        pos, pid_m, pid_n = tile_position(pid + i * nprog, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
-        # partition 0 goes first: on a fresh barrier a wait for the parity before phase 0 passes at once
-        mbarrier.wait(turn.index(ME), ((i // 2) & 1) ^ (1 - ME))
-        acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, i * k_iters, k_iters, B_KMAJOR)
-        mbarrier.arrive(turn.index(1 - ME))
-        acc = finish_tile(acc, empty, p)
-        store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM, pid_n * BN, N, HAS_BIAS)
+    SUB_M: gl.constexpr = c_bufs.type.shape[1]
+    acc = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout(BN))
+    if COOP:
+        p = 0
+        for i in range(my_tiles):
+            pos, pid_m, pid_n = tile_position(pid + i * nprog, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
+            acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, p, k_iters, ME, B_KMAJOR)
+            acc = finish_tile(acc, empty, p)
+            store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM + ME * SUB_M,
+                       pid_n * BN, N, HAS_BIAS)
+    else:
+        for i in range(ME, my_tiles, 2):
+            pos, pid_m, pid_n = tile_position(pid + i * nprog, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
+            # partition 0 goes first: on a fresh barrier a wait for the parity before phase 0 passes at once
+            mbarrier.wait(turn.index(ME), ((i // 2) & 1) ^ (1 - ME))
+            acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, i * k_iters, k_iters, 0, B_KMAJOR)
+            mbarrier.arrive(turn.index(1 - ME))
+            acc = finish_tile(acc, empty, p)
+            store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM, pid_n * BN, N,
+                       HAS_BIAS)
     tma.store_wait(0)  # no exit while a TMA store still reads this CTA's shared memory
 
 
@@ -100,31 +115,34 @@ def ag_mm_ws_kernel(
     rank, rows, N, K, band_rows, nbands,
     WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
     STAGES: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, TIMED: gl.constexpr,
-    PEERS_BY_COLUMN: gl.constexpr, MMA_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
+    PEERS_BY_COLUMN: gl.constexpr, COOP: gl.constexpr, MMA_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
 ):
+    A_SPLIT: gl.constexpr = 2 if COOP else 1  # cooperative: each MMA partition's half of the rows, its own A box
+    SUB_M: gl.constexpr = BM // A_SPLIT
     dtype: gl.constexpr = shard_ptr.dtype.element_ty
-    a_layout: gl.constexpr = smem_layout([BM, BK], dtype)
-    shard_desc = tma.make_tensor_descriptor(shard_ptr, [rows, K], [K, 1], [BM, BK], a_layout)
-    buf_desc = tma.make_tensor_descriptor(buf_ptr, [WS * rows, K], [K, 1], [BM, BK], a_layout)
+    a_layout: gl.constexpr = smem_layout([SUB_M, BK], dtype)
+    shard_desc = tma.make_tensor_descriptor(shard_ptr, [rows, K], [K, 1], [SUB_M, BK], a_layout)
+    buf_desc = tma.make_tensor_descriptor(buf_ptr, [WS * rows, K], [K, 1], [SUB_M, BK], a_layout)
     if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
         b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BN, BK], smem_layout([BN, BK], dtype))
     else:
         b_desc = tma.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BK, BN], smem_layout([BK, BN], dtype))
     out_dtype: gl.constexpr = out_ptr.dtype.element_ty
-    out_desc = tma.make_tensor_descriptor(out_ptr, [WS * rows, N], [N, 1], [BM, BN], smem_layout([BM, BN], out_dtype))
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_layout)
+    out_desc = tma.make_tensor_descriptor(out_ptr, [WS * rows, N], [N, 1], [SUB_M, BN],
+                                          smem_layout([SUB_M, BN], out_dtype))
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * A_SPLIT, SUB_M, BK], a_layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(out_dtype, [2, BM, BN], out_desc.layout)
+    c_bufs = gl.allocate_shared_memory(out_dtype, [2, SUB_M, BN], out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    init_ring(ready, empty, turn)
+    init_ring(ready, empty, turn, A_SPLIT)
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, WS, BM, BN, BK,
-                      GROUP_M, 0, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN)),
+                      GROUP_M, 0, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP)),
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, WS, BM, BN, BK,
-                      GROUP_M, 1, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN)),
+                      GROUP_M, 1, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP)),
         (_load_tiles, (shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr,
                        report_ptr, timeout_ns, rank, rows, N, K, band_rows, nbands, WS, BM, BN, BK, GROUP_M, B_KMAJOR,
                        TIMED, PEERS_BY_COLUMN)),
@@ -133,7 +151,7 @@ def ag_mm_ws_kernel(
 
 # Registers: the kernel runs 3 warpgroups (the default partition, the second MMA partition, the loader's warp padded
 # to a warpgroup), 3 x 128 threads x MAXNREG within the 64K register file; setmaxnreg then gives the loader
-# LOAD_REGS and each MMA warpgroup the rest (a 128x128 fp32 accumulator is 128 registers a thread).
+# LOAD_REGS and each MMA warpgroup the rest (a 128x128 or 64x256 fp32 accumulator is 128 registers a thread).
 MAXNREG = 168
 LOAD_REGS = 40
 MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
@@ -141,7 +159,9 @@ MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 
 def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue) -> str | None:
     """Why ``launch`` cannot run ``config`` for these chunks (None: it can)."""
-    BM, warps = config[0], config[5]
+    BM, warps, store = config[0], config[5], config[6]
+    if store not in GLUON_STORES:
+        return f"store field {store!r} is not one of {GLUON_STORES}"
     if launcher.interpreting():
         return "Gluon kernels do not run under Triton's interpreter"
     if dtype not in (torch.bfloat16, torch.float16):
@@ -159,13 +179,14 @@ def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue) -> st
 
 def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, band_rows, config, num_sms,
            timed=True, epilogue=None):
-    """``ag_mm.launch``'s contract for a ``ws_pingpong`` config (see ``unsupported`` for what it refuses)."""
+    """``ag_mm.launch``'s contract for a ``ws_pingpong`` / ``ws_coop`` config (see ``unsupported`` for what it
+    refuses)."""
     rows, K = shard.shape
     N = b.shape[1]
-    BM, BN, BK, GROUP_M, stages, _warps, _store = config
+    BM, BN, BK, GROUP_M, stages, _warps, store = config
     why = unsupported(rows, run, config, shard.dtype, epilogue)
     if why:
-        raise ValueError(f"ag_mm's {STORE} kernel: {why}")
+        raise ValueError(f"ag_mm's {store} kernel: {why}")
     if band_rows % BM:
         raise ValueError(f"band_rows {band_rows} is not a multiple of BM {BM}")
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
@@ -176,7 +197,8 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
         flags, epoch, *status, timeout_ns, rank, rows, N, K, band_rows, nbands,
         WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor,
         HAS_BIAS=bias is not None, TIMED=timed,
-        PEERS_BY_COLUMN=0 < rows <= knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS, MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,
+        PEERS_BY_COLUMN=0 < rows <= knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS, COOP=store == "ws_coop",
+        MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,
         num_warps=WARPS, maxnreg=MAXNREG,
     )
     return out

@@ -39,11 +39,13 @@ _loaded_from: Path | None = None
 
 
 # store field -> (TMA store, epilogue in two column halves, warp-specialized tile loop, flattened tile loop);
-# "ws_pingpong": the Gluon kernel of codegen/ag_mm_ws.py (a TMA loader warp, two MMA warpgroups taking tiles in turns)
+# "ws_pingpong" / "ws_coop": the Gluon kernel of codegen/ag_mm_ws.py (a TMA loader warp; two MMA warpgroups taking
+# tiles in turns, or sharing each tile)
 STORE_VARIANTS = {False: (False, False, False, False), True: (True, False, False, False),
                   "tma_subtile": (True, True, False, False), "tma_ws": (True, False, True, False),
                   "tma_flatten": (True, False, False, True), "tma_subtile_flatten": (True, True, False, True),
-                  "ws_pingpong": (True, False, True, False)}
+                  "ws_pingpong": (True, False, True, False), "ws_coop": (True, False, True, False)}
+GLUON_STORES = ("ws_pingpong", "ws_coop")
 
 
 def store_variant(store) -> tuple[bool, bool, bool, bool]:

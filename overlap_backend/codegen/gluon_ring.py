@@ -1,6 +1,7 @@
 """The pieces of a warp-specialized Hopper GEMM in Gluon (``triton.experimental.gluon``, Triton 3.6 and later):
 a ring of shared-memory stages that a TMA loader partition fills and MMA warpgroups drain, and the epilogue's
-asynchronous TMA store.
+asynchronous TMA store. Two MMA warpgroups either take the tiles in turns (ping-pong: each stage read by one) or
+share every tile, each computing half of its rows (cooperative: each stage read by both, its A in two boxes).
 
 Why Gluon: Triton 3.6 does not warp-specialize ``tl.range(warp_specialize=True)`` on Hopper (the attribute stays in
 the TTGIR, no partitions; docs/codegen.md), so a ``tl`` kernel's epilogue and its next tile's pipeline fill never
@@ -9,7 +10,8 @@ overlap its main loop. Gluon states the partitions itself.
 Protocol of the ring (stage ``s`` of ``STAGES``; ``p`` counts every fill of the CTA's ring, in the order the MMA
 partitions drain it): the loader waits for ``empty[s]`` (parity of the lap before), arms ``ready[s]`` with the
 bytes it will load (expect-tx) and issues the TMA loads; an MMA warpgroup waits for ``ready[s]``, issues its wgmma
-and arrives on ``empty`` of the previous stage once ``warpgroup_mma_wait(1)`` showed that stage's wgmma retired.
+and arrives on ``empty`` of the previous stage once ``warpgroup_mma_wait(1)`` showed that stage's wgmma retired
+(a stage is free once every partition that reads it arrived).
 A fresh mbarrier counts as having completed the phase before phase 0, so the loader's first lap passes at once.
 Each MMA partition is one warpgroup: Gluon lowers ``mbarrier.arrive`` to an arrive by the partition's thread 0, and
 ``wgmma.wait_group`` retires the calling warpgroup's wgmmas only.
@@ -43,14 +45,19 @@ def acc_layout(BN):
 
 @gluon.jit
 def load_stage(a_desc, a_row, b_desc, off_n, k, a_bufs, b_bufs, ready, empty, p, B_KMAJOR: gl.constexpr):
-    """Fill ring position ``p`` with A[a_row:+BM, k:+BK] and B's [BK, BN] block at (k, off_n) (``B_KMAJOR``: ``b_desc``
-    is B^T, [N, K]); waits until the stage's previous contents were consumed. Returns ``p + 1``."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    """Fill ring position ``p`` with A's rows [a_row, a_row + BM) at column k and B's [BK, BN] block at (k, off_n)
+    (``B_KMAJOR``: ``b_desc`` is B^T, [N, K]); waits until the stage's previous contents were consumed. A is loaded
+    as ``A_SPLIT`` boxes of ``BM / A_SPLIT`` rows (``a_bufs``: ``STAGES * A_SPLIT`` of them), one per MMA partition
+    that shares the stage (the cooperative form). Returns ``p + 1``."""
+    STAGES: gl.constexpr = b_bufs.type.shape[0]
+    A_SPLIT: gl.constexpr = a_bufs.type.shape[0] // STAGES
+    SUB_M: gl.constexpr = a_desc.block_type.shape[0]
     s = p % STAGES
     mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
     bar = ready.index(s)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-    tma_load(a_desc, [a_row, k], bar, a_bufs.index(s))
+    mbarrier.expect(bar, A_SPLIT * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    for h in gl.static_range(A_SPLIT):
+        tma_load(a_desc, [a_row + h * SUB_M, k], bar, a_bufs.index(s * A_SPLIT + h))
     if B_KMAJOR:
         tma_load(b_desc, [off_n, k], bar, b_bufs.index(s))
     else:
@@ -59,18 +66,20 @@ def load_stage(a_desc, a_row, b_desc, off_n, k, a_bufs, b_bufs, ready, empty, p,
 
 
 @gluon.jit
-def mma_tile(acc, a_bufs, b_bufs, ready, empty, p, k_iters, B_KMAJOR: gl.constexpr):
-    """Issue the tile's product over ``k_iters`` ring positions from ``p`` on, at most one wgmma in flight behind the
-    newest, each stage freed once its wgmma retired. Returns (acc, p after the tile) with the last wgmma possibly still
-    in flight (``finish_tile``): a ping-pong partition hands the turn over before it waits for that one."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
+def mma_tile(acc, a_bufs, b_bufs, ready, empty, p, k_iters, A_IDX: gl.constexpr, B_KMAJOR: gl.constexpr):
+    """Issue the tile's product over ``k_iters`` ring positions from ``p`` on (A: box ``A_IDX`` of each stage), at most
+    one wgmma in flight behind the newest, each stage released once its wgmma retired. Returns (acc, p after the tile)
+    with the last wgmma possibly still in flight (``finish_tile``): a ping-pong partition hands the turn over before it
+    waits for that one."""
+    STAGES: gl.constexpr = b_bufs.type.shape[0]
+    A_SPLIT: gl.constexpr = a_bufs.type.shape[0] // STAGES
     for ki in range(k_iters):
         s = p % STAGES
         mbarrier.wait(ready.index(s), (p // STAGES) & 1)
         b = b_bufs.index(s)
         if B_KMAJOR:
             b = b.permute((1, 0))
-        acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=ki > 0, is_async=True)
+        acc = warpgroup_mma(a_bufs.index(s * A_SPLIT + A_IDX), b, acc, use_acc=ki > 0, is_async=True)
         acc = warpgroup_mma_wait(1, deps=(acc, ))
         mbarrier.arrive(empty.index((p + STAGES - 1) % STAGES), pred=ki > 0)  # the previous chunk's wgmma retired
         p += 1
@@ -79,7 +88,7 @@ def mma_tile(acc, a_bufs, b_bufs, ready, empty, p, k_iters, B_KMAJOR: gl.constex
 
 @gluon.jit
 def finish_tile(acc, empty, p):
-    """Retire the tile's last wgmma (ring position ``p - 1``), then free its stage."""
+    """Retire the tile's last wgmma (ring position ``p - 1``), then release its stage."""
     STAGES: gl.constexpr = empty.type.shape[0]
     acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(empty.index((p + STAGES - 1) % STAGES))
@@ -103,12 +112,12 @@ def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, HAS_BIAS: gl.const
 
 
 @gluon.jit
-def init_ring(ready, empty, turn):
-    """Every stage's ``ready`` (the loader's expect-tx arrive + the bytes) and ``empty`` (one MMA partition's arrive)
-    barrier, and the two MMA partitions' ``turn`` pair, each completing on one arrive."""
+def init_ring(ready, empty, turn, READERS: gl.constexpr):
+    """Every stage's ``ready`` (the loader's expect-tx arrive + the bytes) and ``empty`` (an arrive of each of the
+    ``READERS`` MMA partitions that read the stage) barrier, and the two ping-pong partitions' ``turn`` pair."""
     STAGES: gl.constexpr = ready.type.shape[0]
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(empty.index(s), count=READERS)
     for j in gl.static_range(2):
         mbarrier.init(turn.index(j), count=1)

@@ -26,8 +26,8 @@ VARIANTS = [(128, 256, 64, 8, 3, 8, False), (128, 256, 64, 8, 3, 8, True),
             (128, 128, 64, 8, 4, 8, "tma_flatten")]
 
 
-# ag_mm's warp-specialized Gluon kernel (codegen/ag_mm_ws.py): no whole-input form, 128-row tiles
-GLUON = [(128, 128, 64, 8, 4, 4, "ws_pingpong")]
+# ag_mm's warp-specialized Gluon kernel (codegen/ag_mm_ws.py), both forms: no whole-input form, 128-row tiles
+GLUON = [(128, 128, 64, 8, 4, 4, "ws_pingpong"), (128, 256, 64, 8, 3, 4, "ws_coop")]
 
 
 def _label(cfg) -> str:
@@ -122,13 +122,13 @@ def test_ag_mm_decode_tile_orders_wait_before_they_load(cfg, late, by_column, de
     assert err < 1e-2, f"rel err {err}"
 
 
+@pytest.mark.parametrize("cfg", GLUON, ids=_label)
 @pytest.mark.parametrize("n", [2048, 1984], ids=["N2048", "N1984"])
 @pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_shards"])
 @pytest.mark.parametrize("by_column", [False, True], ids=["chunk_order", "column_order"])
-def test_ag_mm_ws_tile_orders_wait_before_they_load(by_column, late, n, device):
+def test_ag_mm_ws_tile_orders_wait_before_they_load(by_column, late, n, cfg, device):
     """The Gluon kernel at 8 ranks' 128-row chunks, in both tile orders (column by column, a CTA's tiles visit the
     peers out of order and its loader checks each band's flag), N a multiple of the tile or not."""
-    cfg = GLUON[0]
     err, claimed = _run(cfg, device, late, ws=8, rows=128, K=2048, N=n, rank=3, band_rows=128,
                         by_column=by_column, whole=False)
     print(f"{_label(cfg)} {'column' if by_column else 'chunk'} order N={n} "

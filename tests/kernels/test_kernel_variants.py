@@ -53,7 +53,7 @@ def test_ag_mm_flattened_wait_gives_up_and_reports():
 def test_mm_rs_refuses_loops_it_does_not_have():
     """The producer's tiles come from an atomic ticket: a warp-specialized or flattened config is an error, not a
     silently different kernel."""
-    for store in ("tma_ws", "tma_flatten", "ws_pingpong"):
+    for store in ("tma_ws", "tma_flatten", "ws_pingpong", "ws_coop"):
         with pytest.raises(ValueError, match="no warp-specialized or flattened"):
             _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + (store,))
 
@@ -159,4 +159,7 @@ def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
     assert "contiguous" in ag_mm_ws.unsupported(1000, 1000, cfg, bf16, None)
     assert "16-bit" in ag_mm_ws.unsupported(1024, 1024, cfg, torch.float32, None)
     assert "num_warps" in ag_mm_ws.unsupported(1024, 1024, cfg[:5] + (8, cfg[6]), bf16, None)
-    assert configs.store_variant("ws_pingpong")[0], "it stores by TMA: candidates only where tiles fit the chunks"
+    assert "store field" in ag_mm_ws.unsupported(1024, 1024, cfg[:6] + ("tma_ws",), bf16, None)
+    assert ag_mm_ws.unsupported(1024, 1024, (128, 256, 64, 8, 3, 4, "ws_coop"), bf16, None) is None
+    for store in configs.GLUON_STORES:
+        assert configs.store_variant(store)[0], "it stores by TMA: candidates only where tiles fit the chunks"
