@@ -1,8 +1,8 @@
 # One GPU (Hopper): ag_mm's warp-specialized Gluon kernel (store variants ws_pingpong, ws_coop: codegen/ag_mm_ws.py). Its GPU
 # tests first (flags set and late shards, both tile orders, N a multiple of the tile or not, a wait that gives up),
-# then the kernel benchmark of ag_mm on four candidates (the 128x256 kernel with pointer and TMA stores, ws_pingpong,
-# ws_coop), compiled in this process so that the --set reach it; then, with what time is left, the plain Gluon GEMM
-# probe at two shapes (M x N x K).
+# then the kernel benchmark of ag_mm with every variant (the two Gluon forms among them: a record of ag_mm that
+# bench/tools/install_ratios.py can install); then, with what time is left, the plain Gluon GEMM probe at two
+# shapes (M x N x K).
 TAILN=14 run ws_tests 170 env PYTHONPATH=.. python -m pytest -q -rA -s -p no:cacheprovider -m gpu ../tests/gpu/test_gpu_kernel_variants.py -k "ws_pingpong or ws_coop or gives_up"
-TAILN=40 run ag_kernels 300 python suites/bench_kernels.py --out $RES/ag_ws --kernels ag_mm --jobs 0 --no-variants --budget-s 240 --set "codegen.CANDIDATES_16BIT=((128,256,64,8,3,8,False),(128,128,64,8,4,4,'ws_pingpong'),(128,256,64,8,3,4,'ws_coop'))" --set codegen.TMA_STORE_VARIANTS=1
+TAILN=40 run ag_kernels 330 python suites/bench_kernels.py --out $RES/ag_ws --kernels ag_mm --budget-s 260
 TAILN=14 run gluon_probe 100 python probes/gluon_ws/gpu_check.py --shapes 8192x7168x8192,8192x768x4096 --configs coop,pingpong --out $RES/gluon_probe.json
