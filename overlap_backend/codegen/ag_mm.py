@@ -4,7 +4,7 @@ Tile order: the local shard's tiles first (read straight from the shard), then c
 rank+2, ... in the order the copy engines deliver them into this rank's receive buffer
 (``buf[ws, rows, K]``). Chunks of at most ``knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS`` rows (decode sizes,
 where every chunk's tiles read the whole weight) take the peers' tiles column block by column block instead
-(``tile_position``): the first wave then waits for every peer's shard, which at those sizes is small. Each chunk arrives in *bands* of ``band_rows`` rows (a multiple of every
+(``tiles.tile_position``): the first wave then waits for every peer's shard, which at those sizes is small. Each chunk arrives in *bands* of ``band_rows`` rows (a multiple of every
 block height, the same on every rank), each with its own flag ``flags[chunk * nbands + band]``:
 before its first tile of a band a CTA waits for that band's flag (acquire, system scope, bounded). The wait sits in the outer (tile) loop, which is not software
 pipelined: a pipelined loop could issue the next tile's loads before the wait.
@@ -41,7 +41,8 @@ from . import launcher
 from .configs import GLUON_STORES, store_variant
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
-from .tiles import add_bias, b_descriptor, column_halves, global_row, grouped_tile, mainloop, store_rows
+from .tiles import (add_bias, b_descriptor, column_halves, global_row, grouped_tile, mainloop, store_rows,
+                    tile_position)
 
 
 @triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
@@ -136,26 +137,6 @@ def ag_mm_whole_kernel(
 
 
 @triton.jit
-def tile_position(tile, tiles_m, tiles_n, WS: tl.constexpr, GROUP_M: tl.constexpr, PEERS_BY_COLUMN: tl.constexpr):
-    """(position, pid_m, pid_n) of tile ``tile``: the local shard's tiles first (position 0), then the peers'.
-    Chunk by chunk in arrival order; with ``PEERS_BY_COLUMN`` column block by column block, every peer's row
-    tiles of one block in turn, so that the weight's block is read from memory once and from L2 by the others
-    (chunks of few rows, where each chunk's tiles would read the whole weight)."""
-    tiles_per_chunk = tiles_m * tiles_n
-    pos = tile // tiles_per_chunk
-    pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
-    if PEERS_BY_COLUMN:
-        peer_tile = tl.maximum(tile - tiles_per_chunk, 0)
-        per_column = (WS - 1) * tiles_m
-        within = peer_tile % per_column
-        local = tile < tiles_per_chunk
-        pos = tl.where(local, 0, 1 + within // tiles_m)
-        pid_m = tl.where(local, pid_m, within % tiles_m)
-        pid_n = tl.where(local, pid_n, peer_tile // per_column)
-    return pos, pid_m, pid_n
-
-
-@triton.jit
 def _epilogue_store(acc, out_desc, out_ptr, bias_ptr, row0, col0, offs_m, out_rows, rows, N, ep0, ep1, ep2, ep3,
                     EPILOGUE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
                     TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr):
@@ -216,7 +197,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
         from . import ag_mm_ws
 
         return ag_mm_ws.launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, band_rows,
-                               config, num_sms, timed, epilogue)
+                               config, num_sms, timed, epilogue, whole=reads_whole(shard.shape[0]))
     rows, K = shard.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, store = config

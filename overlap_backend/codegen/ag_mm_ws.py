@@ -29,10 +29,10 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ..spec import knobs
 from . import launcher
-from .ag_mm import reads_whole, tile_position
 from .configs import GLUON_STORES
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
 from .gluon_ring import acc_layout, finish_tile, init_ring, load_stage, mma_tile, smem_layout, store_tile
+from .tiles import tile_position
 
 WARPS = 4  # the default partition is one MMA warpgroup (the launch's num_warps)
 
@@ -157,8 +157,9 @@ LOAD_REGS = 40
 MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 
 
-def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue) -> str | None:
-    """Why ``launch`` cannot run ``config`` for these chunks (None: it can)."""
+def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue, whole: bool = False) -> str | None:
+    """Why ``launch`` cannot run ``config`` for these chunks (None: it can); ``whole``: ``ag_mm`` reads chunks of
+    ``rows`` rows as one gathered matrix (``ag_mm.reads_whole``), which this kernel does not do."""
     BM, warps, store = config[0], config[5], config[6]
     if store not in GLUON_STORES:
         return f"store field {store!r} is not one of {GLUON_STORES}"
@@ -168,7 +169,7 @@ def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue) -> st
         return f"16-bit inputs only, not {dtype}"
     if epilogue is not None:
         return "no generated epilogue (ag_mm's other variants fuse one)"
-    if reads_whole(rows):
+    if whole:
         return f"chunks of {rows} rows take the whole-input kernel"
     if run != rows or rows % BM:
         return f"TMA stores need contiguous chunks whose rows ({rows}, runs of {run}) BM={BM} divides"
@@ -178,13 +179,13 @@ def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue) -> st
 
 
 def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, band_rows, config, num_sms,
-           timed=True, epilogue=None):
+           timed=True, epilogue=None, whole=False):
     """``ag_mm.launch``'s contract for a ``ws_pingpong`` / ``ws_coop`` config (see ``unsupported`` for what it
     refuses)."""
     rows, K = shard.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, _warps, store = config
-    why = unsupported(rows, run, config, shard.dtype, epilogue)
+    why = unsupported(rows, run, config, shard.dtype, epilogue, whole)
     if why:
         raise ValueError(f"ag_mm's {store} kernel: {why}")
     if band_rows % BM:

@@ -1,4 +1,5 @@
-"""Tile maths shared by the GEMM kernels: tile order inside a chunk, the TMA main loop, row maps.
+"""Tile maths shared by the GEMM kernels: tile order inside a chunk and across ``ag_mm``'s chunks, the TMA main
+loop, row maps.
 
 A *chunk* is the part of a matrix that one rank owns or sends (ws chunks per problem, or per round
 for ``mm_ar``). Kernels walk tiles chunk by chunk in the order the data arrives (``ag_mm``) or the
@@ -83,3 +84,23 @@ def store_rows(ptr, rows, row_mask, offs_n, N, stride, tile):
 def load_rows(ptr, rows, row_mask, offs_n, N, stride):
     mask = row_mask[:, None] & (offs_n < N)[None, :]
     return tl.load(ptr + rows.to(tl.int64)[:, None] * stride + offs_n[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def tile_position(tile, tiles_m, tiles_n, WS: tl.constexpr, GROUP_M: tl.constexpr, PEERS_BY_COLUMN: tl.constexpr):
+    """(position, pid_m, pid_n) of tile ``tile``: the local shard's tiles first (position 0), then the peers'.
+    Chunk by chunk in arrival order; with ``PEERS_BY_COLUMN`` column block by column block, every peer's row
+    tiles of one block in turn, so that the weight's block is read from memory once and from L2 by the others
+    (chunks of few rows, where each chunk's tiles would read the whole weight)."""
+    tiles_per_chunk = tiles_m * tiles_n
+    pos = tile // tiles_per_chunk
+    pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, tiles_m, tiles_n, GROUP_M)
+    if PEERS_BY_COLUMN:
+        peer_tile = tl.maximum(tile - tiles_per_chunk, 0)
+        per_column = (WS - 1) * tiles_m
+        within = peer_tile % per_column
+        local = tile < tiles_per_chunk
+        pos = tl.where(local, 0, 1 + within // tiles_m)
+        pid_m = tl.where(local, pid_m, within % tiles_m)
+        pid_n = tl.where(local, pid_n, peer_tile // per_column)
+    return pos, pid_m, pid_n

@@ -153,8 +153,8 @@ def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
     bf16 = torch.bfloat16
     assert ag_mm_ws.unsupported(1024, 1024, cfg, bf16, None) is None
     assert "epilogue" in ag_mm_ws.unsupported(1024, 1024, cfg, bf16, gen.build("gelu", bf16))
-    assert "whole-input" in ag_mm_ws.unsupported(knobs.codegen.AG_MM_WHOLE_ROWS, knobs.codegen.AG_MM_WHOLE_ROWS, cfg,
-                                                 bf16, None)
+    rows = knobs.codegen.AG_MM_WHOLE_ROWS
+    assert "whole-input" in ag_mm_ws.unsupported(rows, rows, cfg, bf16, None, whole=ag_mm.reads_whole(rows))
     assert "contiguous" in ag_mm_ws.unsupported(1024, 512, cfg, bf16, None)
     assert "contiguous" in ag_mm_ws.unsupported(1000, 1000, cfg, bf16, None)
     assert "16-bit" in ag_mm_ws.unsupported(1024, 1024, cfg, torch.float32, None)

@@ -25,7 +25,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from overlap_backend.codegen import ag_mm, mm_rs, reduce  # noqa: E402
+from overlap_backend.codegen import ag_mm, mm_rs, reduce, tiles  # noqa: E402
 from overlap_backend.runtime.symm import SymmTimeoutError, status_error  # noqa: E402
 
 CFG = (16, 16, 16, 2, 1, 1, False)  # BM, BN, BK, GROUP_M, stages, warps, TMA store: small tiles, many
@@ -110,7 +110,7 @@ def test_ag_mm_both_tile_orders_match(by_column, ws, r, outer, run, K, N, bias, 
 def _tile_positions(out_ptr, tiles_m, tiles_n, WS: tl.constexpr, GROUP_M: tl.constexpr,
                     PEERS_BY_COLUMN: tl.constexpr):
     for tile in range(0, WS * tiles_m * tiles_n):
-        pos, pid_m, pid_n = ag_mm.tile_position(tile, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
+        pos, pid_m, pid_n = tiles.tile_position(tile, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
         tl.store(out_ptr + 3 * tile, pos)
         tl.store(out_ptr + 3 * tile + 1, pid_m)
         tl.store(out_ptr + 3 * tile + 2, pid_n)
