@@ -3,6 +3,6 @@
 # then the kernel benchmark of ag_mm with every variant (the two Gluon forms among them: a record of ag_mm that
 # bench/tools/install_ratios.py can install); then, with what time is left, the plain Gluon GEMM probe at two
 # shapes (M x N x K).
-TAILN=14 run ws_tests 170 env PYTHONPATH=.. python -m pytest -q -rA -s -p no:cacheprovider -m gpu ../tests/gpu/test_gpu_kernel_variants.py -k "ws_pingpong or ws_coop or gives_up"
-TAILN=40 run ag_kernels 330 python suites/bench_kernels.py --out $RES/ag_ws --kernels ag_mm --budget-s 260
+TAILN=14 run ws_tests 150 env PYTHONPATH=.. python -m pytest -q -rA -s -p no:cacheprovider -m gpu ../tests/gpu/test_gpu_kernel_variants.py -k "ws_pingpong or ws_coop or gives_up"
+TAILN=40 run ag_kernels 265 python suites/bench_kernels.py --out $RES/ag_ws --kernels ag_mm --budget-s 190
 TAILN=14 run gluon_probe 100 python probes/gluon_ws/gpu_check.py --shapes 8192x7168x8192,8192x768x4096 --configs coop,pingpong --out $RES/gluon_probe.json
