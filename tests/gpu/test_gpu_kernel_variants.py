@@ -147,9 +147,10 @@ def test_ag_mm_wait_that_gives_up_ends_the_kernel_and_reports(cfg, device):
     assert claimed == 1
 
 
-def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str):
-    """Each op at a shape whose ratio entry names a variant that beat the candidates: with no other candidate
-    (``CANDIDATES_16BIT=()``), the op must tune over that variant, run it and get the right result."""
+def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_variant: list):
+    """Each op at a shape whose ratio entry names a variant that beat the candidates (``ag_variant`` for ``ag_mm``):
+    with no other candidate (``CANDIDATES_16BIT=()``), the op must tune over that variant, run it and get the right
+    result."""
     import json
     from pathlib import Path
 
@@ -166,7 +167,7 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str):
     group = dist.group.WORLD
     gn = group.group_name
     K, N, rows = 1024, 2048, 1024
-    variants = {"ag_mm": [128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], "mm_rs": [128, 256, 64, 4, 3, 8, False],
+    variants = {"ag_mm": ag_variant, "mm_rs": [128, 256, 64, 4, 3, 8, False],
                 "mm_ar": [128, 256, 64, 4, 3, 8, False]}
     gpu = kernel_ratios.gpu_name()
     entries = [{"gpu": gpu, "kernel": k, "dtype": "bfloat16", "ws": ws, "M": ws * rows, "K": K, "N": N, "fused": False,
@@ -192,13 +193,15 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str):
 
 
 @pytest.mark.timeout(200)
-def test_ops_run_the_measured_variant(tmp_path):
+@pytest.mark.parametrize("ag_variant", [[128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], list(GLUON[1])],
+                         ids=["tma_subtile_flatten", "ws_coop"])
+def test_ops_run_the_measured_variant(tmp_path, ag_variant):
     try:
         from test_gpu import _need_gpus, _run
     except ImportError:
         from tests.gpu.test_gpu import _need_gpus, _run
     _need_gpus(2, "symm")
-    for errs, tuned, variants in _run(measured_variant_worker, 2, str(tmp_path), timeout=180):
+    for errs, tuned, variants in _run(measured_variant_worker, 2, str(tmp_path), ag_variant, timeout=180):
         print(f"rel errs {errs}; tuned {tuned}")
         assert all(e < 1e-2 for e in errs.values()), errs
         for k, v in variants.items():
