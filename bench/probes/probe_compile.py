@@ -2,7 +2,7 @@
 it (explains a kernel's speed before a device call; not a test).
 
     python bench/probes/probe_compile.py ag_mm [--set FLATTEN=True] [--set WS=8 ...] [--arch 90] [--warps 8]
-        [--stages 3] [--out DIR] [--json]
+        [--stages 3] [--epilogue bias:0,gelu] [--out DIR] [--json]
 
 Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer; ``ag_mm_whole``: its kernel at decode sizes; ``ag_mm_ws``:
 its warp-specialized Gluon kernel, ``codegen/ag_mm_ws.py``, 4 warps and its own register budgets whatever
@@ -59,7 +59,7 @@ KERNELS = {
     "ag_mm_ws": dict(  # a Gluon kernel: 4 warps (the default partition), its register budgets from the module
         const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, TIMED=True,
                    PEERS_BY_COLUMN=False, COOP=False),
-        data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr"},
+        data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "N", "K", "band_rows"}),
     "mm_rs": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
@@ -91,10 +91,11 @@ COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"a
           "worker partitions": r"\bpartition\d+\("}
 
 
-def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, stages: int = 3):
-    """The compiled kernel (``triton.compile``) of ``name`` with its constexprs overridden by ``overrides``."""
+def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, stages: int = 3, epilogue: str = ""):
+    """The compiled kernel (``triton.compile``) of ``name`` with its constexprs overridden by ``overrides`` and, for a
+    kernel that takes one, the generated epilogue of spec ``epilogue`` (``codegen/epilogue.py``; "": none)."""
     from overlap_backend.codegen import ag_mm, cta, mm_rs, moe_gemm
-    from overlap_backend.codegen.epilogue import epilogue_fn
+    from overlap_backend.codegen.epilogue import build, epilogue_fn
 
     spec = KERNELS[name]
     unknown = set(overrides) - set(spec["const"])
@@ -115,7 +116,10 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
               "moe_down": moe_gemm.down_kernel, "cta_stage1": cta.stage1_kernel}[name]
     names = fn.arg_names
     if "EPILOGUE" in names:
-        const["EPILOGUE"] = epilogue_fn(None, (), torch.bfloat16, torch.empty(1))[0]
+        const["EPILOGUE"] = epilogue_fn(build(epilogue, torch.bfloat16) if epilogue else None, (), torch.bfloat16,
+                                        torch.empty(1))[0]
+    elif epilogue:
+        raise SystemExit(f"{name} takes no generated epilogue")
     sig = {}
     for n in names:
         if n in const:
@@ -174,6 +178,7 @@ def main(argv=None) -> int:
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
     p.add_argument("--warps", type=int, default=8)
     p.add_argument("--stages", type=int, default=3)
+    p.add_argument("--epilogue", default="", help="a generated epilogue's spec, e.g. bias:0,gelu (kernels taking one)")
     p.add_argument("--out", type=Path, help="write <kernel>.ttgir and <kernel>.ptx here")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     args = p.parse_args(argv)
@@ -181,7 +186,7 @@ def main(argv=None) -> int:
     for item in args.set:
         key, _, value = item.partition("=")
         overrides[key] = ast.literal_eval(value)
-    compiled = compile_kernel(args.kernel, overrides, args.arch, args.warps, args.stages)
+    compiled = compile_kernel(args.kernel, overrides, args.arch, args.warps, args.stages, args.epilogue)
     rep = report(compiled, args.arch)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

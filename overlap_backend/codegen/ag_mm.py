@@ -197,7 +197,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
         from . import ag_mm_ws
 
         return ag_mm_ws.launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, band_rows,
-                               config, num_sms, timed, epilogue, whole=reads_whole(shard.shape[0]))
+                               config, num_sms, timed, epilogue, ep_ptrs, whole=reads_whole(shard.shape[0]))
     rows, K = shard.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, warps, store = config

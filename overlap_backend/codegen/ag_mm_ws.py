@@ -17,9 +17,10 @@ A wait that gives up claims the report as ``ag_mm_kernel``'s does; the loader th
 the kernel finishes and the host raises. Only the loader waits: no MMA partition can read a band before the loader
 has loaded it after its flag.
 
-What it does not do (``launch`` raises ``ValueError``; ``ag_mm``'s other variants do these): generated epilogues,
-chunks whose rows a tile does not divide or that are not contiguous (TMA stores), chunks short enough for the
-whole-input kernel, float32.
+The epilogue: bias, then the op's generated epilogue (``codegen/epilogue.py``'s ``tl`` function, called on the
+accumulator's layout), then the TMA store. What it does not do (``launch`` raises ``ValueError``; ``ag_mm``'s other
+variants do these): chunks whose rows a tile does not divide or that are not contiguous (TMA stores), chunks short
+enough for the whole-input kernel, float32.
 """
 
 import torch
@@ -30,6 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from ..spec import knobs
 from . import launcher
 from .configs import GLUON_STORES
+from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
 from .gluon_ring import acc_layout, finish_tile, init_ring, load_stage, mma_tile, smem_layout, store_tile
 from .tiles import tile_position
@@ -71,10 +73,10 @@ def _load_tiles(shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flag
 
 
 @gluon.jit
-def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K,
+def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2, ep3,
                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, PEERS_BY_COLUMN: gl.constexpr,
-               COOP: gl.constexpr):
+               COOP: gl.constexpr, EPILOGUE: gl.constexpr):
     """MMA partition ``ME`` (0 or 1). Ping-pong: the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
     [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then bias and store. Cooperative: rows
     [ME * BM / 2, (ME + 1) * BM / 2) of every tile of the CTA."""
@@ -94,7 +96,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, r
             acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, p, k_iters, ME, B_KMAJOR)
             acc = finish_tile(acc, empty, p)
             store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM + ME * SUB_M,
-                       pid_n * BN, N, HAS_BIAS)
+                       pid_n * BN, N, ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE)
     else:
         for i in range(ME, my_tiles, 2):
             pos, pid_m, pid_n = tile_position(pid + i * nprog, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
@@ -104,7 +106,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, r
             mbarrier.arrive(turn.index(1 - ME))
             acc = finish_tile(acc, empty, p)
             store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM, pid_n * BN, N,
-                       HAS_BIAS)
+                       ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE)
     tma.store_wait(0)  # no exit while a TMA store still reads this CTA's shared memory
 
 
@@ -112,8 +114,8 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, r
 def ag_mm_ws_kernel(
     shard_ptr, buf_ptr, b_ptr, bias_ptr, out_ptr,
     flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-    rank, rows, N, K, band_rows, nbands,
-    WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+    rank, rows, N, K, band_rows, nbands, ep0, ep1, ep2, ep3,
+    EPILOGUE: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
     STAGES: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, TIMED: gl.constexpr,
     PEERS_BY_COLUMN: gl.constexpr, COOP: gl.constexpr, MMA_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
 ):
@@ -139,10 +141,10 @@ def ag_mm_ws_kernel(
     init_ring(ready, empty, turn, A_SPLIT)
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
-        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, WS, BM, BN, BK,
-                      GROUP_M, 0, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP)),
-        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, WS, BM, BN, BK,
-                      GROUP_M, 1, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP)),
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
+                      ep3, WS, BM, BN, BK, GROUP_M, 0, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE)),
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
+                      ep3, WS, BM, BN, BK, GROUP_M, 1, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE)),
         (_load_tiles, (shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr,
                        report_ptr, timeout_ns, rank, rows, N, K, band_rows, nbands, WS, BM, BN, BK, GROUP_M, B_KMAJOR,
                        TIMED, PEERS_BY_COLUMN)),
@@ -157,7 +159,7 @@ LOAD_REGS = 40
 MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 
 
-def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue, whole: bool = False) -> str | None:
+def unsupported(rows: int, run: int, config, dtype: torch.dtype, whole: bool = False) -> str | None:
     """Why ``launch`` cannot run ``config`` for these chunks (None: it can); ``whole``: ``ag_mm`` reads chunks of
     ``rows`` rows as one gathered matrix (``ag_mm.reads_whole``), which this kernel does not do."""
     BM, warps, store = config[0], config[5], config[6]
@@ -167,8 +169,6 @@ def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue, whole
         return "Gluon kernels do not run under Triton's interpreter"
     if dtype not in (torch.bfloat16, torch.float16):
         return f"16-bit inputs only, not {dtype}"
-    if epilogue is not None:
-        return "no generated epilogue (ag_mm's other variants fuse one)"
     if whole:
         return f"chunks of {rows} rows take the whole-input kernel"
     if run != rows or rows % BM:
@@ -179,24 +179,25 @@ def unsupported(rows: int, run: int, config, dtype: torch.dtype, epilogue, whole
 
 
 def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws, run, band_rows, config, num_sms,
-           timed=True, epilogue=None, whole=False):
+           timed=True, epilogue=None, ep_ptrs=(), whole=False):
     """``ag_mm.launch``'s contract for a ``ws_pingpong`` / ``ws_coop`` config (see ``unsupported`` for what it
-    refuses)."""
+    refuses), the generated ``epilogue`` included."""
     rows, K = shard.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, _warps, store = config
-    why = unsupported(rows, run, config, shard.dtype, epilogue, whole)
+    why = unsupported(rows, run, config, shard.dtype, whole)
     if why:
         raise ValueError(f"ag_mm's {store} kernel: {why}")
     if band_rows % BM:
         raise ValueError(f"band_rows {band_rows} is not a multiple of BM {BM}")
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     nbands = max(1, launcher.cdiv(rows, band_rows))
+    fn, ptrs = epilogue_fn(epilogue, ep_ptrs, shard.dtype, out)
     grid = launcher.Persistent(ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN), num_sms, 1)
     launcher.launch(ag_mm_ws_kernel, grid,
         shard, buf, b.t() if b_kmajor else b, bias if bias is not None else out, out,
-        flags, epoch, *status, timeout_ns, rank, rows, N, K, band_rows, nbands,
-        WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor,
+        flags, epoch, *status, timeout_ns, rank, rows, N, K, band_rows, nbands, *ptrs,
+        EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor,
         HAS_BIAS=bias is not None, TIMED=timed,
         PEERS_BY_COLUMN=0 < rows <= knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS, COOP=store == "ws_coop",
         MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,

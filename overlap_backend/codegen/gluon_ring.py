@@ -96,14 +96,21 @@ def finish_tile(acc, empty, p):
 
 
 @gluon.jit
-def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, HAS_BIAS: gl.constexpr):
-    """(+ bias) -> ``c_buf`` -> TMA store at (row0, col0), not waited for: only the previous store from ``c_buf`` is
-    waited for, before the buffer is written again."""
+def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, ep0, ep1, ep2, ep3, HAS_BIAS: gl.constexpr,
+               EPILOGUE: gl.constexpr):
+    """(+ bias, then ``EPILOGUE``: ``codegen/epilogue.py``'s generated ``tl`` function, which compiles in Gluon on the
+    accumulator's layout) -> ``c_buf`` -> TMA store at (row0, col0) of the output, not waited for: only the previous
+    store from ``c_buf`` is waited for, before the buffer is written again. The tile's rows are the output's rows
+    [row0, row0 + BM), all of them inside it (TMA stores: whole tiles of rows)."""
+    BM: gl.constexpr = acc.type.shape[0]
+    BN: gl.constexpr = acc.type.shape[1]
+    offs_n = col0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
     if HAS_BIAS:
-        BN: gl.constexpr = acc.type.shape[1]
-        offs_n = col0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
         bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
         acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+    rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc.type.layout))
+    mask = (gl.expand_dims(rows, 1) >= row0) & (gl.expand_dims(offs_n, 0) < N)
+    acc = EPILOGUE(acc, rows, offs_n, mask, N, ep0, ep1, ep2, ep3)
     tma.store_wait(0)  # the thread that issued the last store from c_buf waits for it to have read c_buf ...
     partition_barrier()  # ... and the partition's other threads for that thread before overwriting c_buf
     c_buf.store(acc.to(out_desc.dtype))

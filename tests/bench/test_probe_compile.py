@@ -50,13 +50,15 @@ def test_ptxas_reports_spills():
     assert rep["registers"] == 255 and rep["spill stores (bytes)"] > 0
 
 
-@pytest.mark.parametrize("sets", [(), ("PEERS_BY_COLUMN=True", "B_KMAJOR=False", "HAS_BIAS=True"),
-                                  ("COOP=True", "BN=256", "STAGES=3")],
-                         ids=["pingpong", "pingpong_column_order_kxn_bias", "coop"])
-def test_ag_mm_ws_is_warp_specialized_without_spills(sets):
+@pytest.mark.parametrize("args", [(), ("--set", "PEERS_BY_COLUMN=True", "--set", "B_KMAJOR=False", "--set", "HAS_BIAS=True"),
+                                  ("--set", "COOP=True", "--set", "BN=256", "--set", "STAGES=3"),
+                                  ("--set", "HAS_BIAS=True", "--epilogue", "gelu_tanh,add:0")],
+                         ids=["pingpong", "pingpong_column_order_kxn_bias", "coop", "pingpong_generated_epilogue"])
+def test_ag_mm_ws_is_warp_specialized_without_spills(args):
     """ag_mm's Gluon kernel: a loader and a second MMA partition beside the default one, TMA loads into a ring and TMA
-    stores out, wgmma, within Hopper's shared memory, and the register budgets met without a spill."""
-    got = _probe("ag_mm_ws", "--json", *[a for s in sets for a in ("--set", s)])
+    stores out, wgmma, within Hopper's shared memory, and the register budgets met without a spill; a generated
+    epilogue (a ``tl`` function) compiled on the accumulator's layout."""
+    got = _probe("ag_mm_ws", "--json", *args)
     assert got.returncode == 0, got.stderr[-2000:]
     rep = json.loads(got.stdout.strip().splitlines()[-1])
     assert rep["worker partitions"] == 2 and rep["wgmma"] > 0 and rep["TMA loads"] > 0 and rep["TMA stores"] > 0

@@ -137,6 +137,47 @@ def test_ag_mm_ws_tile_orders_wait_before_they_load(by_column, late, n, cfg, dev
     assert err < 1e-2, f"rel err {err}"
 
 
+@pytest.mark.parametrize("spec", ["bias:0,gelu,add:1", "gelu_tanh"])
+@pytest.mark.parametrize("cfg", GLUON, ids=_label)
+def test_ag_mm_ws_generated_epilogue(cfg, spec, device):
+    """The Gluon kernel with the op's generated epilogue (a ``tl`` function on the accumulator's layout) after its own
+    bias, the shards landing late: against float32 maths on the same inputs, output poisoned first."""
+    from overlap_backend.codegen import ag_mm
+    from overlap_backend.codegen import epilogue as gen
+
+    torch.manual_seed(1)
+    ws, rows, K, N, rank, band_rows = 4, 512, 1024, 1984, 2, 256
+    dt = torch.bfloat16
+    shards = [torch.randn(rows, K, device=device, dtype=dt) for _ in range(ws)]
+    w = (torch.randn(N, K, device=device, dtype=dt) * K**-0.5).t()
+    bias, extra = torch.randn(N, device=device, dtype=dt), torch.randn(N, device=device, dtype=dt)
+    resid = torch.randn(ws * rows, N, device=device, dtype=dt)
+    buf = torch.full((ws, rows, K), float("nan"), device=device, dtype=dt)
+    out = torch.full((ws * rows, N), float("nan"), device=device, dtype=dt)
+    flags = torch.full((ws * (rows // band_rows),), EPOCH - 1, device=device, dtype=torch.int32)
+    status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
+    g = gen.build(spec, dt)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        buf.copy_(torch.stack(shards))
+        flags.fill_(EPOCH)
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
+    ag_mm.launch(shards[rank], buf, w, bias, out, flags, EPOCH, status, 10**10, rank, ws, rows, band_rows, cfg, num_sms,
+                 epilogue=g, ep_ptrs=gen.pointers(g, [extra, resid]))
+    torch.cuda.synchronize()
+    h = torch.cat(shards).float() @ w.float() + bias.float()
+    if spec == "gelu_tanh":
+        ref = torch.nn.functional.gelu(h, approximate="tanh")
+    else:
+        ref = torch.nn.functional.gelu(h + extra.float()) + resid.float()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    print(f"{_label(cfg)} epilogue {spec}: rel err {err:.2e}")
+    assert status[0].item() == 0, "a wait gave up"
+    assert err < 2e-2, f"rel err {err}"
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("cfg", [VARIANTS[1]] + GLUON, ids=_label)
 def test_ag_mm_wait_that_gives_up_ends_the_kernel_and_reports(cfg, device):

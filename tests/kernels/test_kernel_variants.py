@@ -141,9 +141,9 @@ def test_a_measured_variant_joins_the_candidates_where_it_fits():
 
 
 def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
-    """The Gluon kernel runs only what it implements: under the interpreter, with a generated epilogue, at decode
-    sizes (the whole-input kernel's), for runs of rows or rows a tile does not divide, float32, or 8 warps, the launch
-    is an error (the tuner then drops the config), never another kernel's result."""
+    """The Gluon kernel runs only what it implements: under the interpreter, at decode sizes (the whole-input
+    kernel's), for runs of rows or rows a tile does not divide, float32, or 8 warps, the launch is an error (the tuner
+    then drops the config), never another kernel's result."""
     from overlap_backend.codegen import ag_mm_ws, launcher
 
     cfg = (128, 128, 64, 8, 4, 4, "ws_pingpong")
@@ -151,15 +151,14 @@ def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
         _run_ag_mm(2, 0, 1, 128, 64, 128, False, True, cfg=cfg)
     monkeypatch.setattr(launcher, "interpreting", lambda: False)
     bf16 = torch.bfloat16
-    assert ag_mm_ws.unsupported(1024, 1024, cfg, bf16, None) is None
-    assert "epilogue" in ag_mm_ws.unsupported(1024, 1024, cfg, bf16, gen.build("gelu", bf16))
+    assert ag_mm_ws.unsupported(1024, 1024, cfg, bf16) is None
     rows = knobs.codegen.AG_MM_WHOLE_ROWS
-    assert "whole-input" in ag_mm_ws.unsupported(rows, rows, cfg, bf16, None, whole=ag_mm.reads_whole(rows))
-    assert "contiguous" in ag_mm_ws.unsupported(1024, 512, cfg, bf16, None)
-    assert "contiguous" in ag_mm_ws.unsupported(1000, 1000, cfg, bf16, None)
-    assert "16-bit" in ag_mm_ws.unsupported(1024, 1024, cfg, torch.float32, None)
-    assert "num_warps" in ag_mm_ws.unsupported(1024, 1024, cfg[:5] + (8, cfg[6]), bf16, None)
-    assert "store field" in ag_mm_ws.unsupported(1024, 1024, cfg[:6] + ("tma_ws",), bf16, None)
-    assert ag_mm_ws.unsupported(1024, 1024, (128, 256, 64, 8, 3, 4, "ws_coop"), bf16, None) is None
+    assert "whole-input" in ag_mm_ws.unsupported(rows, rows, cfg, bf16, whole=ag_mm.reads_whole(rows))
+    assert "contiguous" in ag_mm_ws.unsupported(1024, 512, cfg, bf16)
+    assert "contiguous" in ag_mm_ws.unsupported(1000, 1000, cfg, bf16)
+    assert "16-bit" in ag_mm_ws.unsupported(1024, 1024, cfg, torch.float32)
+    assert "num_warps" in ag_mm_ws.unsupported(1024, 1024, cfg[:5] + (8, cfg[6]), bf16)
+    assert "store field" in ag_mm_ws.unsupported(1024, 1024, cfg[:6] + ("tma_ws",), bf16)
+    assert ag_mm_ws.unsupported(1024, 1024, (128, 256, 64, 8, 3, 4, "ws_coop"), bf16) is None
     for store in configs.GLUON_STORES:
         assert configs.store_variant(store)[0], "it stores by TMA: candidates only where tiles fit the chunks"
