@@ -6,7 +6,7 @@ config's store field ``ws_pingpong`` or ``ws_coop``; ``codegen/gluon_ring.py`` h
   peers' chunks in arrival order or column block by column block), waits for a peer band's flag before the first
   load of that band (``wait_flag``: acquire, system scope, bounded; then ``fence.proxy.async`` so that the TMA loads
   come after it) and fills the ring, running ahead into the next tile while the MMA warpgroups are busy.
-- Two MMA warpgroups (each stores its tiles itself: bias, then an asynchronous TMA store):
+- Two MMA warpgroups (each finishes its tiles itself: bias, the generated epilogue, an asynchronous TMA store):
   ``ws_pingpong`` takes the CTA's tiles in turns, as CUTLASS's ping-pong kernel, so that one's main loop runs while
   the other stores; a ``turn`` mbarrier pair keeps their main loops in ring order (a partition must not wait on a
   stage's ``ready`` for lap n while lap n - 1, the other's, is pending, as a parity wait would then pass at once).
