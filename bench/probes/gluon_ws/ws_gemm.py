@@ -1,5 +1,5 @@
 """Warp-specialized persistent bf16 GEMM for Hopper (sm_90a) in Gluon (Triton 3.6 and 3.9: the few names
-that changed between them come from ``overlap_backend/codegen/gluon_ring.py``).
+that changed between them, and the ring, come from ``overlap_backend/codegen/gluon_ring.py``).
 
     C[M, N] = A[M, K] @ B[K, N]   (bf16 in, fp32 accumulate, bf16 out)
 
@@ -36,13 +36,14 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                             warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-# the names that differ between Triton versions, as the ops' Gluon kernels take them
-from overlap_backend.codegen.gluon_ring import partition_barrier, tma_load, tma_store  # noqa: E402
+# the ring, its stores and tile order as the ops' Gluon kernel has them
+from overlap_backend.codegen.gluon_ring import (acc_layout, finish_tile, init_ring, load_stage,  # noqa: E402
+                                                mma_tile, store_tile)
+from overlap_backend.codegen.tiles import grouped_tile  # noqa: E402
 
 VARIANTS = ("coop", "pingpong", "coop1")
 
@@ -55,17 +56,6 @@ def _a_split(pingpong, num_mma):
 
 
 @gluon.jit
-def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    """(pid_m, pid_n) of linear tile id ``tile`` in grouped order: GROUP_M row-blocks share their B columns in L2."""
-    per_group = GROUP_M * num_pid_n
-    group = tile // per_group
-    first_m = group * GROUP_M
-    group_rows = gl.minimum(num_pid_m - first_m, GROUP_M)
-    in_group = tile % per_group
-    return first_m + in_group % group_rows, in_group // group_rows
-
-
-@gluon.jit
 def _num_my_tiles(M, N, BM: gl.constexpr, BN: gl.constexpr):
     """Tiles of this CTA (it takes pid, pid + grid, ...), and the grid's tile counts along M and N."""
     num_pid_m = gl.cdiv(M, BM)
@@ -75,83 +65,27 @@ def _num_my_tiles(M, N, BM: gl.constexpr, BN: gl.constexpr):
     return gl.cdiv(num_pid_m * num_pid_n - pid, nprog), num_pid_m, num_pid_n
 
 
-# --------------------------------------------------------------------------------------------- loader
+@triton.jit
+def _no_epilogue(x, rows, cols, mask, N, P0, P1, P2, P3):
+    """``store_tile``'s epilogue for a plain GEMM: the accumulator as it is."""
+    return x
+
+
+# --------------------------------------------------------------------------------------------- partitions
 @gluon.jit
 def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
-            BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-            A_SPLIT: gl.constexpr, B_KMAJOR: gl.constexpr):
-    """Fill the smem ring in the order the MMA partitions drain it: tile by tile, K-chunk by K-chunk.
-
-    Stage s is reused only after its ``empty`` barrier completed (every MMA partition that read it retired its
-    wgmma). A fresh mbarrier counts as having completed the phase before phase 0, so waiting on parity 1 first
-    lets the first lap through. TMA zero-fills the out-of-bounds part of a box and still counts its full bytes.
-    """
-    STAGES: gl.constexpr = a_bufs.type.shape[0] // A_SPLIT
-    SUB_M: gl.constexpr = BM // A_SPLIT
-    nbytes: gl.constexpr = A_SPLIT * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+            BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr):
+    """Fill the smem ring in the order the MMA partitions drain it: tile by tile, K-chunk by K-chunk (coop: A in one
+    box per MMA partition's half of the rows). TMA zero-fills the out-of-bounds part of a box."""
     my_tiles, num_pid_m, num_pid_n = _num_my_tiles(M, N, BM, BN)
     k_iters = gl.cdiv(K, BK)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     p = 0  # ring position: counts every stage fill of this CTA
     for i in range(my_tiles):
-        pid_m, pid_n = _tile_coords(pid + i * nprog, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BM
-        off_n = pid_n * BN
+        pid_m, pid_n = grouped_tile(pid + i * nprog, num_pid_m, num_pid_n, GROUP_M)
         for ki in range(k_iters):
-            s = p % STAGES
-            mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, nbytes)
-            for h in gl.static_range(A_SPLIT):  # coop: one box per MMA partition's half of the rows
-                tma_load(a_desc, [off_m + h * SUB_M, ki * BK], bar,
-                                                a_bufs.index(s * A_SPLIT + h))
-            if B_KMAJOR:
-                tma_load(b_desc, [off_n, ki * BK], bar, b_bufs.index(s))
-            else:
-                tma_load(b_desc, [ki * BK, off_n], bar, b_bufs.index(s))
-            p += 1
-
-
-# --------------------------------------------------------------------------------------------- MMA + epilogue
-@gluon.jit
-def _mainloop(acc, a_bufs, b_bufs, ready, empty, p, k_iters,
-              STAGES: gl.constexpr, A_SPLIT: gl.constexpr, A_IDX: gl.constexpr, B_KMAJOR: gl.constexpr):
-    """Issue the K-chunks of one tile from ring position p on; at most one wgmma in flight behind the newest.
-
-    A stage is released (``empty`` arrive, thread 0) only after ``warpgroup_mma_wait(1)`` showed that the wgmma
-    reading it retired. Returns with the last wgmma possibly still in flight (see ``_finish``).
-    """
-    for ki in range(k_iters):
-        s = p % STAGES
-        mbarrier.wait(ready.index(s), (p // STAGES) & 1)
-        b = b_bufs.index(s)
-        if B_KMAJOR:
-            b = b.permute((1, 0))
-        acc = warpgroup_mma(a_bufs.index(s * A_SPLIT + A_IDX), b, acc, use_acc=ki > 0, is_async=True)
-        acc = warpgroup_mma_wait(1, deps=(acc, ))
-        # the wgmma of the previous chunk has retired: its stage may be refilled
-        mbarrier.arrive(empty.index((p + STAGES - 1) % STAGES), pred=ki > 0)
-        p += 1
-    return acc, p
-
-
-@gluon.jit
-def _finish(acc, empty, p, STAGES: gl.constexpr):
-    """Retire the tile's last wgmma, then free its stage."""
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-    mbarrier.arrive(empty.index((p + STAGES - 1) % STAGES))
-    return acc
-
-
-@gluon.jit
-def _epilogue(acc, c_desc, c_buf, off_m, off_n):
-    """bf16 tile -> smem -> TMA store, not waited for; only the previous store from c_buf is waited for first."""
-    tma.store_wait(0)  # the thread that issued the last store from c_buf waits for it to have read c_buf ...
-    partition_barrier()  # ... and the partition's other threads wait for that thread before overwriting c_buf
-    c_buf.store(acc.to(c_desc.dtype))
-    fence_async_shared()  # generic-proxy smem writes -> visible to the TMA (async proxy)
-    tma_store(c_desc, [off_m, off_n], c_buf)
+            p = load_stage(a_desc, pid_m * BM, b_desc, pid_n * BN, ki * BK, a_bufs, b_bufs, ready, empty, p, B_KMAJOR)
 
 
 @gluon.jit
@@ -167,11 +101,7 @@ def _mma_partition(a_bufs, b_bufs, c_bufs, ready, empty, turn, c_desc, M, N, K,
     """
     A_SPLIT: gl.constexpr = _a_split(PINGPONG, NUM_MMA)
     SUB_M: gl.constexpr = BM // A_SPLIT
-    STAGES: gl.constexpr = b_bufs.type.shape[0]
-    # wgmma accumulator: one warpgroup, m16 x n(BN) x k16 instructions
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BN, 16])
-    acc = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
+    acc = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout(BN))
     my_tiles, num_pid_m, num_pid_n = _num_my_tiles(M, N, BM, BN)
     k_iters = gl.cdiv(K, BK)
     pid = gl.program_id(0)
@@ -179,20 +109,21 @@ def _mma_partition(a_bufs, b_bufs, c_bufs, ready, empty, turn, c_desc, M, N, K,
     c_buf = c_bufs.index(ME)
     if PINGPONG:
         for i in range(ME, my_tiles, NUM_MMA):
-            pid_m, pid_n = _tile_coords(pid + i * nprog, num_pid_m, num_pid_n, GROUP_M)
+            pid_m, pid_n = grouped_tile(pid + i * nprog, num_pid_m, num_pid_n, GROUP_M)
             # partition 0 goes first: on a fresh barrier a parity-1 wait passes at once
             mbarrier.wait(turn.index(ME), ((i // NUM_MMA) & 1) ^ (1 - ME))
-            acc, p = _mainloop(acc, a_bufs, b_bufs, ready, empty, i * k_iters, k_iters, STAGES, 1, 0, B_KMAJOR)
+            acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, i * k_iters, k_iters, 0, B_KMAJOR)
             mbarrier.arrive(turn.index(1 - ME))
-            acc = _finish(acc, empty, p, STAGES)
-            _epilogue(acc, c_desc, c_buf, pid_m * BM, pid_n * BN)
+            acc = finish_tile(acc, empty, p)
+            store_tile(acc, c_desc, c_buf, 0, pid_m * BM, pid_n * BN, N, 0, 0, 0, 0, False, _no_epilogue)
     else:
         p = 0
         for i in range(my_tiles):
-            pid_m, pid_n = _tile_coords(pid + i * nprog, num_pid_m, num_pid_n, GROUP_M)
-            acc, p = _mainloop(acc, a_bufs, b_bufs, ready, empty, p, k_iters, STAGES, A_SPLIT, ME, B_KMAJOR)
-            acc = _finish(acc, empty, p, STAGES)
-            _epilogue(acc, c_desc, c_buf, pid_m * BM + ME * SUB_M, pid_n * BN)
+            pid_m, pid_n = grouped_tile(pid + i * nprog, num_pid_m, num_pid_n, GROUP_M)
+            acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, p, k_iters, ME, B_KMAJOR)
+            acc = finish_tile(acc, empty, p)
+            store_tile(acc, c_desc, c_buf, 0, pid_m * BM + ME * SUB_M, pid_n * BN, N, 0, 0, 0, 0, False,
+                       _no_epilogue)
     tma.store_wait(0)  # don't exit with a TMA store still reading this CTA's smem
 
 
@@ -212,11 +143,7 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, M, N, K,
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)  # the loader's expect-tx arrive + the TMA bytes
-        mbarrier.init(empty.index(s), count=A_SPLIT)  # one arrive per MMA partition that reads the stage
-    for j in gl.static_range(2):
-        mbarrier.init(turn.index(j), count=1)
+    init_ring(ready, empty, turn, A_SPLIT)
 
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     if NUM_MMA == 2:
@@ -225,15 +152,13 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, M, N, K,
                               0, NUM_MMA, PINGPONG, B_KMAJOR)),
             (_mma_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turn, c_desc, M, N, K, BM, BN, BK, GROUP_M,
                               1, NUM_MMA, PINGPONG, B_KMAJOR)),
-            (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, GROUP_M, A_SPLIT,
-                       B_KMAJOR)),
+            (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, GROUP_M, B_KMAJOR)),
         ], [4, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_mma_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turn, c_desc, M, N, K, BM, BN, BK, GROUP_M,
                               0, NUM_MMA, PINGPONG, B_KMAJOR)),
-            (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, GROUP_M, A_SPLIT,
-                       B_KMAJOR)),
+            (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, GROUP_M, B_KMAJOR)),
         ], [1], [LOAD_REGS])
 
 
