@@ -58,7 +58,7 @@ KERNELS = {
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "run", "N", "K"}),
     "ag_mm_ws": dict(  # a Gluon kernel: 4 warps (the default partition), its register budgets from the module
         const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, TIMED=True,
-                   PEERS_BY_COLUMN=False, COOP=False),
+                   PEERS_BY_COLUMN=False, COOP=False, EP_COLS=0),
         data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "N", "K", "band_rows"}),
     "mm_rs": dict(

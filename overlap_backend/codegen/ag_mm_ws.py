@@ -76,7 +76,7 @@ def _load_tiles(shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flag
 def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2, ep3,
                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, PEERS_BY_COLUMN: gl.constexpr,
-               COOP: gl.constexpr, EPILOGUE: gl.constexpr):
+               COOP: gl.constexpr, EPILOGUE: gl.constexpr, EP_COLS: gl.constexpr):
     """MMA partition ``ME`` (0 or 1). Ping-pong: the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
     [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then bias and store. Cooperative: rows
     [ME * BM / 2, (ME + 1) * BM / 2) of every tile of the CTA."""
@@ -96,7 +96,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, r
             acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, p, k_iters, ME, B_KMAJOR)
             acc = finish_tile(acc, empty, p)
             store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM + ME * SUB_M,
-                       pid_n * BN, N, ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE)
+                       pid_n * BN, N, ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE, EP_COLS)
     else:
         for i in range(ME, my_tiles, 2):
             pos, pid_m, pid_n = tile_position(pid + i * nprog, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
@@ -106,7 +106,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, r
             mbarrier.arrive(turn.index(1 - ME))
             acc = finish_tile(acc, empty, p)
             store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM, pid_n * BN, N,
-                       ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE)
+                       ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE, EP_COLS)
     tma.store_wait(0)  # no exit while a TMA store still reads this CTA's shared memory
 
 
@@ -115,7 +115,7 @@ def ag_mm_ws_kernel(
     shard_ptr, buf_ptr, b_ptr, bias_ptr, out_ptr,
     flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, rows, N, K, band_rows, nbands, ep0, ep1, ep2, ep3,
-    EPILOGUE: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+    EPILOGUE: gl.constexpr, EP_COLS: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
     STAGES: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, TIMED: gl.constexpr,
     PEERS_BY_COLUMN: gl.constexpr, COOP: gl.constexpr, MMA_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
 ):
@@ -142,9 +142,11 @@ def ag_mm_ws_kernel(
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
-                      ep3, WS, BM, BN, BK, GROUP_M, 0, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE)),
+                      ep3, WS, BM, BN, BK, GROUP_M, 0, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE,
+                      EP_COLS)),
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
-                      ep3, WS, BM, BN, BK, GROUP_M, 1, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE)),
+                      ep3, WS, BM, BN, BK, GROUP_M, 1, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE,
+                      EP_COLS)),
         (_load_tiles, (shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr,
                        report_ptr, timeout_ns, rank, rows, N, K, band_rows, nbands, WS, BM, BN, BK, GROUP_M, B_KMAJOR,
                        TIMED, PEERS_BY_COLUMN)),
@@ -157,6 +159,17 @@ def ag_mm_ws_kernel(
 MAXNREG = 168
 LOAD_REGS = 40
 MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
+
+
+def epilogue_cols(epilogue, config, dtype: torch.dtype, out_dtype: torch.dtype) -> int:
+    """Columns of the tile a generated epilogue runs on at a time, in shared memory (``gluon_ring.store_tile``);
+    0: on the accumulator's registers (no epilogue, an output of another dtype than the GEMM's, or the knob 0)."""
+    values = knobs.codegen.GLUON_EPILOGUE_VALUES
+    if epilogue is None or not values or out_dtype != dtype:
+        return 0
+    BM, BN, store = config[0], config[1], config[6]
+    sub_m = BM // 2 if store == "ws_coop" else BM
+    return max(8, min(BN, values * WARPS * 32 // sub_m))
 
 
 def unsupported(rows: int, run: int, config, dtype: torch.dtype, whole: bool = False) -> str | None:
@@ -197,7 +210,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     launcher.launch(ag_mm_ws_kernel, grid,
         shard, buf, b.t() if b_kmajor else b, bias if bias is not None else out, out,
         flags, epoch, *status, timeout_ns, rank, rows, N, K, band_rows, nbands, *ptrs,
-        EPILOGUE=fn, WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor,
+        EPILOGUE=fn, EP_COLS=epilogue_cols(epilogue, config, shard.dtype, out.dtype), WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor,
         HAS_BIAS=bias is not None, TIMED=timed,
         PEERS_BY_COLUMN=0 < rows <= knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS, COOP=store == "ws_coop",
         MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,

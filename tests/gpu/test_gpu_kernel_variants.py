@@ -137,13 +137,16 @@ def test_ag_mm_ws_tile_orders_wait_before_they_load(by_column, late, n, cfg, dev
     assert err < 1e-2, f"rel err {err}"
 
 
+@pytest.mark.parametrize("values", [0, 32], ids=["in_registers", "in_shared_slices"])
 @pytest.mark.parametrize("spec", ["bias:0,gelu,add:1", "gelu_tanh"])
 @pytest.mark.parametrize("cfg", GLUON, ids=_label)
-def test_ag_mm_ws_generated_epilogue(cfg, spec, device):
-    """The Gluon kernel with the op's generated epilogue (a ``tl`` function on the accumulator's layout) after its own
-    bias, the shards landing late: against float32 maths on the same inputs, output poisoned first."""
+def test_ag_mm_ws_generated_epilogue(cfg, spec, values, device):
+    """The Gluon kernel with the op's generated epilogue (a ``tl`` function, on the accumulator's registers or on
+    column slices of the tile in shared memory) after its own bias, the shards landing late: against float32 maths
+    on the same inputs, output poisoned first."""
     from overlap_backend.codegen import ag_mm
     from overlap_backend.codegen import epilogue as gen
+    from overlap_backend.spec import knobs
 
     torch.manual_seed(1)
     ws, rows, K, N, rank, band_rows = 4, 512, 1024, 1984, 2, 256
@@ -164,8 +167,9 @@ def test_ag_mm_ws_generated_epilogue(cfg, spec, device):
         buf.copy_(torch.stack(shards))
         flags.fill_(EPOCH)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
-    ag_mm.launch(shards[rank], buf, w, bias, out, flags, EPOCH, status, 10**10, rank, ws, rows, band_rows, cfg, num_sms,
-                 epilogue=g, ep_ptrs=gen.pointers(g, [extra, resid]))
+    with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=values):
+        ag_mm.launch(shards[rank], buf, w, bias, out, flags, EPOCH, status, 10**10, rank, ws, rows, band_rows, cfg,
+                     num_sms, epilogue=g, ep_ptrs=gen.pointers(g, [extra, resid]))
     torch.cuda.synchronize()
     h = torch.cat(shards).float() @ w.float() + bias.float()
     if spec == "gelu_tanh":

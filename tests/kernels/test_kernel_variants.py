@@ -162,3 +162,24 @@ def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
     assert ag_mm_ws.unsupported(1024, 1024, (128, 256, 64, 8, 3, 4, "ws_coop"), bf16) is None
     for store in configs.GLUON_STORES:
         assert configs.store_variant(store)[0], "it stores by TMA: candidates only where tiles fit the chunks"
+
+
+def test_ag_mm_ws_epilogue_slices_hold_the_knobs_values_per_thread():
+    """The Gluon kernel runs a generated epilogue on column slices of its tile in shared memory, each slice
+    ``GLUON_EPILOGUE_VALUES`` values per thread of the partition's warpgroup; on the registers without an epilogue,
+    for an output of another dtype (the slices' store rounds to the output's dtype, the epilogue to the GEMM's) and
+    with the knob 0."""
+    from overlap_backend.codegen import ag_mm_ws
+    from overlap_backend.codegen import epilogue as gen
+
+    g, bf16 = gen.build("bias:0,gelu", torch.bfloat16), torch.bfloat16
+    pingpong, coop = (128, 128, 64, 8, 4, 4, "ws_pingpong"), (128, 256, 64, 8, 3, 4, "ws_coop")
+    with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=32):
+        assert ag_mm_ws.epilogue_cols(g, pingpong, bf16, bf16) == 32  # 128 rows x 32 columns / 128 threads
+        assert ag_mm_ws.epilogue_cols(g, coop, bf16, bf16) == 64  # each warpgroup's 64 rows
+        assert ag_mm_ws.epilogue_cols(None, coop, bf16, bf16) == 0
+        assert ag_mm_ws.epilogue_cols(g, coop, bf16, torch.float32) == 0
+    with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=0):
+        assert ag_mm_ws.epilogue_cols(g, coop, bf16, bf16) == 0
+    with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=1024):
+        assert ag_mm_ws.epilogue_cols(g, pingpong, bf16, bf16) == 128  # at most the tile

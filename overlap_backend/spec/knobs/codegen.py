@@ -51,6 +51,10 @@ codegen = Knobs(
             (64, 256, 64, 8, 4, 8, False),
         ),
     },
+    # ag_mm's Gluon kernel runs a generated epilogue on its tile in shared memory, this many values a thread at a
+    # time (column slices of the tile): on the accumulator's registers, 128 values a thread, bias + erf GELU spilled
+    # and ran 1.6x cuBLAS (one H100). 0: on the registers.
+    GLUON_EPILOGUE_VALUES=32,
     # At most this many CTAs of the ag_mm consumer / mm_rs producer (mm_ar rounds included) on one SM, as many as
     # the compiled config lets one SM hold (registers, shared memory), so that one CTA's loads, waits and stores
     # overlap another's. 1: the configs above hold one per SM anyway; tiles small enough for two (128x128 in 2
