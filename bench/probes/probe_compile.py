@@ -61,6 +61,12 @@ KERNELS = {
                    PEERS_BY_COLUMN=False, COOP=False, EP_COLS=0),
         data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "N", "K", "band_rows"}),
+    "mm_rs_ws": dict(  # a Gluon kernel, as ag_mm_ws
+        const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
+                   TIMED=True, EP_COLS=32),
+        data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
+        flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "ticket_ptr", "claim_ptr", "report_ptr"},
+        wide={"timeout_ns"}, sizes={"rows", "N", "K", "out_rows", "band_rows"}),
     "mm_rs": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
                    WRITE_GATHER=False, PRECISION=None, TIMED=True, PEER_STORE=False, TMA=True, INTERPRET=False,
@@ -103,14 +109,17 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
         raise SystemExit(f"{name} has no constexpr {sorted(unknown)}; its constexprs: {sorted(spec['const'])}")
     const = {**spec["const"], **overrides}
     source, options = ASTSource, {"num_warps": warps, "num_stages": stages}
-    if name == "ag_mm_ws":
+    if name in ("ag_mm_ws", "mm_rs_ws"):
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        from overlap_backend.codegen import ag_mm_ws
+        from overlap_backend.codegen import ag_mm_ws, mm_rs_ws
 
-        fn = ag_mm_ws.ag_mm_ws_kernel
-        const.update(MMA_REGS=ag_mm_ws.MMA_REGS, LOAD_REGS=ag_mm_ws.LOAD_REGS)
-        source, options = GluonASTSource, {"num_warps": ag_mm_ws.WARPS, "maxnreg": ag_mm_ws.MAXNREG}
+        module = ag_mm_ws if name == "ag_mm_ws" else mm_rs_ws
+        fn = getattr(module, f"{name}_kernel")
+        const.update(MMA_REGS=module.MMA_REGS, LOAD_REGS=module.LOAD_REGS)
+        if name == "mm_rs_ws":
+            const["IDENTITY"] = epilogue_fn(None, (), torch.bfloat16, torch.empty(1))[0]
+        source, options = GluonASTSource, {"num_warps": module.WARPS, "maxnreg": module.MAXNREG}
     else:
         fn = {"ag_mm": ag_mm.ag_mm_kernel, "ag_mm_whole": ag_mm.ag_mm_whole_kernel, "mm_rs": mm_rs.mm_rs_kernel,
               "moe_down": moe_gemm.down_kernel, "cta_stage1": cta.stage1_kernel}[name]

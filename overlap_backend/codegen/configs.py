@@ -39,8 +39,8 @@ _loaded_from: Path | None = None
 
 
 # store field -> (TMA store, epilogue in two column halves, warp-specialized tile loop, flattened tile loop);
-# "ws_pingpong" / "ws_coop": the Gluon kernel of codegen/ag_mm_ws.py (a TMA loader warp; two MMA warpgroups taking
-# tiles in turns, or sharing each tile)
+# "ws_pingpong" / "ws_coop": the Gluon kernels of codegen/ag_mm_ws.py and codegen/mm_rs_ws.py (a TMA loader warp; two
+# MMA warpgroups taking tiles in turns, or sharing each tile: ag_mm only)
 STORE_VARIANTS = {False: (False, False, False, False), True: (True, False, False, False),
                   "tma_subtile": (True, True, False, False), "tma_ws": (True, False, True, False),
                   "tma_flatten": (True, False, False, True), "tma_subtile_flatten": (True, True, False, True),

@@ -23,6 +23,9 @@ stores drained meanwhile), and at the end; the own tiles load the peers' partial
 by TMA. Otherwise pointer stores, each tile counted right after them. ``SUBTILE`` (with ``TMA``): the
 staged and own tiles are stored in two column halves, the own tile's epilogue run on each half in turn.
 
+``ws_pingpong`` runs ``codegen/mm_rs_ws.py``'s Gluon kernel instead (where ``TMA`` applies): a loader warp that
+draws the tickets and two MMA warpgroups taking tiles in turns, one's epilogue under the other's main loop.
+
 ``PEER_STORE`` ships with the SMs instead of the copy engine: a remote tile is stored straight into
 its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY``), and the last
 tile of a band raises the owner's flag itself (system-scope release); with ``WRITE_GATHER`` the
@@ -47,7 +50,7 @@ import triton.language as tl
 
 from ..spec import knobs
 from . import launcher
-from .configs import store_variant
+from .configs import GLUON_STORES, store_variant
 from .epilogue import epilogue_fn
 from .flags import (GATHER_FLAG_BASE, OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, count_bulk_stored, count_tile_done,
                     count_tile_done_to_peers, fence_proxy_async, wait_flag)
@@ -378,6 +381,16 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     tiles before they are stored into ``out`` (rows of ``out``), with ``ep_ptrs`` as ``P0..P3``;
     ``mm_ar`` (``gather`` given) takes none: its reduced tiles are also what peers receive."""
     assert epilogue is None or gather is None, "mm_ar's reduced tiles are shipped: no fused epilogue"
+    if config[6] in GLUON_STORES:  # the warp-specialized Gluon kernel (Hopper; imported only where it runs)
+        from . import mm_rs_ws
+
+        why = mm_rs_ws.unsupported(rows, run, rounds, config, a.dtype, out.dtype, gather is not None,
+                                   peer is not None) or (out_offset and f"an output offset ({out_offset})")
+        if why:
+            raise ValueError(f"mm_rs's {config[6]} kernel: {why}")
+        return mm_rs_ws.launch(a, b, bias, stage, recv, out, counters, done, recv_flags, ticket, epoch, status,
+                               timeout_ns, rank, ws, rows, average, band_rows, config, num_sms, timed, epilogue,
+                               ep_ptrs)
     fn, ptrs = epilogue_fn(epilogue, ep_ptrs, a.dtype, out)
     M, K = a.shape
     N = b.shape[1]

@@ -257,10 +257,13 @@ def test_ops_run_the_measured_variant(tmp_path, ag_variant):
 TWO_PER_SM = [(128, 128, 64, 8, 2, 4, True), (64, 128, 64, 8, 3, 4, False), (128, 256, 64, 8, 3, 8, True)]
 
 
-def _run_mm_rs(cfg, device, late: bool, ws=4, rows=1024, K=256, N=2048, rank=1, band_rows=256):
+def _run_mm_rs(cfg, device, late: bool, ws=4, rows=1024, K=256, N=2048, rank=1, band_rows=256, bias=False,
+               spec="", average=False):
     """mm_rs's producer on one GPU as rank ``rank`` of ``ws``: the peers' partials of this rank's chunk in
-    ``recv`` (late: NaN and old flags at the launch, written and raised ~10 ms later by another stream).
-    Returns (rel err of the reduced chunk, of the staged chunks, claim word)."""
+    ``recv`` (late: NaN and old flags at the launch, written and raised ~10 ms later by another stream); with a bias
+    on every partial, the generated epilogue ``spec`` (``add:0``: a residual; ``gelu``) on the reduced chunk, or the
+    average. Returns (rel err of the reduced chunk, of the staged chunks, claim word)."""
+    from overlap_backend.codegen import epilogue as gen
     from overlap_backend.codegen import mm_rs
 
     torch.manual_seed(0)
@@ -286,12 +289,19 @@ def _run_mm_rs(cfg, device, late: bool, ws=4, rows=1024, K=256, N=2048, rank=1, 
             recv.copy_(peers)
             flags.fill_(EPOCH)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
-    mm_rs.launch(a, w, None, stage, recv, None, out, counters, done, flags, ticket, EPOCH, status, 10**10, rank, ws,
-                 rows, rows, 1, 0, 0, False, band_rows, cfg, num_sms)
+    b = torch.randn(N, device=device, dtype=torch.bfloat16) if bias else None
+    resid = torch.randn(rows, N, device=device, dtype=torch.bfloat16)
+    g = gen.build(spec, torch.bfloat16) if spec else None
+    mm_rs.launch(a, w, b, stage, recv, None, out, counters, done, flags, ticket, EPOCH, status, 10**10, rank, ws,
+                 rows, rows, 1, 0, 0, average, band_rows, cfg, num_sms, epilogue=g,
+                 ep_ptrs=gen.pointers(g, [resid]) if g is not None else ())
     torch.cuda.synchronize()
-    full = a.float() @ w.float()
+    full = a.float() @ w.float() + (b.float() if bias else 0.0)
     mine = full[rank * rows:(rank + 1) * rows]
     ref = mine + sum(peers[p * rows:(p + 1) * rows].float() for p in range(ws) if p != rank)
+    ref = ref / ws if average else ref
+    ref = ref + resid.float() if "add:0" in spec else ref
+    ref = torch.nn.functional.gelu(ref) if "gelu" in spec else ref
     err = ((out.float() - ref).norm() / ref.norm()).item()
     remote = [c for c in range(ws) if c != rank]
     staged = torch.cat([stage[c * rows:(c + 1) * rows] for c in remote]).float()
@@ -314,6 +324,58 @@ def test_mm_rs_with_two_ctas_per_sm(cfg, late, device):
     print(f"{_label(cfg)} {'late partials' if late else 'flags set'}: rel err {err:.2e}, staged {staged_err:.2e}")
     assert claimed == 0, "a wait gave up"
     assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
+
+
+RS_GLUON = (128, 128, 64, 8, 4, 4, "ws_pingpong")
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_partials"])
+@pytest.mark.parametrize("shape", [(4, 1024, 256, 2048), (8, 512, 1024, 1984), (2, 2048, 64, 4096)],
+                         ids=lambda s: "ws{}_rows{}_K{}_N{}".format(*s))
+def test_mm_rs_ws_stages_counts_and_reduces(shape, late, device):
+    """mm_rs's Gluon producer: the remote chunks staged and every band's done flag raised, the own chunk reduced with
+    the peers' partials (late: they land ~10 ms after the launch, NaN until then), the ticket reset; short K (one
+    K-chunk a tile), N not a multiple of the tile, 2 to 8 ranks."""
+    ws, rows, K, N = shape
+    err, staged_err, claimed = _run_mm_rs(RS_GLUON, device, late, ws=ws, rows=rows, K=K, N=N, rank=ws - 1,
+                                          band_rows=256)
+    print(f"mm_rs ws_pingpong ws={ws} rows={rows} K={K} N={N} {'late' if late else 'set'}: rel err {err:.2e}, "
+          f"staged {staged_err:.2e}")
+    assert claimed == 0, "a wait gave up"
+    assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
+
+
+@pytest.mark.parametrize("fused", [dict(bias=True), dict(spec="add:0"), dict(spec="gelu", average=True)],
+                         ids=["bias", "residual", "average_gelu"])
+def test_mm_rs_ws_bias_epilogue_and_average(fused, device):
+    """mm_rs's Gluon producer with a bias on every partial, a generated epilogue on the reduced chunk (in shared
+    memory slices, the peers' partials summed there) or the average, the partials landing late."""
+    err, staged_err, claimed = _run_mm_rs(RS_GLUON, device, True, **fused)
+    print(f"mm_rs ws_pingpong {fused}: rel err {err:.2e}, staged {staged_err:.2e}")
+    assert claimed == 0, "a wait gave up"
+    assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
+
+
+@pytest.mark.timeout(60)
+def test_mm_rs_ws_wait_that_gives_up_ends_the_kernel_and_reports(device):
+    """Partials that never arrive: the own tiles' bounded waits give up (50 ms), the kernel ends and the claim word
+    is set, so that the host raises instead of hanging."""
+    from overlap_backend.codegen import mm_rs
+
+    ws, rows, K, N = 4, 512, 256, 1024
+    a = torch.randn(ws * rows, K, device=device, dtype=torch.bfloat16)
+    w = torch.randn(K, N, device=device, dtype=torch.bfloat16)
+    bufs = [torch.zeros(ws * rows, N, device=device, dtype=torch.bfloat16) for _ in range(2)]
+    out = torch.zeros(rows, N, device=device, dtype=torch.bfloat16)
+    ints = [torch.zeros(n, device=device, dtype=torch.int32) for n in (ws * 2, ws * 2, ws * 2, 1)]
+    status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    mm_rs.launch(a, w, None, bufs[0], bufs[1], None, out, *ints, EPOCH, status, 50_000_000, 0, ws, rows, rows, 1, 0,
+                 0, False, 256, RS_GLUON, num_sms)
+    torch.cuda.synchronize()
+    print(f"mm_rs ws_pingpong partials never sent: claim {status[0].item()}")
+    assert status[0].item() == 1
+    assert ints[3].item() == 0, "the ticket is reset even so"
 
 
 @pytest.mark.parametrize("cfg", TWO_PER_SM, ids=_label)

@@ -51,11 +51,37 @@ def test_ag_mm_flattened_wait_gives_up_and_reports():
 
 
 def test_mm_rs_refuses_loops_it_does_not_have():
-    """The producer's tiles come from an atomic ticket: a warp-specialized or flattened config is an error, not a
-    silently different kernel."""
-    for store in ("tma_ws", "tma_flatten", "ws_pingpong", "ws_coop"):
+    """The producer's tiles come from an atomic ticket: the Triton kernel's warp-specialized or flattened loops are
+    an error, not a silently different kernel; so is a Gluon form it has not (cooperative) or where it cannot run."""
+    for store in ("tma_ws", "tma_flatten"):
         with pytest.raises(ValueError, match="no warp-specialized or flattened"):
             _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + (store,))
+    with pytest.raises(ValueError, match="store field 'ws_coop'"):
+        _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + ("ws_coop",))
+    with pytest.raises(ValueError, match="interpreter"):
+        _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + ("ws_pingpong",))
+
+
+def test_mm_rs_ws_refuses_what_it_does_not_do(monkeypatch):
+    """The Gluon producer runs mm_rs where its TMA stores apply and nothing else: mm_ar's gather, peer stores, runs
+    of rows, rounds, rows a tile does not divide, float32, another output dtype or 8 warps are errors (the tuner then
+    drops the config)."""
+    from overlap_backend.codegen import launcher, mm_rs_ws
+
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)
+    cfg, bf16 = (128, 128, 64, 8, 4, 4, "ws_pingpong"), torch.bfloat16
+    assert mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, bf16, False, False) is None
+    assert "copy-engine" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, bf16, True, False)
+    assert "copy-engine" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, bf16, False, True)
+    assert "one round" in mm_rs_ws.unsupported(1024, 512, 1, cfg, bf16, bf16, False, False)
+    assert "one round" in mm_rs_ws.unsupported(1024, 1024, 2, cfg, bf16, bf16, False, False)
+    assert "one round" in mm_rs_ws.unsupported(1000, 1000, 1, cfg, bf16, bf16, False, False)
+    assert "16-bit" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, torch.float32, torch.float32, False, False)
+    assert "output" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, torch.float32, False, False)
+    assert "num_warps" in mm_rs_ws.unsupported(1024, 1024, 1, cfg[:5] + (8, cfg[6]), bf16, bf16, False, False)
+    # its own tile's epilogue: GLUON_EPILOGUE_VALUES values a thread of the warpgroup a slice
+    with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=32):
+        assert mm_rs_ws.epilogue_cols(cfg) == 32
 
 
 def test_ag_mm_subtile_with_generated_epilogue():

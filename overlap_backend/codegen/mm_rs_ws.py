@@ -1,0 +1,294 @@
+"""``mm_rs`` producer, warp-specialized (Gluon, Hopper): ``mm_rs_kernel``'s tiles, ticket order, staging, band
+counting and own-chunk reduction, in three partitions instead of one loop, so that the next tiles' loads run
+during a tile's epilogue and one MMA warpgroup's epilogue during the other's main loop (the config's store field
+``ws_pingpong``; ``codegen/gluon_ring.py`` has the ring). ``mm_rs`` with TMA stores only: one round of contiguous
+chunks whose rows a tile divides, on the copy-engine transport (``mm_rs.tma_ok``).
+
+- The loader (1 warp) draws the tiles from the atomic ticket (the remote chunks rank+1, rank+2, ... first, the own
+  chunk last; a CTA that is not resident holds no tile a peer waits for), hands each tile's number to its MMA
+  warpgroup through a small ring of its own (``ids``; -1: no more tiles) and fills the stage ring with its K-chunks.
+- Two MMA warpgroups take the CTA's tiles in turns (ping-pong, as ``ag_mm_ws``). A remote tile (+ bias) goes to
+  ``stage`` by TMA and is counted as soon as its store completed (``count_bulk_stored``: the band's last tile raises
+  its done flag, which the copy engine waits for). Counting at once, before the warpgroup waits for anything else,
+  is what keeps waits across GPUs acyclic: no partition waits (for its turn, its stages or a peer) while it holds
+  a stored tile it has not counted. An own tile waits, after its main loop, for every peer's partial of its band
+  (acquire, system scope, bounded; once per band per warpgroup), then sums them in its epilogue.
+- The own tile's epilogue runs on column slices of the tile in shared memory (``gluon_ring.slice_layout``,
+  ``knobs.codegen.GLUON_EPILOGUE_VALUES`` values a thread): the accumulator (+ bias) is rounded to the GEMM's dtype
+  into the store buffer, then each slice adds the peers' partials (float32), averages, runs the generated
+  epilogue and goes back, and the tile leaves by one TMA store. The own partial is rounded before the sum, as the
+  unfused graph's GEMM output is (``mm_rs_kernel`` sums the float32 accumulator).
+
+A wait that gives up claims the report as ``mm_rs_kernel``'s does; the kernel finishes and the host raises. What it
+does not do (``launch`` raises ``ValueError``; ``mm_rs``'s other variants do): ``mm_ar`` (rounds, gather),
+peer stores, chunks that are not contiguous or whose rows a tile does not divide, float32, an output of another
+dtype than the GEMM's, the cooperative form.
+"""
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from ..spec import knobs
+from . import launcher
+from .epilogue import epilogue_fn
+from .flags import OP_MM_RS, count_bulk_stored, wait_flag
+from .gluon_ring import (acc_layout, finish_tile, init_ring, load_stage, mma_tile, partition_barrier, slice_layout,
+                         smem_layout, store_tile, tma_store)
+from .tiles import grouped_tile
+
+WARPS = 4  # the default partition is one MMA warpgroup (the launch's num_warps)
+ID_SLOTS = gl.constexpr(4)  # tile numbers the loader may hand out ahead of the MMA warpgroups
+
+
+@gluon.constexpr_function
+def _id_layout(warps):
+    return gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[warps], order=[0])
+
+
+@gluon.jit
+def _put_id(ids, id_ready, id_empty, i, value):
+    """The loader: the CTA's i-th tile is ``value`` (its slot free again once its reader took the number)."""
+    s = i % ids.type.shape[0]
+    mbarrier.wait(id_empty.index(s), ((i // ids.type.shape[0]) & 1) ^ 1)
+    ids.index(s).store(gl.full([1], value, gl.int32, layout=_id_layout(1)))
+    mbarrier.arrive(id_ready.index(s))  # (release: the store above comes first)
+
+
+@gluon.jit
+def _take_id(ids, id_ready, id_empty, i):
+    """An MMA warpgroup: the CTA's i-th tile's number (-1: none left)."""
+    s = i % ids.type.shape[0]
+    mbarrier.wait(id_ready.index(s), (i // ids.type.shape[0]) & 1)
+    tile = gl.max(ids.index(s).load(_id_layout(4)), axis=0)
+    partition_barrier()  # every thread read it before the slot is handed back
+    mbarrier.arrive(id_empty.index(s))
+    return tile
+
+
+@gluon.jit
+def _load_tiles(a_desc, b_desc, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows, N, K,
+                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+                B_KMAJOR: gl.constexpr):
+    """The loader partition: every tile this CTA draws, its number to its warpgroup and its K-chunks to the ring."""
+    tiles_m = gl.cdiv(rows, BM)
+    tiles_n = gl.cdiv(N, BN)
+    per_chunk = tiles_m * tiles_n
+    num_tiles = WS * per_chunk
+    k_iters = gl.cdiv(K, BK)
+    p = 0
+    i = 0
+    tile = gl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+    while tile < num_tiles:
+        chunk = (rank + 1 + tile // per_chunk) % WS
+        pid_m, pid_n = grouped_tile(tile % per_chunk, tiles_m, tiles_n, GROUP_M)
+        _put_id(ids, id_ready, id_empty, i, tile)
+        for ki in range(k_iters):
+            p = load_stage(a_desc, chunk * rows + pid_m * BM, b_desc, pid_n * BN, ki * BK, a_bufs, b_bufs, ready,
+                           empty, p, B_KMAJOR)
+        i += 1
+        tile = gl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+    _put_id(ids, id_ready, id_empty, i, -1)  # one end mark for each warpgroup
+    _put_id(ids, id_ready, id_empty, i + 1, -1)
+    if tile == num_tiles + gl.num_programs(0) - 1:  # every CTA drew its last ticket: reset for the next call
+        gl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _reduce_own_tile(c_buf, recv_ptr, rank, rows, row0, col0, N, ep0, ep1, ep2, ep3, WS: gl.constexpr,
+                     AVERAGE: gl.constexpr, EPILOGUE: gl.constexpr, EP_COLS: gl.constexpr):
+    """The own tile in ``c_buf`` (this rank's partial, rounded), slice by slice: + the peers' partials of the same
+    rows (``recv``: [WS * rows, N], peer p's at rows p * rows + ...), averaged, the generated epilogue; back into
+    ``c_buf``."""
+    BM: gl.constexpr = c_buf.type.shape[0]
+    BN: gl.constexpr = c_buf.type.shape[1]
+    layout: gl.constexpr = slice_layout(BM, EP_COLS)
+    partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
+    r = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    for j in gl.static_range(BN // EP_COLS):
+        part = c_buf.slice(j * EP_COLS, EP_COLS, dim=1)
+        cols = col0 + j * EP_COLS + gl.arange(0, EP_COLS, layout=gl.SliceLayout(0, layout))
+        mask = (gl.expand_dims(r, 1) >= row0) & (gl.expand_dims(cols, 0) < N)
+        x = part.load(layout).to(gl.float32)
+        for q in gl.static_range(1, WS):
+            peer = (rank + q) % WS
+            offs = gl.expand_dims((peer * rows + r).to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
+            # .cg: past L1, which is not coherent with the copy engine's writes (the flags' acquire orders them)
+            x += gl.load(recv_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+        if AVERAGE:
+            x = x / WS
+        x = EPILOGUE(x, r, cols, mask, N, ep0, ep1, ep2, ep3)
+        part.store(x.to(c_buf.dtype))
+    partition_barrier()  # the whole tile written before the one thread that issues the TMA store reads it
+
+
+@gluon.jit
+def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, out_desc, bias_ptr,
+               recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, rows,
+               N, K, nbands, band_rows, ep0, ep1, ep2, ep3,
+               WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+               ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr,
+               EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_COLS: gl.constexpr):
+    """MMA warpgroup ``ME`` (0 or 1): the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
+    [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then the remote tile staged and counted or the
+    own tile reduced and stored."""
+    tiles_m = gl.cdiv(rows, BM)
+    tiles_n = gl.cdiv(N, BN)
+    per_chunk = tiles_m * tiles_n
+    k_iters = gl.cdiv(K, BK)
+    band_tile_rows = band_rows // BM
+    c_buf = c_bufs.index(ME)
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout(BN))
+    waited = -1  # this warpgroup saw every peer's partial of the bands up to this one
+    i = ME
+    tile = _take_id(ids, id_ready, id_empty, i)
+    while tile >= 0:
+        pos = tile // per_chunk
+        chunk = (rank + 1 + pos) % WS
+        pid_m, pid_n = grouped_tile(tile % per_chunk, tiles_m, tiles_n, GROUP_M)
+        # warpgroup 0 goes first: on a fresh barrier a wait for the parity before phase 0 passes at once
+        mbarrier.wait(turn.index(ME), ((i // 2) & 1) ^ (1 - ME))
+        acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, i * k_iters, k_iters, 0, B_KMAJOR)
+        mbarrier.arrive(turn.index(1 - ME))
+        acc = finish_tile(acc, empty, p)
+        band = pid_m // band_tile_rows
+        if pos < WS - 1:
+            store_tile(acc, stage_desc, c_buf, bias_ptr, chunk * rows + pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3,
+                       HAS_BIAS, IDENTITY, 0)
+            index = chunk * nbands + band
+            tiles_in_band = gl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n
+            count_bulk_stored(counters_ptr, done_ptr, index, 1, tiles_in_band, epoch, False)
+        else:
+            if band > waited:  # a warpgroup's own tiles come in increasing band order
+                for q in range(1, WS):
+                    flag = ((rank + q) % WS) * nbands + band
+                    wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_MM_RS, rank, flag, nbands,
+                              timeout_ns, TIMED)
+                waited = band
+            offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
+            if HAS_BIAS:
+                bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+                acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+            tma.store_wait(0)  # the last store from c_buf has read it ...
+            partition_barrier()  # ... before any thread overwrites it
+            c_buf.store(acc.to(c_buf.dtype))
+            _reduce_own_tile(c_buf, recv_ptr, rank, rows, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, WS, AVERAGE,
+                             EPILOGUE, EP_COLS)
+            fence_async_shared()  # generic-proxy shared-memory writes -> visible to the TMA (async proxy)
+            tma_store(out_desc, [pid_m * BM, pid_n * BN], c_buf)
+        i += 2
+        tile = _take_id(ids, id_ready, id_empty, i)
+    tma.store_wait(0)  # no exit while a TMA store still reads this CTA's shared memory
+
+
+@gluon.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
+def mm_rs_ws_kernel(
+    a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, out_ptr,
+    counters_ptr, done_ptr, recv_flags_ptr, ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+    rank, rows, N, K, out_rows, band_rows, nbands, ep0, ep1, ep2, ep3,
+    EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_COLS: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr,
+    BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr,
+    HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr, MMA_REGS: gl.constexpr,
+    LOAD_REGS: gl.constexpr,
+):
+    dtype: gl.constexpr = a_ptr.dtype.element_ty
+    a_desc = tma.make_tensor_descriptor(a_ptr, [WS * rows, K], [K, 1], [BM, BK], smem_layout([BM, BK], dtype))
+    if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
+        b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BN, BK], smem_layout([BN, BK], dtype))
+    else:
+        b_desc = tma.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BK, BN], smem_layout([BK, BN], dtype))
+    c_layout: gl.constexpr = smem_layout([BM, BN], dtype)
+    stage_desc = tma.make_tensor_descriptor(stage_ptr, [WS * rows, N], [N, 1], [BM, BN], c_layout)
+    out_desc = tma.make_tensor_descriptor(out_ptr, [out_rows, N], [N, 1], [BM, BN], c_layout)
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(dtype, [2, BM, BN], c_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ids = gl.allocate_shared_memory(gl.int32, [ID_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    id_ready = gl.allocate_shared_memory(gl.int64, [ID_SLOTS, 1], mbarrier.MBarrierLayout())
+    id_empty = gl.allocate_shared_memory(gl.int64, [ID_SLOTS, 1], mbarrier.MBarrierLayout())
+    init_ring(ready, empty, turn, 1)
+    for s in gl.static_range(ID_SLOTS):
+        mbarrier.init(id_ready.index(s), count=1)
+        mbarrier.init(id_empty.index(s), count=1)
+    # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
+    gl.warp_specialize([
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, out_desc,
+                      bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
+                      timeout_ns, rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 0,
+                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_COLS)),
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, out_desc,
+                      bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
+                      timeout_ns, rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 1,
+                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_COLS)),
+        (_load_tiles, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows,
+                       N, K, WS, BM, BN, BK, GROUP_M, B_KMAJOR)),
+    ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
+
+
+# Registers: as ag_mm_ws's (3 warpgroups within the 64K register file; setmaxnreg moves the loader's to the MMA
+# warpgroups, each holding a 128x128 float32 accumulator, 128 registers a thread).
+MAXNREG = 168
+LOAD_REGS = 40
+MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
+STORES = ("ws_pingpong",)
+
+
+def unsupported(rows: int, run: int, rounds: int, config, dtype: torch.dtype, out_dtype: torch.dtype,
+                write_gather: bool, peer_store: bool) -> str | None:
+    """Why ``launch`` cannot run ``config`` (None: it can)."""
+    BM, warps, store = config[0], config[5], config[6]
+    if store not in STORES:
+        return f"store field {store!r} is not one of {STORES}"
+    if launcher.interpreting():
+        return "Gluon kernels do not run under Triton's interpreter"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"16-bit inputs only, not {dtype}"
+    if out_dtype != dtype:
+        return f"an output of the GEMM's dtype only, not {out_dtype}"
+    if write_gather or peer_store:
+        return "mm_rs on the copy-engine transport only (no gather, no peer stores)"
+    if rounds != 1 or run != rows or rows % BM:
+        return f"TMA stores need one round of contiguous chunks whose rows ({rows}, runs of {run}) BM={BM} divides"
+    if warps != WARPS:
+        return f"one MMA warpgroup per partition: num_warps {WARPS}, not {warps}"
+    return None
+
+
+def epilogue_cols(config) -> int:
+    """Columns of the own tile its epilogue (the sum of the partials included) runs on at a time."""
+    BM, BN = config[0], config[1]
+    return max(8, min(BN, max(1, knobs.codegen.GLUON_EPILOGUE_VALUES) * WARPS * 32 // BM))
+
+
+def launch(a, b, bias, stage, recv, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns, rank, ws,
+           rows, average, band_rows, config, num_sms, timed=True, epilogue=None, ep_ptrs=()):
+    """``mm_rs.launch``'s contract (one round, ``gather`` None, ``peer`` None, ``out_offset`` 0) for a
+    ``ws_pingpong`` config; see ``unsupported`` for what it refuses."""
+    M, K = a.shape
+    N = b.shape[1]
+    BM, BN, BK, GROUP_M, stages, _warps, store = config
+    why = unsupported(rows, rows, M // (ws * rows), config, a.dtype, out.dtype, False, False)
+    if M != ws * rows:
+        why = f"A of {M} rows is not one round of {ws} chunks of {rows}"
+    if why:
+        raise ValueError(f"mm_rs's {store} kernel: {why}")
+    if band_rows % BM:
+        raise ValueError(f"band_rows {band_rows} is not a multiple of BM {BM}")
+    b_kmajor = b.stride(0) == 1 and b.stride(1) == K
+    fn, ptrs = epilogue_fn(epilogue, ep_ptrs, a.dtype, out)
+    identity, _ = epilogue_fn(None, (), a.dtype, out)
+    grid = launcher.Persistent(ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN), num_sms, 1)
+    launcher.launch(mm_rs_ws_kernel, grid,
+        a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv, out,
+        counters, done, recv_flags, ticket, epoch, *status, timeout_ns,
+        rank, rows, N, K, out.shape[0], band_rows, max(1, launcher.cdiv(rows, band_rows)), *ptrs,
+        EPILOGUE=fn, IDENTITY=identity, EP_COLS=epilogue_cols(config), WS=ws, BM=BM, BN=BN, BK=BK,
+        GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
+        AVERAGE=average, TIMED=timed, MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,
+        num_warps=WARPS, maxnreg=MAXNREG,
+    )
+    return out
