@@ -63,7 +63,7 @@ KERNELS = {
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "N", "K", "band_rows"}),
     "mm_rs_ws": dict(  # a Gluon kernel, as ag_mm_ws
         const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
-                   TIMED=True, EP_COLS=32),
+                   TIMED=True, EP_COLS=32, DIRECT=False),
         data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "ticket_ptr", "claim_ptr", "report_ptr"},
         wide={"timeout_ns"}, sizes={"rows", "N", "K", "out_rows", "band_rows"}),

@@ -30,7 +30,6 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ..spec import knobs
 from . import launcher
-from .configs import GLUON_STORES
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
 from .gluon_ring import acc_layout, finish_tile, init_ring, load_stage, mma_tile, smem_layout, store_tile
@@ -159,6 +158,7 @@ def ag_mm_ws_kernel(
 MAXNREG = 168
 LOAD_REGS = 40
 MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
+STORES = ("ws_pingpong", "ws_coop")
 
 
 def epilogue_cols(epilogue, config, dtype: torch.dtype, out_dtype: torch.dtype) -> int:
@@ -176,8 +176,8 @@ def unsupported(rows: int, run: int, config, dtype: torch.dtype, whole: bool = F
     """Why ``launch`` cannot run ``config`` for these chunks (None: it can); ``whole``: ``ag_mm`` reads chunks of
     ``rows`` rows as one gathered matrix (``ag_mm.reads_whole``), which this kernel does not do."""
     BM, warps, store = config[0], config[5], config[6]
-    if store not in GLUON_STORES:
-        return f"store field {store!r} is not one of {GLUON_STORES}"
+    if store not in STORES:
+        return f"store field {store!r} is not one of {STORES}"
     if launcher.interpreting():
         return "Gluon kernels do not run under Triton's interpreter"
     if dtype not in (torch.bfloat16, torch.float16):

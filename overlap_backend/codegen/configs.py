@@ -40,12 +40,14 @@ _loaded_from: Path | None = None
 
 # store field -> (TMA store, epilogue in two column halves, warp-specialized tile loop, flattened tile loop);
 # "ws_pingpong" / "ws_coop": the Gluon kernels of codegen/ag_mm_ws.py and codegen/mm_rs_ws.py (a TMA loader warp; two
-# MMA warpgroups taking tiles in turns, or sharing each tile: ag_mm only)
+# MMA warpgroups taking tiles in turns, or sharing each tile: ag_mm only); "ws_pingpong_direct": mm_rs's, its staged
+# tiles stored by its threads instead of TMA
 STORE_VARIANTS = {False: (False, False, False, False), True: (True, False, False, False),
                   "tma_subtile": (True, True, False, False), "tma_ws": (True, False, True, False),
                   "tma_flatten": (True, False, False, True), "tma_subtile_flatten": (True, True, False, True),
-                  "ws_pingpong": (True, False, True, False), "ws_coop": (True, False, True, False)}
-GLUON_STORES = ("ws_pingpong", "ws_coop")
+                  "ws_pingpong": (True, False, True, False), "ws_coop": (True, False, True, False),
+                  "ws_pingpong_direct": (True, False, True, False)}
+GLUON_STORES = ("ws_pingpong", "ws_coop", "ws_pingpong_direct")
 
 
 def store_variant(store) -> tuple[bool, bool, bool, bool]:

@@ -1,7 +1,7 @@
 """``mm_rs`` producer, warp-specialized (Gluon, Hopper): ``mm_rs_kernel``'s tiles, ticket order, staging, band
 counting and own-chunk reduction, in three partitions instead of one loop, so that the next tiles' loads run
 during a tile's epilogue and one MMA warpgroup's epilogue during the other's main loop (the config's store field
-``ws_pingpong``; ``codegen/gluon_ring.py`` has the ring). ``mm_rs`` with TMA stores only: one round of contiguous
+``ws_pingpong`` or ``ws_pingpong_direct``; ``codegen/gluon_ring.py`` has the ring). ``mm_rs`` with TMA stores only: one round of contiguous
 chunks whose rows a tile divides, on the copy-engine transport (``mm_rs.tma_ok``).
 
 - The loader (1 warp) draws the tiles from the atomic ticket (the remote chunks rank+1, rank+2, ... first, the own
@@ -9,9 +9,11 @@ chunks whose rows a tile divides, on the copy-engine transport (``mm_rs.tma_ok``
   warpgroup through a small ring of its own (``ids``; -1: no more tiles) and fills the stage ring with its K-chunks.
 - Two MMA warpgroups take the CTA's tiles in turns (ping-pong, as ``ag_mm_ws``). A remote tile (+ bias) goes to
   ``stage`` by TMA and is counted as soon as its store completed (``count_bulk_stored``: the band's last tile raises
-  its done flag, which the copy engine waits for). Counting at once, before the warpgroup waits for anything else,
-  is what keeps waits across GPUs acyclic: no partition waits (for its turn, its stages or a peer) while it holds
-  a stored tile it has not counted. An own tile waits, after its main loop, for every peer's partial of its band
+  its done flag, which the copy engine waits for); ``ws_pingpong_direct``: by the warpgroup's own 16-byte stores
+  through shared memory, counted at once (``count_tile_done``: the count's release orders them, no wait for a
+  TMA store's completion, a microsecond or more, which a short-K main loop of the other warpgroup does not cover).
+  Counting at once, before the warpgroup waits for anything else, is what keeps waits across GPUs acyclic: no
+  partition waits (for its turn, its stages or a peer) while it holds a stored tile it has not counted. An own tile waits, after its main loop, for every peer's partial of its band
   (acquire, system scope, bounded; once per band per warpgroup), then sums them in its epilogue.
 - The own tile's epilogue runs on column slices of the tile in shared memory (``gluon_ring.slice_layout``,
   ``knobs.codegen.GLUON_EPILOGUE_VALUES`` values a thread): the accumulator (+ bias) is rounded to the GEMM's dtype
@@ -33,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..spec import knobs
 from . import launcher
 from .epilogue import epilogue_fn
-from .flags import OP_MM_RS, count_bulk_stored, wait_flag
+from .flags import OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
 from .gluon_ring import (acc_layout, finish_tile, init_ring, load_stage, mma_tile, partition_barrier, slice_layout,
                          smem_layout, store_tile, tma_store)
 from .tiles import grouped_tile
@@ -124,12 +126,36 @@ def _reduce_own_tile(c_buf, recv_ptr, rank, rows, row0, col0, N, ep0, ep1, ep2, 
 
 
 @gluon.jit
-def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, out_desc, bias_ptr,
-               recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, rows,
-               N, K, nbands, band_rows, ep0, ep1, ep2, ep3,
+def _stage_direct(acc, c_buf, bias_ptr, stage_ptr, row0, col0, N, HAS_BIAS: gl.constexpr, EP_COLS: gl.constexpr):
+    """A remote tile (+ bias) into ``stage`` by the warpgroup's own stores, through ``c_buf`` so that each thread
+    stores 16 bytes of a row at a time; counted right after without waiting for completion (the count's release
+    orders them), where a TMA store must have completed first."""
+    BM: gl.constexpr = acc.type.shape[0]
+    BN: gl.constexpr = acc.type.shape[1]
+    if HAS_BIAS:
+        offs_n = col0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
+        bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+    tma.store_wait(0)  # the last TMA store from c_buf (an own tile's) has read it ...
+    partition_barrier()  # ... before any thread overwrites it
+    c_buf.store(acc.to(c_buf.dtype))
+    layout: gl.constexpr = slice_layout(BM, EP_COLS)
+    partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
+    r = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    for j in gl.static_range(BN // EP_COLS):
+        cols = col0 + j * EP_COLS + gl.arange(0, EP_COLS, layout=gl.SliceLayout(0, layout))
+        offs = gl.expand_dims(r.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
+        mask = (gl.expand_dims(r, 1) >= row0) & (gl.expand_dims(cols, 0) < N)
+        gl.store(stage_ptr + offs, c_buf.slice(j * EP_COLS, EP_COLS, dim=1).load(layout), mask=mask)
+
+
+@gluon.jit
+def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, stage_ptr, out_desc,
+               bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
+               rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3,
                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr,
-               EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_COLS: gl.constexpr):
+               EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_COLS: gl.constexpr, DIRECT: gl.constexpr):
     """MMA warpgroup ``ME`` (0 or 1): the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
     [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then the remote tile staged and counted or the
     own tile reduced and stored."""
@@ -154,11 +180,16 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
         acc = finish_tile(acc, empty, p)
         band = pid_m // band_tile_rows
         if pos < WS - 1:
-            store_tile(acc, stage_desc, c_buf, bias_ptr, chunk * rows + pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3,
-                       HAS_BIAS, IDENTITY, 0)
             index = chunk * nbands + band
             tiles_in_band = gl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n
-            count_bulk_stored(counters_ptr, done_ptr, index, 1, tiles_in_band, epoch, False)
+            if DIRECT:
+                _stage_direct(acc, c_buf, bias_ptr, stage_ptr, chunk * rows + pid_m * BM, pid_n * BN, N, HAS_BIAS,
+                              EP_COLS)
+                count_tile_done(counters_ptr + index, done_ptr + index, tiles_in_band, epoch)
+            else:
+                store_tile(acc, stage_desc, c_buf, bias_ptr, chunk * rows + pid_m * BM, pid_n * BN, N, ep0, ep1, ep2,
+                           ep3, HAS_BIAS, IDENTITY, 0)
+                count_bulk_stored(counters_ptr, done_ptr, index, 1, tiles_in_band, epoch, False)
         else:
             if band > waited:  # a warpgroup's own tiles come in increasing band order
                 for q in range(1, WS):
@@ -189,7 +220,7 @@ def mm_rs_ws_kernel(
     rank, rows, N, K, out_rows, band_rows, nbands, ep0, ep1, ep2, ep3,
     EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_COLS: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr,
-    HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr, MMA_REGS: gl.constexpr,
+    HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr, DIRECT: gl.constexpr, MMA_REGS: gl.constexpr,
     LOAD_REGS: gl.constexpr,
 ):
     dtype: gl.constexpr = a_ptr.dtype.element_ty
@@ -216,14 +247,14 @@ def mm_rs_ws_kernel(
         mbarrier.init(id_empty.index(s), count=1)
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
-        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, out_desc,
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, stage_ptr, out_desc,
                       bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
                       timeout_ns, rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 0,
-                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_COLS)),
-        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, out_desc,
+                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_COLS, DIRECT)),
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, stage_ptr, out_desc,
                       bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
                       timeout_ns, rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 1,
-                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_COLS)),
+                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_COLS, DIRECT)),
         (_load_tiles, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows,
                        N, K, WS, BM, BN, BK, GROUP_M, B_KMAJOR)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
@@ -234,7 +265,7 @@ def mm_rs_ws_kernel(
 MAXNREG = 168
 LOAD_REGS = 40
 MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
-STORES = ("ws_pingpong",)
+STORES = ("ws_pingpong", "ws_pingpong_direct")
 
 
 def unsupported(rows: int, run: int, rounds: int, config, dtype: torch.dtype, out_dtype: torch.dtype,
@@ -288,7 +319,7 @@ def launch(a, b, bias, stage, recv, out, counters, done, recv_flags, ticket, epo
         rank, rows, N, K, out.shape[0], band_rows, max(1, launcher.cdiv(rows, band_rows)), *ptrs,
         EPILOGUE=fn, IDENTITY=identity, EP_COLS=epilogue_cols(config), WS=ws, BM=BM, BN=BN, BK=BK,
         GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
-        AVERAGE=average, TIMED=timed, MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,
+        AVERAGE=average, TIMED=timed, DIRECT=store == "ws_pingpong_direct", MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,
         num_warps=WARPS, maxnreg=MAXNREG,
     )
     return out

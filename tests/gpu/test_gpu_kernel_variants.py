@@ -327,31 +327,33 @@ def test_mm_rs_with_two_ctas_per_sm(cfg, late, device):
 
 
 RS_GLUON = (128, 128, 64, 8, 4, 4, "ws_pingpong")
+RS_GLUON_DIRECT = RS_GLUON[:6] + ("ws_pingpong_direct",)
 
 
+@pytest.mark.parametrize("cfg", [RS_GLUON, RS_GLUON_DIRECT], ids=_label)
 @pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_partials"])
 @pytest.mark.parametrize("shape", [(4, 1024, 256, 2048), (8, 512, 1024, 1984), (2, 2048, 64, 4096)],
                          ids=lambda s: "ws{}_rows{}_K{}_N{}".format(*s))
-def test_mm_rs_ws_stages_counts_and_reduces(shape, late, device):
+def test_mm_rs_ws_stages_counts_and_reduces(shape, late, cfg, device):
     """mm_rs's Gluon producer: the remote chunks staged and every band's done flag raised, the own chunk reduced with
     the peers' partials (late: they land ~10 ms after the launch, NaN until then), the ticket reset; short K (one
     K-chunk a tile), N not a multiple of the tile, 2 to 8 ranks."""
     ws, rows, K, N = shape
-    err, staged_err, claimed = _run_mm_rs(RS_GLUON, device, late, ws=ws, rows=rows, K=K, N=N, rank=ws - 1,
-                                          band_rows=256)
-    print(f"mm_rs ws_pingpong ws={ws} rows={rows} K={K} N={N} {'late' if late else 'set'}: rel err {err:.2e}, "
+    err, staged_err, claimed = _run_mm_rs(cfg, device, late, ws=ws, rows=rows, K=K, N=N, rank=ws - 1, band_rows=256)
+    print(f"mm_rs {cfg[6]} ws={ws} rows={rows} K={K} N={N} {'late' if late else 'set'}: rel err {err:.2e}, "
           f"staged {staged_err:.2e}")
     assert claimed == 0, "a wait gave up"
     assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
 
 
+@pytest.mark.parametrize("cfg", [RS_GLUON, RS_GLUON_DIRECT], ids=_label)
 @pytest.mark.parametrize("fused", [dict(bias=True), dict(spec="add:0"), dict(spec="gelu", average=True)],
                          ids=["bias", "residual", "average_gelu"])
-def test_mm_rs_ws_bias_epilogue_and_average(fused, device):
+def test_mm_rs_ws_bias_epilogue_and_average(fused, cfg, device):
     """mm_rs's Gluon producer with a bias on every partial, a generated epilogue on the reduced chunk (in shared
     memory slices, the peers' partials summed there) or the average, the partials landing late."""
-    err, staged_err, claimed = _run_mm_rs(RS_GLUON, device, True, **fused)
-    print(f"mm_rs ws_pingpong {fused}: rel err {err:.2e}, staged {staged_err:.2e}")
+    err, staged_err, claimed = _run_mm_rs(cfg, device, True, **fused)
+    print(f"mm_rs {cfg[6]} {fused}: rel err {err:.2e}, staged {staged_err:.2e}")
     assert claimed == 0, "a wait gave up"
     assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
 

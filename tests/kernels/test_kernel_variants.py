@@ -71,6 +71,8 @@ def test_mm_rs_ws_refuses_what_it_does_not_do(monkeypatch):
     monkeypatch.setattr(launcher, "interpreting", lambda: False)
     cfg, bf16 = (128, 128, 64, 8, 4, 4, "ws_pingpong"), torch.bfloat16
     assert mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, bf16, False, False) is None
+    assert mm_rs_ws.unsupported(1024, 1024, 1, cfg[:6] + ("ws_pingpong_direct",), bf16, bf16, False, False) is None
+    assert "store field" in mm_rs_ws.unsupported(1024, 1024, 1, cfg[:6] + ("ws_coop",), bf16, bf16, False, False)
     assert "copy-engine" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, bf16, True, False)
     assert "copy-engine" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, bf16, False, True)
     assert "one round" in mm_rs_ws.unsupported(1024, 512, 1, cfg, bf16, bf16, False, False)
@@ -185,6 +187,7 @@ def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
     assert "16-bit" in ag_mm_ws.unsupported(1024, 1024, cfg, torch.float32)
     assert "num_warps" in ag_mm_ws.unsupported(1024, 1024, cfg[:5] + (8, cfg[6]), bf16)
     assert "store field" in ag_mm_ws.unsupported(1024, 1024, cfg[:6] + ("tma_ws",), bf16)
+    assert "store field" in ag_mm_ws.unsupported(1024, 1024, cfg[:6] + ("ws_pingpong_direct",), bf16)  # mm_rs's
     assert ag_mm_ws.unsupported(1024, 1024, (128, 256, 64, 8, 3, 4, "ws_coop"), bf16) is None
     for store in configs.GLUON_STORES:
         assert configs.store_variant(store)[0], "it stores by TMA: candidates only where tiles fit the chunks"

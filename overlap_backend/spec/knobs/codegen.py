@@ -50,6 +50,7 @@ codegen = Knobs(
             (128, 256, 64, 4, 3, 8, False),
             (64, 256, 64, 8, 4, 8, False),
             (128, 128, 64, 8, 4, 4, "ws_pingpong"),
+            (128, 128, 64, 8, 4, 4, "ws_pingpong_direct"),
         ),
     },
     # ag_mm's Gluon kernel runs a generated epilogue on its tile in shared memory, this many values a thread at a
