@@ -25,8 +25,8 @@ codegen = Knobs(
     # bench/suites/bench_kernels.py next to the ones above: other stage / warp / GROUP_M choices and the store
     # variants of codegen/configs.py (TMA stores with the epilogue in two halves, a warp-specialized or flattened
     # tile loop; a flattened 128x256 tile fits 4 stages in shared memory only with the subtiled epilogue; 64-row
-    # tiles for decode sizes' short chunks; ag_mm's and mm_rs's warp-specialized Gluon kernels, one warpgroup per
-    # partition (num_warps 4): ping-pong on 128x128 tiles in a ring of 4 stages, ag_mm's cooperative on 128x256 in 3).
+    # tiles for decode sizes' short chunks; ag_mm's warp-specialized Gluon kernel, one warpgroup per partition
+    # (num_warps 4): ping-pong on 128x128 tiles in a ring of 4 stages, cooperative on 128x256 in 3).
     VARIANTS_16BIT={
         "ag_mm": (
             (128, 256, 64, 8, 3, 8, "tma_subtile"),
@@ -49,8 +49,6 @@ codegen = Knobs(
             (128, 128, 64, 8, 5, 8, True),
             (128, 256, 64, 4, 3, 8, False),
             (64, 256, 64, 8, 4, 8, False),
-            (128, 128, 64, 8, 4, 4, "ws_pingpong"),
-            (128, 128, 64, 8, 4, 4, "ws_pingpong_direct"),
         ),
     },
     # ag_mm's Gluon kernel runs a generated epilogue on its tile in shared memory, this many values a thread at a
