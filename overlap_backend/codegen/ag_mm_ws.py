@@ -32,10 +32,10 @@ from ..spec import knobs
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
-from .gluon_ring import acc_layout, finish_tile, init_ring, load_stage, mma_tile, smem_layout, store_tile
+from .gluon_ring import (WARPS, acc_layout, finish_tile, init_ring, load_stage, mma_tile, refusal, slice_cols,
+                         smem_layout, store_tile)
 from .tiles import tile_position
 
-WARPS = 4  # the default partition is one MMA warpgroup (the launch's num_warps)
 
 
 @gluon.jit
@@ -164,30 +164,23 @@ STORES = ("ws_pingpong", "ws_coop")
 def epilogue_cols(epilogue, config, dtype: torch.dtype, out_dtype: torch.dtype) -> int:
     """Columns of the tile a generated epilogue runs on at a time, in shared memory (``gluon_ring.store_tile``);
     0: on the accumulator's registers (no epilogue, an output of another dtype than the GEMM's, or the knob 0)."""
-    values = knobs.codegen.GLUON_EPILOGUE_VALUES
-    if epilogue is None or not values or out_dtype != dtype:
+    if epilogue is None or not knobs.codegen.GLUON_EPILOGUE_VALUES or out_dtype != dtype:
         return 0
     BM, BN, store = config[0], config[1], config[6]
-    sub_m = BM // 2 if store == "ws_coop" else BM
-    return max(8, min(BN, values * WARPS * 32 // sub_m))
+    return slice_cols(BM // 2 if store == "ws_coop" else BM, BN)
 
 
 def unsupported(rows: int, run: int, config, dtype: torch.dtype, whole: bool = False) -> str | None:
     """Why ``launch`` cannot run ``config`` for these chunks (None: it can); ``whole``: ``ag_mm`` reads chunks of
     ``rows`` rows as one gathered matrix (``ag_mm.reads_whole``), which this kernel does not do."""
     BM, warps, store = config[0], config[5], config[6]
-    if store not in STORES:
-        return f"store field {store!r} is not one of {STORES}"
-    if launcher.interpreting():
-        return "Gluon kernels do not run under Triton's interpreter"
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"16-bit inputs only, not {dtype}"
+    why = refusal(store, STORES, warps, dtype)
+    if why:
+        return why
     if whole:
         return f"chunks of {rows} rows take the whole-input kernel"
     if run != rows or rows % BM:
         return f"TMA stores need contiguous chunks whose rows ({rows}, runs of {run}) BM={BM} divides"
-    if warps != WARPS:
-        return f"one MMA warpgroup per partition: num_warps {WARPS}, not {warps}"
     return None
 
 

@@ -21,6 +21,7 @@ Versions: Triton 3.6 names the partition barrier ``thread_barrier`` and the TMA 
 ``async_store`` (the old copy names then raise). The names are picked here once.
 """
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -29,6 +30,32 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+WARPS = 4  # a partition is one warpgroup: the launch's num_warps (its default partition)
+
+
+def refusal(store, stores, warps: int, dtype: torch.dtype) -> str | None:
+    """Why no kernel on this ring runs a config (None: these allow it): a store field not among the kernel's
+    ``stores``, Triton's interpreter, other than 16-bit inputs, other than one warpgroup per partition."""
+    from . import launcher
+
+    if store not in stores:
+        return f"store field {store!r} is not one of {stores}"
+    if launcher.interpreting():
+        return "Gluon kernels do not run under Triton's interpreter"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"16-bit inputs only, not {dtype}"
+    if warps != WARPS:
+        return f"one MMA warpgroup per partition: num_warps {WARPS}, not {warps}"
+    return None
+
+
+def slice_cols(rows: int, BN: int) -> int:
+    """Columns of a warpgroup's [rows, BN] tile per shared-memory slice (``epilogue_in_slices``):
+    ``knobs.codegen.GLUON_EPILOGUE_VALUES`` values a thread (at least one 16-byte vector, at most the tile)."""
+    from ..spec import knobs
+
+    return max(8, min(BN, max(1, knobs.codegen.GLUON_EPILOGUE_VALUES) * WARPS * 32 // rows))
 
 
 @gluon.constexpr_function
@@ -129,18 +156,38 @@ def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, ep0, ep1, ep2, ep3
     partition_barrier()  # ... and the partition's other threads for that thread before overwriting c_buf
     c_buf.store(acc.to(out_desc.dtype))
     if EP_COLS > 0:
-        layout: gl.constexpr = slice_layout(BM, EP_COLS)
-        partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
-        rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-        for j in gl.static_range(BN // EP_COLS):
-            part = c_buf.slice(j * EP_COLS, EP_COLS, dim=1)
-            cols = col0 + j * EP_COLS + gl.arange(0, EP_COLS, layout=gl.SliceLayout(0, layout))
-            mask = (gl.expand_dims(rows, 1) >= row0) & (gl.expand_dims(cols, 0) < N)
-            x = EPILOGUE(part.load(layout).to(gl.float32), rows, cols, mask, N, ep0, ep1, ep2, ep3)
-            part.store(x.to(out_desc.dtype))
-        partition_barrier()  # the whole tile written before the one thread that issues the TMA store reads it
+        epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_COLS, bias_ptr, 0, 0, 1, False)
     fence_async_shared()  # generic-proxy shared-memory writes -> visible to the TMA (async proxy)
     tma_store(out_desc, [row0, col0], c_buf)
+
+
+@gluon.jit
+def epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE: gl.constexpr, EP_COLS: gl.constexpr,
+                       parts_ptr, rank, rows, PARTS: gl.constexpr, AVERAGE: gl.constexpr):
+    """The tile in ``c_buf`` (rows [row0, row0 + BM), columns from col0), ``EP_COLS`` columns at a time in
+    ``slice_layout``: + the same rows of the other ``PARTS - 1`` ranks' partials (``parts_ptr``: [PARTS * rows, N],
+    rank p's at rows p * rows + ...; ``PARTS`` 1: none), / ``PARTS`` with ``AVERAGE``, then ``EPILOGUE``; back
+    into ``c_buf``, every thread's part of it there before and after."""
+    BM: gl.constexpr = c_buf.type.shape[0]
+    BN: gl.constexpr = c_buf.type.shape[1]
+    layout: gl.constexpr = slice_layout(BM, EP_COLS)
+    partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
+    r = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    for j in gl.static_range(BN // EP_COLS):
+        part = c_buf.slice(j * EP_COLS, EP_COLS, dim=1)
+        cols = col0 + j * EP_COLS + gl.arange(0, EP_COLS, layout=gl.SliceLayout(0, layout))
+        mask = (gl.expand_dims(r, 1) >= row0) & (gl.expand_dims(cols, 0) < N)
+        x = part.load(layout).to(gl.float32)
+        for q in gl.static_range(1, PARTS):
+            peer = (rank + q) % PARTS
+            offs = gl.expand_dims((peer * rows + r).to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
+            # .cg: past L1, which is not coherent with the copy engine's writes (the flags' acquire orders them)
+            x += gl.load(parts_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+        if AVERAGE:
+            x = x / PARTS
+        x = EPILOGUE(x, r, cols, mask, N, ep0, ep1, ep2, ep3)
+        part.store(x.to(c_buf.dtype))
+    partition_barrier()  # the whole tile written before the one thread that issues the TMA store reads it
 
 
 @gluon.jit

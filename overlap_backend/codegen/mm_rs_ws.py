@@ -32,15 +32,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from ..spec import knobs
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
-from .gluon_ring import (acc_layout, finish_tile, init_ring, load_stage, mma_tile, partition_barrier, slice_layout,
-                         smem_layout, store_tile, tma_store)
+from .gluon_ring import (WARPS, acc_layout, epilogue_in_slices, finish_tile, init_ring, load_stage, mma_tile,
+                         partition_barrier, refusal, slice_cols, slice_layout, smem_layout, store_tile, tma_store)
 from .tiles import grouped_tile
 
-WARPS = 4  # the default partition is one MMA warpgroup (the launch's num_warps)
 ID_SLOTS = gl.constexpr(4)  # tile numbers the loader may hand out ahead of the MMA warpgroups
 
 
@@ -95,34 +93,6 @@ def _load_tiles(a_desc, b_desc, a_bufs, b_bufs, ready, empty, ids, id_ready, id_
     _put_id(ids, id_ready, id_empty, i + 1, -1)
     if tile == num_tiles + gl.num_programs(0) - 1:  # every CTA drew its last ticket: reset for the next call
         gl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
-
-
-@gluon.jit
-def _reduce_own_tile(c_buf, recv_ptr, rank, rows, row0, col0, N, ep0, ep1, ep2, ep3, WS: gl.constexpr,
-                     AVERAGE: gl.constexpr, EPILOGUE: gl.constexpr, EP_COLS: gl.constexpr):
-    """The own tile in ``c_buf`` (this rank's partial, rounded), slice by slice: + the peers' partials of the same
-    rows (``recv``: [WS * rows, N], peer p's at rows p * rows + ...), averaged, the generated epilogue; back into
-    ``c_buf``."""
-    BM: gl.constexpr = c_buf.type.shape[0]
-    BN: gl.constexpr = c_buf.type.shape[1]
-    layout: gl.constexpr = slice_layout(BM, EP_COLS)
-    partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
-    r = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    for j in gl.static_range(BN // EP_COLS):
-        part = c_buf.slice(j * EP_COLS, EP_COLS, dim=1)
-        cols = col0 + j * EP_COLS + gl.arange(0, EP_COLS, layout=gl.SliceLayout(0, layout))
-        mask = (gl.expand_dims(r, 1) >= row0) & (gl.expand_dims(cols, 0) < N)
-        x = part.load(layout).to(gl.float32)
-        for q in gl.static_range(1, WS):
-            peer = (rank + q) % WS
-            offs = gl.expand_dims((peer * rows + r).to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
-            # .cg: past L1, which is not coherent with the copy engine's writes (the flags' acquire orders them)
-            x += gl.load(recv_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
-        if AVERAGE:
-            x = x / WS
-        x = EPILOGUE(x, r, cols, mask, N, ep0, ep1, ep2, ep3)
-        part.store(x.to(c_buf.dtype))
-    partition_barrier()  # the whole tile written before the one thread that issues the TMA store reads it
 
 
 @gluon.jit
@@ -204,8 +174,8 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
             tma.store_wait(0)  # the last store from c_buf has read it ...
             partition_barrier()  # ... before any thread overwrites it
             c_buf.store(acc.to(c_buf.dtype))
-            _reduce_own_tile(c_buf, recv_ptr, rank, rows, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, WS, AVERAGE,
-                             EPILOGUE, EP_COLS)
+            epilogue_in_slices(c_buf, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_COLS, recv_ptr,
+                               rank, rows, WS, AVERAGE)
             fence_async_shared()  # generic-proxy shared-memory writes -> visible to the TMA (async proxy)
             tma_store(out_desc, [pid_m * BM, pid_n * BN], c_buf)
         i += 2
@@ -269,42 +239,37 @@ STORES = ("ws_pingpong", "ws_pingpong_direct")
 
 
 def unsupported(rows: int, run: int, rounds: int, config, dtype: torch.dtype, out_dtype: torch.dtype,
-                write_gather: bool, peer_store: bool) -> str | None:
+                write_gather: bool, peer_store: bool, out_offset: int = 0) -> str | None:
     """Why ``launch`` cannot run ``config`` (None: it can)."""
     BM, warps, store = config[0], config[5], config[6]
-    if store not in STORES:
-        return f"store field {store!r} is not one of {STORES}"
-    if launcher.interpreting():
-        return "Gluon kernels do not run under Triton's interpreter"
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"16-bit inputs only, not {dtype}"
+    why = refusal(store, STORES, warps, dtype)
+    if why:
+        return why
     if out_dtype != dtype:
         return f"an output of the GEMM's dtype only, not {out_dtype}"
     if write_gather or peer_store:
         return "mm_rs on the copy-engine transport only (no gather, no peer stores)"
-    if rounds != 1 or run != rows or rows % BM:
-        return f"TMA stores need one round of contiguous chunks whose rows ({rows}, runs of {run}) BM={BM} divides"
-    if warps != WARPS:
-        return f"one MMA warpgroup per partition: num_warps {WARPS}, not {warps}"
+    if rounds != 1 or run != rows or rows % BM or out_offset:
+        return (f"TMA stores need one round of contiguous chunks whose rows ({rows}, runs of {run}) BM={BM} divides, "
+                f"at the output's first row (offset {out_offset})")
     return None
 
 
 def epilogue_cols(config) -> int:
     """Columns of the own tile its epilogue (the sum of the partials included) runs on at a time."""
-    BM, BN = config[0], config[1]
-    return max(8, min(BN, max(1, knobs.codegen.GLUON_EPILOGUE_VALUES) * WARPS * 32 // BM))
+    return slice_cols(config[0], config[1])
 
 
 def launch(a, b, bias, stage, recv, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns, rank, ws,
-           rows, average, band_rows, config, num_sms, timed=True, epilogue=None, ep_ptrs=()):
-    """``mm_rs.launch``'s contract (one round, ``gather`` None, ``peer`` None, ``out_offset`` 0) for a
-    ``ws_pingpong`` config; see ``unsupported`` for what it refuses."""
+           rows, run, rounds, out_offset, average, band_rows, config, num_sms, timed=True, epilogue=None, ep_ptrs=(),
+           write_gather=False, peer_store=False):
+    """``mm_rs.launch``'s contract for a ``ws_pingpong`` / ``ws_pingpong_direct`` config (``write_gather``,
+    ``peer_store``: whether ``mm_rs.launch`` has a gather buffer, peer stores); see ``unsupported`` for what it
+    refuses."""
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, _warps, store = config
-    why = unsupported(rows, rows, M // (ws * rows), config, a.dtype, out.dtype, False, False)
-    if M != ws * rows:
-        why = f"A of {M} rows is not one round of {ws} chunks of {rows}"
+    why = unsupported(rows, run, rounds, config, a.dtype, out.dtype, write_gather, peer_store, out_offset)
     if why:
         raise ValueError(f"mm_rs's {store} kernel: {why}")
     if band_rows % BM:
