@@ -12,5 +12,5 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
 else
   TAILN=10 run agcublas 300 env PYTHONPATH=.. OVERLAP_TEST_SHARED_GPU=1 python -m pytest -q -rA -s -p no:cacheprovider ../tests/gpu/test_gpu.py -k "symm-agcublas and (ws2 or ws4) and (numerics or repeated)"
   TAILN=8 run smoke 150 env PYTHONPATH=.. OVERLAP_TEST_SHARED_GPU=1 python -m pytest -q -rA -p no:cacheprovider -n 3 -m gpu_smoke ../tests/gpu
-  TAILN=6 run variants_test 80 env PYTHONPATH=.. python -m pytest -q -rA -p no:cacheprovider -m gpu ../tests/gpu/test_gpu_kernel_variants.py -k "not measured_variant"
+  TAILN=6 run variants_test 150 env PYTHONPATH=.. python -m pytest -q -rA -p no:cacheprovider -m gpu ../tests/gpu/test_gpu_kernel_variants.py -k "not measured_variant"
 fi

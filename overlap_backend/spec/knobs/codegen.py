@@ -25,8 +25,9 @@ codegen = Knobs(
     # bench/suites/bench_kernels.py next to the ones above: other stage / warp / GROUP_M choices and the store
     # variants of codegen/configs.py (TMA stores with the epilogue in two halves, a warp-specialized or flattened
     # tile loop; a flattened 128x256 tile fits 4 stages in shared memory only with the subtiled epilogue; 64-row
-    # tiles for decode sizes' short chunks; ag_mm's warp-specialized Gluon kernel, one warpgroup per partition
-    # (num_warps 4): ping-pong on 128x128 tiles in a ring of 4 stages, cooperative on 128x256 in 3).
+    # tiles for decode sizes' short chunks; the warp-specialized Gluon kernels, one warpgroup per partition
+    # (num_warps 4): ag_mm's ping-pong on 128x128 tiles in a ring of 4 stages and cooperative on 128x256 in 3,
+    # mm_rs's ping-pong with TMA staging, the faster of its two staging forms at most shapes on one H100).
     VARIANTS_16BIT={
         "ag_mm": (
             (128, 256, 64, 8, 3, 8, "tma_subtile"),
@@ -49,11 +50,13 @@ codegen = Knobs(
             (128, 128, 64, 8, 5, 8, True),
             (128, 256, 64, 4, 3, 8, False),
             (64, 256, 64, 8, 4, 8, False),
+            (128, 128, 64, 8, 4, 4, "ws_pingpong"),
         ),
     },
-    # ag_mm's Gluon kernel runs a generated epilogue on its tile in shared memory, this many values a thread at a
+    # The Gluon kernels run a generated epilogue on their tile in shared memory, this many values a thread at a
     # time (column slices of the tile): on the accumulator's registers, 128 values a thread, bias + erf GELU spilled
-    # and ran 1.6x cuBLAS (one H100). 0: on the registers.
+    # (one H100: 1.49-1.73x cuBLAS + F.gelu; in slices 1.33-1.54x, where the tl kernel runs 1.07-1.11x). 0: on the
+    # registers.
     GLUON_EPILOGUE_VALUES=32,
     # At most this many CTAs of the ag_mm consumer / mm_rs producer (mm_ar rounds included) on one SM, as many as
     # the compiled config lets one SM hold (registers, shared memory), so that one CTA's loads, waits and stores
