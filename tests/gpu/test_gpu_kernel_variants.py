@@ -26,8 +26,11 @@ VARIANTS = [(128, 256, 64, 8, 3, 8, False), (128, 256, 64, 8, 3, 8, True),
             (128, 128, 64, 8, 4, 8, "tma_flatten")]
 
 
-# ag_mm's warp-specialized Gluon kernel (codegen/ag_mm_ws.py), both forms: no whole-input form, 128-row tiles
+# ag_mm's warp-specialized Gluon kernel (codegen/ag_mm_ws.py), both forms: no whole-input form, 128-row tiles;
+# mm_rs's (codegen/mm_rs_ws.py), its staged tiles stored by TMA or by the threads
 GLUON = [(128, 128, 64, 8, 4, 4, "ws_pingpong"), (128, 256, 64, 8, 3, 4, "ws_coop")]
+RS_GLUON = (128, 128, 64, 8, 4, 4, "ws_pingpong")
+RS_GLUON_DIRECT = RS_GLUON[:6] + ("ws_pingpong_direct",)
 
 
 def _label(cfg) -> str:
@@ -192,8 +195,9 @@ def test_ag_mm_wait_that_gives_up_ends_the_kernel_and_reports(cfg, device):
     assert claimed == 1
 
 
-def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_variant: list):
-    """Each op at a shape whose ratio entry names a variant that beat the candidates (``ag_variant`` for ``ag_mm``):
+def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_variant: list, rs_variant: list):
+    """Each op at a shape whose ratio entry names a variant that beat the candidates (``ag_variant`` for ``ag_mm``,
+    ``rs_variant`` for ``mm_rs``):
     with no other candidate (``CANDIDATES_16BIT=()``), the op must tune over that variant, run it and get the right
     result."""
     import json
@@ -212,7 +216,7 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
     group = dist.group.WORLD
     gn = group.group_name
     K, N, rows = 1024, 2048, 1024
-    variants = {"ag_mm": ag_variant, "mm_rs": [128, 256, 64, 4, 3, 8, False],
+    variants = {"ag_mm": ag_variant, "mm_rs": rs_variant,
                 "mm_ar": [128, 256, 64, 4, 3, 8, False]}
     gpu = kernel_ratios.gpu_name()
     entries = [{"gpu": gpu, "kernel": k, "dtype": "bfloat16", "ws": ws, "M": ws * rows, "K": K, "N": N, "fused": False,
@@ -238,15 +242,17 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("ag_variant", [[128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], list(GLUON[1])],
-                         ids=["tma_subtile_flatten", "ws_coop"])
-def test_ops_run_the_measured_variant(tmp_path, ag_variant):
+@pytest.mark.parametrize("ag_variant,rs_variant", [
+    ([128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], [128, 256, 64, 4, 3, 8, False]),
+    (list(GLUON[1]), list(RS_GLUON)),
+], ids=["tma_subtile_flatten", "gluon"])
+def test_ops_run_the_measured_variant(tmp_path, ag_variant, rs_variant):
     try:
         from test_gpu import _need_gpus, _run
     except ImportError:
         from tests.gpu.test_gpu import _need_gpus, _run
     _need_gpus(2, "symm")
-    for errs, tuned, variants in _run(measured_variant_worker, 2, str(tmp_path), ag_variant, timeout=180):
+    for errs, tuned, variants in _run(measured_variant_worker, 2, str(tmp_path), ag_variant, rs_variant, timeout=180):
         print(f"rel errs {errs}; tuned {tuned}")
         assert all(e < 1e-2 for e in errs.values()), errs
         for k, v in variants.items():
@@ -324,10 +330,6 @@ def test_mm_rs_with_two_ctas_per_sm(cfg, late, device):
     print(f"{_label(cfg)} {'late partials' if late else 'flags set'}: rel err {err:.2e}, staged {staged_err:.2e}")
     assert claimed == 0, "a wait gave up"
     assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
-
-
-RS_GLUON = (128, 128, 64, 8, 4, 4, "ws_pingpong")
-RS_GLUON_DIRECT = RS_GLUON[:6] + ("ws_pingpong_direct",)
 
 
 @pytest.mark.parametrize("cfg", [RS_GLUON, RS_GLUON_DIRECT], ids=_label)
