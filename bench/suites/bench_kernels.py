@@ -380,14 +380,16 @@ def _back_to_back(row: dict) -> str:
 
 
 def variants_markdown(rows: list[dict]) -> str:
-    """Per variant config: at how many cases it ran, beat the op's best, and its geometric-mean ratio to it."""
+    """Per variant config: at how many cases it ran, beat the op's best, and its geometric-mean ratio to it. Each
+    config's time is compared through its ratio to the baseline timed beside it (``summarize``'s measure): times
+    taken at different moments compare the GPU's clock states too."""
     stats: dict[str, list[float]] = {}
     for r in rows:
-        op = r.get("op_ms")
+        op = r.get("op_ratio")
         for x in r.get("configs", ()):
             if x["kind"] == "variant" and op:
                 key = f"{r['case']['kernel']} {config_label(x['config'])}"
-                stats.setdefault(key, []).append(x["ms"] / op if "ms" in x else math.nan)
+                stats.setdefault(key, []).append(x["ratio"] / op if "ratio" in x else math.nan)
     body = []
     for key, v in sorted(stats.items()):
         ok = [x for x in v if not math.isnan(x)]
@@ -396,8 +398,8 @@ def variants_markdown(rows: list[dict]) -> str:
                      f"{min(ok):.3f}" if ok else "n/a"])
     return ("# Bench-only kernel variants against the op's best candidate\n\nPer variant: cases, failed "
             "(compile / fit / check), cases where it beat the op's best by >1%, geometric mean and best of "
-            "variant / op-best time. Promote winners into `knobs.codegen.CANDIDATES_16BIT` or set "
-            "`codegen.TUNE_VARIANTS=True`.\n\n" + common.markdown_table(
+            "variant / op-best time (each as its ratio to the baseline timed beside it). Promote winners into "
+            "`knobs.codegen.CANDIDATES_16BIT` or set `codegen.TUNE_VARIANTS=True`.\n\n" + common.markdown_table(
                 ["variant", "cases", "failed", "wins", "geo-mean / op best", "best / op best"], body) + "\n")
 
 

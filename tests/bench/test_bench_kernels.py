@@ -444,3 +444,21 @@ def test_set_applies_a_knob_for_the_run_and_records_it(bk, tmp_path):
     assert "--set symm.AG_CUBLAS_MERGE_ROWS=256" in (tmp_path / "command.txt").read_text()
     with pytest.raises(SystemExit):
         bk.parse_args(["--out", str(tmp_path), "--set", "symm.NO_SUCH_KNOB=1"])
+
+
+def test_variants_table_compares_configs_through_their_ratios_to_the_baseline_beside_them(bk):
+    """A variant whose time is longer than the op's best, but taken while the clock ran slower (its baseline beside
+    it longer too), beat the op: the table must read the ratios, as ``summarize`` does, not the raw times."""
+    op = {"kind": "op", "config": [128, 256, 64, 8, 3, 8, True], "ms": 0.412, "ratio": 1.283}
+    variant = {"kind": "variant", "config": [128, 128, 64, 8, 4, 4, "ws_pingpong_direct"], "ms": 0.422,
+               "ratio": 1.252}
+    slower = {"kind": "variant", "config": [64, 256, 64, 8, 4, 8, False], "ms": 0.400, "ratio": 1.400}
+    row = {"case": {"kernel": "mm_rs"}, "configs": [op, variant, slower]}
+    bk.summarize(row)
+    assert row["best_config"] == variant["config"]
+    lines = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in bk.variants_markdown([row]).splitlines() if line.startswith("| mm_rs")}
+    won = lines["mm_rs 128x128x64 g8 s4 w4 ws_pingpong_direct"]
+    lost = lines["mm_rs 64x256x64 g8 s4 w8"]
+    assert won[2] == "1" and float(won[3]) == pytest.approx(1.252 / 1.283, abs=1e-3)
+    assert lost[2] == "0" and float(lost[3]) == pytest.approx(1.400 / 1.283, abs=1e-3)
