@@ -1,4 +1,4 @@
-# One GPU, a fresh machine: the kernel benchmark of record on today's code, every kernel with every variant (the
+# One GPU (any card), a fresh machine: the kernel benchmark of record on today's code, every kernel with every variant (the
 # Gluon forms of ag_mm and mm_rs included), the cuBLAS paths and forms and the fused ag_mm rows' epilogue-apart path,
 # each config call by call against cuBLAS. run_stages runs in bench/. Afterwards: python
 # bench/tools/install_ratios.py DIR and python bench/suites/kernel_paths.py DIR.
