@@ -64,7 +64,7 @@ import torch  # noqa: E402
 
 from bench.suites import kernel_paths  # noqa: E402
 from bench.suites.kernel_cases import CUBLAS_FORMS, KERNELS, WORLD_SIZES, Case, cases  # noqa: E402
-from bench.suites.kernel_setups import Bench  # noqa: E402
+from bench.suites.kernel_setups import Bench, mm_ar_configs  # noqa: E402
 from bench.tools import common  # noqa: E402
 
 CHECK_TOL = 1e-2  # bf16 against float32
@@ -189,7 +189,7 @@ def fake_measure(case: Case, origins: list[str], variants: bool) -> dict:
         op = cfgs.candidates(torch.bfloat16, tma_store_rows=rows, variants=False, kernel=case.kernel)
         var = cfgs.variant_candidates(torch.bfloat16, case.kernel, tma_store_rows=rows)
     elif case.kernel == "mm_ar":
-        op, var = cfgs.candidates(torch.bfloat16, variants=False), cfgs.variant_candidates(torch.bfloat16, "mm_rs")
+        _, _, op, var = mm_ar_configs(torch.bfloat16, case.M, case.ws)
     else:
         op, var = [None], []
     base = 2 * case.M * case.K * case.N / 700e9 + 0.01
@@ -244,8 +244,8 @@ def compile_jobs(todo: list[tuple[Case, list[str]]], variants: bool) -> list[tup
             cands = cfgs.candidates(torch.bfloat16, tma_store_rows=rows, variants=False, kernel=case.kernel)
             cands += cfgs.variant_candidates(torch.bfloat16, case.kernel, tma_store_rows=rows) if variants else []
         elif case.kernel == "mm_ar":
-            cands = cfgs.candidates(torch.bfloat16, variants=False) + (
-                cfgs.variant_candidates(torch.bfloat16, "mm_rs") if variants else [])
+            _, _, op, var = mm_ar_configs(torch.bfloat16, case.M, case.ws)
+            cands = op + (var if variants else [])
         else:  # configs derived in set-up (CTA, MoE): one job per case compiles its first
             cands = [None]
         for cfg in cands:

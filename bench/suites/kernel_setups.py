@@ -11,6 +11,24 @@ import torch.nn.functional as F
 from bench.suites.kernel_cases import CTA_H, MOE, Case
 from bench.tools import common
 
+def mm_ar_configs(dt: torch.dtype, M: int, ws: int) -> tuple[int, int, list, list]:
+    """(rounds, rows per chunk and round, the op's candidates, bench-only variants) of ``mm_ar``'s rounds kernel as
+    the op tunes it on the copy-engine transport (``runtime/symm/mm_ar``): TMA variants where
+    ``knobs.symm.AR_TMA`` is on and BM divides the rows; ``mm_rs``'s variants but its Gluon forms (no rounds)."""
+    from overlap_backend.codegen import configs
+    from overlap_backend.spec import knobs
+    from overlap_backend.runtime.symm.mm_ar import _mm_ar_rounds_layout
+
+    rounds, rows = _mm_ar_rounds_layout(M, ws)
+    tma_rows = rows if knobs.symm.AR_TMA != "off" else None
+    op = configs.candidates(dt, tma_store_rows=tma_rows, variants=False, kernel="mm_rs")
+    if knobs.symm.AR_TMA == "only":
+        op = [c for c in op if c[6]] or op
+    var = [c for c in configs.variant_candidates(dt, "mm_rs", tma_store_rows=tma_rows)
+           if c[6] not in configs.GLUON_STORES]
+    return rounds, rows, op, var
+
+
 class AloneGroup:
     """The ``GroupState`` the collective GEMMs' cuBLAS forms (``runtime/symm``) see here: rank 0 of ``ws`` on
     this one device, every flag already raised (the forms' stream waits pass at once), pushes dropped (no
@@ -226,13 +244,11 @@ class Bench:
         self.error = error
 
     def _setup_mm_ar(self):
-        from overlap_backend.codegen import configs, mm_rs
-        from overlap_backend.runtime.symm.mm_ar import ar_rounds
+        from overlap_backend.codegen import mm_rs
 
         c = self.case
         self._gemm_operands()
-        rounds = ar_rounds(c.M, c.ws)
-        rows = -(-c.M // (rounds * c.ws))
+        rounds, rows, self.op_cands, self.variant_cands = mm_ar_configs(self.dt, c.M, c.ws)
         self._rs_buffers(rows, rounds)
         self.gather = torch.empty(rounds * c.ws * rows, c.N, device=self.dev, dtype=self.dt)
         self.out = torch.empty(c.M, c.N, device=self.dev, dtype=self.dt)
@@ -240,8 +256,6 @@ class Bench:
         a, b = self.a, self.b
         self.baseline = ("cuBLAS torch.mm", lambda: torch.mm(a, b))
         self._sum_after_baseline(self.recv.view(rounds, c.ws, rows, c.N), 1)
-        self.op_cands = configs.candidates(self.dt, variants=False, kernel="mm_rs")
-        self.variant_cands = configs.variant_candidates(self.dt, "mm_rs")  # (no TMA variant: rounds)
 
         def run(cfg):
             mm_rs.launch(self.a, self.b, None, self.stage, self.recv, self.gather, self.out, *self.flags, self.ticket,

@@ -16,11 +16,12 @@ every rank); flags and counters are per (round, chunk, band): index ``(round * w
   ``WRITE_GATHER`` (``mm_ar``) it also stores into ``gather[round, rank]`` and counts the tile, so
   that the copy engine pushes each reduced band to every peer as soon as it is complete.
 
-``TMA`` (``mm_rs`` on the copy-engine transport, contiguous chunks whose rows BM divides): remote
-tiles go to ``stage`` by TMA stores, and a CTA counts its staged tiles of one band together, after
-the main loop of its next tile of another band or of its own chunk (so before any wait; the bulk
-stores drained meanwhile), and at the end; the own tiles load the peers' partials by TMA and store
-by TMA. Otherwise pointer stores, each tile counted right after them. ``SUBTILE`` (with ``TMA``): the
+``TMA`` (the copy-engine transport, contiguous chunks whose rows BM divides; ``mm_ar``'s rounds too, without
+``COPY_OUT``): remote tiles go to ``stage`` by TMA stores, and a CTA counts its staged tiles of one band together,
+after the main loop of its next tile of another band or of its own chunk (so before any wait; the bulk stores
+drained meanwhile), and at the end; the own tiles load the peers' partials by TMA and store into ``out`` by TMA
+(``mm_ar``'s copy into ``gather`` stays a pointer store, counted at once). Otherwise pointer stores, each tile
+counted right after them. ``SUBTILE`` (with ``TMA``): the
 staged and own tiles are stored in two column halves, the own tile's epilogue run on each half in turn.
 
 ``ws_pingpong`` runs ``codegen/mm_rs_ws.py``'s Gluon kernel instead (where ``TMA`` applies): a loader warp that
@@ -77,11 +78,12 @@ def mm_rs_kernel(
     copy_per_round = (WS - 1) * tiles_per_chunk if COPY_OUT else 0
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = b_descriptor(b_ptr, K, N, BK, BN, B_KMAJOR)
-    if TMA:  # one round, contiguous chunks, BM divides them (launch): tiles never straddle two
+    if TMA:  # contiguous chunks, BM divides them (launch): tiles never straddle two
         # SUBTILE: tiles stored in two column halves (the epilogue of the second overlaps the first's store)
-        stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[WS * rows, N], strides=[N, 1],
+        stage_desc = tl.make_tensor_descriptor(stage_ptr, shape=[rounds * WS * rows, N], strides=[N, 1],
                                                block_shape=[BM, BN // 2 if SUBTILE else BN])
-        recv_desc = tl.make_tensor_descriptor(recv_ptr, shape=[WS * rows, N], strides=[N, 1], block_shape=[BM, BN])
+        recv_desc = tl.make_tensor_descriptor(recv_ptr, shape=[rounds * WS * rows, N], strides=[N, 1],
+                                              block_shape=[BM, BN])
         out_desc = tl.make_tensor_descriptor(out_ptr, shape=[out_rows, N], strides=[N, 1],
                                              block_shape=[BM, BN // 2 if SUBTILE else BN])
     else:  # stand-ins for _rs_tile's arguments, never used without TMA
@@ -293,25 +295,27 @@ def _gemm_tile(
         for p in tl.range(1, WS, num_stages=PARTIAL_STAGES):  # PARTIAL_STAGES - 1 partials' loads in flight
             peer = (rank + p) % WS
             if TMA:
-                part = recv_desc.load([peer * rows + pid_m * BM, pid_n * BN])
+                part = recv_desc.load([(rnd * WS + peer) * rows + pid_m * BM, pid_n * BN])
             else:
                 part = load_rows(recv_ptr, (rnd * WS + peer) * rows + offs_m, in_chunk, offs_n, N, N)
             acc += part.to(tl.float32)
         if AVERAGE:
             acc = acc / WS
         out_row = rnd * out_round_stride + out_offset + offs_m
-        if SUBTILE:  # (TMA only, never WRITE_GATHER: launch) the epilogue and store of each half in turn
+        # TMA: the tile's first row in ``out`` (rows past out_rows, the last round's padding, are not stored)
+        out_row0 = rnd * out_round_stride + out_offset + pid_m * BM
+        if SUBTILE:  # (TMA only) the epilogue and store of each half in turn
             acc0, acc1 = column_halves(acc, BM, BN)
             row_ok = in_chunk & (out_row < out_rows)
-            _epilogue_store_half(acc0, out_desc, out_ptr, pid_m * BM, pid_n * BN, out_row, row_ok, N,
+            _epilogue_store_half(acc0, out_desc, out_ptr, out_row0, pid_n * BN, out_row, row_ok, N,
                                  ep0, ep1, ep2, ep3, EPILOGUE, BN // 2)
-            _epilogue_store_half(acc1, out_desc, out_ptr, pid_m * BM, pid_n * BN + BN // 2, out_row, row_ok, N,
+            _epilogue_store_half(acc1, out_desc, out_ptr, out_row0, pid_n * BN + BN // 2, out_row, row_ok, N,
                                  ep0, ep1, ep2, ep3, EPILOGUE, BN // 2)
         else:
             acc = EPILOGUE(acc, out_row, offs_n, (in_chunk & (out_row < out_rows))[:, None] & (offs_n < N)[None, :],
                            N, ep0, ep1, ep2, ep3)
             if TMA:
-                out_desc.store([pid_m * BM, pid_n * BN], acc.to(out_ptr.dtype.element_ty))
+                out_desc.store([out_row0, pid_n * BN], acc.to(out_ptr.dtype.element_ty))
             else:
                 store_rows(out_ptr, out_row, in_chunk & (out_row < out_rows), offs_n, N, N, acc)
         if WRITE_GATHER:
@@ -353,11 +357,11 @@ def _wait_ready(ready_seen, peer, ready_ptr, epoch, claim_ptr, report_ptr, OP: t
     return ready_seen
 
 
-def tma_ok(rows: int, run: int, rounds: int, BM: int, write_gather: bool, peer_store: bool) -> bool:
-    """Whether a config's ``tma`` variant applies: ``mm_rs`` (no gather) on the copy-engine transport
-    (a staged tile is counted after its bulk store completed), one round of contiguous chunks whose
-    rows BM divides (a TMA tile never straddles two chunks)."""
-    return not write_gather and not peer_store and rounds == 1 and run == rows and rows % BM == 0
+def tma_ok(rows: int, run: int, BM: int, peer_store: bool, copy_out: bool = False) -> bool:
+    """Whether a config's ``tma`` variant applies: the copy-engine transport (a staged tile is counted after
+    its bulk store completed), contiguous chunks whose rows BM divides (a TMA tile never straddles two chunks),
+    ``mm_ar``'s rounds without its copy tiles (which wait for peers)."""
+    return not peer_store and not copy_out and run == rows and rows % BM == 0
 
 
 def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns,
@@ -396,10 +400,10 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     if warp_spec or flatten:  # its tiles come from an atomic ticket, not from a static loop
         raise ValueError(f"mm_rs has no warp-specialized or flattened tile loop (config store {store!r})")
     assert band_rows % BM == 0, (band_rows, BM)
-    assert not tma or (tma_ok(rows, run, rounds, BM, gather is not None, peer is not None) and out_offset == 0), (
-        rows, run, rounds, BM, out_offset)
+    assert not tma or tma_ok(rows, run, BM, peer is not None, gathered is not None), (
+        rows, run, BM, peer is not None, gathered is not None)
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
-    assert gathered is None or (gather is not None and not tma), "copy tiles: mm_ar's rounds, pointer stores"
+    assert gathered is None or gather is not None, "copy tiles: mm_ar's rounds"
     tiles_per_round = (2 * ws - 1 if gathered is not None else ws) * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)
     grid = launcher.Persistent(rounds * tiles_per_round, num_sms, knobs.codegen.PERSISTENT_CTAS_PER_SM)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K

@@ -247,6 +247,7 @@ def _use_lowering(lowering: str) -> str:
     ``symm-kernel`` ``symm`` with mm_rs on the Triton producer kernel instead of cuBLAS,
     ``symm-agcublas`` ``symm`` with ag_mm on cuBLAS per chunk instead of the consumer kernel,
     ``symm-rstma`` ``symm`` with mm_rs on the producer kernel's TMA variant where it applies,
+    ``symm-artma`` ``symm`` with mm_ar on its rounds kernel's TMA variant where it applies,
     ``symm-perpeer`` ``symm`` with the pushes to each peer on a stream of their own,
     ``symm-arcopy`` ``symm`` with mm_ar's rounds kernel copying the peers' reduced bands into its
     output itself (copy tiles) instead of the host's copies."""
@@ -256,8 +257,10 @@ def _use_lowering(lowering: str) -> str:
     agcublas = {"AG_MM_GEMM": "cublas", "AG_CUBLAS_MIN_N": 0} if lowering == "symm-agcublas" else {}
     knobs.symm.set(PUSH_STREAM_PER_PEER=lowering == "symm-perpeer",
                    TRANSPORT="peer" if lowering == "symm-peer" else "ce",
-                   MM_RS_GEMM="triton" if lowering in ("symm-kernel", "symm-rstma") else "cublas",
-                   RS_TMA="only" if lowering == "symm-rstma" else "off", AR_KERNEL_COPY_OUT=lowering == "symm-arcopy",
+                   MM_RS_GEMM="triton" if lowering in ("symm-kernel", "symm-rstma", "symm-artma") else "cublas",
+                   RS_TMA="only" if lowering == "symm-rstma" else "off",
+                   AR_TMA="only" if lowering == "symm-artma" else "off",
+                   AR_KERNEL_COPY_OUT=lowering == "symm-arcopy",
                    **agcublas)
     return "symm" if lowering.startswith("symm") else lowering
 
@@ -294,6 +297,8 @@ def numerics_worker(rank: int, ws: int, device: str, lowering: str = "p2p"):
         bad.append(f"rank {rank}: no ag_mm ran on its cuBLAS path: {_paths()}")
     if lowering_id == "symm-rstma" and not _paths().get("mm_rs:symm:triton-tma"):
         bad.append(f"rank {rank}: no mm_rs ran on the kernel's TMA variant: {_paths()}")
+    if lowering_id == "symm-artma" and not _paths().get("mm_ar:symm:triton-tma"):
+        bad.append(f"rank {rank}: no mm_ar ran on the rounds kernel's TMA variant: {_paths()}")
     assert not bad, "\n".join(bad)
     return results
 
@@ -371,6 +376,8 @@ def repeat_worker(rank: int, ws: int, device: str, lowering: str = "p2p", calls:
         bad.append(f"rank {rank}: not every op ran on the symm kernels: {summary['paths']}")
     if lowering_id == "symm-rstma" and not summary["paths"].get("mm_rs:symm:triton-tma"):
         bad.append(f"rank {rank}: no mm_rs call took the kernel's TMA variant: {summary['paths']}")
+    if lowering_id == "symm-artma" and not summary["paths"].get("mm_ar:symm:triton-tma"):
+        bad.append(f"rank {rank}: no mm_ar call took the rounds kernel's TMA variant: {summary['paths']}")
     assert not bad, "\n".join(bad)
     return summary
 
@@ -575,10 +582,11 @@ LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm"])
 # symm-kernel: mm_rs on the Triton producer kernel (knobs.symm.MM_RS_GEMM) instead of cuBLAS
 # symm-agcublas: ag_mm on cuBLAS per chunk (knobs.symm.AG_MM_GEMM) instead of the consumer kernel
 # symm-rstma: mm_rs on the producer kernel's TMA variant (knobs.symm.RS_TMA) where it applies
+# symm-artma: mm_ar on its rounds kernel's TMA variant (knobs.symm.AR_TMA) where it applies
 # symm-perpeer: pushes to each peer on a stream of their own (knobs.symm.PUSH_STREAM_PER_PEER; ws > 2)
 # symm-arcopy: mm_ar's rounds kernel copies the peers' reduced bands into out (knobs.symm.AR_KERNEL_COPY_OUT)
 OP_LOWERINGS = pytest.mark.parametrize("lowering", ["p2p", "symm", "symm-peer", "symm-kernel", "symm-agcublas",
-                                                    "symm-rstma", "symm-perpeer", "symm-arcopy"])
+                                                    "symm-rstma", "symm-artma", "symm-perpeer", "symm-arcopy"])
 
 
 @OP_LOWERINGS

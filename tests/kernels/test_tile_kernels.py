@@ -225,7 +225,9 @@ def test_mm_rs_stages_remote_chunks_and_reduces_own(ws, r, outer, run, K, N, bia
 def test_mm_rs_tma_stages_counts_and_reduces(ws, r, rows, N, bias, average):
     # contiguous chunks whose rows BM divides: remote tiles stored by TMA and counted a main loop
     # later (the last one after the loop), partials loaded and the own tiles stored by TMA
-    assert mm_rs.tma_ok(rows, rows, 1, CFG[0], False, False) and not mm_rs.tma_ok(rows + 1, rows + 1, 1, CFG[0], False, False)
+    assert mm_rs.tma_ok(rows, rows, CFG[0], False) and not mm_rs.tma_ok(rows + 1, rows + 1, CFG[0], False)
+    assert not mm_rs.tma_ok(rows, rows, CFG[0], True), "peer stores: no staging"
+    assert not mm_rs.tma_ok(rows, rows, CFG[0], False, copy_out=True), "mm_ar's copy tiles wait for peers"
     out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 32, N, bias, average, cfg=CFG_TMA_STORE)
     assert status[1][0] == 0
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
@@ -266,7 +268,7 @@ def test_mm_rs_random_shapes(ws, data):
 
 
 # ------------------------------------------------------------------------------------ mm_ar
-def _run_mm_ar(ws, r, M, rounds, copy_out=False, late=None):
+def _run_mm_ar(ws, r, M, rounds, copy_out=False, late=None, cfg=CFG):
     """Rank r's mm_ar rounds kernel with every peer's partial in ``recv``; with ``copy_out`` the peers'
     reduced chunks are in the gather region already (their gathered flags raised, but ``late``: a
     (slot, band) whose flag is one epoch behind). Returns (out, gather, ref, own row mask, done,
@@ -299,7 +301,7 @@ def _run_mm_ar(ws, r, M, rounds, copy_out=False, late=None):
     mm_rs.launch(A[r], B, None, torch.empty(padded, N), recv, gather, out, counters, done,
                  torch.full((rounds * ws * nb,), EPOCH, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), EPOCH,
                  status, 30_000 if late is not None else 10**6,
-                 r, ws, rows, rows, rounds, ws * rows, r * rows, False, BAND, CFG, 4, timed=False,
+                 r, ws, rows, rows, rounds, ws * rows, r * rows, False, BAND, cfg, 4, timed=False,
                  gathered=gathered if copy_out else None)
     own_rows = torch.zeros(M, dtype=torch.bool)
     for rnd in range(rounds):
@@ -308,9 +310,15 @@ def _run_mm_ar(ws, r, M, rounds, copy_out=False, late=None):
     return out, gather, ref, own_rows, done, counters, status, nb
 
 
-@pytest.mark.parametrize("ws,r,M,rounds", [(3, 2, 90, 2), (2, 0, 64, 3), (4, 1, 13, 1), (2, 1, 150, 2)])
-def test_mm_ar_rounds_reduce_and_gather_own_chunks(ws, r, M, rounds):
-    out, gather, ref, own_rows, done, counters, status, nb = _run_mm_ar(ws, r, M, rounds)
+@pytest.mark.parametrize("ws,r,M,rounds,cfg", [
+    (3, 2, 90, 2, CFG), (2, 0, 64, 3, CFG), (4, 1, 13, 1, CFG), (2, 1, 150, 2, CFG),
+    # TMA stores (chunks of 16 or 32 rows): staged by TMA and counted later, the own tiles loaded and stored by TMA
+    # at their round's rows of out (the last round's padding past M clipped), the gather copy by pointers
+    (2, 0, 64, 2, CFG_TMA_STORE), (3, 2, 96, 2, CFG_TMA_STORE), (2, 1, 125, 2, CFG_TMA_STORE),
+    (2, 1, 125, 2, CFG[:6] + ("tma_subtile",)), (4, 3, 64, 1, CFG_TMA_STORE),
+], ids=lambda v: {False: "pointer", True: "tma"}.get(v[6], v[6]) if isinstance(v, tuple) else None)
+def test_mm_ar_rounds_reduce_and_gather_own_chunks(ws, r, M, rounds, cfg):
+    out, gather, ref, own_rows, done, counters, status, nb = _run_mm_ar(ws, r, M, rounds, cfg=cfg)
     assert status[1][0] == 0
     rows = -(-M // (rounds * ws))
     for rnd in range(rounds):

@@ -65,8 +65,15 @@ def _epilogue_after(epilogue: str, g, out: Tensor, epilogue_args) -> Tensor:
     return gen.apply_pointwise(g, out, epilogue_args)
 
 
-def _mm_ar_key(a, b) -> tuple:
-    return (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1)
+def _ar_tma(graph: bool) -> str:
+    """``knobs.symm.AR_TMA`` as it applies to an ``mm_ar`` call: "off" where its kernel's TMA staging does not
+    (peer stores, the kernel's copy tiles: ``codegen/mm_rs.tma_ok``)."""
+    peer = knobs.symm.TRANSPORT == "peer" and not graph
+    return "off" if peer or knobs.symm.AR_KERNEL_COPY_OUT else knobs.symm.AR_TMA
+
+
+def _mm_ar_key(a, b, tma: str) -> tuple:
+    return (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1, f"tma={tma}")  # candidates differ
 
 
 def _mm_ar_rounds_layout(M: int, ws: int) -> tuple[int, int]:
@@ -84,7 +91,7 @@ def _mm_ar_needs(a, b, ws: int) -> tuple[int, list]:
         rounds = ar_cublas_rounds(M, a.shape[1], N, ws)
         return 2 * rounds * ws * -(-M // (rounds * ws)) * N * es, []  # no tuned kernel
     rounds, rows = _mm_ar_rounds_layout(M, ws)
-    return 2 * rounds * ws * rows * N * es, [tuned_configs.get(("mm_ar", _mm_ar_key(a, b)))]
+    return 2 * rounds * ws * rows * N * es, [tuned_configs.get(("mm_ar", _mm_ar_key(a, b, _ar_tma(graph=True))))]
 
 
 def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False):
@@ -118,11 +125,17 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
         launch_rs_kernel(st, a, b, bias, stage, recv, gather, out, epoch, rows, rows, rounds, ws * rows, r * rows,
                          reduce_op == "avg", cfg, peer, base=base, copy_out=copy_out)
 
-    key = _mm_ar_key(a, b)
+    tma = _ar_tma(graph)
+    key = _mm_ar_key(a, b, tma)
+    cands = configs.candidates(a.dtype, tma_store_rows=rows if tma != "off" else None,
+                               measured=kernel_ratios.measured_variant("mm_ar", a.shape[0], a.shape[1], N, ws=ws,
+                                                                       dtype=a.dtype))
+    if tma == "only":
+        cands = [c for c in cands if c[6]] or cands
     cfg = tuned_configs.get(("mm_ar", key)) or tune(
-        "mm_ar", key, configs.candidates(a.dtype, measured=kernel_ratios.measured_variant(
-            "mm_ar", a.shape[0], a.shape[1], N, ws=ws, dtype=a.dtype)),
-        lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
+        "mm_ar", key, cands, lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
+    if cfg[6]:
+        PATHS["mm_ar:symm:triton-tma"] += 1
     preload_once(("mm_ar", key, cfg, base, r, ws, st.timeout_ns, peer is None, copy_out, aligned([bias])),
                  lambda: launch(cfg, 0, peer, stage))
     compute = compute_stream(st, graph)

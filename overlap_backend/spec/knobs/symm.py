@@ -67,6 +67,10 @@ symm = Knobs(
     # configs; faster at 3 of 4 shapes on one H200, bench/results/kernels_h200x1_2026-12-01/mm_rs_kernel), "only"
     # (the only candidates: tests), "off".
     RS_TMA="on",
+    # mm_ar's rounds kernel with the same TMA variants (staged tiles, the own tiles' partials and stores; its copy
+    # into the gather region stays a pointer store), as RS_TMA: correct under the interpreter, "off" until it runs
+    # on a GPU. Not with AR_KERNEL_COPY_OUT or peer stores.
+    AR_TMA="off",
     # mm_ar's rounds kernel copies the peers' reduced bands into the output itself instead of the copy
     # stream: correct under the interpreter, off until it is timed on several GPUs.
     AR_KERNEL_COPY_OUT=False,
