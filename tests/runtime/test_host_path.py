@@ -266,3 +266,24 @@ def test_ag_mm_decode_copies_the_own_shard_once_per_call(fake, group, monkeypatc
             lowering_helpers.tuned_configs[("ag_mm", key)] = (64, 128, 64, 8, 3, 8, False)
         torch.ops.overlap.ag_mm(shard, ws_, [None, None], 0, group, "symm", False)
     assert seen[-2:] == [False, True]
+
+
+def test_mm_rs_plans_name_the_tma_variants_only_where_they_apply(monkeypatch):
+    """With peer stores on, a captured call (copy engine) tunes over the TMA variants and an eager call (peer stores,
+    where they do not apply) must not: their plans, and so their tuning keys, tell the two apart, or the eager call
+    would reuse the captured call's TMA config."""
+    monkeypatch.setattr(symm_mm_rs, "group_size", lambda name: WS)
+    monkeypatch.setattr(symm_mm_rs, "mm_problem", lambda *a: None)
+    monkeypatch.setattr(symm_mm_rs, "capture_problem", lambda a: None)
+    monkeypatch.setattr(symm_mm_rs, "rs_gemm", lambda *a, **k: "triton")
+    a, b = torch.randn(WS * 256, 64, dtype=torch.bfloat16), torch.randn(64, 128, dtype=torch.bfloat16)
+    symm_mm_rs._plans.clear()
+    try:
+        with knobs.symm.patch(TRANSPORT="peer", RS_TMA="on"):
+            captured = symm_mm_rs.mm_rs_plan(a, b, None, [WS * 256, 128], 0, "sum", "g", True)
+            eager = symm_mm_rs.mm_rs_plan(a, b, None, [WS * 256, 128], 0, "sum", "g", False)
+    finally:
+        symm_mm_rs._plans.clear()
+    assert captured[0] is None and eager[0] is None
+    assert any(c[6] for c in captured[6]) and captured[7] == "on"
+    assert not any(c[6] for c in eager[6]) and eager[7] == "off"

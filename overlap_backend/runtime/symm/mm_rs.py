@@ -120,9 +120,11 @@ def mm_rs_plan(a, b, bias, out_shape, scatter_dim, reduce_op, group_name, graph)
         gemm = rs_gemm(outer, run, a.shape[1], "ce" if graph else None, N=b.shape[1], ws=ws, dtype=a.dtype)
         # TMA variants (codegen/mm_rs.py) where the transport is the copy engine and chunks are contiguous
         ce = graph or knobs.symm.TRANSPORT == "ce"
-        tma = knobs.symm.RS_TMA
+        # "off" where the variants do not apply, so that the tuning key (which names it) tells the cases apart: a
+        # captured call's TMA config must not be reused by an eager call with peer stores
+        tma = knobs.symm.RS_TMA if ce and outer == 1 else "off"
         cands = configs.candidates(a.dtype, None if outer == 1 else run,
-                                   tma_store_rows=run if ce and outer == 1 and tma != "off" else None,
+                                   tma_store_rows=run if tma != "off" else None,
                                    measured=kernel_ratios.measured_variant("mm_rs", ws * outer * run, a.shape[1],
                                                                            b.shape[1], ws=ws, dtype=a.dtype))
         if tma == "only":
