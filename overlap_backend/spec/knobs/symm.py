@@ -68,8 +68,9 @@ symm = Knobs(
     # (the only candidates: tests), "off".
     RS_TMA="on",
     # mm_ar's rounds kernel with the same TMA variants (staged tiles, the own tiles' partials and stores; its copy
-    # into the gather region stays a pointer store), as RS_TMA: correct under the interpreter, "off" until it runs
-    # on a GPU. Not with AR_KERNEL_COPY_OUT or peer stores.
+    # into the gather region stays a pointer store), as RS_TMA. Not with AR_KERNEL_COPY_OUT or peer stores. Off: on
+    # one H100 it ran right and no faster at 2 of the kernel benchmark's 9 mm_ar shapes
+    # (bench/results/kernels_h100x1_2026-12-07/ar_tma); not yet run in the op on a GPU.
     AR_TMA="off",
     # mm_ar's rounds kernel copies the peers' reduced bands into the output itself instead of the copy
     # stream: correct under the interpreter, off until it is timed on several GPUs.
