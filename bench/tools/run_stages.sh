@@ -6,16 +6,16 @@
 #
 # STAGES_FILE is sourced by bash; each line that runs something is
 #   TAILN=<n> run <name> <cap seconds> <command...>
-# which runs the command under `timeout` (its cap, cut to what is left of DEADLINE, default 560 s; a stage
-# with less than 15 s left is NOT STARTED), its stdout + stderr into logs/<name>.log, then prints the
-# exit status and the log's last TAILN (default 6) lines. Commands can write under $RES (results) and
+# which runs the command in the repository root under `timeout` (its cap, cut to what is left of DEADLINE,
+# default 560 s; a stage with less than 15 s left is NOT STARTED), its stdout + stderr into logs/<name>.log, then
+# prints the exit status and the log's last TAILN (default 6) lines. Commands can write under $RES (results) and
 # $TRACES (profiler traces, gzipped at the end); $W is the working directory.
 # Output: $OUT/run.tgz (logs/, results/, traces/); $OUT defaults to ./device_out.
 # NVLink multicast stays off (the three variables below); PYTHONPATH is the repository (nothing installed).
 set -u
 [ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: DEADLINE=<s> bash bench/tools/run_stages.sh STAGES_FILE" >&2; exit 2; }
 STAGES="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2  # the repository root: plans name paths from there
 export PYTHONPATH="$PWD" NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 FINAL="${OUT:-$PWD/device_out}"

@@ -403,15 +403,15 @@ def test_run_device_syntax_and_help():
 
 
 def test_run_stages_runs_a_stages_file_under_one_deadline(tmp_path):
-    """bench/tools/run_stages.sh: each `run NAME CAP CMD` of the stages file runs with its log under logs/,
-    writes under $RES, reports its exit status; a stage with no time left is NOT STARTED; everything
+    """bench/tools/run_stages.sh: each `run NAME CAP CMD` of the stages file runs in the repository root with its log
+    under logs/, writes under $RES, reports its exit status; a stage with no time left is NOT STARTED; everything
     comes back as $OUT/run.tgz. A missing stages file is a usage error."""
     import tarfile
 
     script = REPO / "bench" / "tools" / "run_stages.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     stages = tmp_path / "stages.sh"
-    stages.write_text('run hello 30 bash -c "echo hi; echo 42 > $RES/answer.txt"\n'
+    stages.write_text('run hello 30 bash -c "echo hi; echo 42 > $RES/answer.txt; pwd > $RES/cwd.txt"\n'
                       'TAILN=1 run failing 30 bash -c "echo out; exit 3"\n'
                       'run late 600 sleep 1\n')
     out_dir = tmp_path / "out"
@@ -423,6 +423,8 @@ def test_run_stages_runs_a_stages_file_under_one_deadline(tmp_path):
         names = set(tar.getnames())
         assert {"logs/hello.log", "logs/failing.log", "results/answer.txt"} <= names
         assert tar.extractfile("results/answer.txt").read().strip() == b"42"
+        # every stage runs in the repository root, where the plans' paths start
+        assert Path(tar.extractfile("results/cwd.txt").read().decode().strip()) == REPO
     stages.write_text("run late 600 sleep 1\n")
     res = subprocess.run(["bash", str(script), str(stages)], capture_output=True, text=True,
                          env={**os.environ, "OUT": str(out_dir), "DEADLINE": "10"}, cwd=tmp_path)

@@ -1,0 +1,78 @@
+"""bench/tools/plans: every stages file parses, names scripts that exist (from the repository root, where
+bench/tools/run_stages.sh runs its stages) and test selections that select tests: a typo must not cost a device call."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLANS = sorted((REPO / "bench" / "tools" / "plans").glob("*.sh"))
+# `run NAME CAP CMD...` replaced by a printer of CMD's words (each ends in NUL, a stage in an empty word)
+_PRINT_STAGES = 'run() { shift 2; printf "%s\\0" "$@"; printf "\\0"; }; RES=/res; TRACES=/traces; W=/w; source "$1"'
+
+
+def stages(plan: Path) -> list[list[str]]:
+    """The command words of every stage of ``plan``, as bash expands them when run_stages.sh sources it."""
+    out = subprocess.run(["bash", "-c", _PRINT_STAGES, "bash", str(plan)], capture_output=True, cwd=REPO,
+                         check=True).stdout.decode()
+    found, words = [], []
+    for word in out.split("\0")[:-1]:
+        if word:
+            words.append(word)
+        else:
+            found.append(words)
+            words = []
+    return found
+
+
+def pytest_selection(words: list[str]) -> tuple[list[str], list[str]] | None:
+    """(the test files and folders, the -k / -m options) of a stage that runs pytest; None for any other stage."""
+    if "pytest" not in words:
+        return None
+    args = words[words.index("pytest") + 1:]
+    files = [w for w in args if w.startswith("tests/")]
+    options = []
+    for flag in ("-k", "-m"):
+        if flag in args:
+            options += [flag, args[args.index(flag) + 1]]
+    return files, options
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
+def test_plan_names_scripts_that_exist(plan):
+    found = stages(plan)
+    assert found, f"{plan.name}: no stage"
+    for words in found:
+        for w in words:
+            if re.fullmatch(r"[\w./-]+\.py", w):
+                assert (REPO / w).is_file(), f"{plan.name}: {w} is not a file under the repository root ({words})"
+
+
+def test_every_test_selection_of_the_plans_selects_tests():
+    selections = {}
+    for plan in PLANS:
+        for words in stages(plan):
+            sel = pytest_selection(words)
+            if sel is not None:
+                selections.setdefault((tuple(sel[0]), tuple(sel[1])), []).append(plan.name)
+    assert selections, "no plan runs tests"
+    env = {**os.environ, "OVERLAP_TEST_SHARED_GPU": "1"}
+
+    def collect(selection):
+        files, options = selection
+        return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               *options, *files], capture_output=True, text=True, cwd=REPO, env=env)
+
+    with ThreadPoolExecutor(4) as pool:  # (each run spends its time importing torch and the tests)
+        results = list(pool.map(collect, selections))
+    for ((files, options), plans), res in zip(selections.items(), results):
+        got = re.search(r"(\d+)(?:/\d+)? tests? collected", res.stdout)
+        assert res.returncode == 0 and got and int(got.group(1)) > 0, (
+            f"{plans}: pytest {' '.join(options)} {' '.join(files)} selects no test:\n{res.stdout[-800:]}{res.stderr[-800:]}")
