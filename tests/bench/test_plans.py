@@ -76,3 +76,26 @@ def test_every_test_selection_of_the_plans_selects_tests():
         got = re.search(r"(\d+)(?:/\d+)? tests? collected", res.stdout)
         assert res.returncode == 0 and got and int(got.group(1)) > 0, (
             f"{plans}: pytest {' '.join(options)} {' '.join(files)} selects no test:\n{res.stdout[-800:]}{res.stderr[-800:]}")
+
+
+def test_every_option_the_plans_pass_a_script_is_one_it_takes():
+    """Each ``--option`` a stage passes to a ``bench/`` script (after the script's path) is in that script's --help."""
+    used: dict[str, set[str]] = {}
+    for plan in PLANS:
+        for words in stages(plan):
+            scripts = [i for i, w in enumerate(words) if re.fullmatch(r"bench/[\w./-]+\.py", w)]
+            if scripts:
+                i = scripts[0]
+                used.setdefault(words[i], set()).update(w.split("=")[0] for w in words[i + 1:] if w.startswith("--"))
+    assert used, "no plan runs a bench script"
+
+    def help_text(script):
+        return subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, cwd=REPO).stdout
+
+    with ThreadPoolExecutor(4) as pool:
+        helps = dict(zip(used, pool.map(help_text, used)))
+    for script, options in used.items():
+        taken = set(re.findall(r"--[\w-]+", helps[script]))
+        assert taken, f"{script} --help printed no option"
+        assert options <= taken, f"{script} does not take {sorted(options - taken)} (takes {sorted(taken)})"
+
