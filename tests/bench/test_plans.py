@@ -79,15 +79,23 @@ def test_every_test_selection_of_the_plans_selects_tests():
 
 
 def test_every_option_the_plans_pass_a_script_is_one_it_takes():
-    """Each ``--option`` a stage passes to a ``bench/`` script (after the script's path) is in that script's --help."""
+    """Each ``--option`` a stage passes to a ``bench/`` script (after the script's path) is in that script's --help,
+    each ``--set`` names a knob that exists."""
     used: dict[str, set[str]] = {}
+    sets: list[str] = []
     for plan in PLANS:
         for words in stages(plan):
             scripts = [i for i, w in enumerate(words) if re.fullmatch(r"bench/[\w./-]+\.py", w)]
             if scripts:
                 i = scripts[0]
                 used.setdefault(words[i], set()).update(w.split("=")[0] for w in words[i + 1:] if w.startswith("--"))
+                sets += [words[j + 1] for j in range(i + 1, len(words) - 1) if words[j] == "--set"]
     assert used, "no plan runs a bench script"
+    from overlap_backend.spec import knobs
+
+    for assignment in sets:  # --set <set>.<KNOB>=<value>: a knob that exists
+        group, _, name = assignment.partition("=")[0].partition(".")
+        assert name in getattr(knobs, group).values(), f"--set {assignment}: knobs.{group} has no {name}"
 
     def help_text(script):
         return subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, cwd=REPO).stdout
