@@ -9,9 +9,10 @@ calls, beside the baseline's).
 as rank 0 of WS); ``--config``: a config tuple (default: the op's first candidate, or what the set-up derives).
 Poisons the outputs and checks the result against float32 first (exits 1 past 1e-2), then makes ``--calls`` calls of
 the kernel, each synchronized (``--baseline``: each followed by one baseline call), and prints the kernel's and the
-baseline's median ms. Under ncu, pick the kernel's launch by name and skip the first calls (compilation, tuning):
+baseline's median ms. The calls run in an NVTX range ``run_case``: under ncu, keep to it, pick the kernel by name and
+skip its first call:
 
-    ncu --clock-control none -k regex:ag_mm_ws --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
+    ncu --clock-control none --nvtx --nvtx-include run_case/ -k regex:ag_mm_ws --launch-skip 1 --launch-count 1 \\
         python bench/probes/run_case.py ag_mm 4 8192x4096x3584 --epilogue gelu --config "(...,'ws_pingpong')"
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -50,10 +52,12 @@ def run(case: Case, config, calls: int, baseline: bool, dev, dtype=torch.bfloat1
     cfg = b.op_cands[0] if config is None else tuple(config)
     err = b.check(cfg)
     kernel_ms, base_ms = [], []
-    for _ in range(calls):
-        kernel_ms.append(_timed(lambda: b.run(cfg), dev))
-        if baseline:
-            base_ms.append(_timed(b.baseline[1], dev))
+    # the calls in an NVTX range (``ncu --nvtx --nvtx-include run_case/``): not the set-up's reference GEMMs
+    with torch.cuda.nvtx.range("run_case") if dev.type == "cuda" else contextlib.nullcontext():
+        for _ in range(calls):
+            kernel_ms.append(_timed(lambda: b.run(cfg), dev))
+            if baseline:
+                base_ms.append(_timed(b.baseline[1], dev))
     return err, cfg, kernel_ms, base_ms
 
 
