@@ -1,9 +1,9 @@
 # One GPU (Firecracker: ncu reads the counters there; clocks left alone): Nsight Compute sections of the kernels still
 # over 1.03x cuBLAS, one steady-state launch each (bench/probes/run_case.py: the benchmark's case, checked, then a few
 # calls in an NVTX range; the second call's launch of the named kernel profiled), beside the cuBLAS kernel of the same
-# GEMM where it says so: ag_mm's Gluon ping-pong kernel with and without its fused bias + GELU and the tl kernel fused (why the Gluon epilogue
-# does not hide under the other warpgroup's main loop), mm_rs at 8 GPUs' short K (memory-bound?), CTA stage 1 at 8
-# GPUs' decode size and the MoE down GEMM at DeepSeek-like prefill.
+# GEMM where it says so: ag_mm's Gluon ping-pong kernel with and without its fused bias + GELU and the tl kernel
+# fused (why the Gluon epilogue does not hide under the other warpgroup's main loop), mm_rs at 8 GPUs' short K
+# (memory-bound?), CTA stage 1 at 8 GPUs' decode size and the MoE down GEMM at DeepSeek-like prefill.
 NCU="ncu --clock-control none --nvtx --nvtx-include run_case/ --launch-skip 1 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --csv --page details"
 PP="(128,128,64,8,4,4,'ws_pingpong')"
 TAILN=4 run ws_gelu 90 $NCU -k regex:ag_mm_ws_kernel --log-file $RES/ag_ws_pingpong_gelu.csv python bench/probes/run_case.py ag_mm 4 8192x4096x3584 --epilogue gelu --config "$PP"
