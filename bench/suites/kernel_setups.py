@@ -16,16 +16,13 @@ def mm_ar_configs(dt: torch.dtype, M: int, ws: int) -> tuple[int, int, list, lis
     the op tunes it on the copy-engine transport (``runtime/symm/mm_ar``): TMA variants where
     ``knobs.symm.AR_TMA`` is on and BM divides the rows; ``mm_rs``'s variants but its Gluon forms (no rounds)."""
     from overlap_backend.codegen import configs
+    from overlap_backend.runtime.symm.mm_ar import _mm_ar_rounds_layout, ar_candidates
     from overlap_backend.spec import knobs
-    from overlap_backend.runtime.symm.mm_ar import _mm_ar_rounds_layout
 
     rounds, rows = _mm_ar_rounds_layout(M, ws)
+    op = ar_candidates(dt, rows, knobs.symm.AR_TMA, variants=False)
     tma_rows = rows if knobs.symm.AR_TMA != "off" else None
-    op = configs.candidates(dt, tma_store_rows=tma_rows, variants=False, kernel="mm_rs")
-    if knobs.symm.AR_TMA == "only":
-        op = [c for c in op if c[6]] or op
-    var = [c for c in configs.variant_candidates(dt, "mm_rs", tma_store_rows=tma_rows)
-           if c[6] not in configs.GLUON_STORES]
+    var = [c for c in configs.variant_candidates(dt, "mm_rs", tma_store_rows=tma_rows) if c[6] not in configs.GLUON_STORES]
     return rounds, rows, op, var
 
 

@@ -72,6 +72,15 @@ def _ar_tma(graph: bool) -> str:
     return "off" if peer or knobs.symm.AR_KERNEL_COPY_OUT else knobs.symm.AR_TMA
 
 
+def ar_candidates(dtype, rows: int, tma: str, measured=None, variants: bool | None = None) -> list:
+    """The rounds kernel's tuning candidates for chunks of ``rows`` rows: its TMA variants where ``tma`` (``_ar_tma``)
+    is on and BM divides the rows, only those with "only"; ``measured``, ``variants``: as ``configs.candidates``."""
+    configs = load_kernels()[3]
+    cands = configs.candidates(dtype, tma_store_rows=rows if tma != "off" else None, variants=variants,
+                               measured=measured)
+    return ([c for c in cands if c[6]] or cands) if tma == "only" else cands
+
+
 def _mm_ar_key(a, b, tma: str) -> tuple:
     return (a.shape[0], b.shape[1], a.shape[1], str(a.dtype), b.stride(0) == 1, f"tma={tma}")  # candidates differ
 
@@ -107,7 +116,6 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
     if ar_gemm(M, a.shape[1], ws, "ce" if graph else None, N=N, dtype=a.dtype) == "cublas":
         PATHS["mm_ar:symm:cublas"] += 1
         return mm_ar_cublas(st, a, b, bias, reduce_op == "avg", graph), False
-    configs = load_kernels()[3]
     rounds, rows = _mm_ar_rounds_layout(M, ws)
     slot_bytes = rows * N * es
     region = rounds * ws * slot_bytes
@@ -127,11 +135,8 @@ def _mm_ar_symm(st, a, b, bias, reduce_op, g=None, epilogue_args=(), graph=False
 
     tma = _ar_tma(graph)
     key = _mm_ar_key(a, b, tma)
-    cands = configs.candidates(a.dtype, tma_store_rows=rows if tma != "off" else None,
-                               measured=kernel_ratios.measured_variant("mm_ar", a.shape[0], a.shape[1], N, ws=ws,
-                                                                       dtype=a.dtype))
-    if tma == "only":
-        cands = [c for c in cands if c[6]] or cands
+    cands = ar_candidates(a.dtype, rows, tma, kernel_ratios.measured_variant("mm_ar", a.shape[0], a.shape[1], N,
+                                                                              ws=ws, dtype=a.dtype))
     cfg = tuned_configs.get(("mm_ar", key)) or tune(
         "mm_ar", key, cands, lambda cfg: launch(cfg, 0, None, stage if peer is None else torch.empty_like(recv)))
     if cfg[6]:
