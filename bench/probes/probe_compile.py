@@ -58,12 +58,12 @@ KERNELS = {
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "run", "N", "K"}),
     "ag_mm_ws": dict(  # a Gluon kernel: 4 warps (the default partition), its register budgets from the module
         const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, TIMED=True,
-                   PEERS_BY_COLUMN=False, COOP=False, EP_COLS=0),
+                   PEERS_BY_COLUMN=False, COOP=False, EP_VALUES=0),
         data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "N", "K", "band_rows"}),
     "mm_rs_ws": dict(  # a Gluon kernel, as ag_mm_ws
         const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
-                   TIMED=True, EP_COLS=32, DIRECT=False),
+                   TIMED=True, EP_VALUES=32, DIRECT=False),
         data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "ticket_ptr", "claim_ptr", "report_ptr"},
         wide={"timeout_ns"}, sizes={"rows", "N", "K", "out_rows", "band_rows"}),
@@ -171,13 +171,23 @@ def ptxas_report(ptx: str, arch: int) -> dict:
         src.write_text(ptx)
         run = subprocess.run([str(ptxas), f"-arch=sm_{arch}{'a' if arch >= 90 else ''}", "-v", str(src), "-o",
                               str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True)
+        sass = sass_instructions(ptxas.parent / "cuobjdump", Path(tmp) / "kernel.cubin") if not run.returncode else None
     log = run.stdout + run.stderr
     if run.returncode:
         return {"ptxas": f"failed: {log.strip()[-300:]}"}
     found = lambda pattern: int(m.group(1)) if (m := re.search(pattern, log)) else None  # noqa: E731
     return {"registers": found(r"Used (\d+) registers"), "spill stores (bytes)": found(r"(\d+) bytes spill stores"),
-            "spill loads (bytes)": found(r"(\d+) bytes spill loads"),
+            "spill loads (bytes)": found(r"(\d+) bytes spill loads"), "SASS instructions": sass,
             "ptxas warnings": sorted(set(re.findall(r"\((C\d+)\) ([^.]*)", log)))}
+
+
+def sass_instructions(cuobjdump: Path, cubin: Path) -> int | None:
+    """Instructions in the kernel's SASS: straight-line code much larger than the instruction cache (an unrolled
+    epilogue of a persistent kernel) is fetched again on every tile, and stalls warps on instruction fetch."""
+    if not cuobjdump.exists():
+        return None
+    run = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True)
+    return len(re.findall(r"/\*[0-9a-f]{4,}\*/", run.stdout)) if not run.returncode else None
 
 
 def main(argv=None) -> int:

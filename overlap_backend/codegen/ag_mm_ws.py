@@ -32,7 +32,7 @@ from ..spec import knobs
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
-from .gluon_ring import (WARPS, acc_layout, finish_tile, init_ring, load_stage, mma_tile, refusal, slice_cols,
+from .gluon_ring import (WARPS, acc_layout, epilogue_values, finish_tile, init_ring, load_stage, mma_tile, refusal,
                          smem_layout, store_tile)
 from .tiles import tile_position
 
@@ -75,7 +75,7 @@ def _load_tiles(shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flag
 def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2, ep3,
                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, PEERS_BY_COLUMN: gl.constexpr,
-               COOP: gl.constexpr, EPILOGUE: gl.constexpr, EP_COLS: gl.constexpr):
+               COOP: gl.constexpr, EPILOGUE: gl.constexpr, EP_VALUES: gl.constexpr):
     """MMA partition ``ME`` (0 or 1). Ping-pong: the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
     [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then bias and store. Cooperative: rows
     [ME * BM / 2, (ME + 1) * BM / 2) of every tile of the CTA."""
@@ -95,7 +95,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, r
             acc, p = mma_tile(acc, a_bufs, b_bufs, ready, empty, p, k_iters, ME, B_KMAJOR)
             acc = finish_tile(acc, empty, p)
             store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM + ME * SUB_M,
-                       pid_n * BN, N, ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE, EP_COLS)
+                       pid_n * BN, N, ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE, EP_VALUES)
     else:
         for i in range(ME, my_tiles, 2):
             pos, pid_m, pid_n = tile_position(pid + i * nprog, tiles_m, tiles_n, WS, GROUP_M, PEERS_BY_COLUMN)
@@ -105,7 +105,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, r
             mbarrier.arrive(turn.index(1 - ME))
             acc = finish_tile(acc, empty, p)
             store_tile(acc, out_desc, c_buf, bias_ptr, ((rank + pos) % WS) * rows + pid_m * BM, pid_n * BN, N,
-                       ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE, EP_COLS)
+                       ep0, ep1, ep2, ep3, HAS_BIAS, EPILOGUE, EP_VALUES)
     tma.store_wait(0)  # no exit while a TMA store still reads this CTA's shared memory
 
 
@@ -114,7 +114,7 @@ def ag_mm_ws_kernel(
     shard_ptr, buf_ptr, b_ptr, bias_ptr, out_ptr,
     flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, rows, N, K, band_rows, nbands, ep0, ep1, ep2, ep3,
-    EPILOGUE: gl.constexpr, EP_COLS: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+    EPILOGUE: gl.constexpr, EP_VALUES: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
     STAGES: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, TIMED: gl.constexpr,
     PEERS_BY_COLUMN: gl.constexpr, COOP: gl.constexpr, MMA_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
 ):
@@ -142,10 +142,10 @@ def ag_mm_ws_kernel(
     gl.warp_specialize([
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
                       ep3, WS, BM, BN, BK, GROUP_M, 0, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE,
-                      EP_COLS)),
+                      EP_VALUES)),
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
                       ep3, WS, BM, BN, BK, GROUP_M, 1, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE,
-                      EP_COLS)),
+                      EP_VALUES)),
         (_load_tiles, (shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr,
                        report_ptr, timeout_ns, rank, rows, N, K, band_rows, nbands, WS, BM, BN, BK, GROUP_M, B_KMAJOR,
                        TIMED, PEERS_BY_COLUMN)),
@@ -161,13 +161,13 @@ MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 STORES = ("ws_pingpong", "ws_coop")
 
 
-def epilogue_cols(epilogue, config, dtype: torch.dtype, out_dtype: torch.dtype) -> int:
-    """Columns of the tile a generated epilogue runs on at a time, in shared memory (``gluon_ring.store_tile``);
-    0: on the accumulator's registers (no epilogue, an output of another dtype than the GEMM's, or the knob 0)."""
+def epilogue_values_of(epilogue, dtype: torch.dtype, out_dtype: torch.dtype) -> int:
+    """Values a thread takes at a time when a generated epilogue runs on the tile in shared memory
+    (``gluon_ring.store_tile``); 0: on the accumulator's registers (no epilogue, an output of another dtype than the
+    GEMM's, or the knob 0)."""
     if epilogue is None or not knobs.codegen.GLUON_EPILOGUE_VALUES or out_dtype != dtype:
         return 0
-    BM, BN, store = config[0], config[1], config[6]
-    return slice_cols(BM // 2 if store == "ws_coop" else BM, BN)
+    return epilogue_values()
 
 
 def unsupported(rows: int, run: int, config, dtype: torch.dtype, whole: bool = False) -> str | None:
@@ -203,7 +203,7 @@ def launch(shard, buf, b, bias, out, flags, epoch, status, timeout_ns, rank, ws,
     launcher.launch(ag_mm_ws_kernel, grid,
         shard, buf, b.t() if b_kmajor else b, bias if bias is not None else out, out,
         flags, epoch, *status, timeout_ns, rank, rows, N, K, band_rows, nbands, *ptrs,
-        EPILOGUE=fn, EP_COLS=epilogue_cols(epilogue, config, shard.dtype, out.dtype), WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor,
+        EPILOGUE=fn, EP_VALUES=epilogue_values_of(epilogue, shard.dtype, out.dtype), WS=ws, BM=BM, BN=BN, BK=BK, GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor,
         HAS_BIAS=bias is not None, TIMED=timed,
         PEERS_BY_COLUMN=0 < rows <= knobs.codegen.AG_MM_PEERS_BY_COLUMN_ROWS, COOP=store == "ws_coop",
         MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,

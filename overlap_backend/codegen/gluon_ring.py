@@ -50,12 +50,12 @@ def refusal(store, stores, warps: int, dtype: torch.dtype) -> str | None:
     return None
 
 
-def slice_cols(rows: int, BN: int) -> int:
-    """Columns of a warpgroup's [rows, BN] tile per shared-memory slice (``epilogue_in_slices``):
-    ``knobs.codegen.GLUON_EPILOGUE_VALUES`` values a thread (at least one 16-byte vector, at most the tile)."""
+def epilogue_values() -> int:
+    """Values a thread of a warpgroup takes per piece of a tile in shared memory (``epilogue_in_slices``):
+    ``knobs.codegen.GLUON_EPILOGUE_VALUES``, at least one 16-byte vector."""
     from ..spec import knobs
 
-    return max(8, min(BN, max(1, knobs.codegen.GLUON_EPILOGUE_VALUES) * WARPS * 32 // rows))
+    return max(8, knobs.codegen.GLUON_EPILOGUE_VALUES)
 
 
 @gluon.constexpr_function
@@ -123,6 +123,35 @@ def finish_tile(acc, empty, p):
 
 
 @gluon.constexpr_function
+def slice_cols(rows, BN, values):
+    """Columns of a [rows, BN] tile per slice of ``values`` values a thread of a warpgroup (at least one 16-byte
+    vector, at most the tile)."""
+    return max(8, min(BN, values * WARPS * 32 // rows))
+
+
+@gluon.constexpr_function
+def piece_cols(layout, bitwidth):
+    """Columns of a swizzle atom of NVMMA shared ``layout``: a [rows, BN] tile in it lies in memory as BN / piece_cols
+    blocks of [rows, piece_cols], one after another, each in the same layout (Triton lays out the atoms' rows before
+    the column blocks), so a block of whole atoms is a contiguous [n, piece_cols] tile of its own."""
+    return 8 * max(16, layout.swizzle_byte_width) // bitwidth
+
+
+@gluon.constexpr_function
+def piece_rows(rows, cols, values):
+    """Rows of a [rows, cols]-column block per piece: ``values`` a thread of a warpgroup, at least the 16 rows
+    ``slice_layout`` covers with 64 columns, at most the block."""
+    return max(min(16, rows), min(rows, values * WARPS * 32 // cols))
+
+
+@gluon.constexpr_function
+def pieces_layout(layout):
+    """``layout`` for the pieces of a tile in it, indexed along a leading dimension."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=layout.swizzle_byte_width, element_bitwidth=layout.element_bitwidth,
+                                rank=2, transposed=layout.transposed)
+
+
+@gluon.constexpr_function
 def slice_layout(rows, cols):
     """A warpgroup's layout for a [rows, cols] slice of a tile in shared memory: 16 bytes of a row per thread."""
     return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // cols, cols // 8],
@@ -131,51 +160,58 @@ def slice_layout(rows, cols):
 
 @gluon.jit
 def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, ep0, ep1, ep2, ep3, HAS_BIAS: gl.constexpr,
-               EPILOGUE: gl.constexpr, EP_COLS: gl.constexpr):
+               EPILOGUE: gl.constexpr, EP_VALUES: gl.constexpr):
     """(+ bias, then ``EPILOGUE``: ``codegen/epilogue.py``'s generated ``tl`` function) -> ``c_buf`` -> TMA store at
     (row0, col0) of the output, not waited for: only the previous store from ``c_buf`` is waited for, before the
     buffer is written again. The tile's rows are the output's rows [row0, row0 + BM), all of them inside it (TMA
     stores: whole tiles of rows).
 
-    ``EP_COLS`` 0: the epilogue runs on the accumulator's registers. Otherwise the tile goes to ``c_buf`` first and
-    the epilogue runs on it ``EP_COLS`` columns at a time, loaded back in ``slice_layout``: on the accumulator's
-    layout a thread holds its 128 values, the epilogue's temporaries besides, and ptxas spilled up to 1.8 KB a thread
-    (``bias:0,gelu``), which ran the fused rows at 1.6x cuBLAS. Only for an output of the GEMM's dtype: a generated
-    epilogue starts by rounding to it, which the store to ``c_buf`` then did."""
+    ``EP_VALUES`` 0: the epilogue runs on the accumulator's registers. Otherwise the tile goes to ``c_buf`` first and
+    the epilogue runs on it in pieces (``epilogue_in_slices``): on the accumulator's layout a thread holds its 128
+    values, the epilogue's temporaries besides, and ptxas spilled up to 1.8 KB a thread (``bias:0,gelu``), which ran
+    the fused rows at 1.6x cuBLAS. Only for an output of the GEMM's dtype: a generated epilogue starts by rounding to
+    it, which the store to ``c_buf`` then did."""
     BM: gl.constexpr = acc.type.shape[0]
     BN: gl.constexpr = acc.type.shape[1]
     offs_n = col0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
     if HAS_BIAS:
         bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
         acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
-    if EP_COLS == 0:
+    if EP_VALUES == 0:
         rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc.type.layout))
         mask = (gl.expand_dims(rows, 1) >= row0) & (gl.expand_dims(offs_n, 0) < N)
         acc = EPILOGUE(acc, rows, offs_n, mask, N, ep0, ep1, ep2, ep3)
     tma.store_wait(0)  # the thread that issued the last store from c_buf waits for it to have read c_buf ...
     partition_barrier()  # ... and the partition's other threads for that thread before overwriting c_buf
     c_buf.store(acc.to(out_desc.dtype))
-    if EP_COLS > 0:
-        epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_COLS, bias_ptr, 0, 0, 1, False)
+    if EP_VALUES > 0:
+        epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES, bias_ptr, 0, 0, 1, False)
     fence_async_shared()  # generic-proxy shared-memory writes -> visible to the TMA (async proxy)
     tma_store(out_desc, [row0, col0], c_buf)
 
 
 @gluon.jit
-def epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE: gl.constexpr, EP_COLS: gl.constexpr,
+def epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE: gl.constexpr, EP_VALUES: gl.constexpr,
                        parts_ptr, rank, rows, PARTS: gl.constexpr, AVERAGE: gl.constexpr):
-    """The tile in ``c_buf`` (rows [row0, row0 + BM), columns from col0), ``EP_COLS`` columns at a time in
-    ``slice_layout``: + the same rows of the other ``PARTS - 1`` ranks' partials (``parts_ptr``: [PARTS * rows, N],
-    rank p's at rows p * rows + ...; ``PARTS`` 1: none), / ``PARTS`` with ``AVERAGE``, then ``EPILOGUE``; back
-    into ``c_buf``, every thread's part of it there before and after."""
+    """The tile in ``c_buf`` (rows [row0, row0 + BM), columns from col0), a piece of ``EP_VALUES`` values a thread
+    at a time (``piece_rows`` rows of a ``piece_cols``-column block) in ``slice_layout``: + the same elements of the
+    other ``PARTS - 1`` ranks' partials (``parts_ptr``: [PARTS * rows, N], rank p's at rows p * rows + ...;
+    ``PARTS`` 1: none), / ``PARTS`` with ``AVERAGE``, then ``EPILOGUE``; back into ``c_buf``, every thread's part of
+    it there before and after. The pieces are a loop, not unrolled: unrolled, an epilogue with erf (GELU) made the
+    persistent kernel ~11k instructions (170 KB), fetched again on every tile, and both warpgroups stalled on
+    instruction fetch (one H100: 1.28x the plain kernel's time)."""
     BM: gl.constexpr = c_buf.type.shape[0]
     BN: gl.constexpr = c_buf.type.shape[1]
-    layout: gl.constexpr = slice_layout(BM, EP_COLS)
+    COLS: gl.constexpr = piece_cols(c_buf.type.layout, c_buf.dtype.primitive_bitwidth)
+    ROWS: gl.constexpr = piece_rows(BM, COLS, EP_VALUES)
+    RUNS: gl.constexpr = BM // ROWS  # pieces per column block
+    pieces = c_buf._reinterpret(c_buf.dtype, [BN // COLS * RUNS, ROWS, COLS], pieces_layout(c_buf.type.layout))
+    layout: gl.constexpr = slice_layout(ROWS, COLS)
     partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
-    r = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    for j in gl.static_range(BN // EP_COLS):
-        part = c_buf.slice(j * EP_COLS, EP_COLS, dim=1)
-        cols = col0 + j * EP_COLS + gl.arange(0, EP_COLS, layout=gl.SliceLayout(0, layout))
+    for i in range(BN // COLS * RUNS):
+        part = pieces.index(i)
+        r = row0 + (i % RUNS) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        cols = col0 + (i // RUNS) * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
         mask = (gl.expand_dims(r, 1) >= row0) & (gl.expand_dims(cols, 0) < N)
         x = part.load(layout).to(gl.float32)
         for q in gl.static_range(1, PARTS):

@@ -35,8 +35,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
-from .gluon_ring import (WARPS, acc_layout, epilogue_in_slices, finish_tile, init_ring, load_stage, mma_tile,
-                         partition_barrier, refusal, slice_cols, slice_layout, smem_layout, store_tile, tma_store)
+from .gluon_ring import (WARPS, acc_layout, epilogue_in_slices, epilogue_values, finish_tile, init_ring, load_stage,
+                         mma_tile, partition_barrier, refusal, slice_cols, slice_layout, smem_layout, store_tile,
+                         tma_store)
 from .tiles import grouped_tile
 
 ID_SLOTS = gl.constexpr(4)  # tile numbers the loader may hand out ahead of the MMA warpgroups
@@ -96,7 +97,7 @@ def _load_tiles(a_desc, b_desc, a_bufs, b_bufs, ready, empty, ids, id_ready, id_
 
 
 @gluon.jit
-def _stage_direct(acc, c_buf, bias_ptr, stage_ptr, row0, col0, N, HAS_BIAS: gl.constexpr, EP_COLS: gl.constexpr):
+def _stage_direct(acc, c_buf, bias_ptr, stage_ptr, row0, col0, N, HAS_BIAS: gl.constexpr, EP_VALUES: gl.constexpr):
     """A remote tile (+ bias) into ``stage`` by the warpgroup's own stores, through ``c_buf`` so that each thread
     stores 16 bytes of a row at a time; counted right after without waiting for completion (the count's release
     orders them), where a TMA store must have completed first."""
@@ -109,14 +110,15 @@ def _stage_direct(acc, c_buf, bias_ptr, stage_ptr, row0, col0, N, HAS_BIAS: gl.c
     tma.store_wait(0)  # the last TMA store from c_buf (an own tile's) has read it ...
     partition_barrier()  # ... before any thread overwrites it
     c_buf.store(acc.to(c_buf.dtype))
-    layout: gl.constexpr = slice_layout(BM, EP_COLS)
+    COLS: gl.constexpr = slice_cols(BM, BN, EP_VALUES)
+    layout: gl.constexpr = slice_layout(BM, COLS)
     partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
     r = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    for j in gl.static_range(BN // EP_COLS):
-        cols = col0 + j * EP_COLS + gl.arange(0, EP_COLS, layout=gl.SliceLayout(0, layout))
+    for j in gl.static_range(BN // COLS):
+        cols = col0 + j * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
         offs = gl.expand_dims(r.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
         mask = (gl.expand_dims(r, 1) >= row0) & (gl.expand_dims(cols, 0) < N)
-        gl.store(stage_ptr + offs, c_buf.slice(j * EP_COLS, EP_COLS, dim=1).load(layout), mask=mask)
+        gl.store(stage_ptr + offs, c_buf.slice(j * COLS, COLS, dim=1).load(layout), mask=mask)
 
 
 @gluon.jit
@@ -125,7 +127,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
                rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3,
                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr,
-               EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_COLS: gl.constexpr, DIRECT: gl.constexpr):
+               EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_VALUES: gl.constexpr, DIRECT: gl.constexpr):
     """MMA warpgroup ``ME`` (0 or 1): the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
     [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then the remote tile staged and counted or the
     own tile reduced and stored."""
@@ -154,7 +156,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
             tiles_in_band = gl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n
             if DIRECT:
                 _stage_direct(acc, c_buf, bias_ptr, stage_ptr, chunk * rows + pid_m * BM, pid_n * BN, N, HAS_BIAS,
-                              EP_COLS)
+                              EP_VALUES)
                 count_tile_done(counters_ptr + index, done_ptr + index, tiles_in_band, epoch)
             else:
                 store_tile(acc, stage_desc, c_buf, bias_ptr, chunk * rows + pid_m * BM, pid_n * BN, N, ep0, ep1, ep2,
@@ -174,7 +176,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
             tma.store_wait(0)  # the last store from c_buf has read it ...
             partition_barrier()  # ... before any thread overwrites it
             c_buf.store(acc.to(c_buf.dtype))
-            epilogue_in_slices(c_buf, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_COLS, recv_ptr,
+            epilogue_in_slices(c_buf, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES, recv_ptr,
                                rank, rows, WS, AVERAGE)
             fence_async_shared()  # generic-proxy shared-memory writes -> visible to the TMA (async proxy)
             tma_store(out_desc, [pid_m * BM, pid_n * BN], c_buf)
@@ -188,7 +190,7 @@ def mm_rs_ws_kernel(
     a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, out_ptr,
     counters_ptr, done_ptr, recv_flags_ptr, ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
     rank, rows, N, K, out_rows, band_rows, nbands, ep0, ep1, ep2, ep3,
-    EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_COLS: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr,
+    EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_VALUES: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr,
     HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr, DIRECT: gl.constexpr, MMA_REGS: gl.constexpr,
     LOAD_REGS: gl.constexpr,
@@ -220,11 +222,11 @@ def mm_rs_ws_kernel(
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, stage_ptr, out_desc,
                       bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
                       timeout_ns, rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 0,
-                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_COLS, DIRECT)),
+                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_VALUES, DIRECT)),
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, stage_ptr, out_desc,
                       bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
                       timeout_ns, rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 1,
-                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_COLS, DIRECT)),
+                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_VALUES, DIRECT)),
         (_load_tiles, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows,
                        N, K, WS, BM, BN, BK, GROUP_M, B_KMAJOR)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
@@ -255,11 +257,6 @@ def unsupported(rows: int, run: int, rounds: int, config, dtype: torch.dtype, ou
     return None
 
 
-def epilogue_cols(config) -> int:
-    """Columns of the own tile its epilogue (the sum of the partials included) runs on at a time."""
-    return slice_cols(config[0], config[1])
-
-
 def launch(a, b, bias, stage, recv, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns, rank, ws,
            rows, run, rounds, out_offset, average, band_rows, config, num_sms, timed=True, epilogue=None, ep_ptrs=(),
            write_gather=False, peer_store=False):
@@ -282,7 +279,7 @@ def launch(a, b, bias, stage, recv, out, counters, done, recv_flags, ticket, epo
         a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv, out,
         counters, done, recv_flags, ticket, epoch, *status, timeout_ns,
         rank, rows, N, K, out.shape[0], band_rows, max(1, launcher.cdiv(rows, band_rows)), *ptrs,
-        EPILOGUE=fn, IDENTITY=identity, EP_COLS=epilogue_cols(config), WS=ws, BM=BM, BN=BN, BK=BK,
+        EPILOGUE=fn, IDENTITY=identity, EP_VALUES=epilogue_values(), WS=ws, BM=BM, BN=BN, BK=BK,
         GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
         AVERAGE=average, TIMED=timed, DIRECT=store == "ws_pingpong_direct", MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,
         num_warps=WARPS, maxnreg=MAXNREG,

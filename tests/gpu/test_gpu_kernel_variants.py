@@ -140,12 +140,12 @@ def test_ag_mm_ws_tile_orders_wait_before_they_load(by_column, late, n, cfg, dev
     assert err < 1e-2, f"rel err {err}"
 
 
-@pytest.mark.parametrize("values", [0, 32], ids=["in_registers", "in_shared_slices"])
+@pytest.mark.parametrize("values", [0, 8, 32], ids=["in_registers", "in_shared_pieces_8", "in_shared_pieces_32"])
 @pytest.mark.parametrize("spec", ["bias:0,gelu,add:1", "gelu_tanh"])
 @pytest.mark.parametrize("cfg", GLUON, ids=_label)
 def test_ag_mm_ws_generated_epilogue(cfg, spec, values, device):
     """The Gluon kernel with the op's generated epilogue (a ``tl`` function, on the accumulator's registers or on
-    column slices of the tile in shared memory) after its own bias, the shards landing late: against float32 maths
+    pieces of the tile in shared memory, 8 or 32 values a thread each) after its own bias, the shards landing late: against float32 maths
     on the same inputs, output poisoned first."""
     from overlap_backend.codegen import ag_mm
     from overlap_backend.codegen import epilogue as gen
@@ -353,7 +353,7 @@ def test_mm_rs_ws_stages_counts_and_reduces(shape, late, cfg, device):
                          ids=["bias", "residual", "average_gelu"])
 def test_mm_rs_ws_bias_epilogue_and_average(fused, cfg, device):
     """mm_rs's Gluon producer with a bias on every partial, a generated epilogue on the reduced chunk (in shared
-    memory slices, the peers' partials summed there) or the average, the partials landing late."""
+    memory pieces, the peers' partials summed there) or the average, the partials landing late."""
     err, staged_err, claimed = _run_mm_rs(cfg, device, True, **fused)
     print(f"mm_rs {cfg[6]} {fused}: rel err {err:.2e}, staged {staged_err:.2e}")
     assert claimed == 0, "a wait gave up"

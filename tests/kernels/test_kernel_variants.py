@@ -66,7 +66,7 @@ def test_mm_rs_ws_refuses_what_it_does_not_do(monkeypatch):
     """The Gluon producer runs mm_rs where its TMA stores apply and nothing else: mm_ar's gather, peer stores, runs
     of rows, rounds, rows a tile does not divide, float32, another output dtype or 8 warps are errors (the tuner then
     drops the config)."""
-    from overlap_backend.codegen import launcher, mm_rs_ws
+    from overlap_backend.codegen import gluon_ring, launcher, mm_rs_ws
 
     monkeypatch.setattr(launcher, "interpreting", lambda: False)
     cfg, bf16 = (128, 128, 64, 8, 4, 4, "ws_pingpong"), torch.bfloat16
@@ -81,9 +81,12 @@ def test_mm_rs_ws_refuses_what_it_does_not_do(monkeypatch):
     assert "16-bit" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, torch.float32, torch.float32, False, False)
     assert "output" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, torch.float32, False, False)
     assert "num_warps" in mm_rs_ws.unsupported(1024, 1024, 1, cfg[:5] + (8, cfg[6]), bf16, bf16, False, False)
-    # its own tile's epilogue: GLUON_EPILOGUE_VALUES values a thread of the warpgroup a slice
+    # its own tile's epilogue (the partials' sum): GLUON_EPILOGUE_VALUES values a thread of the warpgroup a piece,
+    # one 16-byte vector at least
     with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=32):
-        assert mm_rs_ws.epilogue_cols(cfg) == 32
+        assert gluon_ring.epilogue_values() == 32
+    with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=0):
+        assert gluon_ring.epilogue_values() == 8
 
 
 def test_ag_mm_subtile_with_generated_epilogue():
@@ -193,22 +196,33 @@ def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
         assert configs.store_variant(store)[0], "it stores by TMA: candidates only where tiles fit the chunks"
 
 
-def test_ag_mm_ws_epilogue_slices_hold_the_knobs_values_per_thread():
-    """The Gluon kernel runs a generated epilogue on column slices of its tile in shared memory, each slice
-    ``GLUON_EPILOGUE_VALUES`` values per thread of the partition's warpgroup; on the registers without an epilogue,
-    for an output of another dtype (the slices' store rounds to the output's dtype, the epilogue to the GEMM's) and
-    with the knob 0."""
+def test_ag_mm_ws_epilogue_pieces_hold_the_knobs_values_per_thread():
+    """The Gluon kernel runs a generated epilogue on pieces of its tile in shared memory, ``GLUON_EPILOGUE_VALUES``
+    values per thread of the partition's warpgroup each: whole rows of one swizzle atom's column block (the tile lies
+    in memory as its column blocks one after another), at least the 16 rows its load layout covers, at most the
+    block; on the registers without an epilogue, for an output of another dtype (the pieces' store rounds to the
+    output's dtype, the epilogue to the GEMM's) and with the knob 0."""
+    from triton.experimental.gluon import language as gl
+
     from overlap_backend.codegen import ag_mm_ws
     from overlap_backend.codegen import epilogue as gen
+    from overlap_backend.codegen import gluon_ring
 
     g, bf16 = gen.build("bias:0,gelu", torch.bfloat16), torch.bfloat16
-    pingpong, coop = (128, 128, 64, 8, 4, 4, "ws_pingpong"), (128, 256, 64, 8, 3, 4, "ws_coop")
-    with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=32):
-        assert ag_mm_ws.epilogue_cols(g, pingpong, bf16, bf16) == 32  # 128 rows x 32 columns / 128 threads
-        assert ag_mm_ws.epilogue_cols(g, coop, bf16, bf16) == 64  # each warpgroup's 64 rows
-        assert ag_mm_ws.epilogue_cols(None, coop, bf16, bf16) == 0
-        assert ag_mm_ws.epilogue_cols(g, coop, bf16, torch.float32) == 0
+    with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=16):
+        assert ag_mm_ws.epilogue_values_of(g, bf16, bf16) == 16
+        assert ag_mm_ws.epilogue_values_of(None, bf16, bf16) == 0
+        assert ag_mm_ws.epilogue_values_of(g, bf16, torch.float32) == 0
     with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=0):
-        assert ag_mm_ws.epilogue_cols(g, coop, bf16, bf16) == 0
-    with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=1024):
-        assert ag_mm_ws.epilogue_cols(g, pingpong, bf16, bf16) == 128  # at most the tile
+        assert ag_mm_ws.epilogue_values_of(g, bf16, bf16) == 0
+    # a warpgroup's tile: ping-pong 128 x 128, cooperative 64 of 128 x 256 rows; bf16 (128-byte swizzle: 64 columns)
+    for rows, BN in ((128, 128), (64, 256), (128, 64)):
+        layout = gluon_ring.smem_layout([rows, BN], gl.bfloat16)
+        cols = gluon_ring.piece_cols(layout, 16)
+        assert cols == 64
+        assert gluon_ring.piece_rows(rows, cols, 16) == 32  # 16 values x 128 threads / 64 columns
+        assert gluon_ring.piece_rows(rows, cols, 8) == 16
+        assert gluon_ring.piece_rows(rows, cols, 1024) == rows
+        assert rows % gluon_ring.piece_rows(rows, cols, 16) == 0 and BN % cols == 0
+    # narrower tiles swizzle less: a 32-column bf16 tile's atom is its whole row
+    assert gluon_ring.piece_cols(gluon_ring.smem_layout([128, 32], gl.bfloat16), 16) == 32

@@ -54,10 +54,10 @@ codegen = Knobs(
         ),
     },
     # The Gluon kernels run a generated epilogue on their tile in shared memory, this many values a thread at a
-    # time (column slices of the tile): on the accumulator's registers, 128 values a thread, bias + erf GELU spilled
-    # (one H100: 1.49-1.73x cuBLAS + F.gelu; in slices 1.33-1.54x, where the tl kernel runs 1.07-1.11x). 0: on the
-    # registers.
-    GLUON_EPILOGUE_VALUES=32,
+    # time, in a loop over the pieces of the tile: on the accumulator's registers, 128 values a thread, bias + erf
+    # GELU spilled; more values a piece make a larger loop body (bias + GELU: ~70 instructions a value), fewer a
+    # longer loop. 0: on the registers.
+    GLUON_EPILOGUE_VALUES=16,
     # At most this many CTAs of the ag_mm consumer / mm_rs producer (mm_ar rounds included) on one SM, as many as
     # the compiled config lets one SM hold (registers, shared memory), so that one CTA's loads, waits and stores
     # overlap another's. 1: the configs above hold one per SM anyway; tiles small enough for two (128x128 in 2
