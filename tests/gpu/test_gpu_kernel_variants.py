@@ -197,7 +197,7 @@ def test_ag_mm_wait_that_gives_up_ends_the_kernel_and_reports(cfg, device):
 
 def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_variant: list, rs_variant: list):
     """Each op at a shape whose ratio entry names a variant that beat the candidates (``ag_variant`` for ``ag_mm``,
-    ``rs_variant`` for ``mm_rs``):
+    ``rs_variant`` for ``mm_rs``), plain and with a fused epilogue (``ag_mm`` + bias + GELU):
     with no other candidate (``CANDIDATES_16BIT=()``), the op must tune over that variant, run it and get the right
     result."""
     import json
@@ -219,8 +219,9 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
     variants = {"ag_mm": ag_variant, "mm_rs": rs_variant,
                 "mm_ar": [128, 256, 64, 4, 3, 8, False]}
     gpu = kernel_ratios.gpu_name()
-    entries = [{"gpu": gpu, "kernel": k, "dtype": "bfloat16", "ws": ws, "M": ws * rows, "K": K, "N": N, "fused": False,
-                "ratio": 1.0, "best_variant_ratio": 0.9, "best_config": v} for k, v in variants.items()]
+    entries = [{"gpu": gpu, "kernel": k, "dtype": "bfloat16", "ws": ws, "M": ws * rows, "K": K, "N": N, "fused": fused,
+                "ratio": 1.0, "best_variant_ratio": 0.9, "best_config": v}
+               for k, v in variants.items() for fused in (False, True)]
     path = Path(ratio_dir) / f"ratios_rank{rank}.json"
     path.write_text(json.dumps(kernel_ratios.document(entries)))
     knobs.symm.set(KERNEL_RATIOS_FILE=str(path), AG_MM_GEMM="triton", MM_RS_GEMM="triton")
@@ -233,11 +234,19 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
     out_ag = torch.ops.overlap.ag_mm(shard, [w], [None], 0, gn, "symm", False)[1][0]
     out_rs = torch.ops.overlap.mm_rs(a, w, None, [ws * rows, N], 0, "sum", gn, "symm")
     out_ar = torch.ops.overlap.mm_ar(a, w, None, "sum", gn, "symm")
+    plain_keys = set(tuned_configs)
+    bias = _randn(N, dtype=dt, device=device)
+    out_gelu = torch.ops.overlap.ag_mm(shard, [w], [None], 0, gn, "symm", False, "bias:0,gelu", [bias])[1][0]
     torch.cuda.synchronize()
+    gathered = _gather_ref(shard, 0, group).float() @ w.float()
     full = _all_reduce_ref(a.float() @ w.float(), group)
-    errs = {"ag_mm": _rel_err(out_ag, _gather_ref(shard, 0, group).float() @ w.float()),
-            "mm_rs": _rel_err(out_rs, full.chunk(ws)[rank]), "mm_ar": _rel_err(out_ar, full)}
-    tuned = {k[0]: v for k, v in tuned_configs.items()}
+    errs = {"ag_mm": _rel_err(out_ag, gathered), "mm_rs": _rel_err(out_rs, full.chunk(ws)[rank]),
+            "mm_ar": _rel_err(out_ar, full),
+            "ag_mm bias+gelu": _rel_err(out_gelu, torch.nn.functional.gelu(gathered + bias.float()))}
+    # the fused call tunes under its own key where it has one (else it runs the plain call's config, checked below)
+    fused_tuned = [list(v) for k, v in tuned_configs.items() if k not in plain_keys and k[0] == "ag_mm"]
+    assert all(v == list(ag_variant) for v in fused_tuned), f"ag_mm bias+gelu tuned {fused_tuned}"
+    tuned = {k[0]: v for k, v in tuned_configs.items() if k in plain_keys}
     return errs, {k: list(v) for k, v in tuned.items()}, variants
 
 
