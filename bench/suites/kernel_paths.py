@@ -125,7 +125,7 @@ def _variant_scale(row: dict) -> float:
     from overlap_backend.spec import kernel_ratios
 
     entry = {"kernel": row["case"]["kernel"], "ratio": row["op_ratio"], "best_variant_ratio": row.get("best_ratio"),
-             "best_config": row.get("best_config")}
+             "best_config": row.get("best_config"), "fused": bool(row["case"]["epilogue"])}
     adopted = row.get("best_kind") == "variant" and kernel_ratios.adopts_variant(entry)
     return row["best_ratio"] / row["op_ratio"] if adopted else 1.0
 

@@ -136,11 +136,13 @@ def measured_variant(kernel: str, M: int, K: int, N: int, **kw) -> tuple | None:
 
 
 def adopts_variant(e: dict) -> bool:
-    """Whether the op of entry ``e`` (or of a kernel benchmark row with the same keys) tunes over its best variant."""
+    """Whether the op of entry ``e`` (or of a kernel benchmark row with the same keys) tunes over its best variant:
+    not with a fused epilogue where the variant's store field is one of ``knobs.codegen.VARIANTS_NOT_FUSED``."""
     gain = _codegen.MEASURED_VARIANT_GAIN
     best, config = e.get("best_variant_ratio"), e.get("best_config")
     return (gain is not None and e["kernel"] in VARIANT_KERNELS and best is not None
-            and isinstance(config, list | tuple) and len(config) == 7 and float(best) <= float(e["ratio"]) * (1 - gain))
+            and isinstance(config, list | tuple) and len(config) == 7 and float(best) <= float(e["ratio"]) * (1 - gain)
+            and not (e.get("fused") and config[6] in _codegen.VARIANTS_NOT_FUSED))
 
 
 def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:

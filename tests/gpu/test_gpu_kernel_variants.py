@@ -140,12 +140,13 @@ def test_ag_mm_ws_tile_orders_wait_before_they_load(by_column, late, n, cfg, dev
     assert err < 1e-2, f"rel err {err}"
 
 
-@pytest.mark.parametrize("values", [0, 8, 32], ids=["in_registers", "in_shared_pieces_8", "in_shared_pieces_32"])
+@pytest.mark.parametrize("values", [0, 8, 16, 32], ids=["in_registers", "in_shared_pieces_8", "in_shared_pieces_16",
+                                                      "in_shared_pieces_32"])
 @pytest.mark.parametrize("spec", ["bias:0,gelu,add:1", "gelu_tanh"])
 @pytest.mark.parametrize("cfg", GLUON, ids=_label)
 def test_ag_mm_ws_generated_epilogue(cfg, spec, values, device):
     """The Gluon kernel with the op's generated epilogue (a ``tl`` function, on the accumulator's registers or on
-    pieces of the tile in shared memory, 8 or 32 values a thread each) after its own bias, the shards landing late: against float32 maths
+    pieces of the tile in shared memory, 8, 16 or 32 values a thread each) after its own bias, the shards landing late: against float32 maths
     on the same inputs, output poisoned first."""
     from overlap_backend.codegen import ag_mm
     from overlap_backend.codegen import epilogue as gen
@@ -195,11 +196,16 @@ def test_ag_mm_wait_that_gives_up_ends_the_kernel_and_reports(cfg, device):
     assert claimed == 1
 
 
-def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_variant: list, rs_variant: list):
+FUSED_FALLBACK = (128, 256, 64, 8, 3, 8, True)
+
+
+def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_variant: list, rs_variant: list,
+                            not_fused: list | None = None):
     """Each op at a shape whose ratio entry names a variant that beat the candidates (``ag_variant`` for ``ag_mm``,
-    ``rs_variant`` for ``mm_rs``), plain and with a fused epilogue (``ag_mm`` + bias + GELU):
-    with no other candidate (``CANDIDATES_16BIT=()``), the op must tune over that variant, run it and get the right
-    result."""
+    ``rs_variant`` for ``mm_rs``): with no other candidate (``CANDIDATES_16BIT=()``), the op must tune over that
+    variant, run it and get the right result. Then ``ag_mm`` + bias + GELU at the same shape: it tunes apart, over
+    the variant unless its store field is in ``knobs.codegen.VARIANTS_NOT_FUSED`` (``not_fused`` replaces it),
+    else over ``FUSED_FALLBACK``, and gets the right result."""
     import json
     from pathlib import Path
 
@@ -235,6 +241,12 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
     out_rs = torch.ops.overlap.mm_rs(a, w, None, [ws * rows, N], 0, "sum", gn, "symm")
     out_ar = torch.ops.overlap.mm_ar(a, w, None, "sum", gn, "symm")
     plain_keys = set(tuned_configs)
+    # the fused GEMM tunes apart; where its variant is not adopted (VARIANTS_NOT_FUSED) it tunes over FUSED_FALLBACK
+    if not_fused is not None:
+        knobs.codegen.set(VARIANTS_NOT_FUSED=tuple(not_fused))
+    gated = ag_variant[6] in knobs.codegen.VARIANTS_NOT_FUSED
+    if gated:
+        knobs.codegen.set(CANDIDATES_16BIT=(FUSED_FALLBACK,))
     bias = _randn(N, dtype=dt, device=device)
     out_gelu = torch.ops.overlap.ag_mm(shard, [w], [None], 0, gn, "symm", False, "bias:0,gelu", [bias])[1][0]
     torch.cuda.synchronize()
@@ -243,25 +255,29 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
     errs = {"ag_mm": _rel_err(out_ag, gathered), "mm_rs": _rel_err(out_rs, full.chunk(ws)[rank]),
             "mm_ar": _rel_err(out_ar, full),
             "ag_mm bias+gelu": _rel_err(out_gelu, torch.nn.functional.gelu(gathered + bias.float()))}
-    # the fused call tunes under its own key where it has one (else it runs the plain call's config, checked below)
     fused_tuned = [list(v) for k, v in tuned_configs.items() if k not in plain_keys and k[0] == "ag_mm"]
-    assert all(v == list(ag_variant) for v in fused_tuned), f"ag_mm bias+gelu tuned {fused_tuned}"
+    want = list(FUSED_FALLBACK) if gated else list(ag_variant)
+    assert fused_tuned == [want], f"ag_mm bias+gelu tuned {fused_tuned}, not {want}"
     tuned = {k[0]: v for k, v in tuned_configs.items() if k in plain_keys}
     return errs, {k: list(v) for k, v in tuned.items()}, variants
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("ag_variant,rs_variant", [
-    ([128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], [128, 256, 64, 4, 3, 8, False]),
-    (list(GLUON[1]), list(RS_GLUON)),
-], ids=["tma_subtile_flatten", "gluon"])
-def test_ops_run_the_measured_variant(tmp_path, ag_variant, rs_variant):
+@pytest.mark.parametrize("ag_variant,rs_variant,not_fused", [
+    ([128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], [128, 256, 64, 4, 3, 8, False], None),
+    (list(GLUON[1]), list(RS_GLUON), None),
+    pytest.param(list(GLUON[1]), list(RS_GLUON), [], marks=pytest.mark.xfail(
+        reason="ag_mm's Gluon kernel with bias + GELU in the op: rel err 0.17 at 2 ranks on one H100, cause not "
+               "found (knobs.codegen.VARIANTS_NOT_FUSED keeps the ops off it)", strict=False)),
+], ids=["tma_subtile_flatten", "gluon", "gluon_fused"])
+def test_ops_run_the_measured_variant(tmp_path, ag_variant, rs_variant, not_fused):
     try:
         from test_gpu import _need_gpus, _run
     except ImportError:
         from tests.gpu.test_gpu import _need_gpus, _run
     _need_gpus(2, "symm")
-    for errs, tuned, variants in _run(measured_variant_worker, 2, str(tmp_path), ag_variant, rs_variant, timeout=180):
+    for errs, tuned, variants in _run(measured_variant_worker, 2, str(tmp_path), ag_variant, rs_variant, not_fused,
+                                      timeout=180):
         print(f"rel errs {errs}; tuned {tuned}")
         assert all(e < 1e-2 for e in errs.values()), errs
         for k, v in variants.items():

@@ -193,6 +193,19 @@ def test_ag_mm_plan_runs_the_epilogue_apart_where_that_measured_faster(fake, rat
     symm_ag_mm._plans.clear()
 
 
+def test_ag_mm_fused_gemm_tunes_apart_from_the_plain_one(fake):
+    """The tile-config key of a GEMM with a fused epilogue differs from the plain GEMM's of the same shape (their
+    candidates and best configs can differ); an epilogue run apart leaves the GEMM plain, with the plain key."""
+    _, st = fake
+    shard, w = torch.randn(512, 64), torch.randn(64, 128)
+    with knobs.symm.patch(AG_MM_GEMM="triton"):
+        symm_ag_mm._plans.clear()
+        plain = symm_ag_mm.ag_mm_plan(st, shard, [w], (), 0, False)[1][0]
+        fused = symm_ag_mm.ag_mm_plan(st, shard, [w], ("gelu",), 0, False)[1][0]
+    symm_ag_mm._plans.clear()
+    assert plain != fused and plain[:-1] == fused[:-1]
+
+
 def test_mm_rs_cublas_steady_state(fake, group):
     counts, _ = fake
     a, b = torch.randn(512, 64), torch.randn(64, 96)

@@ -58,7 +58,6 @@ def ag_mm_plan(st, shard, weights, epilogues, dim, graph) -> tuple:
     rows = shard.numel() // K
     run = math.prod(shard.shape[dim:-1])
     outer = rows // run if run else 0
-    keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows) for w in weights]
     N = sum(w.shape[1] for w in weights)
     gemm = ag_gemm(outer, run, K, N, bool(any(epilogues)), ws=st.ws, dtype=shard.dtype)
     specs = list(epilogues) or [""] * len(weights)
@@ -70,6 +69,10 @@ def ag_mm_plan(st, shard, weights, epilogues, dim, graph) -> tuple:
     # an epilogue that casts to a narrower dtype may leave rows TMA cannot store: torch ops then
     gens = [None if g is not None and tma_problem(_epilogue.out_dtype(spec, shard.dtype), w.shape[1]) else g
             for g, spec, w in zip(gens, specs, weights)]
+    # a fused GEMM tunes apart from the plain one of its shape: its candidates (the measured variant) and its best
+    # config can differ
+    keys = [(rows, w.shape[1], K, str(shard.dtype), w.stride(0) == 1, run == rows, g is not None)
+            for w, g in zip(weights, gens)]
     # an output whose epilogue could not be generated is computed plainly, its reference applied after
     dtypes = [shard.dtype if spec and g is None else _epilogue.out_dtype(spec, shard.dtype)
               for spec, g in zip(specs, gens)]

@@ -86,6 +86,11 @@ codegen = Knobs(
     # best_config) was at least this fraction faster than the candidates above, ag_mm / mm_rs / mm_ar tune over
     # it too (one more compilation) and their GEMM choices read its ratio; None: never.
     MEASURED_VARIANT_GAIN=0.01,
+    # Store fields of bench-only variants the ops do not adopt for a GEMM with a fused epilogue (the plain GEMM
+    # still adopts them): ag_mm's Gluon kernel with bias + GELU computed a wrong result in the op at 2 ranks on one
+    # H100 (rel err 0.17, tests/gpu/test_gpu_kernel_variants.py::test_ops_run_the_measured_variant) where its
+    # kernel tests, at other shapes and 8 or 32 values a thread a piece, passed; () once that is found and fixed.
+    VARIANTS_NOT_FUSED=("ws_pingpong", "ws_coop", "ws_pingpong_direct"),
     # Time the candidates and keep the fastest; False takes the first fitting one (tests: numerics do
     # not depend on the config, and it is one compilation per kernel variant).
     AUTOTUNE=True,
