@@ -4,7 +4,7 @@ against cuBLAS on the same local GEMM.
     python bench/suites/bench_kernels.py --out bench/results/kernels_h200x1_<date> [--quick] [--dry-run]
         [--kernels ag_mm,mm_rs,mm_ar,oneshot,cta_stage0,cta_stage1,cta_stage0_cublas,cta_stage1_cublas,
                    moe_gate_up,moe_down,moe_grouped_mm,ag_mm_cublas,mm_rs_cublas,mm_ar_cublas] [--ws 2,4,8]
-        [--budget-s 300] [--jobs N] [--reps 30] [--no-variants]
+        [--budget-s 300] [--jobs N] [--reps 30] [--no-variants] [--rerender]
 
 Kernels (``codegen/``): the ``ag_mm`` consumer, the ``mm_rs`` producer, the same kernel as ``mm_ar``'s
 rounds (``WRITE_GATHER``), the one-shot all-reduce sum, the CTA op's stage-0 / stage-1 kernels and the
@@ -35,8 +35,9 @@ Outputs in ``--out``: ``table.md`` (the table of record), ``results.json`` (ever
 error), ``kernel_ratios.json`` (the format of ``overlap_backend/spec/kernel_ratios.py``: installed into
 ``overlap_backend/spec/kernel_ratios.json`` by ``bench/tools/install_ratios.py``, the ops take cuBLAS where the
 kernel measured slower than ``knobs.symm.CUBLAS_ABOVE_RATIO``), ``paths.md`` (``kernel_paths.py``: the path
-each op takes at each shape on these ratios, and that path's ratio), ``variants.md`` (which variants beat the op's candidates),
-``README.md`` (machine, versions, the exact command). Cold Triton caches: the kernel variants are
+each op takes at each shape on these ratios, and that path's ratio), ``variants.md`` (which variants beat the
+op's candidates), ``README.md`` (machine, versions, the exact command); ``--rerender`` (no GPU) writes them again
+from ``results.json``. Cold Triton caches: the kernel variants are
 compiled first by ``--jobs`` worker processes (``launcher.preloading``), then timed in this one; the
 run stops starting cases after ``--budget-s`` seconds and lists those it left out. ``--dry-run`` (no
 GPU) builds the case list and writes every output with made-up timings, to check the script.
@@ -415,7 +416,8 @@ def ratio_entries(rows: list[dict], info: dict, out: str) -> list[dict]:
                         "epilogue": c["epilogue"], "moe": c["moe"], "ratio": round(r["op_ratio"], 4),
                         "kernel_ms": round(r["op_ms"], 4), "baseline_ms": round(r["baseline_ms"], 4),
                         "config": r["op_config"], "best_variant_ratio": round(r.get("best_ratio", r["op_ratio"]), 4),
-                        "best_config": r.get("best_config"), "source": out,
+                        "best_config": r.get("best_config"), "variants": kernel_paths.measured_variants(r),
+                        "source": out,
                         **({"ratio_with_sum": round(r["op_ratio_with_sum"], 4)} if "op_ratio_with_sum" in r else {}),
                         **({"apart_ratio": round(r["apart_ratio"], 4)} if "apart_ratio" in r else {})})
     return entries
@@ -476,6 +478,8 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=30, help="timed repetitions per measurement (median)")
     p.add_argument("--no-variants", action="store_true", help="only the op's tuning candidates")
     p.add_argument("--list", action="store_true", help="print the case list and exit")
+    p.add_argument("--rerender", action="store_true",
+                   help="no GPU: write every output of --out again from its results.json (today's writers)")
     common.add_set_argument(p)  # (knobs of the ops' cuBLAS paths, run in this process; not the compile workers')
     args = common.parse_args_with_sets(p, argv)
     args.kernels = tuple(k for k in args.kernels.split(",") if k)
@@ -499,6 +503,11 @@ def main(argv=None) -> int:
         print(f"{len(todo)} cases, {len(compile_jobs(todo, variants))} kernel variants to compile")
         return 0
     out = Path(args.out)
+    if args.rerender:
+        done = json.loads((out / "results.json").read_text())
+        write_outputs(out, done["rows"], done["info"], done["skipped"], done["compile"])
+        print(f"rendered again: {len(done['rows'])} cases -> {out}")
+        return 0
     info = run_info(args.dry_run, sys.argv[1:] if argv is None else list(argv))
     rows, skipped, compile_stats = [], [], {}
     if args.dry_run:

@@ -118,16 +118,24 @@ def paths(rows: list[dict], ratio_file: Path, gpu: str) -> list[dict]:
     return out
 
 
+def measured_variants(row: dict, n: int = 4) -> list[list]:
+    """The ``n`` fastest bench-only variants of a benchmark row, ``[config, ratio]`` each, fastest first: the ratio
+    file's ``variants``, which the ops fall back on where they may not take the fastest."""
+    timed = sorted((c for c in row.get("configs", ()) if c.get("kind") == "variant" and c.get("ratio") is not None),
+                   key=lambda c: c["ratio"])
+    return [[c["config"], round(c["ratio"], 4)] for c in timed[:n]]
+
+
 def _variant_scale(row: dict) -> float:
-    """The op's kernel time at this row's case over its tuning candidates' best: 1, or where the op tunes over the
-    run's best bench-only variant too (``kernel_ratios.adopts_variant``: ag_mm, mm_rs and mm_ar, where that
-    variant won by enough) the variant's time over theirs."""
+    """The op's kernel time at this row's case over its tuning candidates' best: 1, or where the op tunes over one
+    of the run's bench-only variants too (``kernel_ratios.adopted_variant``: ag_mm, mm_rs and mm_ar, where that
+    variant won by enough and may be taken) the variant's time over theirs."""
     from overlap_backend.spec import kernel_ratios
 
-    entry = {"kernel": row["case"]["kernel"], "ratio": row["op_ratio"], "best_variant_ratio": row.get("best_ratio"),
-             "best_config": row.get("best_config"), "fused": bool(row["case"]["epilogue"])}
-    adopted = row.get("best_kind") == "variant" and kernel_ratios.adopts_variant(entry)
-    return row["best_ratio"] / row["op_ratio"] if adopted else 1.0
+    entry = {"kernel": row["case"]["kernel"], "ratio": row["op_ratio"], "best_variant_ratio": None,
+             "best_config": None, "variants": measured_variants(row), "fused": bool(row["case"]["epilogue"])}
+    adopted = kernel_ratios.adopted_variant(entry)
+    return adopted[1] / row["op_ratio"] if adopted else 1.0
 
 
 def fmt_ratio(v) -> str:

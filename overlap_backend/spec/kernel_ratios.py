@@ -12,8 +12,9 @@ is the kernel's local GEMM (``mm_rs`` / ``mm_ar``: the rank's [M, K] @ [K, N] wi
 ``ag_mm``: the gathered rows), ``ratio`` the kernel's time over cuBLAS's (``fused``: with its fused
 epilogue over cuBLAS plus the separate epilogue kernel), other keys informative (times, config, source),
 but for ``best_config`` / ``best_variant_ratio``: the fastest config the benchmark timed, bench-only variants
-included, and its ratio. Where a variant measured faster by ``knobs.codegen.MEASURED_VARIANT_GAIN``, the ops
-of :data:`VARIANT_KERNELS` tune over it too (:func:`measured_variant`), and the kernel's ratio is the variant's.
+included, and its ratio, and ``variants``: the next fastest bench-only variants, ``[config, ratio]`` each. Where a
+variant measured faster by ``knobs.codegen.MEASURED_VARIANT_GAIN``, the ops of :data:`VARIANT_KERNELS` tune over
+the fastest such one they may take (:func:`adopted_variant`) too, and the kernel's ratio is that variant's.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def measured_ratio(kernel: str, M: int, K: int, N: int, **kw) -> float | None:
     e = nearest(kernel, M, K, N, **kw)
     if e is None:
         return None
-    return float(e["best_variant_ratio"]) if adopts_variant(e) else float(e["ratio"])
+    adopted = adopted_variant(e)
+    return adopted[1] if adopted else float(e["ratio"])
 
 
 def measured_variant(kernel: str, M: int, K: int, N: int, **kw) -> tuple | None:
@@ -132,17 +134,27 @@ def measured_variant(kernel: str, M: int, K: int, N: int, **kw) -> tuple | None:
     that config does not fit (its BM not dividing the rows a TMA store needs), the op tunes over its own
     candidates only, while :func:`measured_ratio` still reads the variant's ratio: an estimate off by that gain."""
     e = nearest(kernel, M, K, N, **kw)
-    return tuple(e["best_config"]) if e is not None and adopts_variant(e) else None
+    adopted = adopted_variant(e) if e is not None else None
+    return adopted[0] if adopted else None
 
 
-def adopts_variant(e: dict) -> bool:
-    """Whether the op of entry ``e`` (or of a kernel benchmark row with the same keys) tunes over its best variant:
-    not with a fused epilogue where the variant's store field is one of ``knobs.codegen.VARIANTS_NOT_FUSED``."""
+def adopted_variant(e: dict) -> tuple[tuple, float] | None:
+    """(config, ratio) of the variant the op of entry ``e`` (or of a kernel benchmark row with the same keys) tunes
+    over too, or None: the fastest of ``best_config`` and the next ``variants`` that measured at least
+    ``knobs.codegen.MEASURED_VARIANT_GAIN`` faster than the candidates, but with a fused epilogue none whose store
+    field is one of ``knobs.codegen.VARIANTS_NOT_FUSED`` (the next such variant then)."""
     gain = _codegen.MEASURED_VARIANT_GAIN
-    best, config = e.get("best_variant_ratio"), e.get("best_config")
-    return (gain is not None and e["kernel"] in VARIANT_KERNELS and best is not None
-            and isinstance(config, list | tuple) and len(config) == 7 and float(best) <= float(e["ratio"]) * (1 - gain)
-            and not (e.get("fused") and config[6] in _codegen.VARIANTS_NOT_FUSED))
+    if gain is None or e["kernel"] not in VARIANT_KERNELS:
+        return None
+    tried = [(e.get("best_config"), e.get("best_variant_ratio")), *(tuple(v) for v in e.get("variants") or ())]
+    for config, ratio in sorted((v for v in tried if v[1] is not None), key=lambda v: float(v[1])):
+        if not (isinstance(config, list | tuple) and len(config) == 7) or float(ratio) > float(e["ratio"]) * (1 - gain):
+            continue
+        if e.get("fused") and config[6] in _codegen.VARIANTS_NOT_FUSED:
+            continue
+        return tuple(config), float(ratio)
+    return None
+
 
 
 def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:

@@ -88,6 +88,21 @@ def test_dry_run_writes_every_output_and_the_runtime_reads_the_ratios(bk, tmp_pa
             e["best_variant_ratio"] if won else e["ratio"])
         assert kernel_ratios.measured_variant("mm_rs", e["M"], e["K"], e["N"], ws=4, gpu=gpu) == (
             tuple(e["best_config"]) if won else None)
+    # the next fastest variants too, fastest first, each as its row timed it
+    for e, r in zip(entries, rows):
+        assert e["variants"] == [[c["config"], round(c["ratio"], 4)] for c in sorted(
+            (c for c in r["configs"] if c["kind"] == "variant"), key=lambda c: c["ratio"])][:4]
+    assert any(e["variants"] for e in entries)
+
+
+def test_rerender_writes_the_outputs_again_from_the_results(bk, tmp_path):
+    assert bk.main(["--out", str(tmp_path), "--dry-run", "--kernels", "ag_mm", "--ws", "2"]) == 0
+    ratios = (tmp_path / "kernel_ratios.json").read_text()
+    for name in ("table.md", "paths.md", "variants.md", "kernel_ratios.json"):
+        (tmp_path / name).unlink()
+    assert bk.main(["--out", str(tmp_path), "--rerender"]) == 0
+    assert (tmp_path / "kernel_ratios.json").read_text() == ratios
+    assert all((tmp_path / n).stat().st_size > 0 for n in ("table.md", "paths.md", "variants.md"))
 
 
 def test_precompile_retries_alone_what_ran_out_of_memory_beside_the_others(bk, monkeypatch):
@@ -328,8 +343,10 @@ def test_paths_read_the_variant_the_op_tunes_over_too(bk, tmp_path):
     paths = importlib.import_module("bench.suites.kernel_paths")
     gpu = "Test GPU"
     case = {"kernel": "mm_ar", "ws": 4, "M": 4096, "K": 7168, "N": 8192, "epilogue": "", "moe": ""}
+    variant = {"kind": "variant", "config": [128, 256, 64, 4, 3, 8, False], "ratio": 1.02, "ms": 1.02}
     rows = [{"case": case, "op_ratio": 1.2, "op_ms": 1.2, "op_ratio_with_sum": 1.1, "best_ratio": 1.02,
-             "best_ms": 1.02, "best_kind": "variant", "best_config": [128, 256, 64, 4, 3, 8, False]},
+             "best_ms": 1.02, "best_kind": "variant", "best_config": [128, 256, 64, 4, 3, 8, False],
+             "configs": [{"kind": "op", "config": [128, 256, 64, 8, 3, 8, False], "ratio": 1.2, "ms": 1.2}, variant]},
             {"case": {**case, "kernel": "mm_ar_cublas"}, "op_ratio": 1.1, "op_ms": 1.1}]
     entries = [{"gpu": gpu, "kernel": "mm_ar", "dtype": "bfloat16", "ws": 4, "M": 4096, "K": 7168, "N": 8192,
                 "fused": False, "ratio": 1.2, "best_variant_ratio": 1.02, "best_config": [128, 256, 64, 4, 3, 8, False]},
