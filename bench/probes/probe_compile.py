@@ -153,7 +153,27 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
 def report(compiled, arch: int = 90) -> dict:
     ttgir = compiled.asm["ttgir"]
     return {"triton": triton.__version__, "shared_bytes": compiled.metadata.shared,
-            **{k: len(re.findall(p, ttgir)) for k, p in COUNTS.items()}, **ptxas_report(compiled.asm["ptx"], arch)}
+            **{k: len(re.findall(p, ttgir)) for k, p in COUNTS.items()}, **tma_store_order(compiled.asm["ptx"]),
+            **ptxas_report(compiled.asm["ptx"], arch)}
+
+
+def tma_store_order(ptx: str) -> dict:
+    """How the PTX's TMA stores (shared -> global) follow the threads' writes to shared memory: the writers' proxy
+    fence, then the barrier, then the store is right; a barrier then the fences lets a warp's store read another
+    warp's writes before that warp's fence (stale data)."""
+    fenced, unfenced = 0, 0
+    last_fence = last_barrier = -1
+    for i, line in enumerate(ptx.splitlines()):
+        if "fence.proxy.async.shared" in line:
+            last_fence = i
+        elif re.search(r"\b(bar|barrier)\.sync\b", line):
+            last_barrier = i
+        elif "cp.async.bulk.tensor" in line and "global.shared" in line:
+            if 0 <= last_fence < last_barrier:
+                fenced += 1
+            else:
+                unfenced += 1
+    return {"TMA stores fenced, then synchronized": fenced, "TMA stores not fenced before the barrier": unfenced}
 
 
 def ptxas_report(ptx: str, arch: int) -> dict:

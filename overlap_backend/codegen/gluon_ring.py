@@ -16,9 +16,10 @@ A fresh mbarrier counts as having completed the phase before phase 0, so the loa
 Each MMA partition is one warpgroup: Gluon lowers ``mbarrier.arrive`` to an arrive by the partition's thread 0, and
 ``wgmma.wait_group`` retires the calling warpgroup's wgmmas only.
 
-Versions: Triton 3.6 names the partition barrier ``thread_barrier`` and the TMA copies
-``async_copy_global_to_shared`` / ``async_copy_shared_to_global``; later versions ``barrier``, ``async_load`` and
-``async_store`` (the old copy names then raise). The names are picked here once.
+Versions: Triton 3.6 names the partition barrier ``thread_barrier``, the TMA copies
+``async_copy_global_to_shared`` / ``async_copy_shared_to_global`` and a shared-memory view's retyping
+``_reinterpret``; later versions ``barrier``, ``async_load``, ``async_store`` and ``reinterpret`` (the old copy names
+then raise). The names are picked here once.
 """
 
 import torch
@@ -32,6 +33,17 @@ tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 WARPS = 4  # a partition is one warpgroup: the launch's num_warps (its default partition)
+
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def as_pieces(desc, n: gl.constexpr, rows: gl.constexpr, cols: gl.constexpr, layout: gl.constexpr):
+        """``desc``'s memory as ``n`` [rows, cols] tiles of its dtype in ``layout``, indexed along a leading dim."""
+        return desc.reinterpret(desc.dtype, [n, rows, cols], layout)
+else:
+    @gluon.jit
+    def as_pieces(desc, n: gl.constexpr, rows: gl.constexpr, cols: gl.constexpr, layout: gl.constexpr):
+        """``desc``'s memory as ``n`` [rows, cols] tiles of its dtype in ``layout``, indexed along a leading dim."""
+        return desc._reinterpret(desc.dtype, [n, rows, cols], layout)
 
 
 def refusal(store, stores, warps: int, dtype: torch.dtype) -> str | None:
@@ -186,8 +198,18 @@ def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, ep0, ep1, ep2, ep3
     c_buf.store(acc.to(out_desc.dtype))
     if EP_VALUES > 0:
         epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES, bias_ptr, 0, 0, 1, False)
-    fence_async_shared()  # generic-proxy shared-memory writes -> visible to the TMA (async proxy)
+    shared_to_tma()
     tma_store(out_desc, [row0, col0], c_buf)
+
+
+@gluon.jit
+def shared_to_tma():
+    """Every thread's writes to shared memory made visible to the TMA unit, before a TMA store issued after this
+    reads them: each writing thread fences its generic-proxy writes to the async proxy, then the partition
+    synchronizes. The other order (barrier, then fences) let a warp issue its TMA store while another warp's
+    fence was still ahead of it: an `ag_mm` call with a fused epilogue stored stale values (one H100)."""
+    fence_async_shared()
+    partition_barrier()
 
 
 @gluon.jit
@@ -197,15 +219,16 @@ def epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE: gl.co
     at a time (``piece_rows`` rows of a ``piece_cols``-column block) in ``slice_layout``: + the same elements of the
     other ``PARTS - 1`` ranks' partials (``parts_ptr``: [PARTS * rows, N], rank p's at rows p * rows + ...;
     ``PARTS`` 1: none), / ``PARTS`` with ``AVERAGE``, then ``EPILOGUE``; back into ``c_buf``, every thread's part of
-    it there before and after. The pieces are a loop, not unrolled: unrolled, an epilogue with erf (GELU) made the
-    persistent kernel ~11k instructions (170 KB), fetched again on every tile, and both warpgroups stalled on
-    instruction fetch (one H100: 1.28x the plain kernel's time)."""
+    it there before (the caller makes it visible to a TMA store after: ``shared_to_tma``). The pieces are a loop,
+    not unrolled: unrolled, an epilogue with erf (GELU) made the persistent kernel ~11k instructions (170 KB),
+    fetched again on every tile, and both warpgroups stalled on instruction fetch (one H100: 1.28x the plain
+    kernel's time)."""
     BM: gl.constexpr = c_buf.type.shape[0]
     BN: gl.constexpr = c_buf.type.shape[1]
     COLS: gl.constexpr = piece_cols(c_buf.type.layout, c_buf.dtype.primitive_bitwidth)
     ROWS: gl.constexpr = piece_rows(BM, COLS, EP_VALUES)
     RUNS: gl.constexpr = BM // ROWS  # pieces per column block
-    pieces = c_buf._reinterpret(c_buf.dtype, [BN // COLS * RUNS, ROWS, COLS], pieces_layout(c_buf.type.layout))
+    pieces = as_pieces(c_buf, BN // COLS * RUNS, ROWS, COLS, pieces_layout(c_buf.type.layout))
     layout: gl.constexpr = slice_layout(ROWS, COLS)
     partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
     for i in range(BN // COLS * RUNS):
@@ -223,7 +246,6 @@ def epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE: gl.co
             x = x / PARTS
         x = EPILOGUE(x, r, cols, mask, N, ep0, ep1, ep2, ep3)
         part.store(x.to(c_buf.dtype))
-    partition_barrier()  # the whole tile written before the one thread that issues the TMA store reads it
 
 
 @gluon.jit

@@ -30,14 +30,14 @@ dtype than the GEMM's, the cooperative form.
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
 from .gluon_ring import (WARPS, acc_layout, epilogue_in_slices, epilogue_values, finish_tile, init_ring, load_stage,
-                         mma_tile, partition_barrier, refusal, slice_cols, slice_layout, smem_layout, store_tile,
-                         tma_store)
+                         mma_tile, partition_barrier, refusal, shared_to_tma, slice_cols, slice_layout, smem_layout,
+                         store_tile, tma_store)
 from .tiles import grouped_tile
 
 ID_SLOTS = gl.constexpr(4)  # tile numbers the loader may hand out ahead of the MMA warpgroups
@@ -178,7 +178,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
             c_buf.store(acc.to(c_buf.dtype))
             epilogue_in_slices(c_buf, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES, recv_ptr,
                                rank, rows, WS, AVERAGE)
-            fence_async_shared()  # generic-proxy shared-memory writes -> visible to the TMA (async proxy)
+            shared_to_tma()
             tma_store(out_desc, [pid_m * BM, pid_n * BN], c_buf)
         i += 2
         tile = _take_id(ids, id_ready, id_empty, i)
