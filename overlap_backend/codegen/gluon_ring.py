@@ -206,8 +206,9 @@ def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, ep0, ep1, ep2, ep3
 def shared_to_tma():
     """Every thread's writes to shared memory made visible to the TMA unit, before a TMA store issued after this
     reads them: each writing thread fences its generic-proxy writes to the async proxy, then the partition
-    synchronizes. The other order (barrier, then fences) let a warp issue its TMA store while another warp's
-    fence was still ahead of it: an `ag_mm` call with a fused epilogue stored stale values (one H100)."""
+    synchronizes. The other order (barrier, then fences) lets a warp issue its TMA store while another warp's
+    fence is still ahead of it (each warp stores a column block every warp wrote): stale values, the likely cause
+    of a wrong fused ``ag_mm`` result in the op on one H100."""
     fence_async_shared()
     partition_barrier()
 
