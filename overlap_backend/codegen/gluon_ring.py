@@ -63,7 +63,7 @@ def refusal(store, stores, warps: int, dtype: torch.dtype) -> str | None:
 
 
 def epilogue_values() -> int:
-    """Values a thread of a warpgroup takes per piece of a tile in shared memory (``epilogue_in_slices``):
+    """Values a thread of a warpgroup takes per piece of a tile in shared memory (``epilogue_in_pieces``):
     ``knobs.codegen.GLUON_EPILOGUE_VALUES``, at least one 16-byte vector."""
     from ..spec import knobs
 
@@ -179,7 +179,7 @@ def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, ep0, ep1, ep2, ep3
     stores: whole tiles of rows).
 
     ``EP_VALUES`` 0: the epilogue runs on the accumulator's registers. Otherwise the tile goes to ``c_buf`` first and
-    the epilogue runs on it in pieces (``epilogue_in_slices``): on the accumulator's layout a thread holds its 128
+    the epilogue runs on it in pieces (``epilogue_in_pieces``): on the accumulator's layout a thread holds its 128
     values, the epilogue's temporaries besides, and ptxas spilled up to 1.8 KB a thread (``bias:0,gelu``), which ran
     the fused rows at 1.6x cuBLAS. Only for an output of the GEMM's dtype: a generated epilogue starts by rounding to
     it, which the store to ``c_buf`` then did."""
@@ -197,7 +197,7 @@ def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, ep0, ep1, ep2, ep3
     partition_barrier()  # ... and the partition's other threads for that thread before overwriting c_buf
     c_buf.store(acc.to(out_desc.dtype))
     if EP_VALUES > 0:
-        epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES, bias_ptr, 0, 0, 1, False)
+        epilogue_in_pieces(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES, bias_ptr, 0, 0, 1, False)
     shared_to_tma()
     tma_store(out_desc, [row0, col0], c_buf)
 
@@ -214,7 +214,7 @@ def shared_to_tma():
 
 
 @gluon.jit
-def epilogue_in_slices(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE: gl.constexpr, EP_VALUES: gl.constexpr,
+def epilogue_in_pieces(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE: gl.constexpr, EP_VALUES: gl.constexpr,
                        parts_ptr, rank, rows, PARTS: gl.constexpr, AVERAGE: gl.constexpr):
     """The tile in ``c_buf`` (rows [row0, row0 + BM), columns from col0), a piece of ``EP_VALUES`` values a thread
     at a time (``piece_rows`` rows of a ``piece_cols``-column block) in ``slice_layout``: + the same elements of the

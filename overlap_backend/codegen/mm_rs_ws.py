@@ -15,9 +15,9 @@ chunks whose rows a tile divides, on the copy-engine transport (``mm_rs.tma_ok``
   Counting at once, before the warpgroup waits for anything else, is what keeps waits across GPUs acyclic: no
   partition waits (for its turn, its stages or a peer) while it holds a stored tile it has not counted. An own tile waits, after its main loop, for every peer's partial of its band
   (acquire, system scope, bounded; once per band per warpgroup), then sums them in its epilogue.
-- The own tile's epilogue runs on column slices of the tile in shared memory (``gluon_ring.slice_layout``,
+- The own tile's epilogue runs on pieces of the tile in shared memory, in a loop (``gluon_ring.epilogue_in_pieces``,
   ``knobs.codegen.GLUON_EPILOGUE_VALUES`` values a thread): the accumulator (+ bias) is rounded to the GEMM's dtype
-  into the store buffer, then each slice adds the peers' partials (float32), averages, runs the generated
+  into the store buffer, then each piece adds the peers' partials (float32), averages, runs the generated
   epilogue and goes back, and the tile leaves by one TMA store. The own partial is rounded before the sum, as the
   unfused graph's GEMM output is (``mm_rs_kernel`` sums the float32 accumulator).
 
@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
-from .gluon_ring import (WARPS, acc_layout, epilogue_in_slices, epilogue_values, finish_tile, init_ring, load_stage,
+from .gluon_ring import (WARPS, acc_layout, epilogue_in_pieces, epilogue_values, finish_tile, init_ring, load_stage,
                          mma_tile, partition_barrier, refusal, shared_to_tma, slice_cols, slice_layout, smem_layout,
                          store_tile, tma_store)
 from .tiles import grouped_tile
@@ -176,7 +176,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
             tma.store_wait(0)  # the last store from c_buf has read it ...
             partition_barrier()  # ... before any thread overwrites it
             c_buf.store(acc.to(c_buf.dtype))
-            epilogue_in_slices(c_buf, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES, recv_ptr,
+            epilogue_in_pieces(c_buf, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES, recv_ptr,
                                rank, rows, WS, AVERAGE)
             shared_to_tma()
             tma_store(out_desc, [pid_m * BM, pid_n * BN], c_buf)
