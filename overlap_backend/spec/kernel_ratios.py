@@ -156,7 +156,6 @@ def adopted_variant(e: dict) -> tuple[tuple, float] | None:
     return None
 
 
-
 def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:
     """Whether ``kernel`` measured more than ``knobs.symm.CUBLAS_ABOVE_RATIO`` times cuBLAS near this GEMM
     (True: compute it on cuBLAS), False where it measured at most that, None where nothing was measured
