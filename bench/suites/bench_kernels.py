@@ -4,7 +4,7 @@ against cuBLAS on the same local GEMM.
     python bench/suites/bench_kernels.py --out bench/results/kernels_h200x1_<date> [--quick] [--dry-run]
         [--kernels ag_mm,mm_rs,mm_ar,oneshot,cta_stage0,cta_stage1,cta_stage0_cublas,cta_stage1_cublas,
                    moe_gate_up,moe_down,moe_grouped_mm,ag_mm_cublas,mm_rs_cublas,mm_ar_cublas] [--ws 2,4,8]
-        [--budget-s 300] [--jobs N] [--reps 30] [--no-variants] [--rerender]
+        [--max-rows M] [--budget-s 300] [--jobs N] [--reps 30] [--no-variants] [--rerender]
 
 Kernels (``codegen/``): the ``ag_mm`` consumer, the ``mm_rs`` producer, the same kernel as ``mm_ar``'s
 rounds (``WRITE_GATHER``), the one-shot all-reduce sum, the CTA op's stage-0 / stage-1 kernels and the
@@ -257,8 +257,9 @@ def compile_jobs(todo: list[tuple[Case, list[str]]], variants: bool) -> list[tup
     return jobs
 
 
-def precompile(todo, variants: bool, workers: int, deadline: float) -> dict:
-    """Compile every kernel variant in ``workers`` processes (into Triton's on-disk cache) before timing; the
+def precompile(todo, variants: bool, workers: int, deadline: float, settings=()) -> dict:
+    """Compile every kernel variant in ``workers`` processes (into Triton's on-disk cache) before timing, each
+    with the run's ``--set`` knobs ``settings`` (the configs the CTA and MoE set-ups derive read them); the
     jobs that ran out of GPU memory beside the others (each worker holds its case's tensors) go again one at a
     time."""
     jobs = compile_jobs(todo, variants)
@@ -266,24 +267,25 @@ def precompile(todo, variants: bool, workers: int, deadline: float) -> dict:
     if workers <= 0 or not jobs:
         return stats
     t0 = time.time()
-    ran = _compile_in_pool(jobs, range(len(jobs)), workers, deadline)
+    ran = _compile_in_pool(jobs, range(len(jobs)), workers, deadline, settings)
     stats["done"] = len(ran)
     out_of_memory = [i for i, err in ran.items() if err.startswith("OutOfMemoryError")]
     stats["retried"] = len(out_of_memory)
     if out_of_memory:
-        ran.update(_compile_in_pool(jobs, out_of_memory, 1, deadline))
+        ran.update(_compile_in_pool(jobs, out_of_memory, 1, deadline, settings))
     stats["failed"] = [f"{jobs[i][1].label()} {jobs[i][2]}: {err}" for i, err in sorted(ran.items()) if err]
     stats["seconds"] = time.time() - t0
     return stats
 
 
-def _compile_in_pool(jobs, indices, workers: int, deadline: float) -> dict[int, str]:
-    """``_compile_job`` on ``jobs[i]`` for each of ``indices`` in ``workers`` spawned processes until
-    ``deadline``: {index: error, "" where it compiled} of every job that finished."""
+def _compile_in_pool(jobs, indices, workers: int, deadline: float, settings=()) -> dict[int, str]:
+    """``_compile_job`` on ``jobs[i]`` for each of ``indices`` in ``workers`` spawned processes, the knobs
+    ``settings`` set in each, until ``deadline``: {index: error, "" where it compiled} of every job that
+    finished."""
     import multiprocessing as mp
 
     ran = {}
-    pool = mp.get_context("spawn").Pool(workers)
+    pool = mp.get_context("spawn").Pool(workers, initializer=common.apply_sets, initargs=(list(settings),))
     try:
         pending = [pool.apply_async(_compile_job, (jobs[i],)) for i in indices]
         for res in pending:
@@ -472,6 +474,8 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true", help="no GPU: the case list and every output, made-up times")
     p.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated subset of " + ", ".join(KERNELS))
     p.add_argument("--ws", default="2,4,8", help="world sizes whose local shapes to measure")
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="only the cases of at most this many local rows M (decode sizes: a sweep of their configs)")
     p.add_argument("--budget-s", type=float, default=300.0, help="start no case after this many seconds")
     p.add_argument("--jobs", type=int, default=max(1, min(15, (os.cpu_count() or 2) - 1)),
                    help="compile worker processes (0: compile while timing)")
@@ -480,7 +484,7 @@ def parse_args(argv=None):
     p.add_argument("--list", action="store_true", help="print the case list and exit")
     p.add_argument("--rerender", action="store_true",
                    help="no GPU: write every output of --out again from its results.json (today's writers)")
-    common.add_set_argument(p)  # (knobs of the ops' cuBLAS paths, run in this process; not the compile workers')
+    common.add_set_argument(p)  # (set in this process and in the compile workers)
     args = common.parse_args_with_sets(p, argv)
     args.kernels = tuple(k for k in args.kernels.split(",") if k)
     bad = [k for k in args.kernels if k not in KERNELS]
@@ -495,7 +499,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.time()
-    todo = cases(args.quick, args.kernels, args.ws)
+    todo = [(c, o) for c, o in cases(args.quick, args.kernels, args.ws)
+            if args.max_rows is None or c.M <= args.max_rows]
     variants = not (args.no_variants or args.quick)
     if args.list:
         for case, origins in todo:
@@ -526,7 +531,7 @@ def main(argv=None) -> int:
     for spec in sorted({c.epilogue for c, _ in todo if c.kernel in ("ag_mm", "mm_rs")} | {""}):
         gen.build(spec, torch.bfloat16)  # written once here, before the workers import it
     print(f"{info['gpu']}, torch {info['torch']}, triton {info['triton']}: {len(todo)} cases", flush=True)
-    compile_stats = precompile(todo, variants, args.jobs, start + 0.55 * args.budget_s)
+    compile_stats = precompile(todo, variants, args.jobs, start + 0.55 * args.budget_s, args.settings)
     print(f"compiled {compile_stats['done']}/{compile_stats['jobs']} variants in {compile_stats['seconds']:.0f} s "
           f"({len(compile_stats['failed'])} failed, {compile_stats['retried']} retried alone for memory)", flush=True)
     for i, (case, origins) in enumerate(todo):

@@ -95,6 +95,13 @@ def test_dry_run_writes_every_output_and_the_runtime_reads_the_ratios(bk, tmp_pa
     assert any(e["variants"] for e in entries)
 
 
+def test_max_rows_keeps_only_the_cases_of_that_many_rows(bk, tmp_path):
+    assert bk.main(["--out", str(tmp_path), "--dry-run", "--kernels", "cta_stage1,ag_mm", "--max-rows", "128"]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {r["case"]["M"] for r in rows} == {16, 128}  # the CTA decode sizes; ag_mm's fewest rows are 512
+    assert {r["case"]["kernel"] for r in rows} == {"cta_stage1"}
+
+
 def test_rerender_writes_the_outputs_again_from_the_results(bk, tmp_path):
     assert bk.main(["--out", str(tmp_path), "--dry-run", "--kernels", "ag_mm", "--ws", "2"]) == 0
     ratios = (tmp_path / "kernel_ratios.json").read_text()
@@ -111,7 +118,7 @@ def test_precompile_retries_alone_what_ran_out_of_memory_beside_the_others(bk, m
     assert len(jobs) >= 3
     calls = []
 
-    def pool(jobs_, indices, workers, deadline):
+    def pool(jobs_, indices, workers, deadline, settings=()):
         indices = list(indices)
         calls.append((indices, workers))
         if workers > 1:  # the first job runs out of memory, the second fails for good, the rest compile
