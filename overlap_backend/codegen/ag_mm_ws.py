@@ -32,18 +32,26 @@ from ..spec import knobs
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
-from .gluon_ring import (WARPS, acc_layout, epilogue_values, finish_tile, init_ring, load_stage, mma_tile, refusal,
-                         smem_layout, store_tile)
+from .gluon_ring import (WARPS, acc_layout, epilogue_values, finish_tile, init_ring, load_stage, mma_tile,
+                         partition_descriptor, refusal, smem_layout, store_tile)
 from .tiles import tile_position
 
 
 
 @gluon.jit
-def _load_tiles(shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr, report_ptr,
+def _load_tiles(shard_ptr, buf_ptr, b_ptr, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr, report_ptr,
                 timeout_ns, rank, rows, N, K, band_rows, nbands,
                 WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                 B_KMAJOR: gl.constexpr, TIMED: gl.constexpr, PEERS_BY_COLUMN: gl.constexpr):
-    """The loader partition: every K-chunk of every tile of this CTA, a peer band's flag waited for first."""
+    """The loader partition: every K-chunk of every tile of this CTA, a peer band's flag waited for first. It makes
+    its TMA descriptors itself (``gluon_ring.partition_descriptor``)."""
+    SUB_M: gl.constexpr = a_bufs.type.shape[1]
+    shard_desc = partition_descriptor(shard_ptr, rows, K, SUB_M, BK)
+    buf_desc = partition_descriptor(buf_ptr, WS * rows, K, SUB_M, BK)
+    if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
+        b_desc = partition_descriptor(b_ptr, N, K, BN, BK)
+    else:
+        b_desc = partition_descriptor(b_ptr, K, N, BK, BN)
     tiles_m = gl.cdiv(rows, BM)
     tiles_n = gl.cdiv(N, BN)
     k_iters = gl.cdiv(K, BK)
@@ -72,7 +80,7 @@ def _load_tiles(shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flag
 
 
 @gluon.jit
-def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2, ep3,
+def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_ptr, bias_ptr, rank, rows, N, K, ep0, ep1, ep2, ep3,
                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, PEERS_BY_COLUMN: gl.constexpr,
                COOP: gl.constexpr, EPILOGUE: gl.constexpr, EP_VALUES: gl.constexpr):
@@ -87,6 +95,7 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, r
     my_tiles = gl.cdiv(WS * tiles_m * tiles_n - pid, nprog)
     c_buf = c_bufs.index(ME)
     SUB_M: gl.constexpr = c_bufs.type.shape[1]
+    out_desc = partition_descriptor(out_ptr, WS * rows, N, SUB_M, BN)
     acc = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout(BN))
     if COOP:
         p = 0
@@ -121,32 +130,26 @@ def ag_mm_ws_kernel(
     A_SPLIT: gl.constexpr = 2 if COOP else 1  # cooperative: each MMA partition's half of the rows, its own A box
     SUB_M: gl.constexpr = BM // A_SPLIT
     dtype: gl.constexpr = shard_ptr.dtype.element_ty
-    a_layout: gl.constexpr = smem_layout([SUB_M, BK], dtype)
-    shard_desc = tma.make_tensor_descriptor(shard_ptr, [rows, K], [K, 1], [SUB_M, BK], a_layout)
-    buf_desc = tma.make_tensor_descriptor(buf_ptr, [WS * rows, K], [K, 1], [SUB_M, BK], a_layout)
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * A_SPLIT, SUB_M, BK], smem_layout([SUB_M, BK], dtype))
     if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
-        b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BN, BK], smem_layout([BN, BK], dtype))
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], smem_layout([BN, BK], dtype))
     else:
-        b_desc = tma.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BK, BN], smem_layout([BK, BN], dtype))
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], smem_layout([BK, BN], dtype))
     out_dtype: gl.constexpr = out_ptr.dtype.element_ty
-    out_desc = tma.make_tensor_descriptor(out_ptr, [WS * rows, N], [N, 1], [SUB_M, BN],
-                                          smem_layout([SUB_M, BN], out_dtype))
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * A_SPLIT, SUB_M, BK], a_layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(out_dtype, [2, SUB_M, BN], out_desc.layout)
+    c_bufs = gl.allocate_shared_memory(out_dtype, [2, SUB_M, BN], smem_layout([SUB_M, BN], out_dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     init_ring(ready, empty, turn, A_SPLIT)
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
-        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_ptr, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
                       ep3, WS, BM, BN, BK, GROUP_M, 0, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE,
                       EP_VALUES)),
-        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_ptr, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,
                       ep3, WS, BM, BN, BK, GROUP_M, 1, B_KMAJOR, HAS_BIAS, PEERS_BY_COLUMN, COOP, EPILOGUE,
                       EP_VALUES)),
-        (_load_tiles, (shard_desc, buf_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr,
+        (_load_tiles, (shard_ptr, buf_ptr, b_ptr, a_bufs, b_bufs, ready, empty, flags_ptr, epoch, claim_ptr,
                        report_ptr, timeout_ns, rank, rows, N, K, band_rows, nbands, WS, BM, BN, BK, GROUP_M, B_KMAJOR,
                        TIMED, PEERS_BY_COLUMN)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp

@@ -83,6 +83,18 @@ def acc_layout(BN):
 
 
 @gluon.jit
+def partition_descriptor(ptr, rows, cols, BLOCK_ROWS: gl.constexpr, BLOCK_COLS: gl.constexpr):
+    """A TMA descriptor of the row-major [rows, cols] matrix at ``ptr`` in [BLOCK_ROWS, BLOCK_COLS] boxes, made by the
+    partition that issues its copies. A device-side descriptor lies in global scratch that the next launch reuses,
+    and the TMA unit caches descriptors: only the threads that ran the tensormap acquire fence after writing it may
+    use it, and those are the creating partition's. Made in the kernel's preamble and used by another partition, a
+    stale descriptor of an earlier launch read other tensors (wrong tiles in the ops, which pass new tensors each
+    call, at 2 ranks on one H100)."""
+    layout: gl.constexpr = smem_layout([BLOCK_ROWS, BLOCK_COLS], ptr.dtype.element_ty)
+    return tma.make_tensor_descriptor(ptr, [rows, cols], [cols, 1], [BLOCK_ROWS, BLOCK_COLS], layout)
+
+
+@gluon.jit
 def load_stage(a_desc, a_row, b_desc, off_n, k, a_bufs, b_bufs, ready, empty, p, B_KMAJOR: gl.constexpr):
     """Fill ring position ``p`` with A's rows [a_row, a_row + BM) at column k and B's [BK, BN] block at (k, off_n)
     (``B_KMAJOR``: ``b_desc`` is B^T, [N, K]); waits until the stage's previous contents were consumed. A is loaded

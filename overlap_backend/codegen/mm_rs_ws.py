@@ -36,8 +36,8 @@ from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
 from .gluon_ring import (WARPS, acc_layout, epilogue_in_pieces, epilogue_values, finish_tile, init_ring, load_stage,
-                         mma_tile, partition_barrier, refusal, shared_to_tma, slice_cols, slice_layout, smem_layout,
-                         store_tile, tma_store)
+                         mma_tile, partition_barrier, partition_descriptor, refusal, shared_to_tma, slice_cols,
+                         slice_layout, smem_layout, store_tile, tma_store)
 from .tiles import grouped_tile
 
 ID_SLOTS = gl.constexpr(4)  # tile numbers the loader may hand out ahead of the MMA warpgroups
@@ -69,10 +69,16 @@ def _take_id(ids, id_ready, id_empty, i):
 
 
 @gluon.jit
-def _load_tiles(a_desc, b_desc, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows, N, K,
+def _load_tiles(a_ptr, b_ptr, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows, N, K,
                 WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                 B_KMAJOR: gl.constexpr):
-    """The loader partition: every tile this CTA draws, its number to its warpgroup and its K-chunks to the ring."""
+    """The loader partition: every tile this CTA draws, its number to its warpgroup and its K-chunks to the ring. It
+    makes its TMA descriptors itself (``gluon_ring.partition_descriptor``)."""
+    a_desc = partition_descriptor(a_ptr, WS * rows, K, BM, BK)
+    if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
+        b_desc = partition_descriptor(b_ptr, N, K, BN, BK)
+    else:
+        b_desc = partition_descriptor(b_ptr, K, N, BK, BN)
     tiles_m = gl.cdiv(rows, BM)
     tiles_n = gl.cdiv(N, BN)
     per_chunk = tiles_m * tiles_n
@@ -122,15 +128,17 @@ def _stage_direct(acc, c_buf, bias_ptr, stage_ptr, row0, col0, N, HAS_BIAS: gl.c
 
 
 @gluon.jit
-def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, stage_ptr, out_desc,
+def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_ptr, out_ptr,
                bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-               rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3,
+               rank, rows, N, K, out_rows, nbands, band_rows, ep0, ep1, ep2, ep3,
                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr,
                EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_VALUES: gl.constexpr, DIRECT: gl.constexpr):
     """MMA warpgroup ``ME`` (0 or 1): the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
     [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then the remote tile staged and counted or the
-    own tile reduced and stored."""
+    own tile reduced and stored. It makes its TMA descriptors itself (``gluon_ring.partition_descriptor``)."""
+    stage_desc = partition_descriptor(stage_ptr, WS * rows, N, BM, BN)
+    out_desc = partition_descriptor(out_ptr, out_rows, N, BM, BN)
     tiles_m = gl.cdiv(rows, BM)
     tiles_n = gl.cdiv(N, BN)
     per_chunk = tiles_m * tiles_n
@@ -196,17 +204,12 @@ def mm_rs_ws_kernel(
     LOAD_REGS: gl.constexpr,
 ):
     dtype: gl.constexpr = a_ptr.dtype.element_ty
-    a_desc = tma.make_tensor_descriptor(a_ptr, [WS * rows, K], [K, 1], [BM, BK], smem_layout([BM, BK], dtype))
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], smem_layout([BM, BK], dtype))
     if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
-        b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BN, BK], smem_layout([BN, BK], dtype))
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], smem_layout([BN, BK], dtype))
     else:
-        b_desc = tma.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BK, BN], smem_layout([BK, BN], dtype))
-    c_layout: gl.constexpr = smem_layout([BM, BN], dtype)
-    stage_desc = tma.make_tensor_descriptor(stage_ptr, [WS * rows, N], [N, 1], [BM, BN], c_layout)
-    out_desc = tma.make_tensor_descriptor(out_ptr, [out_rows, N], [N, 1], [BM, BN], c_layout)
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(dtype, [2, BM, BN], c_layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], smem_layout([BK, BN], dtype))
+    c_bufs = gl.allocate_shared_memory(dtype, [2, BM, BN], smem_layout([BM, BN], dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -219,15 +222,15 @@ def mm_rs_ws_kernel(
         mbarrier.init(id_empty.index(s), count=1)
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
-        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, stage_ptr, out_desc,
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_ptr, out_ptr,
                       bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
-                      timeout_ns, rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 0,
-                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_VALUES, DIRECT)),
-        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_desc, stage_ptr, out_desc,
+                      timeout_ns, rank, rows, N, K, out_rows, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK,
+                      GROUP_M, 0, B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_VALUES, DIRECT)),
+        (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_ptr, out_ptr,
                       bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
-                      timeout_ns, rank, rows, N, K, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 1,
-                      B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_VALUES, DIRECT)),
-        (_load_tiles, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows,
+                      timeout_ns, rank, rows, N, K, out_rows, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK,
+                      GROUP_M, 1, B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_VALUES, DIRECT)),
+        (_load_tiles, (a_ptr, b_ptr, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows,
                        N, K, WS, BM, BN, BK, GROUP_M, B_KMAJOR)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
 

@@ -73,14 +73,17 @@ def test_ag_mm_ws_is_warp_specialized_without_spills(args):
                   "--set", "STAGES=3")),
     ("mm_rs_ws", ("--set", "WS=8")),
 ], ids=["ag_plain", "ag_pieces", "ag_coop_pieces", "rs_sum_pieces"])
-def test_gluon_tma_stores_read_fenced_shared_memory(kernel, args):
+def test_gluon_tma_copies_read_fenced_memory(kernel, args):
     """Every TMA store of the Gluon kernels follows the writers' proxy fence and then the partition barrier (the
-    other order let a warp's store read another warp's writes before that warp's fence: stale tiles)."""
+    other order let a warp's store read another warp's writes before that warp's fence: stale tiles), and every
+    partition makes the TMA descriptors it copies through (one made before the partitions, in the default one's
+    preamble, was read stale by the others: tiles of an earlier call's tensors)."""
     got = _probe(kernel, "--json", *args)
     assert got.returncode == 0, got.stderr[-2000:]
     rep = json.loads(got.stdout.strip().splitlines()[-1])
     assert rep["TMA stores fenced, then synchronized"] > 0
     assert rep["TMA stores not fenced before the barrier"] == 0
+    assert rep["worker partitions"] == 2 and rep["worker partitions handed a TMA descriptor"] == 0
 
 
 def test_gluon_generated_epilogue_is_a_loop_over_pieces():
