@@ -141,8 +141,8 @@ def measured_variant(kernel: str, M: int, K: int, N: int, **kw) -> tuple | None:
 def adopted_variant(e: dict) -> tuple[tuple, float] | None:
     """(config, ratio) of the variant the op of entry ``e`` (or of a kernel benchmark row with the same keys) tunes
     over too, or None: the fastest of ``best_config`` and the next ``variants`` that measured at least
-    ``knobs.codegen.MEASURED_VARIANT_GAIN`` faster than the candidates, but with a fused epilogue none whose store
-    field is one of ``knobs.codegen.VARIANTS_NOT_FUSED`` (the next such variant then)."""
+    ``knobs.codegen.MEASURED_VARIANT_GAIN`` faster than the candidates, but none whose store field
+    ``knobs.codegen.VARIANTS_NOT_ADOPTED`` names for the kernel (the next such variant then)."""
     gain = _codegen.MEASURED_VARIANT_GAIN
     if gain is None or e["kernel"] not in VARIANT_KERNELS:
         return None
@@ -150,7 +150,7 @@ def adopted_variant(e: dict) -> tuple[tuple, float] | None:
     for config, ratio in sorted((v for v in tried if v[1] is not None), key=lambda v: float(v[1])):
         if not (isinstance(config, list | tuple) and len(config) == 7) or float(ratio) > float(e["ratio"]) * (1 - gain):
             continue
-        if e.get("fused") and config[6] in _codegen.VARIANTS_NOT_FUSED:
+        if config[6] in _codegen.VARIANTS_NOT_ADOPTED.get(e["kernel"], ()):
             continue
         return tuple(config), float(ratio)
     return None

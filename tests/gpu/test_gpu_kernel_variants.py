@@ -196,16 +196,12 @@ def test_ag_mm_wait_that_gives_up_ends_the_kernel_and_reports(cfg, device):
     assert claimed == 1
 
 
-FUSED_FALLBACK = (128, 256, 64, 8, 3, 8, True)
-
-
-def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_variant: list, rs_variant: list,
-                            not_fused: list | None = None):
+def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_variant: list, rs_variant: list):
     """Each op at a shape whose ratio entry names a variant that beat the candidates (``ag_variant`` for ``ag_mm``,
-    ``rs_variant`` for ``mm_rs``): with no other candidate (``CANDIDATES_16BIT=()``), the op must tune over that
-    variant, run it and get the right result. Then ``ag_mm`` + bias + GELU at the same shape: it tunes apart, over
-    the variant unless its store field is in ``knobs.codegen.VARIANTS_NOT_FUSED`` (``not_fused`` replaces it),
-    else over ``FUSED_FALLBACK``, and gets the right result."""
+    ``rs_variant`` for ``mm_rs``), none of them held back (``knobs.codegen.VARIANTS_NOT_ADOPTED`` empty): with no
+    other candidate (``CANDIDATES_16BIT=()``), the op must tune over that variant, run it and get the right result.
+    Then ``ag_mm`` + bias + GELU at the same shape: it tunes apart, over the same variant, and gets the right
+    result."""
     import json
     from pathlib import Path
 
@@ -231,7 +227,7 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
     path = Path(ratio_dir) / f"ratios_rank{rank}.json"
     path.write_text(json.dumps(kernel_ratios.document(entries)))
     knobs.symm.set(KERNEL_RATIOS_FILE=str(path), AG_MM_GEMM="triton", MM_RS_GEMM="triton")
-    knobs.codegen.set(CANDIDATES_16BIT=())
+    knobs.codegen.set(CANDIDATES_16BIT=(), VARIANTS_NOT_ADOPTED={})
     kernel_ratios.forget()
     dt = torch.bfloat16
     shard = _randn(rows, K, dtype=dt, device=device)
@@ -241,12 +237,6 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
     out_rs = torch.ops.overlap.mm_rs(a, w, None, [ws * rows, N], 0, "sum", gn, "symm")
     out_ar = torch.ops.overlap.mm_ar(a, w, None, "sum", gn, "symm")
     plain_keys = set(tuned_configs)
-    # the fused GEMM tunes apart; where its variant is not adopted (VARIANTS_NOT_FUSED) it tunes over FUSED_FALLBACK
-    if not_fused is not None:
-        knobs.codegen.set(VARIANTS_NOT_FUSED=tuple(not_fused))
-    gated = ag_variant[6] in knobs.codegen.VARIANTS_NOT_FUSED
-    if gated:
-        knobs.codegen.set(CANDIDATES_16BIT=(FUSED_FALLBACK,))
     bias = _randn(N, dtype=dt, device=device)
     out_gelu = torch.ops.overlap.ag_mm(shard, [w], [None], 0, gn, "symm", False, "bias:0,gelu", [bias])[1][0]
     torch.cuda.synchronize()
@@ -256,28 +246,24 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
             "mm_ar": _rel_err(out_ar, full),
             "ag_mm bias+gelu": _rel_err(out_gelu, torch.nn.functional.gelu(gathered + bias.float()))}
     fused_tuned = [list(v) for k, v in tuned_configs.items() if k not in plain_keys and k[0] == "ag_mm"]
-    want = list(FUSED_FALLBACK) if gated else list(ag_variant)
-    assert fused_tuned == [want], f"ag_mm bias+gelu tuned {fused_tuned}, not {want}"
+    assert fused_tuned == [list(ag_variant)], f"ag_mm bias+gelu tuned {fused_tuned}, not {ag_variant}"
     tuned = {k[0]: v for k, v in tuned_configs.items() if k in plain_keys}
     return errs, {k: list(v) for k, v in tuned.items()}, variants
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("ag_variant,rs_variant,not_fused", [
-    ([128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], [128, 256, 64, 4, 3, 8, False], None),
-    (list(GLUON[1]), list(RS_GLUON), None),
-    pytest.param(list(GLUON[1]), list(RS_GLUON), [], marks=pytest.mark.xfail(
-        reason="ag_mm's Gluon kernel with bias + GELU in the op: rel err 0.17 at 2 ranks on one H100 before its TMA "
-               "stores were fenced before the barrier; not run since (knobs.codegen.VARIANTS_NOT_FUSED keeps the ops "
-               "off it)", strict=False)),
-], ids=["tma_subtile_flatten", "gluon", "gluon_fused"])
-def test_ops_run_the_measured_variant(tmp_path, ag_variant, rs_variant, not_fused):
+@pytest.mark.parametrize("ag_variant,rs_variant", [
+    ([128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], [128, 256, 64, 4, 3, 8, False]),
+    (list(GLUON[1]), list(RS_GLUON)),
+    (list(GLUON[0]), list(RS_GLUON_DIRECT)),
+], ids=["tma_subtile_flatten", "gluon_coop", "gluon_pingpong"])
+def test_ops_run_the_measured_variant(tmp_path, ag_variant, rs_variant):
     try:
         from test_gpu import _need_gpus, _run
     except ImportError:
         from tests.gpu.test_gpu import _need_gpus, _run
     _need_gpus(2, "symm")
-    for errs, tuned, variants in _run(measured_variant_worker, 2, str(tmp_path), ag_variant, rs_variant, not_fused,
+    for errs, tuned, variants in _run(measured_variant_worker, 2, str(tmp_path), ag_variant, rs_variant,
                                       timeout=180):
         print(f"rel errs {errs}; tuned {tuned}")
         assert all(e < 1e-2 for e in errs.values()), errs

@@ -240,24 +240,29 @@ def test_the_ops_tune_over_a_variant_that_won_by_the_gain_and_read_its_ratio(rat
                                                                                    "tma_subtile_flatten")
 
 
-def test_a_fused_gemm_does_not_adopt_the_variants_named_not_fused(ratios):
-    """With a fused epilogue the ops do not tune over a variant whose store field is in
-    ``knobs.codegen.VARIANTS_NOT_FUSED`` (its ratio is not read either); the plain GEMM at the same shape does."""
+def test_an_op_does_not_adopt_the_variants_named_not_adopted_for_its_kernel(ratios):
+    """An op does not tune over a variant whose store field ``knobs.codegen.VARIANTS_NOT_ADOPTED`` names for its
+    kernel, plain or fused (its ratio is not read either); the same store field of another kernel is adopted."""
     gluon = (128, 256, 64, 8, 3, 4, "ws_coop")
     ratios(_with_variant("ag_mm", 4, 8192, 4096, 3584, 1.01, 0.95, gluon),
-           {**_with_variant("ag_mm", 4, 8192, 4096, 3584, 1.08, 0.99, gluon), "fused": True})
-    assert "ws_coop" in knobs.codegen.VARIANTS_NOT_FUSED
-    assert kernel_ratios.measured_variant("ag_mm", 8192, 4096, 3584, ws=4) == gluon
-    assert kernel_ratios.measured_variant("ag_mm", 8192, 4096, 3584, ws=4, fused=True) is None
-    assert kernel_ratios.measured_ratio("ag_mm", 8192, 4096, 3584, ws=4, fused=True) == 1.08
-    with knobs.codegen.patch(VARIANTS_NOT_FUSED=()):
+           {**_with_variant("ag_mm", 4, 8192, 4096, 3584, 1.08, 0.99, gluon), "fused": True},
+           _with_variant("mm_rs", 4, 8192, 3584, 4096, 1.10, 1.00, gluon))
+    with knobs.codegen.patch(VARIANTS_NOT_ADOPTED={"ag_mm": ("ws_coop",)}):
+        assert kernel_ratios.measured_variant("ag_mm", 8192, 4096, 3584, ws=4) is None
+        assert kernel_ratios.measured_ratio("ag_mm", 8192, 4096, 3584, ws=4) == 1.01
+        assert kernel_ratios.measured_variant("ag_mm", 8192, 4096, 3584, ws=4, fused=True) is None
+        assert kernel_ratios.measured_ratio("ag_mm", 8192, 4096, 3584, ws=4, fused=True) == 1.08
+        assert kernel_ratios.measured_variant("mm_rs", 8192, 3584, 4096, ws=4) == gluon
+    with knobs.codegen.patch(VARIANTS_NOT_ADOPTED={}):
+        assert kernel_ratios.measured_variant("ag_mm", 8192, 4096, 3584, ws=4) == gluon
         assert kernel_ratios.measured_variant("ag_mm", 8192, 4096, 3584, ws=4, fused=True) == gluon
         assert kernel_ratios.measured_ratio("ag_mm", 8192, 4096, 3584, ws=4, fused=True) == 0.99
 
 
-def test_a_fused_gemm_falls_back_on_the_next_variant_it_may_take(ratios):
-    """Where the fastest variant is one a fused GEMM may not take, the op tunes over the next of ``variants`` that
-    won by the gain (and reads its ratio); one that did not win is not taken."""
+@knobs.codegen.patch(VARIANTS_NOT_ADOPTED={"ag_mm": ("ws_coop",)})
+def test_an_op_falls_back_on_the_next_variant_it_may_take(ratios):
+    """Where the fastest variant is one the op may not take, it tunes over the next of ``variants`` that won by the
+    gain (and reads its ratio); one that did not win is not taken."""
     gluon, flat = (128, 256, 64, 8, 3, 4, "ws_coop"), (128, 256, 64, 8, 4, 8, "tma_subtile_flatten")
     fused = {**_with_variant("ag_mm", 8, 8192, 4096, 1792, 1.08, 0.99, gluon), "fused": True,
              "variants": [[list(gluon), 0.99], [list(flat), 1.02], [[128, 128, 64, 8, 5, 8, True], 1.03]]}
