@@ -32,8 +32,8 @@ from ..spec import knobs
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
-from .gluon_ring import (WARPS, acc_layout, epilogue_values, finish_tile, init_ring, load_stage, mma_tile,
-                         partition_descriptor, refusal, smem_layout, store_tile)
+from .gluon_ring import (WARPS, acc_layout, b_block, b_descriptor, epilogue_values, finish_tile, init_ring,
+                         load_stage, mma_tile, partition_descriptor, refusal, smem_layout, store_tile)
 from .tiles import tile_position
 
 
@@ -48,10 +48,7 @@ def _load_tiles(shard_ptr, buf_ptr, b_ptr, a_bufs, b_bufs, ready, empty, flags_p
     SUB_M: gl.constexpr = a_bufs.type.shape[1]
     shard_desc = partition_descriptor(shard_ptr, rows, K, SUB_M, BK)
     buf_desc = partition_descriptor(buf_ptr, WS * rows, K, SUB_M, BK)
-    if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
-        b_desc = partition_descriptor(b_ptr, N, K, BN, BK)
-    else:
-        b_desc = partition_descriptor(b_ptr, K, N, BK, BN)
+    b_desc = b_descriptor(b_ptr, N, K, BN, BK, B_KMAJOR)
     tiles_m = gl.cdiv(rows, BM)
     tiles_n = gl.cdiv(N, BN)
     k_iters = gl.cdiv(K, BK)
@@ -131,10 +128,8 @@ def ag_mm_ws_kernel(
     SUB_M: gl.constexpr = BM // A_SPLIT
     dtype: gl.constexpr = shard_ptr.dtype.element_ty
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES * A_SPLIT, SUB_M, BK], smem_layout([SUB_M, BK], dtype))
-    if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
-        b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], smem_layout([BN, BK], dtype))
-    else:
-        b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], smem_layout([BK, BN], dtype))
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_block(BN, BK, B_KMAJOR),
+                                       smem_layout(b_block(BN, BK, B_KMAJOR), dtype))
     out_dtype: gl.constexpr = out_ptr.dtype.element_ty
     c_bufs = gl.allocate_shared_memory(out_dtype, [2, SUB_M, BN], smem_layout([SUB_M, BN], out_dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())

@@ -94,6 +94,22 @@ def partition_descriptor(ptr, rows, cols, BLOCK_ROWS: gl.constexpr, BLOCK_COLS: 
     return tma.make_tensor_descriptor(ptr, [rows, cols], [cols, 1], [BLOCK_ROWS, BLOCK_COLS], layout)
 
 
+@gluon.constexpr_function
+def b_block(BN, BK, B_KMAJOR):
+    """B's [BK, BN] block as stored: [BN, BK] for a K-major B (B^T [N, K], an nn.Linear weight as stored)."""
+    return [BN, BK] if B_KMAJOR else [BK, BN]
+
+
+@gluon.jit
+def b_descriptor(b_ptr, N, K, BN: gl.constexpr, BK: gl.constexpr, B_KMAJOR: gl.constexpr):
+    """``partition_descriptor`` of B [K, N] in ``b_block`` boxes (``B_KMAJOR``: ``b_ptr`` is B^T, [N, K])."""
+    if B_KMAJOR:
+        desc = partition_descriptor(b_ptr, N, K, BN, BK)
+    else:
+        desc = partition_descriptor(b_ptr, K, N, BK, BN)
+    return desc
+
+
 @gluon.jit
 def load_stage(a_desc, a_row, b_desc, off_n, k, a_bufs, b_bufs, ready, empty, p, B_KMAJOR: gl.constexpr):
     """Fill ring position ``p`` with A's rows [a_row, a_row + BM) at column k and B's [BK, BN] block at (k, off_n)

@@ -35,9 +35,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
-from .gluon_ring import (WARPS, acc_layout, epilogue_in_pieces, epilogue_values, finish_tile, init_ring, load_stage,
-                         mma_tile, partition_barrier, partition_descriptor, refusal, shared_to_tma, slice_cols,
-                         slice_layout, smem_layout, store_tile, tma_store)
+from .gluon_ring import (WARPS, acc_layout, b_block, b_descriptor, epilogue_in_pieces, epilogue_values, finish_tile,
+                         init_ring, load_stage, mma_tile, partition_barrier, partition_descriptor, refusal,
+                         shared_to_tma, slice_cols, slice_layout, smem_layout, store_tile, tma_store)
 from .tiles import grouped_tile
 
 ID_SLOTS = gl.constexpr(4)  # tile numbers the loader may hand out ahead of the MMA warpgroups
@@ -75,10 +75,7 @@ def _load_tiles(a_ptr, b_ptr, a_bufs, b_bufs, ready, empty, ids, id_ready, id_em
     """The loader partition: every tile this CTA draws, its number to its warpgroup and its K-chunks to the ring. It
     makes its TMA descriptors itself (``gluon_ring.partition_descriptor``)."""
     a_desc = partition_descriptor(a_ptr, WS * rows, K, BM, BK)
-    if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
-        b_desc = partition_descriptor(b_ptr, N, K, BN, BK)
-    else:
-        b_desc = partition_descriptor(b_ptr, K, N, BK, BN)
+    b_desc = b_descriptor(b_ptr, N, K, BN, BK, B_KMAJOR)
     tiles_m = gl.cdiv(rows, BM)
     tiles_n = gl.cdiv(N, BN)
     per_chunk = tiles_m * tiles_n
@@ -205,10 +202,8 @@ def mm_rs_ws_kernel(
 ):
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], smem_layout([BM, BK], dtype))
-    if B_KMAJOR:  # b_ptr is B^T, [N, K] (an nn.Linear weight as stored)
-        b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], smem_layout([BN, BK], dtype))
-    else:
-        b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], smem_layout([BK, BN], dtype))
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_block(BN, BK, B_KMAJOR),
+                                       smem_layout(b_block(BN, BK, B_KMAJOR), dtype))
     c_bufs = gl.allocate_shared_memory(dtype, [2, BM, BN], smem_layout([BM, BN], dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
