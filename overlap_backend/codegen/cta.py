@@ -31,7 +31,7 @@ from ..spec import knobs
 from . import launcher
 from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, OP_CTA_TAIL, READY_FLAG_BASE, bulk_stores_done,
                     count_local, count_tile_done, count_tile_done_to_ranks, fence_proxy_async, signal_flag, wait_flag)
-from .tiles import add_bias, b_descriptor, grouped_tile
+from .tiles import add_bias, b_descriptor, grouped_tile, peer_buffer
 
 ACT_GELU = 0
 ACT_GELU_TANH = 1
@@ -225,7 +225,7 @@ def _stage0_epilogue(acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr
             tl.store(stage_ptr + rel, act, mask=mask)
         else:
             for q in range(TP):
-                buf = tl.load(peer_data_ptr + first_consumer + q).to(tl.pointer_type(x_ptr.dtype.element_ty))
+                buf = peer_buffer(peer_data_ptr, first_consumer + q, 0, x_ptr.dtype.element_ty)
                 tl.store(buf + producer * nch * Mp * kchunk + rel, act, mask=mask)
         prev_m = pid_m
         if COUNT_FIRST_AT_ONCE:
@@ -317,11 +317,11 @@ def tail_kernel(keep_ptr, w2_ptr, peer_data_ptr, peer_flags_ptr, part_offset, co
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         mask = (offs_m < M)[:, None] & (offs_n < Ns)[None, :]
-        buf = (tl.load(peer_data_ptr + TP + t) + part_offset).to(tl.pointer_type(w2_ptr.dtype.element_ty))
+        buf = peer_buffer(peer_data_ptr, TP + t, part_offset, w2_ptr.dtype.element_ty)
         rel = (producer * M + offs_m).to(tl.int64)[:, None] * Ns + offs_n[None, :]
         tl.store(buf + rel, acc.to(w2_ptr.dtype.element_ty), mask=mask)
         if KEEP_LOCAL:
-            own = (tl.load(peer_data_ptr + rank) + part_offset).to(tl.pointer_type(w2_ptr.dtype.element_ty))
+            own = peer_buffer(peer_data_ptr, rank, part_offset, w2_ptr.dtype.element_ty)
             tl.store(own + rel, acc.to(w2_ptr.dtype.element_ty), mask=mask)
         count_tile_done_to_ranks(counters_ptr + t * tiles_m + pid_m, peer_flags_ptr,
                                  tail_flag_word + producer * tiles_m + pid_m, tiles_n, epoch, TP + t, 1, 2 * TP)
@@ -567,7 +567,7 @@ def _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offs
         tl.store(out_ptr + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     for q in range(1, WS):
         peer = (rank + q) % WS
-        buf = (tl.load(peer_data_ptr + peer) + y_offset).to(tl.pointer_type(out_ptr.dtype.element_ty))
+        buf = peer_buffer(peer_data_ptr, peer, y_offset, out_ptr.dtype.element_ty)
         tl.store(buf + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     count_tile_done_to_ranks(counters_ptr + pid_m, peer_flags_ptr, y_flag_word + consumer * tiles_m + pid_m,
                              tiles_n, epoch, rank + 1, WS - 1, WS)

@@ -56,7 +56,7 @@ from .epilogue import epilogue_fn
 from .flags import (GATHER_FLAG_BASE, OP_MM_AR, OP_MM_RS, READY_FLAG_BASE, count_bulk_stored, count_tile_done,
                     count_tile_done_to_peers, fence_proxy_async, wait_flag)
 from .tiles import (add_bias, b_descriptor, column_halves, global_row, grouped_tile, load_rows, mainloop,
-                    store_rows)
+                    peer_buffer, store_rows)
 
 
 @triton.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
@@ -261,7 +261,7 @@ def _gemm_tile(
                                      timeout_ns, TIMED)
             # the owner's receive buffer holds partials in the GEMM dtype (recv's), whatever
             # dtype the epilogue gives ``out``
-            owner_recv = tl.load(peer_data_ptr + chunk).to(tl.pointer_type(recv_ptr.dtype.element_ty))
+            owner_recv = peer_buffer(peer_data_ptr, chunk, 0, recv_ptr.dtype.element_ty)
             store_rows(owner_recv, (rnd * WS + rank) * rows + offs_m, in_chunk, offs_n, N, N, acc)
             owner_flags = tl.load(peer_flags_ptr + chunk).to(tl.pointer_type(tl.int32))
             count_tile_done(counters_ptr + slot * nbands + band,

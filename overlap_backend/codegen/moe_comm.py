@@ -25,6 +25,7 @@ import triton.language as tl
 from . import launcher
 from .flags import (MOE_DONE_FLAG_BASE, MOE_RETURN_FLAG_BASE, OP_MOE, READY_FLAG_BASE, count_tile_done,
                     wait_flag)
+from .tiles import peer_buffer
 
 
 @triton.jit
@@ -58,7 +59,7 @@ def comm_kernel(
             if tl.load(claim_ptr, volatile=True) == 0:
                 lo = tl.load(recv_off_ptr + src).to(tl.int64)
                 n = (tl.load(recv_off_ptr + src + 1) - lo) * H
-                peer = tl.load(peer_data_ptr + src).to(tl.pointer_type(stage_ptr.dtype.element_ty))
+                peer = peer_buffer(peer_data_ptr, src, 0, stage_ptr.dtype.element_ty)
                 copy_flat(stage_ptr + lo * H, peer + comb_offset + (rank * cap).to(tl.int64) * H, n, BLOCK)
                 flags = tl.load(peer_flags_ptr + src).to(tl.pointer_type(tl.int32))
                 count_tile_done(pushed_ptr + p, flags + returned_word + rank, tl.num_programs(0), epoch, SYS=True)

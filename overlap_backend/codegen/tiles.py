@@ -87,6 +87,15 @@ def load_rows(ptr, rows, row_mask, offs_n, N, stride):
 
 
 @triton.jit
+def peer_buffer(table_ptr, peer, offset_bytes, dtype: tl.constexpr):
+    """Rank ``peer``'s symmetric data buffer at byte ``offset_bytes`` (a multiple of 16) as a ``dtype`` pointer, from
+    the address table ``table_ptr`` (int64 per rank). The bases are cudaMalloc'd (256-byte aligned); the hint lets a
+    tile's stores through it go in 16-byte vectors (without it, Triton cannot see the loaded address's alignment and
+    stores 2 bytes at a time)."""
+    return tl.multiple_of((tl.load(table_ptr + peer) + offset_bytes).to(tl.pointer_type(dtype)), 16)
+
+
+@triton.jit
 def tile_position(tile, tiles_m, tiles_n, WS: tl.constexpr, GROUP_M: tl.constexpr, PEERS_BY_COLUMN: tl.constexpr):
     """(position, pid_m, pid_n) of tile ``tile``: the local shard's tiles first (position 0), then the peers'.
     Chunk by chunk in arrival order; with ``PEERS_BY_COLUMN`` column block by column block, every peer's row

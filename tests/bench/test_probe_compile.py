@@ -95,3 +95,16 @@ def test_gluon_generated_epilogue_is_a_loop_over_pieces():
         assert got.returncode == 0, got.stderr[-2000:]
         sizes[name] = json.loads(got.stdout.strip().splitlines()[-1])["SASS instructions"]
     assert sizes["plain"] and sizes["gelu"] < 2 * sizes["plain"], sizes
+
+
+@pytest.mark.parametrize("kernel,args", [
+    ("cta_stage1", ("--set", "BN=128", "--set", "SPLIT_K=True", "--stages", "4")),
+    ("mm_rs", ("--set", "PEER_STORE=True")),
+], ids=["cta_stage1_to_peers", "mm_rs_peer_store"])
+def test_tiles_go_to_peer_buffers_in_vectors(kernel, args):
+    """The tiles a kernel stores into other ranks' buffers (addresses loaded from the peer table) go in 16-byte
+    vectors, not 2 bytes at a time (stage 1's 7 peer copies of a tile were 64 scalar stores a thread each)."""
+    got = _probe(kernel, "--json", *args)
+    assert got.returncode == 0, got.stderr[-2000:]
+    rep = json.loads(got.stdout.strip().splitlines()[-1])
+    assert rep["16-bit scalar global stores"] == 0
