@@ -86,12 +86,11 @@ codegen = Knobs(
     # best_config) was at least this fraction faster than the candidates above, ag_mm / mm_rs / mm_ar tune over
     # it too (one more compilation) and their GEMM choices read its ratio; None: never.
     MEASURED_VARIANT_GAIN=0.01,
-    # Per kernel, store fields of bench-only variants its op does not adopt (plain or fused): ag_mm's Gluon kernel
-    # computed wrong tiles in the op at 2 ranks on one H100 (rel err 0.17-0.25 in 2 of 4 calls,
-    # tests/gpu/test_gpu_kernel_variants.py::test_ops_run_the_measured_variant) where its kernel tests passed; both
-    # Gluon kernels' worker partitions copied through TMA descriptors they had not fenced (since made by each
-    # partition itself, gluon_ring.partition_descriptor). {} once that test passes on a GPU.
-    VARIANTS_NOT_ADOPTED={"ag_mm": ("ws_pingpong", "ws_coop"), "mm_rs": ("ws_pingpong", "ws_pingpong_direct")},
+    # Per kernel, store fields of bench-only variants its op does not adopt (plain or fused). Empty: the Gluon
+    # kernels, held back while ag_mm's computed wrong tiles in the op at 2 ranks (stale TMA descriptors in its worker
+    # partitions, since made by each partition, gluon_ring.partition_descriptor), ran right in the op twice over at 2
+    # ranks on one H100, both forms, fused and plain (tests/gpu/test_gpu_kernel_variants.py).
+    VARIANTS_NOT_ADOPTED={},
     # Time the candidates and keep the fastest; False takes the first fitting one (tests: numerics do
     # not depend on the config, and it is one compilation per kernel variant).
     AUTOTUNE=True,
