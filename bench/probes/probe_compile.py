@@ -84,7 +84,7 @@ KERNELS = {
     "cta_stage1": dict(
         const=dict(WS=8, TP=4, BM=128, BN=256, BK=64, GROUP_M=16, HAS_B2=False, WAIT_READY=False, PRECISION=None,
                    TIMED=True, INTERPRET=False, HAS_TAIL=False, SHIP_BEFORE_TAIL=False, SPLIT_K=False,
-                   READY_RUNS=True),
+                   READY_RUNS=True, SUM_PAIRS=False),
         data={"a_ptr", "w2_ptr", "out_ptr", "part_ptr"}, fp32={"b2_ptr", "split_ptr"},
         tables={"peer_data_ptr", "peer_flags_ptr"},
         flags={"a_flags_ptr", "counters_ptr", "epoch_ptr", "ready_ptr", "claim_ptr", "report_ptr", "tail_flags_ptr",

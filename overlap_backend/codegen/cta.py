@@ -91,6 +91,7 @@ def stage0_kernel(
     PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
     TMA_STORE: tl.constexpr = False, INTERPRET: tl.constexpr = False, split_tiles=0, SPLIT_LAST: tl.constexpr = False,
     split_ptr=None, split_counters_ptr=None, split_k=1, SPLIT_K: tl.constexpr = False,  # (1 without SPLIT_K)
+    SUM_PAIRS: tl.constexpr = False,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
@@ -179,7 +180,7 @@ def stage0_kernel(
             prev_m = -1  # (counted above; a run that does not finish its tile stores nothing to count)
             acc1, acc3, finishes = _add_split_partials(acc1, acc3, split_ptr, split_counters_ptr, tile, split,
                                                        split_k, split_k, pid_m * BM + tl.arange(0, BM) < M, BM, BN,
-                                                       DUAL)
+                                                       DUAL, SUM_PAIRS)
         if finishes:
             prev_m, prev_n = _stage0_epilogue(
                 acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr,
@@ -337,6 +338,7 @@ def stage1_kernel(
     GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, WAIT_READY: tl.constexpr, PRECISION: tl.constexpr,
     TIMED: tl.constexpr, INTERPRET: tl.constexpr, HAS_TAIL: tl.constexpr = False,
     SHIP_BEFORE_TAIL: tl.constexpr = False, SPLIT_K: tl.constexpr = False, READY_RUNS: tl.constexpr = False,
+    SUM_PAIRS: tl.constexpr = False,
 ):
     """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
 
@@ -393,7 +395,8 @@ def stage1_kernel(
             finishes = True
             if SPLIT_K:
                 acc, _, finishes = _add_split_partials(acc, acc, split_ptr, split_counters_ptr, tile, split, splits,
-                                                       split_k, pid_m * BM + tl.arange(0, BM) < M, BM, BN, False)
+                                                       split_k, pid_m * BM + tl.arange(0, BM) < M, BM, BN, False,
+                                                       SUM_PAIRS)
             if finishes:
                 _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch,
                                  claim_ptr, report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr,
@@ -511,13 +514,14 @@ def _chunk_block(i, Fp, kchunk, nch, nch1, TP: tl.constexpr):
 
 @triton.jit
 def _add_split_partials(acc, acc3, split_ptr, counters_ptr, tile, split, splits, split_k, row_ok, BM: tl.constexpr,
-                        BN: tl.constexpr, DUAL: tl.constexpr):
+                        BN: tl.constexpr, DUAL: tl.constexpr, SUM_PAIRS: tl.constexpr = False):
     """(the tile's whole sums, True) for the run that finishes it last, (its own, False) for the
     others: ``acc`` (and ``acc3`` when DUAL) of run ``split`` of ``splits``, ``split_k`` slots
     per tile, one counter per tile. Every run stores its sums to its slot; the last to count adds
     the slots in run order, so the bits do not depend on which run finished last. (A fixed
     pairwise tree, which reads fewer slots per run but waits once per level, measured slower at
-    8 of 10 decode shapes on an H100.) Only rows below M are stored and read."""
+    8 of 10 decode shapes on an H100.) ``SUM_PAIRS`` (one accumulator): the slots read two at a time, both loads in
+    flight before either is added (the same order of additions, so the same bits). Only rows below M are stored and read."""
     SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
     rows = tl.arange(0, BM)
     cols = tl.arange(0, BN)
@@ -532,12 +536,25 @@ def _add_split_partials(acc, acc3, split_ptr, counters_ptr, tile, split, splits,
         tl.debug_barrier()  # every thread reads after the acquire above
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
-        for q in range(0, splits):
+        first_single = 0
+        if SUM_PAIRS and not DUAL:  # (DUAL's loop already has two tiles in flight)
+            first_single = splits - splits % 2
+            for q in range(0, first_single, 2):
+                acc = _add_slot_pair(acc, slots + q * SLOT, mask, SLOT)
+        for q in range(first_single, splits):
             # .cg: from L2, where the other SMs' stores went
             acc += tl.load(slots + q * SLOT, mask=mask, other=0.0, cache_modifier=".cg")
             if DUAL:
                 acc3 += tl.load(slots + q * SLOT + BM * BN, mask=mask, other=0.0, cache_modifier=".cg")
     return acc, acc3, finishes
+
+
+@triton.jit
+def _add_slot_pair(acc, slot, mask, SLOT: tl.constexpr):
+    """``acc`` + the slot at ``slot``, then + the next one: both slots loaded before either add."""
+    first = tl.load(slot, mask=mask, other=0.0, cache_modifier=".cg")
+    second = tl.load(slot + SLOT, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc + first + second
 
 
 @triton.jit
@@ -685,7 +702,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         INTERPRET=launcher.interpreting(),
         split_tiles=split, SPLIT_LAST=split > 0, split_ptr=split_partials if split_k > 1 else counters,
         split_counters_ptr=split_counters if split_k > 1 else counters, split_k=split_k, SPLIT_K=split_k > 1,
-        num_stages=stages, num_warps=warps,
+        SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, num_stages=stages, num_warps=warps,
     )
 
 
@@ -737,7 +754,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=launcher.interpreting(),
         HAS_TAIL=part is not None, SHIP_BEFORE_TAIL=ship_before_tail, SPLIT_K=split_k > 1,
-        READY_RUNS=knobs.cta.STAGE1_READY_RUNS, num_stages=stages,
+        READY_RUNS=knobs.cta.STAGE1_READY_RUNS, SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, num_stages=stages,
         num_warps=warps,
     )
 

@@ -231,28 +231,33 @@ def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k):
     (4, 24, 64, 128, 64, "swiglu", False, "ce", False, True, 2),  # 2 producers, each splitting
     (4, 20, 64, 256, 32, "gelu", True, "peer", False, False, 3),
 ])
-def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, first, split):
+@pytest.mark.parametrize("pairs", [False, True], ids=["slot_by_slot", "slot_pairs"])
+def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, first, split, pairs):
     """Stage 0 with each tile's K-steps in several runs (``SPLIT_K``; slots NaN-poisoned), the run
     that adds the last pair making the tile's epilogue: the same chunk-major blocks, flags and MLP
-    result, every counter (chunk and split) back at 0."""
+    result, every counter (chunk and split) back at 0; the slots read one at a time or two (GELU's one accumulator;
+    ``knobs.cta.SPLIT_SUM_PAIRS``)."""
     tp = ws // 2
     fp = F_ // tp
     tiles = -(-M // CFG0[0]) * -(-fp // CFG0[1])
     counters = torch.zeros(tiles, dtype=torch.int32)
     accumulators = 2 if act == "swiglu" else 1
     parts = torch.full((cta.split_partials_numel(M, fp, CFG0, split, accumulators),), float("nan"))
-    res = _run(ws, M, H, F_, N, act, bias, transport=transport,
-               stage0_order=dict(tma_store=tma, count_first_at_once=first, split_k=split, split_partials=parts,
-                                 split_counters=counters))
+    with knobs.cta.patch(SPLIT_SUM_PAIRS=pairs):
+        res = _run(ws, M, H, F_, N, act, bias, transport=transport,
+                   stage0_order=dict(tma_store=tma, count_first_at_once=first, split_k=split, split_partials=parts,
+                                     split_counters=counters))
     _check_staged_blocks_and_result(res, ws)
     assert counters.eq(0).all() and not parts.isnan().all()  # (every producer used the same buffers, in turn)
 
 
 @pytest.mark.parametrize("chunks,split_k,runs", [(3, 2, [(0, 1), (1, 3)]), (4, 4, [(0, 1), (1, 2), (2, 3), (3, 4)]),
                                                 (5, 3, [(0, 1), (1, 3), (3, 5)])])
-def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs):
+@pytest.mark.parametrize("pairs", [False, True], ids=["slot_by_slot", "slot_pairs"])
+def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs, pairs):
     """Run q of a tile sums K-chunks ``[q * n // s, (q + 1) * n // s)`` (its slot, read back), and
-    the output is the slots added in run order (the same bits whichever run finished last)."""
+    the output is the slots added in run order (the same bits whichever run finished last), whether the last run
+    reads the slots one at a time or two (``knobs.cta.SPLIT_SUM_PAIRS``; 3 runs: a pair, then one)."""
     M, N, kchunk = 16, 16, 16
     K = chunks * kchunk
     a, w2 = torch.randn(M, K), torch.randn(K, N)
@@ -262,10 +267,11 @@ def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs):
     split_counters = torch.zeros(1, dtype=torch.int32)
     parts = torch.full((cta.split_partials_numel(M, N, CFG1, split_k),), float("nan"))
     status = (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
-    cta.launch_stage1(chunk_major(a, 1, chunks, kchunk, M), w2, None, out, tables, tables, 0, flags,
-                      torch.zeros(64, dtype=torch.int32), torch.tensor([EPOCH], dtype=torch.int32), status, 10**6, 0,
-                      1, M, K, 0, kchunk, chunks, 0, 1, CFG1, 3, timed=False, split_k=split_k,
-                      split_partials=parts, split_counters=split_counters)
+    with knobs.cta.patch(SPLIT_SUM_PAIRS=pairs):
+        cta.launch_stage1(chunk_major(a, 1, chunks, kchunk, M), w2, None, out, tables, tables, 0, flags,
+                          torch.zeros(64, dtype=torch.int32), torch.tensor([EPOCH], dtype=torch.int32), status, 10**6,
+                          0, 1, M, K, 0, kchunk, chunks, 0, 1, CFG1, 3, timed=False, split_k=split_k,
+                          split_partials=parts, split_counters=split_counters)
     slots = parts.view(split_k, M, N)
     for q, (lo, hi) in enumerate(runs):
         cols = slice(lo * kchunk, hi * kchunk)

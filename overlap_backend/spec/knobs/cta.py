@@ -61,6 +61,11 @@ cta = Knobs(
     # none). Stage 0 splits its K-steps, stage 1 its K-chunks.
     STAGE0_SPLIT_K=None,
     STAGE1_SPLIT_K=None,
+    # The run that finishes a split tile reads the other runs' float32 sums two slots at a time, both loads in flight
+    # before either is added (the same additions in the same order: the same bits). Off until measured: at 8 GPUs'
+    # 128-row decode shape that run's sum of 8 slots (512 KB) takes stage 1 to 1.42x cuBLAS on one H100
+    # (bench/results/kernels_h100x1_2026-12-07/profile/).
+    SPLIT_SUM_PAIRS=False,
     # Stage-0 block config, GELU (one accumulator), 16-bit inputs.
     STAGE0_CONFIG=(128, 256, 64, 0, 3, 8),
     # Stage-0 block config, SwiGLU (two accumulators: narrower tiles), 16-bit inputs.

@@ -1,0 +1,8 @@
+# One GPU: CTA stage 1 at 8 GPUs' decode shapes (16 and 128 rows, the op's config only), the finishing run of each
+# split tile reading the other runs' slots one at a time (the knob as set), two at a time (knobs.cta.SPLIT_SUM_PAIRS),
+# and in 64-column tiles (twice the tiles, half the runs: a quarter of the bytes the finishing run reads); each result
+# checked against float32 by the benchmark.
+SWEEP="python bench/suites/bench_kernels.py --kernels cta_stage1 --ws 8 --max-rows 128 --no-variants --budget-s 40"
+TAILN=6 run cta1_slots 50 $SWEEP --out $RES/cta1_ws8_slots
+TAILN=6 run cta1_pairs 50 $SWEEP --out $RES/cta1_ws8_pairs --set cta.SPLIT_SUM_PAIRS=True
+TAILN=6 run cta1_bn64 50 $SWEEP --out $RES/cta1_ws8_bn64 --set "cta.STAGE1_CONFIG_DECODE=(128,64,64,0,4,8)"
