@@ -58,6 +58,9 @@ CASES = [
     # GELU whose stage 0 ends in a short round of tail tiles at 2 GPUs on 132 SMs (180 tiles: 48 left
     # for the last round, all in the tail): knobs.cta.STAGE0_SPLIT_LAST splits them
     (512, 1024, 16384, 1024, "gelu", "tanh", True, torch.bfloat16),
+    # a last round of stage-0 tail tiles split in halves at 2 GPUs whether the ranks hold a GPU each or share one
+    # (symm.kernel_sms: 132, 128 or 64 SMs)
+    (1024, 512, 6144, 512, "gelu", "tanh", True, torch.bfloat16),
 ]
 # Every F is a multiple of 128 * tp (tp = ws/2 ranks per stage: 4 at 8 GPUs) and every N of tp, so the
 # kernels take every case at 2, 4 and 8 GPUs; F / ws is each rank's shard.
@@ -137,7 +140,10 @@ def cta_worker(rank: int, ws: int, device: str):
     from overlap_backend.runtime import cta_plan
     from overlap_backend.spec import knobs
 
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    from overlap_backend.runtime import symm
+
+    symm.group_support(group.group_name)  # (whether ranks share this GPU: the op's plans take fewer SMs there)
+    num_sms = symm.kernel_sms(group.group_name, torch.cuda.get_device_properties(device).multi_processor_count)
     last_group_tails = 0
     for M, H, F, N, act, approximate, bias, dtype in CASES:
         plan = cta_plan.chunk_plan(M, F, N, ws // 2, act == "swiglu", dtype, num_sms, H=H)

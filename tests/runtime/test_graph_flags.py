@@ -446,23 +446,28 @@ def test_stream_waits_are_recorded_once_per_flag_and_only_eagerly(monkeypatch):
 
 
 def test_ranks_sharing_a_gpu_leave_sms_free_for_the_drivers_copies():
-    """Two ranks on one GPU: their copies run on SMs, so every rank's kernels hold fewer (and the same
-    number on every rank, since the verdict comes from every rank's (host, boot, device))."""
+    """Ranks sharing one GPU: their copies run on SMs, so the ranks' kernels together hold all but
+    ``knobs.symm.SHARED_DEVICE_FREE_SMS`` of them, each an equal share (the same number on every rank, since the
+    verdict comes from every rank's (host, boot, device))."""
     apart = [("h", "boot", 0, None), ("h", "boot", 1, None)]
     together = [("h", "boot", 0, None), ("h", "boot", 0, None)]
     other_node = [("h", "boot", 0, None), ("h2", "boot2", 0, None)]
-    assert not support.ranks_share_a_device(apart)
-    assert support.ranks_share_a_device(together)
-    assert not support.ranks_share_a_device(other_node)
+    three_and_one = [("h", "boot", 0, None)] * 3 + [("h", "boot", 1, None)]
+    assert support.ranks_per_device(apart) == 1
+    assert support.ranks_per_device(together) == 2
+    assert support.ranks_per_device(other_node) == 1
+    assert support.ranks_per_device(three_and_one) == 3
+    free = knobs.symm.SHARED_DEVICE_FREE_SMS
     try:
-        support.shared_device["together"] = True
-        support.shared_device["apart"] = False
-        assert symm.kernel_sms("together", 132) == 132 - knobs.symm.SHARED_DEVICE_FREE_SMS
+        support.shared_device.update(together=2, apart=1, three=3)
+        assert symm.kernel_sms("together", 132) == (132 - free) // 2
+        assert 2 * symm.kernel_sms("together", 132) + free <= 132
+        assert 3 * symm.kernel_sms("three", 132) + free <= 132
         assert symm.kernel_sms("apart", 132) == 132
         assert symm.kernel_sms("never seen", 132) == 132
     finally:
-        support.shared_device.pop("together", None)
-        support.shared_device.pop("apart", None)
+        for name in ("together", "apart", "three"):
+            support.shared_device.pop(name, None)
 
 
 def test_growth_agreement_names_mismatched_sizes_and_absent_ranks():

@@ -16,11 +16,11 @@ from .. import cuda as _cuda
 
 support_verdicts: dict[str, str | None] = {}  # group name -> why symm cannot run on it (None: it can)
 _support_lock = threading.Lock()
-# Groups where two ranks share one GPU (set by ``_agree_support``). There a device-to-device copy
-# between the ranks' buffers runs as a driver kernel on the SMs, not on a copy engine, so a
-# persistent kernel that spins on data those copies deliver must leave SMs free for them
-# (knobs.symm.SHARED_DEVICE_FREE_SMS).
-shared_device: dict[str, bool] = {}
+# Per group, the most of its ranks on one GPU (set by ``_agree_support``; 1: a GPU each). Where ranks share a GPU
+# a device-to-device copy between their buffers runs as a driver kernel on the SMs, not on a copy engine, so the
+# persistent kernels that spin on data those copies deliver must leave SMs free for them, all the sharing ranks'
+# kernels together (knobs.symm.SHARED_DEVICE_FREE_SMS).
+shared_device: dict[str, int] = {}
 
 
 def _local_problem() -> str | None:
@@ -67,16 +67,18 @@ def group_support(group_name: str) -> str | None:
 
 
 def kernel_sms(group_name: str, sms: int) -> int:
-    """The SMs the group's persistent kernels may hold (their grids' bound): all ``sms`` of the GPU,
-    less ``knobs.symm.SHARED_DEVICE_FREE_SMS`` where ranks of the group share a GPU (the same on every
-    rank)."""
-    return sms - knobs.symm.SHARED_DEVICE_FREE_SMS if shared_device.get(group_name) else sms
+    """The SMs the group's persistent kernels may hold (their grids' bound): all ``sms`` of the GPU; where ``n`` ranks
+    of the group share a GPU, ``1/n`` of them less ``knobs.symm.SHARED_DEVICE_FREE_SMS``, so that the sharing ranks'
+    spinning kernels together never hold the SMs the copies between them need (each holding all but the free ones,
+    the MoE op's kernels of 2 ranks took them: a wait that never ended). The same on every rank."""
+    ranks = shared_device.get(group_name, 1)
+    return max(1, (sms - knobs.symm.SHARED_DEVICE_FREE_SMS) // ranks) if ranks > 1 else sms
 
 
-def ranks_share_a_device(infos) -> bool:
-    """Whether two of the ranks' ``(host, boot id, device, ...)`` name the same GPU."""
+def ranks_per_device(infos) -> int:
+    """The most of the ranks' ``(host, boot id, device, ...)`` that name one GPU (1: a GPU each)."""
     places = [tuple(info[:3]) for info in infos]
-    return len(set(places)) < len(places)
+    return max(places.count(place) for place in places)
 
 
 def forget_groups(names) -> None:
@@ -87,8 +89,8 @@ def forget_groups(names) -> None:
             shared_device.pop(name, None)
 
 
-def _agree_support(group) -> tuple[str | None, bool]:
-    """(why symm cannot run on ``group``, or None; whether ranks of it share a GPU)."""
+def _agree_support(group) -> tuple[str | None, int]:
+    """(why symm cannot run on ``group``, or None; the most of its ranks on one GPU)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # the passes may run under a fake mode; this needs real tensors
@@ -96,7 +98,7 @@ def _agree_support(group) -> tuple[str | None, bool]:
         device = torch.cuda.current_device() if local is None else -1
         infos = [None] * group.size()
         dist.all_gather_object(infos, (socket.gethostname(), _boot_id(), device, local), group=group)
-        shared = ranks_share_a_device(infos)
+        shared = ranks_per_device(infos)
         for rank, (_, _, _, why) in enumerate(infos):
             if why is not None:
                 return f"rank {rank}: {why}", shared

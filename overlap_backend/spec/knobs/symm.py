@@ -35,9 +35,9 @@ symm = Knobs(
     # stream made mm_rs 0.303 ms vs its kernel's 0.205 at 4 GPUs (bench/results/collective_gemm_h200x4_2026-11-30),
     # but per-peer streams are not measured on 4 GPUs yet: off (no effect at 2 ranks).
     PUSH_STREAM_PER_PEER=False,
-    # SMs a group's persistent kernels leave free where its ranks share a GPU (there the driver's copies run
-    # on SMs): with all 132 held by mm_ar's rounds kernel both ranks hung, 4 free fixed it
-    # (bench/results/gpu_tests_h200x1_2026-12-01/mm_ar_hang).
+    # SMs the persistent kernels of a group's ranks sharing a GPU leave free, all together (there the driver's copies
+    # run on SMs; each rank holds an equal share of the rest): with all 132 held by mm_ar's rounds kernel both ranks
+    # hung, 4 free fixed it (bench/results/gpu_tests_h200x1_2026-12-01/mm_ar_hang).
     SHARED_DEVICE_FREE_SMS=4,
     # How mm_rs / mm_ar ship partials: "ce" (stage, then the copy engine per band) or "peer" (the epilogue
     # stores into the owner's buffer); peer stores won only below ~32 MiB shipped per call (docs/results.md).
