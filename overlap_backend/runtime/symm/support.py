@@ -70,7 +70,8 @@ def kernel_sms(group_name: str, sms: int) -> int:
     """The SMs the group's persistent kernels may hold (their grids' bound): all ``sms`` of the GPU; where ``n`` ranks
     of the group share a GPU, ``1/n`` of them less ``knobs.symm.SHARED_DEVICE_FREE_SMS``, so that the sharing ranks'
     spinning kernels together never hold the SMs the copies between them need (each holding all but the free ones,
-    the MoE op's kernels of 2 ranks took them: a wait that never ended). The same on every rank."""
+    the other rank's kernels may take those: the likely reason the MoE op with a comm kernel hung at 2 ranks on one
+    GPU). The same on every rank."""
     ranks = shared_device.get(group_name, 1)
     return max(1, (sms - knobs.symm.SHARED_DEVICE_FREE_SMS) // ranks) if ranks > 1 else sms
 
