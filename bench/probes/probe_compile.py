@@ -7,7 +7,8 @@ it (explains a kernel's speed before a device call; not a test).
 Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer; ``ag_mm_whole``: its kernel at decode sizes; ``ag_mm_ws``:
 its warp-specialized Gluon kernel, ``codegen/ag_mm_ws.py``, 4 warps and its own register budgets whatever
 ``--warps``), ``mm_rs`` (``codegen/mm_rs.py``'s producer), ``moe_down``
-(``codegen/moe_gemm.py``'s down kernel) and ``cta_stage1`` (``codegen/cta.py``'s stage 1), bf16, with
+(``codegen/moe_gemm.py``'s down kernel), ``cta_stage1`` (``codegen/cta.py``'s stage 1) and ``cta_split_sum`` (its
+split tiles' sum after it), bf16, with
 the constexprs below unless ``--set NAME=VALUE`` (a Python literal) overrides one. Prints the shared memory the
 kernel needs and, in its TTGIR, the loops (``scf.for`` / ``scf.while``), the TMA loads, the barrier waits, the
 wgmma ops, the multi-buffered shared allocations (``2x``, ``3x`` ...: loads in flight) and the worker partitions of
@@ -84,12 +85,18 @@ KERNELS = {
     "cta_stage1": dict(
         const=dict(WS=8, TP=4, BM=128, BN=256, BK=64, GROUP_M=16, HAS_B2=False, WAIT_READY=False, PRECISION=None,
                    TIMED=True, INTERPRET=False, HAS_TAIL=False, SHIP_BEFORE_TAIL=False, SPLIT_K=False,
-                   READY_RUNS=True, SUM_PAIRS=False),
+                   READY_RUNS=True, SUM_PAIRS=False, SPLIT_FIXUP=False),
         data={"a_ptr", "w2_ptr", "out_ptr", "part_ptr"}, fp32={"b2_ptr", "split_ptr"},
         tables={"peer_data_ptr", "peer_flags_ptr"},
         flags={"a_flags_ptr", "counters_ptr", "epoch_ptr", "ready_ptr", "claim_ptr", "report_ptr", "tail_flags_ptr",
                "split_counters_ptr"},
         wide={"timeout_ns", "y_offset"}, sizes={"Mp", "Fp", "Fship", "F1", "N", "Ns", "kchunk"}),
+    "cta_split_sum": dict(  # codegen/cta.py's stage1_split_sum_kernel (knobs.cta.STAGE1_SPLIT_FIXUP)
+        const=dict(WS=8, TP=4, BM=128, BN=128, GROUP_M=16, ROWS=16, HAS_B2=False, TIMED=True, HAS_TAIL=False,
+                   SHIP_BEFORE_TAIL=False),
+        data={"out_ptr", "part_ptr"}, fp32={"b2_ptr", "split_ptr"}, tables={"peer_data_ptr", "peer_flags_ptr"},
+        flags={"counters_ptr", "epoch_ptr", "claim_ptr", "report_ptr", "tail_flags_ptr"},
+        wide={"timeout_ns", "y_offset"}, sizes={"N", "Ns", "Fp", "Fship", "kchunk"}),
 }
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
           "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",
@@ -125,7 +132,8 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
         source, options = GluonASTSource, {"num_warps": module.WARPS, "maxnreg": module.MAXNREG}
     else:
         fn = {"ag_mm": ag_mm.ag_mm_kernel, "ag_mm_whole": ag_mm.ag_mm_whole_kernel, "mm_rs": mm_rs.mm_rs_kernel,
-              "moe_down": moe_gemm.down_kernel, "cta_stage1": cta.stage1_kernel}[name]
+              "moe_down": moe_gemm.down_kernel, "cta_stage1": cta.stage1_kernel,
+              "cta_split_sum": cta.stage1_split_sum_kernel}[name]
     names = fn.arg_names
     if "EPILOGUE" in names:
         const["EPILOGUE"] = epilogue_fn(build(epilogue, torch.bfloat16) if epilogue else None, (), torch.bfloat16,

@@ -338,7 +338,7 @@ def stage1_kernel(
     GROUP_M: tl.constexpr, HAS_B2: tl.constexpr, WAIT_READY: tl.constexpr, PRECISION: tl.constexpr,
     TIMED: tl.constexpr, INTERPRET: tl.constexpr, HAS_TAIL: tl.constexpr = False,
     SHIP_BEFORE_TAIL: tl.constexpr = False, SPLIT_K: tl.constexpr = False, READY_RUNS: tl.constexpr = False,
-    SUM_PAIRS: tl.constexpr = False,
+    SUM_PAIRS: tl.constexpr = False, SPLIT_FIXUP: tl.constexpr = False,
 ):
     """``Y[:, consumer*Ns + n] = A @ w2 (+ b2)`` into ``out`` [M, N] and every other rank's Y buffer.
 
@@ -365,7 +365,8 @@ def stage1_kernel(
     stream W2; each run waits only for its own chunks. Its partial sum goes to its slot of
     ``split_ptr`` (``[tiles, split_k, BM, BN]`` float32), and the run that finishes last
     (``split_counters_ptr``: one local int32 per tile, 0 between calls) adds the slots in run
-    order (the same bits whichever finishes last) and runs the tile's epilogue.
+    order (the same bits whichever finishes last) and runs the tile's epilogue. ``SPLIT_FIXUP``: every run stores its
+    slot and stops; ``stage1_split_sum_kernel``, launched after this kernel, adds the slots and runs the epilogues.
     """
     epoch = tl.load(epoch_ptr, volatile=True)
     if WAIT_READY:
@@ -382,9 +383,7 @@ def stage1_kernel(
         tile = item // split_k
         split = item % split_k
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-        in_tail_group = pid_m // GROUP_M == tail_group
-        shipped = tl.where(in_tail_group, Fship, Fp)
-        steps = nch1 + TP * tl.cdiv(shipped, kchunk)  # the tile's K-chunks
+        in_tail_group, shipped, steps = _tile_chunks(pid_m, tail_group, Fp, Fship, kchunk, nch1, TP, GROUP_M)
         splits = tl.minimum(split_k, steps)
         if split < splits:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -393,15 +392,64 @@ def stage1_kernel(
                                            (split + 1) * steps // splits, shipped, Mp, Fp, F1, kchunk, nch, nch1, TP,
                                            BM, BN, BK, GROUP_M, PRECISION, TIMED, INTERPRET, READY_RUNS)
             finishes = True
+            row_ok = pid_m * BM + tl.arange(0, BM) < M
             if SPLIT_K:
-                acc, _, finishes = _add_split_partials(acc, acc, split_ptr, split_counters_ptr, tile, split, splits,
-                                                       split_k, pid_m * BM + tl.arange(0, BM) < M, BM, BN, False,
-                                                       SUM_PAIRS)
+                if SPLIT_FIXUP:
+                    _store_split_slot(acc, acc, split_ptr, tile, split, split_k, row_ok, BM, BN, False)
+                    finishes = False
+                else:
+                    acc, _, finishes = _add_split_partials(acc, acc, split_ptr, split_counters_ptr, tile, split,
+                                                           splits, split_k, row_ok, BM, BN, False, SUM_PAIRS)
             if finishes:
                 _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch,
                                  claim_ptr, report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr,
-                                 tail_flags_ptr, pid_m, pid_n, tiles_m, tiles_n, in_tail_group, WS, TP, BM, BN, HAS_B2,
-                                 TIMED, HAS_TAIL, SHIP_BEFORE_TAIL)
+                                 tail_flags_ptr, pid_m, pid_n, tiles_m, tiles_n, in_tail_group, pid_m * BM, WS, TP, BM,
+                                 BN, HAS_B2, TIMED, HAS_TAIL, SHIP_BEFORE_TAIL)
+
+
+@triton.jit
+def _tile_chunks(pid_m, tail_group, Fp, Fship, kchunk, nch1, TP: tl.constexpr, GROUP_M: tl.constexpr):
+    """(whether row block ``pid_m`` is in the tail group, the columns each stage-0 rank ships it, its K-chunks)."""
+    in_tail_group = pid_m // GROUP_M == tail_group
+    shipped = tl.where(in_tail_group, Fship, Fp)
+    return in_tail_group, shipped, nch1 + TP * tl.cdiv(shipped, kchunk)
+
+
+@triton.jit
+def stage1_split_sum_kernel(
+    split_ptr, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch_ptr, claim_ptr,
+    report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr, tail_flags_ptr, tail_group, Fp, Fship,
+    kchunk, nch1, split_k,
+    WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
+    ROWS: tl.constexpr, HAS_B2: tl.constexpr, TIMED: tl.constexpr, HAS_TAIL: tl.constexpr,
+    SHIP_BEFORE_TAIL: tl.constexpr,
+):
+    """``stage1_kernel``'s split tiles finished after it (its ``SPLIT_FIXUP``): one program per ``ROWS`` rows of a
+    tile adds those rows of the tile's runs' slots in run order (the bits of the in-kernel sum) and runs
+    ``_stage1_epilogue`` on them; a row block's flag rises after all its tiles' pieces. Every SM takes part in the
+    sums that the last run of each tile made alone in the kernel."""
+    epoch = tl.load(epoch_ptr, volatile=True)
+    pieces: tl.constexpr = BM // ROWS
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(Ns, BN)
+    tile = tl.program_id(0) // pieces
+    piece = tl.program_id(0) % pieces
+    pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+    in_tail_group, _, steps = _tile_chunks(pid_m, tail_group, Fp, Fship, kchunk, nch1, TP, GROUP_M)
+    splits = tl.minimum(split_k, steps)
+    row0 = pid_m * BM + piece * ROWS
+    slots = _split_slots(split_ptr, tile, split_k, piece * ROWS, ROWS, BM, BN, False)
+    mask = (row0 + tl.arange(0, ROWS) < M)[:, None]
+    acc = tl.zeros((ROWS, BN), dtype=tl.float32)
+    first_single = splits - splits % 4
+    for q in range(0, first_single, 4):  # four slots' loads in flight (registers are plentiful here)
+        acc = _add_slot_quad(acc, slots + q * BM * BN, mask, BM * BN)
+    for q in range(first_single, splits):
+        acc += tl.load(slots + q * BM * BN, mask=mask, other=0.0)
+    _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch, claim_ptr,
+                     report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr, tail_flags_ptr, pid_m,
+                     pid_n, tiles_m, tiles_n * pieces, in_tail_group, row0, WS, TP, ROWS, BN, HAS_B2, TIMED, HAS_TAIL,
+                     SHIP_BEFORE_TAIL)
 
 
 @triton.jit
@@ -521,15 +569,12 @@ def _add_split_partials(acc, acc3, split_ptr, counters_ptr, tile, split, splits,
     the slots in run order, so the bits do not depend on which run finished last. (A fixed
     pairwise tree, which reads fewer slots per run but waits once per level, measured slower at
     8 of 10 decode shapes on an H100.) ``SUM_PAIRS`` (one accumulator): the slots read two at a time, both loads in
-    flight before either is added (the same order of additions, so the same bits). Only rows below M are stored and read."""
+    flight before either is added (the same order of additions, so the same bits). Only rows below M are stored and
+    read."""
     SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
-    rows = tl.arange(0, BM)
-    cols = tl.arange(0, BN)
-    slots = split_ptr + (tile * split_k).to(tl.int64) * SLOT + (rows[:, None] * BN + cols[None, :])
+    slots = _split_slots(split_ptr, tile, split_k, 0, BM, BM, BN, DUAL)
     mask = row_ok[:, None]
-    tl.store(slots + split * SLOT, acc, mask=mask)
-    if DUAL:
-        tl.store(slots + split * SLOT + BM * BN, acc3, mask=mask)
+    _store_split_slot(acc, acc3, split_ptr, tile, split, split_k, row_ok, BM, BN, DUAL)
     finishes = count_local(counters_ptr + tile) == splits - 1
     if finishes:
         tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # for the next call
@@ -550,22 +595,56 @@ def _add_split_partials(acc, acc3, split_ptr, counters_ptr, tile, split, splits,
 
 
 @triton.jit
+def _split_slots(split_ptr, tile, split_k, row0, ROWS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 DUAL: tl.constexpr):
+    """Pointers to rows ``[row0, row0 + ROWS)`` of the first run's slot of ``tile`` (``split_k`` slots of
+    ``(1 + DUAL) x BM x BN`` float32 a tile; run q's at ``q * SLOT`` further)."""
+    SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
+    rows = row0 + tl.arange(0, ROWS)
+    cols = tl.arange(0, BN)
+    return split_ptr + (tile * split_k).to(tl.int64) * SLOT + (rows[:, None] * BN + cols[None, :])
+
+
+@triton.jit
+def _store_split_slot(acc, acc3, split_ptr, tile, split, split_k, row_ok, BM: tl.constexpr, BN: tl.constexpr,
+                      DUAL: tl.constexpr):
+    """Run ``split``'s sums of ``tile`` into its slot (rows below M: ``row_ok``)."""
+    SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
+    slot = _split_slots(split_ptr, tile, split_k, 0, BM, BM, BN, DUAL) + split * SLOT
+    tl.store(slot, acc, mask=row_ok[:, None])
+    if DUAL:
+        tl.store(slot + BM * BN, acc3, mask=row_ok[:, None])
+
+
+@triton.jit
 def _add_slot_pair(acc, slot, mask, SLOT: tl.constexpr):
-    """``acc`` + the slot at ``slot``, then + the next one: both slots loaded before either add."""
+    """``acc`` + the slot at ``slot``, then + the next one: both slots loaded before either add (past L1: other SMs
+    stored them during this kernel)."""
     first = tl.load(slot, mask=mask, other=0.0, cache_modifier=".cg")
     second = tl.load(slot + SLOT, mask=mask, other=0.0, cache_modifier=".cg")
     return acc + first + second
 
 
 @triton.jit
+def _add_slot_quad(acc, slot, mask, SLOT: tl.constexpr):
+    """``acc`` + the slot at ``slot`` and the next three, in order, all four loaded before the first add."""
+    first = tl.load(slot, mask=mask, other=0.0)
+    second = tl.load(slot + SLOT, mask=mask, other=0.0)
+    third = tl.load(slot + 2 * SLOT, mask=mask, other=0.0)
+    fourth = tl.load(slot + 3 * SLOT, mask=mask, other=0.0)
+    return acc + first + second + third + fourth
+
+
+@triton.jit
 def _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch, claim_ptr,
                      report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr, tail_flags_ptr, pid_m,
-                     pid_n, tiles_m, tiles_n, in_tail_group, WS: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr, HAS_B2: tl.constexpr, TIMED: tl.constexpr, HAS_TAIL: tl.constexpr,
-                     SHIP_BEFORE_TAIL: tl.constexpr):
-    """A finished stage-1 tile: bias (and the tails), into ``out`` and every other rank's Y buffer,
-    then counted towards its row block's flag on every other rank."""
-    offs_m = pid_m * BM + tl.arange(0, BM)
+                     pid_n, tiles_m, pieces_in_block, in_tail_group, row0, WS: tl.constexpr, TP: tl.constexpr,
+                     ROWS: tl.constexpr, BN: tl.constexpr, HAS_B2: tl.constexpr, TIMED: tl.constexpr,
+                     HAS_TAIL: tl.constexpr, SHIP_BEFORE_TAIL: tl.constexpr):
+    """A finished piece of stage-1 tile (pid_m, pid_n), its ``ROWS`` rows from ``row0`` (the whole tile, or a slice of
+    it made by ``stage1_split_sum_kernel``): bias (and the tails), into ``out`` and every other rank's Y buffer, then
+    counted towards its row block's flag on every other rank, which rises after ``pieces_in_block`` pieces."""
+    offs_m = row0 + tl.arange(0, ROWS)
     offs_n = pid_n * BN + tl.arange(0, BN)
     acc = add_bias(acc, b2_ptr, offs_n, Ns, HAS_B2)
     row_ok = offs_m < M
@@ -587,7 +666,7 @@ def _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offs
         buf = peer_buffer(peer_data_ptr, peer, y_offset, out_ptr.dtype.element_ty)
         tl.store(buf + ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     count_tile_done_to_ranks(counters_ptr + pid_m, peer_flags_ptr, y_flag_word + consumer * tiles_m + pid_m,
-                             tiles_n, epoch, rank + 1, WS - 1, WS)
+                             pieces_in_block, epoch, rank + 1, WS - 1, WS)
     if tails_later:
         # Rounded as shipped first: the stage-0 rank adds the same partial products to the same
         # rounded rows, so every rank returns the same bits (as an all-reduce does).
@@ -734,7 +813,8 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     out before the tails are added (``stage1_kernel``'s ``SHIP_BEFORE_TAIL``). ``split_k`` > 1: each
     tile's K-chunks in up to that many runs (``stage1_kernel``'s ``SPLIT_K``), with
     ``split_partials`` (float32, ``split_partials_numel``) and ``split_counters`` (int32, one per
-    tile, 0)."""
+    tile, 0). ``knobs.cta.STAGE1_SPLIT_FIXUP``: the runs only store their sums, and ``stage1_split_sum_kernel``,
+    launched after, adds them and makes the tiles' epilogues, ``knobs.cta.STAGE1_FIXUP_ROWS`` rows a program."""
     assert not ship_before_tail or (tp == 1 and part is not None), (tp, ship_before_tail)
     Ns = w2.shape[1]
     N = out.shape[1]
@@ -744,6 +824,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     tiles = launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN)
     if split_k > 1:
         _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Ns, config, split_k), tiles)
+    fixup = split_k > 1 and knobs.cta.STAGE1_SPLIT_FIXUP
     grid = (max(1, min(num_sms, tiles * split_k)),)
     launcher.launch(stage1_kernel, grid,
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,
@@ -754,9 +835,19 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
         WS=ws, TP=tp, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, HAS_B2=b2 is not None, WAIT_READY=ready is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, INTERPRET=launcher.interpreting(),
         HAS_TAIL=part is not None, SHIP_BEFORE_TAIL=ship_before_tail, SPLIT_K=split_k > 1,
-        READY_RUNS=knobs.cta.STAGE1_READY_RUNS, SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, num_stages=stages,
-        num_warps=warps,
+        READY_RUNS=knobs.cta.STAGE1_READY_RUNS, SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, SPLIT_FIXUP=fixup,
+        num_stages=stages, num_warps=warps,
     )
+    if fixup:
+        rows = min(BM, knobs.cta.STAGE1_FIXUP_ROWS)
+        launcher.launch(stage1_split_sum_kernel, (tiles * (BM // rows),),
+            split_partials, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, counters, epoch,
+            *status, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part if part is not None else out,
+            tail_flags if tail_flags is not None else counters, tail_group, Fp, fship, kchunk,
+            launcher.cdiv(f1, kchunk), split_k,
+            WS=ws, TP=tp, BM=BM, BN=BN, GROUP_M=GROUP_M, ROWS=rows, HAS_B2=b2 is not None, TIMED=timed,
+            HAS_TAIL=part is not None, SHIP_BEFORE_TAIL=ship_before_tail, num_warps=4,
+        )
 
 
 def split_partials_numel(M: int, N: int, config, split_k: int, accumulators: int = 1) -> int:

@@ -210,10 +210,13 @@ def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias, f1, transport):
     (4, 24, 16, 192, 64, "swiglu", False, 64, 3),   # own chunks first, then two producers' in arrival order
     (4, 20, 32, 256, 32, "gelu", True, 0, 16),      # more splits than K-chunks: one run per chunk
 ])
-def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k):
+@pytest.mark.parametrize("fixup", [False, True], ids=["in_kernel", "fixup_kernel"])
+def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k, fixup):
     """Stage 1 with each tile's K-chunks in several runs (``SPLIT_K``; slots NaN-poisoned): the MLP's
-    result on every rank, every row-block flag raised, the split counters back at 0."""
-    res = _run(ws, M, H, F_, N, act, bias, f1=f1, split_k=split_k)
+    result on every rank, every row-block flag raised, the split counters back at 0; the runs' sums added by the last
+    run of each tile or by the kernel after them, 8 rows a program (``knobs.cta.STAGE1_SPLIT_FIXUP``)."""
+    with knobs.cta.patch(STAGE1_SPLIT_FIXUP=fixup, STAGE1_FIXUP_ROWS=8):
+        res = _run(ws, M, H, F_, N, act, bias, f1=f1, split_k=split_k)
     world, tp = res["world"], ws // 2
     for r in range(ws):
         assert res["statuses"][r][1].tolist() == [0] * 8, f"rank {r} gave up a wait"
@@ -253,11 +256,13 @@ def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, 
 
 @pytest.mark.parametrize("chunks,split_k,runs", [(3, 2, [(0, 1), (1, 3)]), (4, 4, [(0, 1), (1, 2), (2, 3), (3, 4)]),
                                                 (5, 3, [(0, 1), (1, 3), (3, 5)])])
-@pytest.mark.parametrize("pairs", [False, True], ids=["slot_by_slot", "slot_pairs"])
-def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs, pairs):
+@pytest.mark.parametrize("sums", [{}, {"SPLIT_SUM_PAIRS": True}, {"STAGE1_SPLIT_FIXUP": True, "STAGE1_FIXUP_ROWS": 4}],
+                         ids=["slot_by_slot", "slot_pairs", "fixup_kernel"])
+def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs, sums):
     """Run q of a tile sums K-chunks ``[q * n // s, (q + 1) * n // s)`` (its slot, read back), and
     the output is the slots added in run order (the same bits whichever run finished last), whether the last run
-    reads the slots one at a time or two (``knobs.cta.SPLIT_SUM_PAIRS``; 3 runs: a pair, then one)."""
+    reads the slots one at a time or two (``knobs.cta.SPLIT_SUM_PAIRS``; 3 runs: a pair, then one) or a kernel after
+    the runs adds them, a few rows a program (``STAGE1_SPLIT_FIXUP``)."""
     M, N, kchunk = 16, 16, 16
     K = chunks * kchunk
     a, w2 = torch.randn(M, K), torch.randn(K, N)
@@ -267,7 +272,7 @@ def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs, pairs
     split_counters = torch.zeros(1, dtype=torch.int32)
     parts = torch.full((cta.split_partials_numel(M, N, CFG1, split_k),), float("nan"))
     status = (torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
-    with knobs.cta.patch(SPLIT_SUM_PAIRS=pairs):
+    with knobs.cta.patch(**sums):
         cta.launch_stage1(chunk_major(a, 1, chunks, kchunk, M), w2, None, out, tables, tables, 0, flags,
                           torch.zeros(64, dtype=torch.int32), torch.tensor([EPOCH], dtype=torch.int32), status, 10**6,
                           0, 1, M, K, 0, kchunk, chunks, 0, 1, CFG1, 3, timed=False, split_k=split_k,
@@ -708,6 +713,29 @@ def test_host_path_split_k(fake_host_path, monkeypatch, ws, F_, M, num_sms, act,
         plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, act == "swiglu", torch.float32, num_sms, H=fake.H)
         assert (plan.split0, plan.split1) != (1, 1), plan
         assert split[0] is None or plan.split0 == split[0], plan
+        fake.check_calls(act)
+    for r in range(ws):
+        words = fake.group.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_TAIL_ARRIVED]
+        words = torch.cat([words[:symm_layout.CTA_DONE - symm_layout.CTA_COUNTERS],
+                           words[symm_layout.CTA_Y_COUNTERS - symm_layout.CTA_COUNTERS:]])
+        assert words.eq(0).all(), (r, words.nonzero())
+
+
+@pytest.mark.parametrize("ws,F_,M,num_sms,act,ship_first", [
+    (2, 1024, 40, 4, "gelu", True),     # several row groups, the last with tails shipped first
+    (2, 1024, 40, 4, "gelu", False),    # tails added before the rows go out
+    (4, 1536, 20, 8, "swiglu", True),   # 2 producers, the SwiGLU share
+])
+def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws, F_, M, num_sms, act, ship_first):
+    """Stage 1's split tiles summed by the kernel after the runs (``STAGE1_SPLIT_FIXUP``, a few rows a program) inside
+    the op, for two calls: the tails added to those rows, every rank the MLP's result, every counter back at 0."""
+    from overlap_backend.runtime import cta_plan
+
+    monkeypatch.setattr(FakeHostPath, "H", 48)
+    fake = fake_host_path(ws, F_, transport="ce", num_sms=num_sms, M=M)
+    with knobs.cta.patch(SHIP_BEFORE_TAILS=ship_first, STAGE1_SPLIT_K=3, STAGE1_SPLIT_FIXUP=True, STAGE1_FIXUP_ROWS=8):
+        plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, act == "swiglu", torch.float32, num_sms, H=fake.H)
+        assert plan.split1 > 1, plan
         fake.check_calls(act)
     for r in range(ws):
         words = fake.group.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_TAIL_ARRIVED]

@@ -1,10 +1,12 @@
 # One GPU: CTA stage 1 at 8 GPUs' decode shapes (16 and 128 rows, the op's config only), the finishing run of each
 # split tile reading the other runs' slots one at a time (the knob as set), two at a time (knobs.cta.SPLIT_SUM_PAIRS),
-# and in 64-column tiles (twice the tiles, half the runs: a quarter of the bytes the finishing run reads); each result
-# checked against float32 by the benchmark. First the MoE op with its comm kernel on 8 SMs at 2 ranks sharing the GPU,
+# summed by a kernel after the runs, a few rows a program on every SM (knobs.cta.STAGE1_SPLIT_FIXUP), and in 64-column
+# tiles (twice the tiles, half the runs: a quarter of the bytes the finishing run reads); each result checked against
+# float32 by the benchmark. First the MoE op with its comm kernel on 8 SMs at 2 ranks sharing the GPU,
 # each rank's kernels now bound by half the SMs less the free ones (support.kernel_sms; it hung before).
 TAILN=6 run moe_sm8 70 env OVERLAP_TEST_SHARED_GPU=1 OVERLAP_TIMEOUT_S=20 python -m pytest -q -rA -p no:cacheprovider -m gpu tests/gpu/test_gpu_moe.py -k ws2-symm-sm8
 SWEEP="python bench/suites/bench_kernels.py --kernels cta_stage1 --ws 8 --max-rows 128 --no-variants --budget-s 30"
 TAILN=6 run cta1_slots 40 $SWEEP --out $RES/cta1_ws8_slots
 TAILN=6 run cta1_pairs 40 $SWEEP --out $RES/cta1_ws8_pairs --set cta.SPLIT_SUM_PAIRS=True
+TAILN=6 run cta1_fixup 40 $SWEEP --out $RES/cta1_ws8_fixup --set cta.STAGE1_SPLIT_FIXUP=True
 TAILN=6 run cta1_bn64 40 $SWEEP --out $RES/cta1_ws8_bn64 --set "cta.STAGE1_CONFIG_DECODE=(128,64,64,0,4,8)"

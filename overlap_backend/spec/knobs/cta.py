@@ -66,6 +66,12 @@ cta = Knobs(
     # 128-row decode shape that run's sum of 8 slots (512 KB) takes stage 1 to 1.42x cuBLAS on one H100
     # (bench/results/kernels_h100x1_2026-12-07/profile/).
     SPLIT_SUM_PAIRS=False,
+    # Stage 1's split tiles are summed by a kernel launched after it, one program per STAGE1_FIXUP_ROWS rows of a tile
+    # (every SM sums and stores; in the kernel the last run of each tile does it alone), in run order (the same bits).
+    # Off until timed against the in-kernel sum (the same case as SPLIT_SUM_PAIRS). 4 rows: several programs on each
+    # SM, their slot loads in flight together (ptxas keeps about two of a thread's loads in flight whatever the unroll).
+    STAGE1_SPLIT_FIXUP=False,
+    STAGE1_FIXUP_ROWS=4,
     # Stage-0 block config, GELU (one accumulator), 16-bit inputs.
     STAGE0_CONFIG=(128, 256, 64, 0, 3, 8),
     # Stage-0 block config, SwiGLU (two accumulators: narrower tiles), 16-bit inputs.
