@@ -172,24 +172,29 @@ def cta_worker(rank: int, ws: int, device: str):
     # staged tiles by TMA (STAGE0_TMA_STORE, on; off: every case), stage 0's last round of tail tiles
     # in half-width tiles (STAGE0_SPLIT_LAST, on; off: at least one case that splits), the last
     # group's rows shipped before the tails are added (SHIP_BEFORE_TAILS, on; off: a GELU case with a
-    # tail, at 2 GPUs).
+    # tail, at 2 GPUs); split-K's sums read two slots at a time (SPLIT_SUM_PAIRS, off) or added by a kernel
+    # after stage 1 (STAGE1_SPLIT_FIXUP, off): the cases whose plan splits.
     for setting, what in (("SWIGLU_SHARE_ROUNDS", "another share"), ("STAGE0_TMA_STORE", "a case"),
                           ("STAGE0_SPLIT_LAST", "a split last round"),
-                          ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank")):
+                          ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank"),
+                          ("SPLIT_SUM_PAIRS", "a split stage"), ("STAGE1_SPLIT_FIXUP", "a split stage 1")):
         changed = 0
         default = getattr(knobs.cta, setting)
         for M, H, F, N, act, approximate, bias, dtype in CASES:
             tp = ws // 2
-            applies = {"SWIGLU_SHARE_ROUNDS": act == "swiglu", "STAGE0_TMA_STORE": True,
-                       "STAGE0_SPLIT_LAST": act != "swiglu", "SHIP_BEFORE_TAILS": act != "swiglu" and tp == 1}[setting]
-            if not applies:
-                continue
             usual = cta_plan.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
+            applies = {"SWIGLU_SHARE_ROUNDS": act == "swiglu", "STAGE0_TMA_STORE": True,
+                       "STAGE0_SPLIT_LAST": act != "swiglu", "SHIP_BEFORE_TAILS": act != "swiglu" and tp == 1,
+                       "SPLIT_SUM_PAIRS": max(usual.split0, usual.split1) > 1,
+                       "STAGE1_SPLIT_FIXUP": usual.split1 > 1}[setting]
+            if not applies or (setting in ("SPLIT_SUM_PAIRS", "STAGE1_SPLIT_FIXUP") and changed >= 3):
+                continue  # (the split-K sums: three cases each, for the test's time)
             with knobs.cta.patch(**{setting: not default}):
                 plan = cta_plan.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
                 changed += {"STAGE0_TMA_STORE": True, "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,
                             "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms),
-                            "SHIP_BEFORE_TAILS": plan.tail > 0}[setting]
+                            "SHIP_BEFORE_TAILS": plan.tail > 0, "SPLIT_SUM_PAIRS": True,
+                            "STAGE1_SPLIT_FIXUP": True}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
