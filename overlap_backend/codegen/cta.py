@@ -442,7 +442,7 @@ def stage1_split_sum_kernel(
     mask = (row0 + tl.arange(0, ROWS) < M)[:, None]
     acc = tl.zeros((ROWS, BN), dtype=tl.float32)
     first_single = splits - splits % 4
-    for q in range(0, first_single, 4):  # four slots' loads in flight (registers are plentiful here)
+    for q in range(0, first_single, 4):  # (ptxas keeps about two loads of a thread in flight; several programs an SM)
         acc = _add_slot_quad(acc, slots + q * BM * BN, mask, BM * BN)
     for q in range(first_single, splits):
         acc += tl.load(slots + q * BM * BN, mask=mask, other=0.0)
