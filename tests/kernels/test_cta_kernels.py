@@ -228,13 +228,13 @@ def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k, fix
                 assert world.flags[r][B + symm_layout.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]].eq(EPOCH).all()
 
 
-@pytest.mark.parametrize("ws,M,H,F_,N,act,bias,transport,tma,first,split", [
-    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4),     # 4 K-steps in 4 runs, TMA stores
-    (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3),  # two accumulators, 3 runs (a pair and one)
-    (4, 24, 64, 128, 64, "swiglu", False, "ce", False, True, 2),  # 2 producers, each splitting
-    (4, 20, 64, 256, 32, "gelu", True, "peer", False, False, 3),
+@pytest.mark.parametrize("ws,M,H,F_,N,act,bias,transport,tma,first,split,pairs", [
+    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, False),     # 4 K-steps in 4 runs, TMA stores
+    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, True),      # the same, the slots read two at a time
+    (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3, False),  # two accumulators, 3 runs (a pair and one)
+    (4, 24, 64, 128, 64, "swiglu", False, "ce", False, True, 2, False),  # 2 producers, each splitting
+    (4, 20, 64, 256, 32, "gelu", True, "peer", False, False, 3, True),   # a pair of slots, then one
 ])
-@pytest.mark.parametrize("pairs", [False, True], ids=["slot_by_slot", "slot_pairs"])
 def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, first, split, pairs):
     """Stage 0 with each tile's K-steps in several runs (``SPLIT_K``; slots NaN-poisoned), the run
     that adds the last pair making the tile's epilogue: the same chunk-major blocks, flags and MLP
