@@ -722,13 +722,13 @@ def test_host_path_split_k(fake_host_path, monkeypatch, ws, F_, M, num_sms, act,
 
 
 @pytest.mark.parametrize("ws,F_,M,num_sms,act,ship_first", [
-    (2, 1024, 40, 4, "gelu", False),    # several row groups, the last one's tails added before the rows go out
+    (2, 1024, 40, 4, "gelu", True),     # several row groups, the last one's rows shipped before its tails are added
     (4, 1536, 20, 8, "swiglu", True),   # 2 producers, the SwiGLU share
 ])
 def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws, F_, M, num_sms, act, ship_first):
     """Stage 1's split tiles summed by the kernel after the runs (``STAGE1_SPLIT_FIXUP``, a few rows a program) inside
     the op, for two calls: the tails added to those rows, every rank the MLP's result, every counter back at 0 (tails
-    shipped first: the in-kernel cases of ``test_host_path_split_k``, the same epilogue)."""
+    added before the rows go out: the in-kernel cases of ``test_host_path_split_k``, the same epilogue)."""
     from overlap_backend.runtime import cta_plan
 
     monkeypatch.setattr(FakeHostPath, "H", 48)
