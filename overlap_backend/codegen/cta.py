@@ -395,7 +395,8 @@ def stage1_kernel(
             row_ok = pid_m * BM + tl.arange(0, BM) < M
             if SPLIT_K:
                 if SPLIT_FIXUP:
-                    _store_split_slot(acc, acc, split_ptr, tile, split, split_k, row_ok, BM, BN, False)
+                    _store_split_slot(acc, acc, _split_slots(split_ptr, tile, split_k, 0, BM, BM, BN, False)
+                                      + split * BM * BN, row_ok[:, None], BM * BN, False)
                     finishes = False
                 else:
                     acc, _, finishes = _add_split_partials(acc, acc, split_ptr, split_counters_ptr, tile, split,
@@ -574,7 +575,7 @@ def _add_split_partials(acc, acc3, split_ptr, counters_ptr, tile, split, splits,
     SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
     slots = _split_slots(split_ptr, tile, split_k, 0, BM, BM, BN, DUAL)
     mask = row_ok[:, None]
-    _store_split_slot(acc, acc3, split_ptr, tile, split, split_k, row_ok, BM, BN, DUAL)
+    _store_split_slot(acc, acc3, slots + split * SLOT, mask, BM * BN, DUAL)
     finishes = count_local(counters_ptr + tile) == splits - 1
     if finishes:
         tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # for the next call
@@ -606,14 +607,11 @@ def _split_slots(split_ptr, tile, split_k, row0, ROWS: tl.constexpr, BM: tl.cons
 
 
 @triton.jit
-def _store_split_slot(acc, acc3, split_ptr, tile, split, split_k, row_ok, BM: tl.constexpr, BN: tl.constexpr,
-                      DUAL: tl.constexpr):
-    """Run ``split``'s sums of ``tile`` into its slot (rows below M: ``row_ok``)."""
-    SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
-    slot = _split_slots(split_ptr, tile, split_k, 0, BM, BM, BN, DUAL) + split * SLOT
-    tl.store(slot, acc, mask=row_ok[:, None])
+def _store_split_slot(acc, acc3, slot, mask, TILE: tl.constexpr, DUAL: tl.constexpr):
+    """A run's sums into its slot (``slot``: ``_split_slots`` of its tile, moved to its run; rows below M: ``mask``)."""
+    tl.store(slot, acc, mask=mask)
     if DUAL:
-        tl.store(slot + BM * BN, acc3, mask=row_ok[:, None])
+        tl.store(slot + TILE, acc3, mask=mask)
 
 
 @triton.jit

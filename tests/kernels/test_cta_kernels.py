@@ -714,18 +714,14 @@ def test_host_path_split_k(fake_host_path, monkeypatch, ws, F_, M, num_sms, act,
         assert (plan.split0, plan.split1) != (1, 1), plan
         assert split[0] is None or plan.split0 == split[0], plan
         fake.check_calls(act)
-    for r in range(ws):
-        words = fake.group.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_TAIL_ARRIVED]
-        words = torch.cat([words[:symm_layout.CTA_DONE - symm_layout.CTA_COUNTERS],
-                           words[symm_layout.CTA_Y_COUNTERS - symm_layout.CTA_COUNTERS:]])
-        assert words.eq(0).all(), (r, words.nonzero())
+    _assert_counters_back_at_zero(fake, ws)
 
 
-@pytest.mark.parametrize("ws,F_,M,num_sms,act,ship_first", [
-    (2, 1024, 40, 4, "gelu", True),     # several row groups, the last one's rows shipped before its tails are added
-    (4, 1536, 20, 8, "swiglu", True),   # 2 producers, the SwiGLU share
+@pytest.mark.parametrize("ws,F_,M,num_sms,act", [
+    (2, 1024, 40, 4, "gelu"),     # several row groups, the last one's rows shipped before its tails are added
+    (4, 1536, 20, 8, "swiglu"),   # 2 producers, the SwiGLU share
 ])
-def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws, F_, M, num_sms, act, ship_first):
+def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws, F_, M, num_sms, act):
     """Stage 1's split tiles summed by the kernel after the runs (``STAGE1_SPLIT_FIXUP``, a few rows a program) inside
     the op, for two calls: the tails added to those rows, every rank the MLP's result, every counter back at 0 (tails
     added before the rows go out: the in-kernel cases of ``test_host_path_split_k``, the same epilogue)."""
@@ -733,10 +729,15 @@ def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws
 
     monkeypatch.setattr(FakeHostPath, "H", 48)
     fake = fake_host_path(ws, F_, transport="ce", num_sms=num_sms, M=M)
-    with knobs.cta.patch(SHIP_BEFORE_TAILS=ship_first, STAGE1_SPLIT_K=3, STAGE1_SPLIT_FIXUP=True, STAGE1_FIXUP_ROWS=8):
+    with knobs.cta.patch(SHIP_BEFORE_TAILS=True, STAGE1_SPLIT_K=3, STAGE1_SPLIT_FIXUP=True, STAGE1_FIXUP_ROWS=8):
         plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, act == "swiglu", torch.float32, num_sms, H=fake.H)
         assert plan.split1 > 1, plan
         fake.check_calls(act)
+    _assert_counters_back_at_zero(fake, ws)
+
+
+def _assert_counters_back_at_zero(fake, ws):
+    """Every rank's CTA counters (chunk, row-block and split) at 0 after the op's calls; the done flags are skipped."""
     for r in range(ws):
         words = fake.group.flags[r][B + symm_layout.CTA_COUNTERS:B + symm_layout.CTA_TAIL_ARRIVED]
         words = torch.cat([words[:symm_layout.CTA_DONE - symm_layout.CTA_COUNTERS],
