@@ -3,6 +3,7 @@ bench/tools/run_stages.sh runs its stages) and test selections that select tests
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -64,18 +65,35 @@ def test_every_test_selection_of_the_plans_selects_tests():
                 selections.setdefault((tuple(sel[0]), tuple(sel[1])), []).append(plan.name)
     assert selections, "no plan runs tests"
     env = {**os.environ, "OVERLAP_TEST_SHARED_GPU": "1"}
+    # One process collects every selection (torch and the test modules imported once): its last line, a JSON list
+    # of (the number of tests selected, pytest's exit code, its output's end) per selection.
+    res = subprocess.run([sys.executable, "-c", _COLLECT_EACH, json.dumps(list(selections))], capture_output=True,
+                         text=True, cwd=REPO, env=env)
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr[-2000:]
+    counts = json.loads(res.stdout.strip().splitlines()[-1])
+    for ((files, options), plans), (selected, code, tail) in zip(selections.items(), counts):
+        assert code == 0 and selected > 0, (
+            f"{plans}: pytest {' '.join(options)} {' '.join(files)} selects no test (exit {code}):\n{tail}")
 
-    def collect(selection):
-        files, options = selection
-        return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                               *options, *files], capture_output=True, text=True, cwd=REPO, env=env)
 
-    with ThreadPoolExecutor(4) as pool:  # (each run spends its time importing torch and the tests)
-        results = list(pool.map(collect, selections))
-    for ((files, options), plans), res in zip(selections.items(), results):
-        got = re.search(r"(\d+)(?:/\d+)? tests? collected", res.stdout)
-        assert res.returncode == 0 and got and int(got.group(1)) > 0, (
-            f"{plans}: pytest {' '.join(options)} {' '.join(files)} selects no test:\n{res.stdout[-800:]}{res.stderr[-800:]}")
+_COLLECT_EACH = """
+import contextlib, io, json, sys
+import pytest
+
+class Count:
+    selected = 0
+
+    def pytest_collection_finish(self, session):
+        Count.selected = len(session.items)
+
+found = []
+for files, options in json.loads(sys.argv[1]):
+    Count.selected, out = 0, io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *options, *files], plugins=[Count()])
+    found.append((Count.selected, int(code), out.getvalue()[-800:]))
+print(json.dumps(found))
+"""
 
 
 def test_every_option_the_plans_pass_a_script_is_one_it_takes():
