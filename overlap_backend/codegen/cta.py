@@ -800,6 +800,13 @@ def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int
     return last if last <= rows_last * (tiles_n - fship // BN) else 0
 
 
+def stage1_sums_after_runs(M: int, split_k: int) -> bool:
+    """Whether a stage-1 call of ``M`` rows in ``split_k`` runs a tile has its split tiles summed by
+    ``stage1_split_sum_kernel`` after the runs (``knobs.cta.STAGE1_SPLIT_FIXUP``, ``STAGE1_FIXUP_CALL_ROWS``)."""
+    lo, hi = knobs.cta.STAGE1_FIXUP_CALL_ROWS
+    return split_k > 1 and knobs.cta.STAGE1_SPLIT_FIXUP and lo <= M <= hi
+
+
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,
                   rank, ws, M, Fp, consumer, kchunk, nch, y_flag_word, tp, config, num_sms, timed=True, f1=0,
                   ready=None, fship=None, part=None, tail_flags=None, tail_group=0, ship_before_tail=False,
@@ -811,7 +818,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     out before the tails are added (``stage1_kernel``'s ``SHIP_BEFORE_TAIL``). ``split_k`` > 1: each
     tile's K-chunks in up to that many runs (``stage1_kernel``'s ``SPLIT_K``), with
     ``split_partials`` (float32, ``split_partials_numel``) and ``split_counters`` (int32, one per
-    tile, 0). ``knobs.cta.STAGE1_SPLIT_FIXUP``: the runs only store their sums, and ``stage1_split_sum_kernel``,
+    tile, 0). Where ``stage1_sums_after_runs``: the runs only store their sums, and ``stage1_split_sum_kernel``,
     launched after, adds them and makes the tiles' epilogues, ``knobs.cta.STAGE1_FIXUP_ROWS`` rows a program."""
     assert not ship_before_tail or (tp == 1 and part is not None), (tp, ship_before_tail)
     Ns = w2.shape[1]
@@ -822,7 +829,7 @@ def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, coun
     tiles = launcher.cdiv(M, BM) * launcher.cdiv(Ns, BN)
     if split_k > 1:
         _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Ns, config, split_k), tiles)
-    fixup = split_k > 1 and knobs.cta.STAGE1_SPLIT_FIXUP
+    fixup = stage1_sums_after_runs(M, split_k)
     grid = (max(1, min(num_sms, tiles * split_k)),)
     launcher.launch(stage1_kernel, grid,
         a, w2, b2 if b2 is not None else out, out, peer_data, peer_flags, y_offset, a_flags, counters,

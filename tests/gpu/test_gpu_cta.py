@@ -46,6 +46,8 @@ CASES = [
     # few rows (knobs.cta.FEW_ROWS): both stages in 64-row blocks (FEW_ROWS_WARPS warps), SwiGLU's two accumulators too
     (40, 512, 2048, 512, "swiglu", "none", True, torch.bfloat16),
     (64, 256, 1024, 256, "swiglu", "none", False, torch.float32),
+    # one 128-row block whose stage 1 splits: its runs' sums added by the kernel after them (STAGE1_FIXUP_CALL_ROWS)
+    (96, 512, 2048, 512, "gelu", "tanh", True, torch.bfloat16),
     (1500, 1024, 4096, 1024, "swiglu", "none", False, torch.bfloat16),  # several row groups
     # F large enough that the stage-1 ranks' share of the first GEMM (cta_plan.stage1_share, whole
     # lcm(256, 128 tp) tiles) is not 0 at tp=4 too (8 GPUs: 512 columns; the cases above give 0 there)
@@ -137,6 +139,7 @@ def cta_worker(rank: int, ws: int, device: str):
         x, w1, b1, w3, b3, w2, b2 = args
         return op(x, w1, b1, w3, b3, w2, b2, act, approximate, stages, group.group_name, "symm")
 
+    from overlap_backend.codegen import cta
     from overlap_backend.runtime import cta_plan
     from overlap_backend.spec import knobs
 
@@ -172,8 +175,8 @@ def cta_worker(rank: int, ws: int, device: str):
     # staged tiles by TMA (STAGE0_TMA_STORE, on; off: every case), stage 0's last round of tail tiles
     # in half-width tiles (STAGE0_SPLIT_LAST, on; off: at least one case that splits), the last
     # group's rows shipped before the tails are added (SHIP_BEFORE_TAILS, on; off: a GELU case with a
-    # tail, at 2 GPUs); split-K's sums read two slots at a time (SPLIT_SUM_PAIRS, off) or added by a kernel
-    # after stage 1 (STAGE1_SPLIT_FIXUP, off): the cases whose plan splits.
+    # tail, at 2 GPUs); split-K's sums read two slots at a time (SPLIT_SUM_PAIRS, off) or stage 1's added by a kernel
+    # after it (STAGE1_SPLIT_FIXUP, at STAGE1_FIXUP_CALL_ROWS rows): the cases whose plan splits, in the other form.
     for setting, what in (("SWIGLU_SHARE_ROUNDS", "another share"), ("STAGE0_TMA_STORE", "a case"),
                           ("STAGE0_SPLIT_LAST", "a split last round"),
                           ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank"),
@@ -189,7 +192,11 @@ def cta_worker(rank: int, ws: int, device: str):
                        "STAGE1_SPLIT_FIXUP": usual.split1 > 1}[setting]
             if not applies or (setting in ("SPLIT_SUM_PAIRS", "STAGE1_SPLIT_FIXUP") and changed >= 3):
                 continue  # (the split-K sums: three cases each, for the test's time)
-            with knobs.cta.patch(**{setting: not default}):
+            other = {setting: not default}
+            if setting == "STAGE1_SPLIT_FIXUP":  # the form this call's rows do not take by default
+                other = ({setting: False} if cta.stage1_sums_after_runs(M, usual.split1)
+                         else {setting: True, "STAGE1_FIXUP_CALL_ROWS": (1, 1 << 30)})
+            with knobs.cta.patch(**other):
                 plan = cta_plan.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
                 changed += {"STAGE0_TMA_STORE": True, "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,
                             "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms),
@@ -201,7 +208,7 @@ def cta_worker(rank: int, ws: int, device: str):
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 out = call(args, act, approximate)
                 err = _rel_err(out, _reference(args, act, approximate, group))
-                label = f"{setting}={not default}: M={M} H={H} F={F} N={N} {act} bias={bias} {dtype}"
+                label = f"{other}: M={M} H={H} F={F} N={N} {act} bias={bias} {dtype}"
                 report.append(f"{label}: rel err {err:.2e}")
                 if not err <= _tol(dtype):
                     bad.append(f"rank {rank}: {label}: rel err {err:.3e}")

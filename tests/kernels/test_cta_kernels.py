@@ -35,6 +35,7 @@ EPOCH = 7
 B = symm_layout.cta_block(False)  # the eager block of the cta_pipeline_mlp flag words
 CFG0 = (16, 32, 16, 2, 1, 1)  # BM, BN, BK, GROUP_M, stages, warps
 CFG1 = (16, 16, 16, 2, 1, 1)
+ANY_ROWS = (1, 1 << 30)  # knobs.cta.STAGE1_FIXUP_CALL_ROWS of a test that asks for the fix-up kernel at its rows
 
 
 @pytest.fixture(autouse=True)
@@ -214,8 +215,8 @@ def test_pipeline_matches_mlp(ws, M, H, F_, N, act, bias, f1, transport):
 def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k, fixup):
     """Stage 1 with each tile's K-chunks in several runs (``SPLIT_K``; slots NaN-poisoned): the MLP's
     result on every rank, every row-block flag raised, the split counters back at 0; the runs' sums added by the last
-    run of each tile or by the kernel after them, 8 rows a program (``knobs.cta.STAGE1_SPLIT_FIXUP``)."""
-    with knobs.cta.patch(STAGE1_SPLIT_FIXUP=fixup, STAGE1_FIXUP_ROWS=8):
+    run of each tile or by the kernel after them, 8 rows a program (``knobs.cta.STAGE1_SPLIT_FIXUP``, at any rows)."""
+    with knobs.cta.patch(STAGE1_SPLIT_FIXUP=fixup, STAGE1_FIXUP_ROWS=8, STAGE1_FIXUP_CALL_ROWS=ANY_ROWS):
         res = _run(ws, M, H, F_, N, act, bias, f1=f1, split_k=split_k)
     world, tp = res["world"], ws // 2
     for r in range(ws):
@@ -226,6 +227,16 @@ def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k, fix
         for t in range(tp):
             if r != tp + t:
                 assert world.flags[r][B + symm_layout.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]].eq(EPOCH).all()
+
+
+def test_split_stage1_sums_after_the_runs_only_at_the_rows_it_was_measured_faster():
+    """The fix-up kernel sums a split stage 1 at the calls of one 128-row block (``STAGE1_FIXUP_CALL_ROWS``, both ends
+    in), never an unsplit one, never with ``STAGE1_SPLIT_FIXUP`` off."""
+    lo, hi = knobs.cta.STAGE1_FIXUP_CALL_ROWS
+    assert [cta.stage1_sums_after_runs(m, 4) for m in (lo - 1, lo, hi, hi + 1)] == [False, True, True, False]
+    assert not cta.stage1_sums_after_runs(hi, 1)
+    with knobs.cta.patch(STAGE1_SPLIT_FIXUP=False):
+        assert not cta.stage1_sums_after_runs(hi, 4)
 
 
 @pytest.mark.parametrize("ws,M,H,F_,N,act,bias,transport,tma,first,split,pairs", [
@@ -256,7 +267,8 @@ def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, 
 
 @pytest.mark.parametrize("chunks,split_k,runs", [(3, 2, [(0, 1), (1, 3)]), (4, 4, [(0, 1), (1, 2), (2, 3), (3, 4)]),
                                                 (5, 3, [(0, 1), (1, 3), (3, 5)])])
-@pytest.mark.parametrize("sums", [{}, {"SPLIT_SUM_PAIRS": True}, {"STAGE1_SPLIT_FIXUP": True, "STAGE1_FIXUP_ROWS": 4}],
+@pytest.mark.parametrize("sums", [{"STAGE1_SPLIT_FIXUP": False}, {"STAGE1_SPLIT_FIXUP": False, "SPLIT_SUM_PAIRS": True},
+                                  {"STAGE1_FIXUP_ROWS": 4, "STAGE1_FIXUP_CALL_ROWS": ANY_ROWS}],
                          ids=["slot_by_slot", "slot_pairs", "fixup_kernel"])
 def test_stage1_split_k_runs_take_contiguous_chunks(chunks, split_k, runs, sums):
     """Run q of a tile sums K-chunks ``[q * n // s, (q + 1) * n // s)`` (its slot, read back), and
@@ -729,7 +741,7 @@ def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws
 
     monkeypatch.setattr(FakeHostPath, "H", 48)
     fake = fake_host_path(ws, F_, transport="ce", num_sms=num_sms, M=M)
-    with knobs.cta.patch(SHIP_BEFORE_TAILS=True, STAGE1_SPLIT_K=3, STAGE1_SPLIT_FIXUP=True, STAGE1_FIXUP_ROWS=8):
+    with knobs.cta.patch(SHIP_BEFORE_TAILS=True, STAGE1_SPLIT_K=3, STAGE1_FIXUP_ROWS=8, STAGE1_FIXUP_CALL_ROWS=ANY_ROWS):
         plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, act == "swiglu", torch.float32, num_sms, H=fake.H)
         assert plan.split1 > 1, plan
         fake.check_calls(act)

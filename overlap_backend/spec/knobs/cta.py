@@ -62,16 +62,20 @@ cta = Knobs(
     STAGE0_SPLIT_K=None,
     STAGE1_SPLIT_K=None,
     # The run that finishes a split tile reads the other runs' float32 sums two slots at a time, both loads in flight
-    # before either is added (the same additions in the same order: the same bits). Off until measured: at 8 GPUs'
-    # 128-row decode shape that run's sum of 8 slots (512 KB) takes stage 1 to 1.42x cuBLAS on one H100
-    # (bench/results/kernels_h100x1_2026-12-07/profile/).
+    # before either is added (the same additions in the same order: the same bits). Off: one H200, stage 1 at 2, 4
+    # and 8 GPUs' 16-row decode shapes 0-3 % slower than one slot at a time; at 128 rows faster (0.93-1.27x cuBLAS
+    # against 0.98-1.63x), where STAGE1_SPLIT_FIXUP sums them (bench/results/kernels_h200x1_2026-12-07/cta1_split_sums/).
     SPLIT_SUM_PAIRS=False,
-    # Stage 1's split tiles are summed by a kernel launched after it, one program per STAGE1_FIXUP_ROWS rows of a tile
-    # (every SM sums and stores; in the kernel the last run of each tile does it alone), in run order (the same bits).
-    # Off until timed against the in-kernel sum (the same case as SPLIT_SUM_PAIRS). 4 rows: several programs on each
+    # Stage 1's split tiles of a call of STAGE1_FIXUP_CALL_ROWS rows (both ends in) are summed by a kernel launched
+    # after it, one program per STAGE1_FIXUP_ROWS rows of a tile (every SM sums and stores; in the kernel the last run
+    # of each tile does it alone), in run order (the same bits). One H200, stage 1 at 2, 4 and 8 GPUs' decode shapes:
+    # at 128 rows 0.93-1.19x cuBLAS against 0.98-1.63x summed in the kernel; at 16 rows (64-row blocks) 1.08-1.21x
+    # against 1.05-1.18x, the extra launch not paid back (same results). 4 rows a program: several programs on each
     # SM, their slot loads in flight together (ptxas keeps about two of a thread's loads in flight whatever the unroll).
-    STAGE1_SPLIT_FIXUP=False,
+    STAGE1_SPLIT_FIXUP=True,
     STAGE1_FIXUP_ROWS=4,
+    # (65, 128): the calls of one 128-row block (FEW_ROWS' calls run 64-row blocks); 17-127 rows not measured.
+    STAGE1_FIXUP_CALL_ROWS=(65, 128),
     # Stage-0 block config, GELU (one accumulator), 16-bit inputs.
     STAGE0_CONFIG=(128, 256, 64, 0, 3, 8),
     # Stage-0 block config, SwiGLU (two accumulators: narrower tiles), 16-bit inputs.
