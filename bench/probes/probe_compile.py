@@ -8,7 +8,7 @@ Kernels: ``ag_mm`` (``codegen/ag_mm.py``'s consumer; ``ag_mm_whole``: its kernel
 its warp-specialized Gluon kernel, ``codegen/ag_mm_ws.py``, 4 warps and its own register budgets whatever
 ``--warps``), ``mm_rs`` (``codegen/mm_rs.py``'s producer), ``moe_down``
 (``codegen/moe_gemm.py``'s down kernel), ``cta_stage0`` / ``cta_stage1`` (``codegen/cta.py``'s stages) and
-``cta_split_sum`` (stage 1's split tiles' sum after it), bf16, with
+``cta_split_sum`` / ``cta_split_sum0`` (stage 1's / stage 0's split tiles' sum after it), bf16, with
 the constexprs below unless ``--set NAME=VALUE`` (a Python literal) overrides one. Prints the shared memory the
 kernel needs and, in its TTGIR, the loops (``scf.for`` / ``scf.while``), the TMA loads, the barrier waits, the
 wgmma ops, the multi-buffered shared allocations (``2x``, ``3x`` ...: loads in flight) and the worker partitions of
@@ -94,7 +94,7 @@ KERNELS = {
     "cta_stage0": dict(  # codegen/cta.py's stage 0 (ACT: 0 erf GELU, 1 tanh GELU, 2 SwiGLU: two accumulators)
         const=dict(TP=4, BM=128, BN=256, BK=64, GROUP_M=16, ACT=0, HAS_B1=True, HAS_B3=False, STAGED=True,
                    WAIT_READY=False, PRECISION=None, TIMED=True, COUNT_FIRST_AT_ONCE=False, TMA_STORE=True,
-                   INTERPRET=False, SPLIT_LAST=False, SPLIT_K=False, SUM_PAIRS=False),
+                   INTERPRET=False, SPLIT_LAST=False, SPLIT_K=False, SUM_PAIRS=False, SPLIT_FIXUP=False),
         data={"x_ptr", "w1_ptr", "w3_ptr", "stage_ptr", "keep_ptr"}, fp32={"b1_ptr", "b3_ptr", "split_ptr"},
         tables={"peer_data_ptr", "peer_flags_ptr"},
         flags={"counters_ptr", "done_ptr", "epoch_ptr", "ready_ptr", "claim_ptr", "report_ptr", "split_counters_ptr"},
@@ -105,6 +105,11 @@ KERNELS = {
         data={"out_ptr", "part_ptr"}, fp32={"b2_ptr", "split_ptr"}, tables={"peer_data_ptr", "peer_flags_ptr"},
         flags={"counters_ptr", "epoch_ptr", "claim_ptr", "report_ptr", "tail_flags_ptr"},
         wide={"timeout_ns", "y_offset"}, sizes={"N", "Ns", "Fp", "Fship", "kchunk"}),
+    "cta_split_sum0": dict(  # codegen/cta.py's stage0_split_sum_kernel (knobs.cta.STAGE0_SPLIT_FIXUP)
+        const=dict(TP=4, BM=128, BN=256, GROUP_M=16, ROWS=4, ACT=1, HAS_B1=False, HAS_B3=False, STAGED=True),
+        data={"x_ptr", "stage_ptr", "keep_ptr"}, fp32={"b1_ptr", "b3_ptr", "split_ptr"},
+        tables={"peer_data_ptr", "peer_flags_ptr"}, flags={"counters_ptr", "done_ptr", "epoch_ptr"}, wide=set(),
+        sizes={"Mp", "Fp", "Fship", "kchunk"}),
 }
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
           "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",
@@ -141,7 +146,7 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
     else:
         fn = {"ag_mm": ag_mm.ag_mm_kernel, "ag_mm_whole": ag_mm.ag_mm_whole_kernel, "mm_rs": mm_rs.mm_rs_kernel,
               "moe_down": moe_gemm.down_kernel, "cta_stage0": cta.stage0_kernel, "cta_stage1": cta.stage1_kernel,
-              "cta_split_sum": cta.stage1_split_sum_kernel}[name]
+              "cta_split_sum": cta.stage1_split_sum_kernel, "cta_split_sum0": cta.stage0_split_sum_kernel}[name]
     names = fn.arg_names
     if "EPILOGUE" in names:
         const["EPILOGUE"] = epilogue_fn(build(epilogue, torch.bfloat16) if epilogue else None, (), torch.bfloat16,

@@ -91,7 +91,7 @@ def stage0_kernel(
     PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
     TMA_STORE: tl.constexpr = False, INTERPRET: tl.constexpr = False, split_tiles=0, SPLIT_LAST: tl.constexpr = False,
     split_ptr=None, split_counters_ptr=None, split_k=1, SPLIT_K: tl.constexpr = False,  # (1 without SPLIT_K)
-    SUM_PAIRS: tl.constexpr = False,
+    SUM_PAIRS: tl.constexpr = False, SPLIT_FIXUP: tl.constexpr = False,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
@@ -126,9 +126,12 @@ def stage0_kernel(
     ``SPLIT_K`` (few tiles: decode sizes; never with ``SPLIT_LAST``): each tile's K-steps in
     ``split_k`` contiguous runs, one work item each, added as stage 1's are (``_add_split_partials``:
     ``split_ptr`` float32 ``[tiles, split_k, 1 + DUAL, BM, BN]``, ``split_counters_ptr`` one local
-    int32 per tile, 0 between calls); the run that finishes last makes the tile's epilogue.
+    int32 per tile, 0 between calls); the run that finishes last makes the tile's epilogue. ``SPLIT_FIXUP``: every run
+    stores its slot and stops; ``stage0_split_sum_kernel``, launched after this kernel, adds the slots and makes the
+    epilogues.
     """
     DUAL: tl.constexpr = ACT == 2
+    SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
     epoch = tl.load(epoch_ptr, volatile=True)
     if WAIT_READY:  # (staged: the copy engine ships the tiles after their done flags, so after this)
         for q in range(TP):
@@ -173,14 +176,19 @@ def stage0_kernel(
             if TMA_STORE:
                 bulk_stores_done(INTERPRET)  # long done by now: a main loop ran since
             _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
-                              tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
-                              STAGED)
+                              tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, 1, TP,
+                              GROUP_M, STAGED)
         finishes = True
         if SPLIT_K:
             prev_m = -1  # (counted above; a run that does not finish its tile stores nothing to count)
-            acc1, acc3, finishes = _add_split_partials(acc1, acc3, split_ptr, split_counters_ptr, tile, split,
-                                                       split_k, split_k, pid_m * BM + tl.arange(0, BM) < M, BM, BN,
-                                                       DUAL, SUM_PAIRS)
+            row_ok = pid_m * BM + tl.arange(0, BM) < M
+            if SPLIT_FIXUP:
+                _store_split_slot(acc1, acc3, _split_slots(split_ptr, tile, split_k, 0, BM, BM, BN, DUAL) + split * SLOT,
+                                  row_ok[:, None], BM * BN, DUAL)
+                finishes = False
+            else:
+                acc1, acc3, finishes = _add_split_partials(acc1, acc3, split_ptr, split_counters_ptr, tile, split,
+                                                           split_k, split_k, row_ok, BM, BN, DUAL, SUM_PAIRS)
         if finishes:
             prev_m, prev_n = _stage0_epilogue(
                 acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr,
@@ -194,7 +202,7 @@ def stage0_kernel(
         if TMA_STORE:
             bulk_stores_done(INTERPRET)
         _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
-                          tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, TP, GROUP_M,
+                          tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, 1, TP, GROUP_M,
                           STAGED)
 
 
@@ -217,17 +225,12 @@ def _stage0_epilogue(acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr
     if in_tail_group & (pid_n >= tiles_ship):  # the tail: kept here, not counted
         _keep_tail_tile(keep_ptr, act, offs_m, offs_n, M, Fp, Fship, m0)
     else:
-        j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
-        mask = (offs_m < M)[:, None] & (offs_n < tl.where(in_tail_group, Fship, Fp))[None, :]
-        rel = (j * Mp + offs_m).to(tl.int64)[:, None] * kchunk + (offs_n - j * kchunk)[None, :]
         if TMA_STORE:
+            j = (pid_n * BN) // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
             stage_desc.store([j * Mp + pid_m * BM, pid_n * BN - j * kchunk], act)
-        elif STAGED:
-            tl.store(stage_ptr + rel, act, mask=mask)
         else:
-            for q in range(TP):
-                buf = peer_buffer(peer_data_ptr, first_consumer + q, 0, x_ptr.dtype.element_ty)
-                tl.store(buf + producer * nch * Mp * kchunk + rel, act, mask=mask)
+            _store_chunk_rows(act, stage_ptr, peer_data_ptr, offs_m, offs_n, pid_n * BN, M, Mp, Fp, Fship,
+                              in_tail_group, producer, kchunk, nch, first_consumer, TP, STAGED)
         prev_m = pid_m
         if COUNT_FIRST_AT_ONCE:
             # The first row group's chunks are what stage 1 waits for first (the pipeline's fill):
@@ -237,9 +240,74 @@ def _stage0_epilogue(acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr
                     bulk_stores_done(INTERPRET)
                 _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
                                   tiles_m, tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer,
-                                  first_consumer, TP, GROUP_M, STAGED)
+                                  first_consumer, 1, TP, GROUP_M, STAGED)
                 prev_m = -1
     return prev_m, prev_n
+
+
+@triton.jit
+def _store_chunk_rows(act, stage_ptr, peer_data_ptr, offs_m, offs_n, col0, M, Mp, Fp, Fship, in_tail_group, producer,
+                      kchunk, nch, first_consumer, TP: tl.constexpr, STAGED: tl.constexpr):
+    """Rows ``offs_m`` of a shipped stage-0 tile (columns ``offs_n``, from ``col0``) by pointer stores into its
+    K-chunk's block: the local staging buffer (``STAGED``) or every consumer's buffer."""
+    j = col0 // kchunk  # a tile never straddles two chunks (kchunk % BN == 0)
+    mask = (offs_m < M)[:, None] & (offs_n < tl.where(in_tail_group, Fship, Fp))[None, :]
+    rel = (j * Mp + offs_m).to(tl.int64)[:, None] * kchunk + (offs_n - j * kchunk)[None, :]
+    if STAGED:
+        tl.store(stage_ptr + rel, act, mask=mask)
+    else:
+        for q in range(TP):
+            buf = peer_buffer(peer_data_ptr, first_consumer + q, 0, stage_ptr.dtype.element_ty)
+            tl.store(buf + producer * nch * Mp * kchunk + rel, act, mask=mask)
+
+
+@triton.jit
+def stage0_split_sum_kernel(
+    split_ptr, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr, keep_ptr,
+    epoch_ptr, M, Mp, Fp, Fship, tail_group, producer, kchunk, nch, a_flag_word, first_consumer, split_k,
+    TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr,
+    ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr,
+):
+    """``stage0_kernel``'s split tiles finished after it (its ``SPLIT_FIXUP``): one program per ``ROWS`` rows of a
+    tile adds those rows of the tile's runs' slots in run order (the bits of the in-kernel sum), makes their
+    activation and stores them where the tile's epilogue would (pointer stores; a tail tile's into ``keep_ptr``),
+    then counts them: a (row group, K-chunk) flag rises after every piece of its tiles. Every SM takes part in the
+    sums that the last run of each tile made alone in the kernel."""
+    DUAL: tl.constexpr = ACT == 2
+    SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
+    pieces: tl.constexpr = BM // ROWS
+    epoch = tl.load(epoch_ptr, volatile=True)
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(Fp, BN)
+    tiles_ship = tl.cdiv(Fship, BN)
+    tile = tl.program_id(0) // pieces
+    piece = tl.program_id(0) % pieces
+    pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+    offs_m = pid_m * BM + piece * ROWS + tl.arange(0, ROWS)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    slots = _split_slots(split_ptr, tile, split_k, piece * ROWS, ROWS, BM, BN, DUAL)
+    mask = (offs_m < M)[:, None]
+    acc1 = tl.zeros((ROWS, BN), dtype=tl.float32)
+    acc3 = tl.zeros((ROWS, BN), dtype=tl.float32)
+    first_single = 0
+    if not DUAL:  # (ptxas keeps about two loads of a thread in flight; several programs an SM)
+        first_single = split_k - split_k % 4
+        for q in range(0, first_single, 4):
+            acc1 = _add_slot_quad(acc1, slots + q * SLOT, mask, SLOT)
+    for q in range(first_single, split_k):
+        acc1 += tl.load(slots + q * SLOT, mask=mask, other=0.0)
+        if DUAL:
+            acc3 += tl.load(slots + q * SLOT + BM * BN, mask=mask, other=0.0)
+    act = _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT, HAS_B1, HAS_B3).to(x_ptr.dtype.element_ty)
+    in_tail_group = pid_m // GROUP_M == tail_group
+    if in_tail_group & (pid_n >= tiles_ship):  # the tail: kept here, not counted
+        _keep_tail_tile(keep_ptr, act, offs_m, offs_n, M, Fp, Fship, tail_group * GROUP_M * BM)
+    else:
+        _store_chunk_rows(act, stage_ptr, peer_data_ptr, offs_m, offs_n, pid_n * BN, M, Mp, Fp, Fship, in_tail_group,
+                          producer, kchunk, nch, first_consumer, TP, STAGED)
+        _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m, tiles_n,
+                          tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, pieces, TP, GROUP_M,
+                          STAGED)
 
 
 @triton.jit
@@ -267,13 +335,15 @@ def _split_tail_tiles(x_desc, w1_ptr, w3_ptr, b1_ptr, b3_ptr, keep_ptr, M, H, Fp
 
 @triton.jit
 def _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m, tiles_n,
-                      tiles_ship, tail_group, tiles_per_chunk, nch, producer, first_consumer, TP: tl.constexpr,
-                      GROUP_M: tl.constexpr, STAGED: tl.constexpr):
-    """One more stored tile of (group of pid_m, chunk of pid_n); see ``stage0_kernel``."""
+                      tiles_ship, tail_group, tiles_per_chunk, nch, producer, first_consumer, pieces,
+                      TP: tl.constexpr, GROUP_M: tl.constexpr, STAGED: tl.constexpr):
+    """One more stored piece of a tile of (group of pid_m, chunk of pid_n), a tile in ``pieces`` (1: whole tiles,
+    ``stage0_split_sum_kernel``: pieces of rows); see ``stage0_kernel``."""
     g = pid_m // GROUP_M
     j = pid_n // tiles_per_chunk
     shipped = tl.where(g == tail_group, tiles_ship, tiles_n)  # column tiles this group ships
     tiles = tl.minimum(GROUP_M, tiles_m - g * GROUP_M) * tl.minimum(tiles_per_chunk, shipped - j * tiles_per_chunk)
+    tiles = tiles * pieces
     if STAGED:
         count_tile_done(counters_ptr + g * nch + j, done_ptr + g * nch + j, tiles, epoch, SYS=True)
     else:
@@ -748,7 +818,8 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     made in half-width tiles (``split_tail_tiles``; not with split-K); ``split_k`` > 1: each tile's
     K-steps in that many runs (``stage0_kernel``'s ``SPLIT_K``), with ``split_partials`` (float32,
     ``split_partials_numel`` with two accumulators for SwiGLU) and ``split_counters`` (int32, one
-    per tile, 0)."""
+    per tile, 0). Where ``stage0_sums_after_runs``: the runs only store their sums, and ``stage0_split_sum_kernel``,
+    launched after, adds them and makes the tiles' epilogues, ``knobs.cta.STAGE0_FIXUP_ROWS`` rows a program."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -764,6 +835,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         accumulators = 2 if act == ACT_SWIGLU else 1
         _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Fp, config, split_k, accumulators),
                              tiles)
+    fixup = stage0_sums_after_runs(split_k)
     grid = (max(1, min(num_sms, tiles * split_k)),)
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
@@ -779,8 +851,18 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         INTERPRET=launcher.interpreting(),
         split_tiles=split, SPLIT_LAST=split > 0, split_ptr=split_partials if split_k > 1 else counters,
         split_counters_ptr=split_counters if split_k > 1 else counters, split_k=split_k, SPLIT_K=split_k > 1,
-        SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, num_stages=stages, num_warps=warps,
+        SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, SPLIT_FIXUP=fixup, num_stages=stages, num_warps=warps,
     )
+    if fixup:
+        rows = min(BM, knobs.cta.STAGE0_FIXUP_ROWS)
+        launcher.launch(stage0_split_sum_kernel, (tiles * (BM // rows),),
+            split_partials, x, b1 if b1 is not None else w1, b3 if b3 is not None else w1,
+            stage if stage is not None else x, peer_data, peer_flags, counters, done, keep if keep is not None else x,
+            epoch, M, padded_rows(M, BM), Fp, fship, tail_group, producer, kchunk, nch, a_flag_word, first_consumer,
+            split_k,
+            TP=tp, BM=BM, BN=BN, GROUP_M=GROUP_M, ROWS=rows, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
+            STAGED=stage is not None, num_warps=4,
+        )
 
 
 def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int, tail_group: int,
@@ -798,6 +880,12 @@ def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int
         return 0
     rows_last = tiles_m - (groups - 1) * GROUP_M
     return last if last <= rows_last * (tiles_n - fship // BN) else 0
+
+
+def stage0_sums_after_runs(split_k: int) -> bool:
+    """Whether stage 0 in ``split_k`` runs a tile has its split tiles summed by ``stage0_split_sum_kernel`` after the
+    runs (``knobs.cta.STAGE0_SPLIT_FIXUP``)."""
+    return split_k > 1 and knobs.cta.STAGE0_SPLIT_FIXUP
 
 
 def stage1_sums_after_runs(M: int, split_k: int) -> bool:

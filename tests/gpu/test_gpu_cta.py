@@ -64,6 +64,8 @@ CASES = [
     # (symm.kernel_sms: 132, 128 or 64 SMs)
     (1024, 512, 6144, 512, "gelu", "tanh", True, torch.bfloat16),
 ]
+# The knobs of split-K's sums: the GPU test runs three splitting cases in their other form (the test's time)
+SPLIT_SUMS = ("SPLIT_SUM_PAIRS", "STAGE1_SPLIT_FIXUP", "STAGE0_SPLIT_FIXUP")
 # Every F is a multiple of 128 * tp (tp = ws/2 ranks per stage: 4 at 8 GPUs) and every N of tp, so the
 # kernels take every case at 2, 4 and 8 GPUs; F / ws is each rank's shard.
 
@@ -176,11 +178,13 @@ def cta_worker(rank: int, ws: int, device: str):
     # in half-width tiles (STAGE0_SPLIT_LAST, on; off: at least one case that splits), the last
     # group's rows shipped before the tails are added (SHIP_BEFORE_TAILS, on; off: a GELU case with a
     # tail, at 2 GPUs); split-K's sums read two slots at a time (SPLIT_SUM_PAIRS, off) or stage 1's added by a kernel
-    # after it (STAGE1_SPLIT_FIXUP, at STAGE1_FIXUP_CALL_ROWS rows): the cases whose plan splits, in the other form.
+    # after it (STAGE1_SPLIT_FIXUP, at STAGE1_FIXUP_CALL_ROWS rows), stage 0's likewise (STAGE0_SPLIT_FIXUP, off): the
+    # cases whose plan splits, in the other form.
     for setting, what in (("SWIGLU_SHARE_ROUNDS", "another share"), ("STAGE0_TMA_STORE", "a case"),
                           ("STAGE0_SPLIT_LAST", "a split last round"),
                           ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank"),
-                          ("SPLIT_SUM_PAIRS", "a split stage"), ("STAGE1_SPLIT_FIXUP", "a split stage 1")):
+                          ("SPLIT_SUM_PAIRS", "a split stage"), ("STAGE1_SPLIT_FIXUP", "a split stage 1"),
+                          ("STAGE0_SPLIT_FIXUP", "a split stage 0")):
         changed = 0
         default = getattr(knobs.cta, setting)
         for M, H, F, N, act, approximate, bias, dtype in CASES:
@@ -189,8 +193,8 @@ def cta_worker(rank: int, ws: int, device: str):
             applies = {"SWIGLU_SHARE_ROUNDS": act == "swiglu", "STAGE0_TMA_STORE": True,
                        "STAGE0_SPLIT_LAST": act != "swiglu", "SHIP_BEFORE_TAILS": act != "swiglu" and tp == 1,
                        "SPLIT_SUM_PAIRS": max(usual.split0, usual.split1) > 1,
-                       "STAGE1_SPLIT_FIXUP": usual.split1 > 1}[setting]
-            if not applies or (setting in ("SPLIT_SUM_PAIRS", "STAGE1_SPLIT_FIXUP") and changed >= 3):
+                       "STAGE1_SPLIT_FIXUP": usual.split1 > 1, "STAGE0_SPLIT_FIXUP": usual.split0 > 1}[setting]
+            if not applies or (setting in SPLIT_SUMS and changed >= 3):
                 continue  # (the split-K sums: three cases each, for the test's time)
             other = {setting: not default}
             if setting == "STAGE1_SPLIT_FIXUP":  # the form this call's rows do not take by default
@@ -201,7 +205,7 @@ def cta_worker(rank: int, ws: int, device: str):
                 changed += {"STAGE0_TMA_STORE": True, "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,
                             "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms),
                             "SHIP_BEFORE_TAILS": plan.tail > 0, "SPLIT_SUM_PAIRS": True,
-                            "STAGE1_SPLIT_FIXUP": True}[setting]
+                            "STAGE1_SPLIT_FIXUP": True, "STAGE0_SPLIT_FIXUP": True}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))

@@ -36,6 +36,8 @@ B = symm_layout.cta_block(False)  # the eager block of the cta_pipeline_mlp flag
 CFG0 = (16, 32, 16, 2, 1, 1)  # BM, BN, BK, GROUP_M, stages, warps
 CFG1 = (16, 16, 16, 2, 1, 1)
 ANY_ROWS = (1, 1 << 30)  # knobs.cta.STAGE1_FIXUP_CALL_ROWS of a test that asks for the fix-up kernel at its rows
+PAIRS = {"SPLIT_SUM_PAIRS": True}  # knobs of a split stage 0's sums: the slots read two at a time,
+FIXUP0 = {"STAGE0_SPLIT_FIXUP": True, "STAGE0_FIXUP_ROWS": 8}  # or added by the kernel after the runs, 8 rows a program
 
 
 @pytest.fixture(autouse=True)
@@ -239,30 +241,51 @@ def test_split_stage1_sums_after_the_runs_only_at_the_rows_it_was_measured_faste
         assert not cta.stage1_sums_after_runs(hi, 4)
 
 
-@pytest.mark.parametrize("ws,M,H,F_,N,act,bias,transport,tma,first,split,pairs", [
-    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, False),     # 4 K-steps in 4 runs, TMA stores
-    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, True),      # the same, the slots read two at a time
-    (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3, False),  # two accumulators, 3 runs (a pair and one)
-    (4, 24, 64, 128, 64, "swiglu", False, "ce", False, True, 2, False),  # 2 producers, each splitting
-    (4, 20, 64, 256, 32, "gelu", True, "peer", False, False, 3, True),   # a pair of slots, then one
+@pytest.mark.parametrize("ws,M,H,F_,N,act,bias,transport,tma,first,split,sums", [
+    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, {}),        # 4 K-steps in 4 runs, TMA stores
+    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, PAIRS),     # the same, the slots read two at a time
+    (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3, {}),     # two accumulators, 3 runs (a pair and one)
+    (4, 24, 64, 128, 64, "swiglu", False, "ce", False, True, 2, {}),     # 2 producers, each splitting
+    (4, 20, 64, 256, 32, "gelu", True, "peer", False, False, 3, PAIRS),  # a pair of slots, then one
+    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, FIXUP0),    # summed after the runs, into the staging
+    (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3, FIXUP0),  # ... two accumulators, into the peers
+    (4, 20, 64, 256, 32, "gelu", True, "peer", False, False, 3, FIXUP0),  # ... 2 producers
 ])
-def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, first, split, pairs):
+def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, first, split, sums):
     """Stage 0 with each tile's K-steps in several runs (``SPLIT_K``; slots NaN-poisoned), the run
     that adds the last pair making the tile's epilogue: the same chunk-major blocks, flags and MLP
     result, every counter (chunk and split) back at 0; the slots read one at a time or two (GELU's one accumulator;
-    ``knobs.cta.SPLIT_SUM_PAIRS``)."""
+    ``knobs.cta.SPLIT_SUM_PAIRS``), or added by the kernel after the runs, a few rows a program
+    (``STAGE0_SPLIT_FIXUP``)."""
     tp = ws // 2
     fp = F_ // tp
     tiles = -(-M // CFG0[0]) * -(-fp // CFG0[1])
     counters = torch.zeros(tiles, dtype=torch.int32)
     accumulators = 2 if act == "swiglu" else 1
     parts = torch.full((cta.split_partials_numel(M, fp, CFG0, split, accumulators),), float("nan"))
-    with knobs.cta.patch(SPLIT_SUM_PAIRS=pairs):
+    with knobs.cta.patch(**sums):
         res = _run(ws, M, H, F_, N, act, bias, transport=transport,
                    stage0_order=dict(tma_store=tma, count_first_at_once=first, split_k=split, split_partials=parts,
                                      split_counters=counters))
     _check_staged_blocks_and_result(res, ws)
     assert counters.eq(0).all() and not parts.isnan().all()  # (every producer used the same buffers, in turn)
+
+
+@pytest.mark.parametrize("act,split", [("gelu", 3), ("gelu", 4), ("swiglu", 3)])
+def test_stage0_split_sums_after_the_runs_have_the_in_kernel_bits(act, split):
+    """``STAGE0_SPLIT_FIXUP`` (slots read four at a time, then one by one; SwiGLU's two accumulators one by one) adds
+    the runs' slots in run order: the activation's blocks bit-equal to the last run's sum in the kernel."""
+    blocks = []
+    for sums in ({}, FIXUP0):
+        torch.manual_seed(7)
+        parts = torch.full((cta.split_partials_numel(40, 64, CFG0, split, 2),), float("nan"))
+        with knobs.cta.patch(**sums):
+            res = _run(2, 40, 64, 64, 32, act, True, transport="ce",
+                       stage0_order=dict(split_k=split, split_partials=parts,
+                                         split_counters=torch.zeros(8, dtype=torch.int32)))
+        _check_staged_blocks_and_result(res, 2)
+        blocks.append(res["world"].a(1, res["kchunk"])[~res["a_ref"].isnan()])
+    assert torch.equal(blocks[0], blocks[1])
 
 
 @pytest.mark.parametrize("chunks,split_k,runs", [(3, 2, [(0, 1), (1, 3)]), (4, 4, [(0, 1), (1, 2), (2, 3), (3, 4)]),
@@ -729,21 +752,26 @@ def test_host_path_split_k(fake_host_path, monkeypatch, ws, F_, M, num_sms, act,
     _assert_counters_back_at_zero(fake, ws)
 
 
-@pytest.mark.parametrize("ws,F_,M,num_sms,act", [
-    (2, 1024, 40, 4, "gelu"),     # several row groups, the last one's rows shipped before its tails are added
-    (4, 1536, 20, 8, "swiglu"),   # 2 producers, the SwiGLU share
+@pytest.mark.parametrize("ws,F_,M,num_sms,act,stage", [
+    (2, 1024, 40, 4, "gelu", 1),     # several row groups, the last one's rows shipped before its tails are added
+    (4, 1536, 20, 8, "swiglu", 1),   # 2 producers, the SwiGLU share
+    (2, 1024, 40, 4, "gelu", 0),     # stage 0's: a stage-1 share, the last group's tail tiles kept, the rest staged
 ])
-def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws, F_, M, num_sms, act):
-    """Stage 1's split tiles summed by the kernel after the runs (``STAGE1_SPLIT_FIXUP``, a few rows a program) inside
-    the op, for two calls: the tails added to those rows, every rank the MLP's result, every counter back at 0 (tails
-    added before the rows go out: the in-kernel cases of ``test_host_path_split_k``, the same epilogue)."""
+def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws, F_, M, num_sms, act, stage):
+    """A stage's split tiles summed by the kernel after the runs (``STAGE1_SPLIT_FIXUP`` / ``STAGE0_SPLIT_FIXUP``, a
+    few rows a program) inside the op, for two calls: stage 1's tails added to those rows, stage 0's tail tiles kept,
+    every rank the MLP's result, every counter back at 0 (stage 1's tails added before the rows go out: the in-kernel
+    cases of ``test_host_path_split_k``, the same epilogue)."""
     from overlap_backend.runtime import cta_plan
 
-    monkeypatch.setattr(FakeHostPath, "H", 48)
+    monkeypatch.setattr(FakeHostPath, "H", 48)  # 3 K-steps of 16 for stage 0 to split
     fake = fake_host_path(ws, F_, transport="ce", num_sms=num_sms, M=M)
-    with knobs.cta.patch(SHIP_BEFORE_TAILS=True, STAGE1_SPLIT_K=3, STAGE1_FIXUP_ROWS=8, STAGE1_FIXUP_CALL_ROWS=ANY_ROWS):
+    split = (dict(STAGE1_SPLIT_K=3, STAGE1_FIXUP_ROWS=8, STAGE1_FIXUP_CALL_ROWS=ANY_ROWS) if stage else
+             dict(STAGE0_SPLIT_K=3, STAGE0_SPLIT_FIXUP=True, STAGE0_FIXUP_ROWS=8, GELU_SHARE_COLS=256))
+    with knobs.cta.patch(SHIP_BEFORE_TAILS=True, **split):
         plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, act == "swiglu", torch.float32, num_sms, H=fake.H)
-        assert plan.split1 > 1, plan
+        assert (plan.split1 if stage else plan.split0) > 1, plan
+        assert stage or plan.tail > 0, plan
         fake.check_calls(act)
     _assert_counters_back_at_zero(fake, ws)
 

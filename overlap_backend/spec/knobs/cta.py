@@ -76,6 +76,12 @@ cta = Knobs(
     STAGE1_FIXUP_ROWS=4,
     # (65, 128): the calls of one 128-row block (FEW_ROWS' calls run 64-row blocks); 17-127 rows not measured.
     STAGE1_FIXUP_CALL_ROWS=(65, 128),
+    # Stage 0's split tiles summed by a kernel after it as stage 1's are (stage0_split_sum_kernel, STAGE0_FIXUP_ROWS
+    # rows of a tile a program: activation, stores, chunk counts). Off until timed: one H200 at 8 GPUs' 128-row shape
+    # (4 runs of 28 tiles on 132 SMs, 1.21x cuBLAS + GELU on the H100 record), its SMs active 58 % of the kernel
+    # (bench/results/kernels_h200x1_2026-12-07/stage0_profile/).
+    STAGE0_SPLIT_FIXUP=False,
+    STAGE0_FIXUP_ROWS=4,
     # Stage-0 block config, GELU (one accumulator), 16-bit inputs.
     STAGE0_CONFIG=(128, 256, 64, 0, 3, 8),
     # Stage-0 block config, SwiGLU (two accumulators: narrower tiles), 16-bit inputs.
