@@ -10,7 +10,8 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
   group's symmetric buffer is poisoned with NaN before the checked call (stale data would show);
   every rank's result the same bits (as an all-reduce); the cases again with each of
   ``knobs.cta.SWIGLU_SHARE_ROUNDS``, ``STAGE0_TMA_STORE``, ``STAGE0_SPLIT_LAST`` and
-  ``SHIP_BEFORE_TAILS`` set to its other value;
+  ``SHIP_BEFORE_TAILS`` set to its other value, and split-K's sums in their other form (``SPLIT_SUM_PAIRS``,
+  ``STAGE1_SPLIT_FIXUP``, ``STAGE0_SPLIT_FIXUP``) on three splitting cases each;
 - 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical; an
   in-place weight update (version counter) seen by the next call (the placement is redone); with and
   without TMA stores;
