@@ -1,10 +1,13 @@
 """``bench/tools/install_ratios.py`` (CPU): a run's (GPU, kernel, world size) groups replace the installed ones of that
-GPU, kernel and world size, a later run wins, everything else stays, and the runtime reads the result."""
+GPU, kernel and world size (with ``--rows``, its entries of those rows replace their shapes' alone), a later run wins,
+everything else stays, and the runtime reads the result."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from overlap_backend.spec import kernel_ratios
 
@@ -49,3 +52,18 @@ def test_a_run_at_one_world_size_replaces_that_world_size_only(tmp_path, bench_t
     assert tool.main([str(ws8), "--target", str(target)]) == 0
     got = {(e["ws"], e["M"]): e["ratio"] for e in json.loads(target.read_text())["entries"]}
     assert got == {(8, 512): 1.06, (4, 512): 1.07}
+
+
+def test_rows_install_those_shapes_alone(tmp_path, bench_tool):
+    """``--rows LO-HI``: a run's entries of that many rows each replace the installed entry of their shape; the
+    group's other shapes stay, the run's other rows are not installed."""
+    tool = bench_tool("install_ratios")
+    target = tmp_path / "installed.json"
+    target.write_text(json.dumps(kernel_ratios.document(
+        [_e("A", "cta_stage1", 16, 1.2), _e("A", "cta_stage1", 128, 1.6), _e("A", "cta_stage1", 4096, 1.03)])))
+    sweep = _run(tmp_path / "sweep", _e("A", "cta_stage1", 16, 1.25), _e("A", "cta_stage1", 128, 1.19))
+    assert tool.main([str(sweep), "--target", str(target), "--rows", "65-128"]) == 0
+    got = {e["M"]: (e["ratio"], e["source"]) for e in json.loads(target.read_text())["entries"]}
+    assert got == {16: (1.2, "x"), 128: (1.19, str(sweep)), 4096: (1.03, "x")}
+    with pytest.raises(SystemExit):  # rows not LO-HI
+        tool.main([str(sweep), "--target", str(target), "--rows", "128-65"])
