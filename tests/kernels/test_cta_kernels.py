@@ -250,7 +250,7 @@ def test_split_stage1_sums_after_the_runs_only_at_the_rows_it_was_measured_faste
     (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, FIXUP0),    # summed after the runs, into the staging
     (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3, FIXUP0),  # ... two accumulators, into the peers
     (4, 20, 64, 256, 32, "gelu", True, "peer", False, False, 3, FIXUP0),  # ... 2 producers
-])
+], ids=lambda v: ("pairs" if v == PAIRS else "fixup" if v == FIXUP0 else "slots") if isinstance(v, dict) else None)
 def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, first, split, sums):
     """Stage 0 with each tile's K-steps in several runs (``SPLIT_K``; slots NaN-poisoned), the run
     that adds the last pair making the tile's epilogue: the same chunk-major blocks, flags and MLP
