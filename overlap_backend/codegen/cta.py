@@ -131,7 +131,6 @@ def stage0_kernel(
     epilogues.
     """
     DUAL: tl.constexpr = ACT == 2
-    SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
     epoch = tl.load(epoch_ptr, volatile=True)
     if WAIT_READY:  # (staged: the copy engine ships the tiles after their done flags, so after this)
         for q in range(TP):
@@ -183,8 +182,7 @@ def stage0_kernel(
             prev_m = -1  # (counted above; a run that does not finish its tile stores nothing to count)
             row_ok = pid_m * BM + tl.arange(0, BM) < M
             if SPLIT_FIXUP:
-                _store_split_slot(acc1, acc3, _split_slots(split_ptr, tile, split_k, 0, BM, BM, BN, DUAL) + split * SLOT,
-                                  row_ok[:, None], BM * BN, DUAL)
+                _store_run_slot(acc1, acc3, split_ptr, tile, split, split_k, row_ok, BM, BN, DUAL)
                 finishes = False
             else:
                 acc1, acc3, finishes = _add_split_partials(acc1, acc3, split_ptr, split_counters_ptr, tile, split,
@@ -286,18 +284,7 @@ def stage0_split_sum_kernel(
     offs_m = pid_m * BM + piece * ROWS + tl.arange(0, ROWS)
     offs_n = pid_n * BN + tl.arange(0, BN)
     slots = _split_slots(split_ptr, tile, split_k, piece * ROWS, ROWS, BM, BN, DUAL)
-    mask = (offs_m < M)[:, None]
-    acc1 = tl.zeros((ROWS, BN), dtype=tl.float32)
-    acc3 = tl.zeros((ROWS, BN), dtype=tl.float32)
-    first_single = 0
-    if not DUAL:  # (ptxas keeps about two loads of a thread in flight; several programs an SM)
-        first_single = split_k - split_k % 4
-        for q in range(0, first_single, 4):
-            acc1 = _add_slot_quad(acc1, slots + q * SLOT, mask, SLOT)
-    for q in range(first_single, split_k):
-        acc1 += tl.load(slots + q * SLOT, mask=mask, other=0.0)
-        if DUAL:
-            acc3 += tl.load(slots + q * SLOT + BM * BN, mask=mask, other=0.0)
+    acc1, acc3 = _sum_slots(slots, split_k, (offs_m < M)[:, None], ROWS, BN, SLOT, BM * BN, DUAL)
     act = _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT, HAS_B1, HAS_B3).to(x_ptr.dtype.element_ty)
     in_tail_group = pid_m // GROUP_M == tail_group
     if in_tail_group & (pid_n >= tiles_ship):  # the tail: kept here, not counted
@@ -465,8 +452,7 @@ def stage1_kernel(
             row_ok = pid_m * BM + tl.arange(0, BM) < M
             if SPLIT_K:
                 if SPLIT_FIXUP:
-                    _store_split_slot(acc, acc, _split_slots(split_ptr, tile, split_k, 0, BM, BM, BN, False)
-                                      + split * BM * BN, row_ok[:, None], BM * BN, False)
+                    _store_run_slot(acc, acc, split_ptr, tile, split, split_k, row_ok, BM, BN, False)
                     finishes = False
                 else:
                     acc, _, finishes = _add_split_partials(acc, acc, split_ptr, split_counters_ptr, tile, split,
@@ -510,13 +496,7 @@ def stage1_split_sum_kernel(
     splits = tl.minimum(split_k, steps)
     row0 = pid_m * BM + piece * ROWS
     slots = _split_slots(split_ptr, tile, split_k, piece * ROWS, ROWS, BM, BN, False)
-    mask = (row0 + tl.arange(0, ROWS) < M)[:, None]
-    acc = tl.zeros((ROWS, BN), dtype=tl.float32)
-    first_single = splits - splits % 4
-    for q in range(0, first_single, 4):  # (ptxas keeps about two loads of a thread in flight; several programs an SM)
-        acc = _add_slot_quad(acc, slots + q * BM * BN, mask, BM * BN)
-    for q in range(first_single, splits):
-        acc += tl.load(slots + q * BM * BN, mask=mask, other=0.0)
+    acc, _ = _sum_slots(slots, splits, (row0 + tl.arange(0, ROWS) < M)[:, None], ROWS, BN, BM * BN, BM * BN, False)
     _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch, claim_ptr,
                      report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr, tail_flags_ptr, pid_m,
                      pid_n, tiles_m, tiles_n * pieces, in_tail_group, row0, WS, TP, ROWS, BN, HAS_B2, TIMED, HAS_TAIL,
@@ -682,6 +662,35 @@ def _store_split_slot(acc, acc3, slot, mask, TILE: tl.constexpr, DUAL: tl.conste
     tl.store(slot, acc, mask=mask)
     if DUAL:
         tl.store(slot + TILE, acc3, mask=mask)
+
+
+@triton.jit
+def _store_run_slot(acc, acc3, split_ptr, tile, split, split_k, row_ok, BM: tl.constexpr, BN: tl.constexpr,
+                    DUAL: tl.constexpr):
+    """Run ``split``'s sums of ``tile`` into its slot, for a kernel after the runs to add (rows below M: ``row_ok``)."""
+    SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
+    _store_split_slot(acc, acc3, _split_slots(split_ptr, tile, split_k, 0, BM, BM, BN, DUAL) + split * SLOT,
+                      row_ok[:, None], BM * BN, DUAL)
+
+
+@triton.jit
+def _sum_slots(slots, splits, mask, ROWS: tl.constexpr, BN: tl.constexpr, SLOT: tl.constexpr, TILE: tl.constexpr,
+               DUAL: tl.constexpr):
+    """(the sums of ``splits`` runs' slots from ``slots``, rows ``mask``, in run order; the second accumulator's at
+    ``TILE`` further, DUAL only) for a kernel after the runs: one accumulator's slots four at a time, then one by
+    one (ptxas keeps about two loads of a thread in flight; several programs an SM)."""
+    acc = tl.zeros((ROWS, BN), dtype=tl.float32)
+    acc3 = tl.zeros((ROWS, BN), dtype=tl.float32)
+    first_single = 0
+    if not DUAL:
+        first_single = splits - splits % 4
+        for q in range(0, first_single, 4):
+            acc = _add_slot_quad(acc, slots + q * SLOT, mask, SLOT)
+    for q in range(first_single, splits):
+        acc += tl.load(slots + q * SLOT, mask=mask, other=0.0)
+        if DUAL:
+            acc3 += tl.load(slots + q * SLOT + TILE, mask=mask, other=0.0)
+    return acc, acc3
 
 
 @triton.jit
