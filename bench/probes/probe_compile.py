@@ -82,6 +82,12 @@ KERNELS = {
         data={"act_ptr", "w_down_ptr", "out_ptr", "stage_ptr"},
         flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
                "counters_ptr", "done_ptr", "contig_ptr"}, wide=set(), sizes={"M", "H", "F", "wd_stride_e", "wd_stride_row"}),
+    "moe_down_ws": dict(  # a Gluon kernel, as ag_mm_ws (ws_pingpong; --set COOP=True --set BN=256 --set STAGES=3: ws_coop)
+        const=dict(WS=4, LOG_G=5, BM=128, BN=128, BK=64, GROUP_M=16, STAGES=4, EXPERT_MAJOR=False, B_KMAJOR=False,
+                   COOP=False),
+        data={"act_ptr", "w_ptr", "out_ptr", "stage_ptr"},
+        flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
+               "counters_ptr", "done_ptr", "contig_ptr"}, wide=set(), sizes={"M", "H", "F"}),
     "cta_stage1": dict(
         const=dict(WS=8, TP=4, BM=128, BN=256, BK=64, GROUP_M=16, HAS_B2=False, WAIT_READY=False, PRECISION=None,
                    TIMED=True, INTERPRET=False, HAS_TAIL=False, SHIP_BEFORE_TAIL=False, SPLIT_K=False,
@@ -132,13 +138,13 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
         raise SystemExit(f"{name} has no constexpr {sorted(unknown)}; its constexprs: {sorted(spec['const'])}")
     const = {**spec["const"], **overrides}
     source, options = ASTSource, {"num_warps": warps, "num_stages": stages}
-    if name in ("ag_mm_ws", "mm_rs_ws"):
+    if name in ("ag_mm_ws", "mm_rs_ws", "moe_down_ws"):
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        from overlap_backend.codegen import ag_mm_ws, mm_rs_ws
+        from overlap_backend.codegen import ag_mm_ws, moe_down_ws, mm_rs_ws
 
-        module = ag_mm_ws if name == "ag_mm_ws" else mm_rs_ws
-        fn = getattr(module, f"{name}_kernel")
+        module = {"ag_mm_ws": ag_mm_ws, "mm_rs_ws": mm_rs_ws, "moe_down_ws": moe_down_ws}[name]
+        fn = module.down_ws_kernel if name == "moe_down_ws" else getattr(module, f"{name}_kernel")
         const.update(MMA_REGS=module.MMA_REGS, LOAD_REGS=module.LOAD_REGS)
         if name == "mm_rs_ws":
             const["IDENTITY"] = epilogue_fn(None, (), torch.bfloat16, torch.empty(1))[0]

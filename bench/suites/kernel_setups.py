@@ -625,13 +625,17 @@ class Bench:
         self.error_of = lambda cfg: self._moe_error(cfg, self.down_cands[0])
 
     def _setup_moe_down(self):
+        from overlap_backend.codegen import configs
+
         self._moe_rank()
         offs, wd = self.offsets, self.w_down
         act = self._rand(self.xg.shape[0], wd.shape[1])
         self.baseline = ("torch._grouped_mm", lambda: torch._grouped_mm(act, wd, offs=offs))
-        # variants: each candidate with the other store kind (TMA stores of full consecutive tiles, or pointers)
+        # variants: each candidate with the other store kind (TMA stores of full consecutive tiles, or pointers), and
+        # the warp-specialized Gluon forms (knobs.codegen.VARIANTS_16BIT)
         self.op_cands = list(self.down_cands)
-        self.variant_cands = [c[:6] + (not c[6],) for c in self.down_cands]
+        self.variant_cands = [c[:6] + (not c[6],) for c in self.down_cands] + [
+            c for c in configs.variant_candidates(self.dt, "moe_down") if c not in self.down_cands]
         self.outputs = []
         self.run = lambda cfg: self._moe_run(self.gate_cands[0], cfg, "down")
         self.error_of = lambda cfg: self._moe_error(self.gate_cands[0], cfg)

@@ -111,9 +111,11 @@ def b_descriptor(b_ptr, N, K, BN: gl.constexpr, BK: gl.constexpr, B_KMAJOR: gl.c
 
 
 @gluon.jit
-def load_stage(a_desc, a_row, b_desc, off_n, k, a_bufs, b_bufs, ready, empty, p, B_KMAJOR: gl.constexpr):
-    """Fill ring position ``p`` with A's rows [a_row, a_row + BM) at column k and B's [BK, BN] block at (k, off_n)
-    (``B_KMAJOR``: ``b_desc`` is B^T, [N, K]); waits until the stage's previous contents were consumed. A is loaded
+def load_stage(a_desc, a_row, b_desc, off_n, k, a_bufs, b_bufs, ready, empty, p, B_KMAJOR: gl.constexpr, b_k0=0):
+    """Fill ring position ``p`` with A's rows [a_row, a_row + BM) at column k and B's [BK, BN] block at (b_k0 + k,
+    off_n) (``B_KMAJOR``: ``b_desc`` is B^T, [N, K], the block at (off_n, k)); ``b_k0``: the first row of this GEMM's
+    B in ``b_desc``, e.g. an expert's in its stacked weights. Waits until the stage's previous contents were consumed.
+    A is loaded
     as ``A_SPLIT`` boxes of ``BM / A_SPLIT`` rows (``a_bufs``: ``STAGES * A_SPLIT`` of them), one per MMA partition
     that shares the stage (the cooperative form). Returns ``p + 1``."""
     STAGES: gl.constexpr = b_bufs.type.shape[0]
@@ -128,7 +130,7 @@ def load_stage(a_desc, a_row, b_desc, off_n, k, a_bufs, b_bufs, ready, empty, p,
     if B_KMAJOR:
         tma_load(b_desc, [off_n, k], bar, b_bufs.index(s))
     else:
-        tma_load(b_desc, [k, off_n], bar, b_bufs.index(s))
+        tma_load(b_desc, [b_k0 + k, off_n], bar, b_bufs.index(s))
     return p + 1
 
 

@@ -54,6 +54,7 @@ import triton.language as tl
 
 from ..spec import knobs
 from . import launcher
+from .configs import GLUON_STORES
 from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_bulk_stored,
                     count_tile_done, signal_flag, wait_flag)
 from .tiles import grouped_tile
@@ -101,11 +102,9 @@ def expert_block(desc, e, k0, n0, BK: tl.constexpr, BN: tl.constexpr, K_MAJOR: t
 
 
 @triton.jit
-def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, G, E,
-              LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr,
-              GROUP_M: tl.constexpr):
-    """Tile t -> (group, expert, source position, column tile, first sorted row, sorted rows, row
-    mask, received rows).
+def tile_group(t, tiles_n, tile_start_ptr, G, E, LOG_G: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr,
+               GROUP_M: tl.constexpr):
+    """Tile t -> (group, expert, source position, row tile in the group, column tile).
 
     Remote-first order (groups ``pos * E + e``): GROUP_M row tiles of one group at a time. Expert-major
     (groups ``e * ws + pos``): GROUP_M row tiles of one *expert* at a time, across its sources' groups, so
@@ -125,6 +124,16 @@ def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, 
         pid_m, pid_n = grouped_tile(t - g_first * tiles_n, tl.load(tile_start_ptr + g + 1) - g_first, tiles_n, GROUP_M)
         e = g % E
         pos = g // E
+    return g, e, pos, pid_m, pid_n
+
+
+@triton.jit
+def tile_rows(t, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, G, E,
+              LOG_G: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr,
+              GROUP_M: tl.constexpr):
+    """Tile t -> (group, expert, source position, column tile, first sorted row, sorted rows, row
+    mask, received rows), in ``tile_group``'s order."""
+    g, e, pos, pid_m, pid_n = tile_group(t, tiles_n, tile_start_ptr, G, E, LOG_G, WS, EXPERT_MAJOR, GROUP_M)
     group_row = tl.load(row_start_ptr + g)
     tile_row = group_row + pid_m * BM
     offs_p = tile_row + tl.arange(0, BM)
@@ -345,9 +354,15 @@ def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, caps, epoch, status, 
 def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, own_row0, config, grid, phase=None):
     """``out`` [N_send, H] (own rows land at ``own_row0 + i``), ``stage`` [N_recv, H] (remote rows).
     ``phase``: (first group, end group, first source position, end position) of this launch
-    (default: all)."""
+    (default: all). ``config``'s store field: TMA stores of full tiles (True) or none, or the name of a
+    warp-specialized form (``codegen/moe_down_ws.py``)."""
     E, F, H = w_down.shape
     BM, BN, BK, GROUP_M, stages, warps, store = config
+    if store in GLUON_STORES:  # a warp-specialized Gluon form (Hopper; imported only where it runs)
+        from . import moe_down_ws
+
+        return moe_down_ws.launch(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, own_row0, config,
+                                  grid, phase)
     G = ws * E
     de, dr, dk = expert_layout(w_down)
     launcher.launch(down_kernel, (grid,),
@@ -360,6 +375,15 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
     )
 
 
+def down_unsupported(config, act, w_down, out, stage) -> str | None:
+    """Why ``launch_down`` cannot run ``config`` on these tensors (None: it can): only a Gluon form refuses some."""
+    if config[6] not in GLUON_STORES:
+        return None
+    from . import moe_down_ws
+
+    return moe_down_ws.unsupported(config, act, w_down, out, stage)
+
+
 def tma_stores(out: torch.Tensor, stage: torch.Tensor) -> bool:
     """Whether the down kernel can store into ``out`` and ``stage`` by TMA: 16-bit outputs (a 32-bit tile's
     store buffer would take the kernel past the shared memory an SM has, at (128, 256) tiles), rows of a multiple
@@ -368,10 +392,14 @@ def tma_stores(out: torch.Tensor, stage: torch.Tensor) -> bool:
                and t.shape[1] * t.element_size() % 16 == 0 for t in (out, stage))
 
 
-def candidates(dtype: torch.dtype, kernel: str = "gate_up") -> list:
+def candidates(dtype: torch.dtype, kernel: str = "gate_up", measured: tuple | None = None) -> list:
     """Block configs to tune ``kernel`` ("gate_up" or "down") over, for a 16-bit compute ``dtype``:
-    (BM, BN, BK, GROUP_M, stages, warps, TMA store: the down kernel's, unused by gate/up),
-    ``knobs.codegen.MOE_GATE_UP_16BIT`` / ``MOE_DOWN_16BIT``."""
+    (BM, BN, BK, GROUP_M, stages, warps, store: the down kernel's TMA stores, or its Gluon form's name;
+    unused by gate/up), ``knobs.codegen.MOE_GATE_UP_16BIT`` / ``MOE_DOWN_16BIT``; ``measured``
+    (``spec.kernel_ratios.measured_variant``): one more, the kernel benchmark's fastest variant near the shape."""
     if kernel not in ("gate_up", "down"):
         raise ValueError(f"kernel must be 'gate_up' or 'down', not {kernel!r}")
-    return list(knobs.codegen.MOE_GATE_UP_16BIT if kernel == "gate_up" else knobs.codegen.MOE_DOWN_16BIT)
+    cands = list(knobs.codegen.MOE_GATE_UP_16BIT if kernel == "gate_up" else knobs.codegen.MOE_DOWN_16BIT)
+    if measured is not None and tuple(measured) not in cands:
+        cands.append(tuple(measured))
+    return cands

@@ -114,7 +114,7 @@ def form_faster(m: int, h: int, f: int, ws: int, dtype, gpu: str | None = None) 
     found = (kernel_ratios.nearest("moe_grouped_mm", m, h, f, fused=True, **kw),
              kernel_ratios.nearest("moe_gate_up", m, h, f, fused=True, **kw),
              kernel_ratios.nearest("moe_down", m, f, h, **kw))
-    ms = [e.get("kernel_ms") if e is not None else None for e in found]
+    ms = [kernel_ratios.kernel_ms(e) if e is not None else None for e in found]
     if any(t is None for t in ms):
         return None
     return ms[0] < ms[1] + ms[2]

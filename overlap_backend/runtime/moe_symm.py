@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..codegen import launcher
-from ..spec import knobs, symm_layout
+from ..spec import kernel_ratios, knobs, symm_layout
 from . import cuda as _cuda
 from . import moe_grouped, symm
 from .lowering import register
@@ -257,7 +257,8 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     n_recv = recv_off[-1]
     # A captured call's flags toggle in the graph block (symm_layout.GRAPH_BLOCK: raised to 1, reset at its end)
     base = symm_layout.GRAPH_BLOCK if graph else 0
-    cands_a, cands_b = moe_gemm.candidates(cd, "gate_up"), moe_gemm.candidates(cd, "down")
+    cands_a = moe_gemm.candidates(cd, "gate_up")
+    cands_b = moe_gemm.candidates(cd, "down", kernel_ratios.measured_variant("moe_down", m, f, h, ws=ws, dtype=cd))
     cfg_a, cfg_b = cands_a[0], cands_b[0]
     major = expert_major(m, ws, experts)
     if grouped:  # segments: one per source position (phased, remote-first), or one of everything
@@ -285,6 +286,7 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     if x.is_cuda and not grouped:  # tune on the real problem with every flag raised (epoch 0: no communication)
         # (a captured call: tuned by an eager call, checked above; tune only looks it up)
         cfg_a = tune("moe_gate_up", tune_key, cands_a, lambda c: gate_up(c, 0))
+        cands_b = [c for c in cands_b if moe_gemm.down_unsupported(c, act, w_down, out, stage) is None]
         cfg_b = tune("moe_down", tune_key, cands_b, lambda c: down(c, 0))
 
     compute = torch.cuda.current_stream(dev) if x.is_cuda else None

@@ -114,7 +114,7 @@ def nearest(kernel: str, M: int, K: int, N: int, *, ws: int = 1, dtype="bfloat16
 # The collective GEMMs' cuBLAS paths: the kernel benchmark times them without epilogues, which they run apart.
 PLAIN_MEASURED_PATHS = ("ag_mm_cublas", "mm_rs_cublas", "mm_ar_cublas")
 # The kernels whose ops add the benchmark's best variant at the nearest measured shape to their tuning candidates.
-VARIANT_KERNELS = ("ag_mm", "mm_rs", "mm_ar")
+VARIANT_KERNELS = ("ag_mm", "mm_rs", "mm_ar", "moe_down")
 
 
 def measured_ratio(kernel: str, M: int, K: int, N: int, **kw) -> float | None:
@@ -136,6 +136,14 @@ def measured_variant(kernel: str, M: int, K: int, N: int, **kw) -> tuple | None:
     e = nearest(kernel, M, K, N, **kw)
     adopted = adopted_variant(e) if e is not None else None
     return adopted[0] if adopted else None
+
+
+def kernel_ms(e: dict) -> float | None:
+    """Entry ``e``'s kernel time (ms): its candidates' best, or that of the variant its op tunes over too (the same
+    run's time scaled by the two ratios); None where not recorded."""
+    ms = e.get("kernel_ms")
+    adopted = adopted_variant(e)
+    return ms * adopted[1] / float(e["ratio"]) if ms is not None and adopted else ms
 
 
 def adopted_variant(e: dict) -> tuple[tuple, float] | None:

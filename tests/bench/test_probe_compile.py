@@ -72,7 +72,10 @@ def test_ag_mm_ws_is_warp_specialized_without_spills(args):
     ("ag_mm_ws", ("--epilogue", "bias:0,gelu", "--set", "EP_VALUES=16", "--set", "COOP=True", "--set", "BN=256",
                   "--set", "STAGES=3")),
     ("mm_rs_ws", ("--set", "WS=8")),
-], ids=["ag_plain", "ag_pieces", "ag_coop_pieces", "rs_sum_pieces"])
+    ("moe_down_ws", ()),
+    ("moe_down_ws", ("--set", "COOP=True", "--set", "BN=256", "--set", "STAGES=3", "--set", "B_KMAJOR=True",
+                     "--set", "EXPERT_MAJOR=True")),
+], ids=["ag_plain", "ag_pieces", "ag_coop_pieces", "rs_sum_pieces", "moe_down_pingpong", "moe_down_coop_kmajor"])
 def test_gluon_tma_copies_read_fenced_memory(kernel, args):
     """Every TMA store of the Gluon kernels follows the writers' proxy fence and then the partition barrier (the
     other order let a warp's store read another warp's writes before that warp's fence: stale tiles), and every
@@ -84,6 +87,8 @@ def test_gluon_tma_copies_read_fenced_memory(kernel, args):
     assert rep["TMA stores fenced, then synchronized"] > 0
     assert rep["TMA stores not fenced before the barrier"] == 0
     assert rep["worker partitions"] == 2 and rep["worker partitions handed a TMA descriptor"] == 0
+    assert 0 < rep["shared_bytes"] <= 232448, "the ring's stages and two store buffers within Hopper's shared memory"
+    assert rep["registers"] == 168 and rep["spill stores (bytes)"] == 0 and rep["spill loads (bytes)"] == 0
 
 
 def test_gluon_generated_epilogue_is_a_loop_over_pieces():

@@ -463,3 +463,77 @@ def test_resident_ctas_match_the_cuda_occupancy_api(device, monkeypatch):
         print(f"shared {shared} B, {compiled.n_regs} regs x {warps} warps: ours {ours}, CUDA {blocks}")
         assert ours == max(1, blocks)
 
+
+
+# The MoE down GEMM's warp-specialized Gluon forms (codegen/moe_down_ws.py)
+MOE_GLUON = [(128, 128, 64, 8, 4, 4, "ws_pingpong"), (128, 256, 64, 8, 3, 4, "ws_coop")]
+
+
+def _moe_down_case(device, ws, rank, experts, h, f, recv, expert_major, seed):
+    """A down GEMM's inputs as the op has them: grouped rows (sources' rows sorted by expert, but source 0's, whose
+    experts are drawn row by row: groups of rows that are not consecutive, stored by pointers), the plan, ``act`` in
+    its sorted order, and the float32 reference of every received row."""
+    from overlap_backend.runtime import moe_symm
+
+    gen = torch.Generator().manual_seed(seed)
+    n_recv = sum(recv)
+    expert_of = torch.randint(0, experts, (n_recv,), generator=gen)
+    expert_of[expert_of == experts - 1] = 0  # an expert with no rows
+    off = [0]
+    for n in recv:
+        off.append(off[-1] + n)
+    for s in range(1, ws):
+        expert_of[off[s]:off[s + 1]] = expert_of[off[s]:off[s + 1]].sort().values
+    rows = torch.sort(expert_of, stable=True).indices.to(device)
+    ends = torch.cumsum(torch.bincount(expert_of, minlength=experts), 0).to(device)
+    recv_off = torch.tensor(off, dtype=torch.int32, device=device)
+    pl = moe_symm.plan_reference(rows, ends, recv_off, rank, ws, experts, [128], expert_major)
+    act = torch.randn(n_recv, f, device=device, dtype=torch.bfloat16)
+    ref = torch.zeros(n_recv, h, device=device)
+    counts, starts, srows = pl["counts"].tolist(), pl["row_start"].tolist(), pl["srows"].long()
+    return pl, act, off, counts, starts, srows, ref
+
+
+@pytest.mark.parametrize("cfg", MOE_GLUON, ids=_label)
+@pytest.mark.parametrize("k_major", [False, True], ids=["kxn", "kmajor"])
+@pytest.mark.parametrize("expert_major,grid", [(False, 132), (False, 7), (True, 132)],
+                         ids=["remote_first", "remote_first_7ctas", "expert_major"])
+def test_moe_down_ws_scatters_and_counts(cfg, k_major, expert_major, grid, device):
+    """The MoE down GEMM's Gluon forms, launched phase by phase as the op does: own rows into ``out`` at their send
+    position, remote rows into the staging buffer at their received position (full tiles of consecutive rows by
+    TMA, others by pointers: partial tiles, a source whose groups are not consecutive), every remote source's done
+    flag raised (one with no rows too), the counters back to 0; twice, on new tensors, against float32."""
+    from overlap_backend.codegen import moe_gemm
+
+    ws, rank, experts, h, f = 4, 1, 4, 1000, 512
+    recv = [300, 200, 0, 517]  # source 2 sent nothing; partial row tiles and a partial column tile (H = 1000)
+    flags = torch.zeros(64, device=device, dtype=torch.int32)
+    for call in range(2):
+        pl, act, off, counts, starts, srows, ref = _moe_down_case(device, ws, rank, experts, h, f, recv, expert_major,
+                                                                  call)
+        w = torch.randn(experts, h, f, device=device, dtype=torch.bfloat16) * f**-0.5
+        w = w.transpose(1, 2) if k_major else w.transpose(1, 2).contiguous()  # [E, F, H], K- or N-contiguous
+        for g, (c, s0) in enumerate(zip(counts, starts)):
+            if c:
+                e = g // ws if expert_major else g % experts
+                ref[srows[s0:s0 + c]] = act[s0:s0 + c].float() @ w[e].float()
+        own_row0 = 3
+        out = torch.full((own_row0 + recv[rank] + 5, h), float("nan"), device=device, dtype=torch.bfloat16)
+        stage = torch.full((sum(recv), h), float("nan"), device=device, dtype=torch.bfloat16)
+        assert moe_gemm.down_unsupported(cfg, act, w, out, stage) is None
+        for phase in moe_gemm.phases(ws, experts, expert_major):
+            moe_gemm.launch_down(act, w, out, stage, pl, flags[16:], flags[32:], EPOCH + call, rank, ws, own_row0,
+                                 cfg, grid, phase=phase)
+        torch.cuda.synchronize()
+        own = out[own_row0:own_row0 + recv[rank]].float()
+        want_own = ref[off[rank]:off[rank + 1]]
+        err_own = ((own - want_own).norm() / want_own.norm()).item()
+        remote = torch.cat([stage[off[s]:off[s + 1]] for s in range(ws) if s != rank]).float()
+        want = torch.cat([ref[off[s]:off[s + 1]] for s in range(ws) if s != rank])
+        err = ((remote - want).norm() / want.norm()).item()
+        print(f"moe down {cfg[6]} {'kmajor' if k_major else 'kxn'} {'expert-major' if expert_major else 'remote-first'} "
+              f"grid {grid} call {call}: rel err own {err_own:.2e}, staged {err:.2e}")
+        assert err_own < 1e-2 and err < 1e-2, (err_own, err)
+        assert torch.isnan(out[:own_row0].float()).all() and torch.isnan(out[own_row0 + recv[rank]:].float()).all()
+        assert flags[32:32 + ws - 1].tolist() == [EPOCH + call] * (ws - 1), "every remote source's done flag"
+        assert flags[16:16 + ws].tolist() == [0] * ws, "counters reset for the next call"

@@ -196,6 +196,51 @@ def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
         assert configs.store_variant(store)[0], "it stores by TMA: candidates only where tiles fit the chunks"
 
 
+def test_moe_down_ws_refuses_what_it_does_not_do(monkeypatch):
+    """The MoE down GEMM's Gluon forms run only what they implement: under the interpreter, weights whose experts
+    are not stacked densely (half of a fused weight), K that a block would cross into the next expert at, outputs
+    the TMA cannot store into or of another dtype, float32, other than 4 warps: an error (the op's tuning drops the
+    config first, ``moe_gemm.down_unsupported``), never another kernel's result."""
+    from overlap_backend.codegen import launcher, moe_down_ws, moe_gemm
+
+    cfg = (128, 128, 64, 8, 4, 4, "ws_pingpong")
+    bf16 = torch.bfloat16
+    act, out, stage = torch.zeros(300, 512, dtype=bf16), torch.zeros(40, 1000, dtype=bf16), torch.zeros(90, 1000, dtype=bf16)
+    w = torch.zeros(4, 512, 1000, dtype=bf16)
+    assert "interpreter" in moe_gemm.down_unsupported(cfg, act, w, out, stage)
+    assert moe_gemm.down_unsupported(cfg[:6] + (True,), act, w, out, stage) is None  # the tl kernel runs everything
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)
+    assert moe_gemm.down_unsupported(cfg, act, w, out, stage) is None
+    assert moe_gemm.down_unsupported((128, 256, 64, 8, 3, 4, "ws_coop"), act, w, out, stage) is None
+    w_kmajor = torch.zeros(4, 1000, 512, dtype=bf16).transpose(1, 2)  # F.linear's layout per expert
+    assert moe_down_ws.stacked_rows(w) == 4 * 512 and moe_down_ws.stacked_rows(w_kmajor) == 4 * 1000
+    assert moe_down_ws.unsupported(cfg, act, w_kmajor, out, stage) is None
+    half = torch.zeros(4, 512, 2000, dtype=bf16)[:, :, 1000:]  # one half of a fused weight
+    assert moe_down_ws.stacked_rows(half) is None and "stacked" in moe_down_ws.unsupported(cfg, act, half, out, stage)
+    odd = torch.zeros(4, 520, 1000, dtype=bf16)
+    assert "multiple of BK" in moe_down_ws.unsupported(cfg, torch.zeros(300, 520, dtype=bf16), odd, out, stage)
+    assert "dtype" in moe_down_ws.unsupported(cfg, act, w, out.float(), stage)
+    assert "TMA" in moe_down_ws.unsupported(cfg, act, w, out[:, 1:], stage)
+    assert "16-bit" in moe_down_ws.unsupported(cfg, act.float(), w.float(), out.float(), stage.float())
+    assert "num_warps" in moe_down_ws.unsupported(cfg[:5] + (8, cfg[6]), act, w, out, stage)
+    assert "store field" in moe_down_ws.unsupported(cfg[:6] + ("ws_pingpong_direct",), act, w, out, stage)
+    with pytest.raises(ValueError, match="stacked"):
+        moe_down_ws.launch(act, half, out, stage, {}, None, None, 1, 0, 2, 0, cfg, 1)
+
+
+def test_moe_down_tunes_over_a_measured_variant():
+    """The MoE down GEMM's candidates take the kernel benchmark's fastest variant near the shape (its Gluon forms
+    are bench variants), once; the gate/up GEMM's and the knob's candidates stay as they are."""
+    from overlap_backend.codegen import moe_gemm
+
+    base = moe_gemm.candidates(torch.bfloat16, "down")
+    assert base == list(knobs.codegen.MOE_DOWN_16BIT)
+    ws_coop = (128, 256, 64, 8, 3, 4, "ws_coop")
+    assert moe_gemm.candidates(torch.bfloat16, "down", ws_coop) == base + [ws_coop]
+    assert moe_gemm.candidates(torch.bfloat16, "down", list(base[0])) == base
+    assert ws_coop in knobs.codegen.VARIANTS_16BIT["moe_down"]
+
+
 def test_ag_mm_ws_epilogue_pieces_hold_the_knobs_values_per_thread():
     """The Gluon kernel runs a generated epilogue on pieces of its tile in shared memory, ``GLUON_EPILOGUE_VALUES``
     values per thread of the partition's warpgroup each: whole rows of one swizzle atom's column block (the tile lies

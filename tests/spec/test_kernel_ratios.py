@@ -240,6 +240,21 @@ def test_the_ops_tune_over_a_variant_that_won_by_the_gain_and_read_its_ratio(rat
                                                                                    "tma_subtile_flatten")
 
 
+def test_the_moe_down_gemm_tunes_over_its_measured_gluon_form(ratios):
+    """The MoE down GEMM adopts a faster bench variant as the collective GEMMs do (its Gluon forms are such variants):
+    its ratio and kernel time (which the MoE form's choice compares, moe_grouped.form_faster) are the variant's."""
+    gluon = (128, 256, 64, 8, 3, 4, "ws_coop")
+    ratios({**_with_variant("moe_down", 4, 32768, 2048, 7168, 1.12, 1.0, gluon), "kernel_ms": 1.68},
+           _with_variant("moe_down", 4, 1024, 2048, 7168, 1.30, 1.295, gluon))  # within the gain: not taken
+    assert kernel_ratios.measured_variant("moe_down", 32768, 2048, 7168, ws=4) == gluon
+    assert kernel_ratios.measured_ratio("moe_down", 32768, 2048, 7168, ws=4) == 1.0
+    e = kernel_ratios.nearest("moe_down", 32768, 2048, 7168, ws=4)
+    assert kernel_ratios.kernel_ms(e) == pytest.approx(1.5)
+    assert kernel_ratios.measured_variant("moe_down", 1024, 2048, 7168, ws=4) is None
+    with knobs.codegen.patch(MEASURED_VARIANT_GAIN=None):
+        assert kernel_ratios.kernel_ms(e) == 1.68
+
+
 def test_an_op_does_not_adopt_the_variants_named_not_adopted_for_its_kernel(ratios):
     """An op does not tune over a variant whose store field ``knobs.codegen.VARIANTS_NOT_ADOPTED`` names for its
     kernel, plain or fused (its ratio is not read either); the same store field of another kernel is adopted."""
@@ -254,6 +269,7 @@ def test_an_op_does_not_adopt_the_variants_named_not_adopted_for_its_kernel(rati
         assert kernel_ratios.measured_ratio("ag_mm", 8192, 4096, 3584, ws=4, fused=True) == 1.08
         assert kernel_ratios.measured_variant("mm_rs", 8192, 3584, 4096, ws=4) == gluon
     with knobs.codegen.patch(VARIANTS_NOT_ADOPTED={}):
+        assert kernel_ratios.measured_variant("moe_down", 32768, 2048, 7168, ws=4) is None  # not measured there
         assert kernel_ratios.measured_variant("ag_mm", 8192, 4096, 3584, ws=4) == gluon
         assert kernel_ratios.measured_variant("ag_mm", 8192, 4096, 3584, ws=4, fused=True) == gluon
         assert kernel_ratios.measured_ratio("ag_mm", 8192, 4096, 3584, ws=4, fused=True) == 0.99

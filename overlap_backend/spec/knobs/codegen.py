@@ -52,6 +52,10 @@ codegen = Knobs(
             (64, 256, 64, 8, 4, 8, False),
             (128, 128, 64, 8, 4, 4, "ws_pingpong"),
         ),
+        "moe_down": (
+            (128, 128, 64, 8, 4, 4, "ws_pingpong"),
+            (128, 256, 64, 8, 3, 4, "ws_coop"),
+        ),
     },
     # The Gluon kernels run a generated epilogue on their tile in shared memory, this many values a thread at a
     # time, in a loop over the pieces of the tile: on the accumulator's registers, 128 values a thread, bias + erf
