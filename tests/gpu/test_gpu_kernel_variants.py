@@ -466,7 +466,8 @@ def test_resident_ctas_match_the_cuda_occupancy_api(device, monkeypatch):
 
 
 # The MoE down GEMM's warp-specialized Gluon forms (codegen/moe_down_ws.py)
-MOE_GLUON = [(128, 128, 64, 8, 4, 4, "ws_pingpong"), (128, 256, 64, 8, 3, 4, "ws_coop")]
+MOE_GLUON = [(128, 128, 64, 8, 4, 4, "ws_pingpong"), (128, 256, 64, 8, 3, 4, "ws_coop"),
+             (64, 256, 64, 8, 4, 4, "ws_pingpong")]
 
 
 def _moe_down_case(device, ws, rank, experts, h, f, recv, expert_major, seed):
@@ -487,7 +488,7 @@ def _moe_down_case(device, ws, rank, experts, h, f, recv, expert_major, seed):
     rows = torch.sort(expert_of, stable=True).indices.to(device)
     ends = torch.cumsum(torch.bincount(expert_of, minlength=experts), 0).to(device)
     recv_off = torch.tensor(off, dtype=torch.int32, device=device)
-    pl = moe_symm.plan_reference(rows, ends, recv_off, rank, ws, experts, [128], expert_major)
+    pl = moe_symm.plan_reference(rows, ends, recv_off, rank, ws, experts, [64, 128], expert_major)
     act = torch.randn(n_recv, f, device=device, dtype=torch.bfloat16)
     ref = torch.zeros(n_recv, h, device=device)
     counts, starts, srows = pl["counts"].tolist(), pl["row_start"].tolist(), pl["srows"].long()

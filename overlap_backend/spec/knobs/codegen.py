@@ -55,6 +55,7 @@ codegen = Knobs(
         "moe_down": (
             (128, 128, 64, 8, 4, 4, "ws_pingpong"),
             (128, 256, 64, 8, 3, 4, "ws_coop"),
+            (64, 256, 64, 8, 4, 4, "ws_pingpong"),
         ),
     },
     # The Gluon kernels run a generated epilogue on their tile in shared memory, this many values a thread at a
