@@ -32,8 +32,8 @@ from ..spec import knobs
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
-from .gluon_ring import (WARPS, acc_layout, b_block, b_descriptor, epilogue_values, finish_tile, init_ring,
-                         load_stage, mma_tile, partition_descriptor, refusal, smem_layout, store_tile)
+from .gluon_ring import (WARPS, acc_layout, allocate_ring, b_descriptor, epilogue_values, finish_tile, load_stage,
+                         mma_tile, partition_descriptor, refusal, store_tile)
 from .tiles import tile_position
 
 
@@ -124,18 +124,9 @@ def ag_mm_ws_kernel(
     STAGES: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, TIMED: gl.constexpr,
     PEERS_BY_COLUMN: gl.constexpr, COOP: gl.constexpr, MMA_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
 ):
-    A_SPLIT: gl.constexpr = 2 if COOP else 1  # cooperative: each MMA partition's half of the rows, its own A box
-    SUB_M: gl.constexpr = BM // A_SPLIT
-    dtype: gl.constexpr = shard_ptr.dtype.element_ty
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * A_SPLIT, SUB_M, BK], smem_layout([SUB_M, BK], dtype))
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_block(BN, BK, B_KMAJOR),
-                                       smem_layout(b_block(BN, BK, B_KMAJOR), dtype))
-    out_dtype: gl.constexpr = out_ptr.dtype.element_ty
-    c_bufs = gl.allocate_shared_memory(out_dtype, [2, SUB_M, BN], smem_layout([SUB_M, BN], out_dtype))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    init_ring(ready, empty, turn, A_SPLIT)
+    # cooperative: each MMA partition's half of the rows, its own A box
+    a_bufs, b_bufs, c_bufs, ready, empty, turn = allocate_ring(shard_ptr.dtype.element_ty, out_ptr.dtype.element_ty,
+                                                               STAGES, BM, BN, BK, 2 if COOP else 1, B_KMAJOR)
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_ptr, bias_ptr, rank, rows, N, K, ep0, ep1, ep2,

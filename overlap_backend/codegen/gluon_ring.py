@@ -280,6 +280,25 @@ def epilogue_in_pieces(c_buf, row0, col0, N, ep0, ep1, ep2, ep3, EPILOGUE: gl.co
 
 
 @gluon.jit
+def allocate_ring(dtype: gl.constexpr, out_dtype: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
+                  BN: gl.constexpr, BK: gl.constexpr, A_SPLIT: gl.constexpr, B_KMAJOR: gl.constexpr):
+    """The ring's shared memory, its barriers initialized (``init_ring``): ``STAGES`` stages of A (``A_SPLIT`` boxes of
+    ``BM / A_SPLIT`` rows each: 2 for the cooperative form) and B (``b_block``), a store buffer of ``out_dtype`` for
+    each MMA partition, and the ``ready`` / ``empty`` / ``turn`` barriers. Returns (a_bufs, b_bufs, c_bufs, ready,
+    empty, turn)."""
+    SUB_M: gl.constexpr = BM // A_SPLIT
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * A_SPLIT, SUB_M, BK], smem_layout([SUB_M, BK], dtype))
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_block(BN, BK, B_KMAJOR),
+                                       smem_layout(b_block(BN, BK, B_KMAJOR), dtype))
+    c_bufs = gl.allocate_shared_memory(out_dtype, [2, SUB_M, BN], smem_layout([SUB_M, BN], out_dtype))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    init_ring(ready, empty, turn, A_SPLIT)
+    return a_bufs, b_bufs, c_bufs, ready, empty, turn
+
+
+@gluon.jit
 def init_ring(ready, empty, turn, READERS: gl.constexpr):
     """Every stage's ``ready`` (the loader's expect-tx arrive + the bytes) and ``empty`` (an arrive of each of the
     ``READERS`` MMA partitions that read the stage) barrier, and the two ping-pong partitions' ``turn`` pair."""

@@ -35,9 +35,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
-from .gluon_ring import (WARPS, acc_layout, b_block, b_descriptor, epilogue_in_pieces, epilogue_values, finish_tile,
-                         init_ring, load_stage, mma_tile, partition_barrier, partition_descriptor, refusal,
-                         shared_to_tma, slice_cols, slice_layout, smem_layout, store_tile, tma_store)
+from .gluon_ring import (WARPS, acc_layout, allocate_ring, b_descriptor, epilogue_in_pieces, epilogue_values,
+                         finish_tile, load_stage, mma_tile, partition_barrier, partition_descriptor, refusal,
+                         shared_to_tma, slice_cols, slice_layout, store_tile, tma_store)
 from .tiles import grouped_tile
 
 ID_SLOTS = gl.constexpr(4)  # tile numbers the loader may hand out ahead of the MMA warpgroups
@@ -201,17 +201,10 @@ def mm_rs_ws_kernel(
     LOAD_REGS: gl.constexpr,
 ):
     dtype: gl.constexpr = a_ptr.dtype.element_ty
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], smem_layout([BM, BK], dtype))
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_block(BN, BK, B_KMAJOR),
-                                       smem_layout(b_block(BN, BK, B_KMAJOR), dtype))
-    c_bufs = gl.allocate_shared_memory(dtype, [2, BM, BN], smem_layout([BM, BN], dtype))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    a_bufs, b_bufs, c_bufs, ready, empty, turn = allocate_ring(dtype, dtype, STAGES, BM, BN, BK, 1, B_KMAJOR)
     ids = gl.allocate_shared_memory(gl.int32, [ID_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     id_ready = gl.allocate_shared_memory(gl.int64, [ID_SLOTS, 1], mbarrier.MBarrierLayout())
     id_empty = gl.allocate_shared_memory(gl.int64, [ID_SLOTS, 1], mbarrier.MBarrierLayout())
-    init_ring(ready, empty, turn, 1)
     for s in gl.static_range(ID_SLOTS):
         mbarrier.init(id_ready.index(s), count=1)
         mbarrier.init(id_empty.index(s), count=1)

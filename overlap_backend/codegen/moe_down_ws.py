@@ -31,9 +31,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import launcher
 from .flags import count_bulk_stored, count_tile_done, signal_flag
-from .gluon_ring import (WARPS, acc_layout, b_block, b_descriptor, finish_tile, init_ring, load_stage, mma_tile,
+from .gluon_ring import (WARPS, acc_layout, allocate_ring, b_descriptor, finish_tile, load_stage, mma_tile,
                          partition_barrier, partition_descriptor, refusal, shared_to_tma, slice_cols, slice_layout,
-                         smem_layout, tma_store)
+                         tma_store)
 from .moe_gemm import expert_layout, log_groups, tile_group, tma_stores
 
 
@@ -204,17 +204,10 @@ def down_ws_kernel(
     GROUP_M: gl.constexpr, STAGES: gl.constexpr, EXPERT_MAJOR: gl.constexpr, B_KMAJOR: gl.constexpr,
     COOP: gl.constexpr, MMA_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
 ):
-    A_SPLIT: gl.constexpr = 2 if COOP else 1  # cooperative: each MMA partition's half of the rows, its own A box
-    SUB_M: gl.constexpr = BM // A_SPLIT
     dtype: gl.constexpr = act_ptr.dtype.element_ty
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * A_SPLIT, SUB_M, BK], smem_layout([SUB_M, BK], dtype))
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_block(BN, BK, B_KMAJOR),
-                                       smem_layout(b_block(BN, BK, B_KMAJOR), dtype))
-    c_bufs = gl.allocate_shared_memory(dtype, [2, SUB_M, BN], smem_layout([SUB_M, BN], dtype))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    init_ring(ready, empty, turn, A_SPLIT)
+    # cooperative: each MMA partition's half of the rows, its own A box
+    a_bufs, b_bufs, c_bufs, ready, empty, turn = allocate_ring(dtype, dtype, STAGES, BM, BN, BK, 2 if COOP else 1,
+                                                               B_KMAJOR)
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, out_ptr, stage_ptr, srows_ptr, counts_ptr,
