@@ -5,7 +5,7 @@ At DeepSeek-like prefill sizes (K = 2048: 32 K-steps a tile) the ``tl`` kernel's
 overlaps there, is what keeps it above ``torch._grouped_mm``.
 
 - The loader (1 warp) walks the CTA's tiles (tile ``first + pid``, ``+ grid``, ... of the launch's groups, in
-  ``moe_gemm.tile_group``'s order) and fills the ring with each tile's rows of ``act`` (sorted order: a row tile is
+  ``moe_tiles.tile_group``'s order) and fills the ring with each tile's rows of ``act`` (sorted order: a row tile is
   a contiguous block; rows past the group's end are computed and never stored) and its expert's weight block.
 - Two MMA warpgroups either take the tiles in turns (``ws_pingpong``, 128 x 128: one's epilogue under the other's
   main loop) or share each tile, each computing half its rows (``ws_coop``, 128 x 256). Each stores its rows as
@@ -20,7 +20,7 @@ The weights are read through one 2-D TMA descriptor over the stacked experts (``
 weights stored as ``F.linear`` reads them), so an expert's K must be a multiple of BK (a block never reaches the
 next expert's rows of K; past N it reads the next expert's rows into columns that are never stored). What it does
 not do (``launch`` raises ``ValueError``; ``down_kernel`` does these): weights whose experts are not stacked densely,
-K not a multiple of BK, outputs the TMA cannot store into (``moe_gemm.tma_stores``) or of another dtype than
+K not a multiple of BK, outputs the TMA cannot store into (``moe_tiles.tma_stores``) or of another dtype than
 ``act``, float32.
 """
 
@@ -34,7 +34,7 @@ from .flags import count_bulk_stored, count_tile_done, signal_flag
 from .gluon_ring import (WARPS, acc_layout, allocate_ring, b_descriptor, finish_tile, load_stage, mma_tile,
                          partition_barrier, partition_descriptor, refusal, shared_to_tma, slice_cols, slice_layout,
                          tma_store)
-from .moe_gemm import expert_layout, log_groups, tile_group, tma_stores
+from .moe_tiles import expert_layout, log_groups, tile_group, tma_stores
 
 
 @gluon.jit
@@ -250,7 +250,7 @@ def unsupported(config, act: torch.Tensor, w_down: torch.Tensor, out: torch.Tens
     if out.dtype != act.dtype or stage.dtype != act.dtype:
         return f"outputs of act's dtype {act.dtype} only, not {out.dtype} / {stage.dtype}"
     if not tma_stores(out, stage):
-        return "outputs the TMA cannot store into (moe_gemm.tma_stores)"
+        return "outputs the TMA cannot store into (moe_tiles.tma_stores)"
     if stacked_rows(w_down) is None:
         return f"expert weights not stacked densely (strides {tuple(w_down.stride())})"
     if w_down.shape[1] % BK:

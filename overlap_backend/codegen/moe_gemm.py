@@ -57,22 +57,7 @@ from . import launcher
 from .configs import GLUON_STORES
 from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_bulk_stored,
                     count_tile_done, signal_flag, wait_flag)
-from .tiles import grouped_tile
-
-
-@triton.jit
-def find_group(rt, tile_start_ptr, G, LOG_G: tl.constexpr):
-    """Largest g < G with ``tile_start[g] <= rt`` (``tile_start[0] == 0 <= rt < tile_start[G]``):
-    the group of row tile ``rt``; groups without tiles are skipped because their start repeats."""
-    lo = rt * 0
-    hi = lo + G
-    for _ in tl.static_range(LOG_G):
-        mid = (lo + hi) // 2
-        wide = hi - lo > 1
-        up = wide & (tl.load(tile_start_ptr + mid) <= rt)
-        lo = tl.where(up, mid, lo)
-        hi = tl.where(wide & (up == 0), mid, hi)
-    return lo
+from .moe_tiles import expert_layout, log_groups, tile_group, tma_stores
 
 
 @triton.jit
@@ -99,32 +84,6 @@ def expert_block(desc, e, k0, n0, BK: tl.constexpr, BN: tl.constexpr, K_MAJOR: t
     if K_MAJOR:
         return tl.trans(desc.load([e, n0, k0]).reshape([BN, BK]))
     return desc.load([e, k0, n0]).reshape([BK, BN])
-
-
-@triton.jit
-def tile_group(t, tiles_n, tile_start_ptr, G, E, LOG_G: tl.constexpr, WS: tl.constexpr, EXPERT_MAJOR: tl.constexpr,
-               GROUP_M: tl.constexpr):
-    """Tile t -> (group, expert, source position, row tile in the group, column tile).
-
-    Remote-first order (groups ``pos * E + e``): GROUP_M row tiles of one group at a time. Expert-major
-    (groups ``e * ws + pos``): GROUP_M row tiles of one *expert* at a time, across its sources' groups, so
-    that the tiles reading one column block of its weight run side by side (at decode sizes a group is one
-    row tile: walking group by group would read the weight once per wave of CTAs, not once)."""
-    g = find_group(t // tiles_n, tile_start_ptr, G, LOG_G)
-    if EXPERT_MAJOR:  # groups e * ws + pos
-        e = g // WS
-        span_first = tl.load(tile_start_ptr + e * WS)
-        span_m, pid_n = grouped_tile(t - span_first * tiles_n, tl.load(tile_start_ptr + e * WS + WS) - span_first,
-                                     tiles_n, GROUP_M)
-        g = find_group(span_first + span_m, tile_start_ptr, G, LOG_G)
-        pid_m = span_first + span_m - tl.load(tile_start_ptr + g)
-        pos = g % WS
-    else:  # groups pos * E + e
-        g_first = tl.load(tile_start_ptr + g)
-        pid_m, pid_n = grouped_tile(t - g_first * tiles_n, tl.load(tile_start_ptr + g + 1) - g_first, tiles_n, GROUP_M)
-        e = g % E
-        pos = g // E
-    return g, e, pos, pid_m, pid_n
 
 
 @triton.jit
@@ -311,21 +270,6 @@ def phases(ws: int, experts: int, expert_major: bool, own_first: float = 0.0) ->
     return [(own, own + k, ws - 1, ws)] + remote_first[:-1] + [(own + k, own + experts, ws - 1, ws)]
 
 
-def log_groups(groups: int) -> int:
-    """Binary-search steps over ``groups`` groups."""
-    return max(1, (groups - 1).bit_length() + 1)
-
-
-def expert_layout(w) -> tuple[int, int, bool]:
-    """``(stride_e, stride_row, k_major)`` of an [E, K, N] expert weight the kernels read as it is:
-    N contiguous (row-major per expert) or K contiguous (``k_major``: F.linear's layout); the
-    runtime passes only such views (``runtime/moe_symm.py: kernel_expert_weight``)."""
-    if w.stride(2) == 1:
-        return w.stride(0), w.stride(1), False
-    assert w.stride(1) == 1, f"expert weight strides {w.stride()}: neither N nor K contiguous"
-    return w.stride(0), w.stride(2), True
-
-
 def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, caps, epoch, status, timeout_ns, rank, ws, cap, config, grid,
                    timed=True, phase=None, start_group=None):
     """``plan``: dict with srows, counts, row_start, recv_off, contig and ``tile_start`` of this BM
@@ -382,14 +326,6 @@ def down_unsupported(config, act, w_down, out, stage) -> str | None:
     from . import moe_down_ws
 
     return moe_down_ws.unsupported(config, act, w_down, out, stage)
-
-
-def tma_stores(out: torch.Tensor, stage: torch.Tensor) -> bool:
-    """Whether the down kernel can store into ``out`` and ``stage`` by TMA: 16-bit outputs (a 32-bit tile's
-    store buffer would take the kernel past the shared memory an SM has, at (128, 256) tiles), rows of a multiple
-    of 16 bytes from 16-byte aligned bases."""
-    return all(t.element_size() == 2 and t.is_contiguous() and t.data_ptr() % 16 == 0
-               and t.shape[1] * t.element_size() % 16 == 0 for t in (out, stage))
 
 
 def candidates(dtype: torch.dtype, kernel: str = "gate_up", measured: tuple | None = None) -> list:
