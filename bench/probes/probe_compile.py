@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import json
 import os
 import re
@@ -88,6 +89,12 @@ KERNELS = {
         data={"act_ptr", "w_ptr", "out_ptr", "stage_ptr"},
         flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
                "counters_ptr", "done_ptr", "contig_ptr"}, wide=set(), sizes={"M", "H", "F"}),
+    "cta_stage0_ws": dict(  # a Gluon kernel, as ag_mm_ws (ws_pingpong; --set COOP=True --set BN=256 --set STAGES=3: ws_coop)
+        const=dict(EP_VALUES=16, TP=1, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, COOP=False, WAIT_READY=False,
+                   TIMED=True, COUNT_FIRST_AT_ONCE=True),
+        data={"x_ptr", "w1_ptr", "stage_ptr", "keep_ptr", "ep0", "ep1", "ep2", "ep3"},
+        flags={"counters_ptr", "done_ptr", "epoch_ptr", "ready_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"},
+        sizes={"M", "Mp", "H", "Fp", "ldw", "Fship", "kchunk"}),
     "cta_stage1": dict(
         const=dict(WS=8, TP=4, BM=128, BN=256, BK=64, GROUP_M=16, HAS_B2=False, WAIT_READY=False, PRECISION=None,
                    TIMED=True, INTERPRET=False, HAS_TAIL=False, SHIP_BEFORE_TAIL=False, SPLIT_K=False,
@@ -117,6 +124,9 @@ KERNELS = {
         tables={"peer_data_ptr", "peer_flags_ptr"}, flags={"counters_ptr", "done_ptr", "epoch_ptr"}, wide=set(),
         sizes={"Mp", "Fp", "Fship", "kchunk"}),
 }
+# the Gluon kernels: (module of overlap_backend.codegen, kernel); 4 warps and their own register budgets
+GLUON_KERNELS = {"ag_mm_ws": ("ag_mm_ws", "ag_mm_ws_kernel"), "mm_rs_ws": ("mm_rs_ws", "mm_rs_ws_kernel"),
+                 "moe_down_ws": ("moe_down_ws", "down_ws_kernel"), "cta_stage0_ws": ("cta_ws", "stage0_ws_kernel")}
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
           "barrier waits": r"ttng\.wait_barrier", "wgmma": r"ttng\.warp_group_dot ", "TMA stores": r"async_tma_copy_local_to_global",
           "multi-buffered shared": r"local_alloc : \(\) -> !ttg\.memdesc<[2-9]x",
@@ -138,13 +148,11 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
         raise SystemExit(f"{name} has no constexpr {sorted(unknown)}; its constexprs: {sorted(spec['const'])}")
     const = {**spec["const"], **overrides}
     source, options = ASTSource, {"num_warps": warps, "num_stages": stages}
-    if name in ("ag_mm_ws", "mm_rs_ws", "moe_down_ws"):
+    if name in GLUON_KERNELS:
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        from overlap_backend.codegen import ag_mm_ws, moe_down_ws, mm_rs_ws
-
-        module = {"ag_mm_ws": ag_mm_ws, "mm_rs_ws": mm_rs_ws, "moe_down_ws": moe_down_ws}[name]
-        fn = module.down_ws_kernel if name == "moe_down_ws" else getattr(module, f"{name}_kernel")
+        module = importlib.import_module(f"overlap_backend.codegen.{GLUON_KERNELS[name][0]}")
+        fn = getattr(module, GLUON_KERNELS[name][1])
         const.update(MMA_REGS=module.MMA_REGS, LOAD_REGS=module.LOAD_REGS)
         if name == "mm_rs_ws":
             const["IDENTITY"] = epilogue_fn(None, (), torch.bfloat16, torch.empty(1))[0]

@@ -421,14 +421,20 @@ class Bench:
         runs = split(cfg0)  # variants: no split, half the runs (a shorter sum, longer runs), narrower tiles
         self.variant_cands = [(*cfg0, True, r) for r in sorted({1, runs // 2} - {0, runs})]
         self.variant_cands += [(*cfg, True, split(cfg)) for cfg in narrow]
+        if runs == 1:  # the warp-specialized Gluon forms (codegen/cta_ws.py: no split-K), on the plan's row blocks
+            from overlap_backend.codegen import cta_ws
+
+            self.variant_cands += [(*cta_ws.config(form, cfg0), form, 1) for form in cta_ws.FORMS]
         self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cfg[7])
                                         for cfg in self.op_cands + self.variant_cands), device=self.dev)
         self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
 
         def run(cfg):
+            form = cfg[6] if isinstance(cfg[6], str) else None  # a Gluon form: on the plan's config
             cta.launch_stage0(a, b, None, None, None, self.stage, tables, tables, self.counters, self.done, self.epoch,
-                              0, kchunk, nch, 0, 1, 1, cta.ACT_GELU_TANH, cfg[:6], self.num_sms, tma_store=cfg[6],
-                              split_k=cfg[7], split_partials=self.partials, split_counters=self.split_counters)
+                              0, kchunk, nch, 0, 1, 1, cta.ACT_GELU_TANH, cfg0 if form else cfg[:6], self.num_sms,
+                              tma_store=bool(cfg[6]), split_k=cfg[7], split_partials=self.partials,
+                              split_counters=self.split_counters, form=form)
 
         self.run = run
         self.error = lambda: common.rel_err(

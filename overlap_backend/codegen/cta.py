@@ -29,8 +29,9 @@ import triton.language as tl
 
 from ..spec import knobs
 from . import launcher
+from .cta_flags import count_chunk_tile
 from .flags import (OP_CTA_COLLECT, OP_CTA_STAGE0, OP_CTA_STAGE1, OP_CTA_TAIL, READY_FLAG_BASE, bulk_stores_done,
-                    count_local, count_tile_done, count_tile_done_to_ranks, fence_proxy_async, signal_flag, wait_flag)
+                    count_local, count_tile_done_to_ranks, fence_proxy_async, signal_flag, wait_flag)
 from .tiles import add_bias, b_descriptor, grouped_tile, peer_buffer
 
 ACT_GELU = 0
@@ -174,7 +175,7 @@ def stage0_kernel(
         if prev_m >= 0:
             if TMA_STORE:
                 bulk_stores_done(INTERPRET)  # long done by now: a main loop ran since
-            _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
+            count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
                               tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, 1, TP,
                               GROUP_M, STAGED)
         finishes = True
@@ -199,7 +200,7 @@ def stage0_kernel(
     if prev_m >= 0:
         if TMA_STORE:
             bulk_stores_done(INTERPRET)
-        _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
+        count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
                           tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, 1, TP, GROUP_M,
                           STAGED)
 
@@ -236,7 +237,7 @@ def _stage0_epilogue(acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr
             if pid_m < GROUP_M:
                 if TMA_STORE:
                     bulk_stores_done(INTERPRET)
-                _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
+                count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
                                   tiles_m, tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer,
                                   first_consumer, 1, TP, GROUP_M, STAGED)
                 prev_m = -1
@@ -292,7 +293,7 @@ def stage0_split_sum_kernel(
     else:
         _store_chunk_rows(act, stage_ptr, peer_data_ptr, offs_m, offs_n, pid_n * BN, M, Mp, Fp, Fship, in_tail_group,
                           producer, kchunk, nch, first_consumer, TP, STAGED)
-        _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m, tiles_n,
+        count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m, tiles_n,
                           tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, pieces, TP, GROUP_M,
                           STAGED)
 
@@ -318,24 +319,6 @@ def _split_tail_tiles(x_desc, w1_ptr, w3_ptr, b1_ptr, b3_ptr, keep_ptr, M, H, Fp
         offs_n = off_n + tl.arange(0, HALF)
         act = _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT, HAS_B1, HAS_B3).to(keep_ptr.dtype.element_ty)
         _keep_tail_tile(keep_ptr, act, offs_m, offs_n, M, Fp, Fship, m0)
-
-
-@triton.jit
-def _count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m, tiles_n,
-                      tiles_ship, tail_group, tiles_per_chunk, nch, producer, first_consumer, pieces,
-                      TP: tl.constexpr, GROUP_M: tl.constexpr, STAGED: tl.constexpr):
-    """One more stored piece of a tile of (group of pid_m, chunk of pid_n), a tile in ``pieces`` (1: whole tiles,
-    ``stage0_split_sum_kernel``: pieces of rows); see ``stage0_kernel``."""
-    g = pid_m // GROUP_M
-    j = pid_n // tiles_per_chunk
-    shipped = tl.where(g == tail_group, tiles_ship, tiles_n)  # column tiles this group ships
-    tiles = tl.minimum(GROUP_M, tiles_m - g * GROUP_M) * tl.minimum(tiles_per_chunk, shipped - j * tiles_per_chunk)
-    tiles = tiles * pieces
-    if STAGED:
-        count_tile_done(counters_ptr + g * nch + j, done_ptr + g * nch + j, tiles, epoch, SYS=True)
-    else:
-        count_tile_done_to_ranks(counters_ptr + g * nch + j, peer_flags_ptr, a_flag_word + (g * TP + producer) * nch + j,
-                                 tiles, epoch, first_consumer, TP, 2 * TP)
 
 
 @triton.jit
@@ -817,7 +800,7 @@ def padded_rows(M: int, BM: int) -> int:
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
                   a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
                   rank=0, timed=True, count_first_at_once=False, fship=None, keep=None, tail_group=0,
-                  tma_store=False, split_last=False, split_k=1, split_partials=None, split_counters=None):
+                  tma_store=False, split_last=False, split_k=1, split_partials=None, split_counters=None, form=None):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
     straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
     words to wait on in the kernel (None: the caller made the stream wait); ``fship``: columns
@@ -828,10 +811,24 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     K-steps in that many runs (``stage0_kernel``'s ``SPLIT_K``), with ``split_partials`` (float32,
     ``split_partials_numel`` with two accumulators for SwiGLU) and ``split_counters`` (int32, one
     per tile, 0). Where ``stage0_sums_after_runs``: the runs only store their sums, and ``stage0_split_sum_kernel``,
-    launched after, adds them and makes the tiles' epilogues, ``knobs.cta.STAGE0_FIXUP_ROWS`` rows a program."""
+    launched after, adds them and makes the tiles' epilogues, ``knobs.cta.STAGE0_FIXUP_ROWS`` rows a program.
+    ``form``: a warp-specialized Gluon form (``codegen/cta_ws.py``; ``stage0_form`` says where one applies) on
+    ``config``'s row blocks, K-steps and row groups."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
+    if form is not None:  # (Hopper; imported only where it runs)
+        from . import cta_ws
+
+        why = cta_ws.unsupported(form, x, Fp, act, stage is not None, tma_store, split_k, kchunk,
+                                 Fp if fship is None else fship)
+        if why:
+            raise ValueError(f"CTA stage 0's {form} kernel: {why}")
+        cta_ws.launch(x, w1, b1, stage, keep, counters, done, epoch, kchunk, nch, tp, first_consumer, act, form, config,
+                      num_sms, padded_rows(M, BM), Fp if fship is None else fship, tail_group, ready=ready,
+                      status=status, timeout_ns=timeout_ns, rank=rank, timed=timed,
+                      count_first_at_once=count_first_at_once)
+        return
     assert kchunk % BN == 0, (kchunk, BN)
     assert w1.stride(1) == 1 and (w3 is None or w3.stride() == w1.stride()), (w1.stride(), w3 and w3.stride())
     fship = Fp if fship is None else fship
@@ -872,6 +869,18 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
             TP=tp, BM=BM, BN=BN, GROUP_M=GROUP_M, ROWS=rows, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
             STAGED=stage is not None, num_warps=4,
         )
+
+
+def stage0_form(x: torch.Tensor, Fp: int, act: int, staged: bool, tma_store: bool, split_k: int, kchunk: int,
+                fship: int) -> str | None:
+    """``knobs.cta.STAGE0_FORM`` where that Gluon form runs this stage-0 call (``cta_ws.unsupported``), else None: the
+    Triton kernel."""
+    form = knobs.cta.STAGE0_FORM
+    if form is None or launcher.interpreting() or not x.is_cuda:
+        return None
+    from . import cta_ws
+
+    return None if cta_ws.unsupported(form, x, Fp, act, staged, tma_store, split_k, kchunk, fship) else form
 
 
 def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int, tail_group: int,

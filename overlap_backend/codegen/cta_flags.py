@@ -1,4 +1,5 @@
-"""One-program flag kernels for the cuBLAS forms of the CTA-pipeline stages (``runtime/cta_cublas.py``).
+"""CTA-pipeline flags: one-program flag kernels for the cuBLAS forms of the stages (``runtime/cta_cublas.py``),
+and the count of stage 0's finished tiles per (row group, K-chunk) that its Triton and Gluon kernels share.
 
 A call captured in a CUDA graph counts its epoch on the device (``cta.begin_kernel``): a stream
 wait or write would bake one value into the graph, so between its cuBLAS GEMMs a captured call
@@ -12,7 +13,7 @@ import triton
 import triton.language as tl
 
 from . import launcher
-from .flags import signal_flag, wait_flag
+from .flags import count_tile_done, count_tile_done_to_ranks, signal_flag, wait_flag
 
 
 @triton.jit(do_not_specialize=["first", "count", "skip", "epoch_word", "timeout_ns", "rank", "op_code", "index0",
@@ -51,3 +52,21 @@ def launch_wait(flags, first, count, epoch_word, status, timeout_ns, rank, op_co
 def launch_signal(flags, peer_flags, first, count, epoch_word, rank, ws):
     """``peer_flags``: every rank's flag buffer address (int64 device tensor)."""
     launcher.launch(signal_kernel, (1,), flags, peer_flags, first, count, epoch_word, rank, WS=ws, num_warps=1)
+
+
+@triton.jit
+def count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m, tiles_n,
+                     tiles_ship, tail_group, tiles_per_chunk, nch, producer, first_consumer, pieces,
+                     TP: tl.constexpr, GROUP_M: tl.constexpr, STAGED: tl.constexpr):
+    """One more stored piece of a tile of (group of pid_m, chunk of pid_n), a tile in ``pieces`` (1: whole tiles,
+    ``stage0_split_sum_kernel``: pieces of rows); see ``cta.stage0_kernel``."""
+    g = pid_m // GROUP_M
+    j = pid_n // tiles_per_chunk
+    shipped = tl.where(g == tail_group, tiles_ship, tiles_n)  # column tiles this group ships
+    tiles = tl.minimum(GROUP_M, tiles_m - g * GROUP_M) * tl.minimum(tiles_per_chunk, shipped - j * tiles_per_chunk)
+    tiles = tiles * pieces
+    if STAGED:
+        count_tile_done(counters_ptr + g * nch + j, done_ptr + g * nch + j, tiles, epoch, SYS=True)
+    else:
+        count_tile_done_to_ranks(counters_ptr + g * nch + j, peer_flags_ptr, a_flag_word + (g * TP + producer) * nch + j,
+                                 tiles, epoch, first_consumer, TP, 2 * TP)

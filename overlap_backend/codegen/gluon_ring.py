@@ -90,8 +90,15 @@ def partition_descriptor(ptr, rows, cols, BLOCK_ROWS: gl.constexpr, BLOCK_COLS: 
     use it, and those are the creating partition's. Made in the kernel's preamble and used by another partition, a
     stale descriptor of an earlier launch read other tensors (wrong tiles in the ops, which pass new tensors each
     call, at 2 ranks on one H100)."""
+    return strided_descriptor(ptr, rows, cols, cols, BLOCK_ROWS, BLOCK_COLS)
+
+
+@gluon.jit
+def strided_descriptor(ptr, rows, cols, row_stride, BLOCK_ROWS: gl.constexpr, BLOCK_COLS: gl.constexpr):
+    """``partition_descriptor`` of a [rows, cols] matrix whose rows lie ``row_stride`` elements apart (a window of
+    a wider one)."""
     layout: gl.constexpr = smem_layout([BLOCK_ROWS, BLOCK_COLS], ptr.dtype.element_ty)
-    return tma.make_tensor_descriptor(ptr, [rows, cols], [cols, 1], [BLOCK_ROWS, BLOCK_COLS], layout)
+    return tma.make_tensor_descriptor(ptr, [rows, cols], [row_stride, 1], [BLOCK_ROWS, BLOCK_COLS], layout)
 
 
 @gluon.constexpr_function

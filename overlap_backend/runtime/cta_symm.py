@@ -160,6 +160,10 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                                          torch.float32)
 
     tma_store = knobs.cta.STAGE0_TMA_STORE
+    form0 = (cta.stage0_form(xa, fp, act, stage_buf is not None, tma_store, plan.split0, kchunk, plan.fship)
+             if stage == 0 and s0 == "triton" else None)
+    if form0 is not None:
+        PATHS[f"cta_pipeline_mlp:symm:stage0_{form0}"] += 1
 
     def gemms():
         preloading = launcher.is_preloading()  # (only the Triton launches are preloaded: no cuBLAS work there)
@@ -177,7 +181,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                               timeout_ns=st.timeout_ns, rank=r, count_first_at_once=knobs.cta.COUNT_FIRST_GROUP_AT_ONCE,
                               fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=tma_store,
                               split_last=knobs.cta.STAGE0_SPLIT_LAST, split_k=plan.split0,
-                              split_partials=split_partials, split_counters=word(symm_layout.CTA_Y_COUNTERS))
+                              split_partials=split_partials, split_counters=word(symm_layout.CTA_Y_COUNTERS),
+                              form=form0)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1 and s0 == "cublas":

@@ -11,7 +11,8 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
   every rank's result the same bits (as an all-reduce); the cases again with each of
   ``knobs.cta.SWIGLU_SHARE_ROUNDS``, ``STAGE0_TMA_STORE``, ``STAGE0_SPLIT_LAST`` and
   ``SHIP_BEFORE_TAILS`` set to its other value, and split-K's sums in their other form (``SPLIT_SUM_PAIRS``,
-  ``STAGE1_SPLIT_FIXUP``, ``STAGE0_SPLIT_FIXUP``) on three splitting cases each;
+  ``STAGE1_SPLIT_FIXUP``, ``STAGE0_SPLIT_FIXUP``) on three splitting cases each; stage 0 in each Gluon form
+  (``STAGE0_FORM``) on every 16-bit GELU case it runs, twice;
 - 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical; an
   in-place weight update (version counter) seen by the next call (the placement is redone); with and
   without TMA stores;
@@ -221,6 +222,32 @@ def cta_worker(rank: int, ws: int, device: str):
                     bad.append(f"rank {rank}: {label}: the ranks' results differ")
         if not changed and ws <= 2:
             bad.append(f"rank {rank}: {setting}={not default}: no case had {what}")
+
+    # Stage 0's Gluon forms (knobs.cta.STAGE0_FORM, off): every 16-bit GELU case whose stage 0 they run (no split-K)
+    # in each form, twice on new inputs after poisoned buffers (a stale TMA descriptor would read the last call's).
+    for form in ("ws_pingpong", "ws_coop"):
+        ran = 0
+        for M, H, F, N, act, approximate, bias, dtype in CASES:
+            plan = cta_plan.chunk_plan(M, F, N, ws // 2, act == "swiglu", dtype, num_sms, H=H)
+            if act == "swiglu" or dtype == torch.float32 or plan.split0 > 1:
+                continue
+            with knobs.cta.patch(STAGE0_FORM=form):
+                call(_shards(ws, M, H, F, N, act, bias, dtype, device), act, approximate)
+                _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
+                for i in range(2):
+                    before = lowering_helpers.PATHS[f"cta_pipeline_mlp:symm:stage0_{form}"]
+                    args = _shards(ws, M, H, F, N, act, bias, dtype, device)
+                    out = call(args, act, approximate)
+                    err = _rel_err(out, _reference(args, act, approximate, group))
+                    label = f"STAGE0_FORM={form} call {i}: M={M} H={H} F={F} N={N} {act}/{approximate} bias={bias}"
+                    report.append(f"{label}: rel err {err:.2e}")
+                    if not err <= _tol(dtype):
+                        bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
+                    if not _same_on_every_rank(out, group):
+                        bad.append(f"rank {rank}: {label}: the ranks' results differ")
+                    ran += lowering_helpers.PATHS[f"cta_pipeline_mlp:symm:stage0_{form}"] - before
+        if not ran and ws <= 2:
+            bad.append(f"rank {rank}: STAGE0_FORM={form}: no stage 0 ran in it")
 
     # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical; with stage
     # 0's tiles stored by TMA (a tile counted before its bulk store landed would ship stale data) and

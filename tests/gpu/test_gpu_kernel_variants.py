@@ -538,3 +538,66 @@ def test_moe_down_ws_scatters_and_counts(cfg, k_major, expert_major, grid, devic
         assert torch.isnan(out[:own_row0].float()).all() and torch.isnan(out[own_row0 + recv[rank]:].float()).all()
         assert flags[32:32 + ws - 1].tolist() == [EPOCH + call] * (ws - 1), "every remote source's done flag"
         assert flags[16:16 + ws].tolist() == [0] * ws, "counters reset for the next call"
+
+
+# CTA stage 0's warp-specialized Gluon forms (codegen/cta_ws.py)
+@pytest.mark.parametrize("form", ["ws_pingpong", "ws_coop"])
+@pytest.mark.parametrize("act,bias,tail,first_at_once", [("gelu_tanh", False, False, True), ("gelu", True, True, False),
+                                                         ("gelu_tanh", True, True, True)],
+                         ids=["tanh_all_shipped", "erf_bias_tail", "tanh_bias_tail_first_group_at_once"])
+def test_cta_stage0_ws_stages_blocks_and_counts(form, act, bias, tail, first_at_once, device):
+    """CTA stage 0 in a Gluon form, on the copy-engine transport: each shipped tile in its K-chunk's block of the
+    staging buffer (rows past M in the block's padding), the tail group's last columns into ``keep``, every shipped
+    (row group, K-chunk) counted to its done flag (the tail's chunks not), the counters back to 0; W1 a window of a
+    wider weight; twice, on new tensors, against float32."""
+    import torch.nn.functional as F
+
+    from overlap_backend.codegen import cta
+
+    M, H, Fp, ldw, kchunk = 1000, 1024, 2048, 2560, 512
+    cfg0 = (128, 256, 64, 4, 3, 8)  # the plan's config: 8 row blocks in 2 row groups
+    bm, group_m = cfg0[0], cfg0[3]
+    mp, nch, groups = -(-M // bm) * bm, Fp // kchunk, -(-M // (bm * group_m))
+    tail_group = groups - 1
+    fship = Fp - kchunk if tail else Fp  # the last group keeps its last chunk's columns
+    m0 = tail_group * group_m * bm
+    code = cta.ACTIVATIONS[("gelu", "tanh" if act == "gelu_tanh" else "none")]
+    counters = torch.zeros(64, device=device, dtype=torch.int32)
+    done = torch.zeros(64, device=device, dtype=torch.int32)
+    status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    for call in range(2):
+        torch.manual_seed(call)
+        x = torch.randn(M, H, device=device, dtype=torch.bfloat16)
+        wide = torch.randn(H, ldw, device=device, dtype=torch.bfloat16) * H**-0.5
+        w1 = wide[:, 256:256 + Fp]  # a window: rows ldw apart
+        b1 = torch.randn(Fp, device=device, dtype=torch.bfloat16) if bias else None
+        h = x.float() @ w1.float() + (b1.float() if bias else 0)
+        want = F.gelu(h, approximate="tanh" if act == "gelu_tanh" else "none")
+        stage = torch.full((nch * mp * kchunk,), float("nan"), device=device, dtype=torch.bfloat16)
+        keep = torch.full(((mp - m0) * (Fp - fship),), float("nan"), device=device, dtype=torch.bfloat16) if tail else None
+        epoch = torch.full((1,), EPOCH + call, device=device, dtype=torch.int32)
+        cta.launch_stage0(x, w1, b1, None, None, stage, counters, counters, counters, done, epoch, 0, kchunk, nch, 0,
+                          1, 1, code, cfg0, num_sms, status=status, timeout_ns=10**10, fship=fship, keep=keep,
+                          tail_group=tail_group, tma_store=True, count_first_at_once=first_at_once, form=form)
+        torch.cuda.synchronize()
+        blocks = stage.view(nch, mp, kchunk)
+        got = blocks[:, :M].permute(1, 0, 2).reshape(M, Fp).float()
+        shipped = torch.ones(M, Fp, dtype=torch.bool, device=device)
+        shipped[m0:, fship:] = False  # the tail: never stored into the blocks
+        err = ((got - want)[shipped].norm() / want[shipped].norm()).item()
+        assert torch.isnan(got[~shipped]).all(), "tail columns stored into the staging blocks"
+        if tail:
+            kept = keep.view(mp - m0, Fp - fship)[:M - m0].float()
+            tail_err = ((kept - want[m0:, fship:]).norm() / want[m0:, fship:].norm()).item()
+        else:
+            tail_err = 0.0
+        print(f"cta stage 0 {form} {act} bias={bias} tail={tail} at-once={first_at_once} call {call}: rel err "
+              f"{err:.2e}, tail {tail_err:.2e}")
+        assert status[0].item() == 0
+        assert err < 1e-2 and tail_err < 1e-2, (err, tail_err)
+        for g in range(groups):
+            for j in range(nch):
+                ships = g != tail_group or j * kchunk < fship
+                assert done[g * nch + j].item() == (EPOCH + call if ships else 0), (g, j)
+        assert counters[:groups * nch].eq(0).all(), "counters reset for the next call"

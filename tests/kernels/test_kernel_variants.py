@@ -228,6 +228,38 @@ def test_moe_down_ws_refuses_what_it_does_not_do(monkeypatch):
         moe_down_ws.launch(act, half, out, stage, {}, None, None, 1, 0, 2, 0, cfg, 1)
 
 
+def test_cta_stage0_ws_refuses_what_it_does_not_do(monkeypatch):
+    """CTA stage 0's Gluon forms run the GELU stages they implement and nothing else: under the interpreter, SwiGLU,
+    the peer transport or pointer stores, split-K runs, chunks or a tail its tiles do not divide, float32, an unknown
+    form: an error from ``launch_stage0``; ``stage0_form`` (the op's choice) takes ``knobs.cta.STAGE0_FORM`` only on a
+    GPU where it applies."""
+    from overlap_backend.codegen import cta, cta_ws, launcher
+
+    bf16 = torch.bfloat16
+    x = torch.zeros(300, 512, dtype=bf16)
+    ok = dict(act=cta.ACT_GELU_TANH, staged=True, tma_store=True, split_k=1, kchunk=512, fship=2048)
+    assert "interpreter" in cta_ws.unsupported("ws_pingpong", x, 2048, **ok)
+    with pytest.raises(ValueError, match="interpreter"):
+        cta.launch_stage0(x, torch.zeros(512, 2048, dtype=bf16), None, None, None, torch.zeros(8, dtype=bf16), None,
+                          None, None, None, None, 0, 512, 4, 0, 1, 1, cta.ACT_GELU, (128, 256, 64, 8, 3, 8), 1,
+                          tma_store=True, form="ws_coop")
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)
+    for form in cta_ws.FORMS:
+        assert cta_ws.unsupported(form, x, 2048, **ok) is None
+        assert cta_ws.config(form, (128, 256, 64, 8, 3, 8))[:4:3] == (128, 8), "the plan's row blocks and groups"
+    assert "SwiGLU" in cta_ws.unsupported("ws_pingpong", x, 2048, **{**ok, "act": cta.ACT_SWIGLU})
+    assert "copy-engine" in cta_ws.unsupported("ws_pingpong", x, 2048, **{**ok, "staged": False})
+    assert "copy-engine" in cta_ws.unsupported("ws_pingpong", x, 2048, **{**ok, "tma_store": False})
+    assert "split-K" in cta_ws.unsupported("ws_pingpong", x, 2048, **{**ok, "split_k": 2})
+    assert "K-chunks" in cta_ws.unsupported("ws_coop", x, 2048, **{**ok, "kchunk": 384})  # 256-column tiles
+    assert cta_ws.unsupported("ws_pingpong", x, 2048, **{**ok, "kchunk": 384}) is None  # 128-column tiles
+    assert "tail" in cta_ws.unsupported("ws_coop", x, 2048, **{**ok, "fship": 1920})
+    assert "16-bit" in cta_ws.unsupported("ws_coop", x.float(), 2048, **ok)
+    assert "store field" in cta_ws.unsupported("tma_ws", x, 2048, **ok)
+    with knobs.cta.patch(STAGE0_FORM="ws_coop"):
+        assert cta.stage0_form(x, 2048, cta.ACT_GELU, True, True, 1, 512, 2048) is None, "not on a CPU tensor"
+
+
 def test_moe_down_tunes_over_a_measured_variant():
     """The MoE down GEMM's candidates take the kernel benchmark's fastest variant near the shape (its Gluon forms
     are bench variants), once; the gate/up GEMM's and the knob's candidates stay as they are."""
