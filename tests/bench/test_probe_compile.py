@@ -75,12 +75,11 @@ def test_ag_mm_ws_is_warp_specialized_without_spills(args):
     ("moe_down_ws", ()),
     ("moe_down_ws", ("--set", "COOP=True", "--set", "BN=256", "--set", "STAGES=3", "--set", "B_KMAJOR=True",
                      "--set", "EXPERT_MAJOR=True")),
-    ("moe_down_ws", ("--set", "BM=64", "--set", "BN=256", "--set", "STAGES=4", "--set", "EXPERT_MAJOR=True")),
     ("cta_stage0_ws", ("--epilogue", "gelu_tanh")),
     ("cta_stage0_ws", ("--epilogue", "bias:0,gelu", "--set", "COOP=True", "--set", "BN=256", "--set", "STAGES=3",
                        "--set", "WAIT_READY=True", "--set", "TP=2")),
 ], ids=["ag_plain", "ag_pieces", "ag_coop_pieces", "rs_sum_pieces", "moe_down_pingpong", "moe_down_coop_kmajor",
-        "moe_down_pingpong_64_rows", "cta_stage0_pingpong_gelu_tanh", "cta_stage0_coop_bias_gelu_ready"])
+        "cta_stage0_pingpong_gelu_tanh", "cta_stage0_coop_bias_gelu_ready"])
 def test_gluon_tma_copies_read_fenced_memory(kernel, args):
     """Every TMA store of the Gluon kernels follows the writers' proxy fence and then the partition barrier (the
     other order let a warp's store read another warp's writes before that warp's fence: stale tiles), and every
