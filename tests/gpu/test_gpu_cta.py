@@ -143,6 +143,16 @@ def cta_worker(rank: int, ws: int, device: str):
         x, w1, b1, w3, b3, w2, b2 = args
         return op(x, w1, b1, w3, b3, w2, b2, act, approximate, stages, group.group_name, "symm")
 
+    def checked_call(args, act, approximate, dtype, label):
+        """A call against the float32 reference: its error reported, a wrong or rank-dependent result noted."""
+        out = call(args, act, approximate)
+        err = _rel_err(out, _reference(args, act, approximate, group))
+        report.append(f"{label}: rel err {err:.2e}")
+        if not err <= _tol(dtype):
+            bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
+        if not _same_on_every_rank(out, group):
+            bad.append(f"rank {rank}: {label}: the ranks' results differ")
+
     from overlap_backend.codegen import cta
     from overlap_backend.runtime import cta_plan
     from overlap_backend.spec import knobs
@@ -160,16 +170,10 @@ def cta_worker(rank: int, ws: int, device: str):
         _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
         args = _shards(ws, M, H, F, N, act, bias, dtype, device)
         before = lowering_helpers.PATHS["cta_pipeline_mlp:symm"]
-        out = call(args, act, approximate)
-        err = _rel_err(out, _reference(args, act, approximate, group))
         label = f"M={M} H={H} F={F} N={N} {act}/{approximate} bias={bias} {dtype}"
-        report.append(f"{label}: rel err {err:.2e}")
+        checked_call(args, act, approximate, dtype, label)
         if lowering_helpers.PATHS["cta_pipeline_mlp:symm"] != before + 1:
             bad.append(f"rank {rank}: {label} did not run on the symm kernels ({dict(lowering_helpers.PATHS)})")
-        if not err <= _tol(dtype):
-            bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
-        if not _same_on_every_rank(out, group):
-            bad.append(f"rank {rank}: {label}: the ranks' results differ")
 
     if not last_group_tails and ws <= 4:
         bad.append(f"rank {rank}: no case had several row groups and a tail (the last group's)")
@@ -211,15 +215,8 @@ def cta_worker(rank: int, ws: int, device: str):
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
-                args = _shards(ws, M, H, F, N, act, bias, dtype, device)
-                out = call(args, act, approximate)
-                err = _rel_err(out, _reference(args, act, approximate, group))
-                label = f"{other}: M={M} H={H} F={F} N={N} {act} bias={bias} {dtype}"
-                report.append(f"{label}: rel err {err:.2e}")
-                if not err <= _tol(dtype):
-                    bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
-                if not _same_on_every_rank(out, group):
-                    bad.append(f"rank {rank}: {label}: the ranks' results differ")
+                checked_call(_shards(ws, M, H, F, N, act, bias, dtype, device), act, approximate, dtype,
+                             f"{other}: M={M} H={H} F={F} N={N} {act} bias={bias} {dtype}")
         if not changed and ws <= 2:
             bad.append(f"rank {rank}: {setting}={not default}: no case had {what}")
 
@@ -236,15 +233,8 @@ def cta_worker(rank: int, ws: int, device: str):
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
                 for i in range(2):
                     before = lowering_helpers.PATHS[f"cta_pipeline_mlp:symm:stage0_{form}"]
-                    args = _shards(ws, M, H, F, N, act, bias, dtype, device)
-                    out = call(args, act, approximate)
-                    err = _rel_err(out, _reference(args, act, approximate, group))
-                    label = f"STAGE0_FORM={form} call {i}: M={M} H={H} F={F} N={N} {act}/{approximate} bias={bias}"
-                    report.append(f"{label}: rel err {err:.2e}")
-                    if not err <= _tol(dtype):
-                        bad.append(f"rank {rank}: {label}: rel err {err:.3e}")
-                    if not _same_on_every_rank(out, group):
-                        bad.append(f"rank {rank}: {label}: the ranks' results differ")
+                    checked_call(_shards(ws, M, H, F, N, act, bias, dtype, device), act, approximate, dtype,
+                                 f"STAGE0_FORM={form} call {i}: M={M} H={H} F={F} N={N} {act}/{approximate} bias={bias}")
                     ran += lowering_helpers.PATHS[f"cta_pipeline_mlp:symm:stage0_{form}"] - before
         if not ran and ws <= 2:
             bad.append(f"rank {rank}: STAGE0_FORM={form}: no stage 0 ran in it")
