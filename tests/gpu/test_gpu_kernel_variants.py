@@ -495,10 +495,15 @@ def _moe_down_case(device, ws, rank, experts, h, f, recv, expert_major, seed):
     return pl, act, off, counts, starts, srows, ref
 
 
-@pytest.mark.parametrize("cfg", MOE_GLUON, ids=_label)
-@pytest.mark.parametrize("k_major", [False, True], ids=["kxn", "kmajor"])
-@pytest.mark.parametrize("expert_major,grid", [(False, 132), (False, 7), (True, 132)],
-                         ids=["remote_first", "remote_first_7ctas", "expert_major"])
+# (form, weights K-major, expert-major order, CTAs): each form in both weight layouts and both orders, one
+# compilation per case (each a Gluon compilation of some 25 s)
+MOE_GLUON_CASES = [(MOE_GLUON[0], False, False, 132), (MOE_GLUON[0], True, True, 132), (MOE_GLUON[1], False, False, 7),
+                   (MOE_GLUON[1], True, True, 132), (MOE_GLUON[2], False, True, 132), (MOE_GLUON[2], True, False, 7)]
+
+
+@pytest.mark.parametrize("cfg,k_major,expert_major,grid", MOE_GLUON_CASES,
+                         ids=[f"{_label(c)}-{'kmajor' if k else 'kxn'}-{'expert_major' if e else 'remote_first'}-{g}ctas"
+                              for c, k, e, g in MOE_GLUON_CASES])
 def test_moe_down_ws_scatters_and_counts(cfg, k_major, expert_major, grid, device):
     """The MoE down GEMM's Gluon forms, launched phase by phase as the op does: own rows into ``out`` at their send
     position, remote rows into the staging buffer at their received position (full tiles of consecutive rows by
@@ -541,10 +546,11 @@ def test_moe_down_ws_scatters_and_counts(cfg, k_major, expert_major, grid, devic
 
 
 # CTA stage 0's warp-specialized Gluon forms (codegen/cta_ws.py)
-@pytest.mark.parametrize("form", ["ws_pingpong", "ws_coop"])
-@pytest.mark.parametrize("act,bias,tail,first_at_once", [("gelu_tanh", False, False, True), ("gelu", True, True, False),
-                                                         ("gelu_tanh", True, True, True)],
-                         ids=["tanh_all_shipped", "erf_bias_tail", "tanh_bias_tail_first_group_at_once"])
+@pytest.mark.parametrize("form,act,bias,tail,first_at_once", [
+    ("ws_pingpong", "gelu_tanh", False, False, True), ("ws_pingpong", "gelu", True, True, False),
+    ("ws_coop", "gelu", True, True, False), ("ws_coop", "gelu_tanh", True, True, True),
+], ids=["pingpong_tanh_all_shipped", "pingpong_erf_bias_tail", "coop_erf_bias_tail",
+        "coop_tanh_bias_tail_first_group_at_once"])
 def test_cta_stage0_ws_stages_blocks_and_counts(form, act, bias, tail, first_at_once, device):
     """CTA stage 0 in a Gluon form, on the copy-engine transport: each shipped tile in its K-chunk's block of the
     staging buffer (rows past M in the block's padding), the tail group's last columns into ``keep``, every shipped
