@@ -63,12 +63,13 @@ KERNELS = {
                    PEERS_BY_COLUMN=False, COOP=False, EP_VALUES=0),
         data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "N", "K", "band_rows"}),
-    "mm_rs_ws": dict(  # a Gluon kernel, as ag_mm_ws
+    "mm_rs_ws": dict(  # a Gluon kernel, as ag_mm_ws (--set WRITE_GATHER=True: mm_ar's rounds)
         const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
-                   TIMED=True, EP_VALUES=32, DIRECT=False),
-        data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
+                   TIMED=True, EP_VALUES=32, DIRECT=False, WRITE_GATHER=False),
+        data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "gather_ptr", "out_ptr", "ep0", "ep1", "ep2",
+              "ep3"},
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "ticket_ptr", "claim_ptr", "report_ptr"},
-        wide={"timeout_ns"}, sizes={"rows", "N", "K", "out_rows", "band_rows"}),
+        wide={"timeout_ns"}, sizes={"M", "rows", "N", "K", "out_round_stride", "out_rows", "band_rows"}),
     "mm_rs": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
                    WRITE_GATHER=False, PRECISION=None, TIMED=True, PEER_STORE=False, TMA=True, INTERPRET=False,

@@ -14,7 +14,8 @@ from bench.tools import common
 def mm_ar_configs(dt: torch.dtype, M: int, ws: int) -> tuple[int, int, list, list]:
     """(rounds, rows per chunk and round, the op's candidates, bench-only variants) of ``mm_ar``'s rounds kernel as
     the op tunes it on the copy-engine transport (``runtime/symm/mm_ar``): TMA variants where
-    ``knobs.symm.AR_TMA`` is on and BM divides the rows; ``mm_rs``'s variants but its Gluon forms (no rounds)."""
+    ``knobs.symm.AR_TMA`` is on and BM divides the rows; ``mm_rs``'s variants, its Gluon forms where BM divides the
+    rows (they store by TMA whatever ``AR_TMA`` says)."""
     from overlap_backend.codegen import configs
     from overlap_backend.runtime.symm.mm_ar import _mm_ar_rounds_layout, ar_candidates
     from overlap_backend.spec import knobs
@@ -23,6 +24,7 @@ def mm_ar_configs(dt: torch.dtype, M: int, ws: int) -> tuple[int, int, list, lis
     op = ar_candidates(dt, rows, knobs.symm.AR_TMA, variants=False)
     tma_rows = rows if knobs.symm.AR_TMA != "off" else None
     var = [c for c in configs.variant_candidates(dt, "mm_rs", tma_store_rows=tma_rows) if c[6] not in configs.GLUON_STORES]
+    var += [c for c in configs.variant_candidates(dt, "mm_rs", tma_store_rows=rows) if c[6] in configs.GLUON_STORES]
     return rounds, rows, op, var
 
 

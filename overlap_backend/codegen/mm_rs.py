@@ -388,10 +388,10 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     if config[6] in GLUON_STORES:  # the warp-specialized Gluon kernel (Hopper; imported only where it runs)
         from . import mm_rs_ws
 
-        return mm_rs_ws.launch(a, b, bias, stage, recv, out, counters, done, recv_flags, ticket, epoch, status,
-                               timeout_ns, rank, ws, rows, run, rounds, out_offset, average, band_rows, config,
-                               num_sms, timed, epilogue, ep_ptrs, write_gather=gather is not None,
-                               peer_store=peer is not None)
+        return mm_rs_ws.launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status,
+                               timeout_ns, rank, ws, rows, run, rounds, out_round_stride, out_offset, average,
+                               band_rows, config, num_sms, timed, epilogue, ep_ptrs, peer_store=peer is not None,
+                               copy_out=gathered is not None)
     fn, ptrs = epilogue_fn(epilogue, ep_ptrs, a.dtype, out)
     M, K = a.shape
     N = b.shape[1]

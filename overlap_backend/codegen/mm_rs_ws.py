@@ -1,8 +1,9 @@
 """``mm_rs`` producer, warp-specialized (Gluon, Hopper): ``mm_rs_kernel``'s tiles, ticket order, staging, band
 counting and own-chunk reduction, in three partitions instead of one loop, so that the next tiles' loads run
 during a tile's epilogue and one MMA warpgroup's epilogue during the other's main loop (the config's store field
-``ws_pingpong`` or ``ws_pingpong_direct``; ``codegen/gluon_ring.py`` has the ring). ``mm_rs`` with TMA stores only: one round of contiguous
-chunks whose rows a tile divides, on the copy-engine transport (``mm_rs.tma_ok``).
+``ws_pingpong`` or ``ws_pingpong_direct``; ``codegen/gluon_ring.py`` has the ring). With TMA stores only: contiguous
+chunks whose rows a tile divides, on the copy-engine transport (``mm_rs.tma_ok``); ``mm_ar``'s rounds too, each
+round's own tiles also stored into the gather region and counted for the all-gather (``WRITE_GATHER``).
 
 - The loader (1 warp) draws the tiles from the atomic ticket (the remote chunks rank+1, rank+2, ... first, the own
   chunk last; a CTA that is not resident holds no tile a peer waits for), hands each tile's number to its MMA
@@ -18,13 +19,14 @@ chunks whose rows a tile divides, on the copy-engine transport (``mm_rs.tma_ok``
 - The own tile's epilogue runs on pieces of the tile in shared memory, in a loop (``gluon_ring.epilogue_in_pieces``,
   ``knobs.codegen.GLUON_EPILOGUE_VALUES`` values a thread): the accumulator (+ bias) is rounded to the GEMM's dtype
   into the store buffer, then each piece adds the peers' partials (float32), averages, runs the generated
-  epilogue and goes back, and the tile leaves by one TMA store. The own partial is rounded before the sum, as the
-  unfused graph's GEMM output is (``mm_rs_kernel`` sums the float32 accumulator).
+  epilogue and goes back, and the tile leaves by one TMA store (``mm_ar``: two, into ``out`` and into its slot of
+  the gather region, then counted once both completed). The own partial is rounded before the sum, as the unfused
+  graph's GEMM output is (``mm_rs_kernel`` sums the float32 accumulator).
 
 A wait that gives up claims the report as ``mm_rs_kernel``'s does; the kernel finishes and the host raises. What it
-does not do (``launch`` raises ``ValueError``; ``mm_rs``'s other variants do): ``mm_ar`` (rounds, gather),
-peer stores, chunks that are not contiguous or whose rows a tile does not divide, float32, an output of another
-dtype than the GEMM's, the cooperative form.
+does not do (``launch`` raises ``ValueError``; ``mm_rs``'s other variants do): ``mm_ar``'s copy tiles
+(``knobs.symm.AR_KERNEL_COPY_OUT``), peer stores, chunks that are not contiguous or whose rows a tile does not
+divide, float32, an output of another dtype than the GEMM's, the cooperative form.
 """
 
 import torch
@@ -34,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import launcher
 from .epilogue import epilogue_fn
-from .flags import OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
+from .flags import OP_MM_AR, OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
 from .gluon_ring import (WARPS, acc_layout, allocate_ring, b_descriptor, epilogue_in_pieces, epilogue_values,
                          finish_tile, load_stage, mma_tile, partition_barrier, partition_descriptor, refusal,
                          shared_to_tma, slice_cols, slice_layout, store_tile, tma_store)
@@ -69,28 +71,40 @@ def _take_id(ids, id_ready, id_empty, i):
 
 
 @gluon.jit
-def _load_tiles(a_ptr, b_ptr, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows, N, K,
-                WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-                B_KMAJOR: gl.constexpr):
+def _round_of(tile, per_round, ROUNDS: gl.constexpr):
+    """The round of ticket ``tile`` (``ROUNDS``: ``mm_ar``'s rounds; ``mm_rs`` has one, 0 at compile time: no
+    register spent on it, which ptxas spilled for at 8 ranks)."""
+    if ROUNDS:
+        rnd = tile // per_round
+    else:
+        rnd = 0
+    return rnd
+
+
+@gluon.jit
+def _load_tiles(a_ptr, b_ptr, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, M, rows, N, K,
+                rounds, WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+                B_KMAJOR: gl.constexpr, ROUNDS: gl.constexpr):
     """The loader partition: every tile this CTA draws, its number to its warpgroup and its K-chunks to the ring. It
     makes its TMA descriptors itself (``gluon_ring.partition_descriptor``)."""
-    a_desc = partition_descriptor(a_ptr, WS * rows, K, BM, BK)
+    a_desc = partition_descriptor(a_ptr, M, K, BM, BK)  # (the last round's rows past M: TMA's zeros)
     b_desc = b_descriptor(b_ptr, N, K, BN, BK, B_KMAJOR)
     tiles_m = gl.cdiv(rows, BM)
     tiles_n = gl.cdiv(N, BN)
     per_chunk = tiles_m * tiles_n
-    num_tiles = WS * per_chunk
+    num_tiles = rounds * WS * per_chunk
     k_iters = gl.cdiv(K, BK)
     p = 0
     i = 0
     tile = gl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     while tile < num_tiles:
-        chunk = (rank + 1 + tile // per_chunk) % WS
+        rnd = _round_of(tile, WS * per_chunk, ROUNDS)
+        chunk = (rank + 1 + (tile // per_chunk) % WS) % WS
         pid_m, pid_n = grouped_tile(tile % per_chunk, tiles_m, tiles_n, GROUP_M)
         _put_id(ids, id_ready, id_empty, i, tile)
         for ki in range(k_iters):
-            p = load_stage(a_desc, chunk * rows + pid_m * BM, b_desc, pid_n * BN, ki * BK, a_bufs, b_bufs, ready,
-                           empty, p, B_KMAJOR)
+            p = load_stage(a_desc, (rnd * WS + chunk) * rows + pid_m * BM, b_desc, pid_n * BN, ki * BK, a_bufs,
+                           b_bufs, ready, empty, p, B_KMAJOR)
         i += 1
         tile = gl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     _put_id(ids, id_ready, id_empty, i, -1)  # one end mark for each warpgroup
@@ -126,29 +140,34 @@ def _stage_direct(acc, c_buf, bias_ptr, stage_ptr, row0, col0, N, HAS_BIAS: gl.c
 
 @gluon.jit
 def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_ptr, out_ptr,
-               bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-               rank, rows, N, K, out_rows, nbands, band_rows, ep0, ep1, ep2, ep3,
-               WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+               bias_ptr, recv_ptr, gather_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
+               timeout_ns, rank, rows, N, K, rounds, out_round_stride, out_offset, out_rows, nbands, band_rows, ep0, ep1,
+               ep2, ep3, WS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
                ME: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr,
-               EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_VALUES: gl.constexpr, DIRECT: gl.constexpr):
+               EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_VALUES: gl.constexpr, DIRECT: gl.constexpr,
+               WRITE_GATHER: gl.constexpr):
     """MMA warpgroup ``ME`` (0 or 1): the CTA's tiles ME, ME + 2, ... (its i-th tile is ring positions
     [i * k_iters, (i + 1) * k_iters)), each main loop in its turn, then the remote tile staged and counted or the
     own tile reduced and stored. It makes its TMA descriptors itself (``gluon_ring.partition_descriptor``)."""
-    stage_desc = partition_descriptor(stage_ptr, WS * rows, N, BM, BN)
+    stage_desc = partition_descriptor(stage_ptr, rounds * WS * rows, N, BM, BN)
     out_desc = partition_descriptor(out_ptr, out_rows, N, BM, BN)
+    gather_desc = partition_descriptor(gather_ptr, rounds * WS * rows, N, BM, BN)
     tiles_m = gl.cdiv(rows, BM)
     tiles_n = gl.cdiv(N, BN)
     per_chunk = tiles_m * tiles_n
     k_iters = gl.cdiv(K, BK)
     band_tile_rows = band_rows // BM
+    OP: gl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS  # (the op a wait that gives up reports)
     c_buf = c_bufs.index(ME)
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout(BN))
-    waited = -1  # this warpgroup saw every peer's partial of the bands up to this one
+    waited = -1  # this warpgroup saw every peer's partial of the (round, band)s up to this one
     i = ME
     tile = _take_id(ids, id_ready, id_empty, i)
     while tile >= 0:
-        pos = tile // per_chunk
+        rnd = _round_of(tile, WS * per_chunk, WRITE_GATHER)
+        pos = (tile // per_chunk) % WS
         chunk = (rank + 1 + pos) % WS
+        slot = rnd * WS + chunk
         pid_m, pid_n = grouped_tile(tile % per_chunk, tiles_m, tiles_n, GROUP_M)
         # warpgroup 0 goes first: on a fresh barrier a wait for the parity before phase 0 passes at once
         mbarrier.wait(turn.index(ME), ((i // 2) & 1) ^ (1 - ME))
@@ -156,24 +175,25 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
         mbarrier.arrive(turn.index(1 - ME))
         acc = finish_tile(acc, empty, p)
         band = pid_m // band_tile_rows
+        index = slot * nbands + band
+        tiles_in_band = gl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n
         if pos < WS - 1:
-            index = chunk * nbands + band
-            tiles_in_band = gl.minimum(band_tile_rows, tiles_m - band * band_tile_rows) * tiles_n
             if DIRECT:
-                _stage_direct(acc, c_buf, bias_ptr, stage_ptr, chunk * rows + pid_m * BM, pid_n * BN, N, HAS_BIAS,
+                _stage_direct(acc, c_buf, bias_ptr, stage_ptr, slot * rows + pid_m * BM, pid_n * BN, N, HAS_BIAS,
                               EP_VALUES)
                 count_tile_done(counters_ptr + index, done_ptr + index, tiles_in_band, epoch)
             else:
-                store_tile(acc, stage_desc, c_buf, bias_ptr, chunk * rows + pid_m * BM, pid_n * BN, N, ep0, ep1, ep2,
+                store_tile(acc, stage_desc, c_buf, bias_ptr, slot * rows + pid_m * BM, pid_n * BN, N, ep0, ep1, ep2,
                            ep3, HAS_BIAS, IDENTITY, 0)
                 count_bulk_stored(counters_ptr, done_ptr, index, 1, tiles_in_band, epoch, False)
         else:
-            if band > waited:  # a warpgroup's own tiles come in increasing band order
+            key = rnd * nbands + band
+            if key > waited:  # a warpgroup's own tiles come in increasing (round, band) order
                 for q in range(1, WS):
-                    flag = ((rank + q) % WS) * nbands + band
-                    wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP_MM_RS, rank, flag, nbands,
+                    flag = (rnd * WS + (rank + q) % WS) * nbands + band
+                    wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP, rank, flag, nbands,
                               timeout_ns, TIMED)
-                waited = band
+                waited = key
             offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
             if HAS_BIAS:
                 bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
@@ -181,10 +201,14 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
             tma.store_wait(0)  # the last store from c_buf has read it ...
             partition_barrier()  # ... before any thread overwrites it
             c_buf.store(acc.to(c_buf.dtype))
-            epilogue_in_pieces(c_buf, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES, recv_ptr,
-                               rank, rows, WS, AVERAGE)
+            # (this round's partials: rows rnd * WS * rows + peer * rows + ... of recv)
+            epilogue_in_pieces(c_buf, pid_m * BM, pid_n * BN, N, ep0, ep1, ep2, ep3, EPILOGUE, EP_VALUES,
+                               recv_ptr + (rnd * WS * rows).to(gl.int64) * N, rank, rows, WS, AVERAGE)
             shared_to_tma()
-            tma_store(out_desc, [pid_m * BM, pid_n * BN], c_buf)
+            tma_store(out_desc, [rnd * out_round_stride + out_offset + pid_m * BM, pid_n * BN], c_buf)
+            if WRITE_GATHER:  # mm_ar: the reduced tile is also this rank's part of the round's all-gather
+                tma_store(gather_desc, [slot * rows + pid_m * BM, pid_n * BN], c_buf)
+                count_bulk_stored(counters_ptr, done_ptr, index, 1, tiles_in_band, epoch, False)
         i += 2
         tile = _take_id(ids, id_ready, id_empty, i)
     tma.store_wait(0)  # no exit while a TMA store still reads this CTA's shared memory
@@ -192,13 +216,13 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
 
 @gluon.jit(do_not_specialize=["epoch"])  # per-call values: see launcher.py
 def mm_rs_ws_kernel(
-    a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, out_ptr,
+    a_ptr, b_ptr, bias_ptr, stage_ptr, recv_ptr, gather_ptr, out_ptr,
     counters_ptr, done_ptr, recv_flags_ptr, ticket_ptr, epoch, claim_ptr, report_ptr, timeout_ns,
-    rank, rows, N, K, out_rows, band_rows, nbands, ep0, ep1, ep2, ep3,
+    rank, M, rows, N, K, rounds, out_round_stride, out_offset, out_rows, band_rows, nbands, ep0, ep1, ep2, ep3,
     EPILOGUE: gl.constexpr, IDENTITY: gl.constexpr, EP_VALUES: gl.constexpr, WS: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr,
-    HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr, DIRECT: gl.constexpr, MMA_REGS: gl.constexpr,
-    LOAD_REGS: gl.constexpr,
+    HAS_BIAS: gl.constexpr, AVERAGE: gl.constexpr, TIMED: gl.constexpr, DIRECT: gl.constexpr,
+    WRITE_GATHER: gl.constexpr, MMA_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
 ):
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     a_bufs, b_bufs, c_bufs, ready, empty, turn = allocate_ring(dtype, dtype, STAGES, BM, BN, BK, 1, B_KMAJOR)
@@ -211,15 +235,17 @@ def mm_rs_ws_kernel(
     # (argument tuples written out in place: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_ptr, out_ptr,
-                      bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
-                      timeout_ns, rank, rows, N, K, out_rows, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK,
-                      GROUP_M, 0, B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_VALUES, DIRECT)),
+                      bias_ptr, recv_ptr, gather_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr,
+                      report_ptr, timeout_ns, rank, rows, N, K, rounds, out_round_stride, out_offset, out_rows, nbands,
+                      band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 0, B_KMAJOR, HAS_BIAS, AVERAGE, TIMED,
+                      EPILOGUE, IDENTITY, EP_VALUES, DIRECT, WRITE_GATHER)),
         (_mma_tiles, (a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_empty, stage_ptr, out_ptr,
-                      bias_ptr, recv_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr,
-                      timeout_ns, rank, rows, N, K, out_rows, nbands, band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK,
-                      GROUP_M, 1, B_KMAJOR, HAS_BIAS, AVERAGE, TIMED, EPILOGUE, IDENTITY, EP_VALUES, DIRECT)),
-        (_load_tiles, (a_ptr, b_ptr, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, rows,
-                       N, K, WS, BM, BN, BK, GROUP_M, B_KMAJOR)),
+                      bias_ptr, recv_ptr, gather_ptr, counters_ptr, done_ptr, recv_flags_ptr, epoch, claim_ptr,
+                      report_ptr, timeout_ns, rank, rows, N, K, rounds, out_round_stride, out_offset, out_rows, nbands,
+                      band_rows, ep0, ep1, ep2, ep3, WS, BM, BN, BK, GROUP_M, 1, B_KMAJOR, HAS_BIAS, AVERAGE, TIMED,
+                      EPILOGUE, IDENTITY, EP_VALUES, DIRECT, WRITE_GATHER)),
+        (_load_tiles, (a_ptr, b_ptr, a_bufs, b_bufs, ready, empty, ids, id_ready, id_empty, ticket_ptr, rank, M,
+                       rows, N, K, rounds, WS, BM, BN, BK, GROUP_M, B_KMAJOR, WRITE_GATHER)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
 
 
@@ -231,33 +257,32 @@ MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 STORES = ("ws_pingpong", "ws_pingpong_direct")
 
 
-def unsupported(rows: int, run: int, rounds: int, config, dtype: torch.dtype, out_dtype: torch.dtype,
-                write_gather: bool, peer_store: bool, out_offset: int = 0) -> str | None:
-    """Why ``launch`` cannot run ``config`` (None: it can)."""
+def unsupported(rows: int, run: int, config, dtype: torch.dtype, out_dtype: torch.dtype, peer_store: bool,
+                copy_out: bool = False) -> str | None:
+    """Why ``launch`` cannot run ``config`` (None: it can); ``copy_out``: ``mm_ar``'s copy tiles are asked for."""
     BM, warps, store = config[0], config[5], config[6]
     why = refusal(store, STORES, warps, dtype)
     if why:
         return why
     if out_dtype != dtype:
         return f"an output of the GEMM's dtype only, not {out_dtype}"
-    if write_gather or peer_store:
-        return "mm_rs on the copy-engine transport only (no gather, no peer stores)"
-    if rounds != 1 or run != rows or rows % BM or out_offset:
-        return (f"TMA stores need one round of contiguous chunks whose rows ({rows}, runs of {run}) BM={BM} divides, "
-                f"at the output's first row (offset {out_offset})")
+    if peer_store or copy_out:
+        return "the copy-engine transport only (no peer stores, no copy tiles)"
+    if run != rows or rows % BM:
+        return f"TMA stores need contiguous chunks whose rows ({rows}, runs of {run}) BM={BM} divides"
     return None
 
 
-def launch(a, b, bias, stage, recv, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns, rank, ws,
-           rows, run, rounds, out_offset, average, band_rows, config, num_sms, timed=True, epilogue=None, ep_ptrs=(),
-           write_gather=False, peer_store=False):
-    """``mm_rs.launch``'s contract for a ``ws_pingpong`` / ``ws_pingpong_direct`` config (``write_gather``,
-    ``peer_store``: whether ``mm_rs.launch`` has a gather buffer, peer stores); see ``unsupported`` for what it
-    refuses."""
+def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns, rank,
+           ws, rows, run, rounds, out_round_stride, out_offset, average, band_rows, config, num_sms, timed=True,
+           epilogue=None, ep_ptrs=(), peer_store=False, copy_out=False):
+    """``mm_rs.launch``'s contract for a ``ws_pingpong`` / ``ws_pingpong_direct`` config (``gather``: ``mm_ar``'s
+    gather region, None for ``mm_rs``; ``peer_store``, ``copy_out``: whether ``mm_rs.launch`` has peer stores, copy
+    tiles); see ``unsupported`` for what it refuses."""
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, _warps, store = config
-    why = unsupported(rows, run, rounds, config, a.dtype, out.dtype, write_gather, peer_store, out_offset)
+    why = unsupported(rows, run, config, a.dtype, out.dtype, peer_store, copy_out)
     if why:
         raise ValueError(f"mm_rs's {store} kernel: {why}")
     if band_rows % BM:
@@ -265,14 +290,17 @@ def launch(a, b, bias, stage, recv, out, counters, done, recv_flags, ticket, epo
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     fn, ptrs = epilogue_fn(epilogue, ep_ptrs, a.dtype, out)
     identity, _ = epilogue_fn(None, (), a.dtype, out)
-    grid = launcher.Persistent(ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN), num_sms, 1)
+    grid = launcher.Persistent(rounds * ws * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN), num_sms, 1)
     launcher.launch(mm_rs_ws_kernel, grid,
-        a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv, out,
+        a, b.t() if b_kmajor else b, bias if bias is not None else out, stage, recv,
+        gather if gather is not None else stage, out,
         counters, done, recv_flags, ticket, epoch, *status, timeout_ns,
-        rank, rows, N, K, out.shape[0], band_rows, max(1, launcher.cdiv(rows, band_rows)), *ptrs,
+        rank, M, rows, N, K, rounds, out_round_stride, out_offset, out.shape[0], band_rows,
+        max(1, launcher.cdiv(rows, band_rows)), *ptrs,
         EPILOGUE=fn, IDENTITY=identity, EP_VALUES=epilogue_values(), WS=ws, BM=BM, BN=BN, BK=BK,
         GROUP_M=max(1, min(GROUP_M, band_rows // BM)), STAGES=stages, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
-        AVERAGE=average, TIMED=timed, DIRECT=store == "ws_pingpong_direct", MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,
+        AVERAGE=average, TIMED=timed, DIRECT=store == "ws_pingpong_direct", WRITE_GATHER=gather is not None,
+        MMA_REGS=MMA_REGS, LOAD_REGS=LOAD_REGS,
         num_warps=WARPS, maxnreg=MAXNREG,
     )
     return out

@@ -607,3 +607,61 @@ def test_cta_stage0_ws_stages_blocks_and_counts(form, act, bias, tail, first_at_
                 ships = g != tail_group or j * kchunk < fship
                 assert done[g * nch + j].item() == (EPOCH + call if ships else 0), (g, j)
         assert counters[:groups * nch].eq(0).all(), "counters reset for the next call"
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_partials"])
+def test_mm_ar_ws_rounds_reduce_and_gather(late, device):
+    """mm_ar's rounds on mm_rs's Gluon producer: each round's remote chunks staged, its own chunk reduced with the
+    peers' partials (late: they land ~10 ms after the launch, NaN until then) into ``out`` at the rank's rows of the
+    round and into its slot of the gather region, every band of every (round, chunk) counted to its done flag, the
+    last round shorter than the others (rows past M), the ticket reset."""
+    from overlap_backend.codegen import mm_rs
+
+    ws, rows, rounds, K, N, rank, band_rows = 4, 512, 2, 512, 1984, 1, 256
+    M = rounds * ws * rows - 200
+    torch.manual_seed(0)
+    a = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+    w = torch.randn(K, N, device=device, dtype=torch.bfloat16) * K**-0.5
+    peers = torch.randn(rounds * ws * rows, N, device=device, dtype=torch.bfloat16)  # slot t*ws + p: peer p's partial
+    recv, stage, gather = (torch.full((rounds * ws * rows, N), float("nan"), device=device, dtype=torch.bfloat16)
+                           for _ in range(3))
+    out = torch.full((M, N), float("nan"), device=device, dtype=torch.bfloat16)
+    nbands = -(-rows // band_rows)
+    flags = torch.full((rounds * ws * nbands,), EPOCH - 1 if late else EPOCH, device=device, dtype=torch.int32)
+    counters, done = (torch.zeros(rounds * ws * nbands, device=device, dtype=torch.int32) for _ in range(2))
+    ticket = torch.zeros(1, device=device, dtype=torch.int32)
+    status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
+    if not late:
+        recv.copy_(peers)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    if late:
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)
+            recv.copy_(peers)
+            flags.fill_(EPOCH)
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
+    mm_rs.launch(a, w, None, stage, recv, gather, out, counters, done, flags, ticket, EPOCH, status, 10**10, rank, ws,
+                 rows, rows, rounds, ws * rows, rank * rows, False, band_rows, RS_GLUON, num_sms)
+    torch.cuda.synchronize()
+    full = a.float() @ w.float()
+    errs = []
+    for t in range(rounds):
+        for c in range(ws):
+            lo = t * ws * rows + c * rows  # the chunk's first row of A (and of out)
+            n = max(0, min(rows, M - lo))
+            if not n:
+                continue
+            slot = (t * ws + c) * rows
+            if c != rank:
+                errs.append(((stage[slot:slot + n].float() - full[lo:lo + n]).norm() / full[lo:lo + n].norm()).item())
+                continue
+            ref = full[lo:lo + n] + sum(peers[(t * ws + p) * rows:(t * ws + p) * rows + n].float()
+                                        for p in range(ws) if p != rank)
+            errs.append(((out[lo:lo + n].float() - ref).norm() / ref.norm()).item())
+            errs.append(((gather[slot:slot + n].float() - ref).norm() / ref.norm()).item())
+    print(f"mm_ar ws_pingpong rounds={rounds} {'late' if late else 'set'}: rel errs {max(errs):.2e} (max of {len(errs)})")
+    assert status[0].item() == 0, "a wait gave up"
+    assert max(errs) < 1e-2, errs
+    assert done.eq(EPOCH).all(), "every band of every (round, chunk) counted, the own ones for the all-gather"
+    assert counters.eq(0).all() and ticket.item() == 0

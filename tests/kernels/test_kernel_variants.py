@@ -63,30 +63,41 @@ def test_mm_rs_refuses_loops_it_does_not_have():
 
 
 def test_mm_rs_ws_refuses_what_it_does_not_do(monkeypatch):
-    """The Gluon producer runs mm_rs where its TMA stores apply and nothing else: mm_ar's gather, peer stores, runs
-    of rows, rounds, rows a tile does not divide, float32, another output dtype or 8 warps are errors (the tuner then
-    drops the config)."""
+    """The Gluon producer runs mm_rs and mm_ar's rounds where its TMA stores apply and nothing else: peer stores,
+    mm_ar's copy tiles, runs of rows, rows a tile does not divide, float32, another output dtype or 8 warps are errors
+    (the tuner then drops the config)."""
     from overlap_backend.codegen import gluon_ring, launcher, mm_rs_ws
 
     monkeypatch.setattr(launcher, "interpreting", lambda: False)
     cfg, bf16 = (128, 128, 64, 8, 4, 4, "ws_pingpong"), torch.bfloat16
-    assert mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, bf16, False, False) is None
-    assert mm_rs_ws.unsupported(1024, 1024, 1, cfg[:6] + ("ws_pingpong_direct",), bf16, bf16, False, False) is None
-    assert "store field" in mm_rs_ws.unsupported(1024, 1024, 1, cfg[:6] + ("ws_coop",), bf16, bf16, False, False)
-    assert "copy-engine" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, bf16, True, False)
-    assert "copy-engine" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, bf16, False, True)
-    assert "one round" in mm_rs_ws.unsupported(1024, 512, 1, cfg, bf16, bf16, False, False)
-    assert "one round" in mm_rs_ws.unsupported(1024, 1024, 2, cfg, bf16, bf16, False, False)
-    assert "one round" in mm_rs_ws.unsupported(1000, 1000, 1, cfg, bf16, bf16, False, False)
-    assert "16-bit" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, torch.float32, torch.float32, False, False)
-    assert "output" in mm_rs_ws.unsupported(1024, 1024, 1, cfg, bf16, torch.float32, False, False)
-    assert "num_warps" in mm_rs_ws.unsupported(1024, 1024, 1, cfg[:5] + (8, cfg[6]), bf16, bf16, False, False)
+    assert mm_rs_ws.unsupported(1024, 1024, cfg, bf16, bf16, False) is None
+    assert mm_rs_ws.unsupported(1024, 1024, cfg[:6] + ("ws_pingpong_direct",), bf16, bf16, False) is None
+    assert "store field" in mm_rs_ws.unsupported(1024, 1024, cfg[:6] + ("ws_coop",), bf16, bf16, False)
+    assert "copy-engine" in mm_rs_ws.unsupported(1024, 1024, cfg, bf16, bf16, True)
+    assert "copy tiles" in mm_rs_ws.unsupported(1024, 1024, cfg, bf16, bf16, False, copy_out=True)
+    assert "contiguous" in mm_rs_ws.unsupported(1024, 512, cfg, bf16, bf16, False)
+    assert "contiguous" in mm_rs_ws.unsupported(1000, 1000, cfg, bf16, bf16, False)
+    assert "16-bit" in mm_rs_ws.unsupported(1024, 1024, cfg, torch.float32, torch.float32, False)
+    assert "output" in mm_rs_ws.unsupported(1024, 1024, cfg, bf16, torch.float32, False)
+    assert "num_warps" in mm_rs_ws.unsupported(1024, 1024, cfg[:5] + (8, cfg[6]), bf16, bf16, False)
     # its own tile's epilogue (the partials' sum): GLUON_EPILOGUE_VALUES values a thread of the warpgroup a piece,
     # one 16-byte vector at least
     with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=32):
         assert gluon_ring.epilogue_values() == 32
     with knobs.codegen.patch(GLUON_EPILOGUE_VALUES=0):
         assert gluon_ring.epilogue_values() == 8
+
+
+def test_mm_ar_tunes_over_a_measured_gluon_form_where_its_tiles_fit_the_rounds():
+    """mm_ar's rounds take the Gluon producer where it measured faster and BM divides the chunks' rows, whether or not
+    the Triton kernel's TMA variants are on (the Gluon form stores only by TMA)."""
+    from overlap_backend.runtime.symm.mm_ar import ar_candidates
+
+    gluon = (128, 128, 64, 8, 4, 4, "ws_pingpong")
+    base = ar_candidates(torch.bfloat16, 1024, "off")
+    assert ar_candidates(torch.bfloat16, 1024, "off", gluon) == base + [gluon]
+    assert ar_candidates(torch.bfloat16, 1000, "off", gluon) == ar_candidates(torch.bfloat16, 1000, "off")
+    assert gluon in ar_candidates(torch.bfloat16, 1024, "only", gluon)
 
 
 def test_ag_mm_subtile_with_generated_epilogue():

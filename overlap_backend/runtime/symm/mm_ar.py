@@ -74,10 +74,14 @@ def _ar_tma(graph: bool) -> str:
 
 def ar_candidates(dtype, rows: int, tma: str, measured=None, variants: bool | None = None) -> list:
     """The rounds kernel's tuning candidates for chunks of ``rows`` rows: its TMA variants where ``tma`` (``_ar_tma``)
-    is on and BM divides the rows, only those with "only"; ``measured``, ``variants``: as ``configs.candidates``."""
+    is on and BM divides the rows, only those with "only"; ``measured``, ``variants``: as ``configs.candidates``,
+    a measured Gluon form where BM divides the rows whatever ``tma`` says (it stores by TMA, and only so)."""
     configs = load_kernels()[3]
+    gluon = measured is not None and measured[6] in configs.GLUON_STORES
     cands = configs.candidates(dtype, tma_store_rows=rows if tma != "off" else None, variants=variants,
-                               measured=measured)
+                               measured=None if gluon else measured)
+    if gluon and tuple(measured) in configs.candidates(dtype, tma_store_rows=rows, measured=measured):
+        cands.append(tuple(measured))
     return ([c for c in cands if c[6]] or cands) if tma == "only" else cands
 
 
