@@ -151,7 +151,10 @@ def _mma_tiles(a_bufs, b_bufs, c_bufs, ready, empty, turn, ids, id_ready, id_emp
     own tile reduced and stored. It makes its TMA descriptors itself (``gluon_ring.partition_descriptor``)."""
     stage_desc = partition_descriptor(stage_ptr, rounds * WS * rows, N, BM, BN)
     out_desc = partition_descriptor(out_ptr, out_rows, N, BM, BN)
-    gather_desc = partition_descriptor(gather_ptr, rounds * WS * rows, N, BM, BN)
+    if WRITE_GATHER:
+        gather_desc = partition_descriptor(gather_ptr, rounds * WS * rows, N, BM, BN)
+    else:  # (mm_rs: no gather region, no descriptor made for it)
+        gather_desc = stage_desc
     tiles_m = gl.cdiv(rows, BM)
     tiles_n = gl.cdiv(N, BN)
     per_chunk = tiles_m * tiles_n
