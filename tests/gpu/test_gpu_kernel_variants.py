@@ -308,6 +308,28 @@ def test_ops_run_the_measured_variant(tmp_path, ag_variant, rs_variant):
 TWO_PER_SM = [(128, 128, 64, 8, 2, 4, True), (64, 128, 64, 8, 3, 4, False), (128, 256, 64, 8, 3, 8, True)]
 
 
+def _rs_words(n: int, late: bool, device):
+    """(receive flags, counters, done flags, ticket, status) of an mm_rs / mm_ar launch with ``n`` (round, chunk, band)
+    words: the receive flags at the epoch, or one below it where the partials land late."""
+    flags = torch.full((n,), EPOCH - 1 if late else EPOCH, device=device, dtype=torch.int32)
+    counters, done = (torch.zeros(n, device=device, dtype=torch.int32) for _ in range(2))
+    status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
+    return flags, counters, done, torch.zeros(1, device=device, dtype=torch.int32), status
+
+
+def _partials_land(recv, peers, flags, late: bool):
+    """The peers' partials into ``recv``, their flags raised: now, or (``late``) ~10 ms after the next launch, by
+    another stream that sleeps first."""
+    if not late:
+        recv.copy_(peers)
+    torch.cuda.synchronize()
+    if late:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            torch.cuda._sleep(20_000_000)
+            recv.copy_(peers)
+            flags.fill_(EPOCH)
+
+
 def _run_mm_rs(cfg, device, late: bool, ws=4, rows=1024, K=256, N=2048, rank=1, band_rows=256, bias=False,
                spec="", average=False):
     """mm_rs's producer on one GPU as rank ``rank`` of ``ws``: the peers' partials of this rank's chunk in
@@ -325,20 +347,8 @@ def _run_mm_rs(cfg, device, late: bool, ws=4, rows=1024, K=256, N=2048, rank=1, 
     stage = torch.full((ws * rows, N), float("nan"), device=device, dtype=torch.bfloat16)
     out = torch.full((rows, N), float("nan"), device=device, dtype=torch.bfloat16)
     nbands = -(-rows // band_rows)
-    flags = torch.full((ws * nbands,), EPOCH - 1 if late else EPOCH, device=device, dtype=torch.int32)
-    counters = torch.zeros(ws * nbands, device=device, dtype=torch.int32)
-    done = torch.zeros(ws * nbands, device=device, dtype=torch.int32)
-    ticket = torch.zeros(1, device=device, dtype=torch.int32)
-    status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
-    if not late:
-        recv.copy_(peers)
-    side = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    if late:
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(20_000_000)
-            recv.copy_(peers)
-            flags.fill_(EPOCH)
+    flags, counters, done, ticket, status = _rs_words(ws * nbands, late, device)
+    _partials_land(recv, peers, flags, late)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
     b = torch.randn(N, device=device, dtype=torch.bfloat16) if bias else None
     resid = torch.randn(rows, N, device=device, dtype=torch.bfloat16)
@@ -627,19 +637,8 @@ def test_mm_ar_ws_rounds_reduce_and_gather(late, device):
                            for _ in range(3))
     out = torch.full((M, N), float("nan"), device=device, dtype=torch.bfloat16)
     nbands = -(-rows // band_rows)
-    flags = torch.full((rounds * ws * nbands,), EPOCH - 1 if late else EPOCH, device=device, dtype=torch.int32)
-    counters, done = (torch.zeros(rounds * ws * nbands, device=device, dtype=torch.int32) for _ in range(2))
-    ticket = torch.zeros(1, device=device, dtype=torch.int32)
-    status = (torch.zeros(1, device=device, dtype=torch.int32), torch.zeros(8, device=device, dtype=torch.int32))
-    if not late:
-        recv.copy_(peers)
-    side = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    if late:
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(20_000_000)
-            recv.copy_(peers)
-            flags.fill_(EPOCH)
+    flags, counters, done, ticket, status = _rs_words(rounds * ws * nbands, late, device)
+    _partials_land(recv, peers, flags, late)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
     mm_rs.launch(a, w, None, stage, recv, gather, out, counters, done, flags, ticket, EPOCH, status, 10**10, rank, ws,
                  rows, rows, rounds, ws * rows, rank * rows, False, band_rows, RS_GLUON, num_sms)
