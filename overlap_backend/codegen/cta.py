@@ -181,13 +181,8 @@ def stage0_kernel(
         finishes = True
         if SPLIT_K:
             prev_m = -1  # (counted above; a run that does not finish its tile stores nothing to count)
-            row_ok = pid_m * BM + tl.arange(0, BM) < M
-            if SPLIT_FIXUP:
-                _store_run_slot(acc1, acc3, split_ptr, tile, split, split_k, row_ok, BM, BN, DUAL)
-                finishes = False
-            else:
-                acc1, acc3, finishes = _add_split_partials(acc1, acc3, split_ptr, split_counters_ptr, tile, split,
-                                                           split_k, split_k, row_ok, BM, BN, DUAL, SUM_PAIRS)
+            acc1, acc3, finishes = _split_run(acc1, acc3, split_ptr, split_counters_ptr, tile, split, split_k, split_k,
+                                              pid_m * BM + tl.arange(0, BM) < M, BM, BN, DUAL, SUM_PAIRS, SPLIT_FIXUP)
         if finishes:
             prev_m, prev_n = _stage0_epilogue(
                 acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr,
@@ -432,14 +427,9 @@ def stage1_kernel(
                                            (split + 1) * steps // splits, shipped, Mp, Fp, F1, kchunk, nch, nch1, TP,
                                            BM, BN, BK, GROUP_M, PRECISION, TIMED, INTERPRET, READY_RUNS)
             finishes = True
-            row_ok = pid_m * BM + tl.arange(0, BM) < M
             if SPLIT_K:
-                if SPLIT_FIXUP:
-                    _store_run_slot(acc, acc, split_ptr, tile, split, split_k, row_ok, BM, BN, False)
-                    finishes = False
-                else:
-                    acc, _, finishes = _add_split_partials(acc, acc, split_ptr, split_counters_ptr, tile, split,
-                                                           splits, split_k, row_ok, BM, BN, False, SUM_PAIRS)
+                acc, _, finishes = _split_run(acc, acc, split_ptr, split_counters_ptr, tile, split, splits, split_k,
+                                              pid_m * BM + tl.arange(0, BM) < M, BM, BN, False, SUM_PAIRS, SPLIT_FIXUP)
             if finishes:
                 _stage1_epilogue(acc, b2_ptr, out_ptr, peer_data_ptr, peer_flags_ptr, y_offset, counters_ptr, epoch,
                                  claim_ptr, report_ptr, timeout_ns, rank, M, N, Ns, consumer, y_flag_word, part_ptr,
@@ -592,6 +582,21 @@ def _chunk_block(i, Fp, kchunk, nch, nch1, TP: tl.constexpr):
     p = (i - nch1) % TP
     j = (i - nch1) // TP
     return tl.where(own, TP * nch + i, p * nch + j), tl.where(own, TP * Fp + i * kchunk, p * Fp + j * kchunk)
+
+
+@triton.jit
+def _split_run(acc1, acc3, split_ptr, counters_ptr, tile, split, splits, split_k, row_ok, BM: tl.constexpr,
+               BN: tl.constexpr, DUAL: tl.constexpr, SUM_PAIRS: tl.constexpr, SPLIT_FIXUP: tl.constexpr):
+    """Run ``split`` of a split tile done: with ``SPLIT_FIXUP`` its sums stored in its slot (the fix-up kernel after
+    the runs finishes the tile), else added to the other runs' (``_add_split_partials``: the last run finishes it).
+    Returns (acc1, acc3, whether this run finishes the tile)."""
+    if SPLIT_FIXUP:
+        _store_run_slot(acc1, acc3, split_ptr, tile, split, split_k, row_ok, BM, BN, DUAL)
+        finishes = False
+    else:
+        acc1, acc3, finishes = _add_split_partials(acc1, acc3, split_ptr, counters_ptr, tile, split, splits, split_k,
+                                                   row_ok, BM, BN, DUAL, SUM_PAIRS)
+    return acc1, acc3, finishes
 
 
 @triton.jit
@@ -820,14 +825,10 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     if form is not None:  # (Hopper; imported only where it runs)
         from . import cta_ws
 
-        why = cta_ws.unsupported(form, x, Fp, act, stage is not None, tma_store, split_k, kchunk,
-                                 Fp if fship is None else fship)
-        if why:
-            raise ValueError(f"CTA stage 0's {form} kernel: {why}")
         cta_ws.launch(x, w1, b1, stage, keep, counters, done, epoch, kchunk, nch, tp, first_consumer, act, form, config,
                       num_sms, padded_rows(M, BM), Fp if fship is None else fship, tail_group, ready=ready,
                       status=status, timeout_ns=timeout_ns, rank=rank, timed=timed,
-                      count_first_at_once=count_first_at_once)
+                      count_first_at_once=count_first_at_once, tma_store=tma_store, split_k=split_k)
         return
     assert kchunk % BN == 0, (kchunk, BN)
     assert w1.stride(1) == 1 and (w3 is None or w3.stride() == w1.stride()), (w1.stride(), w3 and w3.stride())

@@ -236,12 +236,13 @@ def unsupported(form, x: torch.Tensor, Fp: int, act: int, staged: bool, tma_stor
 
 def launch(x, w1, b1, stage, keep, counters, done, epoch, kchunk, nch, tp, first_consumer, act, form, plan_config,
            num_sms, Mp, fship, tail_group, ready=None, status=None, timeout_ns=0, rank=0, timed=True,
-           count_first_at_once=False):
+           count_first_at_once=False, tma_store=True, split_k=1):
     """``cta.launch_stage0``'s contract for ``form`` (``ws_pingpong`` / ``ws_coop``) where ``unsupported`` lets it:
-    staged blocks ``[nch, Mp, kchunk]`` in ``stage`` by TMA, the tail into ``keep``."""
+    staged blocks ``[nch, Mp, kchunk]`` in ``stage`` by TMA, the tail into ``keep``; ``tma_store``, ``split_k``: what
+    the caller asked for (the form refuses pointer stores and split-K runs)."""
     M, H = x.shape
     Fp = w1.shape[1]
-    why = unsupported(form, x, Fp, act, stage is not None, True, 1, kchunk, fship)
+    why = unsupported(form, x, Fp, act, stage is not None, tma_store, split_k, kchunk, fship)
     if why:
         raise ValueError(f"CTA stage 0's {form} kernel: {why}")
     BM, BN, BK, GROUP_M, stages, _ = config(form, plan_config)

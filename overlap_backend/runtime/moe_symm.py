@@ -258,7 +258,10 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     # A captured call's flags toggle in the graph block (symm_layout.GRAPH_BLOCK: raised to 1, reset at its end)
     base = symm_layout.GRAPH_BLOCK if graph else 0
     cands_a = moe_gemm.candidates(cd, "gate_up")
-    cands_b = moe_gemm.candidates(cd, "down", kernel_ratios.measured_variant("moe_down", m, f, h, ws=ws, dtype=cd))
+    # the down GEMM's tuned config, or before tuning the benchmark's variant near the shape (the ratios read once)
+    tuned_b = tuned[1] if tuned else None
+    cands_b = moe_gemm.candidates(cd, "down", tuned_b if tuned_b is not None else
+                                  kernel_ratios.measured_variant("moe_down", m, f, h, ws=ws, dtype=cd))
     cfg_a, cfg_b = cands_a[0], cands_b[0]
     major = expert_major(m, ws, experts)
     if grouped:  # segments: one per source position (phased, remote-first), or one of everything
@@ -286,7 +289,8 @@ def moe_experts(x, send_splits, recv_splits, rows, offsets, group_sizes, w_gate,
     if x.is_cuda and not grouped:  # tune on the real problem with every flag raised (epoch 0: no communication)
         # (a captured call: tuned by an eager call, checked above; tune only looks it up)
         cfg_a = tune("moe_gate_up", tune_key, cands_a, lambda c: gate_up(c, 0))
-        cands_b = [c for c in cands_b if moe_gemm.down_unsupported(c, act, w_down, out, stage) is None]
+        if tuned_b is None:
+            cands_b = [c for c in cands_b if moe_gemm.down_unsupported(c, act, w_down, out, stage) is None]
         cfg_b = tune("moe_down", tune_key, cands_b, lambda c: down(c, 0))
 
     compute = torch.cuda.current_stream(dev) if x.is_cuda else None
