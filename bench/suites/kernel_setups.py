@@ -424,9 +424,10 @@ class Bench:
         self.variant_cands = [(*cfg0, True, r) for r in sorted({1, runs // 2} - {0, runs})]
         self.variant_cands += [(*cfg, True, split(cfg)) for cfg in narrow]
         if runs == 1:  # the warp-specialized Gluon forms (codegen/cta_ws.py: no split-K), on the plan's row blocks
-            from overlap_backend.codegen import cta_ws
+            from overlap_backend.codegen import cta_ws, gluon_ring
 
-            self.variant_cands += [(*cta_ws.config(form, cfg0), form, 1) for form in cta_ws.FORMS]
+            self.variant_cands += [(*cta_ws.config(form, cfg0), form, 1) for form in cta_ws.FORMS
+                                   if gluon_ring.block_rows_refusal(form, cfg0[0]) is None]
         self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cfg[7])
                                         for cfg in self.op_cands + self.variant_cands), device=self.dev)
         self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
@@ -640,10 +641,12 @@ class Bench:
         act = self._rand(self.xg.shape[0], wd.shape[1])
         self.baseline = ("torch._grouped_mm", lambda: torch._grouped_mm(act, wd, offs=offs))
         # variants: each candidate with the other store kind (TMA stores of full consecutive tiles, or pointers), and
-        # the warp-specialized Gluon forms (knobs.codegen.VARIANTS_16BIT)
+        # the warp-specialized Gluon forms (knobs.codegen.VARIANTS_16BIT; their TMA stores, like the kernel's, take
+        # full consecutive tiles whatever the rows: no row multiple to fit)
         self.op_cands = list(self.down_cands)
         self.variant_cands = [c[:6] + (not c[6],) for c in self.down_cands] + [
-            c for c in configs.variant_candidates(self.dt, "moe_down") if c not in self.down_cands]
+            c for c in configs.variant_candidates(self.dt, "moe_down", tma_store_rows=configs.ANY_ROWS)
+            if c not in self.down_cands]
         self.outputs = []
         self.run = lambda cfg: self._moe_run(self.gate_cands[0], cfg, "down")
         self.error_of = lambda cfg: self._moe_error(self.gate_cands[0], cfg)

@@ -163,7 +163,7 @@ def unsupported(rows: int, run: int, config, dtype: torch.dtype, whole: bool = F
     """Why ``launch`` cannot run ``config`` for these chunks (None: it can); ``whole``: ``ag_mm`` reads chunks of
     ``rows`` rows as one gathered matrix (``ag_mm.reads_whole``), which this kernel does not do."""
     BM, warps, store = config[0], config[5], config[6]
-    why = refusal(store, STORES, warps, dtype)
+    why = refusal(store, STORES, warps, dtype, BM)
     if why:
         return why
     if whole:

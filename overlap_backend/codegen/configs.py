@@ -78,17 +78,23 @@ def candidates(dtype: torch.dtype, row_multiple: int | None = None, tma_store_ro
     return cands
 
 
+# ``tma_store_rows`` of a kernel whose TMA stores take any rows (the MoE down GEMM's: full consecutive tiles by TMA)
+ANY_ROWS = -1
+
+
 def _fits(c: Config, row_multiple: int | None, tma_store_rows: int | None) -> bool:
-    """BM divides ``row_multiple``; a TMA-store config only with ``tma_store_rows`` that BM divides."""
+    """BM divides ``row_multiple``; a TMA-store config only with ``tma_store_rows`` that BM divides (or ``ANY_ROWS``)."""
     if row_multiple is not None and row_multiple % c[0]:
         return False
+    if tma_store_rows == ANY_ROWS:
+        return True
     return not store_variant(c[6])[0] or bool(tma_store_rows and tma_store_rows % c[0] == 0)
 
 
 def variant_candidates(dtype: torch.dtype, kernel: str, row_multiple: int | None = None,
                        tma_store_rows: int | None = None) -> list[Config]:
     """``knobs.codegen.VARIANTS_16BIT[kernel]`` (16-bit dtypes only) that fit: BM dividing
-    ``row_multiple``, TMA variants only with ``tma_store_rows`` that BM divides."""
+    ``row_multiple``, TMA variants only with ``tma_store_rows`` that BM divides (any with ``ANY_ROWS``)."""
     if dtype == torch.float32:
         return []
     return [tuple(c) for c in knobs.codegen.VARIANTS_16BIT.get(kernel, ()) if _fits(tuple(c), row_multiple, tma_store_rows)]

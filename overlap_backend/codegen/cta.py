@@ -873,7 +873,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
 
 
 def stage0_form(x: torch.Tensor, Fp: int, act: int, staged: bool, tma_store: bool, split_k: int, kchunk: int,
-                fship: int) -> str | None:
+                fship: int, block_m: int) -> str | None:
     """``knobs.cta.STAGE0_FORM`` where that Gluon form runs this stage-0 call (``cta_ws.unsupported``), else None: the
     Triton kernel."""
     form = knobs.cta.STAGE0_FORM
@@ -881,7 +881,7 @@ def stage0_form(x: torch.Tensor, Fp: int, act: int, staged: bool, tma_store: boo
         return None
     from . import cta_ws
 
-    return None if cta_ws.unsupported(form, x, Fp, act, staged, tma_store, split_k, kchunk, fship) else form
+    return None if cta_ws.unsupported(form, x, Fp, act, staged, tma_store, split_k, kchunk, fship, block_m) else form
 
 
 def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int, tail_group: int,

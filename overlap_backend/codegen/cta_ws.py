@@ -214,10 +214,10 @@ def config(form: str, plan_config) -> tuple:
 
 
 def unsupported(form, x: torch.Tensor, Fp: int, act: int, staged: bool, tma_store: bool, split_k: int, kchunk: int,
-                fship: int) -> str | None:
+                fship: int, block_m: int) -> str | None:
     """Why ``launch`` cannot run stage 0 in ``form`` (None: it can): ``Fp`` the producer's columns, ``fship`` those
-    the tail group ships."""
-    why = refusal(form, tuple(FORMS), WARPS, x.dtype)
+    the tail group ships, ``block_m`` the plan's row blocks."""
+    why = refusal(form, tuple(FORMS), WARPS, x.dtype, block_m)
     if why:
         return why
     BN = FORMS[form][0]
@@ -242,7 +242,7 @@ def launch(x, w1, b1, stage, keep, counters, done, epoch, kchunk, nch, tp, first
     the caller asked for (the form refuses pointer stores and split-K runs)."""
     M, H = x.shape
     Fp = w1.shape[1]
-    why = unsupported(form, x, Fp, act, stage is not None, tma_store, split_k, kchunk, fship)
+    why = unsupported(form, x, Fp, act, stage is not None, tma_store, split_k, kchunk, fship, plan_config[0])
     if why:
         raise ValueError(f"CTA stage 0's {form} kernel: {why}")
     BM, BN, BK, GROUP_M, stages, _ = config(form, plan_config)

@@ -46,9 +46,10 @@ else:
         return desc._reinterpret(desc.dtype, [n, rows, cols], layout)
 
 
-def refusal(store, stores, warps: int, dtype: torch.dtype) -> str | None:
+def refusal(store, stores, warps: int, dtype: torch.dtype, block_m: int) -> str | None:
     """Why no kernel on this ring runs a config (None: these allow it): a store field not among the kernel's
-    ``stores``, Triton's interpreter, other than 16-bit inputs, other than one warpgroup per partition."""
+    ``stores``, Triton's interpreter, other than 16-bit inputs, other than one warpgroup per partition, row blocks
+    whose share of each MMA partition is not a multiple of 64 rows (a warpgroup MMA's M)."""
     from . import launcher
 
     if store not in stores:
@@ -59,6 +60,15 @@ def refusal(store, stores, warps: int, dtype: torch.dtype) -> str | None:
         return f"16-bit inputs only, not {dtype}"
     if warps != WARPS:
         return f"one MMA warpgroup per partition: num_warps {WARPS}, not {warps}"
+    return block_rows_refusal(store, block_m)
+
+
+def block_rows_refusal(store, block_m: int) -> str | None:
+    """Why ``store``'s form cannot take ``block_m``-row tiles (None: it can): each MMA partition's rows (half a tile in
+    the cooperative form) must be a multiple of a warpgroup MMA's 64."""
+    per_partition = block_m // (2 if store == "ws_coop" else 1)
+    if block_m % 64 or per_partition % 64:
+        return f"BM={block_m}: {per_partition} rows a partition, not a multiple of a warpgroup MMA's 64"
     return None
 
 

@@ -264,7 +264,7 @@ def unsupported(rows: int, run: int, config, dtype: torch.dtype, out_dtype: torc
                 copy_out: bool = False) -> str | None:
     """Why ``launch`` cannot run ``config`` (None: it can); ``copy_out``: ``mm_ar``'s copy tiles are asked for."""
     BM, warps, store = config[0], config[5], config[6]
-    why = refusal(store, STORES, warps, dtype)
+    why = refusal(store, STORES, warps, dtype, BM)
     if why:
         return why
     if out_dtype != dtype:

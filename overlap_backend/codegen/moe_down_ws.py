@@ -243,8 +243,8 @@ def stacked_rows(w: torch.Tensor) -> int | None:
 
 def unsupported(config, act: torch.Tensor, w_down: torch.Tensor, out: torch.Tensor, stage: torch.Tensor) -> str | None:
     """Why ``launch`` cannot run ``config`` for these tensors (None: it can)."""
-    BK, warps, store = config[2], config[5], config[6]
-    why = refusal(store, STORES, warps, act.dtype)
+    BM, BK, warps, store = config[0], config[2], config[5], config[6]
+    why = refusal(store, STORES, warps, act.dtype, BM)
     if why:
         return why
     if out.dtype != act.dtype or stage.dtype != act.dtype:

@@ -160,7 +160,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                                          torch.float32)
 
     tma_store = knobs.cta.STAGE0_TMA_STORE
-    form0 = (cta.stage0_form(xa, fp, act, stage_buf is not None, tma_store, plan.split0, kchunk, plan.fship)
+    form0 = (cta.stage0_form(xa, fp, act, stage_buf is not None, tma_store, plan.split0, kchunk, plan.fship, bm)
              if stage == 0 and s0 == "triton" else None)
     if form0 is not None:
         PATHS[f"cta_pipeline_mlp:symm:stage0_{form0}"] += 1

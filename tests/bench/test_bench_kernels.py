@@ -158,6 +158,22 @@ def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, moe, mon
             assert b.apart_error(cfgs[0]) <= 1e-5 and not torch.isnan(b.apart_out).any()
 
 
+def test_every_kernel_benches_its_gluon_forms_in_16_bits(bk, moe, monkeypatch):
+    """The warp-specialized Gluon forms of knobs.codegen.VARIANTS_16BIT are among each 16-bit case's bench variants
+    (set up only, on the CPU: a table entry that the case's filters drop is never measured, so never installed)."""
+    from overlap_backend.codegen import configs
+    from overlap_backend.spec import knobs
+
+    monkeypatch.setitem(moe, "tiny", (64, 128, 4, 2, 64))
+    for case in (bk.Case("moe_down", 2, 256, 128, 256, "", "tiny"), bk.Case("mm_rs", 2, 1024, 64, 256),
+                 bk.Case("ag_mm", 2, 1024, 64, 256)):
+        kernel = case.kernel
+        forms = {tuple(c) for c in knobs.codegen.VARIANTS_16BIT[kernel] if c[6] in configs.GLUON_STORES}
+        assert forms, kernel
+        b = bk.Bench(case, torch.device("cpu"), 4, 1, torch.bfloat16)
+        assert forms <= set(b.variant_cands) | set(b.op_cands), (kernel, forms, b.variant_cands)
+
+
 def _check_with_sum(b, expected: bool) -> None:
     """The second baseline of mm_rs / mm_ar rows: cuBLAS, then the sum of this rank's ws partials (none elsewhere)."""
     if not expected:

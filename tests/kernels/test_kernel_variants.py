@@ -203,6 +203,9 @@ def test_ag_mm_ws_refuses_what_it_does_not_do(monkeypatch):
     assert "store field" in ag_mm_ws.unsupported(1024, 1024, cfg[:6] + ("tma_ws",), bf16)
     assert "store field" in ag_mm_ws.unsupported(1024, 1024, cfg[:6] + ("ws_pingpong_direct",), bf16)  # mm_rs's
     assert ag_mm_ws.unsupported(1024, 1024, (128, 256, 64, 8, 3, 4, "ws_coop"), bf16) is None
+    # a warpgroup MMA's 64 rows: the cooperative form's two halves of a 64-row tile are 32 rows each
+    assert "64" in ag_mm_ws.unsupported(1024, 1024, (64, 256, 64, 8, 3, 4, "ws_coop"), bf16)
+    assert ag_mm_ws.unsupported(1024, 1024, (64, 256, 64, 8, 3, 4, "ws_pingpong"), bf16) is None
     for store in configs.GLUON_STORES:
         assert configs.store_variant(store)[0], "it stores by TMA: candidates only where tiles fit the chunks"
 
@@ -223,6 +226,7 @@ def test_moe_down_ws_refuses_what_it_does_not_do(monkeypatch):
     monkeypatch.setattr(launcher, "interpreting", lambda: False)
     assert moe_gemm.down_unsupported(cfg, act, w, out, stage) is None
     assert moe_gemm.down_unsupported((128, 256, 64, 8, 3, 4, "ws_coop"), act, w, out, stage) is None
+    assert "64" in moe_gemm.down_unsupported((64, 256, 64, 8, 3, 4, "ws_coop"), act, w, out, stage)
     w_kmajor = torch.zeros(4, 1000, 512, dtype=bf16).transpose(1, 2)  # F.linear's layout per expert
     assert moe_down_ws.stacked_rows(w) == 4 * 512 and moe_down_ws.stacked_rows(w_kmajor) == 4 * 1000
     assert moe_down_ws.unsupported(cfg, act, w_kmajor, out, stage) is None
@@ -248,7 +252,7 @@ def test_cta_stage0_ws_refuses_what_it_does_not_do(monkeypatch):
 
     bf16 = torch.bfloat16
     x = torch.zeros(300, 512, dtype=bf16)
-    ok = dict(act=cta.ACT_GELU_TANH, staged=True, tma_store=True, split_k=1, kchunk=512, fship=2048)
+    ok = dict(act=cta.ACT_GELU_TANH, staged=True, tma_store=True, split_k=1, kchunk=512, fship=2048, block_m=128)
     assert "interpreter" in cta_ws.unsupported("ws_pingpong", x, 2048, **ok)
     with pytest.raises(ValueError, match="interpreter"):
         cta.launch_stage0(x, torch.zeros(512, 2048, dtype=bf16), None, None, None, torch.zeros(8, dtype=bf16), None,
@@ -267,8 +271,11 @@ def test_cta_stage0_ws_refuses_what_it_does_not_do(monkeypatch):
     assert "tail" in cta_ws.unsupported("ws_coop", x, 2048, **{**ok, "fship": 1920})
     assert "16-bit" in cta_ws.unsupported("ws_coop", x.float(), 2048, **ok)
     assert "store field" in cta_ws.unsupported("tma_ws", x, 2048, **ok)
+    # the few-rows plan's 64-row blocks: one warpgroup's MMA in the ping-pong form, half of one in the cooperative
+    assert cta_ws.unsupported("ws_pingpong", x, 2048, **{**ok, "block_m": 64}) is None
+    assert "64" in cta_ws.unsupported("ws_coop", x, 2048, **{**ok, "block_m": 64})
     with knobs.cta.patch(STAGE0_FORM="ws_coop"):
-        assert cta.stage0_form(x, 2048, cta.ACT_GELU, True, True, 1, 512, 2048) is None, "not on a CPU tensor"
+        assert cta.stage0_form(x, 2048, cta.ACT_GELU, True, True, 1, 512, 2048, 128) is None, "not on a CPU tensor"
 
 
 def test_moe_down_tunes_over_a_measured_variant():
