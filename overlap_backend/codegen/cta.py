@@ -872,15 +872,16 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         )
 
 
-def stage0_form(x: torch.Tensor, Fp: int, act: int, staged: bool, tma_store: bool, split_k: int, kchunk: int,
-                fship: int, block_m: int) -> str | None:
-    """``knobs.cta.STAGE0_FORM`` where that Gluon form runs this stage-0 call (``cta_ws.unsupported``), else None: the
-    Triton kernel."""
-    form = knobs.cta.STAGE0_FORM
-    if form is None or launcher.interpreting() or not x.is_cuda:
-        return None
+def stage0_form(form: str | None, x: torch.Tensor, Fp: int, act: int, staged: bool, tma_store: bool, split_k: int,
+                kchunk: int, fship: int, block_m: int) -> str | None:
+    """``form`` (a Gluon form of ``codegen/cta_ws.py``, or None) where it runs this stage-0 call
+    (``cta_ws.unsupported``), else None: the Triton kernel."""
     from . import cta_ws
 
+    if form is not None and form not in cta_ws.FORMS:
+        raise ValueError(f"CTA stage 0's form {form!r}: one of {', '.join(map(repr, cta_ws.FORMS))} or None")
+    if form is None or launcher.interpreting() or not x.is_cuda:
+        return None
     return None if cta_ws.unsupported(form, x, Fp, act, staged, tma_store, split_k, kchunk, fship, block_m) else form
 
 

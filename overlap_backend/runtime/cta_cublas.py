@@ -61,6 +61,18 @@ def _form(name, kernel, M, K, N, ws, dtype, fused, gpu) -> str:
     return choice or "triton"
 
 
+def stage0_kernel_form(M: int, H: int, Fp: int, ws: int, dtype, gpu: str | None = None) -> str | None:
+    """The Gluon form (``codegen/cta_ws.py``) stage 0's kernel is asked to run in at its local GEMM [M, H] @ [H, Fp]
+    (``cta.stage0_form`` then checks that it applies), from ``knobs.cta.STAGE0_FORM``; "measured": the kernel
+    benchmark's fastest form near this shape where it beat the Triton kernel (``kernel_ratios.adopted_variant``).
+    None: the Triton kernel. Shapes, dtype, the GPU's name, the ratio file and knobs only: alike on every rank."""
+    value = knobs.cta.STAGE0_FORM
+    if value != "measured":
+        return value
+    adopted = kernel_ratios.measured_variant("cta_stage0", M, H, Fp, ws=ws, dtype=dtype, fused=True, gpu=gpu)
+    return adopted[6] if adopted else None
+
+
 def form_ratio(kernel: str, M: int, K: int, N: int, **kw) -> float | None:
     """The cuBLAS form of CTA stage ``kernel`` ("cta_stage0" / "cta_stage1"): its measured time over one whole
     cuBLAS GEMM (plus the separate activation) near this GEMM, or None where it was not measured."""

@@ -38,7 +38,8 @@ _captured = False  # a cta_pipeline_mlp call was captured in a CUDA graph (in th
 _verdicts: dict[tuple, str | None] = {}
 _plans: dict[tuple, ChunkPlan] = {}
 _preloaded_calls: dict[tuple, bool] = {}
-_forms: dict[tuple, tuple[str, str]] = {}  # cta_cublas.stage_gemms per shape and knob generation
+# cta_cublas.stage_gemms and stage0_kernel_form per shape and knob generation
+_forms: dict[tuple, tuple[str, str, str | None]] = {}
 
 
 def _cached(cache: dict, key, compute):
@@ -114,8 +115,9 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
         return run_on_p2p("cta_pipeline_mlp", f"{M} rows need more chunk flags than {symm_layout.CTA_CHUNK_WORDS // 2}",
                     group_name, *args)
     # each stage's GEMM on its Triton kernel or on cuBLAS (runtime/cta_cublas.py), alike on every rank
-    s0, s1 = _cached(_forms, (M, F, N, H, ws, x.dtype, knobs.generation()),
-                     lambda: cta_cublas.stage_gemms(ws, M, H, F, N, x.dtype))
+    s0, s1, asked0 = _cached(_forms, (M, F, N, H, ws, x.dtype, knobs.generation()),
+                             lambda: (*cta_cublas.stage_gemms(ws, M, H, F, N, x.dtype),
+                                      cta_cublas.stage0_kernel_form(M, H, F // tp, ws, x.dtype)))
     PATHS[f"cta_pipeline_mlp:symm:stage{stage}_{(s0, s1)[stage]}"] += 1
     graph = capturing(x)  # (a private graph's eager runs too: the captured protocol without a capture)
     captured = graph and not eager_protocol_run(x)  # (an eager run lays weights out: a collective)
@@ -160,7 +162,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                                          torch.float32)
 
     tma_store = knobs.cta.STAGE0_TMA_STORE
-    form0 = (cta.stage0_form(xa, fp, act, stage_buf is not None, tma_store, plan.split0, kchunk, plan.fship, bm)
+    form0 = (cta.stage0_form(asked0, xa, fp, act, stage_buf is not None, tma_store, plan.split0, kchunk, plan.fship, bm)
              if stage == 0 and s0 == "triton" else None)
     if form0 is not None:
         PATHS[f"cta_pipeline_mlp:symm:stage0_{form0}"] += 1

@@ -14,7 +14,8 @@ epilogue over cuBLAS plus the separate epilogue kernel), other keys informative 
 but for ``best_config`` / ``best_variant_ratio``: the fastest config the benchmark timed, bench-only variants
 included, and its ratio, and ``variants``: the next fastest bench-only variants, ``[config, ratio]`` each. Where a
 variant measured faster by ``knobs.codegen.MEASURED_VARIANT_GAIN``, the ops of :data:`VARIANT_KERNELS` tune over
-the fastest such one they may take (:func:`adopted_variant`) too, and the kernel's ratio is that variant's.
+the fastest such one they may take (:func:`adopted_variant`) too, those of :data:`FORM_KERNELS` run its Gluon form,
+and the kernel's ratio is that variant's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 from pathlib import Path
 
 from .knobs import codegen as _codegen
+from .knobs import cta as _cta
 from .knobs import symm as _symm
 from .knobs.base import generation as _generation
 
@@ -115,6 +117,9 @@ def nearest(kernel: str, M: int, K: int, N: int, *, ws: int = 1, dtype="bfloat16
 PLAIN_MEASURED_PATHS = ("ag_mm_cublas", "mm_rs_cublas", "mm_ar_cublas")
 # The kernels whose ops add the benchmark's best variant at the nearest measured shape to their tuning candidates.
 VARIANT_KERNELS = ("ag_mm", "mm_rs", "mm_ar", "moe_down")
+# The kernels whose ops take a measured variant only as a Gluon form of their own tiles (config[6], no split-K runs:
+# config[7] == 1), while ``knobs.cta.STAGE0_FORM`` is "measured".
+FORM_KERNELS = ("cta_stage0",)
 
 
 def measured_ratio(kernel: str, M: int, K: int, N: int, **kw) -> float | None:
@@ -152,16 +157,24 @@ def adopted_variant(e: dict) -> tuple[tuple, float] | None:
     ``knobs.codegen.MEASURED_VARIANT_GAIN`` faster than the candidates, but none whose store field
     ``knobs.codegen.VARIANTS_NOT_ADOPTED`` names for the kernel (the next such variant then)."""
     gain = _codegen.MEASURED_VARIANT_GAIN
-    if gain is None or e["kernel"] not in VARIANT_KERNELS:
+    if gain is None or e["kernel"] not in VARIANT_KERNELS + FORM_KERNELS:
         return None
     tried = [(e.get("best_config"), e.get("best_variant_ratio")), *(tuple(v) for v in e.get("variants") or ())]
     for config, ratio in sorted((v for v in tried if v[1] is not None), key=lambda v: float(v[1])):
-        if not (isinstance(config, list | tuple) and len(config) == 7) or float(ratio) > float(e["ratio"]) * (1 - gain):
-            continue
-        if config[6] in _codegen.VARIANTS_NOT_ADOPTED.get(e["kernel"], ()):
+        if not _may_adopt(e["kernel"], config) or float(ratio) > float(e["ratio"]) * (1 - gain):
             continue
         return tuple(config), float(ratio)
     return None
+
+
+def _may_adopt(kernel: str, config) -> bool:
+    """Whether ``kernel``'s op may take the bench variant ``config`` (see :func:`adopted_variant`)."""
+    if not isinstance(config, list | tuple):
+        return False
+    if kernel in FORM_KERNELS:
+        return (_cta.STAGE0_FORM == "measured" and len(config) == 8 and isinstance(config[6], str)
+                and config[7] == 1)
+    return len(config) == 7 and config[6] not in _codegen.VARIANTS_NOT_ADOPTED.get(kernel, ())
 
 
 def kernel_loses(kernel: str, M: int, K: int, N: int, **kw) -> bool | None:

@@ -246,8 +246,8 @@ def test_moe_down_ws_refuses_what_it_does_not_do(monkeypatch):
 def test_cta_stage0_ws_refuses_what_it_does_not_do(monkeypatch):
     """CTA stage 0's Gluon forms run the GELU stages they implement and nothing else: under the interpreter, SwiGLU,
     the peer transport or pointer stores, split-K runs, chunks or a tail its tiles do not divide, float32, an unknown
-    form: an error from ``launch_stage0``; ``stage0_form`` (the op's choice) takes ``knobs.cta.STAGE0_FORM`` only on a
-    GPU where it applies."""
+    form: an error from ``launch_stage0``; ``stage0_form`` (the op's choice) takes the form asked for only on a GPU
+    where it applies, and an unknown form is an error."""
     from overlap_backend.codegen import cta, cta_ws, launcher
 
     bf16 = torch.bfloat16
@@ -274,8 +274,9 @@ def test_cta_stage0_ws_refuses_what_it_does_not_do(monkeypatch):
     # the few-rows plan's 64-row blocks: one warpgroup's MMA in the ping-pong form, half of one in the cooperative
     assert cta_ws.unsupported("ws_pingpong", x, 2048, **{**ok, "block_m": 64}) is None
     assert "64" in cta_ws.unsupported("ws_coop", x, 2048, **{**ok, "block_m": 64})
-    with knobs.cta.patch(STAGE0_FORM="ws_coop"):
-        assert cta.stage0_form(x, 2048, cta.ACT_GELU, True, True, 1, 512, 2048, 128) is None, "not on a CPU tensor"
+    assert cta.stage0_form("ws_coop", x, 2048, cta.ACT_GELU, True, True, 1, 512, 2048, 128) is None, "a CPU tensor"
+    with pytest.raises(ValueError, match="ws_coop"):
+        cta.stage0_form("coop", x, 2048, cta.ACT_GELU, True, True, 1, 512, 2048, 128)
 
 
 def test_moe_down_tunes_over_a_measured_variant():

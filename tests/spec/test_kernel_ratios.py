@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from overlap_backend.runtime.symm import ag_mm as symm_ag_mm
 from overlap_backend.runtime.symm import mm_ar as symm_mm_ar
@@ -253,6 +254,34 @@ def test_the_moe_down_gemm_tunes_over_its_measured_gluon_form(ratios):
     assert kernel_ratios.measured_variant("moe_down", 1024, 2048, 7168, ws=4) is None
     with knobs.codegen.patch(MEASURED_VARIANT_GAIN=None):
         assert kernel_ratios.kernel_ms(e) == 1.68
+
+
+def test_cta_stage0_runs_the_gluon_form_measured_fastest_near_its_shape(ratios):
+    """CTA stage 0 (knobs.cta.STAGE0_FORM "measured") asks for the Gluon form of the benchmark's fastest variant at
+    the nearest shape where it beat the Triton kernel by the gain, never a Triton variant (other tiles, split-K runs
+    the op does not take), and its ratio is the form's; a fixed form or None is taken as set."""
+    from overlap_backend.runtime import cta_cublas
+
+    coop, pingpong = [128, 256, 64, 8, 3, 4, "ws_coop", 1], [128, 128, 64, 8, 4, 4, "ws_pingpong", 1]
+    narrow = [128, 128, 64, 8, 4, 8, True, 1]
+    ratios({**_entry("cta_stage0", 4, 1024, 8192, 14336, 1.09, fused=True), "best_variant_ratio": 1.02,
+            "best_config": narrow, "variants": [[narrow, 1.02], [pingpong, 1.06], [coop, 1.07]]},
+           {**_entry("cta_stage0", 2, 4096, 8192, 28672, 1.04, fused=True), "best_variant_ratio": 1.002,
+            "best_config": coop, "variants": [[coop, 1.002], [pingpong, 1.018]]},
+           {**_entry("cta_stage0", 8, 512, 8192, 7168, 1.066, fused=True), "best_variant_ratio": 1.06,
+            "best_config": coop, "variants": [[coop, 1.06]]})  # within the gain: the Triton kernel
+    form = lambda M, H, Fp, ws: cta_cublas.stage0_kernel_form(M, H, Fp, ws, torch.bfloat16)  # noqa: E731
+    assert form(1024, 8192, 14336, 4) == "ws_pingpong"  # the narrower Triton tiles are not the op's
+    assert kernel_ratios.measured_ratio("cta_stage0", 1024, 8192, 14336, ws=4, fused=True) == 1.06
+    assert form(4096, 8192, 28672, 2) == "ws_coop"
+    assert form(512, 8192, 7168, 8) is None
+    assert kernel_ratios.measured_ratio("cta_stage0", 512, 8192, 7168, ws=8, fused=True) == 1.066
+    assert form(4096, 1024, 512, 2) is None, "nothing measured near"
+    with knobs.cta.patch(STAGE0_FORM=None):
+        assert form(4096, 8192, 28672, 2) is None
+        assert kernel_ratios.measured_ratio("cta_stage0", 4096, 8192, 28672, ws=2, fused=True) == 1.04
+    with knobs.cta.patch(STAGE0_FORM="ws_pingpong"):
+        assert form(4096, 8192, 28672, 2) == "ws_pingpong" and form(4096, 1024, 512, 2) == "ws_pingpong"
 
 
 def test_an_op_does_not_adopt_the_variants_named_not_adopted_for_its_kernel(ratios):

@@ -83,10 +83,12 @@ cta = Knobs(
     STAGE0_SPLIT_FIXUP=False,
     STAGE0_FIXUP_ROWS=4,
     # Stage 0 in a warp-specialized Gluon form where it applies (codegen/cta_ws.py: GELU, the copy-engine transport
-    # with TMA stores, no split-K): "ws_pingpong" (128-column tiles in turns) or "ws_coop" (128 x 256 tiles shared);
-    # None: the Triton kernel. Off until timed (bench_kernels' cta_stage0 variants): the Triton kernel's GELU
-    # epilogue, which no main loop overlaps, leaves it 1.04-1.12x cuBLAS + F.gelu at prefill sizes on the H100 record.
-    STAGE0_FORM=None,
+    # with TMA stores, no split-K, 128-row blocks for "ws_coop"): "ws_pingpong" (128-column tiles in turns) or
+    # "ws_coop" (128 x 256 tiles shared); "measured": the form the kernel benchmark measured fastest at the nearest
+    # shape where it beat the Triton kernel by knobs.codegen.MEASURED_VARIANT_GAIN (spec/kernel_ratios.json), else
+    # the Triton kernel; None: the Triton kernel. One H100, every non-split prefill shape of the kernel benchmark,
+    # two runs: the faster form 0.97x the Triton kernel's time at each (bench/results/kernels_h100x1_2026-12-07).
+    STAGE0_FORM="measured",
     # Stage-0 block config, GELU (one accumulator), 16-bit inputs.
     STAGE0_CONFIG=(128, 256, 64, 0, 3, 8),
     # Stage-0 block config, SwiGLU (two accumulators: narrower tiles), 16-bit inputs.
