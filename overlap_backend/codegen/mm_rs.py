@@ -24,8 +24,9 @@ drained meanwhile), and at the end; the own tiles load the peers' partials by TM
 counted right after them. ``SUBTILE`` (with ``TMA``): the
 staged and own tiles are stored in two column halves, the own tile's epilogue run on each half in turn.
 
-``ws_pingpong`` runs ``codegen/mm_rs_ws.py``'s Gluon kernel instead (where ``TMA`` applies): a loader warp that
-draws the tickets and two MMA warpgroups taking tiles in turns, one's epilogue under the other's main loop.
+``ws_pingpong`` / ``ws_pingpong_direct`` / ``ws_coop`` run ``codegen/mm_rs_ws.py``'s Gluon kernel instead (where
+``TMA`` applies): a loader warp that draws the tickets and two MMA warpgroups taking tiles in turns, one's epilogue
+under the other's main loop, or sharing each 128 x 256 tile.
 
 ``PEER_STORE`` ships with the SMs instead of the copy engine: a remote tile is stored straight into
 its owner's receive buffer (after waiting, once per CTA, for the owner's ``READY``), and the last

@@ -27,10 +27,11 @@ VARIANTS = [(128, 256, 64, 8, 3, 8, False), (128, 256, 64, 8, 3, 8, True),
 
 
 # ag_mm's warp-specialized Gluon kernel (codegen/ag_mm_ws.py), both forms: no whole-input form, 128-row tiles;
-# mm_rs's (codegen/mm_rs_ws.py), its staged tiles stored by TMA or by the threads
+# mm_rs's (codegen/mm_rs_ws.py), its staged tiles stored by TMA or by the threads, or both warpgroups sharing a tile
 GLUON = [(128, 128, 64, 8, 4, 4, "ws_pingpong"), (128, 256, 64, 8, 3, 4, "ws_coop")]
 RS_GLUON = (128, 128, 64, 8, 4, 4, "ws_pingpong")
 RS_GLUON_DIRECT = RS_GLUON[:6] + ("ws_pingpong_direct",)
+RS_GLUON_COOP = (128, 256, 64, 8, 3, 4, "ws_coop")
 
 
 def _label(cfg) -> str:
@@ -289,7 +290,8 @@ def measured_variant_worker(rank: int, ws: int, device: str, ratio_dir: str, ag_
     ([128, 256, 64, 8, 4, 8, "tma_subtile_flatten"], [128, 256, 64, 4, 3, 8, False]),
     (list(GLUON[1]), list(RS_GLUON)),
     (list(GLUON[0]), list(RS_GLUON_DIRECT)),
-], ids=["tma_subtile_flatten", "gluon_coop", "gluon_pingpong"])
+    (list(GLUON[1]), list(RS_GLUON_COOP)),
+], ids=["tma_subtile_flatten", "gluon_coop", "gluon_pingpong", "gluon_coop_both"])
 def test_ops_run_the_measured_variant(tmp_path, ag_variant, rs_variant):
     try:
         from test_gpu import _need_gpus, _run
@@ -387,7 +389,7 @@ def test_mm_rs_with_two_ctas_per_sm(cfg, late, device):
     assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
 
 
-@pytest.mark.parametrize("cfg", [RS_GLUON, RS_GLUON_DIRECT], ids=_label)
+@pytest.mark.parametrize("cfg", [RS_GLUON, RS_GLUON_DIRECT, RS_GLUON_COOP], ids=_label)
 @pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_partials"])
 @pytest.mark.parametrize("shape", [(4, 1024, 256, 2048), (8, 512, 1024, 1984), (2, 2048, 64, 4096)],
                          ids=lambda s: "ws{}_rows{}_K{}_N{}".format(*s))
@@ -403,7 +405,7 @@ def test_mm_rs_ws_stages_counts_and_reduces(shape, late, cfg, device):
     assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
 
 
-@pytest.mark.parametrize("cfg", [RS_GLUON, RS_GLUON_DIRECT], ids=_label)
+@pytest.mark.parametrize("cfg", [RS_GLUON, RS_GLUON_DIRECT, RS_GLUON_COOP], ids=_label)
 @pytest.mark.parametrize("fused", [dict(bias=True), dict(spec="add:0"), dict(spec="gelu", average=True)],
                          ids=["bias", "residual", "average_gelu"])
 def test_mm_rs_ws_bias_epilogue_and_average(fused, cfg, device):
@@ -619,8 +621,9 @@ def test_cta_stage0_ws_stages_blocks_and_counts(form, act, bias, tail, first_at_
         assert counters[:groups * nch].eq(0).all(), "counters reset for the next call"
 
 
+@pytest.mark.parametrize("cfg", [RS_GLUON, RS_GLUON_COOP], ids=_label)
 @pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_partials"])
-def test_mm_ar_ws_rounds_reduce_and_gather(late, device):
+def test_mm_ar_ws_rounds_reduce_and_gather(late, cfg, device):
     """mm_ar's rounds on mm_rs's Gluon producer: each round's remote chunks staged, its own chunk reduced with the
     peers' partials (late: they land ~10 ms after the launch, NaN until then) into ``out`` at the rank's rows of the
     round and into its slot of the gather region, every band of every (round, chunk) counted to its done flag, the
@@ -641,7 +644,7 @@ def test_mm_ar_ws_rounds_reduce_and_gather(late, device):
     _partials_land(recv, peers, flags, late)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count // 2
     mm_rs.launch(a, w, None, stage, recv, gather, out, counters, done, flags, ticket, EPOCH, status, 10**10, rank, ws,
-                 rows, rows, rounds, ws * rows, rank * rows, False, band_rows, RS_GLUON, num_sms)
+                 rows, rows, rounds, ws * rows, rank * rows, False, band_rows, cfg, num_sms)
     torch.cuda.synchronize()
     full = a.float() @ w.float()
     errs = []
@@ -659,7 +662,7 @@ def test_mm_ar_ws_rounds_reduce_and_gather(late, device):
                                         for p in range(ws) if p != rank)
             errs.append(((out[lo:lo + n].float() - ref).norm() / ref.norm()).item())
             errs.append(((gather[slot:slot + n].float() - ref).norm() / ref.norm()).item())
-    print(f"mm_ar ws_pingpong rounds={rounds} {'late' if late else 'set'}: rel errs {max(errs):.2e} (max of {len(errs)})")
+    print(f"mm_ar {cfg[6]} rounds={rounds} {'late' if late else 'set'}: rel errs {max(errs):.2e} (max of {len(errs)})")
     assert status[0].item() == 0, "a wait gave up"
     assert max(errs) < 1e-2, errs
     assert done.eq(EPOCH).all(), "every band of every (round, chunk) counted, the own ones for the all-gather"

@@ -52,14 +52,13 @@ def test_ag_mm_flattened_wait_gives_up_and_reports():
 
 def test_mm_rs_refuses_loops_it_does_not_have():
     """The producer's tiles come from an atomic ticket: the Triton kernel's warp-specialized or flattened loops are
-    an error, not a silently different kernel; so is a Gluon form it has not (cooperative) or where it cannot run."""
+    an error, not a silently different kernel; so is a Gluon form where it cannot run (the interpreter)."""
     for store in ("tma_ws", "tma_flatten"):
         with pytest.raises(ValueError, match="no warp-specialized or flattened"):
             _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + (store,))
-    with pytest.raises(ValueError, match="store field 'ws_coop'"):
-        _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + ("ws_coop",))
-    with pytest.raises(ValueError, match="interpreter"):
-        _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + ("ws_pingpong",))
+    for store in ("ws_pingpong", "ws_pingpong_direct", "ws_coop"):
+        with pytest.raises(ValueError, match="interpreter"):
+            _run_mm_rs(2, 0, 1, 32, 32, 40, False, False, cfg=SMALL + (store,))
 
 
 def test_mm_rs_ws_refuses_what_it_does_not_do(monkeypatch):
@@ -72,7 +71,10 @@ def test_mm_rs_ws_refuses_what_it_does_not_do(monkeypatch):
     cfg, bf16 = (128, 128, 64, 8, 4, 4, "ws_pingpong"), torch.bfloat16
     assert mm_rs_ws.unsupported(1024, 1024, cfg, bf16, bf16, False) is None
     assert mm_rs_ws.unsupported(1024, 1024, cfg[:6] + ("ws_pingpong_direct",), bf16, bf16, False) is None
-    assert "store field" in mm_rs_ws.unsupported(1024, 1024, cfg[:6] + ("ws_coop",), bf16, bf16, False)
+    coop = (128, 256, 64, 8, 3, 4, "ws_coop")
+    assert mm_rs_ws.unsupported(1024, 1024, coop, bf16, bf16, False) is None
+    assert "64" in mm_rs_ws.unsupported(1024, 1024, (64,) + coop[1:], bf16, bf16, False)  # 32 rows a warpgroup
+    assert "store field" in mm_rs_ws.unsupported(1024, 1024, cfg[:6] + ("tma_ws",), bf16, bf16, False)
     assert "copy-engine" in mm_rs_ws.unsupported(1024, 1024, cfg, bf16, bf16, True)
     assert "copy tiles" in mm_rs_ws.unsupported(1024, 1024, cfg, bf16, bf16, False, copy_out=True)
     assert "contiguous" in mm_rs_ws.unsupported(1024, 512, cfg, bf16, bf16, False)
