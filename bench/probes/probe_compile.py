@@ -43,6 +43,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from overlap_backend.spec import knobs  # noqa: E402
+
 # per kernel: its constexprs (defaults), its bf16 pointers, its int32 pointers (float32 ones: fp32, peer address tables:
 # tables), its 64-bit integers, and the integers
 # taken to be multiples of 16, as Triton's launcher specializes sizes that are (the stores' vector width follows)
@@ -63,9 +65,11 @@ KERNELS = {
                    PEERS_BY_COLUMN=False, COOP=False, EP_VALUES=0),
         data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "N", "K", "band_rows"}),
-    "mm_rs_ws": dict(  # a Gluon kernel, as ag_mm_ws (--set WRITE_GATHER=True: mm_ar's rounds; --set COOP=True --set BN=256 --set STAGES=3: ws_coop)
+    "mm_rs_ws": dict(  # a Gluon kernel, as ag_mm_ws (--set WRITE_GATHER=True: mm_ar's rounds; --set COOP=True
+        # --set BN=256 --set STAGES=3: ws_coop), the op's epilogue values a thread
         const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
-                   TIMED=True, EP_VALUES=32, DIRECT=False, WRITE_GATHER=False, COOP=False),
+                   TIMED=True, EP_VALUES=knobs.codegen.GLUON_EPILOGUE_VALUES, DIRECT=False, WRITE_GATHER=False,
+                   COOP=False),
         data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "gather_ptr", "out_ptr", "ep0", "ep1", "ep2",
               "ep3"},
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "ticket_ptr", "claim_ptr", "report_ptr"},
