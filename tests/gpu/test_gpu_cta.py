@@ -12,7 +12,8 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
   ``knobs.cta.SWIGLU_SHARE_ROUNDS``, ``STAGE0_TMA_STORE``, ``STAGE0_SPLIT_LAST`` and
   ``SHIP_BEFORE_TAILS`` set to its other value, and split-K's sums in their other form (``SPLIT_SUM_PAIRS``,
   ``STAGE1_SPLIT_FIXUP``, ``STAGE0_SPLIT_FIXUP``) on three splitting cases each; stage 0 in each Gluon form
-  (``STAGE0_FORM``) on every 16-bit GELU case it runs, twice;
+  (``STAGE0_FORM``) on every 16-bit GELU case it runs, twice, and the form a ratio file measured fastest
+  (``"measured"``) run by the stage-0 ranks;
 - 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical; an
   in-place weight update (version counter) seen by the next call (the placement is redone); with and
   without TMA stores;
@@ -238,6 +239,35 @@ def cta_worker(rank: int, ws: int, device: str):
                     ran += lowering_helpers.PATHS[f"cta_pipeline_mlp:symm:stage0_{form}"] - before
         if not ran and ws <= 2 and rank < ws // 2:  # (only the stage-0 ranks run stage 0)
             bad.append(f"rank {rank}: STAGE0_FORM={form}: no stage 0 ran in it")
+
+    # STAGE0_FORM "measured" (the default): a ratio file in which ws_coop beat the Triton kernel at a GELU case's
+    # stage-0 GEMM makes the stage-0 ranks run that form there (the op's own lookup, no knob naming the form).
+    import json
+    import tempfile
+
+    from overlap_backend.codegen import cta_ws
+    from overlap_backend.spec import kernel_ratios
+
+    M, H, F, N, act, approximate, bias, dtype = (1024, 512, 6144, 512, "gelu", "tanh", True, torch.bfloat16)
+    plan = cta_plan.chunk_plan(M, F, N, ws // 2, False, dtype, num_sms, H=H)
+    if plan.split0 == 1 and plan.cfg0[0] == 128:
+        coop = [*cta_ws.config("ws_coop", plan.cfg0), "ws_coop", 1]
+        entry = {"gpu": kernel_ratios.gpu_name(), "kernel": "cta_stage0", "dtype": "bfloat16", "ws": ws, "M": M, "K": H,
+                 "N": F // (ws // 2), "fused": True, "epilogue": "gelu_tanh", "ratio": 1.10, "best_variant_ratio": 1.0,
+                 "best_config": coop, "variants": [[coop, 1.0]]}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ratios.json")
+            with open(path, "w") as fh:
+                json.dump(kernel_ratios.document([entry]), fh)
+            with knobs.symm.patch(KERNEL_RATIOS_FILE=path), knobs.cta.patch(STAGE0_FORM="measured"):
+                kernel_ratios.forget()
+                before = lowering_helpers.PATHS["cta_pipeline_mlp:symm:stage0_ws_coop"]
+                call(_shards(ws, M, H, F, N, act, bias, dtype, device), act, approximate)
+                checked_call(_shards(ws, M, H, F, N, act, bias, dtype, device), act, approximate, dtype,
+                             f"STAGE0_FORM=measured: M={M} H={H} F={F} N={N}")
+                if rank < ws // 2 and lowering_helpers.PATHS["cta_pipeline_mlp:symm:stage0_ws_coop"] != before + 2:
+                    bad.append(f"rank {rank}: STAGE0_FORM=measured did not run the measured ws_coop")
+            kernel_ratios.forget()
 
     # Back-to-back calls: distinct inputs each right, then identical inputs bit-identical; with stage
     # 0's tiles stored by TMA (a tile counted before its bulk store landed would ship stale data) and
