@@ -32,8 +32,8 @@ from ..spec import knobs
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_AG_MM, fence_proxy_async, wait_flag
-from .gluon_ring import (WARPS, acc_layout, allocate_ring, b_descriptor, epilogue_values, finish_tile, load_stage,
-                         mma_tile, partition_descriptor, refusal, store_tile)
+from .gluon_ring import (LOAD_REGS, MAXNREG, MMA_REGS, WARPS, acc_layout, allocate_ring, b_descriptor, epilogue_values,
+                         finish_tile, load_stage, mma_tile, partition_descriptor, refusal, store_tile)
 from .tiles import tile_position
 
 
@@ -141,12 +141,6 @@ def ag_mm_ws_kernel(
     ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
 
 
-# Registers: the kernel runs 3 warpgroups (the default partition, the second MMA partition, the loader's warp padded
-# to a warpgroup), 3 x 128 threads x MAXNREG within the 64K register file; setmaxnreg then gives the loader
-# LOAD_REGS and each MMA warpgroup the rest (a 128x128 or 64x256 fp32 accumulator is 128 registers a thread).
-MAXNREG = 168
-LOAD_REGS = 40
-MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 STORES = ("ws_pingpong", "ws_coop")
 
 

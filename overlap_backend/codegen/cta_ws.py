@@ -32,9 +32,9 @@ from . import epilogue as generated
 from . import launcher
 from .cta_flags import count_chunk_tile
 from .flags import OP_CTA_STAGE0, READY_FLAG_BASE, bulk_stores_done, wait_flag
-from .gluon_ring import (WARPS, acc_layout, allocate_ring, epilogue_in_pieces, epilogue_values, finish_tile,
-                         load_stage, mma_tile, partition_barrier, partition_descriptor, refusal, shared_to_tma,
-                         slice_cols, slice_layout, strided_descriptor, tma_store)
+from .gluon_ring import (LOAD_REGS, MAXNREG, MMA_REGS, WARPS, acc_layout, allocate_ring, epilogue_in_pieces,
+                         epilogue_values, finish_tile, load_stage, mma_tile, partition_barrier, partition_descriptor,
+                         refusal, shared_to_tma, slice_cols, slice_layout, strided_descriptor, tma_store)
 from .tiles import grouped_tile
 
 
@@ -196,11 +196,6 @@ def stage0_ws_kernel(
     ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
 
 
-# Registers: as ag_mm_ws's (3 warpgroups within the 64K register file; setmaxnreg moves the loader's to the MMA
-# warpgroups, each holding a 128x128 or 64x256 float32 accumulator, 128 registers a thread).
-MAXNREG = 168
-LOAD_REGS = 40
-MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 FORMS = {"ws_pingpong": (128, 4), "ws_coop": (256, 3)}  # BN and ring stages of each form (BM, BK, GROUP_M: the plan's)
 SPECS = {0: "gelu", 1: "gelu_tanh"}  # cta.ACT_GELU, cta.ACT_GELU_TANH: the generated epilogue's activation step
 

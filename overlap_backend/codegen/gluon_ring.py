@@ -33,6 +33,12 @@ tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 WARPS = 4  # a partition is one warpgroup: the launch's num_warps (its default partition)
+# Registers: a kernel on the ring runs 3 warpgroups (the default partition, the second MMA partition, the loader's warp
+# padded to a warpgroup), 3 x 128 threads x MAXNREG within the 64K register file; setmaxnreg then gives the loader
+# LOAD_REGS and each MMA warpgroup the rest (a 128x128 or 64x256 fp32 accumulator is 128 registers a thread).
+MAXNREG = 168
+LOAD_REGS = 40
+MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 
 if hasattr(gl.shared_memory_descriptor, "reinterpret"):
     @gluon.jit

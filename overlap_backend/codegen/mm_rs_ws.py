@@ -1,17 +1,18 @@
 """``mm_rs`` producer, warp-specialized (Gluon, Hopper): ``mm_rs_kernel``'s tiles, ticket order, staging, band
 counting and own-chunk reduction, in three partitions instead of one loop, so that the next tiles' loads run
 during a tile's epilogue and one MMA warpgroup's epilogue during the other's main loop (the config's store field
-``ws_pingpong``, ``ws_pingpong_direct`` or ``ws_coop``; ``codegen/gluon_ring.py`` has the ring). With TMA stores only: contiguous
-chunks whose rows a tile divides, on the copy-engine transport (``mm_rs.tma_ok``); ``mm_ar``'s rounds too, each
-round's own tiles also stored into the gather region and counted for the all-gather (``WRITE_GATHER``).
+``ws_pingpong``, ``ws_pingpong_direct`` or ``ws_coop``; ``codegen/gluon_ring.py`` has the ring). With TMA stores
+only: contiguous chunks whose rows a tile divides, on the copy-engine transport (``mm_rs.tma_ok``); ``mm_ar``'s
+rounds too, each round's own tiles also stored into the gather region and counted for the all-gather
+(``WRITE_GATHER``).
 
 - The loader (1 warp) draws the tiles from the atomic ticket (the remote chunks rank+1, rank+2, ... first, the own
   chunk last; a CTA that is not resident holds no tile a peer waits for), hands each tile's number to its MMA
   warpgroup through a small ring of its own (``ids``; -1: no more tiles) and fills the stage ring with its K-chunks.
 - Two MMA warpgroups take the CTA's tiles in turns (ping-pong, as ``ag_mm_ws``), or share each tile, each computing
-  half its rows (``ws_coop``: 128 x 256 tiles, by TMA stores; each half counted as half a tile). A remote tile (+ bias) goes to
-  ``stage`` by TMA and is counted as soon as its store completed (``count_bulk_stored``: the band's last tile raises
-  its done flag, which the copy engine waits for); ``ws_pingpong_direct``: by the warpgroup's own 16-byte stores
+  half its rows (``ws_coop``: 128 x 256 tiles, by TMA stores; each half counted as half a tile). A remote tile
+  (+ bias) goes to ``stage`` by TMA and is counted as soon as its store completed (``count_bulk_stored``: the
+  band's last tile raises its done flag, which the copy engine waits for); ``ws_pingpong_direct``: by the warpgroup's own 16-byte stores
   through shared memory, counted at once (``count_tile_done``: the count's release orders them, no wait for a
   TMA store's completion, a microsecond or more, which a short-K main loop of the other warpgroup does not cover).
   Counting at once, before the warpgroup waits for anything else, is what keeps waits across GPUs acyclic: no
@@ -38,9 +39,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from . import launcher
 from .epilogue import epilogue_fn
 from .flags import OP_MM_AR, OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
-from .gluon_ring import (WARPS, acc_layout, allocate_ring, b_descriptor, epilogue_in_pieces, epilogue_values,
-                         finish_tile, load_stage, mma_tile, partition_barrier, partition_descriptor, refusal,
-                         shared_to_tma, slice_cols, slice_layout, store_tile, tma_store)
+from .gluon_ring import (LOAD_REGS, MAXNREG, MMA_REGS, WARPS, acc_layout, allocate_ring, b_descriptor,
+                         epilogue_in_pieces, epilogue_values, finish_tile, load_stage, mma_tile, partition_barrier,
+                         partition_descriptor, refusal, shared_to_tma, slice_cols, slice_layout, store_tile, tma_store)
 from .tiles import grouped_tile
 
 ID_SLOTS = gl.constexpr(4)  # tile numbers the loader may hand out ahead of the MMA warpgroups
@@ -264,11 +265,6 @@ def mm_rs_ws_kernel(
     ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
 
 
-# Registers: as ag_mm_ws's (3 warpgroups within the 64K register file; setmaxnreg moves the loader's to the MMA
-# warpgroups, each holding a 128x128 or 64x256 float32 accumulator, 128 registers a thread).
-MAXNREG = 168
-LOAD_REGS = 40
-MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 STORES = ("ws_pingpong", "ws_pingpong_direct", "ws_coop")
 
 
@@ -291,9 +287,9 @@ def unsupported(rows: int, run: int, config, dtype: torch.dtype, out_dtype: torc
 def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, ticket, epoch, status, timeout_ns, rank,
            ws, rows, run, rounds, out_round_stride, out_offset, average, band_rows, config, num_sms, timed=True,
            epilogue=None, ep_ptrs=(), peer_store=False, copy_out=False):
-    """``mm_rs.launch``'s contract for a ``ws_pingpong`` / ``ws_pingpong_direct`` / ``ws_coop`` config (``gather``: ``mm_ar``'s
-    gather region, None for ``mm_rs``; ``peer_store``, ``copy_out``: whether ``mm_rs.launch`` has peer stores, copy
-    tiles); see ``unsupported`` for what it refuses."""
+    """``mm_rs.launch``'s contract for a ``ws_pingpong`` / ``ws_pingpong_direct`` / ``ws_coop`` config (``gather``:
+    ``mm_ar``'s gather region, None for ``mm_rs``; ``peer_store``, ``copy_out``: whether ``mm_rs.launch`` has peer
+    stores, copy tiles); see ``unsupported`` for what it refuses."""
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, stages, _warps, store = config

@@ -31,9 +31,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import launcher
 from .flags import count_bulk_stored, count_tile_done, signal_flag
-from .gluon_ring import (WARPS, acc_layout, allocate_ring, b_descriptor, finish_tile, load_stage, mma_tile,
-                         partition_barrier, partition_descriptor, refusal, shared_to_tma, slice_cols, slice_layout,
-                         tma_store)
+from .gluon_ring import (LOAD_REGS, MAXNREG, MMA_REGS, WARPS, acc_layout, allocate_ring, b_descriptor, finish_tile,
+                         load_stage, mma_tile, partition_barrier, partition_descriptor, refusal, shared_to_tma,
+                         slice_cols, slice_layout, tma_store)
 from .moe_tiles import expert_layout, log_groups, tile_group, tma_stores
 
 
@@ -224,11 +224,6 @@ def down_ws_kernel(
     ], [4, 1], [MMA_REGS, LOAD_REGS])  # the second MMA partition one warpgroup, the loader one warp
 
 
-# Registers: as ag_mm_ws's (3 warpgroups within the 64K register file; setmaxnreg moves the loader's to the MMA
-# warpgroups, each holding a 128x128 or 64x256 float32 accumulator, 128 registers a thread).
-MAXNREG = 168
-LOAD_REGS = 40
-MMA_REGS = (MAXNREG * 3 - LOAD_REGS) // 2 // 8 * 8
 STORES = ("ws_pingpong", "ws_coop")
 
 
