@@ -34,7 +34,7 @@ from .cta_flags import count_chunk_tile
 from .flags import OP_CTA_STAGE0, READY_FLAG_BASE, bulk_stores_done, wait_flag
 from .gluon_ring import (LOAD_REGS, MAXNREG, MMA_REGS, WARPS, acc_layout, allocate_ring, epilogue_in_pieces,
                          epilogue_values, finish_tile, load_stage, mma_tile, partition_barrier, partition_descriptor,
-                         refusal, shared_to_tma, slice_cols, slice_layout, strided_descriptor, tma_store)
+                         refusal, shared_to_tma, slice_cols, slice_layout, store_rows, strided_descriptor, tma_store)
 from .tiles import grouped_tile
 
 
@@ -69,16 +69,10 @@ def _count(counters_ptr, done_ptr, epoch, pid_m, pid_n, tiles_m, tiles_n, tiles_
 def _keep_rows(c_buf, keep_ptr, row0, col0, M, Fp, Fship, m0):
     """A tail tile's rows (from ``row0``) in ``c_buf`` into ``keep`` ``[Mp - m0, Fp - Fship]`` by the threads."""
     ROWS: gl.constexpr = c_buf.type.shape[0]
-    BN: gl.constexpr = c_buf.type.shape[1]
-    COLS: gl.constexpr = slice_cols(ROWS, BN, 32)
-    layout: gl.constexpr = slice_layout(ROWS, COLS)
+    COLS: gl.constexpr = slice_cols(ROWS, c_buf.type.shape[1], 32)
     partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
-    r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    for j in gl.static_range(BN // COLS):
-        cols = col0 + j * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
-        offs = gl.expand_dims((r - m0).to(gl.int64) * (Fp - Fship), 1) + gl.expand_dims(cols - Fship, 0)
-        mask = gl.expand_dims(r < M, 1) & gl.expand_dims(cols < Fp, 0)
-        gl.store(keep_ptr + offs, c_buf.slice(j * COLS, COLS, dim=1).load(layout), mask=mask)
+    r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, slice_layout(ROWS, COLS)))
+    store_rows(c_buf, keep_ptr, r - m0, r < M, col0 - Fship, Fp - Fship, COLS)
 
 
 @gluon.jit

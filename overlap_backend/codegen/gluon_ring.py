@@ -224,6 +224,20 @@ def slice_layout(rows, cols):
 
 
 @gluon.jit
+def store_rows(c_buf, ptr, rows, ok, col0, N, COLS: gl.constexpr):
+    """The tile in ``c_buf`` into ``ptr`` ([*, N], row-major) by the threads: at rows ``rows`` (where ``ok``; in
+    ``slice_layout``'s rows) and columns from ``col0`` (those below N), ``COLS`` columns at a time. The caller makes
+    every thread's part of the tile in ``c_buf`` visible first (``partition_barrier``)."""
+    BN: gl.constexpr = c_buf.type.shape[1]
+    layout: gl.constexpr = slice_layout(c_buf.type.shape[0], COLS)
+    for j in gl.static_range(BN // COLS):
+        cols = col0 + j * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+        offs = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
+        mask = gl.expand_dims(ok, 1) & gl.expand_dims(cols < N, 0)
+        gl.store(ptr + offs, c_buf.slice(j * COLS, COLS, dim=1).load(layout), mask=mask)
+
+
+@gluon.jit
 def store_tile(acc, out_desc, c_buf, bias_ptr, row0, col0, N, ep0, ep1, ep2, ep3, HAS_BIAS: gl.constexpr,
                EPILOGUE: gl.constexpr, EP_VALUES: gl.constexpr):
     """(+ bias, then ``EPILOGUE``: ``codegen/epilogue.py``'s generated ``tl`` function) -> ``c_buf`` -> TMA store at

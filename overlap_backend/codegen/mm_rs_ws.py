@@ -41,7 +41,8 @@ from .epilogue import epilogue_fn
 from .flags import OP_MM_AR, OP_MM_RS, count_bulk_stored, count_tile_done, wait_flag
 from .gluon_ring import (LOAD_REGS, MAXNREG, MMA_REGS, WARPS, acc_layout, allocate_ring, b_descriptor,
                          epilogue_in_pieces, epilogue_values, finish_tile, load_stage, mma_tile, partition_barrier,
-                         partition_descriptor, refusal, shared_to_tma, slice_cols, slice_layout, store_tile, tma_store)
+                         partition_descriptor, refusal, shared_to_tma, slice_cols, slice_layout, store_rows, store_tile,
+                         tma_store)
 from .tiles import grouped_tile
 
 ID_SLOTS = gl.constexpr(4)  # tile numbers the loader may hand out ahead of the MMA warpgroups
@@ -132,14 +133,9 @@ def _stage_direct(acc, c_buf, bias_ptr, stage_ptr, row0, col0, N, HAS_BIAS: gl.c
     partition_barrier()  # ... before any thread overwrites it
     c_buf.store(acc.to(c_buf.dtype))
     COLS: gl.constexpr = slice_cols(BM, BN, EP_VALUES)
-    layout: gl.constexpr = slice_layout(BM, COLS)
     partition_barrier()  # every thread's part of the tile in c_buf before any thread reads another's
-    r = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    for j in gl.static_range(BN // COLS):
-        cols = col0 + j * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
-        offs = gl.expand_dims(r.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
-        mask = (gl.expand_dims(r, 1) >= row0) & (gl.expand_dims(cols, 0) < N)
-        gl.store(stage_ptr + offs, c_buf.slice(j * COLS, COLS, dim=1).load(layout), mask=mask)
+    r = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, slice_layout(BM, COLS)))
+    store_rows(c_buf, stage_ptr, r, r >= row0, col0, N, COLS)
 
 
 @gluon.jit

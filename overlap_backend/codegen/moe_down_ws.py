@@ -33,7 +33,7 @@ from . import launcher
 from .flags import count_bulk_stored, count_tile_done, signal_flag
 from .gluon_ring import (LOAD_REGS, MAXNREG, MMA_REGS, WARPS, acc_layout, allocate_ring, b_descriptor, finish_tile,
                          load_stage, mma_tile, partition_barrier, partition_descriptor, refusal, shared_to_tma,
-                         slice_cols, slice_layout, tma_store)
+                         slice_cols, slice_layout, store_rows, tma_store)
 from .moe_tiles import expert_layout, log_groups, tile_group, tma_stores
 
 
@@ -108,24 +108,11 @@ def _store_part(acc, c_buf, out_desc, stage_desc, out_ptr, stage_ptr, srows_ptr,
         ok = r < rows_here
         srow = gl.load(srows_ptr + row + r, mask=ok, other=0)
         if own:
-            _store_rows(c_buf, out_ptr, srow + own_shift, ok, col0, H, COLS)
+            store_rows(c_buf, out_ptr, srow + own_shift, ok, col0, H, COLS)
         else:
-            _store_rows(c_buf, stage_ptr, srow, ok, col0, H, COLS)
+            store_rows(c_buf, stage_ptr, srow, ok, col0, H, COLS)
             count_tile_done(counters_ptr + pos, done_ptr + pos, PARTS * gl.load(src_tiles_ptr + pos) * tiles_n, epoch)
     return pending
-
-
-@gluon.jit
-def _store_rows(c_buf, ptr, rows, ok, col0, N, COLS: gl.constexpr):
-    """The tile in ``c_buf`` into ``ptr`` ([*, N], row-major) at rows ``rows`` (where ``ok``; in ``slice_layout``'s
-    rows) and columns from ``col0`` (those below N), ``COLS`` columns at a time."""
-    BN: gl.constexpr = c_buf.type.shape[1]
-    layout: gl.constexpr = slice_layout(c_buf.type.shape[0], COLS)
-    for j in gl.static_range(BN // COLS):
-        cols = col0 + j * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
-        offs = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
-        mask = gl.expand_dims(ok, 1) & gl.expand_dims(cols < N, 0)
-        gl.store(ptr + offs, c_buf.slice(j * COLS, COLS, dim=1).load(layout), mask=mask)
 
 
 @gluon.jit
