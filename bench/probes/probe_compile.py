@@ -60,7 +60,7 @@ KERNELS = {
                    TMA_STORE=True, SUBTILE=False, WARP_SPEC=False, FLATTEN=False, INTERPRET=False),
         data={"buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"flags_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"}, sizes={"rows", "run", "N", "K"}),
-    "ag_mm_ws": dict(  # a Gluon kernel: 4 warps (the default partition), its register budgets from the module
+    "ag_mm_ws": dict(  # a Gluon kernel: 4 warps (the default partition), the register budgets of gluon_ring
         const=dict(WS=4, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, B_KMAJOR=True, HAS_BIAS=False, TIMED=True,
                    PEERS_BY_COLUMN=False, COOP=False, EP_VALUES=0),
         data={"shard_ptr", "buf_ptr", "b_ptr", "bias_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
@@ -95,7 +95,7 @@ KERNELS = {
         flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
                "counters_ptr", "done_ptr", "contig_ptr"}, wide=set(), sizes={"M", "H", "F"}),
     "cta_stage0_ws": dict(  # a Gluon kernel, as ag_mm_ws (ws_pingpong; --set COOP=True --set BN=256 --set STAGES=3: ws_coop)
-        const=dict(EP_VALUES=16, TP=1, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, COOP=False, WAIT_READY=False,
+        const=dict(EP_VALUES=knobs.codegen.GLUON_EPILOGUE_VALUES, TP=1, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, COOP=False, WAIT_READY=False,
                    TIMED=True, COUNT_FIRST_AT_ONCE=True),
         data={"x_ptr", "w1_ptr", "stage_ptr", "keep_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"counters_ptr", "done_ptr", "epoch_ptr", "ready_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"},
@@ -129,7 +129,7 @@ KERNELS = {
         tables={"peer_data_ptr", "peer_flags_ptr"}, flags={"counters_ptr", "done_ptr", "epoch_ptr"}, wide=set(),
         sizes={"Mp", "Fp", "Fship", "kchunk"}),
 }
-# the Gluon kernels: (module of overlap_backend.codegen, kernel); 4 warps and their own register budgets
+# the Gluon kernels: (module of overlap_backend.codegen, kernel); 4 warps and gluon_ring's register budgets
 GLUON_KERNELS = {"ag_mm_ws": ("ag_mm_ws", "ag_mm_ws_kernel"), "mm_rs_ws": ("mm_rs_ws", "mm_rs_ws_kernel"),
                  "moe_down_ws": ("moe_down_ws", "down_ws_kernel"), "cta_stage0_ws": ("cta_ws", "stage0_ws_kernel")}
 COUNTS = {"scf.for": r"scf\.for ", "scf.while": r"scf\.while ", "TMA loads": r"async_tma_copy_global_to_local",
@@ -156,12 +156,14 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
     if name in GLUON_KERNELS:
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        module = importlib.import_module(f"overlap_backend.codegen.{GLUON_KERNELS[name][0]}")
-        fn = getattr(module, GLUON_KERNELS[name][1])
-        const.update(MMA_REGS=module.MMA_REGS, LOAD_REGS=module.LOAD_REGS)
+        from overlap_backend.codegen import gluon_ring
+
+        module_name, kernel_name = GLUON_KERNELS[name]
+        fn = getattr(importlib.import_module(f"overlap_backend.codegen.{module_name}"), kernel_name)
+        const.update(MMA_REGS=gluon_ring.MMA_REGS, LOAD_REGS=gluon_ring.LOAD_REGS)
         if name == "mm_rs_ws":
             const["IDENTITY"] = epilogue_fn(None, (), torch.bfloat16, torch.empty(1))[0]
-        source, options = GluonASTSource, {"num_warps": module.WARPS, "maxnreg": module.MAXNREG}
+        source, options = GluonASTSource, {"num_warps": gluon_ring.WARPS, "maxnreg": gluon_ring.MAXNREG}
     else:
         fn = {"ag_mm": ag_mm.ag_mm_kernel, "ag_mm_whole": ag_mm.ag_mm_whole_kernel, "mm_rs": mm_rs.mm_rs_kernel,
               "moe_down": moe_gemm.down_kernel, "cta_stage0": cta.stage0_kernel, "cta_stage1": cta.stage1_kernel,

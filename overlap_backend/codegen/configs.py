@@ -72,7 +72,7 @@ def candidates(dtype: torch.dtype, row_multiple: int | None = None, tma_store_ro
         cands += [(*c[:6], True) for c in cands[:knobs.codegen.TMA_STORE_VARIANTS] if tma_store_rows % c[0] == 0]
     if knobs.codegen.TUNE_VARIANTS if variants is None else variants:
         cands += [c for c in variant_candidates(dtype, kernel, row_multiple, tma_store_rows) if c not in cands]
-    if measured is not None and dtype != torch.float32 and tuple(measured) not in cands and _fits(
+    if measured is not None and dtype != torch.float32 and tuple(measured) not in cands and fits(
             tuple(measured), row_multiple, tma_store_rows):
         cands.append(tuple(measured))
     return cands
@@ -82,7 +82,7 @@ def candidates(dtype: torch.dtype, row_multiple: int | None = None, tma_store_ro
 ANY_ROWS = -1
 
 
-def _fits(c: Config, row_multiple: int | None, tma_store_rows: int | None) -> bool:
+def fits(c: Config, row_multiple: int | None, tma_store_rows: int | None) -> bool:
     """BM divides ``row_multiple``; a TMA-store config only with ``tma_store_rows`` that BM divides (or ``ANY_ROWS``)."""
     if row_multiple is not None and row_multiple % c[0]:
         return False
@@ -97,7 +97,7 @@ def variant_candidates(dtype: torch.dtype, kernel: str, row_multiple: int | None
     ``row_multiple``, TMA variants only with ``tma_store_rows`` that BM divides (any with ``ANY_ROWS``)."""
     if dtype == torch.float32:
         return []
-    return [tuple(c) for c in knobs.codegen.VARIANTS_16BIT.get(kernel, ()) if _fits(tuple(c), row_multiple, tma_store_rows)]
+    return [tuple(c) for c in knobs.codegen.VARIANTS_16BIT.get(kernel, ()) if fits(tuple(c), row_multiple, tma_store_rows)]
 
 
 def cache_file() -> Path:

@@ -72,9 +72,9 @@ def refusal(store, stores, warps: int, dtype: torch.dtype, block_m: int) -> str 
 def block_rows_refusal(store, block_m: int) -> str | None:
     """Why ``store``'s form cannot take ``block_m``-row tiles (None: it can): each MMA partition's rows (half a tile in
     the cooperative form) must be a multiple of a warpgroup MMA's 64."""
-    per_partition = block_m // (2 if store == "ws_coop" else 1)
-    if block_m % 64 or per_partition % 64:
-        return f"BM={block_m}: {per_partition} rows a partition, not a multiple of a warpgroup MMA's 64"
+    parts = 2 if store == "ws_coop" else 1
+    if block_m % (64 * parts):
+        return f"BM={block_m}: {block_m / parts:g} rows a partition, not a multiple of a warpgroup MMA's 64"
     return None
 
 

@@ -80,7 +80,7 @@ def ar_candidates(dtype, rows: int, tma: str, measured=None, variants: bool | No
     gluon = measured is not None and measured[6] in configs.GLUON_STORES
     cands = configs.candidates(dtype, tma_store_rows=rows if tma != "off" else None, variants=variants,
                                measured=None if gluon else measured)
-    if gluon and tuple(measured) in configs.candidates(dtype, tma_store_rows=rows, measured=measured):
+    if gluon and dtype != torch.float32 and tuple(measured) not in cands and configs.fits(tuple(measured), None, rows):
         cands.append(tuple(measured))
     return ([c for c in cands if c[6]] or cands) if tma == "only" else cands
 
