@@ -34,6 +34,11 @@ RS_GLUON_DIRECT = RS_GLUON[:6] + ("ws_pingpong_direct",)
 RS_GLUON_COOP = (128, 256, 64, 8, 3, 4, "ws_coop")
 
 
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``got``'s relative error (Frobenius norm) against the float32 reference ``want`` (NaN where ``got`` has one)."""
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
 def _label(cfg) -> str:
     return "x".join(map(str, cfg[:3])) + f"-s{cfg[4]}-{cfg[6]}"
 
@@ -85,7 +90,7 @@ def _run(cfg, device, late: bool, ws=4, rows=512, K=1024, N=2048, rank=1, band_r
                      num_sms)
     torch.cuda.synchronize()
     ref = torch.cat(shards).float() @ w.float() + bias.float()
-    err = ((out.float() - ref).norm() / ref.norm()).item()
+    err = _rel(out, ref)
     return err, status[0].item()
 
 
@@ -168,7 +173,7 @@ def test_ag_mm_ws_back_to_back_calls_on_new_tensors(cfg, device):
     errs = []
     for shards, w, out in calls:
         ref = torch.cat(shards).float() @ w.float()
-        errs.append(((out.float() - ref).norm() / ref.norm()).item())
+        errs.append(_rel(out, ref))
     print(f"{_label(cfg)} 8 calls back to back: rel errs {[f'{e:.1e}' for e in errs]}")
     assert status[0].item() == 0, "a wait gave up"
     assert all(e < 1e-2 for e in errs), errs
@@ -214,7 +219,7 @@ def test_ag_mm_ws_generated_epilogue(cfg, spec, values, device):
         ref = torch.nn.functional.gelu(h, approximate="tanh")
     else:
         ref = torch.nn.functional.gelu(h + extra.float()) + resid.float()
-    err = ((out.float() - ref).norm() / ref.norm()).item()
+    err = _rel(out, ref)
     print(f"{_label(cfg)} epilogue {spec}: rel err {err:.2e}")
     assert status[0].item() == 0, "a wait gave up"
     assert err < 2e-2, f"rel err {err}"
@@ -365,11 +370,11 @@ def _run_mm_rs(cfg, device, late: bool, ws=4, rows=1024, K=256, N=2048, rank=1, 
     ref = ref / ws if average else ref
     ref = ref + resid.float() if "add:0" in spec else ref
     ref = torch.nn.functional.gelu(ref) if "gelu" in spec else ref
-    err = ((out.float() - ref).norm() / ref.norm()).item()
+    err = _rel(out, ref)
     remote = [c for c in range(ws) if c != rank]
     staged = torch.cat([stage[c * rows:(c + 1) * rows] for c in remote]).float()
     staged_ref = torch.cat([full[c * rows:(c + 1) * rows] for c in remote])
-    staged_err = ((staged - staged_ref).norm() / staged_ref.norm()).item()
+    staged_err = _rel(staged, staged_ref)
     assert ticket.item() == 0, "the tile ticket is reset for the next call"
     assert (done == EPOCH).sum().item() == (ws - 1) * nbands, "every remote band's done flag raised"
     return err, staged_err, status[0].item()
@@ -545,10 +550,10 @@ def test_moe_down_ws_scatters_and_counts(cfg, k_major, expert_major, grid, devic
         torch.cuda.synchronize()
         own = out[own_row0:own_row0 + recv[rank]].float()
         want_own = ref[off[rank]:off[rank + 1]]
-        err_own = ((own - want_own).norm() / want_own.norm()).item()
+        err_own = _rel(own, want_own)
         remote = torch.cat([stage[off[s]:off[s + 1]] for s in range(ws) if s != rank]).float()
         want = torch.cat([ref[off[s]:off[s + 1]] for s in range(ws) if s != rank])
-        err = ((remote - want).norm() / want.norm()).item()
+        err = _rel(remote, want)
         print(f"moe down {cfg[6]} {'kmajor' if k_major else 'kxn'} {'expert-major' if expert_major else 'remote-first'} "
               f"grid {grid} call {call}: rel err own {err_own:.2e}, staged {err:.2e}")
         assert err_own < 1e-2 and err < 1e-2, (err_own, err)
@@ -603,11 +608,11 @@ def test_cta_stage0_ws_stages_blocks_and_counts(form, act, bias, tail, first_at_
         got = blocks[:, :M].permute(1, 0, 2).reshape(M, Fp).float()
         shipped = torch.ones(M, Fp, dtype=torch.bool, device=device)
         shipped[m0:, fship:] = False  # the tail: never stored into the blocks
-        err = ((got - want)[shipped].norm() / want[shipped].norm()).item()
+        err = _rel(got[shipped], want[shipped])
         assert torch.isnan(got[~shipped]).all(), "tail columns stored into the staging blocks"
         if tail:
             kept = keep.view(mp - m0, Fp - fship)[:M - m0].float()
-            tail_err = ((kept - want[m0:, fship:]).norm() / want[m0:, fship:].norm()).item()
+            tail_err = _rel(kept, want[m0:, fship:])
         else:
             tail_err = 0.0
         print(f"cta stage 0 {form} {act} bias={bias} tail={tail} at-once={first_at_once} call {call}: rel err "
@@ -656,12 +661,12 @@ def test_mm_ar_ws_rounds_reduce_and_gather(late, cfg, device):
                 continue
             slot = (t * ws + c) * rows
             if c != rank:
-                errs.append(((stage[slot:slot + n].float() - full[lo:lo + n]).norm() / full[lo:lo + n].norm()).item())
+                errs.append(_rel(stage[slot:slot + n], full[lo:lo + n]))
                 continue
             ref = full[lo:lo + n] + sum(peers[(t * ws + p) * rows:(t * ws + p) * rows + n].float()
                                         for p in range(ws) if p != rank)
-            errs.append(((out[lo:lo + n].float() - ref).norm() / ref.norm()).item())
-            errs.append(((gather[slot:slot + n].float() - ref).norm() / ref.norm()).item())
+            errs.append(_rel(out[lo:lo + n], ref))
+            errs.append(_rel(gather[slot:slot + n], ref))
     print(f"mm_ar {cfg[6]} rounds={rounds} {'late' if late else 'set'}: rel errs {max(errs):.2e} (max of {len(errs)})")
     assert status[0].item() == 0, "a wait gave up"
     assert max(errs) < 1e-2, errs
