@@ -25,7 +25,9 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 
 os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
 
@@ -221,8 +223,8 @@ def cta_worker(rank: int, ws: int, device: str):
         if not changed and ws <= 2:
             bad.append(f"rank {rank}: {setting}={not default}: no case had {what}")
 
-    # Stage 0's Gluon forms (knobs.cta.STAGE0_FORM, off): every 16-bit GELU case whose stage 0 they run (no split-K)
-    # in each form, twice on new inputs after poisoned buffers (a stale TMA descriptor would read the last call's).
+    # Stage 0's Gluon forms (knobs.cta.STAGE0_FORM set to each): every 16-bit GELU case whose stage 0 they run (no
+    # split-K) in each form, twice on new inputs after poisoned buffers (a stale TMA descriptor would read the last call's).
     for form in ("ws_pingpong", "ws_coop"):
         ran = 0
         for M, H, F, N, act, approximate, bias, dtype in CASES:
@@ -234,23 +236,23 @@ def cta_worker(rank: int, ws: int, device: str):
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))
                 for i in range(2):
                     before = lowering_helpers.PATHS[f"cta_pipeline_mlp:symm:stage0_{form}"]
-                    checked_call(_shards(ws, M, H, F, N, act, bias, dtype, device), act, approximate, dtype,
-                                 f"STAGE0_FORM={form} call {i}: M={M} H={H} F={F} N={N} {act}/{approximate} bias={bias}")
+                    label = f"STAGE0_FORM={form} call {i}: M={M} H={H} F={F} N={N} {act}/{approximate} bias={bias}"
+                    checked_call(_shards(ws, M, H, F, N, act, bias, dtype, device), act, approximate, dtype, label)
                     ran += lowering_helpers.PATHS[f"cta_pipeline_mlp:symm:stage0_{form}"] - before
         if not ran and ws <= 2 and rank < ws // 2:  # (only the stage-0 ranks run stage 0)
             bad.append(f"rank {rank}: STAGE0_FORM={form}: no stage 0 ran in it")
 
     # STAGE0_FORM "measured" (the default): a ratio file in which ws_coop beat the Triton kernel at a GELU case's
     # stage-0 GEMM makes the stage-0 ranks run that form there (the op's own lookup, no knob naming the form).
-    import json
-    import tempfile
-
     from overlap_backend.codegen import cta_ws
     from overlap_backend.spec import kernel_ratios
 
     M, H, F, N, act, approximate, bias, dtype = (1024, 512, 6144, 512, "gelu", "tanh", True, torch.bfloat16)
     plan = cta_plan.chunk_plan(M, F, N, ws // 2, False, dtype, num_sms, H=H)
-    if plan.split0 == 1 and plan.cfg0[0] == 128:
+    coop_applies = plan.split0 == 1 and plan.cfg0[0] == 128  # (no split-K, 128-row blocks: ws_coop runs)
+    if not coop_applies and ws <= 2:
+        bad.append(f"rank {rank}: STAGE0_FORM=measured: the case's stage 0 splits K or takes 64-row blocks ({plan})")
+    if coop_applies:
         coop = [*cta_ws.config("ws_coop", plan.cfg0), "ws_coop", 1]
         entry = {"gpu": kernel_ratios.gpu_name(), "kernel": "cta_stage0", "dtype": "bfloat16", "ws": ws, "M": M, "K": H,
                  "N": F // (ws // 2), "fused": True, "epilogue": "gelu_tanh", "ratio": 1.10, "best_variant_ratio": 1.0,
