@@ -842,7 +842,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         accumulators = 2 if act == ACT_SWIGLU else 1
         _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Fp, config, split_k, accumulators),
                              tiles)
-    fixup = stage0_sums_after_runs(split_k)
+    fixup = stage0_sums_after_runs(M, split_k)
     grid = (max(1, min(num_sms, tiles * split_k)),)
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
@@ -902,10 +902,11 @@ def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int
     return last if last <= rows_last * (tiles_n - fship // BN) else 0
 
 
-def stage0_sums_after_runs(split_k: int) -> bool:
-    """Whether stage 0 in ``split_k`` runs a tile has its split tiles summed by ``stage0_split_sum_kernel`` after the
-    runs (``knobs.cta.STAGE0_SPLIT_FIXUP``)."""
-    return split_k > 1 and knobs.cta.STAGE0_SPLIT_FIXUP
+def stage0_sums_after_runs(M: int, split_k: int) -> bool:
+    """Whether a stage-0 call of ``M`` rows in ``split_k`` runs a tile has its split tiles summed by
+    ``stage0_split_sum_kernel`` after the runs (``knobs.cta.STAGE0_SPLIT_FIXUP``, ``STAGE0_FIXUP_CALL_ROWS``)."""
+    lo, hi = knobs.cta.STAGE0_FIXUP_CALL_ROWS
+    return split_k > 1 and knobs.cta.STAGE0_SPLIT_FIXUP and lo <= M <= hi
 
 
 def stage1_sums_after_runs(M: int, split_k: int) -> bool:

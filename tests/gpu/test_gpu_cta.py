@@ -187,8 +187,8 @@ def cta_worker(rank: int, ws: int, device: str):
     # in half-width tiles (STAGE0_SPLIT_LAST, on; off: at least one case that splits), the last
     # group's rows shipped before the tails are added (SHIP_BEFORE_TAILS, on; off: a GELU case with a
     # tail, at 2 GPUs); split-K's sums read two slots at a time (SPLIT_SUM_PAIRS, off) or stage 1's added by a kernel
-    # after it (STAGE1_SPLIT_FIXUP, at STAGE1_FIXUP_CALL_ROWS rows), stage 0's likewise (STAGE0_SPLIT_FIXUP, off): the
-    # cases whose plan splits, in the other form.
+    # after it (STAGE1_SPLIT_FIXUP, at STAGE1_FIXUP_CALL_ROWS rows), stage 0's likewise (STAGE0_SPLIT_FIXUP, at
+    # STAGE0_FIXUP_CALL_ROWS rows): the cases whose plan splits, in the form their rows do not take by default.
     for setting, what in (("SWIGLU_SHARE_ROUNDS", "another share"), ("STAGE0_TMA_STORE", "a case"),
                           ("STAGE0_SPLIT_LAST", "a split last round"),
                           ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank"),
@@ -209,6 +209,9 @@ def cta_worker(rank: int, ws: int, device: str):
             if setting == "STAGE1_SPLIT_FIXUP":  # the form this call's rows do not take by default
                 other = ({setting: False} if cta.stage1_sums_after_runs(M, usual.split1)
                          else {setting: True, "STAGE1_FIXUP_CALL_ROWS": (1, 1 << 30)})
+            if setting == "STAGE0_SPLIT_FIXUP":
+                other = ({setting: False} if cta.stage0_sums_after_runs(M, usual.split0)
+                         else {setting: True, "STAGE0_FIXUP_CALL_ROWS": (1, 1 << 30)})
             with knobs.cta.patch(**other):
                 plan = cta_plan.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
                 changed += {"STAGE0_TMA_STORE": True, "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,

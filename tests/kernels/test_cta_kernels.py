@@ -35,9 +35,12 @@ EPOCH = 7
 B = symm_layout.cta_block(False)  # the eager block of the cta_pipeline_mlp flag words
 CFG0 = (16, 32, 16, 2, 1, 1)  # BM, BN, BK, GROUP_M, stages, warps
 CFG1 = (16, 16, 16, 2, 1, 1)
-ANY_ROWS = (1, 1 << 30)  # knobs.cta.STAGE1_FIXUP_CALL_ROWS of a test that asks for the fix-up kernel at its rows
-PAIRS = {"SPLIT_SUM_PAIRS": True}  # knobs of a split stage 0's sums: the slots read two at a time,
-FIXUP0 = {"STAGE0_SPLIT_FIXUP": True, "STAGE0_FIXUP_ROWS": 8}  # or added by the kernel after the runs, 8 rows a program
+ANY_ROWS = (1, 1 << 30)  # knobs.cta.STAGE*_FIXUP_CALL_ROWS of a test that asks for the fix-up kernel at its rows
+# knobs of a split stage 0's sums: the slots read two at a time, or added by the kernel after the runs, 8 rows a
+# program, or one at a time by the last run of each tile
+PAIRS = {"SPLIT_SUM_PAIRS": True, "STAGE0_SPLIT_FIXUP": False}
+FIXUP0 = {"STAGE0_SPLIT_FIXUP": True, "STAGE0_FIXUP_ROWS": 8, "STAGE0_FIXUP_CALL_ROWS": ANY_ROWS}
+IN_KERNEL0 = {"STAGE0_SPLIT_FIXUP": False}
 
 
 @pytest.fixture(autouse=True)
@@ -231,6 +234,16 @@ def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k, fix
                 assert world.flags[r][B + symm_layout.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]].eq(EPOCH).all()
 
 
+def test_split_stage0_sums_after_the_runs_only_at_the_rows_it_was_measured_faster():
+    """The fix-up kernel sums a split stage 0 at the calls of one 128-row block (``STAGE0_FIXUP_CALL_ROWS``, both ends
+    in), never an unsplit one, never with ``STAGE0_SPLIT_FIXUP`` off."""
+    lo, hi = knobs.cta.STAGE0_FIXUP_CALL_ROWS
+    assert [cta.stage0_sums_after_runs(m, 4) for m in (lo - 1, lo, hi, hi + 1)] == [False, True, True, False]
+    assert not cta.stage0_sums_after_runs(hi, 1)
+    with knobs.cta.patch(STAGE0_SPLIT_FIXUP=False):
+        assert not cta.stage0_sums_after_runs(hi, 4)
+
+
 def test_split_stage1_sums_after_the_runs_only_at_the_rows_it_was_measured_faster():
     """The fix-up kernel sums a split stage 1 at the calls of one 128-row block (``STAGE1_FIXUP_CALL_ROWS``, both ends
     in), never an unsplit one, never with ``STAGE1_SPLIT_FIXUP`` off."""
@@ -242,10 +255,10 @@ def test_split_stage1_sums_after_the_runs_only_at_the_rows_it_was_measured_faste
 
 
 @pytest.mark.parametrize("ws,M,H,F_,N,act,bias,transport,tma,first,split,sums", [
-    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, {}),        # 4 K-steps in 4 runs, TMA stores
+    (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, IN_KERNEL0),  # 4 K-steps in 4 runs, TMA stores
     (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, PAIRS),     # the same, the slots read two at a time
-    (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3, {}),     # two accumulators, 3 runs (a pair and one)
-    (4, 24, 64, 128, 64, "swiglu", False, "ce", False, True, 2, {}),     # 2 producers, each splitting
+    (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3, IN_KERNEL0),  # two accumulators, 3 runs (a pair and one)
+    (4, 24, 64, 128, 64, "swiglu", False, "ce", False, True, 2, IN_KERNEL0),  # 2 producers, each splitting
     (4, 20, 64, 256, 32, "gelu", True, "peer", False, False, 3, PAIRS),  # a pair of slots, then one
     (2, 40, 64, 128, 48, "gelu", True, "ce", True, False, 4, FIXUP0),    # summed after the runs, into the staging
     (2, 33, 48, 64, 16, "swiglu", True, "peer", False, True, 3, FIXUP0),  # ... two accumulators, into the peers
@@ -276,7 +289,7 @@ def test_stage0_split_sums_after_the_runs_have_the_in_kernel_bits(act, split):
     """``STAGE0_SPLIT_FIXUP`` (slots read four at a time, then one by one; SwiGLU's two accumulators one by one) adds
     the runs' slots in run order: the activation's blocks bit-equal to the last run's sum in the kernel."""
     blocks = []
-    for sums in ({}, FIXUP0):
+    for sums in (IN_KERNEL0, FIXUP0):
         torch.manual_seed(7)
         parts = torch.full((cta.split_partials_numel(40, 64, CFG0, split, 2),), float("nan"))
         with knobs.cta.patch(**sums):
@@ -767,7 +780,7 @@ def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws
     monkeypatch.setattr(FakeHostPath, "H", 48)  # 3 K-steps of 16 for stage 0 to split
     fake = fake_host_path(ws, F_, transport="ce", num_sms=num_sms, M=M)
     split = (dict(STAGE1_SPLIT_K=3, STAGE1_FIXUP_ROWS=8, STAGE1_FIXUP_CALL_ROWS=ANY_ROWS) if stage else
-             dict(STAGE0_SPLIT_K=3, STAGE0_SPLIT_FIXUP=True, STAGE0_FIXUP_ROWS=8, GELU_SHARE_COLS=256))
+             dict(STAGE0_SPLIT_K=3, **FIXUP0, GELU_SHARE_COLS=256))
     with knobs.cta.patch(SHIP_BEFORE_TAILS=True, **split):
         plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, act == "swiglu", torch.float32, num_sms, H=fake.H)
         assert (plan.split1 if stage else plan.split0) > 1, plan

@@ -76,12 +76,15 @@ cta = Knobs(
     STAGE1_FIXUP_ROWS=4,
     # (65, 128): the calls of one 128-row block (FEW_ROWS' calls run 64-row blocks); 17-127 rows not measured.
     STAGE1_FIXUP_CALL_ROWS=(65, 128),
-    # Stage 0's split tiles summed by a kernel after it as stage 1's are (stage0_split_sum_kernel, STAGE0_FIXUP_ROWS
-    # rows of a tile a program: activation, stores, chunk counts). Off until timed: one H200 at 8 GPUs' 128-row shape
-    # (4 runs of 28 tiles on 132 SMs, 1.21x cuBLAS + GELU on the H100 record), its SMs active 58 % of the kernel
-    # (bench/results/kernels_h200x1_2026-12-07/stage0_profile/).
-    STAGE0_SPLIT_FIXUP=False,
-    STAGE0_FIXUP_ROWS=4,
+    # Stage 0's split tiles of a call of STAGE0_FIXUP_CALL_ROWS rows (both ends in) summed by a kernel after it as
+    # stage 1's are (stage0_split_sum_kernel, STAGE0_FIXUP_ROWS rows of a tile a program: activation, stores, chunk
+    # counts). One H100, stage 0 + tanh GELU at 2, 4 and 8 GPUs' decode shapes, each form in the same call: at 128
+    # rows 0.99-1.14x cuBLAS with 8 rows a program against 0.99-1.21x summed in the kernel (8 GPUs: 1.21 -> 1.14,
+    # its SMs active 58 % of the in-kernel form on an H200); at 16 rows 0.96-1.08x against 0.96-1.06x, no gain
+    # (bench/results/kernels_h100x1_2026-12-08/cta_fixup).
+    STAGE0_SPLIT_FIXUP=True,
+    STAGE0_FIXUP_ROWS=8,
+    STAGE0_FIXUP_CALL_ROWS=(65, 128),
     # Stage 0 in a warp-specialized Gluon form where it applies (codegen/cta_ws.py: GELU, the copy-engine transport
     # with TMA stores, no split-K, 128-row blocks for "ws_coop"): "ws_pingpong" (128-column tiles in turns) or
     # "ws_coop" (128 x 256 tiles shared); "measured": the form the kernel benchmark measured fastest at the nearest
