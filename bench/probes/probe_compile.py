@@ -112,7 +112,8 @@ KERNELS = {
     "cta_stage0": dict(  # codegen/cta.py's stage 0 (ACT: 0 erf GELU, 1 tanh GELU, 2 SwiGLU: two accumulators)
         const=dict(TP=4, BM=128, BN=256, BK=64, GROUP_M=16, ACT=0, HAS_B1=True, HAS_B3=False, STAGED=True,
                    WAIT_READY=False, PRECISION=None, TIMED=True, COUNT_FIRST_AT_ONCE=False, TMA_STORE=True,
-                   INTERPRET=False, SPLIT_LAST=False, SPLIT_K=False, SUM_PAIRS=False, SPLIT_FIXUP=False),
+                   INTERPRET=False, SPLIT_LAST=False, SPLIT_K=False, SUM_PAIRS=False, SPLIT_FIXUP=False,
+                   STREAM_K=False),
         data={"x_ptr", "w1_ptr", "w3_ptr", "stage_ptr", "keep_ptr"}, fp32={"b1_ptr", "b3_ptr", "split_ptr"},
         tables={"peer_data_ptr", "peer_flags_ptr"},
         flags={"counters_ptr", "done_ptr", "epoch_ptr", "ready_ptr", "claim_ptr", "report_ptr", "split_counters_ptr"},
@@ -124,7 +125,8 @@ KERNELS = {
         flags={"counters_ptr", "epoch_ptr", "claim_ptr", "report_ptr", "tail_flags_ptr"},
         wide={"timeout_ns", "y_offset"}, sizes={"N", "Ns", "Fp", "Fship", "kchunk"}),
     "cta_split_sum0": dict(  # codegen/cta.py's stage0_split_sum_kernel (knobs.cta.STAGE0_SPLIT_FIXUP)
-        const=dict(TP=4, BM=128, BN=256, GROUP_M=16, ROWS=4, ACT=1, HAS_B1=False, HAS_B3=False, STAGED=True),
+        const=dict(TP=4, BM=128, BN=256, GROUP_M=16, ROWS=4, ACT=1, HAS_B1=False, HAS_B3=False, STAGED=True,
+                   STREAM_K=False),
         data={"x_ptr", "stage_ptr", "keep_ptr"}, fp32={"b1_ptr", "b3_ptr", "split_ptr"},
         tables={"peer_data_ptr", "peer_flags_ptr"}, flags={"counters_ptr", "done_ptr", "epoch_ptr"}, wide=set(),
         sizes={"Mp", "Fp", "Fship", "kchunk"}),

@@ -428,7 +428,8 @@ class Bench:
 
             self.variant_cands += [(*cta_ws.config(form, cfg0), form, 1) for form in cta_ws.FORMS
                                    if gluon_ring.block_rows_refusal(form, cfg0[0]) is None]
-        self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cfg[7])
+        self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cta.stage0_slots(c.M, c.K, c.N, cfg,
+                                                                                                  cfg[7], self.num_sms))
                                         for cfg in self.op_cands + self.variant_cands), device=self.dev)
         self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
 

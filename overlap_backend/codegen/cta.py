@@ -92,7 +92,7 @@ def stage0_kernel(
     PRECISION: tl.constexpr, TIMED: tl.constexpr, COUNT_FIRST_AT_ONCE: tl.constexpr = False,
     TMA_STORE: tl.constexpr = False, INTERPRET: tl.constexpr = False, split_tiles=0, SPLIT_LAST: tl.constexpr = False,
     split_ptr=None, split_counters_ptr=None, split_k=1, SPLIT_K: tl.constexpr = False,  # (1 without SPLIT_K)
-    SUM_PAIRS: tl.constexpr = False, SPLIT_FIXUP: tl.constexpr = False,
+    SUM_PAIRS: tl.constexpr = False, SPLIT_FIXUP: tl.constexpr = False, STREAM_K: tl.constexpr = False,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
@@ -129,7 +129,8 @@ def stage0_kernel(
     ``split_ptr`` float32 ``[tiles, split_k, 1 + DUAL, BM, BN]``, ``split_counters_ptr`` one local
     int32 per tile, 0 between calls); the run that finishes last makes the tile's epilogue. ``SPLIT_FIXUP``: every run
     stores its slot and stops; ``stage0_split_sum_kernel``, launched after this kernel, adds the slots and makes the
-    epilogues.
+    epilogues. ``STREAM_K`` (with ``SPLIT_FIXUP``): the runs are the programs' equal shares of all tiles' K-steps
+    (``_stream_k_runs``; ``split_k``: the slots a tile has) instead of ``split_k`` runs a tile.
     """
     DUAL: tl.constexpr = ACT == 2
     epoch = tl.load(epoch_ptr, volatile=True)
@@ -155,6 +156,10 @@ def stage0_kernel(
     # Triton 3.6 on H200: bench/results/cta_h200x2_2026-11-30/stage0_probes)
     wide_tiles = tiles_m * tiles_n - split_tiles if SPLIT_LAST else tiles_m * tiles_n
     steps = tl.cdiv(H, BK)
+    if STREAM_K:
+        _stream_k_runs(x_desc, w1_desc, w3_desc, split_ptr, M, tiles_m, tiles_n, steps, split_k, BM, BN, BK, GROUP_M,
+                       DUAL, PRECISION)
+        wide_tiles = 0  # (the loop below has nothing left to do)
     for item in range(tl.program_id(0), wide_tiles * split_k, tl.num_programs(0)):
         if SPLIT_K:
             tile = item // split_k
@@ -256,17 +261,53 @@ def _store_chunk_rows(act, stage_ptr, peer_data_ptr, offs_m, offs_n, col0, M, Mp
 
 
 @triton.jit
+def _stream_k_owner(step, programs, total):
+    """The program whose share ``[p * total // programs, (p + 1) * total // programs)`` of the K-steps of all tiles
+    (tile t's are ``[t * steps, (t + 1) * steps)``) holds ``step``: the last p whose share starts at or before it."""
+    return (((step + 1).to(tl.int64) * programs - 1) // total).to(tl.int32)
+
+
+@triton.jit
+def _stream_k_runs(x_desc, w1_desc, w3_desc, split_ptr, M, tiles_m, tiles_n, steps, slots_per_tile,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, DUAL: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """Stream-K: this program's equal share of every tile's K-steps, one piece a tile it meets, each piece's sums into
+    the tile's slot ``program - the tile's first program`` (the piece's step where shares are one step or none) for
+    ``stage0_split_sum_kernel`` to add: every SM busy to the end, where whole runs a tile leave the last round's SMs
+    idle."""
+    programs = tl.num_programs(0)
+    pid = tl.program_id(0)
+    total = tiles_m * tiles_n * steps
+    start = (pid.to(tl.int64) * total // programs).to(tl.int32)
+    end = ((pid + 1).to(tl.int64) * total // programs).to(tl.int32)
+    for tile in range(start // steps, tl.where(end > start, tl.cdiv(end, steps), start // steps)):
+        k_first = tl.maximum(start - tile * steps, 0)
+        k_last = tl.minimum(end - tile * steps, steps)
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+        acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+        acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, pid_n * BN, k_first, k_last, acc1, acc3, BK,
+                                DUAL, PRECISION)
+        # (fewer steps than programs: a share is one step or none, and a piece's slot its step)
+        slot = tl.where(total >= programs, pid - _stream_k_owner(tile * steps, programs, total), k_first)
+        _store_run_slot(acc1, acc3, split_ptr, tile, slot, slots_per_tile, pid_m * BM + tl.arange(0, BM) < M, BM, BN,
+                        DUAL)
+
+
+@triton.jit
 def stage0_split_sum_kernel(
     split_ptr, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr, keep_ptr,
-    epoch_ptr, M, Mp, Fp, Fship, tail_group, producer, kchunk, nch, a_flag_word, first_consumer, split_k,
+    epoch_ptr, M, Mp, Fp, Fship, tail_group, producer, kchunk, nch, a_flag_word, first_consumer, split_k, steps,
+    programs,
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr,
-    ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr,
+    ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, STREAM_K: tl.constexpr = False,
 ):
     """``stage0_kernel``'s split tiles finished after it (its ``SPLIT_FIXUP``): one program per ``ROWS`` rows of a
     tile adds those rows of the tile's runs' slots in run order (the bits of the in-kernel sum), makes their
     activation and stores them where the tile's epilogue would (pointer stores; a tail tile's into ``keep_ptr``),
     then counts them: a (row group, K-chunk) flag rises after every piece of its tiles. Every SM takes part in the
-    sums that the last run of each tile made alone in the kernel."""
+    sums that the last run of each tile made alone in the kernel. ``STREAM_K``: a tile's slots are the pieces of it
+    that the ``programs`` stream-K runs made (``steps`` K-steps a tile), ``split_k`` slots apart."""
     DUAL: tl.constexpr = ACT == 2
     SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
     pieces: tl.constexpr = BM // ROWS
@@ -280,7 +321,12 @@ def stage0_split_sum_kernel(
     offs_m = pid_m * BM + piece * ROWS + tl.arange(0, ROWS)
     offs_n = pid_n * BN + tl.arange(0, BN)
     slots = _split_slots(split_ptr, tile, split_k, piece * ROWS, ROWS, BM, BN, DUAL)
-    acc1, acc3 = _sum_slots(slots, split_k, (offs_m < M)[:, None], ROWS, BN, SLOT, BM * BN, DUAL)
+    runs = split_k
+    if STREAM_K:
+        total = tiles_m * tiles_n * steps
+        runs = tl.where(total >= programs, _stream_k_owner(tile * steps + steps - 1, programs, total)
+                        - _stream_k_owner(tile * steps, programs, total) + 1, steps)
+    acc1, acc3 = _sum_slots(slots, runs, (offs_m < M)[:, None], ROWS, BN, SLOT, BM * BN, DUAL)
     act = _act_tile(acc1, acc3, b1_ptr, b3_ptr, offs_n, Fp, ACT, HAS_B1, HAS_B3).to(x_ptr.dtype.element_ty)
     in_tail_group = pid_m // GROUP_M == tail_group
     if in_tail_group & (pid_n >= tiles_ship):  # the tail: kept here, not counted
@@ -837,13 +883,15 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     tiles = launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN)
     # (half-width last tiles only without split-K: its runs already fill the SMs)
     split = split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, num_sms) if split_last and split_k == 1 else 0
+    fixup = stage0_sums_after_runs(M, split_k)
+    stream_k = stage0_streams_k(M, split_k)
+    slots = stage0_slots(M, H, Fp, config, split_k, num_sms)
     if split_k > 1:
         assert split_k <= launcher.cdiv(H, BK), (split_k, H, BK)
         accumulators = 2 if act == ACT_SWIGLU else 1
-        _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Fp, config, split_k, accumulators),
+        _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Fp, config, slots, accumulators),
                              tiles)
-    fixup = stage0_sums_after_runs(M, split_k)
-    grid = (max(1, min(num_sms, tiles * split_k)),)
+    grid = (num_sms,) if stream_k else (max(1, min(num_sms, tiles * split_k)),)
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
@@ -857,8 +905,8 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         COUNT_FIRST_AT_ONCE=count_first_at_once, TMA_STORE=tma_store and stage is not None,
         INTERPRET=launcher.interpreting(),
         split_tiles=split, SPLIT_LAST=split > 0, split_ptr=split_partials if split_k > 1 else counters,
-        split_counters_ptr=split_counters if split_k > 1 else counters, split_k=split_k, SPLIT_K=split_k > 1,
-        SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, SPLIT_FIXUP=fixup, num_stages=stages, num_warps=warps,
+        split_counters_ptr=split_counters if split_k > 1 else counters, split_k=slots, SPLIT_K=split_k > 1,
+        SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, SPLIT_FIXUP=fixup, STREAM_K=stream_k, num_stages=stages, num_warps=warps,
     )
     if fixup:
         rows = min(BM, knobs.cta.STAGE0_FIXUP_ROWS)
@@ -866,9 +914,9 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
             split_partials, x, b1 if b1 is not None else w1, b3 if b3 is not None else w1,
             stage if stage is not None else x, peer_data, peer_flags, counters, done, keep if keep is not None else x,
             epoch, M, padded_rows(M, BM), Fp, fship, tail_group, producer, kchunk, nch, a_flag_word, first_consumer,
-            split_k,
+            slots, launcher.cdiv(H, BK), grid[0],
             TP=tp, BM=BM, BN=BN, GROUP_M=GROUP_M, ROWS=rows, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
-            STAGED=stage is not None, num_warps=4,
+            STAGED=stage is not None, STREAM_K=stream_k, num_warps=4,
         )
 
 
@@ -907,6 +955,23 @@ def stage0_sums_after_runs(M: int, split_k: int) -> bool:
     ``stage0_split_sum_kernel`` after the runs (``knobs.cta.STAGE0_SPLIT_FIXUP``, ``STAGE0_FIXUP_CALL_ROWS``)."""
     lo, hi = knobs.cta.STAGE0_FIXUP_CALL_ROWS
     return split_k > 1 and knobs.cta.STAGE0_SPLIT_FIXUP and lo <= M <= hi
+
+
+def stage0_streams_k(M: int, split_k: int) -> bool:
+    """Whether a split stage-0 call of ``M`` rows runs stream-K (``knobs.cta.STAGE0_STREAM_K``): only where its split
+    tiles are summed after the runs."""
+    return knobs.cta.STAGE0_STREAM_K and stage0_sums_after_runs(M, split_k)
+
+
+def stage0_slots(M: int, H: int, Fp: int, config, split_k: int, num_sms: int) -> int:
+    """Partial-sum slots a tile of a stage-0 call has: its ``split_k`` runs, or with stream-K at most the programs
+    whose shares of the K-steps meet one tile (each share holds at least ``total // num_sms`` steps)."""
+    if not stage0_streams_k(M, split_k):
+        return split_k
+    BM, BN, BK = config[0], config[1], config[2]
+    steps = launcher.cdiv(H, BK)
+    share = launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN) * steps // num_sms
+    return steps if share == 0 else min(steps, launcher.cdiv(steps, share) + 1)
 
 
 def stage1_sums_after_runs(M: int, split_k: int) -> bool:

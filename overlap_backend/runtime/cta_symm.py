@@ -155,7 +155,8 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     part = st.data_view(x.dtype, (tp * M * (N // tp),), part_offset) if tail else None
     split_partials = None  # split-K's float32 partial sums (its counters: the start of CTA_Y_COUNTERS)
     if stage == 0 and s0 == "triton" and plan.split0 > 1:
-        split_partials = _staging_buffer(x, cta.split_partials_numel(M, fp, cfg0, plan.split0, 1 + swiglu), "split",
+        slots = cta.stage0_slots(M, H, fp, cfg0, plan.split0, st.num_sms)
+        split_partials = _staging_buffer(x, cta.split_partials_numel(M, fp, cfg0, slots, 1 + swiglu), "split",
                                          torch.float32)
     if stage == 1 and s1 == "triton" and plan.split1 > 1:
         split_partials = _staging_buffer(x, cta.split_partials_numel(M, N // tp, cfg1, plan.split1), "split",

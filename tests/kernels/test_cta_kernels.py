@@ -41,6 +41,7 @@ ANY_ROWS = (1, 1 << 30)  # knobs.cta.STAGE*_FIXUP_CALL_ROWS of a test that asks 
 PAIRS = {"SPLIT_SUM_PAIRS": True, "STAGE0_SPLIT_FIXUP": False}
 FIXUP0 = {"STAGE0_SPLIT_FIXUP": True, "STAGE0_FIXUP_ROWS": 8, "STAGE0_FIXUP_CALL_ROWS": ANY_ROWS}
 IN_KERNEL0 = {"STAGE0_SPLIT_FIXUP": False}
+STREAM0 = {**FIXUP0, "STAGE0_STREAM_K": True}  # the fix-up's runs as the programs' equal shares of every K-step
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +100,7 @@ def chunk_major(a, tp, nch, kchunk, mp, f1=0):
 
 
 def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None, transport="peer", f1=0,
-         ready=False, stage0_order=None, split_k=1):
+         ready=False, stage0_order=None, split_k=1, num_sms=3):
     tp = ws // 2
     x = torch.randn(M, H)
     w1, w3 = torch.randn(H, F_) / H**0.5, torch.randn(H, F_) / H**0.5
@@ -130,7 +131,8 @@ def _run(ws, M, H, F_, N, act, bias, kchunks=2, status=None, skip_producer=None,
                           b3[cols].contiguous() if b3 is not None else None, stage,
                           world.peer_data, world.peer_flags, world.flag(p, symm_layout.CTA_COUNTERS),
                           world.flag(p, symm_layout.CTA_DONE), world.epoch(p), p, kchunk, nch, B + symm_layout.CTA_ARRIVED, tp, tp,
-                          code, CFG0, 3, timed=False, ready=world.flag(p, symm_layout.CTA_READY) if ready else None,
+                          code, CFG0, num_sms, timed=False,
+                          ready=world.flag(p, symm_layout.CTA_READY) if ready else None,
                           status=(torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)),
                           timeout_ns=10**6, rank=p, **(stage0_order or {}))
         if stage is not None:  # what the host's copy engine does, block by block, once its flag is up
@@ -282,6 +284,53 @@ def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, 
                                      split_counters=counters))
     _check_staged_blocks_and_result(res, ws)
     assert counters.eq(0).all() and not parts.isnan().all()  # (every producer used the same buffers, in turn)
+
+
+@pytest.mark.parametrize("ws,M,H,F_,act,num_sms", [
+    (2, 40, 64, 128, "gelu", 5),     # 12 tiles of 4 K-steps over 5 programs: 9 or 10 steps each, across tiles
+    (2, 40, 80, 128, "gelu", 7),     # 5 K-steps a tile, 60 over 7 programs
+    (2, 33, 48, 64, "swiglu", 4),    # two accumulators
+    (4, 20, 64, 256, "gelu", 11),    # 2 producers, 32 steps over 11 programs
+    (2, 16, 32, 64, "gelu", 64),     # more programs than K-steps: some programs do nothing
+])
+def test_stage0_stream_k_matches_mlp(ws, M, H, F_, act, num_sms):
+    """Stage 0's stream-K runs (``STAGE0_STREAM_K``): every program an equal share of all tiles' K-steps, each piece
+    of a tile in its slot (NaN-poisoned, ``stage0_slots`` a tile), the fix-up kernel adding each tile's pieces: the
+    same chunk-major blocks, flags and MLP result as the plain kernel."""
+    tp = ws // 2
+    fp = F_ // tp
+    tiles = -(-M // CFG0[0]) * -(-fp // CFG0[1])
+    split = 2  # (any split of more than one run: stream-K takes the fix-up's calls)
+    with knobs.cta.patch(**STREAM0):
+        assert cta.stage0_streams_k(M, split)
+        slots = cta.stage0_slots(M, H, fp, CFG0, split, num_sms)
+        accumulators = 2 if act == "swiglu" else 1
+        parts = torch.full((cta.split_partials_numel(M, fp, CFG0, slots, accumulators),), float("nan"))
+        res = _run(ws, M, H, F_, 32, act, True, transport="ce", num_sms=num_sms,
+                   stage0_order=dict(split_k=split, split_partials=parts,
+                                     split_counters=torch.zeros(tiles, dtype=torch.int32)))
+    _check_staged_blocks_and_result(res, ws)
+    assert not parts.isnan().all()
+
+
+def test_stage0_stream_k_slots_bound_the_pieces_of_a_tile():
+    """``stage0_slots`` with stream-K: at least the most programs whose shares meet one tile, at every grid size
+    (the kernel's shares: ``[p * total // programs, (p + 1) * total // programs)``), never more than its K-steps;
+    without stream-K the runs a tile."""
+    cfg = (16, 32, 16, 2, 1, 1)
+    with knobs.cta.patch(**STREAM0):
+        for M, H, Fp in ((40, 64, 128), (16, 2048, 64), (128, 8192, 896), (33, 48, 64)):
+            steps = -(-H // cfg[2])
+            tiles = -(-M // cfg[0]) * -(-Fp // cfg[1])
+            total = tiles * steps
+            for programs in (1, 3, 5, 7, 132, total - 1, total, total + 5):
+                starts = [p * total // programs for p in range(programs + 1)]
+                most = max(sum(1 for p in range(programs) if starts[p] < min(starts[p + 1], (t + 1) * steps)
+                               and starts[p + 1] > max(starts[p], t * steps)) for t in range(tiles))
+                slots = cta.stage0_slots(M, H, Fp, cfg, 2, programs)
+                assert most <= slots <= steps, (M, H, Fp, programs, most, slots)
+    with knobs.cta.patch(STAGE0_STREAM_K=False):
+        assert cta.stage0_slots(40, 64, 128, cfg, 3, 5) == 3
 
 
 @pytest.mark.parametrize("act,split", [("gelu", 3), ("gelu", 4), ("swiglu", 3)])
@@ -765,12 +814,14 @@ def test_host_path_split_k(fake_host_path, monkeypatch, ws, F_, M, num_sms, act,
     _assert_counters_back_at_zero(fake, ws)
 
 
-@pytest.mark.parametrize("ws,F_,M,num_sms,act,stage", [
-    (2, 1024, 40, 4, "gelu", 1),     # several row groups, the last one's rows shipped before its tails are added
-    (4, 1536, 20, 8, "swiglu", 1),   # 2 producers, the SwiGLU share
-    (2, 1024, 40, 4, "gelu", 0),     # stage 0's: a stage-1 share, the last group's tail tiles kept, the rest staged
+@pytest.mark.parametrize("ws,F_,M,num_sms,act,stage,stream_k", [
+    (2, 1024, 40, 4, "gelu", 1, False),  # several row groups, the last one's rows shipped before its tails are added
+    (4, 1536, 20, 8, "swiglu", 1, False),  # 2 producers, the SwiGLU share
+    (2, 1024, 40, 4, "gelu", 0, False),  # stage 0's: a stage-1 share, the last group's tail tiles kept, the rest staged
+    (2, 1024, 40, 5, "gelu", 0, True),   # ... its runs stream-K (STAGE0_STREAM_K), shares across tiles
 ])
-def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws, F_, M, num_sms, act, stage):
+def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws, F_, M, num_sms, act, stage,
+                                                 stream_k):
     """A stage's split tiles summed by the kernel after the runs (``STAGE1_SPLIT_FIXUP`` / ``STAGE0_SPLIT_FIXUP``, a
     few rows a program) inside the op, for two calls: stage 1's tails added to those rows, stage 0's tail tiles kept,
     every rank the MLP's result, every counter back at 0 (stage 1's tails added before the rows go out: the in-kernel
@@ -780,11 +831,12 @@ def test_host_path_split_k_summed_after_the_runs(fake_host_path, monkeypatch, ws
     monkeypatch.setattr(FakeHostPath, "H", 48)  # 3 K-steps of 16 for stage 0 to split
     fake = fake_host_path(ws, F_, transport="ce", num_sms=num_sms, M=M)
     split = (dict(STAGE1_SPLIT_K=3, STAGE1_FIXUP_ROWS=8, STAGE1_FIXUP_CALL_ROWS=ANY_ROWS) if stage else
-             dict(STAGE0_SPLIT_K=3, **FIXUP0, GELU_SHARE_COLS=256))
+             dict(STAGE0_SPLIT_K=3, **FIXUP0, STAGE0_STREAM_K=stream_k, GELU_SHARE_COLS=256))
     with knobs.cta.patch(SHIP_BEFORE_TAILS=True, **split):
         plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, act == "swiglu", torch.float32, num_sms, H=fake.H)
         assert (plan.split1 if stage else plan.split0) > 1, plan
         assert stage or plan.tail > 0, plan
+        assert stage or cta.stage0_streams_k(M, plan.split0) == stream_k
         fake.check_calls(act)
     _assert_counters_back_at_zero(fake, ws)
 

@@ -85,6 +85,10 @@ cta = Knobs(
     STAGE0_SPLIT_FIXUP=True,
     STAGE0_FIXUP_ROWS=8,
     STAGE0_FIXUP_CALL_ROWS=(65, 128),
+    # Where the fix-up kernel sums stage 0's split tiles, the runs are stream-K: every SM one equal share of all tiles'
+    # K-steps, a piece of each tile it meets in its own slot (cta._stream_k_runs), instead of whole runs a tile, which
+    # at 8 GPUs' 128-row shape (28 tiles x 4 runs on 132 SMs) leave 20 SMs idle. Off until timed.
+    STAGE0_STREAM_K=False,
     # Stage 0 in a warp-specialized Gluon form where it applies (codegen/cta_ws.py: GELU, the copy-engine transport
     # with TMA stores, no split-K, 128-row blocks for "ws_coop"): "ws_pingpong" (128-column tiles in turns) or
     # "ws_coop" (128 x 256 tiles shared); "measured": the form the kernel benchmark measured fastest at the nearest
