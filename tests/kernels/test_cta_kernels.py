@@ -324,9 +324,11 @@ def test_stage0_stream_k_slots_bound_the_pieces_of_a_tile():
             tiles = -(-M // cfg[0]) * -(-Fp // cfg[1])
             total = tiles * steps
             for programs in (1, 3, 5, 7, 132, total - 1, total, total + 5):
-                starts = [p * total // programs for p in range(programs + 1)]
-                most = max(sum(1 for p in range(programs) if starts[p] < min(starts[p + 1], (t + 1) * steps)
-                               and starts[p + 1] > max(starts[p], t * steps)) for t in range(tiles))
+                starts = torch.arange(programs + 1, dtype=torch.int64) * total // programs
+                lo, hi = starts[:-1], starts[1:]
+                t0 = torch.arange(tiles, dtype=torch.int64)[:, None] * steps
+                meets = (lo < hi) & (lo < t0 + steps) & (hi > t0)  # [tile, program]: the share meets the tile
+                most = int(meets.sum(1).max())
                 slots = cta.stage0_slots(M, H, Fp, cfg, 2, programs)
                 assert most <= slots <= steps, (M, H, Fp, programs, most, slots)
     with knobs.cta.patch(STAGE0_STREAM_K=False):
