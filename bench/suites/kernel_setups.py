@@ -428,9 +428,9 @@ class Bench:
 
             self.variant_cands += [(*cta_ws.config(form, cfg0), form, 1) for form in cta_ws.FORMS
                                    if gluon_ring.block_rows_refusal(form, cfg0[0]) is None]
-        self.partials = torch.empty(max(cta.split_partials_numel(c.M, c.N, cfg, cta.stage0_slots(c.M, c.K, c.N, cfg,
-                                                                                                  cfg[7], self.num_sms))
-                                        for cfg in self.op_cands + self.variant_cands), device=self.dev)
+        self.partials = torch.empty(max(1, max(cta.stage0_partials_numel(c.M, c.K, c.N, cfg, cfg[7], self.num_sms,
+                                                                         tail=True)
+                                               for cfg in self.op_cands + self.variant_cands)), device=self.dev)
         self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
 
         def run(cfg):
@@ -438,7 +438,7 @@ class Bench:
             cta.launch_stage0(a, b, None, None, None, self.stage, tables, tables, self.counters, self.done, self.epoch,
                               0, kchunk, nch, 0, 1, 1, cta.ACT_GELU_TANH, cfg0 if form else cfg[:6], self.num_sms,
                               tma_store=bool(cfg[6]), split_k=cfg[7], split_partials=self.partials,
-                              split_counters=self.split_counters, form=form)
+                              split_counters=self.split_counters, form=form, stream_k_tail=True)
 
         self.run = run
         self.error = lambda: common.rel_err(

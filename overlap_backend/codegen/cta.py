@@ -93,6 +93,7 @@ def stage0_kernel(
     TMA_STORE: tl.constexpr = False, INTERPRET: tl.constexpr = False, split_tiles=0, SPLIT_LAST: tl.constexpr = False,
     split_ptr=None, split_counters_ptr=None, split_k=1, SPLIT_K: tl.constexpr = False,  # (1 without SPLIT_K)
     SUM_PAIRS: tl.constexpr = False, SPLIT_FIXUP: tl.constexpr = False, STREAM_K: tl.constexpr = False,
+    sk_tiles=0, sk_slots=1, units=1,
 ):
     """``A[:, producer*Fp + n] = act(x @ w1 (+ b1) [, x @ w3 (+ b3)])``, chunk-major.
 
@@ -129,8 +130,10 @@ def stage0_kernel(
     ``split_ptr`` float32 ``[tiles, split_k, 1 + DUAL, BM, BN]``, ``split_counters_ptr`` one local
     int32 per tile, 0 between calls); the run that finishes last makes the tile's epilogue. ``SPLIT_FIXUP``: every run
     stores its slot and stops; ``stage0_split_sum_kernel``, launched after this kernel, adds the slots and makes the
-    epilogues. ``STREAM_K`` (with ``SPLIT_FIXUP``): the runs are the programs' equal shares of all tiles' K-steps
-    (``_stream_k_runs``; ``split_k``: the slots a tile has) instead of ``split_k`` runs a tile.
+    epilogues. ``STREAM_K``: the programs' equal shares of tiles' K-steps (``_stream_k_runs``, ``sk_slots`` slots a
+    tile), the fix-up kernel after this one adding them: with ``SPLIT_K`` (and ``SPLIT_FIXUP``) every tile's, instead of
+    ``split_k`` runs a tile; without, the last ``sk_tiles`` tiles' of the order (the last, partial round's), after
+    the others, which count ``units`` pieces each (the fix-up's pieces a tile).
     """
     DUAL: tl.constexpr = ACT == 2
     epoch = tl.load(epoch_ptr, volatile=True)
@@ -156,11 +159,15 @@ def stage0_kernel(
     # Triton 3.6 on H200: bench/results/cta_h200x2_2026-11-30/stage0_probes)
     wide_tiles = tiles_m * tiles_n - split_tiles if SPLIT_LAST else tiles_m * tiles_n
     steps = tl.cdiv(H, BK)
+    whole_tiles = wide_tiles  # (the tiles of the loop below)
     if STREAM_K:
-        _stream_k_runs(x_desc, w1_desc, w3_desc, split_ptr, M, tiles_m, tiles_n, steps, split_k, BM, BN, BK, GROUP_M,
-                       DUAL, PRECISION)
-        wide_tiles = 0  # (the loop below has nothing left to do)
-    for item in range(tl.program_id(0), wide_tiles * split_k, tl.num_programs(0)):
+        if SPLIT_K:
+            _stream_k_runs(x_desc, w1_desc, w3_desc, split_ptr, M, tiles_m, tiles_n, 0, wide_tiles, steps, sk_slots,
+                           BM, BN, BK, GROUP_M, DUAL, PRECISION)
+            whole_tiles = 0
+        else:
+            whole_tiles = wide_tiles - sk_tiles
+    for item in range(tl.program_id(0), whole_tiles * split_k, tl.num_programs(0)):
         if SPLIT_K:
             tile = item // split_k
             split = item % split_k
@@ -181,8 +188,8 @@ def stage0_kernel(
             if TMA_STORE:
                 bulk_stores_done(INTERPRET)  # long done by now: a main loop ran since
             count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
-                              tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, 1, TP,
-                              GROUP_M, STAGED)
+                              tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, units, TP,
+                              GROUP_M, STAGED, n=units)
         finishes = True
         if SPLIT_K:
             prev_m = -1  # (counted above; a run that does not finish its tile stores nothing to count)
@@ -192,8 +199,8 @@ def stage0_kernel(
             prev_m, prev_n = _stage0_epilogue(
                 acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr,
                 keep_ptr, stage_desc, epoch, pid_m, pid_n, M, Mp, Fp, Fship, tiles_m, tiles_n,
-                tiles_ship, tail_group, m0, producer, kchunk, nch, a_flag_word, first_consumer, TP, BM, BN, GROUP_M,
-                ACT, HAS_B1, HAS_B3, STAGED, TMA_STORE, COUNT_FIRST_AT_ONCE, INTERPRET)
+                tiles_ship, tail_group, m0, producer, kchunk, nch, a_flag_word, first_consumer, units, TP, BM, BN,
+                GROUP_M, ACT, HAS_B1, HAS_B3, STAGED, TMA_STORE, COUNT_FIRST_AT_ONCE, INTERPRET)
     if SPLIT_LAST:
         _split_tail_tiles(x_desc, w1_ptr, w3_ptr, b1_ptr, b3_ptr, keep_ptr, M, H, Fp, ldw, Fship, m0, wide_tiles,
                           split_tiles, tiles_m, tiles_n, BM, BN, BK, GROUP_M, ACT, HAS_B1, HAS_B3, PRECISION)
@@ -201,14 +208,18 @@ def stage0_kernel(
         if TMA_STORE:
             bulk_stores_done(INTERPRET)
         count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, prev_m, prev_n, tiles_m,
-                          tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, 1, TP, GROUP_M,
-                          STAGED)
+                          tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer, first_consumer, units, TP,
+                          GROUP_M, STAGED, n=units)
+    if STREAM_K:
+        if not SPLIT_K:  # the last round's tiles, after the whole ones were counted
+            _stream_k_runs(x_desc, w1_desc, w3_desc, split_ptr, M, tiles_m, tiles_n, whole_tiles, sk_tiles, steps,
+                           sk_slots, BM, BN, BK, GROUP_M, DUAL, PRECISION)
 
 
 @triton.jit
 def _stage0_epilogue(acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr,
                      done_ptr, keep_ptr, stage_desc, epoch, pid_m, pid_n, M, Mp, Fp, Fship, tiles_m, tiles_n, tiles_ship,
-                     tail_group, m0, producer, kchunk, nch, a_flag_word, first_consumer, TP: tl.constexpr,
+                     tail_group, m0, producer, kchunk, nch, a_flag_word, first_consumer, units, TP: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, ACT: tl.constexpr,
                      HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, TMA_STORE: tl.constexpr,
                      COUNT_FIRST_AT_ONCE: tl.constexpr, INTERPRET: tl.constexpr):
@@ -239,7 +250,7 @@ def _stage0_epilogue(acc1, acc3, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr
                     bulk_stores_done(INTERPRET)
                 count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n,
                                   tiles_m, tiles_n, tiles_ship, tail_group, kchunk // BN, nch, producer,
-                                  first_consumer, 1, TP, GROUP_M, STAGED)
+                                  first_consumer, units, TP, GROUP_M, STAGED, n=units)
                 prev_m = -1
     return prev_m, prev_n
 
@@ -268,22 +279,23 @@ def _stream_k_owner(step, programs, total):
 
 
 @triton.jit
-def _stream_k_runs(x_desc, w1_desc, w3_desc, split_ptr, M, tiles_m, tiles_n, steps, slots_per_tile,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, DUAL: tl.constexpr,
-                   PRECISION: tl.constexpr):
-    """Stream-K: this program's equal share of every tile's K-steps, one piece a tile it meets, each piece's sums into
-    the tile's slot ``program - the tile's first program`` (the piece's step where shares are one step or none) for
-    ``stage0_split_sum_kernel`` to add: every SM busy to the end, where whole runs a tile leave the last round's SMs
+def _stream_k_runs(x_desc, w1_desc, w3_desc, split_ptr, M, tiles_m, tiles_n, first_tile, n_tiles, steps,
+                   slots_per_tile, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                   DUAL: tl.constexpr, PRECISION: tl.constexpr):
+    """Stream-K: this program's equal share of the K-steps of tiles ``[first_tile, first_tile + n_tiles)`` of the
+    order, one piece a tile it meets, each piece's sums into slot ``program - the tile's first program`` (the piece's
+    step where shares are one step or none) of the tile's (counted from ``first_tile``), for
+    ``stage0_split_sum_kernel`` to add: every SM busy to the end, where whole tiles or runs leave the last round's SMs
     idle."""
     programs = tl.num_programs(0)
     pid = tl.program_id(0)
-    total = tiles_m * tiles_n * steps
+    total = n_tiles * steps
     start = (pid.to(tl.int64) * total // programs).to(tl.int32)
     end = ((pid + 1).to(tl.int64) * total // programs).to(tl.int32)
     for tile in range(start // steps, tl.where(end > start, tl.cdiv(end, steps), start // steps)):
         k_first = tl.maximum(start - tile * steps, 0)
         k_last = tl.minimum(end - tile * steps, steps)
-        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        pid_m, pid_n = grouped_tile(first_tile + tile, tiles_m, tiles_n, GROUP_M)
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
         acc1, acc3 = _mainloop2(x_desc, pid_m * BM, w1_desc, w3_desc, pid_n * BN, k_first, k_last, acc1, acc3, BK,
@@ -298,7 +310,7 @@ def _stream_k_runs(x_desc, w1_desc, w3_desc, split_ptr, M, tiles_m, tiles_n, ste
 def stage0_split_sum_kernel(
     split_ptr, x_ptr, b1_ptr, b3_ptr, stage_ptr, peer_data_ptr, peer_flags_ptr, counters_ptr, done_ptr, keep_ptr,
     epoch_ptr, M, Mp, Fp, Fship, tail_group, producer, kchunk, nch, a_flag_word, first_consumer, split_k, steps,
-    programs,
+    programs, tile0,
     TP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr,
     ACT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B3: tl.constexpr, STAGED: tl.constexpr, STREAM_K: tl.constexpr = False,
 ):
@@ -306,8 +318,9 @@ def stage0_split_sum_kernel(
     tile adds those rows of the tile's runs' slots in run order (the bits of the in-kernel sum), makes their
     activation and stores them where the tile's epilogue would (pointer stores; a tail tile's into ``keep_ptr``),
     then counts them: a (row group, K-chunk) flag rises after every piece of its tiles. Every SM takes part in the
-    sums that the last run of each tile made alone in the kernel. ``STREAM_K``: a tile's slots are the pieces of it
-    that the ``programs`` stream-K runs made (``steps`` K-steps a tile), ``split_k`` slots apart."""
+    sums that the last run of each tile made alone in the kernel. Its tiles: ``tile0`` on (the grid's). ``STREAM_K``: a
+    tile's slots are the pieces of it that the ``programs`` stream-K shares made (``steps`` K-steps a tile),
+    ``split_k`` slots apart."""
     DUAL: tl.constexpr = ACT == 2
     SLOT: tl.constexpr = BM * BN * (2 if DUAL else 1)
     pieces: tl.constexpr = BM // ROWS
@@ -315,15 +328,15 @@ def stage0_split_sum_kernel(
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(Fp, BN)
     tiles_ship = tl.cdiv(Fship, BN)
-    tile = tl.program_id(0) // pieces
+    tile = tl.program_id(0) // pieces  # (counted from tile0)
     piece = tl.program_id(0) % pieces
-    pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+    pid_m, pid_n = grouped_tile(tile0 + tile, tiles_m, tiles_n, GROUP_M)
     offs_m = pid_m * BM + piece * ROWS + tl.arange(0, ROWS)
     offs_n = pid_n * BN + tl.arange(0, BN)
     slots = _split_slots(split_ptr, tile, split_k, piece * ROWS, ROWS, BM, BN, DUAL)
     runs = split_k
     if STREAM_K:
-        total = tiles_m * tiles_n * steps
+        total = tl.num_programs(0) // pieces * steps
         runs = tl.where(total >= programs, _stream_k_owner(tile * steps + steps - 1, programs, total)
                         - _stream_k_owner(tile * steps, programs, total) + 1, steps)
     acc1, acc3 = _sum_slots(slots, runs, (offs_m < M)[:, None], ROWS, BN, SLOT, BM * BN, DUAL)
@@ -851,7 +864,8 @@ def padded_rows(M: int, BM: int) -> int:
 def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, done, epoch, producer, kchunk, nch,
                   a_flag_word, first_consumer, tp, act, config, num_sms, ready=None, status=None, timeout_ns=0,
                   rank=0, timed=True, count_first_at_once=False, fship=None, keep=None, tail_group=0,
-                  tma_store=False, split_last=False, split_k=1, split_partials=None, split_counters=None, form=None):
+                  tma_store=False, split_last=False, split_k=1, split_partials=None, split_counters=None, form=None,
+                  stream_k_tail=False):
     """``stage``: the local ``[nch, Mp, kchunk]`` block (copy-engine transport) or None (stores go
     straight into the consumers' buffers); ``epoch``: a device int32 word; ``ready``: the READY
     words to wait on in the kernel (None: the caller made the stream wait); ``fship``: columns
@@ -864,7 +878,9 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     per tile, 0). Where ``stage0_sums_after_runs``: the runs only store their sums, and ``stage0_split_sum_kernel``,
     launched after, adds them and makes the tiles' epilogues, ``knobs.cta.STAGE0_FIXUP_ROWS`` rows a program.
     ``form``: a warp-specialized Gluon form (``codegen/cta_ws.py``; ``stage0_form`` says where one applies) on
-    ``config``'s row blocks, K-steps and row groups."""
+    ``config``'s row blocks, K-steps and row groups. ``stream_k_tail`` (an unsplit call, ``split_partials`` of
+    ``stage0_partials_numel``): the tiles of the last, partial round stream-K where ``knobs.cta.STAGE0_STREAM_K_TAIL``
+    (``stage0_stream_k_tiles``), summed by ``stage0_split_sum_kernel``."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -881,17 +897,21 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     fship = Fp if fship is None else fship
     assert fship == Fp or (fship % BN == 0 and keep is not None), (fship, Fp, BN)
     tiles = launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN)
-    # (half-width last tiles only without split-K: its runs already fill the SMs)
-    split = split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, num_sms) if split_last and split_k == 1 else 0
     fixup = stage0_sums_after_runs(M, split_k)
     stream_k = stage0_streams_k(M, split_k)
-    slots = stage0_slots(M, H, Fp, config, split_k, num_sms)
-    if split_k > 1:
+    sk_tiles = stage0_stream_k_tiles(M, H, Fp, config, split_k, num_sms, stream_k_tail) if not stream_k else 0
+    slots = stage0_slots(M, H, Fp, config, split_k, num_sms, stream_k_tail)
+    # (half-width last tiles only without split-K or a stream-K tail: those already fill the SMs)
+    split = (split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, num_sms)
+             if split_last and split_k == 1 and not sk_tiles else 0)
+    if split_k > 1 or sk_tiles:
         assert split_k <= launcher.cdiv(H, BK), (split_k, H, BK)
         accumulators = 2 if act == ACT_SWIGLU else 1
-        _check_split_buffers(split_partials, split_counters, split_partials_numel(M, Fp, config, slots, accumulators),
-                             tiles)
-    grid = (num_sms,) if stream_k else (max(1, min(num_sms, tiles * split_k)),)
+        numel = stage0_partials_numel(M, H, Fp, config, split_k, num_sms, accumulators, stream_k_tail)
+        _check_split_buffers(split_partials, split_counters if split_k > 1 else counters, numel, tiles)
+    after = fixup or sk_tiles > 0  # the fix-up kernel sums slots after this one
+    rows = min(BM, knobs.cta.STAGE0_FIXUP_ROWS)
+    grid = (num_sms,) if stream_k or sk_tiles else (max(1, min(num_sms, tiles * split_k)),)
     launcher.launch(stage0_kernel, grid,
         x, w1, b1 if b1 is not None else w1, w3 if w3 is not None else w1, b3 if b3 is not None else w1,
         stage if stage is not None else x, peer_data, peer_flags, counters, done,
@@ -904,19 +924,21 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
         PRECISION="ieee" if x.dtype == torch.float32 else None, TIMED=timed,
         COUNT_FIRST_AT_ONCE=count_first_at_once, TMA_STORE=tma_store and stage is not None,
         INTERPRET=launcher.interpreting(),
-        split_tiles=split, SPLIT_LAST=split > 0, split_ptr=split_partials if split_k > 1 else counters,
-        split_counters_ptr=split_counters if split_k > 1 else counters, split_k=slots, SPLIT_K=split_k > 1,
-        SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, SPLIT_FIXUP=fixup, STREAM_K=stream_k, num_stages=stages, num_warps=warps,
+        split_tiles=split, SPLIT_LAST=split > 0,
+        split_ptr=split_partials if split_k > 1 or sk_tiles else counters,
+        split_counters_ptr=split_counters if split_k > 1 else counters, split_k=split_k, SPLIT_K=split_k > 1,
+        SUM_PAIRS=knobs.cta.SPLIT_SUM_PAIRS, SPLIT_FIXUP=fixup, STREAM_K=stream_k or sk_tiles > 0,
+        sk_tiles=sk_tiles, sk_slots=slots, units=BM // rows if sk_tiles else 1, num_stages=stages, num_warps=warps,
     )
-    if fixup:
-        rows = min(BM, knobs.cta.STAGE0_FIXUP_ROWS)
-        launcher.launch(stage0_split_sum_kernel, (tiles * (BM // rows),),
+    if after:
+        summed = sk_tiles if sk_tiles else tiles
+        launcher.launch(stage0_split_sum_kernel, (summed * (BM // rows),),
             split_partials, x, b1 if b1 is not None else w1, b3 if b3 is not None else w1,
             stage if stage is not None else x, peer_data, peer_flags, counters, done, keep if keep is not None else x,
             epoch, M, padded_rows(M, BM), Fp, fship, tail_group, producer, kchunk, nch, a_flag_word, first_consumer,
-            slots, launcher.cdiv(H, BK), grid[0],
+            slots, launcher.cdiv(H, BK), grid[0], tiles - summed,
             TP=tp, BM=BM, BN=BN, GROUP_M=GROUP_M, ROWS=rows, ACT=act, HAS_B1=b1 is not None, HAS_B3=b3 is not None,
-            STAGED=stage is not None, STREAM_K=stream_k, num_warps=4,
+            STAGED=stage is not None, STREAM_K=stream_k or sk_tiles > 0, num_warps=4,
         )
 
 
@@ -963,15 +985,33 @@ def stage0_streams_k(M: int, split_k: int) -> bool:
     return knobs.cta.STAGE0_STREAM_K and stage0_sums_after_runs(M, split_k)
 
 
-def stage0_slots(M: int, H: int, Fp: int, config, split_k: int, num_sms: int) -> int:
+def stage0_stream_k_tiles(M: int, H: int, Fp: int, config, split_k: int, num_sms: int, tail: bool = False) -> int:
+    """The tiles a stage-0 call makes stream-K: every tile where its split runs are (``stage0_streams_k``); with
+    ``tail`` (its caller gives it the buffer) and ``knobs.cta.STAGE0_STREAM_K_TAIL``, an unsplit call's last,
+    partial round of tiles (every tile where they are fewer than the SMs); else 0."""
+    tiles = launcher.cdiv(M, config[0]) * launcher.cdiv(Fp, config[1])
+    if split_k > 1:
+        return tiles if stage0_streams_k(M, split_k) else 0
+    return tiles % num_sms if tail and knobs.cta.STAGE0_STREAM_K_TAIL else 0
+
+
+def stage0_slots(M: int, H: int, Fp: int, config, split_k: int, num_sms: int, tail: bool = False) -> int:
     """Partial-sum slots a tile of a stage-0 call has: its ``split_k`` runs, or with stream-K at most the programs
-    whose shares of the K-steps meet one tile (each share holds at least ``total // num_sms`` steps)."""
-    if not stage0_streams_k(M, split_k):
+    whose shares of the stream-K tiles' K-steps meet one tile (each share holds at least ``total // num_sms``)."""
+    sk_tiles = stage0_stream_k_tiles(M, H, Fp, config, split_k, num_sms, tail)
+    if not sk_tiles:
         return split_k
-    BM, BN, BK = config[0], config[1], config[2]
-    steps = launcher.cdiv(H, BK)
-    share = launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN) * steps // num_sms
+    steps = launcher.cdiv(H, config[2])
+    share = sk_tiles * steps // num_sms
     return steps if share == 0 else min(steps, launcher.cdiv(steps, share) + 1)
+
+
+def stage0_partials_numel(M: int, H: int, Fp: int, config, split_k: int, num_sms: int, accumulators: int = 1,
+                          tail: bool = False) -> int:
+    """Float32 elements of a stage-0 call's partial sums (its split or stream-K tiles' slots; 0: none)."""
+    sk_tiles = stage0_stream_k_tiles(M, H, Fp, config, split_k, num_sms, tail)
+    tiles = sk_tiles or (launcher.cdiv(M, config[0]) * launcher.cdiv(Fp, config[1]) if split_k > 1 else 0)
+    return tiles * stage0_slots(M, H, Fp, config, split_k, num_sms, tail) * accumulators * config[0] * config[1]
 
 
 def stage1_sums_after_runs(M: int, split_k: int) -> bool:

@@ -57,16 +57,17 @@ def launch_signal(flags, peer_flags, first, count, epoch_word, rank, ws):
 @triton.jit
 def count_chunk_tile(counters_ptr, done_ptr, peer_flags_ptr, a_flag_word, epoch, pid_m, pid_n, tiles_m, tiles_n,
                      tiles_ship, tail_group, tiles_per_chunk, nch, producer, first_consumer, pieces,
-                     TP: tl.constexpr, GROUP_M: tl.constexpr, STAGED: tl.constexpr):
-    """One more stored piece of a tile of (group of pid_m, chunk of pid_n), a tile in ``pieces`` (1: whole tiles,
-    ``stage0_split_sum_kernel``: pieces of rows); see ``cta.stage0_kernel``."""
+                     TP: tl.constexpr, GROUP_M: tl.constexpr, STAGED: tl.constexpr, n=1):
+    """``n`` more stored pieces of a tile of (group of pid_m, chunk of pid_n), a tile in ``pieces`` (1: whole tiles,
+    ``stage0_split_sum_kernel``: pieces of rows; a whole tile beside those: ``n = pieces``); see
+    ``cta.stage0_kernel``."""
     g = pid_m // GROUP_M
     j = pid_n // tiles_per_chunk
     shipped = tl.where(g == tail_group, tiles_ship, tiles_n)  # column tiles this group ships
     tiles = tl.minimum(GROUP_M, tiles_m - g * GROUP_M) * tl.minimum(tiles_per_chunk, shipped - j * tiles_per_chunk)
     tiles = tiles * pieces
     if STAGED:
-        count_tile_done(counters_ptr + g * nch + j, done_ptr + g * nch + j, tiles, epoch, SYS=True)
+        count_tile_done(counters_ptr + g * nch + j, done_ptr + g * nch + j, tiles, epoch, SYS=True, n=n)
     else:
         count_tile_done_to_ranks(counters_ptr + g * nch + j, peer_flags_ptr, a_flag_word + (g * TP + producer) * nch + j,
-                                 tiles, epoch, first_consumer, TP, 2 * TP)
+                                 tiles, epoch, first_consumer, TP, 2 * TP, n=n)

@@ -118,15 +118,15 @@ def signal_flag(flag_ptr, epoch):
 
 
 @triton.jit
-def _count(counter_ptr, SYS: tl.constexpr):
-    """Count one finished tile (acq_rel: the tile's stores, and every earlier counted tile's, are
+def _count(counter_ptr, SYS: tl.constexpr, n=1):
+    """Count one finished tile, or ``n`` (acq_rel: the tile's stores, and every earlier counted tile's, are
     ordered before whatever the last counter does next). System scope when the stores went to a
     peer's memory."""
     tl.debug_barrier()  # every thread's stores of this tile happen before the release below
     if SYS:
-        old = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="sys")
+        old = tl.atomic_add(counter_ptr, n, sem="acq_rel", scope="sys")
     else:
-        old = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+        old = tl.atomic_add(counter_ptr, n, sem="acq_rel", scope="gpu")
     return old
 
 
@@ -137,11 +137,11 @@ def count_local(counter_ptr):
 
 
 @triton.jit
-def count_tile_done(counter_ptr, done_flag_ptr, tiles_in_chunk, epoch, SYS: tl.constexpr = False):
-    """One more finished tile of a chunk (or band); the CTA that finishes it resets its counter (for
-    the next call) and raises its flag (local, or a peer's) to ``epoch``."""
-    old = _count(counter_ptr, SYS)
-    if old == tiles_in_chunk - 1:
+def count_tile_done(counter_ptr, done_flag_ptr, tiles_in_chunk, epoch, SYS: tl.constexpr = False, n=1):
+    """One more finished tile of a chunk (or band), or ``n`` parts of ``tiles_in_chunk`` at once; the CTA that finishes
+    it resets its counter (for the next call) and raises its flag (local, or a peer's) to ``epoch``."""
+    old = _count(counter_ptr, SYS, n)
+    if old + n == tiles_in_chunk:
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
         signal_flag(done_flag_ptr, epoch)
 
@@ -166,12 +166,12 @@ def count_bulk_stored(counters_ptr, done_ptr, index, n, tiles_in_chunk, epoch, I
 
 @triton.jit
 def count_tile_done_to_ranks(counter_ptr, peer_flags_ptr, flag_word, tiles_in_chunk, epoch, first,
-                             COUNT: tl.constexpr, WS: tl.constexpr):
+                             COUNT: tl.constexpr, WS: tl.constexpr, n=1):
     """As ``count_tile_done`` for tiles stored into other ranks' memory: the last tile raises word
     ``flag_word`` of ranks ``(first + q) % WS``, ``q < COUNT`` (``peer_flags_ptr``: every rank's flag
     buffer address)."""
-    old = _count(counter_ptr, True)
-    if old == tiles_in_chunk - 1:
+    old = _count(counter_ptr, True, n)
+    if old + n == tiles_in_chunk:
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
         for q in range(COUNT):
             flags = tl.load(peer_flags_ptr + (first + q) % WS).to(tl.pointer_type(tl.int32))

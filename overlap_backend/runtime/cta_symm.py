@@ -154,10 +154,9 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
     ship_first = bool(tail) and tp == 1 and knobs.cta.SHIP_BEFORE_TAILS
     part = st.data_view(x.dtype, (tp * M * (N // tp),), part_offset) if tail else None
     split_partials = None  # split-K's float32 partial sums (its counters: the start of CTA_Y_COUNTERS)
-    if stage == 0 and s0 == "triton" and plan.split0 > 1:
-        slots = cta.stage0_slots(M, H, fp, cfg0, plan.split0, st.num_sms)
-        split_partials = _staging_buffer(x, cta.split_partials_numel(M, fp, cfg0, slots, 1 + swiglu), "split",
-                                         torch.float32)
+    numel0 = cta.stage0_partials_numel(M, H, fp, cfg0, plan.split0, st.num_sms, 1 + swiglu, tail=True)
+    if stage == 0 and s0 == "triton" and numel0:  # (split runs, or a stream-K last round)
+        split_partials = _staging_buffer(x, numel0, "split", torch.float32)
     if stage == 1 and s1 == "triton" and plan.split1 > 1:
         split_partials = _staging_buffer(x, cta.split_partials_numel(M, N // tp, cfg1, plan.split1), "split",
                                          torch.float32)
@@ -185,7 +184,7 @@ def cta_pipeline_mlp(x, w1, b1, w3, b3, w2, b2, activation, approximate, stages,
                               fship=plan.fship, keep=keep, tail_group=plan.tail_group, tma_store=tma_store,
                               split_last=knobs.cta.STAGE0_SPLIT_LAST, split_k=plan.split0,
                               split_partials=split_partials, split_counters=word(symm_layout.CTA_Y_COUNTERS),
-                              form=form0)
+                              form=form0, stream_k_tail=True)
             return
         a = st.data_view(x.dtype, ((tp * nch + nch1) * mp, kchunk))
         if f1 and s0 == "cublas":

@@ -11,7 +11,8 @@ input; the reference is the float32 MLP of each rank's shards, all-reduced. Chec
   every rank's result the same bits (as an all-reduce); the cases again with each of
   ``knobs.cta.SWIGLU_SHARE_ROUNDS``, ``STAGE0_TMA_STORE``, ``STAGE0_SPLIT_LAST`` and
   ``SHIP_BEFORE_TAILS`` set to its other value, and split-K's sums in their other form (``SPLIT_SUM_PAIRS``,
-  ``STAGE1_SPLIT_FIXUP``, ``STAGE0_SPLIT_FIXUP``, ``STAGE0_STREAM_K``) on three splitting cases each; stage 0 in each Gluon form
+  ``STAGE1_SPLIT_FIXUP``, ``STAGE0_SPLIT_FIXUP``, ``STAGE0_STREAM_K``, ``STAGE0_STREAM_K_TAIL``) on three cases
+  each; stage 0 in each Gluon form
   (``STAGE0_FORM``) on every 16-bit GELU case it runs, twice, and the form a ratio file measured fastest
   (``"measured"``) run by the stage-0 ranks;
 - 30 back-to-back calls on distinct inputs, each right; 50 on the same input, bit-identical; an
@@ -70,7 +71,7 @@ CASES = [
     (1024, 512, 6144, 512, "gelu", "tanh", True, torch.bfloat16),
 ]
 # The knobs of split-K's sums: the GPU test runs three splitting cases in their other form (the test's time)
-SPLIT_SUMS = ("SPLIT_SUM_PAIRS", "STAGE1_SPLIT_FIXUP", "STAGE0_SPLIT_FIXUP", "STAGE0_STREAM_K")
+SPLIT_SUMS = ("SPLIT_SUM_PAIRS", "STAGE1_SPLIT_FIXUP", "STAGE0_SPLIT_FIXUP", "STAGE0_STREAM_K", "STAGE0_STREAM_K_TAIL")
 # Every F is a multiple of 128 * tp (tp = ws/2 ranks per stage: 4 at 8 GPUs) and every N of tp, so the
 # kernels take every case at 2, 4 and 8 GPUs; F / ws is each rank's shard.
 
@@ -188,13 +189,15 @@ def cta_worker(rank: int, ws: int, device: str):
     # group's rows shipped before the tails are added (SHIP_BEFORE_TAILS, on; off: a GELU case with a
     # tail, at 2 GPUs); split-K's sums read two slots at a time (SPLIT_SUM_PAIRS, off) or stage 1's added by a kernel
     # after it (STAGE1_SPLIT_FIXUP, at STAGE1_FIXUP_CALL_ROWS rows), stage 0's likewise (STAGE0_SPLIT_FIXUP, at
-    # STAGE0_FIXUP_CALL_ROWS rows), its runs stream-K or not (STAGE0_STREAM_K, under the fix-up): the cases whose plan
-    # splits, in the form their rows do not take by default.
+    # STAGE0_FIXUP_CALL_ROWS rows), its runs stream-K or not (STAGE0_STREAM_K, under the fix-up), an unsplit stage 0's
+    # last round stream-K (STAGE0_STREAM_K_TAIL, the Triton kernel): the cases whose plan splits (or not), in the form
+    # their rows do not take by default.
     for setting, what in (("SWIGLU_SHARE_ROUNDS", "another share"), ("STAGE0_TMA_STORE", "a case"),
                           ("STAGE0_SPLIT_LAST", "a split last round"),
                           ("SHIP_BEFORE_TAILS", "a tail at one stage-0 rank"),
                           ("SPLIT_SUM_PAIRS", "a split stage"), ("STAGE1_SPLIT_FIXUP", "a split stage 1"),
-                          ("STAGE0_SPLIT_FIXUP", "a split stage 0"), ("STAGE0_STREAM_K", "a split stage 0")):
+                          ("STAGE0_SPLIT_FIXUP", "a split stage 0"), ("STAGE0_STREAM_K", "a split stage 0"),
+                          ("STAGE0_STREAM_K_TAIL", "a partial last round of stage-0 tiles")):
         changed = 0
         default = getattr(knobs.cta, setting)
         for M, H, F, N, act, approximate, bias, dtype in CASES:
@@ -204,7 +207,7 @@ def cta_worker(rank: int, ws: int, device: str):
                        "STAGE0_SPLIT_LAST": act != "swiglu", "SHIP_BEFORE_TAILS": act != "swiglu" and tp == 1,
                        "SPLIT_SUM_PAIRS": max(usual.split0, usual.split1) > 1,
                        "STAGE1_SPLIT_FIXUP": usual.split1 > 1, "STAGE0_SPLIT_FIXUP": usual.split0 > 1,
-                       "STAGE0_STREAM_K": usual.split0 > 1}[setting]
+                       "STAGE0_STREAM_K": usual.split0 > 1, "STAGE0_STREAM_K_TAIL": usual.split0 == 1}[setting]
             if not applies or (setting in SPLIT_SUMS and changed >= 3):
                 continue  # (the split-K sums: three cases each, for the test's time)
             other = {setting: not default}
@@ -216,12 +219,16 @@ def cta_worker(rank: int, ws: int, device: str):
                          else {setting: True, "STAGE0_FIXUP_CALL_ROWS": (1, 1 << 30)})
             if setting == "STAGE0_STREAM_K":  # (only where the fix-up kernel sums the runs)
                 other = {setting: not default, "STAGE0_SPLIT_FIXUP": True, "STAGE0_FIXUP_CALL_ROWS": (1, 1 << 30)}
+            if setting == "STAGE0_STREAM_K_TAIL":  # (the Triton kernel's: not a Gluon form)
+                other = {setting: not default, "STAGE0_FORM": None}
             with knobs.cta.patch(**other):
                 plan = cta_plan.chunk_plan(M, F, N, tp, act == "swiglu", dtype, num_sms, H=H)
                 changed += {"STAGE0_TMA_STORE": True, "SWIGLU_SHARE_ROUNDS": plan.f1 != usual.f1,
                             "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms),
                             "SHIP_BEFORE_TAILS": plan.tail > 0, "SPLIT_SUM_PAIRS": True,
-                            "STAGE1_SPLIT_FIXUP": True, "STAGE0_SPLIT_FIXUP": True, "STAGE0_STREAM_K": True}[setting]
+                            "STAGE1_SPLIT_FIXUP": True, "STAGE0_SPLIT_FIXUP": True, "STAGE0_STREAM_K": True,
+                            "STAGE0_STREAM_K_TAIL": cta.stage0_stream_k_tiles(M, H, (F - plan.f1) // tp, plan.cfg0, 1,
+                                                                              num_sms, tail=True) > 0}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))

@@ -313,6 +313,32 @@ def test_stage0_stream_k_matches_mlp(ws, M, H, F_, act, num_sms):
     assert not parts.isnan().all()
 
 
+@pytest.mark.parametrize("ws,M,H,F_,act,num_sms,transport", [
+    (2, 40, 64, 128, "gelu", 5, "ce"),      # 12 tiles on 5 programs: 2 whole rounds, the last 2 tiles stream-K
+    (2, 40, 64, 128, "gelu", 7, "peer"),    # 1 whole round, 5 tiles stream-K, into the consumers' buffers
+    (2, 33, 48, 64, "swiglu", 5, "ce"),     # two accumulators
+    (4, 20, 64, 256, "gelu", 16, "peer"),   # fewer tiles than programs: every tile stream-K, 2 producers
+])
+def test_stage0_stream_k_tail_matches_mlp(ws, M, H, F_, act, num_sms, transport):
+    """An unsplit stage 0 with its last, partial round stream-K (``STAGE0_STREAM_K_TAIL``): the whole tiles before
+    it counted as the fix-up's pieces, the stream-K tiles' pieces in NaN-poisoned slots added by the fix-up kernel:
+    the same chunk-major blocks, flags and MLP result, every chunk counter back at 0."""
+    tp = ws // 2
+    fp = F_ // tp
+    tiles = -(-M // CFG0[0]) * -(-fp // CFG0[1])
+    with knobs.cta.patch(STAGE0_STREAM_K_TAIL=True, STAGE0_FIXUP_ROWS=8):
+        sk = cta.stage0_stream_k_tiles(M, H, fp, CFG0, 1, num_sms, tail=True)
+        assert sk == tiles % num_sms and sk > 0
+        assert cta.stage0_stream_k_tiles(M, H, fp, CFG0, 1, num_sms) == 0  # (only for a caller that gives a buffer)
+        accumulators = 2 if act == "swiglu" else 1
+        parts = torch.full((cta.stage0_partials_numel(M, H, fp, CFG0, 1, num_sms, accumulators, tail=True),),
+                           float("nan"))
+        res = _run(ws, M, H, F_, 32, act, True, transport=transport, num_sms=num_sms,
+                   stage0_order=dict(split_partials=parts, stream_k_tail=True))
+    _check_staged_blocks_and_result(res, ws)
+    assert not parts.isnan().all()
+
+
 def test_stage0_stream_k_slots_bound_the_pieces_of_a_tile():
     """``stage0_slots`` with stream-K: at least the most programs whose shares meet one tile, at every grid size
     (the kernel's shares: ``[p * total // programs, (p + 1) * total // programs)``), never more than its K-steps;
@@ -767,22 +793,27 @@ def test_host_path_matches_mlp(fake_host_path, ws, act, F_, gelu_shares, transpo
     assert len(fake.preloads) == ws * (2 if gelu_shares[0] != gelu_shares[1] else 1), fake.preloads
 
 
-@pytest.mark.parametrize("ws,F_,M,num_sms,share,transport,ship_first", [
-    (2, 1024, 40, 4, None, "ce", True), (2, 1024, 40, 4, None, "ce", False), (2, 1024, 50, 4, 256, "peer", True),
-    (4, 1024, 40, 2, None, "ce", True)])
-def test_host_path_last_group_tail(fake_host_path, ws, F_, M, num_sms, share, transport, ship_first):
+@pytest.mark.parametrize("ws,F_,M,num_sms,share,transport,ship_first,sk_tail", [
+    (2, 1024, 40, 4, None, "ce", True, False), (2, 1024, 40, 4, None, "ce", False, False),
+    (2, 1024, 50, 4, 256, "peer", True, False), (4, 1024, 40, 2, None, "ce", True, False),
+    (2, 1024, 40, 5, None, "ce", True, True),     # the last round's tiles stream-K (STAGE0_STREAM_K_TAIL)
+    (2, 1024, 50, 7, 256, "peer", True, True)])   # ... into the consumers' buffers, with a stage-1 share
+def test_host_path_last_group_tail(fake_host_path, ws, F_, M, num_sms, share, transport, ship_first, sk_tail):
     """GELU with more than one row group (``MULTI_GROUP_TAIL``): only the last group has a tail, so
     its rows ship fewer columns and its stage-1 tiles add the tails' partial products, while the
     earlier groups ship and walk every column. The last group smaller than the others (M=40: row
     blocks {0, 1}, {2}), rows not a multiple of the block, with and without a stage-1 share; at 2
     GPUs with the last group's rows shipped before the tails are added (``SHIP_BEFORE_TAILS``: the
-    stage-0 rank adds its own copy in its collect) and after (at 4 GPUs the setting does nothing)."""
+    stage-0 rank adds its own copy in its collect) and after (at 4 GPUs the setting does nothing); with stage 0's last,
+    partial round of tiles stream-K, its tail tiles among them."""
     from overlap_backend.runtime import cta_plan
 
     fake = fake_host_path(ws, F_, transport, num_sms=num_sms, M=M)
-    with knobs.cta.patch(GELU_SHARE_COLS=share, SHIP_BEFORE_TAILS=ship_first):
+    with knobs.cta.patch(GELU_SHARE_COLS=share, SHIP_BEFORE_TAILS=ship_first, STAGE0_STREAM_K_TAIL=sk_tail):
         plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H)
         assert plan.groups > 1 and plan.tail > 0 and plan.tail_group == plan.groups - 1, plan
+        fp = (F_ - plan.f1) // plan.tp
+        assert (cta.stage0_stream_k_tiles(M, fake.H, fp, plan.cfg0, plan.split0, num_sms, tail=True) > 0) == sk_tail
         assert plan.fship < plan.kchunk * plan.nch, plan  # the last group ships fewer chunks than the others
         assert plan.f1 == (share or 0), plan
         fake.check_calls("gelu")

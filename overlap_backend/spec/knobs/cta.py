@@ -89,6 +89,11 @@ cta = Knobs(
     # K-steps, a piece of each tile it meets in its own slot (cta._stream_k_runs), instead of whole runs a tile, which
     # at 8 GPUs' 128-row shape (28 tiles x 4 runs on 132 SMs) leave 20 SMs idle. Off until timed.
     STAGE0_STREAM_K=False,
+    # An unsplit stage 0's last, partial round of tiles stream-K: every SM an equal share of those tiles' K-steps,
+    # the fix-up kernel adding the pieces, the whole tiles before them counted as its pieces (cta.stage0_stream_k_tiles).
+    # The 85 % or 39 % full last rounds of 224 and 448 tiles on 132 SMs are where stage 0 stays over 1.03x at 512
+    # and 1024 rows. Off until timed.
+    STAGE0_STREAM_K_TAIL=False,
     # Stage 0 in a warp-specialized Gluon form where it applies (codegen/cta_ws.py: GELU, the copy-engine transport
     # with TMA stores, no split-K, 128-row blocks for "ws_coop"): "ws_pingpong" (128-column tiles in turns) or
     # "ws_coop" (128 x 256 tiles shared); "measured": the form the kernel benchmark measured fastest at the nearest
