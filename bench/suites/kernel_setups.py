@@ -11,6 +11,13 @@ import torch.nn.functional as F
 from bench.suites.kernel_cases import CTA_H, MOE, Case
 from bench.tools import common
 
+# CTA stage 0's stream-K bench variants: the knobs each runs under (the run's own knobs otherwise)
+STAGE0_STREAM_K_FORMS = {
+    "stream_k": dict(STAGE0_STREAM_K=True, STAGE0_SPLIT_FIXUP=True, STAGE0_FIXUP_CALL_ROWS=(1, 1 << 30)),
+    "stream_k_tail": dict(STAGE0_STREAM_K_TAIL=True),
+}
+
+
 def mm_ar_configs(dt: torch.dtype, M: int, ws: int) -> tuple[int, int, list, list]:
     """(rounds, rows per chunk and round, the op's candidates, bench-only variants) of ``mm_ar``'s rounds kernel as
     the op tunes it on the copy-engine transport (``runtime/symm/mm_ar``): TMA variants where
@@ -428,17 +435,31 @@ class Bench:
 
             self.variant_cands += [(*cta_ws.config(form, cfg0), form, 1) for form in cta_ws.FORMS
                                    if gluon_ring.block_rows_refusal(form, cfg0[0]) is None]
-        self.partials = torch.empty(max(1, max(cta.stage0_partials_numel(c.M, c.K, c.N, cfg, cfg[7], self.num_sms,
-                                                                         tail=True)
-                                               for cfg in self.op_cands + self.variant_cands)), device=self.dev)
+        # the stream-K forms on the op's config (the op takes them by knob, not as a measured variant): a split call's
+        # runs as every SM's share of the tiles' K-steps, or an unsplit call's last, partial round of tiles so
+        if runs > 1:
+            self.variant_cands.append((*cfg0, True, runs, "stream_k"))
+        elif -(-c.M // cfg0[0]) * -(-c.N // cfg0[1]) % self.num_sms:
+            self.variant_cands.append((*cfg0, True, 1, "stream_k_tail"))
+
+        def knobs_of(cfg):
+            return knobs.cta.patch(**STAGE0_STREAM_K_FORMS.get(cfg[8] if len(cfg) > 8 else None, {}))
+
+        def partials(cfg):
+            with knobs_of(cfg):
+                return cta.stage0_partials_numel(c.M, c.K, c.N, cfg, cfg[7], self.num_sms, tail=True)
+
+        self.partials = torch.empty(max(1, max(partials(cfg) for cfg in self.op_cands + self.variant_cands)),
+                                    device=self.dev)
         self.split_counters = torch.zeros(4096, dtype=torch.int32, device=self.dev)
 
         def run(cfg):
             form = cfg[6] if isinstance(cfg[6], str) else None  # a Gluon form: on the plan's config
-            cta.launch_stage0(a, b, None, None, None, self.stage, tables, tables, self.counters, self.done, self.epoch,
-                              0, kchunk, nch, 0, 1, 1, cta.ACT_GELU_TANH, cfg0 if form else cfg[:6], self.num_sms,
-                              tma_store=bool(cfg[6]), split_k=cfg[7], split_partials=self.partials,
-                              split_counters=self.split_counters, form=form, stream_k_tail=True)
+            with knobs_of(cfg):
+                cta.launch_stage0(a, b, None, None, None, self.stage, tables, tables, self.counters, self.done,
+                                  self.epoch, 0, kchunk, nch, 0, 1, 1, cta.ACT_GELU_TANH, cfg0 if form else cfg[:6],
+                                  self.num_sms, tma_store=bool(cfg[6]), split_k=cfg[7], split_partials=self.partials,
+                                  split_counters=self.split_counters, form=form, stream_k_tail=True)
 
         self.run = run
         self.error = lambda: common.rel_err(

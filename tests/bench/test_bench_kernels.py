@@ -140,14 +140,20 @@ def test_every_kernel_sets_up_runs_and_checks_under_the_interpreter(bk, moe, mon
     monkeypatch.setitem(moe, "tiny", (64, 128, 4, 2, 64))
     cases = [bk.Case("ag_mm", 2, 1024, 64, 256, "gelu"), bk.Case("mm_rs", 2, 1024, 64, 256, "add:0"),
              bk.Case("mm_ar", 2, 2048, 64, 256), bk.Case("oneshot", 2, 8, 1, 256),
-             bk.Case("cta_stage0", 4, 16, 64, 512, "gelu_tanh"), bk.Case("cta_stage1", 4, 16, 512, 256),
+             bk.Case("cta_stage0", 4, 16, 64, 512, "gelu_tanh"), bk.Case("cta_stage0", 2, 600, 64, 512, "gelu_tanh"),
+             bk.Case("cta_stage1", 4, 16, 512, 256),
              bk.Case("moe_gate_up", 2, 128, 64, 128, "swiglu", "tiny"), bk.Case("moe_down", 2, 128, 64, 128, "", "tiny")]
     for case in cases:
         cta = case.kernel.startswith("cta_")
         b = bk.Bench(case, torch.device("cpu"), 16 if cta else 4, 1, torch.float32)
-        if cta:  # every config: split-K runs (16 SMs: few tiles) and not, stage 0's narrower tiles
+        if cta:  # every config: split-K runs (16 SMs: few tiles) and not, stage 0's narrower tiles, its stream-K forms
             cfgs = b.op_cands + b.variant_cands
-            assert b.op_cands[0][-1] > 1 and any(cfg[-1] == 1 for cfg in cfgs), cfgs
+            at = 7 if case.kernel == "cta_stage0" else 6  # (the split-K runs' field)
+            split = b.op_cands[0][at]
+            assert (split > 1) == (case.M == 16) and any(cfg[at] == 1 for cfg in cfgs), cfgs
+            if case.kernel == "cta_stage0":
+                assert [cfg[8] for cfg in cfgs if len(cfg) > 8] == ["stream_k" if split > 1 else "stream_k_tail"]
+            cfgs = [cfg for cfg in cfgs if not isinstance(cfg[6], str)]  # (the Gluon forms run on a GPU only)
         else:
             cfgs = [next((c for c in b.op_cands if c is not None and c[6]), b.op_cands[0])]  # a TMA store if any
         for cfg in cfgs:
