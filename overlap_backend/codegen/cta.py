@@ -880,7 +880,7 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     ``form``: a warp-specialized Gluon form (``codegen/cta_ws.py``; ``stage0_form`` says where one applies) on
     ``config``'s row blocks, K-steps and row groups. ``stream_k_tail`` (an unsplit call, ``split_partials`` of
     ``stage0_partials_numel``): the tiles of the last, partial round stream-K where ``knobs.cta.STAGE0_STREAM_K_TAIL``
-    (``stage0_stream_k_tiles``), summed by ``stage0_split_sum_kernel``."""
+    (``stage0_partial_slots``), summed by ``stage0_split_sum_kernel``."""
     M, H = x.shape
     Fp = w1.shape[1]
     BM, BN, BK, GROUP_M, stages, warps = config
@@ -899,16 +899,16 @@ def launch_stage0(x, w1, b1, w3, b3, stage, peer_data, peer_flags, counters, don
     tiles = launcher.cdiv(M, BM) * launcher.cdiv(Fp, BN)
     fixup = stage0_sums_after_runs(M, split_k)
     stream_k = stage0_streams_k(M, split_k)
-    sk_tiles = stage0_stream_k_tiles(M, H, Fp, config, split_k, num_sms, stream_k_tail) if not stream_k else 0
-    slots = stage0_slots(M, H, Fp, config, split_k, num_sms, stream_k_tail)
+    sk_tiles, holders, slots = stage0_partial_slots(M, H, Fp, config, split_k, num_sms, stream_k_tail)
+    sk_tiles = 0 if stream_k else sk_tiles  # (the last round's stream-K tiles; split stream-K takes every tile)
     # (half-width last tiles only without split-K or a stream-K tail: those already fill the SMs)
     split = (split_tail_tiles(M, Fp, fship, BM, BN, GROUP_M, tail_group, num_sms)
              if split_last and split_k == 1 and not sk_tiles else 0)
     if split_k > 1 or sk_tiles:
         assert split_k <= launcher.cdiv(H, BK), (split_k, H, BK)
         accumulators = 2 if act == ACT_SWIGLU else 1
-        numel = stage0_partials_numel(M, H, Fp, config, split_k, num_sms, accumulators, stream_k_tail)
-        _check_split_buffers(split_partials, split_counters if split_k > 1 else counters, numel, tiles)
+        _check_split_buffers(split_partials, split_counters if split_k > 1 else counters,
+                             holders * slots * accumulators * BM * BN, tiles)
     after = fixup or sk_tiles > 0  # the fix-up kernel sums slots after this one
     rows = min(BM, knobs.cta.STAGE0_FIXUP_ROWS)
     grid = (num_sms,) if stream_k or sk_tiles else (max(1, min(num_sms, tiles * split_k)),)
@@ -972,11 +972,16 @@ def split_tail_tiles(M: int, Fp: int, fship: int, BM: int, BN: int, GROUP_M: int
     return last if last <= rows_last * (tiles_n - fship // BN) else 0
 
 
+def _sums_after_runs(M: int, split_k: int, on: bool, call_rows: tuple[int, int]) -> bool:
+    """A split call of ``M`` rows has its tiles summed by a kernel after the runs: the knob ``on`` and ``M`` within
+    ``call_rows`` (both ends in)."""
+    return split_k > 1 and on and call_rows[0] <= M <= call_rows[1]
+
+
 def stage0_sums_after_runs(M: int, split_k: int) -> bool:
     """Whether a stage-0 call of ``M`` rows in ``split_k`` runs a tile has its split tiles summed by
     ``stage0_split_sum_kernel`` after the runs (``knobs.cta.STAGE0_SPLIT_FIXUP``, ``STAGE0_FIXUP_CALL_ROWS``)."""
-    lo, hi = knobs.cta.STAGE0_FIXUP_CALL_ROWS
-    return split_k > 1 and knobs.cta.STAGE0_SPLIT_FIXUP and lo <= M <= hi
+    return _sums_after_runs(M, split_k, knobs.cta.STAGE0_SPLIT_FIXUP, knobs.cta.STAGE0_FIXUP_CALL_ROWS)
 
 
 def stage0_streams_k(M: int, split_k: int) -> bool:
@@ -985,40 +990,37 @@ def stage0_streams_k(M: int, split_k: int) -> bool:
     return knobs.cta.STAGE0_STREAM_K and stage0_sums_after_runs(M, split_k)
 
 
-def stage0_stream_k_tiles(M: int, H: int, Fp: int, config, split_k: int, num_sms: int, tail: bool = False) -> int:
-    """The tiles a stage-0 call makes stream-K: every tile where its split runs are (``stage0_streams_k``); with
-    ``tail`` (its caller gives it the buffer) and ``knobs.cta.STAGE0_STREAM_K_TAIL``, an unsplit call's last,
-    partial round of tiles (every tile where they are fewer than the SMs); else 0."""
+def stage0_partial_slots(M: int, H: int, Fp: int, config, split_k: int, num_sms: int,
+                         tail: bool = False) -> tuple[int, int, int]:
+    """(the tiles a stage-0 call makes stream-K, the tiles that have partial-sum slots, the slots a tile has).
+
+    Stream-K: every tile where its split runs are (``stage0_streams_k``); with ``tail`` (its caller gives it the
+    buffer) and ``knobs.cta.STAGE0_STREAM_K_TAIL``, an unsplit call's last, partial round of tiles (every tile where
+    they are fewer than the SMs). A stream-K tile has at most as many slots as programs whose shares of the stream-K
+    tiles' K-steps meet it (each share holds at least ``total // num_sms``); a split one its ``split_k`` runs."""
     tiles = launcher.cdiv(M, config[0]) * launcher.cdiv(Fp, config[1])
     if split_k > 1:
-        return tiles if stage0_streams_k(M, split_k) else 0
-    return tiles % num_sms if tail and knobs.cta.STAGE0_STREAM_K_TAIL else 0
-
-
-def stage0_slots(M: int, H: int, Fp: int, config, split_k: int, num_sms: int, tail: bool = False) -> int:
-    """Partial-sum slots a tile of a stage-0 call has: its ``split_k`` runs, or with stream-K at most the programs
-    whose shares of the stream-K tiles' K-steps meet one tile (each share holds at least ``total // num_sms``)."""
-    sk_tiles = stage0_stream_k_tiles(M, H, Fp, config, split_k, num_sms, tail)
+        sk_tiles = tiles if stage0_streams_k(M, split_k) else 0
+    else:
+        sk_tiles = tiles % num_sms if tail and knobs.cta.STAGE0_STREAM_K_TAIL else 0
     if not sk_tiles:
-        return split_k
+        return 0, tiles if split_k > 1 else 0, split_k
     steps = launcher.cdiv(H, config[2])
     share = sk_tiles * steps // num_sms
-    return steps if share == 0 else min(steps, launcher.cdiv(steps, share) + 1)
+    return sk_tiles, sk_tiles, steps if share == 0 else min(steps, launcher.cdiv(steps, share) + 1)
 
 
 def stage0_partials_numel(M: int, H: int, Fp: int, config, split_k: int, num_sms: int, accumulators: int = 1,
                           tail: bool = False) -> int:
     """Float32 elements of a stage-0 call's partial sums (its split or stream-K tiles' slots; 0: none)."""
-    sk_tiles = stage0_stream_k_tiles(M, H, Fp, config, split_k, num_sms, tail)
-    tiles = sk_tiles or (launcher.cdiv(M, config[0]) * launcher.cdiv(Fp, config[1]) if split_k > 1 else 0)
-    return tiles * stage0_slots(M, H, Fp, config, split_k, num_sms, tail) * accumulators * config[0] * config[1]
+    _, holders, slots = stage0_partial_slots(M, H, Fp, config, split_k, num_sms, tail)
+    return holders * slots * accumulators * config[0] * config[1]
 
 
 def stage1_sums_after_runs(M: int, split_k: int) -> bool:
     """Whether a stage-1 call of ``M`` rows in ``split_k`` runs a tile has its split tiles summed by
     ``stage1_split_sum_kernel`` after the runs (``knobs.cta.STAGE1_SPLIT_FIXUP``, ``STAGE1_FIXUP_CALL_ROWS``)."""
-    lo, hi = knobs.cta.STAGE1_FIXUP_CALL_ROWS
-    return split_k > 1 and knobs.cta.STAGE1_SPLIT_FIXUP and lo <= M <= hi
+    return _sums_after_runs(M, split_k, knobs.cta.STAGE1_SPLIT_FIXUP, knobs.cta.STAGE1_FIXUP_CALL_ROWS)
 
 
 def launch_stage1(a, w2, b2, out, peer_data, peer_flags, y_offset, a_flags, counters, epoch, status, timeout_ns,

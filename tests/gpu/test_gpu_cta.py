@@ -227,8 +227,8 @@ def cta_worker(rank: int, ws: int, device: str):
                             "STAGE0_SPLIT_LAST": _splits_last_round(plan, M, F, tp, num_sms),
                             "SHIP_BEFORE_TAILS": plan.tail > 0, "SPLIT_SUM_PAIRS": True,
                             "STAGE1_SPLIT_FIXUP": True, "STAGE0_SPLIT_FIXUP": True, "STAGE0_STREAM_K": True,
-                            "STAGE0_STREAM_K_TAIL": cta.stage0_stream_k_tiles(M, H, (F - plan.f1) // tp, plan.cfg0, 1,
-                                                                              num_sms, tail=True) > 0}[setting]
+                            "STAGE0_STREAM_K_TAIL": cta.stage0_partial_slots(M, H, (F - plan.f1) // tp, plan.cfg0, 1,
+                                                                              num_sms, tail=True)[0] > 0}[setting]
                 args = _shards(ws, M, H, F, N, act, bias, dtype, device)
                 call(args, act, approximate)  # the placement with the setting's window
                 _poison(group.group_name, torch.device(device, torch.cuda.current_device()))

@@ -236,24 +236,16 @@ def test_stage1_split_k_matches_mlp(ws, M, H, F_, N, act, bias, f1, split_k, fix
                 assert world.flags[r][B + symm_layout.CTA_Y_DONE + t * res["tiles_m"]:][: res["tiles_m"]].eq(EPOCH).all()
 
 
-def test_split_stage0_sums_after_the_runs_only_at_the_rows_it_was_measured_faster():
-    """The fix-up kernel sums a split stage 0 at the calls of one 128-row block (``STAGE0_FIXUP_CALL_ROWS``, both ends
-    in), never an unsplit one, never with ``STAGE0_SPLIT_FIXUP`` off."""
-    lo, hi = knobs.cta.STAGE0_FIXUP_CALL_ROWS
-    assert [cta.stage0_sums_after_runs(m, 4) for m in (lo - 1, lo, hi, hi + 1)] == [False, True, True, False]
-    assert not cta.stage0_sums_after_runs(hi, 1)
-    with knobs.cta.patch(STAGE0_SPLIT_FIXUP=False):
-        assert not cta.stage0_sums_after_runs(hi, 4)
-
-
-def test_split_stage1_sums_after_the_runs_only_at_the_rows_it_was_measured_faster():
-    """The fix-up kernel sums a split stage 1 at the calls of one 128-row block (``STAGE1_FIXUP_CALL_ROWS``, both ends
-    in), never an unsplit one, never with ``STAGE1_SPLIT_FIXUP`` off."""
-    lo, hi = knobs.cta.STAGE1_FIXUP_CALL_ROWS
-    assert [cta.stage1_sums_after_runs(m, 4) for m in (lo - 1, lo, hi, hi + 1)] == [False, True, True, False]
-    assert not cta.stage1_sums_after_runs(hi, 1)
-    with knobs.cta.patch(STAGE1_SPLIT_FIXUP=False):
-        assert not cta.stage1_sums_after_runs(hi, 4)
+@pytest.mark.parametrize("stage", [0, 1])
+def test_split_sums_after_the_runs_only_at_the_rows_it_was_measured_faster(stage):
+    """The fix-up kernel sums a split stage at the calls of one 128-row block (``STAGE*_FIXUP_CALL_ROWS``, both ends
+    in), never an unsplit one, never with ``STAGE*_SPLIT_FIXUP`` off."""
+    sums_after_runs = (cta.stage0_sums_after_runs, cta.stage1_sums_after_runs)[stage]
+    lo, hi = getattr(knobs.cta, f"STAGE{stage}_FIXUP_CALL_ROWS")
+    assert [sums_after_runs(m, 4) for m in (lo - 1, lo, hi, hi + 1)] == [False, True, True, False]
+    assert not sums_after_runs(hi, 1)
+    with knobs.cta.patch(**{f"STAGE{stage}_SPLIT_FIXUP": False}):
+        assert not sums_after_runs(hi, 4)
 
 
 @pytest.mark.parametrize("ws,M,H,F_,N,act,bias,transport,tma,first,split,sums", [
@@ -295,7 +287,7 @@ def test_stage0_split_k_matches_mlp(ws, M, H, F_, N, act, bias, transport, tma, 
 ])
 def test_stage0_stream_k_matches_mlp(ws, M, H, F_, act, num_sms):
     """Stage 0's stream-K runs (``STAGE0_STREAM_K``): every program an equal share of all tiles' K-steps, each piece
-    of a tile in its slot (NaN-poisoned, ``stage0_slots`` a tile), the fix-up kernel adding each tile's pieces: the
+    of a tile in its slot (NaN-poisoned, ``stage0_partial_slots`` a tile), the fix-up kernel adding each tile's pieces: the
     same chunk-major blocks, flags and MLP result as the plain kernel."""
     tp = ws // 2
     fp = F_ // tp
@@ -303,7 +295,7 @@ def test_stage0_stream_k_matches_mlp(ws, M, H, F_, act, num_sms):
     split = 2  # (any split of more than one run: stream-K takes the fix-up's calls)
     with knobs.cta.patch(**STREAM0):
         assert cta.stage0_streams_k(M, split)
-        slots = cta.stage0_slots(M, H, fp, CFG0, split, num_sms)
+        slots = cta.stage0_partial_slots(M, H, fp, CFG0, split, num_sms)[2]
         accumulators = 2 if act == "swiglu" else 1
         parts = torch.full((cta.split_partials_numel(M, fp, CFG0, slots, accumulators),), float("nan"))
         res = _run(ws, M, H, F_, 32, act, True, transport="ce", num_sms=num_sms,
@@ -327,9 +319,9 @@ def test_stage0_stream_k_tail_matches_mlp(ws, M, H, F_, act, num_sms, transport)
     fp = F_ // tp
     tiles = -(-M // CFG0[0]) * -(-fp // CFG0[1])
     with knobs.cta.patch(STAGE0_STREAM_K_TAIL=True, STAGE0_FIXUP_ROWS=8):
-        sk = cta.stage0_stream_k_tiles(M, H, fp, CFG0, 1, num_sms, tail=True)
+        sk = cta.stage0_partial_slots(M, H, fp, CFG0, 1, num_sms, tail=True)[0]
         assert sk == tiles % num_sms and sk > 0
-        assert cta.stage0_stream_k_tiles(M, H, fp, CFG0, 1, num_sms) == 0  # (only for a caller that gives a buffer)
+        assert cta.stage0_partial_slots(M, H, fp, CFG0, 1, num_sms)[0] == 0  # (only for a caller that gives a buffer)
         accumulators = 2 if act == "swiglu" else 1
         parts = torch.full((cta.stage0_partials_numel(M, H, fp, CFG0, 1, num_sms, accumulators, tail=True),),
                            float("nan"))
@@ -340,7 +332,7 @@ def test_stage0_stream_k_tail_matches_mlp(ws, M, H, F_, act, num_sms, transport)
 
 
 def test_stage0_stream_k_slots_bound_the_pieces_of_a_tile():
-    """``stage0_slots`` with stream-K: at least the most programs whose shares meet one tile, at every grid size
+    """``stage0_partial_slots``' slots with stream-K: at least the most programs whose shares meet one tile, at every grid size
     (the kernel's shares: ``[p * total // programs, (p + 1) * total // programs)``), never more than its K-steps;
     without stream-K the runs a tile."""
     cfg = (16, 32, 16, 2, 1, 1)
@@ -355,10 +347,10 @@ def test_stage0_stream_k_slots_bound_the_pieces_of_a_tile():
                 t0 = torch.arange(tiles, dtype=torch.int64)[:, None] * steps
                 meets = (lo < hi) & (lo < t0 + steps) & (hi > t0)  # [tile, program]: the share meets the tile
                 most = int(meets.sum(1).max())
-                slots = cta.stage0_slots(M, H, Fp, cfg, 2, programs)
+                slots = cta.stage0_partial_slots(M, H, Fp, cfg, 2, programs)[2]
                 assert most <= slots <= steps, (M, H, Fp, programs, most, slots)
     with knobs.cta.patch(STAGE0_STREAM_K=False):
-        assert cta.stage0_slots(40, 64, 128, cfg, 3, 5) == 3
+        assert cta.stage0_partial_slots(40, 64, 128, cfg, 3, 5)[2] == 3
 
 
 @pytest.mark.parametrize("act,split", [("gelu", 3), ("gelu", 4), ("swiglu", 3)])
@@ -813,7 +805,7 @@ def test_host_path_last_group_tail(fake_host_path, ws, F_, M, num_sms, share, tr
         plan = cta_plan.chunk_plan(M, F_, fake.N, ws // 2, False, torch.float32, num_sms, H=fake.H)
         assert plan.groups > 1 and plan.tail > 0 and plan.tail_group == plan.groups - 1, plan
         fp = (F_ - plan.f1) // plan.tp
-        assert (cta.stage0_stream_k_tiles(M, fake.H, fp, plan.cfg0, plan.split0, num_sms, tail=True) > 0) == sk_tail
+        assert (cta.stage0_partial_slots(M, fake.H, fp, plan.cfg0, plan.split0, num_sms, tail=True)[0] > 0) == sk_tail
         assert plan.fship < plan.kchunk * plan.nch, plan  # the last group ships fewer chunks than the others
         assert plan.f1 == (share or 0), plan
         fake.check_calls("gelu")

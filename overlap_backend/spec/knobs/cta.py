@@ -90,7 +90,7 @@ cta = Knobs(
     # at 8 GPUs' 128-row shape (28 tiles x 4 runs on 132 SMs) leave 20 SMs idle. Off until timed.
     STAGE0_STREAM_K=False,
     # An unsplit stage 0's last, partial round of tiles stream-K: every SM an equal share of those tiles' K-steps,
-    # the fix-up kernel adding the pieces, the whole tiles before them counted as its pieces (cta.stage0_stream_k_tiles).
+    # the fix-up kernel adding the pieces, the whole tiles before them counted as its pieces (cta.stage0_partial_slots).
     # The 85 % or 39 % full last rounds of 224 and 448 tiles on 132 SMs are where stage 0 stays over 1.03x at 512
     # and 1024 rows. Off until timed.
     STAGE0_STREAM_K_TAIL=False,
