@@ -77,7 +77,7 @@ KERNELS = {
     "mm_rs": dict(
         const=dict(WS=4, BM=128, BN=256, BK=64, GROUP_M=8, B_KMAJOR=True, HAS_BIAS=False, AVERAGE=False,
                    WRITE_GATHER=False, PRECISION=None, TIMED=True, PEER_STORE=False, TMA=True, INTERPRET=False,
-                   COPY_OUT=False, SUBTILE=False, PARTIAL_STAGES=1),
+                   COPY_OUT=False, SUBTILE=False, PARTIAL_STAGES=1, SPAN=1),
         data={"a_ptr", "b_ptr", "bias_ptr", "stage_ptr", "recv_ptr", "gather_ptr", "out_ptr", "ep0", "ep1", "ep2", "ep3"},
         flags={"counters_ptr", "done_ptr", "recv_flags_ptr", "tile_ticket_ptr", "gathered_ptr", "claim_ptr",
                "report_ptr", "ready_ptr"}, tables={"peer_data_ptr", "peer_flags_ptr"}, wide={"timeout_ns"},

@@ -38,6 +38,11 @@ raised), are copied into ``out`` by copy tiles of this kernel, round t's after r
 instead of by the host's copies: a copy within one GPU runs on the SMs, so those waited for the
 kernel's last tile (bench/probe_copy_sms.py).
 
+Chunks shorter than a tile (decode sizes; ``span_chunks``): a tile covers BM / rows consecutive chunks, so that a
+128-row tile computes two 64-row chunks instead of one and 64 rows it throws away; the groups of chunks come in
+the order above, the one holding the own chunk last, whose tiles stage and count their remote chunks first and then
+sum the own chunk's rows with the peers' partials (``_span_tile``).
+
 Tiles are handed out in that order by an atomic counter (not by CTA index): a CTA that is not
 resident (SMs busy with other work) then holds no tile that a peer's spinning CTA depends on, so
 waits across GPUs cannot form a cycle. The CTA that draws the last ticket resets the counter.
@@ -70,10 +75,12 @@ def mm_rs_kernel(
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr = False,
     INTERPRET: tl.constexpr = False, COPY_OUT: tl.constexpr = False, SUBTILE: tl.constexpr = False,
-    PARTIAL_STAGES: tl.constexpr = 1,
+    PARTIAL_STAGES: tl.constexpr = 1, SPAN: tl.constexpr = 1,
 ):
     OP: tl.constexpr = OP_MM_AR if WRITE_GATHER else OP_MM_RS
     tiles_per_chunk = tl.cdiv(rows, BM) * tl.cdiv(N, BN)
+    # SPAN > 1: each tile covers SPAN consecutive chunks (see _span_tile)
+    gemm_per_round = WS * tiles_per_chunk if SPAN == 1 else WS // SPAN * tl.cdiv(N, BN)
     # COPY_OUT (mm_ar): the peers' reduced chunks, once in this rank's gather region, are copied into
     # ``out`` by copy tiles of this kernel, round t's after round t+1's GEMM tiles (see _copy_out_order)
     copy_per_round = (WS - 1) * tiles_per_chunk if COPY_OUT else 0
@@ -98,7 +105,7 @@ def mm_rs_kernel(
     pending_tiles = 0  # tiles in that band
     waited = -1  # this CTA has seen every peer's partial of (round, band) keys <= waited
     ready_seen = 0  # PEER_STORE: bit p set once rank p's READY was seen by this CTA
-    num_tiles = rounds * (WS * tiles_per_chunk + copy_per_round)
+    num_tiles = rounds * (gemm_per_round + copy_per_round)
     tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     # The ticket loop as a ``for`` over the even share of tiles (+1), then a ``while`` for what programs
     # that started late left: the same draws, but Triton 3.6 compiles a tile loop in a ``for`` better
@@ -113,7 +120,7 @@ def mm_rs_kernel(
                 ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
                 copy_per_round, EPILOGUE, WS, BM, BN, BK,
                 GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
-                COPY_OUT, SUBTILE, PARTIAL_STAGES)
+                COPY_OUT, SUBTILE, PARTIAL_STAGES, SPAN)
             tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     while tile < num_tiles:
         waited, ready_seen, pending, pending_n, pending_tiles = _rs_tile(
@@ -124,7 +131,7 @@ def mm_rs_kernel(
             ready_ptr, gather_offset, rs_flag_word, ag_flag_word, ep0, ep1, ep2, ep3, gathered_ptr, rounds,
             copy_per_round, EPILOGUE, WS, BM, BN, BK,
             GROUP_M, B_KMAJOR, HAS_BIAS, AVERAGE, WRITE_GATHER, PRECISION, TIMED, PEER_STORE, TMA, INTERPRET, OP,
-            COPY_OUT, SUBTILE, PARTIAL_STAGES)
+            COPY_OUT, SUBTILE, PARTIAL_STAGES, SPAN)
         tile = tl.atomic_add(tile_ticket_ptr, 1, sem="relaxed", scope="gpu")
     if TMA:
         if pending >= 0:
@@ -145,14 +152,20 @@ def _rs_tile(
     B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr, WRITE_GATHER: tl.constexpr,
     PRECISION: tl.constexpr, TIMED: tl.constexpr, PEER_STORE: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
     OP: tl.constexpr, COPY_OUT: tl.constexpr, SUBTILE: tl.constexpr, PARTIAL_STAGES: tl.constexpr,
+    SPAN: tl.constexpr,
 ):
-    """The work of ticket ``tile``: a GEMM tile (``_gemm_tile``), or with ``COPY_OUT`` a copy tile
-    (``_copy_tile``), in ``_copy_out_order``. Returns the CTA's carried state."""
+    """The work of ticket ``tile``: a GEMM tile (``_gemm_tile``, or ``_span_tile`` where tiles span chunks), or
+    with ``COPY_OUT`` a copy tile (``_copy_tile``), in ``_copy_out_order``. Returns the CTA's carried state."""
     is_copy = False  # without COPY_OUT every ticket is a GEMM tile (a constexpr: the branch below is static)
     index = tile
     if COPY_OUT:
         is_copy, index = _copy_out_order(tile, WS * tl.cdiv(rows, BM) * tl.cdiv(N, BN), copy_per_round, rounds)
-    if is_copy:
+    if SPAN > 1:
+        waited = _span_tile(tile, waited, a_desc, b_desc, bias_ptr, stage_ptr, recv_ptr, out_ptr, counters_ptr,
+                            done_ptr, recv_flags_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows,
+                            out_round_stride, out_offset, out_rows, nbands, ep0, ep1, ep2, ep3, EPILOGUE, WS, SPAN,
+                            BM, BN, BK, B_KMAJOR, HAS_BIAS, AVERAGE, PRECISION, TIMED, OP)
+    elif is_copy:
         _copy_tile(index, gather_ptr, out_ptr, gathered_ptr, epoch, claim_ptr, report_ptr, timeout_ns, rank, N,
                    rows, out_round_stride, out_rows, nbands, band_rows, WS, BM, BN, GROUP_M, TIMED, OP)
     else:
@@ -338,6 +351,67 @@ def _gemm_tile(
 
 
 @triton.jit
+def _span_tile(
+    tile, waited, a_desc, b_desc, bias_ptr, stage_ptr, recv_ptr, out_ptr, counters_ptr, done_ptr, recv_flags_ptr,
+    epoch, claim_ptr, report_ptr, timeout_ns, rank, N, K, rows, out_round_stride, out_offset, out_rows, nbands,
+    ep0, ep1, ep2, ep3,
+    EPILOGUE: tl.constexpr, WS: tl.constexpr, SPAN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr, B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, AVERAGE: tl.constexpr,
+    PRECISION: tl.constexpr, TIMED: tl.constexpr, OP: tl.constexpr,
+):
+    """GEMM tile ``tile`` where a chunk is shorter than a tile: the tile covers the ``SPAN`` (= BM / rows)
+    consecutive chunks of one group, the groups in the order of the chunks (the one holding this rank's chunk
+    last), one band per chunk. Its remote chunks' rows are staged and each of those chunks counted, before any
+    wait; in the own group, the own chunk's rows then add the peers' partials and go to ``out``.
+    Returns ``waited``."""
+    tiles_n = tl.cdiv(N, BN)
+    groups = WS // SPAN
+    rnd = tile // (groups * tiles_n)
+    pos = (tile // tiles_n) % groups
+    group = (rank // SPAN + 1 + pos) % groups  # pos groups - 1 holds this rank's own chunk
+    pid_n = tile % tiles_n
+    first = rnd * WS + group * SPAN  # slot of the tile's first chunk
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc = mainloop(a_desc, first * rows, b_desc, pid_n * BN, K, acc, BK, B_KMAJOR, PRECISION)
+    offs_m = tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    acc = add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+    own_row = group * SPAN + offs_m // rows == rank
+    store_rows(stage_ptr, first * rows + offs_m, ~own_row, offs_n, N, N, acc)
+    for i in tl.static_range(SPAN):
+        if group * SPAN + i != rank:
+            count_tile_done(counters_ptr + (first + i) * nbands, done_ptr + (first + i) * nbands, tiles_n, epoch)
+    if pos == groups - 1:
+        if rnd > waited:  # (round, band 0) keys: a CTA's own tiles come in increasing rounds
+            for p in range(1, WS):
+                flag = (rnd * WS + (rank + p) % WS) * nbands
+                wait_flag(recv_flags_ptr + flag, epoch, claim_ptr, report_ptr, OP, rank, flag, nbands, timeout_ns,
+                          TIMED)
+            waited = rnd
+        local = offs_m - (rank - group * SPAN) * rows  # the own chunk's row of each tile row
+        for p in range(1, WS):
+            part = load_rows(recv_ptr, (rnd * WS + (rank + p) % WS) * rows + local, own_row, offs_n, N, N)
+            acc += part.to(tl.float32)
+        if AVERAGE:
+            acc = acc / WS
+        out_row = rnd * out_round_stride + out_offset + local
+        row_ok = own_row & (out_row < out_rows)
+        acc = EPILOGUE(acc, out_row, offs_n, row_ok[:, None] & (offs_n < N)[None, :], N, ep0, ep1, ep2, ep3)
+        store_rows(out_ptr, out_row, row_ok, offs_n, N, N, acc)
+    return waited
+
+
+def span_chunks(rows: int, run: int, BM: int, ws: int, peer_store: bool, gather: bool) -> int:
+    """Chunks a tile spans (``_span_tile``; ``knobs.codegen.RS_SPAN_CHUNKS``): BM / rows where contiguous chunks
+    (``run == rows``) are shorter than a tile, BM is a multiple of their rows and BM / rows divides ``ws``, staged
+    for the copy engine (not ``peer_store``), ``mm_rs`` only (not ``gather``: ``mm_ar``'s rounds); else 1."""
+    if (not knobs.codegen.RS_SPAN_CHUNKS or peer_store or gather or run != rows or not 0 < rows < BM
+            or BM % rows or ws % (BM // rows)):
+        return 1
+    return BM // rows
+
+
+@triton.jit
 def _epilogue_store_half(acc, out_desc, out_ptr, row0, col0, out_row, row_ok, N, ep0, ep1, ep2, ep3,
                          EPILOGUE: tl.constexpr, HALF: tl.constexpr):
     """The epilogue and TMA store of one [BM, HALF] column block of an own tile starting at ``col0``."""
@@ -405,7 +479,11 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         rows, run, BM, peer is not None, gathered is not None)
     GROUP_M = max(1, min(GROUP_M, band_rows // BM))  # a group of row-tiles stays inside one band
     assert gathered is None or gather is not None, "copy tiles: mm_ar's rounds"
+    span = span_chunks(rows, run, BM, ws, peer is not None, gather is not None)
+    assert span == 1 or (not tma and band_rows >= rows), (span, tma, band_rows, rows)  # pointer stores, one band
     tiles_per_round = (2 * ws - 1 if gathered is not None else ws) * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)
+    if span > 1:
+        tiles_per_round = ws // span * launcher.cdiv(N, BN)
     grid = launcher.Persistent(rounds * tiles_per_round, num_sms, knobs.codegen.PERSISTENT_CTAS_PER_SM)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     launcher.launch(mm_rs_kernel, grid,
@@ -420,6 +498,6 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
         AVERAGE=average, WRITE_GATHER=gather is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else None, TIMED=timed, PEER_STORE=peer is not None,
         TMA=tma, INTERPRET=launcher.interpreting(), COPY_OUT=gathered is not None, SUBTILE=subtile,
-        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, num_stages=stages, num_warps=warps,
+        PARTIAL_STAGES=knobs.codegen.RS_PARTIAL_STAGES, SPAN=span, num_stages=stages, num_warps=warps,
     )
     return out

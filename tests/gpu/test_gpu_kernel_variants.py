@@ -394,6 +394,24 @@ def test_mm_rs_with_two_ctas_per_sm(cfg, late, device):
     assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
 
 
+@pytest.mark.parametrize("cfg", [(128, 256, 64, 8, 3, 8, False), (128, 128, 64, 8, 4, 4, False)], ids=_label)
+@pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_partials"])
+@pytest.mark.parametrize("ws,rows,rank", [(8, 64, 5), (8, 32, 0), (2, 64, 1)],
+                         ids=["ws8_rows64_rank5", "ws8_rows32_rank0", "ws2_rows64_rank1"])
+def test_mm_rs_tiles_span_short_chunks(ws, rows, rank, late, cfg, device):
+    """Decode sizes, chunks shorter than a tile: each 128-row tile covers 128 / rows chunks (``span_chunks``), its
+    remote chunks staged and signalled before the own chunk's rows wait for and add the peers' partials."""
+    from overlap_backend.codegen import mm_rs
+
+    assert mm_rs.span_chunks(rows, rows, cfg[0], ws, False, False) == cfg[0] // rows
+    err, staged_err, claimed = _run_mm_rs(cfg, device, late, ws=ws, rows=rows, K=896, N=8192 - 64, rank=rank,
+                                          band_rows=512, bias=True)
+    print(f"{_label(cfg)} ws={ws} rows={rows} {'late partials' if late else 'flags set'}: rel err {err:.2e}, "
+          f"staged {staged_err:.2e}")
+    assert claimed == 0, "a wait gave up"
+    assert err < 1e-2 and staged_err < 1e-2, (err, staged_err)
+
+
 @pytest.mark.parametrize("cfg", [RS_GLUON, RS_GLUON_DIRECT, RS_GLUON_COOP], ids=_label)
 @pytest.mark.parametrize("late", [False, True], ids=["flags_set", "late_partials"])
 @pytest.mark.parametrize("shape", [(4, 1024, 256, 2048), (8, 512, 1024, 1984), (2, 2048, 64, 4096)],

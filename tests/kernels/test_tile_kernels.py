@@ -255,6 +255,56 @@ def test_mm_rs_own_wait_gives_up_and_reports(cfg):
     assert isinstance(err, SymmTimeoutError) and "mm_rs on rank 0" in str(err)
 
 
+@pytest.mark.parametrize("ws,r,rows,N,bias,average", [
+    (2, 0, 8, 40, True, False),   # two chunks a tile: the own group is the only group
+    (4, 1, 8, 20, False, True),   # two groups of two
+    (4, 3, 4, 24, True, False),   # four chunks a tile
+    (8, 5, 8, 16, False, False),  # four groups of two
+])
+def test_mm_rs_tiles_span_short_chunks(ws, r, rows, N, bias, average, monkeypatch):
+    """Chunks shorter than a tile: each tile covers BM / rows chunks; the remote ones are staged and signalled, the
+    own chunk's rows reduced with the peers' partials, the own rows never staged."""
+    from overlap_backend.codegen import launcher
+    from overlap_backend.spec import knobs
+
+    launched = []
+    real_launch = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda fn, grid, *a, **kw: launched.append(kw["SPAN"]) or real_launch(
+        fn, grid, *a, **kw))
+
+    span = mm_rs.span_chunks(rows, rows, CFG[0], ws, False, False)
+    assert span == CFG[0] // rows
+    assert mm_rs.span_chunks(rows, rows, CFG[0], ws, True, False) == 1, "peer stores: tiles within one chunk"
+    assert mm_rs.span_chunks(rows, rows, CFG[0], ws, False, True) == 1, "mm_ar: tiles within one chunk"
+    assert mm_rs.span_chunks(rows, rows, CFG[0], 3, False, False) == 1, "the chunks of a tile must divide the group"
+    assert mm_rs.span_chunks(rows, rows // 2, CFG[0], ws, False, False) == 1, "runs of rows: tiles within one"
+    with knobs.codegen.patch(RS_SPAN_CHUNKS=False):
+        assert mm_rs.span_chunks(rows, rows, CFG[0], ws, False, False) == 1
+    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 32, N, bias, average)
+    assert launched == [span]
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    for c in range(ws):
+        if c != r:
+            torch.testing.assert_close(stage[c * rows:(c + 1) * rows], mine[c * rows:(c + 1) * rows], atol=1e-4,
+                                       rtol=1e-4)
+    assert torch.isnan(stage[r * rows:(r + 1) * rows]).all(), "the own chunk must not be staged"
+    assert counters.tolist() == [0] * ws, "tile counters are reset for the next call"
+    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws)], "every remote chunk signalled"
+
+
+def test_mm_rs_spanning_own_wait_gives_up_and_reports():
+    """A peer's partial that never arrives, tiles spanning chunks: the own tiles give up and report; the remote
+    chunks, in the same tiles as the own one, are staged and signalled all the same."""
+    ws, r, rows = 2, 1, 8
+    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 16, 24, False, False, late=0,
+                                                               timeout_ns=30_000)
+    claim, report = status
+    assert claim.item() == 1 and report.tolist()[:7] == [1, 2, r, 0, EPOCH - 1, EPOCH, 1]
+    assert done.tolist() == [EPOCH, 0], "the remote chunk is signalled before the wait"
+    torch.testing.assert_close(stage[:rows], mine[:rows], atol=1e-4, rtol=1e-4)
+
+
 @SLOW
 @given(ws=st.integers(2, 4), data=st.data())
 def test_mm_rs_random_shapes(ws, data):

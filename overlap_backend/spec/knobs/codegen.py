@@ -86,6 +86,11 @@ codegen = Knobs(
     # shape; bench/results/kernels_h100x1_2026-12-06/rs_partials), where every SM loads at once; untried with
     # the peers' traffic of real GPUs.
     RS_PARTIAL_STAGES=1,
+    # mm_rs's tiles span several chunks where a chunk is shorter than a tile (decode sizes: BM a multiple of the
+    # chunk's rows, BM / rows dividing the group): a 128-row tile covers two 64-row chunks instead of computing 64
+    # rows it throws away, its remote chunks staged and counted, its own chunk's rows summed with the peers'
+    # partials. Off: every tile within one chunk.
+    RS_SPAN_CHUNKS=True,
     # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off, as no
     # variant wins at most shapes (the kernel benchmark); MEASURED_VARIANT_GAIN takes the winners shape by shape.
     TUNE_VARIANTS=False,
