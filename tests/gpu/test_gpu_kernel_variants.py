@@ -402,10 +402,12 @@ def test_mm_rs_tiles_span_short_chunks(ws, rows, rank, late, cfg, device):
     """Decode sizes, chunks shorter than a tile: each 128-row tile covers 128 / rows chunks (``span_chunks``), its
     remote chunks staged and signalled before the own chunk's rows wait for and add the peers' partials."""
     from overlap_backend.codegen import mm_rs
+    from overlap_backend.spec import knobs
 
-    assert mm_rs.span_chunks(rows, rows, cfg[0], ws, False, False) == cfg[0] // rows
-    err, staged_err, claimed = _run_mm_rs(cfg, device, late, ws=ws, rows=rows, K=896, N=8192 - 64, rank=rank,
-                                          band_rows=512, bias=True)
+    with knobs.codegen.patch(RS_SPAN_CHUNKS=True):
+        assert mm_rs.span_chunks(rows, rows, cfg[0], ws, False, False) == cfg[0] // rows
+        err, staged_err, claimed = _run_mm_rs(cfg, device, late, ws=ws, rows=rows, K=896, N=8192 - 64, rank=rank,
+                                              band_rows=512, bias=True)
     print(f"{_label(cfg)} ws={ws} rows={rows} {'late partials' if late else 'flags set'}: rel err {err:.2e}, "
           f"staged {staged_err:.2e}")
     assert claimed == 0, "a wait gave up"

@@ -255,13 +255,22 @@ def test_mm_rs_own_wait_gives_up_and_reports(cfg):
     assert isinstance(err, SymmTimeoutError) and "mm_rs on rank 0" in str(err)
 
 
+@pytest.fixture
+def spanning():
+    """``mm_rs``'s tiles spanning chunks shorter than a tile (``knobs.codegen.RS_SPAN_CHUNKS``) on."""
+    from overlap_backend.spec import knobs
+
+    with knobs.codegen.patch(RS_SPAN_CHUNKS=True):
+        yield
+
+
 @pytest.mark.parametrize("ws,r,rows,N,bias,average", [
     (2, 0, 8, 40, True, False),   # two chunks a tile: the own group is the only group
     (4, 1, 8, 20, False, True),   # two groups of two
     (4, 3, 4, 24, True, False),   # four chunks a tile
     (8, 5, 8, 16, False, False),  # four groups of two
 ])
-def test_mm_rs_tiles_span_short_chunks(ws, r, rows, N, bias, average, monkeypatch):
+def test_mm_rs_tiles_span_short_chunks(ws, r, rows, N, bias, average, monkeypatch, spanning):
     """Chunks shorter than a tile: each tile covers BM / rows chunks; the remote ones are staged and signalled, the
     own chunk's rows reduced with the peers' partials, the own rows never staged."""
     from overlap_backend.codegen import launcher
@@ -293,7 +302,7 @@ def test_mm_rs_tiles_span_short_chunks(ws, r, rows, N, bias, average, monkeypatc
     assert done.tolist() == [0 if c == r else EPOCH for c in range(ws)], "every remote chunk signalled"
 
 
-def test_mm_rs_spanning_own_wait_gives_up_and_reports():
+def test_mm_rs_spanning_own_wait_gives_up_and_reports(spanning):
     """A peer's partial that never arrives, tiles spanning chunks: the own tiles give up and report; the remote
     chunks, in the same tiles as the own one, are staged and signalled all the same."""
     ws, r, rows = 2, 1, 8
@@ -308,6 +317,13 @@ def test_mm_rs_spanning_own_wait_gives_up_and_reports():
 @SLOW
 @given(ws=st.integers(2, 4), data=st.data())
 def test_mm_rs_random_shapes(ws, data):
+    from overlap_backend.spec import knobs
+
+    with knobs.codegen.patch(RS_SPAN_CHUNKS=data.draw(st.booleans())):
+        _random_mm_rs(ws, data)
+
+
+def _random_mm_rs(ws, data):
     r = data.draw(st.integers(0, ws - 1))
     outer = data.draw(st.integers(1, 2))
     run = 16 * data.draw(st.integers(1, 2)) if outer > 1 else data.draw(st.integers(1, 24))

@@ -89,8 +89,8 @@ codegen = Knobs(
     # mm_rs's tiles span several chunks where a chunk is shorter than a tile (decode sizes: BM a multiple of the
     # chunk's rows, BM / rows dividing the group): a 128-row tile covers two 64-row chunks instead of computing 64
     # rows it throws away, its remote chunks staged and counted, its own chunk's rows summed with the peers'
-    # partials. Off: every tile within one chunk.
-    RS_SPAN_CHUNKS=True,
+    # partials. Off (every tile within one chunk) until it is run and timed on a GPU.
+    RS_SPAN_CHUNKS=False,
     # Tune the ops over VARIANTS_16BIT too (each one more compilation on a shape's first call): off, as no
     # variant wins at most shapes (the kernel benchmark); MEASURED_VARIANT_GAIN takes the winners shape by shape.
     TUNE_VARIANTS=False,
