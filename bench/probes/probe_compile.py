@@ -84,10 +84,17 @@ KERNELS = {
         sizes={"M", "N", "K", "rows", "run", "out_round_stride", "out_rows", "band_rows"}),
     "moe_down": dict(
         const=dict(WS=4, LOG_G=5, BM=128, BN=256, BK=64, GROUP_M=16, EXPERT_MAJOR=False, WD_K_MAJOR=False,
-                   TMA_STORE=True, INTERPRET=False),
+                   TMA_STORE=True, INTERPRET=False, SPAN=False),
         data={"act_ptr", "w_down_ptr", "out_ptr", "stage_ptr"},
         flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "src_tiles_ptr",
                "counters_ptr", "done_ptr", "contig_ptr"}, wide=set(), sizes={"M", "H", "F", "wd_stride_e", "wd_stride_row"}),
+    "moe_gate_up": dict(
+        const=dict(WS=4, LOG_G=5, BM=64, BN=256, BK=64, GROUP_M=8, EXPERT_MAJOR=True, TIMED=True, WG_K_MAJOR=False,
+                   WU_K_MAJOR=False, SPAN=False),
+        data={"disp_ptr", "w_gate_ptr", "w_up_ptr", "act_ptr"},
+        flags={"srows_ptr", "counts_ptr", "row_start_ptr", "tile_start_ptr", "recv_off_ptr", "contig_ptr", "arrived_ptr",
+               "caps_ptr", "claim_ptr", "report_ptr"}, wide={"timeout_ns"},
+        sizes={"cap", "H", "F", "wg_stride_e", "wg_stride_row", "wu_stride_e", "wu_stride_row"}),
     "moe_down_ws": dict(  # a Gluon kernel, as ag_mm_ws (ws_pingpong; --set COOP=True --set BN=256 --set STAGES=3: ws_coop)
         const=dict(WS=4, LOG_G=5, BM=128, BN=128, BK=64, GROUP_M=16, STAGES=4, EXPERT_MAJOR=False, B_KMAJOR=False,
                    COOP=False),
@@ -168,7 +175,7 @@ def compile_kernel(name: str, overrides: dict, arch: int = 90, warps: int = 8, s
         source, options = GluonASTSource, {"num_warps": gluon_ring.WARPS, "maxnreg": gluon_ring.MAXNREG}
     else:
         fn = {"ag_mm": ag_mm.ag_mm_kernel, "ag_mm_whole": ag_mm.ag_mm_whole_kernel, "mm_rs": mm_rs.mm_rs_kernel,
-              "moe_down": moe_gemm.down_kernel, "cta_stage0": cta.stage0_kernel, "cta_stage1": cta.stage1_kernel,
+              "moe_down": moe_gemm.down_kernel, "moe_gate_up": moe_gemm.gate_up_kernel, "cta_stage0": cta.stage0_kernel, "cta_stage1": cta.stage1_kernel,
               "cta_split_sum": cta.stage1_split_sum_kernel, "cta_split_sum0": cta.stage0_split_sum_kernel}[name]
     names = fn.arg_names
     if "EPILOGUE" in names:

@@ -57,7 +57,7 @@ from . import launcher
 from .configs import GLUON_STORES
 from .flags import (MOE_CAP_FLAG_BASE, OP_MOE, RELEASED_VALUE, STATUS_MISMATCH, claim_and_report, count_bulk_stored,
                     count_tile_done, signal_flag, wait_flag)
-from .moe_tiles import expert_layout, log_groups, tile_group, tma_stores
+from .moe_tiles import expert_layout, log_groups, span_rows, tile_group, tma_stores
 
 
 @triton.jit
@@ -121,7 +121,7 @@ def gate_up_kernel(
     wg_stride_e, wg_stride_row, wu_stride_e, wu_stride_row,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, TIMED: tl.constexpr,
-    WG_K_MAJOR: tl.constexpr, WU_K_MAJOR: tl.constexpr,
+    WG_K_MAJOR: tl.constexpr, WU_K_MAJOR: tl.constexpr, SPAN: tl.constexpr = False,
 ):
     tiles_n = tl.cdiv(F, BN)
     first_tile, n_tiles, shift = walk(tile_start_ptr, tiles_n, group_lo, group_hi, start_group)
@@ -132,22 +132,27 @@ def gate_up_kernel(
     offs_k = tl.arange(0, BK)
     for i in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         tile = first_tile + (i + shift) % n_tiles  # the i-th tile of the walk
-        g, e, pos, pid_n, _, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr,
-                                                            srows_ptr, G, E, LOG_G, BM, WS, EXPERT_MAJOR, GROUP_M)
-        src = (rank + 1 + pos) % WS
-        if ((waited >> src) & 1) == 0:  # the tile reads source src's slot: wait for it (once per CTA)
-            wait_flag(arrived_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src, 1, timeout_ns, TIMED)
-            waited = waited | (1 << src)
-            if (src != rank) & (epoch != 0):  # the source's slot stride: its rows of x, written before its
-                # dispatch flag (epoch 0: the tuning runs, nothing communicated)
-                sent = tl.load(caps_ptr + src, volatile=True)
-                if (sent != cap) & (sent != RELEASED_VALUE):  # (released: the watchdog's message says why)
-                    claim_and_report(claim_ptr, report_ptr, STATUS_MISMATCH, OP_MOE, rank, src + MOE_CAP_FLAG_BASE,
-                                     sent, cap, 1)
-        slot_row = src * cap + srow - tl.load(recv_off_ptr + src)  # row of the dispatch buffer
+        if SPAN:  # rows of several sources of one expert: each source's slot waited for, the rows gathered
+            e, pid_n, _, offs_p, mask, srow, src, tile_pos_lo, tile_pos_hi = span_rows(
+                tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, recv_off_ptr, rank, E, LOG_G, BM,
+                WS, GROUP_M)
+            for q in range(tile_pos_lo, tile_pos_hi + 1):
+                waited = _wait_source((rank + 1 + q) % WS, waited, arrived_ptr, caps_ptr, cap, epoch, claim_ptr,
+                                      report_ptr, rank, timeout_ns, TIMED)
+            slot_row = src * cap + srow - tl.load(recv_off_ptr + src, mask=mask, other=0)  # row of the dispatch buffer
+            by_tma = False
+        else:
+            g, e, pos, pid_n, _, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr,
+                                                                counts_ptr, srows_ptr, G, E, LOG_G, BM, WS,
+                                                                EXPERT_MAJOR, GROUP_M)
+            src = (rank + 1 + pos) % WS
+            waited = _wait_source(src, waited, arrived_ptr, caps_ptr, cap, epoch, claim_ptr, report_ptr, rank,
+                                  timeout_ns, TIMED)
+            slot_row = src * cap + srow - tl.load(recv_off_ptr + src)  # row of the dispatch buffer
+            by_tma = tl.load(contig_ptr + g) != 0
         acc_g = tl.zeros((BM, BN), dtype=tl.float32)
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
-        if tl.load(contig_ptr + g) != 0:
+        if by_tma:
             # the group's rows are consecutive in the slot (the usual case: senders sort by expert):
             # TMA; rows past the group's end are computed and not stored
             first = tl.min(tl.where(mask, slot_row, WS * cap), axis=0)
@@ -173,6 +178,23 @@ def gate_up_kernel(
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=mask[:, None] & (offs_n < F)[None, :])
 
 
+@triton.jit
+def _wait_source(src, waited, arrived_ptr, caps_ptr, cap, epoch, claim_ptr, report_ptr, rank, timeout_ns,
+                 TIMED: tl.constexpr):
+    """Before a CTA's first tile that reads source ``src``'s dispatch slot: wait for its arrival flag and check its
+    slot stride. ``waited``: bit s set once source s was seen by this CTA; returned updated."""
+    if ((waited >> src) & 1) == 0:
+        wait_flag(arrived_ptr + src, epoch, claim_ptr, report_ptr, OP_MOE, rank, src, 1, timeout_ns, TIMED)
+        waited = waited | (1 << src)
+        if (src != rank) & (epoch != 0):  # the source's slot stride: its rows of x, written before its
+            # dispatch flag (epoch 0: the tuning runs, nothing communicated)
+            sent = tl.load(caps_ptr + src, volatile=True)
+            if (sent != cap) & (sent != RELEASED_VALUE):  # (released: the watchdog's message says why)
+                claim_and_report(claim_ptr, report_ptr, STATUS_MISMATCH, OP_MOE, rank, src + MOE_CAP_FLAG_BASE,
+                                 sent, cap, 1)
+    return waited
+
+
 @triton.jit(do_not_specialize=["epoch", "own_row0", "group_lo", "group_hi", "pos_lo", "pos_hi"])  # per-call values: see launcher.py
 def down_kernel(
     act_ptr, w_down_ptr, out_ptr, stage_ptr,
@@ -182,7 +204,7 @@ def down_kernel(
     wd_stride_row,
     WS: tl.constexpr, LOG_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, EXPERT_MAJOR: tl.constexpr, WD_K_MAJOR: tl.constexpr, TMA_STORE: tl.constexpr = False,
-    INTERPRET: tl.constexpr = False,
+    INTERPRET: tl.constexpr = False, SPAN: tl.constexpr = False,
 ):
     tiles_n = tl.cdiv(H, BN)
     first_tile = tl.load(tile_start_ptr + group_lo) * tiles_n
@@ -202,9 +224,14 @@ def down_kernel(
                 if tl.load(src_tiles_ptr + p) == 0:
                     signal_flag(done_ptr + p, epoch)
     for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
-        g, e, pos, pid_n, first, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr,
-                                                                counts_ptr, srows_ptr, G, E, LOG_G, BM, WS,
-                                                                EXPERT_MAJOR, GROUP_M)
+        if SPAN:  # rows of several sources of one expert (consecutive in act): each row to its source
+            e, pid_n, first, offs_p, mask, srow, src, tile_pos_lo, tile_pos_hi = span_rows(
+                tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, recv_off_ptr, rank, E, LOG_G, BM,
+                WS, GROUP_M)
+        else:
+            g, e, pos, pid_n, first, offs_p, mask, srow = tile_rows(tile, tiles_n, tile_start_ptr, row_start_ptr,
+                                                                    counts_ptr, srows_ptr, G, E, LOG_G, BM, WS,
+                                                                    EXPERT_MAJOR, GROUP_M)
         offs_n = pid_n * BN + tl.arange(0, BN)
         n_ok = offs_n < H
         acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -219,26 +246,46 @@ def down_kernel(
                                   INTERPRET)
                 pending = -1
         y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
-        src = (rank + 1 + pos) % WS
-        smask = mask[:, None] & n_ok[None, :]
-        # a full tile of consecutive rows: one TMA store (TMA_STORE)
-        by_tma = (tl.load(contig_ptr + g) != 0) & (tl.sum(mask.to(tl.int32), axis=0) == BM)
-        if src == rank:
-            local = own_row0 + srow - tl.load(recv_off_ptr + rank)
-            _store_tile(out_desc, out_ptr, local, pid_n * BN, offs_n, smask, y, by_tma, H, TMA_STORE)
+        if SPAN:
+            _span_epilogue(y, out_ptr, stage_ptr, counters_ptr, done_ptr, src_tiles_ptr, recv_off_ptr, srow, src,
+                           mask[:, None] & n_ok[None, :], offs_n, tile_pos_lo, tile_pos_hi, rank, own_row0, H, tiles_n, epoch,
+                           WS)
         else:
-            _store_tile(stage_desc, stage_ptr, srow, pid_n * BN, offs_n, smask, y, by_tma, H, TMA_STORE)
-            if TMA_STORE:
-                if by_tma:  # counted once its bulk store completed: after the next main loop, or below
-                    pending = pos
+            src = (rank + 1 + pos) % WS
+            smask = mask[:, None] & n_ok[None, :]
+            # a full tile of consecutive rows: one TMA store (TMA_STORE)
+            by_tma = (tl.load(contig_ptr + g) != 0) & (tl.sum(mask.to(tl.int32), axis=0) == BM)
+            if src == rank:
+                local = own_row0 + srow - tl.load(recv_off_ptr + rank)
+                _store_tile(out_desc, out_ptr, local, pid_n * BN, offs_n, smask, y, by_tma, H, TMA_STORE)
+            else:
+                _store_tile(stage_desc, stage_ptr, srow, pid_n * BN, offs_n, smask, y, by_tma, H, TMA_STORE)
+                if TMA_STORE:
+                    if by_tma:  # counted once its bulk store completed: after the next main loop, or below
+                        pending = pos
+                    else:
+                        count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
                 else:
                     count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
-            else:
-                count_tile_done(counters_ptr + pos, done_ptr + pos, tl.load(src_tiles_ptr + pos) * tiles_n, epoch)
     if TMA_STORE:
         if pending >= 0:
             count_bulk_stored(counters_ptr, done_ptr, pending, 1, tl.load(src_tiles_ptr + pending) * tiles_n, epoch,
                               INTERPRET)
+
+
+@triton.jit
+def _span_epilogue(y, out_ptr, stage_ptr, counters_ptr, done_ptr, src_tiles_ptr, recv_off_ptr, srow, src, mask, offs_n,
+                   pos_lo, pos_hi, rank, own_row0, H, tiles_n, epoch, WS: tl.constexpr):
+    """A down tile whose rows span sources: the own rows into ``out``, the others into the staging buffer (pointer
+    stores), then the tile counted for each remote source position among its rows."""
+    own = (src == rank)[:, None]
+    local = own_row0 + srow - tl.load(recv_off_ptr + rank)
+    tl.store(out_ptr + local.to(tl.int64)[:, None] * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=mask & own)
+    tl.store(stage_ptr + srow.to(tl.int64)[:, None] * H + offs_n[None, :], y.to(stage_ptr.dtype.element_ty),
+             mask=mask & (own == 0))
+    for q in range(pos_lo, tl.minimum(pos_hi, WS - 2) + 1):  # position WS - 1: this rank's own rows
+        count_tile_done(counters_ptr + q, done_ptr + q, tl.load(src_tiles_ptr + q) * tiles_n, epoch)
 
 
 @triton.jit
@@ -285,14 +332,25 @@ def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, caps, epoch, status, 
     lo, hi = (phase or (0, G, 0, ws))[:2]
     start = lo if start_group is None else start_group
     assert lo <= start <= hi, (lo, start, hi)
+    span = spans_sources(plan)
+    if span:  # the walk over the experts' tiles (expert-major: one launch of every group)
+        assert (lo, hi, start) == (0, G, 0), (lo, hi, start)
+        hi = E
     (ge, gr, gk), (ue, ur, uk) = expert_layout(w_gate), expert_layout(w_up)
     launcher.launch(gate_up_kernel, (grid,),
-        disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
+        disp, w_gate, w_up, act, plan["srows"], plan["counts"], plan["row_start"],
+        plan["span_start" if span else "tile_start"][BM],
         plan["recv_off"], plan["contig"], arrived, caps, epoch, *status, timeout_ns, rank, cap, H, F, G, E, lo, hi, start,
         ge, gr, ue, ur,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"], TIMED=timed,
-        WG_K_MAJOR=gk, WU_K_MAJOR=uk, num_stages=stages, num_warps=warps,
+        WG_K_MAJOR=gk, WU_K_MAJOR=uk, SPAN=span, num_stages=stages, num_warps=warps,
     )
+
+
+def spans_sources(plan: dict) -> bool:
+    """Whether the Triton expert kernels' row tiles span an expert's sources on this plan (``knobs.moe.SPAN_SOURCES``,
+    expert-major plans; ``moe_symm.span_tiles``)."""
+    return bool(knobs.moe.SPAN_SOURCES and plan["expert_major"])
 
 
 def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, own_row0, config, grid, phase=None):
@@ -308,14 +366,20 @@ def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, 
         return moe_down_ws.launch(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, own_row0, config,
                                   grid, phase)
     G = ws * E
+    lo, hi, pos_lo, pos_hi = phase or (0, G, 0, ws)
+    span = spans_sources(plan)
+    if span:  # the walk over the experts' tiles (expert-major: one launch of every group)
+        assert (lo, hi, pos_lo, pos_hi) == (0, G, 0, ws), phase
+        hi = E
     de, dr, dk = expert_layout(w_down)
     launcher.launch(down_kernel, (grid,),
-        act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"], plan["tile_start"][BM],
-        plan["recv_off"], plan["src_tiles"][BM], counters, done, plan["contig"], epoch, rank, own_row0, act.shape[0],
-        H, F, G, E, out.shape[0], stage.shape[0], *(phase or (0, G, 0, ws)), de, dr,
+        act, w_down, out, stage, plan["srows"], plan["counts"], plan["row_start"],
+        plan["span_start" if span else "tile_start"][BM],
+        plan["recv_off"], plan["span_src" if span else "src_tiles"][BM], counters, done, plan["contig"], epoch, rank,
+        own_row0, act.shape[0], H, F, G, E, out.shape[0], stage.shape[0], lo, hi, pos_lo, pos_hi, de, dr,
         WS=ws, LOG_G=log_groups(G), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, EXPERT_MAJOR=plan["expert_major"],
-        WD_K_MAJOR=dk, TMA_STORE=bool(store) and tma_stores(out, stage), INTERPRET=launcher.interpreting(),
-        num_stages=stages, num_warps=warps,
+        WD_K_MAJOR=dk, TMA_STORE=bool(store) and tma_stores(out, stage) and not span,
+        INTERPRET=launcher.interpreting(), SPAN=span, num_stages=stages, num_warps=warps,
     )
 
 

@@ -6,7 +6,8 @@ reference): grouped row j belongs to expert ``e = #{k: ends[k] <= j}`` and came 
 ``pos * E + e`` (``e * ws + pos`` expert-major), or none when ``rows[j] < 0`` or ``e >= E``. The
 kernel sorts the rows by group, stably (a counting sort), and derives per group the counts, the
 starts, ``contig`` (the group's rows are consecutive received rows) and, per block height, the row
-tile prefix sums and the row tiles of each source position.
+tile prefix sums and the row tiles of each source position (expert-major: those of the tiles that span an expert's
+sources too, ``moe_symm.span_tiles``).
 
 Why: on 2xH200 the torch version cost 0.7-1.0 ms of host time per call (bench/probe_moe_gemm.py),
 more than the whole GPU time of a decode-size layer. One CTA walks the rows twice in blocks of
@@ -51,6 +52,7 @@ def _groups_of(rows_ptr, ends_ptr, recv_off_ptr, j, m, rank, E, G,
 @triton.jit(do_not_specialize=["m"])  # the row count changes per call (dropless routing): one compilation
 def plan_kernel(rows_ptr, ends_ptr, recv_off_ptr, srows_ptr, counts_ptr, row_start_ptr, contig_ptr,
                 tile_start_a_ptr, src_tiles_a_ptr, tile_start_b_ptr, src_tiles_b_ptr,
+                span_start_a_ptr, span_src_a_ptr, span_start_b_ptr, span_src_b_ptr,
                 m, rank, E, G,
                 WS: tl.constexpr, EP: tl.constexpr, WSP: tl.constexpr, GP: tl.constexpr,
                 BM_A: tl.constexpr, BM_B: tl.constexpr, EXPERT_MAJOR: tl.constexpr, BLOCK: tl.constexpr):
@@ -85,6 +87,28 @@ def plan_kernel(rows_ptr, ends_ptr, recv_off_ptr, srows_ptr, counts_ptr, row_sta
     tl.store(contig_ptr + gs, ((lo == hi) | (counts == 0)).to(tl.int32), mask=real)
     _tiles(counts, gs, G, E, tile_start_a_ptr, src_tiles_a_ptr, WS, WSP, GP, BM_A, EXPERT_MAJOR)
     _tiles(counts, gs, G, E, tile_start_b_ptr, src_tiles_b_ptr, WS, WSP, GP, BM_B, EXPERT_MAJOR)
+    if EXPERT_MAJOR:
+        tl.debug_barrier()  # row_start, stored above by every thread, is read back by expert below
+        first = row_start - tl.load(row_start_ptr + gs // WS * WS, mask=gs < G, other=0)  # row in its expert
+        _span_tiles(counts, first, gs, G, E, span_start_a_ptr, span_src_a_ptr, WS, WSP, GP, EP, BM_A)
+        _span_tiles(counts, first, gs, G, E, span_start_b_ptr, span_src_b_ptr, WS, WSP, GP, EP, BM_B)
+
+
+@triton.jit
+def _span_tiles(counts, first, gs, G, E, span_start_ptr, span_src_ptr, WS: tl.constexpr, WSP: tl.constexpr,
+                GP: tl.constexpr, EP: tl.constexpr, BM: tl.constexpr):
+    """Expert-major row tiles of height BM that span an expert's sources: their prefix over experts ([E + 1]) and per
+    source position the tiles holding any of its rows (``moe_symm.span_tiles``). ``first``: each group's first row
+    within its expert."""
+    es = tl.arange(0, EP)
+    in_expert = (gs[:, None] // WS == es[None, :]) & (gs < G)[:, None]
+    per_expert = tl.sum(tl.where(in_expert, counts[:, None], 0), axis=0)
+    tl.store(span_start_ptr + 1 + es, tl.cumsum((per_expert + BM - 1) // BM, axis=0), mask=es < E)
+    tl.store(span_start_ptr + es, tl.zeros((EP,), dtype=tl.int32), mask=es == 0)
+    touched = tl.where((counts > 0) & (gs < G), (first + counts - 1) // BM - first // BM + 1, 0)
+    ps = tl.arange(0, WSP)
+    per = tl.sum(tl.where(gs[:, None] % WS == ps[None, :], touched[:, None], 0), axis=0)
+    tl.store(span_src_ptr + ps, per, mask=ps < WS)
 
 
 @triton.jit
@@ -121,18 +145,19 @@ def plan(rows: torch.Tensor, ends: torch.Tensor, recv_off: torch.Tensor, rank: i
     bms = sorted(set(block_rows))
     if why := unsupported(m, groups, bms):
         raise ValueError(f"plan kernel: {why}")
-    n_ts, n_src = groups + 1, ws
-    # one int32 buffer, sliced: srows | counts | row_start | contig | (tile_start, src_tiles) per height
-    buf = torch.empty(m + 3 * groups + 2 * (n_ts + n_src), dtype=torch.int32, device=rows.device)
+    n_ts, n_src, n_span = groups + 1, ws, experts + 1
+    # one int32 buffer, sliced: srows | counts | row_start | contig | (tile_start, src_tiles) per height |
+    # (span_start, span_src) per height
+    buf = torch.empty(m + 3 * groups + 2 * (n_ts + n_src + n_span + n_src), dtype=torch.int32, device=rows.device)
     views, at = [], 0
-    for n in (m, groups, groups, groups, n_ts, n_src, n_ts, n_src):
+    for n in (m, groups, groups, groups, n_ts, n_src, n_ts, n_src, n_span, n_src, n_span, n_src):
         views.append(buf[at : at + n])
         at += n
-    srows, counts, row_start, contig, ts_a, st_a, ts_b, st_b = views
+    srows, counts, row_start, contig, ts_a, st_a, ts_b, st_b, sp_a, ss_a, sp_b, ss_b = views
     bm_a, bm_b = bms[0], bms[-1]
     gp = triton.next_power_of_2(groups)
     launcher.launch(plan_kernel, (1,),
-        rows, ends, recv_off, srows, counts, row_start, contig, ts_a, st_a, ts_b, st_b,
+        rows, ends, recv_off, srows, counts, row_start, contig, ts_a, st_a, ts_b, st_b, sp_a, ss_a, sp_b, ss_b,
         m, rank, experts, groups,
         WS=ws, EP=triton.next_power_of_2(max(experts, 1)), WSP=triton.next_power_of_2(ws),
         GP=gp, BM_A=bm_a, BM_B=bm_b, EXPERT_MAJOR=expert_major, BLOCK=max(16, ONEHOT_ELEMENTS // gp),
@@ -142,4 +167,6 @@ def plan(rows: torch.Tensor, ends: torch.Tensor, recv_off: torch.Tensor, rank: i
         "contig": contig, "srows": srows, "counts": counts, "row_start": row_start, "recv_off": recv_off,
         "expert_major": expert_major,
         "tile_start": {bm_a: ts_a, bm_b: ts_b}, "src_tiles": {bm_a: st_a, bm_b: st_b},
+        "span_start": {bm_a: sp_a, bm_b: sp_b} if expert_major else {},
+        "span_src": {bm_a: ss_a, bm_b: ss_b} if expert_major else {},
     }

@@ -51,6 +51,32 @@ def tile_group(t, tiles_n, tile_start_ptr, G, E, LOG_G: tl.constexpr, WS: tl.con
     return g, e, pos, pid_m, pid_n
 
 
+@triton.jit
+def span_rows(t, tiles_n, span_start_ptr, row_start_ptr, counts_ptr, srows_ptr, recv_off_ptr, rank, E,
+              LOG_E: tl.constexpr, BM: tl.constexpr, WS: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile t of the row tiles that span an expert's sources (expert-major groups ``e * ws + pos``, whose rows are
+    consecutive in sorted order; ``span_start``: [E + 1] prefix of each expert's row tiles), GROUP_M row tiles of one
+    expert at a time -> (expert, column tile, first sorted row, sorted rows, row mask, received rows, each row's
+    source rank, the first and last source position among the tile's rows; the rows are sorted by position)."""
+    e = find_group(t // tiles_n, span_start_ptr, E, LOG_E)
+    span_first = tl.load(span_start_ptr + e)
+    pid_m, pid_n = grouped_tile(t - span_first * tiles_n, tl.load(span_start_ptr + e + 1) - span_first, tiles_n,
+                                GROUP_M)
+    row0 = tl.load(row_start_ptr + e * WS)
+    end = tl.load(row_start_ptr + e * WS + WS - 1) + tl.load(counts_ptr + e * WS + WS - 1)
+    tile_row = row0 + pid_m * BM
+    offs_p = tile_row + tl.arange(0, BM)
+    mask = offs_p < end
+    srow = tl.load(srows_ptr + offs_p, mask=mask, other=0)
+    src = tl.zeros((BM,), dtype=tl.int32)
+    for q in tl.static_range(1, WS):  # received rows of source s: recv_off[s] .. recv_off[s + 1]
+        src += (srow >= tl.load(recv_off_ptr + q)).to(tl.int32)
+    pos = (src - rank - 1 + WS) % WS
+    pos_lo = tl.min(tl.where(mask, pos, WS), axis=0)
+    pos_hi = tl.max(tl.where(mask, pos, -1), axis=0)
+    return e, pid_n, tile_row, offs_p, mask, srow, src, pos_lo, pos_hi
+
+
 def log_groups(groups: int) -> int:
     """Binary-search steps over ``groups`` groups."""
     return max(1, (groups - 1).bit_length() + 1)

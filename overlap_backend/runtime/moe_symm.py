@@ -170,7 +170,9 @@ def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: 
     Returns ``srows`` (received-row index of each sorted row), ``counts``/``row_start``/``contig``
     (rows are consecutive received rows) per group ``pos * E + e`` (``e * ws + pos`` with
     ``expert_major``), and per block height BM: ``tile_start[BM]`` ([G + 1] prefix of row tiles) and
-    ``src_tiles[BM]`` ([ws] row tiles per source position)."""
+    ``src_tiles[BM]`` ([ws] row tiles per source position); expert-major, also the row tiles that span an expert's
+    sources (``knobs.moe.SPAN_SOURCES``): ``span_start[BM]`` ([E + 1] prefix of each expert's row tiles) and
+    ``span_src[BM]`` ([ws] per source position, the row tiles holding any of its rows)."""
     dev = rows.device
     m = rows.shape[0]
     rows = rows.to(torch.long)
@@ -199,6 +201,8 @@ def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: 
         "expert_major": expert_major,
         "tile_start": {},
         "src_tiles": {},
+        "span_start": {},
+        "span_src": {},
     }
     zero = torch.zeros(1, dtype=torch.long, device=dev)
     for bm in set(block_rows):
@@ -206,7 +210,19 @@ def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: 
         out["tile_start"][bm] = torch.cat([zero, torch.cumsum(tiles, 0)]).to(torch.int32)
         per = tiles.view(experts, ws).sum(0) if expert_major else tiles.view(ws, experts).sum(1)
         out["src_tiles"][bm] = per.to(torch.int32)
+        if expert_major:
+            out["span_start"][bm], out["span_src"][bm] = span_tiles(counts, row_start, ws, experts, bm)
     return out
+
+
+def span_tiles(counts: Tensor, row_start: Tensor, ws: int, experts: int, bm: int) -> tuple[Tensor, Tensor]:
+    """Expert-major groups' row tiles of height ``bm`` that span an expert's sources: ([E + 1] prefix of each expert's
+    row tiles, [ws] per source position the tiles holding any of its rows)."""
+    per_expert = counts.view(experts, ws).sum(1)
+    start = torch.cat([per_expert.new_zeros(1), torch.cumsum((per_expert + bm - 1) // bm, 0)]).to(torch.int32)
+    first = row_start - row_start.view(experts, ws)[:, :1].expand(experts, ws).reshape(-1)  # row in its expert
+    touched = torch.where(counts > 0, (first + counts - 1) // bm - first // bm + 1, 0)
+    return start, touched.view(experts, ws).sum(0).to(torch.int32)
 
 
 @register("symm", "moe_experts")

@@ -123,7 +123,7 @@ def _reference(x, send, recv, rows, ends, wg, wu, wd, group):
     return ref.to(x.device)
 
 
-def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
+def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24, span=False):
     import torch.distributed as dist
 
     import overlap_backend  # noqa: F401
@@ -134,7 +134,7 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = False
     # the kernels under test, with this variant's combine
-    knobs.moe.set(TRANSPORT=transport, COMM_SMS=comm_sms, ENABLED=True)
+    knobs.moe.set(TRANSPORT=transport, COMM_SMS=comm_sms, ENABLED=True, SPAN_SOURCES=span)
     group = dist.group.WORLD
     gn = group.group_name
     errs, bad = {}, []
@@ -194,10 +194,11 @@ def op_worker(rank, ws, device, lowering, transport, comm_sms, calls=24):
 
 
 # (lowering, combine transport, comm SMs (None: OVERLAP_MOE_COMM_SMS, 0 by default: no comm kernel),
-# calls per case): the default configuration gets 24 calls per case, the variants fewer (same cases,
-# same checks) to keep the run short.
+# calls per case[, expert-major row tiles spanning an expert's sources: knobs.moe.SPAN_SOURCES]): the default
+# configuration gets 24 calls per case, the variants fewer (same cases, same checks) to keep the run short.
 VARIANTS = {"symm-default": ("symm", "ce", None, 24), "symm-sm8": ("symm", "sm", 8, 6), "symm-sm1": ("symm", "sm", 1, 6),
-            "symm-ce": ("symm", "ce", 8, 6), "symm-ce-only": ("symm", "ce-only", 8, 6), "p2p": ("p2p", "sm", 8, 3)}
+            "symm-ce": ("symm", "ce", 8, 6), "symm-ce-only": ("symm", "ce-only", 8, 6), "p2p": ("p2p", "sm", 8, 3),
+            "symm-span": ("symm", "ce", None, 8, True)}
 
 
 def backward_worker(rank, ws, device, calls=8):
@@ -286,9 +287,10 @@ def test_moe_backward_op_numerics(ws):
 @WORLD_SIZES
 @pytest.mark.timeout(600)
 def test_moe_op_numerics_repeated(ws, variant):
-    lowering, transport, comm_sms, calls = VARIANTS[variant]
+    lowering, transport, comm_sms, calls, *span = VARIANTS[variant]
     _need_gpus(ws, lowering)
-    results = run_ranks(op_worker, ws, "cuda", lowering, transport, comm_sms, calls, timeout=580, backend="nccl")
+    results = run_ranks(op_worker, ws, "cuda", lowering, transport, comm_sms, calls, bool(span and span[0]), timeout=580,
+                        backend="nccl")
     for rank, res in enumerate(results):
         print(f"ws={ws} {variant} rank {rank}: {res['errs']} {res['paths']}")
 

@@ -221,6 +221,10 @@ def test_plan_kernel_matches_torch_plan(ws, rank, experts, skew, expert_major, b
     for bm in bms:
         assert got["tile_start"][bm].tolist() == ref["tile_start"][bm].tolist(), bm
         assert got["src_tiles"][bm].tolist() == ref["src_tiles"][bm].tolist(), bm
+        if expert_major:  # the tiles spanning an expert's sources
+            assert got["span_start"][bm].tolist() == ref["span_start"][bm].tolist(), bm
+            assert got["span_src"][bm].tolist() == ref["span_src"][bm].tolist(), bm
+    assert (set(got["span_start"]) == set(bms)) == expert_major
     assert got["expert_major"] == expert_major and got["recv_off"] is recv_off
 
 
@@ -258,6 +262,31 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     points at stay 0; each source's done flag is raised (also for sources without tiles), counters
     are back to 0. With the down kernel's TMA stores (16-bit outputs: full tiles of consecutive rows; the column
     tile past H clipped) the same, its remote tiles counted after the CTA's next main loop."""
+    _scatter_and_count(ws, rank, dtype, skew, sorted_sources, expert_major, tma_store)
+
+
+@pytest.mark.parametrize("skew,sorted_sources", [(False, False), (False, True), (True, True), (True, False)],
+                         ids=["balanced-gather", "balanced-sorted", "skewed-sorted", "skewed-gather"])
+@pytest.mark.parametrize("ws,rank,dtype", [(2, 1, torch.float32), (3, 0, torch.bfloat16), (4, 2, torch.bfloat16)])
+def test_gemm_kernels_span_an_experts_sources(ws, rank, dtype, skew, sorted_sources, monkeypatch):
+    """Expert-major row tiles spanning an expert's sources (``knobs.moe.SPAN_SOURCES``; groups of a few rows against
+    16-row tiles): the same results, scatter and flags as tiles of one group, in fewer tiles; rows gathered from
+    several sources' slots, each source waited for, each row's result sent to its source, each remote source's
+    done flag raised once every tile holding its rows is stored."""
+    launched = []
+    real_launch = moe_gemm.launcher.launch
+    monkeypatch.setattr(moe_gemm.launcher, "launch", lambda fn, grid, *a, **kw: launched.append(kw.get("SPAN")) or
+                        real_launch(fn, grid, *a, **kw))
+    with knobs.moe.patch(SPAN_SOURCES=True):
+        pl = _scatter_and_count(ws, rank, dtype, skew, sorted_sources, True, False)
+    assert [v for v in launched if v is not None] == [True, True], "both kernels ran their spanning tiles"
+    bm = CFG[0]
+    fewer = pl["span_start"][bm][-1] < pl["tile_start"][bm][-1]
+    assert fewer or (skew and pl["span_start"][bm][-1] == pl["tile_start"][bm][-1]), "spanning tiles: fewer of them"
+
+
+def _scatter_and_count(ws, rank, dtype, skew, sorted_sources, expert_major, tma_store):
+    """``test_gemm_kernels_scatter_and_counters``' checks on one case; returns the plan."""
     gen = torch.Generator().manual_seed(ws + rank + 3 * skew)
     experts, h, f = 3, 24, 40
     recv = [50 + 7 * s for s in range(ws)] if tma_store else None  # groups of more rows than a tile
@@ -304,6 +333,7 @@ def test_gemm_kernels_scatter_and_counters(ws, rank, dtype, skew, sorted_sources
     assert torch.isnan(out[: send_off[rank]]).all() and torch.isnan(out[send_off[rank + 1] :]).all()  # untouched
     assert flags[DONE : DONE + ws - 1].tolist() == [EPOCH] * (ws - 1)
     assert flags[CNT : CNT + ws].tolist() == [0] * ws
+    return pl
 
 
 def test_gate_up_times_out_on_missing_dispatch():
@@ -524,9 +554,10 @@ class FakeState:
     (True, "auto", "rotated", 0.0, False, "triton"), (False, "source", "phased", 0.0, False, "triton"),
     (False, "source", "phased", 0.5, False, "triton"), (True, "source", "phased", 0.0, True, "triton"),
     (False, "source", "phased", 0.0, False, "grouped_mm"), (True, "source", "phased", 0.0, False, "grouped_mm"),
-    (True, "auto", "rotated", 0.0, False, "grouped_mm"), (True, "source", "phased", 0.0, True, "grouped_mm")],
+    (True, "auto", "rotated", 0.0, False, "grouped_mm"), (True, "source", "phased", 0.0, True, "grouped_mm"),
+    (False, "expert", "phased", 0.0, False, "triton-span"), (True, "expert", "rotated", 0.0, True, "triton-span")],
     ids=["balanced", "skewed", "skewed-auto", "phased", "phased-own-first", "captured", "grouped-phased",
-         "grouped-skewed-phased", "grouped-one-segment", "grouped-captured"])
+         "grouped-skewed-phased", "grouped-one-segment", "grouped-captured", "expert-span", "expert-span-captured"])
 @pytest.mark.parametrize("ws,rank", [(2, 1), (3, 0)])
 @knobs.codegen.patch(MOE_GATE_UP_16BIT=(CFG,), MOE_DOWN_16BIT=(CFG,))
 def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule, own_first, graph, gemm):
@@ -537,7 +568,8 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
     eager call of the same splits and sizes): every flag in the toggling block (symm_layout.GRAPH_BLOCK,
     raised to 1), none of the eager block touched; without that eager call it runs on p2p. ``grouped_mm``:
     the experts by CPU's ``torch._grouped_mm`` (bf16 experts; the outputs not zeroed first: it writes every
-    row), the rest of the protocol alike."""
+    row), the rest of the protocol alike. ``triton-span``: the kernels' row tiles spanning an expert's sources
+    (``knobs.moe.SPAN_SOURCES``)."""
     gen = torch.Generator().manual_seed(ws * 3 + rank + skew)
     experts, h, f = 2, 16, 32
     n_send = 18
@@ -550,6 +582,8 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
     case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(1,) if skew else (), send=send, recv=recv,
                  sorted_sources=not skew)
     dtype = torch.bfloat16
+    span = gemm == "triton-span"
+    gemm = "triton" if span else gemm
     wg, wu, wd = _weights(experts, h, f, gen, torch.float16 if gemm == "triton" else torch.bfloat16)
     x = torch.randn(n_send, h, generator=gen).to(dtype)
     lay = moe_symm.layout(ws, n_send, h, 2)
@@ -585,7 +619,7 @@ def test_symm_path_with_fake_group(monkeypatch, ws, rank, skew, order, schedule,
     # TRANSPORT "sm": the copy-engine transport needs CUDA streams; OWN_FIRST 0.5 of 2 experts: own
     # expert 0 before the remote rows
     with knobs.moe.patch(ENABLED=True, SCHEDULE=schedule, COMM_SMS=2, TRANSPORT="sm", ORDER=order,
-                         OWN_FIRST=own_first, EXPERT_GEMM=gemm):
+                         OWN_FIRST=own_first, EXPERT_GEMM=gemm, SPAN_SOURCES=span):
         _symm_path_calls(x, case, wg, wu, wd, st, lay, ws, rank, skew, graph, recv_rows, returned,
                          fell_back if graph else None, n_send, experts, h, f, dtype)
 

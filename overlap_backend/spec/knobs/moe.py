@@ -27,6 +27,11 @@ moe = Knobs(
     # "auto" order: expert-major below this many rows per (source, expert) group on average, where the
     # experts are weight-bandwidth bound and reading each expert's weights once per source costs more.
     EXPERT_MAJOR_ROWS=128,
+    # Expert-major order only: a row tile of the expert GEMM kernels spans the sources of one expert (rows of several
+    # (source, expert) groups) instead of one group's, so that groups shorter than a tile (decode sizes: 16-32 rows a
+    # group against 64-row tiles) do not compute rows they throw away; its rows are gathered from their sources'
+    # dispatch slots and each row's result goes to its source. Off until it is run and timed on a GPU.
+    SPAN_SOURCES=False,
     # The device-side work list by codegen/moe_plan.py's one kernel where it applies (host time is most of
     # a decode-size layer); False: always the torch ops (plan_reference).
     PLAN_KERNEL=True,
