@@ -133,12 +133,13 @@ def gate_up_kernel(
     for i in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         tile = first_tile + (i + shift) % n_tiles  # the i-th tile of the walk
         if SPAN:  # rows of several sources of one expert: each source's slot waited for, the rows gathered
-            e, pid_n, _, offs_p, mask, srow, src, tile_pos_lo, tile_pos_hi = span_rows(
+            e, pid_n, _, offs_p, mask, srow, src, sources = span_rows(
                 tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, recv_off_ptr, rank, E, LOG_G, BM,
                 WS, GROUP_M)
-            for q in range(tile_pos_lo, tile_pos_hi + 1):
-                waited = _wait_source((rank + 1 + q) % WS, waited, arrived_ptr, caps_ptr, cap, epoch, claim_ptr,
-                                      report_ptr, rank, timeout_ns, TIMED)
+            for q in tl.static_range(WS):  # the tile's sources, in the order they finish (rank + 1 first)
+                if ((sources >> ((rank + 1 + q) % WS)) & 1) != 0:
+                    waited = _wait_source((rank + 1 + q) % WS, waited, arrived_ptr, caps_ptr, cap, epoch, claim_ptr,
+                                          report_ptr, rank, timeout_ns, TIMED)
             slot_row = src * cap + srow - tl.load(recv_off_ptr + src, mask=mask, other=0)  # row of the dispatch buffer
             by_tma = False
         else:
@@ -225,7 +226,7 @@ def down_kernel(
                     signal_flag(done_ptr + p, epoch)
     for tile in tl.range(first_tile + tl.program_id(0), end_tile, tl.num_programs(0)):
         if SPAN:  # rows of several sources of one expert (consecutive in act): each row to its source
-            e, pid_n, first, offs_p, mask, srow, src, tile_pos_lo, tile_pos_hi = span_rows(
+            e, pid_n, first, offs_p, mask, srow, src, sources = span_rows(
                 tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, recv_off_ptr, rank, E, LOG_G, BM,
                 WS, GROUP_M)
         else:
@@ -248,7 +249,7 @@ def down_kernel(
         y = acc.to(w_down_ptr.dtype.element_ty)  # Y is computed in the compute dtype, then cast
         if SPAN:
             _span_epilogue(y, out_ptr, stage_ptr, counters_ptr, done_ptr, src_tiles_ptr, recv_off_ptr, srow, src,
-                           mask[:, None] & n_ok[None, :], offs_n, tile_pos_lo, tile_pos_hi, rank, own_row0, H, tiles_n, epoch,
+                           mask[:, None] & n_ok[None, :], offs_n, sources, rank, own_row0, H, tiles_n, epoch,
                            WS)
         else:
             src = (rank + 1 + pos) % WS
@@ -275,17 +276,18 @@ def down_kernel(
 
 @triton.jit
 def _span_epilogue(y, out_ptr, stage_ptr, counters_ptr, done_ptr, src_tiles_ptr, recv_off_ptr, srow, src, mask, offs_n,
-                   pos_lo, pos_hi, rank, own_row0, H, tiles_n, epoch, WS: tl.constexpr):
+                   sources, rank, own_row0, H, tiles_n, epoch, WS: tl.constexpr):
     """A down tile whose rows span sources: the own rows into ``out``, the others into the staging buffer (pointer
-    stores), then the tile counted for each remote source position among its rows."""
+    stores), then the tile counted for each remote source among its rows (``sources``: bit s for source rank s)."""
     own = (src == rank)[:, None]
     local = own_row0 + srow - tl.load(recv_off_ptr + rank)
     tl.store(out_ptr + local.to(tl.int64)[:, None] * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
              mask=mask & own)
     tl.store(stage_ptr + srow.to(tl.int64)[:, None] * H + offs_n[None, :], y.to(stage_ptr.dtype.element_ty),
              mask=mask & (own == 0))
-    for q in range(pos_lo, tl.minimum(pos_hi, WS - 2) + 1):  # position WS - 1: this rank's own rows
-        count_tile_done(counters_ptr + q, done_ptr + q, tl.load(src_tiles_ptr + q) * tiles_n, epoch)
+    for q in tl.static_range(WS - 1):  # position q: source rank + 1 + q (WS - 1: this rank's own rows)
+        if ((sources >> ((rank + 1 + q) % WS)) & 1) != 0:
+            count_tile_done(counters_ptr + q, done_ptr + q, tl.load(src_tiles_ptr + q) * tiles_n, epoch)
 
 
 @triton.jit

@@ -57,7 +57,7 @@ def span_rows(t, tiles_n, span_start_ptr, row_start_ptr, counts_ptr, srows_ptr, 
     """Tile t of the row tiles that span an expert's sources (expert-major groups ``e * ws + pos``, whose rows are
     consecutive in sorted order; ``span_start``: [E + 1] prefix of each expert's row tiles), GROUP_M row tiles of one
     expert at a time -> (expert, column tile, first sorted row, sorted rows, row mask, received rows, each row's
-    source rank, the first and last source position among the tile's rows; the rows are sorted by position)."""
+    source rank, the sources among the tile's rows as a bit mask: bit s for source rank s)."""
     e = find_group(t // tiles_n, span_start_ptr, E, LOG_E)
     span_first = tl.load(span_start_ptr + e)
     pid_m, pid_n = grouped_tile(t - span_first * tiles_n, tl.load(span_start_ptr + e + 1) - span_first, tiles_n,
@@ -71,10 +71,13 @@ def span_rows(t, tiles_n, span_start_ptr, row_start_ptr, counts_ptr, srows_ptr, 
     src = tl.zeros((BM,), dtype=tl.int32)
     for q in tl.static_range(1, WS):  # received rows of source s: recv_off[s] .. recv_off[s + 1]
         src += (srow >= tl.load(recv_off_ptr + q)).to(tl.int32)
-    pos = (src - rank - 1 + WS) % WS
-    pos_lo = tl.min(tl.where(mask, pos, WS), axis=0)
-    pos_hi = tl.max(tl.where(mask, pos, -1), axis=0)
-    return e, pid_n, tile_row, offs_p, mask, srow, src, pos_lo, pos_hi
+    sources = tl.reduce(tl.where(mask, 1 << src, 0), 0, _bit_or)
+    return e, pid_n, tile_row, offs_p, mask, srow, src, sources
+
+
+@triton.jit
+def _bit_or(a, b):
+    return a | b
 
 
 def log_groups(groups: int) -> int:

@@ -277,16 +277,23 @@ def test_gemm_kernels_span_an_experts_sources(ws, rank, dtype, skew, sorted_sour
     real_launch = moe_gemm.launcher.launch
     monkeypatch.setattr(moe_gemm.launcher, "launch", lambda fn, grid, *a, **kw: launched.append(kw.get("SPAN")) or
                         real_launch(fn, grid, *a, **kw))
+    hole = ws >= 3  # the source between rank + 1 and this rank sent nothing: tiles hold rows from both sides of it
     with knobs.moe.patch(SPAN_SOURCES=True):
-        pl = _scatter_and_count(ws, rank, dtype, skew, sorted_sources, True, False)
+        pl = _scatter_and_count(ws, rank, dtype, skew, sorted_sources, True, False, hole=hole)
     assert [v for v in launched if v is not None] == [True, True], "both kernels ran their spanning tiles"
     bm = CFG[0]
+    if hole and not skew:  # some tile holds rows of positions 0 and 2 of one expert, none of position 1 (skewed: 0 sent none)
+        counts, starts = pl["counts"].view(-1, ws), pl["row_start"].view(-1, ws)
+        assert counts[:, 1].sum() == 0
+        assert any(c[0] and c[2] and (s[0] + c[0] - 1 - s[0]) // bm == (s[2] - s[0]) // bm
+                   for c, s in zip(counts.tolist(), starts.tolist()))
     fewer = pl["span_start"][bm][-1] < pl["tile_start"][bm][-1]
     assert fewer or (skew and pl["span_start"][bm][-1] == pl["tile_start"][bm][-1]), "spanning tiles: fewer of them"
 
 
-def _scatter_and_count(ws, rank, dtype, skew, sorted_sources, expert_major, tma_store):
-    """``test_gemm_kernels_scatter_and_counters``' checks on one case; returns the plan."""
+def _scatter_and_count(ws, rank, dtype, skew, sorted_sources, expert_major, tma_store, hole=False):
+    """``test_gemm_kernels_scatter_and_counters``' checks on one case (``hole``: source rank + 2 sent nothing);
+    returns the plan."""
     gen = torch.Generator().manual_seed(ws + rank + 3 * skew)
     experts, h, f = 3, 24, 40
     recv = [50 + 7 * s for s in range(ws)] if tma_store else None  # groups of more rows than a tile
@@ -294,6 +301,10 @@ def _scatter_and_count(ws, rank, dtype, skew, sorted_sources, expert_major, tma_
     if skew:
         case["recv"][(rank + 1) % ws] = 0  # a source that sent nothing
         case = _case(ws, rank, experts, h, f, gen, skew=True, empty=(2,), send=case["send"], recv=case["recv"],
+                     sorted_sources=sorted_sources)
+    if hole:
+        case["recv"][(rank + 2) % ws] = 0
+        case = _case(ws, rank, experts, h, f, gen, skew=skew, empty=(2,), send=case["send"], recv=case["recv"],
                      sorted_sources=sorted_sources)
     wg, wu, wd = _weights(experts, h, f, gen, torch.float16)
     x, disp, cap, recv_rows = _buffers(ws, rank, case, h, dtype, gen)
