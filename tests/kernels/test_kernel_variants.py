@@ -13,7 +13,7 @@ import torch
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("interpreter tests: they run where CUDA is absent (CI)", allow_module_level=True)
 triton = pytest.importorskip("triton")
-from test_tile_kernels import BAND, EPOCH, _run_ag_mm, _run_mm_rs  # noqa: E402
+from test_tile_kernels import BAND, EPOCH, _check_staged_and_reduced, _run_ag_mm, _run_mm_rs  # noqa: E402
 
 from overlap_backend.codegen import ag_mm, configs, mm_rs  # noqa: E402
 from overlap_backend.codegen import epilogue as gen  # noqa: E402
@@ -121,18 +121,8 @@ def test_ag_mm_subtile_with_generated_epilogue():
 @pytest.mark.parametrize("ws,r,rows,N,bias,average", [(2, 0, 32, 40, True, False), (4, 3, 48, 24, False, True),
                                                       (3, 1, 16, 16, False, False)])  # 3 tiles, 4 programs
 def test_mm_rs_subtile_stages_counts_and_reduces(ws, r, rows, N, bias, average):
-    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 32, N, bias, average,
-                                                               cfg=SMALL + ("tma_subtile",))
-    assert status[1][0] == 0
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    for c in range(ws):
-        if c != r:
-            torch.testing.assert_close(stage[c * rows:(c + 1) * rows], mine[c * rows:(c + 1) * rows], atol=1e-4,
-                                       rtol=1e-4)
-    assert torch.isnan(stage[r * rows:(r + 1) * rows]).all(), "the own chunk is not staged"
-    nb = -(-rows // BAND)
-    assert counters.tolist() == [0] * (ws * nb), "tile counters are reset for the next call"
-    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
+    _check_staged_and_reduced(_run_mm_rs(ws, r, 1, rows, 32, N, bias, average, cfg=SMALL + ("tma_subtile",)), ws, r,
+                              rows)
 
 
 def test_mm_rs_subtile_own_chunk_epilogue():

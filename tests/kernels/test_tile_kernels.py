@@ -202,23 +202,30 @@ def _run_mm_rs(ws, r, outer, run, K, N, bias, average, cfg=CFG, late=None, timeo
     return out, ref, stage, C[r], counters, done, status
 
 
+def _check_staged_and_reduced(result, ws, r, rows, outer=1, run=None):
+    """Rank r's ``_run_mm_rs`` ``result``: no wait gave up, the own chunk reduced, every remote chunk staged (this
+    rank's partial of it: what the copy engine ships) and the own one not, the tile counters reset and every remote
+    band's done flag raised."""
+    out, ref, stage, mine, counters, done, status = result
+    assert status[1][0] == 0
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    for c in range(ws):
+        if c != r:
+            torch.testing.assert_close(stage[c * rows:(c + 1) * rows], _chunk(mine, c, outer, ws, run or rows),
+                                       atol=1e-4, rtol=1e-4)
+    assert torch.isnan(stage[r * rows:(r + 1) * rows]).all(), "the own chunk must not be staged"
+    nb = -(-rows // BAND)
+    assert counters.tolist() == [0] * (ws * nb), "tile counters are reset for the next call"
+    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
+
+
 @pytest.mark.parametrize("ws,r,outer,run,K,N,bias,average", [
     (2, 1, 1, 9, 32, 20, True, False),
     (3, 0, 2, 16, 16, 40, False, True),   # runs of 16 rows (BM divides the run)
     (4, 3, 1, 40, 48, 16, True, False),
 ])
 def test_mm_rs_stages_remote_chunks_and_reduces_own(ws, r, outer, run, K, N, bias, average):
-    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, outer, run, K, N, bias, average)
-    rows = outer * run
-    assert status[1][0] == 0
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    for c in range(ws):
-        if c != r:  # what the copy engine ships to rank c: this rank's partial of chunk c
-            torch.testing.assert_close(stage[c * rows:(c + 1) * rows], _chunk(mine, c, outer, ws, run), atol=1e-4, rtol=1e-4)
-    assert torch.isnan(stage[r * rows:(r + 1) * rows]).all(), "the own chunk must not be staged"
-    nb = -(-rows // BAND)
-    assert counters.tolist() == [0] * (ws * nb), "tile counters are reset for the next call"
-    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
+    _check_staged_and_reduced(_run_mm_rs(ws, r, outer, run, K, N, bias, average), ws, r, outer * run, outer, run)
 
 
 @pytest.mark.parametrize("ws,r,rows,N,bias,average", [(2, 0, 32, 24, True, False), (4, 2, 48, 40, False, True)])
@@ -228,15 +235,7 @@ def test_mm_rs_tma_stages_counts_and_reduces(ws, r, rows, N, bias, average):
     assert mm_rs.tma_ok(rows, rows, CFG[0], False) and not mm_rs.tma_ok(rows + 1, rows + 1, CFG[0], False)
     assert not mm_rs.tma_ok(rows, rows, CFG[0], True), "peer stores: no staging"
     assert not mm_rs.tma_ok(rows, rows, CFG[0], False, copy_out=True), "mm_ar's copy tiles wait for peers"
-    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 32, N, bias, average, cfg=CFG_TMA_STORE)
-    assert status[1][0] == 0
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    for c in range(ws):
-        if c != r:
-            torch.testing.assert_close(stage[c * rows:(c + 1) * rows], mine[c * rows:(c + 1) * rows], atol=1e-4, rtol=1e-4)
-    nb = -(-rows // BAND)
-    assert counters.tolist() == [0] * (ws * nb), "tile counters are reset for the next call"
-    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws) for _ in range(nb)], "every band signalled"
+    _check_staged_and_reduced(_run_mm_rs(ws, r, 1, rows, 32, N, bias, average, cfg=CFG_TMA_STORE), ws, r, rows)
 
 
 @pytest.mark.parametrize("cfg", [CFG, CFG_TMA_STORE], ids=["pointer_stores", "tma"])
@@ -289,17 +288,10 @@ def test_mm_rs_tiles_span_short_chunks(ws, r, rows, N, bias, average, monkeypatc
     assert mm_rs.span_chunks(rows, rows // 2, CFG[0], ws, False, False) == 1, "runs of rows: tiles within one"
     with knobs.codegen.patch(RS_SPAN_CHUNKS=False):
         assert mm_rs.span_chunks(rows, rows, CFG[0], ws, False, False) == 1
-    out, ref, stage, mine, counters, done, status = _run_mm_rs(ws, r, 1, rows, 32, N, bias, average)
+    result = _run_mm_rs(ws, r, 1, rows, 32, N, bias, average)
     assert launched == [span]
-    assert status[1][0] == 0
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    for c in range(ws):
-        if c != r:
-            torch.testing.assert_close(stage[c * rows:(c + 1) * rows], mine[c * rows:(c + 1) * rows], atol=1e-4,
-                                       rtol=1e-4)
-    assert torch.isnan(stage[r * rows:(r + 1) * rows]).all(), "the own chunk must not be staged"
-    assert counters.tolist() == [0] * ws, "tile counters are reset for the next call"
-    assert done.tolist() == [0 if c == r else EPOCH for c in range(ws)], "every remote chunk signalled"
+    assert rows <= BAND  # one band a chunk
+    _check_staged_and_reduced(result, ws, r, rows)
 
 
 def test_mm_rs_spanning_own_wait_gives_up_and_reports(spanning):
