@@ -481,9 +481,10 @@ def launch(a, b, bias, stage, recv, gather, out, counters, done, recv_flags, tic
     assert gathered is None or gather is not None, "copy tiles: mm_ar's rounds"
     span = span_chunks(rows, run, BM, ws, peer is not None, gather is not None)
     assert span == 1 or (not tma and band_rows >= rows), (span, tma, band_rows, rows)  # pointer stores, one band
-    tiles_per_round = (2 * ws - 1 if gathered is not None else ws) * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)
     if span > 1:
         tiles_per_round = ws // span * launcher.cdiv(N, BN)
+    else:
+        tiles_per_round = (2 * ws - 1 if gathered is not None else ws) * launcher.cdiv(rows, BM) * launcher.cdiv(N, BN)
     grid = launcher.Persistent(rounds * tiles_per_round, num_sms, knobs.codegen.PERSISTENT_CTAS_PER_SM)
     b_kmajor = b.stride(0) == 1 and b.stride(1) == K
     launcher.launch(mm_rs_kernel, grid,

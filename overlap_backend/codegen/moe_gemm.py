@@ -137,9 +137,10 @@ def gate_up_kernel(
                 tile, tiles_n, tile_start_ptr, row_start_ptr, counts_ptr, srows_ptr, recv_off_ptr, rank, E, LOG_G, BM,
                 WS, GROUP_M)
             for q in tl.static_range(WS):  # the tile's sources, in the order they finish (rank + 1 first)
-                if ((sources >> ((rank + 1 + q) % WS)) & 1) != 0:
-                    waited = _wait_source((rank + 1 + q) % WS, waited, arrived_ptr, caps_ptr, cap, epoch, claim_ptr,
-                                          report_ptr, rank, timeout_ns, TIMED)
+                s = (rank + 1 + q) % WS
+                if ((sources >> s) & 1) != 0:
+                    waited = _wait_source(s, waited, arrived_ptr, caps_ptr, cap, epoch, claim_ptr, report_ptr, rank,
+                                          timeout_ns, TIMED)
             slot_row = src * cap + srow - tl.load(recv_off_ptr + src, mask=mask, other=0)  # row of the dispatch buffer
             by_tma = False
         else:
@@ -350,9 +351,9 @@ def launch_gate_up(disp, w_gate, w_up, act, plan, arrived, caps, epoch, status, 
 
 
 def spans_sources(plan: dict) -> bool:
-    """Whether the Triton expert kernels' row tiles span an expert's sources on this plan (``knobs.moe.SPAN_SOURCES``,
-    expert-major plans; ``moe_symm.span_tiles``)."""
-    return bool(knobs.moe.SPAN_SOURCES and plan["expert_major"])
+    """Whether the Triton expert kernels' row tiles span an expert's sources on this plan: the plan has their tiles
+    (``moe_symm.plan``: expert-major with ``knobs.moe.SPAN_SOURCES``; ``moe_symm.span_tiles``)."""
+    return bool(plan["span_start"])
 
 
 def launch_down(act, w_down, out, stage, plan, counters, done, epoch, rank, ws, own_row0, config, grid, phase=None):

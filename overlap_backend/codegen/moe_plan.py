@@ -6,8 +6,8 @@ reference): grouped row j belongs to expert ``e = #{k: ends[k] <= j}`` and came 
 ``pos * E + e`` (``e * ws + pos`` expert-major), or none when ``rows[j] < 0`` or ``e >= E``. The
 kernel sorts the rows by group, stably (a counting sort), and derives per group the counts, the
 starts, ``contig`` (the group's rows are consecutive received rows) and, per block height, the row
-tile prefix sums and the row tiles of each source position (expert-major: those of the tiles that span an expert's
-sources too, ``moe_symm.span_tiles``).
+tile prefix sums and the row tiles of each source position (with ``SPAN``, expert-major: those of the tiles that span
+an expert's sources too, ``moe_symm.span_tiles``).
 
 Why: on 2xH200 the torch version cost 0.7-1.0 ms of host time per call (bench/probe_moe_gemm.py),
 more than the whole GPU time of a decode-size layer. One CTA walks the rows twice in blocks of
@@ -55,7 +55,8 @@ def plan_kernel(rows_ptr, ends_ptr, recv_off_ptr, srows_ptr, counts_ptr, row_sta
                 span_start_a_ptr, span_src_a_ptr, span_start_b_ptr, span_src_b_ptr,
                 m, rank, E, G,
                 WS: tl.constexpr, EP: tl.constexpr, WSP: tl.constexpr, GP: tl.constexpr,
-                BM_A: tl.constexpr, BM_B: tl.constexpr, EXPERT_MAJOR: tl.constexpr, BLOCK: tl.constexpr):
+                BM_A: tl.constexpr, BM_B: tl.constexpr, EXPERT_MAJOR: tl.constexpr, BLOCK: tl.constexpr,
+                SPAN: tl.constexpr = False):
     gs = tl.arange(0, GP)
     # pass 1: rows per group
     counts = tl.zeros((GP,), dtype=tl.int32)
@@ -87,7 +88,7 @@ def plan_kernel(rows_ptr, ends_ptr, recv_off_ptr, srows_ptr, counts_ptr, row_sta
     tl.store(contig_ptr + gs, ((lo == hi) | (counts == 0)).to(tl.int32), mask=real)
     _tiles(counts, gs, G, E, tile_start_a_ptr, src_tiles_a_ptr, WS, WSP, GP, BM_A, EXPERT_MAJOR)
     _tiles(counts, gs, G, E, tile_start_b_ptr, src_tiles_b_ptr, WS, WSP, GP, BM_B, EXPERT_MAJOR)
-    if EXPERT_MAJOR:
+    if SPAN:  # (expert-major)
         tl.debug_barrier()  # row_start, stored above by every thread, is read back by expert below
         first = row_start - tl.load(row_start_ptr + gs // WS * WS, mask=gs < G, other=0)  # row in its expert
         _span_tiles(counts, first, gs, G, E, span_start_a_ptr, span_src_a_ptr, WS, WSP, GP, EP, BM_A)
@@ -139,12 +140,13 @@ def unsupported(m: int, groups: int, block_rows) -> str | None:
 
 
 def plan(rows: torch.Tensor, ends: torch.Tensor, recv_off: torch.Tensor, rank: int, ws: int, experts: int,
-         block_rows, expert_major: bool = False) -> dict:
+         block_rows, expert_major: bool = False, span: bool = False) -> dict:
     """``moe_symm.plan_reference``'s dict, computed by one launch (``block_rows``: one or two heights)."""
     m, groups = rows.shape[0], ws * experts
     bms = sorted(set(block_rows))
     if why := unsupported(m, groups, bms):
         raise ValueError(f"plan kernel: {why}")
+    assert expert_major or not span, "tiles span an expert's sources in the expert-major order only"
     n_ts, n_src, n_span = groups + 1, ws, experts + 1
     # one int32 buffer, sliced: srows | counts | row_start | contig | (tile_start, src_tiles) per height |
     # (span_start, span_src) per height
@@ -160,13 +162,13 @@ def plan(rows: torch.Tensor, ends: torch.Tensor, recv_off: torch.Tensor, rank: i
         rows, ends, recv_off, srows, counts, row_start, contig, ts_a, st_a, ts_b, st_b, sp_a, ss_a, sp_b, ss_b,
         m, rank, experts, groups,
         WS=ws, EP=triton.next_power_of_2(max(experts, 1)), WSP=triton.next_power_of_2(ws),
-        GP=gp, BM_A=bm_a, BM_B=bm_b, EXPERT_MAJOR=expert_major, BLOCK=max(16, ONEHOT_ELEMENTS // gp),
+        GP=gp, BM_A=bm_a, BM_B=bm_b, EXPERT_MAJOR=expert_major, BLOCK=max(16, ONEHOT_ELEMENTS // gp), SPAN=span,
         num_warps=4,
     )
     return {
         "contig": contig, "srows": srows, "counts": counts, "row_start": row_start, "recv_off": recv_off,
         "expert_major": expert_major,
         "tile_start": {bm_a: ts_a, bm_b: ts_b}, "src_tiles": {bm_a: st_a, bm_b: st_b},
-        "span_start": {bm_a: sp_a, bm_b: sp_b} if expert_major else {},
-        "span_src": {bm_a: ss_a, bm_b: ss_b} if expert_major else {},
+        "span_start": {bm_a: sp_a, bm_b: sp_b} if span else {},
+        "span_src": {bm_a: ss_a, bm_b: ss_b} if span else {},
     }

@@ -158,21 +158,24 @@ def plan(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, exper
     (decode sizes: host time is most of such a layer), else ``plan_reference``'s torch ops."""
     from ..codegen import moe_plan
 
+    span = expert_major and knobs.moe.SPAN_SOURCES  # (the kernels read it from the plan: moe_gemm.spans_sources)
     if knobs.moe.PLAN_KERNEL and not moe_plan.unsupported(rows.shape[0], ws * experts, block_rows):
-        return moe_plan.plan(rows, ends, recv_off, rank, ws, experts, block_rows, expert_major)
-    return plan_reference(rows, ends, recv_off, rank, ws, experts, block_rows, expert_major)
+        return moe_plan.plan(rows, ends, recv_off, rank, ws, experts, block_rows, expert_major, span)
+    return plan_reference(rows, ends, recv_off, rank, ws, experts, block_rows, expert_major, span)
 
 
 def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: int, experts: int, block_rows,
-                   expert_major: bool = False) -> dict:
+                   expert_major: bool = False, span: bool = False) -> dict:
     """Device-side work list (no host read), from torch ops. ``recv_off`` [ws + 1] int32, ``ends`` [E] cumulative ends.
 
     Returns ``srows`` (received-row index of each sorted row), ``counts``/``row_start``/``contig``
     (rows are consecutive received rows) per group ``pos * E + e`` (``e * ws + pos`` with
     ``expert_major``), and per block height BM: ``tile_start[BM]`` ([G + 1] prefix of row tiles) and
-    ``src_tiles[BM]`` ([ws] row tiles per source position); expert-major, also the row tiles that span an expert's
-    sources (``knobs.moe.SPAN_SOURCES``): ``span_start[BM]`` ([E + 1] prefix of each expert's row tiles) and
-    ``span_src[BM]`` ([ws] per source position, the row tiles holding any of its rows)."""
+    ``src_tiles[BM]`` ([ws] row tiles per source position); with ``span`` (expert-major only), also the row tiles
+    that span an expert's sources (``knobs.moe.SPAN_SOURCES``): ``span_start[BM]`` ([E + 1] prefix of each expert's
+    row tiles) and ``span_src[BM]`` ([ws] per source position, the row tiles holding any of its rows); empty
+    without."""
+    assert expert_major or not span, "tiles span an expert's sources in the expert-major order only"
     dev = rows.device
     m = rows.shape[0]
     rows = rows.to(torch.long)
@@ -210,7 +213,7 @@ def plan_reference(rows: Tensor, ends: Tensor, recv_off: Tensor, rank: int, ws: 
         out["tile_start"][bm] = torch.cat([zero, torch.cumsum(tiles, 0)]).to(torch.int32)
         per = tiles.view(experts, ws).sum(0) if expert_major else tiles.view(ws, experts).sum(1)
         out["src_tiles"][bm] = per.to(torch.int32)
-        if expert_major:
+        if span:
             out["span_start"][bm], out["span_src"][bm] = span_tiles(counts, row_start, ws, experts, bm)
     return out
 
